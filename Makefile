@@ -1,0 +1,100 @@
+# ferry — top-level build. `make` builds bin/ferry; `make check` installs
+# dependencies, builds and runs every test; see README.md.
+
+PREFIX ?= /usr/local
+DESTDIR ?=
+BUILD ?= build
+BIN ?= bin
+CC ?= cc
+SAN ?=
+
+PKGS := libcurl liblz4 libzstd liblzma zlib json-c libcrypto fuse3
+PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+PKG_LIBS = $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+
+CFLAGS ?= -O2 -g
+CFLAGS += -std=c11 -D_GNU_SOURCE -D_FILE_OFFSET_BITS=64 -Wall -Wextra -Werror \
+	  -Wno-unused-parameter -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
+	  -fno-strict-aliasing -pthread $(PKG_CFLAGS)
+ifeq ($(SAN),1)
+CFLAGS += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+LDFLAGS += -fsanitize=address,undefined
+endif
+LDFLAGS += -pthread
+LDLIBS += -Wl,--as-needed $(PKG_LIBS)
+
+MODULES := pkg-base pkg-meta pkg-blob pkg-fetch pkg-convert
+LIB_SRCS := $(foreach m,$(MODULES),$(wildcard $(m)/*.c))
+LIB_OBJS := $(LIB_SRCS:%.c=$(BUILD)/%.o)
+LIB := $(BUILD)/libferry.a
+
+FERRY_SRCS := $(wildcard cmd/ferry/*.c)
+FERRY_OBJS := $(FERRY_SRCS:%.c=$(BUILD)/%.o)
+
+TEST_SRCS := $(wildcard tests/*/test_*.c)
+TEST_BINS := $(TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
+TOOL_SRCS := $(wildcard tests/tools/*.c)
+TOOL_BINS := $(TOOL_SRCS:tests/%.c=$(BUILD)/tests/%)
+
+FUZZ_SRCS := $(wildcard tests/fuzz/fuzz_*.c)
+FUZZ_BINS := $(FUZZ_SRCS:tests/fuzz/%.c=$(BUILD)/fuzz/%)
+
+.PHONY: all check check-asan check-run tests fuzz fuzz-run bench demo deps install clean
+
+all: $(BIN)/ferry
+
+$(BUILD)/%.o: %.c $(wildcard */*.h) Makefile
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c -o $@ $<
+
+$(LIB): $(LIB_OBJS)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+$(BIN)/ferry: $(FERRY_OBJS) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/tests/%: tests/%.c tests/test.h $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(LIB) $(LDLIBS)
+
+tests: $(TEST_BINS) $(TOOL_BINS)
+
+# libFuzzer targets for every parser of untrusted input (clang only).
+FUZZ_CFLAGS := -g -O1 -std=c11 -D_GNU_SOURCE -D_FILE_OFFSET_BITS=64 -pthread \
+	       -fsanitize=fuzzer,address,undefined $(PKG_CFLAGS)
+$(BUILD)/fuzz/%: tests/fuzz/%.c $(LIB_SRCS) $(wildcard */*.h)
+	@mkdir -p $(dir $@)
+	clang $(FUZZ_CFLAGS) -o $@ $< $(LIB_SRCS) $(PKG_LIBS)
+
+fuzz: $(FUZZ_BINS)
+
+# Short bounded fuzz runs over the seed corpora (part of `make check`).
+fuzz-run: fuzz
+	BUILD=$(BUILD) tests/fuzz/run.sh $(FUZZ_BINS)
+
+deps:
+	@tests/deps.sh
+
+check: deps
+	$(MAKE) all tests fuzz
+	BUILD=$(BUILD) BIN=$(BIN) tests/run.sh
+
+check-asan: deps
+	$(MAKE) BUILD=build-asan BIN=build-asan/bin SAN=1 all tests
+	BUILD=build-asan BIN=build-asan/bin ASAN_OPTIONS=detect_leaks=1 tests/run.sh
+
+bench: deps all
+	BIN=$(BIN) bench/run.sh
+
+demo: deps all
+	BIN=$(BIN) tests/demo.sh
+
+install: all
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/man/man1
+	install -m 0755 $(BIN)/ferry $(DESTDIR)$(PREFIX)/bin/ferry
+	install -m 0644 docs/man/ferry.1 $(DESTDIR)$(PREFIX)/share/man/man1/ferry.1
+
+clean:
+	rm -rf build build-asan bin

@@ -1,0 +1,160 @@
+// SPDX-License-Identifier: MIT
+#include <getopt.h>
+#include <json-c/json.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../pkg-base/base.h"
+#include "../../pkg-convert/convert.h"
+#include "cmd.h"
+
+static void convert_help(void)
+{
+	printf("Usage: ferry convert [OPTIONS] SOURCE DEST\n\n"
+	       "Convert a directory tree or a tar archive into a ferry image: an\n"
+	       "EROFS bootstrap plus chunk-deduplicated, compressed data blobs.\n\n"
+	       "SOURCE  dir:PATH   a directory (not following symlinks)\n"
+	       "        tar:PATH   a tar archive, plain or gzip/zstd/xz compressed\n"
+	       "                   (detected by content)\n"
+	       "DEST    dir:OUT    writes OUT/bootstrap, OUT/blobs/sha256/<hex> and\n"
+	       "                   OUT/ferry.json (see docs/FORMAT.md)\n\n"
+	       "Options:\n"
+	       "  --chunk-size N     chunk size, power of two, 4K..64M (default 1M)\n"
+	       "  --compress SPEC    none | lz4[:1-12] | zstd[:1-22] | lzma[:0-9]\n"
+	       "                     (default zstd, level 3)\n"
+	       "  --inline-max N     keep regular files up to N bytes inside the\n"
+	       "                     bootstrap (default %u, at most 3072)\n"
+	       "  --json             print a JSON summary on stdout\n"
+	       "  -q, --quiet        no progress or summary on stderr\n"
+	       "  -h, --help         this help\n\n"
+	       "Output is deterministic: the same input and options give identical\n"
+	       "bytes.\n\n" EXIT_CODES_HELP,
+	       CONVERT_DEFAULT_INLINE_MAX);
+}
+
+static void print_json(const struct convert_stats *s, const struct convert_opts *o)
+{
+	struct json_object *root = json_object_new_object();
+	struct json_object *blobs = json_object_new_array();
+	uint32_t i;
+
+#define ADD_U64(obj, key, v) json_object_object_add(obj, key, json_object_new_int64((int64_t)(v)))
+	ADD_U64(root, "entries", s->entries);
+	ADD_U64(root, "files", s->files);
+	ADD_U64(root, "directories", s->dirs);
+	ADD_U64(root, "symlinks", s->symlinks);
+	ADD_U64(root, "specials", s->specials);
+	ADD_U64(root, "hardlinks", s->hardlinks);
+	ADD_U64(root, "bytesIn", s->bytes_in);
+	ADD_U64(root, "bytesInline", s->bytes_inline);
+	ADD_U64(root, "bytesZero", s->bytes_zero);
+	ADD_U64(root, "bytesUnique", s->bytes_unique);
+	ADD_U64(root, "chunksTotal", s->chunks_total);
+	ADD_U64(root, "chunksUnique", s->chunks_unique);
+	ADD_U64(root, "bootstrapSize", s->bootstrap_bytes);
+	ADD_U64(root, "chunkSize", o->chunk_size);
+	for (i = 0; i < s->nr_blobs; i++) {
+		struct json_object *b = json_object_new_object();
+
+		json_object_object_add(b, "digest", json_object_new_string(s->blobs[i].digest));
+		ADD_U64(b, "size", s->blobs[i].size);
+		ADD_U64(b, "uncompressedSize", s->blobs[i].uncompressed_size);
+		ADD_U64(b, "chunks", s->blobs[i].nr_chunks);
+		json_object_array_add(blobs, b);
+	}
+#undef ADD_U64
+	json_object_object_add(root, "blobs", blobs);
+	json_object_object_add(root, "dedupRatio",
+			       json_object_new_double(s->bytes_unique ?
+				       (double)(s->bytes_in - s->bytes_inline - s->bytes_zero) /
+				       (double)s->bytes_unique : 1.0));
+	json_object_object_add(root, "seconds", json_object_new_double(s->seconds));
+	printf("%s\n", json_object_to_json_string_ext(root, JSON_C_TO_STRING_PRETTY |
+						      JSON_C_TO_STRING_NOSLASHESCAPE));
+	json_object_put(root);
+}
+
+static void print_summary(const struct convert_stats *s)
+{
+	uint64_t blob_bytes = s->nr_blobs ? s->blobs[0].size : 0;
+
+	fprintf(stderr,
+		"converted %llu entries (%llu files, %llu dirs, %llu symlinks) in %.2f s\n"
+		"  file data %llu bytes: %llu inline, %llu zero, %llu unique in %llu chunks\n"
+		"  bootstrap %llu bytes, blob %llu bytes\n",
+		(unsigned long long)s->entries, (unsigned long long)s->files,
+		(unsigned long long)s->dirs, (unsigned long long)s->symlinks, s->seconds,
+		(unsigned long long)s->bytes_in, (unsigned long long)s->bytes_inline,
+		(unsigned long long)s->bytes_zero, (unsigned long long)s->bytes_unique,
+		(unsigned long long)s->chunks_unique,
+		(unsigned long long)s->bootstrap_bytes, (unsigned long long)blob_bytes);
+}
+
+int cmd_convert(int argc, char **argv)
+{
+	static const struct option longopts[] = {
+		{ "chunk-size", required_argument, NULL, 'c' },
+		{ "compress", required_argument, NULL, 'z' },
+		{ "inline-max", required_argument, NULL, 'i' },
+		{ "json", no_argument, NULL, 'j' },
+		{ "quiet", no_argument, NULL, 'q' },
+		{ "help", no_argument, NULL, 'h' },
+		{ 0 },
+	};
+	struct convert_opts opts = {
+		.chunk_size = CONVERT_DEFAULT_CHUNK_SIZE,
+		.inline_max = CONVERT_DEFAULT_INLINE_MAX,
+		.compress = { .codec = BLOB_CODEC_ZSTD },
+	};
+	struct convert_stats stats;
+	bool json = false, quiet = false;
+	uint64_t v;
+	int c, ret;
+
+	while ((c = getopt_long(argc, argv, "qh", longopts, NULL)) != -1) {
+		switch (c) {
+		case 'c':
+			if (parse_size(optarg, &v) || v > UINT32_MAX)
+				return usage_error("convert", "bad --chunk-size \"%s\"", optarg);
+			opts.chunk_size = (uint32_t)v;
+			break;
+		case 'z':
+			if (blob_compress_parse(optarg, &opts.compress))
+				return usage_error("convert", "bad --compress \"%s\"", optarg);
+			break;
+		case 'i':
+			if (parse_size(optarg, &v) || v > UINT32_MAX)
+				return usage_error("convert", "bad --inline-max \"%s\"", optarg);
+			opts.inline_max = (uint32_t)v;
+			break;
+		case 'j':
+			json = true;
+			break;
+		case 'q':
+			quiet = true;
+			break;
+		case 'h':
+			convert_help();
+			return EXIT_OK;
+		default:
+			return usage_error("convert", "unknown option");
+		}
+	}
+	if (argc - optind != 2)
+		return usage_error("convert", "expected SOURCE and DEST");
+	if (quiet || json)
+		ferry_progress_enabled = false;
+	if (convert_check_args(argv[optind], argv[optind + 1], &opts))
+		return usage_error("convert", "invalid arguments");
+	ret = convert_run(argv[optind], argv[optind + 1], &opts, &stats);
+	if (ret) {
+		ferry_err("convert %s: failed: %s", argv[optind], ferry_strerror(ret));
+		return EXIT_FAIL;
+	}
+	if (json)
+		print_json(&stats, &opts);
+	else if (!quiet && ferry_log_level >= FERRY_LOG_INFO)
+		print_summary(&stats);
+	return EXIT_OK;
+}

@@ -1,0 +1,239 @@
+// SPDX-License-Identifier: MIT
+#include "base.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+
+int ferry_log_level = FERRY_LOG_INFO;
+bool ferry_progress_enabled;
+
+static const char *const level_names[] = { "error", "warning", "info", "debug" };
+
+void ferry_log(int level, const char *fmt, ...)
+{
+	char line[2048];
+	va_list ap;
+	int n;
+
+	if (level > ferry_log_level)
+		return;
+	n = snprintf(line, sizeof(line), "ferry: %s: ", level_names[level]);
+	va_start(ap, fmt);
+	vsnprintf(line + n, sizeof(line) - (size_t)n, fmt, ap);
+	va_end(ap);
+	/* One write per line so concurrent threads do not interleave. */
+	fprintf(stderr, "%s\n", line);
+}
+
+const char *ferry_strerror(int negative_errno)
+{
+	if (negative_errno == -EFSCORRUPTED)
+		return "corrupt data";
+	return strerror(-negative_errno);
+}
+
+int read_full(int fd, void *buf, size_t len)
+{
+	uint8_t *p = buf;
+
+	while (len) {
+		ssize_t n = read(fd, p, len);
+
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			return -errno;
+		}
+		if (n == 0)
+			return -EIO;
+		p += n;
+		len -= (size_t)n;
+	}
+	return 0;
+}
+
+int pread_full(int fd, void *buf, size_t len, uint64_t off)
+{
+	uint8_t *p = buf;
+
+	while (len) {
+		ssize_t n = pread(fd, p, len, (off_t)off);
+
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			return -errno;
+		}
+		if (n == 0)
+			return -EIO;
+		p += n;
+		off += (uint64_t)n;
+		len -= (size_t)n;
+	}
+	return 0;
+}
+
+int write_full(int fd, const void *buf, size_t len)
+{
+	const uint8_t *p = buf;
+
+	while (len) {
+		ssize_t n = write(fd, p, len);
+
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			return -errno;
+		}
+		p += n;
+		len -= (size_t)n;
+	}
+	return 0;
+}
+
+int pwrite_full(int fd, const void *buf, size_t len, uint64_t off)
+{
+	const uint8_t *p = buf;
+
+	while (len) {
+		ssize_t n = pwrite(fd, p, len, (off_t)off);
+
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			return -errno;
+		}
+		p += n;
+		off += (uint64_t)n;
+		len -= (size_t)n;
+	}
+	return 0;
+}
+
+void hex_encode(const uint8_t *in, size_t len, char *out)
+{
+	static const char digits[] = "0123456789abcdef";
+	size_t i;
+
+	for (i = 0; i < len; i++) {
+		out[2 * i] = digits[in[i] >> 4];
+		out[2 * i + 1] = digits[in[i] & 15];
+	}
+	out[2 * len] = '\0';
+}
+
+static int hex_value(char c)
+{
+	if (c >= '0' && c <= '9')
+		return c - '0';
+	if (c >= 'a' && c <= 'f')
+		return c - 'a' + 10;
+	if (c >= 'A' && c <= 'F')
+		return c - 'A' + 10;
+	return -1;
+}
+
+int hex_decode(const char *in, uint8_t *out, size_t len)
+{
+	size_t i;
+
+	for (i = 0; i < len; i++) {
+		int hi = hex_value(in[2 * i]), lo;
+
+		if (hi < 0)
+			return -EINVAL;
+		lo = hex_value(in[2 * i + 1]);
+		if (lo < 0)
+			return -EINVAL;
+		out[i] = (uint8_t)(hi << 4 | lo);
+	}
+	return in[2 * len] == '\0' ? 0 : -EINVAL;
+}
+
+int parse_size(const char *s, uint64_t *out)
+{
+	unsigned long long v;
+	unsigned int shift = 0;
+	char *end;
+
+	if (!*s || *s == '-')
+		return -EINVAL;
+	errno = 0;
+	v = strtoull(s, &end, 10);
+	if (errno || end == s)
+		return -EINVAL;
+	switch (*end) {
+	case '\0':
+		break;
+	case 'k': case 'K':
+		shift = 10;
+		break;
+	case 'm': case 'M':
+		shift = 20;
+		break;
+	case 'g': case 'G':
+		shift = 30;
+		break;
+	default:
+		return -EINVAL;
+	}
+	if (*end && end[1] && strcmp(end + 1, "iB") && strcmp(end + 1, "B"))
+		return -EINVAL;
+	if (shift && v > (UINT64_MAX >> shift))
+		return -EINVAL;
+	*out = (uint64_t)v << shift;
+	return 0;
+}
+
+uint64_t ferry_now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void progress_draw(struct ferry_progress *p)
+{
+	if (p->total)
+		fprintf(stderr, "\r\033[K%s: %llu / %llu MiB (%u%%)", p->what,
+			(unsigned long long)(p->done >> 20),
+			(unsigned long long)(p->total >> 20),
+			(unsigned int)(p->done * 100 / p->total));
+	else
+		fprintf(stderr, "\r\033[K%s: %llu MiB", p->what,
+			(unsigned long long)(p->done >> 20));
+	p->drawn = true;
+}
+
+void ferry_progress_begin(struct ferry_progress *p, const char *what,
+			  uint64_t total)
+{
+	*p = (struct ferry_progress){ .what = what, .total = total };
+	if (!isatty(STDERR_FILENO))
+		p->what = NULL;
+}
+
+void ferry_progress_add(struct ferry_progress *p, uint64_t n)
+{
+	uint64_t now;
+
+	p->done += n;
+	if (!ferry_progress_enabled || !p->what)
+		return;
+	now = ferry_now_ns();
+	if (now - p->last_draw_ns < 100000000ull)
+		return;
+	p->last_draw_ns = now;
+	progress_draw(p);
+}
+
+void ferry_progress_end(struct ferry_progress *p)
+{
+	if (p->drawn)
+		fprintf(stderr, "\r\033[K");
+	p->drawn = false;
+}

@@ -1,0 +1,132 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * pkg-base: the few helpers every ferry module shares — little-endian
+ * accessors for on-disk structs, leveled logging, full-length I/O, and a
+ * TTY progress line. Nothing here knows about EROFS, blobs or tar.
+ *
+ * Thread-safety: logging and the I/O helpers are safe from any thread;
+ * a struct ferry_progress belongs to one thread.
+ */
+#ifndef FERRY_BASE_H
+#define FERRY_BASE_H
+
+#include <errno.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/types.h>
+
+/* Corrupt on-disk or on-wire data, distinct from an I/O error (as in fs/erofs). */
+#define EFSCORRUPTED EUCLEAN
+
+#define ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
+#define DIV_ROUND_UP(n, d) (((n) + (d) - 1) / (d))
+#define ROUND_UP(x, a) (DIV_ROUND_UP(x, a) * (a))
+#define ROUND_DOWN(x, a) ((x) / (a) * (a))
+#define MIN(a, b) ((a) < (b) ? (a) : (b))
+#define MAX(a, b) ((a) > (b) ? (a) : (b))
+
+/* Little-endian field access on byte buffers: no alignment assumptions. */
+static inline uint16_t get_le16(const void *p)
+{
+	const uint8_t *b = p;
+	return (uint16_t)(b[0] | b[1] << 8);
+}
+
+static inline uint32_t get_le32(const void *p)
+{
+	const uint8_t *b = p;
+	return (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 |
+	       (uint32_t)b[3] << 24;
+}
+
+static inline uint64_t get_le64(const void *p)
+{
+	const uint8_t *b = p;
+	return (uint64_t)get_le32(b) | (uint64_t)get_le32(b + 4) << 32;
+}
+
+static inline void put_le16(void *p, uint16_t v)
+{
+	uint8_t *b = p;
+	b[0] = (uint8_t)v;
+	b[1] = (uint8_t)(v >> 8);
+}
+
+static inline void put_le32(void *p, uint32_t v)
+{
+	uint8_t *b = p;
+	b[0] = (uint8_t)v;
+	b[1] = (uint8_t)(v >> 8);
+	b[2] = (uint8_t)(v >> 16);
+	b[3] = (uint8_t)(v >> 24);
+}
+
+static inline void put_le64(void *p, uint64_t v)
+{
+	put_le32(p, (uint32_t)v);
+	put_le32((uint8_t *)p + 4, (uint32_t)(v >> 32));
+}
+
+/* Logging: messages go to stderr as "ferry: <level>: <text>". */
+enum ferry_log_level {
+	FERRY_LOG_ERR = 0,
+	FERRY_LOG_WARN = 1,
+	FERRY_LOG_INFO = 2,
+	FERRY_LOG_DEBUG = 3,
+};
+
+extern int ferry_log_level; /* messages above this level are dropped */
+
+void ferry_log(int level, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+
+#define ferry_err(...) ferry_log(FERRY_LOG_ERR, __VA_ARGS__)
+#define ferry_warn(...) ferry_log(FERRY_LOG_WARN, __VA_ARGS__)
+#define ferry_info(...) ferry_log(FERRY_LOG_INFO, __VA_ARGS__)
+#define ferry_dbg(...) ferry_log(FERRY_LOG_DEBUG, __VA_ARGS__)
+
+/* strerror() for negative errnos, with EFSCORRUPTED spelled out. */
+const char *ferry_strerror(int negative_errno);
+
+/*
+ * Full-length I/O. Each returns 0 when all @len bytes moved, -EIO on a
+ * short read (unexpected end of file), or a negative errno.
+ */
+int read_full(int fd, void *buf, size_t len);
+int pread_full(int fd, void *buf, size_t len, uint64_t off);
+int write_full(int fd, const void *buf, size_t len);
+int pwrite_full(int fd, const void *buf, size_t len, uint64_t off);
+
+/* Lowercase hex of @len bytes into @out (2 * len + 1 bytes, NUL-terminated). */
+void hex_encode(const uint8_t *in, size_t len, char *out);
+/* Parse exactly 2 * len hex digits; returns 0 or -EINVAL. */
+int hex_decode(const char *in, uint8_t *out, size_t len);
+
+/* Parse "123", "4K", "1M", "1G" (binary units); -EINVAL on junk or overflow. */
+int parse_size(const char *s, uint64_t *out);
+
+/*
+ * Progress line on stderr, redrawn at most ~10 times a second, only when
+ * stderr is a TTY and ferry_progress_enabled is set.
+ */
+extern bool ferry_progress_enabled;
+
+struct ferry_progress {
+	const char *what;
+	uint64_t total; /* 0 when unknown */
+	uint64_t done;
+	uint64_t last_draw_ns;
+	bool drawn;
+};
+
+void ferry_progress_begin(struct ferry_progress *p, const char *what,
+			  uint64_t total);
+void ferry_progress_add(struct ferry_progress *p, uint64_t n);
+void ferry_progress_end(struct ferry_progress *p);
+
+/* CLOCK_MONOTONIC in nanoseconds. */
+uint64_t ferry_now_ns(void);
+
+#endif

@@ -1,0 +1,440 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Per-chunk codecs. Every chunk is compressed on its own so any chunk can
+ * be read without its neighbours:
+ *
+ *   lz4   raw LZ4 block (no frame); level 0 is LZ4_compress_default's
+ *         algorithm, levels 1..12 are LZ4 HC.
+ *   zstd  one zstd frame (ZSTD_compressCCtx, with the content size in
+ *         its header); level 0 means ZSTD_CLEVEL_DEFAULT (3).
+ *   lzma  one .xz stream, one block, LZMA2, check type NONE; level 0
+ *         means xz's default preset 6. The .xz container costs ~60 bytes
+ *         per chunk (stream header/footer, block header, index), all of
+ *         it CRC32-protected so a damaged header is detected before
+ *         decoding; the payload integrity check is left out because the
+ *         chunk's sha256 already covers the decoded bytes. A raw LZMA2
+ *         stream would save those bytes but carries no framing to
+ *         validate and cannot be inspected with xz(1).
+ *   none  the bytes themselves.
+ *
+ * A compressor is given room for len - 1 output bytes only: output that
+ * is not strictly smaller than the input is useless, and the library
+ * stops as soon as it would overflow, so incompressible chunks cost
+ * little and are stored raw.
+ */
+#include "internal.h"
+#include "../pkg-base/base.h"
+
+#include <limits.h>
+#include <lz4.h>
+#include <lz4hc.h>
+#include <lzma.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <zstd.h>
+#include <zstd_errors.h>
+
+#define LZ4_LEVEL_MAX LZ4HC_CLEVEL_MAX /* 12 */
+#define LZMA_LEVEL_MAX 9
+#define LZMA_LEVEL_DEFAULT 6
+
+static const char *const codec_names[] = {
+	[BLOB_CODEC_NONE] = "none",
+	[BLOB_CODEC_LZ4] = "lz4",
+	[BLOB_CODEC_ZSTD] = "zstd",
+	[BLOB_CODEC_LZMA] = "lzma",
+};
+
+const char *blob_codec_name(enum blob_codec codec)
+{
+	if ((unsigned int)codec < ARRAY_SIZE(codec_names))
+		return codec_names[codec];
+	return "unknown";
+}
+
+static int codec_level_max(enum blob_codec codec)
+{
+	switch (codec) {
+	case BLOB_CODEC_LZ4:
+		return LZ4_LEVEL_MAX;
+	case BLOB_CODEC_ZSTD:
+		return ZSTD_maxCLevel();
+	case BLOB_CODEC_LZMA:
+		return LZMA_LEVEL_MAX;
+	default:
+		return 0;
+	}
+}
+
+bool blob_compress_valid(const struct blob_compress *c)
+{
+	return (unsigned int)c->codec <= BLOB_CODEC_LZMA && c->level >= 0 &&
+	       c->level <= codec_level_max(c->codec);
+}
+
+/* Strict decimal 1..@max: no sign, spaces or trailing junk. */
+static bool parse_level(const char *s, int max, int *out)
+{
+	int v = 0;
+
+	if (!*s)
+		return false;
+	for (; *s; s++) {
+		if (*s < '0' || *s > '9')
+			return false;
+		v = v * 10 + (*s - '0');
+		if (v > max)
+			return false;
+	}
+	if (v < 1)
+		return false;
+	*out = v;
+	return true;
+}
+
+/*
+ * Level 0 in struct blob_compress means "codec default", so the explicit
+ * levels start at 1 for every codec (xz's preset 0 is not selectable).
+ */
+int blob_compress_parse(const char *spec, struct blob_compress *out)
+{
+	enum blob_codec codec;
+
+	for (codec = BLOB_CODEC_NONE; codec <= BLOB_CODEC_LZMA; codec++) {
+		size_t n = strlen(codec_names[codec]);
+		int level = 0;
+
+		if (strncmp(spec, codec_names[codec], n))
+			continue;
+		if (spec[n] && (spec[n] != ':' || codec == BLOB_CODEC_NONE ||
+				!parse_level(spec + n + 1,
+					     codec_level_max(codec), &level)))
+			continue;
+		*out = (struct blob_compress){ .codec = codec, .level = level };
+		return 0;
+	}
+	ferry_err("invalid compression '%s': expected none, lz4, lz4:1..%d, zstd, zstd:1..%d, lzma or lzma:1..%d",
+		  spec, LZ4_LEVEL_MAX, ZSTD_maxCLevel(), LZMA_LEVEL_MAX);
+	return -EINVAL;
+}
+
+/*
+ * blob_compress keeps compressed output only when it is smaller than the
+ * input and otherwise copies the input, so its output never exceeds the
+ * input length.
+ */
+size_t blob_compress_bound(size_t len)
+{
+	return len;
+}
+
+void blob_codec_ctx_release(struct blob_codec_ctx *ctx)
+{
+	ZSTD_freeCCtx(ctx->zstd_c);
+	ZSTD_freeDCtx(ctx->zstd_d);
+	free(ctx->lz4_state);
+	free(ctx->lz4hc_state);
+	*ctx = (struct blob_codec_ctx){ 0 };
+}
+
+static pthread_key_t thread_ctx_key;
+static pthread_once_t thread_ctx_once = PTHREAD_ONCE_INIT;
+static int thread_ctx_key_err;
+
+static void thread_ctx_destroy(void *p)
+{
+	blob_codec_ctx_release(p);
+	free(p);
+}
+
+static void thread_ctx_key_init(void)
+{
+	thread_ctx_key_err = pthread_key_create(&thread_ctx_key,
+						thread_ctx_destroy);
+}
+
+struct blob_codec_ctx *blob_codec_ctx_thread(void)
+{
+	struct blob_codec_ctx *ctx;
+
+	pthread_once(&thread_ctx_once, thread_ctx_key_init);
+	if (thread_ctx_key_err)
+		return NULL;
+	ctx = pthread_getspecific(thread_ctx_key);
+	if (ctx)
+		return ctx;
+	ctx = calloc(1, sizeof(*ctx));
+	if (!ctx)
+		return NULL;
+	if (pthread_setspecific(thread_ctx_key, ctx)) {
+		free(ctx);
+		return NULL;
+	}
+	return ctx;
+}
+
+static int lz4_compress(struct blob_codec_ctx *ctx, int level,
+			const void *src, int len, void *dst, int cap)
+{
+	if (!level) {
+		if (!ctx->lz4_state)
+			ctx->lz4_state = malloc((size_t)LZ4_sizeofState());
+		if (!ctx->lz4_state)
+			return -ENOMEM;
+		return LZ4_compress_fast_extState(ctx->lz4_state, src, dst,
+						  len, cap, 1);
+	}
+	if (!ctx->lz4hc_state)
+		ctx->lz4hc_state = malloc((size_t)LZ4_sizeofStateHC());
+	if (!ctx->lz4hc_state)
+		return -ENOMEM;
+	return LZ4_compress_HC_extStateHC(ctx->lz4hc_state, src, dst, len, cap,
+					  level);
+}
+
+/* 0 when @dst got *@out_len (< @len) bytes, 1 when it did not fit. */
+static int zstd_compress(struct blob_codec_ctx *ctx, int level,
+			 const void *src, size_t len, void *dst, size_t cap,
+			 size_t *out_len)
+{
+	size_t r;
+
+	if (!ctx->zstd_c)
+		ctx->zstd_c = ZSTD_createCCtx();
+	if (!ctx->zstd_c)
+		return -ENOMEM;
+	r = ZSTD_compressCCtx(ctx->zstd_c, dst, cap, src, len,
+			      level ? level : ZSTD_CLEVEL_DEFAULT);
+	if (!ZSTD_isError(r)) {
+		*out_len = r;
+		return 0;
+	}
+	if (ZSTD_getErrorCode(r) == ZSTD_error_dstSize_tooSmall)
+		return 1;
+	if (ZSTD_getErrorCode(r) == ZSTD_error_memory_allocation)
+		return -ENOMEM;
+	ferry_err("zstd: %s", ZSTD_getErrorName(r));
+	return -EINVAL;
+}
+
+static int lzma_compress(int level, const void *src, size_t len, void *dst,
+			 size_t cap, size_t *out_len)
+{
+	lzma_options_lzma opt;
+	lzma_filter filters[2];
+	lzma_ret ret;
+
+	if (lzma_lzma_preset(&opt, (uint32_t)(level ? level :
+					     LZMA_LEVEL_DEFAULT)))
+		return -EINVAL;
+	/*
+	 * A chunk cannot refer back further than its own length: a larger
+	 * dictionary only costs encoder memory (~10x the dictionary) and
+	 * decoder memory (the dictionary size is in the block header).
+	 */
+	opt.dict_size = (uint32_t)MIN((size_t)opt.dict_size,
+				      MAX(len, (size_t)LZMA_DICT_SIZE_MIN));
+	filters[0] = (lzma_filter){ .id = LZMA_FILTER_LZMA2, .options = &opt };
+	filters[1] = (lzma_filter){ .id = LZMA_VLI_UNKNOWN };
+	*out_len = 0;
+	ret = lzma_stream_buffer_encode(filters, LZMA_CHECK_NONE, NULL, src,
+					len, dst, out_len, cap);
+	switch (ret) {
+	case LZMA_OK:
+		return 0;
+	case LZMA_BUF_ERROR:
+		return 1;
+	case LZMA_MEM_ERROR:
+		return -ENOMEM;
+	default:
+		ferry_err("xz: encoder error %d", (int)ret);
+		return -EINVAL;
+	}
+}
+
+int blob_codec_compress(struct blob_codec_ctx *ctx,
+			const struct blob_compress *c, const void *src,
+			size_t len, void *dst, size_t *dst_len,
+			enum blob_codec *codec_used)
+{
+	size_t cap = len ? len - 1 : 0, n = 0;
+	int ret = 1;
+
+	if (len > BLOB_CHUNK_MAX || !blob_compress_valid(c))
+		return -EINVAL;
+	*codec_used = BLOB_CODEC_NONE;
+	*dst_len = 0;
+	if (!cap)
+		return 0;
+	switch (c->codec) {
+	case BLOB_CODEC_NONE:
+		return 0;
+	case BLOB_CODEC_LZ4:
+		ret = lz4_compress(ctx, c->level, src, (int)len, dst, (int)cap);
+		if (ret < 0)
+			return ret;
+		n = (size_t)ret;
+		ret = ret ? 0 : 1; /* LZ4 returns 0 when the output did not fit */
+		break;
+	case BLOB_CODEC_ZSTD:
+		ret = zstd_compress(ctx, c->level, src, len, dst, cap, &n);
+		break;
+	case BLOB_CODEC_LZMA:
+		ret = lzma_compress(c->level, src, len, dst, cap, &n);
+		break;
+	}
+	if (ret < 0)
+		return ret;
+	if (ret == 0) {
+		*codec_used = c->codec;
+		*dst_len = n;
+	}
+	return 0;
+}
+
+int blob_compress(const struct blob_compress *c, const void *src, size_t len,
+		  void *dst, size_t dst_cap, size_t *dst_len,
+		  enum blob_codec *codec_used)
+{
+	struct blob_codec_ctx *ctx = blob_codec_ctx_thread();
+	int ret;
+
+	if (!ctx)
+		return -ENOMEM;
+	if (dst_cap < blob_compress_bound(len))
+		return -EINVAL;
+	ret = blob_codec_compress(ctx, c, src, len, dst, dst_len, codec_used);
+	if (ret || *codec_used != BLOB_CODEC_NONE)
+		return ret;
+	memcpy(dst, src, len);
+	*dst_len = len;
+	return 0;
+}
+
+static const char *lzma_ret_text(lzma_ret ret)
+{
+	switch (ret) {
+	case LZMA_FORMAT_ERROR:
+		return "not an .xz stream";
+	case LZMA_OPTIONS_ERROR:
+		return "unsupported options";
+	case LZMA_DATA_ERROR:
+		return "corrupt data";
+	case LZMA_BUF_ERROR:
+		return "truncated input or more output than expected";
+	case LZMA_MEMLIMIT_ERROR:
+		return "dictionary larger than the chunk allows";
+	default:
+		return "decoder error";
+	}
+}
+
+static int zstd_decompress(struct blob_codec_ctx *ctx, const void *src,
+			   size_t src_len, void *dst, size_t dst_len,
+			   size_t *out, char *why)
+{
+	size_t r;
+
+	if (!ctx->zstd_d)
+		ctx->zstd_d = ZSTD_createDCtx();
+	if (!ctx->zstd_d)
+		return -ENOMEM;
+	r = ZSTD_decompressDCtx(ctx->zstd_d, dst, dst_len, src, src_len);
+	if (!ZSTD_isError(r)) {
+		*out = r;
+		return 0;
+	}
+	if (ZSTD_getErrorCode(r) == ZSTD_error_memory_allocation)
+		return -ENOMEM;
+	snprintf(why, BLOB_WHY_MAX, "zstd: %s", ZSTD_getErrorName(r));
+	return -EFSCORRUPTED;
+}
+
+/*
+ * The LZMA2 dictionary is bounded by the chunk length (see lzma_compress)
+ * and rounds up to at most 1.5x, so a block header asking for more is
+ * corrupt rather than a reason to allocate it.
+ */
+static int lzma_decompress(const void *src, size_t src_len, void *dst,
+			   size_t dst_len, size_t *out, char *why)
+{
+	uint64_t memlimit = (uint64_t)dst_len * 2 + (1u << 20);
+	size_t in_pos = 0;
+	lzma_ret ret;
+
+	*out = 0;
+	ret = lzma_stream_buffer_decode(&memlimit, 0, NULL, src, &in_pos,
+					src_len, dst, out, dst_len);
+	if (ret == LZMA_MEM_ERROR)
+		return -ENOMEM;
+	if (ret != LZMA_OK) {
+		snprintf(why, BLOB_WHY_MAX, "xz: %s", lzma_ret_text(ret));
+		return -EFSCORRUPTED;
+	}
+	if (in_pos != src_len) {
+		snprintf(why, BLOB_WHY_MAX,
+			 "xz: %zu trailing bytes after the stream",
+			 src_len - in_pos);
+		return -EFSCORRUPTED;
+	}
+	return 0;
+}
+
+int blob_codec_decompress(struct blob_codec_ctx *ctx, enum blob_codec codec,
+			  const void *src, size_t src_len, void *dst,
+			  size_t dst_len, char *why)
+{
+	size_t n = 0;
+	int ret = 0;
+
+	if (src_len > INT_MAX || dst_len > BLOB_CHUNK_MAX) {
+		snprintf(why, BLOB_WHY_MAX, "sizes out of range");
+		return -EFSCORRUPTED;
+	}
+	switch (codec) {
+	case BLOB_CODEC_NONE:
+		if (src_len == dst_len)
+			memcpy(dst, src, dst_len);
+		n = src_len;
+		break;
+	case BLOB_CODEC_LZ4:
+		ret = LZ4_decompress_safe(src, dst, (int)src_len, (int)dst_len);
+		if (ret < 0) {
+			snprintf(why, BLOB_WHY_MAX, "lz4: malformed block");
+			return -EFSCORRUPTED;
+		}
+		n = (size_t)ret;
+		ret = 0;
+		break;
+	case BLOB_CODEC_ZSTD:
+		ret = zstd_decompress(ctx, src, src_len, dst, dst_len, &n, why);
+		break;
+	case BLOB_CODEC_LZMA:
+		ret = lzma_decompress(src, src_len, dst, dst_len, &n, why);
+		break;
+	default:
+		snprintf(why, BLOB_WHY_MAX, "unknown codec %d", (int)codec);
+		return -EFSCORRUPTED;
+	}
+	if (ret)
+		return ret;
+	if (n != dst_len) {
+		snprintf(why, BLOB_WHY_MAX, "%s: %zu bytes where %zu expected",
+			 blob_codec_name(codec), n, dst_len);
+		return -EFSCORRUPTED;
+	}
+	return 0;
+}
+
+int blob_decompress(enum blob_codec codec, const void *src, size_t src_len,
+		    void *dst, size_t dst_len)
+{
+	struct blob_codec_ctx *ctx = blob_codec_ctx_thread();
+	char why[BLOB_WHY_MAX];
+
+	if (!ctx)
+		return -ENOMEM;
+	return blob_codec_decompress(ctx, codec, src, src_len, dst, dst_len,
+				     why);
+}

@@ -1,0 +1,69 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * pkg-blob internals shared between its source files: codec contexts,
+ * on-disk encoders and the validating decoders that take an object name
+ * for their error messages.
+ */
+#ifndef FERRY_BLOB_INTERNAL_H
+#define FERRY_BLOB_INTERNAL_H
+
+#include "blob.h"
+
+/*
+ * Reusable codec state. Compressors and the zstd decompressor need large
+ * working memory; allocating it per chunk would dominate small chunks, so
+ * a writer keeps one of these and the one-shot public calls use a
+ * per-thread one. Members are allocated on first use.
+ */
+struct blob_codec_ctx {
+	void *zstd_c;    /* ZSTD_CCtx */
+	void *zstd_d;    /* ZSTD_DCtx */
+	void *lz4_state; /* LZ4_compress_fast_extState() state */
+	void *lz4hc_state;
+};
+
+/* Known codec and a level it supports (0 = its default). */
+bool blob_compress_valid(const struct blob_compress *c);
+
+void blob_codec_ctx_release(struct blob_codec_ctx *ctx);
+/* This thread's context (freed at thread exit), or NULL on ENOMEM. */
+struct blob_codec_ctx *blob_codec_ctx_thread(void);
+
+/*
+ * Compress @len bytes into @dst, keeping the result only when it is
+ * strictly smaller than @len: then *@codec_used is c->codec and *@dst_len
+ * its size; otherwise *@codec_used is BLOB_CODEC_NONE and @dst holds
+ * nothing (the caller stores @src itself). @dst has room for len - 1 bytes.
+ */
+int blob_codec_compress(struct blob_codec_ctx *ctx,
+			const struct blob_compress *c, const void *src,
+			size_t len, void *dst, size_t *dst_len,
+			enum blob_codec *codec_used);
+
+/* Room for a decompressor's reason why a chunk is corrupt. */
+#define BLOB_WHY_MAX 128
+
+/*
+ * blob_decompress with a caller-owned context; on -EFSCORRUPTED @why
+ * (BLOB_WHY_MAX bytes) says what was wrong, for the caller's log line.
+ */
+int blob_codec_decompress(struct blob_codec_ctx *ctx, enum blob_codec codec,
+			  const void *src, size_t src_len, void *dst,
+			  size_t dst_len, char *why);
+
+/* The 64-byte chunk table entry and footer encoders (format.c). */
+void blob_table_encode(const struct blob_chunk *chunks, uint32_t nr,
+		       uint8_t *out);
+void blob_footer_encode(const struct blob_info *info,
+			uint8_t out[BLOB_FOOTER_SIZE]);
+
+/*
+ * blob_footer_decode / blob_table_decode with @what (e.g. "blob foo")
+ * naming the object in error messages.
+ */
+int blob_footer_parse(const void *footer, uint64_t blob_size,
+		      struct blob_info *info, const char *what);
+int blob_table_parse(const void *buf, size_t len, struct blob_info *info,
+		     const char *what);
+
+#endif

@@ -1,0 +1,418 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Reading blob files back: footer + table, single-chunk decode, and the
+ * streaming pass shared by verify and materialise, which reads the data
+ * region front to back in large reads (chunks are contiguous, see
+ * format.c), decodes and checks every chunk, and hashes the whole file on
+ * the way to check the blob digest without a second read.
+ */
+#include "internal.h"
+#include "../pkg-base/base.h"
+
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* Large sequential reads; a bigger compressed chunk gets its own size. */
+#define STREAM_BUF_SIZE (16u << 20)
+
+static bool digest_is_zero(const uint8_t d[BLOB_DIGEST_SIZE])
+{
+	static const uint8_t zero[BLOB_DIGEST_SIZE];
+
+	return !memcmp(d, zero, BLOB_DIGEST_SIZE);
+}
+
+static int info_mismatch(const char *what, const char *field, uint64_t file,
+			 uint64_t index)
+{
+	ferry_err("%s: %s is %llu in the file but %llu in the blob index",
+		  what, field, (unsigned long long)file,
+		  (unsigned long long)index);
+	return -EFSCORRUPTED;
+}
+
+/* @info (decoded from the file) against @expect (from the blob index). */
+static int info_compare(const struct blob_info *info,
+			const struct blob_info *expect, const char *what)
+{
+	uint32_t i;
+
+	if (info->uncompressed_size != expect->uncompressed_size)
+		return info_mismatch(what, "uncompressed size",
+				     info->uncompressed_size,
+				     expect->uncompressed_size);
+	if (info->table_offset != expect->table_offset)
+		return info_mismatch(what, "table offset", info->table_offset,
+				     expect->table_offset);
+	if (info->nr_chunks != expect->nr_chunks)
+		return info_mismatch(what, "chunk count", info->nr_chunks,
+				     expect->nr_chunks);
+	if (memcmp(info->table_sha256, expect->table_sha256,
+		   BLOB_DIGEST_SIZE)) {
+		ferry_err("%s: chunk table sha256 differs from the blob index",
+			  what);
+		return -EFSCORRUPTED;
+	}
+	for (i = 0; i < info->nr_chunks; i++) {
+		const struct blob_chunk *a = &info->chunks[i];
+		const struct blob_chunk *b = &expect->chunks[i];
+
+		if (a->uoff != b->uoff || a->coff != b->coff ||
+		    a->usize != b->usize || a->csize != b->csize ||
+		    a->codec != b->codec ||
+		    memcmp(a->sha256, b->sha256, BLOB_DIGEST_SIZE)) {
+			ferry_err("%s: chunk %u differs from the blob index",
+				  what, i);
+			return -EFSCORRUPTED;
+		}
+	}
+	return 0;
+}
+
+/*
+ * blob_read_info, also handing back the raw table + footer bytes when
+ * @tail is not NULL (the streaming pass hashes them).
+ */
+static int read_info(int fd, const char *what, const struct blob_info *expect,
+		     struct blob_info *info, uint8_t **tail)
+{
+	uint8_t footer[BLOB_FOOTER_SIZE], *buf = NULL;
+	struct blob_info bi;
+	struct stat st;
+	size_t tlen;
+	int ret;
+
+	if (fstat(fd, &st))
+		return -errno;
+	if (expect && (uint64_t)st.st_size != expect->size) {
+		ferry_err("%s: file is %llu bytes but the blob index says %llu",
+			  what, (unsigned long long)st.st_size,
+			  (unsigned long long)expect->size);
+		return -EFSCORRUPTED;
+	}
+	if ((uint64_t)st.st_size < BLOB_FOOTER_SIZE) {
+		ferry_err("%s: %llu bytes is too short for a blob", what,
+			  (unsigned long long)st.st_size);
+		return -EFSCORRUPTED;
+	}
+	ret = pread_full(fd, footer, BLOB_FOOTER_SIZE,
+			 (uint64_t)st.st_size - BLOB_FOOTER_SIZE);
+	if (ret)
+		return ret;
+	ret = blob_footer_parse(footer, (uint64_t)st.st_size, &bi, what);
+	if (ret)
+		return ret;
+	/* The footer check bounds the table by the file size. */
+	tlen = (size_t)bi.nr_chunks * BLOB_CHUNK_ENTRY_SIZE;
+	buf = malloc(tlen + BLOB_FOOTER_SIZE);
+	if (!buf)
+		return -ENOMEM;
+	ret = pread_full(fd, buf, tlen, bi.table_offset);
+	if (ret)
+		goto fail;
+	memcpy(buf + tlen, footer, BLOB_FOOTER_SIZE);
+	ret = blob_table_parse(buf, tlen, &bi, what);
+	if (ret)
+		goto fail;
+	if (expect) {
+		ret = info_compare(&bi, expect, what);
+		if (ret) {
+			blob_info_free_chunks(&bi);
+			goto fail;
+		}
+		memcpy(bi.digest, expect->digest, BLOB_DIGEST_SIZE);
+	}
+	*info = bi;
+	if (tail)
+		*tail = buf;
+	else
+		free(buf);
+	return 0;
+fail:
+	free(buf);
+	return ret;
+}
+
+int blob_read_info(int fd, const char *name, const struct blob_info *expect,
+		   struct blob_info *info)
+{
+	char what[PATH_MAX + 8];
+
+	snprintf(what, sizeof(what), "blob %s", name);
+	return read_info(fd, what, expect, info, NULL);
+}
+
+static void chunk_err(const char *what, uint32_t index,
+		      const struct blob_chunk *c, const char *reason)
+{
+	if (what)
+		ferry_err("%s: chunk %u (uncompressed offset %llu, compressed %llu+%u): %s",
+			  what, index, (unsigned long long)c->uoff,
+			  (unsigned long long)c->coff, c->csize, reason);
+	else
+		ferry_err("chunk at uncompressed offset %llu (compressed %llu+%u): %s",
+			  (unsigned long long)c->uoff,
+			  (unsigned long long)c->coff, c->csize, reason);
+}
+
+/*
+ * blob_chunk_decode, naming the blob (@what may be NULL) in errors. The
+ * verified bytes are at *@bytes: @out, or @cdata itself for a stored chunk
+ * when @out is NULL (saves a copy when streaming).
+ */
+static int chunk_decode(struct blob_codec_ctx *ctx, const struct blob_chunk *c,
+			const void *cdata, void *out, const void **bytes,
+			const char *what, uint32_t index)
+{
+	uint8_t digest[BLOB_DIGEST_SIZE];
+	char why[BLOB_WHY_MAX];
+	int ret = 0;
+
+	if (c->codec == BLOB_CODEC_NONE && !out && c->csize == c->usize) {
+		*bytes = cdata;
+	} else {
+		*bytes = out;
+		ret = blob_codec_decompress(ctx, c->codec, cdata, c->csize, out,
+					    c->usize, why);
+	}
+	if (ret == -EFSCORRUPTED)
+		chunk_err(what, index, c, why);
+	if (ret)
+		return ret;
+	blob_sha256(*bytes, c->usize, digest);
+	if (memcmp(digest, c->sha256, BLOB_DIGEST_SIZE)) {
+		chunk_err(what, index, c, "sha256 mismatch");
+		return -EIO;
+	}
+	return 0;
+}
+
+int blob_chunk_decode(const struct blob_chunk *c, const void *cdata, void *out)
+{
+	struct blob_codec_ctx *ctx = blob_codec_ctx_thread();
+	const void *bytes;
+
+	if (!ctx)
+		return -ENOMEM;
+	return chunk_decode(ctx, c, cdata, out, &bytes, NULL, 0);
+}
+
+static bool all_zero(const void *buf, size_t len)
+{
+	const uint8_t *p = buf;
+
+	return !p[0] && !memcmp(p, p + 1, len - 1);
+}
+
+static void report_set(struct blob_verify_report *r, int error, uint32_t chunk,
+		       uint64_t uoff)
+{
+	if (r)
+		*r = (struct blob_verify_report){
+			.bad_chunk = chunk, .bad_uoff = uoff, .error = error,
+		};
+}
+
+/*
+ * Check the blob file at @path against @info: its size, footer and table,
+ * every chunk (decoded and hashed) and the whole-file digest. With
+ * @dev_fd >= 0 each verified chunk is also written there at its uoff,
+ * skipping all-zero chunks (the device file is sparse and zero already).
+ */
+static int stream_blob(const char *path, const struct blob_info *info,
+		       int dev_fd, const char *dev_path,
+		       struct blob_verify_report *report)
+{
+	struct blob_codec_ctx *ctx = blob_codec_ctx_thread();
+	uint8_t *buf = NULL, *out = NULL, *tail = NULL;
+	uint8_t digest[BLOB_DIGEST_SIZE];
+	const void *bytes;
+	struct blob_hasher *hasher = NULL;
+	struct blob_info finfo = { 0 };
+	size_t cap = STREAM_BUF_SIZE, have = 0, max_usize = 1;
+	uint64_t buf_off = 0; /* file offset of buf[0] */
+	char what[PATH_MAX + 8];
+	uint32_t i = BLOB_VERIFY_NO_CHUNK; /* the chunk being checked */
+	uint32_t j;
+	int fd = -1, ret = -ENOMEM;
+
+	snprintf(what, sizeof(what), "blob %s", path);
+	report_set(report, 0, 0, 0);
+	if (!ctx)
+		goto out;
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0) {
+		ret = -errno;
+		ferry_err("%s: %s", what, ferry_strerror(ret));
+		goto out;
+	}
+	ret = read_info(fd, what, info, &finfo, &tail);
+	if (ret)
+		goto out;
+	ret = blob_hasher_new(&hasher);
+	if (ret)
+		goto out;
+	for (j = 0; j < info->nr_chunks; j++) {
+		cap = MAX(cap, (size_t)info->chunks[j].csize);
+		max_usize = MAX(max_usize, (size_t)info->chunks[j].usize);
+	}
+	cap = (size_t)MIN((uint64_t)cap, MAX(info->table_offset, 1));
+	buf = malloc(cap);
+	out = malloc(max_usize);
+	if (!buf || !out) {
+		ret = -ENOMEM;
+		goto out;
+	}
+	posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+	for (i = 0; i < info->nr_chunks; i++) {
+		const struct blob_chunk *c = &info->chunks[i];
+
+		/* Validated: chunk i starts where chunk i - 1 ended. */
+		if (c->coff + c->csize > buf_off + have) {
+			size_t keep = (size_t)(buf_off + have - c->coff);
+			size_t want;
+
+			memmove(buf, buf + (c->coff - buf_off), keep);
+			buf_off = c->coff;
+			have = keep;
+			want = (size_t)MIN((uint64_t)(cap - have),
+					   info->table_offset - buf_off - have);
+			ret = pread_full(fd, buf + have, want, buf_off + have);
+			if (ret) {
+				chunk_err(what, i, c, ferry_strerror(ret));
+				goto out;
+			}
+			blob_hasher_update(hasher, buf + have, want);
+			have += want;
+		}
+		ret = chunk_decode(ctx, c, buf + (c->coff - buf_off),
+				   c->codec == BLOB_CODEC_NONE ? NULL : out,
+				   &bytes, what, i);
+		if (ret)
+			goto out;
+		if (dev_fd >= 0 && !all_zero(bytes, c->usize)) {
+			ret = pwrite_full(dev_fd, bytes, c->usize, c->uoff);
+			if (ret) {
+				ferry_err("%s: writing chunk %u to %s: %s", what,
+					  i, dev_path, ferry_strerror(ret));
+				goto out;
+			}
+		}
+	}
+	i = BLOB_VERIFY_NO_CHUNK;
+	blob_hasher_update(hasher, tail,
+			   (size_t)(info->size - info->table_offset));
+	blob_hasher_final(hasher, digest);
+	if (!digest_is_zero(info->digest) &&
+	    memcmp(digest, info->digest, BLOB_DIGEST_SIZE)) {
+		char want_hex[2 * BLOB_DIGEST_SIZE + 1];
+		char got_hex[2 * BLOB_DIGEST_SIZE + 1];
+
+		hex_encode(info->digest, BLOB_DIGEST_SIZE, want_hex);
+		hex_encode(digest, BLOB_DIGEST_SIZE, got_hex);
+		ferry_err("%s: blob digest mismatch: expected sha256:%s, file has sha256:%s",
+			  what, want_hex, got_hex);
+		ret = -EFSCORRUPTED;
+	}
+out:
+	if (ret)
+		report_set(report, ret, i,
+			   i < info->nr_chunks ? info->chunks[i].uoff :
+						 BLOB_VERIFY_NO_UOFF);
+	blob_hasher_free(hasher);
+	blob_info_free_chunks(&finfo);
+	free(tail);
+	free(out);
+	free(buf);
+	if (fd >= 0)
+		close(fd);
+	return ret;
+}
+
+int blob_verify_file(const char *path, const struct blob_info *info,
+		     struct blob_verify_report *report)
+{
+	return stream_blob(path, info, -1, NULL, report);
+}
+
+/* fsync the directory holding @path so a rename into it is durable. */
+static int fsync_parent(const char *path)
+{
+	const char *slash = strrchr(path, '/');
+	char *dir;
+	int fd, ret = 0;
+
+	if (!slash)
+		dir = strdup(".");
+	else
+		dir = strndup(path, slash == path ? 1 : (size_t)(slash - path));
+	if (!dir)
+		return -ENOMEM;
+	fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (fd < 0 || fsync(fd))
+		ret = -errno;
+	if (fd >= 0)
+		close(fd);
+	free(dir);
+	return ret;
+}
+
+int blob_materialize(const char *blob_path, const struct blob_info *info,
+		     const char *dev_path)
+{
+	char *tmp = NULL;
+	int fd = -1, ret;
+
+	if (asprintf(&tmp, "%s.tmp.%d", dev_path, (int)getpid()) < 0)
+		return -ENOMEM;
+	fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	if (fd < 0) {
+		ret = -errno;
+		ferry_err("blob %s: cannot create %s: %s", blob_path, tmp,
+			  ferry_strerror(ret));
+		free(tmp);
+		return ret;
+	}
+	if (ftruncate(fd, (off_t)info->uncompressed_size)) {
+		ret = -errno;
+		ferry_err("blob %s: cannot size %s to %llu bytes: %s",
+			  blob_path, tmp,
+			  (unsigned long long)info->uncompressed_size,
+			  ferry_strerror(ret));
+		goto fail;
+	}
+	ret = stream_blob(blob_path, info, fd, tmp, NULL);
+	if (ret)
+		goto fail;
+	if (fsync(fd)) {
+		ret = -errno;
+		ferry_err("blob %s: fsync %s: %s", blob_path, tmp,
+			  ferry_strerror(ret));
+		goto fail;
+	}
+	ret = close(fd) ? -errno : 0;
+	fd = -1;
+	if (!ret && rename(tmp, dev_path))
+		ret = -errno;
+	if (ret) {
+		ferry_err("blob %s: cannot install %s: %s", blob_path, dev_path,
+			  ferry_strerror(ret));
+		goto fail;
+	}
+	free(tmp);
+	ret = fsync_parent(dev_path);
+	if (ret)
+		ferry_err("blob %s: fsync of the directory of %s: %s",
+			  blob_path, dev_path, ferry_strerror(ret));
+	return ret;
+fail:
+	if (fd >= 0)
+		close(fd);
+	unlink(tmp);
+	free(tmp);
+	return ret;
+}

@@ -1,0 +1,443 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Converted images on disk (dir:OUT): open and cross-check, verify
+ * everything (ferry check), materialise and mount with the kernel.
+ */
+#include "convert.h"
+
+#include <fcntl.h>
+#include <json-c/json.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "../pkg-base/base.h"
+
+static int read_whole_file(const char *path, uint8_t **data, size_t *len)
+{
+	struct stat st;
+	uint8_t *buf = NULL;
+	int fd, ret;
+
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	if (fstat(fd, &st)) {
+		ret = -errno;
+		goto out;
+	}
+	buf = malloc(st.st_size ? (size_t)st.st_size : 1);
+	if (!buf) {
+		ret = -ENOMEM;
+		goto out;
+	}
+	ret = read_full(fd, buf, (size_t)st.st_size);
+	if (ret)
+		goto out;
+	*data = buf;
+	*len = (size_t)st.st_size;
+	buf = NULL;
+out:
+	free(buf);
+	close(fd);
+	return ret;
+}
+
+static int parse_digest(const char *s, uint8_t out[BLOB_DIGEST_SIZE])
+{
+	if (strncmp(s, "sha256:", 7) || strlen(s) != 7 + 2 * BLOB_DIGEST_SIZE)
+		return -EINVAL;
+	return hex_decode(s + 7, out, BLOB_DIGEST_SIZE);
+}
+
+static const char *json_string_field(struct json_object *o, const char *key)
+{
+	struct json_object *v;
+
+	if (!json_object_object_get_ex(o, key, &v) ||
+	    !json_object_is_type(v, json_type_string))
+		return NULL;
+	return json_object_get_string(v);
+}
+
+/* Load ferry.json and check it against the bootstrap's own blob index. */
+static int image_load_index(struct image *img, const char *index_path)
+{
+	struct json_object *root = NULL, *boot, *blobs, *v;
+	uint8_t digest[BLOB_DIGEST_SIZE], actual[BLOB_DIGEST_SIZE];
+	uint8_t *boot_data = NULL;
+	size_t boot_len = 0, i;
+	const char *s;
+	int ret = -EFSCORRUPTED;
+
+	root = json_object_from_file(index_path);
+	if (!root) {
+		ferry_err("%s: cannot read or parse: %s", index_path,
+			  json_util_get_last_err());
+		return access(index_path, F_OK) ? -ENOENT : -EFSCORRUPTED;
+	}
+	if (!json_object_object_get_ex(root, "schemaVersion", &v) ||
+	    json_object_get_int(v) != 1) {
+		ferry_err("%s: unsupported schemaVersion (expected 1)", index_path);
+		goto out;
+	}
+	if (!json_object_object_get_ex(root, "bootstrap", &boot) ||
+	    !(s = json_string_field(boot, "digest")) || parse_digest(s, digest)) {
+		ferry_err("%s: missing or malformed bootstrap digest", index_path);
+		goto out;
+	}
+	ret = read_whole_file(img->bootstrap_path, &boot_data, &boot_len);
+	if (ret) {
+		ferry_err("%s: %s", img->bootstrap_path, ferry_strerror(ret));
+		goto out;
+	}
+	blob_sha256(boot_data, boot_len, actual);
+	if (memcmp(digest, actual, sizeof(digest))) {
+		ferry_err("%s: sha256 does not match %s", img->bootstrap_path, s);
+		ret = -EFSCORRUPTED;
+		goto out;
+	}
+	ret = -EFSCORRUPTED;
+	if (!json_object_object_get_ex(root, "blobs", &blobs) ||
+	    !json_object_is_type(blobs, json_type_array) ||
+	    json_object_array_length(blobs) != img->blobs.nr_blobs) {
+		ferry_err("%s: blob list does not match the bootstrap (%u blobs)",
+			  index_path, img->blobs.nr_blobs);
+		goto out;
+	}
+	for (i = 0; i < img->blobs.nr_blobs; i++) {
+		struct json_object *b = json_object_array_get_idx(blobs, i);
+
+		s = json_string_field(b, "digest");
+		if (!s || parse_digest(s, digest) ||
+		    memcmp(digest, img->blobs.blobs[i].digest, sizeof(digest))) {
+			ferry_err("%s: blob %zu digest does not match the bootstrap",
+				  index_path, i);
+			goto out;
+		}
+	}
+	if (json_object_object_get_ex(root, "chunkSize", &v))
+		img->chunk_size = (uint32_t)json_object_get_int64(v);
+	s = json_string_field(root, "compression");
+	snprintf(img->compression, sizeof(img->compression), "%s", s ? s : "?");
+	ret = 0;
+out:
+	free(boot_data);
+	json_object_put(root);
+	return ret;
+}
+
+/* The device table and the blob index must describe the same blobs. */
+static int image_match_devices(struct image *img)
+{
+	struct meta_super sb;
+	uint32_t i;
+
+	meta_get_super(img->meta, &sb);
+	if (sb.nr_devices != img->blobs.nr_blobs) {
+		ferry_err("%s: %u devices but %u blobs in the blob index",
+			  img->bootstrap_path, sb.nr_devices, img->blobs.nr_blobs);
+		return -EFSCORRUPTED;
+	}
+	for (i = 0; i < sb.nr_devices; i++) {
+		const struct blob_info *b = &img->blobs.blobs[i];
+		struct meta_device_info dev;
+		char hex[2 * BLOB_DIGEST_SIZE + 1];
+		int ret = meta_get_device(img->meta, i + 1, &dev);
+
+		if (ret)
+			return ret;
+		hex_encode(b->digest, BLOB_DIGEST_SIZE, hex);
+		if (strcmp(dev.tag, hex) ||
+		    (uint64_t)dev.blocks * META_BLOCK_SIZE != b->uncompressed_size) {
+			ferry_err("%s: device %u (%s) does not match blob sha256:%s",
+				  img->bootstrap_path, i + 1, dev.tag, hex);
+			return -EFSCORRUPTED;
+		}
+		if (asprintf(&img->blob_paths[i], "%s/blobs/sha256/%s", img->dir,
+			     hex) < 0)
+			return -ENOMEM;
+	}
+	return 0;
+}
+
+int image_open(const char *ref, struct image **out)
+{
+	struct image *img = calloc(1, sizeof(*img));
+	char *index_path = NULL;
+	const void *ext;
+	size_t ext_len;
+	struct stat st;
+	int ret;
+
+	if (!img)
+		return -ENOMEM;
+	img->ref = strdup(ref);
+	if (!strncmp(ref, "dir:", 4))
+		img->dir = strdup(ref + 4);
+	else if (!strchr(ref, ':') || (ref[0] == '/' || ref[0] == '.'))
+		img->dir = strdup(ref); /* a plain path means dir: */
+	if (!img->ref || !img->dir) {
+		ret = img->ref && !img->dir ? -EINVAL : -ENOMEM;
+		if (ret == -EINVAL)
+			ferry_err("image \"%s\": expected dir:PATH", ref);
+		goto fail;
+	}
+	if (stat(img->dir, &st) || !S_ISDIR(st.st_mode)) {
+		ret = -ENOENT;
+		ferry_err("image %s: %s is not a directory", ref, img->dir);
+		goto fail;
+	}
+	if (asprintf(&img->bootstrap_path, "%s/bootstrap", img->dir) < 0 ||
+	    asprintf(&index_path, "%s/ferry.json", img->dir) < 0) {
+		ret = -ENOMEM;
+		goto fail;
+	}
+	ret = meta_image_open(img->bootstrap_path, &img->meta);
+	if (ret) {
+		ferry_err("%s: cannot open bootstrap: %s", img->bootstrap_path,
+			  ferry_strerror(ret));
+		goto fail;
+	}
+	ret = meta_get_ext(img->meta, &ext, &ext_len);
+	if (!ret)
+		ret = blob_index_decode(ext, ext_len, &img->blobs);
+	if (ret) {
+		ferry_err("%s: no valid ferry blob index: %s", img->bootstrap_path,
+			  ferry_strerror(ret));
+		goto fail;
+	}
+	img->blob_paths = calloc(img->blobs.nr_blobs + 1, sizeof(char *));
+	if (!img->blob_paths) {
+		ret = -ENOMEM;
+		goto fail;
+	}
+	ret = image_match_devices(img);
+	if (ret)
+		goto fail;
+	ret = image_load_index(img, index_path);
+	if (ret)
+		goto fail;
+	free(index_path);
+	*out = img;
+	return 0;
+fail:
+	free(index_path);
+	image_close(img);
+	return ret;
+}
+
+void image_close(struct image *img)
+{
+	uint32_t i;
+
+	if (!img)
+		return;
+	if (img->blob_paths)
+		for (i = 0; i < img->blobs.nr_blobs; i++)
+			free(img->blob_paths[i]);
+	free(img->blob_paths);
+	blob_index_free(&img->blobs);
+	if (img->meta)
+		meta_image_close(img->meta);
+	free(img->bootstrap_path);
+	free(img->dir);
+	free(img->ref);
+	free(img);
+}
+
+/* ------------------------------------------------------------------ */
+/* ferry check                                                         */
+/* ------------------------------------------------------------------ */
+
+struct checker {
+	struct image *img;
+	struct image_check_report *report;
+	const char *path;
+	uint8_t *buf; /* 2 * CHECK_BUF_SIZE: xattr names, then a value */
+};
+
+#define CHECK_BUF_SIZE 65536u
+
+static int check_fail(struct checker *c, int err, const char *what)
+{
+	ferry_err("%s: %s: %s", c->img->bootstrap_path, c->path, what);
+	return err;
+}
+
+/* Each chunk index must name a blob chunk of exactly the right length. */
+static int check_chunks(struct checker *c, const struct meta_stat *st)
+{
+	uint64_t i;
+	int ret;
+
+	for (i = 0; i < st->nr_chunks; i++) {
+		uint64_t want = MIN((uint64_t)st->chunk_size,
+				    st->size - i * st->chunk_size);
+		const struct blob_chunk *bc;
+		struct meta_chunk mc;
+		char what[160];
+
+		ret = meta_get_chunk(c->img->meta, st->nid, i, &mc);
+		if (ret)
+			return check_fail(c, ret, "unreadable chunk index");
+		c->report->chunks++;
+		if (mc.blkaddr == META_CHUNK_HOLE)
+			continue;
+		if (mc.device_id < 1 || mc.device_id > c->img->blobs.nr_blobs) {
+			snprintf(what, sizeof(what), "chunk %llu names device %u",
+				 (unsigned long long)i, mc.device_id);
+			return check_fail(c, -EFSCORRUPTED, what);
+		}
+		bc = blob_find_chunk(&c->img->blobs.blobs[mc.device_id - 1],
+				     (uint64_t)mc.blkaddr * META_BLOCK_SIZE);
+		if (!bc || bc->usize != want) {
+			snprintf(what, sizeof(what),
+				 "chunk %llu (device %u block %u) matches no %llu-byte blob chunk",
+				 (unsigned long long)i, mc.device_id, mc.blkaddr,
+				 (unsigned long long)want);
+			return check_fail(c, -EFSCORRUPTED, what);
+		}
+	}
+	return 0;
+}
+
+static int check_xattrs(struct checker *c, uint64_t nid)
+{
+	char *names = (char *)c->buf, *name;
+	uint8_t *value = c->buf + CHECK_BUF_SIZE;
+	ssize_t len, vlen;
+
+	len = meta_listxattr(c->img->meta, nid, names, CHECK_BUF_SIZE);
+	if (len < 0)
+		return check_fail(c, (int)len, "unreadable xattr names");
+	for (name = names; name < names + len; name += strlen(name) + 1) {
+		vlen = meta_getxattr(c->img->meta, nid, name, value, CHECK_BUF_SIZE);
+		if (vlen < 0)
+			return check_fail(c, (int)vlen, "unreadable xattr value");
+	}
+	return 0;
+}
+
+static int check_visit(void *ctx, const char *path, const struct meta_stat *st)
+{
+	struct checker *c = ctx;
+	uint64_t off;
+	ssize_t n;
+	int ret;
+
+	c->path = path;
+	c->report->inodes++;
+	ret = check_xattrs(c, st->nid);
+	if (ret)
+		return ret;
+	switch (st->mode & S_IFMT) {
+	case S_IFLNK:
+		n = meta_readlink(c->img->meta, st->nid, (char *)c->buf, CHECK_BUF_SIZE);
+		return n < 0 ? check_fail(c, (int)n, "unreadable symlink") : 0;
+	case S_IFREG:
+		if (st->nr_chunks)
+			return check_chunks(c, st);
+		for (off = 0; off < st->size; off += (uint64_t)n) {
+			n = meta_read(c->img->meta, st->nid, off, c->buf, CHECK_BUF_SIZE);
+			if (n <= 0)
+				return check_fail(c, n < 0 ? (int)n : -EFSCORRUPTED,
+						  "unreadable inline data");
+		}
+		return 0;
+	default:
+		return 0;
+	}
+}
+
+int image_check(struct image *img, struct image_check_report *report)
+{
+	struct checker c = { .img = img, .report = report };
+	uint32_t i;
+	int ret;
+
+	memset(report, 0, sizeof(*report));
+	c.buf = malloc(2 * CHECK_BUF_SIZE);
+	if (!c.buf)
+		return -ENOMEM;
+	ret = meta_walk(img->meta, check_visit, &c);
+	for (i = 0; !ret && i < img->blobs.nr_blobs; i++) {
+		struct blob_verify_report vr;
+
+		ret = blob_verify_file(img->blob_paths[i], &img->blobs.blobs[i], &vr);
+		if (!ret)
+			report->bytes_verified += img->blobs.blobs[i].uncompressed_size;
+	}
+	report->error = ret;
+	free(c.buf);
+	return ret;
+}
+
+/* ------------------------------------------------------------------ */
+/* Local mode                                                          */
+/* ------------------------------------------------------------------ */
+
+static int ensure_dir(const char *path)
+{
+	if (mkdir(path, 0700) && errno != EEXIST) {
+		int ret = -errno;
+
+		ferry_err("%s: cannot create directory: %s", path, strerror(errno));
+		return ret;
+	}
+	return 0;
+}
+
+int image_mount_local(struct image *img, const char *cache_dir,
+		      const char *target)
+{
+	char **devs = calloc(img->blobs.nr_blobs + 1, sizeof(char *));
+	char *dev_dir = NULL;
+	struct stat st;
+	uint32_t i;
+	int ret;
+
+	if (!devs)
+		return -ENOMEM;
+	if (stat(target, &st) || !S_ISDIR(st.st_mode)) {
+		ferry_err("mount point %s: not a directory", target);
+		ret = -ENOTDIR;
+		goto out;
+	}
+	if (asprintf(&dev_dir, "%s/devices", cache_dir) < 0) {
+		ret = -ENOMEM;
+		goto out;
+	}
+	ret = ensure_dir(cache_dir);
+	if (!ret)
+		ret = ensure_dir(dev_dir);
+	if (ret)
+		goto out;
+	for (i = 0; i < img->blobs.nr_blobs; i++) {
+		const struct blob_info *b = &img->blobs.blobs[i];
+		char hex[2 * BLOB_DIGEST_SIZE + 1];
+
+		hex_encode(b->digest, BLOB_DIGEST_SIZE, hex);
+		if (asprintf(&devs[i], "%s/%s", dev_dir, hex) < 0) {
+			ret = -ENOMEM;
+			goto out;
+		}
+		/* Devices appear only by rename after full verification. */
+		if (!stat(devs[i], &st) && S_ISREG(st.st_mode) &&
+		    (uint64_t)st.st_size == b->uncompressed_size)
+			continue;
+		ret = blob_materialize(img->blob_paths[i], b, devs[i]);
+		if (ret)
+			goto out;
+	}
+	ret = meta_kernel_mount(img->bootstrap_path, (const char *const *)devs,
+				img->blobs.nr_blobs, target);
+out:
+	for (i = 0; i < img->blobs.nr_blobs; i++)
+		free(devs[i]);
+	free(devs);
+	free(dev_dir);
+	return ret;
+}

@@ -1,0 +1,486 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Decompressing input for the tar reader. The format is chosen by magic
+ * bytes (gzip, zstd, xz, else plain tar) and the decoder writes straight
+ * into the caller's buffer, so a tar layer costs one decompression pass
+ * and no extra copy.
+ *
+ * Concatenation: multi-member gzip, multi-frame zstd (skippable frames
+ * included) and concatenated xz streams (with stream padding) all decode
+ * as one byte stream, as gzip(1), zstd(1) and xz(1) do.
+ *
+ * Trailing data after the last gzip member: NUL bytes up to the end of the
+ * input are ignored (tape-style padding that GNU tar and gzip(1) tolerate);
+ * anything else is an error. The error only surfaces if the tar reader
+ * reads that far, i.e. when the archive is not terminated before it.
+ * zstd and xz reject trailing garbage through their own decoders.
+ */
+#include "tar.h"
+
+#include <fcntl.h>
+#include <limits.h>
+#include <lzma.h>
+#include <stdlib.h>
+#include <unistd.h>
+#include <zlib.h>
+#include <zstd.h>
+#include <zstd_errors.h>
+
+#include "../pkg-base/base.h"
+
+#define INPUT_BUF_SIZE (256u * 1024)
+/* xz -9 needs 65 MiB; refuse streams that ask for far more. */
+#define INPUT_XZ_MEMLIMIT (256ull << 20)
+
+enum input_kind {
+	INPUT_PLAIN,
+	INPUT_GZIP,
+	INPUT_ZSTD,
+	INPUT_XZ,
+};
+
+static const char *const kind_names[] = { "tar", "gzip", "zstd", "xz" };
+
+struct input_stream {
+	char *name;
+	enum input_kind kind;
+	int fd;              /* -1 for memory input */
+	uint8_t *buf;        /* compressed input buffer (file input only) */
+	const uint8_t *next; /* unconsumed input */
+	size_t avail;
+	uint64_t bytes_read; /* read from the file or memory so far */
+	bool eof;            /* no input beyond next/avail */
+	bool finished;       /* decoder reached a clean end */
+	bool member_end;     /* gzip: between members */
+	bool frame_end;      /* zstd: last frame complete and flushed */
+	int err;             /* sticky error, reported once pending output is out */
+	z_stream z;
+	ZSTD_DStream *zd;
+	lzma_stream lz;
+};
+
+/* Read the next block of the file; sets eof at its end. */
+static int input_fill(struct input_stream *in)
+{
+	ssize_t n;
+
+	if (in->fd < 0) {
+		in->eof = true;
+		return 0;
+	}
+	do
+		n = read(in->fd, in->buf, INPUT_BUF_SIZE);
+	while (n < 0 && errno == EINTR);
+	if (n < 0) {
+		int err = -errno;
+
+		ferry_err("%s: read: %s", in->name, strerror(-err));
+		return err;
+	}
+	in->next = in->buf;
+	in->avail = (size_t)n;
+	in->bytes_read += (uint64_t)n;
+	if (!n)
+		in->eof = true;
+	return 0;
+}
+
+static void input_consume(struct input_stream *in, size_t n)
+{
+	in->next += n;
+	in->avail -= n;
+}
+
+static int input_corrupt(struct input_stream *in, const char *what)
+{
+	ferry_err("%s: %s %s stream", in->name, what, kind_names[in->kind]);
+	return -EFSCORRUPTED;
+}
+
+/*
+ * After a gzip member: another member must start right away, or only NUL
+ * bytes may follow up to the end of the input.
+ */
+static int gzip_between_members(struct input_stream *in)
+{
+	bool zeros = false;
+
+	for (;;) {
+		int ret;
+
+		while (in->avail && !in->next[0]) {
+			input_consume(in, 1);
+			zeros = true;
+		}
+		if (in->avail)
+			break;
+		if (in->eof) {
+			in->finished = true;
+			return 0;
+		}
+		ret = input_fill(in);
+		if (ret)
+			return ret;
+	}
+	/* inflate() checks the rest of the next member's header. */
+	if (zeros || in->next[0] != 0x1f)
+		return input_corrupt(in, "trailing garbage after");
+	if (inflateReset(&in->z) != Z_OK)
+		return -EINVAL;
+	in->member_end = false;
+	return 0;
+}
+
+/* zlib counts in uInt: feed it at most UINT_MAX bytes at a time. */
+static uInt clamp_uint(size_t n)
+{
+	return n > UINT_MAX ? UINT_MAX : (uInt)n;
+}
+
+static int gzip_step(struct input_stream *in, uint8_t *out, size_t len,
+		     size_t *produced)
+{
+	uInt in_len = clamp_uint(in->avail), out_len = clamp_uint(len);
+	int zr;
+
+	if (in->member_end) {
+		int ret = gzip_between_members(in);
+
+		if (ret || in->finished)
+			return ret;
+		in_len = clamp_uint(in->avail);
+	}
+	in->z.next_in = (Bytef *)in->next;
+	in->z.avail_in = in_len;
+	in->z.next_out = out;
+	in->z.avail_out = out_len;
+	zr = inflate(&in->z, Z_NO_FLUSH);
+	input_consume(in, in_len - in->z.avail_in);
+	*produced = out_len - in->z.avail_out;
+	switch (zr) {
+	case Z_STREAM_END:
+		in->member_end = true;
+		return 0;
+	case Z_OK:
+	case Z_BUF_ERROR: /* no progress: the caller refills or reports EOF */
+		return 0;
+	case Z_MEM_ERROR:
+		return -ENOMEM;
+	default:
+		ferry_err("%s: corrupt gzip stream: %s", in->name,
+			  in->z.msg ? in->z.msg : "bad data");
+		return -EFSCORRUPTED;
+	}
+}
+
+static int zstd_step(struct input_stream *in, uint8_t *out, size_t len,
+		     size_t *produced)
+{
+	ZSTD_inBuffer ib = { in->next, in->avail, 0 };
+	ZSTD_outBuffer ob = { out, len, 0 };
+	size_t zr;
+
+	if (!in->avail && in->eof && in->frame_end) {
+		in->finished = true;
+		return 0;
+	}
+	zr = ZSTD_decompressStream(in->zd, &ob, &ib);
+	input_consume(in, ib.pos);
+	*produced = ob.pos;
+	if (!ZSTD_isError(zr)) {
+		in->frame_end = zr == 0;
+		return 0;
+	}
+	switch (ZSTD_getErrorCode(zr)) {
+	case ZSTD_error_memory_allocation:
+		return -ENOMEM;
+	case ZSTD_error_frameParameter_windowTooLarge:
+		ferry_err("%s: zstd window larger than 128 MiB is not supported",
+			  in->name);
+		return -ENOTSUP;
+	default:
+		ferry_err("%s: corrupt zstd stream: %s", in->name,
+			  ZSTD_getErrorName(zr));
+		return -EFSCORRUPTED;
+	}
+}
+
+static int xz_step(struct input_stream *in, uint8_t *out, size_t len,
+		   size_t *produced)
+{
+	lzma_ret lr;
+
+	in->lz.next_in = in->next;
+	in->lz.avail_in = in->avail;
+	in->lz.next_out = out;
+	in->lz.avail_out = len;
+	/* With LZMA_CONCATENATED only LZMA_FINISH ends the last stream. */
+	lr = lzma_code(&in->lz, in->eof ? LZMA_FINISH : LZMA_RUN);
+	input_consume(in, in->avail - in->lz.avail_in);
+	*produced = len - in->lz.avail_out;
+	switch (lr) {
+	case LZMA_STREAM_END:
+		in->finished = true;
+		return 0;
+	case LZMA_OK:
+	case LZMA_BUF_ERROR: /* no progress: the caller refills or reports EOF */
+		return 0;
+	case LZMA_MEM_ERROR:
+		return -ENOMEM;
+	case LZMA_MEMLIMIT_ERROR:
+		ferry_err("%s: xz stream needs more than %llu MiB to decode",
+			  in->name, INPUT_XZ_MEMLIMIT >> 20);
+		return -ENOTSUP;
+	default:
+		ferry_err("%s: corrupt xz stream (liblzma error %d)", in->name,
+			  (int)lr);
+		return -EFSCORRUPTED;
+	}
+}
+
+static ssize_t plain_read(struct input_stream *in, uint8_t *out, size_t len)
+{
+	size_t n;
+	int ret;
+
+	if (!in->avail) {
+		if (in->eof)
+			return 0;
+		/* Large reads bypass the buffer: one copy, from the kernel. */
+		if (in->fd >= 0 && len >= INPUT_BUF_SIZE) {
+			ssize_t got;
+
+			do
+				got = read(in->fd, out, MIN(len, (size_t)SSIZE_MAX));
+			while (got < 0 && errno == EINTR);
+			if (got < 0) {
+				ret = -errno;
+				ferry_err("%s: read: %s", in->name, strerror(-ret));
+				return ret;
+			}
+			in->bytes_read += (uint64_t)got;
+			if (!got)
+				in->eof = true;
+			return got;
+		}
+		ret = input_fill(in);
+		if (ret)
+			return ret;
+		if (!in->avail)
+			return 0;
+	}
+	n = MIN(len, in->avail);
+	memcpy(out, in->next, n);
+	input_consume(in, n);
+	return (ssize_t)n;
+}
+
+static ssize_t input_read(void *ctx, void *buf, size_t len)
+{
+	struct input_stream *in = ctx;
+	uint8_t *out = buf;
+	size_t done = 0;
+	int ret = 0;
+
+	if (in->err)
+		return in->err;
+	len = MIN(len, (size_t)SSIZE_MAX);
+	if (in->kind == INPUT_PLAIN) {
+		ssize_t n = plain_read(in, out, len);
+
+		if (n < 0)
+			in->err = (int)n;
+		return n;
+	}
+	while (done < len && !in->finished) {
+		size_t produced = 0, before;
+
+		if (!in->avail && !in->eof) {
+			ret = input_fill(in);
+			if (ret)
+				break;
+		}
+		before = in->avail;
+		switch (in->kind) {
+		case INPUT_GZIP:
+			ret = gzip_step(in, out + done, len - done, &produced);
+			break;
+		case INPUT_ZSTD:
+			ret = zstd_step(in, out + done, len - done, &produced);
+			break;
+		default:
+			ret = xz_step(in, out + done, len - done, &produced);
+			break;
+		}
+		if (ret)
+			break;
+		done += produced;
+		/* All input seen, the decoder still wants more: cut short. */
+		if (!produced && in->avail == before && in->eof &&
+		    !in->finished) {
+			ret = input_corrupt(in, "truncated");
+			break;
+		}
+	}
+	if (ret) {
+		in->err = ret;
+		if (!done)
+			return ret;
+	}
+	return (ssize_t)done;
+}
+
+static int input_init_decoder(struct input_stream *in)
+{
+	static const uint8_t gzip_magic[] = { 0x1f, 0x8b };
+	static const uint8_t zstd_magic[] = { 0x28, 0xb5, 0x2f, 0xfd };
+	static const uint8_t xz_magic[] = { 0xfd, '7', 'z', 'X', 'Z', 0x00 };
+
+#define HAS_MAGIC(m) (in->avail >= sizeof(m) && !memcmp(in->next, m, sizeof(m)))
+	/* zstd skippable frames: magic 0x184d2a50..0x184d2a5f */
+	bool zstd_skippable = in->avail >= 4 && (in->next[0] & 0xf0) == 0x50 &&
+			      !memcmp(in->next + 1, "\x2a\x4d\x18", 3);
+
+	if (HAS_MAGIC(gzip_magic)) {
+		in->kind = INPUT_GZIP;
+		/* 15 + 32: full window, gzip/zlib header auto-detected */
+		if (inflateInit2(&in->z, 15 + 32) != Z_OK)
+			return -ENOMEM;
+	} else if (HAS_MAGIC(zstd_magic) || zstd_skippable) {
+		in->kind = INPUT_ZSTD;
+		/* Default window limit (128 MiB) bounds memory on hostile input. */
+		in->zd = ZSTD_createDStream();
+		if (!in->zd)
+			return -ENOMEM;
+	} else if (HAS_MAGIC(xz_magic)) {
+		in->kind = INPUT_XZ;
+		if (lzma_stream_decoder(&in->lz, INPUT_XZ_MEMLIMIT,
+					LZMA_CONCATENATED) != LZMA_OK)
+			return -ENOMEM;
+	} else {
+		in->kind = INPUT_PLAIN;
+	}
+#undef HAS_MAGIC
+	return 0;
+}
+
+static struct input_stream *input_alloc(const char *name)
+{
+	struct input_stream *in = calloc(1, sizeof(*in));
+
+	if (!in)
+		return NULL;
+	in->fd = -1;
+	in->lz = (lzma_stream)LZMA_STREAM_INIT;
+	in->name = strdup(name);
+	if (!in->name) {
+		free(in);
+		return NULL;
+	}
+	return in;
+}
+
+int input_open(const char *path, struct input_stream **out)
+{
+	struct input_stream *in = input_alloc(path);
+	int ret;
+
+	if (!in)
+		return -ENOMEM;
+	in->buf = malloc(INPUT_BUF_SIZE);
+	if (!in->buf) {
+		ret = -ENOMEM;
+		goto fail;
+	}
+	in->fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (in->fd < 0) {
+		ret = -errno;
+		ferry_err("%s: open: %s", path, strerror(-ret));
+		goto fail;
+	}
+	posix_fadvise(in->fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+	in->next = in->buf;
+	/* Pipes may return less than the longest magic (6 bytes) at first. */
+	while (in->avail < 6 && !in->eof) {
+		ssize_t n = read(in->fd, in->buf + in->avail,
+				 INPUT_BUF_SIZE - in->avail);
+
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			ret = -errno;
+			ferry_err("%s: read: %s", path, strerror(-ret));
+			goto fail;
+		}
+		in->avail += (size_t)n;
+		in->bytes_read += (uint64_t)n;
+		in->eof = n == 0;
+	}
+	ret = input_init_decoder(in);
+	if (ret)
+		goto fail;
+	*out = in;
+	return 0;
+fail:
+	input_close(in);
+	return ret;
+}
+
+int input_open_mem(const void *buf, size_t len, struct input_stream **out)
+{
+	struct input_stream *in = input_alloc("<memory>");
+	int ret;
+
+	if (!in)
+		return -ENOMEM;
+	in->next = buf;
+	in->avail = len;
+	in->bytes_read = len;
+	in->eof = true;
+	ret = input_init_decoder(in);
+	if (ret) {
+		input_close(in);
+		return ret;
+	}
+	*out = in;
+	return 0;
+}
+
+struct byte_source input_source(struct input_stream *in)
+{
+	return (struct byte_source){ .read = input_read, .ctx = in };
+}
+
+const char *input_format(const struct input_stream *in)
+{
+	return kind_names[in->kind];
+}
+
+uint64_t input_bytes_in(const struct input_stream *in)
+{
+	return in->bytes_read - in->avail;
+}
+
+void input_close(struct input_stream *in)
+{
+	if (!in)
+		return;
+	switch (in->kind) {
+	case INPUT_GZIP:
+		inflateEnd(&in->z);
+		break;
+	case INPUT_ZSTD:
+		ZSTD_freeDStream(in->zd);
+		break;
+	case INPUT_XZ:
+		lzma_end(&in->lz);
+		break;
+	default:
+		break;
+	}
+	if (in->fd >= 0)
+		close(in->fd);
+	free(in->buf);
+	free(in->name);
+	free(in);
+}

@@ -1,0 +1,79 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Internal to pkg-convert: a streaming tar reader (ustar, GNU long names,
+ * PAX) over a byte source that may be compressed. Every header field is
+ * validated before use; names are not yet normalised (see convert.c).
+ */
+#ifndef FERRY_CONVERT_TAR_H
+#define FERRY_CONVERT_TAR_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+/* A byte source: read returns bytes read, 0 at end, or a negative errno. */
+struct byte_source {
+	ssize_t (*read)(void *ctx, void *buf, size_t len);
+	void *ctx;
+};
+
+/* Decompressing input: detects gzip, zstd, xz or plain tar by magic. */
+struct input_stream;
+int input_open(const char *path, struct input_stream **out);
+/* Wrap an in-memory buffer (fuzzing, tests); the buffer must outlive it. */
+int input_open_mem(const void *buf, size_t len, struct input_stream **out);
+struct byte_source input_source(struct input_stream *in);
+const char *input_format(const struct input_stream *in); /* "tar", "gzip", ... */
+uint64_t input_bytes_in(const struct input_stream *in);  /* compressed bytes consumed */
+void input_close(struct input_stream *in);
+
+enum tar_type {
+	TAR_REG,
+	TAR_HARDLINK,
+	TAR_SYMLINK,
+	TAR_CHR,
+	TAR_BLK,
+	TAR_DIR,
+	TAR_FIFO,
+};
+
+struct tar_xattr {
+	char *name;
+	uint8_t *value;
+	uint32_t value_len;
+};
+
+struct tar_entry {
+	enum tar_type type;
+	char *path;     /* as in the archive (PAX / GNU long name applied) */
+	char *linkname; /* symlink target or hardlink source */
+	uint32_t mode;  /* permission bits only (07777) */
+	uint32_t uid, gid;
+	int64_t mtime;
+	uint32_t mtime_nsec;
+	uint64_t size; /* data bytes that follow (regular files) */
+	uint32_t dev_major, dev_minor;
+	struct tar_xattr *xattrs;
+	uint32_t nr_xattrs;
+};
+
+struct tar_reader;
+int tar_reader_new(struct byte_source src, struct tar_reader **out);
+void tar_reader_free(struct tar_reader *r);
+
+/*
+ * Next entry: 1 and *@e (valid until the next call), 0 at the end of the
+ * archive (two zero blocks, or a clean end of input at a header boundary),
+ * or a negative errno (-EFSCORRUPTED with a message naming the entry).
+ * Unread data of the previous entry is skipped.
+ */
+int tar_next(struct tar_reader *r, struct tar_entry **e);
+
+/* Read the current entry's data: bytes read, 0 at its end, or -errno. */
+ssize_t tar_read_data(struct tar_reader *r, void *buf, size_t len);
+
+/* Bytes of archive consumed so far (for progress). */
+uint64_t tar_offset(const struct tar_reader *r);
+
+#endif

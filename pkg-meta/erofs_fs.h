@@ -1,0 +1,251 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * EROFS on-disk format, as far as ferry writes and reads it. Written from
+ * the format documentation (docs/FORMAT.md has the prose); every integer is
+ * little-endian and accessed through get_le* / put_le* on byte buffers, so
+ * the structs below document layout and carry size checks, and code uses
+ * the EROFS_* offset constants.
+ *
+ * ferry emits only what Linux >= 5.16 mounts: incompat CHUNKED_FILE and
+ * DEVICE_TABLE, 4 KiB blocks, compact and extended inodes, layouts
+ * FLAT_PLAIN, FLAT_INLINE and CHUNK_BASED with 8-byte chunk indexes.
+ */
+#ifndef FERRY_EROFS_FS_H
+#define FERRY_EROFS_FS_H
+
+#include <stdint.h>
+
+#define EROFS_SUPER_MAGIC 0xE0F5E1E2u
+#define EROFS_SUPER_OFFSET 1024
+#define EROFS_BLKSIZ_BITS 12
+#define EROFS_BLKSIZ (1u << EROFS_BLKSIZ_BITS)
+#define EROFS_SLOT_SIZE 32 /* NID unit: byte offset = meta_blkaddr * bs + nid * 32 */
+#define EROFS_NAME_LEN 255
+
+#define EROFS_FEATURE_COMPAT_SB_CHKSUM 0x00000001u
+#define EROFS_FEATURE_COMPAT_MTIME 0x00000002u
+#define EROFS_FEATURE_INCOMPAT_CHUNKED_FILE 0x00000004u
+#define EROFS_FEATURE_INCOMPAT_DEVICE_TABLE 0x00000008u
+/* The only incompat bits ferry writes or accepts. */
+#define EROFS_FEATURE_INCOMPAT_FERRY                                           \
+	(EROFS_FEATURE_INCOMPAT_CHUNKED_FILE | EROFS_FEATURE_INCOMPAT_DEVICE_TABLE)
+
+/* Superblock: 128 bytes at byte 1024 of the primary device. */
+struct erofs_super_block {
+	uint32_t magic;            /* 0x00 */
+	uint32_t checksum;         /* 0x04 crc32c, see docs/FORMAT.md */
+	uint32_t feature_compat;   /* 0x08 */
+	uint8_t blkszbits;         /* 0x0C */
+	uint8_t sb_extslots;       /* 0x0D */
+	uint16_t root_nid;         /* 0x0E */
+	uint64_t inos;             /* 0x10 */
+	uint64_t epoch;            /* 0x18 compact inodes' mtime seconds */
+	uint32_t fixed_nsec;       /* 0x20 compact inodes' mtime nanoseconds */
+	uint32_t blocks;           /* 0x24 */
+	uint32_t meta_blkaddr;     /* 0x28 */
+	uint32_t xattr_blkaddr;    /* 0x2C */
+	uint8_t uuid[16];          /* 0x30 */
+	uint8_t volume_name[16];   /* 0x40 */
+	uint32_t feature_incompat; /* 0x50 */
+	uint16_t u1;               /* 0x54 must be 0: no compression */
+	uint16_t extra_devices;    /* 0x56 */
+	uint16_t devt_slotoff;     /* 0x58 device table at devt_slotoff * 128 */
+	uint8_t dirblkbits;        /* 0x5A must be 0 */
+	uint8_t reserved[37];      /* 0x5B */
+} __attribute__((packed));
+_Static_assert(sizeof(struct erofs_super_block) == 128, "erofs sb size");
+
+#define EROFS_SB_MAGIC 0x00
+#define EROFS_SB_CHECKSUM 0x04
+#define EROFS_SB_FEATURE_COMPAT 0x08
+#define EROFS_SB_BLKSZBITS 0x0C
+#define EROFS_SB_EXTSLOTS 0x0D
+#define EROFS_SB_ROOT_NID 0x0E
+#define EROFS_SB_INOS 0x10
+#define EROFS_SB_EPOCH 0x18
+#define EROFS_SB_FIXED_NSEC 0x20
+#define EROFS_SB_BLOCKS 0x24
+#define EROFS_SB_META_BLKADDR 0x28
+#define EROFS_SB_XATTR_BLKADDR 0x2C
+#define EROFS_SB_UUID 0x30
+#define EROFS_SB_VOLUME_NAME 0x40
+#define EROFS_SB_FEATURE_INCOMPAT 0x50
+#define EROFS_SB_U1 0x54
+#define EROFS_SB_EXTRA_DEVICES 0x56
+#define EROFS_SB_DEVT_SLOTOFF 0x58
+#define EROFS_SB_DIRBLKBITS 0x5A
+#define EROFS_SB_SIZE 128
+
+/* Device table slot: 128 bytes, slot i describes device_id i + 1. */
+struct erofs_deviceslot {
+	uint8_t tag[64];    /* 0x00 ferry: the blob's sha256 as 64 hex digits */
+	uint32_t blocks;    /* 0x40 device size in blocks */
+	uint32_t uniaddr;   /* 0x44 first block in the unified (flat) address space */
+	uint8_t reserved[56];
+} __attribute__((packed));
+_Static_assert(sizeof(struct erofs_deviceslot) == 128, "erofs devslot size");
+
+#define EROFS_DEVT_SLOT_SIZE 128
+#define EROFS_DEVT_TAG 0x00
+#define EROFS_DEVT_TAG_LEN 64
+#define EROFS_DEVT_BLOCKS 0x40
+#define EROFS_DEVT_UNIADDR 0x44
+
+/* i_format: bit 0 version, bits 1-3 data layout; other bits must be 0. */
+#define EROFS_I_VERSION_MASK 0x1
+#define EROFS_I_VERSION_COMPACT 0
+#define EROFS_I_VERSION_EXTENDED 1
+#define EROFS_I_DATALAYOUT_SHIFT 1
+#define EROFS_I_DATALAYOUT_MASK 0x7
+#define EROFS_I_ALL_BITS 0xF /* kernels before 6.15 reject anything above */
+
+enum erofs_datalayout {
+	EROFS_INODE_FLAT_PLAIN = 0,
+	EROFS_INODE_FLAT_INLINE = 2,
+	EROFS_INODE_CHUNK_BASED = 4,
+};
+
+/* Compact inode: 32 bytes. */
+struct erofs_inode_compact {
+	uint16_t i_format;       /* 0x00 */
+	uint16_t i_xattr_icount; /* 0x02 */
+	uint16_t i_mode;         /* 0x04 */
+	uint16_t i_nlink;        /* 0x06 */
+	uint32_t i_size;         /* 0x08 */
+	uint32_t i_mtime;        /* 0x0C ferry writes 0: mtime is sb epoch */
+	uint32_t i_u;            /* 0x10 startblk / rdev / chunk format */
+	uint32_t i_ino;          /* 0x14 */
+	uint16_t i_uid;          /* 0x18 */
+	uint16_t i_gid;          /* 0x1A */
+	uint32_t i_reserved;     /* 0x1C */
+} __attribute__((packed));
+_Static_assert(sizeof(struct erofs_inode_compact) == 32, "compact inode");
+
+/* Extended inode: 64 bytes. */
+struct erofs_inode_extended {
+	uint16_t i_format;       /* 0x00 */
+	uint16_t i_xattr_icount; /* 0x02 */
+	uint16_t i_mode;         /* 0x04 */
+	uint16_t i_reserved;     /* 0x06 */
+	uint64_t i_size;         /* 0x08 */
+	uint32_t i_u;            /* 0x10 */
+	uint32_t i_ino;          /* 0x14 */
+	uint32_t i_uid;          /* 0x18 */
+	uint32_t i_gid;          /* 0x1C */
+	uint64_t i_mtime;        /* 0x20 seconds (signed) */
+	uint32_t i_mtime_nsec;   /* 0x28 */
+	uint32_t i_nlink;        /* 0x2C */
+	uint8_t i_reserved2[16]; /* 0x30 */
+} __attribute__((packed));
+_Static_assert(sizeof(struct erofs_inode_extended) == 64, "extended inode");
+
+#define EROFS_I_FORMAT 0x00
+#define EROFS_I_XATTR_ICOUNT 0x02
+#define EROFS_I_MODE 0x04
+#define EROFS_IC_NLINK 0x06
+#define EROFS_IC_SIZE 0x08
+#define EROFS_IC_MTIME 0x0C
+#define EROFS_I_U 0x10
+#define EROFS_I_INO 0x14
+#define EROFS_IC_UID 0x18
+#define EROFS_IC_GID 0x1A
+#define EROFS_IE_SIZE 0x08
+#define EROFS_IE_UID 0x18
+#define EROFS_IE_GID 0x1C
+#define EROFS_IE_MTIME 0x20
+#define EROFS_IE_MTIME_NSEC 0x28
+#define EROFS_IE_NLINK 0x2C
+#define EROFS_INODE_COMPACT_SIZE 32
+#define EROFS_INODE_EXTENDED_SIZE 64
+
+/* Chunk-based i_u: bits 0-4 chunkbits (chunk = bs << chunkbits), bit 5 indexes. */
+#define EROFS_CHUNK_FORMAT_BLKBITS_MASK 0x1F
+#define EROFS_CHUNK_FORMAT_INDEXES 0x20
+#define EROFS_CHUNK_FORMAT_ALL 0x3F
+
+/* 8-byte chunk index, aligned to 8 after inode + inline xattrs. */
+struct erofs_inode_chunk_index {
+	uint16_t startblk_hi; /* 0x00 write 0 (only read with 48-bit layout) */
+	uint16_t device_id;   /* 0x02 0 = primary, N = device table slot N - 1 */
+	uint32_t startblk_lo; /* 0x04 block on that device; ~0 = hole */
+} __attribute__((packed));
+_Static_assert(sizeof(struct erofs_inode_chunk_index) == 8, "chunk index");
+
+#define EROFS_CHUNK_INDEX_SIZE 8
+#define EROFS_CHUNK_INDEX_DEVICE_ID 0x02
+#define EROFS_CHUNK_INDEX_STARTBLK 0x04
+#define EROFS_NULL_ADDR 0xFFFFFFFFu
+
+/* Inline xattr region: 12-byte header, shared ids, then entries. */
+struct erofs_xattr_ibody_header {
+	uint32_t h_name_filter; /* 0x00 ferry writes 0 (filter feature off) */
+	uint8_t h_shared_count; /* 0x04 */
+	uint8_t h_reserved[7];
+} __attribute__((packed));
+_Static_assert(sizeof(struct erofs_xattr_ibody_header) == 12, "xattr hdr");
+
+/* Xattr entry: 4 bytes, then name (without prefix) and value, padded to 4. */
+struct erofs_xattr_entry {
+	uint8_t e_name_len;
+	uint8_t e_name_index;
+	uint16_t e_value_size;
+} __attribute__((packed));
+_Static_assert(sizeof(struct erofs_xattr_entry) == 4, "xattr entry");
+
+#define EROFS_XATTR_IBODY_HEADER_SIZE 12
+#define EROFS_XATTR_ENTRY_SIZE 4
+#define EROFS_XATTR_ALIGN(x) (((x) + 3u) & ~3u)
+/* Inline region bytes for an i_xattr_icount value. */
+#define EROFS_XATTR_IBODY_SIZE(icount)                                        \
+	((icount) ? 12u + 4u * ((uint32_t)(icount) - 1u) : 0u)
+
+enum erofs_xattr_index {
+	EROFS_XATTR_INDEX_USER = 1,
+	EROFS_XATTR_INDEX_POSIX_ACL_ACCESS = 2,
+	EROFS_XATTR_INDEX_POSIX_ACL_DEFAULT = 3,
+	EROFS_XATTR_INDEX_TRUSTED = 4,
+	EROFS_XATTR_INDEX_SECURITY = 6,
+};
+
+/* Directory entry: 12 bytes; names follow the entry array in each block. */
+struct erofs_dirent {
+	uint64_t nid;
+	uint16_t nameoff;
+	uint8_t file_type;
+	uint8_t reserved;
+} __attribute__((packed));
+_Static_assert(sizeof(struct erofs_dirent) == 12, "erofs dirent");
+
+#define EROFS_DIRENT_SIZE 12
+#define EROFS_DIRENT_NID 0x00
+#define EROFS_DIRENT_NAMEOFF 0x08
+#define EROFS_DIRENT_FILE_TYPE 0x0A
+
+enum erofs_file_type {
+	EROFS_FT_UNKNOWN = 0,
+	EROFS_FT_REG_FILE = 1,
+	EROFS_FT_DIR = 2,
+	EROFS_FT_CHRDEV = 3,
+	EROFS_FT_BLKDEV = 4,
+	EROFS_FT_FIFO = 5,
+	EROFS_FT_SOCK = 6,
+	EROFS_FT_SYMLINK = 7,
+	EROFS_FT_MAX = 8,
+};
+
+/*
+ * ferry preamble: bytes 0..63 of the bootstrap, which EROFS leaves unused
+ * (the superblock starts at 1024). It locates ferry's extension region, a
+ * block-aligned run of blocks after all EROFS metadata that no inode
+ * references, so the kernel and fsck.erofs never look at it.
+ */
+#define FERRY_PREAMBLE_MAGIC "FERRYBS1"
+#define FERRY_PREAMBLE_SIZE 64
+#define FERRY_PRE_MAGIC 0x00    /* 8 bytes */
+#define FERRY_PRE_VERSION 0x08  /* u32, 1 */
+#define FERRY_PRE_EXT_OFF 0x10  /* u64 byte offset, block-aligned */
+#define FERRY_PRE_EXT_LEN 0x18  /* u64 payload length */
+#define FERRY_PRE_EXT_CRC 0x20  /* u32 crc32c (erofs convention) of payload */
+#define FERRY_PRE_CRC 0x3C      /* u32 crc32c of bytes 0..0x3B */
+
+#endif

@@ -1,0 +1,296 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * pkg-meta: the EROFS metadata blob ("bootstrap") — an in-memory tree, the
+ * writer that serialises it into an image the Linux kernel mounts, the
+ * reader that serves it back, and the kernel mount call.
+ *
+ * No network, no codecs. File data lives either inside the bootstrap
+ * (directories, symlinks, small "inline" regular files) or in external
+ * devices (blobs) addressed by chunk indexes; this module only records the
+ * (device_id, block) pairs it is given. ferry's own per-image data (the
+ * blob tables, see pkg-blob) travels in the bootstrap as an opaque
+ * "extension" payload that the kernel never reads.
+ *
+ * Errors: functions return 0 (or a count) on success and a negative errno
+ * on failure; corrupt images give -EFSCORRUPTED with a log line naming the
+ * inode or block. Thread-safety: a meta_tree belongs to one thread; a
+ * meta_image is immutable after open and safe to read from many threads.
+ */
+#ifndef FERRY_META_H
+#define FERRY_META_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#define META_BLOCK_SIZE 4096u
+#define META_MAX_DEVICES 1024u /* blobs per image */
+#define META_NAME_MAX 255u
+#define META_XATTR_VALUE_MAX 65535u /* e_value_size is 16 bits */
+
+/* ------------------------------------------------------------------ */
+/* In-memory tree                                                      */
+/* ------------------------------------------------------------------ */
+
+struct meta_xattr {
+	char *name;        /* full name, e.g. "user.foo", NUL-terminated */
+	uint8_t *value;
+	uint32_t value_len;
+};
+
+/* Where one chunk of a chunk-based regular file lives. */
+struct meta_chunk {
+	uint16_t device_id; /* 1..nr_devices; 0 only for holes */
+	uint32_t blkaddr;   /* block on that device; META_CHUNK_HOLE = zeros */
+};
+#define META_CHUNK_HOLE 0xFFFFFFFFu
+
+struct meta_dentry;
+
+struct meta_inode {
+	uint32_t mode; /* S_IFMT | permission bits (incl. suid/sgid/sticky) */
+	uint32_t uid, gid;
+	int64_t mtime;
+	uint32_t mtime_nsec;
+	uint32_t rdev_major, rdev_minor; /* S_IFCHR / S_IFBLK */
+	uint64_t size;                   /* regular files and symlinks */
+
+	struct meta_xattr *xattrs; /* owned; names unique */
+	uint32_t nr_xattrs;
+
+	/*
+	 * Data kept in the bootstrap: a symlink's target, or a regular
+	 * file's bytes when it is stored inline (size bytes, owned).
+	 * Directories generate their own data.
+	 */
+	uint8_t *data;
+
+	/*
+	 * Chunk-based regular file: nr_chunks == DIV_ROUND_UP(size,
+	 * 4096 << chunk_bits) entries (owned). data must be NULL.
+	 */
+	uint8_t chunk_bits;
+	struct meta_chunk *chunks;
+
+	/*
+	 * Directories: children (owned dentries) in insertion order, except
+	 * that unlink moves the last child into the freed slot (O(1)).
+	 */
+	struct meta_dentry **children;
+	uint32_t nr_children, children_cap;
+	void *child_index; /* private lookup index */
+
+	/* Private to the tree and writer. */
+	uint32_t links;  /* dentries pointing here */
+	uint64_t nid;
+	uint64_t order;
+	void *wpriv;
+};
+
+struct meta_dentry {
+	struct meta_inode *inode;
+	uint16_t name_len;
+	char name[]; /* NUL-terminated for convenience; length is name_len */
+};
+
+struct meta_tree {
+	struct meta_inode *root;
+	void *priv;
+};
+
+/* A new tree whose root is a directory 0755 owned by 0:0, mtime 0. */
+int meta_tree_new(struct meta_tree **out);
+void meta_tree_free(struct meta_tree *t);
+
+/* A new unlinked inode of @mode; it belongs to @t and is freed with it. */
+int meta_inode_new(struct meta_tree *t, uint32_t mode, struct meta_inode **out);
+
+/* Add or replace (same name) an xattr; copies name and value. */
+int meta_inode_set_xattr(struct meta_inode *inode, const char *name,
+			 const void *value, uint32_t value_len);
+/* Remove all xattrs. */
+void meta_inode_clear_xattrs(struct meta_inode *inode);
+
+/* Child of directory @dir named @name (not "." or ".."), or NULL. */
+struct meta_inode *meta_dir_lookup(const struct meta_inode *dir,
+				   const char *name, size_t len);
+
+/*
+ * Link @inode into @dir as @name. An existing entry of that name is
+ * replaced (and its subtree dropped if no other link holds it). Returns
+ * -EINVAL for an invalid name ("", ".", "..", '/' or NUL inside, or longer
+ * than 255 bytes), -ENOTDIR if @dir is not a directory, -EMLINK if @inode
+ * is a directory that already has a parent.
+ */
+int meta_dir_link(struct meta_tree *t, struct meta_inode *dir, const char *name,
+		  size_t len, struct meta_inode *inode);
+
+/* Remove @name from @dir; -ENOENT if absent. */
+int meta_dir_unlink(struct meta_tree *t, struct meta_inode *dir,
+		    const char *name, size_t len);
+
+/* Remove every entry of @dir (opaque-directory semantics). */
+void meta_dir_clear(struct meta_tree *t, struct meta_inode *dir);
+
+/* ------------------------------------------------------------------ */
+/* Writer                                                              */
+/* ------------------------------------------------------------------ */
+
+struct meta_device {
+	char tag[64];    /* exactly 64 bytes, e.g. the blob digest in hex */
+	uint32_t blocks; /* device size in 4 KiB blocks */
+};
+
+struct meta_write_opts {
+	const struct meta_device *devices; /* device_id i+1 = devices[i] */
+	uint32_t nr_devices;
+	const void *ext;   /* ferry extension payload, may be NULL */
+	size_t ext_len;
+	const char *volume_name; /* <= 15 bytes; NULL = "ferry" */
+};
+
+struct meta_write_stats {
+	uint64_t bytes;          /* bootstrap size */
+	uint64_t inodes;
+	uint64_t compact_inodes;
+	uint64_t extended_inodes;
+	uint64_t shared_xattrs;
+};
+
+/*
+ * Serialise @t into @fd (from offset 0; the file is truncated to the image
+ * size). Output is a deterministic function of the tree and options: the
+ * same input gives identical bytes. Fails with -EINVAL and a log line
+ * naming the path if the tree cannot be represented (xattr name without a
+ * known prefix, value over 65535 bytes, device_id out of range, ...).
+ */
+int meta_write(struct meta_tree *t, const struct meta_write_opts *opts, int fd,
+	       struct meta_write_stats *stats);
+
+/* ------------------------------------------------------------------ */
+/* Reader                                                              */
+/* ------------------------------------------------------------------ */
+
+struct meta_image;
+
+/*
+ * Open a bootstrap file (mapped read-only) or a caller-owned buffer that
+ * must outlive the image. Validates the superblock, device table and
+ * preamble; inodes are validated when first touched.
+ */
+int meta_image_open(const char *path, struct meta_image **out);
+int meta_image_open_mem(const void *buf, size_t len, struct meta_image **out);
+void meta_image_close(struct meta_image *img);
+
+struct meta_super {
+	uint64_t root_nid;
+	uint64_t inos;
+	uint64_t epoch;
+	uint32_t fixed_nsec;
+	uint32_t blocks;
+	uint32_t feature_compat, feature_incompat;
+	uint32_t nr_devices;
+	uint8_t uuid[16];
+	char volume_name[17];
+	uint64_t image_bytes;
+};
+void meta_get_super(const struct meta_image *img, struct meta_super *sb);
+
+struct meta_device_info {
+	char tag[65]; /* NUL-terminated */
+	uint32_t blocks;
+	uint32_t uniaddr;
+};
+/* @device_id is 1-based, as in chunk indexes. */
+int meta_get_device(const struct meta_image *img, uint32_t device_id,
+		    struct meta_device_info *out);
+
+/* The extension payload (borrowed, valid while @img is open); crc-checked. */
+int meta_get_ext(const struct meta_image *img, const void **ext, size_t *len);
+
+struct meta_stat {
+	uint64_t nid;
+	uint32_t mode, uid, gid, nlink;
+	uint64_t size;
+	int64_t mtime;
+	uint32_t mtime_nsec;
+	uint32_t rdev_major, rdev_minor;
+	uint32_t ino;   /* on-disk i_ino */
+	uint8_t layout; /* enum erofs_datalayout */
+	bool extended;
+	uint32_t chunk_size; /* chunk-based files */
+	uint64_t nr_chunks;
+};
+int meta_getattr(const struct meta_image *img, uint64_t nid,
+		 struct meta_stat *st);
+
+/* Look @name up in directory @dir_nid: 0 and *nid, -ENOENT, or error. */
+int meta_lookup(const struct meta_image *img, uint64_t dir_nid,
+		const char *name, size_t len, uint64_t *nid);
+
+/* Resolve an absolute or root-relative path without following symlinks. */
+int meta_resolve(const struct meta_image *img, const char *path, uint64_t *nid);
+
+/*
+ * Directory iteration including "." and "..". @pos is an opaque cookie: 0
+ * starts; @fill receives the cookie of the following entry. A non-zero
+ * return from @fill stops the walk and is returned (use > 0 to stop).
+ */
+typedef int (*meta_filldir_t)(void *ctx, const char *name, size_t len,
+			      uint64_t nid, unsigned int file_type,
+			      uint64_t next_pos);
+int meta_readdir(const struct meta_image *img, uint64_t dir_nid, uint64_t pos,
+		 meta_filldir_t fill, void *ctx);
+
+/*
+ * Read bytes of data stored in the bootstrap (FLAT_PLAIN / FLAT_INLINE:
+ * directories, symlinks, inline regular files). Returns bytes read (short
+ * at EOF), -EINVAL for chunk-based files.
+ */
+ssize_t meta_read(const struct meta_image *img, uint64_t nid, uint64_t off,
+		  void *buf, size_t len);
+
+/* Symlink target into @buf (NUL-terminated); returns its length. */
+ssize_t meta_readlink(const struct meta_image *img, uint64_t nid, char *buf,
+		      size_t size);
+
+/*
+ * listxattr(2)/getxattr(2) semantics: with @size 0 return the needed
+ * length; -ERANGE if @buf is too small; getxattr gives -ENODATA if absent.
+ */
+ssize_t meta_listxattr(const struct meta_image *img, uint64_t nid, char *buf,
+		       size_t size);
+ssize_t meta_getxattr(const struct meta_image *img, uint64_t nid,
+		      const char *name, void *buf, size_t size);
+
+/* Chunk @index of a chunk-based file (device_id 0 + META_CHUNK_HOLE = hole). */
+int meta_get_chunk(const struct meta_image *img, uint64_t nid, uint64_t index,
+		   struct meta_chunk *out);
+
+/*
+ * Visit the root and every entry below it, depth first in directory order,
+ * each hardlinked inode once per link. @path is "/" or "/a/b". Directories
+ * are entered once: one reached twice, or nesting deeper than
+ * META_WALK_MAX_DEPTH, is -EFSCORRUPTED (hostile images cannot loop us).
+ * A non-zero return from @visit stops the walk and is returned.
+ */
+#define META_WALK_MAX_DEPTH 2048u
+typedef int (*meta_walk_fn)(void *ctx, const char *path,
+			    const struct meta_stat *st);
+int meta_walk(const struct meta_image *img, meta_walk_fn visit, void *ctx);
+
+/* ------------------------------------------------------------------ */
+/* Kernel mount                                                        */
+/* ------------------------------------------------------------------ */
+
+/*
+ * mount(2) @bootstrap read-only on @target as a file-backed EROFS with one
+ * device= option per entry of @devices (device_id order). Calls the kernel
+ * directly: util-linux mount would silently use a loop device. When the
+ * option string exceeds one page it uses fsopen/fsconfig instead.
+ */
+int meta_kernel_mount(const char *bootstrap, const char *const *devices,
+		      uint32_t nr_devices, const char *target);
+
+#endif

@@ -1,0 +1,243 @@
+// SPDX-License-Identifier: MIT
+/*
+ * File-backed EROFS mount (Linux >= 6.12): the bootstrap is the primary
+ * device and every blob an extra device= regular file. mount(2) takes its
+ * options as one comma-separated page, so a long device list, or a path
+ * with a comma in it, goes through fsopen/fsconfig, which passes each
+ * device as its own string.
+ */
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "../pkg-base/base.h"
+#include "meta.h"
+
+/* The new mount API; glibc before 2.36 has no constants for it. */
+#ifndef FSOPEN_CLOEXEC
+#define FSOPEN_CLOEXEC 0x00000001
+#endif
+#ifndef FSMOUNT_CLOEXEC
+#define FSMOUNT_CLOEXEC 0x00000001
+#endif
+#ifndef FSCONFIG_SET_FLAG
+#define FSCONFIG_SET_FLAG 0
+#endif
+#ifndef FSCONFIG_SET_STRING
+#define FSCONFIG_SET_STRING 1
+#endif
+#ifndef FSCONFIG_CMD_CREATE
+#define FSCONFIG_CMD_CREATE 6
+#endif
+#ifndef MOUNT_ATTR_RDONLY
+#define MOUNT_ATTR_RDONLY 0x00000001
+#endif
+#ifndef MOVE_MOUNT_F_EMPTY_PATH
+#define MOVE_MOUNT_F_EMPTY_PATH 0x00000004
+#endif
+#ifndef SYS_fsopen
+#define SYS_fsopen 430
+#define SYS_fsconfig 431
+#define SYS_fsmount 432
+#define SYS_move_mount 429
+#endif
+
+#define MOUNT_DATA_MAX 4095 /* mount(2) copies one page, NUL included */
+
+struct mount_args {
+	char *bootstrap;
+	char *target;
+	char **devices;
+	uint32_t nr_devices;
+	char *opts; /* "device=A,device=B", NULL to use fsconfig */
+};
+
+static void mount_args_free(struct mount_args *a)
+{
+	uint32_t i;
+
+	for (i = 0; a->devices && i < a->nr_devices; i++)
+		free(a->devices[i]);
+	free(a->devices);
+	free(a->bootstrap);
+	free(a->target);
+	free(a->opts);
+}
+
+/* Absolute, symlink-free path of an existing @what, or NULL (logged). */
+static char *real_path(const char *path, const char *what, bool regular)
+{
+	struct stat st;
+	char *real = realpath(path, NULL);
+
+	if (!real) {
+		ferry_err("mount: %s %s: %s", what, path, strerror(errno));
+		return NULL;
+	}
+	if (regular && (stat(real, &st) < 0 || !S_ISREG(st.st_mode))) {
+		ferry_err("mount: %s %s is not a regular file (file-backed EROFS needs one)",
+			  what, real);
+		free(real);
+		return NULL;
+	}
+	return real;
+}
+
+/*
+ * Join the device= options into a->opts; leave it NULL when mount(2)
+ * cannot carry them (a comma inside a path, or more than a page).
+ */
+static int device_options(struct mount_args *a)
+{
+	size_t len = 0, off = 0;
+	uint32_t i;
+
+	for (i = 0; i < a->nr_devices; i++) {
+		if (strchr(a->devices[i], ','))
+			return 0;
+		len += strlen(",device=") + strlen(a->devices[i]);
+		if (len > MOUNT_DATA_MAX + 1)
+			return 0;
+	}
+	a->opts = malloc(len + 1);
+	if (!a->opts)
+		return -ENOMEM;
+	a->opts[0] = '\0';
+	for (i = 0; i < a->nr_devices; i++)
+		off += (size_t)sprintf(a->opts + off, "%sdevice=%s",
+				       i ? "," : "", a->devices[i]);
+	return 0;
+}
+
+static int prepare(struct mount_args *a, const char *bootstrap,
+		   const char *const *devices, uint32_t nr_devices,
+		   const char *target)
+{
+	uint32_t i;
+
+	a->bootstrap = real_path(bootstrap, "bootstrap", true);
+	a->target = real_path(target, "target", false);
+	if (!a->bootstrap || !a->target)
+		return -EINVAL;
+	a->devices = calloc(nr_devices ? nr_devices : 1, sizeof(*a->devices));
+	if (!a->devices)
+		return -ENOMEM;
+	for (i = 0; i < nr_devices; i++) {
+		a->devices[i] = real_path(devices[i], "device", true);
+		if (!a->devices[i])
+			return -EINVAL;
+		a->nr_devices = i + 1;
+	}
+	return device_options(a);
+}
+
+/* The kernel's own explanation from an fs context, if it left one. */
+static void log_fs_messages(int fsfd, const char *bootstrap)
+{
+	char msg[512];
+	ssize_t n;
+
+	while ((n = read(fsfd, msg, sizeof(msg) - 1)) > 0) {
+		msg[n] = '\0';
+		ferry_err("mount: %s: kernel says: %s", bootstrap, msg);
+	}
+}
+
+static int mount_fsconfig(const struct mount_args *a)
+{
+	int fsfd, mfd = -1, ret = 0;
+	uint32_t i;
+
+	fsfd = (int)syscall(SYS_fsopen, "erofs", FSOPEN_CLOEXEC);
+	if (fsfd < 0)
+		return -errno;
+	if (syscall(SYS_fsconfig, fsfd, FSCONFIG_SET_STRING, "source",
+		    a->bootstrap, 0) < 0)
+		goto fail;
+	for (i = 0; i < a->nr_devices; i++)
+		if (syscall(SYS_fsconfig, fsfd, FSCONFIG_SET_STRING, "device",
+			    a->devices[i], 0) < 0)
+			goto fail;
+	if (syscall(SYS_fsconfig, fsfd, FSCONFIG_SET_FLAG, "ro", NULL, 0) < 0 ||
+	    syscall(SYS_fsconfig, fsfd, FSCONFIG_CMD_CREATE, NULL, NULL, 0) < 0)
+		goto fail;
+	mfd = (int)syscall(SYS_fsmount, fsfd, FSMOUNT_CLOEXEC, MOUNT_ATTR_RDONLY);
+	if (mfd < 0 || syscall(SYS_move_mount, mfd, "", AT_FDCWD, a->target,
+			       MOVE_MOUNT_F_EMPTY_PATH) < 0)
+		goto fail;
+	goto out;
+fail:
+	ret = -errno;
+	log_fs_messages(fsfd, a->bootstrap);
+out:
+	if (mfd >= 0)
+		close(mfd);
+	close(fsfd);
+	return ret;
+}
+
+/* A likely cause for the common failures, to save a trip to dmesg. */
+static const char *mount_hint(int err, const struct mount_args *a,
+			      char *hint, size_t size)
+{
+	struct meta_image *img;
+	struct meta_super sb;
+
+	switch (err) {
+	case -EINVAL:
+		if (!meta_image_open(a->bootstrap, &img)) {
+			meta_get_super(img, &sb);
+			meta_image_close(img);
+			if (sb.nr_devices != a->nr_devices) {
+				snprintf(hint, size,
+					 " (the bootstrap has %u devices, %u given)",
+					 sb.nr_devices, a->nr_devices);
+				return hint;
+			}
+		}
+		return " (device count mismatch, a device that is not a regular file, or a bad image; see dmesg)";
+	case -EPERM:
+		return " (needs CAP_SYS_ADMIN in the initial user namespace)";
+	case -ENODEV:
+		return " (kernel without EROFS)";
+	case -ENOTBLK:
+		return " (kernel without file-backed EROFS: CONFIG_EROFS_FS_BACKED_BY_FILE, Linux >= 6.12)";
+	case -EBADMSG:
+		return " (superblock checksum mismatch)";
+	case -EOPNOTSUPP:
+		return " (image uses features this kernel lacks)";
+	default:
+		return "";
+	}
+}
+
+int meta_kernel_mount(const char *bootstrap, const char *const *devices,
+		      uint32_t nr_devices, const char *target)
+{
+	struct mount_args a = { 0 };
+	char hint[128];
+	int ret;
+
+	ret = prepare(&a, bootstrap, devices, nr_devices, target);
+	if (ret)
+		goto out;
+	if (a.opts) {
+		if (mount(a.bootstrap, a.target, "erofs", MS_RDONLY, a.opts) < 0)
+			ret = -errno;
+	} else {
+		ret = mount_fsconfig(&a);
+	}
+	if (ret)
+		ferry_err("mount: erofs %s on %s with %u devices: %s%s",
+			  a.bootstrap, a.target, a.nr_devices, strerror(-ret),
+			  mount_hint(ret, &a, hint, sizeof(hint)));
+out:
+	mount_args_free(&a);
+	return ret;
+}

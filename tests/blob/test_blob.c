@@ -1,0 +1,1088 @@
+// SPDX-License-Identifier: MIT
+/*
+ * pkg-blob unit tests: codecs, digests, the writer, footer/table/index
+ * encoding and validation, verification and materialisation, and the
+ * rejection of corrupt or truncated blobs and indexes.
+ */
+#include "../test.h"
+#include "../../pkg-base/base.h"
+#include "../../pkg-blob/blob.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define MIB (1u << 20)
+
+static char tmpdir[64];
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+static uint64_t rng(void)
+{
+	rng_state ^= rng_state << 13;
+	rng_state ^= rng_state >> 7;
+	rng_state ^= rng_state << 17;
+	return rng_state;
+}
+
+enum data_kind { DATA_TEXT, DATA_RANDOM, DATA_ZERO };
+
+/* Compressible but not trivial: random words from a small vocabulary. */
+static void fill(uint8_t *buf, size_t len, enum data_kind kind)
+{
+	static const char *const words[] = {
+		"ferry ", "blob ", "chunk ", "erofs ", "image ", "layer ",
+		"digest ", "sha256 ", "zstd ", "device\n",
+	};
+	size_t i = 0;
+
+	if (kind == DATA_ZERO) {
+		memset(buf, 0, len);
+		return;
+	}
+	if (kind == DATA_RANDOM) {
+		for (i = 0; i < len; i++)
+			buf[i] = (uint8_t)(rng() >> 24);
+		return;
+	}
+	while (i < len) {
+		const char *w = words[rng() % ARRAY_SIZE(words)];
+		size_t n = MIN(strlen(w), len - i);
+
+		memcpy(buf + i, w, n);
+		i += n;
+	}
+}
+
+static uint8_t *alloc_fill(size_t len, enum data_kind kind)
+{
+	uint8_t *p = malloc(len ? len : 1);
+
+	if (p)
+		fill(p, len, kind);
+	return p;
+}
+
+static char *tmp_path(const char *name)
+{
+	static char path[4][128];
+	static int n;
+	char *p = path[n++ % 4];
+
+	snprintf(p, sizeof(path[0]), "%s/%s", tmpdir, name);
+	return p;
+}
+
+static uint8_t *read_file(const char *path, size_t *len)
+{
+	struct stat st;
+	uint8_t *buf;
+	int fd = open(path, O_RDONLY);
+
+	if (fd < 0 || fstat(fd, &st)) {
+		if (fd >= 0)
+			close(fd);
+		return NULL;
+	}
+	buf = malloc((size_t)st.st_size + 1);
+	if (buf && read_full(fd, buf, (size_t)st.st_size)) {
+		free(buf);
+		buf = NULL;
+	}
+	close(fd);
+	*len = (size_t)st.st_size;
+	return buf;
+}
+
+static int write_file(const char *path, const void *buf, size_t len)
+{
+	int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+	int ret;
+
+	if (fd < 0)
+		return -errno;
+	ret = write_full(fd, buf, len);
+	close(fd);
+	return ret;
+}
+
+/* A blob of @n chunks with the given sizes and data kinds. */
+struct test_blob {
+	uint32_t n;
+	uint8_t **data;
+	uint32_t *len;
+	uint64_t *uoff;
+	struct blob_info info;
+};
+
+static int make_blob(const char *path, const char *spec, uint32_t n,
+		     const uint32_t *lens, const enum data_kind *kinds,
+		     struct test_blob *tb)
+{
+	struct blob_compress c;
+	struct blob_writer *w;
+	uint32_t i;
+	int fd, ret;
+
+	memset(tb, 0, sizeof(*tb));
+	ret = blob_compress_parse(spec, &c);
+	if (ret)
+		return ret;
+	tb->n = n;
+	tb->data = calloc(n + 1, sizeof(*tb->data));
+	tb->len = calloc(n + 1, sizeof(*tb->len));
+	tb->uoff = calloc(n + 1, sizeof(*tb->uoff));
+	fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+	if (fd < 0)
+		return -errno;
+	ret = blob_writer_new(fd, &c, &w);
+	if (ret) {
+		close(fd);
+		return ret;
+	}
+	for (i = 0; i < n; i++) {
+		uint8_t sha[BLOB_DIGEST_SIZE];
+
+		tb->len[i] = lens[i];
+		tb->data[i] = alloc_fill(lens[i], kinds[i]);
+		blob_sha256(tb->data[i], lens[i], sha);
+		ret = blob_writer_add(w, tb->data[i], lens[i], sha,
+				      &tb->uoff[i]);
+		if (ret) {
+			blob_writer_abort(w);
+			close(fd);
+			return ret;
+		}
+	}
+	ret = blob_writer_finish(w, &tb->info);
+	close(fd);
+	return ret;
+}
+
+/* The rest of a test cannot run without its blob. */
+#define MAKE_BLOB(...)                                                         \
+	do {                                                                   \
+		int _ret = make_blob(__VA_ARGS__);                             \
+		CHECK_EQ(_ret, 0);                                             \
+		if (_ret)                                                      \
+			return;                                                \
+	} while (0)
+
+static void free_blob(struct test_blob *tb)
+{
+	uint32_t i;
+
+	for (i = 0; i < tb->n; i++)
+		free(tb->data[i]);
+	free(tb->data);
+	free(tb->len);
+	free(tb->uoff);
+	blob_info_free_chunks(&tb->info);
+}
+
+/* A deep copy of @src's info (chunks owned by the copy). */
+static struct blob_info info_dup(const struct blob_info *src)
+{
+	struct blob_info d = *src;
+
+	d.chunks = malloc((src->nr_chunks + 1) * sizeof(*d.chunks));
+	if (src->nr_chunks)
+		memcpy(d.chunks, src->chunks,
+		       src->nr_chunks * sizeof(*d.chunks));
+	return d;
+}
+
+static bool exists(const char *path)
+{
+	struct stat st;
+
+	return !stat(path, &st);
+}
+
+/* Files in tmpdir whose name starts with @prefix. */
+static int count_prefixed(const char *prefix)
+{
+	DIR *d = opendir(tmpdir);
+	struct dirent *e;
+	int n = 0;
+
+	while (d && (e = readdir(d)))
+		if (!strncmp(e->d_name, prefix, strlen(prefix)))
+			n++;
+	if (d)
+		closedir(d);
+	return n;
+}
+
+/* ---------------------------------------------------------------- */
+
+static void test_sha256(void)
+{
+	static const char *const abc_hex =
+		"ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad";
+	uint8_t one[BLOB_DIGEST_SIZE], two[BLOB_DIGEST_SIZE], want[32];
+	uint8_t *big = alloc_fill(3 * MIB + 17, DATA_RANDOM);
+	struct blob_hasher *h;
+
+	CHECK_EQ(hex_decode(abc_hex, want, 32), 0);
+	blob_sha256("abc", 3, one);
+	CHECK(!memcmp(one, want, 32));
+
+	blob_sha256(big, 3 * MIB + 17, one);
+	CHECK_EQ(blob_hasher_new(&h), 0);
+	blob_hasher_update(h, big, 1);
+	blob_hasher_update(h, big + 1, MIB);
+	blob_hasher_update(h, big + 1 + MIB, 2 * MIB + 16);
+	blob_hasher_final(h, two);
+	blob_hasher_free(h);
+	CHECK(!memcmp(one, two, 32));
+	free(big);
+}
+
+static void test_compress_parse(void)
+{
+	static const struct {
+		const char *spec;
+		enum blob_codec codec;
+		int level;
+	} good[] = {
+		{ "none", BLOB_CODEC_NONE, 0 }, { "lz4", BLOB_CODEC_LZ4, 0 },
+		{ "lz4:1", BLOB_CODEC_LZ4, 1 }, { "lz4:12", BLOB_CODEC_LZ4, 12 },
+		{ "zstd", BLOB_CODEC_ZSTD, 0 }, { "zstd:1", BLOB_CODEC_ZSTD, 1 },
+		{ "zstd:22", BLOB_CODEC_ZSTD, 22 },
+		{ "lzma", BLOB_CODEC_LZMA, 0 }, { "lzma:9", BLOB_CODEC_LZMA, 9 },
+	};
+	static const char *const bad[] = {
+		"", "gzip", "lz4x", "LZ4", "lz4:", "lz4:0", "lz4:13", "zstd:23",
+		"zstd:-1", "zstd: 3", "zstd:3x", "zstd:003000000000000000001",
+		"lzma:0", "lzma:10", "none:1", "none:", "zstd::3", ":3",
+	};
+	struct blob_compress c;
+	size_t i;
+
+	for (i = 0; i < ARRAY_SIZE(good); i++) {
+		c = (struct blob_compress){ .codec = 99, .level = -1 };
+		CHECK_EQ(blob_compress_parse(good[i].spec, &c), 0);
+		CHECK_EQ(c.codec, good[i].codec);
+		CHECK_EQ(c.level, good[i].level);
+	}
+	for (i = 0; i < ARRAY_SIZE(bad); i++)
+		CHECK_EQ(blob_compress_parse(bad[i], &c), -EINVAL);
+	CHECK(!strcmp(blob_codec_name(BLOB_CODEC_ZSTD), "zstd"));
+	CHECK(!strcmp(blob_codec_name(BLOB_CODEC_LZMA), "lzma"));
+	CHECK(!strcmp(blob_codec_name(7), "unknown"));
+}
+
+/* Compress + decompress @len bytes of @kind; returns the codec used. */
+static int roundtrip(const char *spec, size_t len, enum data_kind kind,
+		     size_t *clen_out)
+{
+	uint8_t *src = alloc_fill(len, kind);
+	uint8_t *dst = malloc(blob_compress_bound(len));
+	uint8_t *back = malloc(len + 1);
+	struct blob_compress c;
+	enum blob_codec used = 99;
+	size_t clen = 0;
+	int ret = -1;
+
+	CHECK_EQ(blob_compress_parse(spec, &c), 0);
+	CHECK_EQ(blob_compress(&c, src, len, dst, blob_compress_bound(len),
+			       &clen, &used), 0);
+	CHECK(clen <= len);
+	if (used != BLOB_CODEC_NONE) {
+		CHECK_EQ(used, c.codec);
+		CHECK(clen < len);
+	} else {
+		CHECK_EQ(clen, len);
+		CHECK(!memcmp(src, dst, len));
+	}
+	CHECK_EQ(blob_decompress(used, dst, clen, back, len), 0);
+	CHECK(!memcmp(src, back, len));
+	/* Exactly dst_len bytes: one more or one fewer is corrupt. */
+	CHECK_EQ(blob_decompress(used, dst, clen, back, len + 1),
+		 -EFSCORRUPTED);
+	if (len > 1)
+		CHECK_EQ(blob_decompress(used, dst, clen, back, len - 1),
+			 -EFSCORRUPTED);
+	/* A truncated stream never decodes. */
+	if (clen > 1)
+		CHECK_EQ(blob_decompress(used, dst, clen - 1, back, len),
+			 -EFSCORRUPTED);
+	ret = used;
+	if (clen_out)
+		*clen_out = clen;
+	free(src);
+	free(dst);
+	free(back);
+	return ret;
+}
+
+static void test_codec_roundtrip(void)
+{
+	static const char *const specs[] = {
+		"none", "lz4", "lz4:1", "lz4:9", "lz4:12", "zstd", "zstd:1",
+		"zstd:19", "lzma", "lzma:1", "lzma:9",
+	};
+	static const size_t sizes[] = { 1, 4095, 4096, 4097, MIB };
+	size_t s, k, clen;
+
+	for (s = 0; s < ARRAY_SIZE(specs); s++) {
+		bool none = !strcmp(specs[s], "none");
+
+		for (k = 0; k < ARRAY_SIZE(sizes); k++) {
+			int used;
+
+			used = roundtrip(specs[s], sizes[k], DATA_TEXT, &clen);
+			if (sizes[k] >= 4096 && !none)
+				CHECK(used != BLOB_CODEC_NONE &&
+				      clen < sizes[k] / 2);
+			if (sizes[k] == 1)
+				CHECK_EQ(used, BLOB_CODEC_NONE);
+			used = roundtrip(specs[s], sizes[k], DATA_ZERO, &clen);
+			if (sizes[k] >= 4096 && !none)
+				CHECK(used != BLOB_CODEC_NONE &&
+				      clen < sizes[k] / 20);
+			/* Random data: compression does not help. */
+			CHECK_EQ(roundtrip(specs[s], sizes[k], DATA_RANDOM,
+					   NULL), BLOB_CODEC_NONE);
+		}
+	}
+}
+
+static void test_codec_chunk_max(void)
+{
+	static const char *const specs[] = { "none", "lz4", "zstd", "lzma:1" };
+	size_t s;
+
+	for (s = 0; s < ARRAY_SIZE(specs); s++)
+		roundtrip(specs[s], BLOB_CHUNK_MAX, DATA_ZERO, NULL);
+	roundtrip("zstd", BLOB_CHUNK_MAX, DATA_TEXT, NULL);
+	roundtrip("lz4", BLOB_CHUNK_MAX, DATA_RANDOM, NULL);
+}
+
+static void test_compress_errors(void)
+{
+	struct blob_compress c = { .codec = BLOB_CODEC_ZSTD, .level = 23 };
+	uint8_t src[8192] = { 0 }, dst[8192];
+	enum blob_codec used;
+	size_t clen;
+
+	CHECK_EQ(blob_compress(&c, src, sizeof(src), dst, sizeof(dst), &clen,
+			       &used), -EINVAL);
+	c = (struct blob_compress){ .codec = 9 };
+	CHECK_EQ(blob_compress(&c, src, sizeof(src), dst, sizeof(dst), &clen,
+			       &used), -EINVAL);
+	c = (struct blob_compress){ .codec = BLOB_CODEC_LZ4 };
+	/* dst smaller than blob_compress_bound */
+	CHECK_EQ(blob_compress(&c, src, sizeof(src), dst, 100, &clen, &used),
+		 -EINVAL);
+	CHECK_EQ(blob_compress(&c, src, sizeof(src), dst, sizeof(dst), &clen,
+			       &used), 0);
+	CHECK_EQ(used, BLOB_CODEC_LZ4);
+}
+
+static void test_decompress_garbage(void)
+{
+	uint8_t junk[256], out[4096];
+	enum blob_codec codec;
+	size_t i;
+
+	for (i = 0; i < sizeof(junk); i++)
+		junk[i] = (uint8_t)(i * 37 + 11);
+	for (codec = BLOB_CODEC_LZ4; codec <= BLOB_CODEC_LZMA; codec++)
+		CHECK_EQ(blob_decompress(codec, junk, sizeof(junk), out,
+					 sizeof(out)), -EFSCORRUPTED);
+	CHECK_EQ(blob_decompress(9, junk, sizeof(junk), out, sizeof(out)),
+		 -EFSCORRUPTED);
+	CHECK_EQ(blob_decompress(BLOB_CODEC_NONE, junk, sizeof(junk), out,
+				 sizeof(junk) - 1), -EFSCORRUPTED);
+	CHECK_EQ(blob_decompress(BLOB_CODEC_ZSTD, junk, 0, out, 16),
+		 -EFSCORRUPTED);
+}
+
+/* Trailing bytes after a valid stream are corrupt for zstd and lzma. */
+static void test_decompress_trailing(void)
+{
+	static const char *const specs[] = { "zstd", "lzma" };
+	uint8_t src[16384], dst[16384 + 8], back[16384];
+	struct blob_compress c;
+	enum blob_codec used;
+	size_t s, clen;
+
+	fill(src, sizeof(src), DATA_TEXT);
+	for (s = 0; s < ARRAY_SIZE(specs); s++) {
+		CHECK_EQ(blob_compress_parse(specs[s], &c), 0);
+		CHECK_EQ(blob_compress(&c, src, sizeof(src), dst, sizeof(dst),
+				       &clen, &used), 0);
+		CHECK_EQ(used, c.codec);
+		memset(dst + clen, 0, 8);
+		CHECK_EQ(blob_decompress(used, dst, clen + 8, back,
+					 sizeof(back)), -EFSCORRUPTED);
+		CHECK_EQ(blob_decompress(used, dst, clen, back, sizeof(back)),
+			 0);
+	}
+}
+
+static const uint32_t mix_lens[] = { 1, 4095, 4096, 4097, MIB, 70000, 8192 };
+static const enum data_kind mix_kinds[] = {
+	DATA_TEXT, DATA_TEXT, DATA_ZERO, DATA_RANDOM, DATA_TEXT, DATA_RANDOM,
+	DATA_ZERO,
+};
+#define MIX_N ((uint32_t)ARRAY_SIZE(mix_lens))
+
+static void test_writer_layout(void)
+{
+	uint8_t digest[BLOB_DIGEST_SIZE], *file;
+	struct blob_info *bi;
+	struct test_blob tb;
+	uint64_t uoff = 0, coff = 0;
+	size_t len;
+	uint32_t i;
+
+	MAKE_BLOB(tmp_path("w.blob"), "zstd", MIX_N, mix_lens, mix_kinds, &tb);
+	bi = &tb.info;
+	file = read_file(tmp_path("w.blob"), &len);
+	CHECK(file != NULL);
+	CHECK_EQ(bi->size, len);
+	CHECK_EQ(bi->nr_chunks, MIX_N);
+	blob_sha256(file, len, digest);
+	CHECK(!memcmp(digest, bi->digest, 32));
+	for (i = 0; i < MIX_N; i++) {
+		const struct blob_chunk *c = &bi->chunks[i];
+
+		CHECK_EQ(tb.uoff[i], uoff);
+		CHECK_EQ(c->uoff, uoff);
+		CHECK_EQ(c->coff, coff);
+		CHECK_EQ(c->usize, mix_lens[i]);
+		blob_sha256(tb.data[i], mix_lens[i], digest);
+		CHECK(!memcmp(digest, c->sha256, 32));
+		/* random data stays raw, the rest compresses (except 1 B) */
+		if (mix_kinds[i] == DATA_RANDOM || mix_lens[i] == 1)
+			CHECK_EQ(c->codec, BLOB_CODEC_NONE);
+		else
+			CHECK_EQ(c->codec, BLOB_CODEC_ZSTD);
+		if (c->codec == BLOB_CODEC_NONE)
+			CHECK(!memcmp(file + c->coff, tb.data[i], c->usize));
+		uoff += ROUND_UP((uint64_t)mix_lens[i], 4096);
+		coff += c->csize;
+	}
+	CHECK_EQ(bi->uncompressed_size, uoff);
+	CHECK_EQ(bi->table_offset, coff);
+	CHECK_EQ(bi->size, coff + MIX_N * 64 + 64);
+	/* Byte layout of the footer and first entry, as documented. */
+	CHECK(!memcmp(file + len - 64, "FERRYBL1", 8));
+	CHECK_EQ(get_le32(file + len - 56), 1);
+	CHECK_EQ(get_le32(file + len - 52), MIX_N);
+	CHECK_EQ(get_le64(file + len - 48), bi->table_offset);
+	CHECK_EQ(get_le64(file + len - 40), bi->uncompressed_size);
+	CHECK(!memcmp(file + len - 32, bi->table_sha256, 32));
+	blob_sha256(file + coff, MIX_N * 64, digest);
+	CHECK(!memcmp(digest, bi->table_sha256, 32));
+	CHECK_EQ(get_le64(file + coff + 64 + 0), bi->chunks[1].uoff);
+	CHECK_EQ(get_le64(file + coff + 64 + 8), bi->chunks[1].coff);
+	CHECK_EQ(get_le32(file + coff + 64 + 16), bi->chunks[1].usize);
+	CHECK_EQ(get_le32(file + coff + 64 + 20), bi->chunks[1].csize);
+	CHECK_EQ(file[coff + 64 + 24], bi->chunks[1].codec);
+	CHECK(!memcmp(file + coff + 64 + 32, bi->chunks[1].sha256, 32));
+
+	CHECK(blob_find_chunk(bi, 0) == &bi->chunks[0]);
+	CHECK(blob_find_chunk(bi, bi->chunks[4].uoff) == &bi->chunks[4]);
+	CHECK(blob_find_chunk(bi, bi->chunks[MIX_N - 1].uoff) ==
+	      &bi->chunks[MIX_N - 1]);
+	CHECK(blob_find_chunk(bi, 4096 * 1000) == NULL);
+	CHECK(blob_find_chunk(bi, 1) == NULL);
+	free(file);
+	free_blob(&tb);
+}
+
+static void test_writer_errors(void)
+{
+	struct blob_compress c = { .codec = BLOB_CODEC_LZ4 };
+	uint8_t sha[32] = { 0 }, data[16] = { 1 };
+	struct blob_writer *w;
+	struct blob_info info;
+	uint64_t uoff;
+	int fd = open(tmp_path("err.blob"), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+
+	CHECK(fd >= 0);
+	c.level = 13;
+	CHECK_EQ(blob_writer_new(fd, &c, &w), -EINVAL);
+	c.level = 0;
+	CHECK_EQ(blob_writer_new(fd, &c, &w), 0);
+	CHECK_EQ(blob_writer_add(w, data, 0, sha, &uoff), -EINVAL);
+	CHECK_EQ(blob_writer_add(w, data, BLOB_CHUNK_MAX + 1, sha, &uoff),
+		 -EINVAL);
+	blob_writer_abort(w);
+	close(fd);
+
+	/* A write error is sticky and fails finish. */
+	fd = open(tmp_path("err.blob"), O_RDONLY);
+	CHECK_EQ(blob_writer_new(fd, &c, &w), 0);
+	CHECK(blob_writer_add(w, data, sizeof(data), sha, &uoff) < 0);
+	CHECK(blob_writer_add(w, data, sizeof(data), sha, &uoff) < 0);
+	CHECK(blob_writer_finish(w, &info) < 0);
+	close(fd);
+}
+
+static void test_empty_blob(void)
+{
+	struct test_blob tb;
+	struct blob_info info;
+	struct blob_verify_report rep;
+	struct stat st;
+	int fd;
+
+	MAKE_BLOB(tmp_path("empty.blob"), "zstd", 0, NULL, NULL, &tb);
+	CHECK_EQ(tb.info.size, 64);
+	CHECK_EQ(tb.info.uncompressed_size, 0);
+	CHECK(tb.info.chunks == NULL);
+	fd = open(tmp_path("empty.blob"), O_RDONLY);
+	CHECK_EQ(blob_read_info(fd, "empty", &tb.info, &info), 0);
+	close(fd);
+	CHECK_EQ(info.nr_chunks, 0);
+	CHECK_EQ(blob_verify_file(tmp_path("empty.blob"), &tb.info, &rep), 0);
+	CHECK_EQ(blob_materialize(tmp_path("empty.blob"), &tb.info,
+				  tmp_path("empty.dev")), 0);
+	CHECK(!stat(tmp_path("empty.dev"), &st) && st.st_size == 0);
+	unlink(tmp_path("empty.dev"));
+	free_blob(&tb);
+}
+
+static void test_read_info(void)
+{
+	struct blob_info info, expect;
+	struct test_blob tb;
+	uint32_t i;
+	int fd;
+
+	MAKE_BLOB(tmp_path("ri.blob"), "lz4", MIX_N, mix_lens, mix_kinds, &tb);
+	fd = open(tmp_path("ri.blob"), O_RDONLY);
+	CHECK(fd >= 0);
+
+	i = (uint32_t)blob_read_info(fd, "ri", NULL, &info);
+	CHECK_EQ(i, 0);
+	if (i) {
+		close(fd);
+		free_blob(&tb);
+		return;
+	}
+	CHECK_EQ(info.size, tb.info.size);
+	CHECK_EQ(info.uncompressed_size, tb.info.uncompressed_size);
+	CHECK_EQ(info.table_offset, tb.info.table_offset);
+	CHECK_EQ(info.nr_chunks, tb.info.nr_chunks);
+	CHECK(!memcmp(info.table_sha256, tb.info.table_sha256, 32));
+	for (i = 0; i < MIX_N; i++) {
+		CHECK_EQ(info.chunks[i].uoff, tb.info.chunks[i].uoff);
+		CHECK_EQ(info.chunks[i].coff, tb.info.chunks[i].coff);
+		CHECK_EQ(info.chunks[i].csize, tb.info.chunks[i].csize);
+		CHECK_EQ(info.chunks[i].codec, tb.info.chunks[i].codec);
+		CHECK(!memcmp(info.chunks[i].sha256, tb.info.chunks[i].sha256,
+			      32));
+	}
+	blob_info_free_chunks(&info);
+
+	CHECK_EQ(blob_read_info(fd, "ri", &tb.info, &info), 0);
+	CHECK(!memcmp(info.digest, tb.info.digest, 32));
+	blob_info_free_chunks(&info);
+
+	/* Every compared field and entry. */
+	for (i = 0; i < 8; i++) {
+		expect = info_dup(&tb.info);
+		switch (i) {
+		case 0: expect.size++; break;
+		case 1: expect.uncompressed_size += 4096; break;
+		case 2: expect.table_offset--; break;
+		case 3: expect.nr_chunks--; break;
+		case 4: expect.table_sha256[5] ^= 1; break;
+		case 5: expect.chunks[3].sha256[0] ^= 1; break;
+		case 6: expect.chunks[2].codec = BLOB_CODEC_LZMA; break;
+		case 7: expect.chunks[6].csize++; break;
+		}
+		info.chunks = NULL;
+		CHECK_EQ(blob_read_info(fd, "ri", &expect, &info),
+			 -EFSCORRUPTED);
+		CHECK(info.chunks == NULL);
+		free(expect.chunks);
+	}
+	close(fd);
+	free_blob(&tb);
+}
+
+/* Materialised file == chunks at their slots, zeros elsewhere. */
+static void check_device(const char *dev, const struct test_blob *tb)
+{
+	uint8_t *file;
+	uint64_t pos = 0;
+	size_t len;
+	uint32_t i;
+
+	file = read_file(dev, &len);
+	CHECK(file != NULL);
+	if (!file)
+		return;
+	CHECK_EQ(len, tb->info.uncompressed_size);
+	for (i = 0; i < tb->n && len == tb->info.uncompressed_size; i++) {
+		uint64_t end = tb->uoff[i] + tb->len[i];
+
+		for (; pos < tb->uoff[i]; pos++)
+			if (file[pos])
+				break;
+		CHECK_EQ(pos, tb->uoff[i]);
+		CHECK(!memcmp(file + tb->uoff[i], tb->data[i], tb->len[i]));
+		for (pos = end; pos < ROUND_UP(end, 4096); pos++)
+			if (file[pos])
+				break;
+		CHECK_EQ(pos, ROUND_UP(end, 4096));
+	}
+	free(file);
+}
+
+static void test_verify_materialize_ok(void)
+{
+	static const char *const specs[] = { "none", "lz4", "lz4:9", "zstd",
+					      "lzma" };
+	struct blob_verify_report rep;
+	struct test_blob tb;
+	size_t s;
+
+	for (s = 0; s < ARRAY_SIZE(specs); s++) {
+		const char *blob = tmp_path("ok.blob"), *dev = tmp_path("ok.dev");
+
+		MAKE_BLOB(blob, specs[s], MIX_N, mix_lens, mix_kinds, &tb);
+		memset(&rep, 0xff, sizeof(rep));
+		CHECK_EQ(blob_verify_file(blob, &tb.info, &rep), 0);
+		CHECK_EQ(rep.error, 0);
+		CHECK_EQ(blob_verify_file(blob, &tb.info, NULL), 0);
+		CHECK_EQ(blob_materialize(blob, &tb.info, dev), 0);
+		check_device(dev, &tb);
+		CHECK_EQ(count_prefixed("ok.dev.tmp."), 0);
+		/* Replacing an existing device file works too. */
+		CHECK_EQ(blob_materialize(blob, &tb.info, dev), 0);
+		check_device(dev, &tb);
+		unlink(dev);
+		free_blob(&tb);
+	}
+}
+
+/* A chunk larger than the 16 MiB read buffer, between small ones. */
+static void test_verify_big_chunks(void)
+{
+	const uint32_t lens[] = { 5000, BLOB_CHUNK_MAX, 3 * MIB, BLOB_CHUNK_MAX };
+	const enum data_kind kinds[] = { DATA_TEXT, DATA_RANDOM, DATA_TEXT,
+					 DATA_ZERO };
+	const char *blob = tmp_path("big.blob"), *dev = tmp_path("big.dev");
+	struct blob_verify_report rep;
+	struct test_blob tb;
+
+	MAKE_BLOB(blob, "lz4", 4, lens, kinds, &tb);
+	CHECK_EQ(tb.info.chunks[1].codec, BLOB_CODEC_NONE);
+	CHECK_EQ(blob_verify_file(blob, &tb.info, &rep), 0);
+	CHECK_EQ(blob_materialize(blob, &tb.info, dev), 0);
+	check_device(dev, &tb);
+	unlink(dev);
+	free_blob(&tb);
+}
+
+static void flip_byte(const char *path, uint64_t off)
+{
+	uint8_t b;
+	int fd = open(path, O_RDWR);
+
+	CHECK(fd >= 0);
+	CHECK_EQ(pread_full(fd, &b, 1, off), 0);
+	b ^= 0x55;
+	CHECK_EQ(pwrite_full(fd, &b, 1, off), 0);
+	close(fd);
+}
+
+static void test_verify_corrupt_chunk(void)
+{
+	static const char *const specs[] = { "none", "lz4", "zstd", "lzma" };
+	const char *blob = tmp_path("bad.blob"), *dev = tmp_path("bad.dev");
+	struct blob_verify_report rep;
+	struct test_blob tb;
+	uint8_t *file;
+	size_t s, len;
+	uint32_t k;
+
+	for (s = 0; s < ARRAY_SIZE(specs); s++) {
+		MAKE_BLOB(blob, specs[s], MIX_N, mix_lens, mix_kinds, &tb);
+		file = read_file(blob, &len);
+		for (k = 0; k < MIX_N; k++) {
+			const struct blob_chunk *c = &tb.info.chunks[k];
+
+			CHECK_EQ(write_file(blob, file, len), 0);
+			flip_byte(blob, c->coff + c->csize / 2);
+			CHECK_EQ(blob_verify_file(blob, &tb.info, &rep),
+				 rep.error);
+			CHECK(rep.error == -EIO ||
+			      (rep.error == -EFSCORRUPTED &&
+			       c->codec != BLOB_CODEC_NONE));
+			CHECK_EQ(rep.bad_chunk, k);
+			CHECK_EQ(rep.bad_uoff, c->uoff);
+			CHECK_EQ(blob_materialize(blob, &tb.info, dev),
+				 rep.error);
+			CHECK(!exists(dev));
+			CHECK_EQ(count_prefixed("bad.dev"), 0);
+		}
+		free(file);
+		free_blob(&tb);
+	}
+}
+
+static void test_verify_whole_blob_errors(void)
+{
+	const char *blob = tmp_path("t.blob"), *dev = tmp_path("t.dev");
+	struct blob_verify_report rep;
+	struct blob_info info;
+	struct test_blob tb;
+	uint8_t *file;
+	size_t len;
+	int fd;
+
+	MAKE_BLOB(blob, "zstd", MIX_N, mix_lens, mix_kinds, &tb);
+	file = read_file(blob, &len);
+
+	/* Wrong digest in the index: every chunk fine, the file is not. */
+	info = tb.info;
+	info.digest[0] ^= 1;
+	CHECK_EQ(blob_verify_file(blob, &info, &rep), -EFSCORRUPTED);
+	CHECK_EQ(rep.bad_chunk, BLOB_VERIFY_NO_CHUNK);
+	CHECK_EQ(rep.bad_uoff, BLOB_VERIFY_NO_UOFF);
+	CHECK_EQ(blob_materialize(blob, &info, dev), -EFSCORRUPTED);
+	CHECK(!exists(dev));
+	/* An unknown (zero) digest skips only that check. */
+	memset(info.digest, 0, 32);
+	CHECK_EQ(blob_verify_file(blob, &info, &rep), 0);
+
+	/* Truncated by one byte, and to less than a footer. */
+	CHECK_EQ(write_file(blob, file, len - 1), 0);
+	CHECK_EQ(blob_verify_file(blob, &tb.info, &rep), -EFSCORRUPTED);
+	CHECK_EQ(rep.bad_chunk, BLOB_VERIFY_NO_CHUNK);
+	fd = open(blob, O_RDONLY);
+	CHECK_EQ(blob_read_info(fd, "trunc", NULL, &info), -EFSCORRUPTED);
+	close(fd);
+	CHECK_EQ(write_file(blob, file + len - 63, 63), 0);
+	fd = open(blob, O_RDONLY);
+	CHECK_EQ(blob_read_info(fd, "tiny", NULL, &info), -EFSCORRUPTED);
+	close(fd);
+	/* Missing file */
+	unlink(blob);
+	CHECK_EQ(blob_verify_file(blob, &tb.info, &rep), -ENOENT);
+	CHECK_EQ(blob_materialize(blob, &tb.info, dev), -ENOENT);
+	CHECK(!exists(dev));
+	CHECK_EQ(count_prefixed("t.dev"), 0);
+	free(file);
+	free_blob(&tb);
+}
+
+static void test_chunk_decode(void)
+{
+	const uint32_t lens[] = { 10000 };
+	const enum data_kind kinds[] = { DATA_TEXT };
+	struct blob_chunk c;
+	struct test_blob tb;
+	uint8_t *file, out[10000];
+	size_t len;
+
+	MAKE_BLOB(tmp_path("cd.blob"), "lzma", 1, lens, kinds, &tb);
+	file = read_file(tmp_path("cd.blob"), &len);
+	c = tb.info.chunks[0];
+	CHECK_EQ(c.codec, BLOB_CODEC_LZMA);
+	CHECK_EQ(blob_chunk_decode(&c, file + c.coff, out), 0);
+	CHECK(!memcmp(out, tb.data[0], sizeof(out)));
+	c.sha256[31] ^= 1;
+	CHECK_EQ(blob_chunk_decode(&c, file + c.coff, out), -EIO);
+	c = tb.info.chunks[0];
+	c.csize--;
+	CHECK_EQ(blob_chunk_decode(&c, file + c.coff, out), -EFSCORRUPTED);
+	free(file);
+	free_blob(&tb);
+}
+
+/* ---------------- in-memory footer / table corruption ---------------- */
+
+/* Decode @file (a whole blob) as blob_read_info would; 0 or the error. */
+static int decode_mem(const uint8_t *file, size_t len)
+{
+	struct blob_info info;
+	int ret;
+
+	if (len < 64)
+		return -EFSCORRUPTED;
+	ret = blob_footer_decode(file + len - 64, len, &info);
+	if (ret)
+		return ret;
+	if (info.table_offset > len)
+		return -EFSCORRUPTED;
+	ret = blob_table_decode(file + info.table_offset,
+				len - 64 - info.table_offset, &info);
+	blob_info_free_chunks(&info);
+	return ret;
+}
+
+static void test_footer_corrupt(void)
+{
+	struct test_blob tb;
+	uint8_t *file, *f;
+	size_t len;
+	int i;
+
+	MAKE_BLOB(tmp_path("f.blob"), "zstd", MIX_N, mix_lens, mix_kinds, &tb);
+	file = read_file(tmp_path("f.blob"), &len);
+	CHECK_EQ(decode_mem(file, len), 0);
+	f = file + len - 64;
+	for (i = 0; i < 10; i++) {
+		uint8_t save[64];
+
+		memcpy(save, f, 64);
+		switch (i) {
+		case 0: f[0] = 'X'; break;                       /* magic */
+		case 1: put_le32(f + 8, 2); break;               /* version */
+		case 2: put_le32(f + 12, MIX_N + 1); break;      /* nr_chunks */
+		case 3: put_le32(f + 12, MIX_N - 1); break;
+		case 4: put_le32(f + 12, UINT32_MAX); break;
+		case 5: put_le64(f + 16, get_le64(f + 16) + 1); break;
+		case 6: put_le64(f + 16, UINT64_MAX - 63); break; /* overflow */
+		case 7: put_le64(f + 24, get_le64(f + 24) + 4096); break;
+		case 8: put_le64(f + 24, get_le64(f + 24) + 1); break;
+		case 9: f[40] ^= 1; break;                       /* table sha */
+		}
+		CHECK_EQ(decode_mem(file, len), -EFSCORRUPTED);
+		memcpy(f, save, 64);
+	}
+	CHECK_EQ(decode_mem(file, len), 0);
+	free(file);
+	free_blob(&tb);
+}
+
+/*
+ * Change entry fields, then fix the table digest (in a footer copy) so
+ * that the entry rules, not the digest, must reject the table.
+ */
+static int decode_table_modified(const uint8_t *file, size_t len,
+				 uint8_t *table, uint32_t nr)
+{
+	struct blob_info info;
+	int ret;
+
+	CHECK_EQ(blob_footer_decode(file + len - 64, len, &info), 0);
+	blob_sha256(table, (size_t)nr * 64, info.table_sha256);
+	ret = blob_table_decode(table, (size_t)nr * 64, &info);
+	blob_info_free_chunks(&info);
+	return ret;
+}
+
+static void test_table_corrupt(void)
+{
+	struct test_blob tb;
+	uint8_t *file, *t, *e;
+	size_t len;
+	int i;
+
+	MAKE_BLOB(tmp_path("t.blob"), "lz4", MIX_N, mix_lens, mix_kinds, &tb);
+	file = read_file(tmp_path("t.blob"), &len);
+	t = file + tb.info.table_offset;
+	CHECK_EQ(decode_table_modified(file, len, t, MIX_N), 0);
+	/* chunk 1: text, lz4-compressed; chunk 3: random, stored raw */
+	CHECK_EQ(tb.info.chunks[1].codec, BLOB_CODEC_LZ4);
+	CHECK_EQ(tb.info.chunks[3].codec, BLOB_CODEC_NONE);
+	for (i = 0; i < 16; i++) {
+		uint8_t save[MIX_N * 64];
+
+		memcpy(save, t, sizeof(save));
+		e = t + 64 * (i < 8 ? 1 : 3);
+		switch (i) {
+		case 0: e[25] = 1; break;                   /* reserved */
+		case 1: e[31] = 0x80; break;
+		case 2: e[24] = 4; break;                   /* codec */
+		case 3: put_le64(e, get_le64(e) + 512); break;  /* misaligned */
+		case 4: put_le64(e, 0); break;              /* overlaps 0 */
+		case 5: put_le64(e, get_le64(e) + 4096); break; /* gap */
+		case 6: put_le32(e + 20, get_le32(e + 16)); break; /* csize */
+		case 7: put_le32(e + 20, 0); break;
+		case 8: put_le32(e + 20, get_le32(e + 20) - 1); break;
+		case 9: put_le32(e + 16, 0); break;         /* usize 0 */
+		case 10: put_le32(e + 16, BLOB_CHUNK_MAX + 1);
+			put_le32(e + 20, BLOB_CHUNK_MAX + 1); break;
+		case 11: put_le64(e + 8, get_le64(e + 8) + 1); break; /* coff */
+		case 12: put_le64(e + 8, tb.info.table_offset); break;
+		case 13: put_le64(e + 8, UINT64_MAX - 10); break;
+		case 14: put_le64(e + 8, 0); break;         /* overlaps 0 */
+		case 15: /* swap chunks 3 and 4: not ascending */
+			memcpy(e, save + 4 * 64, 64);
+			memcpy(e + 64, save + 3 * 64, 64);
+			break;
+		}
+		CHECK_EQ(decode_table_modified(file, len, t, MIX_N),
+			 -EFSCORRUPTED);
+		memcpy(t, save, sizeof(save));
+	}
+	/* The last slot must end at uncompressed_size, the data at the table. */
+	e = t + 64 * (MIX_N - 1);
+	put_le32(e + 16, get_le32(e + 16) + 4096);
+	put_le32(e + 20, get_le32(e + 20) + 4096);
+	CHECK_EQ(decode_table_modified(file, len, t, MIX_N), -EFSCORRUPTED);
+	free(file);
+	free_blob(&tb);
+}
+
+/* ------------------------------- index ------------------------------- */
+
+static void check_same_info(const struct blob_info *a,
+			    const struct blob_info *b)
+{
+	uint32_t i;
+
+	CHECK(!memcmp(a->digest, b->digest, 32));
+	CHECK_EQ(a->size, b->size);
+	CHECK_EQ(a->uncompressed_size, b->uncompressed_size);
+	CHECK_EQ(a->table_offset, b->table_offset);
+	CHECK_EQ(a->nr_chunks, b->nr_chunks);
+	CHECK(!memcmp(a->table_sha256, b->table_sha256, 32));
+	for (i = 0; i < a->nr_chunks && i < b->nr_chunks; i++) {
+		CHECK_EQ(a->chunks[i].uoff, b->chunks[i].uoff);
+		CHECK_EQ(a->chunks[i].coff, b->chunks[i].coff);
+		CHECK_EQ(a->chunks[i].usize, b->chunks[i].usize);
+		CHECK_EQ(a->chunks[i].csize, b->chunks[i].csize);
+		CHECK_EQ(a->chunks[i].codec, b->chunks[i].codec);
+		CHECK(!memcmp(a->chunks[i].sha256, b->chunks[i].sha256, 32));
+	}
+}
+
+static void test_index(void)
+{
+	const uint32_t lens2[] = { 300, 9000 };
+	const enum data_kind kinds2[] = { DATA_TEXT, DATA_RANDOM };
+	struct test_blob tb[3];
+	struct blob_info infos[3];
+	struct blob_index idx;
+	size_t len, i, tables_at;
+	uint8_t *buf, *copy;
+	void *vbuf;
+
+	MAKE_BLOB(tmp_path("i0.blob"), "zstd", MIX_N, mix_lens, mix_kinds,
+	          &tb[0]);
+	MAKE_BLOB(tmp_path("i1.blob"), "none", 0, NULL, NULL, &tb[1]);
+	MAKE_BLOB(tmp_path("i2.blob"), "lzma", 2, lens2, kinds2, &tb[2]);
+	for (i = 0; i < 3; i++)
+		infos[i] = tb[i].info;
+	i = (size_t)-blob_index_encode(infos, 3, &vbuf, &len);
+	CHECK_EQ(i, 0);
+	if (i)
+		return;
+	buf = vbuf;
+	CHECK_EQ(len, 16 + 3 * 128 + (MIX_N + 0 + 2) * 64);
+	CHECK(!memcmp(buf, "FERRYIX1", 8));
+	CHECK_EQ(get_le32(buf + 8), 1);
+	CHECK_EQ(get_le32(buf + 12), 3);
+	CHECK_EQ(get_le64(buf + 16 + 128 + 32), tb[1].info.size);
+	CHECK_EQ(blob_index_decode(buf, len, &idx), 0);
+	CHECK_EQ(idx.nr_blobs, 3);
+	for (i = 0; i < 3 && idx.nr_blobs == 3; i++)
+		check_same_info(&idx.blobs[i], &tb[i].info);
+	blob_index_free(&idx);
+	CHECK(idx.blobs == NULL);
+
+	/* Empty index */
+	CHECK_EQ(blob_index_encode(NULL, 0, &vbuf, &i), 0);
+	CHECK_EQ(i, 16);
+	CHECK_EQ(blob_index_decode(vbuf, i, &idx), 0);
+	CHECK_EQ(idx.nr_blobs, 0);
+	blob_index_free(&idx);
+	free(vbuf);
+
+	/* Encoding an inconsistent info is refused. */
+	infos[2].table_sha256[0] ^= 1;
+	CHECK_EQ(blob_index_encode(infos, 3, &vbuf, &i), -EINVAL);
+	infos[2].table_sha256[0] ^= 1;
+	infos[0].size++;
+	CHECK_EQ(blob_index_encode(infos, 3, &vbuf, &i), -EINVAL);
+	infos[0].size--;
+
+	/* Every truncation and one extra byte are rejected. */
+	copy = malloc(len + 1);
+	memcpy(copy, buf, len);
+	copy[len] = 0;
+	CHECK_EQ(blob_index_decode(copy, len + 1, &idx), -EFSCORRUPTED);
+	ferry_log_level = -1; /* ~1000 expected error lines */
+	for (i = 0; i < len; i++)
+		CHECK_EQ(blob_index_decode(copy, i, &idx), -EFSCORRUPTED);
+	ferry_log_level = FERRY_LOG_INFO;
+
+	tables_at = 16 + 3 * 128;
+	for (i = 0; i < 14; i++) {
+		uint8_t *r0 = copy + 16, *r2 = copy + 16 + 256;
+
+		memcpy(copy, buf, len);
+		switch (i) {
+		case 0: copy[0] = 'x'; break;
+		case 1: put_le32(copy + 8, 2); break;
+		case 2: put_le32(copy + 12, 4); break;     /* records overrun */
+		case 3: put_le32(copy + 12, 2); break;     /* trailing table */
+		case 4: put_le32(copy + 12, UINT32_MAX); break;
+		case 5: put_le64(r0 + 32, get_le64(r0 + 32) + 1); break;
+		case 6: put_le64(r0 + 40, get_le64(r0 + 40) + 4096); break;
+		case 7: put_le64(r0 + 48, get_le64(r0 + 48) + 64);
+			put_le32(r0 + 56, get_le32(r0 + 56) - 1); break;
+		case 8: put_le32(r2 + 56, UINT32_MAX); break;
+		case 9: r0[60] = 1; break;                 /* reserved */
+		case 10: r2[127] = 1; break;
+		case 11: r2[64] ^= 1; break;               /* table sha */
+		case 12: copy[tables_at + 64 + 25] = 1; break; /* entry */
+		case 13: copy[len - 1] ^= 1; break;         /* last entry sha */
+		}
+		CHECK_EQ(blob_index_decode(copy, len, &idx), -EFSCORRUPTED);
+		CHECK(idx.blobs == NULL);
+	}
+	free(copy);
+	free(buf);
+	for (i = 0; i < 3; i++)
+		free_blob(&tb[i]);
+}
+
+static void remove_tmpdir(void)
+{
+	DIR *d = opendir(tmpdir);
+	struct dirent *e;
+
+	while (d && (e = readdir(d)))
+		if (e->d_name[0] != '.')
+			unlink(tmp_path(e->d_name));
+	if (d)
+		closedir(d);
+	rmdir(tmpdir);
+}
+
+int main(void)
+{
+	snprintf(tmpdir, sizeof(tmpdir), "/tmp/ferry-test-blob.XXXXXX");
+	if (!mkdtemp(tmpdir)) {
+		perror("mkdtemp");
+		return 1;
+	}
+	RUN_TEST(test_sha256);
+	RUN_TEST(test_compress_parse);
+	RUN_TEST(test_codec_roundtrip);
+	RUN_TEST(test_codec_chunk_max);
+	RUN_TEST(test_compress_errors);
+	RUN_TEST(test_decompress_garbage);
+	RUN_TEST(test_decompress_trailing);
+	RUN_TEST(test_writer_layout);
+	RUN_TEST(test_writer_errors);
+	RUN_TEST(test_empty_blob);
+	RUN_TEST(test_read_info);
+	RUN_TEST(test_verify_materialize_ok);
+	RUN_TEST(test_verify_big_chunks);
+	RUN_TEST(test_verify_corrupt_chunk);
+	RUN_TEST(test_verify_whole_blob_errors);
+	RUN_TEST(test_chunk_decode);
+	RUN_TEST(test_footer_corrupt);
+	RUN_TEST(test_table_corrupt);
+	RUN_TEST(test_index);
+	remove_tmpdir();
+	TEST_MAIN_END();
+}

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs the Debian packages ferry's build, tests and benchmarks need.
+# Idempotent: does nothing (and needs no network) when all are present.
+set -eu
+pkgs=(
+	# build
+	build-essential pkg-config clang libclang-rt-14-dev
+	libcurl4-openssl-dev liblz4-dev libzstd-dev liblzma-dev zlib1g-dev
+	libjson-c-dev libssl-dev libfuse3-dev
+	# tests: format oracle, fixtures, tools
+	fuse3 erofs-utils attr acl libcap2-bin tar gzip zstd xz-utils python3
+	# benchmarks
+	hyperfine squashfs-tools squashfuse time
+)
+missing=()
+for p in "${pkgs[@]}"; do
+	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||
+		missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+if [ "$(id -u)" -ne 0 ]; then
+	echo "ferry: missing packages: ${missing[*]} (run 'make deps' as root)" >&2
+	exit 1
+fi
+echo "ferry: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

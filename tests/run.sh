@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Runs every ferry test: unit test binaries, bounded fuzz runs, then the
+# end-to-end scripts (real kernel mounts, fsck.erofs). Each test prints
+# "ok - NAME" or "not ok - NAME"; this script counts them and ends with
+# "N passed, N failed". Env: BUILD (build dir), BIN (where ferry is).
+set -u
+top=$(cd "$(dirname "$0")/.." && pwd)
+BUILD=${BUILD:-build}
+BIN=${BIN:-bin}
+case $BUILD in /*) ;; *) BUILD=$top/$BUILD ;; esac
+case $BIN in /*) ;; *) BIN=$top/$BIN ;; esac
+export FERRY=$BIN/ferry BUILD TOP=$top
+only=${1:-}
+
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+status=0
+
+run_one() { # name, command...
+	local name=$1; shift
+	case $name in *"$only"*) ;; *) return 0 ;; esac
+	echo "== $name"
+	"$@" 2>&1 | tee -a "$log"
+	local rc=${PIPESTATUS[0]}
+	if [ "$rc" -ne 0 ]; then
+		status=1
+		# A runner that died without reporting counts as one failure.
+		grep -q "^not ok" <(tail -n 50 "$log") || echo "not ok - $name (exit $rc)" | tee -a "$log"
+	fi
+}
+
+for t in "$BUILD"/tests/*/test_*; do
+	[ -x "$t" ] || continue
+	run_one "unit/$(basename "$(dirname "$t")")/$(basename "$t")" "$t"
+done
+if ls "$BUILD"/fuzz/fuzz_* >/dev/null 2>&1; then
+	run_one fuzz "$top/tests/fuzz/run.sh" "$BUILD"/fuzz/fuzz_*
+fi
+for t in "$top"/tests/e2e/*.sh; do
+	[ -f "$t" ] || continue
+	run_one "e2e/$(basename "$t" .sh)" bash "$t"
+done
+
+passed=$(grep -c '^ok ' "$log")
+failed=$(grep -c '^not ok ' "$log")
+echo
+grep '^not ok ' "$log" | sed 's/^/FAILED: /'
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ] && [ "$status" -eq 0 ] && [ "$passed" -gt 0 ]
