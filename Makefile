@@ -39,25 +39,31 @@ TOOL_BINS := $(TOOL_SRCS:tests/%.c=$(BUILD)/tests/%)
 FUZZ_SRCS := $(wildcard tests/fuzz/fuzz_*.c)
 FUZZ_BINS := $(FUZZ_SRCS:tests/fuzz/%.c=$(BUILD)/fuzz/%)
 
+# Quiet by default; `make V=1` shows the commands.
+Q := $(if $(V),,@)
+
 .PHONY: all check check-asan check-run tests fuzz fuzz-run bench demo deps install clean
 
 all: $(BIN)/ferry
 
 $(BUILD)/%.o: %.c $(wildcard */*.h) Makefile
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -c -o $@ $<
+	@$(if $(Q),echo "  CC      $<")
+	$(Q)$(CC) $(CFLAGS) -c -o $@ $<
 
 $(LIB): $(LIB_OBJS)
 	@mkdir -p $(dir $@)
-	rm -f $@ && ar rcs $@ $^
+	$(Q)rm -f $@ && ar rcs $@ $^
 
 $(BIN)/ferry: $(FERRY_OBJS) $(LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
-$(BUILD)/tests/%: tests/%.c tests/test.h $(LIB)
+$(BUILD)/tests/%: tests/%.c tests/test.h $(FUZZ_SRCS) $(LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(LIB) $(LDLIBS)
+	@$(if $(Q),echo "  TEST    $@")
+	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(LIB) $(LDLIBS)
 
 tests: $(TEST_BINS) $(TOOL_BINS)
 
@@ -66,7 +72,8 @@ FUZZ_CFLAGS := -g -O1 -std=c11 -D_GNU_SOURCE -D_FILE_OFFSET_BITS=64 -pthread \
 	       -fsanitize=fuzzer,address,undefined $(PKG_CFLAGS)
 $(BUILD)/fuzz/%: tests/fuzz/%.c $(LIB_SRCS) $(wildcard */*.h)
 	@mkdir -p $(dir $@)
-	clang $(FUZZ_CFLAGS) -o $@ $< $(LIB_SRCS) $(PKG_LIBS)
+	@$(if $(Q),echo "  FUZZ    $@")
+	$(Q)clang $(FUZZ_CFLAGS) -o $@ $< $(LIB_SRCS) $(PKG_LIBS)
 
 fuzz: $(FUZZ_BINS)
 

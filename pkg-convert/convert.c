@@ -156,15 +156,22 @@ static int store_chunk(struct converter *c, const uint8_t *data, uint32_t len,
 	return 0;
 }
 
-/* Reads exactly @len bytes of a file's data; 0 or -errno. */
-typedef int (*data_reader_t)(void *ctx, void *buf, size_t len);
+/* Where a regular file's bytes come from. */
+struct file_source {
+	/* Read exactly @len bytes: 0 or -errno. */
+	int (*read)(void *ctx, void *buf, size_t len);
+	/* Optional: skip the next @len bytes and return true if they are
+	 * known to be a hole (all zero) without reading them. */
+	bool (*skip_hole)(void *ctx, uint64_t len);
+	void *ctx;
+};
 
 /*
  * Fill @inode (a regular file of @size bytes) from @read: inline in the
  * bootstrap when small, else as chunks.
  */
 static int ingest_file(struct converter *c, struct meta_inode *inode,
-		       uint64_t size, data_reader_t read, void *ctx,
+		       uint64_t size, const struct file_source *src,
 		       const char *path)
 {
 	uint32_t chunk_size = c->opts->chunk_size;
@@ -181,7 +188,7 @@ static int ingest_file(struct converter *c, struct meta_inode *inode,
 		inode->data = malloc(size);
 		if (!inode->data)
 			return -ENOMEM;
-		ret = read(ctx, inode->data, size);
+		ret = src->read(src->ctx, inode->data, size);
 		goto out;
 	}
 	nr_chunks = DIV_ROUND_UP(size, chunk_size);
@@ -193,7 +200,13 @@ static int ingest_file(struct converter *c, struct meta_inode *inode,
 		uint32_t len = (uint32_t)MIN((uint64_t)chunk_size,
 					     size - i * chunk_size);
 
-		ret = read(ctx, c->buf, len);
+		if (src->skip_hole && src->skip_hole(src->ctx, len)) {
+			c->stats->chunks_total++;
+			c->stats->bytes_zero += len;
+			inode->chunks[i] = (struct meta_chunk){ 0, META_CHUNK_HOLE };
+			continue;
+		}
+		ret = src->read(src->ctx, c->buf, len);
 		if (ret)
 			goto out;
 		ret = store_chunk(c, c->buf, len, &inode->chunks[i]);
@@ -222,6 +235,26 @@ static int fd_read_exact(void *ctx, void *buf, size_t len)
 
 	/* A file that shrank while we read it would silently lose data. */
 	return ret == -EIO ? -ESTALE : ret;
+}
+
+/* Sparse files: SEEK_DATA tells whether the next bytes hold any data. */
+static bool fd_skip_hole(void *ctx, uint64_t len)
+{
+	struct fd_reader *r = ctx;
+	off_t pos = lseek(r->fd, 0, SEEK_CUR), data;
+
+	if (pos < 0)
+		return false;
+	data = lseek(r->fd, pos, SEEK_DATA);
+	if (data < 0 && errno != ENXIO) {
+		lseek(r->fd, pos, SEEK_SET);
+		return false;
+	}
+	if (data >= 0 && (uint64_t)data < (uint64_t)pos + len) {
+		lseek(r->fd, pos, SEEK_SET);
+		return false;
+	}
+	return lseek(r->fd, pos + (off_t)len, SEEK_SET) >= 0;
 }
 
 static int copy_xattrs(struct meta_inode *inode, const char *path)
@@ -375,6 +408,7 @@ static int add_dir_entry(struct converter *c, struct meta_inode *dir,
 {
 	struct meta_inode *inode = NULL;
 	struct fd_reader reader = { .fd = -1 };
+	struct file_source src = { fd_read_exact, fd_skip_hole, &reader };
 	struct stat st;
 	int ret;
 
@@ -408,8 +442,7 @@ static int add_dir_entry(struct converter *c, struct meta_inode *dir,
 			ferry_err("%s: %s", path, strerror(errno));
 			return ret;
 		}
-		ret = ingest_file(c, inode, (uint64_t)st.st_size, fd_read_exact,
-				  &reader, path);
+		ret = ingest_file(c, inode, (uint64_t)st.st_size, &src, path);
 		close(reader.fd);
 		break;
 	case S_IFLNK: {
@@ -604,7 +637,9 @@ static int tar_apply_attrs(struct meta_inode *inode, const struct tar_entry *e)
 	uint32_t i;
 	int ret;
 
-	inode->mode = type_bits[e->type] | (e->mode & 07777);
+	/* Linux symlinks are always 0777, whatever the archive recorded. */
+	inode->mode = type_bits[e->type] |
+		      (e->type == TAR_SYMLINK ? 0777 : (e->mode & 07777));
 	inode->uid = e->uid;
 	inode->gid = e->gid;
 	inode->mtime = e->mtime;
@@ -626,6 +661,7 @@ static int tar_add_entry(struct converter *c, struct tar_reader *tar,
 			 struct tar_entry *e)
 {
 	struct tar_data_reader reader = { .tar = tar };
+	struct file_source src = { tar_read_exact, NULL, &reader };
 	struct meta_inode *dir, *inode, *old;
 	const char *name;
 	char *path = e->path;
@@ -694,8 +730,7 @@ static int tar_add_entry(struct converter *c, struct tar_reader *tar,
 			break;
 		if (e->type == TAR_REG) {
 			c->stats->files++;
-			ret = ingest_file(c, inode, e->size, tar_read_exact,
-					  &reader, e->path);
+			ret = ingest_file(c, inode, e->size, &src, e->path);
 		} else if (e->type == TAR_SYMLINK) {
 			c->stats->symlinks++;
 			inode->size = strlen(e->linkname);
@@ -713,6 +748,25 @@ static int tar_add_entry(struct converter *c, struct tar_reader *tar,
 	if (ret)
 		ferry_err("tar entry \"%s\": %s", e->path, ferry_strerror(ret));
 	return ret;
+}
+
+/*
+ * Read what follows the tar trailer to the end of the input, so that the
+ * compressed stream's own checks (gzip CRC and length, xz and zstd
+ * checksums) run and junk after the archive is reported.
+ */
+static int drain_input(struct input_stream *in, const char *path)
+{
+	struct byte_source src = input_source(in);
+	uint8_t buf[16384];
+	ssize_t n;
+
+	while ((n = src.read(src.ctx, buf, sizeof(buf))) > 0)
+		;
+	if (n < 0)
+		ferry_err("%s: after the end of the archive: %s", path,
+			  ferry_strerror((int)n));
+	return (int)n;
 }
 
 static int convert_tar(struct converter *c, const char *path)
@@ -740,6 +794,8 @@ static int convert_tar(struct converter *c, const char *path)
 		ferry_progress_add(&c->progress, input_bytes_in(in));
 	}
 	ferry_progress_end(&c->progress);
+	if (!ret)
+		ret = drain_input(in, path);
 out:
 	tar_reader_free(tar);
 	input_close(in);
@@ -924,6 +980,7 @@ int convert_run(const char *source, const char *dest,
 	void *ext = NULL, *boot_data = NULL;
 	size_t ext_len = 0, kind = 0, dkind;
 	int blob_fd = -1, boot_fd = -1, ret;
+	bool out_existed = true;
 	uint64_t start = ferry_now_ns();
 
 	memset(stats, 0, sizeof(*stats));
@@ -940,6 +997,7 @@ int convert_run(const char *source, const char *dest,
 		ret = -ENOMEM;
 		goto out;
 	}
+	out_existed = !access(out_dir, F_OK);
 	ret = mkdir_p(blobs_dir);
 	if (ret)
 		goto out;
@@ -1044,6 +1102,13 @@ out:
 			unlink(blob_tmp);
 		if (boot_tmp)
 			unlink(boot_tmp);
+		/* Leave no half-made destination: rmdir only removes empty ones. */
+		if (blobs_dir && !rmdir(blobs_dir)) {
+			*strrchr(blobs_dir, '/') = '\0';
+			rmdir(blobs_dir);
+			if (!out_existed)
+				rmdir(out_dir);
+		}
 	}
 	blob_info_free_chunks(&blob);
 	meta_tree_free(c.tree);

@@ -335,12 +335,11 @@ static int input_init_decoder(struct input_stream *in)
 	static const uint8_t gzip_magic[] = { 0x1f, 0x8b };
 	static const uint8_t zstd_magic[] = { 0x28, 0xb5, 0x2f, 0xfd };
 	static const uint8_t xz_magic[] = { 0xfd, '7', 'z', 'X', 'Z', 0x00 };
-
-#define HAS_MAGIC(m) (in->avail >= sizeof(m) && !memcmp(in->next, m, sizeof(m)))
-	/* zstd skippable frames: magic 0x184d2a50..0x184d2a5f */
+	/* A zstd stream may start with a skippable frame (0x184d2a5?). */
 	bool zstd_skippable = in->avail >= 4 && (in->next[0] & 0xf0) == 0x50 &&
 			      !memcmp(in->next + 1, "\x2a\x4d\x18", 3);
 
+#define HAS_MAGIC(m) (in->avail >= sizeof(m) && !memcmp(in->next, m, sizeof(m)))
 	if (HAS_MAGIC(gzip_magic)) {
 		in->kind = INPUT_GZIP;
 		/* 15 + 32: full window, gzip/zlib header auto-detected */

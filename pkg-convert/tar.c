@@ -72,8 +72,6 @@ enum {
 	PAX_DEVMAJOR = 1 << 6,
 	PAX_DEVMINOR = 1 << 7,
 };
-/* The keys a global header may give defaults for. */
-#define PAX_GLOBAL_KEYS (PAX_UID | PAX_GID | PAX_MTIME)
 
 struct pax_attrs {
 	unsigned int set;   /* PAX_* present */
@@ -609,6 +607,7 @@ static int pax_record(struct tar_reader *r, struct pax_attrs *pa,
 		{ "SCHILY.devminor", PAX_DEVMINOR, UINT32_MAX },
 	};
 	unsigned int bit = 0;
+	uint64_t max = 0;
 	size_t i;
 	int ret;
 
@@ -627,8 +626,10 @@ static int pax_record(struct tar_reader *r, struct pax_attrs *pa,
 	else if (key_is(key, klen, "mtime"))
 		bit = PAX_MTIME;
 	for (i = 0; i < ARRAY_SIZE(numbers) && !bit; i++)
-		if (key_is(key, klen, numbers[i].key))
+		if (key_is(key, klen, numbers[i].key)) {
 			bit = numbers[i].bit;
+			max = numbers[i].max;
+		}
 	/* uname, gname, atime, ctime, comment, charset...: not stored. */
 	if (!bit)
 		return 0;
@@ -647,9 +648,7 @@ static int pax_record(struct tar_reader *r, struct pax_attrs *pa,
 	} else {
 		uint64_t v = 0;
 
-		for (i = 0; numbers[i].bit != bit; i++)
-			;
-		ret = parse_decimal(val, vlen, numbers[i].max, &v);
+		ret = parse_decimal(val, vlen, max, &v);
 		if (bit == PAX_SIZE)
 			pa->size = v;
 		else if (bit == PAX_UID)
@@ -801,14 +800,17 @@ static int entry_linkname(struct tar_reader *r, const uint8_t *h)
 	return 0;
 }
 
-/* Is a PAX value in force: per-file, else global (unless deleted)? */
+/*
+ * Where uid, gid or mtime come from: the per-file PAX header, else the
+ * global one unless a per-file empty value deleted it, else (NULL) the
+ * tar header. Other keys are taken from the per-file header only.
+ */
 static const struct pax_attrs *pax_source(const struct tar_reader *r,
 					  unsigned int bit)
 {
 	if (r->pax.set & bit)
 		return &r->pax;
-	if ((PAX_GLOBAL_KEYS & bit) && (r->gpax.set & bit) &&
-	    !(r->pax.unset & bit))
+	if ((r->gpax.set & bit) && !(r->pax.unset & bit))
 		return &r->gpax;
 	return NULL;
 }

@@ -70,23 +70,25 @@ static void mount_args_free(struct mount_args *a)
 	free(a->opts);
 }
 
-/* Absolute, symlink-free path of an existing @what, or NULL (logged). */
-static char *real_path(const char *path, const char *what, bool regular)
+/* Absolute, symlink-free path of an existing @what into *@out (logged). */
+static int real_path(const char *path, const char *what, bool regular,
+		     char **out)
 {
 	struct stat st;
-	char *real = realpath(path, NULL);
+	int ret;
 
-	if (!real) {
-		ferry_err("mount: %s %s: %s", what, path, strerror(errno));
-		return NULL;
+	*out = realpath(path, NULL);
+	if (!*out) {
+		ret = -errno;
+		ferry_err("mount: %s %s: %s", what, path, strerror(-ret));
+		return ret;
 	}
-	if (regular && (stat(real, &st) < 0 || !S_ISREG(st.st_mode))) {
+	if (regular && (stat(*out, &st) < 0 || !S_ISREG(st.st_mode))) {
 		ferry_err("mount: %s %s is not a regular file (file-backed EROFS needs one)",
-			  what, real);
-		free(real);
-		return NULL;
+			  what, *out);
+		return -EINVAL;
 	}
-	return real;
+	return 0;
 }
 
 /*
@@ -120,19 +122,21 @@ static int prepare(struct mount_args *a, const char *bootstrap,
 		   const char *target)
 {
 	uint32_t i;
+	int ret;
 
-	a->bootstrap = real_path(bootstrap, "bootstrap", true);
-	a->target = real_path(target, "target", false);
-	if (!a->bootstrap || !a->target)
-		return -EINVAL;
+	ret = real_path(bootstrap, "bootstrap", true, &a->bootstrap);
+	if (!ret)
+		ret = real_path(target, "target", false, &a->target);
+	if (ret)
+		return ret;
 	a->devices = calloc(nr_devices ? nr_devices : 1, sizeof(*a->devices));
 	if (!a->devices)
 		return -ENOMEM;
 	for (i = 0; i < nr_devices; i++) {
-		a->devices[i] = real_path(devices[i], "device", true);
-		if (!a->devices[i])
-			return -EINVAL;
 		a->nr_devices = i + 1;
+		ret = real_path(devices[i], "device", true, &a->devices[i]);
+		if (ret)
+			return ret;
 	}
 	return device_options(a);
 }

@@ -61,11 +61,10 @@ struct rinode {
 	uint8_t chunk_unit;  /* 8 with indexes, 4 for a plain block map */
 };
 
-static int corrupt(const struct meta_image *img, const char *fmt, ...)
+static void log_corrupt(const struct meta_image *img, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
 
-/* Logs "bootstrap NAME: <reason>" and returns -EFSCORRUPTED. */
-static int corrupt(const struct meta_image *img, const char *fmt, ...)
+static void log_corrupt(const struct meta_image *img, const char *fmt, ...)
 {
 	char reason[256];
 	va_list ap;
@@ -74,8 +73,14 @@ static int corrupt(const struct meta_image *img, const char *fmt, ...)
 	vsnprintf(reason, sizeof(reason), fmt, ap);
 	va_end(ap);
 	ferry_err("bootstrap %s: %s", img->name, reason);
-	return -EFSCORRUPTED;
 }
+
+/*
+ * Log "bootstrap NAME: <reason>" and evaluate to -EFSCORRUPTED, visibly to
+ * the compiler (a variadic function is never inlined, so its constant
+ * return value would be hidden from the callers' flow analysis).
+ */
+#define corrupt(img, ...) (log_corrupt(img, __VA_ARGS__), -EFSCORRUPTED)
 
 static bool in_image(const struct meta_image *img, uint64_t pos, uint64_t len)
 {
@@ -166,6 +171,10 @@ static int check_super(struct meta_image *img)
 	memcpy(s->volume_name, sb + EROFS_SB_VOLUME_NAME, 16);
 	s->volume_name[16] = '\0';
 	s->image_bytes = img->len;
+	/* The kernel would read the missing blocks as I/O errors later. */
+	if ((uint64_t)s->blocks * EROFS_BLKSIZ > img->len)
+		return corrupt(img, "superblock says %u blocks but the image has %zu bytes (truncated?)",
+			       s->blocks, img->len);
 	if (s->fixed_nsec >= 1000000000u)
 		return corrupt(img, "superblock fixed_nsec %u out of range",
 			       s->fixed_nsec);
@@ -376,14 +385,12 @@ static int check_flat(const struct meta_image *img, struct rinode *ri)
 	return 0;
 }
 
+/* Chunk table of a regular file (load_inode refuses other types). */
 static int check_chunked(const struct meta_image *img, struct rinode *ri,
 			 uint16_t format)
 {
 	uint64_t table;
 
-	if (!S_ISREG(ri->mode))
-		return inode_corrupt(img, ri->nid, "chunk-based non-regular file, mode",
-				     ri->mode);
 	if (format & ~EROFS_CHUNK_FORMAT_ALL)
 		return inode_corrupt(img, ri->nid, "unsupported chunk format",
 				     format);
@@ -427,6 +434,10 @@ static int load_inode(const struct meta_image *img, uint64_t nid,
 		return inode_corrupt(img, nid, "unsupported i_format", format);
 	ri->extended = (format & EROFS_I_VERSION_MASK) == EROFS_I_VERSION_EXTENDED;
 	ri->layout = (format >> EROFS_I_DATALAYOUT_SHIFT) & EROFS_I_DATALAYOUT_MASK;
+	if (ri->layout != EROFS_INODE_FLAT_PLAIN &&
+	    ri->layout != EROFS_INODE_FLAT_INLINE &&
+	    ri->layout != EROFS_INODE_CHUNK_BASED)
+		return inode_corrupt(img, nid, "unsupported data layout", ri->layout);
 	isize = ri->extended ? EROFS_INODE_EXTENDED_SIZE : EROFS_INODE_COMPACT_SIZE;
 	if (!in_image(img, pos, isize))
 		return inode_corrupt(img, nid, "extended inode outside the image, at",
@@ -496,16 +507,10 @@ static int load_inode(const struct meta_image *img, uint64_t nid,
 		return inode_corrupt(img, nid, "bogus mode", ri->mode);
 	}
 
-	switch (ri->layout) {
-	case EROFS_INODE_FLAT_PLAIN:
-	case EROFS_INODE_FLAT_INLINE:
-		ri->startblk = get_le32(p + EROFS_I_U);
-		return check_flat(img, ri);
-	case EROFS_INODE_CHUNK_BASED:
+	if (ri->layout == EROFS_INODE_CHUNK_BASED)
 		return check_chunked(img, ri, get_le16(p + EROFS_I_U));
-	default:
-		return inode_corrupt(img, nid, "unsupported data layout", ri->layout);
-	}
+	ri->startblk = get_le32(p + EROFS_I_U);
+	return check_flat(img, ri);
 }
 
 /*
@@ -612,7 +617,6 @@ int meta_get_chunk(const struct meta_image *img, uint64_t nid, uint64_t index,
 {
 	struct rinode ri;
 	const uint8_t *p;
-	uint64_t blocks;
 	uint32_t dev = 0, blk, i;
 	int ret = load_inode(img, nid, &ri);
 
@@ -643,7 +647,8 @@ int meta_get_chunk(const struct meta_image *img, uint64_t nid, uint64_t index,
 	/*
 	 * Device 0 is the unified address space, as in the kernel: a device
 	 * claims the blocks [uniaddr, uniaddr + blocks), the rest is the
-	 * bootstrap itself. ferry never writes this; mkfs.erofs may.
+	 * bootstrap itself. ferry never writes either (mkfs.erofs does), and
+	 * data inside the bootstrap has no place in struct meta_chunk.
 	 */
 	for (i = 0; i < img->sb.nr_devices; i++) {
 		const uint8_t *slot = img->buf + img->devt_off +
@@ -657,14 +662,8 @@ int meta_get_chunk(const struct meta_image *img, uint64_t nid, uint64_t index,
 			return 0;
 		}
 	}
-	blocks = DIV_ROUND_UP(MIN(ri.size - (index << ri.chunk_bits),
-				  (uint64_t)1 << ri.chunk_bits), EROFS_BLKSIZ);
-	if ((uint64_t)blk + blocks > img->len / EROFS_BLKSIZ)
-		return corrupt(img, "inode nid %llu: chunk %llu at block %u is outside the image",
-			       ull(nid), ull(index), blk);
-	out->device_id = 0;
-	out->blkaddr = blk;
-	return 0;
+	return corrupt(img, "inode nid %llu: chunk %llu is data inside the bootstrap (block %u), which ferry does not serve",
+		       ull(nid), ull(index), blk);
 }
 
 /* ------------------------------------------------------------------ */
@@ -801,7 +800,6 @@ struct xattr_find {
 	const struct erofs_xattr_prefix *prefix;
 	const char *name;
 	size_t name_len;
-	const struct xattr_ref *found;
 	struct xattr_ref hit;
 };
 
@@ -813,7 +811,6 @@ static int find_one(void *ctx, const struct xattr_ref *x)
 	    memcmp(x->name, f->name, f->name_len))
 		return 0;
 	f->hit = *x;
-	f->found = &f->hit;
 	return 1;
 }
 
@@ -837,10 +834,8 @@ ssize_t meta_getxattr(const struct meta_image *img, uint64_t nid,
 	f.name = name + f.prefix->len;
 	f.name_len = len - f.prefix->len;
 	ret = xattr_for_each(img, &ri, find_one, &f);
-	if (ret < 0)
-		return ret;
-	if (!f.found)
-		return -ENODATA;
+	if (ret <= 0)
+		return ret ? ret : -ENODATA;
 	if (size) {
 		if (f.hit.value_len > size)
 			return -ERANGE;

@@ -4,14 +4,14 @@
  *
  * Every inode is registered in the tree's inode list and freed only by
  * meta_tree_free(), so callers may keep inode pointers across unlink and
- * relink. Dropping the last link of a directory unlinks its entries
- * (recursively, without recursion), which releases their dentries.
+ * relink. Dropping the last link of a directory unlinks its entries, and
+ * so on down the subtree (with an explicit stack, not C recursion).
  *
- * Directories keep their children in insertion order (unlink moves the
- * last child into the hole, see meta.h); once a directory
- * grows past CHILD_INDEX_MIN entries a private open-addressing hash index
- * (linear probing, backward-shift deletion) maps names to dentries, so a
- * converter looking up every tar entry in a 100k-entry directory stays O(1).
+ * Directories keep their children in insertion order, except that unlink
+ * moves the last child into the hole (see meta.h). Once a directory grows
+ * past CHILD_INDEX_MIN entries, a private open-addressing hash index
+ * (linear probing, backward-shift deletion) maps names to positions, so
+ * lookup, link and unlink stay O(1) in 100k-entry directories.
  */
 #include "meta.h"
 

@@ -6,9 +6,11 @@
  *   byte 0          ferry preamble (FERRY_PRE_*)
  *   byte 1024       superblock
  *   byte 1152       device table (devt_slotoff 9), may spill past block 0
- *   next 32 bytes   inodes in breadth-first order from the root, each
- *                   followed by its inline xattrs, then either its 8-byte
- *                   chunk indexes (8-aligned) or its inline data tail
+ *   then            inodes, 32-byte aligned, in breadth-first order from
+ *                   the root (sorted names); each followed by its inline
+ *                   xattrs, then its 8-byte chunk indexes (8-aligned from
+ *                   the inode) or its inline data tail. No inode header
+ *                   crosses a block boundary.
  *   xattr_blkaddr   shared xattr entries (only if some pair is shared)
  *   data area       full blocks of directories and bootstrap-stored files
  *   ext region      ferry extension payload, block aligned, zero padded
@@ -43,7 +45,7 @@
 #define BLK EROFS_BLKSIZ
 #define DEVT_SLOTOFF 9 /* right after the 128-byte superblock */
 #define DEVT_OFFSET (DEVT_SLOTOFF * EROFS_DEVT_SLOT_SIZE)
-/* Chunks stay below 2 GiB so chunk arithmetic fits 32 bits everywhere. */
+/* Chunks of at most 2 GiB keep chunk arithmetic within 32 bits everywhere. */
 #define MAX_CHUNK_BITS (31 - EROFS_BLKSIZ_BITS)
 #define SYMLINK_MAX 4095u        /* PATH_MAX - 1: what readlink can return */
 #define MAX_SHARED_PER_INODE 255 /* h_shared_count is 8 bits */
@@ -452,8 +454,8 @@ static int xattr_cmp_val(const void *a, const void *b)
 
 static int xattr_cmp_ptr(const void *a, const void *b)
 {
-	return xattr_cmp(*(const struct wr_xattr *const *)a,
-			 *(const struct wr_xattr *const *)b);
+	return xattr_cmp(*(struct wr_xattr *const *)a,
+			 *(struct wr_xattr *const *)b);
 }
 
 static uint32_t xattr_entry_size(const struct wr_xattr *x)
@@ -506,13 +508,12 @@ static int xattr_parse(struct writer *w, const struct wr_inode *wi,
 		return 0;
 	}
 	return wr_fail(w, wi, -EINVAL,
-		       "xattr \"%.64s\" has no EROFS prefix (user., trusted., security., system.posix_acl_*)",
-		       mx->name);
+		       "xattr \"%.64s\" is not user./trusted./security.<name> "
+		       "or system.posix_acl_{access,default}", mx->name);
 }
 
 /* Mark runs of >= 2 equal pairs shared, capped per inode, and number them. */
-static int xattr_share(struct writer *w, const struct wr_xattr **sorted,
-		       size_t n)
+static int xattr_share(struct writer *w, struct wr_xattr **sorted, size_t n)
 {
 	uint64_t off = 0;
 
@@ -520,7 +521,7 @@ static int xattr_share(struct writer *w, const struct wr_xattr **sorted,
 		for (b = a + 1; b < n && !xattr_cmp(sorted[a], sorted[b]); b++)
 			;
 		for (size_t k = a; b - a >= 2 && k < b; k++)
-			((struct wr_xattr *)sorted[k])->shared = true;
+			sorted[k]->shared = true;
 	}
 	for (uint32_t i = 0; i < w->nr_inodes; i++) {
 		struct wr_inode *wi = &w->inodes[i];
@@ -548,8 +549,7 @@ static int xattr_share(struct writer *w, const struct wr_xattr **sorted,
 			return -EFBIG;
 		}
 		for (size_t k = a; k < b; k++)
-			((struct wr_xattr *)sorted[k])->shared_id =
-				(uint32_t)(off / 4);
+			sorted[k]->shared_id = (uint32_t)(off / 4);
 		w->shared[w->nr_shared++] = sorted[a];
 		off += xattr_entry_size(sorted[a]);
 	}
@@ -559,7 +559,7 @@ static int xattr_share(struct writer *w, const struct wr_xattr **sorted,
 
 static int wr_xattrs(struct writer *w)
 {
-	const struct wr_xattr **sorted = NULL;
+	struct wr_xattr **sorted = NULL;
 	size_t total = 0, k = 0;
 	int ret = 0;
 
@@ -1023,9 +1023,13 @@ static int wr_stream(struct writer *w)
 
 static int wr_check_opts(const struct meta_write_opts *o)
 {
-	if (o->nr_devices > META_MAX_DEVICES || (o->nr_devices && !o->devices)) {
-		ferry_err("meta: %u devices (at most %u)", o->nr_devices,
+	if (o->nr_devices > META_MAX_DEVICES) {
+		ferry_err("meta: %u devices, at most %u", o->nr_devices,
 			  META_MAX_DEVICES);
+		return -EINVAL;
+	}
+	if (o->nr_devices && !o->devices) {
+		ferry_err("meta: %u devices but no device table", o->nr_devices);
 		return -EINVAL;
 	}
 	if (o->ext_len && !o->ext) {

@@ -21,7 +21,7 @@ static void convert_help(void)
 	       "                   OUT/ferry.json (see docs/FORMAT.md)\n\n"
 	       "Options:\n"
 	       "  --chunk-size N     chunk size, power of two, 4K..64M (default 1M)\n"
-	       "  --compress SPEC    none | lz4[:1-12] | zstd[:1-22] | lzma[:0-9]\n"
+	       "  --compress SPEC    none | lz4[:1-12] | zstd[:1-22] | lzma[:1-9]\n"
 	       "                     (default zstd, level 3)\n"
 	       "  --inline-max N     keep regular files up to N bytes inside the\n"
 	       "                     bootstrap (default %u, at most 3072)\n"

@@ -1746,6 +1746,11 @@ static void test_gzip_trailing_bytes(void)
 	CHECK_EQ(total, tar_size);
 	CHECK(!sh("gzip -c %s > %s && printf '\\037x' >> %s", tarp, p, p));
 	CHECK_EQ(drain(p, &total, &in_bytes), -EFSCORRUPTED);
+	/* NULs then another member: rejected; gzip(1) does not decode it either. */
+	CHECK(!sh("gzip -c %s > %s && head -c 100 /dev/zero >> %s && gzip -c %s >> %s",
+		  tarp, p, p, tarp, p));
+	CHECK_EQ(drain(p, &total, &in_bytes), -EFSCORRUPTED);
+	CHECK_EQ(total, tar_size);
 	/* An empty member in between. */
 	CHECK(!sh("gzip -c %s > %s && gzip -c < /dev/null >> %s && gzip -c %s >> %s",
 		  tarp, p, p, tarp, p));

@@ -34,7 +34,7 @@ NCHUNKS=$(index_get "$P" 'j["blobs"][0]["chunks"]')
 
 # Copy of the pristine image to damage.
 fresh() { # NAME -> path
-	rm -rf "$SCRATCH/$1"
+	rm -rf "${SCRATCH:?}/${1:?}"
 	cp -a "$P" "$SCRATCH/$1"
 	echo "$SCRATCH/$1"
 }
@@ -160,9 +160,11 @@ for idx in 0 $((NCHUNKS - 1)); do
 		flip "$C/blobs/sha256/$BLOBHEX" "$off"
 		fails_naming "check: flipped byte in chunk $idx" "chunk $idx([^0-9]|$)" \
 			"$FERRY" check "dir:$C"
-		grep -q "${BLOBHEX:0:12}" "$LOG" &&
-			ok "check: flipped byte in chunk $idx: message names the blob" ||
+		if grep -q "${BLOBHEX:0:12}" "$LOG"; then
+			ok "check: flipped byte in chunk $idx: message names the blob"
+		else
 			notok "check: flipped byte in chunk $idx: message names the blob (${BLOBHEX:0:12}...)"
+		fi
 		mount_fails "mount: flipped byte in chunk $idx" "$C" "chunk $idx([^0-9]|$)"
 	else
 		notok "blob layout: chunk $idx located through footer and table"

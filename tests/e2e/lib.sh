@@ -47,6 +47,8 @@ e2e_mounts() {
 
 e2e_cleanup() {
 	local m left
+	kill "$E2E_WATCHDOG" 2>/dev/null
+	wait "$E2E_WATCHDOG" 2>/dev/null
 	for m in $(e2e_mounts); do
 		umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null ||
 			echo "# cleanup: cannot unmount $m" >&2
@@ -58,6 +60,24 @@ e2e_cleanup() {
 	fi
 	rm -rf "$SCRATCH"
 }
+# Watchdog: a hung command (ferry or a read on a mount) must not stall the
+# whole suite. After E2E_TIMEOUT seconds it reports, ends this script's
+# child processes and the script, whose EXIT trap then unmounts. It waits
+# in a builtin read on a fifo, so cancelling it leaves no process behind.
+E2E_TIMEOUT=${E2E_TIMEOUT:-600}
+e2e_watchdog() {
+	local p
+	read -r -t "$E2E_TIMEOUT" _ <>"$SCRATCH/.watchdog" && return
+	echo "not ok - $E2E_NAME: timed out after ${E2E_TIMEOUT}s"
+	for p in $(ps -o pid= --ppid $$); do
+		[ "$p" -ne "$BASHPID" ] && kill -TERM "$p" 2>/dev/null
+	done
+	kill -TERM $$
+}
+mkfifo "$SCRATCH/.watchdog"
+e2e_watchdog </dev/null 2>/dev/null &
+E2E_WATCHDOG=$!
+# Only now: the watchdog must not inherit these.
 trap e2e_cleanup EXIT
 trap 'exit 130' INT TERM
 
@@ -170,8 +190,9 @@ index_get() { # OUT EXPR
 }
 
 # Kernel log: remember where it ends now; later print EROFS complaints
-# logged since (mount/unmount notices are not complaints). Other work on
-# the machine can add lines too, so callers print them as diagnostics.
+# logged since: errors met while reading files. Mount notices and mount
+# refusals are left out (a refused mount fails its own check; other work on
+# the machine, e.g. unit tests, refuses mounts on purpose).
 dmesg_mark() {
 	E2E_DMESG_MARK=$(dmesg 2>/dev/null | tail -n 1 | sed -n 's/^\[ *\([0-9.]*\)\].*/\1/p')
 	E2E_DMESG_MARK=${E2E_DMESG_MARK:-0}
@@ -180,7 +201,7 @@ dmesg_erofs_errors() {
 	dmesg 2>/dev/null | awk -v m="$E2E_DMESG_MARK" '
 		match($0, /^\[ *[0-9.]+\]/) {
 			t = substr($0, 2, RLENGTH - 2) + 0
-			if (t > m + 0 && /erofs/ && !/mounted with root inode|unmounted for/)
+			if (t > m + 0 && /erofs/ && !/mounted with root inode|unmounted for|extra devices don.t match|cannot find valid erofs superblock|failed to read superblock/)
 				print
 		}'
 }

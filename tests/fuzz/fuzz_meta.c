@@ -16,7 +16,7 @@
 #include <sys/stat.h>
 
 #include "../../pkg-base/base.h"
-#include "../../pkg-meta/erofs_fs.h"
+#include "../../pkg-meta/internal.h"
 #include "../../pkg-meta/meta.h"
 
 #define WALK_MAX_INODES 10000u
@@ -180,18 +180,34 @@ static void walk_data(struct walker *w, const struct meta_stat *st)
 	}
 }
 
+/* Paths in the seed images, to exercise meta_resolve. */
+static const char *const walk_paths[] = { "/", "small", "/d/e/f", "h/349",
+					  "/d/../d/./e/", "/small/x" };
+
 /* Walk everything reachable from the root of @img into @st. */
 static void walk_image(const struct meta_image *img, struct walk_stats *st)
 {
 	struct walker *w = calloc(1, sizeof(*w));
+	struct meta_device_info dev;
 	struct meta_super sb;
 	struct meta_stat ms;
+	uint64_t found;
+	uint32_t i;
+	int ret;
 
 	if (!w)
 		abort();
 	w->img = img;
 	w->st = st;
 	meta_get_super(img, &sb);
+	for (i = 1; i <= sb.nr_devices; i++)
+		if (meta_get_device(img, i, &dev) || strlen(dev.tag) > 64)
+			walk_bad(w, "get_device", i, -1);
+	for (i = 0; i < ARRAY_SIZE(walk_paths); i++) {
+		ret = meta_resolve(img, walk_paths[i], &found);
+		if (ret != -ENOENT && ret != -ENOTDIR)
+			walk_ok(w, "resolve", i, ret);
+	}
 	walk_push(w, sb.root_nid);
 	while (w->head < w->tail) {
 		uint64_t nid = w->queue[w->head++];
@@ -208,9 +224,7 @@ static void walk_image(const struct meta_image *img, struct walk_stats *st)
 	free(w);
 }
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+static void fuzz_one(const uint8_t *data, size_t size)
 {
 	struct walk_stats st = { 0 };
 	struct meta_image *img;
@@ -218,12 +232,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	size_t ext_len;
 	int ret;
 
-	ferry_log_level = -1;
 	ret = meta_image_open_mem(data, size, &img);
 	if (ret) {
 		if (ret != -EFSCORRUPTED)
 			abort();
-		return 0;
+		return;
 	}
 	ret = meta_get_ext(img, &ext, &ext_len);
 	if (ret && ret != -ENODATA)
@@ -232,5 +245,49 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	meta_image_close(img);
 	if (st.bad)
 		abort();
+}
+
+/*
+ * Mutations almost always break the superblock and preamble checksums;
+ * a copy with them recomputed lets the fuzzer reach everything behind.
+ */
+static void fix_checksums(uint8_t *buf, size_t size)
+{
+	static const uint8_t zero[4];
+	uint8_t *sb = buf + EROFS_SUPER_OFFSET;
+	uint64_t off, len;
+	uint32_t crc;
+
+	crc = erofs_crc32c(~0u, sb, EROFS_SB_CHECKSUM);
+	crc = erofs_crc32c(crc, zero, sizeof(zero));
+	crc = erofs_crc32c(crc, sb + EROFS_SB_CHECKSUM + 4,
+			   EROFS_BLKSIZ - EROFS_SUPER_OFFSET - EROFS_SB_CHECKSUM - 4);
+	put_le32(sb + EROFS_SB_CHECKSUM, crc);
+	if (memcmp(buf + FERRY_PRE_MAGIC, FERRY_PREAMBLE_MAGIC, 8))
+		return;
+	off = get_le64(buf + FERRY_PRE_EXT_OFF);
+	len = get_le64(buf + FERRY_PRE_EXT_LEN);
+	if (off <= size && len <= size - off)
+		put_le32(buf + FERRY_PRE_EXT_CRC, erofs_crc32c(~0u, buf + off, len));
+	put_le32(buf + FERRY_PRE_CRC, erofs_crc32c(~0u, buf, FERRY_PRE_CRC));
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+	uint8_t *copy;
+
+	ferry_log_level = -1;
+	fuzz_one(data, size);
+	if (size < EROFS_BLKSIZ)
+		return 0;
+	copy = malloc(size);
+	if (!copy)
+		abort();
+	memcpy(copy, data, size);
+	fix_checksums(copy, size);
+	fuzz_one(copy, size);
+	free(copy);
 	return 0;
 }

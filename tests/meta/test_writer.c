@@ -262,6 +262,41 @@ static bool file_equals(const char *path, const uint8_t *want, size_t len)
 	return ok;
 }
 
+/* EROFS directory order: bytewise, a prefix before its extensions. */
+static int name_cmp(const char *a, size_t la, const char *b, size_t lb)
+{
+	int c = memcmp(a, b, MIN(la, lb));
+
+	return c ? c : (la < lb ? -1 : la > lb);
+}
+
+/*
+ * Entries of directory @path in readdir order; 1 if strictly ascending
+ * (the on-disk order), with the count in *n.
+ */
+static int readdir_sorted(const char *path, int *n)
+{
+	char prev[300] = "";
+	size_t prev_len = 0;
+	int ordered = 1;
+	struct dirent *de;
+	DIR *dh = opendir(path);
+
+	*n = 0;
+	while (dh && (de = readdir(dh))) {
+		size_t len = strlen(de->d_name);
+
+		if (*n && name_cmp(prev, prev_len, de->d_name, len) >= 0)
+			ordered = 0;
+		memcpy(prev, de->d_name, len + 1);
+		prev_len = len;
+		(*n)++;
+	}
+	if (dh)
+		closedir(dh);
+	return ordered;
+}
+
 /* The on-disk inode behind a mounted path: st_ino is the nid. */
 static unsigned int layout_of(const uint8_t *img, const char *mpath)
 {
@@ -687,15 +722,7 @@ static void test_write_all_types(void)
 	if (b && do_mount(img, NULL, 0, mnt) == 0) {
 		char p1[1024], p2[1024], p3[1024];
 		struct stat s1, s2, s3, sr;
-		const char *order[] = { ".", "..", "blk", "blocks", "chr", "d",
-					"empty", "exact", "ext4032", "ext4033",
-					"fifo", "hard1", "hard2", "inline4064",
-					"link", "longlink", "neg", "nsec",
-					"plain4065", "small", "sock", "sticky",
-					"whiteout", "bigids" };
-		DIR *dh;
-		struct dirent *de;
-		size_t k = 0;
+		int n = 0;
 
 		for (size_t i = 0; i < ARRAY_SIZE(ex); i++)
 			check_expect(b, mnt, &ex[i]);
@@ -712,14 +739,9 @@ static void test_write_all_types(void)
 		CHECK_EQ(stat(mnt, &sr), 0);
 		CHECK_EQ(sr.st_nlink, 4); /* ".", "..", d, sticky */
 		/* readdir returns the on-disk (bytewise sorted) order. */
-		order[ARRAY_SIZE(order) - 1] = "bigids";
-		dh = opendir(mnt);
-		while (dh && (de = readdir(dh)))
-			if (k < ARRAY_SIZE(order) + 5)
-				k++;
-		if (dh)
-			closedir(dh);
-		CHECK_EQ(k, ARRAY_SIZE(order));
+		CHECK(readdir_sorted(mnt, &n));
+		/* ".", "..", hard1, hard2 and all of ex[] but d/sub, d/sub2. */
+		CHECK_EQ(n, 4 + ARRAY_SIZE(ex) - 2);
 		do_umount(mnt);
 	} else {
 		CHECK(!"mount");
@@ -1046,21 +1068,13 @@ static size_t big_name(int i, char *name)
 	return len;
 }
 
-static int name_cmp(const char *a, size_t la, const char *b, size_t lb)
-{
-	int c = memcmp(a, b, MIN(la, lb));
-
-	return c ? c : (la < lb ? -1 : la > lb);
-}
-
 static void test_write_big_dir(void)
 {
 	enum { N = 5000, HARD = 70000 };
-	char img[512], mnt[512], name[300], path[1024], prev[300] = "";
+	char img[512], mnt[512], name[300], path[1024];
 	struct meta_tree *t;
 	struct meta_inode *dir, *hl, *in;
-	int seen = 0, ordered = 1;
-	size_t prev_len = 0;
+	int seen = 0;
 
 	CHECK_EQ(meta_tree_new(&t), 0);
 	dir = add(t, t->root, "big", S_IFDIR | 0755);
@@ -1085,27 +1099,13 @@ static void test_write_big_dir(void)
 	tpath(mnt, "bigdir.mnt");
 	if (do_mount(img, NULL, 0, mnt) == 0) {
 		struct stat st;
-		DIR *dh;
-		struct dirent *de;
 
 		snprintf(path, sizeof(path), "%s/big", mnt);
 		CHECK_EQ(stat(path, &st), 0);
 		CHECK_EQ(st.st_nlink, 2 + N / 10);
 		CHECK(st.st_size > 50 * BLK);
-		dh = opendir(path);
-		while (dh && (de = readdir(dh))) {
-			size_t len = strlen(de->d_name);
-
-			if (seen && name_cmp(prev, prev_len, de->d_name, len) >= 0)
-				ordered = 0;
-			memcpy(prev, de->d_name, len + 1);
-			prev_len = len;
-			seen++;
-		}
-		if (dh)
-			closedir(dh);
+		CHECK(readdir_sorted(path, &seen));
 		CHECK_EQ(seen, N + 2);
-		CHECK(ordered);
 		for (int i = 0; i < N; i++) {
 			big_name(i, name);
 			snprintf(path, sizeof(path), "%s/big/%s", mnt, name);
@@ -1237,7 +1237,8 @@ static void test_write_xattrs(void)
 	/* vfs_cap_data rev 2, effective, cap_net_bind_service permitted. */
 	static const uint8_t cap[20] = { 1, 0, 0, 2, 0, 4 };
 	char img[512], mnt[512], path[1024], name[64], val[64];
-	struct meta_inode *f[8];
+	struct meta_inode *f[8], *xdir;
+	size_t len;
 	const char *names[8] = { "big", "many", "acl", "s1", "s2", "s3", "ms1", "ms2" };
 	struct meta_write_stats ws;
 	struct meta_tree *t;
@@ -1277,16 +1278,34 @@ static void test_write_xattrs(void)
 		for (int k = 6; k < 8; k++)
 			CHECK_EQ(meta_inode_set_xattr(f[k], name, "same", 4), 0);
 	}
+	/* A directory whose xattrs leave no room for an inline tail. */
+	xdir = add(t, t->root, "xdir", S_IFDIR | 0755);
+	CHECK_EQ(meta_inode_set_xattr(xdir, "user.pad", big, 4050), 0);
+	for (int i = 0; i < 3; i++) {
+		snprintf(name, sizeof(name), "child%d", i);
+		add_file(t, xdir, name, name, strlen(name));
+	}
 	tpath(img, "xattr.img");
 	CHECK_EQ(write_image(t, NULL, img, &ws), 0);
 	CHECK_EQ(ws.shared_xattrs, 2 + 255);
 	CHECK_EQ(fsck(img, NULL, 0), 0);
 	tpath(mnt, "xattr.mnt");
 	if (do_mount(img, NULL, 0, mnt) == 0) {
+		uint8_t *b = slurp(img, &len);
+		int n = 0;
+
 		for (int i = 0; i < 8; i++) {
 			snprintf(path, sizeof(path), "%s/%s", mnt, names[i]);
 			check_xattrs(path, f[i]);
 		}
+		snprintf(path, sizeof(path), "%s/xdir", mnt);
+		check_xattrs(path, xdir);
+		CHECK(b && layout_of(b, path) == EROFS_INODE_FLAT_PLAIN);
+		CHECK(readdir_sorted(path, &n));
+		CHECK_EQ(n, 5);
+		snprintf(path, sizeof(path), "%s/xdir/child2", mnt);
+		CHECK(file_equals(path, (const uint8_t *)"child2", 6));
+		free(b);
 		do_umount(mnt);
 	} else {
 		CHECK(!"mount");
@@ -1444,17 +1463,20 @@ static void test_write_unreachable(void)
 typedef void (*spoil_fn)(struct meta_tree *t, struct meta_inode *f,
 			 struct meta_write_opts *o);
 
-static void spoil_prefix(struct meta_tree *t, struct meta_inode *f, struct meta_write_opts *o)
+static void spoil_prefix(struct meta_tree *t, struct meta_inode *f,
+			struct meta_write_opts *o)
 {
 	meta_inode_set_xattr(f, "foo.bar", "1", 1);
 }
 
-static void spoil_empty_suffix(struct meta_tree *t, struct meta_inode *f, struct meta_write_opts *o)
+static void spoil_empty_suffix(struct meta_tree *t, struct meta_inode *f,
+			struct meta_write_opts *o)
 {
 	meta_inode_set_xattr(f, "user.", "1", 1);
 }
 
-static void spoil_long_suffix(struct meta_tree *t, struct meta_inode *f, struct meta_write_opts *o)
+static void spoil_long_suffix(struct meta_tree *t, struct meta_inode *f,
+			struct meta_write_opts *o)
 {
 	char name[300] = "trusted.";
 
@@ -1463,24 +1485,28 @@ static void spoil_long_suffix(struct meta_tree *t, struct meta_inode *f, struct 
 	meta_inode_set_xattr(f, name, "1", 1);
 }
 
-static void spoil_acl_suffix(struct meta_tree *t, struct meta_inode *f, struct meta_write_opts *o)
+static void spoil_acl_suffix(struct meta_tree *t, struct meta_inode *f,
+			struct meta_write_opts *o)
 {
 	meta_inode_set_xattr(f, "system.posix_acl_accessx", "1", 1);
 }
 
-static void spoil_system(struct meta_tree *t, struct meta_inode *f, struct meta_write_opts *o)
+static void spoil_system(struct meta_tree *t, struct meta_inode *f,
+			struct meta_write_opts *o)
 {
 	meta_inode_set_xattr(f, "system.nfs4_acl", "1", 1);
 }
 
-static void spoil_big_value(struct meta_tree *t, struct meta_inode *f, struct meta_write_opts *o)
+static void spoil_big_value(struct meta_tree *t, struct meta_inode *f,
+			struct meta_write_opts *o)
 {
 	static uint8_t v[65536];
 
 	meta_inode_set_xattr(f, "user.v", v, sizeof(v));
 }
 
-static void spoil_xattr_total(struct meta_tree *t, struct meta_inode *f, struct meta_write_opts *o)
+static void spoil_xattr_total(struct meta_tree *t, struct meta_inode *f,
+			struct meta_write_opts *o)
 {
 	static uint8_t v[60000];
 	char name[24];
@@ -1500,48 +1526,56 @@ static void set_one_chunk(struct meta_inode *f, uint16_t dev, uint32_t blk)
 	set_chunks(f, 1, 8192, &c, 1);
 }
 
-static void spoil_dev0(struct meta_tree *t, struct meta_inode *f, struct meta_write_opts *o)
+static void spoil_dev0(struct meta_tree *t, struct meta_inode *f,
+			struct meta_write_opts *o)
 {
 	set_one_chunk(f, 0, 1);
 }
 
-static void spoil_dev_range(struct meta_tree *t, struct meta_inode *f, struct meta_write_opts *o)
+static void spoil_dev_range(struct meta_tree *t, struct meta_inode *f,
+			struct meta_write_opts *o)
 {
 	set_one_chunk(f, 3, 1);
 }
 
-static void spoil_dev_end(struct meta_tree *t, struct meta_inode *f, struct meta_write_opts *o)
+static void spoil_dev_end(struct meta_tree *t, struct meta_inode *f,
+			struct meta_write_opts *o)
 {
 	set_one_chunk(f, 2, 9); /* device 2 has 10 blocks; the chunk needs 2 */
 }
 
-static void spoil_chunk_bits(struct meta_tree *t, struct meta_inode *f, struct meta_write_opts *o)
+static void spoil_chunk_bits(struct meta_tree *t, struct meta_inode *f,
+			struct meta_write_opts *o)
 {
 	set_one_chunk(f, 1, 0);
 	f->chunk_bits = 20;
 }
 
-static void spoil_data_and_chunks(struct meta_tree *t, struct meta_inode *f, struct meta_write_opts *o)
+static void spoil_data_and_chunks(struct meta_tree *t, struct meta_inode *f,
+			struct meta_write_opts *o)
 {
 	const struct meta_chunk c = { 1, 0 };
 
 	set_chunks(f, 1, 8192, &c, 1);
 }
 
-static void spoil_no_data(struct meta_tree *t, struct meta_inode *f, struct meta_write_opts *o)
+static void spoil_no_data(struct meta_tree *t, struct meta_inode *f,
+			struct meta_write_opts *o)
 {
 	free(f->data);
 	f->data = NULL;
 }
 
-static void spoil_symlink(struct meta_tree *t, struct meta_inode *f, struct meta_write_opts *o)
+static void spoil_symlink(struct meta_tree *t, struct meta_inode *f,
+			struct meta_write_opts *o)
 {
 	f->mode = S_IFLNK | 0777;
 	free(f->data);
 	f->data = NULL;
 }
 
-static void spoil_symlink_long(struct meta_tree *t, struct meta_inode *f, struct meta_write_opts *o)
+static void spoil_symlink_long(struct meta_tree *t, struct meta_inode *f,
+			struct meta_write_opts *o)
 {
 	static uint8_t target[4096];
 
@@ -1550,12 +1584,14 @@ static void spoil_symlink_long(struct meta_tree *t, struct meta_inode *f, struct
 	set_data(f, target, sizeof(target));
 }
 
-static void spoil_nsec(struct meta_tree *t, struct meta_inode *f, struct meta_write_opts *o)
+static void spoil_nsec(struct meta_tree *t, struct meta_inode *f,
+			struct meta_write_opts *o)
 {
 	f->mtime_nsec = 1000000000;
 }
 
-static void spoil_rdev(struct meta_tree *t, struct meta_inode *f, struct meta_write_opts *o)
+static void spoil_rdev(struct meta_tree *t, struct meta_inode *f,
+			struct meta_write_opts *o)
 {
 	spoil_no_data(t, f, o);
 	f->size = 0;
@@ -1563,17 +1599,20 @@ static void spoil_rdev(struct meta_tree *t, struct meta_inode *f, struct meta_wr
 	f->rdev_major = 4096;
 }
 
-static void spoil_dir_data(struct meta_tree *t, struct meta_inode *f, struct meta_write_opts *o)
+static void spoil_dir_data(struct meta_tree *t, struct meta_inode *f,
+			struct meta_write_opts *o)
 {
 	set_data(t->root, "x", 1);
 }
 
-static void spoil_volume(struct meta_tree *t, struct meta_inode *f, struct meta_write_opts *o)
+static void spoil_volume(struct meta_tree *t, struct meta_inode *f,
+			struct meta_write_opts *o)
 {
 	o->volume_name = "sixteen-chars-xx";
 }
 
-static void spoil_devices(struct meta_tree *t, struct meta_inode *f, struct meta_write_opts *o)
+static void spoil_devices(struct meta_tree *t, struct meta_inode *f,
+			struct meta_write_opts *o)
 {
 	o->nr_devices = META_MAX_DEVICES + 1;
 }
@@ -1625,6 +1664,11 @@ static void test_write_invalid(void)
 		if (ret != -EINVAL)
 			fprintf(stderr, "  case %s: %d\n", cases[i].what, ret);
 		CHECK_EQ(ret, -EINVAL);
+		/* A failed write leaves the tree reusable. */
+		if (cases[i].fn == spoil_prefix) {
+			meta_inode_clear_xattrs(f);
+			CHECK_EQ(write_image(t, &o, img, NULL), 0);
+		}
 		if (cases[i].fn == spoil_dir_data)
 			CHECK(msg && strstr(msg, "write /: "));
 		else if (cases[i].fn != spoil_volume && cases[i].fn != spoil_devices)
@@ -1633,6 +1677,21 @@ static void test_write_invalid(void)
 		meta_tree_free(t);
 	}
 	close(saved);
+}
+
+static void test_write_bad_fd(void)
+{
+	struct meta_tree *t;
+	char img[512];
+	int fd;
+
+	CHECK_EQ(meta_tree_new(&t), 0);
+	add_file(t, t->root, "f", "x", 1);
+	tpath(img, "badfd.img");
+	fd = open(img, O_RDONLY | O_CREAT, 0644);
+	CHECK_EQ(meta_write(t, NULL, fd, NULL), -EBADF);
+	close(fd);
+	meta_tree_free(t);
 }
 
 /* A Debian-sized tree (~10k entries) must write in well under 100 ms. */
@@ -1706,6 +1765,7 @@ int main(void)
 	RUN_TEST(test_write_ext_payload);
 	RUN_TEST(test_write_unreachable);
 	RUN_TEST(test_write_invalid);
+	RUN_TEST(test_write_bad_fd);
 	RUN_TEST(test_write_speed);
 	if (!getenv("FERRY_KEEP_TMP"))
 		run("rm -rf %s", top);

@@ -71,9 +71,10 @@ def type_name(mode):
 class Tree:
     """Every entry of a tree: relpath -> dict of attributes."""
 
-    def __init__(self, root, excludes):
+    def __init__(self, root, excludes, hash_content=True):
         self.root = root
         self.excludes = excludes
+        self.hash_content = hash_content
         self.entries = {}
         self.inodes = collections.defaultdict(list)  # (dev, ino) -> paths
         self._walk(".")
@@ -93,7 +94,8 @@ class Tree:
              "xattrs": read_xattrs(path)}
         if stat.S_ISREG(st.st_mode):
             e["size"] = st.st_size
-            e["content"] = file_sha256(path)
+            if self.hash_content:
+                e["content"] = file_sha256(path)
         elif stat.S_ISLNK(st.st_mode):
             e["size"] = st.st_size
             e["target"] = os.fsencode(os.readlink(path))
@@ -155,8 +157,9 @@ def main():
             ap.error("not a directory: " + d)
 
     try:
-        ref = Tree(args.ref, excludes)
-        mnt = Tree(args.mnt, excludes)
+        hashing = "content" not in ignore
+        ref = Tree(args.ref, excludes, hashing)
+        mnt = Tree(args.mnt, excludes, hashing)
     except OSError as e:
         print("treecmp: error reading tree: %s" % e, file=sys.stderr)
         return 2
