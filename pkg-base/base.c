@@ -113,6 +113,27 @@ int pwrite_full(int fd, const void *buf, size_t len, uint64_t off)
 	return 0;
 }
 
+int array_reserve(void *arr, size_t *cap, size_t need, size_t elem_size,
+		  size_t min_cap)
+{
+	void **array = arr, *n;
+	size_t new_cap = *cap ? *cap : min_cap;
+
+	if (need <= *cap)
+		return 0;
+	while (new_cap < need) {
+		if (new_cap > SIZE_MAX / 2 / elem_size)
+			return -ENOMEM;
+		new_cap *= 2;
+	}
+	n = realloc(*array, new_cap * elem_size);
+	if (!n)
+		return -ENOMEM;
+	*array = n;
+	*cap = new_cap;
+	return 0;
+}
+
 void hex_encode(const uint8_t *in, size_t len, char *out)
 {
 	static const char digits[] = "0123456789abcdef";

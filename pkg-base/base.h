@@ -99,6 +99,14 @@ int pread_full(int fd, void *buf, size_t len, uint64_t off);
 int write_full(int fd, const void *buf, size_t len);
 int pwrite_full(int fd, const void *buf, size_t len, uint64_t off);
 
+/*
+ * Make room for at least @need elements of @elem_size bytes in the array
+ * *@arr of capacity *@cap, doubling (from @min_cap). 0 or -ENOMEM (the
+ * array is unchanged then).
+ */
+int array_reserve(void *arr, size_t *cap, size_t need, size_t elem_size,
+		  size_t min_cap);
+
 /* Lowercase hex of @len bytes into @out (2 * len + 1 bytes, NUL-terminated). */
 void hex_encode(const uint8_t *in, size_t len, char *out);
 /* Parse exactly 2 * len hex digits; returns 0 or -EINVAL. */

@@ -1,25 +1,25 @@
 // SPDX-License-Identifier: MIT
 /*
- * Per-chunk codecs. Every chunk is compressed on its own so any chunk can
- * be read without its neighbours:
+ * Codecs of frames (format.c). Every frame is compressed on its own so
+ * any chunk can be read without the other frames:
  *
- *   lz4   raw LZ4 block (no frame); level 0 is LZ4_compress_default's
- *         algorithm, levels 1..12 are LZ4 HC.
+ *   lz4   raw LZ4 block (not the LZ4 frame format); level 0 is
+ *         LZ4_compress_default's algorithm, levels 1..12 are LZ4 HC.
  *   zstd  one zstd frame (ZSTD_compressCCtx, with the content size in
  *         its header); level 0 means ZSTD_CLEVEL_DEFAULT (3).
  *   lzma  one .xz stream, one block, LZMA2, check type NONE; level 0
  *         means xz's default preset 6. The .xz container costs ~60 bytes
- *         per chunk (stream header/footer, block header, index), all of
+ *         per frame (stream header/footer, block header, index), all of
  *         it CRC32-protected so a damaged header is detected before
  *         decoding; the payload integrity check is left out because the
- *         chunk's sha256 already covers the decoded bytes. A raw LZMA2
+ *         chunks' sha256 already cover the decoded bytes. A raw LZMA2
  *         stream would save those bytes but carries no framing to
  *         validate and cannot be inspected with xz(1).
  *   none  the bytes themselves.
  *
  * A compressor is given room for len - 1 output bytes only: output that
  * is not strictly smaller than the input is useless, and the library
- * stops as soon as it would overflow, so incompressible chunks cost
+ * stops as soon as it would overflow, so incompressible frames cost
  * little and are stored raw.
  */
 #include "internal.h"
@@ -135,7 +135,18 @@ void blob_codec_ctx_release(struct blob_codec_ctx *ctx)
 	ZSTD_freeDCtx(ctx->zstd_d);
 	free(ctx->lz4_state);
 	free(ctx->lz4hc_state);
+	free(ctx->frame_buf);
 	*ctx = (struct blob_codec_ctx){ 0 };
+}
+
+int blob_buf_reserve(uint8_t **buf, size_t *cap, size_t len)
+{
+	if (*cap >= len)
+		return 0;
+	free(*buf);
+	*buf = malloc(len);
+	*cap = *buf ? len : 0;
+	return *buf ? 0 : -ENOMEM;
 }
 
 static pthread_key_t thread_ctx_key;
@@ -229,7 +240,7 @@ static int lzma_compress(int level, const void *src, size_t len, void *dst,
 					     LZMA_LEVEL_DEFAULT)))
 		return -EINVAL;
 	/*
-	 * A chunk cannot refer back further than its own length: a larger
+	 * A frame cannot refer back further than its own length: a larger
 	 * dictionary only costs encoder memory (~10x the dictionary) and
 	 * decoder memory (the dictionary size is in the block header).
 	 */
@@ -261,7 +272,7 @@ int blob_codec_compress(struct blob_codec_ctx *ctx,
 	size_t cap = len ? len - 1 : 0, n = 0;
 	int ret = 1;
 
-	if (len > BLOB_CHUNK_MAX || !blob_compress_valid(c))
+	if (len > BLOB_FRAME_MAX || !blob_compress_valid(c))
 		return -EINVAL;
 	*codec_used = BLOB_CODEC_NONE;
 	*dst_len = 0;
@@ -324,7 +335,7 @@ static const char *lzma_ret_text(lzma_ret ret)
 	case LZMA_BUF_ERROR:
 		return "truncated input or more output than expected";
 	case LZMA_MEMLIMIT_ERROR:
-		return "dictionary larger than the chunk allows";
+		return "dictionary larger than the frame allows";
 	default:
 		return "decoder error";
 	}
@@ -352,7 +363,7 @@ static int zstd_decompress(struct blob_codec_ctx *ctx, const void *src,
 }
 
 /*
- * The LZMA2 dictionary is bounded by the chunk length (see lzma_compress)
+ * The LZMA2 dictionary is bounded by the frame length (see lzma_compress)
  * and rounds up to at most 1.5x, so a block header asking for more is
  * corrupt rather than a reason to allocate it.
  */
@@ -388,7 +399,7 @@ int blob_codec_decompress(struct blob_codec_ctx *ctx, enum blob_codec codec,
 	size_t n = 0;
 	int ret = 0;
 
-	if (src_len > INT_MAX || dst_len > BLOB_CHUNK_MAX) {
+	if (src_len > INT_MAX || dst_len > BLOB_FRAME_MAX) {
 		snprintf(why, BLOB_WHY_MAX, "sizes out of range");
 		return -EFSCORRUPTED;
 	}

@@ -6,12 +6,16 @@
  *
  * Blob file
  * ---------
- *   [chunk data][chunk table][footer]
+ *   [frame data][chunk table][footer]
  *
- * Chunk data is every chunk's compressed bytes, back to back in the order
- * the chunks were added, starting at file offset 0 with no padding. Then
- * comes the chunk table (nr_chunks entries of 64 bytes), then the 64-byte
- * footer, which is the last 64 bytes of the file.
+ * Chunks are stored in frames. A frame is one compressed unit: the
+ * uncompressed bytes of one or more chunks (consecutive in the table),
+ * concatenated back to back with no padding, compressed together as one
+ * codec stream, or stored as they are (codec none). Frame data is every
+ * frame's compressed bytes, back to back in table order, starting at file
+ * offset 0 with no padding. Then comes the chunk table (nr_chunks entries
+ * of 64 bytes), then the 64-byte footer, which is the last 64 bytes of the
+ * file.
  *
  * Uncompressed address space: chunk i owns the slot
  * [uoff, uoff + ROUND_UP(usize, 4096)); the first slot starts at 0 and each
@@ -20,16 +24,29 @@
  * bytes between usize and the slot end are zero. The bootstrap's EROFS
  * chunk indexes address this space in 4 KiB blocks (block = uoff / 4096),
  * which is why every slot is block aligned. A blob materialised to its
- * uncompressed form is exactly this space.
+ * uncompressed form is exactly this space. Frames do not change it: only
+ * the compressed side is shared between the chunks of a frame.
  *
  * Chunk table entry (64 bytes), entries in ascending uoff order:
- *    0  u64  uoff    slot start in the uncompressed space, 4096-aligned
- *    8  u64  coff    file offset of the chunk's compressed bytes
- *   16  u32  usize   uncompressed bytes, 1 .. BLOB_CHUNK_MAX (64 MiB)
- *   20  u32  csize   compressed bytes
- *   24  u8   codec   0 none, 1 lz4, 2 zstd, 3 lzma (see codec.c)
- *   25  u8[7]        reserved, must be 0
- *   32  u8[32]       sha256 of the chunk's uncompressed bytes
+ *    0  u64  uoff       slot start in the uncompressed space, 4096-aligned
+ *    8  u64  coff       file offset of the chunk's frame's compressed bytes
+ *   16  u32  usize      the chunk's uncompressed bytes, 1 .. BLOB_CHUNK_MAX
+ *                       (64 MiB)
+ *   20  u32  csize      compressed bytes of the chunk's frame
+ *   24  u8   codec      of the frame: 0 none, 1 lz4, 2 zstd, 3 lzma (see
+ *                       codec.c)
+ *   25  u8[3]           reserved, must be 0
+ *   28  u32  frame_off  offset of the chunk's bytes in its frame's
+ *                       uncompressed concatenation
+ *   32  u8[32]          sha256 of the chunk's uncompressed bytes
+ *
+ * Frames in the table: an entry with frame_off 0 starts a frame; an entry
+ * with frame_off > 0 belongs to the frame of the entry before it and has
+ * frame_off = that entry's frame_off + usize, and the same coff, csize and
+ * codec. A frame's uncompressed size (frame_usize) is the sum of its
+ * chunks' usize, at most BLOB_FRAME_MAX (64 MiB). To read chunk i, read
+ * csize bytes at coff, decode them to frame_usize bytes and take usize
+ * bytes at frame_off.
  *
  * Footer (64 bytes, at file size - 64):
  *    0  u8[8] magic "FERRYBL1"
@@ -49,14 +66,20 @@
  *   - slot i starts at 0 (i = 0) or where slot i - 1 ends, and the last
  *     slot ends at uncompressed_size (uncompressed_size is 0 when there
  *     are no chunks);
- *   - compressed ranges are consecutive the same way: chunk 0 at coff 0,
- *     each next one at the previous coff + csize, the last ending at
- *     table_offset;
+ *   - entry 0 has frame_off 0; every entry with frame_off > 0 has the
+ *     frame_off, coff, csize and codec stated above for frame members;
+ *   - frames are consecutive: the first at coff 0, each next one at the
+ *     previous frame's coff + csize, the last ending at table_offset;
  *   - codec known; reserved bytes zero; usize in 1 .. BLOB_CHUNK_MAX;
- *     codec none has csize == usize, any other codec 1 <= csize < usize
- *     (the writer stores a chunk raw unless compression made it smaller).
- * So chunk reads never exceed BLOB_CHUNK_MAX bytes and the data region can
+ *     frame_usize <= BLOB_FRAME_MAX; codec none has csize == frame_usize,
+ *     any other codec 1 <= csize < frame_usize (the writer stores a frame
+ *     raw unless compression made it smaller).
+ * So frame reads never exceed BLOB_FRAME_MAX bytes and the data region can
  * be streamed front to back.
+ *
+ * Which chunks share a frame is the writer's choice (writer.c: small
+ * chunks are batched, big ones get a frame each); readers need nothing
+ * but the table.
  *
  * Blob index (inside the bootstrap; every blob's footer and table so that
  * a reader needs nothing from the blob files to map chunks):
@@ -98,7 +121,8 @@
 #define CE_CSIZE 20
 #define CE_CODEC 24
 #define CE_RESERVED 25
-#define CE_RESERVED_LEN 7
+#define CE_RESERVED_LEN 3
+#define CE_FRAME_OFF 28
 #define CE_SHA256 32
 
 #define FT_MAGIC 0
@@ -140,6 +164,7 @@ void blob_table_encode(const struct blob_chunk *chunks, uint32_t nr,
 		put_le32(out + CE_USIZE, c->usize);
 		put_le32(out + CE_CSIZE, c->csize);
 		out[CE_CODEC] = c->codec;
+		put_le32(out + CE_FRAME_OFF, c->frame_off);
 		memcpy(out + CE_SHA256, c->sha256, BLOB_DIGEST_SIZE);
 	}
 }
@@ -218,12 +243,21 @@ int blob_footer_decode(const void *footer, uint64_t blob_size,
 	return blob_footer_parse(footer, blob_size, info, "blob");
 }
 
+/* Entries @a and @b describe the same frame: coff, csize and codec. */
+static bool same_frame(const uint8_t *a, const uint8_t *b)
+{
+	return get_le64(a + CE_COFF) == get_le64(b + CE_COFF) &&
+	       get_le32(a + CE_CSIZE) == get_le32(b + CE_CSIZE) &&
+	       a[CE_CODEC] == b[CE_CODEC];
+}
+
 /* Check the table bytes of @info against every rule (see the top). */
 static int table_check(const uint8_t *buf, size_t len,
 		       const struct blob_info *info, const char *what)
 {
 	uint8_t digest[BLOB_DIGEST_SIZE];
 	uint64_t uend = 0, cend = 0;
+	uint64_t fend = 0; /* where the previous chunk ends in its frame */
 	size_t want;
 	uint32_t i;
 
@@ -242,7 +276,13 @@ static int table_check(const uint8_t *buf, size_t len,
 		uint64_t coff = get_le64(buf + CE_COFF);
 		uint32_t usize = get_le32(buf + CE_USIZE);
 		uint32_t csize = get_le32(buf + CE_CSIZE);
+		uint32_t frame_off = get_le32(buf + CE_FRAME_OFF);
 		uint8_t codec = buf[CE_CODEC];
+		/* The frame's size so far: all of it if this chunk is last. */
+		uint64_t fusize = (uint64_t)frame_off + usize;
+		/* The frame ends here unless the next entry continues it. */
+		bool last = i + 1 == info->nr_chunks ||
+			    !get_le32(buf + BLOB_CHUNK_ENTRY_SIZE + CE_FRAME_OFF);
 		const char *bad = NULL;
 
 		if (!all_zero(buf + CE_RESERVED, CE_RESERVED_LEN))
@@ -251,24 +291,34 @@ static int table_check(const uint8_t *buf, size_t len,
 			bad = "unknown codec";
 		else if (!usize || usize > BLOB_CHUNK_MAX)
 			bad = "uncompressed size out of range";
-		else if (codec == BLOB_CODEC_NONE && csize != usize)
-			bad = "stored chunk whose compressed size differs from its size";
-		else if (codec != BLOB_CODEC_NONE && (!csize || csize >= usize))
-			bad = "compressed size not in 1 .. size - 1";
 		else if (uoff != uend)
 			bad = "slot does not start where the previous one ends";
-		else if (coff != cend)
-			bad = "compressed bytes do not start where the previous chunk's end";
+		else if (frame_off && frame_off != fend)
+			bad = "frame offset is not where the previous chunk of its frame ends";
+		else if (!frame_off && coff != cend)
+			bad = "frame does not start where the previous frame's compressed bytes end";
+		else if (frame_off && !same_frame(buf - BLOB_CHUNK_ENTRY_SIZE,
+						  buf))
+			bad = "compressed range or codec differs from the rest of its frame";
+		else if (fusize > BLOB_FRAME_MAX)
+			bad = "frame larger than the maximum frame size";
+		else if (last && codec == BLOB_CODEC_NONE && csize != fusize)
+			bad = "stored frame whose compressed size differs from its size";
+		else if (last && codec != BLOB_CODEC_NONE &&
+			 (!csize || csize >= fusize))
+			bad = "frame's compressed size not in 1 .. frame size - 1";
 		if (bad) {
-			ferry_err("%s: chunk %u (uoff %llu, coff %llu, usize %u, csize %u, codec %u): %s",
+			ferry_err("%s: chunk %u (uoff %llu, coff %llu, usize %u, csize %u, frame offset %u, codec %u): %s",
 				  what, i, (unsigned long long)uoff,
-				  (unsigned long long)coff, usize, csize, codec,
-				  bad);
+				  (unsigned long long)coff, usize, csize,
+				  frame_off, codec, bad);
 			return -EFSCORRUPTED;
 		}
 		/* Both stay below 2^32 * 2^26: no overflow. */
 		uend = uoff + ROUND_UP((uint64_t)usize, BLOB_SLOT_ALIGN);
-		cend = coff + csize;
+		fend = fusize;
+		if (last)
+			cend = coff + csize;
 	}
 	if (uend != info->uncompressed_size) {
 		ferry_err("%s: chunk slots end at %llu but the uncompressed size is %llu",
@@ -277,7 +327,7 @@ static int table_check(const uint8_t *buf, size_t len,
 		return -EFSCORRUPTED;
 	}
 	if (cend != info->table_offset) {
-		ferry_err("%s: chunk data ends at %llu but the chunk table starts at %llu",
+		ferry_err("%s: frame data ends at %llu but the chunk table starts at %llu",
 			  what, (unsigned long long)cend,
 			  (unsigned long long)info->table_offset);
 		return -EFSCORRUPTED;
@@ -306,8 +356,18 @@ int blob_table_parse(const void *buf, size_t len, struct blob_info *info,
 		c->coff = get_le64(e + CE_COFF);
 		c->usize = get_le32(e + CE_USIZE);
 		c->csize = get_le32(e + CE_CSIZE);
+		c->frame_off = get_le32(e + CE_FRAME_OFF);
 		c->codec = e[CE_CODEC];
 		memcpy(c->sha256, e + CE_SHA256, BLOB_DIGEST_SIZE);
+	}
+	/* A frame's size is where its last chunk ends. */
+	for (i = info->nr_chunks; i--;) {
+		struct blob_chunk *c = &info->chunks[i];
+
+		if (i + 1 < info->nr_chunks && c[1].frame_off)
+			c->frame_usize = c[1].frame_usize;
+		else
+			c->frame_usize = c->frame_off + c->usize;
 	}
 	return 0;
 }

@@ -11,21 +11,29 @@
 
 /*
  * Reusable codec state. Compressors and the zstd decompressor need large
- * working memory; allocating it per chunk would dominate small chunks, so
- * a writer keeps one of these and the one-shot public calls use a
- * per-thread one. Members are allocated on first use.
+ * working memory; allocating it per frame would dominate small frames, so
+ * each writer thread keeps one of these and the one-shot public calls use
+ * a per-thread one. Members are allocated on first use.
  */
 struct blob_codec_ctx {
 	void *zstd_c;    /* ZSTD_CCtx */
 	void *zstd_d;    /* ZSTD_DCtx */
 	void *lz4_state; /* LZ4_compress_fast_extState() state */
 	void *lz4hc_state;
+	uint8_t *frame_buf; /* blob_chunk_decode's decoded frame */
+	size_t frame_cap;
 };
 
 /* Known codec and a level it supports (0 = its default). */
 bool blob_compress_valid(const struct blob_compress *c);
 
 void blob_codec_ctx_release(struct blob_codec_ctx *ctx);
+
+/*
+ * Grow the reusable buffer *@buf (*@cap bytes) to at least @len bytes; its
+ * contents are not kept. 0 or -ENOMEM (then *@buf is NULL, *@cap 0).
+ */
+int blob_buf_reserve(uint8_t **buf, size_t *cap, size_t len);
 /* This thread's context (freed at thread exit), or NULL on ENOMEM. */
 struct blob_codec_ctx *blob_codec_ctx_thread(void);
 
@@ -50,6 +58,16 @@ int blob_codec_compress(struct blob_codec_ctx *ctx,
 int blob_codec_decompress(struct blob_codec_ctx *ctx, enum blob_codec codec,
 			  const void *src, size_t src_len, void *dst,
 			  size_t dst_len, char *why);
+
+/*
+ * Override the frame policy's BLOB_BATCH_SMALL / BLOB_BATCH_MAX (for tests
+ * and measurements) before the first blob_writer_add: chunks shorter than
+ * @small are batched into frames of at most @max bytes; @small 0 or 1
+ * gives every chunk a frame of its own. -EINVAL unless @small <= @max <=
+ * BLOB_FRAME_MAX, -EBUSY after an add.
+ */
+int blob_writer_set_batching(struct blob_writer *w, uint32_t small,
+			     uint32_t max);
 
 /* The 64-byte chunk table entry and footer encoders (format.c). */
 void blob_table_encode(const struct blob_chunk *chunks, uint32_t nr,

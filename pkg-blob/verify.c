@@ -1,10 +1,11 @@
 // SPDX-License-Identifier: MIT
 /*
- * Reading blob files back: footer + table, single-chunk decode, and the
+ * Reading blob files back: footer + table, frame and chunk decode, and the
  * streaming pass shared by verify and materialise, which reads the data
- * region front to back in large reads (chunks are contiguous, see
- * format.c), decodes and checks every chunk, and hashes the whole file on
- * the way to check the blob digest without a second read.
+ * region front to back in large reads (frames are contiguous, see
+ * format.c), decodes every frame once and checks each of its chunks, and
+ * hashes the whole file on the way to check the blob digest without a
+ * second read.
  */
 #include "internal.h"
 #include "../pkg-base/base.h"
@@ -16,7 +17,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* Large sequential reads; a bigger compressed chunk gets its own size. */
+/* Large sequential reads; a bigger compressed frame gets its own size. */
 #define STREAM_BUF_SIZE (16u << 20)
 
 static bool digest_is_zero(const uint8_t d[BLOB_DIGEST_SIZE])
@@ -63,7 +64,8 @@ static int info_compare(const struct blob_info *info,
 
 		if (a->uoff != b->uoff || a->coff != b->coff ||
 		    a->usize != b->usize || a->csize != b->csize ||
-		    a->codec != b->codec ||
+		    a->frame_off != b->frame_off ||
+		    a->frame_usize != b->frame_usize || a->codec != b->codec ||
 		    memcmp(a->sha256, b->sha256, BLOB_DIGEST_SIZE)) {
 			ferry_err("%s: chunk %u differs from the blob index",
 				  what, i);
@@ -150,40 +152,38 @@ static void chunk_err(const char *what, uint32_t index,
 		      const struct blob_chunk *c, const char *reason)
 {
 	if (what)
-		ferry_err("%s: chunk %u (uncompressed offset %llu, compressed %llu+%u): %s",
+		ferry_err("%s: chunk %u (uncompressed offset %llu, bytes %u+%u of the frame at %llu+%u): %s",
 			  what, index, (unsigned long long)c->uoff,
-			  (unsigned long long)c->coff, c->csize, reason);
+			  c->frame_off, c->usize, (unsigned long long)c->coff,
+			  c->csize, reason);
 	else
-		ferry_err("chunk at uncompressed offset %llu (compressed %llu+%u): %s",
-			  (unsigned long long)c->uoff,
+		ferry_err("chunk at uncompressed offset %llu (bytes %u+%u of the frame at %llu+%u): %s",
+			  (unsigned long long)c->uoff, c->frame_off, c->usize,
 			  (unsigned long long)c->coff, c->csize, reason);
 }
 
-/*
- * blob_chunk_decode, naming the blob (@what may be NULL) in errors. The
- * verified bytes are at *@bytes: @out, or @cdata itself for a stored chunk
- * when @out is NULL (saves a copy when streaming).
- */
-static int chunk_decode(struct blob_codec_ctx *ctx, const struct blob_chunk *c,
-			const void *cdata, void *out, const void **bytes,
+/* blob_frame_decode, naming the blob (@what may be NULL) in errors. */
+static int frame_decode(struct blob_codec_ctx *ctx, const struct blob_chunk *c,
+			const void *cdata, void *frame_out, const char *what,
+			uint32_t index)
+{
+	char why[BLOB_WHY_MAX];
+	int ret;
+
+	ret = blob_codec_decompress(ctx, c->codec, cdata, c->csize, frame_out,
+				    c->frame_usize, why);
+	if (ret == -EFSCORRUPTED)
+		chunk_err(what, index, c, why);
+	return ret;
+}
+
+/* blob_chunk_verify, naming the blob (@what may be NULL) in errors. */
+static int chunk_verify(const struct blob_chunk *c, const void *data,
 			const char *what, uint32_t index)
 {
 	uint8_t digest[BLOB_DIGEST_SIZE];
-	char why[BLOB_WHY_MAX];
-	int ret = 0;
 
-	if (c->codec == BLOB_CODEC_NONE && !out && c->csize == c->usize) {
-		*bytes = cdata;
-	} else {
-		*bytes = out;
-		ret = blob_codec_decompress(ctx, c->codec, cdata, c->csize, out,
-					    c->usize, why);
-	}
-	if (ret == -EFSCORRUPTED)
-		chunk_err(what, index, c, why);
-	if (ret)
-		return ret;
-	blob_sha256(*bytes, c->usize, digest);
+	blob_sha256(data, c->usize, digest);
 	if (memcmp(digest, c->sha256, BLOB_DIGEST_SIZE)) {
 		chunk_err(what, index, c, "sha256 mismatch");
 		return -EIO;
@@ -191,14 +191,49 @@ static int chunk_decode(struct blob_codec_ctx *ctx, const struct blob_chunk *c,
 	return 0;
 }
 
-int blob_chunk_decode(const struct blob_chunk *c, const void *cdata, void *out)
+int blob_frame_decode(const struct blob_chunk *c, const void *cdata,
+		      void *frame_out)
 {
 	struct blob_codec_ctx *ctx = blob_codec_ctx_thread();
-	const void *bytes;
 
 	if (!ctx)
 		return -ENOMEM;
-	return chunk_decode(ctx, c, cdata, out, &bytes, NULL, 0);
+	return frame_decode(ctx, c, cdata, frame_out, NULL, 0);
+}
+
+int blob_chunk_verify(const struct blob_chunk *c, const void *data)
+{
+	return chunk_verify(c, data, NULL, 0);
+}
+
+int blob_chunk_decode(const struct blob_chunk *c, const void *cdata, void *out)
+{
+	struct blob_codec_ctx *ctx = blob_codec_ctx_thread();
+	const uint8_t *stored = cdata;
+	int ret;
+
+	if (!ctx)
+		return -ENOMEM;
+	if (c->frame_off > c->frame_usize ||
+	    c->usize > c->frame_usize - c->frame_off)
+		return -EINVAL;
+	if (c->codec == BLOB_CODEC_NONE && c->csize == c->frame_usize) {
+		/* A stored frame holds the chunk's bytes as they are. */
+		memcpy(out, stored + c->frame_off, c->usize);
+	} else if (c->usize == c->frame_usize) {
+		ret = frame_decode(ctx, c, cdata, out, NULL, 0);
+		if (ret)
+			return ret;
+	} else {
+		ret = blob_buf_reserve(&ctx->frame_buf, &ctx->frame_cap,
+				       c->frame_usize);
+		if (!ret)
+			ret = frame_decode(ctx, c, cdata, ctx->frame_buf, NULL, 0);
+		if (ret)
+			return ret;
+		memcpy(out, ctx->frame_buf + c->frame_off, c->usize);
+	}
+	return chunk_verify(c, out, NULL, 0);
 }
 
 static bool all_zero(const void *buf, size_t len)
@@ -218,9 +253,49 @@ static void report_set(struct blob_verify_report *r, int error, uint32_t chunk,
 }
 
 /*
+ * The data region, read front to back in large reads, each byte hashed
+ * once as it is read.
+ */
+struct data_reader {
+	int fd;
+	uint8_t *buf;
+	size_t cap, have;   /* buf holds file bytes buf_off .. + have */
+	uint64_t buf_off;
+	uint64_t end;       /* the data region's end: table_offset */
+	struct blob_hasher *hasher;
+};
+
+/*
+ * Point *@p at file bytes @off .. @off + @len, which start at or before
+ * the end of what was read so far (frames are consecutive).
+ */
+static int reader_get(struct data_reader *r, uint64_t off, size_t len,
+		      const uint8_t **p)
+{
+	if (off + len > r->buf_off + r->have) {
+		size_t keep = (size_t)(r->buf_off + r->have - off);
+		size_t want;
+		int ret;
+
+		memmove(r->buf, r->buf + (off - r->buf_off), keep);
+		r->buf_off = off;
+		r->have = keep;
+		want = (size_t)MIN((uint64_t)(r->cap - keep),
+				   r->end - off - keep);
+		ret = pread_full(r->fd, r->buf + keep, want, off + keep);
+		if (ret)
+			return ret;
+		blob_hasher_update(r->hasher, r->buf + keep, want);
+		r->have += want;
+	}
+	*p = r->buf + (off - r->buf_off);
+	return 0;
+}
+
+/*
  * Check the blob file at @path against @info: its size, footer and table,
- * every chunk (decoded and hashed) and the whole-file digest. With
- * @dev_fd >= 0 each verified chunk is also written there at its uoff,
+ * every frame (decoded), every chunk (hashed) and the whole-file digest.
+ * With @dev_fd >= 0 each verified chunk is also written there at its uoff,
  * skipping all-zero chunks (the device file is sparse and zero already).
  */
 static int stream_blob(const char *path, const struct blob_info *info,
@@ -228,70 +303,67 @@ static int stream_blob(const char *path, const struct blob_info *info,
 		       struct blob_verify_report *report)
 {
 	struct blob_codec_ctx *ctx = blob_codec_ctx_thread();
-	uint8_t *buf = NULL, *out = NULL, *tail = NULL;
+	struct data_reader r = { .fd = -1, .cap = STREAM_BUF_SIZE };
+	uint8_t *out = NULL, *tail = NULL;
 	uint8_t digest[BLOB_DIGEST_SIZE];
-	const void *bytes;
-	struct blob_hasher *hasher = NULL;
+	const uint8_t *frame = NULL; /* the decoded frame of chunk i */
 	struct blob_info finfo = { 0 };
-	size_t cap = STREAM_BUF_SIZE, have = 0, max_usize = 1;
-	uint64_t buf_off = 0; /* file offset of buf[0] */
+	size_t max_frame = 1;
 	char what[PATH_MAX + 8];
 	uint32_t i = BLOB_VERIFY_NO_CHUNK; /* the chunk being checked */
 	uint32_t j;
-	int fd = -1, ret = -ENOMEM;
+	int ret = -ENOMEM;
 
 	snprintf(what, sizeof(what), "blob %s", path);
 	report_set(report, 0, 0, 0);
 	if (!ctx)
 		goto out;
-	fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0) {
+	r.fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (r.fd < 0) {
 		ret = -errno;
 		ferry_err("%s: %s", what, ferry_strerror(ret));
 		goto out;
 	}
-	ret = read_info(fd, what, info, &finfo, &tail);
+	/* From here on @info matches the validated table of the file. */
+	ret = read_info(r.fd, what, info, &finfo, &tail);
 	if (ret)
 		goto out;
-	ret = blob_hasher_new(&hasher);
+	ret = blob_hasher_new(&r.hasher);
 	if (ret)
 		goto out;
 	for (j = 0; j < info->nr_chunks; j++) {
-		cap = MAX(cap, (size_t)info->chunks[j].csize);
-		max_usize = MAX(max_usize, (size_t)info->chunks[j].usize);
+		r.cap = MAX(r.cap, (size_t)info->chunks[j].csize);
+		max_frame = MAX(max_frame, (size_t)info->chunks[j].frame_usize);
 	}
-	cap = (size_t)MIN((uint64_t)cap, MAX(info->table_offset, 1));
-	buf = malloc(cap);
-	out = malloc(max_usize);
-	if (!buf || !out) {
+	r.end = info->table_offset;
+	r.cap = (size_t)MIN((uint64_t)r.cap, MAX(r.end, 1));
+	r.buf = malloc(r.cap);
+	out = malloc(max_frame);
+	if (!r.buf || !out) {
 		ret = -ENOMEM;
 		goto out;
 	}
-	posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+	posix_fadvise(r.fd, 0, 0, POSIX_FADV_SEQUENTIAL);
 	for (i = 0; i < info->nr_chunks; i++) {
 		const struct blob_chunk *c = &info->chunks[i];
+		const uint8_t *bytes;
 
-		/* Validated: chunk i starts where chunk i - 1 ended. */
-		if (c->coff + c->csize > buf_off + have) {
-			size_t keep = (size_t)(buf_off + have - c->coff);
-			size_t want;
-
-			memmove(buf, buf + (c->coff - buf_off), keep);
-			buf_off = c->coff;
-			have = keep;
-			want = (size_t)MIN((uint64_t)(cap - have),
-					   info->table_offset - buf_off - have);
-			ret = pread_full(fd, buf + have, want, buf_off + have);
+		if (!c->frame_off) {
+			ret = reader_get(&r, c->coff, c->csize, &bytes);
 			if (ret) {
 				chunk_err(what, i, c, ferry_strerror(ret));
 				goto out;
 			}
-			blob_hasher_update(hasher, buf + have, want);
-			have += want;
+			frame = bytes;
+			if (c->codec != BLOB_CODEC_NONE) {
+				ret = frame_decode(ctx, c, bytes, out, what, i);
+				if (ret)
+					goto out;
+				frame = out;
+			}
 		}
-		ret = chunk_decode(ctx, c, buf + (c->coff - buf_off),
-				   c->codec == BLOB_CODEC_NONE ? NULL : out,
-				   &bytes, what, i);
+		bytes = frame + c->frame_off;
+		ret = chunk_verify(c, bytes, what, i);
 		if (ret)
 			goto out;
 		if (dev_fd >= 0 && !all_zero(bytes, c->usize)) {
@@ -304,9 +376,9 @@ static int stream_blob(const char *path, const struct blob_info *info,
 		}
 	}
 	i = BLOB_VERIFY_NO_CHUNK;
-	blob_hasher_update(hasher, tail,
+	blob_hasher_update(r.hasher, tail,
 			   (size_t)(info->size - info->table_offset));
-	blob_hasher_final(hasher, digest);
+	blob_hasher_final(r.hasher, digest);
 	if (!digest_is_zero(info->digest) &&
 	    memcmp(digest, info->digest, BLOB_DIGEST_SIZE)) {
 		char want_hex[2 * BLOB_DIGEST_SIZE + 1];
@@ -323,13 +395,13 @@ out:
 		report_set(report, ret, i,
 			   i < info->nr_chunks ? info->chunks[i].uoff :
 						 BLOB_VERIFY_NO_UOFF);
-	blob_hasher_free(hasher);
+	blob_hasher_free(r.hasher);
 	blob_info_free_chunks(&finfo);
 	free(tail);
 	free(out);
-	free(buf);
-	if (fd >= 0)
-		close(fd);
+	free(r.buf);
+	if (r.fd >= 0)
+		close(r.fd);
 	return ret;
 }
 

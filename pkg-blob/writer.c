@@ -1,47 +1,308 @@
 // SPDX-License-Identifier: MIT
 /*
- * Blob writer: appends compressed chunks to a file in one sequential
- * pass, hashing exactly the bytes written so the blob digest is known the
- * moment the footer is written (no re-read). Layout in format.c.
+ * Blob writer. blob_writer_add gives each chunk its slot at once and
+ * copies its bytes into a frame (layout in format.c): chunks shorter than
+ * batch_small share a batch frame of at most batch_max bytes, so the codec
+ * sees enough data to exploit the redundancy between small files; a bigger
+ * chunk is a frame of its own. Closed frames are compressed by worker
+ * threads and written strictly in frame order by whichever thread
+ * completes the frame that is next in file order, hashing exactly the
+ * bytes written so the blob digest is known the moment the footer is
+ * written (no re-read).
+ *
+ * The file is a function of the sequence of adds alone: frames are cut on
+ * the caller's thread by a rule that looks only at chunk sizes, each frame
+ * is compressed on its own with a codec context reset per frame, and the
+ * frames are written in order. Thread count and timing cannot change it.
+ *
+ * Frame policy (BLOB_BATCH_SMALL / BLOB_BATCH_MAX), measured on a Debian
+ * minbase rootfs (170 MB tar, 60.5 MB tar.gz; its files > 256 bytes in tar
+ * order, 1 MiB chunks, deduplicated: 5820 chunks, 160 MB). Total blob
+ * size / tar.gz size, batching chunks < small into frames <= max:
+ *
+ *   small:max    zstd:3  lz4    lzma:6
+ *   no batching  1.024   1.400  0.839
+ *   64K:64K      0.992   1.357  0.804
+ *   64K:128K     0.975   1.346  0.788
+ *   64K:256K     0.965   1.342  0.778
+ *   64K:512K     0.960   1.340  0.774
+ *   128K:128K    0.975   1.346  0.786
+ *   128K:256K    0.950   1.341  0.766
+ *   128K:512K    0.935   1.338  0.750  <- the defaults
+ *   256K:256K    0.950   1.342  0.764
+ *   256K:512K    0.926   1.339  0.742
+ *   (zstd: 256K:1M 0.909, 1M:1M 0.906, 1M:2M 0.869)
+ *
+ * Batching the 64..128 KiB files matters as much as the frame size, and
+ * 128K:512K is the smallest setting that stays clearly under 0.95x with
+ * zstd. A lazy reader of one small file then fetches and decodes at most
+ * 512 KiB, half of what reading any part of a big file costs with the
+ * default 1 MiB chunks; files in tar order that share a frame tend to be
+ * read together (one package, one directory). Frames of 512 KiB also
+ * compress faster than the per-file frames they replace.
+ *
+ * Threads: frames in flight (filling, queued, compressing, or done and
+ * waiting for an older frame to be written) are bounded by a window, and
+ * blob_writer_add blocks while it is full. Frame seq s lives in window
+ * slot s % nr_frames; the counters below say which frames are in which
+ * state. One mutex guards them; the slow parts (copying into the open
+ * frame, compressing, writing) run outside it. Slot buffers are reused.
  */
 #include "internal.h"
 #include "../pkg-base/base.h"
 
+#include <pthread.h>
 #include <stdlib.h>
+#include <unistd.h>
+
+/*
+ * The window. As frames are written in order, the caller stalls whenever
+ * the oldest frame is still compressing and the rest of the window is
+ * done: measured on the rootfs above with 2 CPUs, a window of 2 frames
+ * per job made conversion ~1.3x as slow as `gzip -dc`, 8 per job ~1.1x.
+ * So up to WINDOW_FRAMES frames per job as long as they hold at most
+ * WINDOW_BYTES per job; WINDOW_MIN_FRAMES per job whatever their size, so
+ * that big chunks are compressed in parallel too. Slot buffers bigger
+ * than SLOT_KEEP are freed after use rather than kept in every slot.
+ */
+#define WINDOW_FRAMES 8u
+#define WINDOW_MIN_FRAMES 2u
+#define WINDOW_BYTES (8u << 20)
+#define SLOT_KEEP (WINDOW_BYTES / WINDOW_FRAMES)
+struct frame {
+	uint8_t *in;          /* the chunks' bytes, back to back */
+	size_t in_len, in_cap;
+	uint8_t *out;         /* compressed bytes: fewer than in_len */
+	size_t out_len, out_cap;
+	size_t charge;        /* its share of w->window_bytes */
+	enum blob_codec codec; /* BLOB_CODEC_NONE: write @in itself */
+	uint32_t first, nr;   /* its chunk table entries */
+	bool done;            /* compressed, waiting to be written */
+};
+
+struct worker {
+	struct blob_writer *w;
+	pthread_t thread;
+	struct blob_codec_ctx ctx;
+};
 
 struct blob_writer {
 	int fd;
 	struct blob_compress c;
-	struct blob_codec_ctx ctx;
-	struct blob_hasher *hasher; /* of every byte written so far */
-	uint8_t *scratch;           /* compressed output of one chunk */
-	size_t scratch_cap;
-	struct blob_chunk *chunks;
+	uint32_t batch_small, batch_max;
+	struct blob_codec_ctx ctx; /* compresses inline when nr_workers is 0 */
+	struct frame *frames;      /* the window */
+	uint32_t nr_frames, min_frames;
+	uint64_t max_bytes;
+	struct worker *workers;
+	uint32_t nr_workers, nr_started;
+
+	/* Caller's thread only. */
+	bool filling;              /* frame next_seq - 1 takes chunks */
+	uint64_t next_seq;
+	struct blob_chunk *chunks; /* frame fields are filled when written */
 	uint32_t nr_chunks, chunks_cap;
-	uint64_t uend;              /* next slot's uoff */
-	uint64_t cend;              /* next chunk's coff == bytes written */
-	int error;                  /* sticky: the file is in an unknown state */
+	uint64_t uend;             /* next slot's uoff */
+
+	pthread_mutex_t lock;
+	pthread_cond_t work;  /* to workers: a frame was queued, or stop */
+	pthread_cond_t space; /* to the caller: a frame was written, or error */
+	/* Under lock: frames < next_write are written (their slots free), */
+	uint64_t next_write;
+	/* next_write .. next_compress - 1 are compressing or done, */
+	uint64_t next_compress;
+	/* next_compress .. submitted - 1 are queued. */
+	uint64_t submitted;
+	uint64_t window_bytes; /* charged by the frames in the window */
+	bool writing; /* a thread is writing frames, outside the lock */
+	bool stop;
+	int error;    /* sticky: the file is in an unknown state */
+
+	/* Only the thread that is writing (see writing) touches these. */
+	struct blob_hasher *hasher; /* of every byte written so far */
+	uint64_t cend;              /* next frame's coff == bytes written */
 };
 
-int blob_writer_new(int fd, const struct blob_compress *c,
-		    struct blob_writer **out)
+static struct frame *frame_of(struct blob_writer *w, uint64_t seq)
 {
-	struct blob_writer *w;
+	return &w->frames[seq % w->nr_frames];
+}
+
+/* Called with the lock held. */
+static void set_error(struct blob_writer *w, int error)
+{
+	if (!w->error)
+		w->error = error;
+	pthread_cond_broadcast(&w->space);
+}
+
+/* The bytes of @f that go to the file. */
+static const uint8_t *frame_bytes(const struct frame *f, size_t *len)
+{
+	if (f->codec == BLOB_CODEC_NONE) {
+		*len = f->in_len;
+		return f->in;
+	}
+	*len = f->out_len;
+	return f->out;
+}
+
+/*
+ * Called with the lock held: write the done frames that are next in file
+ * order, unless another thread is already doing that (it will pick them
+ * up: it looks again under the lock before it stops).
+ */
+static void write_ready(struct blob_writer *w)
+{
+	if (w->writing)
+		return;
+	w->writing = true;
+	while (!w->error && w->next_write < w->next_compress &&
+	       frame_of(w, w->next_write)->done) {
+		struct frame *f = frame_of(w, w->next_write);
+		size_t csize;
+		const uint8_t *bytes = frame_bytes(f, &csize);
+		uint32_t i;
+		int ret;
+
+		/* The hasher and the file are this thread's (writing). */
+		pthread_mutex_unlock(&w->lock);
+		ret = write_full(w->fd, bytes, csize);
+		if (!ret)
+			blob_hasher_update(w->hasher, bytes, csize);
+		if (f->in_cap > SLOT_KEEP) {
+			free(f->in);
+			free(f->out);
+			f->in = f->out = NULL;
+			f->in_cap = f->out_cap = 0;
+		}
+		pthread_mutex_lock(&w->lock);
+		if (ret) {
+			ferry_err("blob writer: writing %zu bytes at offset %llu: %s",
+				  csize, (unsigned long long)w->cend,
+				  ferry_strerror(ret));
+			set_error(w, ret);
+			break;
+		}
+		/* The caller only appends entries beyond these ones. */
+		for (i = f->first; i < f->first + f->nr; i++) {
+			w->chunks[i].coff = w->cend;
+			w->chunks[i].csize = (uint32_t)csize;
+			w->chunks[i].codec = (uint8_t)f->codec;
+			w->chunks[i].frame_usize = (uint32_t)f->in_len;
+		}
+		w->cend += csize;
+		w->window_bytes -= f->charge;
+		f->done = false;
+		w->next_write++;
+		pthread_cond_broadcast(&w->space);
+	}
+	w->writing = false;
+}
+
+static int frame_compress(struct blob_writer *w, struct blob_codec_ctx *ctx,
+			  struct frame *f)
+{
+	return blob_codec_compress(ctx, &w->c, f->in, f->in_len, f->out,
+				   &f->out_len, &f->codec);
+}
+
+/* Called with the lock held, by whoever compressed @f. */
+static void frame_done(struct blob_writer *w, struct frame *f, int ret)
+{
+	if (ret) {
+		ferry_err("blob writer: compressing: %s", ferry_strerror(ret));
+		set_error(w, ret);
+	}
+	f->done = true;
+	write_ready(w);
+}
+
+static void *worker_main(void *arg)
+{
+	struct worker *wk = arg;
+	struct blob_writer *w = wk->w;
+
+	pthread_mutex_lock(&w->lock);
+	for (;;) {
+		struct frame *f;
+		int ret;
+
+		while (!w->stop && w->next_compress == w->submitted)
+			pthread_cond_wait(&w->work, &w->lock);
+		if (w->stop)
+			break;
+		f = frame_of(w, w->next_compress++);
+		pthread_mutex_unlock(&w->lock);
+		ret = frame_compress(w, &wk->ctx, f);
+		pthread_mutex_lock(&w->lock);
+		frame_done(w, f, ret);
+	}
+	pthread_mutex_unlock(&w->lock);
+	return NULL;
+}
+
+/* Queue the open frame (inline: compress and write it now). */
+static int frame_submit(struct blob_writer *w)
+{
+	struct frame *f = frame_of(w, w->next_seq - 1);
+	int ret = 0;
+
+	w->filling = false;
+	if (!w->nr_workers)
+		ret = frame_compress(w, &w->ctx, f);
+	pthread_mutex_lock(&w->lock);
+	w->submitted++;
+	if (w->nr_workers) {
+		pthread_cond_signal(&w->work);
+	} else {
+		w->next_compress++;
+		frame_done(w, f, ret);
+	}
+	ret = w->error;
+	pthread_mutex_unlock(&w->lock);
+	return ret;
+}
+
+/* Called with the lock held: no room for a frame of @len bytes. */
+static bool window_full(const struct blob_writer *w, size_t len)
+{
+	uint64_t frames = w->next_seq - w->next_write;
+
+	return frames >= w->nr_frames ||
+	       (frames >= w->min_frames && w->window_bytes + len > w->max_bytes);
+}
+
+/* Open a frame for up to @len bytes, waiting for room in the window. */
+static int frame_open(struct blob_writer *w, size_t len)
+{
+	struct frame *f;
 	int ret;
 
-	if (!blob_compress_valid(c))
-		return -EINVAL;
-	w = calloc(1, sizeof(*w));
-	if (!w)
-		return -ENOMEM;
-	w->fd = fd;
-	w->c = *c;
-	ret = blob_hasher_new(&w->hasher);
-	if (ret) {
-		free(w);
+	pthread_mutex_lock(&w->lock);
+	while (!w->error && window_full(w, len))
+		pthread_cond_wait(&w->space, &w->lock);
+	ret = w->error;
+	pthread_mutex_unlock(&w->lock);
+	if (ret)
 		return ret;
-	}
-	*out = w;
+	/* The slot is free, and only this thread adds to the window. */
+	f = frame_of(w, w->next_seq);
+	ret = blob_buf_reserve(&f->in, &f->in_cap, len);
+	/* Compressed output must be shorter than the input: len - 1. */
+	if (!ret && w->c.codec != BLOB_CODEC_NONE)
+		ret = blob_buf_reserve(&f->out, &f->out_cap, len);
+	if (ret)
+		return ret;
+	pthread_mutex_lock(&w->lock);
+	w->window_bytes += len;
+	pthread_mutex_unlock(&w->lock);
+	f->charge = len;
+	f->in_len = 0;
+	f->first = w->nr_chunks;
+	f->nr = 0;
+	w->next_seq++;
+	w->filling = true;
 	return 0;
 }
 
@@ -55,39 +316,41 @@ static int grow_chunks(struct blob_writer *w)
 						       w->chunks_cap * 2;
 	if (cap == w->chunks_cap)
 		return -EOVERFLOW;
+	/* The writing thread fills in entries of written frames. */
+	pthread_mutex_lock(&w->lock);
 	p = realloc(w->chunks, (size_t)cap * sizeof(*p));
-	if (!p)
-		return -ENOMEM;
-	w->chunks = p;
-	w->chunks_cap = cap;
-	return 0;
+	if (p) {
+		w->chunks = p;
+		w->chunks_cap = cap;
+	}
+	pthread_mutex_unlock(&w->lock);
+	return p ? 0 : -ENOMEM;
 }
 
-/* Room for a compressed chunk of @len bytes (always shorter than @len). */
-static int grow_scratch(struct blob_writer *w, size_t len)
+static int writer_error(struct blob_writer *w)
 {
-	if (w->scratch_cap >= len)
-		return 0;
-	free(w->scratch);
-	w->scratch = malloc(len);
-	w->scratch_cap = w->scratch ? len : 0;
-	return w->scratch ? 0 : -ENOMEM;
+	int ret;
+
+	pthread_mutex_lock(&w->lock);
+	ret = w->error;
+	pthread_mutex_unlock(&w->lock);
+	return ret;
 }
 
 int blob_writer_add(struct blob_writer *w, const void *data, uint32_t len,
 		    const uint8_t sha256[BLOB_DIGEST_SIZE], uint64_t *uoff)
 {
-	uint64_t slot = ROUND_UP((uint64_t)len, BLOB_SLOT_ALIGN), uend, cend;
+	uint64_t slot = ROUND_UP((uint64_t)len, BLOB_SLOT_ALIGN), uend;
+	bool small = len < w->batch_small;
 	struct blob_chunk *c;
-	enum blob_codec codec;
-	const void *bytes;
-	size_t clen;
+	struct frame *f;
 	int ret;
 
-	if (w->error)
-		return w->error;
 	if (!len || len > BLOB_CHUNK_MAX)
 		return -EINVAL;
+	ret = writer_error(w);
+	if (ret)
+		return ret;
 	if (__builtin_add_overflow(w->uend, slot, &uend))
 		return -EOVERFLOW;
 	if (w->nr_chunks == w->chunks_cap) {
@@ -95,65 +358,163 @@ int blob_writer_add(struct blob_writer *w, const void *data, uint32_t len,
 		if (ret)
 			return ret;
 	}
-	ret = grow_scratch(w, blob_compress_bound(len));
-	if (ret)
-		return ret;
-	ret = blob_codec_compress(&w->ctx, &w->c, data, len, w->scratch, &clen,
-				  &codec);
-	if (ret)
-		return ret;
-	if (codec == BLOB_CODEC_NONE) {
-		bytes = data;
-		clen = len;
-	} else {
-		bytes = w->scratch;
+	if (w->filling &&
+	    (!small || frame_of(w, w->next_seq - 1)->in_len + len >
+			       w->batch_max)) {
+		ret = frame_submit(w);
+		if (ret)
+			return ret;
 	}
-	if (__builtin_add_overflow(w->cend, (uint64_t)clen, &cend))
-		return -EOVERFLOW;
-	ret = write_full(w->fd, bytes, clen);
-	if (ret) {
-		w->error = ret;
-		return ret;
+	if (!w->filling) {
+		ret = frame_open(w, small ? w->batch_max : len);
+		if (ret)
+			return ret;
 	}
-	blob_hasher_update(w->hasher, bytes, clen);
+	f = frame_of(w, w->next_seq - 1);
+	memcpy(f->in + f->in_len, data, len);
 	c = &w->chunks[w->nr_chunks++];
 	*c = (struct blob_chunk){
 		.uoff = w->uend,
-		.coff = w->cend,
 		.usize = len,
-		.csize = (uint32_t)clen,
-		.codec = (uint8_t)codec,
+		.frame_off = (uint32_t)f->in_len,
 	};
 	memcpy(c->sha256, sha256, BLOB_DIGEST_SIZE);
+	f->in_len += len;
+	f->nr++;
 	*uoff = w->uend;
 	w->uend = uend;
-	w->cend = cend;
+	return small ? 0 : frame_submit(w);
+}
+
+int blob_writer_set_batching(struct blob_writer *w, uint32_t small,
+			     uint32_t max)
+{
+	if (small > max || max > BLOB_FRAME_MAX)
+		return -EINVAL;
+	if (w->nr_chunks)
+		return -EBUSY;
+	w->batch_small = small;
+	w->batch_max = max;
 	return 0;
+}
+
+/* Stop and join the workers; queued frames are dropped. */
+static void workers_stop(struct blob_writer *w)
+{
+	uint32_t i;
+
+	pthread_mutex_lock(&w->lock);
+	w->stop = true;
+	pthread_cond_broadcast(&w->work);
+	pthread_mutex_unlock(&w->lock);
+	for (i = 0; i < w->nr_started; i++)
+		pthread_join(w->workers[i].thread, NULL);
+	w->nr_started = 0;
 }
 
 static void writer_free(struct blob_writer *w)
 {
+	uint32_t i;
+
+	workers_stop(w);
+	for (i = 0; i < w->nr_workers; i++)
+		blob_codec_ctx_release(&w->workers[i].ctx);
+	for (i = 0; i < w->nr_frames; i++) {
+		free(w->frames[i].in);
+		free(w->frames[i].out);
+	}
 	blob_codec_ctx_release(&w->ctx);
 	blob_hasher_free(w->hasher);
-	free(w->scratch);
+	pthread_cond_destroy(&w->space);
+	pthread_cond_destroy(&w->work);
+	pthread_mutex_destroy(&w->lock);
+	free(w->workers);
+	free(w->frames);
 	free(w->chunks);
 	free(w);
+}
+
+static unsigned int online_cpus(void)
+{
+	long n = sysconf(_SC_NPROCESSORS_ONLN);
+
+	return n < 1 ? 1 : (unsigned int)MIN((unsigned long)n,
+					     BLOB_WRITER_JOBS_MAX);
+}
+
+int blob_writer_new(int fd, const struct blob_compress *c, unsigned int jobs,
+		    struct blob_writer **out)
+{
+	struct blob_writer *w;
+	int ret;
+
+	if (!blob_compress_valid(c) || jobs > BLOB_WRITER_JOBS_MAX)
+		return -EINVAL;
+	if (!jobs)
+		jobs = online_cpus();
+	w = calloc(1, sizeof(*w));
+	if (!w)
+		return -ENOMEM;
+	w->fd = fd;
+	w->c = *c;
+	w->batch_small = BLOB_BATCH_SMALL;
+	w->batch_max = BLOB_BATCH_MAX;
+	pthread_mutex_init(&w->lock, NULL);
+	pthread_cond_init(&w->work, NULL);
+	pthread_cond_init(&w->space, NULL);
+	/* With one job, the caller's thread compresses: no workers. */
+	w->frames = calloc(jobs > 1 ? WINDOW_FRAMES * jobs : 1,
+			   sizeof(*w->frames));
+	w->workers = calloc(jobs > 1 ? jobs : 1, sizeof(*w->workers));
+	ret = blob_hasher_new(&w->hasher);
+	if (!ret && (!w->frames || !w->workers))
+		ret = -ENOMEM;
+	if (!ret) {
+		w->nr_frames = jobs > 1 ? WINDOW_FRAMES * jobs : 1;
+		w->min_frames = jobs > 1 ? WINDOW_MIN_FRAMES * jobs : 1;
+		w->max_bytes = (uint64_t)WINDOW_BYTES * jobs;
+		w->nr_workers = jobs > 1 ? jobs : 0;
+	}
+	while (!ret && w->nr_started < w->nr_workers) {
+		struct worker *wk = &w->workers[w->nr_started];
+
+		wk->w = w;
+		ret = -pthread_create(&wk->thread, NULL, worker_main, wk);
+		if (!ret)
+			w->nr_started++;
+	}
+	if (ret) {
+		ferry_err("blob writer: cannot start: %s", ferry_strerror(ret));
+		writer_free(w);
+		return ret;
+	}
+	*out = w;
+	return 0;
 }
 
 int blob_writer_finish(struct blob_writer *w, struct blob_info *info)
 {
 	size_t tlen = (size_t)w->nr_chunks * BLOB_CHUNK_ENTRY_SIZE;
 	struct blob_info bi = {
-		.size = w->cend + tlen + BLOB_FOOTER_SIZE,
 		.uncompressed_size = w->uend,
-		.table_offset = w->cend,
 		.nr_chunks = w->nr_chunks,
 	};
 	uint8_t *tail = NULL;
-	int ret = w->error;
+	int ret;
 
+	if (w->filling)
+		frame_submit(w); /* an error sticks: read below */
+	pthread_mutex_lock(&w->lock);
+	while (!w->error && w->next_write < w->submitted)
+		pthread_cond_wait(&w->space, &w->lock);
+	ret = w->error;
+	pthread_mutex_unlock(&w->lock);
+	/* From here on this thread owns everything. */
+	workers_stop(w);
 	if (ret)
 		goto out;
+	bi.table_offset = w->cend;
+	bi.size = w->cend + tlen + BLOB_FOOTER_SIZE;
 	tail = malloc(tlen + BLOB_FOOTER_SIZE);
 	if (!tail) {
 		ret = -ENOMEM;

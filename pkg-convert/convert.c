@@ -26,38 +26,6 @@
 #include "internal.h"
 #include "tar.h"
 
-/* Where a stored chunk lives: the dedup table maps sha256 to this. */
-struct chunk_slot {
-	uint8_t sha256[BLOB_DIGEST_SIZE];
-	uint32_t usize;
-	uint16_t device_id; /* 0 = empty table slot */
-	uint32_t blkaddr;
-};
-
-struct chunk_table {
-	struct chunk_slot *slots;
-	size_t cap, used; /* cap is a power of two */
-};
-
-struct hardlink {
-	dev_t dev;
-	ino_t ino;
-	struct meta_inode *inode;
-};
-
-struct converter {
-	const struct convert_opts *opts;
-	struct convert_stats *stats;
-	struct meta_tree *tree;
-	struct blob_writer *blob;
-	uint16_t blob_device_id;
-	struct chunk_table chunks;
-	uint8_t *buf; /* one chunk */
-	struct hardlink *links;
-	size_t nr_links, links_cap;
-	struct ferry_progress progress;
-};
-
 static int chunk_table_grow(struct chunk_table *t)
 {
 	size_t new_cap = t->cap ? t->cap * 2 : 4096, i;
@@ -69,10 +37,10 @@ static int chunk_table_grow(struct chunk_table *t)
 		const struct chunk_slot *s = &t->slots[i];
 		size_t h;
 
-		if (!s->device_id)
+		if (!s->blob)
 			continue;
 		h = (size_t)get_le64(s->sha256) & (new_cap - 1);
-		while (slots[h].device_id)
+		while (slots[h].blob)
 			h = (h + 1) & (new_cap - 1);
 		slots[h] = *s;
 	}
@@ -89,7 +57,7 @@ static struct chunk_slot *chunk_table_find(struct chunk_table *t,
 {
 	size_t h = (size_t)get_le64(sha256) & (t->cap - 1);
 
-	while (t->slots[h].device_id) {
+	while (t->slots[h].blob) {
 		struct chunk_slot *s = &t->slots[h];
 
 		if (s->usize == usize && !memcmp(s->sha256, sha256, BLOB_DIGEST_SIZE))
@@ -134,8 +102,8 @@ static int store_chunk(struct converter *c, const uint8_t *data, uint32_t len,
 			return ret;
 	}
 	slot = chunk_table_find(&c->chunks, sha256, len);
-	if (!slot->device_id) {
-		ret = blob_writer_add(c->blob, data, len, sha256, &uoff);
+	if (!slot->blob) {
+		ret = blob_writer_add(c->writer, data, len, sha256, &uoff);
 		if (ret)
 			return ret;
 		if (uoff / META_BLOCK_SIZE > UINT32_MAX - 1) {
@@ -145,34 +113,50 @@ static int store_chunk(struct converter *c, const uint8_t *data, uint32_t len,
 		}
 		memcpy(slot->sha256, sha256, sizeof(sha256));
 		slot->usize = len;
-		slot->device_id = c->blob_device_id;
+		slot->blob = (uint16_t)(c->writer_blob + 1);
 		slot->blkaddr = (uint32_t)(uoff / META_BLOCK_SIZE);
 		c->chunks.used++;
+		c->writer_chunks++;
 		c->stats->chunks_unique++;
 		c->stats->bytes_unique += len;
 	}
-	*out = (struct meta_chunk){ .device_id = slot->device_id,
-				    .blkaddr = slot->blkaddr };
+	*out = (struct meta_chunk){
+		.device_id = (uint16_t)(PROVISIONAL_DEVICE | (slot->blob - 1u)),
+		.blkaddr = slot->blkaddr,
+	};
 	return 0;
 }
 
-/* Where a regular file's bytes come from. */
-struct file_source {
-	/* Read exactly @len bytes: 0 or -errno. */
-	int (*read)(void *ctx, void *buf, size_t len);
-	/* Optional: skip the next @len bytes and return true if they are
-	 * known to be a hole (all zero) without reading them. */
-	bool (*skip_hole)(void *ctx, uint64_t len);
-	void *ctx;
-};
+/* Insert a stored chunk (from a chunk dict) unless its digest is known. */
+static int remember_chunk(struct converter *c, const struct blob_chunk *bc,
+			  uint32_t blob)
+{
+	struct chunk_slot *slot;
+	int ret;
+
+	if (c->chunks.used * 2 >= c->chunks.cap) {
+		ret = chunk_table_grow(&c->chunks);
+		if (ret)
+			return ret;
+	}
+	slot = chunk_table_find(&c->chunks, bc->sha256, bc->usize);
+	if (slot->blob)
+		return 0;
+	memcpy(slot->sha256, bc->sha256, BLOB_DIGEST_SIZE);
+	slot->usize = bc->usize;
+	slot->blob = (uint16_t)(blob + 1);
+	slot->blkaddr = (uint32_t)(bc->uoff / META_BLOCK_SIZE);
+	c->chunks.used++;
+	return 0;
+}
 
 /*
  * Fill @inode (a regular file of @size bytes) from @read: inline in the
  * bootstrap when small, else as chunks.
  */
-static int ingest_file(struct converter *c, struct meta_inode *inode,
-		       uint64_t size, const struct file_source *src,
-		       const char *path)
+int convert_ingest_file(struct converter *c, struct meta_inode *inode,
+			uint64_t size, const struct file_source *src,
+			const char *path)
 {
 	uint32_t chunk_size = c->opts->chunk_size;
 	uint64_t nr_chunks, i;
@@ -326,15 +310,9 @@ static struct meta_inode *find_hardlink(struct converter *c,
 static int remember_hardlink(struct converter *c, const struct stat *st,
 			     struct meta_inode *inode)
 {
-	if (c->nr_links == c->links_cap) {
-		size_t cap = c->links_cap ? c->links_cap * 2 : 64;
-		struct hardlink *n = realloc(c->links, cap * sizeof(*n));
-
-		if (!n)
-			return -ENOMEM;
-		c->links = n;
-		c->links_cap = cap;
-	}
+	if (array_reserve(&c->links, &c->links_cap, c->nr_links + 1,
+			  sizeof(*c->links), 64))
+		return -ENOMEM;
 	c->links[c->nr_links++] = (struct hardlink){ st->st_dev, st->st_ino, inode };
 	return 0;
 }
@@ -361,16 +339,9 @@ static int list_dir(const char *path, char ***names_out, size_t *nr_out)
 	while ((errno = 0, de = readdir(d))) {
 		if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
 			continue;
-		if (nr == cap) {
-			char **n;
-
-			cap = cap ? cap * 2 : 64;
-			n = realloc(names, cap * sizeof(*n));
-			if (!n) {
-				ret = -ENOMEM;
-				goto out;
-			}
-			names = n;
+		if (array_reserve(&names, &cap, nr + 1, sizeof(*names), 64)) {
+			ret = -ENOMEM;
+			goto out;
 		}
 		names[nr] = strdup(de->d_name);
 		if (!names[nr]) {
@@ -384,7 +355,8 @@ static int list_dir(const char *path, char ***names_out, size_t *nr_out)
 		ferry_err("%s: readdir: %s", path, strerror(errno));
 		goto out;
 	}
-	qsort(names, nr, sizeof(*names), cmp_names);
+	if (nr) /* qsort(NULL, 0) is undefined */
+		qsort(names, nr, sizeof(*names), cmp_names);
 out:
 	closedir(d);
 	if (ret) {
@@ -442,7 +414,7 @@ static int add_dir_entry(struct converter *c, struct meta_inode *dir,
 			ferry_err("%s: %s", path, strerror(errno));
 			return ret;
 		}
-		ret = ingest_file(c, inode, (uint64_t)st.st_size, &src, path);
+		ret = convert_ingest_file(c, inode, (uint64_t)st.st_size, &src, path);
 		close(reader.fd);
 		break;
 	case S_IFLNK: {
@@ -543,270 +515,10 @@ static int convert_dir(struct converter *c, const char *path)
 }
 
 /* ------------------------------------------------------------------ */
-/* tar: sources                                                        */
-/* ------------------------------------------------------------------ */
-
-struct tar_data_reader {
-	struct tar_reader *tar;
-};
-
-static int tar_read_exact(void *ctx, void *buf, size_t len)
-{
-	struct tar_data_reader *r = ctx;
-	uint8_t *p = buf;
-
-	while (len) {
-		ssize_t n = tar_read_data(r->tar, p, len);
-
-		if (n < 0)
-			return (int)n;
-		if (n == 0)
-			return -EFSCORRUPTED;
-		p += n;
-		len -= (size_t)n;
-	}
-	return 0;
-}
-
-/*
- * Normalise an archive path in place into "a/b/c" (no leading '/', no
- * "." or empty components). "" means the root. ".." is refused: the image
- * root is the only root an entry may name.
- */
-int convert_normalize_path(char *path)
-{
-	char *src = path, *dst = path;
-
-	while (*src) {
-		char *end = strchrnul(src, '/');
-		size_t len = (size_t)(end - src);
-
-		if (len == 2 && src[0] == '.' && src[1] == '.')
-			return -EINVAL;
-		if (len && !(len == 1 && src[0] == '.')) {
-			if (dst != path)
-				*dst++ = '/';
-			memmove(dst, src, len);
-			dst += len;
-		}
-		src = *end ? end + 1 : end;
-	}
-	*dst = '\0';
-	return 0;
-}
-
-/*
- * Directory inode for the parent of @path ("a/b/c" → a/b), creating
- * missing directories (0755, root-owned) like tar extraction does.
- */
-static int tar_parent_dir(struct converter *c, char *path,
-			  struct meta_inode **dir_out, const char **name_out)
-{
-	struct meta_inode *dir = c->tree->root;
-	char *comp = path, *slash;
-	int ret;
-
-	while ((slash = strchr(comp, '/'))) {
-		struct meta_inode *child;
-
-		child = meta_dir_lookup(dir, comp, (size_t)(slash - comp));
-		if (!child || !S_ISDIR(child->mode)) {
-			ret = meta_inode_new(c->tree, S_IFDIR | 0755, &child);
-			if (ret)
-				return ret;
-			ret = meta_dir_link(c->tree, dir, comp,
-					    (size_t)(slash - comp), child);
-			if (ret)
-				return ret;
-		}
-		dir = child;
-		comp = slash + 1;
-	}
-	*dir_out = dir;
-	*name_out = comp;
-	return 0;
-}
-
-static int tar_apply_attrs(struct meta_inode *inode, const struct tar_entry *e)
-{
-	static const uint32_t type_bits[] = {
-		[TAR_REG] = S_IFREG, [TAR_HARDLINK] = 0, [TAR_SYMLINK] = S_IFLNK,
-		[TAR_CHR] = S_IFCHR, [TAR_BLK] = S_IFBLK, [TAR_DIR] = S_IFDIR,
-		[TAR_FIFO] = S_IFIFO,
-	};
-	uint32_t i;
-	int ret;
-
-	/* Linux symlinks are always 0777, whatever the archive recorded. */
-	inode->mode = type_bits[e->type] |
-		      (e->type == TAR_SYMLINK ? 0777 : (e->mode & 07777));
-	inode->uid = e->uid;
-	inode->gid = e->gid;
-	inode->mtime = e->mtime;
-	inode->mtime_nsec = e->mtime_nsec;
-	inode->rdev_major = e->dev_major;
-	inode->rdev_minor = e->dev_minor;
-	meta_inode_clear_xattrs(inode);
-	for (i = 0; i < e->nr_xattrs; i++) {
-		ret = meta_inode_set_xattr(inode, e->xattrs[i].name,
-					   e->xattrs[i].value,
-					   e->xattrs[i].value_len);
-		if (ret)
-			return ret;
-	}
-	return 0;
-}
-
-static int tar_add_entry(struct converter *c, struct tar_reader *tar,
-			 struct tar_entry *e)
-{
-	struct tar_data_reader reader = { .tar = tar };
-	struct file_source src = { tar_read_exact, NULL, &reader };
-	struct meta_inode *dir, *inode, *old;
-	const char *name;
-	char *path = e->path;
-	int ret;
-
-	ret = convert_normalize_path(path);
-	if (ret) {
-		ferry_err("tar entry \"%s\": path leaves the image root", e->path);
-		return ret;
-	}
-	c->stats->entries++;
-	if (!*path) { /* "./": the root directory itself */
-		if (e->type != TAR_DIR) {
-			ferry_err("tar entry \"%s\": the root must be a directory",
-				  e->path);
-			return -EFSCORRUPTED;
-		}
-		return tar_apply_attrs(c->tree->root, e);
-	}
-	ret = tar_parent_dir(c, path, &dir, &name);
-	if (ret)
-		return ret;
-	old = meta_dir_lookup(dir, name, strlen(name));
-
-	switch (e->type) {
-	case TAR_DIR:
-		c->stats->dirs++;
-		/* Re-listing a directory updates it and keeps its children. */
-		if (old && S_ISDIR(old->mode))
-			return tar_apply_attrs(old, e);
-		ret = meta_inode_new(c->tree, S_IFDIR, &inode);
-		if (!ret)
-			ret = tar_apply_attrs(inode, e);
-		break;
-	case TAR_HARDLINK: {
-		struct meta_inode *target_dir;
-		const char *target_name;
-
-		c->stats->hardlinks++;
-		ret = convert_normalize_path(e->linkname);
-		if (ret || !*e->linkname) {
-			ferry_err("tar entry \"%s\": bad hardlink target \"%s\"",
-				  e->path, e->linkname);
-			return -EFSCORRUPTED;
-		}
-		ret = tar_parent_dir(c, e->linkname, &target_dir, &target_name);
-		if (ret)
-			return ret;
-		inode = meta_dir_lookup(target_dir, target_name,
-					strlen(target_name));
-		if (!inode || S_ISDIR(inode->mode)) {
-			ferry_err("tar entry \"%s\": hardlink target \"%s\" %s",
-				  e->path, e->linkname,
-				  inode ? "is a directory" : "does not exist");
-			return -EFSCORRUPTED;
-		}
-		if (inode == old)
-			return 0;
-		break;
-	}
-	default:
-		ret = meta_inode_new(c->tree, S_IFREG, &inode);
-		if (!ret)
-			ret = tar_apply_attrs(inode, e);
-		if (ret)
-			break;
-		if (e->type == TAR_REG) {
-			c->stats->files++;
-			ret = ingest_file(c, inode, e->size, &src, e->path);
-		} else if (e->type == TAR_SYMLINK) {
-			c->stats->symlinks++;
-			inode->size = strlen(e->linkname);
-			inode->data = (uint8_t *)strdup(e->linkname);
-			if (!inode->data)
-				ret = -ENOMEM;
-		} else {
-			c->stats->specials++;
-		}
-		break;
-	}
-	if (ret)
-		return ret;
-	ret = meta_dir_link(c->tree, dir, name, strlen(name), inode);
-	if (ret)
-		ferry_err("tar entry \"%s\": %s", e->path, ferry_strerror(ret));
-	return ret;
-}
-
-/*
- * Read what follows the tar trailer to the end of the input, so that the
- * compressed stream's own checks (gzip CRC and length, xz and zstd
- * checksums) run and junk after the archive is reported.
- */
-static int drain_input(struct input_stream *in, const char *path)
-{
-	struct byte_source src = input_source(in);
-	uint8_t buf[16384];
-	ssize_t n;
-
-	while ((n = src.read(src.ctx, buf, sizeof(buf))) > 0)
-		;
-	if (n < 0)
-		ferry_err("%s: after the end of the archive: %s", path,
-			  ferry_strerror((int)n));
-	return (int)n;
-}
-
-static int convert_tar(struct converter *c, const char *path)
-{
-	struct input_stream *in = NULL;
-	struct tar_reader *tar = NULL;
-	struct tar_entry *e;
-	struct stat st;
-	int ret;
-
-	ret = input_open(path, &in);
-	if (ret)
-		return ret;
-	ret = tar_reader_new(input_source(in), &tar);
-	if (ret)
-		goto out;
-	ferry_progress_begin(&c->progress, "converting",
-			     stat(path, &st) ? 0 : (uint64_t)st.st_size);
-	while ((ret = tar_next(tar, &e)) > 0) {
-		ret = tar_add_entry(c, tar, e);
-		if (ret)
-			break;
-		/* Progress counts compressed input, the size we know up front. */
-		c->progress.done = 0;
-		ferry_progress_add(&c->progress, input_bytes_in(in));
-	}
-	ferry_progress_end(&c->progress);
-	if (!ret)
-		ret = drain_input(in, path);
-out:
-	tar_reader_free(tar);
-	input_close(in);
-	return ret;
-}
-
-/* ------------------------------------------------------------------ */
 /* Output                                                              */
 /* ------------------------------------------------------------------ */
 
-static int mkdir_p(const char *path)
+int convert_mkdir_p(const char *path)
 {
 	char *copy = strdup(path), *p;
 	int ret = 0;
@@ -833,9 +545,8 @@ static int mkdir_p(const char *path)
 	return ret;
 }
 
-/* Write @data to @dir/@name through a temporary file and rename. */
-static int write_file_atomic(const char *dir, const char *name,
-			     const void *data, size_t len)
+int convert_write_file(const char *dir, const char *name, const void *data,
+		       size_t len)
 {
 	char *path = NULL, *tmp = NULL;
 	int fd = -1, ret;
@@ -868,47 +579,573 @@ out:
 	return ret;
 }
 
-static int write_index_json(const char *out_dir, const struct convert_opts *o,
-			    const struct convert_stats *s,
-			    const uint8_t *bootstrap_digest)
+static void compression_name(const struct convert_opts *o, char *buf, size_t len)
 {
-	struct json_object *root = json_object_new_object();
-	struct json_object *boot = json_object_new_object();
-	struct json_object *blobs = json_object_new_array();
-	char hex[2 * BLOB_DIGEST_SIZE + 1], digest[80], comp[32];
+	if (o->compress.level)
+		snprintf(buf, len, "%s:%d", blob_codec_name(o->compress.codec),
+			 o->compress.level);
+	else
+		snprintf(buf, len, "%s", blob_codec_name(o->compress.codec));
+}
+
+static void digest_string(const uint8_t *digest, char out[72])
+{
+	memcpy(out, "sha256:", 7);
+	hex_encode(digest, BLOB_DIGEST_SIZE, out + 7);
+}
+
+/* ------------------------------------------------------------------ */
+/* Blobs                                                               */
+/* ------------------------------------------------------------------ */
+
+static int add_blob(struct converter *c, struct out_blob **out)
+{
+	if (c->nr_blobs >= META_MAX_DEVICES) {
+		ferry_err("more than %u blobs: too many layers", META_MAX_DEVICES);
+		return -E2BIG;
+	}
+	if (array_reserve(&c->blobs, &c->blobs_cap, c->nr_blobs + 1,
+			  sizeof(*c->blobs), 16))
+		return -ENOMEM;
+	*out = &c->blobs[c->nr_blobs++];
+	memset(*out, 0, sizeof(**out));
+	return 0;
+}
+
+int convert_layer_begin(struct converter *c, const char *source_layer)
+{
+	struct out_blob *b;
+	int ret;
+
+	ret = add_blob(c, &b);
+	if (ret)
+		return ret;
+	c->writer_blob = c->nr_blobs - 1;
+	c->writer_chunks = 0;
+	if (source_layer && !(b->source_layer = strdup(source_layer)))
+		return -ENOMEM;
+	if (asprintf(&c->writer_tmp, "%s/.blob-%u.tmp", c->blobs_dir,
+		     c->writer_blob) < 0) {
+		c->writer_tmp = NULL;
+		return -ENOMEM;
+	}
+	c->writer_fd = open(c->writer_tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	if (c->writer_fd < 0) {
+		ret = -errno;
+		ferry_err("%s: %s", c->writer_tmp, strerror(errno));
+		return ret;
+	}
+	return blob_writer_new(c->writer_fd, &c->opts->compress, c->opts->jobs,
+			       &c->writer);
+}
+
+/* Drop the current layer's writer and temporary file. */
+static void layer_discard(struct converter *c)
+{
+	if (c->writer)
+		blob_writer_abort(c->writer);
+	c->writer = NULL;
+	if (c->writer_fd >= 0)
+		close(c->writer_fd);
+	c->writer_fd = -1;
+	if (c->writer_tmp)
+		unlink(c->writer_tmp);
+	free(c->writer_tmp);
+	c->writer_tmp = NULL;
+}
+
+int convert_layer_end(struct converter *c)
+{
+	struct out_blob *b = &c->blobs[c->writer_blob];
+	char hex[2 * BLOB_DIGEST_SIZE + 1];
+	int ret;
+
+	if (!c->writer_chunks) {
+		/* The layer added no chunks: it gets no blob. */
+		layer_discard(c);
+		free(b->source_layer);
+		c->nr_blobs--;
+		return 0;
+	}
+	ret = blob_writer_finish(c->writer, &b->info);
+	c->writer = NULL;
+	if (!ret && fsync(c->writer_fd))
+		ret = -errno;
+	if (ret)
+		goto fail;
+	hex_encode(b->info.digest, BLOB_DIGEST_SIZE, hex);
+	if (asprintf(&b->path, "%s/%s", c->blobs_dir, hex) < 0) {
+		b->path = NULL;
+		ret = -ENOMEM;
+		goto fail;
+	}
+	if (rename(c->writer_tmp, b->path)) {
+		ret = -errno;
+		ferry_err("%s: %s", b->path, strerror(errno));
+		goto fail;
+	}
+	close(c->writer_fd);
+	c->writer_fd = -1;
+	free(c->writer_tmp);
+	c->writer_tmp = NULL;
+	return 0;
+fail:
+	layer_discard(c);
+	return ret;
+}
+
+/* Make every chunk of an earlier image's blobs available for reference. */
+static int load_chunk_dict(struct converter *c, const char *ref)
+{
+	struct image *dict;
+	uint32_t i, k;
+	int ret;
+
+	ret = image_open(ref, &dict);
+	if (ret) {
+		ferry_err("chunk dict %s: cannot open: %s", ref, ferry_strerror(ret));
+		return ret;
+	}
+	for (i = 0; i < dict->blobs.nr_blobs; i++) {
+		const struct blob_info *src = &dict->blobs.blobs[i];
+		struct out_blob *b;
+
+		ret = add_blob(c, &b);
+		if (ret)
+			break;
+		b->from_dict = true;
+		b->info = *src;
+		b->info.chunks = malloc((size_t)src->nr_chunks * sizeof(*src->chunks) + 1);
+		b->path = strdup(dict->blob_paths[i]);
+		if (!b->info.chunks || !b->path) {
+			ret = -ENOMEM;
+			break;
+		}
+		memcpy(b->info.chunks, src->chunks, (size_t)src->nr_chunks * sizeof(*src->chunks));
+		for (k = 0; k < src->nr_chunks && !ret; k++)
+			ret = remember_chunk(c, &src->chunks[k], c->nr_blobs - 1);
+		if (ret)
+			break;
+	}
+	image_close(dict);
+	return ret;
+}
+
+/*
+ * Give every blob the tree references a device id (written blobs first,
+ * in layer order, then chunk-dict blobs), and rewrite the provisional ids
+ * in the chunk indexes. Hardlinked inodes are reached more than once, so
+ * the rewrite only touches provisional ids.
+ */
+static int assign_devices(struct converter *c)
+{
+	struct meta_inode **stack = NULL;
+	size_t depth = 0, cap = 0;
+	uint16_t next_id = 1;
+	uint32_t i;
+	int pass, ret = 0;
+
+	for (pass = 0; pass < 2 && !ret; pass++) {
+		if (pass == 1) {
+			for (i = 0; i < c->nr_blobs; i++)
+				if (!c->blobs[i].from_dict)
+					c->blobs[i].device_id = next_id++;
+			for (i = 0; i < c->nr_blobs; i++)
+				if (c->blobs[i].from_dict && c->blobs[i].refs)
+					c->blobs[i].device_id = next_id++;
+		}
+		depth = 0;
+		if (array_reserve(&stack, &cap, 1, sizeof(*stack), 256)) {
+			ret = -ENOMEM;
+			break;
+		}
+		stack[depth++] = c->tree->root;
+		while (depth) {
+			struct meta_inode *inode = stack[--depth];
+			uint64_t n, k;
+
+			if (inode->chunks) {
+				n = DIV_ROUND_UP(inode->size,
+						 (uint64_t)META_BLOCK_SIZE << inode->chunk_bits);
+				for (k = 0; k < n; k++) {
+					struct meta_chunk *mc = &inode->chunks[k];
+					struct out_blob *b;
+
+					if (!(mc->device_id & PROVISIONAL_DEVICE))
+						continue;
+					b = &c->blobs[mc->device_id & ~PROVISIONAL_DEVICE];
+					if (pass == 0)
+						b->refs++;
+					else
+						mc->device_id = b->device_id;
+				}
+			}
+			if (array_reserve(&stack, &cap, depth + inode->nr_children,
+					  sizeof(*stack), 256)) {
+				ret = -ENOMEM;
+				break;
+			}
+			for (k = 0; k < inode->nr_children; k++)
+				stack[depth++] = inode->children[k]->inode;
+		}
+	}
+	free(stack);
+	return ret;
+}
+
+/* The used blobs in device order. */
+static int used_blobs(struct converter *c, struct out_blob ***out, uint32_t *nr)
+{
+	struct out_blob **list = calloc(c->nr_blobs + 1, sizeof(*list));
+	uint32_t i;
+
+	if (!list)
+		return -ENOMEM;
+	*nr = 0;
+	for (i = 0; i < c->nr_blobs; i++)
+		if (c->blobs[i].device_id)
+			list[c->blobs[i].device_id - 1] = &c->blobs[i];
+	while (*nr < c->nr_blobs && list[*nr])
+		(*nr)++;
+	*out = list;
+	return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Bootstrap and destinations                                          */
+/* ------------------------------------------------------------------ */
+
+/* Write the bootstrap to @path; return its bytes in *@data (caller frees). */
+static int write_bootstrap(struct converter *c, struct out_blob **blobs,
+			   uint32_t nr, const char *path, uint8_t **data)
+{
+	struct meta_device *devices = calloc(nr + 1, sizeof(*devices));
+	struct blob_info *infos = calloc(nr + 1, sizeof(*infos));
+	struct meta_write_opts wopts = { 0 };
+	struct meta_write_stats wstats;
+	void *ext = NULL;
+	size_t ext_len = 0;
+	uint32_t i;
+	int fd = -1, ret;
+
+	*data = NULL;
+	if (!devices || !infos) {
+		ret = -ENOMEM;
+		goto out;
+	}
+	for (i = 0; i < nr; i++) {
+		char hex[2 * BLOB_DIGEST_SIZE + 1];
+
+		hex_encode(blobs[i]->info.digest, BLOB_DIGEST_SIZE, hex);
+		memcpy(devices[i].tag, hex, sizeof(devices[i].tag));
+		devices[i].blocks = (uint32_t)(blobs[i]->info.uncompressed_size /
+					       META_BLOCK_SIZE);
+		infos[i] = blobs[i]->info;
+	}
+	ret = blob_index_encode(infos, nr, &ext, &ext_len);
+	if (ret)
+		goto out;
+	wopts.devices = devices;
+	wopts.nr_devices = nr;
+	wopts.ext = ext;
+	wopts.ext_len = ext_len;
+	fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	if (fd < 0) {
+		ret = -errno;
+		ferry_err("%s: %s", path, strerror(errno));
+		goto out;
+	}
+	ret = meta_write(c->tree, &wopts, fd, &wstats);
+	if (ret)
+		goto out;
+	c->stats->bootstrap_bytes = wstats.bytes;
+	*data = malloc(wstats.bytes);
+	if (!*data) {
+		ret = -ENOMEM;
+		goto out;
+	}
+	ret = pread_full(fd, *data, wstats.bytes, 0);
+	if (!ret && fsync(fd))
+		ret = -errno;
+out:
+	if (fd >= 0)
+		close(fd);
+	if (ret) {
+		free(*data);
+		*data = NULL;
+	}
+	free(ext);
+	free(devices);
+	free(infos);
+	return ret;
+}
+
+static int fill_stats(struct convert_stats *s, struct out_blob **blobs, uint32_t nr)
+{
+	uint32_t i;
+
+	s->blobs = calloc(nr + 1, sizeof(*s->blobs));
+	if (!s->blobs)
+		return -ENOMEM;
+	s->nr_blobs = nr;
+	for (i = 0; i < nr; i++) {
+		digest_string(blobs[i]->info.digest, s->blobs[i].digest);
+		s->blobs[i].size = blobs[i]->info.size;
+		s->blobs[i].uncompressed_size = blobs[i]->info.uncompressed_size;
+		s->blobs[i].nr_chunks = blobs[i]->info.nr_chunks;
+		s->blobs[i].from_dict = blobs[i]->from_dict;
+	}
+	return 0;
+}
+
+/* dir:OUT: bootstrap, blobs (dict blobs linked in) and ferry.json. */
+static int finish_dir(struct converter *c, const char *out_dir,
+		      struct out_blob **blobs, uint32_t nr)
+{
+	struct json_object *root = NULL, *boot, *list;
+	char *tmp = NULL, *path = NULL, digest[72], comp[32];
+	uint8_t *data = NULL, boot_digest[BLOB_DIGEST_SIZE];
 	const char *text;
 	uint32_t i;
 	int ret;
 
-	hex_encode(bootstrap_digest, BLOB_DIGEST_SIZE, hex);
-	snprintf(digest, sizeof(digest), "sha256:%s", hex);
+	for (i = 0; i < nr; i++)
+		if (blobs[i]->from_dict) {
+			ret = oci_link_blob(blobs[i]->path, out_dir, blobs[i]->info.digest);
+			if (ret)
+				return ret;
+		}
+	if (asprintf(&tmp, "%s/.bootstrap.tmp", out_dir) < 0 ||
+	    asprintf(&path, "%s/bootstrap", out_dir) < 0) {
+		ret = -ENOMEM;
+		goto out;
+	}
+	ret = write_bootstrap(c, blobs, nr, tmp, &data);
+	if (ret)
+		goto out;
+	blob_sha256(data, c->stats->bootstrap_bytes, boot_digest);
+	if (rename(tmp, path)) {
+		ret = -errno;
+		ferry_err("%s: %s", path, strerror(errno));
+		goto out;
+	}
+	root = json_object_new_object();
+	boot = json_object_new_object();
+	list = json_object_new_array();
+	digest_string(boot_digest, digest);
 	json_object_object_add(root, "schemaVersion", json_object_new_int(1));
 	json_object_object_add(boot, "path", json_object_new_string("bootstrap"));
 	json_object_object_add(boot, "digest", json_object_new_string(digest));
-	json_object_object_add(boot, "size", json_object_new_int64((int64_t)s->bootstrap_bytes));
+	json_object_object_add(boot, "size",
+			       json_object_new_int64((int64_t)c->stats->bootstrap_bytes));
 	json_object_object_add(root, "bootstrap", boot);
-	for (i = 0; i < s->nr_blobs; i++) {
+	for (i = 0; i < nr; i++) {
 		struct json_object *b = json_object_new_object();
 
-		json_object_object_add(b, "digest", json_object_new_string(s->blobs[i].digest));
-		json_object_object_add(b, "size", json_object_new_int64((int64_t)s->blobs[i].size));
+		digest_string(blobs[i]->info.digest, digest);
+		json_object_object_add(b, "digest", json_object_new_string(digest));
+		json_object_object_add(b, "size", json_object_new_int64((int64_t)blobs[i]->info.size));
 		json_object_object_add(b, "uncompressedSize",
-				       json_object_new_int64((int64_t)s->blobs[i].uncompressed_size));
-		json_object_object_add(b, "chunks", json_object_new_int64(s->blobs[i].nr_chunks));
-		json_object_array_add(blobs, b);
+				       json_object_new_int64((int64_t)blobs[i]->info.uncompressed_size));
+		json_object_object_add(b, "chunks", json_object_new_int64(blobs[i]->info.nr_chunks));
+		if (blobs[i]->source_layer)
+			json_object_object_add(b, "sourceLayer",
+					       json_object_new_string(blobs[i]->source_layer));
+		json_object_array_add(list, b);
 	}
-	json_object_object_add(root, "blobs", blobs);
-	json_object_object_add(root, "chunkSize", json_object_new_int64(o->chunk_size));
-	if (o->compress.level)
-		snprintf(comp, sizeof(comp), "%s:%d",
-			 blob_codec_name(o->compress.codec), o->compress.level);
-	else
-		snprintf(comp, sizeof(comp), "%s", blob_codec_name(o->compress.codec));
+	json_object_object_add(root, "blobs", list);
+	json_object_object_add(root, "chunkSize", json_object_new_int64(c->opts->chunk_size));
+	compression_name(c->opts, comp, sizeof(comp));
 	json_object_object_add(root, "compression", json_object_new_string(comp));
 	text = json_object_to_json_string_ext(root, JSON_C_TO_STRING_PRETTY |
 						    JSON_C_TO_STRING_NOSLASHESCAPE);
-	ret = write_file_atomic(out_dir, "ferry.json", text, strlen(text));
+	ret = convert_write_file(out_dir, "ferry.json", text, strlen(text));
+out:
+	if (ret && tmp)
+		unlink(tmp);
 	json_object_put(root);
+	free(data);
+	free(tmp);
+	free(path);
+	return ret;
+}
+
+static struct json_object *descriptor_json(const char *media_type,
+					   const uint8_t *digest, uint64_t size)
+{
+	struct json_object *d = json_object_new_object();
+	char dstr[72];
+
+	digest_string(digest, dstr);
+	json_object_object_add(d, "mediaType", json_object_new_string(media_type));
+	json_object_object_add(d, "digest", json_object_new_string(dstr));
+	json_object_object_add(d, "size", json_object_new_int64((int64_t)size));
+	return d;
+}
+
+static void annotate(struct json_object *o, const char *key, const char *value)
+{
+	struct json_object *ann;
+
+	if (!json_object_object_get_ex(o, "annotations", &ann)) {
+		ann = json_object_new_object();
+		json_object_object_add(o, "annotations", ann);
+	}
+	json_object_object_add(ann, key, json_object_new_string(value));
+}
+
+/* A minimal image config for sources that have none (dir:, tar:). */
+static int put_default_config(const char *layout, struct oci_descriptor *config)
+{
+	char platform[64], text[256], *slash;
+
+	oci_host_platform(platform, sizeof(platform));
+	slash = strchr(platform, '/');
+	*slash = '\0';
+	snprintf(text, sizeof(text),
+		 "{\"architecture\":\"%s\",\"os\":\"%s\",\"rootfs\":{\"type\":\"layers\",\"diff_ids\":[]}}",
+		 slash + 1, platform);
+	config->size = strlen(text);
+	snprintf(config->media_type, sizeof(config->media_type), "%s",
+		 "application/vnd.oci.image.config.v1+json");
+	return oci_put_blob(layout, text, config->size, config->digest);
+}
+
+/* oci:PATH[:TAG]: blobs, bootstrap blob, config, manifest, index.json. */
+static int finish_oci(struct converter *c, const char *dest_ref,
+		      const struct oci_image *src, struct out_blob **blobs,
+		      uint32_t nr)
+{
+	struct json_object *manifest = NULL, *layers, *d;
+	struct oci_descriptor config;
+	char *copy = strdup(dest_ref), *layout, *tag, *tmp = NULL, *src_path = NULL;
+	char num[32], comp[32], dstr[72];
+	uint8_t *data = NULL, boot_digest[BLOB_DIGEST_SIZE], manifest_digest[32];
+	const char *text;
+	uint32_t i;
+	int ret;
+
+	if (!copy)
+		return -ENOMEM;
+	oci_split_ref(copy, &layout, &tag);
+	for (i = 0; i < nr; i++)
+		if (blobs[i]->from_dict) {
+			ret = oci_link_blob(blobs[i]->path, layout, blobs[i]->info.digest);
+			if (ret)
+				goto out;
+		}
+	/* The bootstrap is a blob too, named by its digest. */
+	if (asprintf(&tmp, "%s/.bootstrap.tmp", c->blobs_dir) < 0) {
+		ret = -ENOMEM;
+		goto out;
+	}
+	ret = write_bootstrap(c, blobs, nr, tmp, &data);
+	if (ret)
+		goto out;
+	blob_sha256(data, c->stats->bootstrap_bytes, boot_digest);
+	ret = oci_link_blob(tmp, layout, boot_digest);
+	unlink(tmp);
+	if (ret)
+		goto out;
+
+	if (src) {
+		config = src->config;
+		ret = oci_blob_path(src->layout, config.digest, &src_path);
+		if (!ret)
+			ret = oci_link_blob(src_path, layout, config.digest);
+	} else {
+		ret = put_default_config(layout, &config);
+	}
+	if (ret)
+		goto out;
+
+	manifest = json_object_new_object();
+	json_object_object_add(manifest, "schemaVersion", json_object_new_int(2));
+	json_object_object_add(manifest, "mediaType",
+			       json_object_new_string(OCI_MANIFEST_TYPE));
+	json_object_object_add(manifest, "config",
+			       descriptor_json(config.media_type[0] ? config.media_type :
+					       "application/vnd.oci.image.config.v1+json",
+					       config.digest, config.size));
+	layers = json_object_new_array();
+	for (i = 0; i < nr; i++) {
+		d = descriptor_json(FERRY_BLOB_MEDIA_TYPE, blobs[i]->info.digest,
+				    blobs[i]->info.size);
+		snprintf(num, sizeof(num), "%llu",
+			 (unsigned long long)blobs[i]->info.uncompressed_size);
+		annotate(d, "dev.ferry.blob.uncompressed-size", num);
+		if (blobs[i]->source_layer)
+			annotate(d, "dev.ferry.blob.source-layer", blobs[i]->source_layer);
+		if (blobs[i]->from_dict)
+			annotate(d, "dev.ferry.blob.chunk-dict", "true");
+		json_object_array_add(layers, d);
+	}
+	d = descriptor_json(FERRY_BOOTSTRAP_MEDIA_TYPE, boot_digest,
+			    c->stats->bootstrap_bytes);
+	annotate(d, "dev.ferry.bootstrap", "true");
+	json_object_array_add(layers, d);
+	json_object_object_add(manifest, "layers", layers);
+	annotate(manifest, "dev.ferry.version", "1");
+	snprintf(num, sizeof(num), "%u", c->opts->chunk_size);
+	annotate(manifest, "dev.ferry.chunk-size", num);
+	compression_name(c->opts, comp, sizeof(comp));
+	annotate(manifest, "dev.ferry.compression", comp);
+	if (src) {
+		char *joined = NULL;
+		size_t len = 0;
+		FILE *f = open_memstream(&joined, &len);
+
+		for (i = 0; i < src->nr_layers; i++) {
+			digest_string(src->layers[i].digest, dstr);
+			fprintf(f, "%s%s", i ? "," : "", dstr);
+		}
+		fclose(f);
+		annotate(manifest, "dev.ferry.source-layers", joined ? joined : "");
+		free(joined);
+		digest_string(src->manifest_desc.digest, dstr);
+		annotate(manifest, "dev.ferry.source-manifest", dstr);
+	}
+	text = json_object_to_json_string_ext(manifest, JSON_C_TO_STRING_PLAIN |
+							JSON_C_TO_STRING_NOSLASHESCAPE);
+	ret = oci_put_blob(layout, text, strlen(text), manifest_digest);
+	if (!ret)
+		ret = oci_tag_manifest(layout, tag ? tag : "latest", manifest_digest,
+				       strlen(text), OCI_MANIFEST_TYPE);
+	if (!ret)
+		digest_string(manifest_digest, c->stats->manifest_digest);
+out:
+	json_object_put(manifest);
+	free(data);
+	free(tmp);
+	free(src_path);
+	free(copy);
+	return ret;
+}
+
+/* ------------------------------------------------------------------ */
+/* Sources                                                             */
+/* ------------------------------------------------------------------ */
+
+static int convert_oci_layers(struct converter *c, const struct oci_image *img)
+{
+	uint32_t i;
+	int ret = 0;
+
+	c->layered = true;
+	for (i = 0; i < img->nr_layers && !ret; i++) {
+		char *path = NULL, name[96];
+
+		digest_string(img->layers[i].digest, name + 6);
+		memcpy(name, "layer ", 6);
+		ret = oci_blob_path(img->layout, img->layers[i].digest, &path);
+		if (!ret)
+			ret = convert_layer_begin(c, name + 6);
+		if (!ret)
+			ret = convert_apply_tar(c, path, img->layers[i].digest, name);
+		if (!ret)
+			ret = convert_layer_end(c);
+		free(path);
+	}
 	return ret;
 }
 
@@ -941,11 +1178,17 @@ static int validate_opts(const struct convert_opts *o)
 		ferry_err("inline limit %u: must be at most 3072 bytes", o->inline_max);
 		return -EINVAL;
 	}
+	if (o->jobs > 256) {
+		ferry_err("--jobs %u: at most 256", o->jobs);
+		return -EINVAL;
+	}
 	return 0;
 }
 
-static const char *const src_kinds[] = { "dir", "tar" };
-static const char *const dst_kinds[] = { "dir" };
+enum { SRC_DIR, SRC_TAR, SRC_OCI };
+enum { DST_DIR, DST_OCI };
+static const char *const src_kinds[] = { "dir", "tar", "oci" };
+static const char *const dst_kinds[] = { "dir", "oci" };
 
 int convert_check_args(const char *source, const char *dest,
 		       const struct convert_opts *opts)
@@ -954,51 +1197,62 @@ int convert_check_args(const char *source, const char *dest,
 	size_t kind;
 
 	if (parse_ref(source, src_kinds, ARRAY_SIZE(src_kinds), &kind, &path)) {
-		ferry_err("source \"%s\": expected dir:PATH or tar:PATH", source);
+		ferry_err("source \"%s\": expected dir:PATH, tar:PATH or oci:PATH[:TAG]",
+			  source);
 		return -EINVAL;
 	}
 	if (parse_ref(dest, dst_kinds, ARRAY_SIZE(dst_kinds), &kind, &path)) {
-		ferry_err("destination \"%s\": expected dir:PATH", dest);
+		ferry_err("destination \"%s\": expected dir:PATH or oci:PATH[:TAG]", dest);
 		return -EINVAL;
 	}
 	return validate_opts(opts);
 }
 
+void convert_stats_free(struct convert_stats *stats)
+{
+	free(stats->blobs);
+	stats->blobs = NULL;
+	stats->nr_blobs = 0;
+}
+
 int convert_run(const char *source, const char *dest,
 		const struct convert_opts *opts, struct convert_stats *stats)
 {
-	struct converter c = { .opts = opts, .stats = stats, .blob_device_id = 1 };
-	struct blob_info blob = { 0 };
-	struct meta_write_stats wstats;
-	struct meta_device device;
-	struct meta_write_opts wopts = { 0 };
-	const char *src_path = NULL, *out_dir = NULL;
-	char *blobs_dir = NULL, *blob_tmp = NULL, *blob_path = NULL;
-	char *boot_tmp = NULL, *boot_path = NULL;
-	char hex[2 * BLOB_DIGEST_SIZE + 1];
-	uint8_t boot_digest[BLOB_DIGEST_SIZE];
-	void *ext = NULL, *boot_data = NULL;
-	size_t ext_len = 0, kind = 0, dkind;
-	int blob_fd = -1, boot_fd = -1, ret;
+	struct converter c = { .opts = opts, .stats = stats, .writer_fd = -1 };
+	struct oci_image src_img = { 0 };
+	struct out_blob **used = NULL;
+	const char *src_path = NULL, *dst_path = NULL;
+	char *layout = NULL, *tag, *blobs_dir = NULL;
+	size_t skind = 0, dkind = 0;
+	uint32_t nr_used = 0, i;
 	bool out_existed = true;
 	uint64_t start = ferry_now_ns();
+	int ret;
 
 	memset(stats, 0, sizeof(*stats));
 	ret = convert_check_args(source, dest, opts);
 	if (ret)
 		return ret;
-	parse_ref(source, src_kinds, ARRAY_SIZE(src_kinds), &kind, &src_path);
-	parse_ref(dest, dst_kinds, ARRAY_SIZE(dst_kinds), &dkind, &out_dir);
-
-	if (asprintf(&blobs_dir, "%s/blobs/sha256", out_dir) < 0 ||
-	    asprintf(&blob_tmp, "%s/.blob.tmp", blobs_dir) < 0 ||
-	    asprintf(&boot_tmp, "%s/.bootstrap.tmp", out_dir) < 0 ||
-	    asprintf(&boot_path, "%s/bootstrap", out_dir) < 0) {
+	parse_ref(source, src_kinds, ARRAY_SIZE(src_kinds), &skind, &src_path);
+	parse_ref(dest, dst_kinds, ARRAY_SIZE(dst_kinds), &dkind, &dst_path);
+	layout = strdup(dst_path);
+	if (!layout)
+		return -ENOMEM;
+	if (dkind == DST_OCI)
+		oci_split_ref(layout, &layout, &tag);
+	if (asprintf(&blobs_dir, "%s/blobs/sha256", layout) < 0) {
+		blobs_dir = NULL;
 		ret = -ENOMEM;
 		goto out;
 	}
-	out_existed = !access(out_dir, F_OK);
-	ret = mkdir_p(blobs_dir);
+	c.blobs_dir = blobs_dir;
+	if (skind == SRC_OCI) {
+		ret = oci_image_open(src_path, opts->platform, &src_img);
+		if (ret)
+			goto out;
+	}
+	out_existed = !access(layout, F_OK);
+	ret = dkind == DST_OCI ? oci_layout_init(layout) : convert_mkdir_p(blobs_dir);
 	if (ret)
 		goto out;
 	c.buf = malloc(opts->chunk_size);
@@ -1009,118 +1263,84 @@ int convert_run(const char *source, const char *dest,
 	ret = meta_tree_new(&c.tree);
 	if (ret)
 		goto out;
-	blob_fd = open(blob_tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-	if (blob_fd < 0) {
-		ret = -errno;
-		ferry_err("%s: %s", blob_tmp, strerror(errno));
-		goto out;
-	}
-	ret = blob_writer_new(blob_fd, &opts->compress, &c.blob);
-	if (ret)
-		goto out;
-
-	ret = kind == 0 ? convert_dir(&c, src_path) : convert_tar(&c, src_path);
-	if (ret)
-		goto out;
-
-	if (c.chunks.used) {
-		ret = blob_writer_finish(c.blob, &blob);
-		c.blob = NULL;
+	if (opts->chunk_dict) {
+		ret = load_chunk_dict(&c, opts->chunk_dict);
 		if (ret)
 			goto out;
-		if (fsync(blob_fd)) {
-			ret = -errno;
-			goto out;
-		}
-		hex_encode(blob.digest, BLOB_DIGEST_SIZE, hex);
-		if (asprintf(&blob_path, "%s/%s", blobs_dir, hex) < 0) {
-			ret = -ENOMEM;
-			goto out;
-		}
-		if (rename(blob_tmp, blob_path)) {
-			ret = -errno;
-			ferry_err("%s: %s", blob_path, strerror(errno));
-			goto out;
-		}
-		memcpy(device.tag, hex, sizeof(device.tag));
-		device.blocks = (uint32_t)(blob.uncompressed_size / META_BLOCK_SIZE);
-		wopts.devices = &device;
-		wopts.nr_devices = 1;
-		stats->nr_blobs = 1;
-		snprintf(stats->blobs[0].digest, sizeof(stats->blobs[0].digest),
-			 "sha256:%s", hex);
-		stats->blobs[0].size = blob.size;
-		stats->blobs[0].uncompressed_size = blob.uncompressed_size;
-		stats->blobs[0].nr_chunks = blob.nr_chunks;
-	} else {
-		/* Everything was inline or a hole: no blob at all. */
-		blob_writer_abort(c.blob);
-		c.blob = NULL;
-		unlink(blob_tmp);
 	}
-	ret = blob_index_encode(&blob, stats->nr_blobs, &ext, &ext_len);
-	if (ret)
-		goto out;
-	wopts.ext = ext;
-	wopts.ext_len = ext_len;
 
-	boot_fd = open(boot_tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-	if (boot_fd < 0) {
-		ret = -errno;
-		ferry_err("%s: %s", boot_tmp, strerror(errno));
-		goto out;
+	switch (skind) {
+	case SRC_DIR:
+		ret = convert_layer_begin(&c, NULL);
+		if (!ret)
+			ret = convert_dir(&c, src_path);
+		if (!ret)
+			ret = convert_layer_end(&c);
+		break;
+	case SRC_TAR:
+		ret = convert_layer_begin(&c, NULL);
+		if (!ret)
+			ret = convert_apply_tar(&c, src_path, NULL, src_path);
+		if (!ret)
+			ret = convert_layer_end(&c);
+		break;
+	default:
+		ret = convert_oci_layers(&c, &src_img);
+		break;
 	}
-	ret = meta_write(c.tree, &wopts, boot_fd, &wstats);
 	if (ret)
 		goto out;
-	stats->bootstrap_bytes = wstats.bytes;
-	boot_data = malloc(wstats.bytes);
-	if (!boot_data) {
-		ret = -ENOMEM;
-		goto out;
-	}
-	ret = pread_full(boot_fd, boot_data, wstats.bytes, 0);
+	ret = assign_devices(&c);
+	if (!ret)
+		ret = used_blobs(&c, &used, &nr_used);
+	if (!ret)
+		ret = fill_stats(stats, used, nr_used);
 	if (ret)
 		goto out;
-	blob_sha256(boot_data, wstats.bytes, boot_digest);
-	if (fsync(boot_fd) || rename(boot_tmp, boot_path)) {
-		ret = -errno;
-		ferry_err("%s: %s", boot_path, strerror(errno));
-		goto out;
-	}
-	ret = write_index_json(out_dir, opts, stats, boot_digest);
+	if (dkind == DST_DIR)
+		ret = finish_dir(&c, layout, used, nr_used);
+	else
+		ret = finish_oci(&c, dst_path, skind == SRC_OCI ? &src_img : NULL,
+				 used, nr_used);
 	stats->seconds = (double)(ferry_now_ns() - start) / 1e9;
 out:
-	if (c.blob)
-		blob_writer_abort(c.blob);
-	if (blob_fd >= 0)
-		close(blob_fd);
-	if (boot_fd >= 0)
-		close(boot_fd);
+	layer_discard(&c);
 	if (ret) {
-		if (blob_tmp)
-			unlink(blob_tmp);
-		if (boot_tmp)
-			unlink(boot_tmp);
-		/* Leave no half-made destination: rmdir only removes empty ones. */
-		if (blobs_dir && !rmdir(blobs_dir)) {
+		/*
+		 * A destination this run created holds nothing else: remove
+		 * it. In an existing one, finished blobs may be shared with
+		 * other images (same digest), so they stay.
+		 */
+		for (i = 0; !out_existed && i < c.nr_blobs; i++)
+			if (!c.blobs[i].from_dict && c.blobs[i].path)
+				unlink(c.blobs[i].path);
+		if (!out_existed && !rmdir(blobs_dir)) {
 			*strrchr(blobs_dir, '/') = '\0';
 			rmdir(blobs_dir);
-			if (!out_existed)
-				rmdir(out_dir);
+			if (dkind == DST_OCI) {
+				char *f = NULL;
+
+				if (asprintf(&f, "%s/oci-layout", layout) >= 0)
+					unlink(f);
+				free(f);
+			}
+			rmdir(layout);
 		}
+		convert_stats_free(stats);
 	}
-	blob_info_free_chunks(&blob);
+	for (i = 0; i < c.nr_blobs; i++) {
+		blob_info_free_chunks(&c.blobs[i].info);
+		free(c.blobs[i].path);
+		free(c.blobs[i].source_layer);
+	}
+	free(c.blobs);
+	free(used);
+	oci_image_free(&src_img);
 	meta_tree_free(c.tree);
 	free(c.chunks.slots);
 	free(c.links);
 	free(c.buf);
-	free(ext);
-	free(boot_data);
 	free(blobs_dir);
-	free(blob_tmp);
-	free(blob_path);
-	free(boot_tmp);
-	free(boot_path);
+	free(layout);
 	return ret;
 }

@@ -23,6 +23,21 @@ struct convert_opts {
 	uint32_t chunk_size;   /* power of two, 4 KiB .. 64 MiB */
 	uint32_t inline_max;   /* regular files up to this size live in the bootstrap */
 	struct blob_compress compress;
+	unsigned int jobs;     /* compression threads; 0 = online CPUs */
+	const char *platform;  /* oci: sources: "os/arch[/variant]"; NULL = host */
+	const char *chunk_dict; /* image whose stored chunks are reused, or NULL */
+};
+
+/* Media types of a ferry image in an OCI layout or registry. */
+#define OCI_MANIFEST_TYPE "application/vnd.oci.image.manifest.v1+json"
+#define FERRY_BLOB_MEDIA_TYPE "application/vnd.ferry.blob.v1"
+#define FERRY_BOOTSTRAP_MEDIA_TYPE "application/vnd.ferry.bootstrap.v1.erofs"
+
+struct convert_blob_stat {
+	char digest[72]; /* "sha256:<hex>" */
+	uint64_t size, uncompressed_size;
+	uint32_t nr_chunks;
+	bool from_dict;  /* borrowed from --chunk-dict, not written */
 };
 
 struct convert_stats {
@@ -32,17 +47,17 @@ struct convert_stats {
 	uint64_t bytes_inline;    /* of which stored in the bootstrap */
 	uint64_t bytes_zero;      /* of which all-zero chunks (holes) */
 	uint64_t chunks_total;    /* chunks referenced by files */
-	uint64_t chunks_unique;   /* chunks stored */
-	uint64_t bytes_unique;    /* uncompressed bytes stored in blobs */
+	uint64_t chunks_unique;   /* chunks stored by this conversion */
+	uint64_t bytes_unique;    /* uncompressed bytes stored by this conversion */
 	uint64_t bootstrap_bytes;
-	uint32_t nr_blobs;
-	struct {
-		char digest[72]; /* "sha256:<hex>" */
-		uint64_t size, uncompressed_size;
-		uint32_t nr_chunks;
-	} blobs[1];               /* dir:/tar: sources make one blob */
+	uint32_t nr_blobs;        /* devices of the image, in device order */
+	struct convert_blob_stat *blobs;
+	char manifest_digest[72]; /* oci: destinations */
 	double seconds;
 };
+
+/* Free what convert_run allocated in @stats. */
+void convert_stats_free(struct convert_stats *stats);
 
 /*
  * Check SOURCE ("dir:PATH" / "tar:PATH"), DEST ("dir:PATH") and options
@@ -51,7 +66,10 @@ struct convert_stats {
 int convert_check_args(const char *source, const char *dest,
 		       const struct convert_opts *opts);
 
-/* Convert SOURCE into DEST (convert_check_args first). */
+/*
+ * Convert SOURCE ("dir:PATH", "tar:PATH", "oci:PATH[:TAG]") into DEST
+ * ("dir:OUT", "oci:PATH[:TAG]", default tag "latest").
+ */
 int convert_run(const char *source, const char *dest,
 		const struct convert_opts *opts, struct convert_stats *stats);
 

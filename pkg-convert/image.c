@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "../pkg-base/base.h"
+#include "internal.h"
 
 static int read_whole_file(const char *path, uint8_t **data, size_t *len)
 {
@@ -45,13 +46,6 @@ out:
 	return ret;
 }
 
-static int parse_digest(const char *s, uint8_t out[BLOB_DIGEST_SIZE])
-{
-	if (strncmp(s, "sha256:", 7) || strlen(s) != 7 + 2 * BLOB_DIGEST_SIZE)
-		return -EINVAL;
-	return hex_decode(s + 7, out, BLOB_DIGEST_SIZE);
-}
-
 static const char *json_string_field(struct json_object *o, const char *key)
 {
 	struct json_object *v;
@@ -62,21 +56,38 @@ static const char *json_string_field(struct json_object *o, const char *key)
 	return json_object_get_string(v);
 }
 
-/* Load ferry.json and check it against the bootstrap's own blob index. */
-static int image_load_index(struct image *img, const char *index_path)
+/* What the image's index (ferry.json or OCI manifest) promises. */
+struct image_expect {
+	uint8_t bootstrap[BLOB_DIGEST_SIZE];
+	uint32_t nr_blobs;
+	uint8_t (*blobs)[BLOB_DIGEST_SIZE];
+};
+
+static int expect_blobs(struct image_expect *e, size_t n)
+{
+	e->nr_blobs = (uint32_t)n;
+	e->blobs = calloc(n + 1, sizeof(*e->blobs));
+	return e->blobs ? 0 : -ENOMEM;
+}
+
+/* dir:OUT — OUT/ferry.json. */
+static int locate_dir(struct image *img, struct image_expect *e)
 {
 	struct json_object *root = NULL, *boot, *blobs, *v;
-	uint8_t digest[BLOB_DIGEST_SIZE], actual[BLOB_DIGEST_SIZE];
-	uint8_t *boot_data = NULL;
-	size_t boot_len = 0, i;
+	char *index_path = NULL;
 	const char *s;
+	size_t i;
 	int ret = -EFSCORRUPTED;
 
+	if (asprintf(&img->bootstrap_path, "%s/bootstrap", img->dir) < 0 ||
+	    asprintf(&index_path, "%s/ferry.json", img->dir) < 0)
+		return -ENOMEM;
 	root = json_object_from_file(index_path);
 	if (!root) {
 		ferry_err("%s: cannot read or parse: %s", index_path,
 			  json_util_get_last_err());
-		return access(index_path, F_OK) ? -ENOENT : -EFSCORRUPTED;
+		ret = access(index_path, F_OK) ? -ENOENT : -EFSCORRUPTED;
+		goto out;
 	}
 	if (!json_object_object_get_ex(root, "schemaVersion", &v) ||
 	    json_object_get_int(v) != 1) {
@@ -84,61 +95,114 @@ static int image_load_index(struct image *img, const char *index_path)
 		goto out;
 	}
 	if (!json_object_object_get_ex(root, "bootstrap", &boot) ||
-	    !(s = json_string_field(boot, "digest")) || parse_digest(s, digest)) {
+	    !(s = json_string_field(boot, "digest")) ||
+	    oci_parse_digest(s, e->bootstrap)) {
 		ferry_err("%s: missing or malformed bootstrap digest", index_path);
 		goto out;
 	}
-	ret = read_whole_file(img->bootstrap_path, &boot_data, &boot_len);
-	if (ret) {
-		ferry_err("%s: %s", img->bootstrap_path, ferry_strerror(ret));
-		goto out;
-	}
-	blob_sha256(boot_data, boot_len, actual);
-	if (memcmp(digest, actual, sizeof(digest))) {
-		ferry_err("%s: sha256 does not match %s", img->bootstrap_path, s);
-		ret = -EFSCORRUPTED;
-		goto out;
-	}
-	ret = -EFSCORRUPTED;
 	if (!json_object_object_get_ex(root, "blobs", &blobs) ||
-	    !json_object_is_type(blobs, json_type_array) ||
-	    json_object_array_length(blobs) != img->blobs.nr_blobs) {
-		ferry_err("%s: blob list does not match the bootstrap (%u blobs)",
-			  index_path, img->blobs.nr_blobs);
+	    !json_object_is_type(blobs, json_type_array)) {
+		ferry_err("%s: missing blob list", index_path);
 		goto out;
 	}
-	for (i = 0; i < img->blobs.nr_blobs; i++) {
-		struct json_object *b = json_object_array_get_idx(blobs, i);
-
-		s = json_string_field(b, "digest");
-		if (!s || parse_digest(s, digest) ||
-		    memcmp(digest, img->blobs.blobs[i].digest, sizeof(digest))) {
-			ferry_err("%s: blob %zu digest does not match the bootstrap",
-				  index_path, i);
-			goto out;
+	ret = expect_blobs(e, json_object_array_length(blobs));
+	for (i = 0; !ret && i < e->nr_blobs; i++) {
+		s = json_string_field(json_object_array_get_idx(blobs, i), "digest");
+		if (!s || oci_parse_digest(s, e->blobs[i])) {
+			ferry_err("%s: blob %zu has a malformed digest", index_path, i);
+			ret = -EFSCORRUPTED;
 		}
 	}
 	if (json_object_object_get_ex(root, "chunkSize", &v))
 		img->chunk_size = (uint32_t)json_object_get_int64(v);
 	s = json_string_field(root, "compression");
 	snprintf(img->compression, sizeof(img->compression), "%s", s ? s : "?");
-	ret = 0;
 out:
-	free(boot_data);
 	json_object_put(root);
+	free(index_path);
 	return ret;
 }
 
-/* The device table and the blob index must describe the same blobs. */
-static int image_match_devices(struct image *img)
+/* oci:PATH[:TAG] — a manifest whose last layer is the bootstrap. */
+static int locate_oci(struct image *img, const char *ref, struct image_expect *e)
+{
+	struct oci_image oci;
+	struct json_object *ann;
+	const char *s;
+	uint32_t i;
+	int ret;
+
+	ret = oci_image_open(ref, NULL, &oci);
+	if (ret)
+		return ret;
+	free(img->dir);
+	img->dir = strdup(oci.layout);
+	ret = -EFSCORRUPTED;
+	if (!img->dir) {
+		ret = -ENOMEM;
+		goto out;
+	}
+	if (!oci.nr_layers ||
+	    strcmp(oci.layers[oci.nr_layers - 1].media_type, FERRY_BOOTSTRAP_MEDIA_TYPE)) {
+		ferry_err("%s: not a ferry image (the last layer is not a %s)", ref,
+			  FERRY_BOOTSTRAP_MEDIA_TYPE);
+		goto out;
+	}
+	memcpy(e->bootstrap, oci.layers[oci.nr_layers - 1].digest, BLOB_DIGEST_SIZE);
+	ret = oci_blob_path(oci.layout, e->bootstrap, &img->bootstrap_path);
+	if (!ret)
+		ret = expect_blobs(e, oci.nr_layers - 1);
+	for (i = 0; !ret && i + 1 < oci.nr_layers; i++) {
+		if (strcmp(oci.layers[i].media_type, FERRY_BLOB_MEDIA_TYPE)) {
+			ferry_err("%s: layer %u is %s, expected %s", ref, i,
+				  oci.layers[i].media_type, FERRY_BLOB_MEDIA_TYPE);
+			ret = -EFSCORRUPTED;
+		}
+		memcpy(e->blobs[i], oci.layers[i].digest, BLOB_DIGEST_SIZE);
+	}
+	if (!ret && json_object_object_get_ex(oci.manifest, "annotations", &ann)) {
+		s = json_string_field(ann, "dev.ferry.chunk-size");
+		img->chunk_size = s ? (uint32_t)strtoul(s, NULL, 10) : 0;
+		s = json_string_field(ann, "dev.ferry.compression");
+		snprintf(img->compression, sizeof(img->compression), "%s", s ? s : "?");
+	}
+out:
+	oci_image_free(&oci);
+	return ret;
+}
+
+/* The bootstrap's bytes must hash to the digest the index promises. */
+static int verify_bootstrap(const struct image *img, const struct image_expect *e)
+{
+	uint8_t *data = NULL, actual[BLOB_DIGEST_SIZE];
+	size_t len = 0;
+	int ret;
+
+	ret = read_whole_file(img->bootstrap_path, &data, &len);
+	if (ret) {
+		ferry_err("%s: %s", img->bootstrap_path, ferry_strerror(ret));
+		return ret;
+	}
+	blob_sha256(data, len, actual);
+	free(data);
+	if (memcmp(actual, e->bootstrap, BLOB_DIGEST_SIZE)) {
+		ferry_err("%s: sha256 does not match the image index", img->bootstrap_path);
+		return -EFSCORRUPTED;
+	}
+	return 0;
+}
+
+/* Device table, blob index and image index must describe the same blobs. */
+static int image_match_devices(struct image *img, const struct image_expect *e)
 {
 	struct meta_super sb;
 	uint32_t i;
 
 	meta_get_super(img->meta, &sb);
-	if (sb.nr_devices != img->blobs.nr_blobs) {
-		ferry_err("%s: %u devices but %u blobs in the blob index",
-			  img->bootstrap_path, sb.nr_devices, img->blobs.nr_blobs);
+	if (sb.nr_devices != img->blobs.nr_blobs || e->nr_blobs != sb.nr_devices) {
+		ferry_err("%s: %u devices, %u blobs in the blob index, %u in the image index",
+			  img->bootstrap_path, sb.nr_devices, img->blobs.nr_blobs,
+			  e->nr_blobs);
 		return -EFSCORRUPTED;
 	}
 	for (i = 0; i < sb.nr_devices; i++) {
@@ -150,7 +214,7 @@ static int image_match_devices(struct image *img)
 		if (ret)
 			return ret;
 		hex_encode(b->digest, BLOB_DIGEST_SIZE, hex);
-		if (strcmp(dev.tag, hex) ||
+		if (strcmp(dev.tag, hex) || memcmp(e->blobs[i], b->digest, BLOB_DIGEST_SIZE) ||
 		    (uint64_t)dev.blocks * META_BLOCK_SIZE != b->uncompressed_size) {
 			ferry_err("%s: device %u (%s) does not match blob sha256:%s",
 				  img->bootstrap_path, i + 1, dev.tag, hex);
@@ -166,7 +230,7 @@ static int image_match_devices(struct image *img)
 int image_open(const char *ref, struct image **out)
 {
 	struct image *img = calloc(1, sizeof(*img));
-	char *index_path = NULL;
+	struct image_expect expect = { 0 };
 	const void *ext;
 	size_t ext_len;
 	struct stat st;
@@ -175,26 +239,36 @@ int image_open(const char *ref, struct image **out)
 	if (!img)
 		return -ENOMEM;
 	img->ref = strdup(ref);
-	if (!strncmp(ref, "dir:", 4))
-		img->dir = strdup(ref + 4);
-	else if (!strchr(ref, ':') || (ref[0] == '/' || ref[0] == '.'))
-		img->dir = strdup(ref); /* a plain path means dir: */
-	if (!img->ref || !img->dir) {
-		ret = img->ref && !img->dir ? -EINVAL : -ENOMEM;
-		if (ret == -EINVAL)
-			ferry_err("image \"%s\": expected dir:PATH", ref);
-		goto fail;
-	}
-	if (stat(img->dir, &st) || !S_ISDIR(st.st_mode)) {
-		ret = -ENOENT;
-		ferry_err("image %s: %s is not a directory", ref, img->dir);
-		goto fail;
-	}
-	if (asprintf(&img->bootstrap_path, "%s/bootstrap", img->dir) < 0 ||
-	    asprintf(&index_path, "%s/ferry.json", img->dir) < 0) {
+	if (!img->ref) {
 		ret = -ENOMEM;
 		goto fail;
 	}
+	if (!strncmp(ref, "oci:", 4)) {
+		ret = locate_oci(img, ref + 4, &expect);
+	} else {
+		/* dir:OUT, or a plain path meaning the same */
+		img->dir = strdup(strncmp(ref, "dir:", 4) ? ref : ref + 4);
+		if (!img->dir) {
+			ret = -ENOMEM;
+			goto fail;
+		}
+		if (strncmp(ref, "dir:", 4) && strchr(ref, ':') && ref[0] != '/' &&
+		    ref[0] != '.') {
+			ferry_err("image \"%s\": expected dir:PATH or oci:PATH[:TAG]", ref);
+			ret = -EINVAL;
+			goto fail;
+		}
+		if (stat(img->dir, &st) || !S_ISDIR(st.st_mode)) {
+			ferry_err("image %s: %s is not a directory", ref, img->dir);
+			ret = -ENOENT;
+			goto fail;
+		}
+		ret = locate_dir(img, &expect);
+	}
+	if (!ret)
+		ret = verify_bootstrap(img, &expect);
+	if (ret)
+		goto fail;
 	ret = meta_image_open(img->bootstrap_path, &img->meta);
 	if (ret) {
 		ferry_err("%s: cannot open bootstrap: %s", img->bootstrap_path,
@@ -214,17 +288,14 @@ int image_open(const char *ref, struct image **out)
 		ret = -ENOMEM;
 		goto fail;
 	}
-	ret = image_match_devices(img);
+	ret = image_match_devices(img, &expect);
 	if (ret)
 		goto fail;
-	ret = image_load_index(img, index_path);
-	if (ret)
-		goto fail;
-	free(index_path);
+	free(expect.blobs);
 	*out = img;
 	return 0;
 fail:
-	free(index_path);
+	free(expect.blobs);
 	image_close(img);
 	return ret;
 }

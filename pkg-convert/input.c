@@ -27,6 +27,7 @@
 #include <zstd_errors.h>
 
 #include "../pkg-base/base.h"
+#include "../pkg-blob/blob.h"
 
 #define INPUT_BUF_SIZE (256u * 1024)
 /* xz -9 needs 65 MiB; refuse streams that ask for far more. */
@@ -54,10 +55,48 @@ struct input_stream {
 	bool member_end;     /* gzip: between members */
 	bool frame_end;      /* zstd: last frame complete and flushed */
 	int err;             /* sticky error, reported once pending output is out */
+	struct blob_hasher *hasher; /* verifying input: sha256 of the file bytes */
+	uint8_t expect[BLOB_DIGEST_SIZE];
 	z_stream z;
 	ZSTD_DStream *zd;
 	lzma_stream lz;
 };
+
+/*
+ * Every byte read from the file passes here: counted, hashed when the
+ * input is verified, and at the end of the file checked against the
+ * expected digest, so that no consumer sees the end of a tampered file.
+ */
+static ssize_t raw_read(struct input_stream *in, void *buf, size_t len)
+{
+	uint8_t digest[BLOB_DIGEST_SIZE];
+	ssize_t n;
+
+	do
+		n = read(in->fd, buf, len);
+	while (n < 0 && errno == EINTR);
+	if (n < 0) {
+		int err = -errno;
+
+		ferry_err("%s: read: %s", in->name, strerror(-err));
+		return err;
+	}
+	in->bytes_read += (uint64_t)n;
+	if (!in->hasher)
+		return n;
+	if (n) {
+		blob_hasher_update(in->hasher, buf, (size_t)n);
+		return n;
+	}
+	blob_hasher_final(in->hasher, digest);
+	blob_hasher_free(in->hasher);
+	in->hasher = NULL;
+	if (memcmp(digest, in->expect, sizeof(digest))) {
+		ferry_err("%s: content does not match its digest", in->name);
+		return -EFSCORRUPTED;
+	}
+	return 0;
+}
 
 /* Read the next block of the file; sets eof at its end. */
 static int input_fill(struct input_stream *in)
@@ -68,18 +107,11 @@ static int input_fill(struct input_stream *in)
 		in->eof = true;
 		return 0;
 	}
-	do
-		n = read(in->fd, in->buf, INPUT_BUF_SIZE);
-	while (n < 0 && errno == EINTR);
-	if (n < 0) {
-		int err = -errno;
-
-		ferry_err("%s: read: %s", in->name, strerror(-err));
-		return err;
-	}
+	n = raw_read(in, in->buf, INPUT_BUF_SIZE);
+	if (n < 0)
+		return (int)n;
 	in->next = in->buf;
 	in->avail = (size_t)n;
-	in->bytes_read += (uint64_t)n;
 	if (!n)
 		in->eof = true;
 	return 0;
@@ -248,18 +280,9 @@ static ssize_t plain_read(struct input_stream *in, uint8_t *out, size_t len)
 			return 0;
 		/* Large reads bypass the buffer: one copy, from the kernel. */
 		if (in->fd >= 0 && len >= INPUT_BUF_SIZE) {
-			ssize_t got;
+			ssize_t got = raw_read(in, out, MIN(len, (size_t)SSIZE_MAX));
 
-			do
-				got = read(in->fd, out, MIN(len, (size_t)SSIZE_MAX));
-			while (got < 0 && errno == EINTR);
-			if (got < 0) {
-				ret = -errno;
-				ferry_err("%s: read: %s", in->name, strerror(-ret));
-				return ret;
-			}
-			in->bytes_read += (uint64_t)got;
-			if (!got)
+			if (got == 0)
 				in->eof = true;
 			return got;
 		}
@@ -381,11 +404,23 @@ static struct input_stream *input_alloc(const char *name)
 
 int input_open(const char *path, struct input_stream **out)
 {
-	struct input_stream *in = input_alloc(path);
+	return input_open_verified(path, NULL, path, out);
+}
+
+int input_open_verified(const char *path, const uint8_t *sha256,
+			const char *name, struct input_stream **out)
+{
+	struct input_stream *in = input_alloc(name);
 	int ret;
 
 	if (!in)
 		return -ENOMEM;
+	if (sha256) {
+		ret = blob_hasher_new(&in->hasher);
+		if (ret)
+			goto fail;
+		memcpy(in->expect, sha256, sizeof(in->expect));
+	}
 	in->buf = malloc(INPUT_BUF_SIZE);
 	if (!in->buf) {
 		ret = -ENOMEM;
@@ -401,18 +436,14 @@ int input_open(const char *path, struct input_stream **out)
 	in->next = in->buf;
 	/* Pipes may return less than the longest magic (6 bytes) at first. */
 	while (in->avail < 6 && !in->eof) {
-		ssize_t n = read(in->fd, in->buf + in->avail,
-				 INPUT_BUF_SIZE - in->avail);
+		ssize_t n = raw_read(in, in->buf + in->avail,
+				     INPUT_BUF_SIZE - in->avail);
 
 		if (n < 0) {
-			if (errno == EINTR)
-				continue;
-			ret = -errno;
-			ferry_err("%s: read: %s", path, strerror(-ret));
+			ret = (int)n;
 			goto fail;
 		}
 		in->avail += (size_t)n;
-		in->bytes_read += (uint64_t)n;
 		in->eof = n == 0;
 	}
 	ret = input_init_decoder(in);
@@ -464,6 +495,7 @@ void input_close(struct input_stream *in)
 {
 	if (!in)
 		return;
+	blob_hasher_free(in->hasher);
 	switch (in->kind) {
 	case INPUT_GZIP:
 		inflateEnd(&in->z);

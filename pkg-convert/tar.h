@@ -21,6 +21,13 @@ struct byte_source {
 /* Decompressing input: detects gzip, zstd, xz or plain tar by magic. */
 struct input_stream;
 int input_open(const char *path, struct input_stream **out);
+/*
+ * Same, and the file's bytes must hash to @sha256 (NULL: no check): the
+ * read that reaches the end of the file fails with -EFSCORRUPTED on a
+ * mismatch. @name is used in messages (e.g. the layer digest).
+ */
+int input_open_verified(const char *path, const uint8_t *sha256,
+			const char *name, struct input_stream **out);
 /* Wrap an in-memory buffer (fuzzing, tests); the buffer must outlive it. */
 int input_open_mem(const void *buf, size_t len, struct input_stream **out);
 struct byte_source input_source(struct input_stream *in);

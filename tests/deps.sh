@@ -9,6 +9,7 @@ pkgs=(
 	libjson-c-dev libssl-dev libfuse3-dev
 	# tests: format oracle, fixtures, tools
 	fuse3 erofs-utils attr acl libcap2-bin tar gzip zstd xz-utils python3
+	mmdebstrap umoci skopeo rsync
 	# benchmarks
 	hyperfine squashfs-tools squashfuse time
 )

@@ -39,7 +39,7 @@ if ls "$BUILD"/fuzz/fuzz_* >/dev/null 2>&1; then
 	run_one fuzz "$top/tests/fuzz/run.sh" "$BUILD"/fuzz/fuzz_*
 fi
 for t in "$top"/tests/e2e/*.sh; do
-	[ "$(basename "$t")" = lib.sh ] && continue
+	case $(basename "$t") in *lib.sh) continue ;; esac # sourced helpers
 	run_one "e2e/$(basename "$t" .sh)" bash "$t"
 done
 

@@ -32,7 +32,7 @@ int cmd_check(int argc, char **argv)
 			       "every blob (decompressed and compared with its sha256).\n"
 			       "The first problem is reported naming the inode path or the\n"
 			       "blob and chunk.\n\n"
-			       "IMAGE  dir:OUT\n\n" EXIT_CODES_HELP);
+			       "IMAGE  dir:OUT or oci:PATH[:TAG]\n\n" EXIT_CODES_HELP);
 			return EXIT_OK;
 		default:
 			return usage_error("check", "unknown option");

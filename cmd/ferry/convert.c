@@ -14,17 +14,28 @@ static void convert_help(void)
 	printf("Usage: ferry convert [OPTIONS] SOURCE DEST\n\n"
 	       "Convert a directory tree or a tar archive into a ferry image: an\n"
 	       "EROFS bootstrap plus chunk-deduplicated, compressed data blobs.\n\n"
-	       "SOURCE  dir:PATH   a directory (not following symlinks)\n"
-	       "        tar:PATH   a tar archive, plain or gzip/zstd/xz compressed\n"
-	       "                   (detected by content)\n"
-	       "DEST    dir:OUT    writes OUT/bootstrap, OUT/blobs/sha256/<hex> and\n"
-	       "                   OUT/ferry.json (see docs/FORMAT.md)\n\n"
+	       "SOURCE  dir:PATH        a directory (not following symlinks)\n"
+	       "        tar:PATH        a tar archive, plain or gzip/zstd/xz compressed\n"
+	       "                        (detected by content)\n"
+	       "        oci:PATH[:TAG]  an OCI image layout; its layers are merged with\n"
+	       "                        OCI whiteout semantics, each layer's new chunks\n"
+	       "                        going to a blob of its own\n"
+	       "DEST    dir:OUT         writes OUT/bootstrap, OUT/blobs/sha256/<hex> and\n"
+	       "                        OUT/ferry.json (see docs/FORMAT.md)\n"
+	       "        oci:PATH[:TAG]  adds a ferry image to an OCI layout (default tag\n"
+	       "                        latest): data blobs, bootstrap, config, manifest\n\n"
 	       "Options:\n"
 	       "  --chunk-size N     chunk size, power of two, 4K..64M (default 1M)\n"
 	       "  --compress SPEC    none | lz4[:1-12] | zstd[:1-22] | lzma[:1-9]\n"
 	       "                     (default zstd, level 3)\n"
 	       "  --inline-max N     keep regular files up to N bytes inside the\n"
 	       "                     bootstrap (default %u, at most 3072)\n"
+	       "  --jobs N           compression threads (default: CPU count); the\n"
+	       "                     output does not depend on it\n"
+	       "  --platform P       os/arch[/variant] to pick from an image index\n"
+	       "                     (default: the host's)\n"
+	       "  --chunk-dict IMAGE reuse chunks already stored in IMAGE (dir: or\n"
+	       "                     oci:); its blobs become devices of the new image\n"
 	       "  --json             print a JSON summary on stdout\n"
 	       "  -q, --quiet        no progress or summary on stderr\n"
 	       "  -h, --help         this help\n\n"
@@ -61,8 +72,13 @@ static void print_json(const struct convert_stats *s, const struct convert_opts 
 		ADD_U64(b, "size", s->blobs[i].size);
 		ADD_U64(b, "uncompressedSize", s->blobs[i].uncompressed_size);
 		ADD_U64(b, "chunks", s->blobs[i].nr_chunks);
+		json_object_object_add(b, "fromChunkDict",
+				       json_object_new_boolean(s->blobs[i].from_dict));
 		json_object_array_add(blobs, b);
 	}
+	if (s->manifest_digest[0])
+		json_object_object_add(root, "manifestDigest",
+				       json_object_new_string(s->manifest_digest));
 #undef ADD_U64
 	json_object_object_add(root, "blobs", blobs);
 	json_object_object_add(root, "dedupRatio",
@@ -77,18 +93,24 @@ static void print_json(const struct convert_stats *s, const struct convert_opts 
 
 static void print_summary(const struct convert_stats *s)
 {
-	uint64_t blob_bytes = s->nr_blobs ? s->blobs[0].size : 0;
+	uint32_t i;
 
 	fprintf(stderr,
 		"converted %llu entries (%llu files, %llu dirs, %llu symlinks) in %.2f s\n"
-		"  file data %llu bytes: %llu inline, %llu zero, %llu unique in %llu chunks\n"
-		"  bootstrap %llu bytes, blob %llu bytes\n",
+		"  file data %llu bytes: %llu inline, %llu zero, %llu new unique in %llu chunks\n"
+		"  bootstrap %llu bytes\n",
 		(unsigned long long)s->entries, (unsigned long long)s->files,
 		(unsigned long long)s->dirs, (unsigned long long)s->symlinks, s->seconds,
 		(unsigned long long)s->bytes_in, (unsigned long long)s->bytes_inline,
 		(unsigned long long)s->bytes_zero, (unsigned long long)s->bytes_unique,
 		(unsigned long long)s->chunks_unique,
-		(unsigned long long)s->bootstrap_bytes, (unsigned long long)blob_bytes);
+		(unsigned long long)s->bootstrap_bytes);
+	for (i = 0; i < s->nr_blobs; i++)
+		fprintf(stderr, "  blob %u %s: %llu bytes, %u chunks%s\n", i + 1,
+			s->blobs[i].digest, (unsigned long long)s->blobs[i].size,
+			s->blobs[i].nr_chunks, s->blobs[i].from_dict ? " (chunk dict)" : "");
+	if (s->manifest_digest[0])
+		fprintf(stderr, "  manifest %s\n", s->manifest_digest);
 }
 
 int cmd_convert(int argc, char **argv)
@@ -97,6 +119,9 @@ int cmd_convert(int argc, char **argv)
 		{ "chunk-size", required_argument, NULL, 'c' },
 		{ "compress", required_argument, NULL, 'z' },
 		{ "inline-max", required_argument, NULL, 'i' },
+		{ "jobs", required_argument, NULL, 'J' },
+		{ "platform", required_argument, NULL, 'p' },
+		{ "chunk-dict", required_argument, NULL, 'D' },
 		{ "json", no_argument, NULL, 'j' },
 		{ "quiet", no_argument, NULL, 'q' },
 		{ "help", no_argument, NULL, 'h' },
@@ -128,6 +153,20 @@ int cmd_convert(int argc, char **argv)
 				return usage_error("convert", "bad --inline-max \"%s\"", optarg);
 			opts.inline_max = (uint32_t)v;
 			break;
+		case 'J':
+			if (parse_size(optarg, &v) || v < 1 || v > 256)
+				return usage_error("convert", "bad --jobs \"%s\" (1..256)", optarg);
+			opts.jobs = (unsigned int)v;
+			break;
+		case 'p':
+			if (!strchr(optarg, '/'))
+				return usage_error("convert", "bad --platform \"%s\" (os/arch[/variant])",
+						   optarg);
+			opts.platform = optarg;
+			break;
+		case 'D':
+			opts.chunk_dict = optarg;
+			break;
 		case 'j':
 			json = true;
 			break;
@@ -156,5 +195,6 @@ int cmd_convert(int argc, char **argv)
 		print_json(&stats, &opts);
 	else if (!quiet && ferry_log_level >= FERRY_LOG_INFO)
 		print_summary(&stats);
+	convert_stats_free(&stats);
 	return EXIT_OK;
 }

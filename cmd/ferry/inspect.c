@@ -309,7 +309,7 @@ int cmd_inspect(int argc, char **argv)
 			       "summary. With PATH: that entry's attributes, xattr names and,\n"
 			       "for chunked files, the chunk map (file range -> device, blob\n"
 			       "offsets, codec, sha256).\n\n"
-			       "IMAGE  dir:OUT\n\n" EXIT_CODES_HELP);
+			       "IMAGE  dir:OUT or oci:PATH[:TAG]\n\n" EXIT_CODES_HELP);
 			return EXIT_OK;
 		default:
 			return usage_error("inspect", "unknown option");

@@ -13,7 +13,7 @@ static void mount_help(void)
 {
 	printf("Usage: ferry mount --mode local [--cache-dir DIR] IMAGE MOUNTPOINT\n\n"
 	       "Mount a ferry image read-only.\n\n"
-	       "IMAGE  dir:OUT   an image written by 'ferry convert ... dir:OUT'\n\n"
+	       "IMAGE  dir:OUT or oci:PATH[:TAG], an image written by ferry convert\n\n"
 	       "Modes:\n"
 	       "  local   verify and materialise every blob into an uncompressed\n"
 	       "          device file under DIR/devices/, then mount the bootstrap\n"

@@ -7,10 +7,13 @@
 #include "../test.h"
 #include "../../pkg-base/base.h"
 #include "../../pkg-blob/blob.h"
+#include "../../pkg-blob/internal.h"
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdint.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -118,9 +121,19 @@ struct test_blob {
 	struct blob_info info;
 };
 
-static int make_blob(const char *path, const char *spec, uint32_t n,
-		     const uint32_t *lens, const enum data_kind *kinds,
-		     struct test_blob *tb)
+/* Writer threads and frame policy (max 0: the default policy). */
+struct writer_opts {
+	unsigned int jobs;
+	uint32_t small, max;
+};
+
+/* Every chunk a frame of its own. */
+static const struct writer_opts unbatched = { .jobs = 2, .small = 1, .max = 1 };
+
+static int make_blob_opts(const char *path, const char *spec,
+			  const struct writer_opts *o, uint32_t n,
+			  const uint32_t *lens, const enum data_kind *kinds,
+			  struct test_blob *tb)
 {
 	struct blob_compress c;
 	struct blob_writer *w;
@@ -138,12 +151,14 @@ static int make_blob(const char *path, const char *spec, uint32_t n,
 	fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
 	if (fd < 0)
 		return -errno;
-	ret = blob_writer_new(fd, &c, &w);
+	ret = blob_writer_new(fd, &c, o->jobs, &w);
 	if (ret) {
 		close(fd);
 		return ret;
 	}
-	for (i = 0; i < n; i++) {
+	if (o->max)
+		ret = blob_writer_set_batching(w, o->small, o->max);
+	for (i = 0; !ret && i < n; i++) {
 		uint8_t sha[BLOB_DIGEST_SIZE];
 
 		tb->len[i] = lens[i];
@@ -151,21 +166,33 @@ static int make_blob(const char *path, const char *spec, uint32_t n,
 		blob_sha256(tb->data[i], lens[i], sha);
 		ret = blob_writer_add(w, tb->data[i], lens[i], sha,
 				      &tb->uoff[i]);
-		if (ret) {
-			blob_writer_abort(w);
-			close(fd);
-			return ret;
-		}
+	}
+	if (ret) {
+		blob_writer_abort(w);
+		close(fd);
+		return ret;
 	}
 	ret = blob_writer_finish(w, &tb->info);
 	close(fd);
 	return ret;
 }
 
+/* The default policy, on two worker threads. */
+static int make_blob(const char *path, const char *spec, uint32_t n,
+		     const uint32_t *lens, const enum data_kind *kinds,
+		     struct test_blob *tb)
+{
+	static const struct writer_opts dflt = { .jobs = 2 };
+
+	return make_blob_opts(path, spec, &dflt, n, lens, kinds, tb);
+}
+
 /* The rest of a test cannot run without its blob. */
-#define MAKE_BLOB(...)                                                         \
+#define MAKE_BLOB(...) MUST(make_blob(__VA_ARGS__))
+#define MAKE_BLOB_OPTS(...) MUST(make_blob_opts(__VA_ARGS__))
+#define MUST(call)                                                             \
 	do {                                                                   \
-		int _ret = make_blob(__VA_ARGS__);                             \
+		int _ret = (call);                                             \
 		CHECK_EQ(_ret, 0);                                             \
 		if (_ret)                                                      \
 			return;                                                \
@@ -442,7 +469,8 @@ static void test_writer_layout(void)
 	size_t len;
 	uint32_t i;
 
-	MAKE_BLOB(tmp_path("w.blob"), "zstd", MIX_N, mix_lens, mix_kinds, &tb);
+	MAKE_BLOB_OPTS(tmp_path("w.blob"), "zstd", &unbatched, MIX_N, mix_lens,
+		       mix_kinds, &tb);
 	bi = &tb.info;
 	file = read_file(tmp_path("w.blob"), &len);
 	CHECK(file != NULL);
@@ -457,6 +485,8 @@ static void test_writer_layout(void)
 		CHECK_EQ(c->uoff, uoff);
 		CHECK_EQ(c->coff, coff);
 		CHECK_EQ(c->usize, mix_lens[i]);
+		CHECK_EQ(c->frame_off, 0);
+		CHECK_EQ(c->frame_usize, mix_lens[i]);
 		blob_sha256(tb.data[i], mix_lens[i], digest);
 		CHECK(!memcmp(digest, c->sha256, 32));
 		/* random data stays raw, the rest compresses (except 1 B) */
@@ -486,6 +516,7 @@ static void test_writer_layout(void)
 	CHECK_EQ(get_le32(file + coff + 64 + 16), bi->chunks[1].usize);
 	CHECK_EQ(get_le32(file + coff + 64 + 20), bi->chunks[1].csize);
 	CHECK_EQ(file[coff + 64 + 24], bi->chunks[1].codec);
+	CHECK_EQ(get_le32(file + coff + 64 + 28), 0);
 	CHECK(!memcmp(file + coff + 64 + 32, bi->chunks[1].sha256, 32));
 
 	CHECK(blob_find_chunk(bi, 0) == &bi->chunks[0]);
@@ -503,28 +534,121 @@ static void test_writer_errors(void)
 	struct blob_compress c = { .codec = BLOB_CODEC_LZ4 };
 	uint8_t sha[32] = { 0 }, data[16] = { 1 };
 	struct blob_writer *w;
-	struct blob_info info;
 	uint64_t uoff;
 	int fd = open(tmp_path("err.blob"), O_WRONLY | O_CREAT | O_TRUNC, 0644);
 
 	CHECK(fd >= 0);
 	c.level = 13;
-	CHECK_EQ(blob_writer_new(fd, &c, &w), -EINVAL);
+	CHECK_EQ(blob_writer_new(fd, &c, 1, &w), -EINVAL);
 	c.level = 0;
-	CHECK_EQ(blob_writer_new(fd, &c, &w), 0);
+	CHECK_EQ(blob_writer_new(fd, &c, BLOB_WRITER_JOBS_MAX + 1, &w),
+		 -EINVAL);
+	CHECK_EQ(blob_writer_new(fd, &c, 0, &w), 0);
 	CHECK_EQ(blob_writer_add(w, data, 0, sha, &uoff), -EINVAL);
 	CHECK_EQ(blob_writer_add(w, data, BLOB_CHUNK_MAX + 1, sha, &uoff),
 		 -EINVAL);
+	CHECK_EQ(blob_writer_set_batching(w, 4097, 4096), -EINVAL);
+	CHECK_EQ(blob_writer_set_batching(w, 1, BLOB_FRAME_MAX + 1), -EINVAL);
+	CHECK_EQ(blob_writer_set_batching(w, 4096, 4096), 0);
+	CHECK_EQ(blob_writer_add(w, data, sizeof(data), sha, &uoff), 0);
+	CHECK_EQ(uoff, 0);
+	CHECK_EQ(blob_writer_set_batching(w, 1, 1), -EBUSY);
 	blob_writer_abort(w);
 	close(fd);
+}
 
-	/* A write error is sticky and fails finish. */
-	fd = open(tmp_path("err.blob"), O_RDONLY);
-	CHECK_EQ(blob_writer_new(fd, &c, &w), 0);
-	CHECK(blob_writer_add(w, data, sizeof(data), sha, &uoff) < 0);
-	CHECK(blob_writer_add(w, data, sizeof(data), sha, &uoff) < 0);
-	CHECK(blob_writer_finish(w, &info) < 0);
+/*
+ * Add 64 KiB chunks (each a frame) to a writer on @fd until an add fails
+ * (writes happen in the background); the error must stick and fail
+ * finish. Returns the error, or 0 if nothing failed after 64 adds.
+ */
+static int add_until_error(int fd, unsigned int jobs)
+{
+	struct blob_compress c = { .codec = BLOB_CODEC_ZSTD };
+	uint8_t sha[32], *data = alloc_fill(64 << 10, DATA_RANDOM);
+	struct blob_writer *w;
+	struct blob_info info;
+	uint64_t uoff;
+	int i, ret = 0;
+
+	blob_sha256(data, 64 << 10, sha);
+	CHECK_EQ(blob_writer_new(fd, &c, jobs, &w), 0);
+	CHECK_EQ(blob_writer_set_batching(w, 1, 1), 0);
+	for (i = 0; i < 64 && !ret; i++)
+		ret = blob_writer_add(w, data, 64 << 10, sha, &uoff);
+	if (ret) {
+		CHECK_EQ(blob_writer_add(w, data, 1, sha, &uoff), ret);
+		CHECK_EQ(blob_writer_finish(w, &info), ret);
+	} else {
+		ret = blob_writer_finish(w, &info);
+		if (!ret)
+			blob_info_free_chunks(&info);
+	}
+	free(data);
+	return ret;
+}
+
+/* Write errors of any thread reach the caller: EBADF, ENOSPC, EFBIG. */
+static void test_writer_write_errors(void)
+{
+	static const unsigned int jobs[] = { 1, 2, 4 };
+	struct rlimit old, lim;
+	struct stat st;
+	size_t j;
+	int fd;
+
+	ferry_log_level = -1;
+	for (j = 0; j < ARRAY_SIZE(jobs); j++) {
+		fd = open(tmp_path("err.blob"), O_RDONLY);
+		CHECK_EQ(add_until_error(fd, jobs[j]), -EBADF);
+		close(fd);
+
+		fd = open("/dev/full", O_WRONLY);
+		CHECK(fd >= 0);
+		CHECK_EQ(add_until_error(fd, jobs[j]), -ENOSPC);
+		close(fd);
+
+		/* A file size limit: the first frames are written, then EFBIG. */
+		fd = open(tmp_path("err.blob"), O_WRONLY | O_TRUNC);
+		CHECK_EQ(getrlimit(RLIMIT_FSIZE, &old), 0);
+		lim = old;
+		lim.rlim_cur = 1 << 20;
+		signal(SIGXFSZ, SIG_IGN);
+		CHECK_EQ(setrlimit(RLIMIT_FSIZE, &lim), 0);
+		CHECK_EQ(add_until_error(fd, jobs[j]), -EFBIG);
+		CHECK_EQ(setrlimit(RLIMIT_FSIZE, &old), 0);
+		signal(SIGXFSZ, SIG_DFL);
+		CHECK(!fstat(fd, &st) && st.st_size == 1 << 20);
+		close(fd);
+	}
+	ferry_log_level = FERRY_LOG_INFO;
+}
+
+/* Abort with frames queued, compressing and done: no hang, no leak. */
+static void test_writer_abort_in_flight(void)
+{
+	struct blob_compress c = { .codec = BLOB_CODEC_LZMA, .level = 9 };
+	uint8_t sha[32] = { 0 }, *data = alloc_fill(MIB, DATA_TEXT);
+	struct blob_writer *w;
+	uint64_t uoff;
+	int fd = open(tmp_path("abort.blob"), O_WRONLY | O_CREAT | O_TRUNC,
+		      0644);
+	uint32_t i;
+
+	CHECK_EQ(blob_writer_new(fd, &c, 4, &w), 0);
+	for (i = 0; i < 8; i++)
+		CHECK_EQ(blob_writer_add(w, data, MIB - i, sha, &uoff), 0);
+	CHECK_EQ(blob_writer_add(w, data, 100, sha, &uoff), 0);
+	blob_writer_abort(w);
+	/* Only the open batch, and nothing at all. */
+	CHECK_EQ(blob_writer_new(fd, &c, 3, &w), 0);
+	CHECK_EQ(blob_writer_add(w, data, 100, sha, &uoff), 0);
+	blob_writer_abort(w);
+	CHECK_EQ(blob_writer_new(fd, &c, 2, &w), 0);
+	blob_writer_abort(w);
+	blob_writer_abort(NULL);
 	close(fd);
+	free(data);
 }
 
 static void test_empty_blob(void)
@@ -589,7 +713,8 @@ static void test_read_info(void)
 	blob_info_free_chunks(&info);
 
 	/* Every compared field and entry. */
-	for (i = 0; i < 8; i++) {
+	CHECK(tb.info.chunks[1].frame_off > 0);
+	for (i = 0; i < 10; i++) {
 		expect = info_dup(&tb.info);
 		switch (i) {
 		case 0: expect.size++; break;
@@ -600,6 +725,8 @@ static void test_read_info(void)
 		case 5: expect.chunks[3].sha256[0] ^= 1; break;
 		case 6: expect.chunks[2].codec = BLOB_CODEC_LZMA; break;
 		case 7: expect.chunks[6].csize++; break;
+		case 8: expect.chunks[1].frame_off++; break;
+		case 9: expect.chunks[0].frame_usize--; break;
 		}
 		info.chunks = NULL;
 		CHECK_EQ(blob_read_info(fd, "ri", &expect, &info),
@@ -698,22 +825,51 @@ static void flip_byte(const char *path, uint64_t off)
 	close(fd);
 }
 
+/* First and last chunk of the frame of chunk @k. */
+static void frame_range(const struct blob_info *bi, uint32_t k, uint32_t *first,
+			uint32_t *last)
+{
+	*first = k;
+	while (bi->chunks[*first].frame_off)
+		--*first;
+	*last = k;
+	while (*last + 1 < bi->nr_chunks && bi->chunks[*last + 1].frame_off)
+		++*last;
+}
+
+/*
+ * A flipped byte in the middle of each frame: verify and materialise fail
+ * naming a chunk of that frame (the one holding the byte when the frame
+ * is stored raw), with and without batching.
+ */
 static void test_verify_corrupt_chunk(void)
 {
 	static const char *const specs[] = { "none", "lz4", "zstd", "lzma" };
+	static const struct writer_opts batched = { .jobs = 2 };
+	const struct writer_opts *opts[] = { &unbatched, &batched };
 	const char *blob = tmp_path("bad.blob"), *dev = tmp_path("bad.dev");
 	struct blob_verify_report rep;
 	struct test_blob tb;
 	uint8_t *file;
-	size_t s, len;
-	uint32_t k;
+	size_t s, o, len;
+	uint32_t k, first, last, holder;
 
-	for (s = 0; s < ARRAY_SIZE(specs); s++) {
-		MAKE_BLOB(blob, specs[s], MIX_N, mix_lens, mix_kinds, &tb);
+	for (s = 0; s < ARRAY_SIZE(specs) * ARRAY_SIZE(opts); s++) {
+		o = s % ARRAY_SIZE(opts);
+		MAKE_BLOB_OPTS(blob, specs[s / ARRAY_SIZE(opts)], opts[o],
+			       MIX_N, mix_lens, mix_kinds, &tb);
 		file = read_file(blob, &len);
 		for (k = 0; k < MIX_N; k++) {
 			const struct blob_chunk *c = &tb.info.chunks[k];
 
+			frame_range(&tb.info, k, &first, &last);
+			if (c->frame_off)
+				continue; /* one flip per frame */
+			CHECK(o || first == last);
+			for (holder = first; holder < last; holder++)
+				if (tb.info.chunks[holder + 1].frame_off >
+				    c->csize / 2)
+					break;
 			CHECK_EQ(write_file(blob, file, len), 0);
 			flip_byte(blob, c->coff + c->csize / 2);
 			CHECK_EQ(blob_verify_file(blob, &tb.info, &rep),
@@ -721,8 +877,11 @@ static void test_verify_corrupt_chunk(void)
 			CHECK(rep.error == -EIO ||
 			      (rep.error == -EFSCORRUPTED &&
 			       c->codec != BLOB_CODEC_NONE));
-			CHECK_EQ(rep.bad_chunk, k);
-			CHECK_EQ(rep.bad_uoff, c->uoff);
+			CHECK(rep.bad_chunk >= first && rep.bad_chunk <= last);
+			if (c->codec == BLOB_CODEC_NONE)
+				CHECK_EQ(rep.bad_chunk, holder);
+			CHECK_EQ(rep.bad_uoff,
+				 tb.info.chunks[MIN(rep.bad_chunk, last)].uoff);
 			CHECK_EQ(blob_materialize(blob, &tb.info, dev),
 				 rep.error);
 			CHECK(!exists(dev));
@@ -883,21 +1042,22 @@ static void test_table_corrupt(void)
 	size_t len;
 	int i;
 
-	MAKE_BLOB(tmp_path("t.blob"), "lz4", MIX_N, mix_lens, mix_kinds, &tb);
+	MAKE_BLOB_OPTS(tmp_path("t.blob"), "lz4", &unbatched, MIX_N, mix_lens,
+		       mix_kinds, &tb);
 	file = read_file(tmp_path("t.blob"), &len);
 	t = file + tb.info.table_offset;
 	CHECK_EQ(decode_table_modified(file, len, t, MIX_N), 0);
 	/* chunk 1: text, lz4-compressed; chunk 3: random, stored raw */
 	CHECK_EQ(tb.info.chunks[1].codec, BLOB_CODEC_LZ4);
 	CHECK_EQ(tb.info.chunks[3].codec, BLOB_CODEC_NONE);
-	for (i = 0; i < 16; i++) {
+	for (i = 0; i < 17; i++) {
 		uint8_t save[MIX_N * 64];
 
 		memcpy(save, t, sizeof(save));
 		e = t + 64 * (i < 8 ? 1 : 3);
 		switch (i) {
 		case 0: e[25] = 1; break;                   /* reserved */
-		case 1: e[31] = 0x80; break;
+		case 1: e[27] = 0x80; break;
 		case 2: e[24] = 4; break;                   /* codec */
 		case 3: put_le64(e, get_le64(e) + 512); break;  /* misaligned */
 		case 4: put_le64(e, 0); break;              /* overlaps 0 */
@@ -916,6 +1076,7 @@ static void test_table_corrupt(void)
 			memcpy(e, save + 4 * 64, 64);
 			memcpy(e + 64, save + 3 * 64, 64);
 			break;
+		case 16: put_le32(t + 28, 1); break;        /* chunk 0 */
 		}
 		CHECK_EQ(decode_table_modified(file, len, t, MIX_N),
 			 -EFSCORRUPTED);
@@ -928,6 +1089,372 @@ static void test_table_corrupt(void)
 	CHECK_EQ(decode_table_modified(file, len, t, MIX_N), -EFSCORRUPTED);
 	free(file);
 	free_blob(&tb);
+}
+
+/* ------------------------------- frames ------------------------------ */
+
+/* The frame policy, restated: chunk i goes to frame frame[i] at off[i]. */
+static void model_frames(const uint32_t *lens, uint32_t n, uint32_t small,
+			 uint32_t max, uint32_t *frame, uint32_t *off)
+{
+	uint32_t i, next = 0, cur = 0, fill = 0;
+	bool open = false;
+
+	for (i = 0; i < n; i++) {
+		bool batched = lens[i] < small;
+
+		if (open && (!batched || fill + lens[i] > max))
+			open = false;
+		if (!open) {
+			cur = next++;
+			fill = 0;
+			open = true;
+		}
+		frame[i] = cur;
+		off[i] = fill;
+		fill += lens[i];
+		if (!batched)
+			open = false;
+	}
+}
+
+/* @bi's frames are the model's: offsets, shared and consecutive ranges. */
+static void check_frames(const struct test_blob *tb, uint32_t small,
+			 uint32_t max)
+{
+	const struct blob_info *bi = &tb->info;
+	uint32_t *frame = calloc(tb->n + 1, sizeof(*frame));
+	uint32_t *off = calloc(tb->n + 1, sizeof(*off));
+	uint32_t i, j, fsize;
+
+	model_frames(tb->len, tb->n, small, max, frame, off);
+	CHECK_EQ(bi->nr_chunks, tb->n);
+	for (i = 0; i < tb->n && i < bi->nr_chunks; i = j) {
+		const struct blob_chunk *c = &bi->chunks[i];
+
+		for (j = i, fsize = 0; j < tb->n && frame[j] == frame[i]; j++)
+			fsize += tb->len[j];
+		CHECK(fsize <= max || j == i + 1);
+		if (i)
+			CHECK_EQ(c->coff, c[-1].coff + c[-1].csize);
+		else
+			CHECK_EQ(c->coff, 0);
+		for (; i < j; i++) {
+			CHECK_EQ(bi->chunks[i].frame_off, off[i]);
+			CHECK_EQ(bi->chunks[i].frame_usize, fsize);
+			CHECK_EQ(bi->chunks[i].coff, c->coff);
+			CHECK_EQ(bi->chunks[i].csize, c->csize);
+			CHECK_EQ(bi->chunks[i].codec, c->codec);
+			CHECK_EQ(bi->chunks[i].uoff, tb->uoff[i]);
+		}
+	}
+	free(frame);
+	free(off);
+}
+
+/* Random chunk sizes, mostly small, some big, and random data kinds. */
+static void random_sequence(uint32_t n, uint32_t big, uint32_t *lens,
+			    enum data_kind *kinds)
+{
+	uint32_t i;
+
+	for (i = 0; i < n; i++) {
+		uint64_t r = rng();
+
+		lens[i] = r % 8 ? 1 + (uint32_t)(r >> 8) % (big / 2) :
+				  big / 2 + (uint32_t)(r >> 8) % (2 * big);
+		kinds[i] = (enum data_kind)((r >> 40) % 3);
+	}
+}
+
+static void test_batch_composition(void)
+{
+	/* 64 KiB / 128 KiB: closed by a big chunk, by size, at the end. */
+	static const uint32_t lens[] = {
+		1000, 2000, 70000, 3000, 60000, 60000, 10000, 65535, 65536,
+		65535, 65535, 2, 1, 65536, 65535,
+	};
+	static const uint32_t want_off[] = {
+		0, 1000, 0, 0, 3000, 63000, 0, 10000, 0,
+		0, 65535, 131070, 0, 0, 0,
+	};
+	static const struct writer_opts o = {
+		.jobs = 3, .small = 64 << 10, .max = 128 << 10,
+	};
+	static const struct writer_opts dflt = { .jobs = 2 };
+	enum data_kind kinds[300];
+	uint32_t rlens[300], i, frames = 0;
+	struct test_blob tb;
+
+	for (i = 0; i < ARRAY_SIZE(lens); i++)
+		kinds[i] = DATA_TEXT;
+	MAKE_BLOB_OPTS(tmp_path("bc.blob"), "zstd", &o, ARRAY_SIZE(lens), lens,
+		       kinds, &tb);
+	for (i = 0; i < ARRAY_SIZE(lens); i++) {
+		CHECK_EQ(tb.info.chunks[i].frame_off, want_off[i]);
+		frames += !want_off[i];
+	}
+	CHECK_EQ(frames, 9);
+	CHECK_EQ(tb.info.chunks[11].frame_usize, 131072);
+	CHECK_EQ(tb.info.chunks[12].frame_usize, 1);
+	check_frames(&tb, o.small, o.max);
+	free_blob(&tb);
+
+	/* Random sequences, small thresholds and the defaults. */
+	random_sequence(ARRAY_SIZE(rlens), 16 << 10, rlens, kinds);
+	MAKE_BLOB_OPTS(tmp_path("bc.blob"), "lz4",
+		       &(struct writer_opts){ .jobs = 2, .small = 8 << 10,
+					      .max = 20 << 10 },
+		       ARRAY_SIZE(rlens), rlens, kinds, &tb);
+	check_frames(&tb, 8 << 10, 20 << 10);
+	free_blob(&tb);
+	random_sequence(ARRAY_SIZE(rlens), BLOB_BATCH_SMALL, rlens, kinds);
+	MAKE_BLOB_OPTS(tmp_path("bc.blob"), "zstd", &dflt, ARRAY_SIZE(rlens),
+		       rlens, kinds, &tb);
+	check_frames(&tb, BLOB_BATCH_SMALL, BLOB_BATCH_MAX);
+	CHECK_EQ(blob_verify_file(tmp_path("bc.blob"), &tb.info, NULL), 0);
+	free_blob(&tb);
+}
+
+/* Every chunk decodes alone and through its decoded frame. */
+static void test_batch_decode(void)
+{
+	static const char *const specs[] = { "none", "lz4", "zstd", "lzma" };
+	/* A compressible batch, an incompressible one, a big chunk. */
+	static const uint32_t lens[] = { 5000, 1, 4096, 3000, 90000, 700, 800 };
+	static const enum data_kind kinds[] = {
+		DATA_TEXT, DATA_TEXT, DATA_ZERO, DATA_TEXT, DATA_TEXT,
+		DATA_RANDOM, DATA_RANDOM,
+	};
+	static const struct writer_opts o = {
+		.jobs = 2, .small = 64 << 10, .max = 128 << 10,
+	};
+	uint8_t *file, *frame = malloc(o.max), *out = malloc(90000);
+	struct test_blob tb;
+	struct blob_chunk c;
+	size_t s, len;
+	uint32_t i;
+
+	for (s = 0; s < ARRAY_SIZE(specs); s++) {
+		const char *path = tmp_path("bd.blob");
+		const struct blob_chunk *ch;
+
+		MAKE_BLOB_OPTS(path, specs[s], &o, ARRAY_SIZE(lens), lens,
+			       kinds, &tb);
+		ch = tb.info.chunks;
+		file = read_file(path, &len);
+		/* frames {0..3} {4} {5, 6} */
+		CHECK_EQ(ch[3].frame_off, 9097);
+		CHECK_EQ(ch[3].frame_usize, 12097);
+		CHECK_EQ(ch[4].frame_off, 0);
+		CHECK_EQ(ch[6].frame_off, 700);
+		CHECK_EQ(ch[6].codec, BLOB_CODEC_NONE);
+		CHECK_EQ(ch[6].csize, 1500);
+		CHECK(!memcmp(file + ch[6].coff + 700, tb.data[6], 800));
+		/* specs[0] is "none" */
+		CHECK_EQ(ch[0].codec != BLOB_CODEC_NONE, s != 0);
+		for (i = 0; i < tb.n; i++) {
+			memset(out, 0xaa, 90000);
+			CHECK_EQ(blob_chunk_decode(&ch[i], file + ch[i].coff,
+						   out), 0);
+			CHECK(!memcmp(out, tb.data[i], tb.len[i]));
+			if (!ch[i].frame_off)
+				CHECK_EQ(blob_frame_decode(&ch[i],
+							   file + ch[i].coff,
+							   frame), 0);
+			CHECK(!memcmp(frame + ch[i].frame_off, tb.data[i],
+				      tb.len[i]));
+			CHECK_EQ(blob_chunk_verify(&ch[i],
+						   frame + ch[i].frame_off), 0);
+			c = ch[i];
+			c.sha256[0] ^= 1;
+			CHECK_EQ(blob_chunk_verify(&c, frame + c.frame_off),
+				 -EIO);
+			CHECK_EQ(blob_chunk_decode(&c, file + c.coff, out),
+				 -EIO);
+			c = ch[i];
+			c.frame_off = c.frame_usize;
+			CHECK_EQ(blob_chunk_decode(&c, file + c.coff, out),
+				 -EINVAL);
+		}
+		/* A frame cut short does not decode. */
+		c = ch[1];
+		c.csize--;
+		CHECK_EQ(blob_frame_decode(&c, file + c.coff, frame),
+			 -EFSCORRUPTED);
+		CHECK_EQ(blob_chunk_decode(&c, file + c.coff, out),
+			 -EFSCORRUPTED);
+		free(file);
+		free_blob(&tb);
+	}
+	free(frame);
+	free(out);
+}
+
+/* A table of @nr hand-made entries with consistent footer fields. */
+static int decode_entries(const struct blob_chunk *chunks, uint32_t nr,
+			  uint64_t table_offset)
+{
+	struct blob_info info = {
+		.nr_chunks = nr,
+		.table_offset = table_offset,
+		.size = table_offset + nr * 64 + 64,
+	};
+	uint8_t *t = malloc(nr * 64);
+	uint32_t i;
+	int ret;
+
+	for (i = 0; i < nr; i++)
+		info.uncompressed_size += ROUND_UP((uint64_t)chunks[i].usize,
+						   4096);
+	blob_table_encode(chunks, nr, t);
+	blob_sha256(t, nr * 64, info.table_sha256);
+	ret = blob_table_decode(t, nr * 64, &info);
+	if (!ret)
+		CHECK_EQ(info.chunks[0].frame_usize,
+			 chunks[nr - 1].frame_off + chunks[nr - 1].usize);
+	blob_info_free_chunks(&info);
+	free(t);
+	return ret;
+}
+
+static void test_frame_corrupt(void)
+{
+	/* frames {0, 1, 2} {3} {4, 5}, compressed with lz4 */
+	static const uint32_t lens[] = { 1000, 2000, 3000, 70000, 500, 600 };
+	static const enum data_kind kinds[] = {
+		DATA_TEXT, DATA_TEXT, DATA_RANDOM, DATA_TEXT, DATA_TEXT,
+		DATA_TEXT,
+	};
+	const uint32_t half = BLOB_FRAME_MAX / 2;
+	struct blob_chunk big[3] = {
+		{ .uoff = 0, .usize = half, .csize = 100,
+		  .codec = BLOB_CODEC_ZSTD },
+		{ .uoff = half, .usize = half, .csize = 100, .frame_off = half,
+		  .codec = BLOB_CODEC_ZSTD },
+		{ .uoff = 2 * (uint64_t)half, .usize = 4096, .csize = 100,
+		  .frame_off = 2 * half, .codec = BLOB_CODEC_ZSTD },
+	};
+	struct test_blob tb;
+	uint8_t *file, *t, *e;
+	size_t len;
+	int i, j;
+
+	MAKE_BLOB_OPTS(tmp_path("fc.blob"), "lz4",
+		       &(struct writer_opts){ .jobs = 2, .small = 64 << 10,
+					      .max = 128 << 10 },
+		       ARRAY_SIZE(lens), lens, kinds, &tb);
+	file = read_file(tmp_path("fc.blob"), &len);
+	t = file + tb.info.table_offset;
+	CHECK_EQ(decode_table_modified(file, len, t, 6), 0);
+	CHECK_EQ(tb.info.chunks[2].frame_off, 3000);
+	CHECK_EQ(tb.info.chunks[5].frame_off, 500);
+	CHECK_EQ(tb.info.chunks[0].codec, BLOB_CODEC_LZ4);
+	for (i = 0; i < 15; i++) {
+		uint8_t save[6 * 64];
+
+		memcpy(save, t, sizeof(save));
+		e = t + 64;
+		switch (i) {
+		case 0: put_le32(e + 28, 1001); break;      /* frame_off */
+		case 1: put_le32(e + 28, 999); break;
+		case 2: put_le32(e + 28, 0); break;         /* splits frame */
+		case 3: put_le32(t + 28, 1); break;         /* first chunk */
+		case 4: put_le32(e + 64 * 4 + 28, 0); break;
+		case 5: put_le64(e + 8, get_le64(e + 8) + 1); break; /* coff */
+		case 6: put_le32(e + 20, get_le32(e + 20) - 1); break;
+		case 7: e[24] = BLOB_CODEC_ZSTD; break;     /* codec */
+		case 8: e[26] = 1; break;                   /* reserved */
+		case 9: /* the whole frame's csize: the next frame moves */
+			for (j = 0; j < 3; j++)
+				put_le32(t + 64 * j + 20,
+					 get_le32(t + 20) - 1);
+			break;
+		case 10: /* stored, but csize is not the frame size */
+			for (j = 0; j < 3; j++)
+				t[64 * j + 24] = BLOB_CODEC_NONE;
+			break;
+		case 11: /* compressed to its full size */
+			for (j = 4; j < 6; j++)
+				put_le32(t + 64 * j + 20, 1100);
+			break;
+		case 12: /* chunk 3 joins frame 0 */
+			put_le64(t + 64 * 3 + 8, get_le64(t + 8));
+			put_le32(t + 64 * 3 + 20, get_le32(t + 20));
+			t[64 * 3 + 24] = t[24];
+			put_le32(t + 64 * 3 + 28, 6000);
+			break;
+		case 13: /* chunk 5 moves 1 byte into its frame */
+			put_le32(e + 64 * 4 + 28, 501);
+			break;
+		case 14: e[31] = 0x80; break;
+		}
+		CHECK_EQ(decode_table_modified(file, len, t, 6),
+			 -EFSCORRUPTED);
+		memcpy(t, save, sizeof(save));
+	}
+	CHECK_EQ(decode_table_modified(file, len, t, 6), 0);
+
+	/* A frame of exactly BLOB_FRAME_MAX bytes, and one byte more. */
+	CHECK_EQ(decode_entries(big, 2, 100), 0);
+	CHECK_EQ(decode_entries(big, 3, 100), -EFSCORRUPTED);
+	big[1].usize++;
+	CHECK_EQ(decode_entries(big, 2, 100), -EFSCORRUPTED);
+	big[1].usize--;
+	big[0].codec = big[1].codec = BLOB_CODEC_NONE;
+	big[0].csize = big[1].csize = BLOB_FRAME_MAX;
+	CHECK_EQ(decode_entries(big, 2, BLOB_FRAME_MAX), 0);
+	CHECK_EQ(decode_entries(big, 2, BLOB_FRAME_MAX - 1), -EFSCORRUPTED);
+	free(file);
+	free_blob(&tb);
+}
+
+/* The same adds give the same bytes whatever the thread count. */
+static void test_writer_determinism(void)
+{
+	static const unsigned int jobs[] = { 1, 2, 3, 8 };
+	/* Big chunks fill the window by bytes before they fill its slots. */
+	static const struct {
+		uint32_t n, big;
+		const char *spec;
+		struct writer_opts policy;
+	} cases[] = {
+		{ 400, 64 << 10, "zstd", { .small = 8 << 10, .max = 24 << 10 } },
+		{ 400, 64 << 10, "zstd", { .max = 0 } },
+		{ 400, 64 << 10, "lz4:9", { .small = 8 << 10, .max = 24 << 10 } },
+		{ 400, 64 << 10, "lz4:9", { .max = 0 } },
+		{ 16, 4 << 20, "zstd:1", { .max = 0 } },
+	};
+	enum data_kind kinds[400];
+	uint32_t lens[400];
+	uint8_t *first = NULL, *file;
+	size_t first_len = 0, len, k, j;
+	struct test_blob tb;
+	uint64_t seed;
+
+	for (k = 0; k < ARRAY_SIZE(cases); k++) {
+		random_sequence(cases[k].n, cases[k].big, lens, kinds);
+		seed = rng();
+		for (j = 0; j < ARRAY_SIZE(jobs); j++) {
+			struct writer_opts o = cases[k].policy;
+
+			o.jobs = jobs[j];
+			rng_state = seed; /* the same data */
+			MAKE_BLOB_OPTS(tmp_path("det.blob"), cases[k].spec, &o,
+				       cases[k].n, lens, kinds, &tb);
+			file = read_file(tmp_path("det.blob"), &len);
+			if (!j) {
+				first = file;
+				first_len = len;
+			} else {
+				CHECK_EQ(len, first_len);
+				CHECK(file && first && !memcmp(file, first, len));
+				free(file);
+			}
+			free_blob(&tb);
+		}
+		free(first);
+	}
 }
 
 /* ------------------------------- index ------------------------------- */
@@ -1073,6 +1600,8 @@ int main(void)
 	RUN_TEST(test_decompress_trailing);
 	RUN_TEST(test_writer_layout);
 	RUN_TEST(test_writer_errors);
+	RUN_TEST(test_writer_write_errors);
+	RUN_TEST(test_writer_abort_in_flight);
 	RUN_TEST(test_empty_blob);
 	RUN_TEST(test_read_info);
 	RUN_TEST(test_verify_materialize_ok);
@@ -1082,6 +1611,10 @@ int main(void)
 	RUN_TEST(test_chunk_decode);
 	RUN_TEST(test_footer_corrupt);
 	RUN_TEST(test_table_corrupt);
+	RUN_TEST(test_batch_composition);
+	RUN_TEST(test_batch_decode);
+	RUN_TEST(test_frame_corrupt);
+	RUN_TEST(test_writer_determinism);
 	RUN_TEST(test_index);
 	remove_tmpdir();
 	TEST_MAIN_END();

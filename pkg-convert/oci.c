@@ -1,0 +1,549 @@
+// SPDX-License-Identifier: MIT
+/*
+ * OCI image layouts on disk (image-spec image-layout.md): resolve
+ * PATH[:TAG] through index.json to one image manifest (choosing a platform
+ * from an image index), and write converted images back as a layout.
+ * Every manifest and index read is size-limited and digest-checked.
+ */
+#include <fcntl.h>
+#include <json-c/json.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <sys/utsname.h>
+#include <unistd.h>
+
+#include "../pkg-base/base.h"
+#include "../pkg-blob/blob.h"
+#include "internal.h"
+
+#define OCI_JSON_MAX (4u << 20) /* manifests and indexes larger are refused */
+#define OCI_INDEX_DEPTH 4       /* nested indexes followed at most */
+#define REF_NAME_ANNOTATION "org.opencontainers.image.ref.name"
+
+static const char *const manifest_types[] = {
+	"application/vnd.oci.image.manifest.v1+json",
+	"application/vnd.docker.distribution.manifest.v2+json",
+};
+static const char *const index_types[] = {
+	"application/vnd.oci.image.index.v1+json",
+	"application/vnd.docker.distribution.manifest.list.v2+json",
+};
+
+static bool is_one_of(const char *s, const char *const *list, size_t n)
+{
+	size_t i;
+
+	for (i = 0; s && i < n; i++)
+		if (!strcmp(s, list[i]))
+			return true;
+	return false;
+}
+
+void oci_split_ref(char *ref, char **path, char **tag)
+{
+	char *colon = strrchr(ref, ':');
+
+	/* "PATH:TAG" unless the part after the last ':' looks like a path. */
+	if (colon && colon != ref && !strchr(colon + 1, '/') && colon[1]) {
+		*colon = '\0';
+		*tag = colon + 1;
+	} else {
+		*tag = NULL;
+	}
+	*path = ref;
+}
+
+int oci_parse_digest(const char *s, uint8_t out[32])
+{
+	if (!s || strncmp(s, "sha256:", 7) || strlen(s) != 71)
+		return -EINVAL;
+	return hex_decode(s + 7, out, 32);
+}
+
+static const char *jstr(struct json_object *o, const char *key)
+{
+	struct json_object *v;
+
+	if (!o || !json_object_object_get_ex(o, key, &v) ||
+	    !json_object_is_type(v, json_type_string))
+		return NULL;
+	return json_object_get_string(v);
+}
+
+/* Parse a descriptor object; every field a consumer relies on is checked. */
+static int parse_descriptor(struct json_object *o, const char *where,
+			    struct oci_descriptor *d)
+{
+	struct json_object *v;
+	const char *digest = jstr(o, "digest"), *type = jstr(o, "mediaType");
+	int64_t size;
+
+	memset(d, 0, sizeof(*d));
+	if (!digest || oci_parse_digest(digest, d->digest)) {
+		ferry_err("%s: descriptor digest \"%s\" is not sha256:<64 hex>", where,
+			  digest ? digest : "(missing)");
+		return -EFSCORRUPTED;
+	}
+	if (!json_object_object_get_ex(o, "size", &v) ||
+	    !json_object_is_type(v, json_type_int) ||
+	    (size = json_object_get_int64(v)) < 0) {
+		ferry_err("%s: descriptor %s has no valid size", where, digest);
+		return -EFSCORRUPTED;
+	}
+	d->size = (uint64_t)size;
+	snprintf(d->media_type, sizeof(d->media_type), "%s", type ? type : "");
+	return 0;
+}
+
+/* Read blobs/sha256/<hex> of @layout whole, checking its size and digest. */
+static int read_json_blob(const char *layout, const struct oci_descriptor *d,
+			  struct json_object **out)
+{
+	char hex[65], *path = NULL;
+	uint8_t digest[32], *data = NULL;
+	struct json_tokener *tok = NULL;
+	int fd = -1, ret;
+
+	hex_encode(d->digest, 32, hex);
+	if (d->size > OCI_JSON_MAX) {
+		ferry_err("%s: manifest sha256:%s is %llu bytes (limit %u)", layout, hex,
+			  (unsigned long long)d->size, OCI_JSON_MAX);
+		return -EFBIG;
+	}
+	if (asprintf(&path, "%s/blobs/sha256/%s", layout, hex) < 0)
+		return -ENOMEM;
+	data = malloc(d->size + 1);
+	if (!data) {
+		ret = -ENOMEM;
+		goto out;
+	}
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0) {
+		ret = -errno;
+		ferry_err("%s: %s", path, strerror(errno));
+		goto out;
+	}
+	ret = read_full(fd, data, d->size);
+	if (!ret && read(fd, digest, 1) != 0)
+		ret = -EFSCORRUPTED; /* longer than its descriptor says */
+	if (ret) {
+		ferry_err("%s: size does not match its descriptor (%llu bytes)", path,
+			  (unsigned long long)d->size);
+		goto out;
+	}
+	blob_sha256(data, d->size, digest);
+	if (memcmp(digest, d->digest, 32)) {
+		ferry_err("%s: content does not match its digest", path);
+		ret = -EFSCORRUPTED;
+		goto out;
+	}
+	tok = json_tokener_new();
+	*out = tok ? json_tokener_parse_ex(tok, (const char *)data, (int)d->size) : NULL;
+	if (!*out || json_tokener_get_error(tok) != json_tokener_success ||
+	    !json_object_is_type(*out, json_type_object)) {
+		ferry_err("%s: not a JSON object", path);
+		json_object_put(*out);
+		*out = NULL;
+		ret = -EFSCORRUPTED;
+	}
+out:
+	if (tok)
+		json_tokener_free(tok);
+	if (fd >= 0)
+		close(fd);
+	free(data);
+	free(path);
+	return ret;
+}
+
+int oci_host_platform(char *out, size_t len)
+{
+	static const struct { const char *uname, *oci; } arches[] = {
+		{ "x86_64", "amd64" }, { "aarch64", "arm64" }, { "armv7l", "arm/v7" },
+		{ "i686", "386" }, { "ppc64le", "ppc64le" }, { "s390x", "s390x" },
+		{ "riscv64", "riscv64" },
+	};
+	struct utsname u;
+	size_t i;
+
+	if (uname(&u))
+		return -errno;
+	for (i = 0; i < ARRAY_SIZE(arches); i++)
+		if (!strcmp(u.machine, arches[i].uname)) {
+			snprintf(out, len, "linux/%s", arches[i].oci);
+			return 0;
+		}
+	snprintf(out, len, "linux/%s", u.machine);
+	return 0;
+}
+
+/* Does index entry @m match "os/arch[/variant]"? */
+static bool platform_matches(struct json_object *m, const char *want)
+{
+	struct json_object *p;
+	char buf[128];
+	const char *os, *arch, *variant;
+
+	if (!json_object_object_get_ex(m, "platform", &p))
+		return false;
+	os = jstr(p, "os");
+	arch = jstr(p, "architecture");
+	variant = jstr(p, "variant");
+	if (!os || !arch)
+		return false;
+	snprintf(buf, sizeof(buf), "%s/%s", os, arch);
+	if (!strcmp(want, buf))
+		return true; /* no variant asked for: any variant */
+	if (!variant)
+		return false;
+	snprintf(buf, sizeof(buf), "%s/%s/%s", os, arch, variant);
+	return !strcmp(want, buf);
+}
+
+/* From an image index, the descriptor for @platform. */
+static int pick_platform(struct json_object *index, const char *where,
+			 const char *platform, struct oci_descriptor *d)
+{
+	struct json_object *manifests;
+	size_t i, n;
+
+	if (!json_object_object_get_ex(index, "manifests", &manifests) ||
+	    !json_object_is_type(manifests, json_type_array)) {
+		ferry_err("%s: image index without a manifests array", where);
+		return -EFSCORRUPTED;
+	}
+	n = json_object_array_length(manifests);
+	for (i = 0; i < n; i++) {
+		struct json_object *m = json_object_array_get_idx(manifests, i);
+
+		if (platform_matches(m, platform))
+			return parse_descriptor(m, where, d);
+	}
+	ferry_err("%s: no manifest for platform %s (use --platform os/arch[/variant])",
+		  where, platform);
+	return -ENOENT;
+}
+
+/* The descriptor index.json names for @tag (or its only one). */
+static int pick_tag(struct json_object *index, const char *layout,
+		    const char *tag, struct oci_descriptor *d)
+{
+	struct json_object *manifests, *match = NULL;
+	size_t i, n;
+
+	if (!json_object_object_get_ex(index, "manifests", &manifests) ||
+	    !json_object_is_type(manifests, json_type_array)) {
+		ferry_err("%s/index.json: no manifests array", layout);
+		return -EFSCORRUPTED;
+	}
+	n = json_object_array_length(manifests);
+	for (i = 0; i < n; i++) {
+		struct json_object *m = json_object_array_get_idx(manifests, i), *ann;
+		const char *name = NULL;
+
+		if (json_object_object_get_ex(m, "annotations", &ann))
+			name = jstr(ann, REF_NAME_ANNOTATION);
+		if (tag ? name && !strcmp(name, tag) : n == 1)
+			match = m;
+	}
+	if (!match) {
+		if (tag)
+			ferry_err("%s: no image tagged \"%s\" in index.json", layout, tag);
+		else
+			ferry_err("%s: index.json lists %zu images; name one as %s:TAG",
+				  layout, n, layout);
+		return -ENOENT;
+	}
+	return parse_descriptor(match, layout, d);
+}
+
+static void oci_image_clear(struct oci_image *img)
+{
+	json_object_put(img->manifest);
+	free(img->layers);
+	free(img->layout);
+	memset(img, 0, sizeof(*img));
+}
+
+void oci_image_free(struct oci_image *img)
+{
+	if (img)
+		oci_image_clear(img);
+}
+
+int oci_image_open(const char *ref, const char *platform, struct oci_image *img)
+{
+	struct json_object *index = NULL, *layers, *config;
+	struct oci_descriptor d;
+	char *copy = strdup(ref), *path, *tag, host[64];
+	size_t i, n;
+	int depth, ret;
+
+	memset(img, 0, sizeof(*img));
+	if (!copy)
+		return -ENOMEM;
+	oci_split_ref(copy, &path, &tag);
+	img->layout = strdup(path);
+	if (!img->layout) {
+		ret = -ENOMEM;
+		goto out;
+	}
+	if (!platform) {
+		ret = oci_host_platform(host, sizeof(host));
+		if (ret)
+			goto out;
+		platform = host;
+	}
+	{
+		char *index_path = NULL;
+
+		if (asprintf(&index_path, "%s/index.json", path) < 0) {
+			ret = -ENOMEM;
+			goto out;
+		}
+		index = json_object_from_file(index_path);
+		if (!index || !json_object_is_type(index, json_type_object)) {
+			ferry_err("%s: not an OCI image layout (cannot read index.json)",
+				  path);
+			free(index_path);
+			ret = access(path, F_OK) ? -ENOENT : -EFSCORRUPTED;
+			goto out;
+		}
+		free(index_path);
+	}
+	ret = pick_tag(index, path, tag, &d);
+	if (ret)
+		goto out;
+	/* Follow nested indexes (a tag may name an index) to one manifest. */
+	for (depth = 0;; depth++) {
+		struct json_object *doc = NULL;
+		const char *type;
+
+		ret = read_json_blob(path, &d, &doc);
+		if (ret)
+			goto out;
+		type = jstr(doc, "mediaType");
+		if (!type || !*type)
+			type = d.media_type;
+		if (is_one_of(type, manifest_types, ARRAY_SIZE(manifest_types)) ||
+		    (!*type && json_object_object_get_ex(doc, "layers", NULL))) {
+			img->manifest = doc;
+			img->manifest_desc = d;
+			break;
+		}
+		if (!is_one_of(type, index_types, ARRAY_SIZE(index_types)) &&
+		    !json_object_object_get_ex(doc, "manifests", NULL)) {
+			ferry_err("%s: %s is neither an image manifest nor an index",
+				  path, type && *type ? type : "untyped document");
+			json_object_put(doc);
+			ret = -EFSCORRUPTED;
+			goto out;
+		}
+		if (depth == OCI_INDEX_DEPTH) {
+			ferry_err("%s: image indexes nested deeper than %d", path,
+				  OCI_INDEX_DEPTH);
+			json_object_put(doc);
+			ret = -EFSCORRUPTED;
+			goto out;
+		}
+		ret = pick_platform(doc, path, platform, &d);
+		json_object_put(doc);
+		if (ret)
+			goto out;
+	}
+	if (!json_object_object_get_ex(img->manifest, "config", &config) ||
+	    parse_descriptor(config, path, &img->config)) {
+		ferry_err("%s: manifest has no valid config descriptor", path);
+		ret = -EFSCORRUPTED;
+		goto out;
+	}
+	/* The config is copied into converted images: check it now. */
+	ret = read_json_blob(path, &img->config, &config);
+	if (ret)
+		goto out;
+	json_object_put(config);
+	if (!json_object_object_get_ex(img->manifest, "layers", &layers) ||
+	    !json_object_is_type(layers, json_type_array)) {
+		ferry_err("%s: manifest has no layers array", path);
+		ret = -EFSCORRUPTED;
+		goto out;
+	}
+	n = json_object_array_length(layers);
+	img->layers = calloc(n ? n : 1, sizeof(*img->layers));
+	if (!img->layers) {
+		ret = -ENOMEM;
+		goto out;
+	}
+	for (i = 0; i < n; i++) {
+		ret = parse_descriptor(json_object_array_get_idx(layers, i), path,
+				       &img->layers[i]);
+		if (ret)
+			goto out;
+	}
+	img->nr_layers = (uint32_t)n;
+	ret = 0;
+out:
+	json_object_put(index);
+	free(copy);
+	if (ret)
+		oci_image_clear(img);
+	return ret;
+}
+
+int oci_blob_path(const char *layout, const uint8_t digest[32], char **out)
+{
+	char hex[65];
+
+	hex_encode(digest, 32, hex);
+	return asprintf(out, "%s/blobs/sha256/%s", layout, hex) < 0 ? -ENOMEM : 0;
+}
+
+const char *oci_annotation(struct json_object *desc, const char *key)
+{
+	struct json_object *ann;
+
+	if (!json_object_object_get_ex(desc, "annotations", &ann))
+		return NULL;
+	return jstr(ann, key);
+}
+
+/* ------------------------------------------------------------------ */
+/* Writing a layout                                                    */
+/* ------------------------------------------------------------------ */
+
+int oci_put_blob(const char *layout, const void *data, size_t len,
+		 uint8_t digest[32])
+{
+	char hex[65], *dir = NULL;
+	int ret;
+
+	blob_sha256(data, len, digest);
+	hex_encode(digest, 32, hex);
+	if (asprintf(&dir, "%s/blobs/sha256", layout) < 0)
+		return -ENOMEM;
+	ret = convert_write_file(dir, hex, data, len);
+	free(dir);
+	return ret;
+}
+
+int oci_link_blob(const char *src_path, const char *layout,
+		  const uint8_t digest[32])
+{
+	char *dst = NULL, *tmp = NULL;
+	uint8_t buf[1 << 16];
+	int in = -1, out = -1, ret = 0;
+	ssize_t n;
+
+	ret = oci_blob_path(layout, digest, &dst);
+	if (ret)
+		return ret;
+	if (!access(dst, F_OK) || !link(src_path, dst))
+		goto done; /* already there, or hardlinked */
+	if (asprintf(&tmp, "%s.tmp", dst) < 0) {
+		ret = -ENOMEM;
+		goto done;
+	}
+	in = open(src_path, O_RDONLY | O_CLOEXEC);
+	out = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	if (in < 0 || out < 0) {
+		ret = -errno;
+		goto done;
+	}
+	while ((n = read(in, buf, sizeof(buf))) > 0) {
+		ret = write_full(out, buf, (size_t)n);
+		if (ret)
+			goto done;
+	}
+	if (n < 0 || fsync(out) || rename(tmp, dst))
+		ret = -errno;
+done:
+	if (ret) {
+		ferry_err("%s: cannot copy into %s: %s", src_path, layout,
+			  ferry_strerror(ret));
+		if (tmp)
+			unlink(tmp);
+	}
+	if (in >= 0)
+		close(in);
+	if (out >= 0)
+		close(out);
+	free(tmp);
+	free(dst);
+	return ret;
+}
+
+int oci_layout_init(const char *layout)
+{
+	char *blobs = NULL, *path = NULL;
+	int ret = 0;
+
+	if (asprintf(&blobs, "%s/blobs/sha256", layout) < 0 ||
+	    asprintf(&path, "%s/oci-layout", layout) < 0) {
+		ret = -ENOMEM;
+		goto out;
+	}
+	ret = convert_mkdir_p(blobs);
+	if (!ret && access(path, F_OK))
+		ret = convert_write_file(layout, "oci-layout",
+					 "{\"imageLayoutVersion\":\"1.0.0\"}", 30);
+out:
+	free(blobs);
+	free(path);
+	return ret;
+}
+
+int oci_tag_manifest(const char *layout, const char *tag,
+		     const uint8_t digest[32], uint64_t size,
+		     const char *media_type)
+{
+	struct json_object *index = NULL, *manifests, *entry, *ann;
+	char *index_path = NULL, dstr[80], hex[65];
+	const char *text;
+	size_t i;
+	int ret;
+
+	if (asprintf(&index_path, "%s/index.json", layout) < 0)
+		return -ENOMEM;
+	index = access(index_path, F_OK) ? json_object_new_object() :
+					    json_object_from_file(index_path);
+	if (!index || !json_object_is_type(index, json_type_object)) {
+		ferry_err("%s: cannot parse: %s", index_path, json_util_get_last_err());
+		ret = -EFSCORRUPTED;
+		goto out;
+	}
+	json_object_object_add(index, "schemaVersion", json_object_new_int(2));
+	json_object_object_add(index, "mediaType",
+			       json_object_new_string("application/vnd.oci.image.index.v1+json"));
+	if (!json_object_object_get_ex(index, "manifests", &manifests) ||
+	    !json_object_is_type(manifests, json_type_array)) {
+		manifests = json_object_new_array();
+		json_object_object_add(index, "manifests", manifests);
+	}
+	/* The tag moves to the new manifest; other entries stay. */
+	for (i = json_object_array_length(manifests); i-- > 0;) {
+		const char *name;
+
+		entry = json_object_array_get_idx(manifests, i);
+		name = oci_annotation(entry, REF_NAME_ANNOTATION);
+		if (name && !strcmp(name, tag))
+			json_object_array_del_idx(manifests, i, 1);
+	}
+	hex_encode(digest, 32, hex);
+	snprintf(dstr, sizeof(dstr), "sha256:%s", hex);
+	entry = json_object_new_object();
+	json_object_object_add(entry, "mediaType", json_object_new_string(media_type));
+	json_object_object_add(entry, "digest", json_object_new_string(dstr));
+	json_object_object_add(entry, "size", json_object_new_int64((int64_t)size));
+	ann = json_object_new_object();
+	json_object_object_add(ann, REF_NAME_ANNOTATION, json_object_new_string(tag));
+	json_object_object_add(entry, "annotations", ann);
+	json_object_array_add(manifests, entry);
+	text = json_object_to_json_string_ext(index, JSON_C_TO_STRING_PLAIN |
+						     JSON_C_TO_STRING_NOSLASHESCAPE);
+	ret = convert_write_file(layout, "index.json", text, strlen(text));
+out:
+	json_object_put(index);
+	free(index_path);
+	return ret;
+}
