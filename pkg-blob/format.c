@@ -46,7 +46,8 @@
  * codec. A frame's uncompressed size (frame_usize) is the sum of its
  * chunks' usize, at most BLOB_FRAME_MAX (64 MiB). To read chunk i, read
  * csize bytes at coff, decode them to frame_usize bytes and take usize
- * bytes at frame_off.
+ * bytes at frame_off; in a stored frame (codec none) these are the usize
+ * file bytes at coff + frame_off.
  *
  * Footer (64 bytes, at file size - 64):
  *    0  u8[8] magic "FERRYBL1"

@@ -21,9 +21,13 @@
 #include <sys/sysmacros.h>
 #include <sys/xattr.h>
 #include <unistd.h>
+#include <zstd.h>
 
 #include "../pkg-base/base.h"
 #include "internal.h"
+
+/* The bootstrap is small and compressed once: spend CPU on its size. */
+#define BOOTSTRAP_ZSTD_LEVEL 12
 #include "tar.h"
 
 static int chunk_table_grow(struct chunk_table *t)
@@ -1011,6 +1015,28 @@ static int put_default_config(const char *layout, struct oci_descriptor *config)
 	return oci_put_blob(layout, text, config->size, config->digest);
 }
 
+/* Store the bootstrap in @layout as one zstd frame (FERRY_BOOTSTRAP_MEDIA_TYPE). */
+static int put_compressed_bootstrap(const char *layout, const uint8_t *data,
+				    size_t len, uint8_t digest[32], uint64_t *size)
+{
+	size_t cap = ZSTD_compressBound(len), n;
+	void *z = malloc(cap);
+	int ret;
+
+	if (!z)
+		return -ENOMEM;
+	n = ZSTD_compress(z, cap, data, len, BOOTSTRAP_ZSTD_LEVEL);
+	if (ZSTD_isError(n)) {
+		ferry_err("bootstrap: zstd: %s", ZSTD_getErrorName(n));
+		free(z);
+		return -EIO;
+	}
+	*size = n;
+	ret = oci_put_blob(layout, z, n, digest);
+	free(z);
+	return ret;
+}
+
 /* oci:PATH[:TAG]: blobs, bootstrap blob, config, manifest, index.json. */
 static int finish_oci(struct converter *c, const char *dest_ref,
 		      const struct oci_image *src, struct out_blob **blobs,
@@ -1021,6 +1047,8 @@ static int finish_oci(struct converter *c, const char *dest_ref,
 	char *copy = strdup(dest_ref), *layout, *tag, *tmp = NULL, *src_path = NULL;
 	char num[32], comp[32], dstr[72];
 	uint8_t *data = NULL, boot_digest[BLOB_DIGEST_SIZE], manifest_digest[32];
+	uint8_t zboot_digest[BLOB_DIGEST_SIZE];
+	uint64_t zboot_size = 0;
 	const char *text;
 	uint32_t i;
 	int ret;
@@ -1040,11 +1068,12 @@ static int finish_oci(struct converter *c, const char *dest_ref,
 		goto out;
 	}
 	ret = write_bootstrap(c, blobs, nr, tmp, &data);
+	unlink(tmp);
 	if (ret)
 		goto out;
 	blob_sha256(data, c->stats->bootstrap_bytes, boot_digest);
-	ret = oci_link_blob(tmp, layout, boot_digest);
-	unlink(tmp);
+	ret = put_compressed_bootstrap(layout, data, c->stats->bootstrap_bytes,
+				       zboot_digest, &zboot_size);
 	if (ret)
 		goto out;
 
@@ -1080,9 +1109,12 @@ static int finish_oci(struct converter *c, const char *dest_ref,
 			annotate(d, "dev.ferry.blob.chunk-dict", "true");
 		json_object_array_add(layers, d);
 	}
-	d = descriptor_json(FERRY_BOOTSTRAP_MEDIA_TYPE, boot_digest,
-			    c->stats->bootstrap_bytes);
+	d = descriptor_json(FERRY_BOOTSTRAP_MEDIA_TYPE, zboot_digest, zboot_size);
 	annotate(d, "dev.ferry.bootstrap", "true");
+	digest_string(boot_digest, dstr);
+	annotate(d, FERRY_BOOTSTRAP_DIGEST_ANNOTATION, dstr);
+	snprintf(num, sizeof(num), "%llu", (unsigned long long)c->stats->bootstrap_bytes);
+	annotate(d, "dev.ferry.bootstrap.uncompressed-size", num);
 	json_object_array_add(layers, d);
 	json_object_object_add(manifest, "layers", layers);
 	annotate(manifest, "dev.ferry.version", "1");

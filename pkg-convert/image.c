@@ -15,6 +15,7 @@
 
 #include "../pkg-base/base.h"
 #include "internal.h"
+#include "tar.h"
 
 static int read_whole_file(const char *path, uint8_t **data, size_t *len)
 {
@@ -58,7 +59,9 @@ static const char *json_string_field(struct json_object *o, const char *key)
 
 /* What the image's index (ferry.json or OCI manifest) promises. */
 struct image_expect {
-	uint8_t bootstrap[BLOB_DIGEST_SIZE];
+	uint8_t bootstrap[BLOB_DIGEST_SIZE]; /* of the raw EROFS bytes */
+	char *compressed_path;   /* oci: the zstd-compressed bootstrap blob */
+	uint8_t compressed[BLOB_DIGEST_SIZE];
 	uint32_t nr_blobs;
 	uint8_t (*blobs)[BLOB_DIGEST_SIZE];
 };
@@ -127,7 +130,7 @@ out:
 static int locate_oci(struct image *img, const char *ref, struct image_expect *e)
 {
 	struct oci_image oci;
-	struct json_object *ann;
+	struct json_object *ann, *layers;
 	const char *s;
 	uint32_t i;
 	int ret;
@@ -135,6 +138,7 @@ static int locate_oci(struct image *img, const char *ref, struct image_expect *e
 	ret = oci_image_open(ref, NULL, &oci);
 	if (ret)
 		return ret;
+	json_object_object_get_ex(oci.manifest, "layers", &layers);
 	free(img->dir);
 	img->dir = strdup(oci.layout);
 	ret = -EFSCORRUPTED;
@@ -148,8 +152,15 @@ static int locate_oci(struct image *img, const char *ref, struct image_expect *e
 			  FERRY_BOOTSTRAP_MEDIA_TYPE);
 		goto out;
 	}
-	memcpy(e->bootstrap, oci.layers[oci.nr_layers - 1].digest, BLOB_DIGEST_SIZE);
-	ret = oci_blob_path(oci.layout, e->bootstrap, &img->bootstrap_path);
+	memcpy(e->compressed, oci.layers[oci.nr_layers - 1].digest, BLOB_DIGEST_SIZE);
+	s = oci_annotation(json_object_array_get_idx(layers, oci.nr_layers - 1),
+			   FERRY_BOOTSTRAP_DIGEST_ANNOTATION);
+	if (!s || oci_parse_digest(s, e->bootstrap)) {
+		ferry_err("%s: bootstrap layer lacks a valid %s annotation", ref,
+			  FERRY_BOOTSTRAP_DIGEST_ANNOTATION);
+		goto out;
+	}
+	ret = oci_blob_path(oci.layout, e->compressed, &e->compressed_path);
 	if (!ret)
 		ret = expect_blobs(e, oci.nr_layers - 1);
 	for (i = 0; !ret && i + 1 < oci.nr_layers; i++) {
@@ -171,24 +182,71 @@ out:
 	return ret;
 }
 
-/* The bootstrap's bytes must hash to the digest the index promises. */
-static int verify_bootstrap(const struct image *img, const struct image_expect *e)
+/* Decompress the oci: bootstrap blob (its digest checked while reading). */
+static int load_compressed(const struct image_expect *e, uint8_t **data,
+			   size_t *len)
 {
-	uint8_t *data = NULL, actual[BLOB_DIGEST_SIZE];
-	size_t len = 0;
+	struct input_stream *in = NULL;
+	struct byte_source src;
+	size_t cap = 0;
+	ssize_t n;
 	int ret;
 
-	ret = read_whole_file(img->bootstrap_path, &data, &len);
+	*data = NULL;
+	*len = 0;
+	ret = input_open_verified(e->compressed_path, e->compressed,
+				  e->compressed_path, &in);
+	if (ret)
+		return ret;
+	src = input_source(in);
+	for (;;) {
+		if (array_reserve(data, &cap, *len + 65536, 1, 1 << 20)) {
+			ret = -ENOMEM;
+			break;
+		}
+		n = src.read(src.ctx, *data + *len, cap - *len);
+		if (n <= 0) {
+			ret = (int)n;
+			break;
+		}
+		*len += (size_t)n;
+		if (*len > FERRY_BOOTSTRAP_MAX) {
+			ferry_err("%s: bootstrap larger than %llu bytes", e->compressed_path,
+				  (unsigned long long)FERRY_BOOTSTRAP_MAX);
+			ret = -EFBIG;
+			break;
+		}
+	}
+	input_close(in);
 	if (ret) {
-		ferry_err("%s: %s", img->bootstrap_path, ferry_strerror(ret));
+		free(*data);
+		*data = NULL;
+	}
+	return ret;
+}
+
+/* Load the bootstrap's bytes; they must hash to the digest the index promises. */
+static int load_bootstrap(struct image *img, const struct image_expect *e)
+{
+	const char *name = e->compressed_path ? e->compressed_path : img->bootstrap_path;
+	uint8_t actual[BLOB_DIGEST_SIZE];
+	int ret;
+
+	if (e->compressed_path)
+		ret = load_compressed(e, &img->bootstrap, &img->bootstrap_len);
+	else
+		ret = read_whole_file(img->bootstrap_path, &img->bootstrap,
+				      &img->bootstrap_len);
+	if (ret) {
+		ferry_err("%s: %s", name, ferry_strerror(ret));
 		return ret;
 	}
-	blob_sha256(data, len, actual);
-	free(data);
+	blob_sha256(img->bootstrap, img->bootstrap_len, actual);
 	if (memcmp(actual, e->bootstrap, BLOB_DIGEST_SIZE)) {
-		ferry_err("%s: sha256 does not match the image index", img->bootstrap_path);
+		ferry_err("%s: sha256 does not match the image index", name);
 		return -EFSCORRUPTED;
 	}
+	memcpy(img->bootstrap_digest, actual, sizeof(actual));
 	return 0;
 }
 
@@ -201,7 +259,7 @@ static int image_match_devices(struct image *img, const struct image_expect *e)
 	meta_get_super(img->meta, &sb);
 	if (sb.nr_devices != img->blobs.nr_blobs || e->nr_blobs != sb.nr_devices) {
 		ferry_err("%s: %u devices, %u blobs in the blob index, %u in the image index",
-			  img->bootstrap_path, sb.nr_devices, img->blobs.nr_blobs,
+			  img->ref, sb.nr_devices, img->blobs.nr_blobs,
 			  e->nr_blobs);
 		return -EFSCORRUPTED;
 	}
@@ -217,7 +275,7 @@ static int image_match_devices(struct image *img, const struct image_expect *e)
 		if (strcmp(dev.tag, hex) || memcmp(e->blobs[i], b->digest, BLOB_DIGEST_SIZE) ||
 		    (uint64_t)dev.blocks * META_BLOCK_SIZE != b->uncompressed_size) {
 			ferry_err("%s: device %u (%s) does not match blob sha256:%s",
-				  img->bootstrap_path, i + 1, dev.tag, hex);
+				  img->ref, i + 1, dev.tag, hex);
 			return -EFSCORRUPTED;
 		}
 		if (asprintf(&img->blob_paths[i], "%s/blobs/sha256/%s", img->dir,
@@ -266,20 +324,19 @@ int image_open(const char *ref, struct image **out)
 		ret = locate_dir(img, &expect);
 	}
 	if (!ret)
-		ret = verify_bootstrap(img, &expect);
+		ret = load_bootstrap(img, &expect);
 	if (ret)
 		goto fail;
-	ret = meta_image_open(img->bootstrap_path, &img->meta);
+	ret = meta_image_open_mem(img->bootstrap, img->bootstrap_len, &img->meta);
 	if (ret) {
-		ferry_err("%s: cannot open bootstrap: %s", img->bootstrap_path,
-			  ferry_strerror(ret));
+		ferry_err("%s: cannot open bootstrap: %s", img->ref, ferry_strerror(ret));
 		goto fail;
 	}
 	ret = meta_get_ext(img->meta, &ext, &ext_len);
 	if (!ret)
 		ret = blob_index_decode(ext, ext_len, &img->blobs);
 	if (ret) {
-		ferry_err("%s: no valid ferry blob index: %s", img->bootstrap_path,
+		ferry_err("%s: no valid ferry blob index in the bootstrap: %s", img->ref,
 			  ferry_strerror(ret));
 		goto fail;
 	}
@@ -292,10 +349,12 @@ int image_open(const char *ref, struct image **out)
 	if (ret)
 		goto fail;
 	free(expect.blobs);
+	free(expect.compressed_path);
 	*out = img;
 	return 0;
 fail:
 	free(expect.blobs);
+	free(expect.compressed_path);
 	image_close(img);
 	return ret;
 }
@@ -313,6 +372,7 @@ void image_close(struct image *img)
 	blob_index_free(&img->blobs);
 	if (img->meta)
 		meta_image_close(img->meta);
+	free(img->bootstrap);
 	free(img->bootstrap_path);
 	free(img->dir);
 	free(img->ref);
@@ -334,7 +394,7 @@ struct checker {
 
 static int check_fail(struct checker *c, int err, const char *what)
 {
-	ferry_err("%s: %s: %s", c->img->bootstrap_path, c->path, what);
+	ferry_err("%s: %s: %s", c->img->ref, c->path, what);
 	return err;
 }
 
@@ -461,6 +521,33 @@ static int ensure_dir(const char *path)
 	return 0;
 }
 
+/*
+ * The kernel mounts a file: an oci: bootstrap is stored compressed, so its
+ * raw bytes go to CACHE/bootstraps/<sha256> (content-addressed, reused).
+ */
+static int ensure_bootstrap_file(struct image *img, const char *cache_dir)
+{
+	char hex[2 * BLOB_DIGEST_SIZE + 1], *dir = NULL;
+	struct stat st;
+	int ret;
+
+	if (img->bootstrap_path)
+		return 0;
+	hex_encode(img->bootstrap_digest, BLOB_DIGEST_SIZE, hex);
+	if (asprintf(&dir, "%s/bootstraps", cache_dir) < 0 ||
+	    asprintf(&img->bootstrap_path, "%s/%s", dir, hex) < 0) {
+		free(dir);
+		img->bootstrap_path = NULL;
+		return -ENOMEM;
+	}
+	ret = ensure_dir(dir);
+	if (!ret && (stat(img->bootstrap_path, &st) ||
+		     (uint64_t)st.st_size != img->bootstrap_len))
+		ret = convert_write_file(dir, hex, img->bootstrap, img->bootstrap_len);
+	free(dir);
+	return ret;
+}
+
 int image_mount_local(struct image *img, const char *cache_dir,
 		      const char *target)
 {
@@ -503,6 +590,9 @@ int image_mount_local(struct image *img, const char *cache_dir,
 		if (ret)
 			goto out;
 	}
+	ret = ensure_bootstrap_file(img, cache_dir);
+	if (ret)
+		goto out;
 	ret = meta_kernel_mount(img->bootstrap_path, (const char *const *)devs,
 				img->blobs.nr_blobs, target);
 out:

@@ -75,7 +75,7 @@ usage "convert --chunk-size below 4 KiB" convert --chunk-size 2048 "dir:$SRC" "d
 usage "convert --chunk-size above 64 MiB" convert --chunk-size 134217728 "dir:$SRC" "dir:$N"
 usage "convert --chunk-size garbage" convert --chunk-size lots "dir:$SRC" "dir:$N"
 usage "convert --inline-max too large" convert --inline-max 1000000 "dir:$SRC" "dir:$N"
-usage "convert unknown source scheme" convert "oci:$SRC" "dir:$N"
+usage "convert unknown source scheme" convert "zip:$SRC" "dir:$N"
 usage "convert source without scheme" convert "$SRC" "dir:$N"
 usage "convert unknown destination scheme" convert "dir:$SRC" "tar:$N"
 usage "mount without --mode" mount "dir:$N" "$MNT"

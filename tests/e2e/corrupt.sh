@@ -43,7 +43,7 @@ fresh() { # NAME -> path
 # format.c / docs/FORMAT.md): [data][table: 64-byte entries][footer: 64
 # bytes, magic "FERRYBL1", nr_chunks u32 at +12, table_offset u64 at +16];
 # entry: coff u64 at +8, csize u32 at +20.
-chunk_byte() { # BLOBFILE IDX
+chunk_byte() { # BLOBFILE IDX -> "OFFSET (I|J|...)": a byte of its frame, its frame's chunks
 	python3 - "$@" <<'EOF'
 import struct, sys
 path, idx = sys.argv[1], int(sys.argv[2])
@@ -57,7 +57,11 @@ coff = struct.unpack_from("<Q", data, table + 64 * idx + 8)[0]
 csize = struct.unpack_from("<I", data, table + 64 * idx + 20)[0]
 if not (0 < csize and coff + csize <= table):
     sys.exit("chunk %d: coff %d csize %d outside data (table at %d)" % (idx, coff, csize, table))
-print(coff + csize // 2)
+# Chunks batched into one frame share coff: damage there may surface in
+# any of them, so print their indexes as a pattern after the offset.
+frame = [str(i) for i in range(n)
+         if struct.unpack_from("<Q", data, table + 64 * i + 8)[0] == coff]
+print(coff + csize // 2, "(" + "|".join(frame) + ")")
 EOF
 }
 
@@ -156,16 +160,17 @@ all_fail() { # WHAT OUT
 # --- chunk data --------------------------------------------------------
 for idx in 0 $((NCHUNKS - 1)); do
 	C=$(fresh "chunk$idx")
-	if off=$(chunk_byte "$C/blobs/sha256/$BLOBHEX" $idx 2>"$LOG"); then
+	if loc=$(chunk_byte "$C/blobs/sha256/$BLOBHEX" $idx 2>"$LOG"); then
+		off=${loc% *} frame=${loc#* }
 		flip "$C/blobs/sha256/$BLOBHEX" "$off"
-		fails_naming "check: flipped byte in chunk $idx" "chunk $idx([^0-9]|$)" \
+		fails_naming "check: flipped byte in chunk $idx" "chunk $frame([^0-9]|$)" \
 			"$FERRY" check "dir:$C"
 		if grep -q "${BLOBHEX:0:12}" "$LOG"; then
 			ok "check: flipped byte in chunk $idx: message names the blob"
 		else
 			notok "check: flipped byte in chunk $idx: message names the blob (${BLOBHEX:0:12}...)"
 		fi
-		mount_fails "mount: flipped byte in chunk $idx" "$C" "chunk $idx([^0-9]|$)"
+		mount_fails "mount: flipped byte in chunk $idx" "$C" "chunk $frame([^0-9]|$)"
 	else
 		notok "blob layout: chunk $idx located through footer and table"
 		diag "$LOG"

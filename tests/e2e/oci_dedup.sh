@@ -158,7 +158,7 @@ ok or print("    dictionary %s, image %s" % (a, b))
 sys.exit(0 if ok else 1)' "$SCRATCH/dir-a/ferry.json" "$SCRATCH/dir-b/ferry.json"
 	check "ferry check (dir: chunk-dict image)" "$FERRY" check "dir:$SCRATCH/dir-b"
 	[ -d "$D" ] && check "dir: and oci: chunk-dict conversions give the same bootstrap" \
-		cmp "$SCRATCH/dir-b/bootstrap" <(python3 - "$D" "$(tag_digest "$D" b)" <<'EOF'
+		cmp "$SCRATCH/dir-b/bootstrap" <(python3 - "$D" "$(tag_digest "$D" b)" <<'EOF' | zstd -dc
 import json, os, sys
 m = json.load(open(os.path.join(sys.argv[1], "blobs", *sys.argv[2].split(":"))))
 sys.stdout.buffer.write(open(os.path.join(sys.argv[1], "blobs", *m["layers"][-1]["digest"].split(":")), "rb").read())

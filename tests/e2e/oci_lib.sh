@@ -184,7 +184,7 @@ if dict_ok:
 layout, tag, srcm = args[:3]
 dir_out = args[3] if len(args) > 3 else None
 BLOB = "application/vnd.ferry.blob.v1"
-BOOT = "application/vnd.ferry.bootstrap.v1.erofs"
+BOOT = "application/vnd.ferry.bootstrap.v1.erofs+zstd"
 MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 bad = []
 
@@ -229,6 +229,13 @@ if not layers or layers[-1].get("mediaType") != BOOT:
     bad.append("last layer is not a bootstrap: %r" % (layers[-1].get("mediaType") if layers else None))
 data = layers[:-1]
 boot = blob(layers[-1], "bootstrap") if layers else None
+if boot is not None:
+    # Stored as one zstd frame; the annotation names the raw bytes' digest.
+    import subprocess
+    boot = subprocess.run(["zstd", "-dc"], input=boot, capture_output=True, check=True).stdout
+    want = layers[-1].get("annotations", {}).get("dev.ferry.bootstrap.uncompressed-digest")
+    if want != "sha256:" + hashlib.sha256(boot).hexdigest():
+        bad.append("bootstrap uncompressed-digest annotation %r does not match" % want)
 last = -1
 seen_dict = False
 for l in data:
