@@ -278,11 +278,5 @@ EOF
 fi
 rm -rf "$BIG" "$OUT"
 
-errs=$(dmesg_erofs_errors)
-if [ -z "$errs" ]; then
-	ok "no EROFS errors in the kernel log"
-else
-	notok "no EROFS errors in the kernel log"
-	echo "$errs" | head -n 20 | sed 's/^/    /'
-fi
+check_kernel_log
 e2e_done

@@ -180,11 +180,5 @@ EOF
 	fi
 fi
 
-errs=$(dmesg_erofs_errors)
-if [ -z "$errs" ]; then
-	ok "no EROFS errors in the kernel log"
-else
-	notok "no EROFS errors in the kernel log"
-	echo "$errs" | head -n 20 | sed 's/^/    /'
-fi
+check_kernel_log
 e2e_done

@@ -259,11 +259,5 @@ mkimage hlgone "$T/lower.tar" "$T/upper-hl-gone.tar"
 check_fails "oci: a hardlink to a lower path whited out in its own layer is refused" "hl-to-gone" \
 	"$FERRY" convert "oci:$SCRATCH/oci-hlgone:t" "dir:$SCRATCH/refused" -q
 
-errs=$(dmesg_erofs_errors)
-if [ -z "$errs" ]; then
-	ok "no EROFS errors in the kernel log"
-else
-	notok "no EROFS errors in the kernel log"
-	echo "$errs" | head -n 20 | sed 's/^/    /'
-fi
+check_kernel_log
 e2e_done

@@ -206,6 +206,18 @@ dmesg_erofs_errors() {
 		}'
 }
 
+# One check: no unexpected EROFS messages since dmesg_mark.
+check_kernel_log() {
+	local errs
+	errs=$(dmesg_erofs_errors)
+	if [ -z "$errs" ]; then
+		ok "no EROFS errors in the kernel log"
+	else
+		notok "no EROFS errors in the kernel log"
+		echo "$errs" | head -n 20 | sed 's/^/    /'
+	fi
+}
+
 need_root() {
 	if [ "$(id -u)" -ne 0 ]; then
 		notok "$E2E_NAME: needs root (mounts, devices, trusted xattrs)"

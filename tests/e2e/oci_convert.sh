@@ -298,11 +298,5 @@ tamper "a truncated gzip layer" gzip layer truncate dir
 tamper "a flipped byte in the config, oci: destination" plain config flip oci
 tamper "a flipped byte in the manifest" plain manifest flip dir
 
-errs=$(dmesg_erofs_errors)
-if [ -z "$errs" ]; then
-	ok "no EROFS errors in the kernel log"
-else
-	notok "no EROFS errors in the kernel log"
-	echo "$errs" | head -n 20 | sed 's/^/    /'
-fi
+check_kernel_log
 e2e_done
