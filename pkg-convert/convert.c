@@ -1127,12 +1127,20 @@ static int finish_oci(struct converter *c, const char *dest_ref,
 		size_t len = 0;
 		FILE *f = open_memstream(&joined, &len);
 
+		if (!f) {
+			ret = -ENOMEM;
+			goto out;
+		}
 		for (i = 0; i < src->nr_layers; i++) {
 			digest_string(src->layers[i].digest, dstr);
 			fprintf(f, "%s%s", i ? "," : "", dstr);
 		}
-		fclose(f);
-		annotate(manifest, "dev.ferry.source-layers", joined ? joined : "");
+		if (fclose(f) || !joined) {
+			free(joined);
+			ret = -ENOMEM;
+			goto out;
+		}
+		annotate(manifest, "dev.ferry.source-layers", joined);
 		free(joined);
 		digest_string(src->manifest_desc.digest, dstr);
 		annotate(manifest, "dev.ferry.source-manifest", dstr);
