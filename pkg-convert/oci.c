@@ -201,18 +201,28 @@ static bool platform_matches(struct json_object *m, const char *want)
 	return !strcmp(want, buf);
 }
 
+/* An image index's "manifests" array, or -EFSCORRUPTED naming @where. */
+static int index_manifests(struct json_object *index, const char *where,
+			   struct json_object **manifests)
+{
+	if (!json_object_object_get_ex(index, "manifests", manifests) ||
+	    !json_object_is_type(*manifests, json_type_array)) {
+		ferry_err("%s: image index without a manifests array", where);
+		return -EFSCORRUPTED;
+	}
+	return 0;
+}
+
 /* From an image index, the descriptor for @platform. */
 static int pick_platform(struct json_object *index, const char *where,
 			 const char *platform, struct oci_descriptor *d)
 {
 	struct json_object *manifests;
 	size_t i, n;
+	int ret = index_manifests(index, where, &manifests);
 
-	if (!json_object_object_get_ex(index, "manifests", &manifests) ||
-	    !json_object_is_type(manifests, json_type_array)) {
-		ferry_err("%s: image index without a manifests array", where);
-		return -EFSCORRUPTED;
-	}
+	if (ret)
+		return ret;
 	n = json_object_array_length(manifests);
 	for (i = 0; i < n; i++) {
 		struct json_object *m = json_object_array_get_idx(manifests, i);
@@ -231,19 +241,14 @@ static int pick_tag(struct json_object *index, const char *layout,
 {
 	struct json_object *manifests, *match = NULL;
 	size_t i, n;
+	int ret = index_manifests(index, layout, &manifests);
 
-	if (!json_object_object_get_ex(index, "manifests", &manifests) ||
-	    !json_object_is_type(manifests, json_type_array)) {
-		ferry_err("%s/index.json: no manifests array", layout);
-		return -EFSCORRUPTED;
-	}
+	if (ret)
+		return ret;
 	n = json_object_array_length(manifests);
 	for (i = 0; i < n; i++) {
-		struct json_object *m = json_object_array_get_idx(manifests, i), *ann;
-		const char *name = NULL;
-
-		if (json_object_object_get_ex(m, "annotations", &ann))
-			name = jstr(ann, REF_NAME_ANNOTATION);
+		struct json_object *m = json_object_array_get_idx(manifests, i);
+		const char *name = oci_annotation(m, REF_NAME_ANNOTATION);
 		if (tag ? name && !strcmp(name, tag) : n == 1)
 			match = m;
 	}
