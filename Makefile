@@ -28,8 +28,11 @@ LIB_SRCS := $(foreach m,$(MODULES),$(wildcard $(m)/*.c))
 LIB_OBJS := $(LIB_SRCS:%.c=$(BUILD)/%.o)
 LIB := $(BUILD)/libferry.a
 
-FERRY_SRCS := $(wildcard cmd/ferry/*.c)
+# cmd/ctl.c: the ferry <-> ferryd control protocol, linked into both.
+FERRY_SRCS := $(wildcard cmd/ferry/*.c) cmd/ctl.c
 FERRY_OBJS := $(FERRY_SRCS:%.c=$(BUILD)/%.o)
+FERRYD_SRCS := $(wildcard cmd/ferryd/*.c) cmd/ctl.c
+FERRYD_OBJS := $(FERRYD_SRCS:%.c=$(BUILD)/%.o)
 
 TEST_SRCS := $(wildcard tests/*/test_*.c)
 TEST_BINS := $(TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
@@ -44,9 +47,9 @@ Q := $(if $(V),,@)
 
 .PHONY: all check check-asan check-run tests fuzz fuzz-run bench demo deps install clean
 
-all: $(BIN)/ferry
+all: $(BIN)/ferry $(BIN)/ferryd
 
-$(BUILD)/%.o: %.c $(wildcard */*.h) Makefile
+$(BUILD)/%.o: %.c $(wildcard */*.h cmd/*/*.h) Makefile
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  CC      $<")
 	$(Q)$(CC) $(CFLAGS) -c -o $@ $<
@@ -56,6 +59,11 @@ $(LIB): $(LIB_OBJS)
 	$(Q)rm -f $@ && ar rcs $@ $^
 
 $(BIN)/ferry: $(FERRY_OBJS) $(LIB)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BIN)/ferryd: $(FERRYD_OBJS) $(LIB)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
@@ -94,6 +102,7 @@ check-asan: deps
 
 bench: deps all
 	BIN=$(BIN) bench/run.sh
+	BIN=$(BIN) bench/lazy.sh
 
 demo: deps all
 	BIN=$(BIN) tests/demo.sh
@@ -101,7 +110,10 @@ demo: deps all
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/man/man1
 	install -m 0755 $(BIN)/ferry $(DESTDIR)$(PREFIX)/bin/ferry
+	install -m 0755 $(BIN)/ferryd $(DESTDIR)$(PREFIX)/bin/ferryd
 	install -m 0644 docs/man/ferry.1 $(DESTDIR)$(PREFIX)/share/man/man1/ferry.1
+	install -d $(DESTDIR)$(PREFIX)/share/man/man8
+	install -m 0644 docs/man/ferryd.8 $(DESTDIR)$(PREFIX)/share/man/man8/ferryd.8
 
 clean:
 	rm -rf build build-asan bin

@@ -10,32 +10,11 @@
 # mkfs.erofs to also time `--tar=f --ungzip`).
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
-BIN=${BIN:-$top/bin}
-case $BIN in /*) ;; *) BIN=$top/$BIN ;; esac
-ferry=$BIN/ferry
-data=${FERRY_BENCH_DIR:-/var/tmp/ferry-bench}
-runs=${FERRY_BENCH_RUNS:-5}
 sets=${FERRY_BENCH_SETS:-minbase big}
+. "$top/bench/lib.sh"
 mkdir -p "$data"
 work=$(mktemp -d "$data/run.XXXXXX")
 trap 'rm -rf "$work"' EXIT
-
-dataset() { # name → builds $data/NAME.tar, .tar.gz and the reference tree
-	local name=$1 include=
-	[ "$name" = big ] && include=--include=python3,perl,gcc
-	if [ ! -f "$data/$name.tar" ]; then
-		echo "bench: building $name.tar with mmdebstrap (once)" >&2
-		mmdebstrap --variant=minbase --quiet $include bookworm "$data/$name.tmp.tar"
-		mv "$data/$name.tmp.tar" "$data/$name.tar"
-	fi
-	[ -f "$data/$name.tar.gz" ] || gzip -6 -c "$data/$name.tar" > "$data/$name.tar.gz"
-	if [ ! -d "$data/$name.ref" ]; then
-		mkdir -p "$data/$name.ref.tmp"
-		tar --numeric-owner --xattrs --xattrs-include='*' -xpf "$data/$name.tar" \
-			-C "$data/$name.ref.tmp"
-		mv "$data/$name.ref.tmp" "$data/$name.ref"
-	fi
-}
 
 for set in $sets; do
 	dataset "$set"

@@ -1,9 +1,11 @@
 // SPDX-License-Identifier: MIT
 #include "base.h"
 
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -74,6 +76,41 @@ int pread_full(int fd, void *buf, size_t len, uint64_t off)
 		len -= (size_t)n;
 	}
 	return 0;
+}
+
+int read_file_max(const char *path, size_t max, char **data, size_t *len)
+{
+	struct stat st;
+	char *buf = NULL;
+	int fd, ret;
+
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	if (fstat(fd, &st)) {
+		ret = -errno;
+		goto out;
+	}
+	if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size > max) {
+		ret = S_ISREG(st.st_mode) ? -EFBIG : -EINVAL;
+		goto out;
+	}
+	buf = malloc((size_t)st.st_size + 1);
+	if (!buf) {
+		ret = -ENOMEM;
+		goto out;
+	}
+	ret = read_full(fd, buf, (size_t)st.st_size);
+	if (ret)
+		goto out;
+	buf[st.st_size] = '\0';
+	*data = buf;
+	*len = (size_t)st.st_size;
+	buf = NULL;
+out:
+	free(buf);
+	close(fd);
+	return ret;
 }
 
 int write_full(int fd, const void *buf, size_t len)

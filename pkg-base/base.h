@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * pkg-base: the few helpers every ferry module shares — little-endian
- * accessors for on-disk structs, leveled logging, full-length I/O, and a
- * TTY progress line. Nothing here knows about EROFS, blobs or tar.
+ * accessors for on-disk structs, leveled logging, full-length I/O, whole
+ * small files, a json-c string accessor, and a TTY progress line. Nothing here knows about EROFS, blobs or tar.
  *
  * Thread-safety: logging and the I/O helpers are safe from any thread;
  * a struct ferry_progress belongs to one thread.
@@ -19,6 +19,9 @@
 
 /* Corrupt on-disk or on-wire data, distinct from an I/O error (as in fs/erofs). */
 #define EFSCORRUPTED EUCLEAN
+
+/* ferry's release, for --version and the registry User-Agent. */
+#define FERRY_VERSION "0.1.0"
 
 #define ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
 #define DIV_ROUND_UP(n, d) (((n) + (d) - 1) / (d))
@@ -96,6 +99,16 @@ const char *ferry_strerror(int negative_errno);
  */
 int read_full(int fd, void *buf, size_t len);
 int pread_full(int fd, void *buf, size_t len, uint64_t off);
+/*
+ * Read the whole regular file @path, at most @max bytes (else -EFBIG; not a
+ * regular file: -EINVAL), into a malloc'ed buffer with a NUL after the last
+ * byte. 0 or -errno; no log.
+ */
+int read_file_max(const char *path, size_t max, char **data, size_t *len);
+
+/* The string member @key of the JSON object @o, or NULL (json.c). */
+struct json_object;
+const char *json_get_string(struct json_object *o, const char *key);
 int write_full(int fd, const void *buf, size_t len);
 int pwrite_full(int fd, const void *buf, size_t len, uint64_t off);
 

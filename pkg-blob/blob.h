@@ -2,8 +2,8 @@
 /*
  * pkg-blob: ferry's chunk blob format v1 — codecs, sha256 digests, the
  * blob writer, the chunk tables (at each blob's tail and, as the "blob
- * index", inside the bootstrap), chunk decode + verify, and materialising
- * a blob into its uncompressed device file.
+ * index", inside the bootstrap), chunk decode + verify, and the chunk
+ * cache that fills a blob's uncompressed device file on demand.
  *
  * A blob holds chunks grouped into frames, each frame compressed on its
  * own: a big chunk is a frame by itself, small chunks are batched into a
@@ -200,10 +200,13 @@ struct blob_index {
 int blob_index_encode(const struct blob_info *blobs, uint32_t nr_blobs,
 		      void **buf, size_t *len);
 int blob_index_decode(const void *buf, size_t len, struct blob_index *out);
+/* The same for an index followed by other data: *@used is its length. */
+int blob_index_decode_prefix(const void *buf, size_t len,
+			     struct blob_index *out, size_t *used);
 void blob_index_free(struct blob_index *idx);
 
 /* ------------------------------------------------------------------ */
-/* Reading, verifying, materialising                                   */
+/* Reading and verifying                                              */
 /* ------------------------------------------------------------------ */
 
 /*
@@ -238,6 +241,16 @@ int blob_chunk_verify(const struct blob_chunk *c, const void *data);
  */
 int blob_chunk_decode(const struct blob_chunk *c, const void *cdata, void *out);
 
+/*
+ * Where a blob file's bytes come from: read exactly @len bytes at @off
+ * into @buf — a local file, or a registry Range request. 0 or -errno; may
+ * be called from several threads at once.
+ */
+struct blob_source {
+	int (*read)(void *ctx, uint64_t off, void *buf, size_t len);
+	void *ctx;
+};
+
 struct blob_verify_report {
 	uint32_t bad_chunk; /* index of the first failing chunk */
 	uint64_t bad_uoff;
@@ -257,14 +270,133 @@ struct blob_verify_report {
  */
 int blob_verify_file(const char *path, const struct blob_info *info,
 		     struct blob_verify_report *report);
+/*
+ * The same for a blob read through @src (info->size bytes), e.g. from a
+ * registry: the data region is read front to back in reads of up to
+ * 16 MiB. @name is used in messages.
+ */
+int blob_verify_source(const struct blob_source *src, const char *name,
+		       const struct blob_info *info,
+		       struct blob_verify_report *report);
+
+
+/* ------------------------------------------------------------------ */
+/* Chunk cache                                                         */
+/* ------------------------------------------------------------------ */
 
 /*
- * Write @info's uncompressed address space to @dev_path (a sparse regular
- * file of info->uncompressed_size bytes), verifying every chunk. Writes to
- * a temporary name and renames into place only when every chunk verified,
- * so an existing @dev_path is always complete.
+ * A content-addressed cache directory shared by every image and mount
+ * (docs/FORMAT.md, "Chunk cache"):
+ *   DIR/blobs/sha256/<hex>.data  the blob's uncompressed address space, a
+ *                                sparse file of uncompressed_size bytes —
+ *                                once complete, a valid EROFS device file
+ *   DIR/blobs/sha256/<hex>.map   header + one state byte per chunk
+ *   DIR/images/<hex>.json        images that use the cache (blob_cache_*
+ *                                _image), so gc knows what to keep
+ *
+ * A chunk is marked present only after its bytes were decoded, verified
+ * against its sha256, written and made durable (fdatasync), so a crash at
+ * any moment never leaves a chunk marked present with wrong bytes; a mark
+ * lost in a crash only costs a second fetch. Concurrent users — threads
+ * of one process or other processes — never fetch the same frame twice at
+ * once and never see a chunk before it is complete: a filler holds an
+ * open-file-description lock over its chunks' map bytes and checks the
+ * marks again once it has the lock.
+ *
+ * Every user of a blob holds a shared flock on its map file, so gc only
+ * removes blobs nobody has open.
  */
-int blob_materialize(const char *blob_path, const struct blob_info *info,
-		     const char *dev_path);
+struct blob_cache_blob;
+
+/*
+ * Reads of adjacent missing frames are merged into one source read of at
+ * most this many compressed bytes (a frame larger than this is read alone).
+ */
+#define BLOB_CACHE_RUN_MAX (4u << 20)
+
+/*
+ * Open (creating when missing) the cache files of the blob @info in
+ * @cache_dir. @info (with its chunk table, as the bootstrap's blob index
+ * gives it) must outlive the handle. A map file whose header disagrees
+ * with @info (a damaged or truncated file) is discarded with a warning
+ * and the blob starts empty — unless another handle has it open, then
+ * -EFSCORRUPTED with a message naming the file. A handle's locks belong
+ * to its open files: do not use it in a child after fork().
+ */
+int blob_cache_open(const char *cache_dir, const struct blob_info *info,
+		    struct blob_cache_blob **out);
+void blob_cache_close(struct blob_cache_blob *b);
+
+/* The data file: its path, and a descriptor open for reading. */
+const char *blob_cache_data_path(const struct blob_cache_blob *b);
+int blob_cache_data_fd(const struct blob_cache_blob *b);
+
+/* Is chunk @index (into info->chunks) present? Lock-free. */
+bool blob_cache_chunk_present(const struct blob_cache_blob *b, uint32_t index);
+
+/*
+ * Make every chunk whose bytes overlap [@uoff, @uoff + @len) present,
+ * fetching missing frames from @src (adjacent ones in one read, up to
+ * BLOB_CACHE_RUN_MAX), decoding, verifying and writing them (every chunk
+ * of a fetched frame, asked for or not). Bytes of the range outside every
+ * chunk (the alignment padding ending a slot) are zeros and need nothing;
+ * an empty range is 0, one reaching past uncompressed_size -EINVAL. A
+ * chunk of the range that fails to verify is -EIO naming blob and chunk,
+ * and stays missing. Returns 0 when the range is present, or -errno;
+ * *@fetched (may be NULL) is increased by the compressed bytes read.
+ */
+int blob_cache_ensure(struct blob_cache_blob *b, uint64_t uoff, uint64_t len,
+		      const struct blob_source *src, uint64_t *fetched);
+
+/* Chunks and uncompressed bytes present now. */
+void blob_cache_usage(const struct blob_cache_blob *b, uint32_t *chunks,
+		      uint64_t *bytes);
+
+/*
+ * Record that the image with manifest (or bootstrap) digest @image_digest,
+ * known to users as @ref (NULL: recorded as ""), uses the blobs @digests:
+ * gc keeps them until the record is forgotten. A record for the same
+ * @image_digest is replaced.
+ */
+int blob_cache_add_image(const char *cache_dir, const char *ref,
+			 const uint8_t image_digest[BLOB_DIGEST_SIZE],
+			 const uint8_t (*digests)[BLOB_DIGEST_SIZE],
+			 uint32_t nr_digests);
+/*
+ * Forget one image record (by digest; -ENOENT when there is none), or
+ * every one with @image_digest NULL.
+ */
+int blob_cache_forget_image(const char *cache_dir,
+			    const uint8_t *image_digest);
+
+struct blob_cache_entry {
+	uint8_t digest[BLOB_DIGEST_SIZE];
+	uint64_t uncompressed_size; /* from the map header */
+	uint64_t disk_bytes;        /* allocated bytes of data + map */
+	uint32_t nr_chunks, chunks_present;
+	uint32_t nr_images;         /* image records naming this blob */
+	bool in_use;                /* another handle has it open */
+};
+struct blob_cache_image {
+	uint8_t digest[BLOB_DIGEST_SIZE];
+	char *ref; /* "" when none was given */
+	uint32_t nr_blobs;
+};
+struct blob_cache_list {
+	struct blob_cache_entry *blobs;
+	uint32_t nr_blobs;
+	struct blob_cache_image *images;
+	uint32_t nr_images;
+};
+/* Everything in the cache; a missing cache directory is an empty list. */
+int blob_cache_list(const char *cache_dir, struct blob_cache_list *out);
+void blob_cache_list_free(struct blob_cache_list *l);
+
+/*
+ * Remove the files of every blob no image record names and nobody has
+ * open, plus leftover temporary files. *@freed (may be NULL): bytes freed;
+ * *@removed (may be NULL): blobs removed.
+ */
+int blob_cache_gc(const char *cache_dir, uint64_t *freed, uint32_t *removed);
 
 #endif

@@ -456,7 +456,8 @@ int blob_index_encode(const struct blob_info *blobs, uint32_t nr_blobs,
 	return 0;
 }
 
-int blob_index_decode(const void *buf, size_t len, struct blob_index *out)
+int blob_index_decode_prefix(const void *buf, size_t len,
+			     struct blob_index *out, size_t *used)
 {
 	const uint8_t *p = buf, *rec;
 	struct blob_index idx = { 0 };
@@ -521,16 +522,25 @@ int blob_index_decode(const void *buf, size_t len, struct blob_index *out)
 			goto fail;
 		pos += tlen;
 	}
-	if (pos != len) {
-		ferry_err("blob index: %llu unexpected bytes after the last chunk table",
-			  (unsigned long long)(len - pos));
-		ret = -EFSCORRUPTED;
-		goto fail;
-	}
 	*out = idx;
+	*used = (size_t)pos;
 	return 0;
 fail:
 	blob_index_free(&idx);
+	return ret;
+}
+
+int blob_index_decode(const void *buf, size_t len, struct blob_index *out)
+{
+	size_t used;
+	int ret = blob_index_decode_prefix(buf, len, out, &used);
+
+	if (!ret && used != len) {
+		ferry_err("blob index: %llu unexpected bytes after the last chunk table",
+			  (unsigned long long)(len - used));
+		blob_index_free(out);
+		ret = -EFSCORRUPTED;
+	}
 	return ret;
 }
 

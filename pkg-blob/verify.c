@@ -1,8 +1,7 @@
 // SPDX-License-Identifier: MIT
 /*
  * Reading blob files back: footer + table, frame and chunk decode, and the
- * streaming pass shared by verify and materialise, which reads the data
- * region front to back in large reads (frames are contiguous, see
+ * streaming verify pass, which reads the data region front to back in large reads (frames are contiguous, see
  * format.c), decodes every frame once and checks each of its chunks, and
  * hashes the whole file on the way to check the blob digest without a
  * second read.
@@ -79,33 +78,31 @@ static int info_compare(const struct blob_info *info,
  * blob_read_info, also handing back the raw table + footer bytes when
  * @tail is not NULL (the streaming pass hashes them).
  */
-static int read_info(int fd, const char *what, const struct blob_info *expect,
+static int read_info(const struct blob_source *src, uint64_t size,
+		     const char *what, const struct blob_info *expect,
 		     struct blob_info *info, uint8_t **tail)
 {
 	uint8_t footer[BLOB_FOOTER_SIZE], *buf = NULL;
 	struct blob_info bi;
-	struct stat st;
 	size_t tlen;
 	int ret;
 
-	if (fstat(fd, &st))
-		return -errno;
-	if (expect && (uint64_t)st.st_size != expect->size) {
+	if (expect && size != expect->size) {
 		ferry_err("%s: file is %llu bytes but the blob index says %llu",
-			  what, (unsigned long long)st.st_size,
+			  what, (unsigned long long)size,
 			  (unsigned long long)expect->size);
 		return -EFSCORRUPTED;
 	}
-	if ((uint64_t)st.st_size < BLOB_FOOTER_SIZE) {
+	if (size < BLOB_FOOTER_SIZE) {
 		ferry_err("%s: %llu bytes is too short for a blob", what,
-			  (unsigned long long)st.st_size);
+			  (unsigned long long)size);
 		return -EFSCORRUPTED;
 	}
-	ret = pread_full(fd, footer, BLOB_FOOTER_SIZE,
-			 (uint64_t)st.st_size - BLOB_FOOTER_SIZE);
+	ret = src->read(src->ctx, size - BLOB_FOOTER_SIZE, footer,
+			BLOB_FOOTER_SIZE);
 	if (ret)
 		return ret;
-	ret = blob_footer_parse(footer, (uint64_t)st.st_size, &bi, what);
+	ret = blob_footer_parse(footer, size, &bi, what);
 	if (ret)
 		return ret;
 	/* The footer check bounds the table by the file size. */
@@ -113,7 +110,7 @@ static int read_info(int fd, const char *what, const struct blob_info *expect,
 	buf = malloc(tlen + BLOB_FOOTER_SIZE);
 	if (!buf)
 		return -ENOMEM;
-	ret = pread_full(fd, buf, tlen, bi.table_offset);
+	ret = tlen ? src->read(src->ctx, bi.table_offset, buf, tlen) : 0;
 	if (ret)
 		goto fail;
 	memcpy(buf + tlen, footer, BLOB_FOOTER_SIZE);
@@ -139,13 +136,22 @@ fail:
 	return ret;
 }
 
+static int fd_source_read(void *ctx, uint64_t off, void *buf, size_t len)
+{
+	return pread_full(*(int *)ctx, buf, len, off);
+}
+
 int blob_read_info(int fd, const char *name, const struct blob_info *expect,
 		   struct blob_info *info)
 {
+	struct blob_source src = { .read = fd_source_read, .ctx = &fd };
 	char what[PATH_MAX + 8];
+	struct stat st;
 
+	if (fstat(fd, &st))
+		return -errno;
 	snprintf(what, sizeof(what), "blob %s", name);
-	return read_info(fd, what, expect, info, NULL);
+	return read_info(&src, (uint64_t)st.st_size, what, expect, info, NULL);
 }
 
 static void chunk_err(const char *what, uint32_t index,
@@ -236,13 +242,6 @@ int blob_chunk_decode(const struct blob_chunk *c, const void *cdata, void *out)
 	return chunk_verify(c, out, NULL, 0);
 }
 
-static bool all_zero(const void *buf, size_t len)
-{
-	const uint8_t *p = buf;
-
-	return !p[0] && !memcmp(p, p + 1, len - 1);
-}
-
 static void report_set(struct blob_verify_report *r, int error, uint32_t chunk,
 		       uint64_t uoff)
 {
@@ -257,7 +256,7 @@ static void report_set(struct blob_verify_report *r, int error, uint32_t chunk,
  * once as it is read.
  */
 struct data_reader {
-	int fd;
+	const struct blob_source *src;
 	uint8_t *buf;
 	size_t cap, have;   /* buf holds file bytes buf_off .. + have */
 	uint64_t buf_off;
@@ -282,7 +281,7 @@ static int reader_get(struct data_reader *r, uint64_t off, size_t len,
 		r->have = keep;
 		want = (size_t)MIN((uint64_t)(r->cap - keep),
 				   r->end - off - keep);
-		ret = pread_full(r->fd, r->buf + keep, want, off + keep);
+		ret = r->src->read(r->src->ctx, off + keep, r->buf + keep, want);
 		if (ret)
 			return ret;
 		blob_hasher_update(r->hasher, r->buf + keep, want);
@@ -293,39 +292,30 @@ static int reader_get(struct data_reader *r, uint64_t off, size_t len,
 }
 
 /*
- * Check the blob file at @path against @info: its size, footer and table,
- * every frame (decoded), every chunk (hashed) and the whole-file digest.
- * With @dev_fd >= 0 each verified chunk is also written there at its uoff,
- * skipping all-zero chunks (the device file is sparse and zero already).
+ * Check the blob of @size bytes read through @src against @info: its size,
+ * footer and table, every frame (decoded), every chunk (hashed) and the
+ * whole-file digest.
  */
-static int stream_blob(const char *path, const struct blob_info *info,
-		       int dev_fd, const char *dev_path,
+static int stream_blob(const struct blob_source *src, uint64_t size,
+		       const char *what, const struct blob_info *info,
 		       struct blob_verify_report *report)
 {
 	struct blob_codec_ctx *ctx = blob_codec_ctx_thread();
-	struct data_reader r = { .fd = -1, .cap = STREAM_BUF_SIZE };
+	struct data_reader r = { .src = src, .cap = STREAM_BUF_SIZE };
 	uint8_t *out = NULL, *tail = NULL;
 	uint8_t digest[BLOB_DIGEST_SIZE];
 	const uint8_t *frame = NULL; /* the decoded frame of chunk i */
 	struct blob_info finfo = { 0 };
 	size_t max_frame = 1;
-	char what[PATH_MAX + 8];
 	uint32_t i = BLOB_VERIFY_NO_CHUNK; /* the chunk being checked */
 	uint32_t j;
 	int ret = -ENOMEM;
 
-	snprintf(what, sizeof(what), "blob %s", path);
 	report_set(report, 0, 0, 0);
 	if (!ctx)
 		goto out;
-	r.fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (r.fd < 0) {
-		ret = -errno;
-		ferry_err("%s: %s", what, ferry_strerror(ret));
-		goto out;
-	}
 	/* From here on @info matches the validated table of the file. */
-	ret = read_info(r.fd, what, info, &finfo, &tail);
+	ret = read_info(src, size, what, info, &finfo, &tail);
 	if (ret)
 		goto out;
 	ret = blob_hasher_new(&r.hasher);
@@ -343,7 +333,6 @@ static int stream_blob(const char *path, const struct blob_info *info,
 		ret = -ENOMEM;
 		goto out;
 	}
-	posix_fadvise(r.fd, 0, 0, POSIX_FADV_SEQUENTIAL);
 	for (i = 0; i < info->nr_chunks; i++) {
 		const struct blob_chunk *c = &info->chunks[i];
 		const uint8_t *bytes;
@@ -366,14 +355,6 @@ static int stream_blob(const char *path, const struct blob_info *info,
 		ret = chunk_verify(c, bytes, what, i);
 		if (ret)
 			goto out;
-		if (dev_fd >= 0 && !all_zero(bytes, c->usize)) {
-			ret = pwrite_full(dev_fd, bytes, c->usize, c->uoff);
-			if (ret) {
-				ferry_err("%s: writing chunk %u to %s: %s", what,
-					  i, dev_path, ferry_strerror(ret));
-				goto out;
-			}
-		}
 	}
 	i = BLOB_VERIFY_NO_CHUNK;
 	blob_hasher_update(r.hasher, tail,
@@ -400,91 +381,40 @@ out:
 	free(tail);
 	free(out);
 	free(r.buf);
-	if (r.fd >= 0)
-		close(r.fd);
 	return ret;
 }
 
 int blob_verify_file(const char *path, const struct blob_info *info,
 		     struct blob_verify_report *report)
 {
-	return stream_blob(path, info, -1, NULL, report);
-}
+	struct blob_source src = { .read = fd_source_read };
+	char what[PATH_MAX + 8];
+	struct stat st;
+	int fd, ret;
 
-/* fsync the directory holding @path so a rename into it is durable. */
-static int fsync_parent(const char *path)
-{
-	const char *slash = strrchr(path, '/');
-	char *dir;
-	int fd, ret = 0;
-
-	if (!slash)
-		dir = strdup(".");
-	else
-		dir = strndup(path, slash == path ? 1 : (size_t)(slash - path));
-	if (!dir)
-		return -ENOMEM;
-	fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (fd < 0 || fsync(fd))
+	snprintf(what, sizeof(what), "blob %s", path);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0 || fstat(fd, &st)) {
 		ret = -errno;
-	if (fd >= 0)
-		close(fd);
-	free(dir);
-	return ret;
-}
-
-int blob_materialize(const char *blob_path, const struct blob_info *info,
-		     const char *dev_path)
-{
-	char *tmp = NULL;
-	int fd = -1, ret;
-
-	if (asprintf(&tmp, "%s.tmp.%d", dev_path, (int)getpid()) < 0)
-		return -ENOMEM;
-	fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-	if (fd < 0) {
-		ret = -errno;
-		ferry_err("blob %s: cannot create %s: %s", blob_path, tmp,
-			  ferry_strerror(ret));
-		free(tmp);
+		ferry_err("%s: %s", what, ferry_strerror(ret));
+		report_set(report, ret, BLOB_VERIFY_NO_CHUNK, BLOB_VERIFY_NO_UOFF);
+		if (fd >= 0)
+			close(fd);
 		return ret;
 	}
-	if (ftruncate(fd, (off_t)info->uncompressed_size)) {
-		ret = -errno;
-		ferry_err("blob %s: cannot size %s to %llu bytes: %s",
-			  blob_path, tmp,
-			  (unsigned long long)info->uncompressed_size,
-			  ferry_strerror(ret));
-		goto fail;
-	}
-	ret = stream_blob(blob_path, info, fd, tmp, NULL);
-	if (ret)
-		goto fail;
-	if (fsync(fd)) {
-		ret = -errno;
-		ferry_err("blob %s: fsync %s: %s", blob_path, tmp,
-			  ferry_strerror(ret));
-		goto fail;
-	}
-	ret = close(fd) ? -errno : 0;
-	fd = -1;
-	if (!ret && rename(tmp, dev_path))
-		ret = -errno;
-	if (ret) {
-		ferry_err("blob %s: cannot install %s: %s", blob_path, dev_path,
-			  ferry_strerror(ret));
-		goto fail;
-	}
-	free(tmp);
-	ret = fsync_parent(dev_path);
-	if (ret)
-		ferry_err("blob %s: fsync of the directory of %s: %s",
-			  blob_path, dev_path, ferry_strerror(ret));
+	posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+	src.ctx = &fd;
+	ret = stream_blob(&src, (uint64_t)st.st_size, what, info, report);
+	close(fd);
 	return ret;
-fail:
-	if (fd >= 0)
-		close(fd);
-	unlink(tmp);
-	free(tmp);
-	return ret;
+}
+
+int blob_verify_source(const struct blob_source *src, const char *name,
+		       const struct blob_info *info,
+		       struct blob_verify_report *report)
+{
+	char what[PATH_MAX + 8];
+
+	snprintf(what, sizeof(what), "blob %s", name);
+	return stream_blob(src, info->size, what, info, report);
 }

@@ -705,7 +705,8 @@ static int load_chunk_dict(struct converter *c, const char *ref)
 	uint32_t i, k;
 	int ret;
 
-	ret = image_open(ref, &dict);
+	ret = image_open(ref, &(struct image_opts){ .fetch = c->opts->fetch },
+			 &dict);
 	if (ret) {
 		ferry_err("chunk dict %s: cannot open: %s", ref, ferry_strerror(ret));
 		return ret;
@@ -718,10 +719,10 @@ static int load_chunk_dict(struct converter *c, const char *ref)
 		if (ret)
 			break;
 		b->from_dict = true;
+		b->dict_index = i;
 		b->info = *src;
 		b->info.chunks = malloc((size_t)src->nr_chunks * sizeof(*src->chunks) + 1);
-		b->path = strdup(dict->blob_paths[i]);
-		if (!b->info.chunks || !b->path) {
+		if (!b->info.chunks) {
 			ret = -ENOMEM;
 			break;
 		}
@@ -731,8 +732,25 @@ static int load_chunk_dict(struct converter *c, const char *ref)
 		if (ret)
 			break;
 	}
-	image_close(dict);
+	c->dict = dict;
 	return ret;
+}
+
+/* Put the chunk-dict blobs the image uses into the destination @layout. */
+static int copy_dict_blobs(struct converter *c, const char *layout,
+			   struct out_blob **blobs, uint32_t nr)
+{
+	uint32_t i;
+	int ret;
+
+	for (i = 0; i < nr; i++) {
+		if (!blobs[i]->from_dict)
+			continue;
+		ret = image_copy_blob(c->dict, blobs[i]->dict_index, layout);
+		if (ret)
+			return ret;
+	}
+	return 0;
 }
 
 /*
@@ -819,6 +837,51 @@ static int used_blobs(struct converter *c, struct out_blob ***out, uint32_t *nr)
 /* Bootstrap and destinations                                          */
 /* ------------------------------------------------------------------ */
 
+/* The prefetch section follows the blob index in the extension payload. */
+static int append_prefetch(struct converter *c, void **ext, size_t *ext_len)
+{
+	uint8_t *sec = NULL;
+	size_t len;
+	void *both;
+	int ret = prefetch_section_encode(c->prefetch, c->nr_prefetch, &sec, &len);
+
+	if (ret)
+		return ret;
+	both = realloc(*ext, *ext_len + len);
+	if (!both) {
+		free(sec);
+		return -ENOMEM;
+	}
+	memcpy((uint8_t *)both + *ext_len, sec, len);
+	*ext = both;
+	*ext_len += len;
+	free(sec);
+	return 0;
+}
+
+/* Every prefetch path must name an entry of the written image. */
+static int check_prefetch(struct converter *c, const uint8_t *data, size_t len)
+{
+	struct meta_image *img;
+	uint64_t nid;
+	uint32_t i;
+	int ret;
+
+	if (!c->nr_prefetch)
+		return 0;
+	ret = meta_image_open_mem(data, len, &img);
+	if (ret)
+		return ret;
+	for (i = 0; i < c->nr_prefetch && !ret; i++) {
+		ret = meta_resolve(img, c->prefetch[i], &nid);
+		if (ret)
+			ferry_err("prefetch list %s: %s is not in the image",
+				  c->opts->prefetch_files, c->prefetch[i]);
+	}
+	meta_image_close(img);
+	return ret;
+}
+
 /* Write the bootstrap to @path; return its bytes in *@data (caller frees). */
 static int write_bootstrap(struct converter *c, struct out_blob **blobs,
 			   uint32_t nr, const char *path, uint8_t **data)
@@ -847,6 +910,8 @@ static int write_bootstrap(struct converter *c, struct out_blob **blobs,
 		infos[i] = blobs[i]->info;
 	}
 	ret = blob_index_encode(infos, nr, &ext, &ext_len);
+	if (!ret && c->nr_prefetch)
+		ret = append_prefetch(c, &ext, &ext_len);
 	if (ret)
 		goto out;
 	wopts.devices = devices;
@@ -869,6 +934,8 @@ static int write_bootstrap(struct converter *c, struct out_blob **blobs,
 		goto out;
 	}
 	ret = pread_full(fd, *data, wstats.bytes, 0);
+	if (!ret)
+		ret = check_prefetch(c, *data, wstats.bytes);
 	if (!ret && fsync(fd))
 		ret = -errno;
 out:
@@ -913,12 +980,9 @@ static int finish_dir(struct converter *c, const char *out_dir,
 	uint32_t i;
 	int ret;
 
-	for (i = 0; i < nr; i++)
-		if (blobs[i]->from_dict) {
-			ret = oci_link_blob(blobs[i]->path, out_dir, blobs[i]->info.digest);
-			if (ret)
-				return ret;
-		}
+	ret = copy_dict_blobs(c, out_dir, blobs, nr);
+	if (ret)
+		return ret;
 	if (asprintf(&tmp, "%s/.bootstrap.tmp", out_dir) < 0 ||
 	    asprintf(&path, "%s/bootstrap", out_dir) < 0) {
 		ret = -ENOMEM;
@@ -1044,7 +1108,7 @@ static int finish_oci(struct converter *c, const char *dest_ref,
 {
 	struct json_object *manifest = NULL, *layers, *d;
 	struct oci_descriptor config;
-	char *copy = strdup(dest_ref), *layout, *tag, *tmp = NULL, *src_path = NULL;
+	char *copy = strdup(dest_ref), *layout, *tag, *tmp = NULL;
 	char num[32], comp[32], dstr[72];
 	uint8_t *data = NULL, boot_digest[BLOB_DIGEST_SIZE], manifest_digest[32];
 	uint8_t zboot_digest[BLOB_DIGEST_SIZE];
@@ -1056,12 +1120,9 @@ static int finish_oci(struct converter *c, const char *dest_ref,
 	if (!copy)
 		return -ENOMEM;
 	oci_split_ref(copy, &layout, &tag);
-	for (i = 0; i < nr; i++)
-		if (blobs[i]->from_dict) {
-			ret = oci_link_blob(blobs[i]->path, layout, blobs[i]->info.digest);
-			if (ret)
-				goto out;
-		}
+	ret = copy_dict_blobs(c, layout, blobs, nr);
+	if (ret)
+		goto out;
 	/* The bootstrap is a blob too, named by its digest. */
 	if (asprintf(&tmp, "%s/.bootstrap.tmp", c->blobs_dir) < 0) {
 		ret = -ENOMEM;
@@ -1079,9 +1140,8 @@ static int finish_oci(struct converter *c, const char *dest_ref,
 
 	if (src) {
 		config = src->config;
-		ret = oci_blob_path(src->layout, config.digest, &src_path);
-		if (!ret)
-			ret = oci_link_blob(src_path, layout, config.digest);
+		ret = oci_put_blob(layout, src->config_data, src->config_len,
+				   config.digest);
 	} else {
 		ret = put_default_config(layout, &config);
 	}
@@ -1151,13 +1211,14 @@ static int finish_oci(struct converter *c, const char *dest_ref,
 	if (!ret)
 		ret = oci_tag_manifest(layout, tag ? tag : "latest", manifest_digest,
 				       strlen(text), OCI_MANIFEST_TYPE);
-	if (!ret)
+	if (!ret) {
 		digest_string(manifest_digest, c->stats->manifest_digest);
+		c->stats->manifest_size = strlen(text);
+	}
 out:
 	json_object_put(manifest);
 	free(data);
 	free(tmp);
-	free(src_path);
 	free(copy);
 	return ret;
 }
@@ -1166,6 +1227,30 @@ out:
 /* Sources                                                             */
 /* ------------------------------------------------------------------ */
 
+static ssize_t stream_read(void *ctx, void *buf, size_t len)
+{
+	return fetch_stream_read(ctx, buf, len);
+}
+
+/* A registry layer, streamed: the stream checks size and digest. */
+static int apply_remote_layer(struct converter *c, const struct oci_image *img,
+			      const struct oci_descriptor *d, const char *name)
+{
+	struct fetch_stream *fs = NULL;
+	struct input_stream *in = NULL;
+	int ret;
+
+	ret = registry_open_stream(img->remote, d->digest, d->size, &fs);
+	if (ret)
+		return ret;
+	ret = input_open_source((struct byte_source){ stream_read, fs }, name, &in);
+	if (!ret)
+		ret = convert_apply_input(c, in, d->size, name);
+	input_close(in);
+	fetch_stream_close(fs);
+	return ret;
+}
+
 static int convert_oci_layers(struct converter *c, const struct oci_image *img)
 {
 	uint32_t i;
@@ -1173,18 +1258,24 @@ static int convert_oci_layers(struct converter *c, const struct oci_image *img)
 
 	c->layered = true;
 	for (i = 0; i < img->nr_layers && !ret; i++) {
+		const struct oci_descriptor *d = &img->layers[i];
 		char *path = NULL, name[96];
 
-		digest_string(img->layers[i].digest, name + 6);
+		digest_string(d->digest, name + 6);
 		memcpy(name, "layer ", 6);
-		ret = oci_blob_path(img->layout, img->layers[i].digest, &path);
-		if (!ret)
-			ret = convert_layer_begin(c, name + 6);
-		if (!ret)
-			ret = convert_apply_tar(c, path, img->layers[i].digest, name);
+		ret = convert_layer_begin(c, name + 6);
+		if (ret)
+			break;
+		if (img->remote) {
+			ret = apply_remote_layer(c, img, d, name);
+		} else {
+			ret = oci_blob_path(img->layout, d->digest, &path);
+			if (!ret)
+				ret = convert_apply_tar(c, path, d->digest, name);
+			free(path);
+		}
 		if (!ret)
 			ret = convert_layer_end(c);
-		free(path);
 	}
 	return ret;
 }
@@ -1225,26 +1316,51 @@ static int validate_opts(const struct convert_opts *o)
 	return 0;
 }
 
-enum { SRC_DIR, SRC_TAR, SRC_OCI };
-enum { DST_DIR, DST_OCI };
-static const char *const src_kinds[] = { "dir", "tar", "oci" };
-static const char *const dst_kinds[] = { "dir", "oci" };
+enum { SRC_DIR, SRC_TAR, SRC_OCI, SRC_DOCKER };
+enum { DST_DIR, DST_OCI, DST_DOCKER };
+static const char *const src_kinds[] = { "dir", "tar", "oci", "docker" };
+static const char *const dst_kinds[] = { "dir", "oci", "docker" };
+
+/* "docker://REF" → "REF": the transport's path starts with "//". */
+static int docker_path(const char *ref, const char **path)
+{
+	if (strncmp(*path, "//", 2) || !(*path)[2]) {
+		ferry_err("\"%s\": expected docker://HOST[:PORT]/REPO[:TAG|@DIGEST]",
+			  ref);
+		return -EINVAL;
+	}
+	*path += 2;
+	return 0;
+}
+
+static int parse_refs(const char *source, const char *dest, size_t *skind,
+		      const char **spath, size_t *dkind, const char **dpath)
+{
+	if (parse_ref(source, src_kinds, ARRAY_SIZE(src_kinds), skind, spath)) {
+		ferry_err("source \"%s\": expected dir:PATH, tar:PATH, oci:PATH[:TAG] or docker://HOST/REPO[:TAG|@DIGEST]",
+			  source);
+		return -EINVAL;
+	}
+	if (parse_ref(dest, dst_kinds, ARRAY_SIZE(dst_kinds), dkind, dpath)) {
+		ferry_err("destination \"%s\": expected dir:PATH, oci:PATH[:TAG] or docker://HOST/REPO[:TAG]",
+			  dest);
+		return -EINVAL;
+	}
+	if (*skind == SRC_DOCKER && docker_path(source, spath))
+		return -EINVAL;
+	if (*dkind == DST_DOCKER && docker_path(dest, dpath))
+		return -EINVAL;
+	return 0;
+}
 
 int convert_check_args(const char *source, const char *dest,
 		       const struct convert_opts *opts)
 {
-	const char *path;
-	size_t kind;
+	const char *spath, *dpath;
+	size_t skind, dkind;
 
-	if (parse_ref(source, src_kinds, ARRAY_SIZE(src_kinds), &kind, &path)) {
-		ferry_err("source \"%s\": expected dir:PATH, tar:PATH or oci:PATH[:TAG]",
-			  source);
+	if (parse_refs(source, dest, &skind, &spath, &dkind, &dpath))
 		return -EINVAL;
-	}
-	if (parse_ref(dest, dst_kinds, ARRAY_SIZE(dst_kinds), &kind, &path)) {
-		ferry_err("destination \"%s\": expected dir:PATH or oci:PATH[:TAG]", dest);
-		return -EINVAL;
-	}
 	return validate_opts(opts);
 }
 
@@ -1263,6 +1379,7 @@ int convert_run(const char *source, const char *dest,
 	struct out_blob **used = NULL;
 	const char *src_path = NULL, *dst_path = NULL;
 	char *layout = NULL, *tag, *blobs_dir = NULL;
+	char *staging = NULL, *oci_dst = NULL;
 	size_t skind = 0, dkind = 0;
 	uint32_t nr_used = 0, i;
 	bool out_existed = true;
@@ -1270,14 +1387,23 @@ int convert_run(const char *source, const char *dest,
 	int ret;
 
 	memset(stats, 0, sizeof(*stats));
-	ret = convert_check_args(source, dest, opts);
+	if (parse_refs(source, dest, &skind, &src_path, &dkind, &dst_path))
+		return -EINVAL;
+	ret = validate_opts(opts);
 	if (ret)
 		return ret;
-	parse_ref(source, src_kinds, ARRAY_SIZE(src_kinds), &skind, &src_path);
-	parse_ref(dest, dst_kinds, ARRAY_SIZE(dst_kinds), &dkind, &dst_path);
-	layout = strdup(dst_path);
-	if (!layout)
-		return -ENOMEM;
+	if (dkind == DST_DOCKER) {
+		/* Converted into a staging layout, then pushed from there. */
+		ret = oci_staging_create(&staging);
+		if (ret)
+			return ret;
+		oci_dst = staging;
+	}
+	layout = strdup(oci_dst ? oci_dst : dst_path);
+	if (!layout) {
+		ret = -ENOMEM;
+		goto out;
+	}
 	if (dkind == DST_OCI)
 		oci_split_ref(layout, &layout, &tag);
 	if (asprintf(&blobs_dir, "%s/blobs/sha256", layout) < 0) {
@@ -1286,13 +1412,16 @@ int convert_run(const char *source, const char *dest,
 		goto out;
 	}
 	c.blobs_dir = blobs_dir;
-	if (skind == SRC_OCI) {
-		ret = oci_image_open(src_path, opts->platform, &src_img);
+	if (skind == SRC_OCI || skind == SRC_DOCKER) {
+		ret = skind == SRC_OCI ?
+			oci_image_open(src_path, opts->platform, &src_img) :
+			oci_remote_open(src_path, opts->platform, opts->fetch,
+					&src_img);
 		if (ret)
 			goto out;
 	}
 	out_existed = !access(layout, F_OK);
-	ret = dkind == DST_OCI ? oci_layout_init(layout) : convert_mkdir_p(blobs_dir);
+	ret = dkind == DST_DIR ? convert_mkdir_p(blobs_dir) : oci_layout_init(layout);
 	if (ret)
 		goto out;
 	c.buf = malloc(opts->chunk_size);
@@ -1305,6 +1434,12 @@ int convert_run(const char *source, const char *dest,
 		goto out;
 	if (opts->chunk_dict) {
 		ret = load_chunk_dict(&c, opts->chunk_dict);
+		if (ret)
+			goto out;
+	}
+	if (opts->prefetch_files) {
+		ret = prefetch_list_load(opts->prefetch_files, &c.prefetch,
+					 &c.nr_prefetch);
 		if (ret)
 			goto out;
 	}
@@ -1340,8 +1475,15 @@ int convert_run(const char *source, const char *dest,
 	if (dkind == DST_DIR)
 		ret = finish_dir(&c, layout, used, nr_used);
 	else
-		ret = finish_oci(&c, dst_path, skind == SRC_OCI ? &src_img : NULL,
-				 used, nr_used);
+		ret = finish_oci(&c, oci_dst ? oci_dst : dst_path,
+				 src_img.manifest ? &src_img : NULL, used, nr_used);
+	if (!ret && dkind == DST_DOCKER) {
+		uint8_t digest[32];
+
+		oci_parse_digest(stats->manifest_digest, digest);
+		ret = oci_push(staging, digest, stats->manifest_size, dst_path,
+			       opts->fetch, &c.progress);
+	}
 	stats->seconds = (double)(ferry_now_ns() - start) / 1e9;
 out:
 	layer_discard(&c);
@@ -1354,7 +1496,7 @@ out:
 		for (i = 0; !out_existed && i < c.nr_blobs; i++)
 			if (!c.blobs[i].from_dict && c.blobs[i].path)
 				unlink(c.blobs[i].path);
-		if (!out_existed && !rmdir(blobs_dir)) {
+		if (!out_existed && !staging && !rmdir(blobs_dir)) {
 			*strrchr(blobs_dir, '/') = '\0';
 			rmdir(blobs_dir);
 			if (dkind == DST_OCI) {
@@ -1375,6 +1517,11 @@ out:
 	}
 	free(c.blobs);
 	free(used);
+	image_close(c.dict);
+	prefetch_list_free(c.prefetch, c.nr_prefetch);
+	if (staging)
+		oci_staging_remove(staging);
+	free(staging);
 	oci_image_free(&src_img);
 	meta_tree_free(c.tree);
 	free(c.chunks.slots);

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MIT
 /*
- * Converted images on disk (dir:OUT): open and cross-check, verify
- * everything (ferry check), materialise and mount with the kernel.
+ * Converted images (dir:OUT, oci:PATH[:TAG], docker://REF): open and
+ * cross-check, read blobs, verify everything (ferry check), fill the chunk
+ * cache and mount with the kernel.
  */
 #include "convert.h"
 
@@ -17,51 +18,13 @@
 #include "internal.h"
 #include "tar.h"
 
-static int read_whole_file(const char *path, uint8_t **data, size_t *len)
-{
-	struct stat st;
-	uint8_t *buf = NULL;
-	int fd, ret;
-
-	fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return -errno;
-	if (fstat(fd, &st)) {
-		ret = -errno;
-		goto out;
-	}
-	buf = malloc(st.st_size ? (size_t)st.st_size : 1);
-	if (!buf) {
-		ret = -ENOMEM;
-		goto out;
-	}
-	ret = read_full(fd, buf, (size_t)st.st_size);
-	if (ret)
-		goto out;
-	*data = buf;
-	*len = (size_t)st.st_size;
-	buf = NULL;
-out:
-	free(buf);
-	close(fd);
-	return ret;
-}
-
-static const char *json_string_field(struct json_object *o, const char *key)
-{
-	struct json_object *v;
-
-	if (!json_object_object_get_ex(o, key, &v) ||
-	    !json_object_is_type(v, json_type_string))
-		return NULL;
-	return json_object_get_string(v);
-}
-
 /* What the image's index (ferry.json or OCI manifest) promises. */
 struct image_expect {
 	uint8_t bootstrap[BLOB_DIGEST_SIZE]; /* of the raw EROFS bytes */
-	char *compressed_path;   /* oci: the zstd-compressed bootstrap blob */
+	bool compressed_bootstrap;    /* oci:, docker: zstd-compressed blob */
+	char *compressed_path;        /* oci: that blob's file */
 	uint8_t compressed[BLOB_DIGEST_SIZE];
+	uint64_t compressed_size;
 	uint32_t nr_blobs;
 	uint8_t (*blobs)[BLOB_DIGEST_SIZE];
 };
@@ -98,7 +61,7 @@ static int locate_dir(struct image *img, struct image_expect *e)
 		goto out;
 	}
 	if (!json_object_object_get_ex(root, "bootstrap", &boot) ||
-	    !(s = json_string_field(boot, "digest")) ||
+	    !(s = json_get_string(boot, "digest")) ||
 	    oci_parse_digest(s, e->bootstrap)) {
 		ferry_err("%s: missing or malformed bootstrap digest", index_path);
 		goto out;
@@ -110,7 +73,7 @@ static int locate_dir(struct image *img, struct image_expect *e)
 	}
 	ret = expect_blobs(e, json_object_array_length(blobs));
 	for (i = 0; !ret && i < e->nr_blobs; i++) {
-		s = json_string_field(json_object_array_get_idx(blobs, i), "digest");
+		s = json_get_string(json_object_array_get_idx(blobs, i), "digest");
 		if (!s || oci_parse_digest(s, e->blobs[i])) {
 			ferry_err("%s: blob %zu has a malformed digest", index_path, i);
 			ret = -EFSCORRUPTED;
@@ -118,7 +81,7 @@ static int locate_dir(struct image *img, struct image_expect *e)
 	}
 	if (json_object_object_get_ex(root, "chunkSize", &v))
 		img->chunk_size = (uint32_t)json_object_get_int64(v);
-	s = json_string_field(root, "compression");
+	s = json_get_string(root, "compression");
 	snprintf(img->compression, sizeof(img->compression), "%s", s ? s : "?");
 out:
 	json_object_put(root);
@@ -126,8 +89,12 @@ out:
 	return ret;
 }
 
-/* oci:PATH[:TAG] — a manifest whose last layer is the bootstrap. */
-static int locate_oci(struct image *img, const char *ref, struct image_expect *e)
+/*
+ * oci:PATH[:TAG] and docker://REF — a manifest whose last layer is the
+ * bootstrap. A registry image keeps its client in img->remote.
+ */
+static int locate_manifest(struct image *img, const char *ref,
+			   const struct image_opts *opts, struct image_expect *e)
 {
 	struct oci_image oci;
 	struct json_object *ann, *layers;
@@ -135,24 +102,24 @@ static int locate_oci(struct image *img, const char *ref, struct image_expect *e
 	uint32_t i;
 	int ret;
 
-	ret = oci_image_open(ref, NULL, &oci);
+	if (!strncmp(ref, "oci:", 4))
+		ret = oci_image_open(ref + 4, opts->platform, &oci);
+	else
+		ret = oci_remote_open(ref + 9, opts->platform, opts->fetch, &oci);
 	if (ret)
 		return ret;
 	json_object_object_get_ex(oci.manifest, "layers", &layers);
-	free(img->dir);
-	img->dir = strdup(oci.layout);
+	memcpy(img->image_digest, oci.manifest_desc.digest, BLOB_DIGEST_SIZE);
 	ret = -EFSCORRUPTED;
-	if (!img->dir) {
-		ret = -ENOMEM;
-		goto out;
-	}
 	if (!oci.nr_layers ||
 	    strcmp(oci.layers[oci.nr_layers - 1].media_type, FERRY_BOOTSTRAP_MEDIA_TYPE)) {
-		ferry_err("%s: not a ferry image (the last layer is not a %s)", ref,
+		ferry_err("%s: not a ferry image (its last layer is not of type %s)", ref,
 			  FERRY_BOOTSTRAP_MEDIA_TYPE);
 		goto out;
 	}
+	e->compressed_bootstrap = true;
 	memcpy(e->compressed, oci.layers[oci.nr_layers - 1].digest, BLOB_DIGEST_SIZE);
+	e->compressed_size = oci.layers[oci.nr_layers - 1].size;
 	s = oci_annotation(json_object_array_get_idx(layers, oci.nr_layers - 1),
 			   FERRY_BOOTSTRAP_DIGEST_ANNOTATION);
 	if (!s || oci_parse_digest(s, e->bootstrap)) {
@@ -160,7 +127,12 @@ static int locate_oci(struct image *img, const char *ref, struct image_expect *e
 			  FERRY_BOOTSTRAP_DIGEST_ANNOTATION);
 		goto out;
 	}
-	ret = oci_blob_path(oci.layout, e->compressed, &e->compressed_path);
+	ret = 0;
+	if (oci.layout) {
+		img->dir = strdup(oci.layout);
+		ret = img->dir ? oci_blob_path(oci.layout, e->compressed,
+					       &e->compressed_path) : -ENOMEM;
+	}
 	if (!ret)
 		ret = expect_blobs(e, oci.nr_layers - 1);
 	for (i = 0; !ret && i + 1 < oci.nr_layers; i++) {
@@ -172,20 +144,29 @@ static int locate_oci(struct image *img, const char *ref, struct image_expect *e
 		memcpy(e->blobs[i], oci.layers[i].digest, BLOB_DIGEST_SIZE);
 	}
 	if (!ret && json_object_object_get_ex(oci.manifest, "annotations", &ann)) {
-		s = json_string_field(ann, "dev.ferry.chunk-size");
+		s = json_get_string(ann, "dev.ferry.chunk-size");
 		img->chunk_size = s ? (uint32_t)strtoul(s, NULL, 10) : 0;
-		s = json_string_field(ann, "dev.ferry.compression");
+		s = json_get_string(ann, "dev.ferry.compression");
 		snprintf(img->compression, sizeof(img->compression), "%s", s ? s : "?");
+	}
+	if (!ret) {
+		img->remote = oci.remote; /* kept for blob reads */
+		oci.remote = NULL;
 	}
 out:
 	oci_image_free(&oci);
 	return ret;
 }
 
-/* Decompress the oci: bootstrap blob (its digest checked while reading). */
-static int load_compressed(const struct image_expect *e, uint8_t **data,
-			   size_t *len)
+/*
+ * Decompress the bootstrap blob: read from the layout with its digest
+ * checked while reading, or fetched whole from the registry (which
+ * checks the digest) first.
+ */
+static int load_compressed(struct image *img, const struct image_expect *e,
+			   const char *name, uint8_t **data, size_t *len)
 {
+	struct fetch_buf z = { 0 };
 	struct input_stream *in = NULL;
 	struct byte_source src;
 	size_t cap = 0;
@@ -194,10 +175,16 @@ static int load_compressed(const struct image_expect *e, uint8_t **data,
 
 	*data = NULL;
 	*len = 0;
-	ret = input_open_verified(e->compressed_path, e->compressed,
-				  e->compressed_path, &in);
+	if (img->remote) {
+		ret = registry_get_blob(img->remote, e->compressed, e->compressed_size,
+					FERRY_BOOTSTRAP_MAX, &z);
+		if (!ret)
+			ret = input_open_mem(z.data, z.len, &in);
+	} else {
+		ret = input_open_verified(e->compressed_path, e->compressed, name, &in);
+	}
 	if (ret)
-		return ret;
+		goto out;
 	src = input_source(in);
 	for (;;) {
 		if (array_reserve(data, &cap, *len + 65536, 1, 1 << 20)) {
@@ -211,13 +198,15 @@ static int load_compressed(const struct image_expect *e, uint8_t **data,
 		}
 		*len += (size_t)n;
 		if (*len > FERRY_BOOTSTRAP_MAX) {
-			ferry_err("%s: bootstrap larger than %llu bytes", e->compressed_path,
+			ferry_err("%s: bootstrap larger than %llu bytes", name,
 				  (unsigned long long)FERRY_BOOTSTRAP_MAX);
 			ret = -EFBIG;
 			break;
 		}
 	}
+out:
 	input_close(in);
+	fetch_buf_free(&z);
 	if (ret) {
 		free(*data);
 		*data = NULL;
@@ -228,17 +217,22 @@ static int load_compressed(const struct image_expect *e, uint8_t **data,
 /* Load the bootstrap's bytes; they must hash to the digest the index promises. */
 static int load_bootstrap(struct image *img, const struct image_expect *e)
 {
-	const char *name = e->compressed_path ? e->compressed_path : img->bootstrap_path;
+	const char *name = e->compressed_path ? e->compressed_path :
+			   img->bootstrap_path ? img->bootstrap_path : img->ref;
 	uint8_t actual[BLOB_DIGEST_SIZE];
 	int ret;
 
-	if (e->compressed_path)
-		ret = load_compressed(e, &img->bootstrap, &img->bootstrap_len);
-	else
-		ret = read_whole_file(img->bootstrap_path, &img->bootstrap,
-				      &img->bootstrap_len);
+	if (e->compressed_bootstrap) {
+		ret = load_compressed(img, e, name, &img->bootstrap, &img->bootstrap_len);
+	} else {
+		char *raw = NULL;
+
+		ret = read_file_max(img->bootstrap_path, FERRY_BOOTSTRAP_MAX, &raw,
+				    &img->bootstrap_len);
+		img->bootstrap = (uint8_t *)raw;
+	}
 	if (ret) {
-		ferry_err("%s: %s", name, ferry_strerror(ret));
+		ferry_err("%s: bootstrap: %s", name, ferry_strerror(ret));
 		return ret;
 	}
 	blob_sha256(img->bootstrap, img->bootstrap_len, actual);
@@ -247,6 +241,8 @@ static int load_bootstrap(struct image *img, const struct image_expect *e)
 		return -EFSCORRUPTED;
 	}
 	memcpy(img->bootstrap_digest, actual, sizeof(actual));
+	if (!e->compressed_bootstrap)
+		memcpy(img->image_digest, actual, sizeof(actual));
 	return 0;
 }
 
@@ -278,20 +274,24 @@ static int image_match_devices(struct image *img, const struct image_expect *e)
 				  img->ref, i + 1, dev.tag, hex);
 			return -EFSCORRUPTED;
 		}
-		if (asprintf(&img->blob_paths[i], "%s/blobs/sha256/%s", img->dir,
+		if (!img->remote &&
+		    asprintf(&img->blob_paths[i], "%s/blobs/sha256/%s", img->dir,
 			     hex) < 0)
 			return -ENOMEM;
 	}
 	return 0;
 }
 
-int image_open(const char *ref, struct image **out)
+int image_open(const char *ref, const struct image_opts *opts,
+	       struct image **out)
 {
+	static const struct image_opts no_opts;
 	struct image *img = calloc(1, sizeof(*img));
 	struct image_expect expect = { 0 };
 	const void *ext;
-	size_t ext_len;
+	size_t ext_len, used;
 	struct stat st;
+	uint32_t i;
 	int ret;
 
 	if (!img)
@@ -301,8 +301,10 @@ int image_open(const char *ref, struct image **out)
 		ret = -ENOMEM;
 		goto fail;
 	}
-	if (!strncmp(ref, "oci:", 4)) {
-		ret = locate_oci(img, ref + 4, &expect);
+	if (!opts)
+		opts = &no_opts;
+	if (!strncmp(ref, "oci:", 4) || !strncmp(ref, "docker://", 9)) {
+		ret = locate_manifest(img, ref, opts, &expect);
 	} else {
 		/* dir:OUT, or a plain path meaning the same */
 		img->dir = strdup(strncmp(ref, "dir:", 4) ? ref : ref + 4);
@@ -312,7 +314,8 @@ int image_open(const char *ref, struct image **out)
 		}
 		if (strncmp(ref, "dir:", 4) && strchr(ref, ':') && ref[0] != '/' &&
 		    ref[0] != '.') {
-			ferry_err("image \"%s\": expected dir:PATH or oci:PATH[:TAG]", ref);
+			ferry_err("image \"%s\": expected dir:PATH, oci:PATH[:TAG] or docker://HOST/REPO[:TAG|@DIGEST]",
+				  ref);
 			ret = -EINVAL;
 			goto fail;
 		}
@@ -334,17 +337,31 @@ int image_open(const char *ref, struct image **out)
 	}
 	ret = meta_get_ext(img->meta, &ext, &ext_len);
 	if (!ret)
-		ret = blob_index_decode(ext, ext_len, &img->blobs);
+		ret = blob_index_decode_prefix(ext, ext_len, &img->blobs, &used);
 	if (ret) {
 		ferry_err("%s: no valid ferry blob index in the bootstrap: %s", img->ref,
 			  ferry_strerror(ret));
 		goto fail;
 	}
+	/* What follows the blob index can only be a prefetch list. */
+	if (used < ext_len) {
+		ret = prefetch_section_decode((const uint8_t *)ext + used,
+					      ext_len - used, &img->prefetch,
+					      &img->nr_prefetch);
+		if (ret) {
+			ferry_err("%s: the bootstrap's extension payload is corrupt",
+				  img->ref);
+			goto fail;
+		}
+	}
 	img->blob_paths = calloc(img->blobs.nr_blobs + 1, sizeof(char *));
-	if (!img->blob_paths) {
+	img->blob_srcs = calloc(img->blobs.nr_blobs + 1, sizeof(*img->blob_srcs));
+	if (!img->blob_paths || !img->blob_srcs) {
 		ret = -ENOMEM;
 		goto fail;
 	}
+	for (i = 0; i < img->blobs.nr_blobs; i++)
+		img->blob_srcs[i] = (struct image_blob){ img, i, -1 };
 	ret = image_match_devices(img, &expect);
 	if (ret)
 		goto fail;
@@ -365,10 +382,16 @@ void image_close(struct image *img)
 
 	if (!img)
 		return;
-	if (img->blob_paths)
-		for (i = 0; i < img->blobs.nr_blobs; i++)
-			free(img->blob_paths[i]);
+	for (i = 0; img->blob_paths && i < img->blobs.nr_blobs; i++)
+		free(img->blob_paths[i]);
+	for (i = 0; img->blob_srcs && i < img->blobs.nr_blobs; i++)
+		if (img->blob_srcs[i].fd >= 0)
+			close(img->blob_srcs[i].fd);
 	free(img->blob_paths);
+	free(img->blob_srcs);
+	prefetch_list_free(img->prefetch, img->nr_prefetch);
+	if (img->remote)
+		registry_close(img->remote);
 	blob_index_free(&img->blobs);
 	if (img->meta)
 		meta_image_close(img->meta);
@@ -377,6 +400,51 @@ void image_close(struct image *img)
 	free(img->dir);
 	free(img->ref);
 	free(img);
+}
+
+/* ------------------------------------------------------------------ */
+/* Blob bytes                                                          */
+/* ------------------------------------------------------------------ */
+
+static int image_blob_read(void *ctx, uint64_t off, void *buf, size_t len)
+{
+	const struct image_blob *ib = ctx;
+	const struct image *img = ib->img;
+
+	if (img->remote)
+		return registry_get_range(img->remote, img->blobs.blobs[ib->index].digest,
+					  off, len, buf);
+	return pread_full(ib->fd, buf, len, off);
+}
+
+void image_blob_name(const struct image *img, uint32_t index, char *buf,
+		     size_t len)
+{
+	char hex[2 * BLOB_DIGEST_SIZE + 1];
+
+	if (!img->remote) {
+		snprintf(buf, len, "%s", img->blob_paths[index]);
+		return;
+	}
+	hex_encode(img->blobs.blobs[index].digest, BLOB_DIGEST_SIZE, hex);
+	snprintf(buf, len, "%s@sha256:%s", registry_name(img->remote), hex);
+}
+
+int image_blob_source(struct image *img, uint32_t index, struct blob_source *src)
+{
+	struct image_blob *ib = &img->blob_srcs[index];
+
+	if (!img->remote && ib->fd < 0) {
+		ib->fd = open(img->blob_paths[index], O_RDONLY | O_CLOEXEC);
+		if (ib->fd < 0) {
+			int ret = -errno;
+
+			ferry_err("%s: %s", img->blob_paths[index], strerror(errno));
+			return ret;
+		}
+	}
+	*src = (struct blob_source){ image_blob_read, ib };
+	return 0;
 }
 
 /* ------------------------------------------------------------------ */
@@ -496,8 +564,13 @@ int image_check(struct image *img, struct image_check_report *report)
 	ret = meta_walk(img->meta, check_visit, &c);
 	for (i = 0; !ret && i < img->blobs.nr_blobs; i++) {
 		struct blob_verify_report vr;
+		struct blob_source src;
+		char name[PATH_MAX];
 
-		ret = blob_verify_file(img->blob_paths[i], &img->blobs.blobs[i], &vr);
+		image_blob_name(img, i, name, sizeof(name));
+		ret = image_blob_source(img, i, &src);
+		if (!ret)
+			ret = blob_verify_source(&src, name, &img->blobs.blobs[i], &vr);
 		if (!ret)
 			report->bytes_verified += img->blobs.blobs[i].uncompressed_size;
 	}
@@ -510,19 +583,9 @@ int image_check(struct image *img, struct image_check_report *report)
 /* Local mode                                                          */
 /* ------------------------------------------------------------------ */
 
-static int ensure_dir(const char *path)
-{
-	if (mkdir(path, 0700) && errno != EEXIST) {
-		int ret = -errno;
-
-		ferry_err("%s: cannot create directory: %s", path, strerror(errno));
-		return ret;
-	}
-	return 0;
-}
-
 /*
- * The kernel mounts a file: an oci: bootstrap is stored compressed, so its
+ * The kernel mounts a file: an oci: or docker: bootstrap is stored
+ * compressed, so its
  * raw bytes go to CACHE/bootstraps/<sha256> (content-addressed, reused).
  */
 static int ensure_bootstrap_file(struct image *img, const char *cache_dir)
@@ -540,7 +603,7 @@ static int ensure_bootstrap_file(struct image *img, const char *cache_dir)
 		img->bootstrap_path = NULL;
 		return -ENOMEM;
 	}
-	ret = ensure_dir(dir);
+	ret = convert_mkdir_p(dir);
 	if (!ret && (stat(img->bootstrap_path, &st) ||
 		     (uint64_t)st.st_size != img->bootstrap_len))
 		ret = convert_write_file(dir, hex, img->bootstrap, img->bootstrap_len);
@@ -548,57 +611,89 @@ static int ensure_bootstrap_file(struct image *img, const char *cache_dir)
 	return ret;
 }
 
+int image_copy_blob(struct image *img, uint32_t index, const char *layout)
+{
+	const struct blob_info *b = &img->blobs.blobs[index];
+	struct fetch_stream *fs = NULL;
+	char *path = NULL, *tmp = NULL;
+	uint8_t *buf = NULL;
+	int fd = -1, ret;
+	ssize_t n;
+
+	if (!img->remote)
+		return oci_link_blob(img->blob_paths[index], layout, b->digest);
+	ret = oci_blob_path(layout, b->digest, &path);
+	if (ret)
+		return ret;
+	if (!access(path, F_OK))
+		goto out; /* content-addressed: already there */
+	buf = malloc(1 << 20);
+	if (!buf || asprintf(&tmp, "%s.tmp.%d", path, (int)getpid()) < 0) {
+		tmp = NULL;
+		ret = -ENOMEM;
+		goto out;
+	}
+	fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	if (fd < 0) {
+		ret = -errno;
+		ferry_err("%s: %s", tmp, strerror(errno));
+		goto out;
+	}
+	ret = registry_open_stream(img->remote, b->digest, b->size, &fs);
+	/* The stream ends (n == 0) only after the digest matched. */
+	while (!ret && (n = fetch_stream_read(fs, buf, 1 << 20)) != 0)
+		ret = n < 0 ? (int)n : write_full(fd, buf, (size_t)n);
+	if (!ret && fsync(fd))
+		ret = -errno;
+	if (!ret && rename(tmp, path))
+		ret = -errno;
+	if (ret)
+		ferry_err("%s: cannot store blob: %s", path, ferry_strerror(ret));
+out:
+	fetch_stream_close(fs);
+	if (fd >= 0)
+		close(fd);
+	if (ret && tmp)
+		unlink(tmp);
+	free(tmp);
+	free(buf);
+	free(path);
+	return ret;
+}
+
 int image_mount_local(struct image *img, const char *cache_dir,
 		      const char *target)
 {
-	char **devs = calloc(img->blobs.nr_blobs + 1, sizeof(char *));
-	char *dev_dir = NULL;
+	struct ferry_progress progress = { 0 };
+	struct image_cache *ic = NULL;
+	const char **devs;
 	struct stat st;
 	uint32_t i;
 	int ret;
 
-	if (!devs)
-		return -ENOMEM;
 	if (stat(target, &st) || !S_ISDIR(st.st_mode)) {
 		ferry_err("mount point %s: not a directory", target);
-		ret = -ENOTDIR;
-		goto out;
+		return -ENOTDIR;
 	}
-	if (asprintf(&dev_dir, "%s/devices", cache_dir) < 0) {
-		ret = -ENOMEM;
-		goto out;
+	devs = calloc(img->blobs.nr_blobs + 1, sizeof(*devs));
+	if (!devs)
+		return -ENOMEM;
+	ret = image_cache_open(img, cache_dir, &ic);
+	if (!ret) {
+		ferry_progress_begin(&progress, img->ref, 0);
+		ret = image_cache_prefetch_blobs(ic, &progress, NULL);
+		ferry_progress_end(&progress);
 	}
-	ret = ensure_dir(cache_dir);
 	if (!ret)
-		ret = ensure_dir(dev_dir);
+		ret = ensure_bootstrap_file(img, cache_dir);
 	if (ret)
 		goto out;
-	for (i = 0; i < img->blobs.nr_blobs; i++) {
-		const struct blob_info *b = &img->blobs.blobs[i];
-		char hex[2 * BLOB_DIGEST_SIZE + 1];
-
-		hex_encode(b->digest, BLOB_DIGEST_SIZE, hex);
-		if (asprintf(&devs[i], "%s/%s", dev_dir, hex) < 0) {
-			ret = -ENOMEM;
-			goto out;
-		}
-		/* Devices appear only by rename after full verification. */
-		if (!stat(devs[i], &st) && S_ISREG(st.st_mode) &&
-		    (uint64_t)st.st_size == b->uncompressed_size)
-			continue;
-		ret = blob_materialize(img->blob_paths[i], b, devs[i]);
-		if (ret)
-			goto out;
-	}
-	ret = ensure_bootstrap_file(img, cache_dir);
-	if (ret)
-		goto out;
-	ret = meta_kernel_mount(img->bootstrap_path, (const char *const *)devs,
-				img->blobs.nr_blobs, target);
-out:
 	for (i = 0; i < img->blobs.nr_blobs; i++)
-		free(devs[i]);
+		devs[i] = image_cache_data_path(ic, i);
+	ret = meta_kernel_mount(img->bootstrap_path, devs, img->blobs.nr_blobs,
+				target);
+out:
+	image_cache_close(ic);
 	free(devs);
-	free(dev_dir);
 	return ret;
 }

@@ -45,7 +45,8 @@ static const char *const kind_names[] = { "tar", "gzip", "zstd", "xz" };
 struct input_stream {
 	char *name;
 	enum input_kind kind;
-	int fd;              /* -1 for memory input */
+	int fd;              /* an input file, or -1 */
+	struct byte_source raw; /* the compressed bytes; read NULL: memory input */
 	uint8_t *buf;        /* compressed input buffer (file input only) */
 	const uint8_t *next; /* unconsumed input */
 	size_t avail;
@@ -70,17 +71,10 @@ struct input_stream {
 static ssize_t raw_read(struct input_stream *in, void *buf, size_t len)
 {
 	uint8_t digest[BLOB_DIGEST_SIZE];
-	ssize_t n;
+	ssize_t n = in->raw.read(in->raw.ctx, buf, len);
 
-	do
-		n = read(in->fd, buf, len);
-	while (n < 0 && errno == EINTR);
-	if (n < 0) {
-		int err = -errno;
-
-		ferry_err("%s: read: %s", in->name, strerror(-err));
-		return err;
-	}
+	if (n < 0)
+		return n;
 	in->bytes_read += (uint64_t)n;
 	if (!in->hasher)
 		return n;
@@ -103,7 +97,7 @@ static int input_fill(struct input_stream *in)
 {
 	ssize_t n;
 
-	if (in->fd < 0) {
+	if (!in->raw.read) {
 		in->eof = true;
 		return 0;
 	}
@@ -279,7 +273,7 @@ static ssize_t plain_read(struct input_stream *in, uint8_t *out, size_t len)
 		if (in->eof)
 			return 0;
 		/* Large reads bypass the buffer: one copy, from the kernel. */
-		if (in->fd >= 0 && len >= INPUT_BUF_SIZE) {
+		if (in->raw.read && len >= INPUT_BUF_SIZE) {
 			ssize_t got = raw_read(in, out, MIN(len, (size_t)SSIZE_MAX));
 
 			if (got == 0)
@@ -407,6 +401,49 @@ int input_open(const char *path, struct input_stream **out)
 	return input_open_verified(path, NULL, path, out);
 }
 
+static ssize_t fd_read(void *ctx, void *buf, size_t len)
+{
+	const struct input_stream *in = ctx;
+	ssize_t n;
+
+	do
+		n = read(in->fd, buf, len);
+	while (n < 0 && errno == EINTR);
+	if (n < 0) {
+		n = -errno;
+		ferry_err("%s: read: %s", in->name, strerror(errno));
+	}
+	return n;
+}
+
+/* Buffer, hash and sniff the first bytes of @in->raw; pick the decoder. */
+static int input_start(struct input_stream *in, const uint8_t *sha256)
+{
+	int ret;
+
+	if (sha256) {
+		ret = blob_hasher_new(&in->hasher);
+		if (ret)
+			return ret;
+		memcpy(in->expect, sha256, sizeof(in->expect));
+	}
+	in->buf = malloc(INPUT_BUF_SIZE);
+	if (!in->buf)
+		return -ENOMEM;
+	in->next = in->buf;
+	/* Pipes may return less than the longest magic (6 bytes) at first. */
+	while (in->avail < 6 && !in->eof) {
+		ssize_t n = raw_read(in, in->buf + in->avail,
+				     INPUT_BUF_SIZE - in->avail);
+
+		if (n < 0)
+			return (int)n;
+		in->avail += (size_t)n;
+		in->eof = n == 0;
+	}
+	return input_init_decoder(in);
+}
+
 int input_open_verified(const char *path, const uint8_t *sha256,
 			const char *name, struct input_stream **out)
 {
@@ -415,17 +452,6 @@ int input_open_verified(const char *path, const uint8_t *sha256,
 
 	if (!in)
 		return -ENOMEM;
-	if (sha256) {
-		ret = blob_hasher_new(&in->hasher);
-		if (ret)
-			goto fail;
-		memcpy(in->expect, sha256, sizeof(in->expect));
-	}
-	in->buf = malloc(INPUT_BUF_SIZE);
-	if (!in->buf) {
-		ret = -ENOMEM;
-		goto fail;
-	}
 	in->fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (in->fd < 0) {
 		ret = -errno;
@@ -433,20 +459,8 @@ int input_open_verified(const char *path, const uint8_t *sha256,
 		goto fail;
 	}
 	posix_fadvise(in->fd, 0, 0, POSIX_FADV_SEQUENTIAL);
-	in->next = in->buf;
-	/* Pipes may return less than the longest magic (6 bytes) at first. */
-	while (in->avail < 6 && !in->eof) {
-		ssize_t n = raw_read(in, in->buf + in->avail,
-				     INPUT_BUF_SIZE - in->avail);
-
-		if (n < 0) {
-			ret = (int)n;
-			goto fail;
-		}
-		in->avail += (size_t)n;
-		in->eof = n == 0;
-	}
-	ret = input_init_decoder(in);
+	in->raw = (struct byte_source){ .read = fd_read, .ctx = in };
+	ret = input_start(in, sha256);
 	if (ret)
 		goto fail;
 	*out = in;
@@ -454,6 +468,24 @@ int input_open_verified(const char *path, const uint8_t *sha256,
 fail:
 	input_close(in);
 	return ret;
+}
+
+int input_open_source(struct byte_source raw, const char *name,
+		      struct input_stream **out)
+{
+	struct input_stream *in = input_alloc(name);
+	int ret;
+
+	if (!in)
+		return -ENOMEM;
+	in->raw = raw;
+	ret = input_start(in, NULL);
+	if (ret) {
+		input_close(in);
+		return ret;
+	}
+	*out = in;
+	return 0;
 }
 
 int input_open_mem(const void *buf, size_t len, struct input_stream **out)

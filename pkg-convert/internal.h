@@ -34,6 +34,7 @@ struct out_blob {
 	char *path;         /* the blob file */
 	char *source_layer; /* "sha256:…" of the source layer, or NULL */
 	bool from_dict;
+	uint32_t dict_index; /* from_dict: the blob's index in converter.dict */
 	uint64_t refs;      /* chunk references from the final tree */
 	uint16_t device_id; /* assigned at the end; 0 = not used */
 };
@@ -83,6 +84,9 @@ struct converter {
 	bool layered;               /* OCI layers: whiteouts apply */
 	struct layer_set added;
 	struct ferry_progress progress;
+	struct image *dict;         /* --chunk-dict image, or NULL */
+	char **prefetch;            /* --prefetch-files paths */
+	uint32_t nr_prefetch;
 };
 
 /* Where a regular file's bytes come from. */
@@ -117,6 +121,22 @@ int convert_apply_tar(struct converter *c, const char *path,
  */
 int convert_normalize_path(char *path);
 
+/* The same for an open (compressed) tar stream of @size bytes (0: unknown). */
+struct input_stream;
+int convert_apply_input(struct converter *c, struct input_stream *in,
+			uint64_t size, const char *name);
+
+/* The prefetch list (prefetch.c, docs/FORMAT.md 2.5). */
+#define PREFETCH_MAX_PATHS 65536u
+#define PREFETCH_PATH_MAX 4096u
+/* One path per line ('#' comments, blank lines skipped), normalised "/a/b". */
+int prefetch_list_load(const char *file, char ***paths, uint32_t *nr);
+int prefetch_section_encode(char *const *paths, uint32_t nr, uint8_t **buf,
+			    size_t *len);
+int prefetch_section_decode(const void *buf, size_t len, char ***paths,
+			    uint32_t *nr);
+void prefetch_list_free(char **paths, uint32_t nr);
+
 /* mkdir -p: 0 or -errno with a message naming the directory. */
 int convert_mkdir_p(const char *path);
 
@@ -136,14 +156,45 @@ struct oci_descriptor {
 	char media_type[128];
 };
 
+struct registry;
+
+#define OCI_JSON_MAX (4u << 20) /* larger manifests, indexes, configs are refused */
+
 struct oci_image {
-	char *layout;                   /* PATH */
+	char *layout;                   /* PATH; NULL for a registry image */
+	struct registry *remote;        /* docker: the repository's client */
+	char *where;                    /* PATH or host/repo, for messages */
 	struct json_object *manifest;   /* the image manifest, parsed */
 	struct oci_descriptor manifest_desc;
 	struct oci_descriptor config;
+	uint8_t *config_data;           /* the config's bytes (checked) */
+	size_t config_len;
 	struct oci_descriptor *layers;  /* in manifest order */
 	uint32_t nr_layers;
 };
+
+/* Where manifests, indexes and configs come from. */
+struct oci_loader {
+	/*
+	 * The bytes of @d (a manifest or index when @manifest, else a
+	 * config), at most OCI_JSON_MAX, checked against its size and digest.
+	 */
+	int (*load)(void *ctx, const struct oci_descriptor *d, bool manifest,
+		    uint8_t **data, size_t *len);
+	void *ctx;
+};
+
+/* A loader over the blobs of the layout @ctx (a PATH string). */
+int oci_layout_load(void *ctx, const struct oci_descriptor *d, bool manifest,
+		    uint8_t **data, size_t *len);
+
+/*
+ * From the manifest or index @top, follow indexes (choosing @platform, NULL
+ * = the host's) to one image manifest; load its config and layer list
+ * into @img (whose where is set).
+ */
+int oci_image_resolve(struct oci_image *img, const struct oci_descriptor *top,
+		      const char *platform, const struct oci_loader *l);
 
 /* Split "PATH[:TAG]" in place; *tag is NULL when there is none. */
 void oci_split_ref(char *ref, char **path, char **tag);
@@ -158,6 +209,21 @@ int oci_host_platform(char *out, size_t len);
  * size-checked; layer blobs are not read.
  */
 int oci_image_open(const char *ref, const char *platform, struct oci_image *img);
+/*
+ * The same for "HOST[:PORT]/REPO[:TAG|@DIGEST]" in a registry (remote.c);
+ * img->remote stays open for reading (or, with FETCH_PUSH, writing) blobs.
+ */
+struct fetch_opts;
+int oci_remote_open(const char *ref, const char *platform,
+		    const struct fetch_opts *fopts, struct oci_image *img);
+/*
+ * Push the image whose manifest is blob @manifest_digest of @layout to
+ * @dest ("HOST[:PORT]/REPO[:TAG]"): every layer and the config (skipping
+ * blobs the registry has), then the manifest under the tag.
+ */
+int oci_push(const char *layout, const uint8_t manifest_digest[32],
+	     uint64_t manifest_size, const char *dest,
+	     const struct fetch_opts *fopts, struct ferry_progress *progress);
 void oci_image_free(struct oci_image *img);
 
 /* PATH/blobs/sha256/<hex> (allocated). */
@@ -173,6 +239,9 @@ int oci_put_blob(const char *layout, const void *data, size_t len,
 /* Hardlink (or copy) the file @src_path into @layout as blob @digest. */
 int oci_link_blob(const char *src_path, const char *layout,
 		  const uint8_t digest[32]);
+/* A new empty layout in $TMPDIR (default /var/tmp), and its removal. */
+int oci_staging_create(char **layout);
+void oci_staging_remove(const char *layout);
 /* Point index.json's @tag at the manifest blob @digest. */
 int oci_tag_manifest(const char *layout, const char *tag,
 		     const uint8_t digest[32], uint64_t size,

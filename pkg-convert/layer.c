@@ -454,24 +454,18 @@ static int drain_input(struct input_stream *in, const char *name)
 	return (int)n;
 }
 
-int convert_apply_tar(struct converter *c, const char *path,
-		      const uint8_t *digest, const char *name)
+int convert_apply_input(struct converter *c, struct input_stream *in,
+			uint64_t size, const char *name)
 {
-	struct input_stream *in = NULL;
 	struct tar_reader *tar = NULL;
 	struct tar_entry *e;
-	struct stat st;
 	int ret;
 
 	layer_set_clear(&c->added);
-	ret = input_open_verified(path, digest, name, &in);
-	if (ret)
-		return ret;
 	ret = tar_reader_new(input_source(in), &tar);
 	if (ret)
 		goto out;
-	ferry_progress_begin(&c->progress, name,
-			     stat(path, &st) ? 0 : (uint64_t)st.st_size);
+	ferry_progress_begin(&c->progress, name, size);
 	while ((ret = tar_next(tar, &e)) > 0) {
 		ret = tar_add_entry(c, tar, e);
 		if (ret)
@@ -486,6 +480,21 @@ int convert_apply_tar(struct converter *c, const char *path,
 out:
 	layer_set_clear(&c->added);
 	tar_reader_free(tar);
+	return ret;
+}
+
+int convert_apply_tar(struct converter *c, const char *path,
+		      const uint8_t *digest, const char *name)
+{
+	struct input_stream *in = NULL;
+	struct stat st;
+	int ret;
+
+	ret = input_open_verified(path, digest, name, &in);
+	if (ret)
+		return ret;
+	ret = convert_apply_input(c, in, stat(path, &st) ? 0 : (uint64_t)st.st_size,
+				  name);
 	input_close(in);
 	return ret;
 }

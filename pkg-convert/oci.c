@@ -2,9 +2,11 @@
 /*
  * OCI image layouts on disk (image-spec image-layout.md): resolve
  * PATH[:TAG] through index.json to one image manifest (choosing a platform
- * from an image index), and write converted images back as a layout.
- * Every manifest and index read is size-limited and digest-checked.
+ * from an image index; remote.c does the same through a registry), and
+ * write converted images back as a layout. Every manifest, index and
+ * config read is size-limited and digest-checked.
  */
+#include <dirent.h>
 #include <fcntl.h>
 #include <json-c/json.h>
 #include <stdio.h>
@@ -15,9 +17,9 @@
 
 #include "../pkg-base/base.h"
 #include "../pkg-blob/blob.h"
+#include "../pkg-fetch/fetch.h"
 #include "internal.h"
 
-#define OCI_JSON_MAX (4u << 20) /* manifests and indexes larger are refused */
 #define OCI_INDEX_DEPTH 4       /* nested indexes followed at most */
 #define REF_NAME_ANNOTATION "org.opencontainers.image.ref.name"
 
@@ -61,22 +63,12 @@ int oci_parse_digest(const char *s, uint8_t out[32])
 	return hex_decode(s + 7, out, 32);
 }
 
-static const char *jstr(struct json_object *o, const char *key)
-{
-	struct json_object *v;
-
-	if (!o || !json_object_object_get_ex(o, key, &v) ||
-	    !json_object_is_type(v, json_type_string))
-		return NULL;
-	return json_object_get_string(v);
-}
-
 /* Parse a descriptor object; every field a consumer relies on is checked. */
 static int parse_descriptor(struct json_object *o, const char *where,
 			    struct oci_descriptor *d)
 {
 	struct json_object *v;
-	const char *digest = jstr(o, "digest"), *type = jstr(o, "mediaType");
+	const char *digest = json_get_string(o, "digest"), *type = json_get_string(o, "mediaType");
 	int64_t size;
 
 	memset(d, 0, sizeof(*d));
@@ -96,21 +88,15 @@ static int parse_descriptor(struct json_object *o, const char *where,
 	return 0;
 }
 
-/* Read blobs/sha256/<hex> of @layout whole, checking its size and digest. */
-static int read_json_blob(const char *layout, const struct oci_descriptor *d,
-			  struct json_object **out)
+int oci_layout_load(void *ctx, const struct oci_descriptor *d,
+		       bool manifest, uint8_t **out, size_t *out_len)
 {
+	const char *layout = ctx;
 	char hex[65], *path = NULL;
 	uint8_t digest[32], *data = NULL;
-	struct json_tokener *tok = NULL;
 	int fd = -1, ret;
 
 	hex_encode(d->digest, 32, hex);
-	if (d->size > OCI_JSON_MAX) {
-		ferry_err("%s: manifest sha256:%s is %llu bytes (limit %u)", layout, hex,
-			  (unsigned long long)d->size, OCI_JSON_MAX);
-		return -EFBIG;
-	}
 	if (asprintf(&path, "%s/blobs/sha256/%s", layout, hex) < 0)
 		return -ENOMEM;
 	data = malloc(d->size + 1);
@@ -138,22 +124,55 @@ static int read_json_blob(const char *layout, const struct oci_descriptor *d,
 		ret = -EFSCORRUPTED;
 		goto out;
 	}
-	tok = json_tokener_new();
-	*out = tok ? json_tokener_parse_ex(tok, (const char *)data, (int)d->size) : NULL;
-	if (!*out || json_tokener_get_error(tok) != json_tokener_success ||
-	    !json_object_is_type(*out, json_type_object)) {
-		ferry_err("%s: not a JSON object", path);
-		json_object_put(*out);
-		*out = NULL;
-		ret = -EFSCORRUPTED;
-	}
+	*out = data;
+	*out_len = d->size;
+	data = NULL;
 out:
-	if (tok)
-		json_tokener_free(tok);
 	if (fd >= 0)
 		close(fd);
 	free(data);
 	free(path);
+	return ret;
+}
+
+/* Load the JSON document @d names through @img's loader. */
+static int load_json(const struct oci_image *img, const struct oci_loader *l,
+		     const struct oci_descriptor *d, bool manifest,
+		     struct json_object **out, uint8_t **keep, size_t *keep_len)
+{
+	struct json_tokener *tok = NULL;
+	uint8_t *data = NULL;
+	size_t len = 0;
+	char hex[65];
+	int ret;
+
+	hex_encode(d->digest, 32, hex);
+	if (d->size > OCI_JSON_MAX) {
+		ferry_err("%s: %s sha256:%s is %llu bytes (limit %u)", img->where,
+			  manifest ? "manifest" : "config", hex,
+			  (unsigned long long)d->size, OCI_JSON_MAX);
+		return -EFBIG;
+	}
+	ret = l->load(l->ctx, d, manifest, &data, &len);
+	if (ret)
+		return ret;
+	tok = json_tokener_new();
+	*out = tok ? json_tokener_parse_ex(tok, (const char *)data, (int)len) : NULL;
+	if (!*out || json_tokener_get_error(tok) != json_tokener_success ||
+	    !json_object_is_type(*out, json_type_object)) {
+		ferry_err("%s: sha256:%s is not a JSON object", img->where, hex);
+		json_object_put(*out);
+		*out = NULL;
+		ret = -EFSCORRUPTED;
+	}
+	if (tok)
+		json_tokener_free(tok);
+	if (!ret && keep) {
+		*keep = data;
+		*keep_len = len;
+		data = NULL;
+	}
+	free(data);
 	return ret;
 }
 
@@ -187,9 +206,9 @@ static bool platform_matches(struct json_object *m, const char *want)
 
 	if (!json_object_object_get_ex(m, "platform", &p))
 		return false;
-	os = jstr(p, "os");
-	arch = jstr(p, "architecture");
-	variant = jstr(p, "variant");
+	os = json_get_string(p, "os");
+	arch = json_get_string(p, "architecture");
+	variant = json_get_string(p, "variant");
 	if (!os || !arch)
 		return false;
 	snprintf(buf, sizeof(buf), "%s/%s", os, arch);
@@ -266,8 +285,12 @@ static int pick_tag(struct json_object *index, const char *layout,
 static void oci_image_clear(struct oci_image *img)
 {
 	json_object_put(img->manifest);
+	free(img->config_data);
 	free(img->layers);
 	free(img->layout);
+	free(img->where);
+	if (img->remote)
+		registry_close(img->remote);
 	memset(img, 0, sizeof(*img));
 }
 
@@ -277,58 +300,30 @@ void oci_image_free(struct oci_image *img)
 		oci_image_clear(img);
 }
 
-int oci_image_open(const char *ref, const char *platform, struct oci_image *img)
+int oci_image_resolve(struct oci_image *img, const struct oci_descriptor *top,
+		      const char *platform, const struct oci_loader *l)
 {
-	struct json_object *index = NULL, *layers, *config;
-	struct oci_descriptor d;
-	char *copy = strdup(ref), *path, *tag, host[64];
+	struct json_object *layers, *config, *doc_config = NULL;
+	struct oci_descriptor d = *top;
+	char host[64];
 	size_t i, n;
 	int depth, ret;
 
-	memset(img, 0, sizeof(*img));
-	if (!copy)
-		return -ENOMEM;
-	oci_split_ref(copy, &path, &tag);
-	img->layout = strdup(path);
-	if (!img->layout) {
-		ret = -ENOMEM;
-		goto out;
-	}
 	if (!platform) {
 		ret = oci_host_platform(host, sizeof(host));
 		if (ret)
-			goto out;
+			return ret;
 		platform = host;
 	}
-	{
-		char *index_path = NULL;
-
-		if (asprintf(&index_path, "%s/index.json", path) < 0) {
-			ret = -ENOMEM;
-			goto out;
-		}
-		index = json_object_from_file(index_path);
-		if (!index || !json_object_is_type(index, json_type_object)) {
-			ferry_err("%s: not an OCI image layout (cannot read index.json)",
-				  path);
-			free(index_path);
-			ret = access(path, F_OK) ? -ENOENT : -EFSCORRUPTED;
-			goto out;
-		}
-		free(index_path);
-	}
-	ret = pick_tag(index, path, tag, &d);
-	if (ret)
-		goto out;
 	/* Follow nested indexes (a tag may name an index) to one manifest. */
 	for (depth = 0;; depth++) {
 		struct json_object *doc = NULL;
 		const char *type;
 
-		ret = read_json_blob(path, &d, &doc);
+		ret = load_json(img, l, &d, true, &doc, NULL, NULL);
 		if (ret)
-			goto out;
-		type = jstr(doc, "mediaType");
+			return ret;
+		type = json_get_string(doc, "mediaType");
 		if (!type || !*type)
 			type = d.media_type;
 		if (is_one_of(type, manifest_types, ARRAY_SIZE(manifest_types)) ||
@@ -340,56 +335,83 @@ int oci_image_open(const char *ref, const char *platform, struct oci_image *img)
 		if (!is_one_of(type, index_types, ARRAY_SIZE(index_types)) &&
 		    !json_object_object_get_ex(doc, "manifests", NULL)) {
 			ferry_err("%s: %s is neither an image manifest nor an index",
-				  path, type && *type ? type : "untyped document");
+				  img->where, type && *type ? type : "untyped document");
 			json_object_put(doc);
-			ret = -EFSCORRUPTED;
-			goto out;
+			return -EFSCORRUPTED;
 		}
 		if (depth == OCI_INDEX_DEPTH) {
-			ferry_err("%s: image indexes nested deeper than %d", path,
+			ferry_err("%s: image indexes nested deeper than %d", img->where,
 				  OCI_INDEX_DEPTH);
 			json_object_put(doc);
-			ret = -EFSCORRUPTED;
-			goto out;
+			return -EFSCORRUPTED;
 		}
-		ret = pick_platform(doc, path, platform, &d);
+		ret = pick_platform(doc, img->where, platform, &d);
 		json_object_put(doc);
 		if (ret)
-			goto out;
+			return ret;
 	}
 	if (!json_object_object_get_ex(img->manifest, "config", &config) ||
-	    parse_descriptor(config, path, &img->config)) {
-		ferry_err("%s: manifest has no valid config descriptor", path);
-		ret = -EFSCORRUPTED;
-		goto out;
+	    parse_descriptor(config, img->where, &img->config)) {
+		ferry_err("%s: manifest has no valid config descriptor", img->where);
+		return -EFSCORRUPTED;
 	}
-	/* The config is copied into converted images: check it now. */
-	ret = read_json_blob(path, &img->config, &config);
+	/* Converted images carry the config along: load and check it now. */
+	ret = load_json(img, l, &img->config, false, &doc_config,
+			&img->config_data, &img->config_len);
 	if (ret)
-		goto out;
-	json_object_put(config);
+		return ret;
+	json_object_put(doc_config);
 	if (!json_object_object_get_ex(img->manifest, "layers", &layers) ||
 	    !json_object_is_type(layers, json_type_array)) {
-		ferry_err("%s: manifest has no layers array", path);
-		ret = -EFSCORRUPTED;
-		goto out;
+		ferry_err("%s: manifest has no layers array", img->where);
+		return -EFSCORRUPTED;
 	}
 	n = json_object_array_length(layers);
 	img->layers = calloc(n ? n : 1, sizeof(*img->layers));
-	if (!img->layers) {
+	if (!img->layers)
+		return -ENOMEM;
+	for (i = 0; i < n; i++) {
+		ret = parse_descriptor(json_object_array_get_idx(layers, i), img->where,
+				       &img->layers[i]);
+		if (ret)
+			return ret;
+	}
+	img->nr_layers = (uint32_t)n;
+	return 0;
+}
+
+int oci_image_open(const char *ref, const char *platform, struct oci_image *img)
+{
+	struct json_object *index = NULL;
+	struct oci_descriptor d;
+	char *copy = strdup(ref), *path, *tag, *index_path = NULL;
+	int ret;
+
+	memset(img, 0, sizeof(*img));
+	if (!copy)
+		return -ENOMEM;
+	oci_split_ref(copy, &path, &tag);
+	img->layout = strdup(path);
+	img->where = strdup(path);
+	if (!img->layout || !img->where ||
+	    asprintf(&index_path, "%s/index.json", path) < 0) {
+		index_path = NULL;
 		ret = -ENOMEM;
 		goto out;
 	}
-	for (i = 0; i < n; i++) {
-		ret = parse_descriptor(json_object_array_get_idx(layers, i), path,
-				       &img->layers[i]);
-		if (ret)
-			goto out;
+	index = json_object_from_file(index_path);
+	if (!index || !json_object_is_type(index, json_type_object)) {
+		ferry_err("%s: not an OCI image layout (cannot read index.json)", path);
+		ret = access(path, F_OK) ? -ENOENT : -EFSCORRUPTED;
+		goto out;
 	}
-	img->nr_layers = (uint32_t)n;
-	ret = 0;
+	ret = pick_tag(index, path, tag, &d);
+	if (!ret)
+		ret = oci_image_resolve(img, &d, platform,
+					&(struct oci_loader){ oci_layout_load, img->layout });
 out:
 	json_object_put(index);
+	free(index_path);
 	free(copy);
 	if (ret)
 		oci_image_clear(img);
@@ -410,7 +432,7 @@ const char *oci_annotation(struct json_object *desc, const char *key)
 
 	if (!json_object_object_get_ex(desc, "annotations", &ann))
 		return NULL;
-	return jstr(ann, key);
+	return json_get_string(ann, key);
 }
 
 /* ------------------------------------------------------------------ */
@@ -551,4 +573,59 @@ out:
 	json_object_put(index);
 	free(index_path);
 	return ret;
+}
+
+int oci_staging_create(char **layout)
+{
+	const char *tmp = getenv("TMPDIR");
+	int ret;
+
+	if (asprintf(layout, "%s/ferry-push.XXXXXX", tmp && *tmp ? tmp : "/var/tmp") < 0) {
+		*layout = NULL;
+		return -ENOMEM;
+	}
+	if (!mkdtemp(*layout)) {
+		ret = -errno;
+		ferry_err("%s: cannot create a staging directory: %s", *layout,
+			  strerror(errno));
+		free(*layout);
+		*layout = NULL;
+		return ret;
+	}
+	ret = oci_layout_init(*layout);
+	if (ret)
+		oci_staging_remove(*layout);
+	return ret;
+}
+
+/* Only what ferry writes into a layout: blobs, index.json, oci-layout. */
+void oci_staging_remove(const char *layout)
+{
+	static const char *const files[] = { "index.json", "oci-layout" };
+	char *path = NULL;
+	struct dirent *de;
+	DIR *dir;
+	size_t i;
+
+	if (asprintf(&path, "%s/blobs/sha256", layout) < 0)
+		return;
+	dir = opendir(path);
+	while (dir && (de = readdir(dir)))
+		if (strcmp(de->d_name, ".") && strcmp(de->d_name, ".."))
+			unlinkat(dirfd(dir), de->d_name, 0);
+	if (dir)
+		closedir(dir);
+	rmdir(path);
+	*strrchr(path, '/') = '\0';
+	rmdir(path);
+	free(path);
+	for (i = 0; i < ARRAY_SIZE(files); i++) {
+		if (asprintf(&path, "%s/%s", layout, files[i]) < 0)
+			return;
+		unlink(path);
+		free(path);
+	}
+	if (rmdir(layout))
+		ferry_warn("%s: staging directory left behind: %s", layout,
+			   strerror(errno));
 }

@@ -28,6 +28,12 @@ int input_open(const char *path, struct input_stream **out);
  */
 int input_open_verified(const char *path, const uint8_t *sha256,
 			const char *name, struct input_stream **out);
+/*
+ * Decompressing input over @raw (e.g. a registry blob stream, which checks
+ * its own digest). @name is used in messages.
+ */
+int input_open_source(struct byte_source raw, const char *name,
+		      struct input_stream **out);
 /* Wrap an in-memory buffer (fuzzing, tests); the buffer must outlive it. */
 int input_open_mem(const void *buf, size_t len, struct input_stream **out);
 struct byte_source input_source(struct input_stream *in);

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# `make demo`: builds a small sample tree, converts it to a ferry image,
-# verifies it, mounts it with the kernel and reads files back.
+# `make demo`: builds a small sample tree, converts it to a ferry image
+# pushed to a docker-registry on 127.0.0.1, verifies it there, mounts it
+# lazily from the registry (FUSE, ferryd fetching chunks on first read),
+# reads files back, then mounts it with the kernel (--mode local).
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 BIN=${BIN:-$top/bin}
@@ -8,8 +10,12 @@ case $BIN in /*) ;; *) BIN=$top/$BIN ;; esac
 ferry=$BIN/ferry
 work=$(mktemp -d /tmp/ferry-demo.XXXXXX)
 mnt=$work/mnt
+reg_pid=
+sock=$work/ferryd.sock
 cleanup() {
-	mountpoint -q "$mnt" 2>/dev/null && "$ferry" umount "$mnt"
+	mountpoint -q "$mnt" 2>/dev/null && "$ferry" umount --socket "$sock" "$mnt"
+	pkill -f "ferryd.*$sock" 2>/dev/null
+	[ -n "$reg_pid" ] && kill "$reg_pid" 2>/dev/null && wait "$reg_pid" 2>/dev/null
 	rm -rf "$work"
 }
 trap cleanup EXIT
@@ -28,26 +34,40 @@ ln "$src/etc/os-release" "$src/usr/share/doc/ferry/os-release.hardlink"
 ln -s ../../etc/os-release "$src/usr/bin/release-link"
 setfattr -n user.demo -v "hello from an xattr" "$src/etc/os-release"
 
-say "ferry convert dir:$src dir:$work/image"
-"$ferry" convert "dir:$src" "dir:$work/image"
-ls -l "$work/image" "$work/image/blobs/sha256"
+say "starting docker-registry on 127.0.0.1"
+read -r port reg_pid < <("$top/tests/tools/start-registry.sh" "$work/registry")
+echo "listening on 127.0.0.1:$port"
+image=docker://127.0.0.1:$port/demo/sample:latest
 
-say "ferry check dir:$work/image"
-"$ferry" check "dir:$work/image"
+say "ferry convert dir:$src $image"
+"$ferry" convert "dir:$src" "$image"
 
-say "ferry inspect dir:$work/image /usr/share/doc/ferry/big.txt"
-"$ferry" inspect "dir:$work/image" /usr/share/doc/ferry/big.txt
+say "ferry check $image (every chunk read back from the registry)"
+"$ferry" check "$image"
 
-say "ferry mount --mode local (kernel EROFS, file-backed, device= per blob)"
-"$ferry" mount --mode local --cache-dir "$work/cache" "dir:$work/image" "$mnt"
-grep erofs /proc/self/mounts | grep "$mnt"
+say "ferry inspect $image /usr/share/doc/ferry/big.txt"
+"$ferry" inspect "$image" /usr/share/doc/ferry/big.txt
 
-say "reading through the mount"
+say "ferry mount --mode fuse $image (lazy: only the bootstrap is fetched now)"
+"$ferry" mount --mode fuse --socket "$sock" --cache-dir "$work/cache" "$image" "$mnt"
+grep "$mnt" /proc/self/mounts
+"$ferry" mount --list --socket "$sock"
+
+say "reading through the lazy mount"
 cat "$mnt/etc/os-release"
 getfattr -n user.demo "$mnt/etc/os-release"
 readlink "$mnt/usr/bin/release-link"
+"$ferry" mount --list --socket "$sock"
 sha256sum "$src/usr/share/doc/ferry/big.txt" "$mnt/usr/share/doc/ferry/big.txt" "$mnt/usr/share/doc/ferry/copy.txt"
 diff -r "$src" "$mnt" && echo "trees are identical"
+"$ferry" mount --list --socket "$sock"
+"$ferry" umount --socket "$sock" "$mnt"
+
+say "ferry mount --mode local $image (kernel EROFS over the chunk cache, no daemon)"
+"$ferry" mount --mode local --cache-dir "$work/cache" "$image" "$mnt"
+grep erofs /proc/self/mounts | grep "$mnt"
+diff -r "$src" "$mnt" && echo "trees are identical"
+"$ferry" cache --cache-dir "$work/cache" ls
 
 say "ferry umount"
 "$ferry" umount "$mnt"

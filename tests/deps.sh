@@ -9,9 +9,9 @@ pkgs=(
 	libjson-c-dev libssl-dev libfuse3-dev
 	# tests: format oracle, fixtures, tools
 	fuse3 erofs-utils attr acl libcap2-bin tar gzip zstd xz-utils python3
-	mmdebstrap umoci skopeo rsync
+	mmdebstrap umoci skopeo rsync docker-registry apache2-utils openssl
 	# benchmarks
-	hyperfine squashfs-tools squashfuse time
+	hyperfine squashfs-tools squashfuse time fio
 )
 missing=()
 for p in "${pkgs[@]}"; do

@@ -13,14 +13,22 @@ int cmd_check(int argc, char **argv)
 	static const struct option longopts[] = {
 		{ "json", no_argument, NULL, 'j' },
 		{ "help", no_argument, NULL, 'h' },
+		REGISTRY_LONGOPTS,
 		{ 0 },
 	};
+	struct regopts ro;
 	struct image_check_report report;
 	struct image *img;
 	bool json = false;
 	int c, ret;
 
+	regopts_init(&ro);
 	while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+		ret = regopts_parse(&ro, c, optarg);
+		if (ret < 0)
+			return usage_error("check", "bad registry option");
+		if (ret)
+			continue;
 		switch (c) {
 		case 'j':
 			json = true;
@@ -32,7 +40,10 @@ int cmd_check(int argc, char **argv)
 			       "every blob (decompressed and compared with its sha256).\n"
 			       "The first problem is reported naming the inode path or the\n"
 			       "blob and chunk.\n\n"
-			       "IMAGE  dir:OUT or oci:PATH[:TAG]\n\n" EXIT_CODES_HELP);
+			       "IMAGE  dir:OUT, oci:PATH[:TAG] or\n"
+			       "       docker://HOST[:PORT]/REPO[:TAG|@DIGEST] (blobs are\n"
+			       "       read from the registry)\n\n%s\n"
+			       EXIT_CODES_HELP, REGISTRY_OPTIONS_HELP);
 			return EXIT_OK;
 		default:
 			return usage_error("check", "unknown option");
@@ -40,7 +51,8 @@ int cmd_check(int argc, char **argv)
 	}
 	if (argc - optind != 1)
 		return usage_error("check", "expected IMAGE");
-	ret = image_open(argv[optind], &img);
+	ret = image_open(argv[optind], &(struct image_opts){ .fetch = &ro.fetch },
+			 &img);
 	if (ret)
 		return ret == -EINVAL ? EXIT_USAGE : EXIT_FAIL;
 	ret = image_check(img, &report);

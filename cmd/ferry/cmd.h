@@ -3,11 +3,12 @@
 #ifndef FERRY_CMD_H
 #define FERRY_CMD_H
 
+#include "../../pkg-fetch/fetch.h"
+
 #define EXIT_OK 0
 #define EXIT_FAIL 1
 #define EXIT_USAGE 2
 
-#define FERRY_VERSION "0.1.0"
 #define FERRY_DEFAULT_CACHE_DIR "/var/lib/ferry/cache"
 
 #define EXIT_CODES_HELP                                                        \
@@ -19,6 +20,46 @@ int cmd_mount(int argc, char **argv);
 int cmd_umount(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
 int cmd_check(int argc, char **argv);
+int cmd_cache(int argc, char **argv);
+
+/*
+ * Registry options (regopts.c): REGISTRY_LONGOPTS goes into a command's
+ * option table; regopts_parse returns 1 for one of its options, 0 for
+ * another option, or -EINVAL after a message.
+ */
+enum {
+	REGOPT_CREDS = 0x1000,
+	REGOPT_AUTHFILE,
+	REGOPT_TLS_VERIFY,
+	REGOPT_CA_FILE,
+	REGOPT_INSECURE,
+	REGOPT_MIRROR,
+	REGOPT_RETRIES,
+	REGOPT_STALL,
+	REGOPT_RESOLVE,
+};
+#define REGISTRY_LONGOPTS                                                       \
+	{ "creds", required_argument, NULL, REGOPT_CREDS },                     \
+	{ "authfile", required_argument, NULL, REGOPT_AUTHFILE },               \
+	{ "tls-verify", optional_argument, NULL, REGOPT_TLS_VERIFY },           \
+	{ "ca-file", required_argument, NULL, REGOPT_CA_FILE },                 \
+	{ "insecure-registry", required_argument, NULL, REGOPT_INSECURE },      \
+	{ "registry-mirror", required_argument, NULL, REGOPT_MIRROR },          \
+	{ "retries", required_argument, NULL, REGOPT_RETRIES },                 \
+	{ "stall-timeout", required_argument, NULL, REGOPT_STALL },             \
+	{ "resolve", required_argument, NULL, REGOPT_RESOLVE }
+#define REGOPTS_MAX 17
+
+struct regopts {
+	struct fetch_opts fetch;
+	const char *insecure[REGOPTS_MAX]; /* NULL-terminated */
+	const char *mirrors[REGOPTS_MAX];
+	const char *resolve[REGOPTS_MAX];
+	size_t nr_insecure, nr_mirrors, nr_resolve;
+};
+extern const char REGISTRY_OPTIONS_HELP[];
+void regopts_init(struct regopts *r);
+int regopts_parse(struct regopts *r, int opt, const char *arg);
 
 /* Print "ferry CMD: MSG" and a hint to --help; returns EXIT_USAGE. */
 int usage_error(const char *cmd, const char *fmt, ...)

@@ -20,10 +20,16 @@ static void convert_help(void)
 	       "        oci:PATH[:TAG]  an OCI image layout; its layers are merged with\n"
 	       "                        OCI whiteout semantics, each layer's new chunks\n"
 	       "                        going to a blob of its own\n"
+	       "        docker://HOST[:PORT]/REPO[:TAG|@DIGEST]\n"
+	       "                        the same from a registry; layers are streamed\n"
+	       "                        (never staged on disk) and digest-checked\n"
 	       "DEST    dir:OUT         writes OUT/bootstrap, OUT/blobs/sha256/<hex> and\n"
 	       "                        OUT/ferry.json (see docs/FORMAT.md)\n"
 	       "        oci:PATH[:TAG]  adds a ferry image to an OCI layout (default tag\n"
-	       "                        latest): data blobs, bootstrap, config, manifest\n\n"
+	       "                        latest): data blobs, bootstrap, config, manifest\n"
+	       "        docker://HOST[:PORT]/REPO[:TAG]\n"
+	       "                        pushes that image to a registry (staged in\n"
+	       "                        $TMPDIR, default /var/tmp, then removed)\n\n"
 	       "Options:\n"
 	       "  --chunk-size N     chunk size, power of two, 4K..64M (default 1M)\n"
 	       "  --compress SPEC    none | lz4[:1-12] | zstd[:1-22] | lzma[:1-9]\n"
@@ -34,14 +40,19 @@ static void convert_help(void)
 	       "                     output does not depend on it\n"
 	       "  --platform P       os/arch[/variant] to pick from an image index\n"
 	       "                     (default: the host's)\n"
-	       "  --chunk-dict IMAGE reuse chunks already stored in IMAGE (dir: or\n"
-	       "                     oci:); its blobs become devices of the new image\n"
+	       "  --chunk-dict IMAGE reuse chunks already stored in IMAGE (dir:, oci:\n"
+	       "                     or docker://); its blobs become devices of the\n"
+	       "                     new image\n"
+	       "  --prefetch-files LIST\n"
+	       "                     a file of paths in the image (one per line)\n"
+	       "                     that lazy mounts fetch first, in that order;\n"
+	       "                     kept in the bootstrap\n"
 	       "  --json             print a JSON summary on stdout\n"
 	       "  -q, --quiet        no progress or summary on stderr\n"
 	       "  -h, --help         this help\n\n"
 	       "Output is deterministic: the same input and options give identical\n"
-	       "bytes.\n\n" EXIT_CODES_HELP,
-	       CONVERT_DEFAULT_INLINE_MAX);
+	       "bytes.\n\n%s\n" EXIT_CODES_HELP,
+	       CONVERT_DEFAULT_INLINE_MAX, REGISTRY_OPTIONS_HELP);
 }
 
 static void print_json(const struct convert_stats *s, const struct convert_opts *o)
@@ -122,22 +133,32 @@ int cmd_convert(int argc, char **argv)
 		{ "jobs", required_argument, NULL, 'J' },
 		{ "platform", required_argument, NULL, 'p' },
 		{ "chunk-dict", required_argument, NULL, 'D' },
+		{ "prefetch-files", required_argument, NULL, 'P' },
 		{ "json", no_argument, NULL, 'j' },
 		{ "quiet", no_argument, NULL, 'q' },
 		{ "help", no_argument, NULL, 'h' },
+		REGISTRY_LONGOPTS,
 		{ 0 },
 	};
+	struct regopts ro;
 	struct convert_opts opts = {
 		.chunk_size = CONVERT_DEFAULT_CHUNK_SIZE,
 		.inline_max = CONVERT_DEFAULT_INLINE_MAX,
 		.compress = { .codec = BLOB_CODEC_ZSTD },
+		.fetch = &ro.fetch,
 	};
 	struct convert_stats stats;
 	bool json = false, quiet = false;
 	uint64_t v;
 	int c, ret;
 
+	regopts_init(&ro);
 	while ((c = getopt_long(argc, argv, "qh", longopts, NULL)) != -1) {
+		ret = regopts_parse(&ro, c, optarg);
+		if (ret < 0)
+			return usage_error("convert", "bad registry option");
+		if (ret)
+			continue;
 		switch (c) {
 		case 'c':
 			if (parse_size(optarg, &v) || v > UINT32_MAX)
@@ -166,6 +187,9 @@ int cmd_convert(int argc, char **argv)
 			break;
 		case 'D':
 			opts.chunk_dict = optarg;
+			break;
+		case 'P':
+			opts.prefetch_files = optarg;
 			break;
 		case 'j':
 			json = true;

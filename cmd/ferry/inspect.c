@@ -46,6 +46,7 @@ static struct json_object *image_json(struct image *img,
 {
 	struct json_object *o = json_object_new_object(), *sbo = json_object_new_object();
 	struct json_object *blobs = json_object_new_array(), *tree = json_object_new_object();
+	struct json_object *prefetch;
 	char hex[2 * BLOB_DIGEST_SIZE + 8];
 	struct meta_super sb;
 	uint32_t i;
@@ -79,6 +80,10 @@ static struct json_object *image_json(struct image *img,
 		json_object_array_add(blobs, bo);
 	}
 	json_object_object_add(o, "blobs", blobs);
+	prefetch = json_object_new_array();
+	for (i = 0; i < img->nr_prefetch; i++)
+		json_object_array_add(prefetch, json_object_new_string(img->prefetch[i]));
+	json_object_object_add(o, "prefetch", prefetch);
 	json_object_object_add(tree, "files", U64(t->files));
 	json_object_object_add(tree, "directories", U64(t->dirs));
 	json_object_object_add(tree, "symlinks", U64(t->symlinks));
@@ -216,7 +221,7 @@ static int64_t jint(struct json_object *o, const char *key)
 
 static void print_image_text(struct json_object *o)
 {
-	struct json_object *sb, *blobs, *tree;
+	struct json_object *sb, *blobs, *tree, *prefetch;
 	size_t i;
 
 	json_object_object_get_ex(o, "superblock", &sb);
@@ -239,6 +244,10 @@ static void print_image_text(struct json_object *o)
 		       jstr(b, "digest"), jint(b, "size"), jint(b, "uncompressedSize"),
 		       jint(b, "chunks"));
 	}
+	json_object_object_get_ex(o, "prefetch", &prefetch);
+	if (json_object_array_length(prefetch))
+		printf("prefetch:     %zu paths, first %s\n", json_object_array_length(prefetch),
+		       json_object_get_string(json_object_array_get_idx(prefetch, 0)));
 	printf("tree:         %" PRId64 " files (%" PRId64 " bytes; %" PRId64 " chunked, %"
 	       PRId64 " inline), %" PRId64 " directories, %" PRId64 " symlinks, %"
 	       PRId64 " other\n", jint(tree, "files"), jint(tree, "fileBytes"),
@@ -290,15 +299,23 @@ int cmd_inspect(int argc, char **argv)
 	static const struct option longopts[] = {
 		{ "json", no_argument, NULL, 'j' },
 		{ "help", no_argument, NULL, 'h' },
+		REGISTRY_LONGOPTS,
 		{ 0 },
 	};
+	struct regopts ro;
 	struct tree_summary tree = { 0 };
 	struct json_object *o = NULL;
 	struct image *img;
 	bool json = false;
 	int c, ret;
 
+	regopts_init(&ro);
 	while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+		ret = regopts_parse(&ro, c, optarg);
+		if (ret < 0)
+			return usage_error("inspect", "bad registry option");
+		if (ret)
+			continue;
 		switch (c) {
 		case 'j':
 			json = true;
@@ -309,7 +326,9 @@ int cmd_inspect(int argc, char **argv)
 			       "summary. With PATH: that entry's attributes, xattr names and,\n"
 			       "for chunked files, the chunk map (file range -> device, blob\n"
 			       "offsets, codec, sha256).\n\n"
-			       "IMAGE  dir:OUT or oci:PATH[:TAG]\n\n" EXIT_CODES_HELP);
+			       "IMAGE  dir:OUT, oci:PATH[:TAG] or\n"
+			       "       docker://HOST[:PORT]/REPO[:TAG|@DIGEST]\n\n%s\n"
+			       EXIT_CODES_HELP, REGISTRY_OPTIONS_HELP);
 			return EXIT_OK;
 		default:
 			return usage_error("inspect", "unknown option");
@@ -317,7 +336,8 @@ int cmd_inspect(int argc, char **argv)
 	}
 	if (argc - optind < 1 || argc - optind > 2)
 		return usage_error("inspect", "expected IMAGE [PATH]");
-	ret = image_open(argv[optind], &img);
+	ret = image_open(argv[optind], &(struct image_opts){ .fetch = &ro.fetch },
+			 &img);
 	if (ret)
 		return ret == -EINVAL ? EXIT_USAGE : EXIT_FAIL;
 	if (argc - optind == 2) {

@@ -19,6 +19,7 @@ static const struct {
 	{ "umount", cmd_umount, "unmount a ferry mount" },
 	{ "inspect", cmd_inspect, "show an image's superblock, blobs, tree or a file's chunks" },
 	{ "check", cmd_check, "verify an image's metadata and every chunk digest" },
+	{ "cache", cmd_cache, "list, garbage-collect or prune the chunk cache" },
 };
 
 static void print_help(void)
@@ -27,7 +28,8 @@ static void print_help(void)
 
 	printf("Usage: ferry [-v|-q] COMMAND [OPTIONS] ARGS...\n\n"
 	       "ferry turns container images into an EROFS metadata image (the\n"
-	       "bootstrap) plus chunk-deduplicated data blobs, and mounts them.\n\n"
+	       "bootstrap) plus chunk-deduplicated data blobs, pushes and pulls\n"
+	       "them through OCI registries, and mounts them.\n\n"
 	       "Commands:\n");
 	for (i = 0; i < ARRAY_SIZE(commands); i++)
 		printf("  %-9s %s\n", commands[i].name, commands[i].summary);

@@ -1,30 +1,601 @@
 // SPDX-License-Identifier: MIT
+/*
+ * ferry mount / ferry umount. --mode local mounts with the kernel after
+ * fetching everything; --mode fuse hands the mount to ferryd (starting
+ * one when none answers on the control socket, see cmd/ctl.h).
+ */
+#include <fcntl.h>
 #include <getopt.h>
+#include <libgen.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "../../pkg-base/base.h"
 #include "../../pkg-convert/convert.h"
+#include "../ctl.h"
 #include "cmd.h"
+
+#define MOUNT_TIMEOUT_MS 600000 /* ferryd bounds its own fetches */
+#define CTL_TIMEOUT_MS 60000
+#define START_WAIT_MS 10000     /* a spawned ferryd's socket to answer */
 
 static void mount_help(void)
 {
-	printf("Usage: ferry mount --mode local [--cache-dir DIR] IMAGE MOUNTPOINT\n\n"
+	printf("Usage: ferry mount --mode local [OPTIONS] IMAGE MOUNTPOINT\n"
+	       "       ferry mount --mode fuse [OPTIONS] IMAGE MOUNTPOINT\n"
+	       "       ferry mount --list [--json] [--socket PATH] [MOUNTPOINT]\n\n"
 	       "Mount a ferry image read-only.\n\n"
-	       "IMAGE  dir:OUT or oci:PATH[:TAG], an image written by ferry convert\n\n"
+	       "IMAGE  dir:OUT, oci:PATH[:TAG] or docker://HOST[:PORT]/REPO[:TAG|@DIGEST],\n"
+	       "       an image written by ferry convert\n\n"
 	       "Modes:\n"
-	       "  local   verify and materialise every blob into an uncompressed\n"
-	       "          device file under DIR/devices/, then mount the bootstrap\n"
-	       "          with the kernel (file-backed EROFS, one device= per blob).\n"
-	       "          No daemon stays running.\n\n"
+	       "  local   fetch every missing chunk of every blob into the chunk\n"
+	       "          cache (verified against its sha256), then mount the\n"
+	       "          bootstrap with the kernel (file-backed EROFS, one device=\n"
+	       "          per blob's cache file). No daemon stays running.\n"
+	       "  fuse    lazy: fetch and verify the bootstrap only, and serve the\n"
+	       "          tree through FUSE from ferryd right away; file data is\n"
+	       "          fetched chunk by chunk when first read (verified, kept in\n"
+	       "          the chunk cache, so a later mount reuses it). ferry talks\n"
+	       "          to ferryd over its control socket and starts one (daemon,\n"
+	       "          bin/ferryd next to ferry, else from PATH) if none answers.\n"
+	       "          ferry mount returns once the mount is live.\n\n"
 	       "Options:\n"
-	       "  --mode MODE       required; 'local'\n"
-	       "  --cache-dir DIR   where device files live (default $FERRY_CACHE_DIR\n"
-	       "                    or %s)\n"
-	       "  -h, --help        this help\n\n" EXIT_CODES_HELP,
-	       FERRY_DEFAULT_CACHE_DIR);
+	       "  --mode MODE       required to mount: 'local' or 'fuse'\n"
+	       "  --cache-dir DIR   the chunk cache (default $FERRY_CACHE_DIR or\n"
+	       "                    %s); see ferry cache\n"
+	       "fuse mode:\n"
+	       "  --prefetch-files LIST  after mounting, fetch the files named in\n"
+	       "                    LIST (one path inside the image per line, in\n"
+	       "                    order; symlinks followed, a directory means\n"
+	       "                    every file below it; empty lines and lines\n"
+	       "                    starting with # are skipped) in the background\n"
+	       "  --prefetch-all    then fetch every blob in the background\n"
+	       "  --prefetch-bwlimit RATE  prefetch bytes per second, e.g. 10M\n"
+	       "                    (K/M/G are binary units; default unlimited).\n"
+	       "                    Reads by programs always go first\n"
+	       "  -f, --foreground  run a ferryd in the foreground hosting this mount,\n"
+	       "                    logging to stderr, until it is unmounted or gets\n"
+	       "                    SIGINT/SIGTERM (fails if a ferryd already serves\n"
+	       "                    the socket)\n"
+	       "  --socket PATH     ferryd's control socket (default $%s or\n"
+	       "                    %s)\n"
+	       "  --list            show the mounts of the ferryd on the socket (or\n"
+	       "                    only MOUNTPOINT's) with their statistics\n"
+	       "  --json            --list: JSON on stdout: {\"pid\",\"socket\",\"mounts\":\n"
+	       "                    [{\"mountpoint\",\"image\",\"cacheDir\",\"state\",\n"
+	       "                    \"mountedAt\",\"bytesRead\",\"bytesFetched\",\n"
+	       "                    \"bytesPrefetched\",\"chunksPresent\",\"chunksTotal\",\n"
+	       "                    \"bytesPresent\",\"prefetch\",\"prefetchFiles\",\n"
+	       "                    \"prefetchSeconds\"}]}; no ferryd running: no mounts\n"
+	       "  -h, --help        this help\n\n"
+	       "Unmount either mode with 'ferry umount MOUNTPOINT'.\n\n%s\n" EXIT_CODES_HELP,
+	       FERRY_DEFAULT_CACHE_DIR, CTL_SOCKET_ENV, CTL_DEFAULT_SOCKET,
+	       REGISTRY_OPTIONS_HELP);
+}
+
+/* ------------------------------------------------------------------ */
+/* Talking to ferryd                                                   */
+/* ------------------------------------------------------------------ */
+
+/* bin/ferryd next to this ferry, else "ferryd" (looked up in PATH). */
+static char *ferryd_path(void)
+{
+	char self[PATH_MAX], *p = NULL;
+	ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+
+	if (n > 0) {
+		self[n] = '\0';
+		if (asprintf(&p, "%s/ferryd", dirname(self)) < 0)
+			return NULL;
+		if (!access(p, X_OK))
+			return p;
+		free(p);
+	}
+	return strdup("ferryd");
+}
+
+/*
+ * argv for ferryd: PATH [-v...|-q] --socket S, NULL-terminated. Only a
+ * foreground ferryd takes this command's verbosity: a background one is
+ * shared by later mounts and logs at its default level.
+ */
+static void ferryd_argv(const char **argv, const char *path, const char *socket_path,
+			bool foreground)
+{
+	int n = 0, lvl;
+
+	argv[n++] = path;
+	for (lvl = FERRY_LOG_INFO; foreground && lvl < ferry_log_level && n < 3; lvl++)
+		argv[n++] = "-v";
+	if (foreground && ferry_log_level == FERRY_LOG_ERR)
+		argv[n++] = "-q";
+	if (!foreground)
+		argv[n++] = "--exist-ok"; /* a racing ferry may start one too */
+	argv[n++] = "--socket";
+	argv[n++] = socket_path;
+	argv[n] = NULL;
+}
+
+/* Start a daemonizing ferryd on @socket_path; it exits once listening. */
+static int start_ferryd(const char *socket_path)
+{
+	const char *argv[10];
+	char *path = ferryd_path();
+	int status;
+	pid_t pid;
+
+	if (!path)
+		return -ENOMEM;
+	ferryd_argv(argv, path, socket_path, false);
+	ferry_dbg("starting %s on %s", path, socket_path);
+	fflush(NULL);
+	pid = fork();
+	if (pid < 0) {
+		free(path);
+		return -errno;
+	}
+	if (!pid) {
+		if (strchr(path, '/'))
+			execv(path, (char **)argv);
+		else
+			execvp(path, (char **)argv);
+		fprintf(stderr, "ferry: cannot run %s: %s\n", path, strerror(errno));
+		_exit(127);
+	}
+	while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+		;
+	free(path);
+	/* A failure may be a racing ferryd that got the socket: callers
+	 * retry connecting either way. */
+	if (!WIFEXITED(status) || WEXITSTATUS(status) == 127)
+		return -ENOEXEC;
+	return WEXITSTATUS(status) ? -EADDRINUSE : 0;
+}
+
+static bool no_daemon(int ret)
+{
+	return ret == -ENOENT || ret == -ECONNREFUSED;
+}
+
+/* @req to the ferryd on @socket_path, starting one if none answers. */
+static int call_or_start(const char *socket_path, struct json_object *req,
+			 int timeout_ms, struct json_object **resp)
+{
+	unsigned int waited;
+	int ret = ctl_call(socket_path, req, timeout_ms, resp), st;
+
+	if (!no_daemon(ret))
+		return ret;
+	st = start_ferryd(socket_path);
+	if (st == -ENOEXEC || st == -ENOMEM) {
+		ferry_err("cannot start ferryd for %s", socket_path);
+		return st;
+	}
+	for (waited = 0; waited < START_WAIT_MS; waited += 50) {
+		ret = ctl_call(socket_path, req, timeout_ms, resp);
+		if (!no_daemon(ret))
+			return ret;
+		nanosleep(&(struct timespec){ 0, 50000000 }, NULL);
+	}
+	ferry_err("no ferryd answers on %s (see its log, ferryd.log next to the socket)",
+		  socket_path);
+	return ret;
+}
+
+/*
+ * Whether the FUSE mount on @mp has lost its daemon. statfs always asks
+ * the daemon; stat may be answered from cached attributes.
+ */
+static bool fuse_dead(const char *mp)
+{
+	struct statvfs sv;
+
+	return statvfs(mp, &sv) && (errno == ENOTCONN || errno == ECONNABORTED);
+}
+
+/* ------------------------------------------------------------------ */
+/* ferry mount --mode fuse                                             */
+/* ------------------------------------------------------------------ */
+
+/* dir:/oci: paths made absolute: ferryd works in "/". */
+static int abs_image(const char *ref, char **out)
+{
+	const char *scheme = "dir:", *path = ref;
+	char *abs;
+	int ret;
+
+	if (!strncmp(ref, "docker://", 9))
+		return (*out = strdup(ref)) ? 0 : -ENOMEM;
+	if (!strncmp(ref, "oci:", 4) || !strncmp(ref, "dir:", 4)) {
+		scheme = !strncmp(ref, "oci:", 4) ? "oci:" : "dir:";
+		path = ref + 4;
+	} else if (strchr(ref, ':') && ref[0] != '/' && ref[0] != '.') {
+		return (*out = strdup(ref)) ? 0 : -ENOMEM; /* image_open explains */
+	}
+	if (!*path)
+		return -EINVAL;
+	ret = ctl_abspath(path, &abs);
+	if (ret)
+		return ret;
+	ret = asprintf(out, "%s%s", scheme, abs) < 0 ? -ENOMEM : 0;
+	free(abs);
+	return ret;
+}
+
+struct strlist {
+	char **v;
+	size_t nr, cap;
+};
+
+static void strlist_free(struct strlist *l)
+{
+	size_t i;
+
+	for (i = 0; i < l->nr; i++)
+		free(l->v[i]);
+	free(l->v);
+	memset(l, 0, sizeof(*l));
+}
+
+static int strlist_add(struct strlist *l, char *s)
+{
+	if (!s || array_reserve(&l->v, &l->cap, l->nr + 1, sizeof(*l->v), 16)) {
+		free(s);
+		return -ENOMEM;
+	}
+	l->v[l->nr++] = s;
+	return 0;
+}
+
+/* The prefetch list: one path per line; blank and # lines skipped. */
+static int read_list(const char *file, struct strlist *l)
+{
+	FILE *fp = fopen(file, "re");
+	char *line = NULL;
+	size_t cap = 0, lineno = 0;
+	ssize_t n;
+	int ret = 0;
+
+	if (!fp) {
+		ferry_err("--prefetch-files %s: %s", file, strerror(errno));
+		return -errno;
+	}
+	while (!ret && (n = getline(&line, &cap, fp)) >= 0) {
+		lineno++;
+		while (n && (line[n - 1] == '\n' || line[n - 1] == '\r'))
+			line[--n] = '\0';
+		if (!n || line[0] == '#')
+			continue;
+		if ((size_t)n >= PATH_MAX || strlen(line) != (size_t)n) {
+			ferry_err("--prefetch-files %s:%zu: not a path", file, lineno);
+			ret = -EINVAL;
+		} else if (l->nr >= CTL_PREFETCH_FILES_MAX) {
+			ferry_err("--prefetch-files %s: more than %u paths", file,
+				  CTL_PREFETCH_FILES_MAX);
+			ret = -E2BIG;
+		} else {
+			ret = strlist_add(l, strdup(line));
+		}
+	}
+	if (!ret && ferror(fp)) {
+		ferry_err("--prefetch-files %s: %s", file, strerror(errno));
+		ret = -EIO;
+	}
+	free(line);
+	fclose(fp);
+	return ret;
+}
+
+/* "10M", "10M/s", "0": bytes per second. */
+static int parse_rate(const char *s, uint64_t *out)
+{
+	char buf[64];
+	size_t n = strlen(s);
+
+	if (n >= sizeof(buf))
+		return -EINVAL;
+	memcpy(buf, s, n + 1);
+	if (n > 2 && !strcmp(buf + n - 2, "/s"))
+		buf[n - 2] = '\0';
+	return parse_size(buf, out);
+}
+
+/*
+ * ferryd has its own environment: send the docker config this client
+ * would read as an explicit path (the same search as pkg-fetch, which
+ * ignores a missing default file, so only an existing one is sent).
+ */
+static const char *client_authfile(char *buf, size_t len)
+{
+	const char *env = getenv("REGISTRY_AUTH_FILE");
+
+	if (env && *env)
+		return env;
+	env = getenv("DOCKER_CONFIG");
+	if (env && *env)
+		snprintf(buf, len, "%s/config.json", env);
+	else if ((env = getenv("HOME")) && *env)
+		snprintf(buf, len, "%s/.docker/config.json", env);
+	else
+		return NULL;
+	return access(buf, R_OK) ? NULL : buf;
+}
+
+struct fuse_args_in {
+	const char *image, *mountpoint, *cache_dir, *prefetch_list, *socket_path;
+	bool prefetch_all, foreground;
+	uint64_t bwlimit;
+	struct regopts *ro;
+};
+
+static int mount_fuse(const struct fuse_args_in *a)
+{
+	char *image = NULL, *mp = NULL, *cache = NULL, *authfile = NULL,
+	     *ca = NULL, authbuf[PATH_MAX];
+	struct json_object *req = NULL, *resp = NULL;
+	struct ctl_mount_req r;
+	struct strlist files = { 0 };
+	const char *msg;
+	struct ctl_mnt mi;
+	struct stat st;
+	int ret, rc = EXIT_FAIL;
+
+	ctl_mount_req_init(&r);
+	ret = abs_image(a->image, &image);
+	if (!ret)
+		ret = ctl_mountpoint_path(a->mountpoint, &mp);
+	if (!ret)
+		ret = ctl_abspath(a->cache_dir, &cache);
+	if (ret) {
+		ferry_err("mount %s on %s: %s", a->image, a->mountpoint, ferry_strerror(ret));
+		goto out;
+	}
+	if (!ctl_mountinfo(mp, &mi) && !strcmp(mi.fstype, CTL_FUSE_FSTYPE) &&
+	    fuse_dead(mp)) {
+		ferry_err("mount %s on %s: %s is a dead FUSE mount (%s; was its ferryd killed?): run 'ferry umount %s' first",
+			  a->image, a->mountpoint, mp, strerror(ENOTCONN), a->mountpoint);
+		goto out;
+	}
+	if (stat(mp, &st)) {
+		ferry_err("mount %s: mount point %s: %s", a->image, a->mountpoint,
+			  strerror(errno));
+		goto out;
+	}
+	if (!S_ISDIR(st.st_mode)) {
+		ferry_err("mount %s: mount point %s is not a directory", a->image,
+			  a->mountpoint);
+		goto out;
+	}
+	if (a->prefetch_list && read_list(a->prefetch_list, &files))
+		goto out;
+
+	r.image = image;
+	r.mountpoint = mp;
+	r.cache_dir = cache;
+	r.prefetch_files = (const char **)files.v;
+	r.nr_prefetch_files = files.nr;
+	r.prefetch_all = a->prefetch_all;
+	r.prefetch_bwlimit = a->bwlimit;
+	r.fetch = a->ro->fetch;
+	if (!r.fetch.authfile)
+		r.fetch.authfile = client_authfile(authbuf, sizeof(authbuf));
+	if ((r.fetch.authfile && ctl_abspath(r.fetch.authfile, &authfile)) ||
+	    (r.fetch.ca_file && ctl_abspath(r.fetch.ca_file, &ca))) {
+		ferry_err("mount %s: out of memory", a->image);
+		goto out;
+	}
+	if (authfile)
+		r.fetch.authfile = authfile;
+	if (ca)
+		r.fetch.ca_file = ca;
+	req = ctl_mount_req_to_json(&r);
+	if (!req) {
+		ferry_err("mount %s: out of memory", a->image);
+		goto out;
+	}
+
+	if (a->foreground) {
+		const char *argv[12], *text;
+		char *path = ferryd_path(), fdarg[16];
+		int i, fd;
+
+		if (!path)
+			goto out;
+		/* The request through a descriptor: credentials must not
+		 * show in ferryd's command line (ps). */
+		text = json_object_to_json_string_ext(req, JSON_C_TO_STRING_PLAIN |
+						      JSON_C_TO_STRING_NOSLASHESCAPE);
+		fd = memfd_create("ferry-mount-request", 0);
+		if (fd < 0 || write_full(fd, text, strlen(text)) ||
+		    lseek(fd, 0, SEEK_SET) != 0) {
+			ferry_err("mount %s: cannot pass the request to ferryd: %s",
+				  a->image, strerror(errno));
+			free(path);
+			goto out;
+		}
+		snprintf(fdarg, sizeof(fdarg), "%d", fd);
+		ferryd_argv(argv, path, a->socket_path, true);
+		for (i = 0; argv[i]; i++)
+			;
+		argv[i++] = "-f";
+		argv[i++] = "--mount-fd";
+		argv[i++] = fdarg;
+		argv[i] = NULL;
+		fflush(NULL);
+		if (strchr(path, '/'))
+			execv(path, (char **)argv);
+		else
+			execvp(path, (char **)argv);
+		ferry_err("mount %s: cannot run %s: %s", a->image, path, strerror(errno));
+		free(path);
+		goto out;
+	}
+
+	ret = call_or_start(a->socket_path, req, MOUNT_TIMEOUT_MS, &resp);
+	if (ret) {
+		ferry_err("mount %s on %s: ferryd (%s): %s", a->image, mp, a->socket_path,
+			  ferry_strerror(ret));
+		goto out;
+	}
+	ret = ctl_status(resp, &msg);
+	if (ret) {
+		ferry_err("%s", msg);
+		goto out;
+	}
+	ferry_info("mounted %s on %s (ferryd pid %llu, socket %s)", image, mp,
+		   (unsigned long long)ctl_get_u64(resp, "pid", 0), a->socket_path);
+	rc = EXIT_OK;
+out:
+	json_object_put(resp);
+	json_object_put(req);
+	strlist_free(&files);
+	free(image);
+	free(mp);
+	free(cache);
+	free(authfile);
+	free(ca);
+	return rc;
+}
+
+/* ------------------------------------------------------------------ */
+/* ferry mount --list                                                  */
+/* ------------------------------------------------------------------ */
+
+static void print_mounts(struct json_object *mounts)
+{
+	size_t i, n = json_object_array_length(mounts);
+
+	printf("%-30s %-10s %-9s %13s %13s %13s %15s  %s\n", "MOUNTPOINT", "STATE",
+	       "PREFETCH", "READ", "FETCHED", "PREFETCHED", "CHUNKS", "IMAGE");
+	for (i = 0; i < n; i++) {
+		struct json_object *m = json_object_array_get_idx(mounts, i);
+		char chunks[48];
+
+		snprintf(chunks, sizeof(chunks), "%llu/%llu",
+			 (unsigned long long)ctl_get_u64(m, "chunksPresent", 0),
+			 (unsigned long long)ctl_get_u64(m, "chunksTotal", 0));
+		printf("%-30s %-10s %-9s %13llu %13llu %13llu %15s  %s\n",
+		       json_get_string(m, "mountpoint") ?: "?", json_get_string(m, "state") ?: "?",
+		       json_get_string(m, "prefetch") ?: "?",
+		       (unsigned long long)ctl_get_u64(m, "bytesRead", 0),
+		       (unsigned long long)ctl_get_u64(m, "bytesFetched", 0),
+		       (unsigned long long)ctl_get_u64(m, "bytesPrefetched", 0), chunks,
+		       json_get_string(m, "image") ?: "?");
+	}
+}
+
+static int mount_list(const char *socket_path, bool json, const char *only)
+{
+	struct json_object *req = json_object_new_object(), *resp = NULL, *mounts,
+			   *sel = NULL, *out = NULL;
+	char *mp = NULL;
+	const char *msg;
+	size_t i;
+	int ret, rc = EXIT_FAIL;
+
+	if (!req)
+		return EXIT_FAIL;
+	json_object_object_add(req, "op", json_object_new_string("list"));
+	ret = ctl_call(socket_path, req, CTL_TIMEOUT_MS, &resp);
+	if (no_daemon(ret)) {
+		resp = ctl_ok();
+		json_object_object_add(resp, "socket", json_object_new_string(socket_path));
+		json_object_object_add(resp, "mounts", json_object_new_array());
+	} else if (ret) {
+		ferry_err("ferryd (%s): %s", socket_path, ferry_strerror(ret));
+		goto out;
+	} else if ((ret = ctl_status(resp, &msg))) {
+		ferry_err("ferryd (%s): %s", socket_path, msg);
+		goto out;
+	}
+	if (!json_object_object_get_ex(resp, "mounts", &mounts) ||
+	    !json_object_is_type(mounts, json_type_array)) {
+		ferry_err("ferryd (%s): malformed list answer", socket_path);
+		goto out;
+	}
+	if (only) {
+		if (ctl_mountpoint_path(only, &mp))
+			goto out;
+		sel = json_object_new_array();
+		for (i = 0; sel && i < json_object_array_length(mounts); i++) {
+			struct json_object *m = json_object_array_get_idx(mounts, i);
+			const char *p = json_get_string(m, "mountpoint");
+
+			if (p && !strcmp(p, mp))
+				json_object_array_add(sel, json_object_get(m));
+		}
+		if (!sel || !json_object_array_length(sel)) {
+			ferry_err("%s: not a mount of the ferryd on %s", only, socket_path);
+			goto out;
+		}
+		mounts = sel;
+	}
+	if (json) {
+		struct json_object *v;
+
+		out = json_object_new_object();
+		if (!out)
+			goto out;
+
+		if (json_object_object_get_ex(resp, "pid", &v))
+			json_object_object_add(out, "pid", json_object_get(v));
+		json_object_object_add(out, "socket", json_object_new_string(socket_path));
+		json_object_object_add(out, "mounts", json_object_get(mounts));
+		printf("%s\n", json_object_to_json_string_ext(out, JSON_C_TO_STRING_PRETTY |
+							       JSON_C_TO_STRING_NOSLASHESCAPE));
+	} else if (!json_object_array_length(mounts)) {
+		printf("no ferry FUSE mounts (%s)\n", socket_path);
+	} else {
+		print_mounts(mounts);
+	}
+	rc = EXIT_OK;
+out:
+	json_object_put(out);
+	json_object_put(sel);
+	json_object_put(resp);
+	json_object_put(req);
+	free(mp);
+	return rc;
+}
+
+/* ------------------------------------------------------------------ */
+/* ferry mount                                                         */
+/* ------------------------------------------------------------------ */
+
+enum {
+	OPT_PREFETCH_FILES = 0x2000,
+	OPT_PREFETCH_ALL,
+	OPT_BWLIMIT,
+	OPT_SOCKET,
+	OPT_LIST,
+	OPT_JSON,
+};
+
+static int mount_local(const char *ref, const char *target, const char *cache_dir,
+		       struct regopts *ro)
+{
+	struct image *img;
+	int ret;
+
+	ret = image_open(ref, &(struct image_opts){ .fetch = &ro->fetch }, &img);
+	if (ret)
+		return ret == -EINVAL ? EXIT_USAGE : EXIT_FAIL;
+	ret = image_mount_local(img, cache_dir, target);
+	image_close(img);
+	if (ret) {
+		ferry_err("mount %s on %s failed: %s", ref, target, ferry_strerror(ret));
+		return EXIT_FAIL;
+	}
+	return EXIT_OK;
 }
 
 int cmd_mount(int argc, char **argv)
@@ -32,20 +603,68 @@ int cmd_mount(int argc, char **argv)
 	static const struct option longopts[] = {
 		{ "mode", required_argument, NULL, 'm' },
 		{ "cache-dir", required_argument, NULL, 'C' },
+		{ "prefetch-files", required_argument, NULL, OPT_PREFETCH_FILES },
+		{ "prefetch-all", no_argument, NULL, OPT_PREFETCH_ALL },
+		{ "prefetch-bwlimit", required_argument, NULL, OPT_BWLIMIT },
+		{ "foreground", no_argument, NULL, 'f' },
+		{ "socket", required_argument, NULL, OPT_SOCKET },
+		{ "list", no_argument, NULL, OPT_LIST },
+		{ "json", no_argument, NULL, OPT_JSON },
 		{ "help", no_argument, NULL, 'h' },
+		REGISTRY_LONGOPTS,
 		{ 0 },
 	};
-	const char *mode = NULL, *cache_dir = default_cache_dir();
-	struct image *img;
+	struct fuse_args_in a = { .socket_path = ctl_default_socket() };
+	struct regopts ro;
+	const char *mode = NULL;
+	bool list = false, json = false, fuse_only = false;
 	int c, ret;
 
-	while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+	regopts_init(&ro);
+	a.ro = &ro;
+	a.cache_dir = default_cache_dir();
+	while ((c = getopt_long(argc, argv, "hf", longopts, NULL)) != -1) {
+		ret = regopts_parse(&ro, c, optarg);
+		if (ret < 0)
+			return usage_error("mount", "bad registry option");
+		if (ret)
+			continue;
 		switch (c) {
 		case 'm':
 			mode = optarg;
 			break;
 		case 'C':
-			cache_dir = optarg;
+			a.cache_dir = optarg;
+			break;
+		case OPT_PREFETCH_FILES:
+			a.prefetch_list = optarg;
+			fuse_only = true;
+			break;
+		case OPT_PREFETCH_ALL:
+			a.prefetch_all = true;
+			fuse_only = true;
+			break;
+		case OPT_BWLIMIT:
+			if (parse_rate(optarg, &a.bwlimit))
+				return usage_error("mount", "--prefetch-bwlimit %s: expected bytes per second, e.g. 10M",
+						   optarg);
+			fuse_only = true;
+			break;
+		case 'f':
+			a.foreground = true;
+			fuse_only = true;
+			break;
+		case OPT_SOCKET:
+			if (optarg[0] != '/')
+				return usage_error("mount", "--socket %s: expected an absolute path",
+						   optarg);
+			a.socket_path = optarg;
+			break;
+		case OPT_LIST:
+			list = true;
+			break;
+		case OPT_JSON:
+			json = true;
 			break;
 		case 'h':
 			mount_help();
@@ -54,38 +673,151 @@ int cmd_mount(int argc, char **argv)
 			return usage_error("mount", "unknown option");
 		}
 	}
+	if (list) {
+		if (argc - optind > 1)
+			return usage_error("mount", "--list takes at most one MOUNTPOINT");
+		return mount_list(a.socket_path, json, argc - optind ? argv[optind] : NULL);
+	}
+	if (json)
+		return usage_error("mount", "--json goes with --list");
 	if (argc - optind != 2)
 		return usage_error("mount", "expected IMAGE and MOUNTPOINT");
 	if (!mode)
-		return usage_error("mount", "--mode is required (local)");
+		return usage_error("mount", "--mode is required (local or fuse)");
+	a.image = argv[optind];
+	a.mountpoint = argv[optind + 1];
+	if (!strcmp(mode, "fuse"))
+		return mount_fuse(&a);
 	if (strcmp(mode, "local"))
-		return usage_error("mount", "unknown mode \"%s\" (this build supports: local)",
-				   mode);
-	ret = image_open(argv[optind], &img);
-	if (ret)
-		return ret == -EINVAL ? EXIT_USAGE : EXIT_FAIL;
-	ret = image_mount_local(img, cache_dir, argv[optind + 1]);
-	image_close(img);
-	if (ret) {
-		ferry_err("mount %s on %s failed: %s", argv[optind], argv[optind + 1],
-			  ferry_strerror(ret));
-		return EXIT_FAIL;
+		return usage_error("mount", "unknown mode \"%s\" (local or fuse)", mode);
+	if (fuse_only)
+		return usage_error("mount", "--prefetch-*, -f: only with --mode fuse");
+	return mount_local(a.image, a.mountpoint, a.cache_dir, &ro);
+}
+
+/* ------------------------------------------------------------------ */
+/* ferry umount                                                        */
+/* ------------------------------------------------------------------ */
+
+static void umount_help(void)
+{
+	printf("Usage: ferry umount [--lazy] [--socket PATH] MOUNTPOINT\n\n"
+	       "Unmount a ferry mount (either mode).\n\n"
+	       "A FUSE mount is unmounted through the ferryd serving it, which\n"
+	       "answers once the mount is torn down. A FUSE mount whose ferryd is\n"
+	       "gone (killed: \"Transport endpoint is not connected\") or is not the\n"
+	       "one on the socket is unmounted directly; a dead one that is still\n"
+	       "in use is detached (MNT_DETACH), since it cannot serve anything.\n\n"
+	       "Options:\n"
+	       "  -l, --lazy      if the mount is busy, detach it now; ferryd serves\n"
+	       "                  its open files until the last one is closed\n"
+	       "  --socket PATH   ferryd's control socket (default $%s or\n"
+	       "                  %s)\n"
+	       "  -h, --help      this help\n\n" EXIT_CODES_HELP,
+	       CTL_SOCKET_ENV, CTL_DEFAULT_SOCKET);
+}
+
+/* Unmount @mp without ferryd's help; a dead FUSE mount may be detached. */
+static int umount_direct(const char *mp, bool lazy, bool fuse)
+{
+	int e;
+
+	if (!umount2(mp, 0))
+		return EXIT_OK;
+	e = errno;
+	if (fuse && (e == ENOTCONN || (e == EBUSY && (lazy || fuse_dead(mp))))) {
+		if (!umount2(mp, MNT_DETACH)) {
+			ferry_info("%s: %s; detached it", mp, strerror(e));
+			return EXIT_OK;
+		}
+		e = errno;
+	} else if (e == EBUSY && lazy) {
+		if (!umount2(mp, MNT_DETACH))
+			return EXIT_OK;
+		e = errno;
 	}
-	return EXIT_OK;
+	ferry_err("umount %s: %s", mp, strerror(e));
+	return EXIT_FAIL;
 }
 
 int cmd_umount(int argc, char **argv)
 {
-	if (argc == 2 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"))) {
-		printf("Usage: ferry umount MOUNTPOINT\n\nUnmount a ferry mount.\n\n"
-		       EXIT_CODES_HELP);
-		return EXIT_OK;
+	static const struct option longopts[] = {
+		{ "lazy", no_argument, NULL, 'l' },
+		{ "socket", required_argument, NULL, OPT_SOCKET },
+		{ "help", no_argument, NULL, 'h' },
+		{ 0 },
+	};
+	const char *socket_path = ctl_default_socket(), *msg;
+	struct json_object *req = NULL, *resp = NULL;
+	struct ctl_mnt mi;
+	bool lazy = false;
+	char *mp = NULL;
+	int c, ret, rc = EXIT_FAIL;
+
+	while ((c = getopt_long(argc, argv, "hl", longopts, NULL)) != -1) {
+		switch (c) {
+		case 'l':
+			lazy = true;
+			break;
+		case OPT_SOCKET:
+			if (optarg[0] != '/')
+				return usage_error("umount", "--socket %s: expected an absolute path",
+						   optarg);
+			socket_path = optarg;
+			break;
+		case 'h':
+			umount_help();
+			return EXIT_OK;
+		default:
+			return usage_error("umount", "unknown option");
+		}
 	}
-	if (argc != 2)
+	if (argc - optind != 1)
 		return usage_error("umount", "expected MOUNTPOINT");
-	if (umount2(argv[1], 0)) {
-		ferry_err("umount %s: %s", argv[1], strerror(errno));
+	ret = ctl_mountpoint_path(argv[optind], &mp);
+	if (ret) {
+		ferry_err("umount %s: %s", argv[optind], ferry_strerror(ret));
 		return EXIT_FAIL;
 	}
-	return EXIT_OK;
+	ret = ctl_mountinfo(mp, &mi);
+	if (ret) {
+		ferry_err("umount %s: %s", argv[optind],
+			  ret == -ENOENT ? "not mounted" : ferry_strerror(ret));
+		goto out;
+	}
+	if (!strcmp(mi.fstype, "erofs")) {
+		rc = umount_direct(mp, lazy, false);
+		goto out;
+	}
+	if (strcmp(mi.fstype, CTL_FUSE_FSTYPE)) {
+		ferry_err("umount %s: not a ferry mount (%s %s)", argv[optind], mi.fstype,
+			  mi.source);
+		goto out;
+	}
+	req = json_object_new_object();
+	if (!req)
+		goto out;
+	json_object_object_add(req, "op", json_object_new_string("umount"));
+	json_object_object_add(req, "mountpoint", json_object_new_string(mp));
+	json_object_object_add(req, "lazy", json_object_new_boolean(lazy));
+	ret = ctl_call(socket_path, req, CTL_TIMEOUT_MS, &resp);
+	if (!ret)
+		ret = ctl_status(resp, &msg);
+	if (!ret) {
+		rc = EXIT_OK;
+	} else if (no_daemon(ret)) {
+		/* No ferryd here, or another one's mount: the kernel's turn. */
+		rc = umount_direct(mp, lazy, true);
+	} else if (resp && ret < 0 && json_get_string(resp, "error")) {
+		ferry_err("umount %s: %s", argv[optind], msg);
+	} else {
+		ferry_err("umount %s: ferryd (%s): %s", argv[optind], socket_path,
+			  ferry_strerror(ret));
+	}
+out:
+	json_object_put(resp);
+	json_object_put(req);
+	free(mp);
+	return rc;
 }

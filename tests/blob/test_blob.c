@@ -222,26 +222,73 @@ static struct blob_info info_dup(const struct blob_info *src)
 	return d;
 }
 
-static bool exists(const char *path)
+/* A device file == chunks at their slots, zeros elsewhere. */
+static void check_device(const char *dev, const struct test_blob *tb)
 {
-	struct stat st;
+	uint8_t *file;
+	uint64_t pos = 0;
+	size_t len;
+	uint32_t i;
 
-	return !stat(path, &st);
+	file = read_file(dev, &len);
+	CHECK(file != NULL);
+	if (!file)
+		return;
+	CHECK_EQ(len, tb->info.uncompressed_size);
+	for (i = 0; i < tb->n && len == tb->info.uncompressed_size; i++) {
+		uint64_t end = tb->uoff[i] + tb->len[i];
+
+		for (; pos < tb->uoff[i]; pos++)
+			if (file[pos])
+				break;
+		CHECK_EQ(pos, tb->uoff[i]);
+		CHECK(!memcmp(file + tb->uoff[i], tb->data[i], tb->len[i]));
+		for (pos = end; pos < ROUND_UP(end, 4096); pos++)
+			if (file[pos])
+				break;
+		CHECK_EQ(pos, ROUND_UP(end, 4096));
+	}
+	free(file);
 }
 
-/* Files in tmpdir whose name starts with @prefix. */
-static int count_prefixed(const char *prefix)
+static int file_source_read(void *ctx, uint64_t off, void *buf, size_t len)
 {
-	DIR *d = opendir(tmpdir);
-	struct dirent *e;
-	int n = 0;
+	return pread_full(*(int *)ctx, buf, len, off);
+}
 
-	while (d && (e = readdir(d)))
-		if (!strncmp(e->d_name, prefix, strlen(prefix)))
-			n++;
-	if (d)
-		closedir(d);
-	return n;
+/* blob_verify_source over a pread source: must agree with blob_verify_file. */
+static int source_verify(const char *path, const struct blob_info *info,
+			 struct blob_verify_report *rep)
+{
+	int fd = open(path, O_RDONLY), ret;
+	struct blob_source src = { file_source_read, &fd };
+
+	if (fd < 0)
+		return -errno;
+	ret = blob_verify_source(&src, path, info, rep);
+	close(fd);
+	return ret;
+}
+
+/* Fill a fresh chunk cache from @blob: its data file is the device file. */
+static void fill_cache_check(const char *blob, const struct test_blob *tb)
+{
+	char dir[256];
+	struct blob_cache_blob *b = NULL;
+	int fd = open(blob, O_RDONLY);
+	struct blob_source src = { file_source_read, &fd };
+
+	snprintf(dir, sizeof(dir), "%s/cache", tmpdir);
+	CHECK(fd >= 0);
+	CHECK_EQ(blob_cache_open(dir, &tb->info, &b), 0);
+	if (b) {
+		CHECK_EQ(blob_cache_ensure(b, 0, tb->info.uncompressed_size, &src,
+					   NULL), 0);
+		check_device(blob_cache_data_path(b), tb);
+		blob_cache_close(b);
+	}
+	close(fd);
+	CHECK_EQ(blob_cache_gc(dir, NULL, NULL), 0);
 }
 
 /* ---------------------------------------------------------------- */
@@ -668,10 +715,9 @@ static void test_empty_blob(void)
 	close(fd);
 	CHECK_EQ(info.nr_chunks, 0);
 	CHECK_EQ(blob_verify_file(tmp_path("empty.blob"), &tb.info, &rep), 0);
-	CHECK_EQ(blob_materialize(tmp_path("empty.blob"), &tb.info,
-				  tmp_path("empty.dev")), 0);
-	CHECK(!stat(tmp_path("empty.dev"), &st) && st.st_size == 0);
-	unlink(tmp_path("empty.dev"));
+	CHECK_EQ(source_verify(tmp_path("empty.blob"), &tb.info, &rep), 0);
+	fill_cache_check(tmp_path("empty.blob"), &tb);
+	(void)st;
 	free_blob(&tb);
 }
 
@@ -738,36 +784,7 @@ static void test_read_info(void)
 	free_blob(&tb);
 }
 
-/* Materialised file == chunks at their slots, zeros elsewhere. */
-static void check_device(const char *dev, const struct test_blob *tb)
-{
-	uint8_t *file;
-	uint64_t pos = 0;
-	size_t len;
-	uint32_t i;
-
-	file = read_file(dev, &len);
-	CHECK(file != NULL);
-	if (!file)
-		return;
-	CHECK_EQ(len, tb->info.uncompressed_size);
-	for (i = 0; i < tb->n && len == tb->info.uncompressed_size; i++) {
-		uint64_t end = tb->uoff[i] + tb->len[i];
-
-		for (; pos < tb->uoff[i]; pos++)
-			if (file[pos])
-				break;
-		CHECK_EQ(pos, tb->uoff[i]);
-		CHECK(!memcmp(file + tb->uoff[i], tb->data[i], tb->len[i]));
-		for (pos = end; pos < ROUND_UP(end, 4096); pos++)
-			if (file[pos])
-				break;
-		CHECK_EQ(pos, ROUND_UP(end, 4096));
-	}
-	free(file);
-}
-
-static void test_verify_materialize_ok(void)
+static void test_verify_ok(void)
 {
 	static const char *const specs[] = { "none", "lz4", "lz4:9", "zstd",
 					      "lzma" };
@@ -776,20 +793,15 @@ static void test_verify_materialize_ok(void)
 	size_t s;
 
 	for (s = 0; s < ARRAY_SIZE(specs); s++) {
-		const char *blob = tmp_path("ok.blob"), *dev = tmp_path("ok.dev");
+		const char *blob = tmp_path("ok.blob");
 
 		MAKE_BLOB(blob, specs[s], MIX_N, mix_lens, mix_kinds, &tb);
 		memset(&rep, 0xff, sizeof(rep));
 		CHECK_EQ(blob_verify_file(blob, &tb.info, &rep), 0);
 		CHECK_EQ(rep.error, 0);
 		CHECK_EQ(blob_verify_file(blob, &tb.info, NULL), 0);
-		CHECK_EQ(blob_materialize(blob, &tb.info, dev), 0);
-		check_device(dev, &tb);
-		CHECK_EQ(count_prefixed("ok.dev.tmp."), 0);
-		/* Replacing an existing device file works too. */
-		CHECK_EQ(blob_materialize(blob, &tb.info, dev), 0);
-		check_device(dev, &tb);
-		unlink(dev);
+		CHECK_EQ(source_verify(blob, &tb.info, &rep), 0);
+		fill_cache_check(blob, &tb);
 		free_blob(&tb);
 	}
 }
@@ -800,16 +812,15 @@ static void test_verify_big_chunks(void)
 	const uint32_t lens[] = { 5000, BLOB_CHUNK_MAX, 3 * MIB, BLOB_CHUNK_MAX };
 	const enum data_kind kinds[] = { DATA_TEXT, DATA_RANDOM, DATA_TEXT,
 					 DATA_ZERO };
-	const char *blob = tmp_path("big.blob"), *dev = tmp_path("big.dev");
+	const char *blob = tmp_path("big.blob");
 	struct blob_verify_report rep;
 	struct test_blob tb;
 
 	MAKE_BLOB(blob, "lz4", 4, lens, kinds, &tb);
 	CHECK_EQ(tb.info.chunks[1].codec, BLOB_CODEC_NONE);
 	CHECK_EQ(blob_verify_file(blob, &tb.info, &rep), 0);
-	CHECK_EQ(blob_materialize(blob, &tb.info, dev), 0);
-	check_device(dev, &tb);
-	unlink(dev);
+	CHECK_EQ(source_verify(blob, &tb.info, &rep), 0);
+	fill_cache_check(blob, &tb);
 	free_blob(&tb);
 }
 
@@ -838,7 +849,7 @@ static void frame_range(const struct blob_info *bi, uint32_t k, uint32_t *first,
 }
 
 /*
- * A flipped byte in the middle of each frame: verify and materialise fail
+ * A flipped byte in the middle of each frame: verify (from a file or a source) fails
  * naming a chunk of that frame (the one holding the byte when the frame
  * is stored raw), with and without batching.
  */
@@ -847,7 +858,7 @@ static void test_verify_corrupt_chunk(void)
 	static const char *const specs[] = { "none", "lz4", "zstd", "lzma" };
 	static const struct writer_opts batched = { .jobs = 2 };
 	const struct writer_opts *opts[] = { &unbatched, &batched };
-	const char *blob = tmp_path("bad.blob"), *dev = tmp_path("bad.dev");
+	const char *blob = tmp_path("bad.blob");
 	struct blob_verify_report rep;
 	struct test_blob tb;
 	uint8_t *file;
@@ -882,10 +893,7 @@ static void test_verify_corrupt_chunk(void)
 				CHECK_EQ(rep.bad_chunk, holder);
 			CHECK_EQ(rep.bad_uoff,
 				 tb.info.chunks[MIN(rep.bad_chunk, last)].uoff);
-			CHECK_EQ(blob_materialize(blob, &tb.info, dev),
-				 rep.error);
-			CHECK(!exists(dev));
-			CHECK_EQ(count_prefixed("bad.dev"), 0);
+			CHECK_EQ(source_verify(blob, &tb.info, NULL), rep.error);
 		}
 		free(file);
 		free_blob(&tb);
@@ -894,7 +902,7 @@ static void test_verify_corrupt_chunk(void)
 
 static void test_verify_whole_blob_errors(void)
 {
-	const char *blob = tmp_path("t.blob"), *dev = tmp_path("t.dev");
+	const char *blob = tmp_path("t.blob");
 	struct blob_verify_report rep;
 	struct blob_info info;
 	struct test_blob tb;
@@ -911,8 +919,7 @@ static void test_verify_whole_blob_errors(void)
 	CHECK_EQ(blob_verify_file(blob, &info, &rep), -EFSCORRUPTED);
 	CHECK_EQ(rep.bad_chunk, BLOB_VERIFY_NO_CHUNK);
 	CHECK_EQ(rep.bad_uoff, BLOB_VERIFY_NO_UOFF);
-	CHECK_EQ(blob_materialize(blob, &info, dev), -EFSCORRUPTED);
-	CHECK(!exists(dev));
+	CHECK_EQ(source_verify(blob, &info, NULL), -EFSCORRUPTED);
 	/* An unknown (zero) digest skips only that check. */
 	memset(info.digest, 0, 32);
 	CHECK_EQ(blob_verify_file(blob, &info, &rep), 0);
@@ -931,9 +938,7 @@ static void test_verify_whole_blob_errors(void)
 	/* Missing file */
 	unlink(blob);
 	CHECK_EQ(blob_verify_file(blob, &tb.info, &rep), -ENOENT);
-	CHECK_EQ(blob_materialize(blob, &tb.info, dev), -ENOENT);
-	CHECK(!exists(dev));
-	CHECK_EQ(count_prefixed("t.dev"), 0);
+	CHECK_EQ(source_verify(blob, &tb.info, NULL), -ENOENT);
 	free(file);
 	free_blob(&tb);
 }
@@ -1604,7 +1609,7 @@ int main(void)
 	RUN_TEST(test_writer_abort_in_flight);
 	RUN_TEST(test_empty_blob);
 	RUN_TEST(test_read_info);
-	RUN_TEST(test_verify_materialize_ok);
+	RUN_TEST(test_verify_ok);
 	RUN_TEST(test_verify_big_chunks);
 	RUN_TEST(test_verify_corrupt_chunk);
 	RUN_TEST(test_verify_whole_blob_errors);

@@ -61,14 +61,14 @@ sys.exit(1 if err else 0)
 EOF
 }
 
-# Every blob has its device file in the cache, sized uncompressedSize.
+# Every blob has its data file in the cache, sized uncompressedSize.
 verify_devices() { # OUT
 	python3 - "$1" "$CACHE" <<'EOF'
 import json, os, sys
 j = json.load(open(sys.argv[1] + "/ferry.json"))
 bad = 0
 for b in j["blobs"]:
-    p = os.path.join(sys.argv[2], "devices", b["digest"].split(":", 1)[1])
+    p = os.path.join(sys.argv[2], "blobs", "sha256", b["digest"].split(":", 1)[1] + ".data")
     size = os.path.getsize(p) if os.path.isfile(p) else None
     if size != b["uncompressedSize"]:
         print("%s: size %r, want %d" % (p, size, b["uncompressedSize"])); bad = 1
@@ -92,7 +92,7 @@ roundtrip() { # NAME CHUNK_SIZE CODEC [convert options]
 	fi
 	expect "kernel EROFS mount at the mount point ($name)" mounted_erofs "$mnt"
 	check "treecmp fixture == mount ($name)" python3 "$TREECMP" "$FX" "$mnt"
-	check "device files materialised, uncompressed size ($name)" verify_devices "$out"
+	check "cache data files complete, uncompressed size ($name)" verify_devices "$out"
 	# shellcheck disable=SC2046
 	check "fsck.erofs accepts the image ($name)" \
 		fsck.erofs $(erofs_devices "$out") "$out/bootstrap"
@@ -209,18 +209,18 @@ else
 fi
 rm -rf "$SCRATCH/json"
 
-# A second mount reuses the materialised device files.
+# A second mount reuses the cache data files.
 dev_state() { # OUT
 	python3 - "$1" "$CACHE" <<'EOF'
 import json, os, sys
 j = json.load(open(sys.argv[1] + "/ferry.json"))
 for b in j["blobs"]:
-    st = os.stat(os.path.join(sys.argv[2], "devices", b["digest"].split(":", 1)[1]))
+    st = os.stat(os.path.join(sys.argv[2], "blobs", "sha256", b["digest"].split(":", 1)[1] + ".data"))
     print(st.st_ino, st.st_mtime_ns, st.st_size)
 EOF
 }
 # A second mount, while another mount of the same image is up, reuses the
-# materialised device files.
+# cache data files.
 before=$(dev_state "$OUT")
 MNT=$SCRATCH/mnt-again
 MNT2=$SCRATCH/mnt-again2
@@ -232,7 +232,7 @@ if check "mount the default image again" ferry_mount "$OUT" "$MNT"; then
 		check "ferry umount (second mount)" ferry_umount "$MNT2"
 	fi
 	after=$(dev_state "$OUT")
-	expect "remount reuses the materialised device files" [ "$before" = "$after" ]
+	expect "remount reuses the cache data files" [ "$before" = "$after" ]
 	check "ferry umount (again)" ferry_umount "$MNT"
 fi
 

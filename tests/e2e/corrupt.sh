@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
 # Damaged images must fail cleanly: exit 1 with a message naming what is
-# wrong, no crash, nothing left mounted, no partial device file in the
-# cache. Damage: a byte flipped in a chunk's compressed bytes (check and
+# wrong, no crash, nothing left mounted, no damaged chunk marked present in
+# the cache. Damage: a byte flipped in a chunk's compressed bytes (check and
 # mount name the chunk), a truncated or missing blob, a damaged chunk table,
 # a truncated bootstrap, superblock fields changed with a valid checksum,
-# random bootstrap bytes, and a broken ferry.json.
+# random bootstrap bytes, and a broken ferry.json. Damage to a blob's own
+# table or footer only fails check: mounts read chunks through the
+# bootstrap's copy of the table and verify each one.
 . "$(dirname "$0")/lib.sh"
 need_root
 need_ferry
@@ -136,21 +138,45 @@ mount_fails() {
 	else
 		ok "$desc: nothing left mounted"
 	fi
-	left=$(find "$cache" -type f 2>/dev/null)
-	if [ -z "$left" ]; then
-		ok "$desc: no partial device file left"
+	if "$FERRY" cache --cache-dir "$cache" --json ls >"$SCRATCH/ls.json" 2>"$LOG" &&
+		python3 - "$SCRATCH/ls.json" "$BLOBHEX" <<'EOF'
+import json, sys
+ls = json.load(open(sys.argv[1]))
+for b in ls["blobs"]:
+    if b["digest"] == "sha256:" + sys.argv[2] and b["chunksPresent"] >= b["chunks"]:
+        sys.exit("blob complete in the cache despite the damage: %r" % b)
+EOF
+	then
+		ok "$desc: the blob is not complete in the cache"
 	else
-		notok "$desc: no partial device file left"
-		echo "$left" | sed 's/^/    /'
+		notok "$desc: the blob is not complete in the cache"
+		diag "$LOG"
 	fi
 }
 
-# The commands that read a damaged part fail cleanly: check and mount for
-# blob damage (inspect reads only ferry.json and the bootstrap), all three
-# for index or bootstrap damage.
+# mount_reads_ok DESC OUT: the mount succeeds and reads what the pristine
+# image $P holds.
+tree_digest() { (cd "$1" && tar --sort=name -cf - . | sha256sum); }
+mount_reads_ok() {
+	local desc=$1 out=$2 cache=$SCRATCH/cache-ok
+	rm -rf "$cache"
+	if check "$desc" "$FERRY" mount --mode local "dir:$out" "$MNT" --cache-dir "$cache"; then
+		expect "$desc: same bytes as the pristine image" \
+			[ "$(tree_digest "$MNT")" = "$PRISTINE_DIGEST" ]
+		umount "$MNT"
+	fi
+}
+
+# The commands that read a damaged part fail cleanly: check for damage
+# anywhere in a blob, mount for damaged chunks (inspect reads only
+# ferry.json and the bootstrap), all three for index or bootstrap damage.
 blob_fail() { # WHAT OUT
 	fails_cleanly "check: $1" "$FERRY" check "dir:$2"
 	mount_fails "mount: $1" "$2"
+}
+blob_tail_fail() { # WHAT OUT
+	fails_cleanly "check: $1" "$FERRY" check "dir:$2"
+	mount_reads_ok "mount: $1" "$2"
 }
 all_fail() { # WHAT OUT
 	fails_cleanly "inspect: $1" "$FERRY" inspect "dir:$2"
@@ -179,9 +205,14 @@ for idx in 0 $((NCHUNKS - 1)); do
 done
 
 # --- blob file ---------------------------------------------------------
+if check "mount the pristine image" "$FERRY" mount --mode local "dir:$P" "$MNT" \
+	--cache-dir "$SCRATCH/cache-pristine"; then
+	PRISTINE_DIGEST=$(tree_digest "$MNT")
+	umount "$MNT"
+fi
 C=$(fresh blob-truncated)
 truncate -s -1 "$C/blobs/sha256/$BLOBHEX"
-blob_fail "blob truncated by one byte" "$C"
+blob_tail_fail "blob truncated by one byte" "$C"
 C=$(fresh blob-missing)
 rm "$C/blobs/sha256/$BLOBHEX"
 fails_naming "check: blob file missing" "${BLOBHEX:0:12}" "$FERRY" check "dir:$C"
@@ -189,11 +220,11 @@ mount_fails "mount: blob file missing" "$C" "${BLOBHEX:0:12}"
 C=$(fresh blob-table)
 size=$(stat -c %s "$C/blobs/sha256/$BLOBHEX")
 flip "$C/blobs/sha256/$BLOBHEX" $((size - 64 - 64 * NCHUNKS + 40))
-blob_fail "byte flipped in the blob's chunk table" "$C"
+blob_tail_fail "byte flipped in the blob's chunk table" "$C"
 C=$(fresh blob-footer)
 # The footer's table_offset field (+16) moved by 64 bytes.
 flip "$C/blobs/sha256/$BLOBHEX" $((size - 64 + 16)) 64
-blob_fail "blob footer's table offset changed" "$C"
+blob_tail_fail "blob footer's table offset changed" "$C"
 rm -rf "$SCRATCH"/blob-*
 
 # --- bootstrap ---------------------------------------------------------

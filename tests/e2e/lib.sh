@@ -78,7 +78,9 @@ mkfifo "$SCRATCH/.watchdog"
 e2e_watchdog </dev/null 2>/dev/null &
 E2E_WATCHDOG=$!
 # Only now: the watchdog must not inherit these.
-trap e2e_cleanup EXIT
+# A second signal (timeout(1) signals the whole process group) must not cut
+# the cleanup short: it ignores INT and TERM.
+trap "trap '' INT TERM; e2e_cleanup" EXIT
 trap 'exit 130' INT TERM
 
 ok() {
@@ -174,13 +176,13 @@ ferry_umount() {
 }
 
 # The --device= options for erofs-utils, one per blob in ferry.json order,
-# pointing at the materialised device files in $CACHE.
+# pointing at the complete cache data files in $CACHE.
 erofs_devices() { # OUT
 	python3 - "$1" "$CACHE" <<'EOF'
 import json, sys
 idx = json.load(open(sys.argv[1] + "/ferry.json"))
 for b in idx["blobs"]:
-    print("--device=%s/devices/%s" % (sys.argv[2], b["digest"].split(":", 1)[1]))
+    print("--device=%s/blobs/sha256/%s.data" % (sys.argv[2], b["digest"].split(":", 1)[1]))
 EOF
 }
 

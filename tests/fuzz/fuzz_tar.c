@@ -5,11 +5,16 @@
  * data is read in odd-sized pieces (crossing buffer boundaries) or, for
  * every third entry, left for tar_next() to skip. What the reader
  * accepts must be consistent: non-empty names, data length == size.
+ * Inputs starting with "FERRYPF1" go to pkg-convert's other parser of
+ * untrusted bytes, the bootstrap's prefetch list, whose accepted inputs
+ * must re-encode to the same bytes.
  */
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "../../pkg-base/base.h"
+#include "../../pkg-convert/internal.h"
 #include "../../pkg-convert/tar.h"
 
 #define MAX_ENTRIES 10000
@@ -37,6 +42,22 @@ static void touch_entry(const struct tar_entry *e)
 	sink ^= (uint8_t)strlen(e->path);
 }
 
+static void fuzz_prefetch(const uint8_t *data, size_t size)
+{
+	uint8_t *again = NULL;
+	char **paths;
+	uint32_t nr;
+	size_t len;
+
+	if (prefetch_section_decode(data, size, &paths, &nr))
+		return;
+	if (prefetch_section_encode(paths, nr, &again, &len) ||
+	    len != size || memcmp(again, data, size))
+		abort();
+	free(again);
+	prefetch_list_free(paths, nr);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	static uint8_t buf[3 * 65536 + 7];
@@ -46,6 +67,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	unsigned int n = 0;
 
 	ferry_log_level = -1;
+	if (size >= 8 && !memcmp(data, "FERRYPF1", 8)) {
+		fuzz_prefetch(data, size);
+		return 0;
+	}
 	if (input_open_mem(data, size, &in))
 		return 0;
 	if (tar_reader_new(input_source(in), &r)) {

@@ -1,0 +1,192 @@
+#!/usr/bin/env bash
+# Lazy-mount benchmarks (`make bench`), all against a docker-registry on
+# 127.0.0.1. Prints markdown; docs/PERFORMANCE.md records the results.
+#
+# Cold start: from `ferry mount --mode fuse` (fresh cache, fresh ferryd) to
+# the first byte of /etc/os-release and to the end of a startup workload
+# (read os-release, list /usr, chroot `sh -c true` and `env true`), against a
+# full pull (skopeo copy of the source image to an OCI layout + umoci unpack)
+# followed by the same workload; bytes fetched against bytes read.
+#
+# Warm cache (every chunk present, page cache dropped before each run):
+# sequential read, 500 random small files, a metadata walk and fio 4k random
+# reads, through the FUSE mount against the kernel EROFS mount of the same
+# image (--mode local), squashfuse of the same tree, and erofsfuse when
+# $EROFSFUSE names one (it gets the local-mode bootstrap and device files).
+# Then ferryd's peak RSS.
+#
+# Env: FERRY_BENCH_DIR (datasets, default /var/tmp/ferry-bench),
+# FERRY_BENCH_RUNS (default 5), FERRY_LAZY_SET (default big), EROFSFUSE.
+set -euo pipefail
+top=$(cd "$(dirname "$0")/.." && pwd)
+set_name=${FERRY_LAZY_SET:-big}
+. "$top/bench/lib.sh"
+mkdir -p "$data"
+work=$(mktemp -d "$data/lazy.XXXXXX")
+sock=$work/ferryd.sock
+reg_pid=
+cleanup() {
+	local m
+	for m in $(awk -v w="$work/" 'index($5, w) == 1 { print $5 }' /proc/self/mountinfo | sort -r); do
+		umount "$m" 2>/dev/null || umount -l "$m"
+	done
+	pkill -f "ferryd.*$sock" 2>/dev/null || true
+	[ -n "$reg_pid" ] && kill "$reg_pid" 2>/dev/null
+	rm -rf "$work"
+}
+trap cleanup EXIT
+
+drop_caches() { sync; echo 3 > /proc/sys/vm/drop_caches; }
+now() { date +%s.%N; }
+since() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", b - a }'; }
+stop_ferryd() {
+	local m
+	for m in "$work"/mnt-*; do
+		mountpoint -q "$m" && "$ferry" umount "$m"
+	done
+	pkill -f "ferryd.*$sock" 2>/dev/null || true
+	for _ in $(seq 50); do pgrep -f "ferryd.*$sock" >/dev/null || return 0; sleep 0.1; done
+	echo "bench: ferryd did not exit" >&2
+	return 1
+}
+# mount_stat FIELD: the mount's statistic from ferryd.
+mount_stat() {
+	"$ferry" mount --list --json --socket "$sock" | python3 -c '
+import json, sys
+m = json.load(sys.stdin)["mounts"]
+print(sum(x[sys.argv[1]] for x in m))' "$1"
+}
+
+dataset "$set_name"
+tar=$data/$set_name.tar gz=$data/$set_name.tar.gz ref=$data/$set_name.ref
+
+read -r port reg_pid < <("$top/tests/tools/start-registry.sh" "$work/registry")
+reg=127.0.0.1:$port
+
+# The source image: one gzip layer, as a registry would hold it.
+umoci init --layout "$work/src" >/dev/null
+umoci new --image "$work/src:1" >/dev/null
+# umoci compresses the tar with gzip itself.
+umoci raw add-layer --image "$work/src:1" "$tar" >/dev/null
+skopeo copy --quiet --dest-tls-verify=false "oci:$work/src:1" "docker://$reg/src/$set_name:1"
+"$ferry" convert -q "docker://$reg/src/$set_name:1" "docker://$reg/ferry/$set_name:1"
+image=docker://$reg/ferry/$set_name:1
+total=$("$ferry" inspect --json "$image" | python3 -c '
+import json, sys
+print(sum(b["size"] for b in json.load(sys.stdin)["blobs"]))')
+
+echo "## lazy mounts: $set_name ($(stat -c %s "$gz") bytes tar.gz; ferry blobs $total bytes), $(nproc) CPUs"
+echo
+
+# --- cold start --------------------------------------------------------------
+workload() { # ROOT: the startup workload
+	cat "$1/etc/os-release" >/dev/null
+	find "$1/usr" >/dev/null
+	chroot "$1" /bin/sh -c true
+	chroot "$1" /usr/bin/env true
+}
+echo "| cold start (median of $runs) | first byte of /etc/os-release (s) | startup workload done (s) | bytes fetched | bytes read |"
+echo "|---|---|---|---|---|"
+: >"$work/cold.ferry"
+for i in $(seq "$runs"); do
+	stop_ferryd
+	rm -rf "$work/cache"
+	mkdir -p "$work/mnt-cold"
+	drop_caches
+	t0=$(now)
+	"$ferry" mount --mode fuse --socket "$sock" --cache-dir "$work/cache" "$image" "$work/mnt-cold"
+	head -c 1 "$work/mnt-cold/etc/os-release" >/dev/null
+	t1=$(now)
+	workload "$work/mnt-cold"
+	t2=$(now)
+	echo "$(since "$t0" "$t1") $(since "$t0" "$t2") $(mount_stat bytesFetched) $(mount_stat bytesRead)" >>"$work/cold.ferry"
+	"$ferry" umount "$work/mnt-cold"
+done
+: >"$work/cold.pull"
+for i in $(seq "$runs"); do
+	rm -rf "$work/pull" "$work/bundle"
+	drop_caches
+	t0=$(now)
+	skopeo copy --quiet --src-tls-verify=false "docker://$reg/src/$set_name:1" "oci:$work/pull:1"
+	umoci unpack --image "$work/pull:1" "$work/bundle" >/dev/null
+	t1=$(now)
+	workload "$work/bundle/rootfs"
+	t2=$(now)
+	echo "$(since "$t0" "$t1") $(since "$t0" "$t2") $(stat -c %s "$gz") $(stat -c %s "$gz")" >>"$work/cold.pull"
+done
+python3 - "$work/cold.ferry" "$work/cold.pull" "$total" <<'PY'
+import statistics, sys
+def med(path, col):
+    return statistics.median(float(l.split()[col]) for l in open(path))
+f, p, total = sys.argv[1], sys.argv[2], int(sys.argv[3])
+print("| ferry mount --mode fuse | %.3f | %.3f | %d (%.1f%% of the blobs) | %d |"
+      % (med(f, 0), med(f, 1), med(f, 2), 100 * med(f, 2) / total, med(f, 3)))
+print("| skopeo copy + umoci unpack | %.3f | %.3f | %d | - |" % (med(p, 0), med(p, 1), med(p, 2)))
+print()
+print("ratios: workload done %.3f x full pull; bytes fetched %.2f x bytes read" %
+      (med(f, 1) / med(p, 1), med(f, 2) / max(1, med(f, 3))))
+PY
+echo
+rm -rf "$work/pull" "$work/bundle"
+
+# --- warm cache ---------------------------------------------------------------
+stop_ferryd
+mkdir -p "$work/mnt-fuse" "$work/mnt-kernel" "$work/mnt-squash"
+"$ferry" mount --mode fuse --prefetch-all --socket "$sock" --cache-dir "$work/cache" "$image" "$work/mnt-fuse"
+for _ in $(seq 600); do
+	[ "$(mount_stat chunksPresent)" = "$(mount_stat chunksTotal)" ] && break
+	sleep 0.5
+done
+"$ferry" mount --mode local --cache-dir "$work/cache" "$image" "$work/mnt-kernel"
+mksquashfs "$ref" "$work/tree.sqfs" -quiet -comp zstd -no-progress >/dev/null
+squashfuse "$work/tree.sqfs" "$work/mnt-squash"
+mnts=(fuse kernel squash)
+names=("ferry fuse" "kernel EROFS (--mode local)" "squashfuse")
+if [ -n "${EROFSFUSE:-}" ]; then
+	boot=$(ls "$work/cache/bootstraps/"*)
+	devs=()
+	for d in "$work"/cache/blobs/sha256/*.data; do devs+=("--device=$d"); done
+	mkdir -p "$work/mnt-erofsfuse"
+	"$EROFSFUSE" "${devs[@]}" "$boot" "$work/mnt-erofsfuse"
+	mnts+=(erofsfuse)
+	names+=("erofsfuse ($EROFSFUSE)")
+fi
+
+# 500 random files of at most 64 KiB, and the largest file for fio.
+(cd "$ref" && find . -type f -size -65k -printf '%P\n' | sort) |
+	python3 -c 'import random, sys; l = sys.stdin.read().split("\n")[:-1]; random.Random(1).shuffle(l); print("\n".join(l[:500]))' \
+	>"$work/small.list"
+big=$(cd "$ref" && find . -type f -printf '%s %P\n' | sort -n | tail -1 | cut -d' ' -f2-)
+
+bench_one() { # TITLE COMMAND-TEMPLATE (MNT is replaced)
+	local title=$1 tmpl=$2 args=() i
+	for i in "${!mnts[@]}"; do
+		args+=(-n "${names[$i]}" "${tmpl//MNT/$work/mnt-${mnts[$i]}}")
+	done
+	echo "### $title"
+	echo
+	hyperfine --runs "$runs" --warmup 1 --prepare 'sync; echo 3 > /proc/sys/vm/drop_caches' \
+		--export-markdown "$work/h.md" "${args[@]}" >/dev/null 2>&1
+	cat "$work/h.md"
+	echo
+}
+bench_one "sequential read (tar cf - . | cat)" "tar cf - -C MNT . | cat >/dev/null"
+bench_one "500 random small files" "cd MNT && xargs -d '\n' -a $work/small.list cat >/dev/null"
+bench_one "metadata walk (tar cf /dev/null .)" "tar cf /dev/null -C MNT ."
+
+echo "### fio 4k random read of /$big ($(stat -c %s "$ref/$big") bytes), 10 s"
+echo
+echo "| mount | IOPS |"
+echo "|---|---|"
+for i in "${!mnts[@]}"; do
+	drop_caches
+	iops=$(fio --name=r --filename="$work/mnt-${mnts[$i]}/$big" --rw=randread --bs=4k \
+		--ioengine=psync --runtime=10 --time_based --readonly --output-format=json 2>/dev/null |
+		python3 -c 'import json, sys; print(int(json.load(sys.stdin)["jobs"][0]["read"]["iops"]))')
+	echo "| ${names[$i]} | $iops |"
+done
+echo
+
+pid=$(pgrep -f "ferryd.*$sock" | head -1)
+echo "ferryd peak RSS after all of the above: $(awk '/VmHWM/ { print $2 }' "/proc/$pid/status") KiB (VmHWM)"
+echo

@@ -1,0 +1,204 @@
+// SPDX-License-Identifier: MIT
+/* ferry cache ls|gc|prune: the chunk cache shared by every image and mount. */
+#include <getopt.h>
+#include <json-c/json.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../pkg-base/base.h"
+#include "../../pkg-blob/blob.h"
+#include "cmd.h"
+
+static void cache_help(void)
+{
+	printf("Usage: ferry cache [--cache-dir DIR] [--json] ls\n"
+	       "       ferry cache [--cache-dir DIR] gc\n"
+	       "       ferry cache [--cache-dir DIR] prune (--all | IMAGE...)\n\n"
+	       "The chunk cache holds each blob's uncompressed bytes as fetched\n"
+	       "(a sparse file) with a record of which chunks are present, plus a\n"
+	       "record of every image mounted through it.\n\n"
+	       "  ls      blobs (size, chunks present, disk usage, images using\n"
+	       "          them, in use) and image records\n"
+	       "  gc      remove blobs that no image record names and no process\n"
+	       "          has open\n"
+	       "  prune   forget the image records named (by reference as listed\n"
+	       "          or by sha256:DIGEST), or all with --all, then gc\n\n"
+	       "Options:\n"
+	       "  --cache-dir DIR   default $FERRY_CACHE_DIR or %s\n"
+	       "  --all             prune: every image record\n"
+	       "  --json            ls: JSON on stdout\n"
+	       "  -h, --help        this help\n\n" EXIT_CODES_HELP,
+	       FERRY_DEFAULT_CACHE_DIR);
+}
+
+static void digest_str(const uint8_t d[BLOB_DIGEST_SIZE], char out[72])
+{
+	memcpy(out, "sha256:", 7);
+	hex_encode(d, BLOB_DIGEST_SIZE, out + 7);
+}
+
+static void print_list(const struct blob_cache_list *l, bool json)
+{
+	struct json_object *root, *blobs, *images, *o;
+	char d[72];
+	uint64_t disk = 0;
+	uint32_t i;
+
+	if (!json) {
+		printf("%-71s %14s %9s %14s %6s %s\n", "BLOB", "SIZE", "PRESENT",
+		       "DISK", "IMAGES", "IN USE");
+		for (i = 0; i < l->nr_blobs; i++) {
+			const struct blob_cache_entry *b = &l->blobs[i];
+
+			digest_str(b->digest, d);
+			printf("%-71s %14llu %4u/%-4u %14llu %6u %s\n", d,
+			       (unsigned long long)b->uncompressed_size,
+			       b->chunks_present, b->nr_chunks,
+			       (unsigned long long)b->disk_bytes, b->nr_images,
+			       b->in_use ? "yes" : "no");
+			disk += b->disk_bytes;
+		}
+		printf("%u blobs, %llu bytes on disk\n\nIMAGE%67s BLOBS\n",
+		       l->nr_blobs, (unsigned long long)disk, "");
+		for (i = 0; i < l->nr_images; i++) {
+			digest_str(l->images[i].digest, d);
+			printf("%-71s %5u  %s\n", d, l->images[i].nr_blobs,
+			       l->images[i].ref);
+		}
+		return;
+	}
+	root = json_object_new_object();
+	blobs = json_object_new_array();
+	images = json_object_new_array();
+	for (i = 0; i < l->nr_blobs; i++) {
+		const struct blob_cache_entry *b = &l->blobs[i];
+
+		o = json_object_new_object();
+		digest_str(b->digest, d);
+		json_object_object_add(o, "digest", json_object_new_string(d));
+		json_object_object_add(o, "uncompressedSize",
+				       json_object_new_int64((int64_t)b->uncompressed_size));
+		json_object_object_add(o, "chunks", json_object_new_int64(b->nr_chunks));
+		json_object_object_add(o, "chunksPresent",
+				       json_object_new_int64(b->chunks_present));
+		json_object_object_add(o, "diskBytes",
+				       json_object_new_int64((int64_t)b->disk_bytes));
+		json_object_object_add(o, "images", json_object_new_int64(b->nr_images));
+		json_object_object_add(o, "inUse", json_object_new_boolean(b->in_use));
+		json_object_array_add(blobs, o);
+	}
+	for (i = 0; i < l->nr_images; i++) {
+		o = json_object_new_object();
+		digest_str(l->images[i].digest, d);
+		json_object_object_add(o, "digest", json_object_new_string(d));
+		json_object_object_add(o, "ref", json_object_new_string(l->images[i].ref));
+		json_object_object_add(o, "blobs", json_object_new_int64(l->images[i].nr_blobs));
+		json_object_array_add(images, o);
+	}
+	json_object_object_add(root, "blobs", blobs);
+	json_object_object_add(root, "images", images);
+	printf("%s\n", json_object_to_json_string_ext(root, JSON_C_TO_STRING_PRETTY |
+						      JSON_C_TO_STRING_NOSLASHESCAPE));
+	json_object_put(root);
+}
+
+/* Forget the image records @names select (a reference or sha256:DIGEST). */
+static int prune(const char *dir, char **names, int nr, bool all)
+{
+	struct blob_cache_list l;
+	char d[72];
+	uint32_t i;
+	int k, ret;
+
+	if (all)
+		return blob_cache_forget_image(dir, NULL);
+	ret = blob_cache_list(dir, &l);
+	if (ret)
+		return ret;
+	for (k = 0; k < nr && !ret; k++) {
+		bool found = false;
+
+		for (i = 0; i < l.nr_images && !ret; i++) {
+			digest_str(l.images[i].digest, d);
+			if (strcmp(names[k], d) && strcmp(names[k], l.images[i].ref))
+				continue;
+			found = true;
+			ret = blob_cache_forget_image(dir, l.images[i].digest);
+		}
+		if (!found && !ret) {
+			ferry_err("%s: no image record for \"%s\" (see ferry cache ls)",
+				  dir, names[k]);
+			ret = -ENOENT;
+		}
+	}
+	blob_cache_list_free(&l);
+	return ret;
+}
+
+int cmd_cache(int argc, char **argv)
+{
+	static const struct option longopts[] = {
+		{ "cache-dir", required_argument, NULL, 'C' },
+		{ "json", no_argument, NULL, 'j' },
+		{ "all", no_argument, NULL, 'a' },
+		{ "help", no_argument, NULL, 'h' },
+		{ 0 },
+	};
+	const char *dir = default_cache_dir(), *sub;
+	struct blob_cache_list l;
+	bool json = false, all = false;
+	uint64_t freed = 0;
+	uint32_t removed = 0;
+	int c, ret;
+
+	while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+		switch (c) {
+		case 'C':
+			dir = optarg;
+			break;
+		case 'j':
+			json = true;
+			break;
+		case 'a':
+			all = true;
+			break;
+		case 'h':
+			cache_help();
+			return EXIT_OK;
+		default:
+			return usage_error("cache", "unknown option");
+		}
+	}
+	if (optind >= argc)
+		return usage_error("cache", "expected ls, gc or prune");
+	sub = argv[optind++];
+	if (!strcmp(sub, "ls")) {
+		if (optind != argc)
+			return usage_error("cache", "ls takes no arguments");
+		ret = blob_cache_list(dir, &l);
+		if (!ret) {
+			print_list(&l, json);
+			blob_cache_list_free(&l);
+		}
+	} else if (!strcmp(sub, "gc") || !strcmp(sub, "prune")) {
+		if (!strcmp(sub, "gc") && optind != argc)
+			return usage_error("cache", "gc takes no arguments");
+		if (!strcmp(sub, "prune") && all == (optind != argc))
+			return usage_error("cache", "prune takes --all or IMAGE names");
+		ret = !strcmp(sub, "prune") ?
+			prune(dir, argv + optind, argc - optind, all) : 0;
+		if (!ret)
+			ret = blob_cache_gc(dir, &freed, &removed);
+		if (!ret)
+			printf("removed %u blobs, freed %llu bytes\n", removed,
+			       (unsigned long long)freed);
+	} else {
+		return usage_error("cache", "unknown subcommand \"%s\"", sub);
+	}
+	if (ret) {
+		ferry_err("cache %s %s: %s", sub, dir, ferry_strerror(ret));
+		return EXIT_FAIL;
+	}
+	return EXIT_OK;
+}

@@ -1,0 +1,113 @@
+// SPDX-License-Identifier: MIT
+/* Registry options shared by every command that takes a docker:// image. */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../pkg-base/base.h"
+#include "cmd.h"
+
+const char REGISTRY_OPTIONS_HELP[] =
+	"Registry options (docker://HOST[:PORT]/REPO[:TAG|@DIGEST] images):\n"
+	"  --creds USER:PASS        credentials for every registry\n"
+	"  --authfile FILE          docker config.json with auths / credHelpers\n"
+	"                           (default $REGISTRY_AUTH_FILE, then\n"
+	"                           $DOCKER_CONFIG/config.json or ~/.docker/config.json)\n"
+	"  --tls-verify=BOOL        verify TLS certificates (default true); false\n"
+	"                           also allows plain http when TLS fails\n"
+	"  --ca-file FILE           verify registries against this CA bundle (PEM)\n"
+	"  --insecure-registry H    talk plain http to H (HOST[:PORT]); repeatable.\n"
+	"                           Loopback registries always use http\n"
+	"  --registry-mirror H=URL  read blobs and manifests of H from URL first\n"
+	"                           (e.g. a P2P distributor); repeatable\n"
+	"  --resolve HOST:PORT:ADDR connect to ADDR for HOST:PORT (TLS and the\n"
+	"                           Host header still use HOST); repeatable\n"
+	"  --retries N              attempts per request (default 5)\n"
+	"  --stall-timeout SEC      fail a request after SEC seconds without\n"
+	"                           progress (default 30)\n"
+	"HTTP(S) proxies come from https_proxy / http_proxy / no_proxy.\n";
+
+void regopts_init(struct regopts *r)
+{
+	memset(r, 0, sizeof(*r));
+	fetch_opts_init(&r->fetch);
+	r->fetch.insecure = r->insecure;
+	r->fetch.mirrors = r->mirrors;
+	r->fetch.resolve = r->resolve;
+}
+
+static int add_host(const char **list, size_t *nr, const char *what,
+		    const char *arg)
+{
+	if (*nr + 1 >= REGOPTS_MAX) {
+		ferry_err("too many %s options (at most %d)", what, REGOPTS_MAX - 1);
+		return -EINVAL;
+	}
+	list[(*nr)++] = arg;
+	return 0;
+}
+
+int regopts_parse(struct regopts *r, int opt, const char *arg)
+{
+	uint64_t v;
+
+	switch (opt) {
+	case REGOPT_CREDS:
+		if (!strchr(arg, ':')) {
+			ferry_err("--creds: expected USER:PASS");
+			return -EINVAL;
+		}
+		r->fetch.creds = arg;
+		return 1;
+	case REGOPT_AUTHFILE:
+		r->fetch.authfile = arg;
+		return 1;
+	case REGOPT_TLS_VERIFY:
+		if (!arg || !strcmp(arg, "true"))
+			r->fetch.tls_verify = true;
+		else if (!strcmp(arg, "false"))
+			r->fetch.tls_verify = false;
+		else {
+			ferry_err("--tls-verify=%s: expected true or false", arg);
+			return -EINVAL;
+		}
+		return 1;
+	case REGOPT_CA_FILE:
+		r->fetch.ca_file = arg;
+		return 1;
+	case REGOPT_INSECURE:
+		if (add_host(r->insecure, &r->nr_insecure, "--insecure-registry", arg))
+			return -EINVAL;
+		return 1;
+	case REGOPT_MIRROR:
+		if (!strchr(arg, '=')) {
+			ferry_err("--registry-mirror %s: expected HOST[:PORT]=URL", arg);
+			return -EINVAL;
+		}
+		if (add_host(r->mirrors, &r->nr_mirrors, "--registry-mirror", arg))
+			return -EINVAL;
+		return 1;
+	case REGOPT_RESOLVE:
+		if (fetch_check_resolve(arg) ||
+		    add_host(r->resolve, &r->nr_resolve, "--resolve", arg))
+			return -EINVAL;
+		return 1;
+	case REGOPT_RETRIES:
+		if (parse_size(arg, &v) || v < 1 || v > 100) {
+			ferry_err("--retries %s: expected 1..100", arg);
+			return -EINVAL;
+		}
+		r->fetch.retries = (unsigned int)v;
+		return 1;
+	case REGOPT_STALL:
+		if (parse_size(arg, &v) || v < 1 || v > 3600) {
+			ferry_err("--stall-timeout %s: expected 1..3600 seconds", arg);
+			return -EINVAL;
+		}
+		r->fetch.stall_timeout_ms = (unsigned int)v * 1000;
+		return 1;
+	default:
+		return 0;
+	}
+}

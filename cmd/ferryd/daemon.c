@@ -1,0 +1,458 @@
+// SPDX-License-Identifier: MIT
+/*
+ * ferryd's control side: the lock that makes one daemon own a socket, the
+ * listening socket, one thread per client connection (a mount may take a
+ * while: the bootstrap comes from a registry), and the main loop that
+ * waits for connections, signals (SIGTERM/SIGINT: unmount all and exit;
+ * SIGHUP: reopen the log file) and internal wake-ups.
+ */
+#include <fcntl.h>
+#include <libgen.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/file.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ferryd.h"
+
+#define MAX_CONNS 64
+#define CONN_IDLE_MS 60000  /* a client that sends nothing is dropped */
+#define DRAIN_WAIT_MS 2000  /* connections still busy at exit */
+
+static int wake_fd = -1;
+static atomic_bool stop_requested;
+static atomic_uint nr_conns;
+static const struct daemon_opts *opts;
+
+static void wake(void)
+{
+	uint64_t one = 1;
+
+	if (write(wake_fd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+		ferry_warn("wake-up: %s", strerror(errno));
+}
+
+static struct json_object *reply(int ret, const char *err)
+{
+	return ret ? ctl_error(ret, err) : ctl_ok();
+}
+
+static struct json_object *handle(struct json_object *req, bool *shutdown)
+{
+	const char *op = json_get_string(req, "op");
+	char err[4096] = "";
+	struct json_object *resp;
+	int ret;
+
+	if (!op)
+		return ctl_error(-EINVAL, "request without \"op\"");
+	if (!strcmp(op, "mount")) {
+		struct ctl_mount_req mr;
+		char why[1024] = "";
+
+		ret = ctl_mount_req_parse(req, &mr, why, sizeof(why));
+		if (ret) {
+			snprintf(err, sizeof(err), "invalid mount request: %s",
+				 why[0] ? why : ferry_strerror(ret));
+			ctl_mount_req_free(&mr);
+			ferry_err("%s", err);
+			return ctl_error(ret, err);
+		}
+		ret = mounts_mount(&mr, err, sizeof(err));
+		resp = reply(ret, err);
+		if (resp && !ret)
+			json_object_object_add(resp, "pid", json_object_new_int(getpid()));
+		return resp;
+	}
+	if (!strcmp(op, "umount")) {
+		const char *mp = json_get_string(req, "mountpoint");
+
+		if (!mp || mp[0] != '/')
+			return ctl_error(-EINVAL, "umount: \"mountpoint\" must be an absolute path");
+		ret = mounts_umount(mp, ctl_get_bool(req, "lazy", false), err, sizeof(err));
+		if (ret && ret != -ENOENT)
+			ferry_err("umount %s: %s", mp, err);
+		return reply(ret, err);
+	}
+	if (!strcmp(op, "list") || !strcmp(op, "ping")) {
+		resp = ctl_ok();
+		if (!resp)
+			return NULL;
+		json_object_object_add(resp, "pid", json_object_new_int(getpid()));
+		json_object_object_add(resp, "version", json_object_new_string(FERRYD_VERSION));
+		json_object_object_add(resp, "socket", json_object_new_string(opts->socket_path));
+		if (!strcmp(op, "list"))
+			json_object_object_add(resp, "mounts", mounts_list());
+		return resp;
+	}
+	if (!strcmp(op, "shutdown")) {
+		ferry_info("shutdown requested over the control socket");
+		*shutdown = true;
+		return ctl_ok();
+	}
+	snprintf(err, sizeof(err), "unknown op \"%.64s\"", op);
+	return ctl_error(-EINVAL, err);
+}
+
+static bool peer_allowed(int fd)
+{
+	struct ucred cred;
+	socklen_t len = sizeof(cred);
+
+	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len))
+		return false;
+	return cred.uid == 0 || cred.uid == geteuid();
+}
+
+static void *conn_main(void *arg)
+{
+	int fd = (int)(intptr_t)arg, ret;
+	struct json_object *req, *resp;
+	struct ctl_reader rd;
+	bool shutdown = false;
+
+	ctl_reader_init(&rd, fd);
+	if (!peer_allowed(fd)) {
+		resp = ctl_error(-EACCES, "permission denied: ferryd serves root (and its own user) only");
+		ctl_send(fd, resp);
+		json_object_put(resp);
+		goto out;
+	}
+	while (!shutdown && !(ret = ctl_recv(&rd, CONN_IDLE_MS, &req))) {
+		resp = handle(req, &shutdown);
+		json_object_put(req);
+		if (!resp)
+			resp = ctl_error(-ENOMEM, "out of memory");
+		ret = resp ? ctl_send(fd, resp) : -ENOMEM;
+		json_object_put(resp);
+		if (ret)
+			break;
+	}
+	if (ret < 0 && ret != -ETIMEDOUT && ret != -ECONNRESET && ret != -EPIPE) {
+		resp = ctl_error(ret, ret == -EPROTO ? "expected one JSON object per line" :
+				      ret == -EMSGSIZE ? "request line too long" :
+							 ferry_strerror(ret));
+		ctl_send(fd, resp);
+		json_object_put(resp);
+	}
+out:
+	ctl_reader_free(&rd);
+	close(fd);
+	if (shutdown) {
+		atomic_store(&stop_requested, true);
+		wake();
+	}
+	atomic_fetch_sub(&nr_conns, 1);
+	return NULL;
+}
+
+static void accept_one(int lfd)
+{
+	pthread_attr_t attr;
+	pthread_t t;
+	int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+
+	if (fd < 0) {
+		if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
+			ferry_warn("accept on %s: %s", opts->socket_path, strerror(errno));
+		return;
+	}
+	if (atomic_fetch_add(&nr_conns, 1) >= MAX_CONNS) {
+		struct json_object *resp = ctl_error(-EAGAIN, "ferryd is busy: too many connections");
+
+		ctl_send(fd, resp);
+		json_object_put(resp);
+		close(fd);
+		atomic_fetch_sub(&nr_conns, 1);
+		return;
+	}
+	pthread_attr_init(&attr);
+	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+	if (pthread_create(&t, &attr, conn_main, (void *)(intptr_t)fd)) {
+		ferry_warn("cannot start a connection thread");
+		close(fd);
+		atomic_fetch_sub(&nr_conns, 1);
+	}
+	pthread_attr_destroy(&attr);
+}
+
+static int mkdir_parent(const char *path)
+{
+	char *copy = strdup(path), *dir, *p;
+	int ret = 0;
+
+	if (!copy)
+		return -ENOMEM;
+	dir = dirname(copy);
+	for (p = dir + 1; !ret; p++) {
+		char c = *p;
+
+		if (c && c != '/')
+			continue;
+		*p = '\0';
+		if (mkdir(dir, 0755) && errno != EEXIST)
+			ret = -errno;
+		*p = c;
+		if (!c)
+			break;
+	}
+	free(copy);
+	return ret;
+}
+
+/* Take @socket_path's lock file: one ferryd per socket (-EADDRINUSE). */
+static int take_lock(const char *socket_path, bool quiet_busy, int *out)
+{
+	char *path = NULL, pid[32] = "";
+	int fd, ret, n;
+
+	if (asprintf(&path, "%s.lock", socket_path) < 0)
+		return -ENOMEM;
+	fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+	if (fd < 0) {
+		ret = -errno;
+		ferry_err("cannot open the lock file %s: %s", path, strerror(errno));
+		goto out;
+	}
+	if (flock(fd, LOCK_EX | LOCK_NB)) {
+		ret = errno == EWOULDBLOCK ? -EADDRINUSE : -errno;
+		n = (int)pread(fd, pid, sizeof(pid) - 1, 0);
+		pid[n > 0 ? n : 0] = '\0';
+		pid[strcspn(pid, "\n")] = '\0';
+		if (ret == -EADDRINUSE && quiet_busy)
+			ferry_dbg("ferryd %s already serves %s", pid[0] ? pid : "?",
+				  socket_path);
+		else if (ret == -EADDRINUSE)
+			ferry_err("another ferryd (pid %s) already serves %s (stop it, or use another --socket)",
+				  pid[0] ? pid : "?", socket_path);
+		else
+			ferry_err("cannot lock %s: %s", path, ferry_strerror(ret));
+		close(fd);
+		goto out;
+	}
+	n = snprintf(pid, sizeof(pid), "%d\n", (int)getpid());
+	if (ftruncate(fd, 0) == 0)
+		pwrite_full(fd, pid, (size_t)n, 0);
+	*out = fd;
+	ret = 0;
+out:
+	free(path);
+	return ret;
+}
+
+static int listen_on(const char *path, ino_t *ino)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	struct stat st;
+	mode_t old;
+	int fd, ret;
+
+	if (strlen(path) >= sizeof(sa.sun_path)) {
+		ferry_err("socket path %s is too long (at most %zu bytes)", path,
+			  sizeof(sa.sun_path) - 1);
+		return -ENAMETOOLONG;
+	}
+	strcpy(sa.sun_path, path);
+	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	if (fd < 0)
+		return -errno;
+	/* We hold the lock: a socket file left there is stale. */
+	if (unlink(path) && errno != ENOENT)
+		ferry_warn("removing the stale socket %s: %s", path, strerror(errno));
+	old = umask(0177); /* mode 0600 from the start */
+	ret = bind(fd, (struct sockaddr *)&sa, sizeof(sa));
+	umask(old);
+	if (ret || listen(fd, 64) || stat(path, &st)) {
+		ret = -errno;
+		ferry_err("cannot listen on %s: %s", path, strerror(errno));
+		close(fd);
+		return ret;
+	}
+	*ino = st.st_ino;
+	return fd;
+}
+
+static int open_log(const char *path)
+{
+	int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0640);
+
+	if (fd < 0)
+		return -errno;
+	if (dup2(fd, STDERR_FILENO) < 0) {
+		close(fd);
+		return -errno;
+	}
+	close(fd);
+	return 0;
+}
+
+static void on_change(void)
+{
+	wake();
+}
+
+int daemon_run(const struct daemon_opts *o)
+{
+	struct pollfd pfd[3];
+	sigset_t set;
+	ino_t sock_ino = 0;
+	int lock_fd = -1, lfd = -1, sfd = -1, ret, devnull;
+	bool exit_when_empty = false;
+	struct stat st;
+	unsigned int waited;
+	size_t busy;
+
+	opts = o;
+	/* Every thread inherits this mask; signals arrive on the signalfd. */
+	sigemptyset(&set);
+	sigaddset(&set, SIGTERM);
+	sigaddset(&set, SIGINT);
+	sigaddset(&set, SIGHUP);
+	sigaddset(&set, SIGUSR2);
+	pthread_sigmask(SIG_BLOCK, &set, NULL);
+	signal(SIGPIPE, SIG_IGN);
+	sigdelset(&set, SIGUSR2);
+	sfd = signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
+	wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	if (sfd < 0 || wake_fd < 0) {
+		ferry_err("signalfd/eventfd: %s", strerror(errno));
+		return EXIT_FAILURE;
+	}
+	mounts_init(o->threads, o->readahead_kb, on_change);
+
+	ret = mkdir_parent(o->socket_path);
+	if (ret) {
+		ferry_err("cannot create the directory of %s: %s", o->socket_path,
+			  ferry_strerror(ret));
+		return EXIT_FAILURE;
+	}
+	ret = take_lock(o->socket_path, o->exist_ok, &lock_fd);
+	if (ret == -EADDRINUSE && o->exist_ok) {
+		/* Started by ferry racing another ferry: the other one won. */
+		if (o->ready_fd >= 0)
+			write_full(o->ready_fd, "OK\n", 3);
+		return EXIT_SUCCESS;
+	}
+	if (ret)
+		return EXIT_FAILURE;
+	lfd = listen_on(o->socket_path, &sock_ino);
+	if (lfd < 0)
+		return EXIT_FAILURE;
+	if (!o->foreground) {
+		ret = open_log(o->log_path);
+		if (ret) {
+			ferry_err("cannot open the log file %s: %s", o->log_path,
+				  ferry_strerror(ret));
+			unlink(o->socket_path);
+			return EXIT_FAILURE;
+		}
+		devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
+		if (devnull >= 0) {
+			dup2(devnull, STDIN_FILENO);
+			dup2(devnull, STDOUT_FILENO);
+			close(devnull);
+		}
+	}
+	if (log_init(!o->foreground))
+		ferry_warn("log setup: %s", strerror(errno));
+	ferry_info("ferryd %s (pid %d) listening on %s", FERRYD_VERSION, (int)getpid(),
+		   o->socket_path);
+	if (o->ready_fd >= 0) {
+		write_full(o->ready_fd, "OK\n", 3);
+		close(o->ready_fd);
+	}
+
+	ret = EXIT_SUCCESS;
+	if (o->mount_json) {
+		struct json_object *req = json_tokener_parse(o->mount_json);
+		struct ctl_mount_req mr;
+		char err[4096] = "";
+		int r = -EINVAL;
+
+		if (!req || !json_object_is_type(req, json_type_object)) {
+			ferry_err("--mount: not a JSON object");
+		} else if ((r = ctl_mount_req_parse(req, &mr, err, sizeof(err)))) {
+			ferry_err("--mount: invalid mount request: %s", err);
+			ctl_mount_req_free(&mr);
+		} else {
+			r = mounts_mount(&mr, err, sizeof(err));
+		}
+		json_object_put(req);
+		if (r) {
+			ret = EXIT_FAILURE;
+			atomic_store(&stop_requested, true);
+		}
+		exit_when_empty = true;
+	}
+
+	pfd[0] = (struct pollfd){ .fd = lfd, .events = POLLIN };
+	pfd[1] = (struct pollfd){ .fd = sfd, .events = POLLIN };
+	pfd[2] = (struct pollfd){ .fd = wake_fd, .events = POLLIN };
+	while (!atomic_load(&stop_requested)) {
+		if (poll(pfd, 3, -1) < 0) {
+			if (errno == EINTR)
+				continue;
+			ferry_err("poll: %s", strerror(errno));
+			ret = EXIT_FAILURE;
+			break;
+		}
+		if (pfd[0].revents & POLLIN)
+			accept_one(lfd);
+		if (pfd[1].revents & POLLIN) {
+			struct signalfd_siginfo si;
+
+			while (read(sfd, &si, sizeof(si)) == sizeof(si)) {
+				if (si.ssi_signo == SIGHUP && !o->foreground) {
+					ret = open_log(o->log_path);
+					ferry_info("SIGHUP: log file %s reopened%s", o->log_path,
+						   ret ? " (failed)" : "");
+					ret = EXIT_SUCCESS;
+					continue;
+				}
+				if (si.ssi_signo == SIGHUP)
+					continue;
+				ferry_info("%s: unmounting everything and exiting",
+					   strsignal((int)si.ssi_signo));
+				atomic_store(&stop_requested, true);
+			}
+		}
+		if (pfd[2].revents & POLLIN) {
+			uint64_t v;
+
+			if (read(wake_fd, &v, sizeof(v)) < 0 && errno != EAGAIN)
+				ferry_warn("wake-up: %s", strerror(errno));
+			if (exit_when_empty && !mounts_count()) {
+				ferry_info("no mounts left: exiting");
+				break;
+			}
+		}
+	}
+
+	/* No new clients; remove the socket only if it is still ours. */
+	close(lfd);
+	if (!stat(o->socket_path, &st) && st.st_ino == sock_ino)
+		unlink(o->socket_path);
+	busy = mounts_shutdown();
+	for (waited = 0; atomic_load(&nr_conns) && waited < DRAIN_WAIT_MS; waited += 10)
+		nanosleep(&(struct timespec){ 0, 10000000 }, NULL);
+	ferry_info("ferryd exiting");
+	fflush(stderr);
+	if (busy || atomic_load(&nr_conns)) {
+		/* Threads still inside a request or a fetch must not race
+		 * exit's cleanup; the kernel ends their FUSE connections. */
+		_exit(ret);
+	}
+	close(lock_fd);
+	close(sfd);
+	close(wake_fd);
+	return ret;
+}

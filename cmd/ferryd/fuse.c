@@ -1,0 +1,770 @@
+// SPDX-License-Identifier: MIT
+/*
+ * The FUSE low-level operations of one mount: metadata from the bootstrap
+ * (pkg-meta, immutable and thread-safe), file data through the image's
+ * chunk cache (image_cache_read fetches what is missing). Nothing is kept
+ * per inode: inode numbers are EROFS nids (plus 2; the root is
+ * FUSE_ROOT_ID), so forget has nothing to drop and hard links share one
+ * number. The image never changes, so the kernel may cache everything
+ * forever: entries, negative entries, attributes, pages, directories,
+ * symlinks.
+ */
+#include <float.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <fcntl.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+#include <sys/sysmacros.h>
+
+#include "ferryd.h"
+
+#define FS_TIMEOUT DBL_MAX
+#define FS_BLKSIZE 4096u
+#define FS_SYMLINK_MAX 65536u  /* longer targets are refused */
+#define FS_XATTR_MAX 65536u    /* the kernel's XATTR_SIZE_MAX / LIST_MAX */
+#define FS_SYMLOOP_MAX 40
+/* Long enough for the kernel's page-by-page retries after a failed read, short
+ * enough that a program trying again a moment later fetches again. */
+#define FS_FAIL_MEMO_NS (500ull * 1000000)
+
+static fuse_ino_t nid_to_ino(const struct fs *fs, uint64_t nid)
+{
+	return nid == fs->root_nid ? FUSE_ROOT_ID : (fuse_ino_t)(nid + 2);
+}
+
+/* 0 and *@nid, or -EINVAL for a number we never handed out. */
+static int ino_to_nid(const struct fs *fs, fuse_ino_t ino, uint64_t *nid)
+{
+	if (ino == FUSE_ROOT_ID) {
+		*nid = fs->root_nid;
+		return 0;
+	}
+	if (ino < 2)
+		return -EINVAL;
+	*nid = (uint64_t)ino - 2;
+	return 0;
+}
+
+/* S_IFMT of an EROFS dirent file type (the on-disk EROFS_FT_* values). */
+static mode_t ftype_mode(unsigned int ft)
+{
+	static const mode_t modes[] = { 0, S_IFREG, S_IFDIR, S_IFCHR, S_IFBLK,
+					S_IFIFO, S_IFSOCK, S_IFLNK };
+
+	return ft < ARRAY_SIZE(modes) ? modes[ft] : 0;
+}
+
+static void fill_stat(const struct fs *fs, const struct meta_stat *ms,
+		      struct stat *st)
+{
+	memset(st, 0, sizeof(*st));
+	st->st_ino = nid_to_ino(fs, ms->nid);
+	st->st_mode = ms->mode;
+	st->st_nlink = ms->nlink;
+	st->st_uid = ms->uid;
+	st->st_gid = ms->gid;
+	st->st_size = (off_t)ms->size;
+	st->st_rdev = makedev(ms->rdev_major, ms->rdev_minor);
+	st->st_blksize = FS_BLKSIZE;
+	st->st_blocks = (blkcnt_t)DIV_ROUND_UP(ms->size, 512);
+	st->st_mtim.tv_sec = ms->mtime;
+	st->st_mtim.tv_nsec = ms->mtime_nsec;
+	st->st_atim = st->st_mtim;
+	st->st_ctim = st->st_mtim;
+}
+
+static struct fs *req_fs(fuse_req_t req)
+{
+	return fuse_req_userdata(req);
+}
+
+/*
+ * Answer a failed operation. Expected outcomes (absent names and xattrs,
+ * short buffers) are silent; anything else is logged with the image and
+ * inode, since the caller only sees an errno.
+ */
+static void reply_err(fuse_req_t req, const char *op, uint64_t nid, int err)
+{
+	struct fs *fs = req_fs(req);
+
+	switch (err) {
+	case -ENOENT:
+	case -ENODATA:
+	case -ERANGE:
+	case -ENOTDIR:
+	case -EISDIR:
+	case -ENAMETOOLONG:
+	case -EROFS:
+		break;
+	default:
+		ferry_err("%s: %s of inode %llu failed: %s", fs->img->ref, op,
+			  (unsigned long long)nid, ferry_strerror(err));
+	}
+	fuse_reply_err(req, err < 0 && err > -4096 ? -err : EIO);
+}
+
+static int get_stat(fuse_req_t req, fuse_ino_t ino, const char *op,
+		    struct meta_stat *ms)
+{
+	struct fs *fs = req_fs(req);
+	uint64_t nid = 0;
+	int ret = ino_to_nid(fs, ino, &nid);
+
+	if (!ret)
+		ret = meta_getattr(fs->img->meta, nid, ms);
+	if (ret)
+		reply_err(req, op, nid, ret);
+	return ret;
+}
+
+static void fill_entry(const struct fs *fs, const struct meta_stat *ms,
+		       struct fuse_entry_param *e)
+{
+	memset(e, 0, sizeof(*e));
+	e->ino = nid_to_ino(fs, ms->nid);
+	e->generation = 1;
+	fill_stat(fs, ms, &e->attr);
+	e->attr_timeout = FS_TIMEOUT;
+	e->entry_timeout = FS_TIMEOUT;
+}
+
+static void fs_init(void *userdata, struct fuse_conn_info *conn)
+{
+	struct fs *fs = userdata;
+	unsigned int want = FUSE_CAP_ASYNC_READ | FUSE_CAP_CACHE_SYMLINKS |
+			    FUSE_CAP_PARALLEL_DIROPS | FUSE_CAP_READDIRPLUS |
+			    FUSE_CAP_POSIX_ACL;
+
+	conn->want |= want & conn->capable;
+	fs->no_open = conn->capable & FUSE_CAP_NO_OPEN_SUPPORT;
+	/* Nothing changes under the kernel's page cache. */
+	conn->want &= ~FUSE_CAP_AUTO_INVAL_DATA;
+	/*
+	 * Always READDIRPLUS: one answer brings every entry's attributes, so
+	 * a tree walk (readdir, then stat of each entry) needs no LOOKUPs.
+	 */
+	conn->want &= ~FUSE_CAP_READDIRPLUS_AUTO;
+	/*
+	 * Replies are copied (fuse_reply_buf): the bytes come out of
+	 * image_cache_read, which verifies and accounts them; splicing from
+	 * the cache data files would bypass both, so no FUSE_CAP_SPLICE_*.
+	 * Readahead: the kernel's offer is the ceiling; keep it (ferryd
+	 * raises the bdi's read_ahead_kb after mounting).
+	 */
+	conn->max_background = 64;
+	conn->congestion_threshold = 48;
+	conn->time_gran = 1;
+	if (fs->on_init)
+		fs->on_init(fs->arg);
+}
+
+static void fs_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
+{
+	struct fs *fs = req_fs(req);
+	struct fuse_entry_param e;
+	struct meta_stat ms;
+	uint64_t pnid = 0, nid;
+	size_t len = strlen(name);
+	int ret;
+
+	if (len > META_NAME_MAX) {
+		fuse_reply_err(req, ENAMETOOLONG);
+		return;
+	}
+	ret = ino_to_nid(fs, parent, &pnid);
+	if (!ret)
+		ret = meta_lookup(fs->img->meta, pnid, name, len, &nid);
+	if (ret == -ENOENT) {
+		/* A negative entry, cached as long as positive ones. */
+		memset(&e, 0, sizeof(e));
+		e.entry_timeout = FS_TIMEOUT;
+		fuse_reply_entry(req, &e);
+		return;
+	}
+	if (!ret)
+		ret = meta_getattr(fs->img->meta, nid, &ms);
+	if (ret) {
+		reply_err(req, "lookup", pnid, ret);
+		return;
+	}
+	fill_entry(fs, &ms, &e);
+	fuse_reply_entry(req, &e);
+}
+
+static void fs_forget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup)
+{
+	fuse_reply_none(req);
+}
+
+static void fs_forget_multi(fuse_req_t req, size_t count,
+			    struct fuse_forget_data *forgets)
+{
+	fuse_reply_none(req);
+}
+
+static void fs_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	struct meta_stat ms;
+	struct stat st;
+
+	if (get_stat(req, ino, "getattr", &ms))
+		return;
+	fill_stat(req_fs(req), &ms, &st);
+	fuse_reply_attr(req, &st, FS_TIMEOUT);
+}
+
+static void fs_readlink(fuse_req_t req, fuse_ino_t ino)
+{
+	struct meta_stat ms;
+	char *buf;
+	ssize_t n;
+
+	if (get_stat(req, ino, "readlink", &ms))
+		return;
+	if (!S_ISLNK(ms.mode) || ms.size >= FS_SYMLINK_MAX) {
+		reply_err(req, "readlink", ms.nid, S_ISLNK(ms.mode) ? -EFSCORRUPTED : -EINVAL);
+		return;
+	}
+	buf = malloc(ms.size + 1);
+	if (!buf) {
+		fuse_reply_err(req, ENOMEM);
+		return;
+	}
+	n = meta_readlink(req_fs(req)->img->meta, ms.nid, buf, ms.size + 1);
+	if (n < 0)
+		reply_err(req, "readlink", ms.nid, (int)n);
+	else
+		fuse_reply_readlink(req, buf);
+	free(buf);
+}
+
+static void fs_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	struct meta_stat ms;
+
+	if (get_stat(req, ino, "opendir", &ms))
+		return;
+	if (!S_ISDIR(ms.mode)) {
+		fuse_reply_err(req, ENOTDIR);
+		return;
+	}
+	fi->cache_readdir = 1;
+	fi->keep_cache = 1;
+	fuse_reply_open(req, fi);
+}
+
+struct readdir_ctx {
+	fuse_req_t req;
+	struct fs *fs;
+	char *buf;
+	size_t size, len;
+	bool plus;
+	int err;
+};
+
+static int readdir_fill(void *arg, const char *name, size_t len, uint64_t nid,
+			unsigned int file_type, uint64_t next_pos)
+{
+	struct readdir_ctx *c = arg;
+	char nm[META_NAME_MAX + 1];
+	size_t need;
+
+	if (!len || len > META_NAME_MAX) {
+		c->err = -EFSCORRUPTED;
+		return 1;
+	}
+	memcpy(nm, name, len);
+	nm[len] = '\0';
+	if (c->plus) {
+		struct fuse_entry_param e;
+		struct meta_stat ms;
+		int ret = meta_getattr(c->fs->img->meta, nid, &ms);
+
+		if (ret) {
+			c->err = ret;
+			return 1;
+		}
+		fill_entry(c->fs, &ms, &e);
+		need = fuse_add_direntry_plus(c->req, c->buf + c->len, c->size - c->len,
+					      nm, &e, (off_t)next_pos);
+	} else {
+		struct stat st = { .st_ino = nid_to_ino(c->fs, nid),
+				   .st_mode = ftype_mode(file_type) };
+
+		need = fuse_add_direntry(c->req, c->buf + c->len, c->size - c->len, nm,
+					 &st, (off_t)next_pos);
+	}
+	if (need > c->size - c->len)
+		return 1; /* full: this entry comes first next time */
+	c->len += need;
+	return 0;
+}
+
+static void do_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+		       bool plus)
+{
+	struct readdir_ctx c = { .req = req, .fs = req_fs(req), .plus = plus };
+	uint64_t nid = 0;
+	int ret;
+
+	c.size = MIN(size, (size_t)1 << 20);
+	c.buf = malloc(c.size);
+	if (!c.buf) {
+		fuse_reply_err(req, ENOMEM);
+		return;
+	}
+	ret = ino_to_nid(c.fs, ino, &nid);
+	if (!ret && off >= 0)
+		ret = meta_readdir(c.fs->img->meta, nid, (uint64_t)off, readdir_fill, &c);
+	if (ret > 0)
+		ret = c.err;
+	/* Entries already packed are answered; the error comes next call. */
+	if (ret < 0 && !c.len)
+		reply_err(req, plus ? "readdirplus" : "readdir", nid, ret);
+	else
+		fuse_reply_buf(req, c.buf, c.len);
+	free(c.buf);
+}
+
+static void fs_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+		       struct fuse_file_info *fi)
+{
+	do_readdir(req, ino, size, off, false);
+}
+
+static void fs_readdirplus(fuse_req_t req, fuse_ino_t ino, size_t size,
+			   off_t off, struct fuse_file_info *fi)
+{
+	do_readdir(req, ino, size, off, true);
+}
+
+static void fs_releasedir(fuse_req_t req, fuse_ino_t ino,
+			  struct fuse_file_info *fi)
+{
+	fuse_reply_err(req, 0);
+}
+
+/*
+ * Files need no per-open state: the image never changes. With
+ * FUSE_CAP_NO_OPEN_SUPPORT, ENOSYS tells the kernel to stop sending OPEN
+ * and RELEASE at all (it then keeps the page cache, as keep_cache does),
+ * which saves two round trips per file. The mount is read-only, so the
+ * kernel refuses writes before they get here.
+ */
+static void fs_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	struct meta_stat ms;
+
+	if ((fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC)) {
+		fuse_reply_err(req, EROFS);
+		return;
+	}
+	if (req_fs(req)->no_open) {
+		fuse_reply_err(req, ENOSYS);
+		return;
+	}
+	if (get_stat(req, ino, "open", &ms))
+		return;
+	if (!S_ISREG(ms.mode)) {
+		fuse_reply_err(req, S_ISDIR(ms.mode) ? EISDIR : EINVAL);
+		return;
+	}
+	fi->keep_cache = 1;
+	fi->noflush = 1;
+	fuse_reply_open(req, fi);
+}
+
+/* One read buffer per worker thread, freed when the thread ends. */
+static pthread_key_t buf_key;
+static pthread_once_t buf_once = PTHREAD_ONCE_INIT;
+
+struct rbuf {
+	size_t cap;
+	uint8_t data[];
+};
+
+static void buf_key_init(void)
+{
+	pthread_key_create(&buf_key, free);
+}
+
+static uint8_t *read_buf(size_t size)
+{
+	struct rbuf *b;
+
+	pthread_once(&buf_once, buf_key_init);
+	b = pthread_getspecific(buf_key);
+	if (b && b->cap >= size)
+		return b->data;
+	free(b);
+	b = malloc(sizeof(*b) + size);
+	pthread_setspecific(buf_key, b);
+	if (!b)
+		return NULL;
+	b->cap = size;
+	return b->data;
+}
+
+/*
+ * When a read fails the kernel asks again at once, page by page; each of
+ * those would sit through the fetch's timeouts and retries again, so for
+ * FS_FAIL_MEMO_NS reads in the chunk that just failed fail at once. The
+ * memo holds the last failure of the mount.
+ */
+static bool failed_recently(struct fs *fs, const struct meta_stat *ms,
+			    uint64_t off)
+{
+	bool ret;
+
+	if (!ms->nr_chunks || !ms->chunk_size)
+		return false;
+	pthread_mutex_lock(&fs->fail_lock);
+	ret = fs->failed_until && fs->failed_nid == ms->nid &&
+	      off / ms->chunk_size == fs->failed_chunk &&
+	      ferry_now_ns() < fs->failed_until;
+	pthread_mutex_unlock(&fs->fail_lock);
+	return ret;
+}
+
+/*
+ * Remember a failed read that lay in one chunk, so its chunk is known.
+ * (image_cache_read stops at the first chunk that fails, so a later read
+ * starting in that chunk would fail there too.)
+ */
+static void note_failure(struct fs *fs, const struct meta_stat *ms,
+			 uint64_t off, size_t size)
+{
+	uint64_t cs = ms->chunk_size;
+
+	if (!ms->nr_chunks || !cs || !size || off / cs != (off + size - 1) / cs)
+		return;
+	pthread_mutex_lock(&fs->fail_lock);
+	fs->failed_nid = ms->nid;
+	fs->failed_chunk = off / cs;
+	fs->failed_until = ferry_now_ns() + FS_FAIL_MEMO_NS;
+	pthread_mutex_unlock(&fs->fail_lock);
+}
+
+static void fs_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+		    struct fuse_file_info *fi)
+{
+	struct fs *fs = req_fs(req);
+	struct meta_stat st;
+	const struct meta_stat *ms = &st;
+	uint8_t *buf;
+	ssize_t n;
+
+	if (off < 0) {
+		fuse_reply_err(req, EINVAL);
+		return;
+	}
+	if (get_stat(req, ino, "read", &st))
+		return;
+	if (!S_ISREG(st.mode)) {
+		fuse_reply_err(req, EINVAL);
+		return;
+	}
+	size = MIN(size, (size_t)16 << 20);
+	ferry_dbg("%s: read inode %llu: %zu bytes at %lld", fs->img->ref,
+		  (unsigned long long)ms->nid, size, (long long)off);
+	if (failed_recently(fs, ms, (uint64_t)off)) {
+		ferry_dbg("%s: inode %llu: chunk %llu failed moments ago",
+			  fs->img->ref, (unsigned long long)ms->nid,
+			  (unsigned long long)((uint64_t)off / ms->chunk_size));
+		fuse_reply_err(req, EIO);
+		return;
+	}
+	buf = read_buf(MAX(size, (size_t)1));
+	if (!buf) {
+		fuse_reply_err(req, ENOMEM);
+		return;
+	}
+	n = image_cache_read(fs->ic, ms, (uint64_t)off, buf, size);
+	if (n < 0) {
+		/* image_cache has named the blob and chunk. */
+		ferry_err("%s: read of inode %llu (%zu bytes at %lld) failed: %s",
+			  fs->img->ref, (unsigned long long)ms->nid, size,
+			  (long long)off, ferry_strerror((int)n));
+		note_failure(fs, ms, (uint64_t)off,
+			     MIN(size, (size_t)(ms->size > (uint64_t)off ?
+						ms->size - (uint64_t)off : 0)));
+		fuse_reply_err(req, EIO);
+		return;
+	}
+	fuse_reply_buf(req, (const char *)buf, (size_t)n);
+}
+
+static void fs_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	fuse_reply_err(req, 0);
+}
+
+static void fs_statfs(fuse_req_t req, fuse_ino_t ino)
+{
+	struct fs *fs = req_fs(req);
+	struct statvfs sv = {
+		.f_bsize = FS_BLKSIZE,
+		.f_frsize = FS_BLKSIZE,
+		.f_blocks = DIV_ROUND_UP(fs->total_bytes, FS_BLKSIZE),
+		.f_files = fs->inos,
+		.f_namemax = META_NAME_MAX,
+		.f_flag = ST_RDONLY,
+	};
+
+	fuse_reply_statfs(req, &sv);
+}
+
+/* getxattr / listxattr: @size 0 asks for the length. */
+static void xattr_reply(fuse_req_t req, fuse_ino_t ino, const char *name,
+			size_t size)
+{
+	struct fs *fs = req_fs(req);
+	uint64_t nid = 0;
+	char *buf = NULL;
+	ssize_t n;
+	int ret = ino_to_nid(fs, ino, &nid);
+
+	if (ret) {
+		reply_err(req, name ? "getxattr" : "listxattr", nid, ret);
+		return;
+	}
+	size = MIN(size, (size_t)FS_XATTR_MAX);
+	if (size && !(buf = malloc(size))) {
+		fuse_reply_err(req, ENOMEM);
+		return;
+	}
+	n = name ? meta_getxattr(fs->img->meta, nid, name, buf, size) :
+		   meta_listxattr(fs->img->meta, nid, buf, size);
+	if (n < 0)
+		reply_err(req, name ? "getxattr" : "listxattr", nid, (int)n);
+	else if (!size)
+		fuse_reply_xattr(req, (size_t)n);
+	else
+		fuse_reply_buf(req, buf, (size_t)n);
+	free(buf);
+}
+
+static void fs_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name,
+			size_t size)
+{
+	xattr_reply(req, ino, name, size);
+}
+
+static void fs_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
+{
+	xattr_reply(req, ino, NULL, size);
+}
+
+static const struct fuse_lowlevel_ops fs_ops = {
+	.init = fs_init,
+	.lookup = fs_lookup,
+	.forget = fs_forget,
+	.forget_multi = fs_forget_multi,
+	.getattr = fs_getattr,
+	.readlink = fs_readlink,
+	.open = fs_open,
+	.read = fs_read,
+	.release = fs_release,
+	.opendir = fs_opendir,
+	.readdir = fs_readdir,
+	.readdirplus = fs_readdirplus,
+	.releasedir = fs_releasedir,
+	.statfs = fs_statfs,
+	.getxattr = fs_getxattr,
+	.listxattr = fs_listxattr,
+};
+
+void fs_setup(struct fs *fs, struct image *img, struct image_cache *ic)
+{
+	struct meta_super sb;
+	uint32_t i;
+
+	meta_get_super(img->meta, &sb);
+	fs->img = img;
+	fs->ic = ic;
+	fs->root_nid = sb.root_nid;
+	fs->inos = sb.inos;
+	fs->total_bytes = img->bootstrap_len;
+	for (i = 0; i < img->blobs.nr_blobs; i++)
+		fs->total_bytes += img->blobs.blobs[i].uncompressed_size;
+	pthread_mutex_init(&fs->fail_lock, NULL);
+	fs->failed_until = 0;
+}
+
+void fs_teardown(struct fs *fs)
+{
+	pthread_mutex_destroy(&fs->fail_lock);
+}
+
+struct fuse_session *fs_session_new(struct fs *fs)
+{
+	char *argv[] = { "ferryd", NULL };
+	struct fuse_args args = FUSE_ARGS_INIT(1, argv);
+	struct fuse_session *se;
+
+	se = fuse_session_new(&args, &fs_ops, sizeof(fs_ops), fs);
+	if (!se)
+		ferry_err("%s: cannot create a FUSE session", fs->img->ref);
+	fuse_opt_free_args(&args);
+	return se;
+}
+
+/*
+ * mount(2) ourselves and hand libfuse the /dev/fuse descriptor as
+ * "/dev/fd/N": libfuse then never unmounts by path (fuse_session_unmount
+ * would lazily unmount whatever is on the mount point by then), and
+ * ferryd decides when and what to unmount.
+ */
+int fs_mount(struct fs *fs, struct fuse_session *se, const char *mountpoint)
+{
+	char *opts = NULL, *source = NULL, devfd[32];
+	int fd, ret = 0;
+
+	fd = open("/dev/fuse", O_RDWR | O_CLOEXEC);
+	if (fd < 0) {
+		ret = -errno;
+		ferry_err("%s: cannot open /dev/fuse: %s", fs->img->ref, strerror(errno));
+		return ret;
+	}
+	if (asprintf(&opts, "fd=%d,rootmode=%o,user_id=%u,group_id=%u,"
+		     "default_permissions,allow_other", fd, (unsigned int)S_IFDIR,
+		     (unsigned int)getuid(), (unsigned int)getgid()) < 0 ||
+	    asprintf(&source, "ferry:%s", fs->img->ref) < 0) {
+		ret = -ENOMEM;
+		goto out;
+	}
+	/* Like a kernel mount of the image: read-only, suid and devices. */
+	if (mount(source, mountpoint, CTL_FUSE_FSTYPE, MS_RDONLY, opts)) {
+		ret = -errno;
+		ferry_err("%s: mount(2) of FUSE on %s: %s", fs->img->ref, mountpoint,
+			  strerror(errno));
+		goto out;
+	}
+	snprintf(devfd, sizeof(devfd), "/dev/fd/%d", fd);
+	if (fuse_session_mount(se, devfd)) {
+		ret = -EIO;
+		if (umount2(mountpoint, MNT_DETACH))
+			ferry_warn("%s: detaching %s: %s", fs->img->ref, mountpoint,
+				   strerror(errno));
+		goto out;
+	}
+	fd = -1; /* the session's now */
+out:
+	if (fd >= 0)
+		close(fd);
+	free(opts);
+	free(source);
+	return ret;
+}
+
+/* ------------------------------------------------------------------ */
+/* Path resolution for prefetch lists                                  */
+/* ------------------------------------------------------------------ */
+
+int fs_resolve(const struct fs *fs, const char *path, uint64_t *out)
+{
+	const struct meta_image *mi = fs->img->meta;
+	char *work, *rest, *target = NULL;
+	uint64_t dir = fs->root_nid, nid, stack[256];
+	size_t depth = 0;
+	struct meta_stat ms;
+	int links = 0, ret = 0;
+
+	work = strdup(path);
+	if (!work)
+		return -ENOMEM;
+	rest = work;
+	for (;;) {
+		char *name, *slash;
+		size_t len;
+
+		while (*rest == '/')
+			rest++;
+		if (!*rest)
+			break;
+		name = rest;
+		slash = strchr(rest, '/');
+		len = slash ? (size_t)(slash - rest) : strlen(rest);
+		rest = slash ? slash : rest + len;
+		if (len == 1 && name[0] == '.')
+			continue;
+		if (len == 2 && name[0] == '.' && name[1] == '.') {
+			dir = depth ? stack[--depth] : fs->root_nid;
+			continue;
+		}
+		if (len > META_NAME_MAX) {
+			ret = -ENAMETOOLONG;
+			break;
+		}
+		ret = meta_lookup(mi, dir, name, len, &nid);
+		if (!ret)
+			ret = meta_getattr(mi, nid, &ms);
+		if (ret)
+			break;
+		if (S_ISLNK(ms.mode)) {
+			char *lnk, *joined;
+			ssize_t n;
+
+			if (++links > FS_SYMLOOP_MAX) {
+				ret = -ELOOP;
+				break;
+			}
+			if (ms.size >= FS_SYMLINK_MAX) {
+				ret = -EFSCORRUPTED;
+				break;
+			}
+			lnk = malloc(ms.size + 1);
+			if (!lnk) {
+				ret = -ENOMEM;
+				break;
+			}
+			n = meta_readlink(mi, nid, lnk, ms.size + 1);
+			if (n < 0) {
+				free(lnk);
+				ret = (int)n;
+				break;
+			}
+			/* Continue with the target, then the rest of the path
+			 * (empty, or starting with '/'). */
+			if (asprintf(&joined, "%s%s", lnk, rest) < 0) {
+				free(lnk);
+				ret = -ENOMEM;
+				break;
+			}
+			if (lnk[0] == '/') {
+				dir = fs->root_nid;
+				depth = 0;
+			}
+			free(lnk);
+			free(target);
+			target = joined;
+			rest = target;
+			continue;
+		}
+		if (*rest && !S_ISDIR(ms.mode)) {
+			ret = -ENOTDIR;
+			break;
+		}
+		if (S_ISDIR(ms.mode)) {
+			if (depth == ARRAY_SIZE(stack)) {
+				ret = -ENAMETOOLONG;
+				break;
+			}
+			stack[depth++] = dir;
+		}
+		dir = nid;
+		/* A trailing component that is not a directory ends the walk. */
+		if (!S_ISDIR(ms.mode))
+			break;
+	}
+	if (!ret)
+		*out = dir;
+	free(target);
+	free(work);
+	return ret;
+}

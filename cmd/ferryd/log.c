@@ -1,0 +1,133 @@
+// SPDX-License-Identifier: MIT
+/*
+ * ferryd's log: ferry_log writes whole lines to stderr, so stderr is
+ * replaced by a stream of our own (fopencookie) that writes to fd 2 —
+ * the terminal with -f, the log file otherwise, where each line gets a
+ * timestamp — and copies this thread's error lines into an active
+ * capture, so that a failed mount answers with the reason that was
+ * logged ("image docker://…: manifest not found") instead of an errno.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ferryd.h"
+
+static bool log_stamps;
+static bool log_at_bol = true; /* under the stream's lock */
+static _Thread_local struct log_capture *log_cur;
+
+#define ERR_PREFIX "ferry: error: "
+
+static void capture(struct log_capture *c, const char *buf, size_t size)
+{
+	size_t plen = strlen(ERR_PREFIX), n;
+	const char *nl;
+
+	while (size) {
+		if (!c->partial && !c->skipping) {
+			if (size >= plen && !memcmp(buf, ERR_PREFIX, plen)) {
+				buf += plen;
+				size -= plen;
+				if (c->len && c->len + 2 < sizeof(c->text)) {
+					memcpy(c->text + c->len, "; ", 2);
+					c->len += 2;
+				}
+				c->partial = true;
+			} else {
+				c->skipping = true;
+			}
+		}
+		nl = memchr(buf, '\n', size);
+		n = nl ? (size_t)(nl - buf) : size;
+		if (c->partial) {
+			size_t room = sizeof(c->text) - 1 - c->len;
+
+			memcpy(c->text + c->len, buf, MIN(n, room));
+			c->len += MIN(n, room);
+			c->text[c->len] = '\0';
+		}
+		if (nl) {
+			c->partial = c->skipping = false;
+			n++;
+		}
+		buf += n;
+		size -= n;
+	}
+}
+
+static ssize_t log_write(void *cookie, const char *buf, size_t size)
+{
+	char out[16384 + 64];
+	size_t o = 0, i;
+
+	(void)cookie;
+	if (log_cur)
+		capture(log_cur, buf, size);
+	for (i = 0; i < size; i++) {
+		if (log_at_bol && log_stamps) {
+			struct timespec ts;
+			struct tm tm;
+
+			clock_gettime(CLOCK_REALTIME, &ts);
+			localtime_r(&ts.tv_sec, &tm);
+			o += strftime(out + o, 32, "%Y-%m-%d %H:%M:%S", &tm);
+			o += (size_t)snprintf(out + o, 32, ".%03ld [%d] ",
+					      ts.tv_nsec / 1000000, (int)getpid());
+		}
+		out[o++] = buf[i];
+		log_at_bol = buf[i] == '\n';
+		if (o >= sizeof(out) - 64) {
+			write_full(STDERR_FILENO, out, o);
+			o = 0;
+		}
+	}
+	if (o)
+		write_full(STDERR_FILENO, out, o);
+	return (ssize_t)size;
+}
+
+static void fuse_log_fn(enum fuse_log_level level, const char *fmt, va_list ap)
+{
+	char line[1024];
+	size_t n;
+	int lvl = level <= FUSE_LOG_ERR ? FERRY_LOG_ERR :
+		  level == FUSE_LOG_WARNING ? FERRY_LOG_WARN :
+		  level <= FUSE_LOG_INFO ? FERRY_LOG_INFO : FERRY_LOG_DEBUG;
+
+	vsnprintf(line, sizeof(line), fmt, ap);
+	n = strlen(line);
+	while (n && line[n - 1] == '\n')
+		line[--n] = '\0';
+	if (n)
+		ferry_log(lvl, "libfuse: %s", line);
+}
+
+int log_init(bool timestamps)
+{
+	static const cookie_io_functions_t fns = { .write = log_write };
+	FILE *f = fopencookie(NULL, "w", fns);
+
+	if (!f)
+		return -errno;
+	/* Line buffered: one write per ferry_log line, in the caller's thread. */
+	setvbuf(f, NULL, _IOLBF, 16384);
+	log_stamps = timestamps;
+	stderr = f;
+	fuse_set_log_func(fuse_log_fn);
+	return 0;
+}
+
+void log_capture_begin(struct log_capture *c)
+{
+	memset(c, 0, sizeof(*c));
+	c->prev = log_cur;
+	log_cur = c;
+}
+
+void log_capture_end(struct log_capture *c)
+{
+	log_cur = c->prev;
+}

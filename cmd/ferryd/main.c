@@ -1,0 +1,262 @@
+// SPDX-License-Identifier: MIT
+/* ferryd: options, then daemonize (unless -f) and run. */
+#include <fcntl.h>
+#include <getopt.h>
+#include <limits.h>
+#include <libgen.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "ferryd.h"
+
+#define READY_WAIT_MS 60000
+
+static void help(void)
+{
+	printf("Usage: ferryd [-f] [--socket PATH] [--log-file PATH] [-v|-q] [OPTIONS]\n\n"
+	       "ferry's lazy-mount daemon. It serves ferry images through FUSE: the\n"
+	       "tree is there as soon as the bootstrap is fetched, file data is\n"
+	       "fetched chunk by chunk when first read and kept in the chunk cache.\n"
+	       "One ferryd hosts any number of mounts; 'ferry mount --mode fuse'\n"
+	       "talks to it over its control socket and starts it when needed.\n\n"
+	       "Options:\n"
+	       "  -f, --foreground   stay in the foreground, log to stderr\n"
+	       "  --socket PATH      control socket (default $%s or\n"
+	       "                     %s; mode 0600, one ferryd\n"
+	       "                     per socket: PATH.lock)\n"
+	       "  --log-file PATH    log file without -f (default ferryd.log next to\n"
+	       "                     the socket); SIGHUP reopens it\n"
+	       "  --mount REQUEST    mount REQUEST (a JSON mount request, see\n"
+	       "                     ferryd(8)) at start; exit with status 1 if that\n"
+	       "                     fails, and once no mount is left\n"
+	       "  --mount-fd FD      the same, the request read from descriptor FD\n"
+	       "                     ('ferry mount -f' passes it so: credentials stay\n"
+	       "                     out of the command line)\n"
+	       "  --exist-ok         exit with status 0 if a ferryd already serves the\n"
+	       "                     socket (how 'ferry mount' starts ferryd)\n"
+	       "  --threads N        FUSE worker threads per mount (default %u)\n"
+	       "  --readahead KB     kernel readahead of each mount (default %u;\n"
+	       "                     0 keeps the kernel's 128)\n"
+	       "  -v, --verbose      more log output (repeat for debug)\n"
+	       "  -q, --quiet        errors only\n"
+	       "  -h, --help         this help\n"
+	       "  --version          print the version\n\n"
+	       "Without -f, ferryd forks; the parent exits once the socket listens\n"
+	       "(status 0) or the daemon failed to start (status 1, reason on stderr).\n"
+	       "SIGTERM or SIGINT unmounts every mount (busy ones are detached and\n"
+	       "their FUSE connection closed) and exits. A mount unmounted from\n"
+	       "outside (umount) is cleaned up; the others keep running.\n\n"
+	       "Exit status: 0 success, 1 failure, 2 usage error.\n",
+	       CTL_SOCKET_ENV, CTL_DEFAULT_SOCKET, FERRYD_DEFAULT_THREADS,
+	       FERRYD_DEFAULT_READAHEAD_KB);
+}
+
+static int usage(const char *fmt, const char *arg)
+{
+	fprintf(stderr, "ferryd: ");
+	fprintf(stderr, fmt, arg);
+	fprintf(stderr, "\nTry 'ferryd --help'.\n");
+	return 2;
+}
+
+/* The parent of a daemonizing ferryd: exit once the child is ready. */
+static int wait_ready(int fd)
+{
+	struct pollfd pfd = { .fd = fd, .events = POLLIN };
+	char buf[8];
+	size_t got = 0;
+	ssize_t n;
+
+	while (got < 3) {
+		if (poll(&pfd, 1, READY_WAIT_MS) <= 0) {
+			fprintf(stderr, "ferryd: the daemon did not report readiness within %d s\n",
+				READY_WAIT_MS / 1000);
+			return EXIT_FAILURE;
+		}
+		n = read(fd, buf + got, sizeof(buf) - got);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			return EXIT_FAILURE; /* it failed and said why on stderr */
+		got += (size_t)n;
+	}
+	return memcmp(buf, "OK\n", 3) ? EXIT_FAILURE : EXIT_SUCCESS;
+}
+
+/* The --mount-fd request: all of @fd (then closed), NUL-terminated. */
+static int read_request(int fd, char **out)
+{
+	size_t len = 0, cap = 0;
+	char *buf = NULL;
+	ssize_t n;
+
+	for (;;) {
+		if (array_reserve(&buf, &cap, len + 4096, 1, 8192)) {
+			fprintf(stderr, "ferryd: --mount-fd: out of memory\n");
+			break;
+		}
+		n = read(fd, buf + len, cap - len - 1);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0) {
+			fprintf(stderr, "ferryd: --mount-fd %d: %s\n", fd, strerror(errno));
+			break;
+		}
+		if (!n) {
+			buf[len] = '\0';
+			close(fd);
+			*out = buf;
+			return 0;
+		}
+		len += (size_t)n;
+		if (len > CTL_LINE_MAX) {
+			fprintf(stderr, "ferryd: --mount-fd %d: request over %u bytes\n", fd,
+				CTL_LINE_MAX);
+			break;
+		}
+	}
+	free(buf);
+	close(fd);
+	return -1;
+}
+
+int main(int argc, char **argv)
+{
+	static const struct option longopts[] = {
+		{ "foreground", no_argument, NULL, 'f' },
+		{ "socket", required_argument, NULL, 'S' },
+		{ "log-file", required_argument, NULL, 'L' },
+		{ "mount", required_argument, NULL, 'M' },
+		{ "mount-fd", required_argument, NULL, 'F' },
+		{ "exist-ok", no_argument, NULL, 'E' },
+		{ "threads", required_argument, NULL, 'T' },
+		{ "readahead", required_argument, NULL, 'R' },
+		{ "verbose", no_argument, NULL, 'v' },
+		{ "quiet", no_argument, NULL, 'q' },
+		{ "help", no_argument, NULL, 'h' },
+		{ "version", no_argument, NULL, 'V' },
+		{ 0 },
+	};
+	struct daemon_opts o = {
+		.socket_path = ctl_default_socket(),
+		.threads = FERRYD_DEFAULT_THREADS,
+		.readahead_kb = FERRYD_DEFAULT_READAHEAD_KB,
+		.ready_fd = -1,
+	};
+	char *log_default = NULL, *copy, *request = NULL;
+	uint64_t v;
+	int c, p[2];
+	pid_t pid;
+
+	while ((c = getopt_long(argc, argv, "fvqh", longopts, NULL)) != -1) {
+		switch (c) {
+		case 'f':
+			o.foreground = true;
+			break;
+		case 'S':
+			o.socket_path = optarg;
+			break;
+		case 'L':
+			o.log_path = optarg;
+			break;
+		case 'M':
+			o.mount_json = optarg;
+			break;
+		case 'E':
+			o.exist_ok = true;
+			break;
+		case 'F':
+			if (parse_size(optarg, &v) || v > INT_MAX)
+				return usage("--mount-fd %s: expected a descriptor", optarg);
+			if (read_request((int)v, &request))
+				return EXIT_FAILURE;
+			o.mount_json = request;
+			break;
+		case 'T':
+			if (parse_size(optarg, &v) || v < 1 || v > FERRYD_MAX_THREADS)
+				return usage("--threads %s: expected 1..256", optarg);
+			o.threads = (unsigned int)v;
+			break;
+		case 'R':
+			if (parse_size(optarg, &v) || v > 65536)
+				return usage("--readahead %s: expected 0..65536 (KiB)", optarg);
+			o.readahead_kb = (unsigned int)v;
+			break;
+		case 'v':
+			if (ferry_log_level < FERRY_LOG_DEBUG)
+				ferry_log_level++;
+			break;
+		case 'q':
+			ferry_log_level = FERRY_LOG_ERR;
+			break;
+		case 'h':
+			help();
+			return EXIT_SUCCESS;
+		case 'V':
+			printf("ferryd %s\n", FERRYD_VERSION);
+			return EXIT_SUCCESS;
+		default:
+			return usage("%s", "unknown option");
+		}
+	}
+	if (optind != argc)
+		return usage("unexpected argument \"%s\"", argv[optind]);
+	if (o.socket_path[0] != '/')
+		return usage("--socket %s: expected an absolute path", o.socket_path);
+	if (!o.log_path) {
+		copy = strdup(o.socket_path);
+		if (!copy || asprintf(&log_default, "%s/ferryd.log", dirname(copy)) < 0) {
+			fprintf(stderr, "ferryd: out of memory\n");
+			return EXIT_FAILURE;
+		}
+		free(copy);
+		o.log_path = log_default;
+	}
+	if (o.log_path[0] != '/')
+		return usage("--log-file %s: expected an absolute path", o.log_path);
+	/* Descriptors 0-2 must exist, or the log would land on a socket. */
+	while ((c = open("/dev/null", O_RDWR | O_CLOEXEC)) >= 0 && c <= 2)
+		fcntl(c, F_SETFD, 0);
+	if (c > 2)
+		close(c);
+	/* Hold no directory busy (mount points may be under it). */
+	if (chdir("/")) {
+		perror("ferryd: chdir /");
+		free(log_default);
+		return EXIT_FAILURE;
+	}
+
+	if (!o.foreground) {
+		if (pipe2(p, O_CLOEXEC)) {
+			perror("ferryd: pipe");
+			return EXIT_FAILURE;
+		}
+		fflush(NULL);
+		pid = fork();
+		if (pid < 0) {
+			perror("ferryd: fork");
+			return EXIT_FAILURE;
+		}
+		if (pid > 0) {
+			close(p[1]);
+			free(log_default);
+			free(request);
+			return wait_ready(p[0]);
+		}
+		close(p[0]);
+		setsid();
+		/* Keep no descriptor of whoever started us (pipes of a shell
+		 * or test harness would never see EOF). */
+		if (p[1] > 3)
+			close_range(3, (unsigned int)p[1] - 1, 0);
+		close_range((unsigned int)p[1] + 1, ~0u, 0);
+		o.ready_fd = p[1];
+	}
+	c = daemon_run(&o);
+	free(log_default);
+	free(request);
+	return c;
+}

@@ -1,0 +1,309 @@
+// SPDX-License-Identifier: MIT
+/*
+ * An image's blobs opened in the chunk cache: file reads (FUSE), device
+ * ranges (fanotify) and prefetch make the chunks they touch present,
+ * fetching them from the image's blob sources, then read the cache data
+ * files. On-demand reads go ahead of prefetch: prefetch works in bounded
+ * steps and yields while a demand read is in flight.
+ */
+#include <stdatomic.h>
+#include <sys/stat.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../pkg-base/base.h"
+#include "convert.h"
+#include "internal.h"
+
+/* Prefetch makes at most this much present per step before yielding. */
+#define PREFETCH_STEP (4u << 20)
+/* How long prefetch waits, at most, for demand reads to drain per step. */
+#define PREFETCH_YIELD_MAX_MS 200
+
+struct image_cache {
+	struct image *img;
+	uint32_t nr_blobs;
+	struct blob_cache_blob **blobs;
+	struct blob_source *srcs;
+	atomic_uint demand_inflight;
+	atomic_uint_fast64_t bytes_read, bytes_fetched, prefetched;
+	uint64_t bwlimit; /* prefetch bytes per second, 0 = unlimited */
+	uint64_t bw_start_ns, bw_bytes;
+};
+
+void image_cache_close(struct image_cache *ic)
+{
+	uint32_t i;
+
+	if (!ic)
+		return;
+	for (i = 0; ic->blobs && i < ic->nr_blobs; i++)
+		if (ic->blobs[i])
+			blob_cache_close(ic->blobs[i]);
+	free(ic->blobs);
+	free(ic->srcs);
+	free(ic);
+}
+
+int image_cache_open(struct image *img, const char *cache_dir,
+		     struct image_cache **out)
+{
+	uint8_t (*digests)[BLOB_DIGEST_SIZE] = NULL;
+	struct image_cache *ic = calloc(1, sizeof(*ic));
+	uint32_t i, n = img->blobs.nr_blobs;
+	int ret = -ENOMEM;
+
+	if (!ic)
+		return -ENOMEM;
+	ic->img = img;
+	ic->nr_blobs = n;
+	ic->blobs = calloc(n + 1, sizeof(*ic->blobs));
+	ic->srcs = calloc(n + 1, sizeof(*ic->srcs));
+	digests = calloc(n + 1, sizeof(*digests));
+	if (!ic->blobs || !ic->srcs || !digests)
+		goto fail;
+	ret = convert_mkdir_p(cache_dir);
+	if (ret)
+		goto fail;
+	for (i = 0; i < n; i++)
+		memcpy(digests[i], img->blobs.blobs[i].digest, BLOB_DIGEST_SIZE);
+	/* Recorded first, so a concurrent gc keeps what is being filled. */
+	ret = blob_cache_add_image(cache_dir, img->ref, img->image_digest,
+				   (const uint8_t (*)[BLOB_DIGEST_SIZE])digests, n);
+	for (i = 0; !ret && i < n; i++) {
+		ret = image_blob_source(img, i, &ic->srcs[i]);
+		if (!ret)
+			ret = blob_cache_open(cache_dir, &img->blobs.blobs[i],
+					      &ic->blobs[i]);
+	}
+	if (ret)
+		goto fail;
+	free(digests);
+	*out = ic;
+	return 0;
+fail:
+	free(digests);
+	image_cache_close(ic);
+	return ret;
+}
+
+const char *image_cache_data_path(const struct image_cache *ic, uint32_t index)
+{
+	return blob_cache_data_path(ic->blobs[index]);
+}
+
+static int ensure(struct image_cache *ic, uint32_t index, uint64_t uoff,
+		  uint64_t len)
+{
+	uint64_t fetched = 0;
+	int ret = blob_cache_ensure(ic->blobs[index], uoff, len, &ic->srcs[index],
+				    &fetched);
+
+	atomic_fetch_add(&ic->bytes_fetched, fetched);
+	return ret;
+}
+
+int image_cache_ensure(struct image_cache *ic, uint32_t device_id,
+		       uint64_t uoff, uint64_t len)
+{
+	int ret;
+
+	if (device_id < 1 || device_id > ic->nr_blobs)
+		return -EINVAL;
+	atomic_fetch_add(&ic->demand_inflight, 1);
+	ret = ensure(ic, device_id - 1, uoff, len);
+	atomic_fetch_sub(&ic->demand_inflight, 1);
+	return ret;
+}
+
+/*
+ * Where byte @pos of the chunk-based file @st lives: 0 and *@index (blob)
+ * and *@uoff, 1 for a hole, or -EFSCORRUPTED naming the file's nid.
+ */
+static int locate(const struct image_cache *ic, const struct meta_stat *st,
+		  uint64_t pos, uint32_t *index, uint64_t *uoff)
+{
+	struct meta_chunk mc;
+	int ret = meta_get_chunk(ic->img->meta, st->nid, pos / st->chunk_size, &mc);
+
+	if (ret)
+		return ret;
+	if (mc.blkaddr == META_CHUNK_HOLE)
+		return 1;
+	if (mc.device_id < 1 || mc.device_id > ic->nr_blobs) {
+		ferry_err("%s: inode %llu: chunk %llu names device %u of %u",
+			  ic->img->ref, (unsigned long long)st->nid,
+			  (unsigned long long)(pos / st->chunk_size),
+			  mc.device_id, ic->nr_blobs);
+		return -EFSCORRUPTED;
+	}
+	*index = mc.device_id - 1u;
+	*uoff = (uint64_t)mc.blkaddr * META_BLOCK_SIZE + pos % st->chunk_size;
+	return 0;
+}
+
+/* Read [off, off + len) of a chunk-based file, clamped to its size. */
+static ssize_t read_chunked(struct image_cache *ic, const struct meta_stat *st,
+			    uint64_t off, uint8_t *buf, size_t len)
+{
+	uint64_t end = MIN(st->size, off + len), pos, uoff = 0;
+	uint32_t index = 0;
+	int ret;
+
+	for (pos = off; pos < end;) {
+		size_t n = (size_t)MIN(end - pos,
+				       st->chunk_size - pos % st->chunk_size);
+
+		ret = locate(ic, st, pos, &index, &uoff);
+		if (ret < 0)
+			return ret;
+		if (ret) {
+			memset(buf + (pos - off), 0, n);
+		} else {
+			ret = ensure(ic, index, uoff, n);
+			if (!ret)
+				ret = pread_full(blob_cache_data_fd(ic->blobs[index]),
+						 buf + (pos - off), n, uoff);
+			if (ret)
+				return ret;
+		}
+		pos += n;
+	}
+	return (ssize_t)(end > off ? end - off : 0);
+}
+
+ssize_t image_cache_read(struct image_cache *ic, const struct meta_stat *st,
+			 uint64_t off, void *buf, size_t len)
+{
+	ssize_t n;
+
+	if (!S_ISREG(st->mode))
+		return -EINVAL;
+	if (off >= st->size)
+		return 0;
+	if (!st->nr_chunks)
+		return meta_read(ic->img->meta, st->nid, off, buf, len);
+	atomic_fetch_add(&ic->demand_inflight, 1);
+	n = read_chunked(ic, st, off, buf, len);
+	atomic_fetch_sub(&ic->demand_inflight, 1);
+	if (n > 0)
+		atomic_fetch_add(&ic->bytes_read, (uint64_t)n);
+	return n;
+}
+
+static void sleep_ms(unsigned int ms)
+{
+	struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000 };
+
+	nanosleep(&ts, NULL);
+}
+
+/*
+ * Let demand reads run first, and keep prefetch under the bandwidth limit;
+ * sleeps are short enough to notice *@stop within 100 ms.
+ */
+static void prefetch_pace(struct image_cache *ic, uint64_t step_bytes,
+			  const volatile bool *stop)
+{
+	unsigned int waited = 0;
+
+	while (atomic_load(&ic->demand_inflight) && waited < PREFETCH_YIELD_MAX_MS) {
+		sleep_ms(1);
+		waited++;
+	}
+	if (!ic->bwlimit)
+		return;
+	if (!ic->bw_start_ns)
+		ic->bw_start_ns = ferry_now_ns();
+	ic->bw_bytes += step_bytes;
+	while (!(stop && *stop)) {
+		uint64_t elapsed = ferry_now_ns() - ic->bw_start_ns;
+		uint64_t allowed = (uint64_t)((double)ic->bwlimit * (double)elapsed / 1e9);
+
+		if (ic->bw_bytes <= allowed)
+			break;
+		sleep_ms((unsigned int)MIN(100.0, (double)(ic->bw_bytes - allowed) * 1000.0 /
+					   (double)ic->bwlimit + 1));
+	}
+}
+
+void image_cache_set_bwlimit(struct image_cache *ic, uint64_t bytes_per_sec)
+{
+	ic->bwlimit = bytes_per_sec;
+}
+
+int image_cache_prefetch_file(struct image_cache *ic, const struct meta_stat *st,
+			      const volatile bool *stop)
+{
+	uint64_t pos, uoff = 0, step;
+	uint32_t index = 0;
+	int ret;
+
+	if (!S_ISREG(st->mode) || !st->nr_chunks)
+		return 0;
+	for (pos = 0; pos < st->size && !(stop && *stop); pos += step) {
+		step = MIN(st->size - pos, (uint64_t)st->chunk_size - pos % st->chunk_size);
+		step = MIN(step, (uint64_t)PREFETCH_STEP);
+		ret = locate(ic, st, pos, &index, &uoff);
+		if (ret < 0)
+			return ret;
+		if (ret)
+			continue;
+		prefetch_pace(ic, step, stop);
+		if (stop && *stop)
+			break;
+		ret = ensure(ic, index, uoff, step);
+		if (ret)
+			return ret;
+		atomic_fetch_add(&ic->prefetched, step);
+	}
+	return 0;
+}
+
+int image_cache_prefetch_blobs(struct image_cache *ic,
+			       struct ferry_progress *progress,
+			       const volatile bool *stop)
+{
+	uint32_t i;
+	uint64_t pos, step;
+	int ret;
+
+	for (i = 0; progress && i < ic->nr_blobs; i++)
+		progress->total += ic->img->blobs.blobs[i].uncompressed_size;
+	for (i = 0; i < ic->nr_blobs; i++) {
+		const struct blob_info *b = &ic->img->blobs.blobs[i];
+
+		for (pos = 0; pos < b->uncompressed_size && !(stop && *stop); pos += step) {
+			step = MIN(b->uncompressed_size - pos, (uint64_t)PREFETCH_STEP);
+			prefetch_pace(ic, step, stop);
+			if (stop && *stop)
+				break;
+			ret = ensure(ic, i, pos, step);
+			if (ret)
+				return ret;
+			atomic_fetch_add(&ic->prefetched, step);
+			if (progress)
+				ferry_progress_add(progress, step);
+		}
+	}
+	return 0;
+}
+
+void image_cache_get_stats(struct image_cache *ic, struct image_cache_stats *s)
+{
+	uint32_t i, chunks;
+	uint64_t bytes;
+
+	memset(s, 0, sizeof(*s));
+	s->bytes_read = atomic_load(&ic->bytes_read);
+	s->bytes_fetched = atomic_load(&ic->bytes_fetched);
+	s->bytes_prefetched = atomic_load(&ic->prefetched);
+	for (i = 0; i < ic->nr_blobs; i++) {
+		blob_cache_usage(ic->blobs[i], &chunks, &bytes);
+		s->chunks_present += chunks;
+		s->bytes_present += bytes;
+		s->chunks_total += ic->img->blobs.blobs[i].nr_chunks;
+	}
+}

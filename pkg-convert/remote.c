@@ -1,0 +1,200 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Images in registries (docker://HOST[:PORT]/REPO[:TAG|@DIGEST]): resolve
+ * a reference to one image manifest through pkg-fetch, stream layers, and
+ * push an image from an OCI layout.
+ */
+#include <fcntl.h>
+#include <json-c/json.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "../pkg-base/base.h"
+#include "../pkg-blob/blob.h"
+#include "../pkg-fetch/fetch.h"
+#include "internal.h"
+
+/* The document the reference named, kept so it is not fetched twice. */
+struct remote_loader {
+	struct registry *reg;
+	struct fetch_buf top;
+	uint8_t top_digest[32];
+};
+
+static int remote_load(void *ctx, const struct oci_descriptor *d,
+		       bool manifest, uint8_t **data, size_t *len)
+{
+	struct remote_loader *l = ctx;
+	struct fetch_buf body = { 0 };
+	char dstr[72], type[128];
+	uint8_t digest[32];
+	int ret;
+
+	fetch_format_digest(d->digest, dstr);
+	if (!manifest) {
+		ret = registry_get_blob(l->reg, d->digest, d->size, OCI_JSON_MAX,
+					&body);
+	} else if (l->top.data && !memcmp(d->digest, l->top_digest, 32)) {
+		body = l->top;
+		l->top = (struct fetch_buf){ 0 };
+		ret = 0;
+	} else {
+		/* By digest: pkg-fetch checks the bytes against it. */
+		ret = registry_get_manifest(l->reg, dstr, &body, type, sizeof(type),
+					    digest);
+	}
+	if (ret)
+		return ret;
+	if (body.len != d->size) {
+		ferry_err("%s: %s is %zu bytes, its descriptor says %llu",
+			  registry_name(l->reg), dstr, body.len,
+			  (unsigned long long)d->size);
+		fetch_buf_free(&body);
+		return -EFSCORRUPTED;
+	}
+	*data = body.data;
+	*len = body.len;
+	return 0;
+}
+
+int oci_remote_open(const char *ref, const char *platform,
+		    const struct fetch_opts *fopts, struct oci_image *img)
+{
+	struct remote_loader l = { 0 };
+	struct fetch_ref fref = { 0 };
+	struct oci_descriptor top = { 0 };
+	const char *reference;
+	int ret;
+
+	memset(img, 0, sizeof(*img));
+	ret = fetch_parse_ref(ref, &fref);
+	if (ret)
+		return ret;
+	ret = registry_open(&fref, fopts, FETCH_PULL, &img->remote);
+	if (ret)
+		goto out;
+	img->where = strdup(ref);
+	if (!img->where) {
+		ret = -ENOMEM;
+		goto out;
+	}
+	l.reg = img->remote;
+	reference = fref.digest ? fref.digest : fref.tag ? fref.tag : "latest";
+	ret = registry_get_manifest(l.reg, reference, &l.top, top.media_type,
+				    sizeof(top.media_type), l.top_digest);
+	if (ret)
+		goto out;
+	memcpy(top.digest, l.top_digest, 32);
+	top.size = l.top.len;
+	ret = oci_image_resolve(img, &top, platform,
+				&(struct oci_loader){ remote_load, &l });
+out:
+	fetch_buf_free(&l.top);
+	fetch_ref_free(&fref);
+	if (ret)
+		oci_image_free(img);
+	return ret;
+}
+
+/* ------------------------------------------------------------------ */
+/* Push                                                                */
+/* ------------------------------------------------------------------ */
+
+static int push_blob(struct registry *reg, const char *layout,
+		     const struct oci_descriptor *d)
+{
+	char *path = NULL, dstr[72];
+	struct stat st;
+	int fd = -1, ret;
+
+	ret = oci_blob_path(layout, d->digest, &path);
+	if (ret)
+		return ret;
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0 || fstat(fd, &st)) {
+		ret = -errno;
+		ferry_err("%s: %s", path, strerror(errno));
+		goto out;
+	}
+	if ((uint64_t)st.st_size != d->size) {
+		fetch_format_digest(d->digest, dstr);
+		ferry_err("%s: %llu bytes, but the manifest says %s has %llu", path,
+			  (unsigned long long)st.st_size, dstr,
+			  (unsigned long long)d->size);
+		ret = -EFSCORRUPTED;
+		goto out;
+	}
+	ret = registry_put_blob_fd(reg, fd, d->size, d->digest, NULL);
+	if (ret > 0)
+		ret = 0;
+out:
+	if (fd >= 0)
+		close(fd);
+	free(path);
+	return ret;
+}
+
+int oci_push(const char *layout, const uint8_t manifest_digest[32],
+	     uint64_t manifest_size, const char *dest,
+	     const struct fetch_opts *fopts, struct ferry_progress *progress)
+{
+	struct oci_image img = { 0 };
+	struct oci_descriptor top = { .size = manifest_size };
+	struct fetch_ref ref = { 0 };
+	struct registry *reg = NULL;
+	uint8_t *text = NULL;
+	size_t len = 0;
+	uint64_t total = 0;
+	uint32_t i;
+	int ret;
+
+	memcpy(top.digest, manifest_digest, 32);
+	snprintf(top.media_type, sizeof(top.media_type), "%s", OCI_MANIFEST_TYPE);
+	ret = fetch_parse_ref(dest, &ref);
+	if (ret)
+		return ret;
+	if (ref.digest) {
+		ferry_err("destination docker://%s: name a tag, not a digest (the "
+			  "converted image's digest is not known in advance)", dest);
+		ret = -EINVAL;
+		goto out;
+	}
+	img.where = strdup(layout);
+	img.layout = strdup(layout);
+	if (!img.where || !img.layout) {
+		ret = -ENOMEM;
+		goto out;
+	}
+	ret = oci_image_resolve(&img, &top, NULL,
+				&(struct oci_loader){ oci_layout_load, img.layout });
+	if (ret)
+		goto out;
+	ret = registry_open(&ref, fopts, FETCH_PUSH, &reg);
+	if (ret)
+		goto out;
+	for (i = 0; i < img.nr_layers; i++)
+		total += img.layers[i].size;
+	ferry_progress_begin(progress, "push", total);
+	for (i = 0; i < img.nr_layers && !ret; i++) {
+		ret = push_blob(reg, layout, &img.layers[i]);
+		ferry_progress_add(progress, img.layers[i].size);
+	}
+	ferry_progress_end(progress);
+	if (!ret)
+		ret = push_blob(reg, layout, &img.config);
+	if (ret)
+		goto out;
+	ret = oci_layout_load(img.layout, &top, true, &text, &len);
+	if (!ret)
+		ret = registry_put_manifest(reg, ref.tag ? ref.tag : "latest",
+					    OCI_MANIFEST_TYPE, text, len);
+out:
+	free(text);
+	if (reg)
+		registry_close(reg);
+	oci_image_free(&img);
+	fetch_ref_free(&ref);
+	return ret;
+}

@@ -1,0 +1,227 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * pkg-fetch: an OCI distribution client over libcurl — references,
+ * authentication (Basic, Bearer token, docker config files and credential
+ * helpers), manifests, whole / ranged / streamed blob reads, uploads and
+ * tag listing, with timeouts, retries and connection reuse.
+ *
+ * Knows nothing of ferry's formats: callers hand it digests and bytes.
+ *
+ * Errors: 0 (or a documented positive value) or a negative errno, each
+ * with a log line naming the registry, repository and object:
+ *   -ENOENT     the manifest, tag or blob does not exist (404)
+ *   -EACCES     authentication failed or was refused (401/403)
+ *   -EIO        bytes did not match their digest, or a malformed answer
+ *   -ETIMEDOUT  a request (with its retries) ran out of time
+ *   -ECONNREFUSED / -EHOSTUNREACH  the registry cannot be reached
+ *   -ERANGE     a range outside the blob (416)
+ *   -EPROTO     any other unexpected status or answer
+ * Secrets (passwords, tokens, Authorization headers) are never logged.
+ *
+ * Thread-safety: a struct registry may be used from several threads at
+ * once; its connection pool, token cache and redirect cache are locked
+ * inside. A struct fetch_stream belongs to one thread.
+ */
+#ifndef FERRY_FETCH_H
+#define FERRY_FETCH_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define FETCH_DIGEST_SIZE 32u        /* sha256 */
+#define FETCH_MANIFEST_MAX (4u << 20) /* larger manifests are refused */
+
+/* Media types this client asks for and understands. */
+#define FETCH_OCI_MANIFEST "application/vnd.oci.image.manifest.v1+json"
+#define FETCH_OCI_INDEX "application/vnd.oci.image.index.v1+json"
+#define FETCH_DOCKER_MANIFEST "application/vnd.docker.distribution.manifest.v2+json"
+#define FETCH_DOCKER_LIST "application/vnd.docker.distribution.manifest.list.v2+json"
+
+/* ------------------------------------------------------------------ */
+/* References                                                          */
+/* ------------------------------------------------------------------ */
+
+/*
+ * "HOST[:PORT]/REPO[:TAG|@sha256:HEX]" (the part after "docker://").
+ * HOST must contain a '.' or ':' or be "localhost" (no Docker Hub
+ * shorthand); REPO is lower-case path components [a-z0-9._-/]; TAG is
+ * [A-Za-z0-9_][A-Za-z0-9._-]{0,127}. Neither tag nor digest means "latest".
+ */
+struct fetch_ref {
+	char *host;   /* "host[:port]", as written */
+	char *repo;   /* "library/debian" */
+	char *tag;    /* NULL when a digest is given or nothing is */
+	char *digest; /* "sha256:<hex>" or NULL */
+};
+
+/* -EINVAL with a message naming @s and the offending part. */
+int fetch_parse_ref(const char *s, struct fetch_ref *out);
+void fetch_ref_free(struct fetch_ref *ref);
+/* "sha256:<64 lower-case hex>" → 32 bytes; -EINVAL otherwise. */
+int fetch_parse_digest(const char *s, uint8_t out[FETCH_DIGEST_SIZE]);
+/* 32 bytes → "sha256:<hex>" (@out holds at least 72 bytes). */
+void fetch_format_digest(const uint8_t d[FETCH_DIGEST_SIZE], char *out);
+
+/* ------------------------------------------------------------------ */
+/* Client options                                                      */
+/* ------------------------------------------------------------------ */
+
+struct fetch_opts {
+	/* "USER:PASS" for every registry, or NULL. */
+	const char *creds;
+	/* A docker config.json; NULL: $REGISTRY_AUTH_FILE, then
+	 * $DOCKER_CONFIG/config.json or ~/.docker/config.json. */
+	const char *authfile;
+	/* Verify TLS certificates (default true). When false, https is
+	 * tried without verification and plain http is used if the TLS
+	 * handshake fails. */
+	bool tls_verify;
+	const char *ca_file;   /* CA bundle (PEM) replacing libcurl's, or NULL */
+	/* NULL-terminated "host[:port]" list spoken to over plain http.
+	 * Loopback hosts (localhost, 127.0.0.0/8, [::1]) always are. A
+	 * registry that answers plain http with a 400 asking for https
+	 * fails (-EPROTO, saying so); https is not tried instead. */
+	const char *const *insecure;
+	/* NULL-terminated "host[:port]=URL" list: reads (manifests by
+	 * digest, blobs) for host go to URL first, e.g. a P2P distributor,
+	 * falling back to the registry itself when the mirror fails. */
+	const char *const *mirrors;
+	/* NULL-terminated "HOST:PORT:ADDRESS" list (like curl --resolve):
+	 * connections to HOST:PORT — the registry, its token server, blob
+	 * redirects — go to ADDRESS (IPv4, or IPv6 in brackets; several
+	 * comma-separated ones are tried in turn), while the URL, the Host
+	 * header, TLS server name and certificate verification still use
+	 * HOST. Checked by registry_open (see fetch_check_resolve). */
+	const char *const *resolve;
+	unsigned int connect_timeout_ms; /* 0 = 10 s */
+	/* A request fails when no byte moved for this long (0 = 30 s). */
+	unsigned int stall_timeout_ms;
+	/* Attempts per request on 429 / 5xx / connection errors / short
+	 * bodies (0 = 5), with exponential backoff (base 200 ms, cap 10 s)
+	 * and full jitter; Retry-After is honoured up to 60 s. */
+	unsigned int retries;
+	const char *user_agent; /* NULL = "ferry/<version>" */
+};
+
+/* Defaults as documented above (tls_verify true). */
+void fetch_opts_init(struct fetch_opts *opts);
+
+/*
+ * One resolve entry "HOST:PORT:ADDRESS[,ADDRESS...]": HOST a DNS name,
+ * PORT 1..65535, each ADDRESS an IPv4 literal or a bracketed IPv6 one.
+ * -EINVAL with a message naming the entry and what is wrong.
+ */
+int fetch_check_resolve(const char *entry);
+
+/* ------------------------------------------------------------------ */
+/* Registry client                                                     */
+/* ------------------------------------------------------------------ */
+
+struct registry;
+
+enum fetch_access {
+	FETCH_PULL = 1,
+	FETCH_PUSH = 2, /* pull and push */
+};
+
+/*
+ * A client for one repository of one registry. Does no I/O yet: the
+ * first request pings /v2/ and negotiates authentication (anonymous
+ * Bearer tokens included). @opts and its strings must outlive the client.
+ * HTTP(S) proxies come from the usual environment variables
+ * (https_proxy, http_proxy, no_proxy), as libcurl reads them.
+ */
+int registry_open(const struct fetch_ref *ref, const struct fetch_opts *opts,
+		  enum fetch_access access, struct registry **out);
+void registry_close(struct registry *r);
+/* "host/repo", for messages. */
+const char *registry_name(const struct registry *r);
+
+struct fetch_buf {
+	uint8_t *data; /* malloc'ed; NUL-terminated for convenience */
+	size_t len;
+};
+void fetch_buf_free(struct fetch_buf *b);
+
+/*
+ * GET a manifest or index by tag or "sha256:…" digest with the full
+ * Accept list. Fills @media_type (Content-Type, or the document's
+ * mediaType field when the registry sends a generic type) and the sha256
+ * of the bytes in @digest; a digest reference must match (-EIO).
+ */
+int registry_get_manifest(struct registry *r, const char *reference,
+			  struct fetch_buf *body, char *media_type,
+			  size_t media_type_len,
+			  uint8_t digest[FETCH_DIGEST_SIZE]);
+
+/* PUT a manifest under @reference (a tag, or its own digest). */
+int registry_put_manifest(struct registry *r, const char *reference,
+			  const char *media_type, const void *data, size_t len);
+
+/* Every tag (following Link pagination), malloc'ed, sorted. */
+int registry_list_tags(struct registry *r, char ***tags, size_t *nr_tags);
+void fetch_free_tags(char **tags, size_t nr_tags);
+
+/* HEAD a blob: 1 and its size when present, 0 when absent. */
+int registry_blob_exists(struct registry *r,
+			 const uint8_t digest[FETCH_DIGEST_SIZE],
+			 uint64_t *size);
+
+/*
+ * Read a whole blob of @size bytes into memory (at most @max bytes, else
+ * -EFBIG), verifying its digest.
+ */
+int registry_get_blob(struct registry *r,
+		      const uint8_t digest[FETCH_DIGEST_SIZE], uint64_t size,
+		      size_t max, struct fetch_buf *out);
+
+/*
+ * Read exactly @len bytes at @off of a blob into @buf: one Range request
+ * (a 206 answer; a 200 answer that ignores Range is read up to the range
+ * and the rest discarded; 416 is -ERANGE). The caller verifies the bytes
+ * (a partial read cannot be checked against the blob digest). Redirects
+ * are followed; a cached redirect that answers 401/403 is resolved again.
+ */
+int registry_get_range(struct registry *r,
+		       const uint8_t digest[FETCH_DIGEST_SIZE], uint64_t off,
+		       uint64_t len, void *buf);
+
+/*
+ * Stream a blob of @size bytes from the start: fetch_stream_read returns
+ * the next bytes (> 0), 0 at the end — only after the whole blob matched
+ * @digest and @size, -EIO otherwise — or a negative errno. A dropped
+ * connection is resumed with a Range request at the current offset.
+ * Nothing is staged on disk; memory stays bounded (libcurl's buffer).
+ */
+struct fetch_stream;
+int registry_open_stream(struct registry *r,
+			 const uint8_t digest[FETCH_DIGEST_SIZE], uint64_t size,
+			 struct fetch_stream **out);
+ssize_t fetch_stream_read(struct fetch_stream *s, void *buf, size_t len);
+void fetch_stream_close(struct fetch_stream *s);
+
+/*
+ * Upload the blob in file @fd (@size bytes from offset 0, with digest
+ * @digest) unless the registry has it: HEAD first, then a monolithic
+ * POST + PUT up to FETCH_MONOLITHIC_MAX bytes, else chunked PATCH uploads
+ * of FETCH_UPLOAD_CHUNK bytes. @mount_from (a repository of the same
+ * registry, or NULL) is tried first as a cross-repository mount.
+ * Returns 1 when the blob was already there or mounted, 0 when uploaded.
+ */
+#define FETCH_MONOLITHIC_MAX (32u << 20)
+#define FETCH_UPLOAD_CHUNK (16u << 20)
+int registry_put_blob_fd(struct registry *r, int fd, uint64_t size,
+			 const uint8_t digest[FETCH_DIGEST_SIZE],
+			 const char *mount_from);
+/* The same for bytes in memory. */
+int registry_put_blob(struct registry *r, const void *data, size_t len,
+		      const uint8_t digest[FETCH_DIGEST_SIZE]);
+
+/* Bytes moved by this client so far (bodies only), for statistics. */
+struct fetch_stats {
+	uint64_t requests, retries, bytes_down, bytes_up;
+};
+void registry_get_stats(struct registry *r, struct fetch_stats *out);
+
+#endif

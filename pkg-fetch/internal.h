@@ -1,0 +1,413 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * pkg-fetch internals shared by its source files, the unit tests and the
+ * fuzz target: the pure parsers of network and config input, the HTTP
+ * layer (curl plumbing, retries, handle pool) and the registry state.
+ *
+ *   ref.c       references and digests
+ *   parse.c     WWW-Authenticate, Content-Range, Link, Retry-After, base64
+ *   creds.c     docker config files and credential helpers
+ *   http.c      curl setup, handle pool, one request with retries
+ *   auth.c      the /v2/ ping, challenges, Basic and Bearer tokens
+ *   registry.c  client lifetime, manifests, tags, blob HEAD, redirects
+ *   stream.c    blob reads (streams, whole blobs, ranges) over curl multi
+ *   upload.c    blob and manifest uploads
+ */
+#ifndef FERRY_FETCH_INTERNAL_H
+#define FERRY_FETCH_INTERNAL_H
+
+#include <curl/curl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <sys/types.h>
+#include <time.h>
+
+#include "../pkg-base/base.h"
+#include "fetch.h"
+
+/* ------------------------------------------------------------------ */
+/* Pure parsers (no I/O): unit-tested and fuzzed                       */
+/* ------------------------------------------------------------------ */
+
+bool fetch_repo_valid(const char *s, size_t len);
+bool fetch_tag_valid(const char *s, size_t len);
+
+enum fetch_chal_scheme {
+	FETCH_CHAL_OTHER,
+	FETCH_CHAL_BASIC,
+	FETCH_CHAL_BEARER,
+};
+
+struct fetch_challenge {
+	enum fetch_chal_scheme scheme;
+	char realm[2048];
+	char service[512];
+	char scope[1024];
+	char error[64];
+};
+
+/*
+ * A WWW-Authenticate value: one or more comma-separated challenges, each
+ * a scheme and auth-params (quoted strings may hold commas and escapes)
+ * or a token68. Fills up to @max challenges and returns how many; junk
+ * after the first well-formed challenge is ignored. -EINVAL when there is
+ * none, or a known parameter is longer than its field.
+ */
+int fetch_parse_www_auth(const char *s, size_t len,
+			 struct fetch_challenge *out, int max);
+
+#define FETCH_RANGE_UNKNOWN UINT64_MAX
+
+/*
+ * "bytes FIRST-LAST/TOTAL", "bytes FIRST-LAST/<star>" or
+ * "bytes <star>/TOTAL" (<star> being '*': unknown parts are
+ * FETCH_RANGE_UNKNOWN); checks FIRST <= LAST < TOTAL.
+ */
+struct fetch_content_range {
+	uint64_t first, last, total;
+};
+int fetch_parse_content_range(const char *s, size_t len,
+			      struct fetch_content_range *out);
+
+/* An upload's "Range: 0-LAST" (optionally "bytes=0-LAST"). */
+int fetch_parse_upload_range(const char *s, size_t len, uint64_t *last);
+
+/*
+ * The target of the rel="next" link in a Link value ("<url>; rel=next",
+ * several links comma-separated): 1 and the URL (as written) in @url,
+ * 0 when there is none, -EINVAL when malformed or longer than @cap - 1.
+ */
+int fetch_parse_link_next(const char *s, size_t len, char *url, size_t cap);
+
+#define FETCH_RETRY_AFTER_MAX_MS 60000u
+
+/*
+ * Retry-After: delta-seconds or an IMF-fixdate (relative to @now); the
+ * delay in milliseconds, capped at FETCH_RETRY_AFTER_MAX_MS.
+ */
+int fetch_parse_retry_after(const char *s, size_t len, time_t now,
+			    unsigned int *ms);
+
+/* Standard base64 (padding optional) of at most 4 KiB; -EINVAL on junk,
+ * -ENOSPC when the result exceeds @cap bytes. */
+int fetch_base64_decode(const char *in, size_t len, uint8_t *out,
+			size_t cap, size_t *out_len);
+/* malloc'ed NUL-terminated base64 of @len (<= 1 MiB) bytes. */
+int fetch_base64_encode(const void *in, size_t len, char **out);
+
+/*
+ * A bearer token answer {"token"|"access_token", "expires_in",
+ * "issued_at"}: the token (malloc'ed, printable, no spaces) and its
+ * remaining lifetime in seconds at @now (expires_in, default 60, less
+ * the time since issued_at when that is plausible).
+ */
+int fetch_parse_token(const char *json, size_t len, time_t now,
+		      char **token, unsigned int *lifetime_s);
+
+/* Credentials: what a docker config or a helper yields. */
+enum fetch_creds_kind {
+	FETCH_CREDS_NONE,
+	FETCH_CREDS_BASIC,  /* user + secret (password) */
+	FETCH_CREDS_TOKEN,  /* secret is an OAuth2 refresh/identity token */
+	FETCH_CREDS_HELPER, /* run docker-credential-<helper> */
+};
+
+struct fetch_creds {
+	enum fetch_creds_kind kind;
+	char *user;
+	char *secret;
+	char *helper;
+};
+void fetch_creds_clear(struct fetch_creds *c);
+
+/* An "auths"/"credHelpers" key ("h:5000", "https://h:5000/v1/") names @host. */
+bool fetch_cfg_key_matches(const char *key, const char *host);
+/*
+ * Credentials for @host in a docker config.json: credHelpers[host], else
+ * auths[host] ("auth" base64 user:pass, "identitytoken", or
+ * "username"/"password"), else credsStore. kind NONE when nothing
+ * applies; -EINVAL when the JSON or an entry is malformed.
+ */
+int fetch_dockercfg_lookup(const char *json, size_t len, const char *host,
+			   struct fetch_creds *out);
+/* A helper's answer {"ServerURL","Username","Secret"}. */
+int fetch_helper_output_parse(const char *json, size_t len,
+			      struct fetch_creds *out);
+
+/* A JSON object (depth-limited, no trailing junk), or NULL. */
+struct json_object *fetch_json_parse(const char *text, size_t len);
+
+/* ------------------------------------------------------------------ */
+/* Credentials with I/O (creds.c)                                      */
+/* ------------------------------------------------------------------ */
+
+/* Run docker-credential-@suffix get for @server: -ENOENT when it has
+ * nothing (non-zero exit) or does not exist. */
+int fetch_run_cred_helper(const char *suffix, const char *server,
+			  struct fetch_creds *out);
+/* opts->creds, else the docker config chain (see fetch.h). */
+int fetch_load_creds(const struct fetch_opts *opts, const char *host,
+		     struct fetch_creds *out);
+
+/* ------------------------------------------------------------------ */
+/* Registry state                                                      */
+/* ------------------------------------------------------------------ */
+
+#define REG_POOL_MAX 8
+#define REG_MAXCONNECTS 32
+#define REG_TOKENS_MAX 8
+#define REG_REDIRECTS_MAX 256
+#define REG_REDIRECT_TTL_NS (600ull * 1000000000ull)
+
+enum reg_auth_kind {
+	REG_AUTH_NONE,
+	REG_AUTH_BASIC,
+	REG_AUTH_BEARER,
+};
+
+struct reg_token {
+	char *scope;       /* the scope list it was issued for */
+	char *line;        /* "Authorization: Bearer ..." */
+	uint64_t refresh_ns; /* CLOCK_MONOTONIC: fetch a new one after this */
+	uint64_t used_ns;  /* for replacing the least recently used */
+};
+
+struct reg_redirect {
+	uint8_t digest[FETCH_DIGEST_SIZE];
+	char *url;
+	uint64_t when_ns;
+};
+
+/* What a request needs from a token: pull (and push), plus pull on
+ * another repository for a cross-repository mount. */
+struct reg_scope {
+	bool push;
+	const char *mount_from;
+};
+
+struct registry {
+	char *host, *repo, *name;
+	const struct fetch_opts *opts;
+	enum fetch_access access;
+	char *mirror; /* mirror base URL (no trailing '/'), or NULL */
+	unsigned int connect_ms, stall_ms, attempts;
+	const char *user_agent;
+	bool tls_noverify;
+	struct curl_slist *resolve; /* opts->resolve for CURLOPT_RESOLVE */
+
+	/* Under auth_lock. base is final once pinged is set. */
+	pthread_mutex_t auth_lock;
+	bool pinged;
+	char *base; /* "https://host[:port]" */
+	const char *plain_why; /* why base is http://, for messages */
+	enum reg_auth_kind auth_kind;
+	char *realm, *service;
+	bool creds_loaded;
+	struct fetch_creds creds;
+	_Atomic bool creds_found; /* readable without auth_lock */
+	struct reg_token tokens[REG_TOKENS_MAX];
+
+	/* Under lock: the handle pool and the redirect cache. */
+	pthread_mutex_t lock;
+	CURL *pool[REG_POOL_MAX];
+	size_t nr_pool;
+	struct reg_redirect redirects[REG_REDIRECTS_MAX];
+
+	CURLSH *share;
+	pthread_mutex_t share_locks[CURL_LOCK_DATA_LAST];
+
+	_Atomic uint64_t st_requests, st_retries, st_down, st_up;
+	_Atomic uint64_t mirror_down_until_ns;
+};
+
+#define REG_MIRROR_BACKOFF_NS (30ull * 1000000000ull)
+
+/* The mirror exists and is not resting after a connection failure. */
+bool reg_mirror_usable(struct registry *r);
+/*
+ * The mirror failed @what: @why says how. An unreachable mirror
+ * (@unreachable) is left alone for a while; other failures (a blob it
+ * does not have) only concern this object.
+ */
+void reg_mirror_failed(struct registry *r, const char *what, const char *why,
+		       bool unreachable);
+
+/* Cached final URL of a redirected blob GET (malloc'ed copy), or NULL. */
+char *reg_redirect_get(struct registry *r, const uint8_t *digest);
+void reg_redirect_put(struct registry *r, const uint8_t *digest,
+		      const char *url);
+void reg_redirect_drop(struct registry *r, const uint8_t *digest);
+
+/* base + "/v2/" + repo + @suffix (printf-style), malloc'ed. */
+char *reg_url(struct registry *r, const char *base, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+/* ------------------------------------------------------------------ */
+/* HTTP layer (http.c)                                                 */
+/* ------------------------------------------------------------------ */
+
+struct http_hdr {
+	char *name;
+	char *value;
+};
+
+/* The final response of a request (after redirects). */
+struct http_resp {
+	long status;
+	struct http_hdr *hdrs; /* duplicates joined with ", " */
+	size_t nr_hdrs;
+	size_t hdr_bytes;
+	uint8_t *body;  /* NUL-terminated; error bodies are truncated */
+	size_t body_len, body_cap;
+	int64_t content_length; /* -1 when not sent */
+	long redirects;
+	char *effective_url;
+	CURLcode cc;
+	char errbuf[CURL_ERROR_SIZE]; /* libcurl's detail of cc, or "" */
+};
+
+void http_resp_reset(struct http_resp *resp);
+/* Append to resp->body (kept NUL-terminated). */
+int http_body_append(struct http_resp *resp, const void *p, size_t n);
+void http_resp_free(struct http_resp *resp);
+/* A response header (case-insensitive name), or NULL. */
+const char *http_header(const struct http_resp *resp, const char *name);
+
+struct http_req {
+	const char *what;   /* for messages: "manifest latest" */
+	const char *method; /* "GET", "HEAD", "POST", "PUT", "PATCH" */
+	const char *url;
+	const struct curl_slist *headers; /* extra request headers */
+	/* Attach the registry's Authorization (Basic or Bearer for
+	 * @scope), pinging /v2/ first; a 401 is answered once. */
+	bool registry_auth;
+	struct reg_scope scope;
+	const char *auth_line; /* or this exact "Authorization: ..." line */
+	bool follow;           /* follow redirects (GET / HEAD) */
+	bool once;             /* a single attempt: no retries */
+	/* Request body: @up_data, else @up_fd from @up_off; @up_len bytes. */
+	bool upload;
+	const void *up_data;
+	int up_fd;
+	uint64_t up_off, up_len;
+	/* A 2xx body larger than this fails with -EFBIG, or ends the
+	 * transfer successfully when @stop_at_max. */
+	size_t max_body;
+	bool stop_at_max;
+};
+
+int http_global_init(void);
+CURL *http_get_handle(struct registry *r);
+void http_put_handle(struct registry *r, CURL *h);
+
+/* Transfer state behind the curl callbacks of one request. */
+struct http_xfer {
+	struct registry *r;
+	const struct http_req *q;
+	struct http_resp *resp;
+	struct curl_slist *hdrs;
+	uint64_t up_pos;
+	bool stopped;  /* the sink ended the transfer on purpose */
+	int sink_err;  /* the sink failed: this error */
+	/* Stall detection: libcurl's low-speed check averages over a
+	 * window of seconds, so the progress callback watches too. */
+	bool paused;   /* the reader paused it: not a stall */
+	bool stalled;
+	uint64_t moved_ns;
+	uint64_t moved_bytes;
+};
+
+/* The transfer's result as the retry logic should see it: a deliberate
+ * stop is success, a stall is a timeout (x->resp->errbuf is cleared when
+ * the code changes). */
+CURLcode http_xfer_result(const struct http_xfer *x, CURLcode cc);
+
+/*
+ * Configure @h for @q (method, body, headers plus @auth_line, timeouts,
+ * TLS, redirects) with the response going to x->resp, bodies to
+ * @write_cb(@write_arg) (NULL: into resp->body). Frees nothing on error.
+ */
+int http_setup(struct registry *r, CURL *h, struct http_xfer *x,
+	       const char *auth_line, curl_write_callback write_cb,
+	       void *write_arg);
+/* After a transfer on @h: status, redirects, effective URL, length. */
+void http_collect(CURL *h, struct http_resp *resp);
+
+/* One attempt. 0 when an HTTP answer came (any status), else a negative
+ * errno (resp->cc says which transport error). */
+int http_once(struct registry *r, const struct http_req *q,
+	      const char *auth_line, struct http_resp *resp);
+/* With authentication and retries, as @q asks. */
+int http_do(struct registry *r, const struct http_req *q,
+	    struct http_resp *resp);
+
+/* A non-2xx status arrived and only its body was cut short. */
+bool http_error_status_answered(CURLcode cc, const struct http_resp *resp);
+/* Worth another attempt: transport failures, 408, 429, 5xx but 501/505. */
+bool http_retriable(int err, const struct http_resp *resp);
+/*
+ * Warn and sleep before retry @attempt (1-based) of @method (NULL when
+ * @what names the operation already) @what, which failed with @err /
+ * @resp, or as @why says when not NULL.
+ */
+void http_backoff(struct registry *r, const char *method, const char *what,
+		  unsigned int attempt, int err,
+		  const struct http_resp *resp, const char *why);
+/* What went wrong with a request, for a message: "HTTP 503", libcurl's
+ * detail of a transport error, a TLS certificate problem. */
+void http_describe(const struct http_resp *resp, int err, char *buf,
+		   size_t cap);
+/* negative errno for a transport failure. */
+int http_curl_error(CURLcode cc);
+/* The errno for an unexpected status, logged with the registry's
+ * error message: 404 -ENOENT, 401/403 -EACCES, 416 -ERANGE, ... */
+int http_status_error(struct registry *r, const char *what,
+		      const struct http_resp *resp);
+/* Log a transport failure of @what. */
+void http_log_failure(struct registry *r, const char *what, int err,
+		      const struct http_resp *resp);
+
+/* Resolve an upload/Link location against @base_url (absolute URLs are
+ * kept as given). */
+int http_resolve(const char *base_url, const char *loc, char **out);
+/* Same scheme, host and port. */
+bool http_same_origin(const char *a, const char *b);
+/* Percent-encode for a query value. */
+char *http_escape(const char *s);
+
+/* ------------------------------------------------------------------ */
+/* Authentication (auth.c)                                             */
+/* ------------------------------------------------------------------ */
+
+/* Ping /v2/ once per client: scheme and authentication method. */
+int auth_ping(struct registry *r);
+/* The Authorization header line for @sc (malloc'ed), or NULL for none;
+ * fetches or refreshes a bearer token as needed. */
+int auth_line(struct registry *r, const struct reg_scope *sc, char **line);
+/*
+ * A request sent with @used (may be NULL) got the 401 in @resp: learn
+ * the challenge, forget a rejected token. 0 when another attempt may
+ * succeed, -EACCES otherwise.
+ */
+int auth_rejected(struct registry *r, const struct reg_scope *sc,
+		  const struct http_resp *resp, const char *used);
+/* Wipe and free an Authorization line. */
+void auth_line_free(char *line);
+/* Whether credentials were found (for messages; takes no lock). */
+bool auth_have_creds(struct registry *r);
+void auth_release(struct registry *r);
+
+/* ------------------------------------------------------------------ */
+/* Blob reads (stream.c)                                               */
+/* ------------------------------------------------------------------ */
+
+/*
+ * A stream of @len bytes at @off of a blob of @size bytes
+ * (FETCH_RANGE_UNKNOWN when unknown); with @verify (whole blob only) the
+ * sha256 and size are checked at the end.
+ */
+int stream_open(struct registry *r, const uint8_t digest[FETCH_DIGEST_SIZE],
+		uint64_t size, uint64_t off, uint64_t len, bool verify,
+		struct fetch_stream **out);
+
+#endif

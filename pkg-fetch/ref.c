@@ -1,0 +1,316 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Image references and digests, validated by the grammar of the OCI
+ * distribution spec: a repository name is path components matching
+ * [a-z0-9]+((\.|_|__|-+)[a-z0-9]+)*, a tag [A-Za-z0-9_][A-Za-z0-9._-]{0,127}.
+ * The host is kept as written: it names the registry in URLs and in
+ * credential lookups. Also the client options checked without I/O.
+ */
+#include <arpa/inet.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../pkg-base/base.h"
+#include "internal.h"
+
+#define REF_HOST_MAX 255
+#define REF_REPO_MAX 255
+#define REF_TAG_MAX 128
+#define RESOLVE_MAX 1024
+
+static bool is_lower_alnum(char c)
+{
+	return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9');
+}
+
+static bool is_alnum(char c)
+{
+	return is_lower_alnum(c) || (c >= 'A' && c <= 'Z');
+}
+
+/* One path component of a repository name, @len bytes at @s. */
+static bool repo_component_valid(const char *s, size_t len)
+{
+	size_t i = 0;
+
+	if (!len || !is_lower_alnum(s[0]) || !is_lower_alnum(s[len - 1]))
+		return false;
+	while (i < len) {
+		size_t seps = 0;
+
+		while (i < len && is_lower_alnum(s[i]))
+			i++;
+		if (i == len)
+			return true;
+		/* A separator: '.', '_', '__' or any run of '-'. */
+		if (s[i] == '.') {
+			seps = 1;
+		} else if (s[i] == '_') {
+			seps = i + 1 < len && s[i + 1] == '_' ? 2 : 1;
+		} else if (s[i] == '-') {
+			while (i + seps < len && s[i + seps] == '-')
+				seps++;
+		} else {
+			return false;
+		}
+		i += seps;
+		if (i >= len || !is_lower_alnum(s[i]))
+			return false;
+	}
+	return true;
+}
+
+bool fetch_repo_valid(const char *s, size_t len)
+{
+	size_t start = 0, i;
+
+	if (!len || len > REF_REPO_MAX)
+		return false;
+	for (i = 0; i <= len; i++) {
+		if (i < len && s[i] != '/')
+			continue;
+		if (!repo_component_valid(s + start, i - start))
+			return false;
+		start = i + 1;
+	}
+	return true;
+}
+
+bool fetch_tag_valid(const char *s, size_t len)
+{
+	size_t i;
+
+	if (!len || len > REF_TAG_MAX || !(is_alnum(s[0]) || s[0] == '_'))
+		return false;
+	for (i = 1; i < len; i++)
+		if (!is_alnum(s[i]) && s[i] != '_' && s[i] != '.' && s[i] != '-')
+			return false;
+	return true;
+}
+
+/*
+ * "name[:port]" or "[v6addr][:port]". A DNS name is labels of letters,
+ * digits and '-'; the registry must be recognisable as a host (a '.', a
+ * port, an IPv6 literal, or "localhost") because there is no default
+ * registry to fall back to.
+ */
+static bool host_valid(const char *s, size_t len)
+{
+	size_t i = 0, name_end;
+	bool dot = false, port = false;
+
+	if (!len || len > REF_HOST_MAX)
+		return false;
+	if (s[0] == '[') {
+		for (i = 1; i < len && s[i] != ']'; i++)
+			if (!(is_alnum(s[i]) || s[i] == ':' || s[i] == '.'))
+				return false;
+		if (i >= len || i == 1)
+			return false;
+		name_end = ++i;
+		dot = true;
+	} else {
+		for (; i < len && s[i] != ':'; i++) {
+			if (s[i] == '.') {
+				if (i == 0 || s[i - 1] == '.' || s[i - 1] == '-')
+					return false;
+				dot = true;
+			} else if (s[i] == '-') {
+				if (i == 0 || s[i - 1] == '.')
+					return false;
+			} else if (!is_alnum(s[i])) {
+				return false;
+			}
+		}
+		name_end = i;
+		if (!name_end || s[name_end - 1] == '.' || s[name_end - 1] == '-')
+			return false;
+	}
+	if (i < len) {
+		unsigned long portnum = 0;
+
+		if (s[i] != ':' || i + 1 == len || len - i - 1 > 5)
+			return false;
+		for (i++; i < len; i++) {
+			if (s[i] < '0' || s[i] > '9')
+				return false;
+			portnum = portnum * 10 + (unsigned long)(s[i] - '0');
+		}
+		if (!portnum || portnum > 65535)
+			return false;
+		port = true;
+	}
+	return dot || port ||
+	       (name_end == 9 && !strncmp(s, "localhost", 9));
+}
+
+int fetch_parse_digest(const char *s, uint8_t out[FETCH_DIGEST_SIZE])
+{
+	size_t i;
+
+	if (!s || strncmp(s, "sha256:", 7) || strlen(s) != 7 + 2 * FETCH_DIGEST_SIZE)
+		return -EINVAL;
+	for (i = 7; s[i]; i++)
+		if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f')))
+			return -EINVAL;
+	return hex_decode(s + 7, out, FETCH_DIGEST_SIZE);
+}
+
+void fetch_format_digest(const uint8_t d[FETCH_DIGEST_SIZE], char *out)
+{
+	memcpy(out, "sha256:", 7);
+	hex_encode(d, FETCH_DIGEST_SIZE, out + 7);
+}
+
+void fetch_ref_free(struct fetch_ref *ref)
+{
+	if (!ref)
+		return;
+	free(ref->host);
+	free(ref->repo);
+	free(ref->tag);
+	free(ref->digest);
+	memset(ref, 0, sizeof(*ref));
+}
+
+static int ref_invalid(const char *s, const char *why)
+{
+	ferry_err("invalid image reference \"%.300s\": %s", s, why);
+	return -EINVAL;
+}
+
+int fetch_parse_ref(const char *s, struct fetch_ref *out)
+{
+	const char *slash, *at, *rest, *colon, *repo_end;
+	struct fetch_ref ref = { 0 };
+	uint8_t d[FETCH_DIGEST_SIZE];
+	size_t len;
+
+	memset(out, 0, sizeof(*out));
+	if (!s)
+		return -EINVAL;
+	if (!strncmp(s, "docker://", 9))
+		s += 9;
+	len = strlen(s);
+	if (len > REF_HOST_MAX + REF_REPO_MAX + REF_TAG_MAX + 80)
+		return ref_invalid(s, "too long");
+	slash = strchr(s, '/');
+	if (!slash)
+		return ref_invalid(s, "expected HOST[:PORT]/REPO");
+	if (!host_valid(s, (size_t)(slash - s)))
+		return ref_invalid(s, "bad registry host (it must contain '.' "
+				   "or ':' or be \"localhost\")");
+	rest = slash + 1;
+	at = strchr(rest, '@');
+	repo_end = at ? at : s + len;
+	/* A tag follows the last ':' after the last '/' of the name. */
+	colon = memrchr(rest, ':', (size_t)(repo_end - rest));
+	if (colon && memchr(colon, '/', (size_t)(repo_end - colon)))
+		colon = NULL;
+	if (at) {
+		if (fetch_parse_digest(at + 1, d))
+			return ref_invalid(s, "digest is not sha256:<64 hex>");
+		if (colon && !fetch_tag_valid(colon + 1,
+					      (size_t)(at - colon - 1)))
+			return ref_invalid(s, "bad tag");
+	} else if (colon && !fetch_tag_valid(colon + 1,
+					     (size_t)(repo_end - colon - 1))) {
+		return ref_invalid(s, "bad tag");
+	}
+	if (colon)
+		repo_end = colon;
+	if (!fetch_repo_valid(rest, (size_t)(repo_end - rest)))
+		return ref_invalid(s, "bad repository name (lower-case "
+				   "[a-z0-9] components joined by '.', '_', "
+				   "'__' or '-', separated by '/')");
+	ref.host = strndup(s, (size_t)(slash - s));
+	ref.repo = strndup(rest, (size_t)(repo_end - rest));
+	if (at)
+		ref.digest = strdup(at + 1);
+	else if (colon)
+		ref.tag = strdup(colon + 1);
+	if (!ref.host || !ref.repo || (at && !ref.digest) ||
+	    (!at && colon && !ref.tag)) {
+		fetch_ref_free(&ref);
+		return -ENOMEM;
+	}
+	*out = ref;
+	return 0;
+}
+
+void fetch_opts_init(struct fetch_opts *opts)
+{
+	memset(opts, 0, sizeof(*opts));
+	opts->tls_verify = true;
+}
+
+static int resolve_invalid(const char *s, const char *why)
+{
+	ferry_err("invalid resolve entry \"%.300s\": %s (expected "
+		  "HOST:PORT:ADDRESS)", s, why);
+	return -EINVAL;
+}
+
+/* One ADDRESS of a resolve entry: @len bytes at @s. */
+static bool resolve_addr_valid(const char *s, size_t len)
+{
+	char buf[INET6_ADDRSTRLEN + 2];
+	uint8_t bin[16];
+
+	if (!len || len >= sizeof(buf))
+		return false;
+	if (s[0] == '[') {
+		if (len < 3 || s[len - 1] != ']')
+			return false;
+		memcpy(buf, s + 1, len - 2);
+		buf[len - 2] = '\0';
+		return inet_pton(AF_INET6, buf, bin) == 1;
+	}
+	memcpy(buf, s, len);
+	buf[len] = '\0';
+	return inet_pton(AF_INET, buf, bin) == 1;
+}
+
+int fetch_check_resolve(const char *s)
+{
+	const char *c1, *c2, *p, *a;
+	size_t i, n = strlen(s);
+	unsigned long port = 0;
+
+	if (n > RESOLVE_MAX)
+		return resolve_invalid(s, "too long");
+	c1 = strchr(s, ':');
+	if (!c1)
+		return resolve_invalid(s, "no PORT");
+	if (c1 == s)
+		return resolve_invalid(s, "no HOST");
+	/* A DNS name: curl's "+" (timeout) and "-" (removal) prefixes,
+	 * wildcards and IP literals have no use here. */
+	if (s[0] == '-' || s[0] == '.' || c1[-1] == '.')
+		return resolve_invalid(s, "bad HOST");
+	for (p = s; p < c1; p++)
+		if (!is_alnum(*p) && *p != '-' && *p != '.' && *p != '_')
+			return resolve_invalid(s, "bad HOST (a DNS name)");
+	c2 = strchr(c1 + 1, ':');
+	if (!c2)
+		return resolve_invalid(s, "no ADDRESS");
+	for (p = c1 + 1, i = 0; p < c2; p++, i++) {
+		if (*p < '0' || *p > '9' || i >= 5)
+			return resolve_invalid(s, "bad PORT");
+		port = port * 10 + (unsigned long)(*p - '0');
+	}
+	if (port < 1 || port > 65535)
+		return resolve_invalid(s, "PORT must be 1..65535");
+	for (a = c2 + 1;; a = p + 1) {
+		p = strchr(a, ',');
+		if (!p)
+			p = s + n;
+		if (!resolve_addr_valid(a, (size_t)(p - a)))
+			return resolve_invalid(s, "bad ADDRESS (an IPv4 "
+					       "address or [IPv6])");
+		if (!*p)
+			break;
+	}
+	return 0;
+}

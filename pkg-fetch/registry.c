@@ -1,0 +1,924 @@
+// SPDX-License-Identifier: MIT
+/*
+ * The registry client: lifetime (scheme, mirror, connection sharing),
+ * manifests and tags, blob HEAD, the cache of blob redirects, statistics.
+ * Blob bodies are read in stream.c and written in upload.c.
+ */
+#include <json-c/json.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <strings.h>
+
+#include "../pkg-base/base.h"
+#include "../pkg-blob/blob.h"
+#include "internal.h"
+
+#define DEFAULT_CONNECT_MS 10000u
+#define DEFAULT_STALL_MS 30000u
+#define DEFAULT_ATTEMPTS 5u
+#define TAGS_PAGE_MAX (4u << 20)
+#define TAGS_PAGES_MAX 10000u
+#define TAGS_MAX 1000000u
+/* Page size to ask for; 0 lets the registry choose (tests set it). */
+#ifndef TAGS_PAGE_N
+#define TAGS_PAGE_N 0u
+#endif
+
+static const char manifest_accept[] =
+	"Accept: " FETCH_OCI_MANIFEST ", " FETCH_OCI_INDEX ", "
+	FETCH_DOCKER_MANIFEST ", " FETCH_DOCKER_LIST ", */*;q=0.1";
+
+/* ------------------------------------------------------------------ */
+/* Lifetime                                                            */
+/* ------------------------------------------------------------------ */
+
+static void share_lock(CURL *h, curl_lock_data data, curl_lock_access acc,
+		       void *arg)
+{
+	struct registry *r = arg;
+
+	(void)h;
+	(void)acc;
+	if ((unsigned)data < CURL_LOCK_DATA_LAST)
+		pthread_mutex_lock(&r->share_locks[data]);
+}
+
+static void share_unlock(CURL *h, curl_lock_data data, void *arg)
+{
+	struct registry *r = arg;
+
+	(void)h;
+	if ((unsigned)data < CURL_LOCK_DATA_LAST)
+		pthread_mutex_unlock(&r->share_locks[data]);
+}
+
+/* "host" of "host[:port]" / "[v6]:port", for the loopback test. */
+static size_t hostname_len(const char *host)
+{
+	const char *p;
+
+	if (host[0] == '[') {
+		p = strchr(host, ']');
+		return p ? (size_t)(p - host + 1) : strlen(host);
+	}
+	p = strrchr(host, ':');
+	return p ? (size_t)(p - host) : strlen(host);
+}
+
+static bool is_loopback(const char *host)
+{
+	size_t n = hostname_len(host), i;
+
+	if ((n == 9 && !strncasecmp(host, "localhost", 9)) ||
+	    (n == 5 && !strncmp(host, "[::1]", 5)))
+		return true;
+	if (n < 5 || strncmp(host, "127.", 4))
+		return false;
+	for (i = 4; i < n; i++)
+		if (!(host[i] == '.' || (host[i] >= '0' && host[i] <= '9')))
+			return false;
+	return true;
+}
+
+/* An entry "host[:port]" names @host; without a port, any port. */
+static bool host_entry_matches(const char *entry, size_t elen,
+			       const char *host)
+{
+	if (strlen(host) == elen && !strncasecmp(entry, host, elen))
+		return true;
+	return memchr(entry, ':', elen) == NULL && entry[0] != '[' &&
+	       hostname_len(host) == elen && !strncasecmp(entry, host, elen);
+}
+
+static bool is_insecure(const struct fetch_opts *opts, const char *host)
+{
+	const char *const *p;
+
+	for (p = opts->insecure; p && *p; p++)
+		if (host_entry_matches(*p, strlen(*p), host))
+			return true;
+	return false;
+}
+
+static int find_mirror(struct registry *r)
+{
+	const char *const *p;
+
+	for (p = r->opts->mirrors; p && *p; p++) {
+		const char *eq = strchr(*p, '=');
+		size_t n;
+
+		if (!eq || !host_entry_matches(*p, (size_t)(eq - *p), r->host))
+			continue;
+		eq++;
+		if (strncasecmp(eq, "http://", 7) && strncasecmp(eq, "https://", 8)) {
+			ferry_err("mirror \"%s\": the URL must start with "
+				  "http:// or https://", *p);
+			return -EINVAL;
+		}
+		n = strlen(eq);
+		while (n && eq[n - 1] == '/')
+			n--;
+		r->mirror = strndup(eq, n);
+		return r->mirror ? 0 : -ENOMEM;
+	}
+	return 0;
+}
+
+/* The checked resolve list, once per client (every handle sets it). */
+static int load_resolve(struct registry *r)
+{
+	const char *const *p;
+	int err;
+
+	for (p = r->opts->resolve; p && *p; p++) {
+		struct curl_slist *l;
+
+		err = fetch_check_resolve(*p);
+		if (err)
+			return err;
+		l = curl_slist_append(r->resolve, *p);
+		if (!l)
+			return -ENOMEM;
+		r->resolve = l;
+	}
+	return 0;
+}
+
+int registry_open(const struct fetch_ref *ref, const struct fetch_opts *opts,
+		  enum fetch_access access, struct registry **out)
+{
+	struct registry *r;
+	bool plain;
+	int err, i;
+
+	*out = NULL;
+	if (!ref->host || !ref->repo || !fetch_repo_valid(ref->repo, strlen(ref->repo)))
+		return -EINVAL;
+	err = http_global_init();
+	if (err)
+		return err;
+	r = calloc(1, sizeof(*r));
+	if (!r)
+		return -ENOMEM;
+	pthread_mutex_init(&r->auth_lock, NULL);
+	pthread_mutex_init(&r->lock, NULL);
+	for (i = 0; i < CURL_LOCK_DATA_LAST; i++)
+		pthread_mutex_init(&r->share_locks[i], NULL);
+	r->opts = opts;
+	r->access = access;
+	r->connect_ms = opts->connect_timeout_ms ? opts->connect_timeout_ms :
+						   DEFAULT_CONNECT_MS;
+	r->stall_ms = opts->stall_timeout_ms ? opts->stall_timeout_ms :
+					       DEFAULT_STALL_MS;
+	r->attempts = opts->retries ? opts->retries : DEFAULT_ATTEMPTS;
+	r->user_agent = opts->user_agent ? opts->user_agent :
+					   "ferry/" FERRY_VERSION;
+	r->tls_noverify = !opts->tls_verify;
+	err = -ENOMEM;
+	r->host = strdup(ref->host);
+	r->repo = strdup(ref->repo);
+	if (!r->host || !r->repo ||
+	    asprintf(&r->name, "%s/%s", ref->host, ref->repo) < 0)
+		goto fail;
+	plain = true;
+	if (is_loopback(r->host))
+		r->plain_why = "loopback registries always are";
+	else if (is_insecure(opts, r->host))
+		r->plain_why = "the registry is listed as insecure";
+	else
+		plain = false;
+	if (asprintf(&r->base, "%s://%s", plain ? "http" : "https", r->host) < 0)
+		goto fail;
+	err = find_mirror(r);
+	if (!err)
+		err = load_resolve(r);
+	if (err)
+		goto fail;
+	err = -ENOMEM;
+	r->share = curl_share_init();
+	if (!r->share ||
+	    curl_share_setopt(r->share, CURLSHOPT_LOCKFUNC, share_lock) ||
+	    curl_share_setopt(r->share, CURLSHOPT_UNLOCKFUNC, share_unlock) ||
+	    curl_share_setopt(r->share, CURLSHOPT_USERDATA, r) ||
+	    curl_share_setopt(r->share, CURLSHOPT_SHARE, CURL_LOCK_DATA_CONNECT) ||
+	    curl_share_setopt(r->share, CURLSHOPT_SHARE, CURL_LOCK_DATA_DNS) ||
+	    curl_share_setopt(r->share, CURLSHOPT_SHARE,
+			      CURL_LOCK_DATA_SSL_SESSION))
+		goto fail;
+	*out = r;
+	return 0;
+fail:
+	if (err == -ENOMEM)
+		ferry_err("%s: cannot set up the registry client: %s",
+			  ref->host, ferry_strerror(err));
+	registry_close(r);
+	return err;
+}
+
+void registry_close(struct registry *r)
+{
+	size_t i;
+
+	if (!r)
+		return;
+	for (i = 0; i < r->nr_pool; i++)
+		curl_easy_cleanup(r->pool[i]);
+	if (r->share)
+		curl_share_cleanup(r->share);
+	for (i = 0; i < REG_REDIRECTS_MAX; i++)
+		free(r->redirects[i].url);
+	auth_release(r);
+	for (i = 0; i < CURL_LOCK_DATA_LAST; i++)
+		pthread_mutex_destroy(&r->share_locks[i]);
+	pthread_mutex_destroy(&r->lock);
+	pthread_mutex_destroy(&r->auth_lock);
+	curl_slist_free_all(r->resolve);
+	free(r->mirror);
+	free(r->host);
+	free(r->repo);
+	free(r->name);
+	free(r);
+}
+
+const char *registry_name(const struct registry *r)
+{
+	return r->name;
+}
+
+void registry_get_stats(struct registry *r, struct fetch_stats *out)
+{
+	out->requests = atomic_load(&r->st_requests);
+	out->retries = atomic_load(&r->st_retries);
+	out->bytes_down = atomic_load(&r->st_down);
+	out->bytes_up = atomic_load(&r->st_up);
+}
+
+void fetch_buf_free(struct fetch_buf *b)
+{
+	if (!b)
+		return;
+	free(b->data);
+	b->data = NULL;
+	b->len = 0;
+}
+
+char *reg_url(struct registry *r, const char *base, const char *fmt, ...)
+{
+	char *tail = NULL, *url = NULL;
+	va_list ap;
+	int n;
+
+	va_start(ap, fmt);
+	n = vasprintf(&tail, fmt, ap);
+	va_end(ap);
+	if (n < 0)
+		return NULL;
+	if (asprintf(&url, "%s/v2/%s%s", base, r->repo, tail) < 0)
+		url = NULL;
+	free(tail);
+	return url;
+}
+
+/* ------------------------------------------------------------------ */
+/* Mirror                                                              */
+/* ------------------------------------------------------------------ */
+
+bool reg_mirror_usable(struct registry *r)
+{
+	return r->mirror &&
+	       ferry_now_ns() >= atomic_load(&r->mirror_down_until_ns);
+}
+
+void reg_mirror_failed(struct registry *r, const char *what, const char *why,
+		       bool unreachable)
+{
+	if (unreachable) {
+		atomic_store(&r->mirror_down_until_ns,
+			     ferry_now_ns() + REG_MIRROR_BACKOFF_NS);
+		ferry_warn("%s: mirror %s failed for %s (%s); using the "
+			   "registry for %llu s", r->name, r->mirror, what, why,
+			   REG_MIRROR_BACKOFF_NS / 1000000000ull);
+	} else {
+		ferry_dbg("%s: mirror %s: %s for %s; using the registry",
+			  r->name, r->mirror, why, what);
+	}
+}
+
+/* ------------------------------------------------------------------ */
+/* Redirect cache                                                      */
+/* ------------------------------------------------------------------ */
+
+char *reg_redirect_get(struct registry *r, const uint8_t *digest)
+{
+	uint64_t now = ferry_now_ns();
+	char *url = NULL;
+	size_t i;
+
+	pthread_mutex_lock(&r->lock);
+	for (i = 0; i < REG_REDIRECTS_MAX; i++) {
+		struct reg_redirect *e = &r->redirects[i];
+
+		if (!e->url || memcmp(e->digest, digest, FETCH_DIGEST_SIZE))
+			continue;
+		/* Signed URLs expire; re-resolve now and then anyway. */
+		if (now - e->when_ns > REG_REDIRECT_TTL_NS) {
+			free(e->url);
+			e->url = NULL;
+		} else {
+			url = strdup(e->url);
+		}
+		break;
+	}
+	pthread_mutex_unlock(&r->lock);
+	return url;
+}
+
+void reg_redirect_put(struct registry *r, const uint8_t *digest,
+		      const char *url)
+{
+	struct reg_redirect *slot = NULL;
+	char *copy = strdup(url);
+	size_t i;
+
+	if (!copy)
+		return;
+	pthread_mutex_lock(&r->lock);
+	for (i = 0; i < REG_REDIRECTS_MAX; i++) {
+		struct reg_redirect *e = &r->redirects[i];
+
+		if (e->url && !memcmp(e->digest, digest, FETCH_DIGEST_SIZE)) {
+			slot = e;
+			break;
+		}
+		if (!slot || (slot->url && (!e->url || e->when_ns < slot->when_ns)))
+			slot = e;
+	}
+	free(slot->url);
+	memcpy(slot->digest, digest, FETCH_DIGEST_SIZE);
+	slot->url = copy;
+	slot->when_ns = ferry_now_ns();
+	pthread_mutex_unlock(&r->lock);
+}
+
+void reg_redirect_drop(struct registry *r, const uint8_t *digest)
+{
+	size_t i;
+
+	pthread_mutex_lock(&r->lock);
+	for (i = 0; i < REG_REDIRECTS_MAX; i++) {
+		struct reg_redirect *e = &r->redirects[i];
+
+		if (e->url && !memcmp(e->digest, digest, FETCH_DIGEST_SIZE)) {
+			free(e->url);
+			e->url = NULL;
+		}
+	}
+	pthread_mutex_unlock(&r->lock);
+}
+
+/* ------------------------------------------------------------------ */
+/* Manifests                                                           */
+/* ------------------------------------------------------------------ */
+
+static bool generic_type(const char *t)
+{
+	return !*t || !strcmp(t, "application/json") ||
+	       !strcmp(t, "text/plain") ||
+	       !strcmp(t, "application/octet-stream") ||
+	       !strcmp(t, "binary/octet-stream");
+}
+
+/*
+ * The manifest's media type: Content-Type without parameters, checked
+ * against the document's mediaType; the document decides (or its shape)
+ * when the registry sends a generic type.
+ */
+static int manifest_type(struct registry *r, const char *what,
+			 const struct http_resp *resp, char *out, size_t cap)
+{
+	const char *ct = http_header(resp, "Content-Type"), *doc = NULL;
+	struct json_object *root, *v;
+	char type[256];
+	size_t n = 0;
+	int err = 0;
+
+	if (ct) {
+		n = strcspn(ct, ";");
+		while (n && (ct[n - 1] == ' ' || ct[n - 1] == '\t'))
+			n--;
+		if (n >= sizeof(type))
+			n = 0;
+		memcpy(type, ct, n);
+	}
+	type[n] = '\0';
+	root = fetch_json_parse((const char *)resp->body, resp->body_len);
+	if (!root) {
+		ferry_err("%s: %s: not a JSON object", r->name, what);
+		return -EIO;
+	}
+	if (json_object_object_get_ex(root, "mediaType", &v) &&
+	    json_object_is_type(v, json_type_string))
+		doc = json_object_get_string(v);
+	if (doc && *doc && !generic_type(type) && strcasecmp(doc, type)) {
+		ferry_err("%s: %s: Content-Type %s but the document says %.200s",
+			  r->name, what, type, doc);
+		err = -EIO;
+	} else if (generic_type(type)) {
+		if (doc && *doc)
+			snprintf(type, sizeof(type), "%s", doc);
+		else if (json_object_object_get_ex(root, "manifests", NULL))
+			snprintf(type, sizeof(type), "%s", FETCH_OCI_INDEX);
+		else
+			snprintf(type, sizeof(type), "%s", FETCH_OCI_MANIFEST);
+	}
+	json_object_put(root);
+	if (err)
+		return err;
+	if (strlen(type) >= cap) {
+		ferry_err("%s: %s: media type too long", r->name, what);
+		return -EIO;
+	}
+	memcpy(out, type, strlen(type) + 1);
+	return 0;
+}
+
+/* GET the manifest at @url (the registry or a mirror). */
+static int manifest_get(struct registry *r, const char *url, bool mirror,
+			const char *what, struct http_resp *resp)
+{
+	struct curl_slist accept = { (char *)manifest_accept, NULL };
+	struct http_req q = {
+		.what = what,
+		.method = "GET",
+		.url = url,
+		.headers = &accept,
+		.registry_auth = !mirror,
+		.scope = { .push = r->access == FETCH_PUSH },
+		.follow = true,
+		.once = mirror,
+		.max_body = FETCH_MANIFEST_MAX,
+	};
+
+	return http_do(r, &q, resp);
+}
+
+/* A Docker-Content-Digest header, when the registry sends one, must be @digest. */
+static int check_content_digest(struct registry *r, const char *what,
+				const struct http_resp *resp,
+				const uint8_t digest[FETCH_DIGEST_SIZE],
+				const char *complaint)
+{
+	const char *hdr = http_header(resp, "Docker-Content-Digest");
+	uint8_t claimed[FETCH_DIGEST_SIZE];
+
+	if (!hdr || strncmp(hdr, "sha256:", 7))
+		return 0;
+	if (!fetch_parse_digest(hdr, claimed) &&
+	    !memcmp(claimed, digest, FETCH_DIGEST_SIZE))
+		return 0;
+	ferry_err("%s: %s: Docker-Content-Digest %.80s %s", r->name, what, hdr,
+		  complaint);
+	return -EIO;
+}
+
+int registry_get_manifest(struct registry *r, const char *reference,
+			  struct fetch_buf *body, char *media_type,
+			  size_t media_type_len,
+			  uint8_t digest[FETCH_DIGEST_SIZE])
+{
+	struct http_resp resp = { 0 };
+	uint8_t want[FETCH_DIGEST_SIZE];
+	char what[300], *url = NULL;
+	bool by_digest = !fetch_parse_digest(reference, want);
+	int err;
+
+	memset(body, 0, sizeof(*body));
+	if (!by_digest && !fetch_tag_valid(reference, strlen(reference))) {
+		ferry_err("%s: invalid tag or digest \"%.200s\"", r->name,
+			  reference);
+		return -EINVAL;
+	}
+	snprintf(what, sizeof(what), "manifest %s", reference);
+	if (by_digest && reg_mirror_usable(r)) {
+		char why[320];
+
+		url = reg_url(r, r->mirror, "/manifests/%s", reference);
+		if (!url)
+			return -ENOMEM;
+		err = manifest_get(r, url, true, what, &resp);
+		if (!err && resp.status == 200) {
+			blob_sha256(resp.body, resp.body_len, digest);
+			if (!memcmp(digest, want, FETCH_DIGEST_SIZE))
+				goto got;
+			snprintf(why, sizeof(why), "wrong bytes");
+		} else {
+			http_describe(&resp, err, why, sizeof(why));
+		}
+		reg_mirror_failed(r, what, why, err && err != -EFBIG);
+		free(url);
+		url = NULL;
+	}
+	err = auth_ping(r);
+	if (err)
+		goto out;
+	url = reg_url(r, r->base, "/manifests/%s", reference);
+	if (!url) {
+		err = -ENOMEM;
+		goto out;
+	}
+	err = manifest_get(r, url, false, what, &resp);
+	if (err) {
+		if (err != -EFBIG)
+			http_log_failure(r, what, err, &resp);
+		goto out;
+	}
+	if (resp.status != 200) {
+		err = http_status_error(r, what, &resp);
+		goto out;
+	}
+	blob_sha256(resp.body, resp.body_len, digest);
+	if (by_digest && memcmp(digest, want, FETCH_DIGEST_SIZE)) {
+		ferry_err("%s: %s: the bytes do not match the digest", r->name,
+			  what);
+		err = -EIO;
+		goto out;
+	}
+	err = check_content_digest(r, what, &resp, digest,
+				   "does not match the bytes");
+	if (err)
+		goto out;
+got:
+	err = manifest_type(r, what, &resp, media_type, media_type_len);
+	if (err)
+		goto out;
+	if (!resp.body) {
+		/* An empty body still hands out a NUL-terminated buffer. */
+		resp.body = calloc(1, 1);
+		if (!resp.body) {
+			err = -ENOMEM;
+			goto out;
+		}
+	}
+	body->data = resp.body;
+	body->len = resp.body_len;
+	resp.body = NULL;
+	resp.body_cap = 0;
+out:
+	free(url);
+	http_resp_free(&resp);
+	return err;
+}
+
+int registry_put_manifest(struct registry *r, const char *reference,
+			  const char *media_type, const void *data, size_t len)
+{
+	struct http_resp resp = { 0 };
+	struct curl_slist ct = { 0 };
+	uint8_t want[FETCH_DIGEST_SIZE], got[FETCH_DIGEST_SIZE];
+	char what[300], *url = NULL, *ct_line = NULL;
+	bool by_digest = !fetch_parse_digest(reference, want);
+	int err;
+
+	snprintf(what, sizeof(what), "upload of manifest %s", reference);
+	if (!by_digest && !fetch_tag_valid(reference, strlen(reference))) {
+		ferry_err("%s: invalid tag or digest \"%.200s\"", r->name,
+			  reference);
+		return -EINVAL;
+	}
+	if (len > FETCH_MANIFEST_MAX) {
+		ferry_err("%s: %s: %zu bytes is over the %u byte limit", r->name,
+			  what, len, FETCH_MANIFEST_MAX);
+		return -EFBIG;
+	}
+	if (!media_type || !*media_type || strpbrk(media_type, "\r\n")) {
+		ferry_err("%s: %s: invalid media type", r->name, what);
+		return -EINVAL;
+	}
+	blob_sha256(data, len, got);
+	if (by_digest && memcmp(want, got, FETCH_DIGEST_SIZE)) {
+		ferry_err("%s: %s: the bytes do not match the digest", r->name,
+			  what);
+		return -EINVAL;
+	}
+	err = auth_ping(r);
+	if (err)
+		return err;
+	if (asprintf(&ct_line, "Content-Type: %s", media_type) < 0)
+		return -ENOMEM;
+	ct.data = ct_line;
+	url = reg_url(r, r->base, "/manifests/%s", reference);
+	err = -ENOMEM;
+	if (!url)
+		goto out;
+	{
+		struct http_req q = {
+			.what = what,
+			.method = "PUT",
+			.url = url,
+			.headers = &ct,
+			.registry_auth = true,
+			.scope = { .push = true },
+			.upload = true,
+			.up_data = data,
+			.up_len = len,
+			.max_body = 64u << 10,
+			.stop_at_max = true,
+		};
+
+		err = http_do(r, &q, &resp);
+	}
+	if (err) {
+		http_log_failure(r, what, err, &resp);
+		goto out;
+	}
+	if (resp.status != 201 && resp.status != 200 && resp.status != 202) {
+		err = http_status_error(r, what, &resp);
+		goto out;
+	}
+	err = check_content_digest(r, what, &resp, got,
+				   "is not the digest of the bytes sent");
+out:
+	free(url);
+	free(ct_line);
+	http_resp_free(&resp);
+	return err;
+}
+
+/* ------------------------------------------------------------------ */
+/* Tags                                                                */
+/* ------------------------------------------------------------------ */
+
+static int cmp_str(const void *a, const void *b)
+{
+	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+void fetch_free_tags(char **tags, size_t nr_tags)
+{
+	size_t i;
+
+	for (i = 0; tags && i < nr_tags; i++)
+		free(tags[i]);
+	free(tags);
+}
+
+/* Append the "tags" of one page; -EIO when malformed. */
+static int tags_page(struct registry *r, const struct http_resp *resp,
+		     char ***tags, size_t *nr, size_t *cap)
+{
+	struct json_object *root, *arr;
+	size_t i, n;
+	int err = 0;
+
+	root = fetch_json_parse((const char *)resp->body, resp->body_len);
+	if (!root)
+		return -EIO;
+	if (!json_object_object_get_ex(root, "tags", &arr) ||
+	    json_object_is_type(arr, json_type_null))
+		goto out; /* a repository without tags says null */
+	if (!json_object_is_type(arr, json_type_array)) {
+		err = -EIO;
+		goto out;
+	}
+	n = json_object_array_length(arr);
+	for (i = 0; i < n; i++) {
+		struct json_object *t = json_object_array_get_idx(arr, i);
+		const char *s;
+
+		if (!json_object_is_type(t, json_type_string)) {
+			err = -EIO;
+			goto out;
+		}
+		s = json_object_get_string(t);
+		if (!fetch_tag_valid(s, strlen(s))) {
+			ferry_warn("%s: ignoring invalid tag \"%.140s\"", r->name,
+				   s);
+			continue;
+		}
+		if (*nr >= TAGS_MAX) {
+			err = -EFBIG;
+			goto out;
+		}
+		err = array_reserve(tags, cap, *nr + 1, sizeof(**tags), 64);
+		if (err)
+			goto out;
+		(*tags)[*nr] = strdup(s);
+		if (!(*tags)[*nr]) {
+			err = -ENOMEM;
+			goto out;
+		}
+		(*nr)++;
+	}
+out:
+	json_object_put(root);
+	return err;
+}
+
+int registry_list_tags(struct registry *r, char ***tags_out, size_t *nr_out)
+{
+	struct http_resp resp = { 0 };
+	char **tags = NULL, *url = NULL, *prev = NULL, next[8192];
+	size_t nr = 0, cap = 0, w, i;
+	unsigned int pages = 0;
+	int err;
+
+	*tags_out = NULL;
+	*nr_out = 0;
+	err = auth_ping(r);
+	if (err)
+		return err;
+	url = TAGS_PAGE_N ? reg_url(r, r->base, "/tags/list?n=%u", TAGS_PAGE_N) :
+			    reg_url(r, r->base, "/tags/list");
+	if (!url)
+		return -ENOMEM;
+	for (;;) {
+		struct http_req q = {
+			.what = "tag list",
+			.method = "GET",
+			.url = url,
+			.registry_auth = true,
+			.scope = { .push = r->access == FETCH_PUSH },
+			.follow = true,
+			.max_body = TAGS_PAGE_MAX,
+		};
+		const char *link;
+		int k;
+
+		err = http_do(r, &q, &resp);
+		if (err) {
+			if (err != -EFBIG)
+				http_log_failure(r, q.what, err, &resp);
+			goto out;
+		}
+		if (resp.status != 200) {
+			err = http_status_error(r, q.what, &resp);
+			goto out;
+		}
+		err = tags_page(r, &resp, &tags, &nr, &cap);
+		if (err) {
+			ferry_err("%s: tag list: %s", r->name,
+				  err == -EIO ? "malformed answer" :
+						ferry_strerror(err));
+			goto out;
+		}
+		link = http_header(&resp, "Link");
+		k = link ? fetch_parse_link_next(link, strlen(link), next,
+						 sizeof(next)) :
+			   0;
+		if (k < 0) {
+			ferry_err("%s: tag list: malformed Link header", r->name);
+			err = -EIO;
+			goto out;
+		}
+		if (!k)
+			break;
+		free(prev);
+		prev = url;
+		url = NULL;
+		err = http_resolve(prev, next, &url);
+		if (err) {
+			ferry_err("%s: tag list: bad next page link", r->name);
+			goto out;
+		}
+		/* A link to the same page again, or endless pages. */
+		if (!strcmp(url, prev) || ++pages >= TAGS_PAGES_MAX) {
+			ferry_err("%s: tag list: pagination does not end",
+				  r->name);
+			err = -EIO;
+			goto out;
+		}
+		if (!http_same_origin(url, r->base)) {
+			ferry_err("%s: tag list: next page on another host",
+				  r->name);
+			err = -EIO;
+			goto out;
+		}
+	}
+	qsort(tags, nr, sizeof(*tags), cmp_str);
+	/* Pages may overlap at their edges. */
+	for (i = w = 0; i < nr; i++) {
+		if (w && !strcmp(tags[w - 1], tags[i]))
+			free(tags[i]);
+		else
+			tags[w++] = tags[i];
+	}
+	*tags_out = tags;
+	*nr_out = w;
+	tags = NULL;
+	nr = 0;
+out:
+	fetch_free_tags(tags, nr);
+	free(url);
+	free(prev);
+	http_resp_free(&resp);
+	return err;
+}
+
+/* ------------------------------------------------------------------ */
+/* Blob existence                                                      */
+/* ------------------------------------------------------------------ */
+
+int registry_blob_exists(struct registry *r,
+			 const uint8_t digest[FETCH_DIGEST_SIZE],
+			 uint64_t *size)
+{
+	struct http_resp resp = { 0 };
+	struct curl_slist range = { (char *)"Range: bytes=0-0", NULL };
+	struct curl_slist ident = { (char *)"Accept-Encoding: identity", NULL };
+	char d[80], what[120], *url = NULL;
+	struct fetch_content_range cr;
+	const char *hdr;
+	int err;
+
+	fetch_format_digest(digest, d);
+	snprintf(what, sizeof(what), "blob %s", d);
+	err = auth_ping(r);
+	if (err)
+		return err;
+	url = reg_url(r, r->base, "/blobs/%s", d);
+	if (!url)
+		return -ENOMEM;
+	{
+		/* HEAD without following: a 3xx answer also means present. */
+		struct http_req q = {
+			.what = what,
+			.method = "HEAD",
+			.url = url,
+			.registry_auth = true,
+			.scope = { .push = r->access == FETCH_PUSH },
+			.max_body = 0,
+		};
+
+		err = http_do(r, &q, &resp);
+	}
+	if (err) {
+		http_log_failure(r, what, err, &resp);
+		goto out;
+	}
+	if (resp.status == 404) {
+		err = 0;
+		goto out;
+	}
+	if (resp.status == 200 && resp.content_length >= 0) {
+		*size = (uint64_t)resp.content_length;
+		err = 1;
+		goto out;
+	}
+	if (resp.status != 200 && (resp.status < 300 || resp.status > 399)) {
+		err = http_status_error(r, what, &resp);
+		goto out;
+	}
+	/* Present but no length (or redirected): ask for one byte and read
+	 * the total from Content-Range. */
+	range.next = &ident;
+	{
+		struct http_req q = {
+			.what = what,
+			.method = "GET",
+			.url = url,
+			.headers = &range,
+			.registry_auth = true,
+			.scope = { .push = r->access == FETCH_PUSH },
+			.follow = true,
+			.max_body = 1,
+			.stop_at_max = true,
+		};
+
+		err = http_do(r, &q, &resp);
+	}
+	if (err) {
+		http_log_failure(r, what, err, &resp);
+		goto out;
+	}
+	if (resp.status == 404) {
+		err = 0;
+		goto out;
+	}
+	hdr = http_header(&resp, "Content-Range");
+	if (resp.status == 206 && hdr &&
+	    !fetch_parse_content_range(hdr, strlen(hdr), &cr) &&
+	    cr.total != FETCH_RANGE_UNKNOWN) {
+		*size = cr.total;
+		err = 1;
+	} else if (resp.status == 200 && resp.content_length >= 0) {
+		*size = (uint64_t)resp.content_length;
+		err = 1;
+	} else if (resp.status == 416 && hdr &&
+		   !fetch_parse_content_range(hdr, strlen(hdr), &cr) &&
+		   cr.total == 0) {
+		*size = 0; /* the empty blob */
+		err = 1;
+	} else if (resp.status >= 200 && resp.status < 300) {
+		ferry_err("%s: %s: present but its size is not given", r->name,
+			  what);
+		err = -EPROTO;
+	} else {
+		err = http_status_error(r, what, &resp);
+	}
+out:
+	free(url);
+	http_resp_free(&resp);
+	return err;
+}

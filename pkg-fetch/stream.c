@@ -1,0 +1,711 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Blob reads. One engine serves streams, whole-blob reads and ranges: a
+ * pull-style reader that drives a curl multi handle only while the
+ * caller wants bytes. The write callback copies the wanted part of the
+ * body into a bounded buffer and pauses the transfer when it is full, so
+ * memory stays bounded without threads.
+ *
+ * Sources, in order: the mirror, the cached redirect target of the blob,
+ * the registry. A failing mirror or cached URL falls through to the next
+ * source at once (a cached signed URL that answers 401/403 has expired).
+ * The registry gets authentication and retries; a transfer that ends
+ * early resumes with a Range request at the current offset, counted as a
+ * retry (the retry budget restarts whenever bytes arrived).
+ *
+ * Every answer is checked against what was asked: a 206 must carry a
+ * Content-Range starting at the requested offset (and the expected total);
+ * a 200 that ignores Range is skipped up to the offset and cut after the
+ * range; a whole blob must match its size and sha256.
+ */
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <strings.h>
+
+#include "../pkg-base/base.h"
+#include "../pkg-blob/blob.h"
+#include "internal.h"
+
+#define STREAM_BUF (256u << 10)
+#define STREAM_BUF_MAX (4u << 20)
+#define POLL_MS 1000
+#define SETTLE_NS (500ull * 1000000ull)
+/* Bytes a dropped connection must have moved to earn a fresh set of retries. */
+#define STREAM_PROGRESS_RESET (1u << 20)
+
+enum stream_src {
+	SRC_MIRROR,
+	SRC_CACHED,
+	SRC_REGISTRY,
+};
+
+struct fetch_stream {
+	struct registry *r;
+	uint8_t digest[FETCH_DIGEST_SIZE];
+	char dstr[80];
+	char what[160];
+	uint64_t size; /* of the blob, or FETCH_RANGE_UNKNOWN */
+	uint64_t off, len; /* the wanted bytes */
+	bool verify;
+	struct blob_hasher *hasher;
+	uint64_t pos;    /* wanted bytes received so far */
+	uint64_t handed; /* ... and handed to the caller */
+	uint8_t *buf;
+	size_t cap, head, tail;
+
+	/* The current transfer. */
+	CURL *easy;
+	CURLM *multi;
+	struct http_req q;
+	struct http_xfer x;
+	struct http_resp resp;
+	struct curl_slist h_ident, h_range;
+	char range[80];
+	char *url, *auth;
+	enum stream_src src;
+	bool active, paused, checked;
+	uint64_t xfer_start; /* blob offset this transfer asked for */
+	uint64_t skip;       /* body bytes before xfer_start (a 200) */
+	uint64_t xfer_got;
+	int xerr;            /* the write callback's verdict */
+	char why[160];
+
+	uint64_t pump_exit_ns; /* when the reader last got control back */
+	unsigned int attempt;
+	bool reauthed, mirror_failed, cache_failed, eof_checked;
+	int err; /* sticky */
+};
+
+/* ------------------------------------------------------------------ */
+/* The write side                                                      */
+/* ------------------------------------------------------------------ */
+
+static int check_fail(struct fetch_stream *s, int err, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+static int check_fail(struct fetch_stream *s, int err, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(s->why, sizeof(s->why), fmt, ap);
+	va_end(ap);
+	return err;
+}
+
+/* Validate the status line and range headers before the first byte. */
+static int stream_check(struct fetch_stream *s)
+{
+	uint64_t want_last = s->off + s->len - 1, left = s->len - s->pos;
+	long st = s->resp.status;
+
+	if (st == 200) {
+		curl_off_t cl = -1;
+
+		if (curl_easy_getinfo(s->easy, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T,
+				      &cl) != CURLE_OK)
+			cl = -1;
+		if (cl >= 0 && s->size != FETCH_RANGE_UNKNOWN &&
+		    (uint64_t)cl != s->size)
+			return check_fail(s, -EIO,
+					  "blob is %" PRId64 " bytes, expected %" PRIu64,
+					  (int64_t)cl, s->size);
+		if (cl >= 0 && ((uint64_t)cl < s->xfer_start ||
+				(uint64_t)cl - s->xfer_start < left))
+			return check_fail(s, s->verify ? -EIO : -ERANGE,
+					  "blob is only %" PRId64 " bytes",
+					  (int64_t)cl);
+		/* Range ignored: the body starts at offset 0. */
+		s->skip = s->xfer_start;
+	} else if (st == 206) {
+		const char *cr_hdr = http_header(&s->resp, "Content-Range");
+		const char *ct = http_header(&s->resp, "Content-Type");
+		struct fetch_content_range cr;
+
+		if (ct && !strncasecmp(ct, "multipart/", 10))
+			return check_fail(s, -EPROTO,
+					  "multipart answer to a single range");
+		if (!cr_hdr ||
+		    fetch_parse_content_range(cr_hdr, strlen(cr_hdr), &cr) ||
+		    cr.first == FETCH_RANGE_UNKNOWN)
+			return check_fail(s, -EPROTO,
+					  "206 without a valid Content-Range");
+		if (cr.first != s->xfer_start)
+			return check_fail(s, -EPROTO,
+					  "answer starts at %" PRIu64
+					  ", asked for %" PRIu64,
+					  cr.first, s->xfer_start);
+		if (cr.total != FETCH_RANGE_UNKNOWN &&
+		    s->size != FETCH_RANGE_UNKNOWN && cr.total != s->size)
+			return check_fail(s, -EIO,
+					  "blob is %" PRIu64 " bytes, expected %" PRIu64,
+					  cr.total, s->size);
+		/* Ending before the wanted end is a short answer: the
+		 * transfer resumes from there, unless the blob ends. */
+		if (cr.last < want_last && cr.total != FETCH_RANGE_UNKNOWN &&
+		    cr.last + 1 == cr.total)
+			return check_fail(s, s->verify ? -EIO : -ERANGE,
+					  "blob is only %" PRIu64 " bytes",
+					  cr.total);
+		s->skip = 0;
+	}
+	s->checked = true;
+	return 0;
+}
+
+static int buf_make_room(struct fetch_stream *s, size_t need)
+{
+	uint8_t *nb;
+
+	if (s->cap - s->tail >= need)
+		return 0;
+	if (s->head) {
+		memmove(s->buf, s->buf + s->head, s->tail - s->head);
+		s->tail -= s->head;
+		s->head = 0;
+	}
+	if (s->cap - s->tail >= need)
+		return 0;
+	if (s->tail)
+		return 1; /* full: pause until the reader drains it */
+	/* A single delivery larger than the buffer: grow, bounded. */
+	if (need > STREAM_BUF_MAX)
+		return -ENOMEM;
+	nb = realloc(s->buf, need);
+	if (!nb)
+		return -ENOMEM;
+	s->buf = nb;
+	s->cap = need;
+	return 0;
+}
+
+static size_t stream_write(char *p, size_t size, size_t nmemb, void *arg)
+{
+	struct fetch_stream *s = arg;
+	size_t n = size * nmemb, drop, use;
+	uint64_t want = s->len - s->pos;
+	long st = s->resp.status;
+	int rc;
+
+	if (st >= 300 && st < 400)
+		return n; /* body of a redirect being followed */
+	if (st < 200 || st >= 300) {
+		/* An error body: keep its start for the message. */
+		size_t keep = s->resp.body_len < 16384 ?
+				      MIN(n, 16384 - s->resp.body_len) :
+				      0;
+
+		atomic_fetch_add(&s->r->st_down, n);
+		if (keep && http_body_append(&s->resp, p, keep)) {
+			s->xerr = -ENOMEM;
+			return 0;
+		}
+		return n;
+	}
+	if (!s->checked) {
+		s->xerr = stream_check(s);
+		if (s->xerr)
+			return 0;
+	}
+	drop = (size_t)MIN((uint64_t)n, s->skip);
+	use = (size_t)MIN((uint64_t)(n - drop), want);
+	rc = buf_make_room(s, use);
+	if (rc < 0) {
+		s->xerr = rc;
+		return 0;
+	}
+	if (rc > 0) {
+		/* Nothing consumed: libcurl hands the same bytes again. */
+		s->paused = s->x.paused = true;
+		return CURL_WRITEFUNC_PAUSE;
+	}
+	atomic_fetch_add(&s->r->st_down, n);
+	memcpy(s->buf + s->tail, p + drop, use);
+	s->tail += use;
+	s->pos += use;
+	s->skip -= drop;
+	s->xfer_got += use;
+	if (n - drop > use) {
+		/* More than wanted: a longer blob is an error for a whole
+		 * blob read; otherwise the rest of a 200 is not needed. */
+		if (s->verify) {
+			s->xerr = check_fail(s, -EIO,
+					     "blob is longer than %" PRIu64
+					     " bytes", s->size);
+			return 0;
+		}
+		s->x.stopped = true;
+		return 0;
+	}
+	return n;
+}
+
+/* ------------------------------------------------------------------ */
+/* Transfers                                                           */
+/* ------------------------------------------------------------------ */
+
+static void xfer_release(struct fetch_stream *s)
+{
+	if (s->active) {
+		curl_multi_remove_handle(s->multi, s->easy);
+		s->active = false;
+	}
+	s->paused = false;
+	curl_slist_free_all(s->x.hdrs);
+	s->x.hdrs = NULL;
+	free(s->url);
+	s->url = NULL;
+	auth_line_free(s->auth);
+	s->auth = NULL;
+}
+
+static int stream_start(struct fetch_stream *s)
+{
+	struct registry *r = s->r;
+	struct reg_scope scope = { .push = r->access == FETCH_PUSH };
+	bool whole;
+	int err;
+
+	xfer_release(s);
+	s->xfer_start = s->off + s->pos;
+	if (!s->mirror_failed && reg_mirror_usable(r)) {
+		s->src = SRC_MIRROR;
+		s->url = reg_url(r, r->mirror, "/blobs/%s", s->dstr);
+	} else if (!s->cache_failed &&
+		   (s->url = reg_redirect_get(r, s->digest))) {
+		s->src = SRC_CACHED;
+	} else {
+		s->src = SRC_REGISTRY;
+		err = auth_ping(r);
+		if (err)
+			return err;
+		err = auth_line(r, &scope, &s->auth);
+		if (err)
+			return err;
+		s->url = reg_url(r, r->base, "/blobs/%s", s->dstr);
+	}
+	if (!s->url)
+		return -ENOMEM;
+	/* No Range for a whole blob from its start, an open-ended one to
+	 * resume a whole blob, a closed one for a part. */
+	whole = s->verify && s->pos == 0;
+	s->h_ident.data = (char *)"Accept-Encoding: identity";
+	s->h_ident.next = NULL;
+	if (!whole) {
+		if (s->verify)
+			snprintf(s->range, sizeof(s->range),
+				 "Range: bytes=%" PRIu64 "-", s->xfer_start);
+		else
+			snprintf(s->range, sizeof(s->range),
+				 "Range: bytes=%" PRIu64 "-%" PRIu64,
+				 s->xfer_start, s->off + s->len - 1);
+		s->h_range.data = s->range;
+		s->h_range.next = NULL;
+		s->h_ident.next = &s->h_range;
+	}
+	s->q = (struct http_req){
+		.what = s->what,
+		.method = "GET",
+		.url = s->url,
+		.headers = &s->h_ident,
+		.follow = true,
+	};
+	s->x = (struct http_xfer){ .r = r, .q = &s->q, .resp = &s->resp };
+	http_resp_reset(&s->resp);
+	s->checked = false;
+	s->skip = 0;
+	s->xfer_got = 0;
+	s->xerr = 0;
+	s->why[0] = '\0';
+	if (!s->easy) {
+		s->easy = http_get_handle(r);
+		if (!s->easy)
+			return -ENOMEM;
+	} else {
+		curl_easy_reset(s->easy);
+	}
+	/* Registry credentials go to the registry only. */
+	err = http_setup(r, s->easy, &s->x,
+			 s->src == SRC_REGISTRY ? s->auth : NULL, stream_write,
+			 s);
+	if (err)
+		return err;
+	if (curl_multi_add_handle(s->multi, s->easy) != CURLM_OK)
+		return -ENOMEM;
+	s->active = true;
+	atomic_fetch_add(&r->st_requests, 1);
+	return 0;
+}
+
+/* A transfer ended: done, switch source, retry, or fail. */
+static int stream_done(struct fetch_stream *s, CURLcode cc)
+{
+	struct registry *r = s->r;
+	struct reg_scope scope = { .push = r->access == FETCH_PUSH };
+	long st;
+	int err;
+
+	http_collect(s->easy, &s->resp);
+	cc = http_xfer_result(&s->x, cc);
+	s->resp.cc = cc;
+	st = s->resp.status;
+	if (s->xerr)
+		err = s->xerr;
+	else if (http_error_status_answered(cc, &s->resp))
+		err = 0;
+	else
+		err = http_curl_error(cc);
+	if (!err && st >= 200 && st < 300 && !s->checked)
+		err = s->xerr = stream_check(s); /* an empty body */
+	if (s->pos == s->len && !s->xerr) {
+		/* Everything wanted arrived (even if the end was unclean). */
+		if (s->src == SRC_REGISTRY && s->resp.redirects > 0 &&
+		    s->resp.effective_url)
+			reg_redirect_put(r, s->digest, s->resp.effective_url);
+		xfer_release(s);
+		return 0;
+	}
+	if (!err && st >= 200 && st < 300) {
+		/* Short body: resume from where it stopped. */
+		err = -EIO;
+		s->resp.cc = CURLE_PARTIAL_FILE;
+	}
+	if (s->src != SRC_REGISTRY) {
+		char why[320];
+
+		if (s->xerr)
+			snprintf(why, sizeof(why), "%s", s->why);
+		else
+			http_describe(&s->resp, err, why, sizeof(why));
+		if (s->src == SRC_MIRROR) {
+			/* Bad bytes or no connection: rest the mirror. A
+			 * status (it lacks this blob) concerns this blob. */
+			reg_mirror_failed(r, s->what, why, err != 0);
+			s->mirror_failed = true;
+		} else {
+			ferry_dbg("%s: cached redirect for %s failed (%s); "
+				  "resolving again", r->name, s->what, why);
+			reg_redirect_drop(r, s->digest);
+			s->cache_failed = true;
+		}
+		xfer_release(s);
+		return 0;
+	}
+	if (!err && st == 401 && !s->reauthed) {
+		s->reauthed = true;
+		if (!auth_rejected(r, &scope, &s->resp, s->auth)) {
+			xfer_release(s);
+			return 0;
+		}
+	}
+	xfer_release(s);
+	if (s->xerr) {
+		ferry_err("%s: %s: %s", r->name, s->what, s->why);
+		return s->xerr;
+	}
+	/*
+	 * A connection that moved real progress before dropping starts a new
+	 * round of attempts; a trickle does not, so a server that sends a
+	 * little and stalls each time still runs out of attempts.
+	 */
+	if (s->xfer_got >= STREAM_PROGRESS_RESET)
+		s->attempt = 0;
+	if (s->attempt + 1 < r->attempts && http_retriable(err, &s->resp)) {
+		http_backoff(r, "GET", s->what, ++s->attempt, err, &s->resp,
+			     NULL);
+		return 0;
+	}
+	if (err) {
+		http_log_failure(r, s->what, err, &s->resp);
+		return err;
+	}
+	return http_status_error(r, s->what, &s->resp);
+}
+
+static int stream_pump_inner(struct fetch_stream *s);
+
+/*
+ * Drive the transfer until bytes are buffered or the range is complete.
+ * Time spent outside (the reader busy with the last bytes) is not a
+ * stall: the stall clock is moved forward by it.
+ */
+static int stream_pump(struct fetch_stream *s)
+{
+	int err;
+
+	if (s->active && s->pump_exit_ns)
+		s->x.moved_ns += ferry_now_ns() - s->pump_exit_ns;
+	err = stream_pump_inner(s);
+	s->pump_exit_ns = ferry_now_ns();
+	return err;
+}
+
+static int stream_pump_inner(struct fetch_stream *s)
+{
+	for (;;) {
+		CURLMsg *msg;
+		int running, left, err;
+
+		if (s->tail > s->head)
+			return 0;
+		if (!s->active) {
+			if (s->pos == s->len)
+				return 0;
+			err = stream_start(s);
+			if (err)
+				return err;
+		}
+		if (s->paused) {
+			s->paused = s->x.paused = false;
+			s->x.moved_ns = ferry_now_ns();
+			/* May deliver the held bytes right away. */
+			curl_easy_pause(s->easy, CURLPAUSE_CONT);
+			if (s->tail > s->head)
+				return 0;
+		}
+		if (curl_multi_perform(s->multi, &running) != CURLM_OK) {
+			ferry_err("%s: %s: libcurl multi interface failed",
+				  s->r->name, s->what);
+			return -EIO;
+		}
+		while ((msg = curl_multi_info_read(s->multi, &left))) {
+			if (msg->msg != CURLMSG_DONE)
+				continue;
+			err = stream_done(s, msg->data.result);
+			if (err)
+				return err;
+			break; /* the handle was removed */
+		}
+		if (s->tail > s->head)
+			return 0;
+		if (s->active && !s->paused)
+			curl_multi_poll(s->multi, NULL, 0, POLL_MS, NULL);
+	}
+}
+
+/* ------------------------------------------------------------------ */
+/* API                                                                 */
+/* ------------------------------------------------------------------ */
+
+/*
+ * All wanted bytes are in but the response has not ended (its last
+ * chunk, a trailer): let it end, briefly, so the connection can be
+ * reused rather than closed.
+ */
+static void stream_settle(struct fetch_stream *s)
+{
+	uint64_t deadline = ferry_now_ns() + SETTLE_NS;
+
+	while (s->active && !s->paused && ferry_now_ns() < deadline) {
+		CURLMsg *msg;
+		int running, left;
+
+		if (curl_multi_perform(s->multi, &running) != CURLM_OK)
+			break;
+		while ((msg = curl_multi_info_read(s->multi, &left)))
+			if (msg->msg == CURLMSG_DONE) {
+				xfer_release(s);
+				return;
+			}
+		curl_multi_poll(s->multi, NULL, 0, 50, NULL);
+	}
+}
+
+void fetch_stream_close(struct fetch_stream *s)
+{
+	if (!s)
+		return;
+	if (s->active && s->pos == s->len && !s->err)
+		stream_settle(s);
+	xfer_release(s);
+	if (s->easy)
+		http_put_handle(s->r, s->easy);
+	if (s->multi)
+		curl_multi_cleanup(s->multi);
+	http_resp_free(&s->resp);
+	if (s->hasher)
+		blob_hasher_free(s->hasher);
+	free(s->buf);
+	free(s);
+}
+
+int stream_open(struct registry *r, const uint8_t digest[FETCH_DIGEST_SIZE],
+		uint64_t size, uint64_t off, uint64_t len, bool verify,
+		struct fetch_stream **out)
+{
+	struct fetch_stream *s;
+	int err = -ENOMEM;
+
+	*out = NULL;
+	s = calloc(1, sizeof(*s));
+	if (!s)
+		return -ENOMEM;
+	s->r = r;
+	memcpy(s->digest, digest, FETCH_DIGEST_SIZE);
+	fetch_format_digest(digest, s->dstr);
+	if (verify)
+		snprintf(s->what, sizeof(s->what), "blob %s", s->dstr);
+	else
+		snprintf(s->what, sizeof(s->what),
+			 "blob %s bytes %" PRIu64 "+%" PRIu64, s->dstr, off, len);
+	s->size = size;
+	s->off = off;
+	s->len = len;
+	s->verify = verify;
+	s->cap = STREAM_BUF;
+	s->buf = malloc(s->cap);
+	s->multi = curl_multi_init();
+	if (!s->buf || !s->multi ||
+	    curl_multi_setopt(s->multi, CURLMOPT_MAXCONNECTS,
+			      (long)REG_MAXCONNECTS) != CURLM_OK)
+		goto fail;
+	if (verify && blob_hasher_new(&s->hasher))
+		goto fail;
+	/* Start now so a missing blob or refused access shows at open. */
+	if (len) {
+		err = stream_pump(s);
+		if (err)
+			goto fail;
+	}
+	*out = s;
+	return 0;
+fail:
+	fetch_stream_close(s);
+	return err;
+}
+
+int registry_open_stream(struct registry *r,
+			 const uint8_t digest[FETCH_DIGEST_SIZE], uint64_t size,
+			 struct fetch_stream **out)
+{
+	return stream_open(r, digest, size, 0, size, true, out);
+}
+
+/* All bytes handed out: check the size and digest of a whole blob. */
+static int stream_eof(struct fetch_stream *s)
+{
+	uint8_t got[FETCH_DIGEST_SIZE];
+
+	if (!s->verify || s->eof_checked)
+		return 0;
+	s->eof_checked = true;
+	blob_hasher_final(s->hasher, got);
+	if (s->handed != s->size ||
+	    memcmp(got, s->digest, FETCH_DIGEST_SIZE)) {
+		ferry_err("%s: %s: the bytes do not match the digest",
+			  s->r->name, s->what);
+		s->err = -EIO;
+		return -EIO;
+	}
+	return 0;
+}
+
+ssize_t fetch_stream_read(struct fetch_stream *s, void *buf, size_t len)
+{
+	size_t n;
+	int err;
+
+	if (s->err)
+		return s->err;
+	if (!len)
+		return 0;
+	if (s->tail == s->head) {
+		err = stream_pump(s);
+		if (err) {
+			s->err = err;
+			return err;
+		}
+		if (s->tail == s->head)
+			return stream_eof(s);
+	}
+	n = MIN(len, s->tail - s->head);
+	if (n > SSIZE_MAX)
+		n = SSIZE_MAX;
+	memcpy(buf, s->buf + s->head, n);
+	if (s->hasher)
+		blob_hasher_update(s->hasher, s->buf + s->head, n);
+	s->head += n;
+	s->handed += n;
+	if (s->head == s->tail)
+		s->head = s->tail = 0;
+	return (ssize_t)n;
+}
+
+int registry_get_blob(struct registry *r,
+		      const uint8_t digest[FETCH_DIGEST_SIZE], uint64_t size,
+		      size_t max, struct fetch_buf *out)
+{
+	struct fetch_stream *s;
+	uint8_t *data;
+	size_t got = 0;
+	ssize_t n;
+	int err;
+
+	memset(out, 0, sizeof(*out));
+	if (size > max || size >= SIZE_MAX) {
+		char d[80];
+
+		fetch_format_digest(digest, d);
+		ferry_err("%s: blob %s: %" PRIu64 " bytes is over the %zu "
+			  "byte limit", r->name, d, size, max);
+		return -EFBIG;
+	}
+	data = malloc((size_t)size + 1);
+	if (!data)
+		return -ENOMEM;
+	err = registry_open_stream(r, digest, size, &s);
+	if (err)
+		goto fail;
+	for (;;) {
+		size_t room = (size_t)size - got;
+
+		/* Room for one more byte shows a blob longer than @size. */
+		n = fetch_stream_read(s, data + got, room ? room : 1);
+		if (n <= 0)
+			break;
+		got += (size_t)n;
+	}
+	fetch_stream_close(s);
+	if (n < 0) {
+		err = (int)n;
+		goto fail;
+	}
+	data[got] = '\0';
+	out->data = data;
+	out->len = got;
+	return 0;
+fail:
+	free(data);
+	return err;
+}
+
+int registry_get_range(struct registry *r,
+		       const uint8_t digest[FETCH_DIGEST_SIZE], uint64_t off,
+		       uint64_t len, void *buf)
+{
+	struct fetch_stream *s;
+	uint64_t got = 0;
+	int err;
+
+	if (!len)
+		return 0;
+	if (off > UINT64_MAX - len || len > SIZE_MAX)
+		return -ERANGE;
+	err = stream_open(r, digest, FETCH_RANGE_UNKNOWN, off, len, false, &s);
+	if (err)
+		return err;
+	while (got < len) {
+		ssize_t n = fetch_stream_read(s, (uint8_t *)buf + got,
+					      (size_t)(len - got));
+
+		if (n <= 0) {
+			err = n < 0 ? (int)n : -EIO;
+			break;
+		}
+		got += (uint64_t)n;
+	}
+	fetch_stream_close(s);
+	return err;
+}

@@ -1,0 +1,283 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# shellcheck disable=SC2016,SC2034 # expect_sh evaluates its quoted condition
+# Faults under lazy FUSE mounts (ferry mount --mode fuse, ferryd), with
+# docker-registry on 127.0.0.1:
+#   - a chunk damaged in the registry's own copy of a blob: reads of the
+#     file fail with EIO and never deliver wrong bytes, the rest of that
+#     file and every other file read right, and once the registry is
+#     repaired the file reads right (nothing bad was cached)
+#   - ferryd killed with SIGKILL during reads: readers fail instead of
+#     hanging, ferry umount removes the dead mount, a new mount (a new
+#     daemon) over the same cache reads the whole tree right, and the
+#     cache the dead daemon left is right as the kernel reads it
+#   - the registry failing (503), not answering, stalling (before the
+#     body, and after part of every answer), then gone (through
+#     tests/tools/faultproxy.py): uncached reads fail with EIO within a
+#     bound (--retries 2 --stall-timeout 5), cached files keep reading
+#     right, other reads are not blocked by a waiting one, a file whose
+#     fetches failed reads right once the registry is back; SIGTERM ends
+#     ferryd promptly even while a fetch stalls
+. "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/oci_lib.sh"
+. "$(dirname "$0")/registry_lib.sh"
+. "$(dirname "$0")/fuse_lib.sh"
+need_root
+need_ferry
+need_ferryd
+reg_need_cmds docker-registry skopeo umoci findmnt
+oci_fixtures
+
+if ! reg_start anon 2>"$LOG"; then
+	notok "start docker-registry"
+	diag "$LOG"
+	e2e_done
+fi
+IMG=docker://$REG/ferry/debian:edit
+check "convert oci:edit -> docker://" "$FERRY" convert -q "oci:$FIX:edit" "$IMG" || e2e_done
+if ! ref=$(umoci_ref "$FIX:edit" "$SCRATCH/bundle" 2>"$LOG"); then
+	notok "umoci unpack (reference tree)"
+	diag "$LOG"
+	e2e_done
+fi
+if ! image_blobs "$IMG" 2>"$LOG"; then
+	notok "ferry inspect --json of the pushed image"
+	diag "$LOG"
+	e2e_done
+fi
+
+# read_expect_eio DESC FILE REF: reading FILE fails with EIO and every byte
+# delivered before the error is REF's.
+read_expect_eio() {
+	local out
+	out=$(timeout -k 5 120 bash -c 'read_check "$1" "$2"' _ "$2" "$3" 2>&1)
+	if [[ $out == "error EIO after "*" match" ]]; then
+		ok "$1 ($out)"
+		return 0
+	fi
+	notok "$1"
+	echo "    read_check $2: ${out:-no answer (timed out)}"
+	return 1
+}
+export -f read_check reg_slice
+
+# --- a damaged chunk inside the registry ------------------------------------
+# opt/c/big.bin (3.5 MB of random data, hardlinked as opt/c/big-link) has
+# four chunks; one byte flipped in the middle of its first chunk's
+# compressed range in the registry's copy of its blob.
+BIG=opt/c/big.bin
+read -r dev coff csz len1 < <("$FERRY" inspect --json "$IMG" "/$BIG" | python3 -c '
+import json, sys
+c = json.load(sys.stdin)["chunks"]
+print(c[0]["deviceId"], c[0]["compressedOffset"], c[0]["compressedSize"], c[0]["length"])')
+blob=$(sed -n "${dev:-0}p" "$SCRATCH/blobs.txt" 2>/dev/null | cut -d' ' -f1)
+stored=$(reg_stored_blob "${blob:-none}")
+if [ -z "$blob" ] || [ ! -f "$stored" ]; then
+	notok "locate the registry's copy of $BIG's first chunk (device ${dev:-?}, blob ${blob:-?})"
+else
+	cp "$stored" "$SCRATCH/blob.orig"
+	python3 - "$stored" $((coff + csz / 2)) <<'EOF'
+import sys
+with open(sys.argv[1], "r+b") as f:
+    f.seek(int(sys.argv[2]))
+    b = f.read(1)
+    f.seek(int(sys.argv[2]))
+    f.write(bytes([b[0] ^ 0x5a]))
+EOF
+	echo "# damaged byte $((coff + csz / 2)) of $blob (chunk 0 of /$BIG: [$coff, +$csz))"
+	fuse_use corrupt
+	M=$SCRATCH/m-corrupt
+	if check "mount --mode fuse with a damaged chunk in the registry (lazy: mount works)" \
+		fmount "$IMG" "$M"; then
+		read_expect_eio "reading the damaged file fails with EIO, no wrong bytes" "$M/$BIG" "$ref/$BIG"
+		check_fails "cat of the damaged file says Input/output error" "Input/output error" \
+			cat "$M/$BIG"
+		read_expect_eio "a second read fails again (no bad bytes were cached)" "$M/$BIG" "$ref/$BIG"
+		read_expect_eio "its hardlink fails with EIO too" "$M/opt/c/big-link" "$ref/$BIG"
+		check "the file's other chunks read right (from offset $len1)" bash -c \
+			'cmp <(reg_slice "$1" "$3" 100000000) <(reg_slice "$2" "$3" 100000000)' \
+			_ "$ref/$BIG" "$M/$BIG" "$len1"
+		check "every other file reads right (treecmp without the damaged file)" \
+			timeout 180 python3 "$TREECMP" --exclude '^opt/c/big' "$ref" "$M"
+		n=$(fuse_daemon_pids | wc -l)
+		expect_sh "ferryd still runs after the errors" '[ "$n" -eq 1 ]'
+		if grep -i "${blob#sha256:}" "$FLOG" | grep -qi chunk; then
+			ok "ferryd's log names the damaged blob and chunk"
+			grep -i "${blob#sha256:}" "$FLOG" | head -n 1 | sed 's/^/    /'
+		else
+			notok "ferryd's log names the damaged blob and chunk"
+			diag "$FLOG" 5
+		fi
+		cp "$SCRATCH/blob.orig" "$stored"
+		drop_pages "$M/$BIG" 2>/dev/null
+		check "after the registry is repaired the file reads right" read_check "$M/$BIG" "$ref/$BIG"
+		check "ferry umount (damaged chunk)" fumount "$M"
+	fi
+	cp "$SCRATCH/blob.orig" "$stored"
+fi
+
+# --- ferryd killed during reads ----------------------------------------------
+fuse_use kill
+M=$SCRATCH/m-kill
+if check "mount --mode fuse (to be killed)" fmount "$IMG" "$M"; then
+	timeout -k 5 90 python3 -c "$FUSE_HASHTREE" "$M/usr" sorted 0 \
+		>/dev/null 2>"$SCRATCH/kill-reader.err" &
+	rpid=$!
+	sleep 1
+	dpid=$(fuse_daemon_pids | head -n 1)
+	if [ -z "$dpid" ]; then
+		notok "find ferryd to kill"
+	else
+		kill -0 "$rpid" 2>/dev/null && busy=busy || busy="done already"
+		kill -KILL "$dpid"
+		expect_sh "ferryd $dpid killed with SIGKILL during a read (reader $busy)" \
+			'wait_gone 5 "$dpid"'
+		t0=$(now_ms)
+		wait_gone 30 "$rpid"
+		wait "$rpid"
+		rrc=$?
+		ms=$(($(now_ms) - t0))
+		expect_sh "the reader ended (exit $rrc) $ms ms after the kill, not a hang" \
+			'[ "$ms" -lt 20000 ] && [ "$rrc" -lt 124 ]'
+		echo "    reader: $(tail -n 1 "$SCRATCH/kill-reader.err")"
+		check "ferry umount of the dead mount" fumount "$M"
+		if check "mount again over the same cache (a new ferryd)" fmount "$IMG" "$M"; then
+			npid=$(fuse_daemon_pids | head -n 1)
+			expect_sh "a new ferryd serves it (${npid:-none}, was $dpid)" \
+				'[ -n "$npid" ] && [ "$npid" != "$dpid" ]'
+			check "treecmp after the crash and remount" \
+				timeout 180 python3 "$TREECMP" "$ref" "$M"
+			check "ferry umount (after the crash)" fumount "$M"
+		fi
+		# The kernel reads the cache data files directly, trusting every
+		# chunk marked present: nothing unverified may be marked.
+		mkdir -p "$SCRATCH/m-local"
+		if check "mount --mode local over the cache the killed daemon left" \
+			timeout 120 "$FERRY" mount --mode local "$IMG" "$SCRATCH/m-local" --cache-dir "$FCACHE"; then
+			check "treecmp of the kernel mount of that cache" \
+				timeout 180 python3 "$TREECMP" "$ref" "$SCRATCH/m-local"
+			check "ferry umount (local)" fumount "$SCRATCH/m-local"
+		fi
+	fi
+	kill "$rpid" 2>/dev/null
+	wait "$rpid" 2>/dev/null
+fi
+
+# --- the registry failing, hanging, gone -----------------------------------------
+if ! fp_start 2>"$LOG"; then
+	notok "start faultproxy.py"
+	diag "$LOG"
+	e2e_done
+fi
+PIMG=docker://$PROXY/ferry/debian:edit
+CACHED=usr/bin/bash
+T1=usr/bin/perl
+T2=usr/lib/file/magic.mgc
+# timed_read FILE REF [SECS]: read_check bounded by SECS (default 120);
+# sets OUT, RC and MS.
+timed_read() {
+	local t0
+	t0=$(now_ms)
+	OUT=$(timeout -k 5 "${3:-120}" bash -c 'read_check "$@"' _ "$1" "$2" 2>&1)
+	RC=$?
+	MS=$(($(now_ms) - t0))
+	[ -n "$OUT" ] || OUT="no answer (killed after ${3:-120} s)"
+}
+# A fault phase: the proxy's rule, then a pause, so that no short-lived
+# memory of an earlier failure answers in the registry's place; asked
+# says whether the registry met the fault since.
+fault_phase() {
+	fp_set "$@"
+	sleep 1
+	FAULTS0=$(fp_stat faults)
+}
+asked() { [ "$(fp_stat faults)" -gt "$FAULTS0" ]; }
+eio_in_time() { [[ $OUT == "error EIO after "*" match" ]] && [ "$MS" -lt 60000 ]; }
+eio_fast() { eio_in_time && asked; }
+# A cached file read again through the daemon: sets RC, MS.
+cached_read() {
+	drop_pages "$M/$CACHED"
+	timed_read "$M/$CACHED" "$ref/$CACHED" 30
+}
+reread() { drop_pages "$M/$1" && read_check "$M/$1" "$ref/$1"; }
+fuse_use gone
+M=$SCRATCH/m-gone
+FETCH_OPTS=(--retries 2 --stall-timeout 5)
+if check "mount through the proxy with ${FETCH_OPTS[*]}" fmount "$PIMG" "$M" "${FETCH_OPTS[@]}"; then
+	check "a file read while the registry is up" read_check "$M/$CACHED" "$ref/$CACHED"
+
+	fault_phase 503 count=-1 path=/blobs/
+	timed_read "$M/$T1" "$ref/$T1"
+	expect_sh "registry answers 503: an uncached file fails with EIO in $MS ms (< 60 s): $OUT" eio_fast
+	cached_read
+	expect_sh "registry answers 503: a cached file still reads right ($MS ms)" '[ "$RC" -eq 0 ]'
+
+	# A registry that takes the request and never answers.
+	fault_phase slow count=-1 path=/blobs/ delay=60
+	t0=$(now_ms)
+	timeout -k 5 120 bash -c 'read_check "$@"' _ "$M/$T1" "$ref/$T1" >"$SCRATCH/slow.out" 2>&1 &
+	spid=$!
+	sleep 1
+	cached_read
+	expect_sh "a cached file reads ($MS ms) while another read waits for the registry" \
+		'[ "$RC" -eq 0 ] && [ "$MS" -lt 5000 ]'
+	wait "$spid"
+	OUT=$(cat "$SCRATCH/slow.out")
+	MS=$(($(now_ms) - t0))
+	expect_sh "registry never answers: the read fails with EIO in $MS ms (< 60 s): $OUT" eio_fast
+
+	# Headers, then no body.
+	fault_phase stall count=-1 path=/blobs/ frac=0 delay=60
+	timed_read "$M/$T1" "$ref/$T1"
+	expect_sh "registry stalls before the body: the read fails with EIO in $MS ms (< 60 s): $OUT" eio_fast
+
+	fp_set none
+	check "registry back: the file whose fetches failed reads right (within 10 s)" poll 10 reread "$T1"
+
+	# A tenth of each answer, then a stall: every attempt makes a little
+	# progress; the read must still end within the bound.
+	fault_phase stall count=-1 path=/blobs/ frac=0.1 delay=60
+	timed_read "$M/$T2" "$ref/$T2" 70
+	expect_sh "registry stalls after part of each answer: the read fails with EIO in $MS ms (< 60 s): $OUT" eio_fast
+
+	# SIGTERM while a read waits on a stalled fetch: ferryd unmounts and
+	# exits, the reader gets an error instead of hanging.
+	sleep 1
+	timeout -k 5 120 bash -c 'read_check "$@"' _ "$M/$T2" "$ref/$T2" >"$SCRATCH/term.out" 2>&1 &
+	spid=$!
+	sleep 2
+	dpid=$(fuse_daemon_pids | head -n 1)
+	kill -0 "$spid" 2>/dev/null && busy="waiting" || busy="ended already: $(cat "$SCRATCH/term.out")"
+	t0=$(now_ms)
+	[ -n "$dpid" ] && kill -TERM "$dpid"
+	wait_gone 60 "$dpid"
+	ms=$(($(now_ms) - t0))
+	expect_sh "ferryd ${dpid:-?} exits within 10 s of SIGTERM while a read waits ($ms ms; reader $busy)" \
+		'[ -n "$dpid" ] && [ "$ms" -lt 10000 ]'
+	[ -n "$dpid" ] && kill -KILL "$dpid" 2>/dev/null
+	wait_gone 10 "$spid"
+	expect_sh "the waiting reader got an error: $(cat "$SCRATCH/term.out")" \
+		'! kill -0 "$spid" 2>/dev/null && grep -q "^error" "$SCRATCH/term.out"'
+	kill "$spid" 2>/dev/null
+	wait "$spid" 2>/dev/null
+	expect_sh "SIGTERM removed its mount" '! is_mounted "$M"'
+	is_mounted "$M" && fumount "$M"
+	fp_set none
+fi
+# The registry gone for good after the mount.
+if check "mount again over the same cache (${FETCH_OPTS[*]})" fmount "$PIMG" "$M" "${FETCH_OPTS[@]}"; then
+	kill -TERM "$FP_PID"
+	wait_gone 5 "$FP_PID"
+	timed_read "$M/$T2" "$ref/$T2"
+	expect_sh "registry gone: an uncached file fails with EIO in $MS ms (< 60 s): $OUT" eio_in_time
+	check "registry gone: cached files still read right" \
+		same_files "$ref" "$M" "$CACHED" "$T1"
+	check "registry gone: the tree still lists (find /usr)" bash -c \
+		'diff <(cd "$1" && find usr | sort) <(cd "$2" && timeout 60 find usr | sort)' _ "$ref" "$M"
+	t0=$(now_ms)
+	check "ferry umount with the registry gone" fumount "$M"
+	ms=$(($(now_ms) - t0))
+	expect_sh "that umount was prompt ($ms ms)" '[ "$ms" -lt 10000 ]'
+fi
+
+e2e_done
