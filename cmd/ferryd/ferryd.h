@@ -48,6 +48,7 @@ struct fs {
 	void (*on_init)(void *arg); /* called from the INIT request */
 	void *arg;
 	bool no_open;          /* the kernel skips OPEN/RELEASE (fs_open) */
+	bool no_opendir;       /* and OPENDIR/RELEASEDIR (fs_opendir) */
 	pthread_mutex_t fail_lock; /* the last failed read (failed_recently) */
 	uint64_t failed_nid, failed_chunk, failed_until;
 };

@@ -142,6 +142,7 @@ static void fs_init(void *userdata, struct fuse_conn_info *conn)
 
 	conn->want |= want & conn->capable;
 	fs->no_open = conn->capable & FUSE_CAP_NO_OPEN_SUPPORT;
+	fs->no_opendir = conn->capable & FUSE_CAP_NO_OPENDIR_SUPPORT;
 	/* Nothing changes under the kernel's page cache. */
 	conn->want &= ~FUSE_CAP_AUTO_INVAL_DATA;
 	/*
@@ -247,6 +248,12 @@ static void fs_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 {
 	struct meta_stat ms;
 
+	/* As fs_open: the kernel then caches directories (FOPEN_CACHE_DIR)
+	 * and sends no OPENDIR/RELEASEDIR. */
+	if (req_fs(req)->no_opendir) {
+		fuse_reply_err(req, ENOSYS);
+		return;
+	}
 	if (get_stat(req, ino, "opendir", &ms))
 		return;
 	if (!S_ISDIR(ms.mode)) {
