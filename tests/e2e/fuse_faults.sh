@@ -25,7 +25,7 @@
 need_root
 need_ferry
 need_ferryd
-reg_need_cmds docker-registry skopeo umoci findmnt
+need_cmds docker-registry skopeo umoci findmnt
 oci_fixtures
 
 if ! reg_start anon 2>"$LOG"; then

@@ -25,7 +25,7 @@
 need_root
 need_ferry
 need_ferryd
-reg_need_cmds docker-registry skopeo umoci chroot findmnt
+need_cmds docker-registry skopeo umoci chroot findmnt
 oci_fixtures
 
 # --- images -----------------------------------------------------------------

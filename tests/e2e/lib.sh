@@ -220,6 +220,17 @@ check_kernel_log() {
 	fi
 }
 
+# Every command named must be installed (tests/deps.sh installs them).
+need_cmds() { # command...
+	local c
+	for c in "$@"; do
+		if ! command -v "$c" >/dev/null; then
+			notok "$E2E_NAME: needs $c (tests/deps.sh installs it)"
+			exit 1
+		fi
+	done
+}
+
 need_root() {
 	if [ "$(id -u)" -ne 0 ]; then
 		notok "$E2E_NAME: needs root (mounts, devices, trusted xattrs)"

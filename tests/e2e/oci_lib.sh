@@ -12,16 +12,6 @@ MKLAYER=(python3 "$TOP/tests/tools/mklayer.py")
 MKOCI=$TOP/tests/tools/mkoci.sh
 FERRY_FIXTURES=${FERRY_FIXTURES:-/var/tmp/ferry-fixtures}
 
-need_cmds() { # command...
-	local c
-	for c in "$@"; do
-		if ! command -v "$c" >/dev/null; then
-			notok "$E2E_NAME: needs $c (tests/deps.sh installs it)"
-			exit 1
-		fi
-	done
-}
-
 # Sets FIX (the "debian" layout) and FIXZ (the "zstd" layout), building
 # the fixtures when they are not cached yet.
 oci_fixtures() {

@@ -20,7 +20,7 @@
 E2E_TIMEOUT=${E2E_TIMEOUT:-175}
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/registry_lib.sh"
-reg_need_cmds docker-registry python3
+need_cmds docker-registry python3
 need_tool "$REGCLIENT"
 
 IMG=$SCRATCH/img

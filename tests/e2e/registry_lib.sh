@@ -45,16 +45,6 @@ mkdir -p "$HOME"
 unset DOCKER_CONFIG REGISTRY_AUTH_FILE XDG_RUNTIME_DIR
 unset http_proxy https_proxy HTTP_PROXY HTTPS_PROXY all_proxy ALL_PROXY no_proxy NO_PROXY
 
-reg_need_cmds() { # command...
-	local c
-	for c in "$@"; do
-		if ! command -v "$c" >/dev/null; then
-			notok "$E2E_NAME: needs $c"
-			exit 1
-		fi
-	done
-}
-
 reg_stop_all() {
 	local p i
 	[ ${#REG_PIDS[@]} -gt 0 ] || return 0

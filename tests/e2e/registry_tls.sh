@@ -18,7 +18,7 @@
 E2E_TIMEOUT=${E2E_TIMEOUT:-120}
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/registry_lib.sh"
-reg_need_cmds docker-registry openssl htpasswd python3
+need_cmds docker-registry openssl htpasswd python3
 need_tool "$REGCLIENT"
 need_ferry
 

@@ -12,7 +12,7 @@
 . "$(dirname "$0")/registry_lib.sh"
 need_root
 need_ferry
-reg_need_cmds docker-registry skopeo umoci htpasswd openssl
+need_cmds docker-registry skopeo umoci htpasswd openssl
 oci_fixtures
 dmesg_mark
 
