@@ -189,6 +189,25 @@ const char *image_cache_data_path(const struct image_cache *ic, uint32_t index);
 ssize_t image_cache_read(struct image_cache *ic, const struct meta_stat *st,
 			 uint64_t off, void *buf, size_t len);
 
+/* A piece of a file: @len bytes at @off of cache data file @fd, or zeros (@fd -1). */
+struct image_extent {
+	int fd;
+	uint64_t off;
+	size_t len;
+};
+
+/*
+ * For zero-copy replies: make the chunks behind up to @len bytes at @off of
+ * the chunk-based regular file @st present, and describe where the bytes
+ * are in at most @max extents (contiguous pieces merged), clamped to the
+ * file's size. Returns the number of extents, -E2BIG when more are needed,
+ * -EINVAL for a file without chunks (inline: use image_cache_read), or
+ * -errno as image_cache_read. The descriptors stay valid while @ic is open.
+ */
+ssize_t image_cache_map(struct image_cache *ic, const struct meta_stat *st,
+			uint64_t off, size_t len, struct image_extent *ext,
+			size_t max);
+
 /* Make [@uoff, @uoff + @len) of device @device_id (1-based) present. */
 int image_cache_ensure(struct image_cache *ic, uint32_t device_id,
 		       uint64_t uoff, uint64_t len);

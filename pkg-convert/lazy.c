@@ -144,40 +144,72 @@ static int locate(const struct image_cache *ic, const struct meta_stat *st,
 	return 0;
 }
 
-/* Read [off, off + len) of a chunk-based file, clamped to its size. */
-static ssize_t read_chunked(struct image_cache *ic, const struct meta_stat *st,
-			    uint64_t off, uint8_t *buf, size_t len)
+/*
+ * Make the chunks behind [off, off + len) of a chunk-based file present
+ * (clamped to its size) and describe where the bytes are, merging
+ * contiguous pieces of one cache file.
+ */
+static ssize_t map_chunked(struct image_cache *ic, const struct meta_stat *st,
+			   uint64_t off, size_t len, struct image_extent *ext,
+			   size_t max)
 {
 	uint64_t end = MIN(st->size, off + len), pos, uoff = 0;
 	uint32_t index = 0;
+	size_t nr = 0;
 	int ret;
 
 	for (pos = off; pos < end;) {
 		size_t n = (size_t)MIN(end - pos,
 				       st->chunk_size - pos % st->chunk_size);
+		int fd = -1;
 
 		ret = locate(ic, st, pos, &index, &uoff);
 		if (ret < 0)
 			return ret;
-		if (ret) {
-			memset(buf + (pos - off), 0, n);
-		} else {
+		if (!ret) {
 			ret = ensure(ic, index, uoff, n);
-			if (!ret)
-				ret = pread_full(blob_cache_data_fd(ic->blobs[index]),
-						 buf + (pos - off), n, uoff);
 			if (ret)
 				return ret;
+			fd = blob_cache_data_fd(ic->blobs[index]);
+		}
+		if (nr && ext[nr - 1].fd == fd &&
+		    (fd < 0 || ext[nr - 1].off + ext[nr - 1].len == uoff)) {
+			ext[nr - 1].len += n;
+		} else {
+			if (nr == max)
+				return -E2BIG;
+			ext[nr++] = (struct image_extent){ fd, fd < 0 ? 0 : uoff, n };
 		}
 		pos += n;
 	}
-	return (ssize_t)(end > off ? end - off : 0);
+	return (ssize_t)nr;
+}
+
+ssize_t image_cache_map(struct image_cache *ic, const struct meta_stat *st,
+			uint64_t off, size_t len, struct image_extent *ext,
+			size_t max)
+{
+	ssize_t nr;
+	size_t i;
+
+	if (!S_ISREG(st->mode) || !st->nr_chunks)
+		return -EINVAL;
+	atomic_fetch_add(&ic->demand_inflight, 1);
+	nr = map_chunked(ic, st, off, len, ext, max);
+	atomic_fetch_sub(&ic->demand_inflight, 1);
+	for (i = 0; nr > 0 && i < (size_t)nr; i++)
+		atomic_fetch_add(&ic->bytes_read, ext[i].len);
+	return nr;
 }
 
 ssize_t image_cache_read(struct image_cache *ic, const struct meta_stat *st,
 			 uint64_t off, void *buf, size_t len)
 {
-	ssize_t n;
+	struct image_extent ext[8];
+	uint8_t *p = buf;
+	size_t done = 0, i;
+	ssize_t nr;
+	int ret;
 
 	if (!S_ISREG(st->mode))
 		return -EINVAL;
@@ -185,12 +217,27 @@ ssize_t image_cache_read(struct image_cache *ic, const struct meta_stat *st,
 		return 0;
 	if (!st->nr_chunks)
 		return meta_read(ic->img->meta, st->nid, off, buf, len);
-	atomic_fetch_add(&ic->demand_inflight, 1);
-	n = read_chunked(ic, st, off, buf, len);
-	atomic_fetch_sub(&ic->demand_inflight, 1);
-	if (n > 0)
-		atomic_fetch_add(&ic->bytes_read, (uint64_t)n);
-	return n;
+	len = (size_t)MIN((uint64_t)len, st->size - off);
+	while (done < len) {
+		/* A piece at a time: eight extents cover at least 8 chunks. */
+		nr = image_cache_map(ic, st, off + done,
+				     MIN(len - done, (size_t)8 * st->chunk_size),
+				     ext, ARRAY_SIZE(ext));
+		if (nr <= 0)
+			return nr < 0 ? nr : -EFSCORRUPTED;
+		for (i = 0; i < (size_t)nr; i++) {
+			if (ext[i].fd < 0) {
+				memset(p + done, 0, ext[i].len);
+			} else {
+				ret = pread_full(ext[i].fd, p + done, ext[i].len,
+						 ext[i].off);
+				if (ret)
+					return ret;
+			}
+			done += ext[i].len;
+		}
+	}
+	return (ssize_t)done;
 }
 
 static void sleep_ms(unsigned int ms)

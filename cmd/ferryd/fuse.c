@@ -151,12 +151,12 @@ static void fs_init(void *userdata, struct fuse_conn_info *conn)
 	 */
 	conn->want &= ~FUSE_CAP_READDIRPLUS_AUTO;
 	/*
-	 * Replies are copied (fuse_reply_buf): the bytes come out of
-	 * image_cache_read, which verifies and accounts them; splicing from
-	 * the cache data files would bypass both, so no FUSE_CAP_SPLICE_*.
-	 * Readahead: the kernel's offer is the ceiling; keep it (ferryd
-	 * raises the bdi's read_ahead_kb after mounting).
+	 * Data replies splice from the cache files (fs_read), after
+	 * image_cache_map has verified and accounted the chunks. Readahead:
+	 * the kernel's offer is the ceiling; keep it (ferryd raises the bdi's
+	 * read_ahead_kb after mounting).
 	 */
+	conn->want |= (FUSE_CAP_SPLICE_WRITE | FUSE_CAP_SPLICE_MOVE) & conn->capable;
 	conn->max_background = 64;
 	conn->congestion_threshold = 48;
 	conn->time_gran = 1;
@@ -457,6 +457,43 @@ static void note_failure(struct fs *fs, const struct meta_stat *ms,
 	pthread_mutex_unlock(&fs->fail_lock);
 }
 
+#define FS_MAP_EXTENTS 8
+
+/*
+ * Reply with the cache file pieces behind the read: 0 when replied,
+ * -E2BIG when it needs the copying path, or -errno (not replied).
+ */
+static ssize_t reply_mapped(fuse_req_t req, struct fs *fs,
+			    const struct meta_stat *ms, uint64_t off, size_t size)
+{
+	struct image_extent ext[FS_MAP_EXTENTS];
+	/* fuse_bufvec ends in buf[1]: room for the other extents after it. */
+	struct {
+		struct fuse_bufvec v;
+		struct fuse_buf more[FS_MAP_EXTENTS - 1];
+	} bv;
+	struct fuse_buf *b = bv.v.buf;
+	ssize_t nr = image_cache_map(fs->ic, ms, off, size, ext, FS_MAP_EXTENTS);
+	size_t i;
+
+	if (nr < 0)
+		return nr;
+	for (i = 0; i < (size_t)nr; i++)
+		if (ext[i].fd < 0)
+			return -E2BIG; /* a hole: zeros come from memory */
+	bv.v = (struct fuse_bufvec){ .count = (size_t)nr };
+	for (i = 0; i < (size_t)nr; i++)
+		b[i] = (struct fuse_buf){
+			.size = ext[i].len,
+			.flags = FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK |
+				 FUSE_BUF_FD_RETRY,
+			.fd = ext[i].fd,
+			.pos = (off_t)ext[i].off,
+		};
+	fuse_reply_data(req, &bv.v, FUSE_BUF_SPLICE_MOVE);
+	return 0;
+}
+
 static void fs_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 		    struct fuse_file_info *fi)
 {
@@ -486,12 +523,26 @@ static void fs_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 		fuse_reply_err(req, EIO);
 		return;
 	}
+	/*
+	 * Chunked data is verified and in the cache files once mapped: the
+	 * reply points at them, and libfuse splices the pages to the kernel
+	 * without copying them through ferryd. Inline files, holes and reads
+	 * spanning many chunks take the copying path.
+	 */
+	if (ms->nr_chunks && (uint64_t)off < ms->size) {
+		n = reply_mapped(req, fs, ms, (uint64_t)off, size);
+		if (n != -E2BIG)
+			goto done;
+	}
 	buf = read_buf(MAX(size, (size_t)1));
 	if (!buf) {
 		fuse_reply_err(req, ENOMEM);
 		return;
 	}
 	n = image_cache_read(fs->ic, ms, (uint64_t)off, buf, size);
+	if (n >= 0)
+		fuse_reply_buf(req, (const char *)buf, (size_t)n);
+done:
 	if (n < 0) {
 		/* image_cache has named the blob and chunk. */
 		ferry_err("%s: read of inode %llu (%zu bytes at %lld) failed: %s",
@@ -501,9 +552,7 @@ static void fs_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 			     MIN(size, (size_t)(ms->size > (uint64_t)off ?
 						ms->size - (uint64_t)off : 0)));
 		fuse_reply_err(req, EIO);
-		return;
 	}
-	fuse_reply_buf(req, (const char *)buf, (size_t)n);
 }
 
 static void fs_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
