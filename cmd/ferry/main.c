@@ -14,8 +14,8 @@ static const struct {
 	int (*run)(int argc, char **argv);
 	const char *summary;
 } commands[] = {
-	{ "convert", cmd_convert, "convert a directory or tar into a ferry image" },
-	{ "mount", cmd_mount, "mount a ferry image" },
+	{ "convert", cmd_convert, "convert a directory, tar, OCI layout or registry image" },
+	{ "mount", cmd_mount, "mount a ferry image (kernel, or lazily through FUSE)" },
 	{ "umount", cmd_umount, "unmount a ferry mount" },
 	{ "inspect", cmd_inspect, "show an image's superblock, blobs, tree or a file's chunks" },
 	{ "check", cmd_check, "verify an image's metadata and every chunk digest" },
