@@ -5,6 +5,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -294,4 +295,22 @@ void ferry_progress_end(struct ferry_progress *p)
 	if (p->drawn)
 		fprintf(stderr, "\r\033[K");
 	p->drawn = false;
+}
+
+void digest_format(const uint8_t d[32], char out[DIGEST_STRING_SIZE])
+{
+	memcpy(out, "sha256:", 7);
+	hex_encode(d, 32, out + 7);
+}
+
+int digest_parse(const char *s, uint8_t out[32])
+{
+	size_t i;
+
+	if (!s || strncmp(s, "sha256:", 7) || strlen(s) != 7 + 64)
+		return -EINVAL;
+	for (i = 7; s[i]; i++)
+		if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f')))
+			return -EINVAL;
+	return hex_decode(s + 7, out, 32);
 }

@@ -106,6 +106,12 @@ int pread_full(int fd, void *buf, size_t len, uint64_t off);
  */
 int read_file_max(const char *path, size_t max, char **data, size_t *len);
 
+/* OCI digests: "sha256:<64 lowercase hex>" and its 32 bytes. */
+#define DIGEST_STRING_SIZE 72 /* with the NUL */
+void digest_format(const uint8_t d[32], char out[DIGEST_STRING_SIZE]);
+/* -EINVAL unless @s is exactly that form. */
+int digest_parse(const char *s, uint8_t out[32]);
+
 /* The string member @key of the JSON object @o, or NULL (json.c). */
 struct json_object;
 const char *json_get_string(struct json_object *o, const char *key);

@@ -1095,15 +1095,6 @@ static int digest_cmp(const void *a, const void *b)
 	return memcmp(a, b, BLOB_DIGEST_SIZE);
 }
 
-/* "sha256:<64 lowercase hex>" */
-static int parse_digest(const char *s, uint8_t out[BLOB_DIGEST_SIZE])
-{
-	if (strncmp(s, "sha256:", 7) || strlen(s) != 7 + CACHE_HEX_LEN ||
-	    !cache_is_hex(s + 7, CACHE_HEX_LEN))
-		return -EINVAL;
-	return hex_decode(s + 7, out, BLOB_DIGEST_SIZE);
-}
-
 /* A directory entry named <64 hex><suffix>: the digest, else -EINVAL. */
 static int name_digest(const char *name, const char *suffix,
 		       uint8_t out[BLOB_DIGEST_SIZE])
@@ -1150,7 +1141,7 @@ static int record_parse(const char *path, const uint8_t digest[BLOB_DIGEST_SIZE]
 	*why = "\"digest\" missing or not the file's name";
 	if (!json_object_object_get_ex(root, "digest", &v) ||
 	    !json_object_is_type(v, json_type_string) ||
-	    parse_digest(json_object_get_string(v), d) ||
+	    digest_parse(json_object_get_string(v), d) ||
 	    memcmp(d, digest, BLOB_DIGEST_SIZE))
 		goto out;
 	*why = "\"ref\" missing or not a string";
@@ -1173,7 +1164,7 @@ static int record_parse(const char *path, const uint8_t digest[BLOB_DIGEST_SIZE]
 	for (i = 0; i < n; i++) {
 		v = json_object_array_get_idx(blobs, i);
 		if (!json_object_is_type(v, json_type_string) ||
-		    parse_digest(json_object_get_string(v), r->blobs[i]))
+		    digest_parse(json_object_get_string(v), r->blobs[i]))
 			goto out;
 	}
 	qsort(r->blobs, n, BLOB_DIGEST_SIZE, digest_cmp);

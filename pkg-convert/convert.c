@@ -592,12 +592,6 @@ static void compression_name(const struct convert_opts *o, char *buf, size_t len
 		snprintf(buf, len, "%s", blob_codec_name(o->compress.codec));
 }
 
-static void digest_string(const uint8_t *digest, char out[72])
-{
-	memcpy(out, "sha256:", 7);
-	hex_encode(digest, BLOB_DIGEST_SIZE, out + 7);
-}
-
 /* ------------------------------------------------------------------ */
 /* Blobs                                                               */
 /* ------------------------------------------------------------------ */
@@ -960,7 +954,7 @@ static int fill_stats(struct convert_stats *s, struct out_blob **blobs, uint32_t
 		return -ENOMEM;
 	s->nr_blobs = nr;
 	for (i = 0; i < nr; i++) {
-		digest_string(blobs[i]->info.digest, s->blobs[i].digest);
+		digest_format(blobs[i]->info.digest, s->blobs[i].digest);
 		s->blobs[i].size = blobs[i]->info.size;
 		s->blobs[i].uncompressed_size = blobs[i]->info.uncompressed_size;
 		s->blobs[i].nr_chunks = blobs[i]->info.nr_chunks;
@@ -1000,7 +994,7 @@ static int finish_dir(struct converter *c, const char *out_dir,
 	root = json_object_new_object();
 	boot = json_object_new_object();
 	list = json_object_new_array();
-	digest_string(boot_digest, digest);
+	digest_format(boot_digest, digest);
 	json_object_object_add(root, "schemaVersion", json_object_new_int(1));
 	json_object_object_add(boot, "path", json_object_new_string("bootstrap"));
 	json_object_object_add(boot, "digest", json_object_new_string(digest));
@@ -1010,7 +1004,7 @@ static int finish_dir(struct converter *c, const char *out_dir,
 	for (i = 0; i < nr; i++) {
 		struct json_object *b = json_object_new_object();
 
-		digest_string(blobs[i]->info.digest, digest);
+		digest_format(blobs[i]->info.digest, digest);
 		json_object_object_add(b, "digest", json_object_new_string(digest));
 		json_object_object_add(b, "size", json_object_new_int64((int64_t)blobs[i]->info.size));
 		json_object_object_add(b, "uncompressedSize",
@@ -1044,7 +1038,7 @@ static struct json_object *descriptor_json(const char *media_type,
 	struct json_object *d = json_object_new_object();
 	char dstr[72];
 
-	digest_string(digest, dstr);
+	digest_format(digest, dstr);
 	json_object_object_add(d, "mediaType", json_object_new_string(media_type));
 	json_object_object_add(d, "digest", json_object_new_string(dstr));
 	json_object_object_add(d, "size", json_object_new_int64((int64_t)size));
@@ -1171,7 +1165,7 @@ static int finish_oci(struct converter *c, const char *dest_ref,
 	}
 	d = descriptor_json(FERRY_BOOTSTRAP_MEDIA_TYPE, zboot_digest, zboot_size);
 	annotate(d, "dev.ferry.bootstrap", "true");
-	digest_string(boot_digest, dstr);
+	digest_format(boot_digest, dstr);
 	annotate(d, FERRY_BOOTSTRAP_DIGEST_ANNOTATION, dstr);
 	snprintf(num, sizeof(num), "%llu", (unsigned long long)c->stats->bootstrap_bytes);
 	annotate(d, "dev.ferry.bootstrap.uncompressed-size", num);
@@ -1192,7 +1186,7 @@ static int finish_oci(struct converter *c, const char *dest_ref,
 			goto out;
 		}
 		for (i = 0; i < src->nr_layers; i++) {
-			digest_string(src->layers[i].digest, dstr);
+			digest_format(src->layers[i].digest, dstr);
 			fprintf(f, "%s%s", i ? "," : "", dstr);
 		}
 		if (fclose(f) || !joined) {
@@ -1202,7 +1196,7 @@ static int finish_oci(struct converter *c, const char *dest_ref,
 		}
 		annotate(manifest, "dev.ferry.source-layers", joined);
 		free(joined);
-		digest_string(src->manifest_desc.digest, dstr);
+		digest_format(src->manifest_desc.digest, dstr);
 		annotate(manifest, "dev.ferry.source-manifest", dstr);
 	}
 	text = json_object_to_json_string_ext(manifest, JSON_C_TO_STRING_PLAIN |
@@ -1212,7 +1206,7 @@ static int finish_oci(struct converter *c, const char *dest_ref,
 		ret = oci_tag_manifest(layout, tag ? tag : "latest", manifest_digest,
 				       strlen(text), OCI_MANIFEST_TYPE);
 	if (!ret) {
-		digest_string(manifest_digest, c->stats->manifest_digest);
+		digest_format(manifest_digest, c->stats->manifest_digest);
 		c->stats->manifest_size = strlen(text);
 	}
 out:
@@ -1261,7 +1255,7 @@ static int convert_oci_layers(struct converter *c, const struct oci_image *img)
 		const struct oci_descriptor *d = &img->layers[i];
 		char *path = NULL, name[96];
 
-		digest_string(d->digest, name + 6);
+		digest_format(d->digest, name + 6);
 		memcpy(name, "layer ", 6);
 		ret = convert_layer_begin(c, name + 6);
 		if (ret)
@@ -1480,7 +1474,7 @@ int convert_run(const char *source, const char *dest,
 	if (!ret && dkind == DST_DOCKER) {
 		uint8_t digest[32];
 
-		oci_parse_digest(stats->manifest_digest, digest);
+		digest_parse(stats->manifest_digest, digest);
 		ret = oci_push(staging, digest, stats->manifest_size, dst_path,
 			       opts->fetch, &c.progress);
 	}

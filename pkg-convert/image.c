@@ -62,7 +62,7 @@ static int locate_dir(struct image *img, struct image_expect *e)
 	}
 	if (!json_object_object_get_ex(root, "bootstrap", &boot) ||
 	    !(s = json_get_string(boot, "digest")) ||
-	    oci_parse_digest(s, e->bootstrap)) {
+	    digest_parse(s, e->bootstrap)) {
 		ferry_err("%s: missing or malformed bootstrap digest", index_path);
 		goto out;
 	}
@@ -74,7 +74,7 @@ static int locate_dir(struct image *img, struct image_expect *e)
 	ret = expect_blobs(e, json_object_array_length(blobs));
 	for (i = 0; !ret && i < e->nr_blobs; i++) {
 		s = json_get_string(json_object_array_get_idx(blobs, i), "digest");
-		if (!s || oci_parse_digest(s, e->blobs[i])) {
+		if (!s || digest_parse(s, e->blobs[i])) {
 			ferry_err("%s: blob %zu has a malformed digest", index_path, i);
 			ret = -EFSCORRUPTED;
 		}
@@ -122,7 +122,7 @@ static int locate_manifest(struct image *img, const char *ref,
 	e->compressed_size = oci.layers[oci.nr_layers - 1].size;
 	s = oci_annotation(json_object_array_get_idx(layers, oci.nr_layers - 1),
 			   FERRY_BOOTSTRAP_DIGEST_ANNOTATION);
-	if (!s || oci_parse_digest(s, e->bootstrap)) {
+	if (!s || digest_parse(s, e->bootstrap)) {
 		ferry_err("%s: bootstrap layer lacks a valid %s annotation", ref,
 			  FERRY_BOOTSTRAP_DIGEST_ANNOTATION);
 		goto out;

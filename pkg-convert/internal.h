@@ -198,8 +198,6 @@ int oci_image_resolve(struct oci_image *img, const struct oci_descriptor *top,
 
 /* Split "PATH[:TAG]" in place; *tag is NULL when there is none. */
 void oci_split_ref(char *ref, char **path, char **tag);
-/* "sha256:<64 hex>" → 32 bytes; -EINVAL otherwise. */
-int oci_parse_digest(const char *s, uint8_t out[32]);
 /* The host's platform as "os/arch[/variant]". */
 int oci_host_platform(char *out, size_t len);
 

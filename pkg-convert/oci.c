@@ -56,13 +56,6 @@ void oci_split_ref(char *ref, char **path, char **tag)
 	*path = ref;
 }
 
-int oci_parse_digest(const char *s, uint8_t out[32])
-{
-	if (!s || strncmp(s, "sha256:", 7) || strlen(s) != 71)
-		return -EINVAL;
-	return hex_decode(s + 7, out, 32);
-}
-
 /* Parse a descriptor object; every field a consumer relies on is checked. */
 static int parse_descriptor(struct json_object *o, const char *where,
 			    struct oci_descriptor *d)
@@ -72,8 +65,8 @@ static int parse_descriptor(struct json_object *o, const char *where,
 	int64_t size;
 
 	memset(d, 0, sizeof(*d));
-	if (!digest || oci_parse_digest(digest, d->digest)) {
-		ferry_err("%s: descriptor digest \"%s\" is not sha256:<64 hex>", where,
+	if (!digest || digest_parse(digest, d->digest)) {
+		ferry_err("%s: descriptor digest \"%s\" is not sha256:<64 lowercase hex>", where,
 			  digest ? digest : "(missing)");
 		return -EFSCORRUPTED;
 	}

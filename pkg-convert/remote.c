@@ -32,7 +32,7 @@ static int remote_load(void *ctx, const struct oci_descriptor *d,
 	uint8_t digest[32];
 	int ret;
 
-	fetch_format_digest(d->digest, dstr);
+	digest_format(d->digest, dstr);
 	if (!manifest) {
 		ret = registry_get_blob(l->reg, d->digest, d->size, OCI_JSON_MAX,
 					&body);
@@ -119,7 +119,7 @@ static int push_blob(struct registry *reg, const char *layout,
 		goto out;
 	}
 	if ((uint64_t)st.st_size != d->size) {
-		fetch_format_digest(d->digest, dstr);
+		digest_format(d->digest, dstr);
 		ferry_err("%s: %llu bytes, but the manifest says %s has %llu", path,
 			  (unsigned long long)st.st_size, dstr,
 			  (unsigned long long)d->size);

@@ -58,10 +58,7 @@ struct fetch_ref {
 /* -EINVAL with a message naming @s and the offending part. */
 int fetch_parse_ref(const char *s, struct fetch_ref *out);
 void fetch_ref_free(struct fetch_ref *ref);
-/* "sha256:<64 lower-case hex>" → 32 bytes; -EINVAL otherwise. */
-int fetch_parse_digest(const char *s, uint8_t out[FETCH_DIGEST_SIZE]);
-/* 32 bytes → "sha256:<hex>" (@out holds at least 72 bytes). */
-void fetch_format_digest(const uint8_t d[FETCH_DIGEST_SIZE], char *out);
+/* Digest strings: digest_parse / digest_format in pkg-base/base.h. */
 
 /* ------------------------------------------------------------------ */
 /* Client options                                                      */

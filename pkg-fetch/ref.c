@@ -145,24 +145,6 @@ static bool host_valid(const char *s, size_t len)
 	       (name_end == 9 && !strncmp(s, "localhost", 9));
 }
 
-int fetch_parse_digest(const char *s, uint8_t out[FETCH_DIGEST_SIZE])
-{
-	size_t i;
-
-	if (!s || strncmp(s, "sha256:", 7) || strlen(s) != 7 + 2 * FETCH_DIGEST_SIZE)
-		return -EINVAL;
-	for (i = 7; s[i]; i++)
-		if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f')))
-			return -EINVAL;
-	return hex_decode(s + 7, out, FETCH_DIGEST_SIZE);
-}
-
-void fetch_format_digest(const uint8_t d[FETCH_DIGEST_SIZE], char *out)
-{
-	memcpy(out, "sha256:", 7);
-	hex_encode(d, FETCH_DIGEST_SIZE, out + 7);
-}
-
 void fetch_ref_free(struct fetch_ref *ref)
 {
 	if (!ref)
@@ -209,7 +191,7 @@ int fetch_parse_ref(const char *s, struct fetch_ref *out)
 	if (colon && memchr(colon, '/', (size_t)(repo_end - colon)))
 		colon = NULL;
 	if (at) {
-		if (fetch_parse_digest(at + 1, d))
+		if (digest_parse(at + 1, d))
 			return ref_invalid(s, "digest is not sha256:<64 hex>");
 		if (colon && !fetch_tag_valid(colon + 1,
 					      (size_t)(at - colon - 1)))

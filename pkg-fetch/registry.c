@@ -475,7 +475,7 @@ static int check_content_digest(struct registry *r, const char *what,
 
 	if (!hdr || strncmp(hdr, "sha256:", 7))
 		return 0;
-	if (!fetch_parse_digest(hdr, claimed) &&
+	if (!digest_parse(hdr, claimed) &&
 	    !memcmp(claimed, digest, FETCH_DIGEST_SIZE))
 		return 0;
 	ferry_err("%s: %s: Docker-Content-Digest %.80s %s", r->name, what, hdr,
@@ -491,7 +491,7 @@ int registry_get_manifest(struct registry *r, const char *reference,
 	struct http_resp resp = { 0 };
 	uint8_t want[FETCH_DIGEST_SIZE];
 	char what[300], *url = NULL;
-	bool by_digest = !fetch_parse_digest(reference, want);
+	bool by_digest = !digest_parse(reference, want);
 	int err;
 
 	memset(body, 0, sizeof(*body));
@@ -578,7 +578,7 @@ int registry_put_manifest(struct registry *r, const char *reference,
 	struct curl_slist ct = { 0 };
 	uint8_t want[FETCH_DIGEST_SIZE], got[FETCH_DIGEST_SIZE];
 	char what[300], *url = NULL, *ct_line = NULL;
-	bool by_digest = !fetch_parse_digest(reference, want);
+	bool by_digest = !digest_parse(reference, want);
 	int err;
 
 	snprintf(what, sizeof(what), "upload of manifest %s", reference);
@@ -832,7 +832,7 @@ int registry_blob_exists(struct registry *r,
 	const char *hdr;
 	int err;
 
-	fetch_format_digest(digest, d);
+	digest_format(digest, d);
 	snprintf(what, sizeof(what), "blob %s", d);
 	err = auth_ping(r);
 	if (err)

@@ -544,7 +544,7 @@ int stream_open(struct registry *r, const uint8_t digest[FETCH_DIGEST_SIZE],
 		return -ENOMEM;
 	s->r = r;
 	memcpy(s->digest, digest, FETCH_DIGEST_SIZE);
-	fetch_format_digest(digest, s->dstr);
+	digest_format(digest, s->dstr);
 	if (verify)
 		snprintf(s->what, sizeof(s->what), "blob %s", s->dstr);
 	else
@@ -647,7 +647,7 @@ int registry_get_blob(struct registry *r,
 	if (size > max || size >= SIZE_MAX) {
 		char d[80];
 
-		fetch_format_digest(digest, d);
+		digest_format(digest, d);
 		ferry_err("%s: blob %s: %" PRIu64 " bytes is over the %zu "
 			  "byte limit", r->name, d, size, max);
 		return -EFBIG;

@@ -248,7 +248,7 @@ static int put_blob(struct registry *r, const struct up_src *src,
 	int err;
 
 	u.scope.push = true;
-	fetch_format_digest(digest, u.dstr);
+	digest_format(digest, u.dstr);
 	snprintf(u.what, sizeof(u.what), "upload of blob %s", u.dstr);
 	if (mount_from && (!fetch_repo_valid(mount_from, strlen(mount_from)) ||
 			   !strcmp(mount_from, r->repo)))

@@ -32,12 +32,6 @@ static void cache_help(void)
 	       FERRY_DEFAULT_CACHE_DIR);
 }
 
-static void digest_str(const uint8_t d[BLOB_DIGEST_SIZE], char out[72])
-{
-	memcpy(out, "sha256:", 7);
-	hex_encode(d, BLOB_DIGEST_SIZE, out + 7);
-}
-
 static void print_list(const struct blob_cache_list *l, bool json)
 {
 	struct json_object *root, *blobs, *images, *o;
@@ -51,7 +45,7 @@ static void print_list(const struct blob_cache_list *l, bool json)
 		for (i = 0; i < l->nr_blobs; i++) {
 			const struct blob_cache_entry *b = &l->blobs[i];
 
-			digest_str(b->digest, d);
+			digest_format(b->digest, d);
 			printf("%-71s %14llu %4u/%-4u %14llu %6u %s\n", d,
 			       (unsigned long long)b->uncompressed_size,
 			       b->chunks_present, b->nr_chunks,
@@ -62,7 +56,7 @@ static void print_list(const struct blob_cache_list *l, bool json)
 		printf("%u blobs, %llu bytes on disk\n\nIMAGE%67s BLOBS\n",
 		       l->nr_blobs, (unsigned long long)disk, "");
 		for (i = 0; i < l->nr_images; i++) {
-			digest_str(l->images[i].digest, d);
+			digest_format(l->images[i].digest, d);
 			printf("%-71s %5u  %s\n", d, l->images[i].nr_blobs,
 			       l->images[i].ref);
 		}
@@ -75,7 +69,7 @@ static void print_list(const struct blob_cache_list *l, bool json)
 		const struct blob_cache_entry *b = &l->blobs[i];
 
 		o = json_object_new_object();
-		digest_str(b->digest, d);
+		digest_format(b->digest, d);
 		json_object_object_add(o, "digest", json_object_new_string(d));
 		json_object_object_add(o, "uncompressedSize",
 				       json_object_new_int64((int64_t)b->uncompressed_size));
@@ -90,7 +84,7 @@ static void print_list(const struct blob_cache_list *l, bool json)
 	}
 	for (i = 0; i < l->nr_images; i++) {
 		o = json_object_new_object();
-		digest_str(l->images[i].digest, d);
+		digest_format(l->images[i].digest, d);
 		json_object_object_add(o, "digest", json_object_new_string(d));
 		json_object_object_add(o, "ref", json_object_new_string(l->images[i].ref));
 		json_object_object_add(o, "blobs", json_object_new_int64(l->images[i].nr_blobs));
@@ -120,7 +114,7 @@ static int prune(const char *dir, char **names, int nr, bool all)
 		bool found = false;
 
 		for (i = 0; i < l.nr_images && !ret; i++) {
-			digest_str(l.images[i].digest, d);
+			digest_format(l.images[i].digest, d);
 			if (strcmp(names[k], d) && strcmp(names[k], l.images[i].ref))
 				continue;
 			found = true;

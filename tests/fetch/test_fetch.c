@@ -134,22 +134,22 @@ static void test_digest(void)
 	uint8_t d[FETCH_DIGEST_SIZE];
 	char s[80];
 
-	CHECK_EQ(fetch_parse_digest("sha256:" HEX64, d), 0);
+	CHECK_EQ(digest_parse("sha256:" HEX64, d), 0);
 	CHECK_EQ(d[0], 0x01);
 	CHECK_EQ(d[31], 0xef);
-	fetch_format_digest(d, s);
+	digest_format(d, s);
 	CHECK(!strcmp(s, "sha256:" HEX64));
-	CHECK_EQ(fetch_parse_digest("sha256:" HEX64 "0", d), -EINVAL);
-	CHECK_EQ(fetch_parse_digest("sha256:0123", d), -EINVAL);
-	CHECK_EQ(fetch_parse_digest("SHA256:" HEX64, d), -EINVAL);
-	CHECK_EQ(fetch_parse_digest("sha256:" "0123456789abcdef0123456789abcdef"
+	CHECK_EQ(digest_parse("sha256:" HEX64 "0", d), -EINVAL);
+	CHECK_EQ(digest_parse("sha256:0123", d), -EINVAL);
+	CHECK_EQ(digest_parse("SHA256:" HEX64, d), -EINVAL);
+	CHECK_EQ(digest_parse("sha256:" "0123456789abcdef0123456789abcdef"
 				    "0123456789abcdef0123456789abcdeF", d),
 		 -EINVAL);
-	CHECK_EQ(fetch_parse_digest("sha256:" "0123456789abcdef0123456789abcdef"
+	CHECK_EQ(digest_parse("sha256:" "0123456789abcdef0123456789abcdef"
 				    "0123456789abcdef0123456789abcdeg", d),
 		 -EINVAL);
-	CHECK_EQ(fetch_parse_digest("sha512:" HEX64, d), -EINVAL);
-	CHECK_EQ(fetch_parse_digest(NULL, d), -EINVAL);
+	CHECK_EQ(digest_parse("sha512:" HEX64, d), -EINVAL);
+	CHECK_EQ(digest_parse(NULL, d), -EINVAL);
 }
 
 /* ------------------------------------------------------------------ */

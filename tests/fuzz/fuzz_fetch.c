@@ -220,10 +220,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		fuzz_ref(s);
 		break;
 	case F_DIGEST:
-		if (!fetch_parse_digest(s, d)) {
+		if (!digest_parse(s, d)) {
 			char back[80];
 
-			fetch_format_digest(d, back);
+			digest_format(d, back);
 			if (strcmp(back, s))
 				abort();
 		}

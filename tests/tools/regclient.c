@@ -85,7 +85,7 @@ static int cmd_manifest(struct registry *r, const struct fetch_ref *ref)
 	err = registry_get_manifest(r, reference, &body, type, sizeof(type), d);
 	if (err)
 		return err;
-	fetch_format_digest(d, ds);
+	digest_format(d, ds);
 	err = out_write(body.data, body.len);
 	fprintf(stderr, "%s %s\n", type, ds);
 	fetch_buf_free(&body);
@@ -94,7 +94,7 @@ static int cmd_manifest(struct registry *r, const struct fetch_ref *ref)
 
 static int get_digest(const char *s, uint8_t d[FETCH_DIGEST_SIZE])
 {
-	if (fetch_parse_digest(s, d)) {
+	if (digest_parse(s, d)) {
 		ferry_err("invalid digest \"%s\" (expected sha256:<64 hex>)", s);
 		return -EINVAL;
 	}
@@ -212,7 +212,7 @@ static int cmd_push_blob(struct registry *r, const char *path,
 	close(fd);
 	if (err < 0)
 		return err;
-	fetch_format_digest(d, ds);
+	digest_format(d, ds);
 	printf("%s %s\n", ds, err ? "exists" : "uploaded");
 	return 0;
 }
@@ -265,7 +265,7 @@ static int cmd_push_manifest(struct registry *r, const struct fetch_ref *ref,
 	err = registry_put_manifest(r, reference, type, data, len);
 	if (!err) {
 		blob_sha256(data, len, d);
-		fetch_format_digest(d, ds);
+		digest_format(d, ds);
 		printf("%s\n", ds);
 	}
 	free(data);
