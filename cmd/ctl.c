@@ -291,6 +291,7 @@ struct json_object *ctl_mount_req_to_json(const struct ctl_mount_req *r)
 	add_str(o, "image", r->image);
 	add_str(o, "mountpoint", r->mountpoint);
 	add_str(o, "cacheDir", r->cache_dir);
+	add_str(o, "mode", r->fanotify ? "fanotify" : "fuse");
 	json_object_object_add(o, "prefetchFiles",
 			       str_array(r->prefetch_files, r->nr_prefetch_files));
 	json_object_object_add(o, "prefetchAll", json_object_new_boolean(r->prefetch_all));
@@ -405,6 +406,7 @@ int ctl_mount_req_parse(struct json_object *req, struct ctl_mount_req *r,
 			char *err, size_t errlen)
 {
 	struct json_object *f = NULL;
+	const char *mode;
 	uint64_t v;
 	size_t n;
 	int ret;
@@ -430,6 +432,12 @@ int ctl_mount_req_parse(struct json_object *req, struct ctl_mount_req *r,
 		snprintf(err, errlen, "\"cacheDir\" must be an absolute path");
 		return -EINVAL;
 	}
+	mode = json_get_string(req, "mode");
+	if (mode && strcmp(mode, "fuse") && strcmp(mode, "fanotify")) {
+		snprintf(err, errlen, "\"mode\": expected \"fuse\" or \"fanotify\"");
+		return -EINVAL;
+	}
+	r->fanotify = mode && !strcmp(mode, "fanotify");
 	ret = opt_strs(req, "prefetchFiles", CTL_PREFETCH_FILES_MAX, PATH_MAX - 1,
 		       &r->prefetch_files, &r->nr_prefetch_files, err, errlen);
 	if (!ret)

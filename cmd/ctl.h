@@ -9,16 +9,18 @@
  * same connection until EOF. Requests ("op"):
  *
  *   {"op":"mount","image":REF,"mountpoint":ABS,"cacheDir":ABS,
+ *    "mode":"fuse"|"fanotify" (default fuse),
  *    "prefetchFiles":[PATH...],"prefetchAll":BOOL,"prefetchBwlimit":N,
  *    "fetch":{"creds":S,"authfile":S,"tlsVerify":BOOL,"caFile":S,
  *             "insecure":[S...],"mirrors":[S...],"retries":N,
  *             "stallTimeoutMs":N}}
- *       answered once the FUSE mount is live
+ *       answered once the mount is live
  *       → {"ok":true,"pid":N}
  *   {"op":"umount","mountpoint":ABS,"lazy":BOOL}
- *       answered once the FUSE session has ended (a few seconds at most)
+ *       answered once the mount is torn down (a few seconds at most)
  *   {"op":"list"}  → {"ok":true,"pid":N,"version":S,"socket":S,"mounts":
- *       [{"mountpoint","image","cacheDir","state","mountedAt","bytesRead",
+ *       [{"mountpoint","image","cacheDir","mode","keeperPid" (fanotify),
+ *         "state","mountedAt","bytesRead",
  *         "bytesFetched","bytesPrefetched","chunksPresent","chunksTotal",
  *         "bytesPresent","prefetch","prefetchFiles","prefetchSeconds"}]}
  *   {"op":"ping"}  → {"ok":true,"pid":N,"version":S,"socket":S}
@@ -101,6 +103,7 @@ struct ctl_mount_req {
 	const char **prefetch_files;
 	size_t nr_prefetch_files;
 	bool prefetch_all;
+	bool fanotify;             /* mode: fanotify, else fuse */
 	uint64_t prefetch_bwlimit; /* bytes per second, 0 = unlimited */
 	struct fetch_opts fetch;   /* insecure / mirrors NULL-terminated */
 	/* Parsed requests only. */

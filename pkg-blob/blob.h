@@ -333,6 +333,13 @@ int blob_cache_data_fd(const struct blob_cache_blob *b);
 
 /* Is chunk @index (into info->chunks) present? Lock-free. */
 bool blob_cache_chunk_present(const struct blob_cache_blob *b, uint32_t index);
+/*
+ * Is every chunk overlapping [@uoff, @uoff + @len) present, as this handle
+ * knows (a chunk another handle filled counts once an ensure of this
+ * handle saw it)? Lock-free; false for a range outside the blob.
+ */
+bool blob_cache_range_present(const struct blob_cache_blob *b, uint64_t uoff,
+			      uint64_t len);
 
 /*
  * Make every chunk whose bytes overlap [@uoff, @uoff + @len) present,

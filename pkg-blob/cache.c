@@ -985,6 +985,41 @@ static uint32_t first_chunk_after(const struct blob_info *info, uint64_t uoff)
 	return lo;
 }
 
+/*
+ * The chunks overlapping [@uoff, @uoff + @len) (in range) as *@i0..*@i1;
+ * false when none does (an empty range, or alignment padding only).
+ */
+static bool range_chunks(const struct blob_info *info, uint64_t uoff,
+			 uint64_t len, uint32_t *i0, uint32_t *i1)
+{
+	uint64_t end = uoff + len;
+	uint32_t i = first_chunk_after(info, uoff);
+
+	if (!len || i == info->nr_chunks || info->chunks[i].uoff >= end)
+		return false;
+	*i0 = i;
+	while (i + 1 < info->nr_chunks && info->chunks[i + 1].uoff < end)
+		i++;
+	*i1 = i;
+	return true;
+}
+
+bool blob_cache_range_present(const struct blob_cache_blob *b, uint64_t uoff,
+			      uint64_t len)
+{
+	const struct blob_info *info = b->info;
+	uint32_t i, i1;
+
+	if (uoff > info->uncompressed_size || len > info->uncompressed_size - uoff)
+		return false;
+	if (!range_chunks(info, uoff, len, &i, &i1))
+		return true;
+	for (; i <= i1; i++)
+		if (!blob_cache_chunk_present(b, i))
+			return false;
+	return true;
+}
+
 int blob_cache_ensure(struct blob_cache_blob *b, uint64_t uoff, uint64_t len,
 		      const struct blob_source *src, uint64_t *fetched)
 {
@@ -992,7 +1027,6 @@ int blob_cache_ensure(struct blob_cache_blob *b, uint64_t uoff, uint64_t len,
 	struct fill f = { .src = src, .fetched = fetched };
 	uint32_t *claimed = NULL;
 	uint32_t i, fa, fb, fr, nr;
-	uint64_t end;
 	int ret = 0;
 
 	if (uoff > info->uncompressed_size ||
@@ -1003,14 +1037,8 @@ int blob_cache_ensure(struct blob_cache_blob *b, uint64_t uoff, uint64_t len,
 			  (unsigned long long)info->uncompressed_size);
 		return -EINVAL;
 	}
-	end = uoff + len;
-	f.i0 = first_chunk_after(info, uoff);
-	if (!len || f.i0 == info->nr_chunks || info->chunks[f.i0].uoff >= end)
+	if (!range_chunks(info, uoff, len, &f.i0, &f.i1))
 		return 0; /* empty, or padding only */
-	for (i = f.i0; i + 1 < info->nr_chunks &&
-		       info->chunks[i + 1].uoff < end; i++)
-		;
-	f.i1 = i;
 	for (i = f.i0; i <= f.i1 && blob_cache_chunk_present(b, i); i++)
 		;
 	if (i > f.i1)

@@ -211,6 +211,14 @@ ssize_t image_cache_map(struct image_cache *ic, const struct meta_stat *st,
 /* Make [@uoff, @uoff + @len) of device @device_id (1-based) present. */
 int image_cache_ensure(struct image_cache *ic, uint32_t device_id,
 		       uint64_t uoff, uint64_t len);
+/*
+ * Without I/O or locks: is [@uoff, @uoff + @len) of device @device_id
+ * known present (false may only mean "ask image_cache_ensure")? Is all
+ * of that blob present?
+ */
+bool image_cache_present(const struct image_cache *ic, uint32_t device_id,
+			 uint64_t uoff, uint64_t len);
+bool image_cache_blob_complete(const struct image_cache *ic, uint32_t device_id);
 
 /*
  * Prefetch: make every chunk of file @st, or of every blob (with
@@ -241,5 +249,11 @@ void image_cache_get_stats(struct image_cache *ic, struct image_cache_stats *s);
  */
 int image_mount_local(struct image *img, const char *cache_dir,
 		      const char *target);
+
+/*
+ * Set img->bootstrap_path to a raw bootstrap file the kernel can mount:
+ * the image's own (dir:), else CACHE/bootstraps/<sha256>, written once.
+ */
+int image_bootstrap_file(struct image *img, const char *cache_dir);
 
 #endif

@@ -588,7 +588,7 @@ int image_check(struct image *img, struct image_check_report *report)
  * compressed, so its
  * raw bytes go to CACHE/bootstraps/<sha256> (content-addressed, reused).
  */
-static int ensure_bootstrap_file(struct image *img, const char *cache_dir)
+int image_bootstrap_file(struct image *img, const char *cache_dir)
 {
 	char hex[2 * BLOB_DIGEST_SIZE + 1], *dir = NULL;
 	struct stat st;
@@ -685,7 +685,7 @@ int image_mount_local(struct image *img, const char *cache_dir,
 		ferry_progress_end(&progress);
 	}
 	if (!ret)
-		ret = ensure_bootstrap_file(img, cache_dir);
+		ret = image_bootstrap_file(img, cache_dir);
 	if (ret)
 		goto out;
 	for (i = 0; i < img->blobs.nr_blobs; i++)

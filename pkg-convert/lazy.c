@@ -118,6 +118,23 @@ int image_cache_ensure(struct image_cache *ic, uint32_t device_id,
 	return ret;
 }
 
+bool image_cache_present(const struct image_cache *ic, uint32_t device_id,
+			 uint64_t uoff, uint64_t len)
+{
+	return device_id >= 1 && device_id <= ic->nr_blobs &&
+	       blob_cache_range_present(ic->blobs[device_id - 1], uoff, len);
+}
+
+bool image_cache_blob_complete(const struct image_cache *ic, uint32_t device_id)
+{
+	uint32_t chunks;
+
+	if (device_id < 1 || device_id > ic->nr_blobs)
+		return false;
+	blob_cache_usage(ic->blobs[device_id - 1], &chunks, NULL);
+	return chunks == ic->img->blobs.blobs[device_id - 1].nr_chunks;
+}
+
 /*
  * Where byte @pos of the chunk-based file @st lives: 0 and *@index (blob)
  * and *@uoff, 1 for a hole, or -EFSCORRUPTED naming the file's nid.

@@ -2,7 +2,9 @@
 # `make demo`: builds a small sample tree, converts it to a ferry image
 # pushed to a docker-registry on 127.0.0.1, verifies it there, mounts it
 # lazily from the registry (FUSE, ferryd fetching chunks on first read),
-# reads files back, then mounts it with the kernel (--mode local).
+# reads files back, mounts it lazily with the kernel (fanotify, ferryd
+# filling the cache files on pre-content events), then mounts it with the
+# kernel over the complete cache (--mode local).
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 BIN=${BIN:-$top/bin}
@@ -13,10 +15,14 @@ mnt=$work/mnt
 reg_pid=
 sock=$work/ferryd.sock
 cleanup() {
+	local rc=$?
+	set +e
 	mountpoint -q "$mnt" 2>/dev/null && "$ferry" umount --socket "$sock" "$mnt"
 	pkill -f "ferryd.*$sock" 2>/dev/null
-	[ -n "$reg_pid" ] && kill "$reg_pid" 2>/dev/null && wait "$reg_pid" 2>/dev/null
+	# The registry is not our child (started by start-registry.sh).
+	[ -n "$reg_pid" ] && kill "$reg_pid" 2>/dev/null
 	rm -rf "$work"
+	exit "$rc"
 }
 trap cleanup EXIT
 
@@ -59,6 +65,15 @@ getfattr -n user.demo "$mnt/etc/os-release"
 readlink "$mnt/usr/bin/release-link"
 "$ferry" mount --list --socket "$sock"
 sha256sum "$src/usr/share/doc/ferry/big.txt" "$mnt/usr/share/doc/ferry/big.txt" "$mnt/usr/share/doc/ferry/copy.txt"
+diff -r "$src" "$mnt" && echo "trees are identical"
+"$ferry" mount --list --socket "$sock"
+"$ferry" umount --socket "$sock" "$mnt"
+
+say "ferry mount --mode fanotify $image (lazy kernel mount, a fresh cache)"
+"$ferry" mount --mode fanotify --socket "$sock" --cache-dir "$work/cache-fan" "$image" "$mnt"
+grep "$mnt" /proc/self/mounts
+cat "$mnt/etc/os-release"
+"$ferry" mount --list --socket "$sock"
 diff -r "$src" "$mnt" && echo "trees are identical"
 "$ferry" mount --list --socket "$sock"
 "$ferry" umount --socket "$sock" "$mnt"

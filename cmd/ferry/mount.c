@@ -31,7 +31,7 @@
 static void mount_help(void)
 {
 	printf("Usage: ferry mount --mode local [OPTIONS] IMAGE MOUNTPOINT\n"
-	       "       ferry mount --mode fuse [OPTIONS] IMAGE MOUNTPOINT\n"
+	       "       ferry mount --mode fuse|fanotify [OPTIONS] IMAGE MOUNTPOINT\n"
 	       "       ferry mount --list [--json] [--socket PATH] [MOUNTPOINT]\n\n"
 	       "Mount a ferry image read-only.\n\n"
 	       "IMAGE  dir:OUT, oci:PATH[:TAG] or docker://HOST[:PORT]/REPO[:TAG|@DIGEST],\n"
@@ -47,12 +47,21 @@ static void mount_help(void)
 	       "          the chunk cache, so a later mount reuses it). ferry talks\n"
 	       "          to ferryd over its control socket and starts one (daemon,\n"
 	       "          bin/ferryd next to ferry, else from PATH) if none answers.\n"
-	       "          ferry mount returns once the mount is live.\n\n"
+	       "          ferry mount returns once the mount is live.\n"
+	       "  fanotify  lazy, served by the kernel: ferryd writes the bootstrap\n"
+	       "          into the cache and mounts it with the kernel (file-backed\n"
+	       "          EROFS), one device= per blob naming its sparse cache file;\n"
+	       "          a read of a range not yet present waits while ferryd\n"
+	       "          fetches and verifies it (fanotify pre-content events,\n"
+	       "          Linux 6.14+; the cache directory must be on ext4, xfs or\n"
+	       "          btrfs). Cached data is read at kernel speed. If ferryd\n"
+	       "          dies, reads of missing data fail with EIO (never zeros)\n"
+	       "          until the mount is unmounted.\n\n"
 	       "Options:\n"
-	       "  --mode MODE       required to mount: 'local' or 'fuse'\n"
+	       "  --mode MODE       required to mount: local, fuse or fanotify\n"
 	       "  --cache-dir DIR   the chunk cache (default $FERRY_CACHE_DIR or\n"
 	       "                    %s); see ferry cache\n"
-	       "fuse mode:\n"
+	       "fuse and fanotify modes:\n"
 	       "  --prefetch-files LIST  after mounting, fetch the files named in\n"
 	       "                    LIST (one path inside the image per line, in\n"
 	       "                    order; symlinks followed, a directory means\n"
@@ -71,13 +80,14 @@ static void mount_help(void)
 	       "  --list            show the mounts of the ferryd on the socket (or\n"
 	       "                    only MOUNTPOINT's) with their statistics\n"
 	       "  --json            --list: JSON on stdout: {\"pid\",\"socket\",\"mounts\":\n"
-	       "                    [{\"mountpoint\",\"image\",\"cacheDir\",\"state\",\n"
+	       "                    [{\"mountpoint\",\"image\",\"cacheDir\",\"mode\",\n"
+	       "                    \"keeperPid\" (fanotify),\"state\",\n"
 	       "                    \"mountedAt\",\"bytesRead\",\"bytesFetched\",\n"
 	       "                    \"bytesPrefetched\",\"chunksPresent\",\"chunksTotal\",\n"
 	       "                    \"bytesPresent\",\"prefetch\",\"prefetchFiles\",\n"
 	       "                    \"prefetchSeconds\"}]}; no ferryd running: no mounts\n"
 	       "  -h, --help        this help\n\n"
-	       "Unmount either mode with 'ferry umount MOUNTPOINT'.\n\n%s\n" EXIT_CODES_HELP,
+	       "Unmount any mode with 'ferry umount MOUNTPOINT'.\n\n%s\n" EXIT_CODES_HELP,
 	       FERRY_DEFAULT_CACHE_DIR, CTL_SOCKET_ENV, CTL_DEFAULT_SOCKET,
 	       REGISTRY_OPTIONS_HELP);
 }
@@ -332,7 +342,7 @@ static const char *client_authfile(char *buf, size_t len)
 
 struct fuse_args_in {
 	const char *image, *mountpoint, *cache_dir, *prefetch_list, *socket_path;
-	bool prefetch_all, foreground;
+	bool prefetch_all, foreground, fanotify;
 	uint64_t bwlimit;
 	struct regopts *ro;
 };
@@ -384,6 +394,7 @@ static int mount_fuse(const struct fuse_args_in *a)
 	r.prefetch_files = (const char **)files.v;
 	r.nr_prefetch_files = files.nr;
 	r.prefetch_all = a->prefetch_all;
+	r.fanotify = a->fanotify;
 	r.prefetch_bwlimit = a->bwlimit;
 	r.fetch = a->ro->fetch;
 	if (!r.fetch.authfile)
@@ -474,19 +485,26 @@ static void print_mounts(struct json_object *mounts)
 {
 	size_t i, n = json_object_array_length(mounts);
 
-	printf("%-30s %-10s %-9s %13s %13s %13s %15s  %s\n", "MOUNTPOINT", "STATE",
-	       "PREFETCH", "READ", "FETCHED", "PREFETCHED", "CHUNKS", "IMAGE");
+	printf("%-30s %-8s %-10s %-9s %13s %13s %13s %15s  %s\n", "MOUNTPOINT", "MODE",
+	       "STATE", "PREFETCH", "READ", "FETCHED", "PREFETCHED", "CHUNKS", "IMAGE");
 	for (i = 0; i < n; i++) {
 		struct json_object *m = json_object_array_get_idx(mounts, i);
-		char chunks[48];
+		const char *mode = json_get_string(m, "mode") ?: "fuse";
+		char chunks[48], read[24];
 
 		snprintf(chunks, sizeof(chunks), "%llu/%llu",
 			 (unsigned long long)ctl_get_u64(m, "chunksPresent", 0),
 			 (unsigned long long)ctl_get_u64(m, "chunksTotal", 0));
-		printf("%-30s %-10s %-9s %13llu %13llu %13llu %15s  %s\n",
-		       json_get_string(m, "mountpoint") ?: "?", json_get_string(m, "state") ?: "?",
-		       json_get_string(m, "prefetch") ?: "?",
-		       (unsigned long long)ctl_get_u64(m, "bytesRead", 0),
+		/* The kernel reads a fanotify mount's files without us. */
+		if (!strcmp(mode, "fanotify"))
+			snprintf(read, sizeof(read), "-");
+		else
+			snprintf(read, sizeof(read), "%llu",
+				 (unsigned long long)ctl_get_u64(m, "bytesRead", 0));
+		printf("%-30s %-8s %-10s %-9s %13s %13llu %13llu %15s  %s\n",
+		       json_get_string(m, "mountpoint") ?: "?", mode,
+		       json_get_string(m, "state") ?: "?",
+		       json_get_string(m, "prefetch") ?: "?", read,
 		       (unsigned long long)ctl_get_u64(m, "bytesFetched", 0),
 		       (unsigned long long)ctl_get_u64(m, "bytesPrefetched", 0), chunks,
 		       json_get_string(m, "image") ?: "?");
@@ -683,15 +701,17 @@ int cmd_mount(int argc, char **argv)
 	if (argc - optind != 2)
 		return usage_error("mount", "expected IMAGE and MOUNTPOINT");
 	if (!mode)
-		return usage_error("mount", "--mode is required (local or fuse)");
+		return usage_error("mount", "--mode is required (local, fuse or fanotify)");
 	a.image = argv[optind];
 	a.mountpoint = argv[optind + 1];
-	if (!strcmp(mode, "fuse"))
+	a.fanotify = !strcmp(mode, "fanotify");
+	if (!strcmp(mode, "fuse") || a.fanotify)
 		return mount_fuse(&a);
 	if (strcmp(mode, "local"))
-		return usage_error("mount", "unknown mode \"%s\" (local or fuse)", mode);
+		return usage_error("mount", "unknown mode \"%s\" (local, fuse or fanotify)",
+				   mode);
 	if (fuse_only)
-		return usage_error("mount", "--prefetch-*, -f: only with --mode fuse");
+		return usage_error("mount", "--prefetch-*, -f: only with --mode fuse or fanotify");
 	return mount_local(a.image, a.mountpoint, a.cache_dir, &ro);
 }
 
@@ -702,9 +722,10 @@ int cmd_mount(int argc, char **argv)
 static void umount_help(void)
 {
 	printf("Usage: ferry umount [--lazy] [--socket PATH] MOUNTPOINT\n\n"
-	       "Unmount a ferry mount (either mode).\n\n"
-	       "A FUSE mount is unmounted through the ferryd serving it, which\n"
-	       "answers once the mount is torn down. A FUSE mount whose ferryd is\n"
+	       "Unmount a ferry mount (any mode).\n\n"
+	       "A FUSE or fanotify mount is unmounted through the ferryd serving\n"
+	       "it, which answers once the mount is torn down; a local mount, or a\n"
+	       "fanotify mount whose ferryd is gone, with umount2. A FUSE mount whose ferryd is\n"
 	       "gone (killed: \"Transport endpoint is not connected\") or is not the\n"
 	       "one on the socket is unmounted directly; a dead one that is still\n"
 	       "in use is detached (MNT_DETACH), since it cannot serve anything.\n\n"
@@ -751,7 +772,7 @@ int cmd_umount(int argc, char **argv)
 	const char *socket_path = ctl_default_socket(), *msg;
 	struct json_object *req = NULL, *resp = NULL;
 	struct ctl_mnt mi;
-	bool lazy = false;
+	bool lazy = false, fuse;
 	char *mp = NULL;
 	int c, ret, rc = EXIT_FAIL;
 
@@ -786,11 +807,8 @@ int cmd_umount(int argc, char **argv)
 			  ret == -ENOENT ? "not mounted" : ferry_strerror(ret));
 		goto out;
 	}
-	if (!strcmp(mi.fstype, "erofs")) {
-		rc = umount_direct(mp, lazy, false);
-		goto out;
-	}
-	if (strcmp(mi.fstype, CTL_FUSE_FSTYPE)) {
+	fuse = !strcmp(mi.fstype, CTL_FUSE_FSTYPE);
+	if (!fuse && strcmp(mi.fstype, "erofs")) {
 		ferry_err("umount %s: not a ferry mount (%s %s)", argv[optind], mi.fstype,
 			  mi.source);
 		goto out;
@@ -807,8 +825,9 @@ int cmd_umount(int argc, char **argv)
 	if (!ret) {
 		rc = EXIT_OK;
 	} else if (no_daemon(ret)) {
-		/* No ferryd here, or another one's mount: the kernel's turn. */
-		rc = umount_direct(mp, lazy, true);
+		/* No ferryd here, or another one's mount, or a kernel mount
+		 * (local mode, or fanotify of a dead ferryd): the kernel's turn. */
+		rc = umount_direct(mp, lazy, fuse);
 	} else if (resp && ret < 0 && json_get_string(resp, "error")) {
 		ferry_err("umount %s: %s", argv[optind], msg);
 	} else {

@@ -1,14 +1,17 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * ferryd: the lazy-mount daemon. One process hosts any number of FUSE
- * mounts of ferry images; ferry (the CLI) talks to it over the control
- * socket (cmd/ctl.h).
+ * ferryd: the lazy-mount daemon. One process hosts any number of lazy
+ * mounts of ferry images, FUSE or fanotify (kernel EROFS over sparse
+ * cache files); ferry (the CLI) talks to it over the control socket
+ * (cmd/ctl.h).
  *
  *   main.c     options, daemonizing, readiness pipe
  *   daemon.c   control socket, connections, signals, shutdown
  *   mounts.c   the mount table: mount, unmount, per-mount session loops
  *   prefetch.c the per-mount prefetch thread
  *   fuse.c     the FUSE low-level operations over pkg-meta / image_cache
+ *   fanotify.c fanotify mode: marks, mount(2), event loop, fill threads
+ *   keeper.c   the process that keeps a fanotify group open (fanotify.h)
  *   log.c      log lines (timestamps in the log file) and per-thread
  *              capture of error lines for control answers
  */
@@ -95,7 +98,8 @@ struct fmount {
 	struct image *img;
 	struct image_cache *ic;
 	struct fs fs;
-	struct fuse_session *se;
+	struct fuse_session *se;        /* FUSE mode */
+	struct fan *fan;                /* fanotify mode (req.fanotify) */
 	unsigned int dev_major, dev_minor;
 	int64_t mounted_at;             /* unix seconds */
 

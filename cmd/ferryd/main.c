@@ -10,6 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "fanotify.h"
 #include "ferryd.h"
 
 #define READY_WAIT_MS 60000
@@ -17,11 +18,16 @@
 static void help(void)
 {
 	printf("Usage: ferryd [-f] [--socket PATH] [--log-file PATH] [-v|-q] [OPTIONS]\n\n"
-	       "ferry's lazy-mount daemon. It serves ferry images through FUSE: the\n"
-	       "tree is there as soon as the bootstrap is fetched, file data is\n"
-	       "fetched chunk by chunk when first read and kept in the chunk cache.\n"
-	       "One ferryd hosts any number of mounts; 'ferry mount --mode fuse'\n"
-	       "talks to it over its control socket and starts it when needed.\n\n"
+	       "ferry's lazy-mount daemon. It serves ferry images through FUSE, or\n"
+	       "through kernel EROFS mounts whose cache files it fills on fanotify\n"
+	       "pre-content events: the tree is there as soon as the bootstrap is\n"
+	       "fetched, file data is fetched chunk by chunk when first read and\n"
+	       "kept in the chunk cache. One ferryd hosts any number of mounts of\n"
+	       "either mode; 'ferry mount --mode fuse|fanotify' talks to it over its\n"
+	       "control socket and starts it when needed. Each fanotify mount has a\n"
+	       "keeper process (ferryd --keeper) that holds its fanotify group: if\n"
+	       "ferryd dies, reads of data not yet cached fail with EIO, never\n"
+	       "zeros, until the mount is unmounted.\n\n"
 	       "Options:\n"
 	       "  -f, --foreground   stay in the foreground, log to stderr\n"
 	       "  --socket PATH      control socket (default $%s or\n"
@@ -46,8 +52,9 @@ static void help(void)
 	       "  --version          print the version\n\n"
 	       "Without -f, ferryd forks; the parent exits once the socket listens\n"
 	       "(status 0) or the daemon failed to start (status 1, reason on stderr).\n"
-	       "SIGTERM or SIGINT unmounts every mount (busy ones are detached and\n"
-	       "their FUSE connection closed) and exits. A mount unmounted from\n"
+	       "SIGTERM or SIGINT unmounts every mount (busy ones are detached; a\n"
+	       "FUSE one has its connection closed, a fanotify one is left to its\n"
+	       "keeper) and exits. A mount unmounted from\n"
 	       "outside (umount) is cleaned up; the others keep running.\n\n"
 	       "Exit status: 0 success, 1 failure, 2 usage error.\n",
 	       CTL_SOCKET_ENV, CTL_DEFAULT_SOCKET, FERRYD_DEFAULT_THREADS,
@@ -125,6 +132,10 @@ static int read_request(int fd, char **out)
 
 int main(int argc, char **argv)
 {
+	/* Started by ferryd for a fanotify mount (fanotify.c). */
+	if (argc > 1 && !strcmp(argv[1], "--keeper"))
+		return keeper_main(argc, argv);
+
 	static const struct option longopts[] = {
 		{ "foreground", no_argument, NULL, 'f' },
 		{ "socket", required_argument, NULL, 'S' },

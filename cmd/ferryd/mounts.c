@@ -1,11 +1,12 @@
 // SPDX-License-Identifier: MIT
 /*
- * The mount table. Each mount has a session thread running
- * fuse_session_loop_mt; when the loop ends — unmounted from outside
- * (workers read ENODEV), by ferry umount (ferryd's own umount2, same
- * path), or forced at shutdown — that thread tears the mount down: stops
- * prefetch, closes the session, the chunk cache and the image, and takes
- * the mount out of the table. Other mounts keep running.
+ * The mount table. Each mount has a session thread running its loop:
+ * fuse_session_loop_mt (FUSE mode) or fan_run (fanotify mode). When the
+ * loop ends — unmounted from outside (FUSE workers read ENODEV; the
+ * fanotify superblock is gone), by ferry umount (ferryd's own umount2,
+ * same path), or forced at shutdown — that thread tears the mount down:
+ * stops prefetch, closes the session, the chunk cache and the image, and
+ * takes the mount out of the table. Other mounts keep running.
  *
  * Locking: tbl_lock guards the list, refs and state; m->lock guards the
  * session thread's progress flags. A mount is freed at its last ref
@@ -22,6 +23,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "fanotify.h"
 #include "ferryd.h"
 
 #define INIT_TIMEOUT_MS 10000     /* mount(2) to the INIT request */
@@ -130,13 +132,14 @@ static void notify_change(void)
 		changed_cb();
 }
 
-/* Whether our FUSE mount is what sits on top of its mount point. */
+/* Whether our mount is what sits on top of its mount point. */
 static bool on_top(const struct fmount *m)
 {
 	struct ctl_mnt mi;
 
 	return !ctl_mountinfo(m->mountpoint, &mi) && mi.major == m->dev_major &&
-	       mi.minor == m->dev_minor && !strcmp(mi.fstype, CTL_FUSE_FSTYPE);
+	       mi.minor == m->dev_minor &&
+	       !strcmp(mi.fstype, m->req.fanotify ? "erofs" : CTL_FUSE_FSTYPE);
 }
 
 /* The connection to the kernel is gone (unmounted, or aborted). */
@@ -150,10 +153,25 @@ static bool conn_dead(struct fuse_session *se)
 /*
  * Close the session: detach our mount if it is still where we put it
  * (never whatever else is mounted there by now), then closing /dev/fuse
- * ends the connection: programs with files open get ENOTCONN.
+ * ends the connection: programs with files open get ENOTCONN. A fanotify
+ * loop ends once its superblock is gone; if it ended for an error or a
+ * forced stop, a mount still in use is left to its keeper (EIO).
  */
-static void session_close(struct fmount *m)
+static void session_close(struct fmount *m, int loop_ret)
 {
+	struct fan *f;
+
+	if (m->req.fanotify) {
+		if (loop_ret && on_top(m) && umount2(m->mountpoint, MNT_DETACH))
+			ferry_warn("%s: detaching %s: %s", m->img->ref, m->mountpoint,
+				   strerror(errno));
+		pthread_mutex_lock(&tbl_lock);
+		f = m->fan;
+		m->fan = NULL;
+		pthread_mutex_unlock(&tbl_lock);
+		fan_close(f);
+		return;
+	}
 	if (!conn_dead(m->se) && on_top(m) && umount2(m->mountpoint, MNT_DETACH))
 		ferry_warn("%s: detaching %s: %s", m->img->ref, m->mountpoint,
 			   strerror(errno));
@@ -181,10 +199,26 @@ static void log_final(const struct fmount *m, const struct image_cache_stats *s)
 		   (unsigned long long)s->chunks_total);
 }
 
+/* The FUSE session loop, multithreaded. */
+static int fuse_loop(struct fmount *m)
+{
+	struct fuse_loop_config *cfg = fuse_loop_cfg_create();
+	int ret;
+
+	if (!cfg) {
+		ferry_err("%s on %s: out of memory", m->req.image, m->mountpoint);
+		return -ENOMEM;
+	}
+	fuse_loop_cfg_set_max_threads(cfg, loop_threads);
+	fuse_loop_cfg_set_clone_fd(cfg, 1);
+	ret = fuse_session_loop_mt(m->se, cfg);
+	fuse_loop_cfg_destroy(cfg);
+	return ret;
+}
+
 static void *session_main(void *arg)
 {
 	struct fmount *m = arg;
-	struct fuse_loop_config *cfg = fuse_loop_cfg_create();
 	struct image_cache_stats s;
 	sigset_t set;
 	int ret;
@@ -193,28 +227,21 @@ static void *session_main(void *arg)
 	sigemptyset(&set);
 	sigaddset(&set, SIGUSR2);
 	pthread_sigmask(SIG_UNBLOCK, &set, NULL);
-	if (!cfg) {
-		ferry_err("%s on %s: out of memory", m->req.image, m->mountpoint);
-		ret = -ENOMEM;
-	} else {
-		fuse_loop_cfg_set_max_threads(cfg, loop_threads);
-		fuse_loop_cfg_set_clone_fd(cfg, 1);
-		ret = fuse_session_loop_mt(m->se, cfg);
-		fuse_loop_cfg_destroy(cfg);
-	}
+	ret = m->fan ? fan_run(m->fan) : fuse_loop(m);
 	pthread_sigmask(SIG_BLOCK, &set, NULL);
 	pthread_mutex_lock(&m->lock);
 	m->loop_ended = true;
 	pthread_cond_broadcast(&m->cond);
 	pthread_mutex_unlock(&m->lock);
 	if (ret)
-		ferry_warn("%s on %s: FUSE session loop: %s", m->req.image,
-			   m->mountpoint, ret < 0 ? ferry_strerror(ret) : "stopped");
+		ferry_warn("%s on %s: %s loop: %s", m->req.image, m->mountpoint,
+			   m->req.fanotify ? "fanotify" : "FUSE session",
+			   ret < 0 ? ferry_strerror(ret) : "stopped");
 
 	/* The prefetch thread may sleep in its bandwidth pacing: the
 	 * session (and the umount waiting for it) ends first. */
 	m->stop = true;
-	session_close(m);
+	session_close(m, ret);
 	pthread_mutex_lock(&tbl_lock);
 	m->session_closed = true;
 	pthread_cond_broadcast(&tbl_cond);
@@ -258,7 +285,9 @@ static bool poke(struct fmount *m)
 
 	pthread_mutex_lock(&m->lock);
 	/* Until loop_ended is set (under this lock) the session exists. */
-	if (!m->loop_ended) {
+	if (!m->loop_ended && m->fan) {
+		fan_stop(m->fan);
+	} else if (!m->loop_ended) {
 		fuse_session_exit(m->se);
 		pthread_kill(m->loop_thread, SIGUSR2);
 	}
@@ -293,16 +322,23 @@ static bool wait_session_locked(struct fmount *m, unsigned int ms)
 	return m->session_closed || m->removed;
 }
 
-/* Make the bdi's readahead match chunk-sized reads (the kernel offers 128 KiB). */
+/*
+ * Make the bdi's readahead match chunk-sized reads (the kernel offers 128
+ * KiB): fewer, larger FUSE reads or fanotify events.
+ */
 static void set_readahead(const struct fmount *m)
 {
-	char path[64], val[16];
+	char path[96], val[16];
 	int fd, n;
 
 	if (!readahead_kb)
 		return;
-	snprintf(path, sizeof(path), "/sys/class/bdi/%u:%u/read_ahead_kb",
-		 m->dev_major, m->dev_minor);
+	if (m->fan)
+		snprintf(path, sizeof(path), "/sys/class/bdi/%s/read_ahead_kb",
+			 fan_sb_name(m->fan));
+	else
+		snprintf(path, sizeof(path), "/sys/class/bdi/%u:%u/read_ahead_kb",
+			 m->dev_major, m->dev_minor);
 	n = snprintf(val, sizeof(val), "%u", readahead_kb);
 	fd = open(path, O_WRONLY | O_CLOEXEC);
 	if (fd < 0 || write_full(fd, val, (size_t)n))
@@ -415,6 +451,18 @@ int mounts_mount(struct ctl_mount_req *req, char *err, size_t errlen)
 		goto fail;
 	}
 	fs_setup(&m->fs, m->img, m->ic);
+	if (m->req.fanotify) {
+		char why[1024];
+
+		ret = fan_start(m, why, sizeof(why));
+		if (ret) {
+			snprintf(err, errlen, "%s: %s", what, why);
+			goto fail;
+		}
+		m->init_done = true; /* the kernel mount is live already */
+		set_readahead(m);
+		goto mounted;
+	}
 	m->fs.on_init = on_init;
 	m->fs.arg = m;
 	m->se = fs_session_new(&m->fs);
@@ -432,6 +480,7 @@ int mounts_mount(struct ctl_mount_req *req, char *err, size_t errlen)
 		m->se = NULL;
 		goto fail;
 	}
+mounted:
 	log_capture_end(&cap);
 	/* Our mount's device, to recognise it later without touching it. */
 	if (!ctl_mountinfo(m->mountpoint, &mi)) {
@@ -451,7 +500,7 @@ int mounts_mount(struct ctl_mount_req *req, char *err, size_t errlen)
 		mount_put(m);
 		snprintf(err, errlen, "%s: cannot start the session thread: %s", what,
 			 strerror(-ret));
-		session_close(m);
+		session_close(m, ret);
 		goto fail_nocap;
 	}
 
@@ -501,10 +550,11 @@ int mounts_mount(struct ctl_mount_req *req, char *err, size_t errlen)
 		mount_put(m);
 		return ret;
 	}
-	set_readahead(m);
-	ferry_info("mounted %s on %s (%u blobs, %llu bytes; %s)", m->req.image,
-		   m->mountpoint, m->img->blobs.nr_blobs,
-		   (unsigned long long)m->fs.total_bytes,
+	if (!m->req.fanotify)
+		set_readahead(m);
+	ferry_info("mounted %s on %s (%s, %u blobs, %llu bytes; %s)", m->req.image,
+		   m->mountpoint, m->req.fanotify ? "fanotify" : "FUSE",
+		   m->img->blobs.nr_blobs, (unsigned long long)m->fs.total_bytes,
 		   atomic_load(&m->pstate) == PF_RUNNING ? "prefetching" : "no prefetch");
 	mount_put(m);
 	notify_change();
@@ -700,6 +750,11 @@ struct json_object *mounts_list(void)
 		json_object_object_add(o, "mountpoint", json_object_new_string(m->mountpoint));
 		json_object_object_add(o, "image", json_object_new_string(m->req.image));
 		json_object_object_add(o, "cacheDir", json_object_new_string(m->req.cache_dir));
+		json_object_object_add(o, "mode", json_object_new_string(m->req.fanotify ?
+								      "fanotify" : "fuse"));
+		if (m->fan)
+			json_object_object_add(o, "keeperPid",
+					       json_object_new_int(fan_keeper_pid(m->fan)));
 		json_object_object_add(o, "state", json_object_new_string(state_name(m->state)));
 		json_object_object_add(o, "mountedAt", json_object_new_int64(m->mounted_at));
 		add_u64(o, "bytesRead", s.bytes_read);

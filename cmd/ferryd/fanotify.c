@@ -1,0 +1,723 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Fanotify mode: the kernel mounts the bootstrap (file-backed EROFS) with
+ * one device= per blob naming its sparse chunk-cache data file, and every
+ * read of a missing range of a data file raises a FAN_PRE_ACCESS event
+ * that waits until ferryd has filled the range (fetch, decode, verify,
+ * write: image_cache_ensure, the same path as FUSE mode) and answered.
+ *
+ * The kernel only reads metadata from the bootstrap (without events), so
+ * the bootstrap is a complete local file and only data files are marked.
+ *
+ * Fail-open is the danger: when the last descriptor of the group closes,
+ * the kernel allows every pending event and later reads see holes as
+ * zeros. So each mount has a keeper process (keeper.c) that holds a second
+ * descriptor of the group and does nothing while ferryd lives. If ferryd
+ * dies, the keeper answers EIO to every event still pending and to every
+ * later one until the superblock is gone. If the keeper dies, this side
+ * starts a new one. Either way no reader is ever allowed onto a hole.
+ *
+ * Threads of a mount: the loop thread (fan_run) reads events, answers
+ * present ranges at once and queues the rest to worker threads.
+ */
+#include <dirent.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/fanotify.h>
+#include <sys/ioctl.h>
+#include <sys/mount.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "../../pkg-meta/meta.h"
+#include "ferryd.h"
+#include "fanotify.h"
+
+#define FAN_WORKERS 8u           /* fills in flight per mount */
+#define FAN_NOFILE_WANT 65536u   /* every pending event holds a descriptor */
+#define SB_CHECK_MS 200          /* how often the loop looks for the superblock */
+#define KEEPER_START_MS 30000    /* a new keeper to say hello */
+
+/* The kernel's mount-side view of a file system (Linux 6.8+). */
+struct fs_sysfs_path_arg {
+	uint8_t len;
+	uint8_t name[128];
+};
+#ifndef FS_IOC_GETFSSYSFSPATH
+#define FS_IOC_GETFSSYSFSPATH _IOR(0x15, 1, struct fs_sysfs_path_arg)
+#endif
+
+struct fan_job {
+	struct fan_job *next;
+	int fd;            /* the event's descriptor: the answer names it */
+	uint32_t device;   /* 1-based */
+	uint64_t off, len;
+};
+
+struct fan_blob {
+	dev_t dev;
+	ino_t ino;
+	uint64_t size;
+	_Atomic bool marked;
+};
+
+struct fan {
+	struct fmount *m;
+	int group;                  /* the fanotify group */
+	int keeper_sock;            /* SOCK_SEQPACKET to the keeper */
+	_Atomic int keeper_pid;
+	int wake[2];                /* fan_stop wakes the loop */
+	char sysfs[160];            /* /sys/fs/erofs/<name> while mounted */
+	unsigned int sweep_max;     /* our descriptor limit, for the keeper */
+	uint32_t nr_blobs;
+	struct fan_blob *blobs;
+	dev_t exe_dev[2];           /* ferryd and ferry: fills, never readers */
+	ino_t exe_ino[2];
+	_Atomic bool stop;
+	bool mounted;
+	uint64_t evbuf[4096];       /* read(): aligned for the metadata */
+
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	struct fan_job *head, **tail;  /* lock */
+	bool quit;                     /* lock */
+	pthread_t workers[FAN_WORKERS];
+	unsigned int nr_workers;
+};
+
+/* ------------------------------------------------------------------ */
+/* Answers                                                             */
+/* ------------------------------------------------------------------ */
+
+static void answer(struct fan *f, int fd, bool allow)
+{
+	struct fanotify_response r = {
+		.fd = fd,
+		.response = allow ? FAN_ALLOW : FAN_DENY_ERRNO(EIO),
+	};
+
+	/* ENOENT: the keeper answered it already (it swept after a
+	 * keeper restart raced us); nothing else can fail here. */
+	if (write(f->group, &r, sizeof(r)) != sizeof(r) && errno != ENOENT)
+		ferry_warn("%s: answering a fanotify event: %s", f->m->mountpoint,
+			   strerror(errno));
+	close(fd);
+}
+
+/* Remove the mark of a complete blob: its reads need no events now. */
+static void unmark_if_complete(struct fan *f, uint32_t device)
+{
+	struct fan_blob *b = &f->blobs[device - 1];
+	const char *path = image_cache_data_path(f->m->ic, device - 1);
+
+	if (!atomic_load(&b->marked) || !image_cache_blob_complete(f->m->ic, device))
+		return;
+	if (!atomic_exchange(&b->marked, false))
+		return;
+	if (fanotify_mark(f->group, FAN_MARK_REMOVE, FAN_PRE_ACCESS, AT_FDCWD, path))
+		ferry_warn("%s: unmarking complete blob %s: %s", f->m->mountpoint, path,
+			   strerror(errno));
+	else
+		ferry_info("%s: blob %u is complete (%s): no more events for it",
+			   f->m->mountpoint, device, path);
+}
+
+static void *worker_main(void *arg)
+{
+	struct fan *f = arg;
+	struct fan_job *j;
+	int ret;
+
+	for (;;) {
+		pthread_mutex_lock(&f->lock);
+		while (!f->head && !f->quit)
+			pthread_cond_wait(&f->cond, &f->lock);
+		j = f->head;
+		if (j) {
+			f->head = j->next;
+			if (!f->head)
+				f->tail = &f->head;
+		}
+		pthread_mutex_unlock(&f->lock);
+		if (!j)
+			return NULL; /* quit, and the queue is drained */
+		ret = image_cache_ensure(f->m->ic, j->device, j->off, j->len);
+		if (ret)
+			ferry_err("%s: reading blob %u bytes %llu+%llu for the kernel: %s",
+				  f->m->req.image, j->device, (unsigned long long)j->off,
+				  (unsigned long long)j->len, ferry_strerror(ret));
+		answer(f, j->fd, !ret);
+		if (!ret)
+			unmark_if_complete(f, j->device);
+		free(j);
+	}
+}
+
+static int queue_job(struct fan *f, int fd, uint32_t device, uint64_t off,
+		     uint64_t len)
+{
+	struct fan_job *j = malloc(sizeof(*j));
+
+	if (!j)
+		return -ENOMEM;
+	*j = (struct fan_job){ .fd = fd, .device = device, .off = off, .len = len };
+	pthread_mutex_lock(&f->lock);
+	*f->tail = j;
+	f->tail = &j->next;
+	pthread_cond_signal(&f->cond);
+	pthread_mutex_unlock(&f->lock);
+	return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Events                                                              */
+/* ------------------------------------------------------------------ */
+
+static uint32_t blob_of(const struct fan *f, int fd)
+{
+	struct stat st;
+	uint32_t i;
+
+	if (fstat(fd, &st))
+		return 0;
+	for (i = 0; i < f->nr_blobs; i++)
+		if (f->blobs[i].ino == st.st_ino && f->blobs[i].dev == st.st_dev)
+			return i + 1;
+	return 0;
+}
+
+/*
+ * Whether @pid runs ferryd or ferry. Their accesses to cache data files
+ * are fills (writes, through descriptors that may see events when another
+ * mount marked the file first) or reads of ranges they made present, so
+ * they are allowed at once: waiting for a fill that waits for us would
+ * deadlock.
+ */
+static bool is_ferry(const struct fan *f, pid_t pid)
+{
+	char path[64];
+	struct stat st;
+	int i;
+
+	snprintf(path, sizeof(path), "/proc/%d/exe", (int)pid);
+	if (stat(path, &st))
+		return false;
+	for (i = 0; i < 2; i++)
+		if (f->exe_ino[i] && st.st_ino == f->exe_ino[i] && st.st_dev == f->exe_dev[i])
+			return true;
+	return false;
+}
+
+/* The RANGE record of @meta: 0 and the range, or -ENOENT. */
+static int event_range(const struct fanotify_event_metadata *meta,
+		       uint64_t *off, uint64_t *count)
+{
+	size_t pos = meta->metadata_len;
+
+	while (pos + sizeof(struct fanotify_event_info_header) <= meta->event_len) {
+		const struct fanotify_event_info_header *h =
+			(const void *)((const char *)meta + pos);
+
+		if (h->len < sizeof(*h) || h->len > meta->event_len - pos)
+			break;
+		if (h->info_type == FAN_EVENT_INFO_TYPE_RANGE &&
+		    h->len >= sizeof(struct fanotify_event_info_range)) {
+			const struct fanotify_event_info_range *r = (const void *)h;
+
+			*off = r->offset;
+			*count = r->count;
+			return 0;
+		}
+		pos += h->len;
+	}
+	return -ENOENT;
+}
+
+/* One event: answered here when no fill is needed, else queued. */
+static int handle_event(struct fan *f, const struct fanotify_event_metadata *meta)
+{
+	uint64_t off = 0, len = 0, size;
+	uint32_t device;
+
+	if (meta->mask & FAN_Q_OVERFLOW) {
+		/* With an unlimited queue this cannot happen; events lost
+		 * in an overflow are allowed by the kernel. */
+		ferry_err("%s: the fanotify queue overflowed: reads may have missed their data; unmounting",
+			  f->m->mountpoint);
+		return -EOVERFLOW;
+	}
+	if (meta->fd < 0)
+		return 0;
+	if (!(meta->mask & FAN_PRE_ACCESS)) {
+		close(meta->fd);
+		return 0;
+	}
+	device = blob_of(f, meta->fd);
+	if (!device || meta->pid == getpid()) {
+		answer(f, meta->fd, true);
+		return 0;
+	}
+	size = f->blobs[device - 1].size;
+	if (event_range(meta, &off, &len)) {
+		off = 0; /* no range: the whole file (a truncate, say) */
+		len = size;
+	}
+	off = MIN(off, size);
+	len = MIN(len, size - off);
+	if (image_cache_present(f->m->ic, device, off, len) || is_ferry(f, meta->pid)) {
+		answer(f, meta->fd, true);
+		return 0;
+	}
+	if (queue_job(f, meta->fd, device, off, len)) {
+		answer(f, meta->fd, false);
+		return -ENOMEM;
+	}
+	return 0;
+}
+
+static int read_events(struct fan *f)
+{
+	const struct fanotify_event_metadata *meta;
+	ssize_t n;
+	int ret = 0;
+
+	n = read(f->group, f->evbuf, sizeof(f->evbuf));
+	if (n < 0)
+		return errno == EAGAIN || errno == EINTR ? 0 : -errno;
+	for (meta = (const void *)f->evbuf; FAN_EVENT_OK(meta, n);
+	     meta = FAN_EVENT_NEXT(meta, n)) {
+		if (meta->vers != FANOTIFY_METADATA_VERSION) {
+			ferry_err("%s: fanotify metadata version %u, expected %u",
+				  f->m->mountpoint, meta->vers, FANOTIFY_METADATA_VERSION);
+			return -EPROTO;
+		}
+		/* After a fatal event the rest are still answered. */
+		if (ret && meta->fd >= 0) {
+			if (meta->mask & FAN_PRE_ACCESS)
+				answer(f, meta->fd, false);
+			else
+				close(meta->fd);
+			continue;
+		}
+		ret = handle_event(f, meta);
+	}
+	return ret;
+}
+
+/* ------------------------------------------------------------------ */
+/* The keeper                                                          */
+/* ------------------------------------------------------------------ */
+
+static int keeper_send(struct fan *f, const char *msg)
+{
+	return send(f->keeper_sock, msg, strlen(msg), MSG_NOSIGNAL) < 0 ? -errno : 0;
+}
+
+/*
+ * Start a keeper holding a descriptor of the group: ferryd --keeper, in
+ * its own session (a terminal's ^C is for ferryd, which then decides),
+ * double-forked so init reaps it. It says "pid N" when it runs.
+ */
+static int keeper_spawn(struct fan *f)
+{
+	char exe[PATH_MAX], gfd[16], sfd[16], sweep[16], hello[200];
+	int keeper_pid;
+	char *argv[] = { exe, "--keeper", gfd, sfd, f->m->mountpoint,
+			 f->m->img->bootstrap_path, sweep, NULL };
+	struct pollfd p;
+	int sv[2], status;
+	ssize_t n;
+	pid_t pid;
+
+	/* argv[0] for ps; the binary itself through /proc/self/exe, which
+	 * works even after ferryd was replaced on disk. */
+	n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+	if (n <= 0)
+		return -errno;
+	exe[n] = '\0';
+	if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv))
+		return -errno;
+	snprintf(gfd, sizeof(gfd), "%d", f->group);
+	snprintf(sfd, sizeof(sfd), "%d", sv[1]);
+	snprintf(sweep, sizeof(sweep), "%u", f->sweep_max);
+	pid = fork();
+	if (pid < 0) {
+		close(sv[0]);
+		close(sv[1]);
+		return -errno;
+	}
+	if (!pid) {
+		/* Only async-signal-safe calls until exec. */
+		setsid();
+		if (fork())
+			_exit(0);
+		close_range(3, ~0u, CLOSE_RANGE_CLOEXEC);
+		fcntl(f->group, F_SETFD, 0);
+		fcntl(sv[1], F_SETFD, 0);
+		execv("/proc/self/exe", argv);
+		_exit(127);
+	}
+	close(sv[1]);
+	waitpid(pid, &status, 0);
+	p = (struct pollfd){ .fd = sv[0], .events = POLLIN };
+	n = poll(&p, 1, KEEPER_START_MS) == 1 ? recv(sv[0], hello, sizeof(hello) - 1, 0) : -1;
+	if (n <= 0 || (hello[n] = '\0', sscanf(hello, "pid %d", &keeper_pid) != 1)) {
+		ferry_err("%s: the fanotify keeper (%s --keeper) did not start", f->m->mountpoint,
+			  exe);
+		close(sv[0]);
+		return -ECHILD;
+	}
+	f->keeper_sock = sv[0];
+	atomic_store(&f->keeper_pid, keeper_pid);
+	if (f->sysfs[0]) {
+		snprintf(hello, sizeof(hello), "sysfs %s", f->sysfs);
+		return keeper_send(f, hello);
+	}
+	return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Setup and teardown                                                  */
+/* ------------------------------------------------------------------ */
+
+static void exe_id(struct fan *f, int i, const char *path)
+{
+	struct stat st;
+
+	if (!stat(path, &st)) {
+		f->exe_dev[i] = st.st_dev;
+		f->exe_ino[i] = st.st_ino;
+	}
+}
+
+static void find_ferry_exes(struct fan *f)
+{
+	char exe[PATH_MAX], *slash;
+	ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 8);
+
+	exe_id(f, 0, "/proc/self/exe");
+	if (n <= 0)
+		return;
+	exe[n] = '\0';
+	slash = strrchr(exe, '/');
+	if (slash) {
+		strcpy(slash + 1, "ferry");
+		exe_id(f, 1, exe);
+	}
+}
+
+/* Every pending event holds a descriptor in this process. */
+static void raise_nofile(struct fan *f)
+{
+	struct rlimit rl;
+
+	if (getrlimit(RLIMIT_NOFILE, &rl))
+		return;
+	if (rl.rlim_cur < FAN_NOFILE_WANT && rl.rlim_max > rl.rlim_cur) {
+		rl.rlim_cur = MIN(rl.rlim_max, (rlim_t)FAN_NOFILE_WANT);
+		setrlimit(RLIMIT_NOFILE, &rl);
+	}
+	f->sweep_max = (unsigned int)MIN(rl.rlim_cur, (rlim_t)1 << 20);
+}
+
+static const char *fs_name(long type)
+{
+	switch ((unsigned long)type) {
+	case 0x01021994: return "tmpfs";
+	case 0x65735546: return "fuse";
+	case 0x794c7630: return "overlayfs";
+	case 0x6969: return "nfs";
+	default: return "a file system";
+	}
+}
+
+/* Mark each incomplete data file; the write descriptors are open already. */
+static int mark_blobs(struct fan *f, char *err, size_t errlen)
+{
+	struct statfs sfs;
+	struct stat st;
+	uint32_t i;
+
+	for (i = 0; i < f->nr_blobs; i++) {
+		const char *path = image_cache_data_path(f->m->ic, i);
+		struct fan_blob *b = &f->blobs[i];
+
+		if (stat(path, &st)) {
+			snprintf(err, errlen, "chunk cache file %s: %s", path, strerror(errno));
+			return -errno;
+		}
+		b->dev = st.st_dev;
+		b->ino = st.st_ino;
+		b->size = (uint64_t)st.st_size;
+		if (image_cache_blob_complete(f->m->ic, i + 1))
+			continue;
+		if (fanotify_mark(f->group, FAN_MARK_ADD, FAN_PRE_ACCESS, AT_FDCWD, path)) {
+			int e = errno;
+
+			if (!statfs(path, &sfs) && sfs.f_type != 0xef53 &&
+			    sfs.f_type != 0x58465342 && sfs.f_type != 0x9123683e)
+				snprintf(err, errlen, "cache directory %s is on %s (type 0x%lx), which has no fanotify pre-content events (%s); use a cache directory on ext4, xfs or btrfs (--cache-dir)",
+					 f->m->req.cache_dir, fs_name((long)sfs.f_type),
+					 (unsigned long)sfs.f_type, strerror(e));
+			else
+				snprintf(err, errlen, "marking %s for fanotify: %s", path,
+					 strerror(e));
+			return -e;
+		}
+		atomic_store(&b->marked, true);
+	}
+	return 0;
+}
+
+int fan_sysfs_path(const char *mountpoint, char *out, size_t len)
+{
+	struct fs_sysfs_path_arg p = { 0 };
+	int fd = open(mountpoint, O_RDONLY | O_DIRECTORY | O_CLOEXEC), ret = 0;
+
+	if (fd < 0)
+		return -errno;
+	if (ioctl(fd, FS_IOC_GETFSSYSFSPATH, &p))
+		ret = -errno;
+	else if (!p.len || p.len >= sizeof(p.name))
+		ret = -EPROTO;
+	else
+		snprintf(out, len, "/sys/fs/%.*s", (int)p.len, (const char *)p.name);
+	close(fd);
+	return ret;
+}
+
+static int find_sysfs(struct fan *f, char *err, size_t errlen)
+{
+	int ret = fan_sysfs_path(f->m->mountpoint, f->sysfs, sizeof(f->sysfs));
+
+	if (ret)
+		snprintf(err, errlen, "%s: cannot identify the mounted EROFS superblock (FS_IOC_GETFSSYSFSPATH): %s",
+			 f->m->mountpoint, ferry_strerror(ret));
+	return ret;
+}
+
+static bool sb_alive(const struct fan *f)
+{
+	return f->sysfs[0] && !access(f->sysfs, F_OK);
+}
+
+static void fan_free(struct fan *f)
+{
+	unsigned int i;
+
+	pthread_mutex_lock(&f->lock);
+	f->quit = true;
+	pthread_cond_broadcast(&f->cond);
+	pthread_mutex_unlock(&f->lock);
+	for (i = 0; i < f->nr_workers; i++)
+		pthread_join(f->workers[i], NULL);
+	if (f->keeper_sock >= 0)
+		close(f->keeper_sock);
+	if (f->group >= 0)
+		close(f->group);
+	if (f->wake[0] >= 0) {
+		close(f->wake[0]);
+		close(f->wake[1]);
+	}
+	pthread_mutex_destroy(&f->lock);
+	pthread_cond_destroy(&f->cond);
+	free(f->blobs);
+	free(f);
+}
+
+int fan_start(struct fmount *m, char *err, size_t errlen)
+{
+	struct fan *f = calloc(1, sizeof(*f));
+	const char **devs = NULL;
+	unsigned int i;
+	uint32_t n = m->img->blobs.nr_blobs;
+	int ret;
+
+	if (!f || !(f->blobs = calloc(n + 1, sizeof(*f->blobs))) ||
+	    !(devs = calloc(n + 1, sizeof(*devs)))) {
+		free(f ? f->blobs : NULL);
+		free(f);
+		snprintf(err, errlen, "out of memory");
+		return -ENOMEM;
+	}
+	f->m = m;
+	f->nr_blobs = n;
+	f->group = f->keeper_sock = f->wake[0] = f->wake[1] = -1;
+	f->tail = &f->head;
+	pthread_mutex_init(&f->lock, NULL);
+	pthread_cond_init(&f->cond, NULL);
+	find_ferry_exes(f);
+	raise_nofile(f);
+
+	ret = image_bootstrap_file(m->img, m->req.cache_dir);
+	if (ret) {
+		snprintf(err, errlen, "writing the bootstrap into %s/bootstraps: %s",
+			 m->req.cache_dir, ferry_strerror(ret));
+		goto fail;
+	}
+	if (pipe2(f->wake, O_CLOEXEC | O_NONBLOCK)) {
+		ret = -errno;
+		snprintf(err, errlen, "pipe: %s", strerror(errno));
+		goto fail;
+	}
+	f->group = fanotify_init(FAN_CLASS_PRE_CONTENT | FAN_CLOEXEC | FAN_NONBLOCK |
+				 FAN_UNLIMITED_QUEUE, O_RDONLY | O_LARGEFILE | O_CLOEXEC);
+	if (f->group < 0) {
+		ret = -errno;
+		snprintf(err, errlen, "fanotify_init (pre-content class): %s%s", strerror(errno),
+			 errno == EINVAL ? " (fanotify mode needs Linux 6.14 or later)" :
+			 errno == EPERM ? " (needs CAP_SYS_ADMIN)" : "");
+		goto fail;
+	}
+	ret = mark_blobs(f, err, errlen);
+	if (ret)
+		goto fail;
+	/* Before the mount: from now on a descriptor of the group outlives us. */
+	ret = keeper_spawn(f);
+	if (ret) {
+		snprintf(err, errlen, "cannot start the fanotify keeper: %s", ferry_strerror(ret));
+		goto fail;
+	}
+	for (i = 0; i < n; i++)
+		devs[i] = image_cache_data_path(m->ic, i);
+	ret = meta_kernel_mount(m->img->bootstrap_path, devs, n, m->mountpoint);
+	if (ret) {
+		snprintf(err, errlen, "kernel mount of %s on %s failed (see above)",
+			 m->img->bootstrap_path, m->mountpoint);
+		goto fail;
+	}
+	f->mounted = true;
+	ret = find_sysfs(f, err, errlen);
+	if (!ret) {
+		char msg[sizeof(f->sysfs) + 8];
+
+		snprintf(msg, sizeof(msg), "sysfs %s", f->sysfs);
+		ret = keeper_send(f, msg);
+		if (ret)
+			snprintf(err, errlen, "the fanotify keeper is gone: %s", ferry_strerror(ret));
+	}
+	for (i = 0; !ret && i < FAN_WORKERS; i++) {
+		ret = -pthread_create(&f->workers[i], NULL, worker_main, f);
+		if (ret)
+			snprintf(err, errlen, "cannot start fill threads: %s", strerror(-ret));
+		else
+			f->nr_workers++;
+	}
+	if (ret)
+		goto fail;
+	free(devs);
+	m->fan = f;
+	return 0;
+
+fail:
+	/* Unmounted before the group closes, so nothing is let onto a hole;
+	 * a superblock someone holds already stays with the keeper. */
+	if (f->mounted && umount2(m->mountpoint, MNT_DETACH))
+		ferry_warn("%s: detaching: %s", m->mountpoint, strerror(errno));
+	if (f->keeper_sock >= 0 && !sb_alive(f))
+		keeper_send(f, "bye");
+	free(devs);
+	fan_free(f);
+	return ret;
+}
+
+int fan_run(struct fan *f)
+{
+	uint64_t next_check = 0;
+	int ret = 0;
+
+	while (!atomic_load(&f->stop)) {
+		struct pollfd p[3] = {
+			{ .fd = f->group, .events = POLLIN },
+			{ .fd = f->keeper_sock, .events = POLLIN },
+			{ .fd = f->wake[0], .events = POLLIN },
+		};
+		int n = poll(p, 3, SB_CHECK_MS);
+		uint64_t now = ferry_now_ns();
+
+		if (n < 0 && errno != EINTR)
+			return -errno;
+		if (now >= next_check) {
+			uint32_t i;
+
+			if (!sb_alive(f))
+				return 0; /* unmounted and released: done */
+			/* Prefetch completes blobs too. */
+			for (i = 1; i <= f->nr_blobs; i++)
+				unmark_if_complete(f, i);
+			next_check = now + SB_CHECK_MS * 1000000ull;
+		}
+		if (n <= 0)
+			continue;
+		if (p[1].revents) {
+			/* The keeper says nothing after hello: it died. */
+			ferry_warn("%s: the fanotify keeper (pid %d) is gone; starting a new one",
+				   f->m->mountpoint, atomic_load(&f->keeper_pid));
+			close(f->keeper_sock);
+			f->keeper_sock = -1;
+			ret = keeper_spawn(f);
+			if (ret) {
+				ferry_err("%s: no fanotify keeper: unmounting", f->m->mountpoint);
+				return ret;
+			}
+		}
+		if (p[0].revents & POLLIN) {
+			ret = read_events(f);
+			if (ret)
+				return ret;
+		}
+	}
+	return 0;
+}
+
+void fan_stop(struct fan *f)
+{
+	atomic_store(&f->stop, true);
+	if (write(f->wake[1], "", 1) < 0) {
+		/* full: the loop wakes anyway */
+	}
+}
+
+void fan_close(struct fan *f)
+{
+	bool gone;
+
+	/* Events already queued are answered before we go. */
+	pthread_mutex_lock(&f->lock);
+	f->quit = true;
+	pthread_cond_broadcast(&f->cond);
+	pthread_mutex_unlock(&f->lock);
+	while (f->nr_workers)
+		pthread_join(f->workers[--f->nr_workers], NULL);
+	gone = !sb_alive(f);
+	if (gone) {
+		if (f->keeper_sock >= 0)
+			keeper_send(f, "bye");
+	} else {
+		/* Still in use (a busy mount at shutdown, a fatal error):
+		 * the keeper answers EIO from now on, never zeros. */
+		ferry_warn("%s: still mounted and in use; its fanotify keeper (pid %d) answers EIO to reads of missing data until it is unmounted",
+			   f->m->mountpoint, atomic_load(&f->keeper_pid));
+	}
+	fan_free(f);
+}
+
+const char *fan_sb_name(const struct fan *f)
+{
+	const char *slash = strrchr(f->sysfs, '/');
+
+	return slash ? slash + 1 : f->sysfs;
+}
+
+pid_t fan_keeper_pid(struct fan *f)
+{
+	return atomic_load(&f->keeper_pid);
+}

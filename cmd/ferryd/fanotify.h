@@ -1,0 +1,70 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Fanotify mode of ferryd (fanotify.c, the serving side; keeper.c, the
+ * process that keeps the group open) and the kernel constants that
+ * Debian 12's <linux/fanotify.h> predates (pre-content events, Linux
+ * 6.14; values from the kernel's uapi header).
+ */
+#ifndef FERRYD_FANOTIFY_H
+#define FERRYD_FANOTIFY_H
+
+#include <stdint.h>
+#include <sys/fanotify.h>
+#include <sys/types.h>
+
+#ifndef FAN_PRE_ACCESS
+#define FAN_PRE_ACCESS 0x00100000
+#endif
+#ifndef FAN_EVENT_INFO_TYPE_RANGE
+#define FAN_EVENT_INFO_TYPE_RANGE 6
+/* The range an event covers: offset and count in bytes of the file. */
+struct fanotify_event_info_range {
+	struct fanotify_event_info_header hdr;
+	uint32_t pad;
+	uint64_t offset;
+	uint64_t count;
+};
+#endif
+#ifndef FAN_DENY_ERRNO
+/* Deny with an errno for the reader (pre-content groups only). */
+#define FAN_DENY_ERRNO(err) (FAN_DENY | ((((uint32_t)(err)) & 0xff) << 24))
+#endif
+_Static_assert(sizeof(struct fanotify_event_info_range) == 24,
+	       "fanotify range record is 24 bytes");
+
+struct fan;
+struct fmount;
+
+/*
+ * Set up @m (image and chunk cache open) as a fanotify mount: write the
+ * bootstrap file, create the group, mark every incomplete data file,
+ * start the keeper, mount(2) and start the fill threads. On failure
+ * nothing is left mounted and the reason is in @err.
+ */
+int fan_start(struct fmount *m, char *err, size_t errlen);
+/*
+ * Serve events until the mounted superblock is gone (0), fan_stop, or a
+ * fatal error (-errno, logged: the caller detaches the mount).
+ */
+int fan_run(struct fan *f);
+void fan_stop(struct fan *f);
+/*
+ * After fan_run: answer what is queued, then release. A superblock still
+ * alive is left to the keeper (EIO for missing data, never zeros).
+ */
+void fan_close(struct fan *f);
+pid_t fan_keeper_pid(struct fan *f);
+/* The superblock's name ("erofs-N"), also its bdi's in /sys/class/bdi. */
+const char *fan_sb_name(const struct fan *f);
+
+/*
+ * The sysfs directory of the file system mounted on @mountpoint
+ * ("/sys/fs/erofs/erofs-N"): it exists exactly while that superblock
+ * lives, also after a lazy unmount. 0 or -errno.
+ */
+int fan_sysfs_path(const char *mountpoint, char *out, size_t len);
+
+/* ferryd --keeper ...: the keeper process (keeper.c). */
+int keeper_main(int argc, char **argv);
+
+#endif

@@ -1,0 +1,150 @@
+// SPDX-License-Identifier: MIT
+/*
+ * The fanotify keeper: ferryd --keeper GROUP_FD SOCK_FD MOUNTPOINT
+ * BOOTSTRAP SWEEP_MAX, started by fanotify.c for one mount.
+ *
+ * It holds a descriptor of the mount's fanotify group so that the group
+ * outlives ferryd: were the last descriptor closed, the kernel would
+ * allow every pending read and later ones would see the sparse cache
+ * files' holes as zeros. While ferryd lives the keeper only listens on
+ * its socket: "sysfs PATH" names the superblock's sysfs directory, "bye"
+ * (the superblock is gone) ends it. When the socket closes without "bye",
+ * ferryd is gone: the keeper denies with EIO every event ferryd had read
+ * but not answered (the kernel matches answers by descriptor number, so
+ * it answers every number below ferryd's descriptor limit), then every
+ * new event, until the superblock is gone — unmounting it (ferry umount)
+ * ends the keeper. Single-threaded and small on purpose.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "ferryd.h"
+#include "fanotify.h"
+
+#define KEEPER_CHECK_MS 1000 /* how often a serving keeper checks the superblock */
+
+struct keeper {
+	int group, sock;
+	const char *mountpoint, *bootstrap;
+	unsigned int sweep_max;
+	char sysfs[160];
+};
+
+static int parse_uint(const char *s, unsigned int *out)
+{
+	char *end;
+	unsigned long v;
+
+	errno = 0;
+	v = strtoul(s, &end, 10);
+	if (errno || end == s || *end || v > 1u << 20)
+		return -EINVAL;
+	*out = (unsigned int)v;
+	return 0;
+}
+
+static void deny(int group, int fd)
+{
+	struct fanotify_response r = { .fd = fd, .response = FAN_DENY_ERRNO(EIO) };
+
+	/* ENOENT for every number that has no pending event. */
+	(void)!write(group, &r, sizeof(r));
+}
+
+/* Listen to ferryd until "bye" (0) or until it is gone (1). */
+static int listen_to_ferryd(struct keeper *k)
+{
+	char msg[sizeof(k->sysfs) + 6];
+	ssize_t n;
+
+	for (;;) {
+		n = recv(k->sock, msg, sizeof(msg) - 1, 0);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			return 1;
+		msg[n] = '\0';
+		if (!strcmp(msg, "bye"))
+			return 0;
+		if (!strncmp(msg, "sysfs ", 6))
+			snprintf(k->sysfs, sizeof(k->sysfs), "%s", msg + 6);
+	}
+}
+
+/* Our superblock, if ferryd died before it could name it. */
+static void find_sb(struct keeper *k)
+{
+	struct ctl_mnt mi;
+
+	if (k->sysfs[0] || ctl_mountinfo(k->mountpoint, &mi) ||
+	    strcmp(mi.fstype, "erofs") || strcmp(mi.source, k->bootstrap))
+		return;
+	fan_sysfs_path(k->mountpoint, k->sysfs, sizeof(k->sysfs));
+}
+
+static void serve_eio(struct keeper *k)
+{
+	uint64_t buf[4096];
+	unsigned int fd;
+
+	ferry_warn("keeper of %s: ferryd is gone; reads of data not yet in the page cache now fail with EIO until it is unmounted (ferry umount %s)",
+		   k->mountpoint, k->mountpoint);
+	for (fd = 0; fd < k->sweep_max; fd++)
+		deny(k->group, (int)fd);
+	find_sb(k);
+	while (k->sysfs[0] && !access(k->sysfs, F_OK)) {
+		struct pollfd p = { .fd = k->group, .events = POLLIN };
+		const struct fanotify_event_metadata *meta;
+		ssize_t n;
+
+		if (poll(&p, 1, KEEPER_CHECK_MS) <= 0)
+			continue;
+		n = read(k->group, buf, sizeof(buf));
+		if (n <= 0)
+			continue;
+		for (meta = (const void *)buf; FAN_EVENT_OK(meta, n);
+		     meta = FAN_EVENT_NEXT(meta, n)) {
+			if (meta->fd < 0)
+				continue;
+			if (meta->mask & FAN_PRE_ACCESS)
+				deny(k->group, meta->fd);
+			close(meta->fd);
+		}
+	}
+	ferry_info("keeper of %s: unmounted; exiting", k->mountpoint);
+}
+
+int keeper_main(int argc, char **argv)
+{
+	struct keeper k = { 0 };
+	unsigned int gfd, sfd;
+	char hello[32];
+
+	if (argc != 7 || parse_uint(argv[2], &gfd) || parse_uint(argv[3], &sfd) ||
+	    parse_uint(argv[6], &k.sweep_max)) {
+		fprintf(stderr, "ferryd --keeper: started by ferryd only\n");
+		return 2;
+	}
+	k.group = (int)gfd;
+	k.sock = (int)sfd;
+	k.mountpoint = argv[4];
+	k.bootstrap = argv[5];
+	fcntl(k.group, F_SETFD, FD_CLOEXEC);
+	fcntl(k.sock, F_SETFD, FD_CLOEXEC);
+	signal(SIGPIPE, SIG_IGN);
+	signal(SIGINT, SIG_IGN);
+	log_init(!isatty(2));
+	snprintf(hello, sizeof(hello), "pid %d", (int)getpid());
+	if (send(k.sock, hello, strlen(hello), MSG_NOSIGNAL) < 0)
+		return 1;
+	if (listen_to_ferryd(&k))
+		serve_eio(&k);
+	return 0;
+}
