@@ -79,8 +79,7 @@ struct fan {
 	unsigned int sweep_max;     /* our descriptor limit, for the keeper */
 	uint32_t nr_blobs;
 	struct fan_blob *blobs;
-	dev_t exe_dev[2];           /* ferryd and ferry: fills, never readers */
-	ino_t exe_ino[2];
+	struct ferry_exes exes;     /* fills, never readers */
 	_Atomic bool stop;
 	bool mounted;
 	uint64_t evbuf[4096];       /* read(): aligned for the metadata */
@@ -194,14 +193,32 @@ static uint32_t blob_of(const struct fan *f, int fd)
 	return 0;
 }
 
-/*
- * Whether @pid runs ferryd or ferry. Their accesses to cache data files
- * are fills (writes, through descriptors that may see events when another
- * mount marked the file first) or reads of ranges they made present, so
- * they are allowed at once: waiting for a fill that waits for us would
- * deadlock.
- */
-static bool is_ferry(const struct fan *f, pid_t pid)
+void ferry_exes_find(struct ferry_exes *e)
+{
+	char exe[PATH_MAX], *slash;
+	ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 8);
+	struct stat st;
+
+	memset(e, 0, sizeof(*e));
+	/* Our own binary even if it was replaced on disk since. */
+	if (!stat("/proc/self/exe", &st)) {
+		e->dev[0] = st.st_dev;
+		e->ino[0] = st.st_ino;
+	}
+	if (n <= 0)
+		return;
+	exe[n] = '\0';
+	slash = strrchr(exe, '/');
+	if (slash) {
+		strcpy(slash + 1, "ferry");
+		if (!stat(exe, &st)) {
+			e->dev[1] = st.st_dev;
+			e->ino[1] = st.st_ino;
+		}
+	}
+}
+
+bool ferry_exes_match(const struct ferry_exes *e, pid_t pid)
 {
 	char path[64];
 	struct stat st;
@@ -211,13 +228,12 @@ static bool is_ferry(const struct fan *f, pid_t pid)
 	if (stat(path, &st))
 		return false;
 	for (i = 0; i < 2; i++)
-		if (f->exe_ino[i] && st.st_ino == f->exe_ino[i] && st.st_dev == f->exe_dev[i])
+		if (e->ino[i] && st.st_ino == e->ino[i] && st.st_dev == e->dev[i])
 			return true;
 	return false;
 }
 
-/* The RANGE record of @meta: 0 and the range, or -ENOENT. */
-static int event_range(const struct fanotify_event_metadata *meta,
+int fan_event_range(const struct fanotify_event_metadata *meta,
 		       uint64_t *off, uint64_t *count)
 {
 	size_t pos = meta->metadata_len;
@@ -266,13 +282,14 @@ static int handle_event(struct fan *f, const struct fanotify_event_metadata *met
 		return 0;
 	}
 	size = f->blobs[device - 1].size;
-	if (event_range(meta, &off, &len)) {
+	if (fan_event_range(meta, &off, &len)) {
 		off = 0; /* no range: the whole file (a truncate, say) */
 		len = size;
 	}
 	off = MIN(off, size);
 	len = MIN(len, size - off);
-	if (image_cache_present(f->m->ic, device, off, len) || is_ferry(f, meta->pid)) {
+	if (image_cache_present(f->m->ic, device, off, len) ||
+	    ferry_exes_match(&f->exes, meta->pid)) {
 		answer(f, meta->fd, true);
 		return 0;
 	}
@@ -387,32 +404,6 @@ static int keeper_spawn(struct fan *f)
 /* ------------------------------------------------------------------ */
 /* Setup and teardown                                                  */
 /* ------------------------------------------------------------------ */
-
-static void exe_id(struct fan *f, int i, const char *path)
-{
-	struct stat st;
-
-	if (!stat(path, &st)) {
-		f->exe_dev[i] = st.st_dev;
-		f->exe_ino[i] = st.st_ino;
-	}
-}
-
-static void find_ferry_exes(struct fan *f)
-{
-	char exe[PATH_MAX], *slash;
-	ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 8);
-
-	exe_id(f, 0, "/proc/self/exe");
-	if (n <= 0)
-		return;
-	exe[n] = '\0';
-	slash = strrchr(exe, '/');
-	if (slash) {
-		strcpy(slash + 1, "ferry");
-		exe_id(f, 1, exe);
-	}
-}
 
 /* Every pending event holds a descriptor in this process. */
 static void raise_nofile(struct fan *f)
@@ -554,7 +545,7 @@ int fan_start(struct fmount *m, char *err, size_t errlen)
 	f->tail = &f->head;
 	pthread_mutex_init(&f->lock, NULL);
 	pthread_cond_init(&f->cond, NULL);
-	find_ferry_exes(f);
+	ferry_exes_find(&f->exes);
 	raise_nofile(f);
 
 	ret = image_bootstrap_file(m->img, m->req.cache_dir);

@@ -8,6 +8,7 @@
 #ifndef FERRYD_FANOTIFY_H
 #define FERRYD_FANOTIFY_H
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <sys/fanotify.h>
 #include <sys/types.h>
@@ -34,6 +35,20 @@ _Static_assert(sizeof(struct fanotify_event_info_range) == 24,
 
 struct fan;
 struct fmount;
+
+/*
+ * The ferryd and ferry binaries (ferry next to ferryd). Their accesses to
+ * cache data files are fills (writes, through descriptors that see events
+ * when another mount marked the file first) or reads of ranges they made
+ * present, so they are allowed at once: waiting for a fill that waits for
+ * us would deadlock.
+ */
+struct ferry_exes {
+	dev_t dev[2];
+	ino_t ino[2];
+};
+void ferry_exes_find(struct ferry_exes *e);
+bool ferry_exes_match(const struct ferry_exes *e, pid_t pid);
 
 /*
  * Set up @m (image and chunk cache open) as a fanotify mount: write the
@@ -63,6 +78,10 @@ const char *fan_sb_name(const struct fan *f);
  * lives, also after a lazy unmount. 0 or -errno.
  */
 int fan_sysfs_path(const char *mountpoint, char *out, size_t len);
+
+/* The RANGE record of event @meta: 0 and the range, or -ENOENT. */
+int fan_event_range(const struct fanotify_event_metadata *meta, uint64_t *off,
+		    uint64_t *count);
 
 /* ferryd --keeper ...: the keeper process (keeper.c). */
 int keeper_main(int argc, char **argv);

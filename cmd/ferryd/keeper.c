@@ -11,9 +11,16 @@
  * (the superblock is gone) ends it. When the socket closes without "bye",
  * ferryd is gone: the keeper denies with EIO every event ferryd had read
  * but not answered (the kernel matches answers by descriptor number, so
- * it answers every number below ferryd's descriptor limit), then every
- * new event, until the superblock is gone — unmounting it (ferry umount)
- * ends the keeper. Single-threaded and small on purpose.
+ * it answers every number below ferryd's descriptor limit). From then on
+ * until the superblock is gone — unmounting it (ferry umount) ends the
+ * keeper — it allows ferry's own accesses (another ferryd filling the
+ * same cache files) and reads of ranges without holes, and denies every
+ * other read with EIO. A range without holes holds verified bytes only:
+ * the cache writes a chunk after verifying it, and an interrupted write
+ * stops at a page boundary, leaving the rest a hole. The marks stay on the
+ * cache files meanwhile, so a new mount of the same blobs from the same
+ * cache may get EIO for data not yet cached until the dead mount is
+ * unmounted. Single-threaded and small on purpose.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -35,6 +42,7 @@ struct keeper {
 	const char *mountpoint, *bootstrap;
 	unsigned int sweep_max;
 	char sysfs[160];
+	struct ferry_exes exes;
 };
 
 static int parse_uint(const char *s, unsigned int *out)
@@ -50,12 +58,45 @@ static int parse_uint(const char *s, unsigned int *out)
 	return 0;
 }
 
-static void deny(int group, int fd)
+static void respond(int group, int fd, bool allow)
 {
-	struct fanotify_response r = { .fd = fd, .response = FAN_DENY_ERRNO(EIO) };
+	struct fanotify_response r = {
+		.fd = fd,
+		.response = allow ? FAN_ALLOW : FAN_DENY_ERRNO(EIO),
+	};
 
-	/* ENOENT for every number that has no pending event. */
+	/* ENOENT (sweeping: a number with no pending event) is expected. */
 	(void)!write(group, &r, sizeof(r));
+}
+
+/* No hole in [@off, @end) of the data file @fd (see above). */
+static bool range_written(int fd, uint64_t off, uint64_t end)
+{
+	off_t hole;
+
+	if (off >= end)
+		return true;
+	hole = lseek(fd, (off_t)off, SEEK_HOLE);
+	return hole >= 0 && (uint64_t)hole >= end;
+}
+
+static void handle_event(struct keeper *k, const struct fanotify_event_metadata *meta)
+{
+	uint64_t off = 0, count = UINT64_MAX;
+	struct stat st;
+	bool allow;
+
+	if (meta->fd < 0)
+		return;
+	if (meta->mask & FAN_PRE_ACCESS) {
+		fan_event_range(meta, &off, &count);
+		allow = ferry_exes_match(&k->exes, meta->pid) ||
+			(!fstat(meta->fd, &st) && off <= (uint64_t)st.st_size &&
+			 range_written(meta->fd, off,
+				       off + MIN(count, (uint64_t)st.st_size - off)));
+		respond(k->group, meta->fd, allow);
+	}
+	close(meta->fd);
 }
 
 /* Listen to ferryd until "bye" (0) or until it is gone (1). */
@@ -89,34 +130,34 @@ static void find_sb(struct keeper *k)
 	fan_sysfs_path(k->mountpoint, k->sysfs, sizeof(k->sysfs));
 }
 
-static void serve_eio(struct keeper *k)
+static void serve_alone(struct keeper *k)
 {
-	uint64_t buf[4096];
+	uint64_t buf[4096], next_check = 0;
 	unsigned int fd;
 
-	ferry_warn("keeper of %s: ferryd is gone; reads of data not yet in the page cache now fail with EIO until it is unmounted (ferry umount %s)",
+	ferry_warn("keeper of %s: ferryd is gone; reads of data not yet cached fail with EIO until it is unmounted (ferry umount %s)",
 		   k->mountpoint, k->mountpoint);
 	for (fd = 0; fd < k->sweep_max; fd++)
-		deny(k->group, (int)fd);
+		respond(k->group, (int)fd, false);
 	find_sb(k);
-	while (k->sysfs[0] && !access(k->sysfs, F_OK)) {
+	ferry_exes_find(&k->exes);
+	for (;;) {
 		struct pollfd p = { .fd = k->group, .events = POLLIN };
 		const struct fanotify_event_metadata *meta;
+		uint64_t now = ferry_now_ns();
 		ssize_t n;
 
+		if (now >= next_check) {
+			if (!k->sysfs[0] || access(k->sysfs, F_OK))
+				break;
+			next_check = now + KEEPER_CHECK_MS * 1000000ull;
+		}
 		if (poll(&p, 1, KEEPER_CHECK_MS) <= 0)
 			continue;
 		n = read(k->group, buf, sizeof(buf));
-		if (n <= 0)
-			continue;
-		for (meta = (const void *)buf; FAN_EVENT_OK(meta, n);
-		     meta = FAN_EVENT_NEXT(meta, n)) {
-			if (meta->fd < 0)
-				continue;
-			if (meta->mask & FAN_PRE_ACCESS)
-				deny(k->group, meta->fd);
-			close(meta->fd);
-		}
+		for (meta = (const void *)buf; n > 0 && FAN_EVENT_OK(meta, n);
+		     meta = FAN_EVENT_NEXT(meta, n))
+			handle_event(k, meta);
 	}
 	ferry_info("keeper of %s: unmounted; exiting", k->mountpoint);
 }
@@ -145,6 +186,6 @@ int keeper_main(int argc, char **argv)
 	if (send(k.sock, hello, strlen(hello), MSG_NOSIGNAL) < 0)
 		return 1;
 	if (listen_to_ferryd(&k))
-		serve_eio(&k);
+		serve_alone(&k);
 	return 0;
 }
