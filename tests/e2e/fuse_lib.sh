@@ -1,8 +1,8 @@
 # shellcheck shell=bash disable=SC2034,SC2154
 # SPDX-License-Identifier: MIT
-# Helpers for the lazy FUSE mount tests (tests/e2e/fuse_*.sh), sourced
-# after lib.sh, oci_lib.sh and registry_lib.sh (run directly it does
-# nothing).
+# Helpers for the lazy mount tests served by ferryd (tests/e2e/fuse_*.sh,
+# fanotify_*.sh), sourced after lib.sh, oci_lib.sh and registry_lib.sh
+# (run directly it does nothing).
 #
 # Every test instance talks to its own ferryd through a private control
 # socket under $SCRATCH (never the system's /run/ferry/ferryd.sock):
@@ -11,8 +11,12 @@
 #                           (its log) and FCACHE (its chunk cache), all
 #                           under $SCRATCH/fd-NAME
 #   fmount IMAGE MNT [ARGS] ferry mount --mode fuse through FSOCK/FCACHE
+#   fnmount IMAGE MNT [ARGS] the same with --mode fanotify
 #   fumount MNT             ferry umount (bounded)
 #   fuse_daemon_pids [SOCK] ferryd processes serving SOCK (default FSOCK)
+#   keeper_pids [SOCK]      their fanotify keepers (ferryd --keeper)
+#   keeper_pid MNT          the keeperPid ferry mount --list gives for MNT
+#   mount_field MNT KEY     a field of MNT's entry in ferry mount --list --json
 #   fuse_stats MNT          "READ FETCHED PRESENT TOTAL PREFETCHED" of a mount
 #   fcache_sum [CACHE]      "PRESENT CHUNKS DISKBYTES" over the cache's blobs
 #   fp_mark / fp_data_bytes data-blob bytes the fault proxy served since
@@ -21,8 +25,18 @@
 #                           read order (sorted|reverse|shuffle|pread)
 #   read_check FILE REF     read FILE fully; report errno and whether the
 #                           bytes delivered before an error are REF's
+#   read_expect_eio DESC FILE REF [SECS]  one check: EIO (in time), no
+#                           wrong bytes before it
+#   lazy_images [base]      the Debian fixtures in a fresh registry: IMG
+#                           (and BASE), ref (refbase), blobs.txt, ref.sums
+#   reg_damage_chunk IMAGE PATH / reg_repair_chunk
+#                           flip a byte of PATH's first chunk in the
+#                           registry's copy of its blob, and undo it
+#   readers_start / readers_wait / readers_agree / readers_no_wrong_bytes
+#                           hashtree readers in the background, judged
 #
-# On exit every ferryd of our sockets is stopped (TERM, then KILL), before
+# On exit every ferryd of our sockets and every fanotify keeper we met is
+# stopped (TERM, then KILL), before
 # registry_lib.sh's and lib.sh's traps run (the latter unmounts whatever
 # is left under $SCRATCH).
 
@@ -62,13 +76,16 @@ fuse_use() { # NAME
 	FUSE_SOCK_OPT=(--socket "$FSOCK")
 }
 
-fmount() { # IMAGE MNT [extra args]
-	local img=$1 mnt=$2
-	shift 2
+# ferry mount --mode MODE (fuse or fanotify: both hosted by ferryd).
+ferryd_mount() { # MODE IMAGE MNT [extra args]
+	local mode=$1 img=$2 mnt=$3
+	shift 3
 	mkdir -p "$mnt"
-	timeout -k 5 90 "$FERRY" mount --mode fuse "${FUSE_SOCK_OPT[@]}" \
+	timeout -k 5 90 "$FERRY" mount --mode "$mode" "${FUSE_SOCK_OPT[@]}" \
 		"$img" "$mnt" --cache-dir "$FCACHE" "$@" </dev/null
 }
+fmount() { ferryd_mount fuse "$@"; }   # IMAGE MNT [extra args]
+fnmount() { ferryd_mount fanotify "$@"; } # IMAGE MNT [extra args]
 
 # ferry umount, bounded; ok only when MNT is no longer a mount point.
 fumount() { # MNT
@@ -82,10 +99,21 @@ fumount() { # MNT
 fstype() { findmnt -n -o FSTYPE --mountpoint "$1" 2>/dev/null; }
 is_fuse() { case $(fstype "$1") in fuse*) return 0 ;; esac; return 1; }
 
+# PID runs the ferryd binary as a fanotify keeper (ferryd --keeper ...).
+is_keeper() { # PID
+	local exe
+	exe=$(readlink "/proc/$1/exe" 2>/dev/null) || return 1
+	exe=${exe% (deleted)}
+	[ "${exe##*/}" = ferryd ] &&
+		tr '\0' '\n' <"/proc/$1/cmdline" 2>/dev/null | grep -qE -e '^--keeper(=|$)'
+}
+
 # Processes of the ferryd binary whose command line or environment names
-# the socket (how ferry tells the daemon it starts which socket to use).
-fuse_daemon_pids() { # [SOCK]
-	local sock=${1:-$FSOCK} p exe
+# the socket (how ferry tells the daemon it starts which socket to use);
+# KIND daemon: the servers, keeper: the fanotify keepers (which inherit
+# the daemon's environment).
+ferryd_pids() { # KIND SOCK
+	local kind=$1 sock=$2 p exe k
 	for p in /proc/[0-9]*; do
 		exe=$(readlink "$p/exe" 2>/dev/null) || continue
 		exe=${exe% (deleted)}
@@ -94,9 +122,39 @@ fuse_daemon_pids() { # [SOCK]
 			grep -qxF -e "$sock" -e "--socket=$sock" ||
 			tr '\0' '\n' <"$p/environ" 2>/dev/null |
 			grep -qxF -e "FERRYD_SOCKET=$sock"; then
-			echo "${p#/proc/}"
+			k=daemon
+			is_keeper "${p#/proc/}" && k=keeper
+			[ "$k" = "$kind" ] && echo "${p#/proc/}"
 		fi
 	done
+}
+fuse_daemon_pids() { ferryd_pids daemon "${1:-$FSOCK}"; } # [SOCK]
+keeper_pids() { ferryd_pids keeper "${1:-$FSOCK}"; }      # [SOCK]
+
+# A field of MNT's entry in ferry mount --list --json (JSON text unless a
+# string or a number); fails when MNT is not listed or has no such field.
+mount_field() { # MNT KEY
+	timeout -k 2 20 "$FERRY" mount --list --json "${FUSE_SOCK_OPT[@]}" "$1" </dev/null |
+		python3 -c '
+import json, os, sys
+mnt = os.path.realpath(sys.argv[1])
+for m in json.load(sys.stdin)["mounts"]:
+    if m["mountpoint"] == mnt:
+        if sys.argv[2] not in m:
+            sys.exit("%s: no field %s in %s" % (mnt, sys.argv[2], m))
+        v = m[sys.argv[2]]
+        print(v if isinstance(v, (str, int)) else json.dumps(v))
+        sys.exit(0)
+sys.exit("no mount %s in the list" % mnt)' "$1" "$2"
+}
+
+# The keeper of fanotify mount MNT as listed, also remembered so that the
+# exit trap stops it even when no socket names it.
+keeper_pid() { # MNT
+	local k
+	k=$(mount_field "$1" keeperPid) || return 1
+	echo "$k" >>"$SCRATCH/keepers.seen"
+	echo "$k"
 }
 
 # Wait (at most SECS) until none of PIDS lives.
@@ -125,15 +183,31 @@ fuse_stop_all() {
 		# shellcheck disable=SC2207
 		pids+=($(fuse_daemon_pids "$s"))
 	done
-	[ ${#pids[@]} -gt 0 ] || return 0
-	kill -TERM "${pids[@]}" 2>/dev/null
-	wait_gone 5 "${pids[@]}" && return 0
-	for s in "${pids[@]}"; do
-		kill -0 "$s" 2>/dev/null || continue
-		echo "# cleanup: ferryd $s still runs 5 s after SIGTERM, killing" >&2
-		kill -KILL "$s"
+	fuse_stop "${pids[@]}"
+	# Then the keepers (fanotify mounts) that outlived them.
+	pids=()
+	for s in "${FUSE_SOCKS[@]}"; do
+		# shellcheck disable=SC2207
+		pids+=($(keeper_pids "$s"))
 	done
-	wait_gone 5 "${pids[@]}"
+	if [ -f "$SCRATCH/keepers.seen" ]; then
+		for s in $(sort -u "$SCRATCH/keepers.seen"); do
+			is_keeper "$s" && pids+=("$s")
+		done
+	fi
+	fuse_stop "${pids[@]}"
+}
+fuse_stop() { # PID...
+	local p
+	[ $# -gt 0 ] || return 0
+	kill -TERM "$@" 2>/dev/null
+	wait_gone 5 "$@" && return 0
+	for p in "$@"; do
+		kill -0 "$p" 2>/dev/null || continue
+		echo "# cleanup: ferryd $p still runs 5 s after SIGTERM, killing" >&2
+		kill -KILL "$p"
+	done
+	wait_gone 5 "$@"
 }
 # Stop our daemons first, then run whatever was trapped on EXIT before.
 eval "_fuse_prev_exit=$(trap -p EXIT | sed -e 's/^trap -- //' -e 's/ EXIT$//')"
@@ -385,5 +459,190 @@ same_files() { # REF MNT PATH...
 		drop_pages "$mnt/$f" 2>/dev/null
 		cmp "$ref/$f" "$mnt/$f" || rc=1
 	done
+	return $rc
+}
+
+# read_expect_eio DESC FILE REF [SECS]: reading FILE fails with EIO within
+# SECS (default 120) and every byte delivered before the error is REF's.
+read_expect_eio() {
+	local out
+	out=$(timeout -k 5 "${4:-120}" bash -c "$(declare -f read_check)"'; read_check "$1" "$2"' \
+		_ "$2" "$3" 2>&1)
+	if [[ $out == "error EIO after "*" match" ]]; then
+		ok "$1 ($out)"
+		return 0
+	fi
+	notok "$1"
+	echo "    read_check $2: ${out:-no answer (timed out)}"
+	return 1
+}
+
+# ---------------------------------------------------------------- images
+
+# The Debian fixture images (oci_fixtures) in a fresh anonymous
+# docker-registry: IMG (the edit tag), with "base" also BASE; their umoci
+# trees ref and refbase; IMG's data blobs (image_blobs) and the digests of
+# ref's files in $SCRATCH/ref.sums. Ends the script when any step fails.
+lazy_images() { # [base]
+	if ! reg_start anon 2>"$LOG"; then
+		notok "start docker-registry"
+		diag "$LOG"
+		e2e_done
+	fi
+	IMG=docker://$REG/ferry/debian:edit
+	BASE=docker://$REG/ferry/debian:base
+	check "convert oci:edit -> docker://" "$FERRY" convert -q "oci:$FIX:edit" "$IMG" ||
+		e2e_done
+	if [ "${1:-}" = base ]; then
+		check "convert oci:base -> docker://" "$FERRY" convert -q "oci:$FIX:base" "$BASE" ||
+			e2e_done
+		if ! refbase=$(umoci_ref "$FIX:base" "$SCRATCH/bundle-base" 2>"$LOG"); then
+			notok "umoci unpack (base reference tree)"
+			diag "$LOG"
+			e2e_done
+		fi
+	fi
+	if ! ref=$(umoci_ref "$FIX:edit" "$SCRATCH/bundle" 2>"$LOG"); then
+		notok "umoci unpack (reference tree)"
+		diag "$LOG"
+		e2e_done
+	fi
+	if ! image_blobs "$IMG" 2>"$LOG"; then
+		notok "ferry inspect --json of the pushed image"
+		diag "$LOG"
+		e2e_done
+	fi
+	echo "# image: data blobs $DATA_C bytes compressed, $DATA_U uncompressed, $DATA_CHUNKS chunks"
+	if ! hashtree "$ref" sorted 0 >"$SCRATCH/ref.sums" 2>"$LOG"; then
+		notok "hash the reference tree"
+		diag "$LOG"
+		e2e_done
+	fi
+}
+
+# Flip one byte in the middle of the first chunk's compressed range of
+# PATH (a file of IMAGE, which must be in $SCRATCH/blobs.txt's image) in
+# the registry's own copy of its blob. Sets DMG_BLOB (the blob's digest),
+# DMG_LEN1 (the chunk's uncompressed length); reg_repair_chunk undoes it.
+reg_damage_chunk() { # IMAGE PATH
+	local dev coff csz
+	read -r dev coff csz DMG_LEN1 < <("$FERRY" inspect --json "$1" "/${2#/}" </dev/null |
+		python3 -c '
+import json, sys
+c = json.load(sys.stdin)["chunks"]
+print(c[0]["deviceId"], c[0]["compressedOffset"], c[0]["compressedSize"], c[0]["length"])')
+	DMG_BLOB=$(sed -n "${dev:-0}p" "$SCRATCH/blobs.txt" 2>/dev/null | cut -d' ' -f1)
+	DMG_STORED=$(reg_stored_blob "${DMG_BLOB:-none}")
+	if [ -z "$DMG_BLOB" ] || [ ! -f "$DMG_STORED" ]; then
+		echo "no registry copy of $2's first chunk (device ${dev:-?}, blob ${DMG_BLOB:-?})" >&2
+		return 1
+	fi
+	cp "$DMG_STORED" "$SCRATCH/blob.orig" || return 1
+	python3 - "$DMG_STORED" $((coff + csz / 2)) <<'PY' || return 1
+import sys
+with open(sys.argv[1], "r+b") as f:
+    f.seek(int(sys.argv[2]))
+    b = f.read(1)
+    f.seek(int(sys.argv[2]))
+    f.write(bytes([b[0] ^ 0x5a]))
+PY
+	echo "# damaged byte $((coff + csz / 2)) of $DMG_BLOB (chunk 0 of /${2#/}: [$coff, +$csz))"
+}
+reg_repair_chunk() { cp "$SCRATCH/blob.orig" "$DMG_STORED"; }
+
+# ---------------------------------------------------------- reader groups
+
+# readers_start TAG ROOT SECS MODE...: one hashtree reader per MODE (seed:
+# its index) over ROOT in the background, each bounded by SECS; output in
+# $SCRATCH/TAG-I.sums and .err.
+readers_start() {
+	local root=$2 secs=$3 m
+	RD_TAG=$1
+	shift 3
+	RD_MODES=("$@")
+	RD_PIDS=()
+	RD_RC=()
+	for m in "$@"; do
+		timeout -k 5 "$secs" python3 -c "$FUSE_HASHTREE" "$root" "$m" ${#RD_PIDS[@]} \
+			>"$SCRATCH/$RD_TAG-${#RD_PIDS[@]}.sums" 2>"$SCRATCH/$RD_TAG-${#RD_PIDS[@]}.err" &
+		RD_PIDS+=($!)
+	done
+}
+
+# Wait for every reader; their exit statuses in RD_RC.
+readers_wait() {
+	local i
+	for i in "${!RD_PIDS[@]}"; do
+		wait "${RD_PIDS[$i]}"
+		RD_RC[i]=$?
+	done
+}
+
+# readers_agree DESC REF: one check: every reader ended with 0 and printed
+# exactly the digests REF holds.
+readers_agree() {
+	local i bad=()
+	for i in "${!RD_PIDS[@]}"; do
+		[ "${RD_RC[$i]}" -eq 0 ] || bad+=("reader $i (${RD_MODES[$i]}): exit ${RD_RC[$i]}")
+		cmp -s "$2" "$SCRATCH/$RD_TAG-$i.sums" || bad+=("reader $i (${RD_MODES[$i]}): digests differ")
+	done
+	if [ ${#bad[@]} -eq 0 ]; then
+		ok "$1"
+		return 0
+	fi
+	notok "$1"
+	printf '    %s\n' "${bad[@]}" | head -n 20
+	for i in "${!RD_PIDS[@]}"; do
+		[ -s "$SCRATCH/$RD_TAG-$i.err" ] && diag "$SCRATCH/$RD_TAG-$i.err" 5 && break
+	done
+	for i in "${!RD_PIDS[@]}"; do
+		cmp -s "$2" "$SCRATCH/$RD_TAG-$i.sums" ||
+			{ diff "$2" "$SCRATCH/$RD_TAG-$i.sums" | head -n 10 | sed 's/^/    /'; break; }
+	done
+	return 1
+}
+
+# readers_no_wrong_bytes DESC REF: one check: every reader ended by itself
+# (not by its timeout), every digest it printed is REF's for that file
+# (a file read whole but wrong, zeros included, fails) and every error it
+# reported is EIO. Counts the files read and failed in RD_OK / RD_EIO.
+readers_no_wrong_bytes() {
+	local i out rc=0 lines=()
+	RD_OK=0
+	RD_EIO=0
+	for i in "${!RD_PIDS[@]}"; do
+		if [ "${RD_RC[$i]}" -gt 1 ]; then
+			out="exit ${RD_RC[$i]} (killed or crashed)"
+			rc=1
+		elif ! out=$(python3 - "$2" "$SCRATCH/$RD_TAG-$i.sums" "$SCRATCH/$RD_TAG-$i.err" <<'PY'
+import sys
+ref = {l[66:].rstrip("\n"): l[:64] for l in open(sys.argv[1])}
+bad, n = [], 0
+for l in open(sys.argv[2]):
+    n += 1
+    name, h = l[66:].rstrip("\n"), l[:64]
+    if ref.get(name) != h:
+        bad.append("WRONG BYTES: %s (digest %s, want %s)" % (name, h, ref.get(name)))
+for l in open(sys.argv[3]):
+    if l.startswith("ERROR ") and "[Errno 5]" not in l:
+        bad.append("not EIO: " + l.strip())
+print("%d read right, %d failed" % (n, len(ref) - n) if not bad else "; ".join(bad[:10]))
+sys.exit(1 if bad else 0)
+PY
+		); then
+			rc=1
+		fi
+		lines+=("reader $i (${RD_MODES[$i]}): $out")
+	done
+	for i in "${!RD_PIDS[@]}"; do
+		RD_OK=$((RD_OK + $(wc -l <"$SCRATCH/$RD_TAG-$i.sums")))
+	done
+	RD_EIO=$(($(wc -l <"$2") * ${#RD_PIDS[@]} - RD_OK))
+	if [ "$rc" -eq 0 ]; then
+		ok "$1 ($RD_OK file reads right, $RD_EIO failed)"
+	else
+		notok "$1"
+	fi
+	printf '    %s\n' "${lines[@]}"
 	return $rc
 }

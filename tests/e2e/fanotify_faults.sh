@@ -1,0 +1,202 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# shellcheck disable=SC2016,SC2034 # expect_sh evaluates its quoted condition
+# Faults under lazy kernel mounts (ferry mount --mode fanotify: file-backed
+# EROFS over sparse cache files filled by ferryd on FAN_PRE_ACCESS events,
+# the fanotify group held open by a keeper process too), with
+# docker-registry on 127.0.0.1:
+#   - a cache dir on tmpfs (no pre-content events there): the mount fails
+#     naming the cache dir, nothing stays mounted
+#   - a chunk damaged in the registry's own copy of a blob: reads of the
+#     file fail with EIO and never deliver wrong bytes or zeros, the rest
+#     of that file and every other file read right, and once the registry
+#     is repaired the file reads right (nothing bad was cached)
+#   - ferryd killed with SIGKILL while readers go over the tree: they end
+#     (no hang) with EIO or right bytes, never wrong ones or zeros; the
+#     mount stays, cached files read right, uncached ones fail with EIO;
+#     ferry umount works without a daemon, the keeper then exits, and a
+#     new mount over the same cache reads the whole tree right
+#   - the keeper killed with SIGKILL during reads: ferryd starts a new one
+#     within ~2 s, the reads all succeed and are right; the new keeper
+#     stands in for ferryd when that is killed in turn
+. "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/oci_lib.sh"
+. "$(dirname "$0")/registry_lib.sh"
+. "$(dirname "$0")/fuse_lib.sh"
+need_root
+need_ferry
+need_ferryd
+need_cmds docker-registry skopeo umoci findmnt
+oci_fixtures
+
+lazy_images
+# The readers below go over /usr; /opt/c/big.bin has a blob of its own, so
+# none of them makes it present.
+if ! hashtree "$ref/usr" sorted 0 >"$SCRATCH/usr.sums" 2>"$LOG"; then
+	notok "hash the reference tree's /usr"
+	diag "$LOG"
+	e2e_done
+fi
+BIG=opt/c/big.bin
+CACHED=usr/bin/bash
+
+# --- a cache dir on tmpfs ------------------------------------------------------
+fuse_use tmpfs
+M=$SCRATCH/m-tmpfs
+if ! mount -t tmpfs -o size=64m ferry-e2e "$FCACHE" 2>"$LOG"; then
+	notok "mount a tmpfs for the cache dir"
+	diag "$LOG"
+else
+	check_fails "mount --mode fanotify with the cache dir on tmpfs fails naming it" \
+		"$FCACHE" fnmount "$IMG" "$M"
+	expect_sh "nothing is mounted at MNT after that" '! is_mounted "$M"'
+	left=$(keeper_pids)
+	expect_sh "no keeper process stays behind (${left:-none})" '[ -z "$left" ]'
+	is_mounted "$M" && fumount "$M"
+	umount "$FCACHE"
+fi
+
+# --- a damaged chunk inside the registry ------------------------------------
+# opt/c/big.bin (3.5 MB of random data, hardlinked as opt/c/big-link) has
+# four chunks; the first one is damaged.
+fuse_use corrupt
+M=$SCRATCH/m-corrupt
+other_chunks() {
+	cmp <(reg_slice "$ref/$BIG" "$DMG_LEN1" 100000000) <(reg_slice "$M/$BIG" "$DMG_LEN1" 100000000)
+}
+reread() { drop_pages "$M/$1" && read_check "$M/$1" "$ref/$1"; }
+if ! reg_damage_chunk "$IMG" "$BIG" 2>"$LOG"; then
+	notok "damage the first chunk of /$BIG in the registry"
+	diag "$LOG"
+elif check "mount --mode fanotify with a damaged chunk in the registry (lazy: mount works)" \
+	fnmount "$IMG" "$M"; then
+	read_expect_eio "reading the damaged file fails with EIO, no wrong bytes" "$M/$BIG" "$ref/$BIG"
+	check_fails "cat of the damaged file says Input/output error" "Input/output error" \
+		cat "$M/$BIG"
+	read_expect_eio "a second read fails again (no bad bytes were cached)" "$M/$BIG" "$ref/$BIG"
+	read_expect_eio "its hardlink fails with EIO too" "$M/opt/c/big-link" "$ref/$BIG"
+	check "the file's other chunks read right (from offset $DMG_LEN1)" other_chunks
+	check "every other file reads right (treecmp without the damaged file)" \
+		timeout 180 python3 "$TREECMP" --exclude '^opt/c/big' "$ref" "$M"
+	n=$(fuse_daemon_pids | wc -l)
+	kpid=$(keeper_pid "$M" 2>&1)
+	expect_sh "ferryd ($n) and its keeper ($kpid) still run after the errors" \
+		'[ "$n" -eq 1 ] && is_keeper "$kpid"'
+	if grep -i "${DMG_BLOB#sha256:}" "$FLOG" | grep -qi chunk; then
+		ok "ferryd's log names the damaged blob and chunk"
+		grep -i "${DMG_BLOB#sha256:}" "$FLOG" | head -n 1 | sed 's/^/    /'
+	else
+		notok "ferryd's log names the damaged blob and chunk"
+		diag "$FLOG" 5
+	fi
+	reg_repair_chunk
+	check "after the registry is repaired the file reads right (within 3 s)" poll 3 reread "$BIG"
+	check "ferry umount (damaged chunk)" fumount "$M"
+fi
+[ -n "${DMG_STORED:-}" ] && reg_repair_chunk
+
+# --- ferryd killed during reads ----------------------------------------------
+# The moment to kill: a tenth of the chunks present, the readers busy.
+mid_read() {
+	local p c d
+	read -r p c d < <(fcache_sum 2>/dev/null) || return 1
+	[ "$p" -ge $((c / 10)) ]
+}
+fuse_use kill
+M=$SCRATCH/m-kill
+if check "mount --mode fanotify (to be killed)" fnmount "$IMG" "$M"; then
+	check "a file read before the kill reads right" read_check "$M/$CACHED" "$ref/$CACHED"
+	dpid=$(fuse_daemon_pids | head -n 1)
+	kpid=$(keeper_pid "$M" 2>&1)
+	readers_start kill "$M/usr" 90 sorted reverse shuffle pread
+	poll 30 mid_read
+	if [ -z "$dpid" ] || ! is_keeper "$kpid"; then
+		notok "find ferryd (${dpid:-none}) and its keeper ($kpid) to kill"
+		kill "${RD_PIDS[@]}" 2>/dev/null
+		readers_wait
+	else
+		busy=0
+		for p in "${RD_PIDS[@]}"; do kill -0 "$p" 2>/dev/null && busy=$((busy + 1)); done
+		kill -KILL "$dpid"
+		t0=$(now_ms)
+		expect_sh "ferryd $dpid killed with SIGKILL while $busy of 4 readers are busy" \
+			'wait_gone 5 "$dpid" && [ "$busy" -gt 0 ]'
+		readers_wait
+		ms=$(($(now_ms) - t0))
+		expect_sh "the readers ended $ms ms after the kill (exits ${RD_RC[*]}), not a hang" \
+			'[ "$ms" -lt 30000 ]'
+		readers_no_wrong_bytes "readers across the kill: right bytes or EIO, never wrong bytes or zeros" \
+			"$SCRATCH/usr.sums"
+		t=$(fstype "$M")
+		expect_sh "the mount stays with ferryd dead (${t:-not mounted})" '[ "$t" = erofs ]'
+		expect_sh "the keeper $kpid still runs" 'is_keeper "$kpid"'
+		check "with ferryd dead a file read before reads right (its pages dropped)" \
+			reread "$CACHED"
+		read_expect_eio "with ferryd dead a file never read fails with EIO, no wrong bytes" \
+			"$M/$BIG" "$ref/$BIG" 30
+		t0=$(now_ms)
+		check "ferry umount with no ferryd running" fumount "$M"
+		ms=$(($(now_ms) - t0))
+		expect_sh "that umount was prompt ($ms ms)" '[ "$ms" -lt 10000 ]'
+		t0=$(now_ms)
+		wait_gone 10 "$kpid"
+		ms=$(($(now_ms) - t0))
+		expect_sh "the keeper $kpid exits by itself after the umount ($ms ms, < 5 s)" \
+			'! kill -0 "$kpid" 2>/dev/null && [ "$ms" -lt 5000 ]'
+		if check "mount again over the same cache (a new ferryd)" fnmount "$IMG" "$M"; then
+			npid=$(fuse_daemon_pids | head -n 1)
+			nkpid=$(keeper_pid "$M" 2>&1)
+			expect_sh "a new ferryd (${npid:-none}, was $dpid) and keeper ($nkpid, was $kpid) serve it" \
+				'[ -n "$npid" ] && [ "$npid" != "$dpid" ] && is_keeper "$nkpid" && [ "$nkpid" != "$kpid" ]'
+			check "treecmp after the crash and remount" \
+				timeout 180 python3 "$TREECMP" "$ref" "$M"
+			check "ferry umount (after the crash)" fumount "$M"
+		fi
+	fi
+fi
+
+# --- the keeper killed during reads --------------------------------------------
+fuse_use keeper
+M=$SCRATCH/m-keeper
+new_keeper() { k2=$(keeper_pid "$M" 2>/dev/null) && [ "$k2" != "$kpid" ] && is_keeper "$k2"; }
+if check "mount --mode fanotify (its keeper to be killed)" fnmount "$IMG" "$M"; then
+	check "a file read before the kill reads right" read_check "$M/$CACHED" "$ref/$CACHED"
+	dpid=$(fuse_daemon_pids | head -n 1)
+	kpid=$(keeper_pid "$M" 2>&1)
+	k2=
+	readers_start keeper "$M/usr" 120 sorted reverse shuffle pread
+	poll 30 mid_read
+	if ! is_keeper "$kpid"; then
+		notok "find the keeper to kill ($kpid)"
+	else
+		busy=0
+		for p in "${RD_PIDS[@]}"; do kill -0 "$p" 2>/dev/null && busy=$((busy + 1)); done
+		kill -KILL "$kpid"
+		t0=$(now_ms)
+		poll 10 new_keeper
+		ms=$(($(now_ms) - t0))
+		expect_sh "ferryd started a new keeper (${k2:-none}, was $kpid) $ms ms after the kill (< 3 s; $busy of 4 readers busy)" \
+			'[ -n "$k2" ] && [ "$k2" != "$kpid" ] && is_keeper "$k2" && [ "$ms" -lt 3000 ]'
+		expect_sh "the killed keeper $kpid is gone (reaped)" 'wait_gone 5 "$kpid"'
+	fi
+	readers_wait
+	readers_agree "readers across the keeper's death: no errors, every digest right" \
+		"$SCRATCH/usr.sums"
+	n=$(fuse_daemon_pids)
+	expect_sh "the same ferryd still serves ($n, was $dpid)" '[ "$n" = "$dpid" ]'
+	# The new keeper stands in for ferryd as the first one would.
+	if [ -n "$dpid" ] && is_keeper "${k2:-none}"; then
+		kill -KILL "$dpid"
+		expect_sh "then ferryd $dpid killed with SIGKILL" 'wait_gone 5 "$dpid"'
+		check "with ferryd dead the new keeper lets a cached file read right" reread "$CACHED"
+		read_expect_eio "with ferryd dead the new keeper fails a file never read with EIO" \
+			"$M/$BIG" "$ref/$BIG" 30
+		check "ferry umount with no ferryd running" fumount "$M"
+		expect_sh "the new keeper $k2 exits by itself after the umount (within 5 s)" \
+			'wait_gone 5 "$k2"'
+	else
+		check "ferry umount (keeper)" fumount "$M"
+	fi
+fi
+
+e2e_done
