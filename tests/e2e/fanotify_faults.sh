@@ -23,13 +23,8 @@
 . "$(dirname "$0")/oci_lib.sh"
 . "$(dirname "$0")/registry_lib.sh"
 . "$(dirname "$0")/fuse_lib.sh"
-need_root
-need_ferry
-need_ferryd
-need_cmds docker-registry skopeo umoci findmnt
-oci_fixtures
 
-lazy_images
+lazy_setup
 # The readers below go over /usr; /opt/c/big.bin has a blob of its own, so
 # none of them makes it present.
 if ! hashtree "$ref/usr" sorted 0 >"$SCRATCH/usr.sums" 2>"$LOG"; then
@@ -37,7 +32,6 @@ if ! hashtree "$ref/usr" sorted 0 >"$SCRATCH/usr.sums" 2>"$LOG"; then
 	diag "$LOG"
 	e2e_done
 fi
-BIG=opt/c/big.bin
 CACHED=usr/bin/bash
 
 # --- a cache dir on tmpfs ------------------------------------------------------
@@ -57,38 +51,15 @@ else
 fi
 
 # --- a damaged chunk inside the registry ------------------------------------
-# opt/c/big.bin (3.5 MB of random data, hardlinked as opt/c/big-link) has
-# four chunks; the first one is damaged.
 fuse_use corrupt
 M=$SCRATCH/m-corrupt
-other_chunks() {
-	cmp <(reg_slice "$ref/$BIG" "$DMG_LEN1" 100000000) <(reg_slice "$M/$BIG" "$DMG_LEN1" 100000000)
-}
-reread() { drop_pages "$M/$1" && read_check "$M/$1" "$ref/$1"; }
-if ! reg_damage_chunk "$IMG" "$BIG" 2>"$LOG"; then
-	notok "damage the first chunk of /$BIG in the registry"
-	diag "$LOG"
-elif check "mount --mode fanotify with a damaged chunk in the registry (lazy: mount works)" \
-	fnmount "$IMG" "$M"; then
-	read_expect_eio "reading the damaged file fails with EIO, no wrong bytes" "$M/$BIG" "$ref/$BIG"
-	check_fails "cat of the damaged file says Input/output error" "Input/output error" \
-		cat "$M/$BIG"
-	read_expect_eio "a second read fails again (no bad bytes were cached)" "$M/$BIG" "$ref/$BIG"
-	read_expect_eio "its hardlink fails with EIO too" "$M/opt/c/big-link" "$ref/$BIG"
-	check "the file's other chunks read right (from offset $DMG_LEN1)" other_chunks
-	check "every other file reads right (treecmp without the damaged file)" \
-		timeout 180 python3 "$TREECMP" --exclude '^opt/c/big' "$ref" "$M"
+if damaged_mount fanotify "$M"; then
+	damaged_reads "$M"
 	n=$(fuse_daemon_pids | wc -l)
 	kpid=$(keeper_pid "$M" 2>&1)
 	expect_sh "ferryd ($n) and its keeper ($kpid) still run after the errors" \
 		'[ "$n" -eq 1 ] && is_keeper "$kpid"'
-	if grep -i "${DMG_BLOB#sha256:}" "$FLOG" | grep -qi chunk; then
-		ok "ferryd's log names the damaged blob and chunk"
-		grep -i "${DMG_BLOB#sha256:}" "$FLOG" | head -n 1 | sed 's/^/    /'
-	else
-		notok "ferryd's log names the damaged blob and chunk"
-		diag "$FLOG" 5
-	fi
+	log_names_damage
 	reg_repair_chunk
 	check "after the registry is repaired the file reads right (within 3 s)" poll 3 reread "$BIG"
 	check "ferry umount (damaged chunk)" fumount "$M"

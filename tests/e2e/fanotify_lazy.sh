@@ -24,28 +24,14 @@
 . "$(dirname "$0")/oci_lib.sh"
 . "$(dirname "$0")/registry_lib.sh"
 . "$(dirname "$0")/fuse_lib.sh"
-need_root
-need_ferry
-need_ferryd
-need_cmds docker-registry skopeo umoci chroot findmnt
-oci_fixtures
 
 # --- images -----------------------------------------------------------------
-lazy_images base
-if ! fp_start 2>"$LOG"; then
-	notok "start the counting proxy (faultproxy.py)"
-	diag "$LOG"
-	e2e_done
-fi
-PIMG=docker://$PROXY/ferry/debian:edit
+lazy_setup base proxy
 
 # --- startup workload on a fresh cache ----------------------------------------
 fuse_use startup
 M=$SCRATCH/m-startup
-t0=$(now_ms)
-fp_mark
-if check "mount --mode fanotify docker:// (through the proxy)" fnmount "$PIMG" "$M"; then
-	echo "# mount returned after $(($(now_ms) - t0)) ms"
+if startup_mount fanotify "$M"; then
 	t=$(fstype "$M")
 	expect_sh "the mount point is a kernel EROFS mount (${t:-not mounted})" '[ "$t" = erofs ]'
 	mode=$(mount_field "$M" mode 2>&1)
@@ -54,33 +40,8 @@ if check "mount --mode fanotify docker:// (through the proxy)" fnmount "$PIMG" "
 	kpid=$(keeper_pid "$M" 2>&1)
 	expect_sh "its keeperPid ($kpid) is a running ferryd --keeper, not ferryd ${dpid:-none} itself" \
 		'is_keeper "$kpid" && [ "$kpid" != "$dpid" ]'
-	expect_sh "ferryd runs (pid ${dpid:-none}) and is not a child of the test" \
-		'[ -n "$dpid" ] && [ "$(ps -o ppid= -p "$dpid" | tr -d " ")" != "$$" ]'
-	f=$(fp_data_bytes)
-	expect_sh "the mount fetched no file data, only the bootstrap ($f B)" '[ "$f" -eq 0 ]'
-	fp_mark
-	check "startup: /etc/os-release reads as in the image" cmp "$ref/etc/os-release" "$M/etc/os-release"
-	check "startup: find /usr lists the same entries as the reference" bash -c \
-		'diff <(cd "$1" && find usr | sort) <(cd "$2" && timeout 60 find usr | sort)' _ "$ref" "$M"
-	check "startup: chroot MNT /bin/sh -c true" timeout 60 chroot "$M" /bin/sh -c true
-	check "startup: chroot MNT /usr/bin/env true" timeout 60 chroot "$M" /usr/bin/env true
-	fetched=$(fp_data_bytes)
-	stats=$(fuse_stats "$M" 2>"$SCRATCH/stats.err") || stats=
-	read -r present chunks disk < <(fcache_sum) || present=
-	echo "# startup: fetched $fetched B (proxy) = $((fetched * 100 / DATA_U))% of $DATA_U B uncompressed, $((fetched * 100 / DATA_C))% of $DATA_C B compressed; chunks ${present:-?}/${chunks:-?} present, ${disk:-?} B on disk"
-	if [ -n "$stats" ]; then
-		read -r s_read s_fetched s_present s_total s_pf <<<"$stats"
-		echo "# startup: ferry's stats: read $s_read B, fetched $s_fetched B, chunks $s_present/$s_total"
-		expect_sh "ferry's stats: bytes fetched match the registry traffic ($s_fetched vs $fetched)" \
-			'[ "$s_fetched" -le $((fetched + 65536)) ] && [ "$s_fetched" -ge $((fetched * 9 / 10)) ]'
-	else
-		notok "ferry mount statistics of $M"
-		diag "$SCRATCH/stats.err" 5
-	fi
-	expect_sh "startup fetched < 25% of the image ($fetched of $DATA_U B)" \
-		'[ "$fetched" -gt 0 ] && [ "$fetched" -lt $((DATA_U / 4)) ]'
-	expect_sh "startup left most chunks absent (${present:-?} of ${chunks:-?} present)" \
-		'[ "$present" -gt 0 ] && [ "$present" -lt $((chunks / 2)) ]'
+	ferryd_detached
+	startup_workload fanotify "$M"
 	check "ferry umount (startup)" fumount "$M"
 	expect_sh "the keeper $kpid exits after the umount (within 5 s)" 'wait_gone 5 "$kpid"'
 fi
@@ -88,73 +49,26 @@ fi
 # --- the whole tree, lazily from the registry ----------------------------------
 fuse_use tree
 M=$SCRATCH/m-tree
-if check "mount --mode fanotify docker:// (fresh cache)" fnmount "$IMG" "$M"; then
-	t0=$(now_ms)
-	check "treecmp umoci unpack == lazy fanotify mount" timeout 180 python3 "$TREECMP" "$ref" "$M"
-	echo "# treecmp over the lazy mount took $(($(now_ms) - t0)) ms"
-	read -r present chunks disk < <(fcache_sum)
-	# Chunks of lower-layer files that an upper layer deleted are never
-	# read; they are few in this image.
-	expect_sh "after a full read (nearly) every chunk is present ($present of $chunks)" \
-		'[ "$chunks" = "$DATA_CHUNKS" ] && [ "$present" -ge $((chunks * 95 / 100)) ]'
+if tree_read fanotify "$M"; then
 	expect "the mount is read-only in its options" bash -c \
 		'findmnt -n -o OPTIONS --mountpoint "$1" | tr , "\n" | grep -qx ro' _ "$M"
 	check_fails "touch MNT/x fails with EROFS" "Read-only file system" touch "$M/x"
 	check "ferry umount (tree)" fumount "$M"
 fi
 
-# --- 16 concurrent readers on a fresh cache -------------------------------------
-fuse_use conc
-M=$SCRATCH/m-conc
-if check "mount --mode fanotify (fresh cache, 16 readers)" fnmount "$PIMG" "$M"; then
-	fp_mark
-	t0=$(now_ms)
-	readers_start conc "$M" 170 sorted reverse shuffle pread sorted reverse shuffle pread \
-		sorted reverse shuffle pread sorted reverse shuffle pread
-	readers_wait
-	echo "# 16 readers took $(($(now_ms) - t0)) ms, $(wc -l <"$SCRATCH/ref.sums") files each"
-	readers_agree "16 concurrent readers: no errors, every digest equals the reference" \
-		"$SCRATCH/ref.sums"
-	fetched=$(fp_data_bytes)
-	echo "# 16 readers fetched $fetched B from the registry (data blobs: $DATA_C B)"
-	expect_sh "16 readers fetched each chunk about once ($fetched B, blobs $DATA_C B)" \
-		'[ "$fetched" -ge $((DATA_C * 9 / 10)) ] && [ "$fetched" -le $((DATA_C * 11 / 10)) ]'
-
-	# --- umount, mount again with the same cache: nothing fetched
-	read -r present chunks disk_before < <(fcache_sum)
-	check "ferry umount (16 readers)" fumount "$M"
-	if check "mount again with the same cache" fnmount "$PIMG" "$M"; then
-		fp_mark
-		check "treecmp after the remount" timeout 180 python3 "$TREECMP" "$ref" "$M"
-		fetched=$(fp_data_bytes)
-		read -r present chunks disk_after < <(fcache_sum)
-		expect_sh "remount: reading everything fetched nothing ($fetched B from the registry)" \
-			'[ "$fetched" -eq 0 ]'
-		expect_sh "remount: the cache's disk usage is unchanged ($disk_before -> $disk_after B)" \
-			'[ "$disk_before" = "$disk_after" ]'
-		if stats=$(fuse_stats "$M" 2>/dev/null); then
-			read -r s_read s_fetched s_present s_total s_pf <<<"$stats"
-			expect_sh "remount: ferry's stats say 0 bytes fetched, $s_present/$s_total chunks" \
-				'[ "$s_fetched" -eq 0 ] && [ "$s_present" = "$s_total" ]'
-		else
-			notok "remount: ferry's stats of $M"
-		fi
-		check "ferry umount (remount)" fumount "$M"
-	fi
-fi
+# --- 16 concurrent readers on a fresh cache, then a remount ----------------------
+conc_checks fanotify
 
 # --- dir: and oci: images -------------------------------------------------------
 fuse_use local
-if check "convert to dir:" "$FERRY" convert -q "oci:$FIX:edit" "dir:$SCRATCH/out" &&
-	check "mount --mode fanotify dir:" fnmount "dir:$SCRATCH/out" "$SCRATCH/m-dir"; then
+if local_mount fanotify dir; then
 	check "treecmp umoci unpack == dir: fanotify mount" \
 		timeout 180 python3 "$TREECMP" "$ref" "$SCRATCH/m-dir"
 	check "ferry umount (dir:)" fumount "$SCRATCH/m-dir"
 fi
 # A cache of its own: the dir: mount above made every chunk present.
 fuse_use oci
-if check "convert to oci:" "$FERRY" convert -q "oci:$FIX:edit" "oci:$SCRATCH/layout:edit" &&
-	check "mount --mode fanotify oci:" fnmount "oci:$SCRATCH/layout:edit" "$SCRATCH/m-oci"; then
+if local_mount fanotify oci; then
 	check "oci: fanotify mount: files read as the reference" same_files "$ref" "$SCRATCH/m-oci" \
 		usr/bin/bash usr/bin/perl opt/c/big.bin etc/passwd usr/lib/file/magic.mgc
 	check "oci: fanotify mount: find lists the same entries as the reference" bash -c \
@@ -164,62 +78,18 @@ if check "convert to oci:" "$FERRY" convert -q "oci:$FIX:edit" "oci:$SCRATCH/lay
 fi
 
 # --- prefetch ---------------------------------------------------------------------
-all_present() {
-	local p c d
-	read -r p c d < <(fcache_sum 2>/dev/null) || return 1
-	[ "$p" = "$c" ] && [ "$c" -gt 0 ]
-}
 fuse_use pfall
 M=$SCRATCH/m-pfall
-if check "mount --mode fanotify --prefetch-all" fnmount "$PIMG" "$M" --prefetch-all; then
-	t0=$SECONDS
-	if poll 60 all_present; then
-		ok "--prefetch-all: every chunk present without reads (after $((SECONDS - t0)) s)"
-	else
-		notok "--prefetch-all: every chunk present without reads (waited 60 s)"
-		echo "    cache: $(fcache_sum) (present chunks, total, disk bytes)"
-	fi
+if prefetch_all_mount fanotify "$M" "mount --mode fanotify --prefetch-all"; then
 	# Complete blobs: the kernel reads the whole tree from the cache
 	# files as they are, and nothing more comes from the registry.
-	fp_mark
 	check "--prefetch-all: treecmp afterwards" timeout 180 python3 "$TREECMP" "$ref" "$M"
 	f=$(fp_data_bytes)
 	expect_sh "--prefetch-all: that full read fetched nothing ($f B)" '[ "$f" -eq 0 ]'
 	check "ferry umount (prefetch-all)" fumount "$M"
 fi
 
-fuse_use pffiles
-M=$SCRATCH/m-pffiles
-PF=(/usr/bin/perl /usr/lib/file/magic.mgc /opt/c/big.bin)
-printf '%s\n' "${PF[@]}" >"$SCRATCH/prefetch.list"
-need=$(file_chunks "$IMG" "${PF[@]}" 2>"$LOG") || need=
-enough_present() {
-	local p c d
-	read -r p c d < <(fcache_sum 2>/dev/null) || return 1
-	[ "$p" -ge "$need" ]
-}
-if [ -z "$need" ]; then
-	notok "ferry inspect --json of the prefetch list's files"
-	diag "$LOG"
-elif check "mount --mode fanotify --prefetch-files LIST" fnmount "$PIMG" "$M" \
-	--prefetch-files "$SCRATCH/prefetch.list"; then
-	t0=$SECONDS
-	if poll 60 enough_present; then
-		sleep 1 # let a step in flight finish
-		ok "--prefetch-files: $need chunks of the listed files present without reads ($((SECONDS - t0)) s)"
-	else
-		notok "--prefetch-files: $need chunks of the listed files present without reads (waited 60 s)"
-	fi
-	read -r present chunks disk < <(fcache_sum)
-	expect_sh "--prefetch-files: the other chunks stay absent ($present of $chunks present)" \
-		'[ "$present" -lt $((chunks / 2)) ]'
-	fp_mark
-	check "--prefetch-files: the listed files read as the reference" \
-		same_files "$ref" "$M" "${PF[@]#/}"
-	f=$(fp_data_bytes)
-	expect_sh "--prefetch-files: reading the listed files fetched nothing ($f B)" '[ "$f" -eq 0 ]'
-	check "ferry umount (prefetch-files)" fumount "$M"
-fi
+prefetch_files_checks fanotify "mount --mode fanotify --prefetch-files LIST"
 
 # --- FUSE and fanotify side by side in one ferryd ---------------------------------
 # edit (FUSE) and base (fanotify) share the base layer's blob, in one

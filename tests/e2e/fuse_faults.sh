@@ -22,99 +22,25 @@
 . "$(dirname "$0")/oci_lib.sh"
 . "$(dirname "$0")/registry_lib.sh"
 . "$(dirname "$0")/fuse_lib.sh"
-need_root
-need_ferry
-need_ferryd
-need_cmds docker-registry skopeo umoci findmnt
-oci_fixtures
 
-if ! reg_start anon 2>"$LOG"; then
-	notok "start docker-registry"
-	diag "$LOG"
-	e2e_done
-fi
-IMG=docker://$REG/ferry/debian:edit
-check "convert oci:edit -> docker://" "$FERRY" convert -q "oci:$FIX:edit" "$IMG" || e2e_done
-if ! ref=$(umoci_ref "$FIX:edit" "$SCRATCH/bundle" 2>"$LOG"); then
-	notok "umoci unpack (reference tree)"
-	diag "$LOG"
-	e2e_done
-fi
-if ! image_blobs "$IMG" 2>"$LOG"; then
-	notok "ferry inspect --json of the pushed image"
-	diag "$LOG"
-	e2e_done
-fi
-
-# read_expect_eio DESC FILE REF: reading FILE fails with EIO and every byte
-# delivered before the error is REF's.
-read_expect_eio() {
-	local out
-	out=$(timeout -k 5 120 bash -c 'read_check "$1" "$2"' _ "$2" "$3" 2>&1)
-	if [[ $out == "error EIO after "*" match" ]]; then
-		ok "$1 ($out)"
-		return 0
-	fi
-	notok "$1"
-	echo "    read_check $2: ${out:-no answer (timed out)}"
-	return 1
-}
-export -f read_check reg_slice
+lazy_setup proxy
+export -f read_check
 
 # --- a damaged chunk inside the registry ------------------------------------
-# opt/c/big.bin (3.5 MB of random data, hardlinked as opt/c/big-link) has
-# four chunks; one byte flipped in the middle of its first chunk's
-# compressed range in the registry's copy of its blob.
-BIG=opt/c/big.bin
-read -r dev coff csz len1 < <("$FERRY" inspect --json "$IMG" "/$BIG" | python3 -c '
-import json, sys
-c = json.load(sys.stdin)["chunks"]
-print(c[0]["deviceId"], c[0]["compressedOffset"], c[0]["compressedSize"], c[0]["length"])')
-blob=$(sed -n "${dev:-0}p" "$SCRATCH/blobs.txt" 2>/dev/null | cut -d' ' -f1)
-stored=$(reg_stored_blob "${blob:-none}")
-if [ -z "$blob" ] || [ ! -f "$stored" ]; then
-	notok "locate the registry's copy of $BIG's first chunk (device ${dev:-?}, blob ${blob:-?})"
-else
-	cp "$stored" "$SCRATCH/blob.orig"
-	python3 - "$stored" $((coff + csz / 2)) <<'EOF'
-import sys
-with open(sys.argv[1], "r+b") as f:
-    f.seek(int(sys.argv[2]))
-    b = f.read(1)
-    f.seek(int(sys.argv[2]))
-    f.write(bytes([b[0] ^ 0x5a]))
-EOF
-	echo "# damaged byte $((coff + csz / 2)) of $blob (chunk 0 of /$BIG: [$coff, +$csz))"
-	fuse_use corrupt
-	M=$SCRATCH/m-corrupt
-	if check "mount --mode fuse with a damaged chunk in the registry (lazy: mount works)" \
-		fmount "$IMG" "$M"; then
-		read_expect_eio "reading the damaged file fails with EIO, no wrong bytes" "$M/$BIG" "$ref/$BIG"
-		check_fails "cat of the damaged file says Input/output error" "Input/output error" \
-			cat "$M/$BIG"
-		read_expect_eio "a second read fails again (no bad bytes were cached)" "$M/$BIG" "$ref/$BIG"
-		read_expect_eio "its hardlink fails with EIO too" "$M/opt/c/big-link" "$ref/$BIG"
-		check "the file's other chunks read right (from offset $len1)" bash -c \
-			'cmp <(reg_slice "$1" "$3" 100000000) <(reg_slice "$2" "$3" 100000000)' \
-			_ "$ref/$BIG" "$M/$BIG" "$len1"
-		check "every other file reads right (treecmp without the damaged file)" \
-			timeout 180 python3 "$TREECMP" --exclude '^opt/c/big' "$ref" "$M"
-		n=$(fuse_daemon_pids | wc -l)
-		expect_sh "ferryd still runs after the errors" '[ "$n" -eq 1 ]'
-		if grep -i "${blob#sha256:}" "$FLOG" | grep -qi chunk; then
-			ok "ferryd's log names the damaged blob and chunk"
-			grep -i "${blob#sha256:}" "$FLOG" | head -n 1 | sed 's/^/    /'
-		else
-			notok "ferryd's log names the damaged blob and chunk"
-			diag "$FLOG" 5
-		fi
-		cp "$SCRATCH/blob.orig" "$stored"
-		drop_pages "$M/$BIG" 2>/dev/null
-		check "after the registry is repaired the file reads right" read_check "$M/$BIG" "$ref/$BIG"
-		check "ferry umount (damaged chunk)" fumount "$M"
-	fi
-	cp "$SCRATCH/blob.orig" "$stored"
+# One byte flipped in the middle of $BIG's first chunk's compressed range
+# in the registry's copy of its blob.
+fuse_use corrupt
+M=$SCRATCH/m-corrupt
+if damaged_mount fuse "$M"; then
+	damaged_reads "$M"
+	n=$(fuse_daemon_pids | wc -l)
+	expect_sh "ferryd still runs after the errors" '[ "$n" -eq 1 ]'
+	log_names_damage
+	reg_repair_chunk
+	check "after the registry is repaired the file reads right" reread "$BIG"
+	check "ferry umount (damaged chunk)" fumount "$M"
 fi
+[ -n "${DMG_STORED:-}" ] && reg_repair_chunk
 
 # --- ferryd killed during reads ----------------------------------------------
 fuse_use kill
@@ -164,12 +90,6 @@ if check "mount --mode fuse (to be killed)" fmount "$IMG" "$M"; then
 fi
 
 # --- the registry failing, hanging, gone -----------------------------------------
-if ! fp_start 2>"$LOG"; then
-	notok "start faultproxy.py"
-	diag "$LOG"
-	e2e_done
-fi
-PIMG=docker://$PROXY/ferry/debian:edit
 CACHED=usr/bin/bash
 T1=usr/bin/perl
 T2=usr/lib/file/magic.mgc
@@ -199,7 +119,6 @@ cached_read() {
 	drop_pages "$M/$CACHED"
 	timed_read "$M/$CACHED" "$ref/$CACHED" 30
 }
-reread() { drop_pages "$M/$1" && read_check "$M/$1" "$ref/$1"; }
 fuse_use gone
 M=$SCRATCH/m-gone
 FETCH_OPTS=(--retries 2 --stall-timeout 5)

@@ -1,4 +1,4 @@
-# shellcheck shell=bash disable=SC2034,SC2154
+# shellcheck shell=bash disable=SC2016,SC2034,SC2154 # expect_sh evaluates its quoted condition
 # SPDX-License-Identifier: MIT
 # Helpers for the lazy mount tests served by ferryd (tests/e2e/fuse_*.sh,
 # fanotify_*.sh), sourced after lib.sh, oci_lib.sh and registry_lib.sh
@@ -18,22 +18,31 @@
 #   keeper_pid MNT          the keeperPid ferry mount --list gives for MNT
 #   mount_field MNT KEY     a field of MNT's entry in ferry mount --list --json
 #   fuse_stats MNT          "READ FETCHED PRESENT TOTAL PREFETCHED" of a mount
-#   fcache_sum [CACHE]      "PRESENT CHUNKS DISKBYTES" over the cache's blobs
+#   fcache_sum              "PRESENT CHUNKS DISKBYTES" over FCACHE's blobs
 #   fp_mark / fp_data_bytes data-blob bytes the fault proxy served since
 #                           the mark (an oracle independent of ferryd)
 #   hashtree ROOT MODE SEED sha256 of every regular file, in a chosen
 #                           read order (sorted|reverse|shuffle|pread)
 #   read_check FILE REF     read FILE fully; report errno and whether the
 #                           bytes delivered before an error are REF's
+#   reread PATH             read $M/PATH again (pages dropped), == $ref/PATH
 #   read_expect_eio DESC FILE REF [SECS]  one check: EIO (in time), no
 #                           wrong bytes before it
-#   lazy_images [base]      the Debian fixtures in a fresh registry: IMG
-#                           (and BASE), ref (refbase), blobs.txt, ref.sums
+#   lazy_setup [base] [proxy] [NOTE]
+#                           the requirements, then the Debian fixtures in a
+#                           fresh registry: IMG (and BASE), ref (refbase),
+#                           blobs.txt, ref.sums (and the proxy, PIMG)
 #   reg_damage_chunk IMAGE PATH / reg_repair_chunk
 #                           flip a byte of PATH's first chunk in the
 #                           registry's copy of its blob, and undo it
+#   damaged_mount / damaged_reads / log_names_damage
+#                           the checks around a damaged chunk of $BIG
 #   readers_start / readers_wait / readers_agree / readers_no_wrong_bytes
 #                           hashtree readers in the background, judged
+#   startup_mount / startup_workload / ferryd_detached / tree_read /
+#   conc_checks / local_mount / prefetch_all_mount / prefetch_files_checks
+#                           the checks fuse_lazy.sh and fanotify_lazy.sh
+#                           share, for a mode (fuse or fanotify)
 #
 # On exit every ferryd of our sockets and every fanotify keeper we met is
 # stopped (TERM, then KILL), before
@@ -52,7 +61,10 @@ export FERRYD_SOCKET=$SCRATCH/default.sock
 FUSE_SOCKS+=("$FERRYD_SOCKET")
 FUSE_SOCK_OPT=()
 
+# Root, ferry, ferryd and /dev/fuse (which ferryd opens in every mode).
 need_ferryd() {
+	need_root
+	need_ferry
 	if [ ! -x "$FERRYD" ]; then
 		notok "$E2E_NAME: ferryd binary at $FERRYD (make all)"
 		exit 1
@@ -231,8 +243,8 @@ sys.exit("no mount %s in the list" % mnt)' "$1"
 }
 
 # "PRESENT CHUNKS DISKBYTES" summed over every blob of the chunk cache.
-fcache_sum() { # [CACHE]
-	timeout -k 2 20 "$FERRY" cache --cache-dir "${1:-$FCACHE}" --json ls </dev/null |
+fcache_sum() {
+	timeout -k 2 20 "$FERRY" cache --cache-dir "$FCACHE" --json ls </dev/null |
 		python3 -c '
 import json, sys
 bl = json.load(sys.stdin)["blobs"]
@@ -462,6 +474,10 @@ same_files() { # REF MNT PATH...
 	return $rc
 }
 
+# PATH of the mount at $M reads as $ref/PATH, read again through the daemon
+# (its pages dropped first).
+reread() { drop_pages "$M/$1" && read_check "$M/$1" "$ref/$1"; } # PATH
+
 # read_expect_eio DESC FILE REF [SECS]: reading FILE fails with EIO within
 # SECS (default 120) and every byte delivered before the error is REF's.
 read_expect_eio() {
@@ -479,11 +495,26 @@ read_expect_eio() {
 
 # ---------------------------------------------------------------- images
 
-# The Debian fixture images (oci_fixtures) in a fresh anonymous
-# docker-registry: IMG (the edit tag), with "base" also BASE; their umoci
-# trees ref and refbase; IMG's data blobs (image_blobs) and the digests of
-# ref's files in $SCRATCH/ref.sums. Ends the script when any step fails.
-lazy_images() { # [base]
+# lazy_setup [base] [proxy] [NOTE]: what the lazy mount tests need (root,
+# ferry, ferryd, /dev/fuse, the commands below), then the Debian fixture
+# images (oci_fixtures) in a fresh anonymous docker-registry: IMG (the
+# edit tag), with base also BASE; their umoci trees ref and refbase; IMG's
+# data blobs (image_blobs) and the digests of ref's files in
+# $SCRATCH/ref.sums; with proxy also the counting proxy (fp_start) and
+# PIMG, IMG through it. NOTE ends the description of the edit tag's
+# conversion check. Ends the script when any step fails.
+lazy_setup() {
+	local a base='' proxy='' note=''
+	for a in "$@"; do
+		case $a in
+		base) base=1 ;;
+		proxy) proxy=1 ;;
+		*) note=" $a" ;;
+		esac
+	done
+	need_ferryd
+	need_cmds docker-registry skopeo umoci chroot findmnt
+	oci_fixtures
 	if ! reg_start anon 2>"$LOG"; then
 		notok "start docker-registry"
 		diag "$LOG"
@@ -491,9 +522,9 @@ lazy_images() { # [base]
 	fi
 	IMG=docker://$REG/ferry/debian:edit
 	BASE=docker://$REG/ferry/debian:base
-	check "convert oci:edit -> docker://" "$FERRY" convert -q "oci:$FIX:edit" "$IMG" ||
+	check "convert oci:edit -> docker://$note" "$FERRY" convert -q "oci:$FIX:edit" "$IMG" ||
 		e2e_done
-	if [ "${1:-}" = base ]; then
+	if [ -n "$base" ]; then
 		check "convert oci:base -> docker://" "$FERRY" convert -q "oci:$FIX:base" "$BASE" ||
 			e2e_done
 		if ! refbase=$(umoci_ref "$FIX:base" "$SCRATCH/bundle-base" 2>"$LOG"); then
@@ -501,6 +532,14 @@ lazy_images() { # [base]
 			diag "$LOG"
 			e2e_done
 		fi
+	fi
+	if [ -n "$proxy" ]; then
+		if ! fp_start 2>"$LOG"; then
+			notok "start the counting proxy (faultproxy.py)"
+			diag "$LOG"
+			e2e_done
+		fi
+		PIMG=docker://$PROXY/ferry/debian:edit
 	fi
 	if ! ref=$(umoci_ref "$FIX:edit" "$SCRATCH/bundle" 2>"$LOG"); then
 		notok "umoci unpack (reference tree)"
@@ -549,6 +588,50 @@ PY
 	echo "# damaged byte $((coff + csz / 2)) of $DMG_BLOB (chunk 0 of /${2#/}: [$coff, +$csz))"
 }
 reg_repair_chunk() { cp "$SCRATCH/blob.orig" "$DMG_STORED"; }
+
+# The file both fault tests damage: 3.5 MB of random data in four chunks,
+# hardlinked as opt/c/big-link, in a blob no other file of /usr shares.
+BIG=opt/c/big.bin
+
+# Damage $BIG's first chunk in the registry (reg_damage_chunk), then mount
+# IMG (mode MODE) at MNT: a lazy mount does not read it yet. Fails with
+# one not ok line unless both worked.
+damaged_mount() { # MODE MNT
+	if ! reg_damage_chunk "$IMG" "$BIG" 2>"$LOG"; then
+		notok "damage the first chunk of /$BIG in the registry"
+		diag "$LOG"
+		return 1
+	fi
+	check "mount --mode $1 with a damaged chunk in the registry (lazy: mount works)" \
+		ferryd_mount "$1" "$IMG" "$2"
+}
+
+# Reads of $BIG at MNT (damaged_mount) fail with EIO, again (nothing bad
+# was cached) and through its hardlink, never delivering wrong bytes; its
+# other chunks and every other file read right: six checks.
+damaged_reads() { # MNT
+	local m=$1
+	read_expect_eio "reading the damaged file fails with EIO, no wrong bytes" "$m/$BIG" "$ref/$BIG"
+	check_fails "cat of the damaged file says Input/output error" "Input/output error" \
+		cat "$m/$BIG"
+	read_expect_eio "a second read fails again (no bad bytes were cached)" "$m/$BIG" "$ref/$BIG"
+	read_expect_eio "its hardlink fails with EIO too" "$m/opt/c/big-link" "$ref/$BIG"
+	check "the file's other chunks read right (from offset $DMG_LEN1)" \
+		cmp -i "$DMG_LEN1" "$ref/$BIG" "$m/$BIG"
+	check "every other file reads right (treecmp without the damaged file)" \
+		timeout 180 python3 "$TREECMP" --exclude '^opt/c/big' "$ref" "$m"
+}
+
+# One check: ferryd's log names the damaged blob and the chunk.
+log_names_damage() {
+	if grep -i "${DMG_BLOB#sha256:}" "$FLOG" | grep -qi chunk; then
+		ok "ferryd's log names the damaged blob and chunk"
+		grep -i "${DMG_BLOB#sha256:}" "$FLOG" | head -n 1 | sed 's/^/    /'
+	else
+		notok "ferryd's log names the damaged blob and chunk"
+		diag "$FLOG" 5
+	fi
+}
 
 # ---------------------------------------------------------- reader groups
 
@@ -645,4 +728,209 @@ PY
 	fi
 	printf '    %s\n' "${lines[@]}"
 	return $rc
+}
+
+# ------------------------------------------- checks of fuse_ and fanotify_lazy
+
+# "FUSE" for fuse, the mode's own name otherwise (for descriptions).
+mode_name() { # MODE
+	if [ "$1" = fuse ]; then echo FUSE; else echo "$1"; fi
+}
+
+# Mount PIMG (mode MODE, through the proxy) at MNT, one check, saying how
+# long the mount took; the proxy's mark is set just before it.
+startup_mount() { # MODE MNT
+	local t0
+	t0=$(now_ms)
+	fp_mark
+	check "mount --mode $1 docker:// (through the proxy)" ferryd_mount "$1" "$PIMG" "$2" ||
+		return 1
+	echo "# mount returned after $(($(now_ms) - t0)) ms"
+}
+
+# The startup workload on MNT (startup_mount on a fresh cache) and its
+# checks: the mount fetched no file data; os-release, find /usr, chroot sh
+# and env work; ferry's stats agree with the proxy's count; the workload
+# fetched < 25% of the image and left most chunks absent.
+startup_workload() { # MODE MNT
+	local mode=$1 m=$2 f fetched stats present chunks disk absent
+	local s_read s_fetched s_present s_total s_pf
+	f=$(fp_data_bytes)
+	expect_sh "the mount fetched no file data, only the bootstrap ($f B)" '[ "$f" -eq 0 ]'
+	fp_mark
+	check "startup: /etc/os-release reads as in the image" cmp "$ref/etc/os-release" "$m/etc/os-release"
+	check "startup: find /usr lists the same entries as the reference" bash -c \
+		'diff <(cd "$1" && find usr | sort) <(cd "$2" && timeout 60 find usr | sort)' _ "$ref" "$m"
+	check "startup: chroot MNT /bin/sh -c true" timeout 60 chroot "$m" /bin/sh -c true
+	check "startup: chroot MNT /usr/bin/env true" timeout 60 chroot "$m" /usr/bin/env true
+	fetched=$(fp_data_bytes)
+	stats=$(fuse_stats "$m" 2>"$SCRATCH/stats.err") || stats=
+	read -r present chunks disk < <(fcache_sum) || present=
+	echo "# startup: fetched $fetched B (proxy) = $((fetched * 100 / DATA_U))% of $DATA_U B uncompressed, $((fetched * 100 / DATA_C))% of $DATA_C B compressed; chunks ${present:-?}/${chunks:-?} present, ${disk:-?} B on disk"
+	if [ -n "$stats" ]; then
+		read -r s_read s_fetched s_present s_total s_pf <<<"$stats"
+		echo "# startup: ferry's stats: read $s_read B, fetched $s_fetched B, chunks $s_present/$s_total"
+		expect_sh "ferry's stats: bytes fetched match the registry traffic ($s_fetched vs $fetched)" \
+			'[ "$s_fetched" -le $((fetched + 65536)) ] && [ "$s_fetched" -ge $((fetched * 9 / 10)) ]'
+		# bytesRead counts what ferryd serves: the kernel reads a
+		# fanotify mount itself.
+		[ "$mode" = fuse ] &&
+			expect_sh "ferry's stats: some bytes read through the mount ($s_read)" '[ "$s_read" -gt 0 ]'
+	else
+		notok "ferry mount statistics of $m"
+		diag "$SCRATCH/stats.err" 5
+	fi
+	expect_sh "startup fetched < 25% of the image ($fetched of $DATA_U B)" \
+		'[ "$fetched" -gt 0 ] && [ "$fetched" -lt $((DATA_U / 4)) ]'
+	absent="${present:-?} of ${chunks:-?} present"
+	[ "$mode" = fuse ] && absent+=", ${disk:-?} B on disk"
+	expect_sh "startup left most chunks absent ($absent)" \
+		'[ "$present" -gt 0 ] && [ "$present" -lt $((chunks / 2)) ]'
+}
+
+# One check: a ferryd serves the mounts of this instance, and it is not
+# the test's child.
+ferryd_detached() {
+	local dpid
+	dpid=$(fuse_daemon_pids | head -n 1)
+	expect_sh "ferryd runs (pid ${dpid:-none}) and is not a child of the test" \
+		'[ -n "$dpid" ] && [ "$(ps -o ppid= -p "$dpid" | tr -d " ")" != "$$" ]'
+}
+
+# Mount IMG (mode MODE, a fresh cache) at MNT and read it all: the tree
+# equals the reference and (nearly) every chunk is then present. Fails
+# (after one not ok line) only when the mount does.
+tree_read() { # MODE MNT
+	local m=$2 t0 present chunks disk
+	check "mount --mode $1 docker:// (fresh cache)" ferryd_mount "$1" "$IMG" "$m" || return 1
+	t0=$(now_ms)
+	check "treecmp umoci unpack == lazy $(mode_name "$1") mount" timeout 180 python3 "$TREECMP" "$ref" "$m"
+	echo "# treecmp over the lazy mount took $(($(now_ms) - t0)) ms"
+	read -r present chunks disk < <(fcache_sum)
+	# Chunks of lower-layer files that an upper layer deleted are never
+	# read; they are few in this image.
+	expect_sh "after a full read (nearly) every chunk is present ($present of $chunks)" \
+		'[ "$chunks" = "$DATA_CHUNKS" ] && [ "$present" -ge $((chunks * 95 / 100)) ]'
+}
+
+# 16 concurrent readers in different orders through the proxy on a fresh
+# cache (instance conc, mode MODE): they agree with the reference and
+# fetch each chunk about once. Then umount and mount again with the same
+# cache: a full read fetches nothing and the cache does not grow.
+conc_checks() { # MODE
+	local mode=$1 m=$SCRATCH/m-conc t0 fetched present chunks disk_before disk_after stats
+	local s_read s_fetched s_present s_total s_pf
+	fuse_use conc
+	check "mount --mode $mode (fresh cache, 16 readers)" ferryd_mount "$mode" "$PIMG" "$m" ||
+		return 1
+	fp_mark
+	t0=$(now_ms)
+	readers_start conc "$m" 170 sorted reverse shuffle pread sorted reverse shuffle pread \
+		sorted reverse shuffle pread sorted reverse shuffle pread
+	readers_wait
+	echo "# 16 readers took $(($(now_ms) - t0)) ms, $(wc -l <"$SCRATCH/ref.sums") files each"
+	readers_agree "16 concurrent readers: no errors, every digest equals the reference" \
+		"$SCRATCH/ref.sums"
+	fetched=$(fp_data_bytes)
+	echo "# 16 readers fetched $fetched B from the registry (data blobs: $DATA_C B)"
+	expect_sh "16 readers fetched each chunk about once ($fetched B, blobs $DATA_C B)" \
+		'[ "$fetched" -ge $((DATA_C * 9 / 10)) ] && [ "$fetched" -le $((DATA_C * 11 / 10)) ]'
+
+	read -r present chunks disk_before < <(fcache_sum)
+	check "ferry umount (16 readers)" fumount "$m"
+	check "mount again with the same cache" ferryd_mount "$mode" "$PIMG" "$m" || return 1
+	fp_mark
+	check "treecmp after the remount" timeout 180 python3 "$TREECMP" "$ref" "$m"
+	fetched=$(fp_data_bytes)
+	read -r present chunks disk_after < <(fcache_sum)
+	expect_sh "remount: reading everything fetched nothing ($fetched B from the registry)" \
+		'[ "$fetched" -eq 0 ]'
+	expect_sh "remount: the cache's disk usage is unchanged ($disk_before -> $disk_after B)" \
+		'[ "$disk_before" = "$disk_after" ]'
+	if stats=$(fuse_stats "$m" 2>/dev/null); then
+		read -r s_read s_fetched s_present s_total s_pf <<<"$stats"
+		# Only FUSE reads count in bytesRead (see startup_workload).
+		if [ "$mode" = fuse ]; then
+			expect_sh "remount: ferry's stats say 0 bytes fetched, $s_read read, $s_present/$s_total chunks" \
+				'[ "$s_fetched" -eq 0 ] && [ "$s_read" -gt 0 ] && [ "$s_present" = "$s_total" ]'
+		else
+			expect_sh "remount: ferry's stats say 0 bytes fetched, $s_present/$s_total chunks" \
+				'[ "$s_fetched" -eq 0 ] && [ "$s_present" = "$s_total" ]'
+		fi
+	else
+		notok "remount: ferry's stats of $m"
+	fi
+	check "ferry umount (remount)" fumount "$m"
+}
+
+# Convert the edit fixture to a local image of KIND (dir: or oci:) and
+# mount it (mode MODE) at $SCRATCH/m-KIND: two checks, ok when both are.
+local_mount() { # MODE dir|oci
+	local img=dir:$SCRATCH/out
+	[ "$2" = oci ] && img=oci:$SCRATCH/layout:edit
+	check "convert to $2:" "$FERRY" convert -q "oci:$FIX:edit" "$img" &&
+		check "mount --mode $1 $2:" ferryd_mount "$1" "$img" "$SCRATCH/m-$2"
+}
+
+# Every chunk of the cache is present.
+all_present() {
+	local p c d
+	read -r p c d < <(fcache_sum 2>/dev/null) || return 1
+	[ "$p" = "$c" ] && [ "$c" -gt 0 ]
+}
+# At least N chunks of the cache are present.
+enough_present() { # N
+	local p c d
+	read -r p c d < <(fcache_sum 2>/dev/null) || return 1
+	[ "$p" -ge "$1" ]
+}
+
+# Mount PIMG (mode MODE) at MNT with --prefetch-all (MOUNT-DESC names that
+# check); then one check: every chunk becomes present without reads.
+# The proxy's mark is set after it. Fails only when the mount does.
+prefetch_all_mount() { # MODE MNT MOUNT-DESC
+	local t0
+	check "$3" ferryd_mount "$1" "$PIMG" "$2" --prefetch-all || return 1
+	t0=$SECONDS
+	if poll 60 all_present; then
+		ok "--prefetch-all: every chunk present without reads (after $((SECONDS - t0)) s)"
+	else
+		notok "--prefetch-all: every chunk present without reads (waited 60 s)"
+		echo "    cache: $(fcache_sum) (present chunks, total, disk bytes)"
+	fi
+	fp_mark
+}
+
+# Mount PIMG (mode MODE, instance pffiles, a fresh cache) with a
+# --prefetch-files list of three files (MOUNT-DESC names that check):
+# their chunks become present without reads, the others stay absent, and
+# reading those files then fetches nothing.
+prefetch_files_checks() { # MODE MOUNT-DESC
+	local m=$SCRATCH/m-pffiles need t0 present chunks disk f
+	local pf=(/usr/bin/perl /usr/lib/file/magic.mgc /opt/c/big.bin)
+	fuse_use pffiles
+	printf '%s\n' "${pf[@]}" >"$SCRATCH/prefetch.list"
+	if ! need=$(file_chunks "$IMG" "${pf[@]}" 2>"$LOG"); then
+		notok "ferry inspect --json of the prefetch list's files"
+		diag "$LOG"
+		return 1
+	fi
+	check "$2" ferryd_mount "$1" "$PIMG" "$m" --prefetch-files "$SCRATCH/prefetch.list" ||
+		return 1
+	t0=$SECONDS
+	if poll 60 enough_present "$need"; then
+		sleep 1 # let a step in flight finish
+		ok "--prefetch-files: $need chunks of the listed files present without reads ($((SECONDS - t0)) s)"
+	else
+		notok "--prefetch-files: $need chunks of the listed files present without reads (waited 60 s)"
+	fi
+	read -r present chunks disk < <(fcache_sum)
+	expect_sh "--prefetch-files: the other chunks stay absent ($present of $chunks present)" \
+		'[ "$present" -lt $((chunks / 2)) ]'
+	fp_mark
+	check "--prefetch-files: the listed files read as the reference" \
+		same_files "$ref" "$m" "${pf[@]#/}"
+	f=$(fp_data_bytes)
+	expect_sh "--prefetch-files: reading the listed files fetched nothing ($f B)" '[ "$f" -eq 0 ]'
+	check "ferry umount (prefetch-files)" fumount "$m"
 }
