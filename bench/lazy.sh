@@ -2,17 +2,22 @@
 # Lazy-mount benchmarks (`make bench`), all against a docker-registry on
 # 127.0.0.1. Prints markdown; docs/PERFORMANCE.md records the results.
 #
-# Cold start: from `ferry mount --mode fuse` (fresh cache, fresh ferryd) to
-# the first byte of /etc/os-release and to the end of a startup workload
-# (read os-release, list /usr, chroot `sh -c true` and `env true`), against a
-# full pull (skopeo copy of the source image to an OCI layout + umoci unpack)
-# followed by the same workload; bytes fetched against bytes read.
+# Cold start: from `ferry mount --mode fuse` and `--mode fanotify` (fresh
+# cache, fresh ferryd) to the first byte of /etc/os-release and to the end
+# of a startup workload (read os-release, list /usr, chroot `sh -c true` and
+# `env true`), against a full pull (skopeo copy of the source image to an
+# OCI layout + umoci unpack) followed by the same workload; bytes fetched
+# against bytes read.
 #
 # Warm cache (every chunk present, page cache dropped before each run):
 # sequential read, 500 random small files, a metadata walk and fio 4k random
-# reads, through the FUSE mount against the kernel EROFS mount of the same
-# image (--mode local), squashfuse of the same tree, and erofsfuse when
-# $EROFSFUSE names one (it gets the local-mode bootstrap and device files).
+# reads, through the FUSE mount and the fanotify mount against the kernel
+# EROFS mount of the same image (--mode local), squashfuse of the same tree,
+# and erofsfuse when $EROFSFUSE names one (it gets the local-mode bootstrap
+# and device files). A complete blob has no fanotify mark, so those reads
+# raise no events; "warm, blob incomplete" then reads the 500 small files
+# and the largest file through a fanotify mount whose blob still has
+# missing chunks (every read raises an event answered from memory).
 # Then ferryd's peak RSS.
 #
 # Env: FERRY_BENCH_DIR (datasets, default /var/tmp/ferry-bench),
@@ -24,13 +29,14 @@ set_name=${FERRY_LAZY_SET:-big}
 mkdir -p "$data"
 work=$(mktemp -d "$data/lazy.XXXXXX")
 sock=$work/ferryd.sock
+fsock=$work/ferryd-fanotify.sock # warm fanotify mounts: their own daemon and RSS
 reg_pid=
 cleanup() {
 	local m
 	for m in $(awk -v w="$work/" 'index($5, w) == 1 { print $5 }' /proc/self/mountinfo | sort -r); do
 		umount "$m" 2>/dev/null || umount -l "$m"
 	done
-	pkill -f "ferryd.*$sock" 2>/dev/null || true
+	pkill -f "ferryd.*($sock|$fsock)" 2>/dev/null || true
 	[ -n "$reg_pid" ] && kill "$reg_pid" 2>/dev/null
 	rm -rf "$work"
 }
@@ -49,9 +55,10 @@ stop_ferryd() {
 	echo "bench: ferryd did not exit" >&2
 	return 1
 }
-# mount_stat FIELD: the mount's statistic from ferryd.
+# mount_stat FIELD [MNT [SOCKET]]: the statistic from ferryd, summed over
+# its mounts (or MNT's).
 mount_stat() {
-	"$ferry" mount --list --json --socket "$sock" | python3 -c '
+	"$ferry" mount --list --json --socket "${3:-$sock}" ${2:+"$2"} | python3 -c '
 import json, sys
 m = json.load(sys.stdin)["mounts"]
 print(sum(x[sys.argv[1]] for x in m))' "$1"
@@ -87,21 +94,26 @@ workload() { # ROOT: the startup workload
 }
 echo "| cold start (median of $runs) | first byte of /etc/os-release (s) | startup workload done (s) | bytes fetched | bytes read |"
 echo "|---|---|---|---|---|"
-: >"$work/cold.ferry"
-for i in $(seq "$runs"); do
-	stop_ferryd
-	rm -rf "$work/cache"
-	mkdir -p "$work/mnt-cold"
-	drop_caches
-	t0=$(now)
-	"$ferry" mount --mode fuse --socket "$sock" --cache-dir "$work/cache" "$image" "$work/mnt-cold"
-	head -c 1 "$work/mnt-cold/etc/os-release" >/dev/null
-	t1=$(now)
-	workload "$work/mnt-cold"
-	t2=$(now)
-	echo "$(since "$t0" "$t1") $(since "$t0" "$t2") $(mount_stat bytesFetched) $(mount_stat bytesRead)" >>"$work/cold.ferry"
-	"$ferry" umount "$work/mnt-cold"
-done
+cold_runs() { # MODE OUT: the cold start through a lazy mount
+	local mode=$1 out=$2 i t0 t1 t2
+	: >"$out"
+	for i in $(seq "$runs"); do
+		stop_ferryd
+		rm -rf "$work/cache"
+		mkdir -p "$work/mnt-cold"
+		drop_caches
+		t0=$(now)
+		"$ferry" mount --mode "$mode" --socket "$sock" --cache-dir "$work/cache" "$image" "$work/mnt-cold"
+		head -c 1 "$work/mnt-cold/etc/os-release" >/dev/null
+		t1=$(now)
+		workload "$work/mnt-cold"
+		t2=$(now)
+		echo "$(since "$t0" "$t1") $(since "$t0" "$t2") $(mount_stat bytesFetched) $(mount_stat bytesRead)" >>"$out"
+		"$ferry" umount --socket "$sock" "$work/mnt-cold"
+	done
+}
+cold_runs fuse "$work/cold.ferry"
+cold_runs fanotify "$work/cold.fan"
 : >"$work/cold.pull"
 for i in $(seq "$runs"); do
 	rm -rf "$work/pull" "$work/bundle"
@@ -114,34 +126,40 @@ for i in $(seq "$runs"); do
 	t2=$(now)
 	echo "$(since "$t0" "$t1") $(since "$t0" "$t2") $(stat -c %s "$gz") $(stat -c %s "$gz")" >>"$work/cold.pull"
 done
-python3 - "$work/cold.ferry" "$work/cold.pull" "$total" <<'PY'
+python3 - "$work/cold.ferry" "$work/cold.fan" "$work/cold.pull" "$total" <<'PY'
 import statistics, sys
 def med(path, col):
     return statistics.median(float(l.split()[col]) for l in open(path))
-f, p, total = sys.argv[1], sys.argv[2], int(sys.argv[3])
+f, k, p, total = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 print("| ferry mount --mode fuse | %.3f | %.3f | %d (%.1f%% of the blobs) | %d |"
       % (med(f, 0), med(f, 1), med(f, 2), 100 * med(f, 2) / total, med(f, 3)))
+# The kernel reads a fanotify mount's files itself: no bytes-read count.
+print("| ferry mount --mode fanotify | %.3f | %.3f | %d (%.1f%% of the blobs) | - |"
+      % (med(k, 0), med(k, 1), med(k, 2), 100 * med(k, 2) / total))
 print("| skopeo copy + umoci unpack | %.3f | %.3f | %d | - |" % (med(p, 0), med(p, 1), med(p, 2)))
 print()
-print("ratios: workload done %.3f x full pull; bytes fetched %.2f x bytes read" %
-      (med(f, 1) / med(p, 1), med(f, 2) / max(1, med(f, 3))))
+print("ratios: workload done: fuse %.3f x full pull, fanotify %.3f x full pull, "
+      "fanotify %.2f x fuse; bytes fetched %.2f x bytes read (fuse)" %
+      (med(f, 1) / med(p, 1), med(k, 1) / med(p, 1), med(k, 1) / med(f, 1),
+       med(f, 2) / max(1, med(f, 3))))
 PY
 echo
 rm -rf "$work/pull" "$work/bundle"
 
 # --- warm cache ---------------------------------------------------------------
 stop_ferryd
-mkdir -p "$work/mnt-fuse" "$work/mnt-kernel" "$work/mnt-squash"
+mkdir -p "$work/mnt-fuse" "$work/mnt-kernel" "$work/mnt-fan" "$work/mnt-squash"
 "$ferry" mount --mode fuse --prefetch-all --socket "$sock" --cache-dir "$work/cache" "$image" "$work/mnt-fuse"
 for _ in $(seq 600); do
 	[ "$(mount_stat chunksPresent)" = "$(mount_stat chunksTotal)" ] && break
 	sleep 0.5
 done
 "$ferry" mount --mode local --cache-dir "$work/cache" "$image" "$work/mnt-kernel"
+"$ferry" mount --mode fanotify --socket "$fsock" --cache-dir "$work/cache" "$image" "$work/mnt-fan"
 mksquashfs "$ref" "$work/tree.sqfs" -quiet -comp zstd -no-progress >/dev/null
 squashfuse "$work/tree.sqfs" "$work/mnt-squash"
-mnts=(fuse kernel squash)
-names=("ferry fuse" "kernel EROFS (--mode local)" "squashfuse")
+mnts=(fuse fan kernel squash)
+names=("ferry fuse" "ferry fanotify" "kernel EROFS (--mode local)" "squashfuse")
 if [ -n "${EROFSFUSE:-}" ]; then
 	boot=$(ls "$work/cache/bootstraps/"*)
 	devs=()
@@ -187,6 +205,20 @@ for i in "${!mnts[@]}"; do
 done
 echo
 
-pid=$(pgrep -f "ferryd.*$sock" | head -1)
-echo "ferryd peak RSS after all of the above: $(awk '/VmHWM/ { print $2 }' "/proc/$pid/status") KiB (VmHWM)"
+# --- warm, blob incomplete -----------------------------------------------------
+# A fanotify mount over a fresh cache: the 500 small files and the largest
+# file are read once (fetched), the rest of the blob stays missing, so its
+# mark stays and every read below raises events answered from memory.
+mkdir -p "$work/mnt-part"
+"$ferry" mount --mode fanotify --socket "$fsock" --cache-dir "$work/cache-part" "$image" "$work/mnt-part"
+(cd "$work/mnt-part" && xargs -d '\n' -a "$work/small.list" cat >/dev/null && cat "./$big" >/dev/null)
+echo "warm, blob incomplete: $(mount_stat chunksPresent "$work/mnt-part" "$fsock") of $(mount_stat chunksTotal "$work/mnt-part" "$fsock") chunks present"
+echo
+mnts=(part kernel fuse)
+names=("ferry fanotify, blob incomplete" "kernel EROFS (--mode local)" "ferry fuse")
+bench_one "warm, blob incomplete: 500 random small files" "cd MNT && xargs -d '\n' -a $work/small.list cat >/dev/null"
+bench_one "warm, blob incomplete: the largest file (/$big)" "cat MNT/$big >/dev/null"
+
+hwm() { awk '/VmHWM/ { print $2 }' "/proc/$(pgrep -f "ferryd.*$1" | head -1)/status"; }
+echo "ferryd peak RSS after all of the above (VmHWM): $(hwm "$sock") KiB serving the FUSE mount, $(hwm "$fsock") KiB serving the two fanotify mounts"
 echo

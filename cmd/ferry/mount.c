@@ -571,7 +571,7 @@ static int mount_list(const char *socket_path, bool json, const char *only)
 		printf("%s\n", json_object_to_json_string_ext(out, JSON_C_TO_STRING_PRETTY |
 							       JSON_C_TO_STRING_NOSLASHESCAPE));
 	} else if (!json_object_array_length(mounts)) {
-		printf("no ferry FUSE mounts (%s)\n", socket_path);
+		printf("no ferry lazy mounts (%s)\n", socket_path);
 	} else {
 		print_mounts(mounts);
 	}
