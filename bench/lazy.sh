@@ -9,7 +9,8 @@
 # OCI layout + umoci unpack) followed by the same workload; bytes fetched
 # against bytes read.
 #
-# Warm cache (every chunk present, page cache dropped before each run):
+# Warm cache (every chunk present, page cache dropped before each run, the
+# mounts' runs interleaved):
 # sequential read, 500 random small files, a metadata walk and fio 4k random
 # reads, through the FUSE mount and the fanotify mount against the kernel
 # EROFS mount of the same image (--mode local), squashfuse of the same tree,
@@ -176,16 +177,17 @@ fi
 	>"$work/small.list"
 big=$(cd "$ref" && find . -type f -printf '%s %P\n' | sort -n | tail -1 | cut -d' ' -f2-)
 
+# Interleaved rounds (bench/interleave.py): the mounts are compared under
+# the same background load.
 bench_one() { # TITLE COMMAND-TEMPLATE (MNT is replaced)
 	local title=$1 tmpl=$2 args=() i
 	for i in "${!mnts[@]}"; do
-		args+=(-n "${names[$i]}" "${tmpl//MNT/$work/mnt-${mnts[$i]}}")
+		args+=("${names[$i]}=${tmpl//MNT/$work/mnt-${mnts[$i]}}")
 	done
 	echo "### $title"
 	echo
-	hyperfine --runs "$runs" --warmup 1 --prepare 'sync; echo 3 > /proc/sys/vm/drop_caches' \
-		--export-markdown "$work/h.md" "${args[@]}" >/dev/null 2>&1
-	cat "$work/h.md"
+	python3 "$top/bench/interleave.py" "$runs" 'sync; echo 3 > /proc/sys/vm/drop_caches' \
+		"${args[@]}"
 	echo
 }
 bench_one "sequential read (tar cf - . | cat)" "tar cf - -C MNT . | cat >/dev/null"
