@@ -31,6 +31,7 @@ for set in $sets; do
 		-n "gzip -dc (floor)" "gzip -dc $gz > /dev/null" \
 		-n "ferry convert tar: (zstd)" "$ferry convert -q tar:$gz dir:$work/out" \
 		-n "ferry convert tar: (zstd, --jobs 1)" "$ferry convert -q --jobs 1 tar:$gz dir:$work/out" \
+		-n "ferry convert tar: (zstd:3)" "$ferry convert -q --compress zstd:3 tar:$gz dir:$work/out" \
 		-n "ferry convert tar: (lz4)" "$ferry convert -q --compress lz4 tar:$gz dir:$work/out" \
 		-n "ferry convert dir: (zstd)" "$ferry convert -q dir:$ref dir:$work/out" \
 		-n "mkfs.erofs 1.5 dir, 1M chunks + blobdev" \
@@ -67,7 +68,7 @@ PY
 	echo "| compress | inline-max | bootstrap | blobs | chunks | (bootstrap + blobs) / tar.gz |"
 	echo "|---|---|---|---|---|---|"
 	gzsize=$(stat -c %s "$gz")
-	for spec in zstd lz4 lzma none; do
+	for spec in zstd zstd:3 lz4 lzma none; do
 		for inl in 0 256 1024 3072; do
 			[ "$spec" != zstd ] && [ "$inl" != 256 ] && continue
 			rm -rf "$work/out"

@@ -58,13 +58,14 @@ enum blob_codec {
 
 struct blob_compress {
 	enum blob_codec codec;
-	int level; /* 0 = codec default; lz4 > 0 selects LZ4 HC */
+	int level; /* 0 = codec default (codec.c); lz4 > 0 selects LZ4 HC */
 };
 
 /*
  * "none", "lz4[:N]", "zstd[:N]", "lzma[:N]" with N in lz4 1..12 (HC),
- * zstd 1..22, lzma 1..9 (xz presets; the default is 6); -EINVAL with a
- * message otherwise.
+ * zstd 1..22, lzma 1..9 (xz presets; the default is 6; zstd's is level 5
+ * with tuned match finding, see codec.c); -EINVAL with a message
+ * otherwise.
  */
 int blob_compress_parse(const char *spec, struct blob_compress *out);
 const char *blob_codec_name(enum blob_codec codec);

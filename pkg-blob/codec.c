@@ -5,8 +5,10 @@
  *
  *   lz4   raw LZ4 block (not the LZ4 frame format); level 0 is
  *         LZ4_compress_default's algorithm, levels 1..12 are LZ4 HC.
- *   zstd  one zstd frame (ZSTD_compressCCtx, with the content size in
- *         its header); level 0 means ZSTD_CLEVEL_DEFAULT (3).
+ *   zstd  one zstd frame (ZSTD_compress2, with the content size in its
+ *         header). Levels 1..22 are the library's; level 0, the default,
+ *         is level 5 (greedy) with a 4-byte minimum match and 16 match
+ *         attempts per position (see ZSTD_DEFAULT_* below).
  *   lzma  one .xz stream, one block, LZMA2, check type NONE; level 0
  *         means xz's default preset 6. The .xz container costs ~60 bytes
  *         per frame (stream header/footer, block header, index), all of
@@ -38,6 +40,36 @@
 #define LZ4_LEVEL_MAX LZ4HC_CLEVEL_MAX /* 12 */
 #define LZMA_LEVEL_MAX 9
 #define LZMA_LEVEL_DEFAULT 6
+
+/*
+ * The default zstd parameters. Measured with ferry's frames (1 MiB
+ * chunks, files under 128 KiB batched into 512 KiB frames) on the "big"
+ * Debian layer (minbase + python3, perl, gcc; 142.5 MB tar.gz, 384 MB of
+ * unique file data, 43% of it ELF code): blob bytes / tar.gz bytes, and
+ * the CPU seconds of `ferry convert --jobs 1` (1.7 s with no codec):
+ *
+ *   level 3 (ZSTD_CLEVEL_DEFAULT, dfast)           0.974  3.2 s
+ *   level 4 (dfast)                                0.967  3.9 s
+ *   level 5 (greedy, minMatch 5, searchLog 3)      0.944  4.2 s
+ *   level 5, minMatch 4, searchLog 4               0.935  4.3 s  <-
+ *   level 5, minMatch 4, searchLog 5               0.931  4.7 s
+ *   level 6 (lazy)                                 0.927  5.1 s
+ *   level 6, minMatch 4                            0.916  5.7 s
+ *
+ * (Parameters of frames over 256 KiB; zstd picks smaller tables for
+ * smaller frames, and the two settings below override them too.) Machine
+ * code is full of 4-byte matches that zstd's default minimum of 5 for
+ * these levels skips, and 16 attempts instead of 8 find the longer ones
+ * at little cost. With 2 CPUs a conversion takes about half its total
+ * CPU time, against ~2.0 s for `gzip -dc` of that layer: level 6 would
+ * pass 1.25x of gunzip, this choice stays near 1.1x with the image
+ * (bootstrap included) under 0.95x of the tar.gz; docs/PERFORMANCE.md.
+ * Decoding its output is ~10% slower than level 3's (~1.1 GB/s per
+ * core), negligible next to fetching.
+ */
+#define ZSTD_DEFAULT_LEVEL 5
+#define ZSTD_DEFAULT_MIN_MATCH 4
+#define ZSTD_DEFAULT_SEARCH_LOG 4
 
 static const char *const codec_names[] = {
 	[BLOB_CODEC_NONE] = "none",
@@ -204,6 +236,28 @@ static int lz4_compress(struct blob_codec_ctx *ctx, int level,
 					  level);
 }
 
+/*
+ * Parameters of the next frame: the context keeps them across calls and
+ * one thread's context may serve several levels, so reset them first
+ * (with the session: resetting parameters alone is refused after a
+ * frame that stopped for lack of output space).
+ */
+static size_t zstd_set_params(ZSTD_CCtx *z, int level)
+{
+	size_t r = ZSTD_CCtx_reset(z, ZSTD_reset_session_and_parameters);
+
+	if (!ZSTD_isError(r))
+		r = ZSTD_CCtx_setParameter(z, ZSTD_c_compressionLevel,
+					   level ? level : ZSTD_DEFAULT_LEVEL);
+	if (!ZSTD_isError(r) && !level)
+		r = ZSTD_CCtx_setParameter(z, ZSTD_c_minMatch,
+					   ZSTD_DEFAULT_MIN_MATCH);
+	if (!ZSTD_isError(r) && !level)
+		r = ZSTD_CCtx_setParameter(z, ZSTD_c_searchLog,
+					   ZSTD_DEFAULT_SEARCH_LOG);
+	return r;
+}
+
 /* 0 when @dst got *@out_len (< @len) bytes, 1 when it did not fit. */
 static int zstd_compress(struct blob_codec_ctx *ctx, int level,
 			 const void *src, size_t len, void *dst, size_t cap,
@@ -215,8 +269,9 @@ static int zstd_compress(struct blob_codec_ctx *ctx, int level,
 		ctx->zstd_c = ZSTD_createCCtx();
 	if (!ctx->zstd_c)
 		return -ENOMEM;
-	r = ZSTD_compressCCtx(ctx->zstd_c, dst, cap, src, len,
-			      level ? level : ZSTD_CLEVEL_DEFAULT);
+	r = zstd_set_params(ctx->zstd_c, level);
+	if (!ZSTD_isError(r))
+		r = ZSTD_compress2(ctx->zstd_c, dst, cap, src, len);
 	if (!ZSTD_isError(r)) {
 		*out_len = r;
 		return 0;

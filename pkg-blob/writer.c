@@ -17,7 +17,8 @@
  *
  * Frame policy (BLOB_BATCH_SMALL / BLOB_BATCH_MAX), measured on a Debian
  * minbase rootfs (170 MB tar, 60.5 MB tar.gz; its files > 256 bytes in tar
- * order, 1 MiB chunks, deduplicated: 5820 chunks, 160 MB). Total blob
+ * order, 1 MiB chunks, deduplicated: 5820 chunks, 160 MB) when zstd:3 was
+ * the default codec (codec.c has today's, with these frames). Total blob
  * size / tar.gz size, batching chunks < small into frames <= max:
  *
  *   small:max    zstd:3  lz4    lzma:6

@@ -16,6 +16,7 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zstd.h>
 
 #define MIB (1u << 20)
 
@@ -435,6 +436,57 @@ static void test_codec_chunk_max(void)
 		roundtrip(specs[s], BLOB_CHUNK_MAX, DATA_ZERO, NULL);
 	roundtrip("zstd", BLOB_CHUNK_MAX, DATA_TEXT, NULL);
 	roundtrip("lz4", BLOB_CHUNK_MAX, DATA_RANDOM, NULL);
+}
+
+/* Compress @len bytes of @src with @spec into @dst (capacity @len). */
+static size_t compress_spec(const char *spec, const uint8_t *src, size_t len,
+			    uint8_t *dst)
+{
+	struct blob_compress c;
+	enum blob_codec used;
+	size_t clen = 0;
+
+	CHECK_EQ(blob_compress_parse(spec, &c), 0);
+	CHECK_EQ(blob_compress(&c, src, len, dst, len, &clen, &used), 0);
+	CHECK_EQ(used, BLOB_CODEC_ZSTD);
+	return clen;
+}
+
+/*
+ * The default zstd parameters are not a library level, and a thread's
+ * context must not carry them over to explicit levels: those give exactly
+ * the library's output for that level, whatever was compressed before.
+ */
+static void test_codec_zstd_params(void)
+{
+	static const int levels[] = { 1, 3, 5, 19 };
+	size_t len = 256u << 10, n_def, n, i;
+	uint8_t *src = alloc_fill(len, DATA_TEXT);
+	uint8_t *def = malloc(len), *out = malloc(len);
+	uint8_t *ref = malloc(ZSTD_compressBound(len));
+
+	CHECK(src && def && out && ref);
+	n_def = compress_spec("zstd", src, len, def);
+	for (i = 0; i < ARRAY_SIZE(levels); i++) {
+		char spec[16];
+		size_t r = ZSTD_compress(ref, ZSTD_compressBound(len), src,
+					 len, levels[i]);
+
+		CHECK(!ZSTD_isError(r));
+		snprintf(spec, sizeof(spec), "zstd:%d", levels[i]);
+		compress_spec("zstd", src, len, out);
+		n = compress_spec(spec, src, len, out);
+		CHECK(n == r && !memcmp(out, ref, n));
+		/* Nor do explicit levels leak into the default. */
+		n = compress_spec("zstd", src, len, out);
+		CHECK(n == n_def && !memcmp(out, def, n));
+		if (levels[i] == 5)
+			CHECK(n_def != r || memcmp(def, ref, r));
+	}
+	free(src);
+	free(def);
+	free(out);
+	free(ref);
 }
 
 static void test_compress_errors(void)
@@ -1600,6 +1652,7 @@ int main(void)
 	RUN_TEST(test_compress_parse);
 	RUN_TEST(test_codec_roundtrip);
 	RUN_TEST(test_codec_chunk_max);
+	RUN_TEST(test_codec_zstd_params);
 	RUN_TEST(test_compress_errors);
 	RUN_TEST(test_decompress_garbage);
 	RUN_TEST(test_decompress_trailing);
