@@ -85,3 +85,11 @@ PY
 	done
 	echo
 done
+
+# The peak-RSS goal (<= 256 MiB for a 1 GiB layer), on gib.tar.gz (lib.sh).
+gib_layer
+rm -rf "$work/out"
+read -r rss secs < <(/usr/bin/time -f "%M %e" "$ferry" convert -q "tar:$data/gib.tar.gz" \
+	"dir:$work/out" 2>&1 >/dev/null | tail -1)
+echo "1 GiB layer ($(gzip -dc "$data/gib.tar.gz" | wc -c) bytes tar, $(stat -c %s "$data/gib.tar.gz") bytes tar.gz): ferry convert tar: (default) peak RSS $rss KiB, $secs s"
+echo
