@@ -20,7 +20,6 @@
  * Threads of a mount: the loop thread (fan_run) reads events, answers
  * present ranges at once and queues the rest to worker threads.
  */
-#include <dirent.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
@@ -36,6 +35,7 @@
 #include <sys/statfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <linux/magic.h>
 
 #include "../../pkg-meta/meta.h"
 #include "ferryd.h"
@@ -103,8 +103,7 @@ static void answer(struct fan *f, int fd, bool allow)
 		.response = allow ? FAN_ALLOW : FAN_DENY_ERRNO(EIO),
 	};
 
-	/* ENOENT: the keeper answered it already (it swept after a
-	 * keeper restart raced us); nothing else can fail here. */
+	/* ENOENT: the event is no longer pending; nothing to answer. */
 	if (write(f->group, &r, sizeof(r)) != sizeof(r) && errno != ENOENT)
 		ferry_warn("%s: answering a fanotify event: %s", f->m->mountpoint,
 			   strerror(errno));
@@ -419,13 +418,20 @@ static void raise_nofile(struct fan *f)
 	f->sweep_max = (unsigned int)MIN(rl.rlim_cur, (rlim_t)1 << 20);
 }
 
-static const char *fs_name(long type)
+/* Only these file systems take pre-content marks (SB_I_ALLOW_HSM). */
+static bool fs_allows_hsm(unsigned long type)
 {
-	switch ((unsigned long)type) {
-	case 0x01021994: return "tmpfs";
-	case 0x65735546: return "fuse";
-	case 0x794c7630: return "overlayfs";
-	case 0x6969: return "nfs";
+	return type == EXT4_SUPER_MAGIC || type == XFS_SUPER_MAGIC ||
+	       type == BTRFS_SUPER_MAGIC;
+}
+
+static const char *fs_name(unsigned long type)
+{
+	switch (type) {
+	case TMPFS_MAGIC: return "tmpfs";
+	case FUSE_SUPER_MAGIC: return "fuse";
+	case OVERLAYFS_SUPER_MAGIC: return "overlayfs";
+	case NFS_SUPER_MAGIC: return "nfs";
 	default: return "a file system";
 	}
 }
@@ -442,8 +448,10 @@ static int mark_blobs(struct fan *f, char *err, size_t errlen)
 		struct fan_blob *b = &f->blobs[i];
 
 		if (stat(path, &st)) {
-			snprintf(err, errlen, "chunk cache file %s: %s", path, strerror(errno));
-			return -errno;
+			int e = errno;
+
+			snprintf(err, errlen, "chunk cache file %s: %s", path, strerror(e));
+			return -e;
 		}
 		b->dev = st.st_dev;
 		b->ino = st.st_ino;
@@ -453,10 +461,9 @@ static int mark_blobs(struct fan *f, char *err, size_t errlen)
 		if (fanotify_mark(f->group, FAN_MARK_ADD, FAN_PRE_ACCESS, AT_FDCWD, path)) {
 			int e = errno;
 
-			if (!statfs(path, &sfs) && sfs.f_type != 0xef53 &&
-			    sfs.f_type != 0x58465342 && sfs.f_type != 0x9123683e)
+			if (!statfs(path, &sfs) && !fs_allows_hsm((unsigned long)sfs.f_type))
 				snprintf(err, errlen, "cache directory %s is on %s (type 0x%lx), which has no fanotify pre-content events (%s); use a cache directory on ext4, xfs or btrfs (--cache-dir)",
-					 f->m->req.cache_dir, fs_name((long)sfs.f_type),
+					 f->m->req.cache_dir, fs_name((unsigned long)sfs.f_type),
 					 (unsigned long)sfs.f_type, strerror(e));
 			else
 				snprintf(err, errlen, "marking %s for fanotify: %s", path,
@@ -556,16 +563,16 @@ int fan_start(struct fmount *m, char *err, size_t errlen)
 	}
 	if (pipe2(f->wake, O_CLOEXEC | O_NONBLOCK)) {
 		ret = -errno;
-		snprintf(err, errlen, "pipe: %s", strerror(errno));
+		snprintf(err, errlen, "pipe: %s", strerror(-ret));
 		goto fail;
 	}
 	f->group = fanotify_init(FAN_CLASS_PRE_CONTENT | FAN_CLOEXEC | FAN_NONBLOCK |
 				 FAN_UNLIMITED_QUEUE, O_RDONLY | O_LARGEFILE | O_CLOEXEC);
 	if (f->group < 0) {
 		ret = -errno;
-		snprintf(err, errlen, "fanotify_init (pre-content class): %s%s", strerror(errno),
-			 errno == EINVAL ? " (fanotify mode needs Linux 6.14 or later)" :
-			 errno == EPERM ? " (needs CAP_SYS_ADMIN)" : "");
+		snprintf(err, errlen, "fanotify_init (pre-content class): %s%s", strerror(-ret),
+			 ret == -EINVAL ? " (fanotify mode needs Linux 6.14 or later)" :
+			 ret == -EPERM ? " (needs CAP_SYS_ADMIN)" : "");
 		goto fail;
 	}
 	ret = mark_blobs(f, err, errlen);
