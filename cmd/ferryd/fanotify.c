@@ -708,13 +708,6 @@ void fan_close(struct fan *f)
 	fan_free(f);
 }
 
-const char *fan_sb_name(const struct fan *f)
-{
-	const char *slash = strrchr(f->sysfs, '/');
-
-	return slash ? slash + 1 : f->sysfs;
-}
-
 pid_t fan_keeper_pid(struct fan *f)
 {
 	return atomic_load(&f->keeper_pid);

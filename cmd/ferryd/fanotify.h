@@ -69,8 +69,6 @@ void fan_stop(struct fan *f);
  */
 void fan_close(struct fan *f);
 pid_t fan_keeper_pid(struct fan *f);
-/* The superblock's name ("erofs-N"), also its bdi's in /sys/class/bdi. */
-const char *fan_sb_name(const struct fan *f);
 
 /*
  * The sysfs directory of the file system mounted on @mountpoint

@@ -44,7 +44,7 @@ static void help(void)
 	       "  --exist-ok         exit with status 0 if a ferryd already serves the\n"
 	       "                     socket (how 'ferry mount' starts ferryd)\n"
 	       "  --threads N        FUSE worker threads per mount (default %u)\n"
-	       "  --readahead KB     kernel readahead of each mount (default %u;\n"
+	       "  --readahead KB     kernel readahead of each FUSE mount (default %u;\n"
 	       "                     0 keeps the kernel's 128)\n"
 	       "  -v, --verbose      more log output (repeat for debug)\n"
 	       "  -q, --quiet        errors only\n"
