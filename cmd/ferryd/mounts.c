@@ -324,9 +324,8 @@ static bool wait_session_locked(struct fmount *m, unsigned int ms)
 
 /*
  * Make the FUSE bdi's readahead match chunk-sized reads (the kernel offers
- * 128 KiB). Not for fanotify mounts: a 1 MiB window made a sequential read
- * of the big Debian tree through the kernel's EROFS 2.4x slower, so they
- * keep the kernel's default, as local mounts do.
+ * 128 KiB): fewer, larger FUSE requests. Fanotify mounts are the kernel's
+ * EROFS reading local files, like local mounts: they keep its default.
  */
 static void set_readahead(const struct fmount *m)
 {
