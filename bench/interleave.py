@@ -6,13 +6,15 @@
 
 Each round runs PREPARE and then one command, for every command in turn,
 so background load that comes and goes hits all of them alike (hyperfine
-runs all runs of one command before the next). Each round starts one
-command later, so every command follows every other equally often: a run
-right after a FUSE read of the whole tree was measured 1.5-2x slower, even
-with the page cache dropped in between. One warm-up round is not counted. Columns: mean ± standard deviation, median, min, max, and the
-median relative to the fastest median. A command that fails stops the
-benchmark with its exit status.
+runs all runs of one command before the next). Each round runs the
+commands in a new (seeded) random order: a run right after a FUSE read of
+the whole tree was measured 1.5-2x slower, even with the page cache
+dropped in between, so no command may always follow the same one. One
+warm-up round is not counted. Columns: mean ± standard deviation, median,
+min, max, and the median relative to the fastest median. A command that
+fails stops the benchmark with its exit status.
 """
+import random
 import statistics
 import subprocess
 import sys
@@ -30,9 +32,9 @@ def main():
     cmds = [arg.split("=", 1) for arg in sys.argv[3:]]
     times = {name: [] for name, _ in cmds}
     try:
+        order = random.Random(1)
         for rnd in range(runs + 1):
-            shift = rnd % len(cmds)
-            for name, cmd in cmds[shift:] + cmds[:shift]:
+            for name, cmd in order.sample(cmds, len(cmds)):
                 run(prepare)
                 t0 = time.perf_counter()
                 run(cmd)
