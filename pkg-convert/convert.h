@@ -188,6 +188,13 @@ const char *image_cache_data_path(const struct image_cache *ic, uint32_t index);
  */
 ssize_t image_cache_read(struct image_cache *ic, const struct meta_stat *st,
 			 uint64_t off, void *buf, size_t len);
+/*
+ * The same from what is already present only: -EAGAIN, with nothing
+ * fetched, where a chunk is missing. Not counted as bytes read (for
+ * speculative reads: ferryd's directory readahead).
+ */
+ssize_t image_cache_read_cached(struct image_cache *ic, const struct meta_stat *st,
+				uint64_t off, void *buf, size_t len);
 
 /* A piece of a file: @len bytes at @off of cache data file @fd, or zeros (@fd -1). */
 struct image_extent {

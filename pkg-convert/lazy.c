@@ -163,12 +163,13 @@ static int locate(const struct image_cache *ic, const struct meta_stat *st,
 
 /*
  * Make the chunks behind [off, off + len) of a chunk-based file present
- * (clamped to its size) and describe where the bytes are, merging
- * contiguous pieces of one cache file.
+ * (clamped to its size), or with !@fetch only check that they are
+ * (-EAGAIN if not), and describe where the bytes are, merging contiguous
+ * pieces of one cache file.
  */
 static ssize_t map_chunked(struct image_cache *ic, const struct meta_stat *st,
 			   uint64_t off, size_t len, struct image_extent *ext,
-			   size_t max)
+			   size_t max, bool fetch)
 {
 	uint64_t end = MIN(st->size, off + len), pos, uoff = 0;
 	uint32_t index = 0;
@@ -184,7 +185,10 @@ static ssize_t map_chunked(struct image_cache *ic, const struct meta_stat *st,
 		if (ret < 0)
 			return ret;
 		if (!ret) {
-			ret = ensure(ic, index, uoff, n);
+			if (fetch)
+				ret = ensure(ic, index, uoff, n);
+			else if (!blob_cache_range_present(ic->blobs[index], uoff, n))
+				ret = -EAGAIN;
 			if (ret)
 				return ret;
 			fd = blob_cache_data_fd(ic->blobs[index]);
@@ -212,15 +216,16 @@ ssize_t image_cache_map(struct image_cache *ic, const struct meta_stat *st,
 	if (!S_ISREG(st->mode) || !st->nr_chunks)
 		return -EINVAL;
 	atomic_fetch_add(&ic->demand_inflight, 1);
-	nr = map_chunked(ic, st, off, len, ext, max);
+	nr = map_chunked(ic, st, off, len, ext, max, true);
 	atomic_fetch_sub(&ic->demand_inflight, 1);
 	for (i = 0; nr > 0 && i < (size_t)nr; i++)
 		atomic_fetch_add(&ic->bytes_read, ext[i].len);
 	return nr;
 }
 
-ssize_t image_cache_read(struct image_cache *ic, const struct meta_stat *st,
-			 uint64_t off, void *buf, size_t len)
+/* image_cache_read, or with !@fetch image_cache_read_cached. */
+static ssize_t cache_read(struct image_cache *ic, const struct meta_stat *st,
+			  uint64_t off, void *buf, size_t len, bool fetch)
 {
 	struct image_extent ext[8];
 	uint8_t *p = buf;
@@ -237,9 +242,12 @@ ssize_t image_cache_read(struct image_cache *ic, const struct meta_stat *st,
 	len = (size_t)MIN((uint64_t)len, st->size - off);
 	while (done < len) {
 		/* A piece at a time: eight extents cover at least 8 chunks. */
-		nr = image_cache_map(ic, st, off + done,
-				     MIN(len - done, (size_t)8 * st->chunk_size),
-				     ext, ARRAY_SIZE(ext));
+		size_t piece = MIN(len - done, (size_t)8 * st->chunk_size);
+
+		nr = fetch ? image_cache_map(ic, st, off + done, piece, ext,
+					     ARRAY_SIZE(ext)) :
+			     map_chunked(ic, st, off + done, piece, ext,
+					 ARRAY_SIZE(ext), false);
 		if (nr <= 0)
 			return nr < 0 ? nr : -EFSCORRUPTED;
 		for (i = 0; i < (size_t)nr; i++) {
@@ -255,6 +263,18 @@ ssize_t image_cache_read(struct image_cache *ic, const struct meta_stat *st,
 		}
 	}
 	return (ssize_t)done;
+}
+
+ssize_t image_cache_read(struct image_cache *ic, const struct meta_stat *st,
+			 uint64_t off, void *buf, size_t len)
+{
+	return cache_read(ic, st, off, buf, len, true);
+}
+
+ssize_t image_cache_read_cached(struct image_cache *ic, const struct meta_stat *st,
+				uint64_t off, void *buf, size_t len)
+{
+	return cache_read(ic, st, off, buf, len, false);
 }
 
 static void sleep_ms(unsigned int ms)

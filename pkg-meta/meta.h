@@ -242,6 +242,8 @@ typedef int (*meta_filldir_t)(void *ctx, const char *name, size_t len,
 			      uint64_t next_pos);
 int meta_readdir(const struct meta_image *img, uint64_t dir_nid, uint64_t pos,
 		 meta_filldir_t fill, void *ctx);
+/* The S_IFMT bits of a meta_filldir_t @file_type (0 for "unknown"). */
+mode_t meta_ftype_mode(unsigned int file_type);
 
 /*
  * Read bytes of data stored in the bootstrap (FLAT_PLAIN / FLAT_INLINE:

@@ -1027,6 +1027,18 @@ int meta_readdir(const struct meta_image *img, uint64_t dir_nid, uint64_t pos,
 	return 0;
 }
 
+mode_t meta_ftype_mode(unsigned int file_type)
+{
+	static const mode_t modes[EROFS_FT_MAX] = {
+		[EROFS_FT_REG_FILE] = S_IFREG, [EROFS_FT_DIR] = S_IFDIR,
+		[EROFS_FT_CHRDEV] = S_IFCHR,   [EROFS_FT_BLKDEV] = S_IFBLK,
+		[EROFS_FT_FIFO] = S_IFIFO,     [EROFS_FT_SOCK] = S_IFSOCK,
+		[EROFS_FT_SYMLINK] = S_IFLNK,
+	};
+
+	return file_type < EROFS_FT_MAX ? modes[file_type] : 0;
+}
+
 int meta_lookup(const struct meta_image *img, uint64_t dir_nid,
 		const char *name, size_t len, uint64_t *nid)
 {

@@ -85,7 +85,8 @@ static void mount_help(void)
 	       "                    \"mountedAt\",\"bytesRead\",\"bytesFetched\",\n"
 	       "                    \"bytesPrefetched\",\"chunksPresent\",\"chunksTotal\",\n"
 	       "                    \"bytesPresent\",\"prefetch\",\"prefetchFiles\",\n"
-	       "                    \"prefetchSeconds\"}]}; no ferryd running: no mounts\n"
+	       "                    \"prefetchSeconds\",\"readaheadFiles\",\"readaheadBytes\"}]};\n"
+	       "                    no ferryd running: no mounts\n"
 	       "  -h, --help        this help\n\n"
 	       "Unmount any mode with 'ferry umount MOUNTPOINT'.\n\n%s\n" EXIT_CODES_HELP,
 	       FERRY_DEFAULT_CACHE_DIR, CTL_SOCKET_ENV, CTL_DEFAULT_SOCKET,

@@ -327,7 +327,7 @@ int daemon_run(const struct daemon_opts *o)
 		ferry_err("signalfd/eventfd: %s", strerror(errno));
 		return EXIT_FAILURE;
 	}
-	mounts_init(o->threads, o->readahead_kb, on_change);
+	mounts_init(o->threads, o->readahead_kb, o->dir_readahead_kb, on_change);
 
 	ret = mkdir_parent(o->socket_path);
 	if (ret) {

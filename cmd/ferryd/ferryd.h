@@ -10,6 +10,8 @@
  *   mounts.c   the mount table: mount, unmount, per-mount session loops
  *   prefetch.c the per-mount prefetch thread
  *   fuse.c     the FUSE low-level operations over pkg-meta / image_cache
+ *   readahead.c  FUSE mounts: stores the next files of a directory being
+ *              read in order in the page cache
  *   fanotify.c fanotify mode: marks, mount(2), event loop, fill threads
  *   keeper.c   the process that keeps a fanotify group open (fanotify.h)
  *   log.c      log lines (timestamps in the log file) and per-thread
@@ -34,6 +36,7 @@
 #define FERRYD_DEFAULT_THREADS 16u  /* FUSE worker threads per mount */
 #define FERRYD_MAX_THREADS 256u
 #define FERRYD_DEFAULT_READAHEAD_KB 1024u
+#define FERRYD_DEFAULT_DIR_READAHEAD_KB 2048u
 
 /* ------------------------------------------------------------------ */
 /* fuse.c                                                              */
@@ -54,15 +57,29 @@ struct fs {
 	bool no_opendir;       /* and OPENDIR/RELEASEDIR (fs_opendir) */
 	pthread_mutex_t fail_lock; /* the last failed read (failed_recently) */
 	uint64_t failed_nid, failed_chunk, failed_until;
+	uint32_t dra_window_max; /* directory readahead, bytes; 0: off */
+	struct dra *dra;         /* readahead.c, while the session lives */
+	_Atomic uint64_t ra_files, ra_bytes; /* stored by readahead */
 };
+
+/* The FUSE inode number of nid @nid. */
+fuse_ino_t fs_ino(const struct fs *fs, uint64_t nid);
 
 /* Fill @fs's fields derived from img (root nid, statfs numbers). */
 void fs_setup(struct fs *fs, struct image *img, struct image_cache *ic);
 /* After the session is destroyed: free what fs_setup set up. */
 void fs_teardown(struct fs *fs);
 
-/* A session serving @fs (not mounted yet); NULL after a log line. */
+/*
+ * A session serving @fs (not mounted yet), with directory readahead when
+ * fs->dra_window_max is set; NULL after a log line.
+ */
 struct fuse_session *fs_session_new(struct fs *fs);
+/*
+ * After its loop has ended: end the connection (requests still pending
+ * fail), stop directory readahead, free the session.
+ */
+void fs_session_destroy(struct fs *fs, struct fuse_session *se);
 
 /*
  * Mount @se on @mountpoint: type fuse.ferry, source ferry:<image>,
@@ -76,6 +93,22 @@ int fs_mount(struct fs *fs, struct fuse_session *se, const char *mountpoint);
  * relative to the image root): 0 and *@nid, or -errno.
  */
 int fs_resolve(const struct fs *fs, const char *path, uint64_t *nid);
+
+/*
+ * readahead.c: directory readahead (see there). dra_start creates its
+ * thread (nothing when @window_max is 0); the hooks are called by the
+ * FUSE operations: dra_listed for each regular file a READDIRPLUS answer
+ * lists (@prev_nid: the one listed before it in that answer, or 0;
+ * @from_start: the answer starts the directory), dra_read for each READ
+ * at offset 0. dra_stop once no operation runs and the connection has
+ * ended (a store may wait on a page that only the end releases).
+ */
+struct dra;
+int dra_start(struct fs *fs, struct fuse_session *se, uint32_t window_max);
+void dra_listed(struct fs *fs, uint64_t dir, uint64_t nid, uint64_t next_pos,
+		uint64_t prev_nid, bool from_start);
+void dra_read(struct fs *fs, uint64_t nid);
+void dra_stop(struct fs *fs);
 
 /* ------------------------------------------------------------------ */
 /* mounts.c / prefetch.c                                               */
@@ -115,7 +148,7 @@ struct fmount {
 };
 
 void mounts_init(unsigned int threads, unsigned int readahead_kb,
-		 void (*on_change)(void));
+		 unsigned int dir_readahead_kb, void (*on_change)(void));
 /* Mount per @req (taken over, also on failure); the reason in @err. */
 int mounts_mount(struct ctl_mount_req *req, char *err, size_t errlen);
 int mounts_umount(const char *mountpoint, bool lazy, char *err, size_t errlen);
@@ -167,6 +200,7 @@ struct daemon_opts {
 	bool exist_ok;          /* another ferryd on the socket is success */
 	unsigned int threads;
 	unsigned int readahead_kb;
+	unsigned int dir_readahead_kb;
 	int ready_fd;           /* daemon mode: "OK\n" once listening, then closed */
 };
 int daemon_run(const struct daemon_opts *o);

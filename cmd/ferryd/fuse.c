@@ -32,7 +32,7 @@
  * enough that a program trying again a moment later fetches again. */
 #define FS_FAIL_MEMO_NS (500ull * 1000000)
 
-static fuse_ino_t nid_to_ino(const struct fs *fs, uint64_t nid)
+fuse_ino_t fs_ino(const struct fs *fs, uint64_t nid)
 {
 	return nid == fs->root_nid ? FUSE_ROOT_ID : (fuse_ino_t)(nid + 2);
 }
@@ -50,20 +50,11 @@ static int ino_to_nid(const struct fs *fs, fuse_ino_t ino, uint64_t *nid)
 	return 0;
 }
 
-/* S_IFMT of an EROFS dirent file type (the on-disk EROFS_FT_* values). */
-static mode_t ftype_mode(unsigned int ft)
-{
-	static const mode_t modes[] = { 0, S_IFREG, S_IFDIR, S_IFCHR, S_IFBLK,
-					S_IFIFO, S_IFSOCK, S_IFLNK };
-
-	return ft < ARRAY_SIZE(modes) ? modes[ft] : 0;
-}
-
 static void fill_stat(const struct fs *fs, const struct meta_stat *ms,
 		      struct stat *st)
 {
 	memset(st, 0, sizeof(*st));
-	st->st_ino = nid_to_ino(fs, ms->nid);
+	st->st_ino = fs_ino(fs, ms->nid);
 	st->st_mode = ms->mode;
 	st->st_nlink = ms->nlink;
 	st->st_uid = ms->uid;
@@ -126,7 +117,7 @@ static void fill_entry(const struct fs *fs, const struct meta_stat *ms,
 		       struct fuse_entry_param *e)
 {
 	memset(e, 0, sizeof(*e));
-	e->ino = nid_to_ino(fs, ms->nid);
+	e->ino = fs_ino(fs, ms->nid);
 	e->generation = 1;
 	fill_stat(fs, ms, &e->attr);
 	e->attr_timeout = FS_TIMEOUT;
@@ -303,6 +294,9 @@ struct readdir_ctx {
 	char *buf;
 	size_t size, len;
 	bool plus;
+	bool from_start;   /* the answer starts the directory */
+	uint64_t dir;
+	uint64_t prev_reg; /* the last regular file packed, for dra_listed */
 	int err;
 };
 
@@ -331,9 +325,14 @@ static int readdir_fill(void *arg, const char *name, size_t len, uint64_t nid,
 		fill_entry(c->fs, &ms, &e);
 		need = fuse_add_direntry_plus(c->req, c->buf + c->len, c->size - c->len,
 					      nm, &e, (off_t)next_pos);
+		if (need <= c->size - c->len && S_ISREG(ms.mode)) {
+			dra_listed(c->fs, c->dir, nid, next_pos, c->prev_reg,
+				   c->from_start);
+			c->prev_reg = nid;
+		}
 	} else {
-		struct stat st = { .st_ino = nid_to_ino(c->fs, nid),
-				   .st_mode = ftype_mode(file_type) };
+		struct stat st = { .st_ino = fs_ino(c->fs, nid),
+				   .st_mode = meta_ftype_mode(file_type) };
 
 		need = fuse_add_direntry(c->req, c->buf + c->len, c->size - c->len, nm,
 					 &st, (off_t)next_pos);
@@ -358,6 +357,8 @@ static void do_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 		return;
 	}
 	ret = ino_to_nid(c.fs, ino, &nid);
+	c.dir = nid;
+	c.from_start = off == 0;
 	if (!ret && off >= 0)
 		ret = meta_readdir(c.fs->img->meta, nid, (uint64_t)off, readdir_fill, &c);
 	if (ret > 0)
@@ -546,6 +547,8 @@ static void fs_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 		return;
 	}
 	size = MIN(size, (size_t)16 << 20);
+	if (!off)
+		dra_read(fs, ms->nid);
 	ferry_dbg("%s: read inode %llu: %zu bytes at %lld", fs->img->ref,
 		  (unsigned long long)ms->nid, size, (long long)off);
 	if (failed_recently(fs, ms, (uint64_t)off)) {
@@ -694,12 +697,41 @@ struct fuse_session *fs_session_new(struct fs *fs)
 	char *argv[] = { "ferryd", NULL };
 	struct fuse_args args = FUSE_ARGS_INIT(1, argv);
 	struct fuse_session *se;
+	int ret;
 
 	se = fuse_session_new(&args, &fs_ops, sizeof(fs_ops), fs);
-	if (!se)
-		ferry_err("%s: cannot create a FUSE session", fs->img->ref);
 	fuse_opt_free_args(&args);
+	if (!se) {
+		ferry_err("%s: cannot create a FUSE session", fs->img->ref);
+		return NULL;
+	}
+	ret = dra_start(fs, se, fs->dra_window_max);
+	if (ret)
+		ferry_warn("%s: no directory readahead: %s", fs->img->ref,
+			   ferry_strerror(ret));
 	return se;
+}
+
+void fs_session_destroy(struct fs *fs, struct fuse_session *se)
+{
+	int fd = fuse_session_fd(se), null = -1;
+
+	/*
+	 * A readahead store may wait on a page the kernel locked for a READ
+	 * that no worker will answer now: ending the connection fails that
+	 * READ and releases the page. /dev/null takes the descriptor's
+	 * number rather than closing it, since libfuse closes it again.
+	 */
+	if (fs->dra && fd >= 0) {
+		null = open("/dev/null", O_RDWR | O_CLOEXEC);
+		if (null < 0 || dup3(null, fd, O_CLOEXEC) < 0)
+			ferry_warn("%s: ending the FUSE connection early: %s",
+				   fs->img->ref, strerror(errno));
+		if (null >= 0)
+			close(null);
+	}
+	dra_stop(fs);
+	fuse_session_destroy(se);
 }
 
 /*

@@ -46,6 +46,10 @@ static void help(void)
 	       "  --threads N        FUSE worker threads per mount (default %u)\n"
 	       "  --readahead KB     kernel readahead of each FUSE mount (default %u;\n"
 	       "                     0 keeps the kernel's 128)\n"
+	       "  --dir-readahead KB  FUSE mounts: when a directory's files are read\n"
+	       "                     in order, store the files that follow (cached\n"
+	       "                     chunks only) in the page cache ahead of the\n"
+	       "                     reader, in windows of up to KB (default %u; 0 off)\n"
 	       "  -v, --verbose      more log output (repeat for debug)\n"
 	       "  -q, --quiet        errors only\n"
 	       "  -h, --help         this help\n"
@@ -58,7 +62,7 @@ static void help(void)
 	       "outside (umount) is cleaned up; the others keep running.\n\n"
 	       "Exit status: 0 success, 1 failure, 2 usage error.\n",
 	       CTL_SOCKET_ENV, CTL_DEFAULT_SOCKET, FERRYD_DEFAULT_THREADS,
-	       FERRYD_DEFAULT_READAHEAD_KB);
+	       FERRYD_DEFAULT_READAHEAD_KB, FERRYD_DEFAULT_DIR_READAHEAD_KB);
 }
 
 static int usage(const char *fmt, const char *arg)
@@ -145,6 +149,7 @@ int main(int argc, char **argv)
 		{ "exist-ok", no_argument, NULL, 'E' },
 		{ "threads", required_argument, NULL, 'T' },
 		{ "readahead", required_argument, NULL, 'R' },
+		{ "dir-readahead", required_argument, NULL, 'D' },
 		{ "verbose", no_argument, NULL, 'v' },
 		{ "quiet", no_argument, NULL, 'q' },
 		{ "help", no_argument, NULL, 'h' },
@@ -155,6 +160,7 @@ int main(int argc, char **argv)
 		.socket_path = ctl_default_socket(),
 		.threads = FERRYD_DEFAULT_THREADS,
 		.readahead_kb = FERRYD_DEFAULT_READAHEAD_KB,
+		.dir_readahead_kb = FERRYD_DEFAULT_DIR_READAHEAD_KB,
 		.ready_fd = -1,
 	};
 	char *log_default = NULL, *copy, *request = NULL;
@@ -195,6 +201,11 @@ int main(int argc, char **argv)
 			if (parse_size(optarg, &v) || v > 65536)
 				return usage("--readahead %s: expected 0..65536 (KiB)", optarg);
 			o.readahead_kb = (unsigned int)v;
+			break;
+		case 'D':
+			if (parse_size(optarg, &v) || v > 65536)
+				return usage("--dir-readahead %s: expected 0..65536 (KiB)", optarg);
+			o.dir_readahead_kb = (unsigned int)v;
 			break;
 		case 'v':
 			if (ferry_log_level < FERRY_LOG_DEBUG)

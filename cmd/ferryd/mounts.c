@@ -37,6 +37,7 @@ static struct fmount *mounts;
 static bool shutting_down;
 static unsigned int loop_threads = FERRYD_DEFAULT_THREADS;
 static unsigned int readahead_kb = FERRYD_DEFAULT_READAHEAD_KB;
+static unsigned int dir_readahead_kb = FERRYD_DEFAULT_DIR_READAHEAD_KB;
 static void (*changed_cb)(void);
 
 /* Wakes a session loop blocked in sem_wait (see force_end). */
@@ -45,12 +46,14 @@ static void wake_handler(int sig)
 	(void)sig;
 }
 
-void mounts_init(unsigned int threads, unsigned int ra_kb, void (*on_change)(void))
+void mounts_init(unsigned int threads, unsigned int ra_kb, unsigned int dir_ra_kb,
+		 void (*on_change)(void))
 {
 	struct sigaction sa = { .sa_handler = wake_handler };
 
 	loop_threads = threads;
 	readahead_kb = ra_kb;
+	dir_readahead_kb = dir_ra_kb;
 	changed_cb = on_change;
 	/* No SA_RESTART: the loop's sem_wait must return EINTR. */
 	sigemptyset(&sa.sa_mask);
@@ -175,7 +178,7 @@ static void session_close(struct fmount *m, int loop_ret)
 	if (!conn_dead(m->se) && on_top(m) && umount2(m->mountpoint, MNT_DETACH))
 		ferry_warn("%s: detaching %s: %s", m->img->ref, m->mountpoint,
 			   strerror(errno));
-	fuse_session_destroy(m->se);
+	fs_session_destroy(&m->fs, m->se);
 	m->se = NULL;
 }
 
@@ -461,6 +464,7 @@ int mounts_mount(struct ctl_mount_req *req, char *err, size_t errlen)
 	}
 	m->fs.on_init = on_init;
 	m->fs.arg = m;
+	m->fs.dra_window_max = dir_readahead_kb << 10;
 	m->se = fs_session_new(&m->fs);
 	if (!m->se) {
 		ret = -EIO;
@@ -472,7 +476,7 @@ int mounts_mount(struct ctl_mount_req *req, char *err, size_t errlen)
 		snprintf(what, sizeof(what), "%s: FUSE mount on %s failed", m->req.image,
 			 m->mountpoint);
 		set_err(err, errlen, &cap, ret, what);
-		fuse_session_destroy(m->se);
+		fs_session_destroy(&m->fs, m->se);
 		m->se = NULL;
 		goto fail;
 	}
@@ -762,6 +766,8 @@ struct json_object *mounts_list(void)
 		json_object_object_add(o, "prefetch",
 				       json_object_new_string(prefetch_name(atomic_load(&m->pstate))));
 		add_u64(o, "prefetchFiles", atomic_load(&m->prefetch_files));
+		add_u64(o, "readaheadFiles", atomic_load(&m->fs.ra_files));
+		add_u64(o, "readaheadBytes", atomic_load(&m->fs.ra_bytes));
 		snprintf(secs, sizeof(secs), "%.3f",
 			 (double)atomic_load(&m->prefetch_ns) / 1e9);
 		json_object_object_add(o, "prefetchSeconds",

@@ -7,6 +7,8 @@
 #     file fail with EIO and never deliver wrong bytes, the rest of that
 #     file and every other file read right, and once the registry is
 #     repaired the file reads right (nothing bad was cached)
+#   - the same under directory readahead: a directory read in order with
+#     one file damaged fails that file only, and readahead never stores it
 #   - ferryd killed with SIGKILL during reads: readers fail instead of
 #     hanging, ferry umount removes the dead mount, a new mount (a new
 #     daemon) over the same cache reads the whole tree right, and the
@@ -39,6 +41,37 @@ if damaged_mount fuse "$M"; then
 	reg_repair_chunk
 	check "after the registry is repaired the file reads right" reread "$BIG"
 	check "ferry umount (damaged chunk)" fumount "$M"
+fi
+[ -n "${DMG_STORED:-}" ] && reg_repair_chunk
+
+# --- a damaged chunk under directory readahead --------------------------------
+# /usr/bin read in directory order with one file's chunk damaged (a chunk
+# that is a frame of its own, in a file small enough for readahead):
+# readahead stores only verified chunks, so that file fails with EIO, again
+# when read once more, and every other file gives the reference bytes.
+SMALL=usr/bin/mv
+fuse_use corrupt-dra
+M=$SCRATCH/m-corrupt-dra
+DMG_STORED=
+if ! reg_damage_chunk "$IMG" "$SMALL" 2>"$LOG"; then
+	notok "damage the first chunk of /$SMALL in the registry"
+	diag "$LOG"
+elif check "mount --mode fuse with a damaged chunk of /$SMALL" fmount "$IMG" "$M"; then
+	hashtree "$ref/usr/bin" sorted 0 >"$SCRATCH/bin.ref" 2>/dev/null
+	hashtree "$M/usr/bin" sorted 0 >"$SCRATCH/bin.got" 2>"$SCRATCH/bin.err"
+	errs=$(grep '^ERROR' "$SCRATCH/bin.err" | cut -d: -f1 | tr '\n' ' ')
+	expect_sh "sorted read of /usr/bin: only ${SMALL##*/} fails, with EIO (failed: ${errs:-none})" \
+		'[ "$errs" = "ERROR ${SMALL##*/} " ] &&
+		 grep -q "^ERROR ${SMALL##*/}: .*Input/output error" "$SCRATCH/bin.err"'
+	wrong=$(grep -cvxFf "$SCRATCH/bin.ref" "$SCRATCH/bin.got")
+	got=$(wc -l <"$SCRATCH/bin.got")
+	expect_sh "the other $got files give the reference digests ($wrong wrong)" \
+		'[ "$wrong" -eq 0 ] && [ "$got" -eq $(($(wc -l <"$SCRATCH/bin.ref") - 1)) ]'
+	n=$(mount_field "$M" readaheadFiles)
+	expect_sh "readahead served part of that read ($n files stored)" '[ "$n" -gt 0 ]'
+	read_expect_eio "the damaged file fails again (readahead never stored it)" \
+		"$M/$SMALL" "$ref/$SMALL"
+	check "ferry umount (damaged chunk, readahead)" fumount "$M"
 fi
 [ -n "${DMG_STORED:-}" ] && reg_repair_chunk
 

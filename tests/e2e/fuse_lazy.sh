@@ -58,6 +58,47 @@ fi
 # --- 16 concurrent readers on a fresh cache, then a remount ----------------------
 conc_checks fuse
 
+# --- directory readahead ------------------------------------------------------------
+# Files read in directory order are stored in the page cache ahead of the
+# reader, from chunks already cached only: the same sorted read of a fresh
+# cache fetches exactly what it fetches with readahead off, gives the
+# reference bytes, and a reverse read stores nothing.
+dra_read() { # MNT ORDER: hashtree of the mount == the reference digests
+	hashtree "$1" "$2" 0 >"$SCRATCH/dra.sums" 2>"$LOG" &&
+		cmp -s "$SCRATCH/dra.sums" "$SCRATCH/ref.sums"
+}
+M=$SCRATCH/m-dra
+fuse_use dra-off
+if check "ferryd --dir-readahead 0" "$FERRYD" --socket "$FSOCK" --log-file "$FLOG" \
+	--dir-readahead 0 && check "mount (fresh cache, no directory readahead)" fmount "$PIMG" "$M"; then
+	fp_mark
+	check "sorted read without directory readahead: the reference digests" dra_read "$M" sorted
+	f_off=$(fp_data_bytes)
+	n=$(mount_field "$M" readaheadFiles)
+	expect_sh "--dir-readahead 0 stores nothing (readaheadFiles $n)" '[ "$n" -eq 0 ]'
+	check "ferry umount (no directory readahead)" fumount "$M"
+fi
+fuse_use dra-on
+if check "mount (fresh cache, directory readahead)" fmount "$PIMG" "$M"; then
+	fp_mark
+	check "sorted read with directory readahead: the reference digests" dra_read "$M" sorted
+	f_on=$(fp_data_bytes)
+	n=$(mount_field "$M" readaheadFiles)
+	b=$(mount_field "$M" readaheadBytes)
+	expect_sh "the sorted read was served partly by readahead ($n files, $b B stored)" \
+		'[ "$n" -gt 100 ] && [ "$b" -gt 0 ]'
+	expect_sh "readahead fetched nothing of its own ($f_on B with it, ${f_off:-?} B without)" \
+		'[ "$f_on" -eq "$f_off" ]'
+	check "ferry umount (directory readahead)" fumount "$M"
+fi
+if check "mount again (directory readahead, the cache now complete)" fmount "$PIMG" "$M"; then
+	check "reverse read: the reference digests" dra_read "$M" reverse
+	n=$(mount_field "$M" readaheadFiles)
+	expect_sh "a reverse read stores nothing (readaheadFiles $n)" '[ "$n" -eq 0 ]'
+	check "treecmp after the reverse read" timeout 180 python3 "$TREECMP" "$ref" "$M"
+	check "ferry umount (directory readahead, reverse)" fumount "$M"
+fi
+
 # --- several mounts in one ferryd ----------------------------------------------
 fuse_use multi
 MA=$SCRATCH/m-a
