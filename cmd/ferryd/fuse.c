@@ -25,6 +25,7 @@
 
 #define FS_TIMEOUT DBL_MAX
 #define FS_BLKSIZE 4096u
+#define FS_MAX_READ (512u << 10) /* READ size; see fs_init */
 #define FS_SYMLINK_MAX 65536u  /* longer targets are refused */
 #define FS_XATTR_MAX 65536u    /* the kernel's XATTR_SIZE_MAX / LIST_MAX */
 #define FS_SYMLOOP_MAX 40
@@ -183,6 +184,15 @@ static void fs_init(void *userdata, struct fuse_conn_info *conn)
 	conn->max_background = 64;
 	conn->congestion_threshold = 48;
 	conn->time_gran = 1;
+	/*
+	 * The kernel's largest READ is max_write rounded to pages. libfuse
+	 * splices a reply only if it fits its pipe with a few pages to
+	 * spare, and the pipe cannot grow past pipe-max-size (1 MiB by
+	 * default): a 1 MiB reply was copied through a 1 MiB buffer
+	 * allocated for it, which grew ferryd's heap by tens of MiB.
+	 * The mount is read-only, so nothing else depends on max_write.
+	 */
+	conn->max_write = FS_MAX_READ;
 	if (fs->on_init)
 		fs->on_init(fs->arg);
 }
