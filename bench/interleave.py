@@ -7,12 +7,13 @@
 Each round runs PREPARE and then one command, for every command in turn,
 so background load that comes and goes hits all of them alike (hyperfine
 runs all runs of one command before the next). Each round runs the
-commands in a new (seeded) random order: a run right after a FUSE read of
-the whole tree was measured 1.5-2x slower, even with the page cache
-dropped in between, so no command may always follow the same one. One
-warm-up round is not counted. Columns: mean ± standard deviation, median,
-min, max, and the median relative to the fastest median. A command that
-fails stops the benchmark with its exit status.
+commands in a new (seeded) random order, so that no command always follows
+the same one: what a run leaves behind can slow the next (on the project
+VM, memory freed by the previous run costs host faults; bench/prepare.sh
+is the PREPARE that evens that out). One warm-up round is not counted.
+Columns: mean ± standard deviation, median, min, max, and the median
+relative to the fastest median. A command that fails stops the benchmark
+with its exit status.
 """
 import random
 import statistics

@@ -9,14 +9,15 @@
 # OCI layout + umoci unpack) followed by the same workload; bytes fetched
 # against bytes read.
 #
-# Warm cache (every chunk present, page cache dropped before each run, the
-# mounts' runs interleaved):
+# Warm cache (every chunk present, the mounts' runs interleaved):
 # sequential read, 500 random small files, a metadata walk and fio 4k random
-# reads, through the FUSE mount and the fanotify mount against the kernel
-# EROFS mount of the same image (--mode local), squashfuse of the same tree,
-# and erofsfuse when $EROFSFUSE names one (it gets the local-mode bootstrap
-# and device files). A complete blob has no fanotify mark, so those reads
-# raise no events; "warm, blob incomplete" then reads the 500 small files
+# reads, through the FUSE mount (and one of a ferryd without directory
+# readahead) and the fanotify mount against the kernel EROFS mount of the
+# same image (--mode local), squashfuse of the same tree, and erofsfuse
+# when $EROFSFUSE names one (it gets the local-mode bootstrap and device
+# files). Every measured run (cold or warm) starts after bench/prepare.sh:
+# page cache dropped, free memory host-backed. A complete blob has no
+# fanotify mark, so those reads raise no events; "warm, blob incomplete" then reads the 500 small files
 # and the largest file through a fanotify mount whose blob still has
 # missing chunks (every read raises an event answered from memory).
 # Then ferryd's peak RSS.
@@ -31,19 +32,20 @@ mkdir -p "$data"
 work=$(mktemp -d "$data/lazy.XXXXXX")
 sock=$work/ferryd.sock
 fsock=$work/ferryd-fanotify.sock # warm fanotify mounts: their own daemon and RSS
+nsock=$work/ferryd-nora.sock     # a FUSE mount without directory readahead
 reg_pid=
 cleanup() {
 	local m
 	for m in $(awk -v w="$work/" 'index($5, w) == 1 { print $5 }' /proc/self/mountinfo | sort -r); do
 		umount "$m" 2>/dev/null || umount -l "$m"
 	done
-	pkill -f "ferryd.*($sock|$fsock)" 2>/dev/null || true
+	pkill -f "ferryd.*($sock|$fsock|$nsock)" 2>/dev/null || true
 	[ -n "$reg_pid" ] && kill "$reg_pid" 2>/dev/null
 	rm -rf "$work"
 }
 trap cleanup EXIT
 
-drop_caches() { sync; echo 3 > /proc/sys/vm/drop_caches; }
+drop_caches() { "$top/bench/prepare.sh"; }
 now() { date +%s.%N; }
 since() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", b - a }'; }
 stop_ferryd() {
@@ -157,10 +159,13 @@ for _ in $(seq 600); do
 done
 "$ferry" mount --mode local --cache-dir "$work/cache" "$image" "$work/mnt-kernel"
 "$ferry" mount --mode fanotify --socket "$fsock" --cache-dir "$work/cache" "$image" "$work/mnt-fan"
+"$BIN/ferryd" --socket "$nsock" --log-file "$work/ferryd-nora.log" --dir-readahead 0
+mkdir -p "$work/mnt-fusenora"
+"$ferry" mount --mode fuse --socket "$nsock" --cache-dir "$work/cache" "$image" "$work/mnt-fusenora"
 mksquashfs "$ref" "$work/tree.sqfs" -quiet -comp zstd -no-progress >/dev/null
 squashfuse "$work/tree.sqfs" "$work/mnt-squash"
-mnts=(fuse fan kernel squash)
-names=("ferry fuse" "ferry fanotify" "kernel EROFS (--mode local)" "squashfuse")
+mnts=(fuse fusenora fan kernel squash)
+names=("ferry fuse" "ferry fuse, --dir-readahead 0" "ferry fanotify" "kernel EROFS (--mode local)" "squashfuse")
 if [ -n "${EROFSFUSE:-}" ]; then
 	boot=$(ls "$work/cache/bootstraps/"*)
 	devs=()
@@ -186,7 +191,7 @@ bench_one() { # TITLE COMMAND-TEMPLATE (MNT is replaced)
 	done
 	echo "### $title"
 	echo
-	python3 "$top/bench/interleave.py" "$runs" 'sync; echo 3 > /proc/sys/vm/drop_caches' \
+	python3 "$top/bench/interleave.py" "$runs" "$top/bench/prepare.sh" \
 		"${args[@]}"
 	echo
 }
@@ -194,16 +199,24 @@ bench_one "sequential read (tar cf - . | cat)" "tar cf - -C MNT . | cat >/dev/nu
 bench_one "500 random small files" "cd MNT && xargs -d '\n' -a $work/small.list cat >/dev/null"
 bench_one "metadata walk (tar cf /dev/null .)" "tar cf /dev/null -C MNT ."
 
-echo "### fio 4k random read of /$big ($(stat -c %s "$ref/$big") bytes), 10 s"
+# Rounds in a new random order each, like interleave.py; the median.
+fio_rounds=3
+echo "### fio 4k random read of /$big ($(stat -c %s "$ref/$big") bytes), median of $fio_rounds rounds of 5 s"
 echo
 echo "| mount | IOPS |"
 echo "|---|---|"
+iops=()
+for _ in $(seq "$fio_rounds"); do
+	for i in $(shuf -e "${!mnts[@]}"); do
+		drop_caches
+		iops[$i]+=" $(fio --name=r --filename="$work/mnt-${mnts[$i]}/$big" --rw=randread \
+			--bs=4k --ioengine=psync --runtime=5 --time_based --readonly \
+			--output-format=json 2>/dev/null |
+			python3 -c 'import json, sys; print(int(json.load(sys.stdin)["jobs"][0]["read"]["iops"]))')"
+	done
+done
 for i in "${!mnts[@]}"; do
-	drop_caches
-	iops=$(fio --name=r --filename="$work/mnt-${mnts[$i]}/$big" --rw=randread --bs=4k \
-		--ioengine=psync --runtime=10 --time_based --readonly --output-format=json 2>/dev/null |
-		python3 -c 'import json, sys; print(int(json.load(sys.stdin)["jobs"][0]["read"]["iops"]))')
-	echo "| ${names[$i]} | $iops |"
+	echo "| ${names[$i]} | $(echo ${iops[$i]} | tr ' ' '\n' | sort -n | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }') |"
 done
 echo
 
