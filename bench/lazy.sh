@@ -17,9 +17,10 @@
 # when $EROFSFUSE names one (it gets the local-mode bootstrap and device
 # files). Every measured run (cold or warm) starts after bench/prepare.sh:
 # page cache dropped, free memory host-backed. A complete blob has no
-# fanotify mark, so those reads raise no events; "warm, blob incomplete" then reads the 500 small files
-# and the largest file through a fanotify mount whose blob still has
-# missing chunks (every read raises an event answered from memory).
+# fanotify mark, so those reads raise no events; "warm, blob incomplete"
+# then reads the 500 small files and the largest file through a fanotify
+# mount whose blob still has missing chunks (every read raises an event
+# answered from memory).
 # Then ferryd's peak RSS.
 #
 # Env: FERRY_BENCH_DIR (datasets, default /var/tmp/ferry-bench),
@@ -216,7 +217,8 @@ for _ in $(seq "$fio_rounds"); do
 	done
 done
 for i in "${!mnts[@]}"; do
-	echo "| ${names[$i]} | $(echo ${iops[$i]} | tr ' ' '\n' | sort -n | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }') |"
+	med=$(python3 -c 'import statistics, sys; print(int(statistics.median(map(int, sys.argv[1:]))))' ${iops[$i]})
+	echo "| ${names[$i]} | $med |"
 done
 echo
 
