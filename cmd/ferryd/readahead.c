@@ -20,7 +20,7 @@
  * the file the window ended at, which starts the next window, twice as
  * large, up to the mount's limit (like the kernel's readahead within a
  * file). Any other READ only sets what the stream expects, so random
- * reads store nothing.
+ * reads store a window only when they hit a listing's first file.
  */
 #include <errno.h>
 #include <stdlib.h>
