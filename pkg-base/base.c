@@ -314,3 +314,17 @@ int digest_parse(const char *s, uint8_t out[32])
 			return -EINVAL;
 	return hex_decode(s + 7, out, 32);
 }
+
+bool mem_is_zero(const void *p, size_t len)
+{
+	static const uint8_t zeros[4096];
+	const uint8_t *b = p;
+
+	while (len >= sizeof(zeros)) {
+		if (memcmp(b, zeros, sizeof(zeros)))
+			return false;
+		b += sizeof(zeros);
+		len -= sizeof(zeros);
+	}
+	return !memcmp(b, zeros, len);
+}

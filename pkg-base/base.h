@@ -1,8 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * pkg-base: the few helpers every ferry module shares — little-endian
- * accessors for on-disk structs, leveled logging, full-length I/O, whole
- * small files, a json-c string accessor, and a TTY progress line. Nothing here knows about EROFS, blobs or tar.
+ * pkg-base: the helpers every ferry module shares, each written once —
+ * little-endian accessors for on-disk structs, leveled logging, full-length
+ * I/O, whole small files, mkdir -p and atomic file writes, sha256, base64,
+ * hex and digest strings, a json-c string accessor, and a TTY progress
+ * line. Nothing here knows about EROFS, blobs, tar or registries.
  *
  * Thread-safety: logging and the I/O helpers are safe from any thread;
  * a struct ferry_progress belongs to one thread.
@@ -19,6 +21,8 @@
 
 /* Corrupt on-disk or on-wire data, distinct from an I/O error (as in fs/erofs). */
 #define EFSCORRUPTED EUCLEAN
+
+#include <limits.h>
 
 /* ferry's release, for --version and the registry User-Agent. */
 #define FERRY_VERSION "0.1.0"
@@ -155,5 +159,71 @@ void ferry_progress_end(struct ferry_progress *p);
 
 /* CLOCK_MONOTONIC in nanoseconds. */
 uint64_t ferry_now_ns(void);
+
+/* True when all @len bytes at @p are zero. */
+bool mem_is_zero(const void *p, size_t len);
+
+/* ------------------------------------------------------------------ */
+/* sha256 (sha256.c, OpenSSL EVP; aborts only if OpenSSL is broken)    */
+/* ------------------------------------------------------------------ */
+
+#define SHA256_SIZE 32u
+
+void sha256_buf(const void *data, size_t len, uint8_t out[SHA256_SIZE]);
+
+struct sha256_hasher;
+int sha256_hasher_new(struct sha256_hasher **out); /* 0 or -ENOMEM */
+void sha256_hasher_update(struct sha256_hasher *h, const void *data, size_t len);
+void sha256_hasher_final(struct sha256_hasher *h, uint8_t out[SHA256_SIZE]);
+void sha256_hasher_free(struct sha256_hasher *h);
+
+/* ------------------------------------------------------------------ */
+/* base64 (base64.c, RFC 4648 standard alphabet)                       */
+/* ------------------------------------------------------------------ */
+
+/*
+ * Decode @len characters into @out (at most @cap bytes; len / 4 * 3 + 2
+ * always suffice). '=' padding is optional but, when present, must
+ * complete the last quad. 0 and *@out_len, -EINVAL on any other
+ * character or a length no encoder writes, -ENOSPC when @cap is short.
+ * Scratch buffers are wiped (the text may be a credential).
+ */
+int base64_decode(const char *in, size_t len, uint8_t *out, size_t cap,
+		  size_t *out_len);
+/* The padded encoding of @len bytes, malloc'ed and NUL-terminated. */
+int base64_encode(const void *in, size_t len, char **out);
+
+/* ------------------------------------------------------------------ */
+/* Directories and atomic files (fs.c)                                 */
+/* ------------------------------------------------------------------ */
+
+/* mkdir -p with @mode for what it creates: 0 or -errno, logged. */
+int mkdir_p(const char *path, mode_t mode);
+
+/*
+ * A file that appears whole or not at all. atomic_file_create makes
+ * @dir/.tmp-@name.PID.N with O_EXCL (never following or reusing an
+ * existing name) and opens it read-write in af->fd; atomic_file_commit
+ * fsyncs it, renames it to @dir/@name (which may differ from the name
+ * given at creation, e.g. a digest known only at the end) and fsyncs the
+ * directory; atomic_file_discard removes it (nothing after a commit;
+ * safe to call twice). Temporary names start with ATOMIC_TMP_PREFIX so
+ * that leftovers of a crash can be recognised and reclaimed. Errors are
+ * 0 or -errno, logged naming the file.
+ */
+#define ATOMIC_TMP_PREFIX ".tmp-"
+struct atomic_file {
+	int fd;
+	int dir_fd;
+	const char *dir; /* borrowed, for messages */
+	char tmp[NAME_MAX + 1];
+};
+int atomic_file_create(struct atomic_file *af, const char *dir,
+		       const char *name, mode_t mode);
+int atomic_file_commit(struct atomic_file *af, const char *name);
+void atomic_file_discard(struct atomic_file *af);
+/* @dir/@name := @data, atomically as above. */
+int write_file_atomic(const char *dir, const char *name, const void *data,
+		      size_t len, mode_t mode);
 
 #endif

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * pkg-blob: ferry's chunk blob format v1 — codecs, sha256 digests, the
+ * pkg-blob: ferry's chunk blob format v1 — codecs, the
  * blob writer, the chunk tables (at each blob's tail and, as the "blob
  * index", inside the bootstrap), chunk decode + verify, and the chunk
  * cache that fills a blob's uncompressed device file on demand.
@@ -25,25 +25,14 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "../pkg-base/base.h"
+
 #define BLOB_SLOT_ALIGN 4096u
 #define BLOB_CHUNK_MAX (64u << 20)   /* largest chunk (uncompressed) */
 #define BLOB_FRAME_MAX BLOB_CHUNK_MAX /* largest frame (uncompressed) */
 #define BLOB_FOOTER_SIZE 64u
 #define BLOB_CHUNK_ENTRY_SIZE 64u
-#define BLOB_DIGEST_SIZE 32u
-
-/* ------------------------------------------------------------------ */
-/* Digests                                                             */
-/* ------------------------------------------------------------------ */
-
-void blob_sha256(const void *data, size_t len, uint8_t out[BLOB_DIGEST_SIZE]);
-
-/* Streaming sha256 (wraps OpenSSL EVP). */
-struct blob_hasher;
-int blob_hasher_new(struct blob_hasher **out);
-void blob_hasher_update(struct blob_hasher *h, const void *data, size_t len);
-void blob_hasher_final(struct blob_hasher *h, uint8_t out[BLOB_DIGEST_SIZE]);
-void blob_hasher_free(struct blob_hasher *h);
+#define BLOB_DIGEST_SIZE SHA256_SIZE /* chunks and blobs are named by sha256 (pkg-base) */
 
 /* ------------------------------------------------------------------ */
 /* Codecs                                                              */

@@ -54,8 +54,7 @@
 #define CACHE_BLOBS_DIR "blobs/sha256"
 #define CACHE_IMAGES_DIR "images"
 #define CACHE_HEX_LEN (2 * BLOB_DIGEST_SIZE)
-/* Temporary files start with this; gc removes them once they are old. */
-#define CACHE_TMP_PREFIX ".tmp-"
+/* Temporary files (ATOMIC_TMP_PREFIX) older than this are gc's to remove. */
 #define CACHE_TMP_AGE_S 60
 /* Largest image record read back. */
 #define CACHE_RECORD_MAX (16u << 20)
@@ -187,44 +186,6 @@ static int cache_fsync_dir(const char *dir)
 	return ret;
 }
 
-static int cache_write_atomic(const char *dir, const char *name, const void *buf,
-		       size_t len)
-{
-	static unsigned int counter;
-	char tmp[PATH_MAX], path[PATH_MAX];
-	int fd, n, ret;
-
-	n = snprintf(path, sizeof(path), "%s/%s", dir, name);
-	if (n < 0 || (size_t)n >= sizeof(path))
-		return -ENAMETOOLONG;
-	n = snprintf(tmp, sizeof(tmp), "%s/" CACHE_TMP_PREFIX "%s.%ld.%u", dir,
-		     name, (long)getpid(),
-		     __atomic_fetch_add(&counter, 1, __ATOMIC_RELAXED));
-	if (n < 0 || (size_t)n >= sizeof(tmp))
-		return -ENAMETOOLONG;
-	fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-	if (fd < 0) {
-		ret = -errno;
-		ferry_err("chunk cache: cannot create %s: %s", tmp,
-			  ferry_strerror(ret));
-		return ret;
-	}
-	ret = write_full(fd, buf, len);
-	if (!ret && fsync(fd))
-		ret = -errno;
-	if (close(fd) && !ret)
-		ret = -errno;
-	if (!ret && rename(tmp, path))
-		ret = -errno;
-	if (ret) {
-		ferry_err("chunk cache: cannot write %s: %s", path,
-			  ferry_strerror(ret));
-		unlink(tmp);
-		return ret;
-	}
-	return cache_fsync_dir(dir);
-}
-
 static void cache_map_header_encode(const struct blob_info *info,
 			     uint8_t h[CACHE_MAP_HEADER_SIZE])
 {
@@ -236,7 +197,7 @@ static void cache_map_header_encode(const struct blob_info *info,
 	put_le64(h + 24, info->uncompressed_size);
 	memcpy(h + 32, info->digest, BLOB_DIGEST_SIZE);
 	memcpy(h + 64, info->table_sha256, BLOB_DIGEST_SIZE);
-	blob_sha256(h, CACHE_MAP_CHECK_OFF, h + CACHE_MAP_CHECK_OFF);
+	sha256_buf(h, CACHE_MAP_CHECK_OFF, h + CACHE_MAP_CHECK_OFF);
 }
 
 static int cache_map_header_decode(const uint8_t h[CACHE_MAP_HEADER_SIZE],
@@ -248,7 +209,7 @@ static int cache_map_header_decode(const uint8_t h[CACHE_MAP_HEADER_SIZE],
 		*why = "bad magic";
 		return -EFSCORRUPTED;
 	}
-	blob_sha256(h, CACHE_MAP_CHECK_OFF, check);
+	sha256_buf(h, CACHE_MAP_CHECK_OFF, check);
 	if (memcmp(check, h + CACHE_MAP_CHECK_OFF, BLOB_DIGEST_SIZE)) {
 		*why = "header checksum mismatch";
 		return -EFSCORRUPTED;
@@ -413,8 +374,8 @@ static int make_files(struct blob_cache_blob *b, bool replace)
 		goto out;
 	}
 	cache_map_header_encode(info, map);
-	ret = cache_write_atomic(b->dir_path, strrchr(b->map_path, '/') + 1,
-				 map, len);
+	ret = write_file_atomic(b->dir_path, strrchr(b->map_path, '/') + 1,
+				 map, len, 0644);
 out:
 	free(map);
 	close(fd);
@@ -754,11 +715,6 @@ static int map_lock(struct blob_cache_blob *b, short type, uint32_t c0,
 	return 0;
 }
 
-static bool all_zero(const uint8_t *p, size_t len)
-{
-	return !p[0] && !memcmp(p, p + 1, len - 1);
-}
-
 /*
  * Report chunk @i, which came from the source broken: -EIO when it was
  * asked for, 0 for a neighbour in the same frame (it just stays missing).
@@ -841,7 +797,7 @@ static int fill_run(struct blob_cache_blob *b, struct fill *f, uint32_t fa,
 				continue;
 			}
 			/* The region is zeros or these very bytes already. */
-			if (!all_zero(p, ci->usize)) {
+			if (!mem_is_zero(p, ci->usize)) {
 				ret = pwrite_full(b->data_fd, p, ci->usize,
 						  ci->uoff);
 				if (ret) {
@@ -1342,7 +1298,7 @@ int blob_cache_add_image(const char *cache_dir, const char *ref,
 		goto out;
 	ret = cache_mkdirs(cache_dir, CACHE_IMAGES_DIR);
 	if (!ret)
-		ret = cache_write_atomic(dir, name, text, strlen(text));
+		ret = write_file_atomic(dir, name, text, strlen(text), 0644);
 	goto out;
 out_list:
 	json_object_put(list);
@@ -1464,8 +1420,8 @@ static int scan_blobs(const char *dir, struct cache_scan *s)
 
 		if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
 			continue;
-		if (!strncmp(de->d_name, CACHE_TMP_PREFIX,
-			     strlen(CACHE_TMP_PREFIX))) {
+		if (!strncmp(de->d_name, ATOMIC_TMP_PREFIX,
+			     strlen(ATOMIC_TMP_PREFIX))) {
 			ret = scan_add_tmp(s, de->d_name);
 			if (ret)
 				break;
@@ -1783,8 +1739,8 @@ static int scan_image_tmp(const char *dir, struct cache_scan *s)
 	if (ret || !d)
 		return ret;
 	while ((de = readdir(d))) {
-		if (strncmp(de->d_name, CACHE_TMP_PREFIX,
-			    strlen(CACHE_TMP_PREFIX)))
+		if (strncmp(de->d_name, ATOMIC_TMP_PREFIX,
+			    strlen(ATOMIC_TMP_PREFIX)))
 			continue;
 		ret = scan_add_tmp(s, de->d_name);
 		if (ret)

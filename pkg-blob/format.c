@@ -143,14 +143,6 @@
 #define IR_RESERVED2 96
 #define IR_RESERVED2_LEN 32
 
-static bool all_zero(const uint8_t *p, size_t len)
-{
-	while (len--)
-		if (*p++)
-			return false;
-	return true;
-}
-
 void blob_table_encode(const struct blob_chunk *chunks, uint32_t nr,
 		       uint8_t *out)
 {
@@ -267,7 +259,7 @@ static int table_check(const uint8_t *buf, size_t len,
 			  what, len, info->nr_chunks);
 		return -EFSCORRUPTED;
 	}
-	blob_sha256(buf, len, digest);
+	sha256_buf(buf, len, digest);
 	if (memcmp(digest, info->table_sha256, BLOB_DIGEST_SIZE)) {
 		ferry_err("%s: chunk table sha256 mismatch", what);
 		return -EFSCORRUPTED;
@@ -286,7 +278,7 @@ static int table_check(const uint8_t *buf, size_t len,
 			    !get_le32(buf + BLOB_CHUNK_ENTRY_SIZE + CE_FRAME_OFF);
 		const char *bad = NULL;
 
-		if (!all_zero(buf + CE_RESERVED, CE_RESERVED_LEN))
+		if (!mem_is_zero(buf + CE_RESERVED, CE_RESERVED_LEN))
 			bad = "reserved bytes are not zero";
 		else if (codec > BLOB_CODEC_LZMA)
 			bad = "unknown codec";
@@ -496,7 +488,7 @@ int blob_index_decode_prefix(const void *buf, size_t len,
 
 		snprintf(what, sizeof(what), "blob index: blob %u", i);
 		if (get_le32(rec + IR_RESERVED1) ||
-		    !all_zero(rec + IR_RESERVED2, IR_RESERVED2_LEN)) {
+		    !mem_is_zero(rec + IR_RESERVED2, IR_RESERVED2_LEN)) {
 			ferry_err("%s: reserved bytes are not zero", what);
 			ret = -EFSCORRUPTED;
 			goto fail;

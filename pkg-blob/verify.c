@@ -19,13 +19,6 @@
 /* Large sequential reads; a bigger compressed frame gets its own size. */
 #define STREAM_BUF_SIZE (16u << 20)
 
-static bool digest_is_zero(const uint8_t d[BLOB_DIGEST_SIZE])
-{
-	static const uint8_t zero[BLOB_DIGEST_SIZE];
-
-	return !memcmp(d, zero, BLOB_DIGEST_SIZE);
-}
-
 static int info_mismatch(const char *what, const char *field, uint64_t file,
 			 uint64_t index)
 {
@@ -189,7 +182,7 @@ static int chunk_verify(const struct blob_chunk *c, const void *data,
 {
 	uint8_t digest[BLOB_DIGEST_SIZE];
 
-	blob_sha256(data, c->usize, digest);
+	sha256_buf(data, c->usize, digest);
 	if (memcmp(digest, c->sha256, BLOB_DIGEST_SIZE)) {
 		chunk_err(what, index, c, "sha256 mismatch");
 		return -EIO;
@@ -261,7 +254,7 @@ struct data_reader {
 	size_t cap, have;   /* buf holds file bytes buf_off .. + have */
 	uint64_t buf_off;
 	uint64_t end;       /* the data region's end: table_offset */
-	struct blob_hasher *hasher;
+	struct sha256_hasher *hasher;
 };
 
 /*
@@ -284,7 +277,7 @@ static int reader_get(struct data_reader *r, uint64_t off, size_t len,
 		ret = r->src->read(r->src->ctx, off + keep, r->buf + keep, want);
 		if (ret)
 			return ret;
-		blob_hasher_update(r->hasher, r->buf + keep, want);
+		sha256_hasher_update(r->hasher, r->buf + keep, want);
 		r->have += want;
 	}
 	*p = r->buf + (off - r->buf_off);
@@ -318,7 +311,7 @@ static int stream_blob(const struct blob_source *src, uint64_t size,
 	ret = read_info(src, size, what, info, &finfo, &tail);
 	if (ret)
 		goto out;
-	ret = blob_hasher_new(&r.hasher);
+	ret = sha256_hasher_new(&r.hasher);
 	if (ret)
 		goto out;
 	for (j = 0; j < info->nr_chunks; j++) {
@@ -357,10 +350,10 @@ static int stream_blob(const struct blob_source *src, uint64_t size,
 			goto out;
 	}
 	i = BLOB_VERIFY_NO_CHUNK;
-	blob_hasher_update(r.hasher, tail,
+	sha256_hasher_update(r.hasher, tail,
 			   (size_t)(info->size - info->table_offset));
-	blob_hasher_final(r.hasher, digest);
-	if (!digest_is_zero(info->digest) &&
+	sha256_hasher_final(r.hasher, digest);
+	if (!mem_is_zero(info->digest, BLOB_DIGEST_SIZE) &&
 	    memcmp(digest, info->digest, BLOB_DIGEST_SIZE)) {
 		char want_hex[2 * BLOB_DIGEST_SIZE + 1];
 		char got_hex[2 * BLOB_DIGEST_SIZE + 1];
@@ -376,7 +369,7 @@ out:
 		report_set(report, ret, i,
 			   i < info->nr_chunks ? info->chunks[i].uoff :
 						 BLOB_VERIFY_NO_UOFF);
-	blob_hasher_free(r.hasher);
+	sha256_hasher_free(r.hasher);
 	blob_info_free_chunks(&finfo);
 	free(tail);
 	free(out);

@@ -133,7 +133,7 @@ struct blob_writer {
 	int error;    /* sticky: the file is in an unknown state */
 
 	/* Only the thread that is writing (see writing) touches these. */
-	struct blob_hasher *hasher; /* of every byte written so far */
+	struct sha256_hasher *hasher; /* of every byte written so far */
 	uint64_t cend;              /* next frame's coff == bytes written */
 };
 
@@ -183,7 +183,7 @@ static void write_ready(struct blob_writer *w)
 		pthread_mutex_unlock(&w->lock);
 		ret = write_full(w->fd, bytes, csize);
 		if (!ret)
-			blob_hasher_update(w->hasher, bytes, csize);
+			sha256_hasher_update(w->hasher, bytes, csize);
 		if (f->in_cap > SLOT_KEEP) {
 			free(f->in);
 			free(f->out);
@@ -441,7 +441,7 @@ static void writer_free(struct blob_writer *w)
 		free(w->frames[i].out);
 	}
 	blob_codec_ctx_release(&w->ctx);
-	blob_hasher_free(w->hasher);
+	sha256_hasher_free(w->hasher);
 	pthread_cond_destroy(&w->space);
 	pthread_cond_destroy(&w->work);
 	pthread_mutex_destroy(&w->lock);
@@ -483,7 +483,7 @@ int blob_writer_new(int fd, const struct blob_compress *c, unsigned int jobs,
 	w->frames = calloc(jobs > 1 ? WINDOW_FRAMES * jobs : 1,
 			   sizeof(*w->frames));
 	w->workers = calloc(jobs > 1 ? jobs : 1, sizeof(*w->workers));
-	ret = blob_hasher_new(&w->hasher);
+	ret = sha256_hasher_new(&w->hasher);
 	if (!ret && (!w->frames || !w->workers))
 		ret = -ENOMEM;
 	if (!ret) {
@@ -538,13 +538,13 @@ int blob_writer_finish(struct blob_writer *w, struct blob_info *info)
 		goto out;
 	}
 	blob_table_encode(w->chunks, w->nr_chunks, tail);
-	blob_sha256(tail, tlen, bi.table_sha256);
+	sha256_buf(tail, tlen, bi.table_sha256);
 	blob_footer_encode(&bi, tail + tlen);
 	ret = write_full(w->fd, tail, tlen + BLOB_FOOTER_SIZE);
 	if (ret)
 		goto out;
-	blob_hasher_update(w->hasher, tail, tlen + BLOB_FOOTER_SIZE);
-	blob_hasher_final(w->hasher, bi.digest);
+	sha256_hasher_update(w->hasher, tail, tlen + BLOB_FOOTER_SIZE);
+	sha256_hasher_final(w->hasher, bi.digest);
 	if (w->nr_chunks) {
 		/* Give back the geometric growth slack; keep it on failure. */
 		struct blob_chunk *fit = realloc(w->chunks,

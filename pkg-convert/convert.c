@@ -71,19 +71,6 @@ static struct chunk_slot *chunk_table_find(struct chunk_table *t,
 	return &t->slots[h];
 }
 
-static bool all_zero(const uint8_t *p, size_t len)
-{
-	static const uint8_t zeros[4096];
-
-	while (len >= sizeof(zeros)) {
-		if (memcmp(p, zeros, sizeof(zeros)))
-			return false;
-		p += sizeof(zeros);
-		len -= sizeof(zeros);
-	}
-	return !memcmp(p, zeros, len);
-}
-
 /* Store one piece of file data (or find it stored) and fill @out. */
 static int store_chunk(struct converter *c, const uint8_t *data, uint32_t len,
 		       struct meta_chunk *out)
@@ -94,12 +81,12 @@ static int store_chunk(struct converter *c, const uint8_t *data, uint32_t len,
 	int ret;
 
 	c->stats->chunks_total++;
-	if (all_zero(data, len)) {
+	if (mem_is_zero(data, len)) {
 		c->stats->bytes_zero += len;
 		*out = (struct meta_chunk){ .device_id = 0, .blkaddr = META_CHUNK_HOLE };
 		return 0;
 	}
-	blob_sha256(data, len, sha256);
+	sha256_buf(data, len, sha256);
 	if (c->chunks.used * 2 >= c->chunks.cap) {
 		ret = chunk_table_grow(&c->chunks);
 		if (ret)
@@ -522,67 +509,6 @@ static int convert_dir(struct converter *c, const char *path)
 /* Output                                                              */
 /* ------------------------------------------------------------------ */
 
-int convert_mkdir_p(const char *path)
-{
-	char *copy = strdup(path), *p;
-	int ret = 0;
-
-	if (!copy)
-		return -ENOMEM;
-	for (p = copy + 1;; p++) {
-		if (*p != '/' && *p)
-			continue;
-		char saved = *p;
-
-		*p = '\0';
-		if (mkdir(copy, 0755) && errno != EEXIST) {
-			ret = -errno;
-			ferry_err("%s: cannot create directory: %s", copy,
-				  strerror(errno));
-			break;
-		}
-		*p = saved;
-		if (!saved)
-			break;
-	}
-	free(copy);
-	return ret;
-}
-
-int convert_write_file(const char *dir, const char *name, const void *data,
-		       size_t len)
-{
-	char *path = NULL, *tmp = NULL;
-	int fd = -1, ret;
-
-	if (asprintf(&path, "%s/%s", dir, name) < 0 ||
-	    asprintf(&tmp, "%s/.%s.tmp", dir, name) < 0) {
-		ret = -ENOMEM;
-		goto out;
-	}
-	fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-	if (fd < 0) {
-		ret = -errno;
-		goto out;
-	}
-	ret = write_full(fd, data, len);
-	if (!ret && fsync(fd))
-		ret = -errno;
-	if (!ret && rename(tmp, path))
-		ret = -errno;
-out:
-	if (fd >= 0)
-		close(fd);
-	if (ret) {
-		ferry_err("%s/%s: cannot write: %s", dir, name, ferry_strerror(ret));
-		if (tmp)
-			unlink(tmp);
-	}
-	free(path);
-	free(tmp);
-	return ret;
-}
-
 static void compression_name(const struct convert_opts *o, char *buf, size_t len)
 {
 	if (o->compress.level)
@@ -622,19 +548,12 @@ int convert_layer_begin(struct converter *c, const char *source_layer)
 	c->writer_chunks = 0;
 	if (source_layer && !(b->source_layer = strdup(source_layer)))
 		return -ENOMEM;
-	if (asprintf(&c->writer_tmp, "%s/.blob-%u.tmp", c->blobs_dir,
-		     c->writer_blob) < 0) {
-		c->writer_tmp = NULL;
-		return -ENOMEM;
-	}
-	c->writer_fd = open(c->writer_tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-	if (c->writer_fd < 0) {
-		ret = -errno;
-		ferry_err("%s: %s", c->writer_tmp, strerror(errno));
+	/* Named by its digest once complete. */
+	ret = atomic_file_create(&c->writer_file, c->blobs_dir, "blob", 0644);
+	if (ret)
 		return ret;
-	}
-	return blob_writer_new(c->writer_fd, &c->opts->compress, c->opts->jobs,
-			       &c->writer);
+	return blob_writer_new(c->writer_file.fd, &c->opts->compress,
+			       c->opts->jobs, &c->writer);
 }
 
 /* Drop the current layer's writer and temporary file. */
@@ -643,13 +562,7 @@ static void layer_discard(struct converter *c)
 	if (c->writer)
 		blob_writer_abort(c->writer);
 	c->writer = NULL;
-	if (c->writer_fd >= 0)
-		close(c->writer_fd);
-	c->writer_fd = -1;
-	if (c->writer_tmp)
-		unlink(c->writer_tmp);
-	free(c->writer_tmp);
-	c->writer_tmp = NULL;
+	atomic_file_discard(&c->writer_file);
 }
 
 int convert_layer_end(struct converter *c)
@@ -667,8 +580,6 @@ int convert_layer_end(struct converter *c)
 	}
 	ret = blob_writer_finish(c->writer, &b->info);
 	c->writer = NULL;
-	if (!ret && fsync(c->writer_fd))
-		ret = -errno;
 	if (ret)
 		goto fail;
 	hex_encode(b->info.digest, BLOB_DIGEST_SIZE, hex);
@@ -677,15 +588,9 @@ int convert_layer_end(struct converter *c)
 		ret = -ENOMEM;
 		goto fail;
 	}
-	if (rename(c->writer_tmp, b->path)) {
-		ret = -errno;
-		ferry_err("%s: %s", b->path, strerror(errno));
+	ret = atomic_file_commit(&c->writer_file, hex);
+	if (ret)
 		goto fail;
-	}
-	close(c->writer_fd);
-	c->writer_fd = -1;
-	free(c->writer_tmp);
-	c->writer_tmp = NULL;
 	return 0;
 fail:
 	layer_discard(c);
@@ -878,7 +783,7 @@ static int check_prefetch(struct converter *c, const uint8_t *data, size_t len)
 
 /* Write the bootstrap to @path; return its bytes in *@data (caller frees). */
 static int write_bootstrap(struct converter *c, struct out_blob **blobs,
-			   uint32_t nr, const char *path, uint8_t **data)
+			   uint32_t nr, int fd, uint8_t **data)
 {
 	struct meta_device *devices = calloc(nr + 1, sizeof(*devices));
 	struct blob_info *infos = calloc(nr + 1, sizeof(*infos));
@@ -887,7 +792,7 @@ static int write_bootstrap(struct converter *c, struct out_blob **blobs,
 	void *ext = NULL;
 	size_t ext_len = 0;
 	uint32_t i;
-	int fd = -1, ret;
+	int ret;
 
 	*data = NULL;
 	if (!devices || !infos) {
@@ -912,12 +817,6 @@ static int write_bootstrap(struct converter *c, struct out_blob **blobs,
 	wopts.nr_devices = nr;
 	wopts.ext = ext;
 	wopts.ext_len = ext_len;
-	fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-	if (fd < 0) {
-		ret = -errno;
-		ferry_err("%s: %s", path, strerror(errno));
-		goto out;
-	}
 	ret = meta_write(c->tree, &wopts, fd, &wstats);
 	if (ret)
 		goto out;
@@ -930,11 +829,7 @@ static int write_bootstrap(struct converter *c, struct out_blob **blobs,
 	ret = pread_full(fd, *data, wstats.bytes, 0);
 	if (!ret)
 		ret = check_prefetch(c, *data, wstats.bytes);
-	if (!ret && fsync(fd))
-		ret = -errno;
 out:
-	if (fd >= 0)
-		close(fd);
 	if (ret) {
 		free(*data);
 		*data = NULL;
@@ -967,8 +862,9 @@ static int fill_stats(struct convert_stats *s, struct out_blob **blobs, uint32_t
 static int finish_dir(struct converter *c, const char *out_dir,
 		      struct out_blob **blobs, uint32_t nr)
 {
+	struct atomic_file boot_file = { .fd = -1, .dir_fd = -1 };
 	struct json_object *root = NULL, *boot, *list;
-	char *tmp = NULL, *path = NULL, digest[72], comp[32];
+	char digest[72], comp[32];
 	uint8_t *data = NULL, boot_digest[BLOB_DIGEST_SIZE];
 	const char *text;
 	uint32_t i;
@@ -977,20 +873,14 @@ static int finish_dir(struct converter *c, const char *out_dir,
 	ret = copy_dict_blobs(c, out_dir, blobs, nr);
 	if (ret)
 		return ret;
-	if (asprintf(&tmp, "%s/.bootstrap.tmp", out_dir) < 0 ||
-	    asprintf(&path, "%s/bootstrap", out_dir) < 0) {
-		ret = -ENOMEM;
-		goto out;
-	}
-	ret = write_bootstrap(c, blobs, nr, tmp, &data);
+	ret = atomic_file_create(&boot_file, out_dir, "bootstrap", 0644);
+	if (!ret)
+		ret = write_bootstrap(c, blobs, nr, boot_file.fd, &data);
+	if (!ret)
+		ret = atomic_file_commit(&boot_file, "bootstrap");
 	if (ret)
 		goto out;
-	blob_sha256(data, c->stats->bootstrap_bytes, boot_digest);
-	if (rename(tmp, path)) {
-		ret = -errno;
-		ferry_err("%s: %s", path, strerror(errno));
-		goto out;
-	}
+	sha256_buf(data, c->stats->bootstrap_bytes, boot_digest);
 	root = json_object_new_object();
 	boot = json_object_new_object();
 	list = json_object_new_array();
@@ -1021,14 +911,11 @@ static int finish_dir(struct converter *c, const char *out_dir,
 	json_object_object_add(root, "compression", json_object_new_string(comp));
 	text = json_object_to_json_string_ext(root, JSON_C_TO_STRING_PRETTY |
 						    JSON_C_TO_STRING_NOSLASHESCAPE);
-	ret = convert_write_file(out_dir, "ferry.json", text, strlen(text));
+	ret = write_file_atomic(out_dir, "ferry.json", text, strlen(text), 0644);
 out:
-	if (ret && tmp)
-		unlink(tmp);
+	atomic_file_discard(&boot_file);
 	json_object_put(root);
 	free(data);
-	free(tmp);
-	free(path);
 	return ret;
 }
 
@@ -1102,7 +989,8 @@ static int finish_oci(struct converter *c, const char *dest_ref,
 {
 	struct json_object *manifest = NULL, *layers, *d;
 	struct oci_descriptor config;
-	char *copy = strdup(dest_ref), *layout, *tag, *tmp = NULL;
+	struct atomic_file boot_file = { .fd = -1, .dir_fd = -1 };
+	char *copy = strdup(dest_ref), *layout, *tag;
 	char num[32], comp[32], dstr[72];
 	uint8_t *data = NULL, boot_digest[BLOB_DIGEST_SIZE], manifest_digest[32];
 	uint8_t zboot_digest[BLOB_DIGEST_SIZE];
@@ -1117,16 +1005,14 @@ static int finish_oci(struct converter *c, const char *dest_ref,
 	ret = copy_dict_blobs(c, layout, blobs, nr);
 	if (ret)
 		goto out;
-	/* The bootstrap is a blob too, named by its digest. */
-	if (asprintf(&tmp, "%s/.bootstrap.tmp", c->blobs_dir) < 0) {
-		ret = -ENOMEM;
-		goto out;
-	}
-	ret = write_bootstrap(c, blobs, nr, tmp, &data);
-	unlink(tmp);
+	/* The raw bootstrap is scratch: the layout stores it compressed. */
+	ret = atomic_file_create(&boot_file, c->blobs_dir, "bootstrap", 0644);
+	if (!ret)
+		ret = write_bootstrap(c, blobs, nr, boot_file.fd, &data);
+	atomic_file_discard(&boot_file);
 	if (ret)
 		goto out;
-	blob_sha256(data, c->stats->bootstrap_bytes, boot_digest);
+	sha256_buf(data, c->stats->bootstrap_bytes, boot_digest);
 	ret = put_compressed_bootstrap(layout, data, c->stats->bootstrap_bytes,
 				       zboot_digest, &zboot_size);
 	if (ret)
@@ -1212,7 +1098,6 @@ static int finish_oci(struct converter *c, const char *dest_ref,
 out:
 	json_object_put(manifest);
 	free(data);
-	free(tmp);
 	free(copy);
 	return ret;
 }
@@ -1368,7 +1253,7 @@ void convert_stats_free(struct convert_stats *stats)
 int convert_run(const char *source, const char *dest,
 		const struct convert_opts *opts, struct convert_stats *stats)
 {
-	struct converter c = { .opts = opts, .stats = stats, .writer_fd = -1 };
+	struct converter c = { .opts = opts, .stats = stats, .writer_file = { .fd = -1, .dir_fd = -1 } };
 	struct oci_image src_img = { 0 };
 	struct out_blob **used = NULL;
 	const char *src_path = NULL, *dst_path = NULL;
@@ -1415,7 +1300,7 @@ int convert_run(const char *source, const char *dest,
 			goto out;
 	}
 	out_existed = !access(layout, F_OK);
-	ret = dkind == DST_DIR ? convert_mkdir_p(blobs_dir) : oci_layout_init(layout);
+	ret = dkind == DST_DIR ? mkdir_p(blobs_dir, 0755) : oci_layout_init(layout);
 	if (ret)
 		goto out;
 	c.buf = malloc(opts->chunk_size);

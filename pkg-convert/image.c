@@ -235,7 +235,7 @@ static int load_bootstrap(struct image *img, const struct image_expect *e)
 		ferry_err("%s: bootstrap: %s", name, ferry_strerror(ret));
 		return ret;
 	}
-	blob_sha256(img->bootstrap, img->bootstrap_len, actual);
+	sha256_buf(img->bootstrap, img->bootstrap_len, actual);
 	if (memcmp(actual, e->bootstrap, BLOB_DIGEST_SIZE)) {
 		ferry_err("%s: sha256 does not match the image index", name);
 		return -EFSCORRUPTED;
@@ -603,10 +603,10 @@ int image_bootstrap_file(struct image *img, const char *cache_dir)
 		img->bootstrap_path = NULL;
 		return -ENOMEM;
 	}
-	ret = convert_mkdir_p(dir);
+	ret = mkdir_p(dir, 0755);
 	if (!ret && (stat(img->bootstrap_path, &st) ||
 		     (uint64_t)st.st_size != img->bootstrap_len))
-		ret = convert_write_file(dir, hex, img->bootstrap, img->bootstrap_len);
+		ret = write_file_atomic(dir, hex, img->bootstrap, img->bootstrap_len, 0644);
 	free(dir);
 	return ret;
 }
@@ -614,11 +614,12 @@ int image_bootstrap_file(struct image *img, const char *cache_dir)
 int image_copy_blob(struct image *img, uint32_t index, const char *layout)
 {
 	const struct blob_info *b = &img->blobs.blobs[index];
+	struct atomic_file af = { .fd = -1, .dir_fd = -1 };
 	struct fetch_stream *fs = NULL;
-	char *path = NULL, *tmp = NULL;
+	char *path = NULL, *dir = NULL, hex[2 * BLOB_DIGEST_SIZE + 1];
 	uint8_t *buf = NULL;
-	int fd = -1, ret;
 	ssize_t n;
+	int ret;
 
 	if (!img->remote)
 		return oci_link_blob(img->blob_paths[index], layout, b->digest);
@@ -627,35 +628,27 @@ int image_copy_blob(struct image *img, uint32_t index, const char *layout)
 		return ret;
 	if (!access(path, F_OK))
 		goto out; /* content-addressed: already there */
+	hex_encode(b->digest, BLOB_DIGEST_SIZE, hex);
 	buf = malloc(1 << 20);
-	if (!buf || asprintf(&tmp, "%s.tmp.%d", path, (int)getpid()) < 0) {
-		tmp = NULL;
+	if (!buf || asprintf(&dir, "%s/blobs/sha256", layout) < 0) {
+		dir = NULL;
 		ret = -ENOMEM;
 		goto out;
 	}
-	fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-	if (fd < 0) {
-		ret = -errno;
-		ferry_err("%s: %s", tmp, strerror(errno));
-		goto out;
-	}
-	ret = registry_open_stream(img->remote, b->digest, b->size, &fs);
+	ret = atomic_file_create(&af, dir, hex, 0644);
+	if (!ret)
+		ret = registry_open_stream(img->remote, b->digest, b->size, &fs);
 	/* The stream ends (n == 0) only after the digest matched. */
 	while (!ret && (n = fetch_stream_read(fs, buf, 1 << 20)) != 0)
-		ret = n < 0 ? (int)n : write_full(fd, buf, (size_t)n);
-	if (!ret && fsync(fd))
-		ret = -errno;
-	if (!ret && rename(tmp, path))
-		ret = -errno;
+		ret = n < 0 ? (int)n : write_full(af.fd, buf, (size_t)n);
+	if (!ret)
+		ret = atomic_file_commit(&af, hex);
 	if (ret)
 		ferry_err("%s: cannot store blob: %s", path, ferry_strerror(ret));
 out:
 	fetch_stream_close(fs);
-	if (fd >= 0)
-		close(fd);
-	if (ret && tmp)
-		unlink(tmp);
-	free(tmp);
+	atomic_file_discard(&af);
+	free(dir);
 	free(buf);
 	free(path);
 	return ret;

@@ -56,7 +56,7 @@ struct input_stream {
 	bool member_end;     /* gzip: between members */
 	bool frame_end;      /* zstd: last frame complete and flushed */
 	int err;             /* sticky error, reported once pending output is out */
-	struct blob_hasher *hasher; /* verifying input: sha256 of the file bytes */
+	struct sha256_hasher *hasher; /* verifying input: sha256 of the file bytes */
 	uint8_t expect[BLOB_DIGEST_SIZE];
 	z_stream z;
 	ZSTD_DStream *zd;
@@ -79,11 +79,11 @@ static ssize_t raw_read(struct input_stream *in, void *buf, size_t len)
 	if (!in->hasher)
 		return n;
 	if (n) {
-		blob_hasher_update(in->hasher, buf, (size_t)n);
+		sha256_hasher_update(in->hasher, buf, (size_t)n);
 		return n;
 	}
-	blob_hasher_final(in->hasher, digest);
-	blob_hasher_free(in->hasher);
+	sha256_hasher_final(in->hasher, digest);
+	sha256_hasher_free(in->hasher);
 	in->hasher = NULL;
 	if (memcmp(digest, in->expect, sizeof(digest))) {
 		ferry_err("%s: content does not match its digest", in->name);
@@ -422,7 +422,7 @@ static int input_start(struct input_stream *in, const uint8_t *sha256)
 	int ret;
 
 	if (sha256) {
-		ret = blob_hasher_new(&in->hasher);
+		ret = sha256_hasher_new(&in->hasher);
 		if (ret)
 			return ret;
 		memcpy(in->expect, sha256, sizeof(in->expect));
@@ -527,7 +527,7 @@ void input_close(struct input_stream *in)
 {
 	if (!in)
 		return;
-	blob_hasher_free(in->hasher);
+	sha256_hasher_free(in->hasher);
 	switch (in->kind) {
 	case INPUT_GZIP:
 		inflateEnd(&in->z);

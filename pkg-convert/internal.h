@@ -74,8 +74,7 @@ struct converter {
 	size_t blobs_cap;
 	const char *blobs_dir;      /* destination blobs/sha256 */
 	struct blob_writer *writer; /* the current layer's blob */
-	int writer_fd;
-	char *writer_tmp;
+	struct atomic_file writer_file; /* the blob, until named by its digest */
 	uint32_t writer_blob;       /* its index in blobs */
 	uint64_t writer_chunks;
 	uint8_t *buf;               /* one chunk */
@@ -136,13 +135,6 @@ int prefetch_section_encode(char *const *paths, uint32_t nr, uint8_t **buf,
 int prefetch_section_decode(const void *buf, size_t len, char ***paths,
 			    uint32_t *nr);
 void prefetch_list_free(char **paths, uint32_t nr);
-
-/* mkdir -p: 0 or -errno with a message naming the directory. */
-int convert_mkdir_p(const char *path);
-
-/* Write @dir/@name through a temporary file, fsync and rename. */
-int convert_write_file(const char *dir, const char *name, const void *data,
-		       size_t len);
 
 /* ------------------------------------------------------------------ */
 /* OCI image layouts (oci.c)                                           */

@@ -64,7 +64,7 @@ int image_cache_open(struct image *img, const char *cache_dir,
 	digests = calloc(n + 1, sizeof(*digests));
 	if (!ic->blobs || !ic->srcs || !digests)
 		goto fail;
-	ret = convert_mkdir_p(cache_dir);
+	ret = mkdir_p(cache_dir, 0755);
 	if (ret)
 		goto fail;
 	for (i = 0; i < n; i++)

@@ -111,7 +111,7 @@ int oci_layout_load(void *ctx, const struct oci_descriptor *d,
 			  (unsigned long long)d->size);
 		goto out;
 	}
-	blob_sha256(data, d->size, digest);
+	sha256_buf(data, d->size, digest);
 	if (memcmp(digest, d->digest, 32)) {
 		ferry_err("%s: content does not match its digest", path);
 		ret = -EFSCORRUPTED;
@@ -438,11 +438,11 @@ int oci_put_blob(const char *layout, const void *data, size_t len,
 	char hex[65], *dir = NULL;
 	int ret;
 
-	blob_sha256(data, len, digest);
+	sha256_buf(data, len, digest);
 	hex_encode(digest, 32, hex);
 	if (asprintf(&dir, "%s/blobs/sha256", layout) < 0)
 		return -ENOMEM;
-	ret = convert_write_file(dir, hex, data, len);
+	ret = write_file_atomic(dir, hex, data, len, 0644);
 	free(dir);
 	return ret;
 }
@@ -450,45 +450,39 @@ int oci_put_blob(const char *layout, const void *data, size_t len,
 int oci_link_blob(const char *src_path, const char *layout,
 		  const uint8_t digest[32])
 {
-	char *dst = NULL, *tmp = NULL;
+	struct atomic_file af = { .fd = -1, .dir_fd = -1 };
+	char *dst = NULL, *dir = NULL, hex[65];
 	uint8_t buf[1 << 16];
-	int in = -1, out = -1, ret = 0;
-	ssize_t n;
+	int in = -1, ret;
+	ssize_t n = 0;
 
 	ret = oci_blob_path(layout, digest, &dst);
 	if (ret)
 		return ret;
 	if (!access(dst, F_OK) || !link(src_path, dst))
 		goto done; /* already there, or hardlinked */
-	if (asprintf(&tmp, "%s.tmp", dst) < 0) {
+	hex_encode(digest, 32, hex);
+	if (asprintf(&dir, "%s/blobs/sha256", layout) < 0) {
+		dir = NULL;
 		ret = -ENOMEM;
 		goto done;
 	}
 	in = open(src_path, O_RDONLY | O_CLOEXEC);
-	out = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-	if (in < 0 || out < 0) {
+	ret = in < 0 ? -errno : atomic_file_create(&af, dir, hex, 0644);
+	while (!ret && (n = read(in, buf, sizeof(buf))) > 0)
+		ret = write_full(af.fd, buf, (size_t)n);
+	if (!ret && n < 0)
 		ret = -errno;
-		goto done;
-	}
-	while ((n = read(in, buf, sizeof(buf))) > 0) {
-		ret = write_full(out, buf, (size_t)n);
-		if (ret)
-			goto done;
-	}
-	if (n < 0 || fsync(out) || rename(tmp, dst))
-		ret = -errno;
+	if (!ret)
+		ret = atomic_file_commit(&af, hex);
 done:
-	if (ret) {
+	if (ret)
 		ferry_err("%s: cannot copy into %s: %s", src_path, layout,
 			  ferry_strerror(ret));
-		if (tmp)
-			unlink(tmp);
-	}
+	atomic_file_discard(&af);
 	if (in >= 0)
 		close(in);
-	if (out >= 0)
-		close(out);
-	free(tmp);
+	free(dir);
 	free(dst);
 	return ret;
 }
@@ -503,10 +497,10 @@ int oci_layout_init(const char *layout)
 		ret = -ENOMEM;
 		goto out;
 	}
-	ret = convert_mkdir_p(blobs);
+	ret = mkdir_p(blobs, 0755);
 	if (!ret && access(path, F_OK))
-		ret = convert_write_file(layout, "oci-layout",
-					 "{\"imageLayoutVersion\":\"1.0.0\"}", 30);
+		ret = write_file_atomic(layout, "oci-layout",
+					 "{\"imageLayoutVersion\":\"1.0.0\"}", 30, 0644);
 out:
 	free(blobs);
 	free(path);
@@ -561,7 +555,7 @@ int oci_tag_manifest(const char *layout, const char *tag,
 	json_object_array_add(manifests, entry);
 	text = json_object_to_json_string_ext(index, JSON_C_TO_STRING_PLAIN |
 						     JSON_C_TO_STRING_NOSLASHESCAPE);
-	ret = convert_write_file(layout, "index.json", text, strlen(text));
+	ret = write_file_atomic(layout, "index.json", text, strlen(text), 0644);
 out:
 	json_object_put(index);
 	free(index_path);

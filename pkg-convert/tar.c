@@ -29,7 +29,6 @@
  */
 #include "tar.h"
 
-#include <openssl/evp.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -384,55 +383,24 @@ static int parse_pax_time(const char *s, size_t n, int64_t *sec,
 	return 0;
 }
 
-static bool is_b64(char c)
+/* libarchive's base64 xattr values (unpadded), decoded into a new buffer. */
+static int pax_base64_value(const char *in, size_t n, uint8_t **out,
+			    uint32_t *out_len)
 {
-	return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') ||
-	       (c >= '0' && c <= '9') || c == '+' || c == '/';
-}
+	uint8_t *dst = malloc(n / 4 * 3 + 3);
+	size_t len;
+	int ret;
 
-/*
- * libarchive writes base64 without '=' padding. EVP_DecodeBlock wants
- * whole quads and counts padding as decoded zero bytes: pad the input
- * ourselves and drop one output byte per '='. Characters are checked
- * here because EVP_DecodeBlock accepts '=' anywhere.
- */
-static int base64_decode(const char *in, size_t n, uint8_t **out,
-			 uint32_t *out_len)
-{
-	size_t given_pad = 0, full, i;
-	char *quads = NULL;
-	uint8_t *dst = NULL;
-	int got, ret = -EINVAL;
-
-	while (given_pad < 2 && n && in[n - 1] == '=') {
-		n--;
-		given_pad++;
+	if (!dst)
+		return -ENOMEM;
+	ret = base64_decode(in, n, dst, n / 4 * 3 + 3, &len);
+	if (ret) {
+		free(dst);
+		return ret;
 	}
-	for (i = 0; i < n; i++)
-		if (!is_b64(in[i]))
-			return -EINVAL;
-	if (n % 4 == 1 || (given_pad && (n + given_pad) % 4))
-		return -EINVAL;
-	full = ROUND_UP(n, 4);
-	quads = malloc(full + 1);
-	dst = malloc(full / 4 * 3 + 1);
-	if (!quads || !dst) {
-		ret = -ENOMEM;
-		goto out;
-	}
-	memcpy(quads, in, n);
-	memset(quads + n, '=', full - n);
-	got = EVP_DecodeBlock(dst, (const unsigned char *)quads, (int)full);
-	if (got < 0)
-		goto out;
-	*out_len = (uint32_t)got - (uint32_t)(full - n);
 	*out = dst;
-	dst = NULL;
-	ret = 0;
-out:
-	free(quads);
-	free(dst);
-	return ret;
+	*out_len = (uint32_t)len;
+	return 0;
 }
 
 static int hex_digit(char c)
@@ -563,7 +531,7 @@ static int pax_xattr(struct tar_reader *r, struct pax_attrs *pa,
 					(int)klen, key);
 		if (ret)
 			return ret;
-		ret = base64_decode(val, vlen, &value, &value_len);
+		ret = pax_base64_value(val, vlen, &value, &value_len);
 		if (ret) {
 			free(name);
 			if (ret != -EINVAL)

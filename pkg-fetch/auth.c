@@ -218,7 +218,7 @@ static int basic_line(const char *user, const char *secret, char **line)
 	*line = NULL;
 	if (asprintf(&pair, "%s:%s", user, secret) < 0)
 		return -ENOMEM;
-	err = fetch_base64_encode(pair, strlen(pair), &b64);
+	err = base64_encode(pair, strlen(pair), &b64);
 	OPENSSL_cleanse(pair, strlen(pair));
 	free(pair);
 	if (err)

@@ -173,8 +173,8 @@ static int auths_entry(struct json_object *e, struct fetch_creds *out)
 		uint8_t dec[3 * 1024];
 		size_t n;
 
-		err = fetch_base64_decode(auth, strlen(auth), dec,
-					  sizeof(dec) - 1, &n);
+		err = base64_decode(auth, strlen(auth), dec, sizeof(dec) - 1,
+				    &n);
 		if (!err && memchr(dec, '\0', n))
 			err = -EINVAL;
 		if (!err)

@@ -88,13 +88,6 @@ int fetch_parse_link_next(const char *s, size_t len, char *url, size_t cap);
 int fetch_parse_retry_after(const char *s, size_t len, time_t now,
 			    unsigned int *ms);
 
-/* Standard base64 (padding optional) of at most 4 KiB; -EINVAL on junk,
- * -ENOSPC when the result exceeds @cap bytes. */
-int fetch_base64_decode(const char *in, size_t len, uint8_t *out,
-			size_t cap, size_t *out_len);
-/* malloc'ed NUL-terminated base64 of @len (<= 1 MiB) bytes. */
-int fetch_base64_encode(const void *in, size_t len, char **out);
-
 /*
  * A bearer token answer {"token"|"access_token", "expires_in",
  * "issued_at"}: the token (malloc'ed, printable, no spaces) and its

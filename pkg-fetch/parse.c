@@ -11,7 +11,6 @@
 #include <string.h>
 #include <strings.h>
 
-#include <openssl/evp.h>
 
 #include "../pkg-base/base.h"
 #include "internal.h"
@@ -445,65 +444,3 @@ int fetch_parse_retry_after(const char *s, size_t len, time_t now,
 	return 0;
 }
 
-int fetch_base64_decode(const char *in, size_t len, uint8_t *out,
-			size_t cap, size_t *out_len)
-{
-	unsigned char tmp[4 * 1024 + 4];
-	size_t i, padded, pad = 0;
-	int n;
-
-	if (!len || len > 4 * 1024)
-		return -EINVAL;
-	for (i = 0; i < len; i++) {
-		char c = in[i];
-
-		if (!(is_alnum_c(c) || c == '+' || c == '/' || c == '='))
-			return -EINVAL;
-		/* '=' only as trailing padding */
-		if (c == '=' && i + 2 < len)
-			return -EINVAL;
-		if (c != '=' && i && in[i - 1] == '=')
-			return -EINVAL;
-	}
-	/* Some writers drop the padding; restore it for OpenSSL. */
-	if (len % 4 == 1)
-		return -EINVAL;
-	memcpy(tmp, in, len);
-	padded = len;
-	while (padded % 4)
-		tmp[padded++] = '=';
-	while (pad < 2 && tmp[padded - 1 - pad] == '=')
-		pad++;
-	if (padded / 4 * 3 - pad > cap)
-		return -ENOSPC;
-	{
-		unsigned char dec[3 * 1024 + 3];
-
-		n = EVP_DecodeBlock(dec, tmp, (int)padded);
-		if (n < 0 || (size_t)n < pad)
-			return -EINVAL;
-		n -= (int)pad;
-		memcpy(out, dec, (size_t)n);
-		OPENSSL_cleanse(dec, sizeof(dec));
-	}
-	OPENSSL_cleanse(tmp, sizeof(tmp));
-	*out_len = (size_t)n;
-	return 0;
-}
-
-int fetch_base64_encode(const void *in, size_t len, char **out)
-{
-	size_t cap;
-	char *buf;
-
-	/* OpenSSL counts in int; credentials are far smaller. */
-	if (len > (1u << 20))
-		return -EINVAL;
-	cap = (len + 2) / 3 * 4 + 1;
-	buf = malloc(cap);
-	if (!buf)
-		return -ENOMEM;
-	EVP_EncodeBlock((unsigned char *)buf, in, (int)len);
-	*out = buf;
-	return 0;
-}

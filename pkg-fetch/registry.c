@@ -11,7 +11,6 @@
 #include <strings.h>
 
 #include "../pkg-base/base.h"
-#include "../pkg-blob/blob.h"
 #include "internal.h"
 
 #define DEFAULT_CONNECT_MS 10000u
@@ -509,7 +508,7 @@ int registry_get_manifest(struct registry *r, const char *reference,
 			return -ENOMEM;
 		err = manifest_get(r, url, true, what, &resp);
 		if (!err && resp.status == 200) {
-			blob_sha256(resp.body, resp.body_len, digest);
+			sha256_buf(resp.body, resp.body_len, digest);
 			if (!memcmp(digest, want, FETCH_DIGEST_SIZE))
 				goto got;
 			snprintf(why, sizeof(why), "wrong bytes");
@@ -538,7 +537,7 @@ int registry_get_manifest(struct registry *r, const char *reference,
 		err = http_status_error(r, what, &resp);
 		goto out;
 	}
-	blob_sha256(resp.body, resp.body_len, digest);
+	sha256_buf(resp.body, resp.body_len, digest);
 	if (by_digest && memcmp(digest, want, FETCH_DIGEST_SIZE)) {
 		ferry_err("%s: %s: the bytes do not match the digest", r->name,
 			  what);
@@ -596,7 +595,7 @@ int registry_put_manifest(struct registry *r, const char *reference,
 		ferry_err("%s: %s: invalid media type", r->name, what);
 		return -EINVAL;
 	}
-	blob_sha256(data, len, got);
+	sha256_buf(data, len, got);
 	if (by_digest && memcmp(want, got, FETCH_DIGEST_SIZE)) {
 		ferry_err("%s: %s: the bytes do not match the digest", r->name,
 			  what);

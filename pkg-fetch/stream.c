@@ -25,7 +25,6 @@
 #include <strings.h>
 
 #include "../pkg-base/base.h"
-#include "../pkg-blob/blob.h"
 #include "internal.h"
 
 #define STREAM_BUF (256u << 10)
@@ -49,7 +48,7 @@ struct fetch_stream {
 	uint64_t size; /* of the blob, or FETCH_RANGE_UNKNOWN */
 	uint64_t off, len; /* the wanted bytes */
 	bool verify;
-	struct blob_hasher *hasher;
+	struct sha256_hasher *hasher;
 	uint64_t pos;    /* wanted bytes received so far */
 	uint64_t handed; /* ... and handed to the caller */
 	uint8_t *buf;
@@ -526,7 +525,7 @@ void fetch_stream_close(struct fetch_stream *s)
 		curl_multi_cleanup(s->multi);
 	http_resp_free(&s->resp);
 	if (s->hasher)
-		blob_hasher_free(s->hasher);
+		sha256_hasher_free(s->hasher);
 	free(s->buf);
 	free(s);
 }
@@ -561,7 +560,7 @@ int stream_open(struct registry *r, const uint8_t digest[FETCH_DIGEST_SIZE],
 	    curl_multi_setopt(s->multi, CURLMOPT_MAXCONNECTS,
 			      (long)REG_MAXCONNECTS) != CURLM_OK)
 		goto fail;
-	if (verify && blob_hasher_new(&s->hasher))
+	if (verify && sha256_hasher_new(&s->hasher))
 		goto fail;
 	/* Start now so a missing blob or refused access shows at open. */
 	if (len) {
@@ -591,7 +590,7 @@ static int stream_eof(struct fetch_stream *s)
 	if (!s->verify || s->eof_checked)
 		return 0;
 	s->eof_checked = true;
-	blob_hasher_final(s->hasher, got);
+	sha256_hasher_final(s->hasher, got);
 	if (s->handed != s->size ||
 	    memcmp(got, s->digest, FETCH_DIGEST_SIZE)) {
 		ferry_err("%s: %s: the bytes do not match the digest",
@@ -625,7 +624,7 @@ ssize_t fetch_stream_read(struct fetch_stream *s, void *buf, size_t len)
 		n = SSIZE_MAX;
 	memcpy(buf, s->buf + s->head, n);
 	if (s->hasher)
-		blob_hasher_update(s->hasher, s->buf + s->head, n);
+		sha256_hasher_update(s->hasher, s->buf + s->head, n);
 	s->head += n;
 	s->handed += n;
 	if (s->head == s->tail)

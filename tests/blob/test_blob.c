@@ -164,7 +164,7 @@ static int make_blob_opts(const char *path, const char *spec,
 
 		tb->len[i] = lens[i];
 		tb->data[i] = alloc_fill(lens[i], kinds[i]);
-		blob_sha256(tb->data[i], lens[i], sha);
+		sha256_buf(tb->data[i], lens[i], sha);
 		ret = blob_writer_add(w, tb->data[i], lens[i], sha,
 				      &tb->uoff[i]);
 	}
@@ -300,19 +300,19 @@ static void test_sha256(void)
 		"ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad";
 	uint8_t one[BLOB_DIGEST_SIZE], two[BLOB_DIGEST_SIZE], want[32];
 	uint8_t *big = alloc_fill(3 * MIB + 17, DATA_RANDOM);
-	struct blob_hasher *h;
+	struct sha256_hasher *h;
 
 	CHECK_EQ(hex_decode(abc_hex, want, 32), 0);
-	blob_sha256("abc", 3, one);
+	sha256_buf("abc", 3, one);
 	CHECK(!memcmp(one, want, 32));
 
-	blob_sha256(big, 3 * MIB + 17, one);
-	CHECK_EQ(blob_hasher_new(&h), 0);
-	blob_hasher_update(h, big, 1);
-	blob_hasher_update(h, big + 1, MIB);
-	blob_hasher_update(h, big + 1 + MIB, 2 * MIB + 16);
-	blob_hasher_final(h, two);
-	blob_hasher_free(h);
+	sha256_buf(big, 3 * MIB + 17, one);
+	CHECK_EQ(sha256_hasher_new(&h), 0);
+	sha256_hasher_update(h, big, 1);
+	sha256_hasher_update(h, big + 1, MIB);
+	sha256_hasher_update(h, big + 1 + MIB, 2 * MIB + 16);
+	sha256_hasher_final(h, two);
+	sha256_hasher_free(h);
 	CHECK(!memcmp(one, two, 32));
 	free(big);
 }
@@ -575,7 +575,7 @@ static void test_writer_layout(void)
 	CHECK(file != NULL);
 	CHECK_EQ(bi->size, len);
 	CHECK_EQ(bi->nr_chunks, MIX_N);
-	blob_sha256(file, len, digest);
+	sha256_buf(file, len, digest);
 	CHECK(!memcmp(digest, bi->digest, 32));
 	for (i = 0; i < MIX_N; i++) {
 		const struct blob_chunk *c = &bi->chunks[i];
@@ -586,7 +586,7 @@ static void test_writer_layout(void)
 		CHECK_EQ(c->usize, mix_lens[i]);
 		CHECK_EQ(c->frame_off, 0);
 		CHECK_EQ(c->frame_usize, mix_lens[i]);
-		blob_sha256(tb.data[i], mix_lens[i], digest);
+		sha256_buf(tb.data[i], mix_lens[i], digest);
 		CHECK(!memcmp(digest, c->sha256, 32));
 		/* random data stays raw, the rest compresses (except 1 B) */
 		if (mix_kinds[i] == DATA_RANDOM || mix_lens[i] == 1)
@@ -608,7 +608,7 @@ static void test_writer_layout(void)
 	CHECK_EQ(get_le64(file + len - 48), bi->table_offset);
 	CHECK_EQ(get_le64(file + len - 40), bi->uncompressed_size);
 	CHECK(!memcmp(file + len - 32, bi->table_sha256, 32));
-	blob_sha256(file + coff, MIX_N * 64, digest);
+	sha256_buf(file + coff, MIX_N * 64, digest);
 	CHECK(!memcmp(digest, bi->table_sha256, 32));
 	CHECK_EQ(get_le64(file + coff + 64 + 0), bi->chunks[1].uoff);
 	CHECK_EQ(get_le64(file + coff + 64 + 8), bi->chunks[1].coff);
@@ -670,7 +670,7 @@ static int add_until_error(int fd, unsigned int jobs)
 	uint64_t uoff;
 	int i, ret = 0;
 
-	blob_sha256(data, 64 << 10, sha);
+	sha256_buf(data, 64 << 10, sha);
 	CHECK_EQ(blob_writer_new(fd, &c, jobs, &w), 0);
 	CHECK_EQ(blob_writer_set_batching(w, 1, 1), 0);
 	for (i = 0; i < 64 && !ret; i++)
@@ -1086,7 +1086,7 @@ static int decode_table_modified(const uint8_t *file, size_t len,
 	int ret;
 
 	CHECK_EQ(blob_footer_decode(file + len - 64, len, &info), 0);
-	blob_sha256(table, (size_t)nr * 64, info.table_sha256);
+	sha256_buf(table, (size_t)nr * 64, info.table_sha256);
 	ret = blob_table_decode(table, (size_t)nr * 64, &info);
 	blob_info_free_chunks(&info);
 	return ret;
@@ -1365,7 +1365,7 @@ static int decode_entries(const struct blob_chunk *chunks, uint32_t nr,
 		info.uncompressed_size += ROUND_UP((uint64_t)chunks[i].usize,
 						   4096);
 	blob_table_encode(chunks, nr, t);
-	blob_sha256(t, nr * 64, info.table_sha256);
+	sha256_buf(t, nr * 64, info.table_sha256);
 	ret = blob_table_decode(t, nr * 64, &info);
 	if (!ret)
 		CHECK_EQ(info.chunks[0].frame_usize,

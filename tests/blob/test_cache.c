@@ -139,7 +139,7 @@ static int tblob_make(struct tblob *tb, const char *name, const char *spec,
 			break;
 		}
 		fill(tb->data[i], lens[i], kinds ? kinds[i] : TEXT);
-		blob_sha256(tb->data[i], lens[i], sha);
+		sha256_buf(tb->data[i], lens[i], sha);
 		ret = blob_writer_add(w, tb->data[i], lens[i], sha, &uoff);
 	}
 	if (ret) {
@@ -1065,8 +1065,8 @@ static void test_images_gc(void)
 	/* Blob 2 stays open. */
 	MUST(blob_cache_open(dir, &t[2].info, &keep));
 
-	blob_sha256("image one", 9, img1);
-	blob_sha256("image two", 9, img2);
+	sha256_buf("image one", 9, img1);
+	sha256_buf("image two", 9, img2);
 	memcpy(names[0], t[0].info.digest, BLOB_DIGEST_SIZE);
 	memcpy(names[1], t[0].info.digest, BLOB_DIGEST_SIZE);
 	MUST(blob_cache_add_image(dir, "registry.local/app:1", img1, names, 2));

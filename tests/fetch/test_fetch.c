@@ -328,34 +328,6 @@ static void test_retry_after(void)
 	CHECK_EQ(fetch_parse_retry_after("", 0, t, &ms), -EINVAL);
 }
 
-static void test_base64(void)
-{
-	uint8_t out[64];
-	size_t n;
-	char *enc;
-
-	CHECK_EQ(fetch_base64_decode("YWxpY2U6czNjcmV0", 16, out, sizeof(out), &n), 0);
-	CHECK(n == 12 && !memcmp(out, "alice:s3cret", 12));
-	CHECK_EQ(fetch_base64_decode("YWI=", 4, out, sizeof(out), &n), 0);
-	CHECK(n == 2 && !memcmp(out, "ab", 2));
-	CHECK_EQ(fetch_base64_decode("YWI", 3, out, sizeof(out), &n), 0);
-	CHECK(n == 2 && !memcmp(out, "ab", 2));
-	CHECK_EQ(fetch_base64_decode("YQ==", 4, out, sizeof(out), &n), 0);
-	CHECK(n == 1 && out[0] == 'a');
-	CHECK_EQ(fetch_base64_decode("Y", 1, out, sizeof(out), &n), -EINVAL);
-	CHECK_EQ(fetch_base64_decode("YW=I", 4, out, sizeof(out), &n), -EINVAL);
-	CHECK_EQ(fetch_base64_decode("YW I", 4, out, sizeof(out), &n), -EINVAL);
-	CHECK_EQ(fetch_base64_decode("", 0, out, sizeof(out), &n), -EINVAL);
-	CHECK_EQ(fetch_base64_decode("YWxpY2U6czNjcmV0", 16, out, 5, &n), -ENOSPC);
-
-	CHECK_EQ(fetch_base64_encode("alice:s3cret", 12, &enc), 0);
-	CHECK(!strcmp(enc, "YWxpY2U6czNjcmV0"));
-	free(enc);
-	CHECK_EQ(fetch_base64_encode("a", 1, &enc), 0);
-	CHECK(!strcmp(enc, "YQ=="));
-	free(enc);
-}
-
 static void test_token(void)
 {
 	const time_t now = 1700000000; /* 2023-11-14T22:13:20Z */
@@ -839,7 +811,6 @@ int main(void)
 	RUN_TEST(test_content_range);
 	RUN_TEST(test_link);
 	RUN_TEST(test_retry_after);
-	RUN_TEST(test_base64);
 	RUN_TEST(test_token);
 	RUN_TEST(test_dockercfg);
 	RUN_TEST(test_helper_output);

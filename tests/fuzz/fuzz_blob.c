@@ -110,7 +110,7 @@ static void fuzz_table(const uint8_t *data, size_t size)
 	info.uncompressed_size = get_le64(data);
 	info.table_offset = get_le64(data + 8);
 	info.nr_chunks = (uint32_t)(tlen / BLOB_CHUNK_ENTRY_SIZE);
-	blob_sha256(data + 16, tlen, info.table_sha256);
+	sha256_buf(data + 16, tlen, info.table_sha256);
 	if (blob_table_decode(data + 16, tlen, &info))
 		return;
 	for (i = 0; i < info.nr_chunks; i++) {

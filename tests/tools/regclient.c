@@ -165,11 +165,11 @@ static int file_digest(int fd, const char *path, uint64_t size,
 		       uint8_t d[FETCH_DIGEST_SIZE])
 {
 	static uint8_t buf[1 << 20];
-	struct blob_hasher *h;
+	struct sha256_hasher *h;
 	uint64_t off = 0;
 	int err;
 
-	err = blob_hasher_new(&h);
+	err = sha256_hasher_new(&h);
 	if (err)
 		return err;
 	while (off < size) {
@@ -178,14 +178,14 @@ static int file_digest(int fd, const char *path, uint64_t size,
 		err = pread_full(fd, buf, n, off);
 		if (err) {
 			ferry_err("reading %s: %s", path, ferry_strerror(err));
-			blob_hasher_free(h);
+			sha256_hasher_free(h);
 			return err;
 		}
-		blob_hasher_update(h, buf, n);
+		sha256_hasher_update(h, buf, n);
 		off += n;
 	}
-	blob_hasher_final(h, d);
-	blob_hasher_free(h);
+	sha256_hasher_final(h, d);
+	sha256_hasher_free(h);
 	return 0;
 }
 
@@ -264,7 +264,7 @@ static int cmd_push_manifest(struct registry *r, const struct fetch_ref *ref,
 		return err;
 	err = registry_put_manifest(r, reference, type, data, len);
 	if (!err) {
-		blob_sha256(data, len, d);
+		sha256_buf(data, len, d);
 		digest_format(d, ds);
 		printf("%s\n", ds);
 	}

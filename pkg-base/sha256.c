@@ -6,14 +6,13 @@
  * provider setup; with no error return in the API, that aborts rather
  * than hand out a wrong digest.
  */
-#include "internal.h"
-#include "../pkg-base/base.h"
+#include "base.h"
 
 #include <openssl/evp.h>
 #include <pthread.h>
 #include <stdlib.h>
 
-struct blob_hasher {
+struct sha256_hasher {
 	EVP_MD_CTX *ctx;
 };
 
@@ -41,15 +40,15 @@ static void sha256_fail(const char *what)
 	abort();
 }
 
-void blob_sha256(const void *data, size_t len, uint8_t out[BLOB_DIGEST_SIZE])
+void sha256_buf(const void *data, size_t len, uint8_t out[SHA256_SIZE])
 {
 	if (!EVP_Digest(data, len, out, NULL, sha256_get(), NULL))
 		sha256_fail("sha256");
 }
 
-int blob_hasher_new(struct blob_hasher **out)
+int sha256_hasher_new(struct sha256_hasher **out)
 {
-	struct blob_hasher *h = malloc(sizeof(*h));
+	struct sha256_hasher *h = malloc(sizeof(*h));
 
 	if (!h)
 		return -ENOMEM;
@@ -59,26 +58,26 @@ int blob_hasher_new(struct blob_hasher **out)
 		return -ENOMEM;
 	}
 	if (!EVP_DigestInit_ex(h->ctx, sha256_get(), NULL)) {
-		blob_hasher_free(h);
+		sha256_hasher_free(h);
 		return -ENOMEM;
 	}
 	*out = h;
 	return 0;
 }
 
-void blob_hasher_update(struct blob_hasher *h, const void *data, size_t len)
+void sha256_hasher_update(struct sha256_hasher *h, const void *data, size_t len)
 {
 	if (!EVP_DigestUpdate(h->ctx, data, len))
 		sha256_fail("sha256 update");
 }
 
-void blob_hasher_final(struct blob_hasher *h, uint8_t out[BLOB_DIGEST_SIZE])
+void sha256_hasher_final(struct sha256_hasher *h, uint8_t out[SHA256_SIZE])
 {
 	if (!EVP_DigestFinal_ex(h->ctx, out, NULL))
 		sha256_fail("sha256 final");
 }
 
-void blob_hasher_free(struct blob_hasher *h)
+void sha256_hasher_free(struct sha256_hasher *h)
 {
 	if (!h)
 		return;

@@ -1,0 +1,220 @@
+// SPDX-License-Identifier: MIT
+/* Unit tests for pkg-base: sha256, base64, mkdir -p, atomic files, zero test. */
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "../../pkg-base/base.h"
+#include "../test.h"
+
+static void test_sha256(void)
+{
+	static const char abc_hex[] =
+		"ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad";
+	uint8_t one[SHA256_SIZE], streamed[SHA256_SIZE];
+	struct sha256_hasher *h;
+	char hex[2 * SHA256_SIZE + 1];
+
+	sha256_buf("abc", 3, one);
+	hex_encode(one, SHA256_SIZE, hex);
+	CHECK(!strcmp(hex, abc_hex));
+	CHECK_EQ(sha256_hasher_new(&h), 0);
+	sha256_hasher_update(h, "a", 1);
+	sha256_hasher_update(h, "", 0);
+	sha256_hasher_update(h, "bc", 2);
+	sha256_hasher_final(h, streamed);
+	sha256_hasher_free(h);
+	CHECK(!memcmp(one, streamed, SHA256_SIZE));
+}
+
+static void test_base64_vectors(void)
+{
+	uint8_t out[64];
+	size_t n;
+	char *enc;
+
+	CHECK_EQ(base64_decode("YWxpY2U6czNjcmV0", 16, out, sizeof(out), &n), 0);
+	CHECK(n == 12 && !memcmp(out, "alice:s3cret", 12));
+	CHECK_EQ(base64_decode("YWI=", 4, out, sizeof(out), &n), 0);
+	CHECK(n == 2 && !memcmp(out, "ab", 2));
+	/* Writers such as libarchive drop the padding. */
+	CHECK_EQ(base64_decode("YWI", 3, out, sizeof(out), &n), 0);
+	CHECK(n == 2 && !memcmp(out, "ab", 2));
+	CHECK_EQ(base64_decode("YQ==", 4, out, sizeof(out), &n), 0);
+	CHECK(n == 1 && out[0] == 'a');
+	CHECK_EQ(base64_decode("YQ", 2, out, sizeof(out), &n), 0);
+	CHECK(n == 1 && out[0] == 'a');
+	CHECK_EQ(base64_decode("", 0, out, sizeof(out), &n), 0);
+	CHECK_EQ(n, 0);
+	/* No encoder writes these. */
+	CHECK_EQ(base64_decode("Y", 1, out, sizeof(out), &n), -EINVAL);
+	CHECK_EQ(base64_decode("YQ=", 3, out, sizeof(out), &n), -EINVAL);
+	CHECK_EQ(base64_decode("YQ===", 5, out, sizeof(out), &n), -EINVAL);
+	CHECK_EQ(base64_decode("YW=I", 4, out, sizeof(out), &n), -EINVAL);
+	CHECK_EQ(base64_decode("YW I", 4, out, sizeof(out), &n), -EINVAL);
+	CHECK_EQ(base64_decode(" YWI", 4, out, sizeof(out), &n), -EINVAL);
+	CHECK_EQ(base64_decode("YW-_", 4, out, sizeof(out), &n), -EINVAL);
+	CHECK_EQ(base64_decode("YWxpY2U6czNjcmV0", 16, out, 5, &n), -ENOSPC);
+	CHECK_EQ(base64_decode("YWxpY2U6czNjcmV0", 16, out, 12, &n), 0);
+
+	CHECK_EQ(base64_encode("alice:s3cret", 12, &enc), 0);
+	CHECK(!strcmp(enc, "YWxpY2U6czNjcmV0"));
+	free(enc);
+	CHECK_EQ(base64_encode("a", 1, &enc), 0);
+	CHECK(!strcmp(enc, "YQ=="));
+	free(enc);
+	CHECK_EQ(base64_encode("", 0, &enc), 0);
+	CHECK(!strcmp(enc, ""));
+	free(enc);
+}
+
+/* Lengths around the decoder's and encoder's slice sizes. */
+static void test_base64_round_trip(void)
+{
+	static const size_t lens[] = { 1, 2, 3, 4, 3071, 3072, 3073, 6144, 10000 };
+	size_t i, j;
+
+	for (i = 0; i < ARRAY_SIZE(lens); i++) {
+		size_t len = lens[i], n, elen;
+		uint8_t *in = malloc(len), *out = malloc(len + 3);
+		char *enc = NULL;
+
+		CHECK(in && out);
+		if (!in || !out)
+			goto next;
+		for (j = 0; j < len; j++)
+			in[j] = (uint8_t)(j * 131 + len);
+		CHECK_EQ(base64_encode(in, len, &enc), 0);
+		elen = strlen(enc);
+		CHECK_EQ(elen, DIV_ROUND_UP(len, 3) * 4);
+		CHECK_EQ(base64_decode(enc, elen, out, len + 3, &n), 0);
+		CHECK(n == len && !memcmp(in, out, len));
+		/* Unpadded, as libarchive writes it. */
+		while (elen && enc[elen - 1] == '=')
+			elen--;
+		CHECK_EQ(base64_decode(enc, elen, out, len, &n), 0);
+		CHECK(n == len && !memcmp(in, out, len));
+		CHECK_EQ(base64_decode(enc, elen, out, len - 1, &n), -ENOSPC);
+next:
+		free(enc);
+		free(in);
+		free(out);
+	}
+}
+
+static void test_mem_is_zero(void)
+{
+	static uint8_t buf[9000];
+
+	CHECK(mem_is_zero(buf, 0));
+	CHECK(mem_is_zero(buf, sizeof(buf)));
+	buf[8999] = 1;
+	CHECK(!mem_is_zero(buf, sizeof(buf)));
+	CHECK(mem_is_zero(buf, 8999));
+	buf[4096] = 1;
+	CHECK(!mem_is_zero(buf, 4097));
+	CHECK(mem_is_zero(buf, 4096));
+	buf[0] = 1;
+	CHECK(!mem_is_zero(buf, 1));
+	memset(buf, 0, sizeof(buf));
+}
+
+/* How many names @dir holds besides "." and "..". */
+static int count_entries(const char *dir)
+{
+	DIR *d = opendir(dir);
+	struct dirent *de;
+	int n = 0;
+
+	if (!d)
+		return -1;
+	while ((de = readdir(d)))
+		if (strcmp(de->d_name, ".") && strcmp(de->d_name, ".."))
+			n++;
+	closedir(d);
+	return n;
+}
+
+static void test_mkdir_and_atomic_files(void)
+{
+	char root[] = "/tmp/ferry-test-base.XXXXXX", path[256], target[512];
+	struct atomic_file af;
+	char *data = NULL;
+	size_t len;
+	struct stat st;
+
+	CHECK(mkdtemp(root) != NULL);
+	snprintf(path, sizeof(path), "%s/a/b/c", root);
+	CHECK_EQ(mkdir_p(path, 0700), 0);
+	CHECK_EQ(mkdir_p(path, 0700), 0); /* exists: fine */
+	CHECK(!stat(path, &st) && S_ISDIR(st.st_mode) && (st.st_mode & 0777) == 0700);
+	snprintf(target, sizeof(target), "%s/a/b/c/file", root);
+	CHECK_EQ(close(open(target, O_WRONLY | O_CREAT, 0600)), 0);
+	snprintf(path, sizeof(path), "%s/a/b/c/file/d", root);
+	CHECK_EQ(mkdir_p(path, 0755), -ENOTDIR);
+
+	snprintf(path, sizeof(path), "%s/a", root);
+	CHECK_EQ(write_file_atomic(path, "x.json", "{}", 2, 0644), 0);
+	snprintf(target, sizeof(target), "%s/x.json", path);
+	CHECK_EQ(read_file_max(target, 16, &data, &len), 0);
+	CHECK(len == 2 && data && !memcmp(data, "{}", 2));
+	free(data);
+	data = NULL;
+	/* Replaced whole, and no temporary file stays behind. */
+	CHECK_EQ(write_file_atomic(path, "x.json", "[1]", 3, 0644), 0);
+	CHECK_EQ(read_file_max(target, 16, &data, &len), 0);
+	CHECK(len == 3 && data && !memcmp(data, "[1]", 3));
+	free(data);
+	CHECK_EQ(count_entries(path), 2); /* b/ and x.json */
+
+	/* Named at the end (a digest known only then), or discarded. */
+	CHECK_EQ(atomic_file_create(&af, path, "blob", 0644), 0);
+	CHECK(!strncmp(af.tmp, ATOMIC_TMP_PREFIX, strlen(ATOMIC_TMP_PREFIX)));
+	CHECK_EQ(write_full(af.fd, "abc", 3), 0);
+	CHECK_EQ(count_entries(path), 3);
+	CHECK_EQ(atomic_file_commit(&af, "final"), 0);
+	CHECK_EQ(count_entries(path), 3); /* b/, x.json, final */
+	atomic_file_discard(&af); /* after commit: nothing */
+	CHECK_EQ(count_entries(path), 3);
+	CHECK_EQ(atomic_file_create(&af, path, "gone", 0644), 0);
+	atomic_file_discard(&af);
+	atomic_file_discard(&af);
+	CHECK_EQ(count_entries(path), 3);
+
+	/* A planted symlink at a temp name is never followed. */
+	CHECK_EQ(atomic_file_create(&af, path, "blob", 0644), 0);
+	{
+		char next[NAME_MAX + 1], link_path[512], victim[256];
+		unsigned int pid_counter;
+		long pid;
+
+		CHECK_EQ(sscanf(af.tmp, ATOMIC_TMP_PREFIX "blob.%ld.%u", &pid,
+				&pid_counter), 2);
+		snprintf(next, sizeof(next), ATOMIC_TMP_PREFIX "blob.%ld.%u",
+			 pid, pid_counter + 1);
+		snprintf(victim, sizeof(victim), "%s/victim", root);
+		CHECK_EQ(close(open(victim, O_WRONLY | O_CREAT, 0600)), 0);
+		snprintf(link_path, sizeof(link_path), "%s/%s", path, next);
+		CHECK_EQ(symlink(victim, link_path), 0);
+		atomic_file_discard(&af);
+		CHECK_EQ(write_file_atomic(path, "blob", "data", 4, 0644), 0);
+		CHECK(!stat(victim, &st) && st.st_size == 0);
+		unlink(link_path);
+	}
+
+	snprintf(path, sizeof(path), "%s/missing", root);
+	CHECK(atomic_file_create(&af, path, "x", 0644) == -ENOENT);
+	snprintf(path, sizeof(path), "rm -rf '%s'", root);
+	CHECK_EQ(system(path), 0);
+}
+
+int main(void)
+{
+	RUN_TEST(test_sha256);
+	RUN_TEST(test_base64_vectors);
+	RUN_TEST(test_base64_round_trip);
+	RUN_TEST(test_mem_is_zero);
+	RUN_TEST(test_mkdir_and_atomic_files);
+	TEST_MAIN_END();
+}
