@@ -130,7 +130,7 @@ int fetch_parse_token(const char *json, size_t len, time_t now,
 		      char **token, unsigned int *lifetime_s)
 {
 	struct json_object *root, *v;
-	const char *tok = NULL, *issued;
+	const char *tok, *issued;
 	int64_t exp = TOKEN_DEFAULT_S;
 	size_t i, n;
 	int err = -EINVAL;
@@ -139,13 +139,9 @@ int fetch_parse_token(const char *json, size_t len, time_t now,
 	root = fetch_json_parse(json, len);
 	if (!root)
 		return -EINVAL;
-	if (json_object_object_get_ex(root, "token", &v) &&
-	    json_object_is_type(v, json_type_string))
-		tok = json_object_get_string(v);
-	if ((!tok || !*tok) &&
-	    json_object_object_get_ex(root, "access_token", &v) &&
-	    json_object_is_type(v, json_type_string))
-		tok = json_object_get_string(v);
+	tok = json_get_string(root, "token");
+	if (!tok || !*tok)
+		tok = json_get_string(root, "access_token");
 	if (!tok)
 		goto out;
 	n = strlen(tok);
@@ -163,11 +159,10 @@ int fetch_parse_token(const char *json, size_t len, time_t now,
 		if (exp > TOKEN_MAX_S)
 			exp = TOKEN_MAX_S;
 	}
-	if (json_object_object_get_ex(root, "issued_at", &v) &&
-	    json_object_is_type(v, json_type_string)) {
+	issued = json_get_string(root, "issued_at");
+	if (issued) {
 		time_t when;
 
-		issued = json_object_get_string(v);
 		/* Trust issued_at only when it is consistent with our clock:
 		 * a skewed clock must not make every token look expired. */
 		if (!parse_rfc3339(issued, &when) && when <= now &&
@@ -540,7 +535,7 @@ static int fetch_token(struct registry *r, const char *scopes, char **line,
 			err = token_get(r, scopes, basic, &resp);
 	}
 	if (err) {
-		if (err != -ENOMEM && err != -EFBIG)
+		if (err != -ENOMEM)
 			http_log_failure(r, "token server unreachable", err,
 					 &resp);
 		goto out;

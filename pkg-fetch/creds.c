@@ -60,7 +60,7 @@ static bool cred_text_ok(const char *s, size_t len)
 	return true;
 }
 
-static struct json_object *parse_json(const char *text, size_t len)
+struct json_object *fetch_json_parse(const char *text, size_t len)
 {
 	struct json_tokener *tok;
 	struct json_object *o;
@@ -88,11 +88,6 @@ static struct json_object *parse_json(const char *text, size_t len)
 		o = NULL;
 	}
 	return o;
-}
-
-struct json_object *fetch_json_parse(const char *text, size_t len)
-{
-	return parse_json(text, len);
 }
 
 /*
@@ -214,7 +209,7 @@ int fetch_dockercfg_lookup(const char *json, size_t len, const char *host,
 	int err = 0;
 
 	memset(out, 0, sizeof(*out));
-	root = parse_json(json, len);
+	root = fetch_json_parse(json, len);
 	if (!root)
 		return -EINVAL;
 	if (json_object_object_get_ex(root, "credHelpers", &helpers) &&
@@ -256,7 +251,7 @@ int fetch_helper_output_parse(const char *json, size_t len,
 	int err = -EINVAL;
 
 	memset(out, 0, sizeof(*out));
-	root = parse_json(json, len);
+	root = fetch_json_parse(json, len);
 	if (!root)
 		return -EINVAL;
 	user = json_get_string(root, "Username");

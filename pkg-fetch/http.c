@@ -253,28 +253,34 @@ int http_body_append(struct http_resp *resp, const void *p, size_t n)
 	return 0;
 }
 
-/* Default sink: 2xx bodies up to max_body, error bodies truncated. */
+bool http_side_body(struct http_xfer *x, const char *p, size_t n)
+{
+	struct http_resp *resp = x->resp;
+	long st = resp->status;
+	size_t keep;
+
+	if (st >= 200 && st < 300)
+		return false;
+	atomic_fetch_add(&x->r->st_down, n);
+	if (st >= 300 && st < 400)
+		return true;
+	keep = resp->body_len < ERROR_BODY_MAX ?
+		       MIN(n, ERROR_BODY_MAX - resp->body_len) : 0;
+	if (keep && http_body_append(resp, p, keep))
+		x->sink_err = -ENOMEM;
+	return true;
+}
+
+/* Default sink: 2xx bodies up to max_body into resp->body. */
 static size_t write_cb(char *p, size_t size, size_t nmemb, void *arg)
 {
 	struct http_xfer *x = arg;
 	struct http_resp *resp = x->resp;
 	size_t n = size * nmemb;
-	long st = resp->status;
 
+	if (http_side_body(x, p, n))
+		return x->sink_err ? 0 : n;
 	atomic_fetch_add(&x->r->st_down, n);
-	if (st >= 300 && st < 400)
-		return n;
-	if (st < 200 || st >= 300) {
-		size_t keep = resp->body_len < ERROR_BODY_MAX ?
-				      MIN(n, ERROR_BODY_MAX - resp->body_len) :
-				      0;
-
-		if (keep && http_body_append(resp, p, keep)) {
-			x->sink_err = -ENOMEM;
-			return 0;
-		}
-		return n;
-	}
 	if (resp->body_len + n > x->q->max_body) {
 		if (x->q->stop_at_max) {
 			size_t keep = x->q->max_body - resp->body_len;
@@ -367,7 +373,15 @@ static int xferinfo_cb(void *arg, curl_off_t dltotal, curl_off_t dlnow,
 	return 0;
 }
 
-CURLcode http_xfer_result(const struct http_xfer *x, CURLcode cc)
+/* Some servers announce a Content-Length for error pages and send less
+ * (registry 2.8 on 416): the status is what matters then. */
+static bool error_status_answered(CURLcode cc, const struct http_resp *resp)
+{
+	return resp->status >= 300 &&
+	       (cc == CURLE_PARTIAL_FILE || cc == CURLE_RECV_ERROR);
+}
+
+int http_xfer_err(const struct http_xfer *x, CURLcode cc)
 {
 	CURLcode res = cc;
 
@@ -378,7 +392,12 @@ CURLcode http_xfer_result(const struct http_xfer *x, CURLcode cc)
 	/* libcurl's detail describes the code it returned, not ours. */
 	if (res != cc)
 		x->resp->errbuf[0] = '\0';
-	return res;
+	x->resp->cc = res;
+	if (x->sink_err)
+		return x->sink_err;
+	if (error_status_answered(res, x->resp))
+		return 0;
+	return http_curl_error(res);
 }
 
 /* ------------------------------------------------------------------ */
@@ -485,27 +504,6 @@ int http_setup(struct registry *r, CURL *h, struct http_xfer *x,
 	return 0;
 }
 
-void http_collect(CURL *h, struct http_resp *resp)
-{
-	curl_off_t cl = -1;
-	char *eff = NULL;
-	long code = 0;
-
-	if (curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &code) == CURLE_OK &&
-	    code)
-		resp->status = code;
-	curl_easy_getinfo(h, CURLINFO_REDIRECT_COUNT, &resp->redirects);
-	if (curl_easy_getinfo(h, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &cl) !=
-	    CURLE_OK)
-		cl = -1;
-	resp->content_length = cl;
-	if (curl_easy_getinfo(h, CURLINFO_EFFECTIVE_URL, &eff) == CURLE_OK &&
-	    eff) {
-		free(resp->effective_url);
-		resp->effective_url = strdup(eff);
-	}
-}
-
 int http_curl_error(CURLcode cc)
 {
 	switch (cc) {
@@ -538,8 +536,32 @@ int http_curl_error(CURLcode cc)
 	}
 }
 
-int http_once(struct registry *r, const struct http_req *q,
-	      const char *auth_line, struct http_resp *resp)
+int http_xfer_end(struct http_xfer *x, CURL *h, CURLcode cc)
+{
+	struct http_resp *resp = x->resp;
+	curl_off_t cl = -1;
+	char *eff = NULL;
+	long code = 0;
+
+	if (curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &code) == CURLE_OK &&
+	    code)
+		resp->status = code;
+	curl_easy_getinfo(h, CURLINFO_REDIRECT_COUNT, &resp->redirects);
+	if (curl_easy_getinfo(h, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &cl) !=
+	    CURLE_OK)
+		cl = -1;
+	resp->content_length = cl;
+	if (curl_easy_getinfo(h, CURLINFO_EFFECTIVE_URL, &eff) == CURLE_OK &&
+	    eff) {
+		free(resp->effective_url);
+		resp->effective_url = strdup(eff);
+	}
+	return http_xfer_err(x, cc);
+}
+
+/* One attempt: http_xfer_end's verdict, or a setup failure. */
+static int http_once(struct registry *r, const struct http_req *q,
+		     const char *auth_line, struct http_resp *resp)
 {
 	struct http_xfer x = { .r = r, .q = q, .resp = resp };
 	CURLcode cc;
@@ -555,15 +577,7 @@ int http_once(struct registry *r, const struct http_req *q,
 		goto out;
 	atomic_fetch_add(&r->st_requests, 1);
 	cc = curl_easy_perform(h);
-	http_collect(h, resp);
-	cc = http_xfer_result(&x, cc);
-	resp->cc = cc;
-	if (x.sink_err)
-		err = x.sink_err;
-	else if (http_error_status_answered(cc, resp))
-		err = 0;
-	else
-		err = http_curl_error(cc);
+	err = http_xfer_end(&x, h, cc);
 	if (err == -EFBIG)
 		ferry_err("%s: %s: answer larger than %zu bytes", r->name,
 			  q->what, q->max_body);
@@ -571,53 +585,6 @@ out:
 	curl_slist_free_all(x.hdrs);
 	http_put_handle(r, h);
 	return err;
-}
-
-bool http_error_status_answered(CURLcode cc, const struct http_resp *resp)
-{
-	/* Some servers announce a Content-Length for error pages and send
-	 * less (registry 2.8 on 416): the status is what matters then. */
-	return resp->status >= 300 &&
-	       (cc == CURLE_PARTIAL_FILE || cc == CURLE_RECV_ERROR);
-}
-
-bool http_retriable(int err, const struct http_resp *resp)
-{
-	if (err) {
-		switch (resp->cc) {
-		case CURLE_COULDNT_CONNECT:
-		case CURLE_COULDNT_RESOLVE_HOST:
-		case CURLE_OPERATION_TIMEDOUT:
-		case CURLE_RECV_ERROR:
-		case CURLE_SEND_ERROR:
-		case CURLE_GOT_NOTHING:
-		case CURLE_PARTIAL_FILE:
-		case CURLE_HTTP2:
-		case CURLE_HTTP2_STREAM:
-		case CURLE_HTTP3:
-			return true;
-		default:
-			return false;
-		}
-	}
-	return resp->status == 408 || resp->status == 429 ||
-	       (resp->status >= 500 && resp->status <= 599 &&
-		resp->status != 501 && resp->status != 505);
-}
-
-/* xorshift64*, per thread, seeded from the clock: jitter needs no
- * cryptographic quality, only independence between clients. */
-static uint64_t jitter_rand(void)
-{
-	static _Thread_local uint64_t state;
-
-	if (!state)
-		state = ferry_now_ns() ^ ((uint64_t)getpid() << 32) ^
-			(uint64_t)(uintptr_t)&state;
-	state ^= state >> 12;
-	state ^= state << 25;
-	state ^= state >> 27;
-	return state * 2685821657736338717ull;
 }
 
 /* Failures of TLS itself, as opposed to the connection under it. */
@@ -657,28 +624,108 @@ void http_describe(const struct http_resp *resp, int err, char *buf,
 		snprintf(buf, cap, "%s", ferry_strerror(err));
 }
 
-void http_backoff(struct registry *r, const char *method, const char *what,
-		  unsigned int attempt, int err, const struct http_resp *resp,
-		  const char *why)
-{
-	unsigned int cap = BACKOFF_BASE_MS, ms, ra_ms;
-	const char *ra = err ? NULL : http_header(resp, "Retry-After");
-	struct timespec ts;
-	char buf[320];
-	unsigned int i;
+/* ------------------------------------------------------------------ */
+/* The retry policy                                                    */
+/* ------------------------------------------------------------------ */
 
+static bool retriable(int err, const struct http_resp *resp)
+{
+	if (err) {
+		switch (resp->cc) {
+		case CURLE_COULDNT_CONNECT:
+		case CURLE_COULDNT_RESOLVE_HOST:
+		case CURLE_OPERATION_TIMEDOUT:
+		case CURLE_RECV_ERROR:
+		case CURLE_SEND_ERROR:
+		case CURLE_GOT_NOTHING:
+		case CURLE_PARTIAL_FILE:
+		case CURLE_HTTP2:
+		case CURLE_HTTP2_STREAM:
+		case CURLE_HTTP3:
+			return true;
+		default:
+			return false;
+		}
+	}
+	return resp->status == 408 || resp->status == 429 ||
+	       (resp->status >= 500 && resp->status <= 599 &&
+		resp->status != 501 && resp->status != 505);
+}
+
+enum http_verdict http_judge(int err, const struct http_resp *resp,
+			     bool authed)
+{
+	if (!err && resp->status == 401 && authed)
+		return HTTP_REAUTH;
+	/* Our own failures (a full sink, no memory) are not the server's. */
+	if (err == -EFBIG || err == -ENOMEM)
+		return HTTP_FINAL;
+	return retriable(err, resp) ? HTTP_RETRY : HTTP_FINAL;
+}
+
+unsigned int http_backoff_ms(unsigned int attempt, int err,
+			     const struct http_resp *resp, uint64_t rnd,
+			     time_t now)
+{
+	const char *ra = err ? NULL : http_header(resp, "Retry-After");
+	unsigned int cap = BACKOFF_BASE_MS, ra_ms, i;
+
+	if (ra && !fetch_parse_retry_after(ra, strlen(ra), now, &ra_ms))
+		return ra_ms;
 	for (i = 1; i < attempt && cap < BACKOFF_CAP_MS; i++)
 		cap = MIN(cap * 2, BACKOFF_CAP_MS);
-	ms = (unsigned int)(jitter_rand() % (cap + 1u));
-	if (ra && !fetch_parse_retry_after(ra, strlen(ra), time(NULL), &ra_ms))
-		ms = ra_ms;
+	return (unsigned int)(rnd % (cap + 1u));
+}
+
+/* xorshift64*, per thread, seeded from the clock: jitter needs no
+ * cryptographic quality, only independence between clients. */
+static uint64_t jitter_rand(void)
+{
+	static _Thread_local uint64_t state;
+
+	if (!state)
+		state = ferry_now_ns() ^ ((uint64_t)getpid() << 32) ^
+			(uint64_t)(uintptr_t)&state;
+	state ^= state >> 12;
+	state ^= state << 25;
+	state ^= state >> 27;
+	return state * 2685821657736338717ull;
+}
+
+int http_try_auth(struct http_try *t)
+{
+	int err;
+
+	auth_line_free(t->auth);
+	t->auth = NULL;
+	if (!t->scope)
+		return 0;
+	err = auth_ping(t->r);
+	return err ? err : auth_line(t->r, t->scope, &t->auth);
+}
+
+bool http_try_last(const struct http_try *t)
+{
+	return t->once || t->attempt + 1 >= t->r->attempts;
+}
+
+void http_try_backoff(struct http_try *t, int err,
+		      const struct http_resp *resp, const char *why)
+{
+	struct registry *r = t->r;
+	unsigned int ms;
+	struct timespec ts;
+	char buf[320];
+
+	ms = http_backoff_ms(++t->attempt, err, resp, jitter_rand(),
+			     time(NULL));
 	if (!why) {
 		http_describe(resp, err, buf, sizeof(buf));
 		why = buf;
 	}
 	ferry_warn("%s: %s%s%s: %s; retrying in %u ms (attempt %u of %u)",
-		   r->name, method ? method : "", method ? " " : "", what, why,
-		   ms, attempt + 1, r->attempts);
+		   r->name, t->method ? t->method : "", t->method ? " " : "",
+		   t->what, why, ms, t->attempt + 1, r->attempts);
 	atomic_fetch_add(&r->st_retries, 1);
 	ts.tv_sec = ms / 1000;
 	ts.tv_nsec = (long)(ms % 1000) * 1000000L;
@@ -686,44 +733,46 @@ void http_backoff(struct registry *r, const char *method, const char *what,
 		;
 }
 
+bool http_try_next(struct http_try *t, int err, const struct http_resp *resp)
+{
+	switch (http_judge(err, resp, t->scope && !t->reauthed)) {
+	case HTTP_REAUTH:
+		/* Once: a second 401 means the new credentials failed too. */
+		t->reauthed = true;
+		return !auth_rejected(t->r, t->scope, resp, t->auth);
+	case HTTP_RETRY:
+		if (http_try_last(t))
+			return false;
+		http_try_backoff(t, err, resp, NULL);
+		return true;
+	default:
+		return false;
+	}
+}
+
 int http_do(struct registry *r, const struct http_req *q,
 	    struct http_resp *resp)
 {
-	unsigned int attempt = 0;
-	bool reauthed = false;
-	char *auth = NULL;
+	struct http_try t = {
+		.r = r,
+		.method = q->method,
+		.what = q->what,
+		.scope = q->registry_auth ? &q->scope : NULL,
+		.once = q->once,
+	};
 	int err;
 
 	http_resp_reset(resp);
-	if (q->registry_auth) {
-		err = auth_ping(r);
-		if (err)
-			return err;
-	}
-	for (;;) {
-		if (q->registry_auth) {
-			auth_line_free(auth);
-			auth = NULL;
-			err = auth_line(r, &q->scope, &auth);
-			if (err) {
-				/* Logged where it failed; nothing was sent. */
-				http_resp_reset(resp);
-				break;
-			}
-		}
-		err = http_once(r, q, auth ? auth : q->auth_line, resp);
-		if (!err && resp->status == 401 && q->registry_auth &&
-		    !reauthed) {
-			reauthed = true;
-			if (!auth_rejected(r, &q->scope, resp, auth))
-				continue;
-		}
-		if (err == -EFBIG || err == -ENOMEM || q->once ||
-		    attempt + 1 >= r->attempts || !http_retriable(err, resp))
+	do {
+		err = http_try_auth(&t);
+		if (err) {
+			/* Logged where it failed; nothing was sent. */
+			http_resp_reset(resp);
 			break;
-		http_backoff(r, q->method, q->what, ++attempt, err, resp, NULL);
-	}
-	auth_line_free(auth);
+		}
+		err = http_once(r, q, t.auth ? t.auth : q->auth_line, resp);
+	} while (http_try_next(&t, err, resp));
+	auth_line_free(t.auth);
 	return err;
 }
 
@@ -733,8 +782,9 @@ void http_log_failure(struct registry *r, const char *what, int err,
 	char why[320];
 
 	/* No answer and no transport error: nothing was sent, and whatever
-	 * stopped it (token server, setup) has said why already. */
-	if (!resp->status && resp->cc == CURLE_OK)
+	 * stopped it (token server, setup) has said why already; an answer
+	 * too large was logged where it was cut. */
+	if ((!resp->status && resp->cc == CURLE_OK) || err == -EFBIG)
 		return;
 	http_describe(resp, err, why, sizeof(why));
 	ferry_err("%s: %s: %s", r->name, what, why);
@@ -743,7 +793,7 @@ void http_log_failure(struct registry *r, const char *what, int err,
 /* The first error of a registry error body, sanitised for a log line. */
 static void error_detail(const struct http_resp *resp, char *buf, size_t cap)
 {
-	struct json_object *root, *errs, *e, *v;
+	struct json_object *root, *errs, *e;
 	const char *code = NULL, *msg = NULL;
 	size_t i, n = 0;
 
@@ -757,12 +807,8 @@ static void error_detail(const struct http_resp *resp, char *buf, size_t cap)
 	    json_object_is_type(errs, json_type_array) &&
 	    json_object_array_length(errs) > 0) {
 		e = json_object_array_get_idx(errs, 0);
-		if (e && json_object_object_get_ex(e, "code", &v) &&
-		    json_object_is_type(v, json_type_string))
-			code = json_object_get_string(v);
-		if (e && json_object_object_get_ex(e, "message", &v) &&
-		    json_object_is_type(v, json_type_string))
-			msg = json_object_get_string(v);
+		code = json_get_string(e, "code");
+		msg = json_get_string(e, "message");
 	}
 	if (code || msg)
 		n = (size_t)snprintf(buf, cap, " (%s%s%s)", code ? code : "",
@@ -771,6 +817,15 @@ static void error_detail(const struct http_resp *resp, char *buf, size_t cap)
 		if ((unsigned char)buf[i] < 0x20 || buf[i] == 0x7f)
 			buf[i] = '?';
 	json_object_put(root);
+}
+
+int http_fail(struct registry *r, const char *what, int err,
+	      const struct http_resp *resp)
+{
+	if (!err)
+		return http_status_error(r, what, resp);
+	http_log_failure(r, what, err, resp);
+	return err;
 }
 
 int http_status_error(struct registry *r, const char *what,

@@ -310,10 +310,20 @@ struct http_xfer {
 	uint64_t moved_bytes;
 };
 
-/* The transfer's result as the retry logic should see it: a deliberate
- * stop is success, a stall is a timeout (x->resp->errbuf is cleared when
- * the code changes). */
-CURLcode http_xfer_result(const struct http_xfer *x, CURLcode cc);
+/*
+ * A transfer ended with @cc: 0 when an HTTP answer came (any status), else
+ * a negative errno, the sink's own first; a deliberate stop is success, a
+ * stall a timeout (sets resp->cc). http_xfer_end first fills in the
+ * response from @h (status, redirects, effective URL, length).
+ */
+int http_xfer_err(const struct http_xfer *x, CURLcode cc);
+int http_xfer_end(struct http_xfer *x, CURL *h, CURLcode cc);
+/*
+ * Bodies that are not the answer: a redirect's (dropped) and an error
+ * page's (its start kept in resp->body for the message). True when @p is
+ * one of them (x->sink_err set on failure); false for a 2xx body.
+ */
+bool http_side_body(struct http_xfer *x, const char *p, size_t n);
 
 /*
  * Configure @h for @q (method, body, headers plus @auth_line, timeouts,
@@ -323,29 +333,62 @@ CURLcode http_xfer_result(const struct http_xfer *x, CURLcode cc);
 int http_setup(struct registry *r, CURL *h, struct http_xfer *x,
 	       const char *auth_line, curl_write_callback write_cb,
 	       void *write_arg);
-/* After a transfer on @h: status, redirects, effective URL, length. */
-void http_collect(CURL *h, struct http_resp *resp);
 
-/* One attempt. 0 when an HTTP answer came (any status), else a negative
- * errno (resp->cc says which transport error). */
-int http_once(struct registry *r, const struct http_req *q,
-	      const char *auth_line, struct http_resp *resp);
+/*
+ * The one request path: plain requests (http_do), each request of an
+ * upload and each transfer of a stream run their attempts under a struct
+ * http_try — http_try_auth (credentials for the scope), the transfer,
+ * http_xfer_end, then http_try_next (a 401 refreshes once, a retriable
+ * failure backs off) — and end in http_fail when the answer is not the
+ * one wanted. Streams (Range resumption) and upload sessions (a new
+ * session) add their own rules around it, judged and timed the same.
+ */
+enum http_verdict {
+	HTTP_FINAL,  /* an answer to act on, or an error not worth repeating */
+	HTTP_REAUTH, /* a 401 to credentials not yet refreshed */
+	HTTP_RETRY,  /* transient: another attempt after a backoff */
+};
+
+/* The verdict on an attempt that got @err / @resp: retriable are
+ * transport failures, 408, 429, 5xx but 501/505; @authed: it carried
+ * registry credentials that a 401 has not yet refused. */
+enum http_verdict http_judge(int err, const struct http_resp *resp,
+			     bool authed);
+/*
+ * The wait before retry @attempt (1-based): Retry-After of an answer
+ * (relative to @now, at most FETCH_RETRY_AFTER_MAX_MS), else full jitter
+ * (@rnd) under an exponential cap (200 ms doubling up to 10 s).
+ */
+unsigned int http_backoff_ms(unsigned int attempt, int err,
+			     const struct http_resp *resp, uint64_t rnd,
+			     time_t now);
+
+struct http_try {
+	struct registry *r;
+	const char *method; /* for messages; NULL when @what names it */
+	const char *what;
+	const struct reg_scope *scope; /* registry credentials, or NULL */
+	bool once;          /* no retries (a 401 is still answered) */
+	unsigned int attempt; /* retries so far */
+	bool reauthed;      /* a 401 was answered already */
+	char *auth;         /* the Authorization line of this attempt */
+};
+
+/* Ping /v2/ and set t->auth for t->scope (NULL without one). */
+int http_try_auth(struct http_try *t);
+/* No retry is left. */
+bool http_try_last(const struct http_try *t);
+/* Warn (why, or what @err / @resp say) and sleep before the next retry. */
+void http_try_backoff(struct http_try *t, int err,
+		      const struct http_resp *resp, const char *why);
+/* After an attempt: true when another should follow (the 401 answered,
+ * or the backoff slept), false when @err / @resp is the result. */
+bool http_try_next(struct http_try *t, int err, const struct http_resp *resp);
+
 /* With authentication and retries, as @q asks. */
 int http_do(struct registry *r, const struct http_req *q,
 	    struct http_resp *resp);
 
-/* A non-2xx status arrived and only its body was cut short. */
-bool http_error_status_answered(CURLcode cc, const struct http_resp *resp);
-/* Worth another attempt: transport failures, 408, 429, 5xx but 501/505. */
-bool http_retriable(int err, const struct http_resp *resp);
-/*
- * Warn and sleep before retry @attempt (1-based) of @method (NULL when
- * @what names the operation already) @what, which failed with @err /
- * @resp, or as @why says when not NULL.
- */
-void http_backoff(struct registry *r, const char *method, const char *what,
-		  unsigned int attempt, int err,
-		  const struct http_resp *resp, const char *why);
 /* What went wrong with a request, for a message: "HTTP 503", libcurl's
  * detail of a transport error, a TLS certificate problem. */
 void http_describe(const struct http_resp *resp, int err, char *buf,
@@ -356,9 +399,13 @@ int http_curl_error(CURLcode cc);
  * error message: 404 -ENOENT, 401/403 -EACCES, 416 -ERANGE, ... */
 int http_status_error(struct registry *r, const char *what,
 		      const struct http_resp *resp);
-/* Log a transport failure of @what. */
+/* Log a transport failure of @what (not -EFBIG: logged when cut). */
 void http_log_failure(struct registry *r, const char *what, int err,
 		      const struct http_resp *resp);
+/* The final error of a request that failed (@err) or did not get the
+ * status it wanted: logged one way, as either of the two above. */
+int http_fail(struct registry *r, const char *what, int err,
+	      const struct http_resp *resp);
 
 /* Resolve an upload/Link location against @base_url (absolute URLs are
  * kept as given). */

@@ -309,26 +309,32 @@ void reg_mirror_failed(struct registry *r, const char *what, const char *why,
 /* Redirect cache                                                      */
 /* ------------------------------------------------------------------ */
 
-char *reg_redirect_get(struct registry *r, const uint8_t *digest)
+/* The entry of @digest, or NULL (under r->lock). */
+static struct reg_redirect *redirect_find(struct registry *r,
+					  const uint8_t *digest)
 {
-	uint64_t now = ferry_now_ns();
-	char *url = NULL;
 	size_t i;
 
-	pthread_mutex_lock(&r->lock);
-	for (i = 0; i < REG_REDIRECTS_MAX; i++) {
-		struct reg_redirect *e = &r->redirects[i];
+	for (i = 0; i < REG_REDIRECTS_MAX; i++)
+		if (r->redirects[i].url &&
+		    !memcmp(r->redirects[i].digest, digest, FETCH_DIGEST_SIZE))
+			return &r->redirects[i];
+	return NULL;
+}
 
-		if (!e->url || memcmp(e->digest, digest, FETCH_DIGEST_SIZE))
-			continue;
-		/* Signed URLs expire; re-resolve now and then anyway. */
-		if (now - e->when_ns > REG_REDIRECT_TTL_NS) {
-			free(e->url);
-			e->url = NULL;
-		} else {
-			url = strdup(e->url);
-		}
-		break;
+char *reg_redirect_get(struct registry *r, const uint8_t *digest)
+{
+	struct reg_redirect *e;
+	char *url = NULL;
+
+	pthread_mutex_lock(&r->lock);
+	e = redirect_find(r, digest);
+	/* Signed URLs expire; re-resolve now and then anyway. */
+	if (e && ferry_now_ns() - e->when_ns > REG_REDIRECT_TTL_NS) {
+		free(e->url);
+		e->url = NULL;
+	} else if (e) {
+		url = strdup(e->url);
 	}
 	pthread_mutex_unlock(&r->lock);
 	return url;
@@ -337,22 +343,21 @@ char *reg_redirect_get(struct registry *r, const uint8_t *digest)
 void reg_redirect_put(struct registry *r, const uint8_t *digest,
 		      const char *url)
 {
-	struct reg_redirect *slot = NULL;
+	struct reg_redirect *slot;
 	char *copy = strdup(url);
 	size_t i;
 
 	if (!copy)
 		return;
 	pthread_mutex_lock(&r->lock);
-	for (i = 0; i < REG_REDIRECTS_MAX; i++) {
-		struct reg_redirect *e = &r->redirects[i];
-
-		if (e->url && !memcmp(e->digest, digest, FETCH_DIGEST_SIZE)) {
-			slot = e;
-			break;
-		}
-		if (!slot || (slot->url && (!e->url || e->when_ns < slot->when_ns)))
-			slot = e;
+	slot = redirect_find(r, digest);
+	if (!slot) {
+		/* A free entry, else the oldest. */
+		slot = &r->redirects[0];
+		for (i = 1; i < REG_REDIRECTS_MAX && slot->url; i++)
+			if (!r->redirects[i].url ||
+			    r->redirects[i].when_ns < slot->when_ns)
+				slot = &r->redirects[i];
 	}
 	free(slot->url);
 	memcpy(slot->digest, digest, FETCH_DIGEST_SIZE);
@@ -363,16 +368,13 @@ void reg_redirect_put(struct registry *r, const uint8_t *digest,
 
 void reg_redirect_drop(struct registry *r, const uint8_t *digest)
 {
-	size_t i;
+	struct reg_redirect *e;
 
 	pthread_mutex_lock(&r->lock);
-	for (i = 0; i < REG_REDIRECTS_MAX; i++) {
-		struct reg_redirect *e = &r->redirects[i];
-
-		if (e->url && !memcmp(e->digest, digest, FETCH_DIGEST_SIZE)) {
-			free(e->url);
-			e->url = NULL;
-		}
+	e = redirect_find(r, digest);
+	if (e) {
+		free(e->url);
+		e->url = NULL;
 	}
 	pthread_mutex_unlock(&r->lock);
 }
@@ -397,8 +399,8 @@ static bool generic_type(const char *t)
 static int manifest_type(struct registry *r, const char *what,
 			 const struct http_resp *resp, char *out, size_t cap)
 {
-	const char *ct = http_header(resp, "Content-Type"), *doc = NULL;
-	struct json_object *root, *v;
+	const char *ct = http_header(resp, "Content-Type"), *doc;
+	struct json_object *root;
 	char type[256];
 	size_t n = 0;
 	int err = 0;
@@ -417,9 +419,7 @@ static int manifest_type(struct registry *r, const char *what,
 		ferry_err("%s: %s: not a JSON object", r->name, what);
 		return -EIO;
 	}
-	if (json_object_object_get_ex(root, "mediaType", &v) &&
-	    json_object_is_type(v, json_type_string))
-		doc = json_object_get_string(v);
+	doc = json_get_string(root, "mediaType");
 	if (doc && *doc && !generic_type(type) && strcasecmp(doc, type)) {
 		ferry_err("%s: %s: Content-Type %s but the document says %.200s",
 			  r->name, what, type, doc);
@@ -528,13 +528,8 @@ int registry_get_manifest(struct registry *r, const char *reference,
 		goto out;
 	}
 	err = manifest_get(r, url, false, what, &resp);
-	if (err) {
-		if (err != -EFBIG)
-			http_log_failure(r, what, err, &resp);
-		goto out;
-	}
-	if (resp.status != 200) {
-		err = http_status_error(r, what, &resp);
+	if (err || resp.status != 200) {
+		err = http_fail(r, what, err, &resp);
 		goto out;
 	}
 	sha256_buf(resp.body, resp.body_len, digest);
@@ -628,12 +623,9 @@ int registry_put_manifest(struct registry *r, const char *reference,
 
 		err = http_do(r, &q, &resp);
 	}
-	if (err) {
-		http_log_failure(r, what, err, &resp);
-		goto out;
-	}
-	if (resp.status != 201 && resp.status != 200 && resp.status != 202) {
-		err = http_status_error(r, what, &resp);
+	if (err || (resp.status != 201 && resp.status != 200 &&
+		    resp.status != 202)) {
+		err = http_fail(r, what, err, &resp);
 		goto out;
 	}
 	err = check_content_digest(r, what, &resp, got,
@@ -746,13 +738,8 @@ int registry_list_tags(struct registry *r, char ***tags_out, size_t *nr_out)
 		int k;
 
 		err = http_do(r, &q, &resp);
-		if (err) {
-			if (err != -EFBIG)
-				http_log_failure(r, q.what, err, &resp);
-			goto out;
-		}
-		if (resp.status != 200) {
-			err = http_status_error(r, q.what, &resp);
+		if (err || resp.status != 200) {
+			err = http_fail(r, q.what, err, &resp);
 			goto out;
 		}
 		err = tags_page(r, &resp, &tags, &nr, &cap);
@@ -828,6 +815,13 @@ int registry_blob_exists(struct registry *r,
 	struct curl_slist ident = { (char *)"Accept-Encoding: identity", NULL };
 	char d[80], what[120], *url = NULL;
 	struct fetch_content_range cr;
+	/* HEAD without following: a 3xx answer also means present. */
+	struct http_req q = {
+		.what = what,
+		.method = "HEAD",
+		.registry_auth = true,
+		.scope = { .push = r->access == FETCH_PUSH },
+	};
 	const char *hdr;
 	int err;
 
@@ -839,62 +833,35 @@ int registry_blob_exists(struct registry *r,
 	url = reg_url(r, r->base, "/blobs/%s", d);
 	if (!url)
 		return -ENOMEM;
-	{
-		/* HEAD without following: a 3xx answer also means present. */
-		struct http_req q = {
-			.what = what,
-			.method = "HEAD",
-			.url = url,
-			.registry_auth = true,
-			.scope = { .push = r->access == FETCH_PUSH },
-			.max_body = 0,
-		};
-
-		err = http_do(r, &q, &resp);
-	}
-	if (err) {
-		http_log_failure(r, what, err, &resp);
-		goto out;
-	}
-	if (resp.status == 404) {
-		err = 0;
-		goto out;
-	}
-	if (resp.status == 200 && resp.content_length >= 0) {
+	q.url = url;
+	err = http_do(r, &q, &resp);
+	if (!err && resp.status == 200 && resp.content_length >= 0) {
 		*size = (uint64_t)resp.content_length;
 		err = 1;
 		goto out;
 	}
-	if (resp.status != 200 && (resp.status < 300 || resp.status > 399)) {
-		err = http_status_error(r, what, &resp);
+	if (err || (resp.status != 200 && resp.status != 404 &&
+		    (resp.status < 300 || resp.status > 399))) {
+		err = http_fail(r, what, err, &resp);
 		goto out;
 	}
+	if (resp.status == 404)
+		goto out;
 	/* Present but no length (or redirected): ask for one byte and read
 	 * the total from Content-Range. */
 	range.next = &ident;
-	{
-		struct http_req q = {
-			.what = what,
-			.method = "GET",
-			.url = url,
-			.headers = &range,
-			.registry_auth = true,
-			.scope = { .push = r->access == FETCH_PUSH },
-			.follow = true,
-			.max_body = 1,
-			.stop_at_max = true,
-		};
-
-		err = http_do(r, &q, &resp);
-	}
+	q.method = "GET";
+	q.headers = &range;
+	q.follow = true;
+	q.max_body = 1;
+	q.stop_at_max = true;
+	err = http_do(r, &q, &resp);
 	if (err) {
 		http_log_failure(r, what, err, &resp);
 		goto out;
 	}
-	if (resp.status == 404) {
-		err = 0;
+	if (resp.status == 404)
 		goto out;
-	}
 	hdr = http_header(&resp, "Content-Range");
 	if (resp.status == 206 && hdr &&
 	    !fetch_parse_content_range(hdr, strlen(hdr), &cr) &&

@@ -9,9 +9,10 @@
  * Sources, in order: the mirror, the cached redirect target of the blob,
  * the registry. A failing mirror or cached URL falls through to the next
  * source at once (a cached signed URL that answers 401/403 has expired).
- * The registry gets authentication and retries; a transfer that ends
- * early resumes with a Range request at the current offset, counted as a
- * retry (the retry budget restarts whenever bytes arrived).
+ * The registry gets authentication and retries through the shared
+ * request path (struct http_try); a transfer that ends early resumes with
+ * a Range request at the current offset, counted as a retry (the retry
+ * budget restarts whenever a transfer moved STREAM_PROGRESS_RESET bytes).
  *
  * Every answer is checked against what was asked: a 206 must carry a
  * Content-Range starting at the requested offset (and the expected total);
@@ -62,18 +63,18 @@ struct fetch_stream {
 	struct http_resp resp;
 	struct curl_slist h_ident, h_range;
 	char range[80];
-	char *url, *auth;
+	char *url;
 	enum stream_src src;
 	bool active, paused, checked;
 	uint64_t xfer_start; /* blob offset this transfer asked for */
 	uint64_t skip;       /* body bytes before xfer_start (a 200) */
 	uint64_t xfer_got;
-	int xerr;            /* the write callback's verdict */
-	char why[160];
+	char why[160];       /* what the checks of the answer refused */
 
 	uint64_t pump_exit_ns; /* when the reader last got control back */
-	unsigned int attempt;
-	bool reauthed, mirror_failed, cache_failed, eof_checked;
+	struct reg_scope scope;
+	struct http_try t;   /* the registry's attempts */
+	bool mirror_failed, cache_failed, eof_checked;
 	int err; /* sticky */
 };
 
@@ -185,34 +186,20 @@ static size_t stream_write(char *p, size_t size, size_t nmemb, void *arg)
 	struct fetch_stream *s = arg;
 	size_t n = size * nmemb, drop, use;
 	uint64_t want = s->len - s->pos;
-	long st = s->resp.status;
 	int rc;
 
-	if (st >= 300 && st < 400)
-		return n; /* body of a redirect being followed */
-	if (st < 200 || st >= 300) {
-		/* An error body: keep its start for the message. */
-		size_t keep = s->resp.body_len < 16384 ?
-				      MIN(n, 16384 - s->resp.body_len) :
-				      0;
-
-		atomic_fetch_add(&s->r->st_down, n);
-		if (keep && http_body_append(&s->resp, p, keep)) {
-			s->xerr = -ENOMEM;
-			return 0;
-		}
-		return n;
-	}
+	if (http_side_body(&s->x, p, n))
+		return s->x.sink_err ? 0 : n;
 	if (!s->checked) {
-		s->xerr = stream_check(s);
-		if (s->xerr)
+		s->x.sink_err = stream_check(s);
+		if (s->x.sink_err)
 			return 0;
 	}
 	drop = (size_t)MIN((uint64_t)n, s->skip);
 	use = (size_t)MIN((uint64_t)(n - drop), want);
 	rc = buf_make_room(s, use);
 	if (rc < 0) {
-		s->xerr = rc;
+		s->x.sink_err = rc;
 		return 0;
 	}
 	if (rc > 0) {
@@ -230,9 +217,9 @@ static size_t stream_write(char *p, size_t size, size_t nmemb, void *arg)
 		/* More than wanted: a longer blob is an error for a whole
 		 * blob read; otherwise the rest of a 200 is not needed. */
 		if (s->verify) {
-			s->xerr = check_fail(s, -EIO,
-					     "blob is longer than %" PRIu64
-					     " bytes", s->size);
+			s->x.sink_err = check_fail(s, -EIO,
+						   "blob is longer than %" PRIu64
+						   " bytes", s->size);
 			return 0;
 		}
 		s->x.stopped = true;
@@ -256,14 +243,11 @@ static void xfer_release(struct fetch_stream *s)
 	s->x.hdrs = NULL;
 	free(s->url);
 	s->url = NULL;
-	auth_line_free(s->auth);
-	s->auth = NULL;
 }
 
 static int stream_start(struct fetch_stream *s)
 {
 	struct registry *r = s->r;
-	struct reg_scope scope = { .push = r->access == FETCH_PUSH };
 	bool whole;
 	int err;
 
@@ -277,10 +261,7 @@ static int stream_start(struct fetch_stream *s)
 		s->src = SRC_CACHED;
 	} else {
 		s->src = SRC_REGISTRY;
-		err = auth_ping(r);
-		if (err)
-			return err;
-		err = auth_line(r, &scope, &s->auth);
+		err = http_try_auth(&s->t);
 		if (err)
 			return err;
 		s->url = reg_url(r, r->base, "/blobs/%s", s->dstr);
@@ -316,7 +297,6 @@ static int stream_start(struct fetch_stream *s)
 	s->checked = false;
 	s->skip = 0;
 	s->xfer_got = 0;
-	s->xerr = 0;
 	s->why[0] = '\0';
 	if (!s->easy) {
 		s->easy = http_get_handle(r);
@@ -327,7 +307,7 @@ static int stream_start(struct fetch_stream *s)
 	}
 	/* Registry credentials go to the registry only. */
 	err = http_setup(r, s->easy, &s->x,
-			 s->src == SRC_REGISTRY ? s->auth : NULL, stream_write,
+			 s->src == SRC_REGISTRY ? s->t.auth : NULL, stream_write,
 			 s);
 	if (err)
 		return err;
@@ -338,27 +318,39 @@ static int stream_start(struct fetch_stream *s)
 	return 0;
 }
 
+/* A mirror or cached redirect failed: the next source takes over. */
+static void source_failed(struct fetch_stream *s, int err)
+{
+	struct registry *r = s->r;
+	char why[320];
+
+	if (s->x.sink_err)
+		snprintf(why, sizeof(why), "%s", s->why);
+	else
+		http_describe(&s->resp, err, why, sizeof(why));
+	if (s->src == SRC_MIRROR) {
+		/* Bad bytes or no connection: rest the mirror. A status (it
+		 * lacks this blob) concerns this blob. */
+		reg_mirror_failed(r, s->what, why, err != 0);
+		s->mirror_failed = true;
+	} else {
+		ferry_dbg("%s: cached redirect for %s failed (%s); resolving "
+			  "again", r->name, s->what, why);
+		reg_redirect_drop(r, s->digest);
+		s->cache_failed = true;
+	}
+}
+
 /* A transfer ended: done, switch source, retry, or fail. */
 static int stream_done(struct fetch_stream *s, CURLcode cc)
 {
 	struct registry *r = s->r;
-	struct reg_scope scope = { .push = r->access == FETCH_PUSH };
-	long st;
-	int err;
+	int err = http_xfer_end(&s->x, s->easy, cc);
+	bool answer = !err && s->resp.status >= 200 && s->resp.status < 300;
 
-	http_collect(s->easy, &s->resp);
-	cc = http_xfer_result(&s->x, cc);
-	s->resp.cc = cc;
-	st = s->resp.status;
-	if (s->xerr)
-		err = s->xerr;
-	else if (http_error_status_answered(cc, &s->resp))
-		err = 0;
-	else
-		err = http_curl_error(cc);
-	if (!err && st >= 200 && st < 300 && !s->checked)
-		err = s->xerr = stream_check(s); /* an empty body */
-	if (s->pos == s->len && !s->xerr) {
+	if (answer && !s->checked)
+		err = s->x.sink_err = stream_check(s); /* an empty body */
+	if (s->pos == s->len && !s->x.sink_err) {
 		/* Everything wanted arrived (even if the end was unclean). */
 		if (s->src == SRC_REGISTRY && s->resp.redirects > 0 &&
 		    s->resp.effective_url)
@@ -366,43 +358,21 @@ static int stream_done(struct fetch_stream *s, CURLcode cc)
 		xfer_release(s);
 		return 0;
 	}
-	if (!err && st >= 200 && st < 300) {
+	if (answer && !err) {
 		/* Short body: resume from where it stopped. */
 		err = -EIO;
 		s->resp.cc = CURLE_PARTIAL_FILE;
 	}
+	xfer_release(s);
 	if (s->src != SRC_REGISTRY) {
-		char why[320];
-
-		if (s->xerr)
-			snprintf(why, sizeof(why), "%s", s->why);
-		else
-			http_describe(&s->resp, err, why, sizeof(why));
-		if (s->src == SRC_MIRROR) {
-			/* Bad bytes or no connection: rest the mirror. A
-			 * status (it lacks this blob) concerns this blob. */
-			reg_mirror_failed(r, s->what, why, err != 0);
-			s->mirror_failed = true;
-		} else {
-			ferry_dbg("%s: cached redirect for %s failed (%s); "
-				  "resolving again", r->name, s->what, why);
-			reg_redirect_drop(r, s->digest);
-			s->cache_failed = true;
-		}
-		xfer_release(s);
+		source_failed(s, err);
 		return 0;
 	}
-	if (!err && st == 401 && !s->reauthed) {
-		s->reauthed = true;
-		if (!auth_rejected(r, &scope, &s->resp, s->auth)) {
-			xfer_release(s);
-			return 0;
-		}
-	}
-	xfer_release(s);
-	if (s->xerr) {
-		ferry_err("%s: %s: %s", r->name, s->what, s->why);
-		return s->xerr;
+	if (s->x.sink_err) {
+		/* The answer itself was wrong: no retry makes it right. */
+		ferry_err("%s: %s: %s", r->name, s->what,
+			  s->why[0] ? s->why : ferry_strerror(err));
+		return err;
 	}
 	/*
 	 * A connection that moved real progress before dropping starts a new
@@ -410,17 +380,10 @@ static int stream_done(struct fetch_stream *s, CURLcode cc)
 	 * little and stalls each time still runs out of attempts.
 	 */
 	if (s->xfer_got >= STREAM_PROGRESS_RESET)
-		s->attempt = 0;
-	if (s->attempt + 1 < r->attempts && http_retriable(err, &s->resp)) {
-		http_backoff(r, "GET", s->what, ++s->attempt, err, &s->resp,
-			     NULL);
+		s->t.attempt = 0;
+	if (http_try_next(&s->t, err, &s->resp))
 		return 0;
-	}
-	if (err) {
-		http_log_failure(r, s->what, err, &s->resp);
-		return err;
-	}
-	return http_status_error(r, s->what, &s->resp);
+	return http_fail(r, s->what, err, &s->resp);
 }
 
 static int stream_pump_inner(struct fetch_stream *s);
@@ -519,6 +482,7 @@ void fetch_stream_close(struct fetch_stream *s)
 	if (s->active && s->pos == s->len && !s->err)
 		stream_settle(s);
 	xfer_release(s);
+	auth_line_free(s->t.auth);
 	if (s->easy)
 		http_put_handle(s->r, s->easy);
 	if (s->multi)
@@ -542,6 +506,10 @@ int stream_open(struct registry *r, const uint8_t digest[FETCH_DIGEST_SIZE],
 	if (!s)
 		return -ENOMEM;
 	s->r = r;
+	s->scope.push = r->access == FETCH_PUSH;
+	s->t = (struct http_try){
+		.r = r, .method = "GET", .what = s->what, .scope = &s->scope
+	};
 	memcpy(s->digest, digest, FETCH_DIGEST_SIZE);
 	digest_format(digest, s->dstr);
 	if (verify)

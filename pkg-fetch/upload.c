@@ -8,10 +8,13 @@
  * carry session state), resolved against the registry when relative, and
  * get the registry's credentials only when they stay on its origin.
  *
- * A session cannot be retried request by request (a PATCH may have been
- * half applied), so a retriable failure restarts the whole upload with a
- * new session after checking that the blob did not land anyway. Such a
- * failure is only a warning (the retry says why) until the last attempt.
+ * Requests go through http_do (a 401 is answered there; the POST, which
+ * only opens a session, is retried there too). A session cannot be
+ * retried request by request (a PATCH may have been half applied), so
+ * PATCH and PUT are sent once and a retriable failure restarts the whole
+ * upload with a new session (a struct http_try of its own) after checking
+ * that the blob did not land anyway. Such a failure is only a warning
+ * (the retry says why) until the last attempt.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -45,16 +48,12 @@ struct up_ctx {
 /* The request failed with @err, or answered an unexpected status. */
 static int up_fail(struct up_ctx *u, int err)
 {
-	u->retry = http_retriable(err, &u->resp);
+	u->retry = http_judge(err, &u->resp, false) == HTTP_RETRY;
 	u->xerr = err;
 	if (u->retry && !u->last)
 		/* Not an error yet: the retry warns (5xx are -EPROTO). */
 		return err ? err : -EPROTO;
-	if (err)
-		http_log_failure(u->r, u->what, err, &u->resp);
-	else
-		err = http_status_error(u->r, u->what, &u->resp);
-	return err;
+	return http_fail(u->r, u->what, err, &u->resp);
 }
 
 /* The Location of an answer to a request sent to @req_url. */
@@ -243,7 +242,7 @@ static int put_blob(struct registry *r, const struct up_src *src,
 		    const char *mount_from)
 {
 	struct up_ctx u = { .r = r, .src = src, .chunk = FETCH_UPLOAD_CHUNK };
-	unsigned int attempt = 0;
+	struct http_try t = { .r = r, .what = u.what };
 	uint64_t have;
 	int err;
 
@@ -261,10 +260,10 @@ static int put_blob(struct registry *r, const struct up_src *src,
 		char *loc = NULL;
 
 		u.retry = false;
-		u.last = attempt + 1 >= r->attempts;
+		u.last = http_try_last(&t);
 		u.xerr = 0;
 		u.why[0] = '\0';
-		err = up_post(&u, attempt ? NULL : mount_from, &loc, &mounted);
+		err = up_post(&u, t.attempt ? NULL : mount_from, &loc, &mounted);
 		if (!err && mounted) {
 			ferry_dbg("%s: blob %s mounted from %s", r->name, u.dstr,
 				  mount_from);
@@ -278,15 +277,14 @@ static int put_blob(struct registry *r, const struct up_src *src,
 				err = up_chunks(&u, &loc);
 		}
 		free(loc);
-		if (!err || !u.retry || attempt + 1 >= r->attempts)
+		if (!err || !u.retry || u.last)
 			break;
 		/* The failure may have hidden a completed upload. */
 		if (registry_blob_exists(r, digest, &have) == 1) {
 			err = 0;
 			break;
 		}
-		http_backoff(r, NULL, u.what, ++attempt, u.xerr, &u.resp,
-			     u.why[0] ? u.why : NULL);
+		http_try_backoff(&t, u.xerr, &u.resp, u.why[0] ? u.why : NULL);
 	}
 	http_resp_free(&u.resp);
 	return err;

@@ -4,7 +4,8 @@
  * parsers (WWW-Authenticate, Content-Range, upload Range, Link,
  * Retry-After), base64, token answers, docker config lookups and
  * credential helpers (a fake docker-credential-ferrytest on PATH), URL
- * resolution, --resolve entries, failure descriptions. The network paths are covered by the e2e tests.
+ * resolution, --resolve entries, failure descriptions, the retry policy
+ * (verdicts, backoff). The network paths are covered by the e2e tests.
  */
 #include <fcntl.h>
 #include <stdio.h>
@@ -735,16 +736,147 @@ static void test_describe(void)
 		struct http_xfer x = { .resp = &resp, .stalled = true };
 
 		snprintf(resp.errbuf, sizeof(resp.errbuf), "Callback aborted");
-		CHECK(http_xfer_result(&x, CURLE_ABORTED_BY_CALLBACK) ==
-		      CURLE_OPERATION_TIMEDOUT);
+		CHECK_EQ(http_xfer_err(&x, CURLE_ABORTED_BY_CALLBACK),
+			 -ETIMEDOUT);
+		CHECK(resp.cc == CURLE_OPERATION_TIMEDOUT);
 		CHECK(!resp.errbuf[0]);
 		resp.cc = CURLE_OPERATION_TIMEDOUT;
 		http_describe(&resp, -ETIMEDOUT, buf, sizeof(buf));
 		CHECK(!strcmp(buf, curl_easy_strerror(CURLE_OPERATION_TIMEDOUT)));
 		snprintf(resp.errbuf, sizeof(resp.errbuf), "Recv failure");
-		CHECK(http_xfer_result(&x, CURLE_RECV_ERROR) == CURLE_RECV_ERROR);
+		CHECK_EQ(http_xfer_err(&x, CURLE_RECV_ERROR), -EIO);
+		CHECK(resp.cc == CURLE_RECV_ERROR);
 		CHECK(!strcmp(resp.errbuf, "Recv failure"));
 	}
+	http_resp_free(&resp);
+}
+
+/* How an ended transfer is judged before any retry logic sees it. */
+static void test_xfer_err(void)
+{
+	struct http_resp resp = { 0 };
+	struct http_xfer x = { .resp = &resp };
+
+	http_resp_reset(&resp);
+	CHECK_EQ(http_xfer_err(&x, CURLE_OK), 0);
+	/* A sink that stopped on purpose (enough bytes) succeeded. */
+	x.stopped = true;
+	CHECK_EQ(http_xfer_err(&x, CURLE_WRITE_ERROR), 0);
+	CHECK(resp.cc == CURLE_OK);
+	x.stopped = false;
+	/* The sink's own error wins over libcurl's code. */
+	x.sink_err = -EFBIG;
+	CHECK_EQ(http_xfer_err(&x, CURLE_WRITE_ERROR), -EFBIG);
+	CHECK(resp.cc == CURLE_WRITE_ERROR);
+	x.sink_err = 0;
+	/* An error page cut short still answered with its status... */
+	resp.status = 416;
+	CHECK_EQ(http_xfer_err(&x, CURLE_PARTIAL_FILE), 0);
+	CHECK_EQ(http_xfer_err(&x, CURLE_RECV_ERROR), 0);
+	/* ... a 2xx body cut short did not. */
+	resp.status = 200;
+	CHECK_EQ(http_xfer_err(&x, CURLE_PARTIAL_FILE), -EIO);
+	resp.status = 0;
+	CHECK_EQ(http_xfer_err(&x, CURLE_COULDNT_CONNECT), -ECONNREFUSED);
+	CHECK_EQ(http_xfer_err(&x, CURLE_PEER_FAILED_VERIFICATION), -EPROTO);
+	http_resp_free(&resp);
+}
+
+static void set_header(struct http_resp *resp, const char *name,
+		       const char *value)
+{
+	resp->hdrs = calloc(1, sizeof(*resp->hdrs));
+	CHECK(resp->hdrs != NULL);
+	if (!resp->hdrs)
+		return;
+	resp->hdrs[0].name = strdup(name);
+	resp->hdrs[0].value = strdup(value);
+	resp->nr_hdrs = 1;
+}
+
+/* The shared retry policy: what is retried, refreshed, or final. */
+static void test_judge(void)
+{
+	static const long retry[] = { 408, 429, 500, 502, 503, 504, 599 };
+	static const long final[] = { 200, 206, 301, 400, 403, 404, 416,
+				      501, 505 };
+	static const CURLcode again[] = {
+		CURLE_COULDNT_CONNECT, CURLE_COULDNT_RESOLVE_HOST,
+		CURLE_OPERATION_TIMEDOUT, CURLE_RECV_ERROR, CURLE_SEND_ERROR,
+		CURLE_GOT_NOTHING, CURLE_PARTIAL_FILE, CURLE_HTTP2,
+		CURLE_HTTP2_STREAM,
+	};
+	static const CURLcode stop[] = {
+		CURLE_PEER_FAILED_VERIFICATION, CURLE_SSL_CONNECT_ERROR,
+		CURLE_TOO_MANY_REDIRECTS, CURLE_UNSUPPORTED_PROTOCOL,
+		CURLE_WRITE_ERROR, CURLE_ABORTED_BY_CALLBACK, CURLE_OK,
+	};
+	struct http_resp resp = { 0 };
+	size_t i;
+
+	http_resp_reset(&resp);
+	for (i = 0; i < ARRAY_SIZE(retry); i++) {
+		resp.status = retry[i];
+		CHECK(http_judge(0, &resp, true) == HTTP_RETRY);
+	}
+	for (i = 0; i < ARRAY_SIZE(final); i++) {
+		resp.status = final[i];
+		CHECK(http_judge(0, &resp, true) == HTTP_FINAL);
+	}
+	/* 401: refreshed once when credentials were sent, else final. */
+	resp.status = 401;
+	CHECK(http_judge(0, &resp, true) == HTTP_REAUTH);
+	CHECK(http_judge(0, &resp, false) == HTTP_FINAL);
+	/* Transport failures by libcurl's code, whatever the status. */
+	resp.status = 0;
+	for (i = 0; i < ARRAY_SIZE(again); i++) {
+		resp.cc = again[i];
+		CHECK(http_judge(http_curl_error(again[i]), &resp, true) ==
+		      HTTP_RETRY);
+	}
+	for (i = 0; i < ARRAY_SIZE(stop); i++) {
+		resp.cc = stop[i];
+		CHECK(http_judge(-EIO, &resp, true) == HTTP_FINAL);
+	}
+	/* Our own failures never are the server's. */
+	resp.cc = CURLE_RECV_ERROR;
+	CHECK(http_judge(-EFBIG, &resp, true) == HTTP_FINAL);
+	CHECK(http_judge(-ENOMEM, &resp, true) == HTTP_FINAL);
+	http_resp_free(&resp);
+}
+
+/* Exponential cap with full jitter; Retry-After of an answer wins. */
+static void test_backoff(void)
+{
+	struct http_resp resp = { 0 };
+	time_t now = 1700000000;
+
+	http_resp_reset(&resp);
+	resp.status = 503;
+	CHECK_EQ(http_backoff_ms(1, 0, &resp, 0, now), 0);
+	CHECK_EQ(http_backoff_ms(1, 0, &resp, 200, now), 200);
+	CHECK_EQ(http_backoff_ms(1, 0, &resp, 201, now), 0);
+	CHECK_EQ(http_backoff_ms(2, 0, &resp, 400, now), 400);
+	CHECK_EQ(http_backoff_ms(3, 0, &resp, 800, now), 800);
+	CHECK_EQ(http_backoff_ms(3, 0, &resp, 801, now), 0);
+	CHECK_EQ(http_backoff_ms(7, 0, &resp, 10000, now), 10000);
+	CHECK_EQ(http_backoff_ms(7, 0, &resp, 10001, now), 0);
+	CHECK_EQ(http_backoff_ms(100, 0, &resp, UINT64_MAX, now),
+		 (unsigned int)(UINT64_MAX % 10001u));
+	resp.status = 429;
+	set_header(&resp, "Retry-After", "2");
+	CHECK_EQ(http_backoff_ms(1, 0, &resp, 5, now), 2000);
+	CHECK_EQ(http_backoff_ms(9, 0, &resp, 5, now), 2000);
+	/* Not from a transport failure (the headers are a stale answer's). */
+	CHECK_EQ(http_backoff_ms(1, -EIO, &resp, 5, now), 5);
+	http_resp_free(&resp);
+	set_header(&resp, "Retry-After", "3600");
+	CHECK_EQ(http_backoff_ms(1, 0, &resp, 5, now),
+		 FETCH_RETRY_AFTER_MAX_MS);
+	http_resp_free(&resp);
+	/* Junk is ignored: the jittered wait applies. */
+	set_header(&resp, "Retry-After", "soon");
+	CHECK_EQ(http_backoff_ms(1, 0, &resp, 7, now), 7);
 	http_resp_free(&resp);
 }
 
@@ -819,6 +951,9 @@ int main(void)
 	RUN_TEST(test_open);
 	RUN_TEST(test_resolve);
 	RUN_TEST(test_describe);
+	RUN_TEST(test_xfer_err);
+	RUN_TEST(test_judge);
+	RUN_TEST(test_backoff);
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmpdir);
 	if (system(cmd) != 0)
 		fprintf(stderr, "could not remove %s\n", tmpdir);
