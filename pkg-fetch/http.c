@@ -3,8 +3,10 @@
  * The HTTP layer: libcurl setup shared by every request, a small pool of
  * easy handles per client and a share handle (connections, DNS, TLS
  * sessions) so that requests — synchronous ones and the multi-driven
- * streams alike — reuse connections; one request with authentication
- * and retries (exponential backoff with full jitter, Retry-After).
+ * streams alike — reuse connections; the one request path (struct
+ * http_try) that plain requests, streams and uploads share: credentials
+ * per attempt, a 401 answered once, retries with exponential backoff,
+ * full jitter and Retry-After, failures logged one way.
  *
  * Security: registry credentials travel in an Authorization header that
  * libcurl drops when a redirect leaves the original host (and

@@ -7,7 +7,7 @@
  *   ref.c       references and digests
  *   parse.c     WWW-Authenticate, Content-Range, Link, Retry-After, base64
  *   creds.c     docker config files and credential helpers
- *   http.c      curl setup, handle pool, one request with retries
+ *   http.c      curl setup, handle pool, the request path (auth, retries)
  *   auth.c      the /v2/ ping, challenges, Basic and Bearer tokens
  *   registry.c  client lifetime, manifests, tags, blob HEAD, redirects
  *   stream.c    blob reads (streams, whole blobs, ranges) over curl multi
