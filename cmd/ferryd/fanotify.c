@@ -700,9 +700,8 @@ static void fan_stop(void *state)
 
 /*
  * After fan_serve: answer what is queued, then release. A superblock still
- * alive is left to the keeper (EIO for missing data, never zeros); after
- * an error or a forced stop it is detached first, so that only its users
- * keep it.
+ * alive is left to the keeper (EIO for missing data, never zeros); after a
+ * fatal error the mount is detached first, so that only its users keep it.
  */
 static void fan_close(void *state, int ret)
 {

@@ -481,6 +481,8 @@ int mounts_mount(struct ctl_mount_req *req, char *err, size_t errlen)
 {
 	struct fmount *m;
 	char what[512];
+	uint64_t bytes;
+	uint32_t blobs;
 	int ret;
 
 	ret = mount_new(req, &m, err, errlen);
@@ -490,8 +492,12 @@ int mounts_mount(struct ctl_mount_req *req, char *err, size_t errlen)
 	ferry_info("mounting %s on %s (cache %s)", m->req.image, m->mountpoint,
 		   m->req.cache_dir);
 	ret = mount_setup(m, what, err, errlen);
-	if (!ret)
+	if (!ret) {
+		/* For the log line: the image is the session thread's soon. */
+		bytes = mount_bytes(m);
+		blobs = m->img->blobs.nr_blobs;
 		ret = session_start(m, what, err, errlen);
+	}
 	if (ret) {
 		ferry_err("%s", err);
 		image_cache_close(m->ic);
@@ -525,8 +531,7 @@ int mounts_mount(struct ctl_mount_req *req, char *err, size_t errlen)
 		force_end(m, FORCE_WAIT_MS);
 	} else {
 		ferry_info("mounted %s on %s (%s, %u blobs, %llu bytes; %s)", m->req.image,
-			   m->mountpoint, m->mode->name, m->img->blobs.nr_blobs,
-			   (unsigned long long)mount_bytes(m),
+			   m->mountpoint, m->mode->name, blobs, (unsigned long long)bytes,
 			   atomic_load(&m->pstate) == PF_RUNNING ? "prefetching" :
 								  "no prefetch");
 	}
