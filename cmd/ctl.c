@@ -291,7 +291,7 @@ struct json_object *ctl_mount_req_to_json(const struct ctl_mount_req *r)
 	add_str(o, "image", r->image);
 	add_str(o, "mountpoint", r->mountpoint);
 	add_str(o, "cacheDir", r->cache_dir);
-	add_str(o, "mode", r->fanotify ? "fanotify" : "fuse");
+	add_str(o, "mode", r->mode);
 	json_object_object_add(o, "prefetchFiles",
 			       str_array(r->prefetch_files, r->nr_prefetch_files));
 	json_object_object_add(o, "prefetchAll", json_object_new_boolean(r->prefetch_all));
@@ -432,12 +432,13 @@ int ctl_mount_req_parse(struct json_object *req, struct ctl_mount_req *r,
 		snprintf(err, errlen, "\"cacheDir\" must be an absolute path");
 		return -EINVAL;
 	}
-	mode = json_get_string(req, "mode");
-	if (mode && strcmp(mode, "fuse") && strcmp(mode, "fanotify")) {
-		snprintf(err, errlen, "\"mode\": expected \"fuse\" or \"fanotify\"");
+	mode = json_get_string(req, "mode") ?: "fuse";
+	if (!*mode || strlen(mode) > CTL_MODE_MAX ||
+	    mode[strspn(mode, "abcdefghijklmnopqrstuvwxyz")]) {
+		snprintf(err, errlen, "\"mode\": expected a mode name such as \"fuse\" or \"fanotify\"");
 		return -EINVAL;
 	}
-	r->fanotify = mode && !strcmp(mode, "fanotify");
+	r->mode = mode;
 	ret = opt_strs(req, "prefetchFiles", CTL_PREFETCH_FILES_MAX, PATH_MAX - 1,
 		       &r->prefetch_files, &r->nr_prefetch_files, err, errlen);
 	if (!ret)

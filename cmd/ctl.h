@@ -9,7 +9,7 @@
  * same connection until EOF. Requests ("op"):
  *
  *   {"op":"mount","image":REF,"mountpoint":ABS,"cacheDir":ABS,
- *    "mode":"fuse"|"fanotify" (default fuse),
+ *    "mode":"fuse"|"fanotify" (default fuse; ferryd names the modes it has),
  *    "prefetchFiles":[PATH...],"prefetchAll":BOOL,"prefetchBwlimit":N,
  *    "fetch":{"creds":S,"authfile":S,"tlsVerify":BOOL,"caFile":S,
  *             "insecure":[S...],"mirrors":[S...],"retries":N,
@@ -48,6 +48,7 @@
 #define CTL_LINE_MAX (16u << 20)      /* longest request or answer line */
 #define CTL_PREFETCH_FILES_MAX 1000000u
 #define CTL_HOSTS_MAX 64u             /* insecure / mirrors entries */
+#define CTL_MODE_MAX 16u              /* a mode name: lowercase letters */
 
 /* $FERRYD_SOCKET, else CTL_DEFAULT_SOCKET. */
 const char *ctl_default_socket(void);
@@ -103,7 +104,7 @@ struct ctl_mount_req {
 	const char **prefetch_files;
 	size_t nr_prefetch_files;
 	bool prefetch_all;
-	bool fanotify;             /* mode: fanotify, else fuse */
+	const char *mode;          /* "fuse", "fanotify"; parsed: never NULL */
 	uint64_t prefetch_bwlimit; /* bytes per second, 0 = unlimited */
 	struct fetch_opts fetch;   /* insecure / mirrors NULL-terminated */
 	/* Parsed requests only. */

@@ -229,8 +229,18 @@ int meta_getattr(const struct meta_image *img, uint64_t nid,
 int meta_lookup(const struct meta_image *img, uint64_t dir_nid,
 		const char *name, size_t len, uint64_t *nid);
 
-/* Resolve an absolute or root-relative path without following symlinks. */
+/*
+ * Resolve a path (absolute or not: from the root; "." and ".." as in the
+ * kernel, ".." of the root is the root; a component followed by '/' must
+ * be a directory): 0 and *@nid, or -ENOENT, -ENOTDIR, -ENAMETOOLONG (paths
+ * of 4096 bytes or more), another -errno. meta_resolve follows no symlink
+ * (one in the middle is -ENOTDIR, one at the end is the result);
+ * meta_resolve_follow follows every one, at most 40 (-ELOOP), targets
+ * relative to the image root.
+ */
 int meta_resolve(const struct meta_image *img, const char *path, uint64_t *nid);
+int meta_resolve_follow(const struct meta_image *img, const char *path,
+			uint64_t *nid);
 
 /*
  * Directory iteration including "." and "..". @pos is an opaque cookie: 0

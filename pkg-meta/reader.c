@@ -25,7 +25,6 @@
 #define SYMLINK_MAX (EROFS_BLKSIZ - 1) /* PATH_MAX without the NUL */
 /* meta_stat.chunk_size is 32 bits: chunks up to 2 GiB. */
 #define CHUNK_BITS_MAX 19
-#define RESOLVE_PATH_MAX 4096u
 
 struct meta_image {
 	const uint8_t *buf;
@@ -1099,29 +1098,4 @@ int meta_lookup(const struct meta_image *img, uint64_t dir_nid,
 			ilo = imid + 1;
 	}
 	return -ENOENT;
-}
-
-int meta_resolve(const struct meta_image *img, const char *path, uint64_t *nid)
-{
-	uint64_t cur = img->sb.root_nid;
-	const char *p = path, *end;
-	int ret;
-
-	if (strnlen(path, RESOLVE_PATH_MAX) >= RESOLVE_PATH_MAX)
-		return -ENAMETOOLONG;
-	while (*p) {
-		while (*p == '/')
-			p++;
-		end = strchrnul(p, '/');
-		if (end == p)
-			break;
-		if (end - p != 1 || *p != '.') {
-			ret = meta_lookup(img, cur, p, (size_t)(end - p), &cur);
-			if (ret)
-				return ret;
-		}
-		p = end;
-	}
-	*nid = cur;
-	return 0;
 }

@@ -1,5 +1,8 @@
 // SPDX-License-Identifier: MIT
-/* Whole-tree walk over the public reader API, safe on hostile images. */
+/*
+ * Whole-tree walk and path resolution over the public reader API, safe on
+ * hostile images.
+ */
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -8,6 +11,8 @@
 #include "meta.h"
 
 #define WALK_PATH_MAX 65536u
+#define RESOLVE_PATH_MAX 4096u /* PATH_MAX */
+#define RESOLVE_SYMLOOP_MAX 40 /* Linux's MAXSYMLINKS */
 
 struct walker {
 	const struct meta_image *img;
@@ -130,4 +135,105 @@ int meta_walk(const struct meta_image *img, meta_walk_fn visit, void *ctx)
 	free(w.dirs_seen);
 	free(w.path);
 	return ret;
+}
+
+/*
+ * Continue the walk with symlink @st's target followed by @rest (empty or
+ * starting with '/'), in a new *@buf that replaces the old one (@rest may
+ * point into it).
+ */
+static int follow_link(const struct meta_image *img, const struct meta_stat *st,
+		       const char *rest, char **buf)
+{
+	size_t len = strlen(rest);
+	char *s = malloc(st->size + len + 1);
+	ssize_t n;
+
+	if (!s)
+		return -ENOMEM;
+	n = meta_readlink(img, st->nid, s, st->size + 1);
+	if (n < 0) {
+		free(s);
+		return (int)n;
+	}
+	memcpy(s + n, rest, len + 1);
+	free(*buf);
+	*buf = s;
+	return 0;
+}
+
+/*
+ * ".." goes up through the directory's own entry (the root's is the root);
+ * a component followed by '/' must be a directory.
+ */
+static int resolve(const struct meta_image *img, const char *path, bool follow,
+		   uint64_t *out)
+{
+	const char *p = path, *end;
+	char *buf = NULL;
+	unsigned int links = 0;
+	struct meta_super sb;
+	struct meta_stat st;
+	uint64_t dir, nid;
+	int ret = 0;
+
+	if (strnlen(path, RESOLVE_PATH_MAX) >= RESOLVE_PATH_MAX)
+		return -ENAMETOOLONG;
+	meta_get_super(img, &sb);
+	dir = sb.root_nid;
+	for (;;) {
+		while (*p == '/')
+			p++;
+		if (!*p)
+			break;
+		end = strchrnul(p, '/');
+		if (end - p == 1 && *p == '.') {
+			p = end;
+			continue;
+		}
+		ret = meta_lookup(img, dir, p, (size_t)(end - p), &nid);
+		p = end;
+		/* Without following, the last inode is named, not read. */
+		if (!ret && !follow && !*p) {
+			dir = nid;
+			break;
+		}
+		if (!ret)
+			ret = meta_getattr(img, nid, &st);
+		if (ret)
+			break;
+		if (follow && S_ISLNK(st.mode)) {
+			if (++links > RESOLVE_SYMLOOP_MAX) {
+				ret = -ELOOP;
+				break;
+			}
+			ret = follow_link(img, &st, p, &buf);
+			if (ret)
+				break;
+			p = buf;
+			if (*p == '/')
+				dir = sb.root_nid;
+			continue;
+		}
+		if (*p && !S_ISDIR(st.mode)) {
+			ret = -ENOTDIR;
+			break;
+		}
+		dir = nid;
+	}
+	if (!ret)
+		*out = dir;
+	free(buf);
+	return ret;
+}
+
+int meta_resolve(const struct meta_image *img, const char *path, uint64_t *nid)
+{
+	return resolve(img, path, false, nid);
+}
+
+int meta_resolve_follow(const struct meta_image *img, const char *path,
+			uint64_t *nid)
+{
+	return resolve(img, path, true, nid);
 }

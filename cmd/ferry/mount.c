@@ -343,7 +343,8 @@ static const char *client_authfile(char *buf, size_t len)
 
 struct fuse_args_in {
 	const char *image, *mountpoint, *cache_dir, *prefetch_list, *socket_path;
-	bool prefetch_all, foreground, fanotify;
+	const char *mode;
+	bool prefetch_all, foreground;
 	uint64_t bwlimit;
 	struct regopts *ro;
 };
@@ -395,7 +396,7 @@ static int mount_fuse(const struct fuse_args_in *a)
 	r.prefetch_files = (const char **)files.v;
 	r.nr_prefetch_files = files.nr;
 	r.prefetch_all = a->prefetch_all;
-	r.fanotify = a->fanotify;
+	r.mode = a->mode;
 	r.prefetch_bwlimit = a->bwlimit;
 	r.fetch = a->ro->fetch;
 	if (!r.fetch.authfile)
@@ -705,8 +706,8 @@ int cmd_mount(int argc, char **argv)
 		return usage_error("mount", "--mode is required (local, fuse or fanotify)");
 	a.image = argv[optind];
 	a.mountpoint = argv[optind + 1];
-	a.fanotify = !strcmp(mode, "fanotify");
-	if (!strcmp(mode, "fuse") || a.fanotify)
+	a.mode = mode;
+	if (!strcmp(mode, "fuse") || !strcmp(mode, "fanotify"))
 		return mount_fuse(&a);
 	if (strcmp(mode, "local"))
 		return usage_error("mount", "unknown mode \"%s\" (local, fuse or fanotify)",

@@ -17,7 +17,7 @@
  * later one until the superblock is gone. If the keeper dies, this side
  * starts a new one. Either way no reader is ever allowed onto a hole.
  *
- * Threads of a mount: the loop thread (fan_run) reads events, answers
+ * Threads of a mount: the loop thread (fan_serve) reads events, answers
  * present ranges at once and queues the rest to worker threads.
  */
 #include <fcntl.h>
@@ -531,7 +531,13 @@ static void fan_free(struct fan *f)
 	free(f);
 }
 
-int fan_start(struct fmount *m, char *err, size_t errlen)
+/*
+ * Write the bootstrap file, create the group, mark every incomplete data
+ * file, start the keeper, mount(2) and start the fill threads. The mount
+ * is live at once.
+ */
+static int fan_start(struct fmount *m, const struct serve_opts *o, void **state,
+		     char *err, size_t errlen)
 {
 	struct fan *f = calloc(1, sizeof(*f));
 	const char **devs = NULL;
@@ -612,7 +618,8 @@ int fan_start(struct fmount *m, char *err, size_t errlen)
 	if (ret)
 		goto fail;
 	free(devs);
-	m->fan = f;
+	*state = f;
+	mount_ready(m);
 	return 0;
 
 fail:
@@ -627,8 +634,13 @@ fail:
 	return ret;
 }
 
-int fan_run(struct fan *f)
+/*
+ * Serve events until the mounted superblock is gone (0), fan_stop, or a
+ * fatal error (-errno, logged: fan_close detaches the mount).
+ */
+static int fan_serve(void *state)
 {
+	struct fan *f = state;
 	uint64_t next_check = 0;
 	int ret = 0;
 
@@ -676,18 +688,28 @@ int fan_run(struct fan *f)
 	return 0;
 }
 
-void fan_stop(struct fan *f)
+static void fan_stop(void *state)
 {
+	struct fan *f = state;
+
 	atomic_store(&f->stop, true);
 	if (write(f->wake[1], "", 1) < 0) {
 		/* full: the loop wakes anyway */
 	}
 }
 
-void fan_close(struct fan *f)
+/*
+ * After fan_serve: answer what is queued, then release. A superblock still
+ * alive is left to the keeper (EIO for missing data, never zeros); after a
+ * fatal error the mount is detached first, so that only its users keep it.
+ */
+static void fan_close(void *state, int ret)
 {
+	struct fan *f = state;
 	bool gone;
 
+	if (ret)
+		mount_detach(f->m);
 	/* Events already queued are answered before we go. */
 	pthread_mutex_lock(&f->lock);
 	f->quit = true;
@@ -708,7 +730,20 @@ void fan_close(struct fan *f)
 	fan_free(f);
 }
 
-pid_t fan_keeper_pid(struct fan *f)
+static void fan_stats(void *state, struct json_object *o)
 {
-	return atomic_load(&f->keeper_pid);
+	struct fan *f = state;
+
+	json_object_object_add(o, "keeperPid",
+			       json_object_new_int(atomic_load(&f->keeper_pid)));
 }
+
+const struct serve_mode fanotify_mode = {
+	.name = "fanotify",
+	.fstype = "erofs",
+	.start = fan_start,
+	.serve = fan_serve,
+	.stop = fan_stop,
+	.close = fan_close,
+	.stats = fan_stats,
+};

@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Fanotify mode of ferryd (fanotify.c, the serving side; keeper.c, the
- * process that keeps the group open) and the kernel constants that
- * Debian 12's <linux/fanotify.h> predates (pre-content events, Linux
- * 6.14; values from the kernel's uapi header).
+ * Fanotify mode of ferryd (fanotify.c, the serving side: fanotify_mode,
+ * mode.h; keeper.c, the process that keeps the group open) and the kernel
+ * constants that Debian 12's <linux/fanotify.h> predates (pre-content
+ * events, Linux 6.14; values from the kernel's uapi header).
  */
 #ifndef FERRYD_FANOTIFY_H
 #define FERRYD_FANOTIFY_H
@@ -33,9 +33,6 @@ struct fanotify_event_info_range {
 _Static_assert(sizeof(struct fanotify_event_info_range) == 24,
 	       "fanotify range record is 24 bytes");
 
-struct fan;
-struct fmount;
-
 /*
  * The ferryd and ferry binaries (ferry next to ferryd). Their accesses to
  * cache data files are fills (writes, through descriptors that see events
@@ -49,26 +46,6 @@ struct ferry_exes {
 };
 void ferry_exes_find(struct ferry_exes *e);
 bool ferry_exes_match(const struct ferry_exes *e, pid_t pid);
-
-/*
- * Set up @m (image and chunk cache open) as a fanotify mount: write the
- * bootstrap file, create the group, mark every incomplete data file,
- * start the keeper, mount(2) and start the fill threads. On failure
- * nothing is left mounted and the reason is in @err.
- */
-int fan_start(struct fmount *m, char *err, size_t errlen);
-/*
- * Serve events until the mounted superblock is gone (0), fan_stop, or a
- * fatal error (-errno, logged: the caller detaches the mount).
- */
-int fan_run(struct fan *f);
-void fan_stop(struct fan *f);
-/*
- * After fan_run: answer what is queued, then release. A superblock still
- * alive is left to the keeper (EIO for missing data, never zeros).
- */
-void fan_close(struct fan *f);
-pid_t fan_keeper_pid(struct fan *f);
 
 /*
  * The sysfs directory of the file system mounted on @mountpoint

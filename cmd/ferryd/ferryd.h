@@ -1,16 +1,19 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * ferryd: the lazy-mount daemon. One process hosts any number of lazy
- * mounts of ferry images, FUSE or fanotify (kernel EROFS over sparse
- * cache files); ferry (the CLI) talks to it over the control socket
- * (cmd/ctl.h).
+ * mounts of ferry images, each served in one of its modes (mode.h): FUSE,
+ * or fanotify (kernel EROFS over sparse cache files); ferry (the CLI)
+ * talks to it over the control socket (cmd/ctl.h).
  *
  *   main.c     options, daemonizing, readiness pipe
  *   daemon.c   control socket, connections, signals, shutdown
- *   mounts.c   the mount table: mount, unmount, per-mount session loops
+ *   mounts.c   the mount table: mount, unmount, per-mount loop threads,
+ *              whatever the mode (mode.h)
+ *   mode.c     the table of serving modes
  *   prefetch.c the per-mount prefetch thread
- *   fuse.c     the FUSE low-level operations over pkg-meta / image_cache
- *   readahead.c  FUSE mounts: stores the next files of a directory being
+ *   fuse.c     FUSE mode: the FUSE low-level operations over pkg-meta /
+ *              image_cache, session and mount (fusefs.h)
+ *   readahead.c  FUSE mode: stores the next files of a directory being
  *              read in order in the page cache
  *   fanotify.c fanotify mode: marks, mount(2), event loop, fill threads
  *   keeper.c   the process that keeps a fanotify group open (fanotify.h)
@@ -20,8 +23,6 @@
 #ifndef FERRYD_H
 #define FERRYD_H
 
-#define FUSE_USE_VERSION 312
-#include <fuse_lowlevel.h>
 #include <json-c/json.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -31,84 +32,13 @@
 #include "../../pkg-base/base.h"
 #include "../../pkg-convert/convert.h"
 #include "../ctl.h"
+#include "mode.h"
 
 #define FERRYD_VERSION FERRY_VERSION
 #define FERRYD_DEFAULT_THREADS 16u  /* FUSE worker threads per mount */
 #define FERRYD_MAX_THREADS 256u
 #define FERRYD_DEFAULT_READAHEAD_KB 1024u
 #define FERRYD_DEFAULT_DIR_READAHEAD_KB 2048u
-
-/* ------------------------------------------------------------------ */
-/* fuse.c                                                              */
-/* ------------------------------------------------------------------ */
-
-struct open_file;
-
-/* What the FUSE operations of one mount serve. */
-struct fs {
-	struct image *img;
-	struct image_cache *ic;
-	uint64_t root_nid;
-	uint64_t inos;        /* statfs */
-	uint64_t total_bytes; /* statfs: bootstrap plus uncompressed blobs */
-	void (*on_init)(void *arg); /* called from the INIT request */
-	void *arg;
-	bool no_open;          /* the kernel skips OPEN/RELEASE (fs_open) */
-	bool no_opendir;       /* and OPENDIR/RELEASEDIR (fs_opendir) */
-	pthread_mutex_t fail_lock; /* the last failed read (failed_recently) */
-	uint64_t failed_nid, failed_chunk, failed_until;
-	uint32_t dra_window_max; /* directory readahead, bytes; 0: off */
-	struct dra *dra;         /* readahead.c, while the session lives */
-	_Atomic uint64_t ra_files, ra_bytes; /* stored by readahead */
-};
-
-/* The FUSE inode number of nid @nid. */
-fuse_ino_t fs_ino(const struct fs *fs, uint64_t nid);
-
-/* Fill @fs's fields derived from img (root nid, statfs numbers). */
-void fs_setup(struct fs *fs, struct image *img, struct image_cache *ic);
-/* After the session is destroyed: free what fs_setup set up. */
-void fs_teardown(struct fs *fs);
-
-/*
- * A session serving @fs (not mounted yet), with directory readahead when
- * fs->dra_window_max is set; NULL after a log line.
- */
-struct fuse_session *fs_session_new(struct fs *fs);
-/*
- * After its loop has ended: end the connection (requests still pending
- * fail), stop directory readahead, free the session.
- */
-void fs_session_destroy(struct fs *fs, struct fuse_session *se);
-
-/*
- * Mount @se on @mountpoint: type fuse.ferry, source ferry:<image>,
- * options ro, default_permissions, allow_other (suid and devices allowed,
- * as for a kernel mount of the image). 0 or -errno after a log line.
- */
-int fs_mount(struct fs *fs, struct fuse_session *se, const char *mountpoint);
-
-/*
- * Resolve @path inside the image, following symlinks (at most 40, targets
- * relative to the image root): 0 and *@nid, or -errno.
- */
-int fs_resolve(const struct fs *fs, const char *path, uint64_t *nid);
-
-/*
- * readahead.c: directory readahead (see there). dra_start creates its
- * thread (nothing when @window_max is 0); the hooks are called by the
- * FUSE operations: dra_listed for each regular file a READDIRPLUS answer
- * lists (@prev_nid: the one listed before it in that answer, or 0;
- * @from_start: the answer starts the directory), dra_read for each READ
- * at offset 0. dra_stop once no operation runs and the connection has
- * ended (a store may wait on a page that only the end releases).
- */
-struct dra;
-int dra_start(struct fs *fs, struct fuse_session *se, uint32_t window_max);
-void dra_listed(struct fs *fs, uint64_t dir, uint64_t nid, uint64_t next_pos,
-		uint64_t prev_nid, bool from_start);
-void dra_read(struct fs *fs, uint64_t nid);
-void dra_stop(struct fs *fs);
 
 /* ------------------------------------------------------------------ */
 /* mounts.c / prefetch.c                                               */
@@ -122,7 +52,7 @@ struct fmount {
 	unsigned int refs;              /* table lock */
 	bool removed;                   /* table lock: out of the table */
 	bool closed;                    /* table lock: ic closed, use final */
-	bool session_closed;            /* table lock: FUSE session gone */
+	bool session_closed;            /* table lock: the mode's session gone */
 	enum mount_state state;         /* table lock */
 	struct image_cache_stats final;
 
@@ -130,16 +60,15 @@ struct fmount {
 	char *mountpoint;               /* canonical */
 	struct image *img;
 	struct image_cache *ic;
-	struct fs fs;
-	struct fuse_session *se;        /* FUSE mode */
-	struct fan *fan;                /* fanotify mode (req.fanotify) */
+	const struct serve_mode *mode;  /* per req.mode */
+	void *mode_state;               /* the mode's; NULL (table lock) once closed */
 	unsigned int dev_major, dev_minor;
 	int64_t mounted_at;             /* unix seconds */
 
 	pthread_mutex_t lock;
 	pthread_cond_t cond;
 	pthread_t loop_thread, prefetch_thread;
-	bool init_done, loop_ended, prefetch_started; /* lock */
+	bool ready, loop_ended, prefetch_started; /* lock */
 
 	volatile bool stop;             /* prefetch stops when set */
 	_Atomic int pstate;             /* enum prefetch_state */
@@ -160,7 +89,7 @@ size_t mounts_count(void);
  * waiting a few seconds at most: the mounts whose session is still
  * running (a worker inside a stalled fetch) are returned; the caller
  * then exits without further cleanup (the kernel closes their FUSE
- * connections).
+ * connections; fanotify mounts stay with their keepers).
  */
 size_t mounts_shutdown(void);
 

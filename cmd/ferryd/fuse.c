@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 /*
- * The FUSE low-level operations of one mount: metadata from the bootstrap
+ * FUSE mode (fuse_mode, mode.h): the FUSE low-level operations of one
+ * mount, its session and its mount(2). Metadata comes from the bootstrap
  * (pkg-meta, immutable and thread-safe), file data through the image's
  * chunk cache (image_cache_read fetches what is missing). Nothing is kept
  * per inode: inode numbers are EROFS nids (plus 2; the root is
@@ -15,20 +16,21 @@
 #include <stdlib.h>
 #include <string.h>
 #include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 #include <sys/sysmacros.h>
 
-#include "ferryd.h"
+#include "fusefs.h"
 
 #define FS_TIMEOUT DBL_MAX
 #define FS_BLKSIZE 4096u
 #define FS_MAX_READ (512u << 10) /* READ size; see fs_init */
 #define FS_SYMLINK_MAX 65536u  /* longer targets are refused */
 #define FS_XATTR_MAX 65536u    /* the kernel's XATTR_SIZE_MAX / LIST_MAX */
-#define FS_SYMLOOP_MAX 40
 /* Long enough for the kernel's page-by-page retries after a failed read, short
  * enough that a program trying again a moment later fetches again. */
 #define FS_FAIL_MEMO_NS (500ull * 1000000)
@@ -193,8 +195,7 @@ static void fs_init(void *userdata, struct fuse_conn_info *conn)
 	 * The mount is read-only, so nothing else depends on max_write.
 	 */
 	conn->max_write = FS_MAX_READ;
-	if (fs->on_init)
-		fs->on_init(fs->arg);
+	mount_ready(fs->m);
 }
 
 static void fs_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
@@ -680,51 +681,41 @@ static const struct fuse_lowlevel_ops fs_ops = {
 	.listxattr = fs_listxattr,
 };
 
-void fs_setup(struct fs *fs, struct image *img, struct image_cache *ic)
-{
-	struct meta_super sb;
-	uint32_t i;
 
-	meta_get_super(img->meta, &sb);
-	fs->img = img;
-	fs->ic = ic;
-	fs->root_nid = sb.root_nid;
-	fs->inos = sb.inos;
-	fs->total_bytes = img->bootstrap_len;
-	for (i = 0; i < img->blobs.nr_blobs; i++)
-		fs->total_bytes += img->blobs.blobs[i].uncompressed_size;
-	pthread_mutex_init(&fs->fail_lock, NULL);
-	fs->failed_until = 0;
-}
+/* ------------------------------------------------------------------ */
+/* Session and mount                                                   */
+/* ------------------------------------------------------------------ */
 
-void fs_teardown(struct fs *fs)
-{
-	pthread_mutex_destroy(&fs->fail_lock);
-}
-
-struct fuse_session *fs_session_new(struct fs *fs)
+/*
+ * A session serving @fs (not mounted yet), with directory readahead when
+ * fs->dra_window_max is set; -EIO after a log line.
+ */
+static int fs_session_new(struct fs *fs)
 {
 	char *argv[] = { "ferryd", NULL };
 	struct fuse_args args = FUSE_ARGS_INIT(1, argv);
-	struct fuse_session *se;
 	int ret;
 
-	se = fuse_session_new(&args, &fs_ops, sizeof(fs_ops), fs);
+	fs->se = fuse_session_new(&args, &fs_ops, sizeof(fs_ops), fs);
 	fuse_opt_free_args(&args);
-	if (!se) {
+	if (!fs->se) {
 		ferry_err("%s: cannot create a FUSE session", fs->img->ref);
-		return NULL;
+		return -EIO;
 	}
-	ret = dra_start(fs, se, fs->dra_window_max);
+	ret = dra_start(fs, fs->se, fs->dra_window_max);
 	if (ret)
 		ferry_warn("%s: no directory readahead: %s", fs->img->ref,
 			   ferry_strerror(ret));
-	return se;
+	return 0;
 }
 
-void fs_session_destroy(struct fs *fs, struct fuse_session *se)
+/*
+ * After its loop has ended: end the connection (requests still pending
+ * fail), stop directory readahead, free the session.
+ */
+static void fs_session_destroy(struct fs *fs)
 {
-	int fd = fuse_session_fd(se), null = -1;
+	int fd = fuse_session_fd(fs->se), null = -1;
 
 	/*
 	 * A readahead store may wait on a page the kernel locked for a READ
@@ -741,16 +732,19 @@ void fs_session_destroy(struct fs *fs, struct fuse_session *se)
 			close(null);
 	}
 	dra_stop(fs);
-	fuse_session_destroy(se);
+	fuse_session_destroy(fs->se);
+	fs->se = NULL;
 }
 
 /*
  * mount(2) ourselves and hand libfuse the /dev/fuse descriptor as
  * "/dev/fd/N": libfuse then never unmounts by path (fuse_session_unmount
  * would lazily unmount whatever is on the mount point by then), and
- * ferryd decides when and what to unmount.
+ * ferryd decides when and what to unmount. Type fuse.ferry, source
+ * ferry:<image>, options ro, default_permissions, allow_other (suid and
+ * devices allowed, as for a kernel mount of the image).
  */
-int fs_mount(struct fs *fs, struct fuse_session *se, const char *mountpoint)
+static int fs_mount(struct fs *fs, const char *mountpoint)
 {
 	char *opts = NULL, *source = NULL, devfd[32];
 	int fd, ret = 0;
@@ -776,7 +770,7 @@ int fs_mount(struct fs *fs, struct fuse_session *se, const char *mountpoint)
 		goto out;
 	}
 	snprintf(devfd, sizeof(devfd), "/dev/fd/%d", fd);
-	if (fuse_session_mount(se, devfd)) {
+	if (fuse_session_mount(fs->se, devfd)) {
 		ret = -EIO;
 		if (umount2(mountpoint, MNT_DETACH))
 			ferry_warn("%s: detaching %s: %s", fs->img->ref, mountpoint,
@@ -793,108 +787,162 @@ out:
 }
 
 /* ------------------------------------------------------------------ */
-/* Path resolution for prefetch lists                                  */
+/* The mode                                                            */
 /* ------------------------------------------------------------------ */
 
-int fs_resolve(const struct fs *fs, const char *path, uint64_t *out)
+/* Wakes a session loop blocked in sem_wait (fuse_stop). */
+static void wake_handler(int sig)
 {
-	const struct meta_image *mi = fs->img->meta;
-	char *work, *rest, *target = NULL;
-	uint64_t dir = fs->root_nid, nid, stack[256];
-	size_t depth = 0;
-	struct meta_stat ms;
-	int links = 0, ret = 0;
+	(void)sig;
+}
 
-	work = strdup(path);
-	if (!work)
+static void wake_init(void)
+{
+	struct sigaction sa = { .sa_handler = wake_handler };
+
+	/* No SA_RESTART: the loop's sem_wait must return EINTR. */
+	sigemptyset(&sa.sa_mask);
+	sigaction(SIGUSR2, &sa, NULL);
+}
+
+static void fs_free(struct fs *fs)
+{
+	pthread_mutex_destroy(&fs->fail_lock);
+	free(fs);
+}
+
+static int fuse_start(struct fmount *m, const struct serve_opts *o, void **state,
+		      char *why, size_t whylen)
+{
+	static pthread_once_t wake_once = PTHREAD_ONCE_INIT;
+	struct fs *fs = calloc(1, sizeof(*fs));
+	struct meta_super sb;
+	int ret;
+
+	if (!fs)
 		return -ENOMEM;
-	rest = work;
-	for (;;) {
-		char *name, *slash;
-		size_t len;
-
-		while (*rest == '/')
-			rest++;
-		if (!*rest)
-			break;
-		name = rest;
-		slash = strchr(rest, '/');
-		len = slash ? (size_t)(slash - rest) : strlen(rest);
-		rest = slash ? slash : rest + len;
-		if (len == 1 && name[0] == '.')
-			continue;
-		if (len == 2 && name[0] == '.' && name[1] == '.') {
-			dir = depth ? stack[--depth] : fs->root_nid;
-			continue;
-		}
-		if (len > META_NAME_MAX) {
-			ret = -ENAMETOOLONG;
-			break;
-		}
-		ret = meta_lookup(mi, dir, name, len, &nid);
-		if (!ret)
-			ret = meta_getattr(mi, nid, &ms);
+	pthread_once(&wake_once, wake_init);
+	meta_get_super(m->img->meta, &sb);
+	fs->m = m;
+	fs->img = m->img;
+	fs->ic = m->ic;
+	fs->root_nid = sb.root_nid;
+	fs->inos = sb.inos;
+	fs->total_bytes = mount_bytes(m);
+	fs->threads = o->threads;
+	fs->readahead_kb = o->readahead_kb;
+	fs->dra_window_max = o->dir_readahead_kb << 10;
+	pthread_mutex_init(&fs->fail_lock, NULL);
+	ret = fs_session_new(fs);
+	if (!ret) {
+		ret = fs_mount(fs, m->mountpoint);
 		if (ret)
-			break;
-		if (S_ISLNK(ms.mode)) {
-			char *lnk, *joined;
-			ssize_t n;
-
-			if (++links > FS_SYMLOOP_MAX) {
-				ret = -ELOOP;
-				break;
-			}
-			if (ms.size >= FS_SYMLINK_MAX) {
-				ret = -EFSCORRUPTED;
-				break;
-			}
-			lnk = malloc(ms.size + 1);
-			if (!lnk) {
-				ret = -ENOMEM;
-				break;
-			}
-			n = meta_readlink(mi, nid, lnk, ms.size + 1);
-			if (n < 0) {
-				free(lnk);
-				ret = (int)n;
-				break;
-			}
-			/* Continue with the target, then the rest of the path
-			 * (empty, or starting with '/'). */
-			if (asprintf(&joined, "%s%s", lnk, rest) < 0) {
-				free(lnk);
-				ret = -ENOMEM;
-				break;
-			}
-			if (lnk[0] == '/') {
-				dir = fs->root_nid;
-				depth = 0;
-			}
-			free(lnk);
-			free(target);
-			target = joined;
-			rest = target;
-			continue;
-		}
-		if (*rest && !S_ISDIR(ms.mode)) {
-			ret = -ENOTDIR;
-			break;
-		}
-		if (S_ISDIR(ms.mode)) {
-			if (depth == ARRAY_SIZE(stack)) {
-				ret = -ENAMETOOLONG;
-				break;
-			}
-			stack[depth++] = dir;
-		}
-		dir = nid;
-		/* A trailing component that is not a directory ends the walk. */
-		if (!S_ISDIR(ms.mode))
-			break;
+			fs_session_destroy(fs);
 	}
-	if (!ret)
-		*out = dir;
-	free(target);
-	free(work);
+	if (ret) {
+		fs_free(fs);
+		return ret;
+	}
+	*state = fs;
+	return 0;
+}
+
+/* The session loop, multithreaded. */
+static int fuse_serve(void *state)
+{
+	struct fs *fs = state;
+	struct fuse_loop_config *cfg = fuse_loop_cfg_create();
+	sigset_t set;
+	int ret;
+
+	if (!cfg) {
+		ferry_err("%s on %s: out of memory", fs->img->ref, fs->m->mountpoint);
+		return -ENOMEM;
+	}
+	fuse_loop_cfg_set_max_threads(cfg, fs->threads);
+	fuse_loop_cfg_set_clone_fd(cfg, 1);
+	/* Only this thread (and its workers) takes SIGUSR2, fuse_stop's. */
+	sigemptyset(&set);
+	sigaddset(&set, SIGUSR2);
+	pthread_sigmask(SIG_UNBLOCK, &set, NULL);
+	ret = fuse_session_loop_mt(fs->se, cfg);
+	pthread_sigmask(SIG_BLOCK, &set, NULL);
+	fuse_loop_cfg_destroy(cfg);
 	return ret;
 }
+
+/* Flag the session as exited and interrupt the loop's sem_wait. */
+static void fuse_stop(void *state)
+{
+	struct fs *fs = state;
+
+	fuse_session_exit(fs->se);
+	pthread_kill(fs->m->loop_thread, SIGUSR2);
+}
+
+/*
+ * Make the FUSE bdi's readahead match chunk-sized reads (the kernel offers
+ * 128 KiB): fewer, larger FUSE requests. After INIT, whose answer would
+ * lower it again.
+ */
+static void fuse_live(void *state)
+{
+	struct fs *fs = state;
+	char path[64], val[16];
+	int fd, n;
+
+	if (!fs->readahead_kb)
+		return;
+	snprintf(path, sizeof(path), "/sys/class/bdi/%u:%u/read_ahead_kb",
+		 fs->m->dev_major, fs->m->dev_minor);
+	n = snprintf(val, sizeof(val), "%u", fs->readahead_kb);
+	fd = open(path, O_WRONLY | O_CLOEXEC);
+	if (fd < 0 || write_full(fd, val, (size_t)n))
+		ferry_dbg("%s: cannot set %s: %s", fs->m->mountpoint, path,
+			  strerror(errno));
+	if (fd >= 0)
+		close(fd);
+}
+
+/* The connection to the kernel is gone (unmounted, or aborted). */
+static bool conn_dead(struct fuse_session *se)
+{
+	struct pollfd pfd = { .fd = fuse_session_fd(se), .events = 0 };
+
+	return pfd.fd < 0 || (poll(&pfd, 1, 0) == 1 && (pfd.revents & POLLERR));
+}
+
+/*
+ * Detach our mount if the connection still lives, then closing /dev/fuse
+ * ends it: programs with files open get ENOTCONN.
+ */
+static void fuse_close(void *state, int ret)
+{
+	struct fs *fs = state;
+
+	if (!conn_dead(fs->se))
+		mount_detach(fs->m);
+	fs_session_destroy(fs);
+	fs_free(fs);
+}
+
+static void fuse_stats(void *state, struct json_object *o)
+{
+	struct fs *fs = state;
+
+	json_object_object_add(o, "readaheadFiles",
+			       json_object_new_uint64(atomic_load(&fs->ra_files)));
+	json_object_object_add(o, "readaheadBytes",
+			       json_object_new_uint64(atomic_load(&fs->ra_bytes)));
+}
+
+const struct serve_mode fuse_mode = {
+	.name = "fuse",
+	.fstype = CTL_FUSE_FSTYPE,
+	.start = fuse_start,
+	.serve = fuse_serve,
+	.stop = fuse_stop,
+	.live = fuse_live,
+	.close = fuse_close,
+	.stats = fuse_stats,
+};

@@ -12,6 +12,7 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <fuse_log.h>
 
 #include "ferryd.h"
 

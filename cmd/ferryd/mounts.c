@@ -1,20 +1,17 @@
 // SPDX-License-Identifier: MIT
 /*
- * The mount table. Each mount has a session thread running its loop:
- * fuse_session_loop_mt (FUSE mode) or fan_run (fanotify mode). When the
- * loop ends — unmounted from outside (FUSE workers read ENODEV; the
- * fanotify superblock is gone), by ferry umount (ferryd's own umount2,
- * same path), or forced at shutdown — that thread tears the mount down:
- * stops prefetch, closes the session, the chunk cache and the image, and
- * takes the mount out of the table. Other mounts keep running.
+ * The mount table. Each mount has a session thread running its mode's
+ * loop (mode.h: serve). When the loop ends — unmounted from outside (FUSE
+ * workers read ENODEV; the fanotify superblock is gone), by ferry umount
+ * (ferryd's own umount2, same path), or forced at shutdown (the mode's
+ * stop) — that thread tears the mount down: stops prefetch, closes the
+ * session, the chunk cache and the image, and takes the mount out of the
+ * table. Other mounts keep running.
  *
  * Locking: tbl_lock guards the list, refs and state; m->lock guards the
  * session thread's progress flags. A mount is freed at its last ref
  * (the table's, the session thread's, and any request handling it).
  */
-#include <fcntl.h>
-#include <poll.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,10 +20,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "fanotify.h"
 #include "ferryd.h"
 
-#define INIT_TIMEOUT_MS 10000     /* mount(2) to the INIT request */
+#define READY_TIMEOUT_MS 10000    /* mount(2) to mount_ready (FUSE: INIT) */
 #define UMOUNT_WAIT_MS 5000       /* umount until the mount is torn down */
 #define FORCE_WAIT_MS 10000       /* forced stop of a session that never ran */
 #define SHUTDOWN_WAIT_MS 5000     /* every session ended at shutdown */
@@ -35,29 +31,20 @@ static pthread_mutex_t tbl_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t tbl_cond = PTHREAD_COND_INITIALIZER;
 static struct fmount *mounts;
 static bool shutting_down;
-static unsigned int loop_threads = FERRYD_DEFAULT_THREADS;
-static unsigned int readahead_kb = FERRYD_DEFAULT_READAHEAD_KB;
-static unsigned int dir_readahead_kb = FERRYD_DEFAULT_DIR_READAHEAD_KB;
+static struct serve_opts serve_opts = {
+	.threads = FERRYD_DEFAULT_THREADS,
+	.readahead_kb = FERRYD_DEFAULT_READAHEAD_KB,
+	.dir_readahead_kb = FERRYD_DEFAULT_DIR_READAHEAD_KB,
+};
 static void (*changed_cb)(void);
-
-/* Wakes a session loop blocked in sem_wait (see force_end). */
-static void wake_handler(int sig)
-{
-	(void)sig;
-}
 
 void mounts_init(unsigned int threads, unsigned int ra_kb, unsigned int dir_ra_kb,
 		 void (*on_change)(void))
 {
-	struct sigaction sa = { .sa_handler = wake_handler };
-
-	loop_threads = threads;
-	readahead_kb = ra_kb;
-	dir_readahead_kb = dir_ra_kb;
+	serve_opts.threads = threads;
+	serve_opts.readahead_kb = ra_kb;
+	serve_opts.dir_readahead_kb = dir_ra_kb;
 	changed_cb = on_change;
-	/* No SA_RESTART: the loop's sem_wait must return EINTR. */
-	sigemptyset(&sa.sa_mask);
-	sigaction(SIGUSR2, &sa, NULL);
 }
 
 static void deadline_ts(struct timespec *ts, unsigned int ms)
@@ -141,55 +128,44 @@ static bool on_top(const struct fmount *m)
 	struct ctl_mnt mi;
 
 	return !ctl_mountinfo(m->mountpoint, &mi) && mi.major == m->dev_major &&
-	       mi.minor == m->dev_minor &&
-	       !strcmp(mi.fstype, m->req.fanotify ? "erofs" : CTL_FUSE_FSTYPE);
+	       mi.minor == m->dev_minor && !strcmp(mi.fstype, m->mode->fstype);
 }
 
-/* The connection to the kernel is gone (unmounted, or aborted). */
-static bool conn_dead(struct fuse_session *se)
+void mount_detach(const struct fmount *m)
 {
-	struct pollfd pfd = { .fd = fuse_session_fd(se), .events = 0 };
-
-	return pfd.fd < 0 || (poll(&pfd, 1, 0) == 1 && (pfd.revents & POLLERR));
-}
-
-/*
- * Close the session: detach our mount if it is still where we put it
- * (never whatever else is mounted there by now), then closing /dev/fuse
- * ends the connection: programs with files open get ENOTCONN. A fanotify
- * loop ends once its superblock is gone; if it ended for an error or a
- * forced stop, a mount still in use is left to its keeper (EIO).
- */
-static void session_close(struct fmount *m, int loop_ret)
-{
-	struct fan *f;
-
-	if (m->req.fanotify) {
-		if (loop_ret && on_top(m) && umount2(m->mountpoint, MNT_DETACH))
-			ferry_warn("%s: detaching %s: %s", m->img->ref, m->mountpoint,
-				   strerror(errno));
-		pthread_mutex_lock(&tbl_lock);
-		f = m->fan;
-		m->fan = NULL;
-		pthread_mutex_unlock(&tbl_lock);
-		fan_close(f);
-		return;
-	}
-	if (!conn_dead(m->se) && on_top(m) && umount2(m->mountpoint, MNT_DETACH))
-		ferry_warn("%s: detaching %s: %s", m->img->ref, m->mountpoint,
+	if (on_top(m) && umount2(m->mountpoint, MNT_DETACH))
+		ferry_warn("%s: detaching %s: %s", m->req.image, m->mountpoint,
 			   strerror(errno));
-	fs_session_destroy(&m->fs, m->se);
-	m->se = NULL;
 }
 
-static void on_init(void *arg)
+void mount_ready(struct fmount *m)
 {
-	struct fmount *m = arg;
-
 	pthread_mutex_lock(&m->lock);
-	m->init_done = true;
+	m->ready = true;
 	pthread_cond_broadcast(&m->cond);
 	pthread_mutex_unlock(&m->lock);
+}
+
+uint64_t mount_bytes(const struct fmount *m)
+{
+	uint64_t n = m->img->bootstrap_len;
+	uint32_t i;
+
+	for (i = 0; i < m->img->blobs.nr_blobs; i++)
+		n += m->img->blobs.blobs[i].uncompressed_size;
+	return n;
+}
+
+/* After the loop ended: the mode closes its session, out of --list's sight. */
+static void session_close(struct fmount *m, int loop_ret)
+{
+	void *state;
+
+	pthread_mutex_lock(&tbl_lock);
+	state = m->mode_state;
+	m->mode_state = NULL;
+	pthread_mutex_unlock(&tbl_lock);
+	m->mode->close(state, loop_ret);
 }
 
 static void log_final(const struct fmount *m, const struct image_cache_stats *s)
@@ -202,44 +178,20 @@ static void log_final(const struct fmount *m, const struct image_cache_stats *s)
 		   (unsigned long long)s->chunks_total);
 }
 
-/* The FUSE session loop, multithreaded. */
-static int fuse_loop(struct fmount *m)
-{
-	struct fuse_loop_config *cfg = fuse_loop_cfg_create();
-	int ret;
-
-	if (!cfg) {
-		ferry_err("%s on %s: out of memory", m->req.image, m->mountpoint);
-		return -ENOMEM;
-	}
-	fuse_loop_cfg_set_max_threads(cfg, loop_threads);
-	fuse_loop_cfg_set_clone_fd(cfg, 1);
-	ret = fuse_session_loop_mt(m->se, cfg);
-	fuse_loop_cfg_destroy(cfg);
-	return ret;
-}
-
 static void *session_main(void *arg)
 {
 	struct fmount *m = arg;
 	struct image_cache_stats s;
-	sigset_t set;
 	int ret;
 
-	/* Only this thread takes SIGUSR2, the wake-up of force_end. */
-	sigemptyset(&set);
-	sigaddset(&set, SIGUSR2);
-	pthread_sigmask(SIG_UNBLOCK, &set, NULL);
-	ret = m->fan ? fan_run(m->fan) : fuse_loop(m);
-	pthread_sigmask(SIG_BLOCK, &set, NULL);
+	ret = m->mode->serve(m->mode_state);
 	pthread_mutex_lock(&m->lock);
 	m->loop_ended = true;
 	pthread_cond_broadcast(&m->cond);
 	pthread_mutex_unlock(&m->lock);
 	if (ret)
 		ferry_warn("%s on %s: %s loop: %s", m->req.image, m->mountpoint,
-			   m->req.fanotify ? "fanotify" : "FUSE session",
-			   ret < 0 ? ferry_strerror(ret) : "stopped");
+			   m->mode->name, ret < 0 ? ferry_strerror(ret) : "stopped");
 
 	/* The prefetch thread may sleep in its bandwidth pacing: the
 	 * session (and the umount waiting for it) ends first. */
@@ -251,7 +203,6 @@ static void *session_main(void *arg)
 	pthread_mutex_unlock(&tbl_lock);
 	if (m->prefetch_started)
 		pthread_join(m->prefetch_thread, NULL);
-	fs_teardown(&m->fs);
 
 	pthread_mutex_lock(&tbl_lock);
 	if (m->state != MS_STOPPING && !shutting_down)
@@ -277,10 +228,10 @@ static void *session_main(void *arg)
 
 /*
  * Ask a session loop that no unmount will end (busy mount at shutdown,
- * INIT never came) to stop: flag the session as exited and interrupt the
- * loop's sem_wait. Repeated by the callers, since a signal that lands
- * before the loop waits is lost. True once the loop has ended. A worker
- * inside a fetch finishes it first (bounded by the fetch timeouts).
+ * never ready) to stop. Repeated by the callers, since a wake-up that
+ * lands before the loop waits may be lost. True once the loop has ended.
+ * A worker inside a fetch finishes it first (bounded by the fetch
+ * timeouts).
  */
 static bool poke(struct fmount *m)
 {
@@ -288,12 +239,8 @@ static bool poke(struct fmount *m)
 
 	pthread_mutex_lock(&m->lock);
 	/* Until loop_ended is set (under this lock) the session exists. */
-	if (!m->loop_ended && m->fan) {
-		fan_stop(m->fan);
-	} else if (!m->loop_ended) {
-		fuse_session_exit(m->se);
-		pthread_kill(m->loop_thread, SIGUSR2);
-	}
+	if (!m->loop_ended)
+		m->mode->stop(m->mode_state);
 	ended = m->loop_ended;
 	pthread_mutex_unlock(&m->lock);
 	return ended;
@@ -313,7 +260,7 @@ static void force_end(struct fmount *m, unsigned int ms)
 	}
 }
 
-/* Wait (bounded) until @m's FUSE session has ended; tbl_lock held. */
+/* Wait (bounded) until @m's session has ended; tbl_lock held. */
 static bool wait_session_locked(struct fmount *m, unsigned int ms)
 {
 	struct timespec ts;
@@ -323,28 +270,6 @@ static bool wait_session_locked(struct fmount *m, unsigned int ms)
 		if (pthread_cond_timedwait(&tbl_cond, &tbl_lock, &ts) == ETIMEDOUT)
 			break;
 	return m->session_closed || m->removed;
-}
-
-/*
- * Make the FUSE bdi's readahead match chunk-sized reads (the kernel offers
- * 128 KiB): fewer, larger FUSE requests. Fanotify mounts are the kernel's
- * EROFS reading local files, like local mounts: they keep its default.
- */
-static void set_readahead(const struct fmount *m)
-{
-	char path[64], val[16];
-	int fd, n;
-
-	if (!readahead_kb)
-		return;
-	snprintf(path, sizeof(path), "/sys/class/bdi/%u:%u/read_ahead_kb",
-		 m->dev_major, m->dev_minor);
-	n = snprintf(val, sizeof(val), "%u", readahead_kb);
-	fd = open(path, O_WRONLY | O_CLOEXEC);
-	if (fd < 0 || write_full(fd, val, (size_t)n))
-		ferry_dbg("%s: cannot set %s: %s", m->mountpoint, path, strerror(errno));
-	if (fd >= 0)
-		close(fd);
 }
 
 static int check_mountpoint(const char *path, char **canon, char *err,
@@ -386,14 +311,16 @@ static void set_err(char *err, size_t errlen, const struct log_capture *c,
 		snprintf(err, errlen, "%s: %s", fallback, ferry_strerror(ret));
 }
 
-int mounts_mount(struct ctl_mount_req *req, char *err, size_t errlen)
+/*
+ * A new mount of @req (taken over, also on failure) in its mode, in the
+ * table as being set up: refs for the table and the caller.
+ */
+static int mount_new(struct ctl_mount_req *req, struct fmount **out, char *err,
+		     size_t errlen)
 {
-	struct fmount *m = calloc(1, sizeof(*m));
-	struct log_capture cap;
-	struct ctl_mnt mi;
-	char what[512];
-	pthread_attr_t attr;
-	int ret;
+	struct fmount *m = calloc(1, sizeof(*m)), *other;
+	char modes[128];
+	int ret = 0;
 
 	if (!m) {
 		ctl_mount_req_free(req);
@@ -405,22 +332,30 @@ int mounts_mount(struct ctl_mount_req *req, char *err, size_t errlen)
 	pthread_mutex_init(&m->lock, NULL);
 	pthread_cond_init(&m->cond, NULL);
 	m->refs = 1;
-	ret = check_mountpoint(m->req.mountpoint, &m->mountpoint, err, errlen);
+	m->mode = serve_mode_find(m->req.mode);
+	if (!m->mode) {
+		serve_mode_names(modes, sizeof(modes));
+		snprintf(err, errlen, "unknown mode \"%s\" (this ferryd serves %s)",
+			 m->req.mode, modes);
+		ret = -EINVAL;
+	} else {
+		ret = check_mountpoint(m->req.mountpoint, &m->mountpoint, err, errlen);
+	}
 	if (ret) {
 		ferry_err("mount %s: %s", m->req.image, err);
-		mount_put(m);
-		return ret;
+		goto fail;
 	}
-	snprintf(what, sizeof(what), "mount %s on %s", m->req.image, m->mountpoint);
 
 	pthread_mutex_lock(&tbl_lock);
+	other = find_locked(m->mountpoint, false);
 	if (shutting_down) {
 		ret = -ESHUTDOWN;
-		snprintf(err, errlen, "%s: ferryd is shutting down", what);
-	} else if (find_locked(m->mountpoint, false)) {
+		snprintf(err, errlen, "mount %s on %s: ferryd is shutting down",
+			 m->req.image, m->mountpoint);
+	} else if (other) {
 		ret = -EBUSY;
-		snprintf(err, errlen, "%s: %s is already mounted by this ferryd (%s)",
-			 what, m->mountpoint, find_locked(m->mountpoint, false)->req.image);
+		snprintf(err, errlen, "mount %s on %s: %s is already mounted by this ferryd (%s)",
+			 m->req.image, m->mountpoint, m->mountpoint, other->req.image);
 	} else {
 		m->state = MS_MOUNTING;
 		m->next = mounts;
@@ -430,64 +365,63 @@ int mounts_mount(struct ctl_mount_req *req, char *err, size_t errlen)
 	pthread_mutex_unlock(&tbl_lock);
 	if (ret) {
 		ferry_err("%s", err);
-		mount_put(m);
-		return ret;
+		goto fail;
 	}
-	ferry_info("mounting %s on %s (cache %s)", m->req.image, m->mountpoint,
-		   m->req.cache_dir);
+	*out = m;
+	return 0;
+
+fail:
+	mount_put(m);
+	return ret;
+}
+
+/* Open the image and its chunk cache, and start the mode (mount(2)). */
+static int mount_setup(struct fmount *m, const char *what, char *err,
+		       size_t errlen)
+{
+	struct log_capture cap;
+	char why[1024] = "";
+	struct ctl_mnt mi;
+	int ret;
 
 	log_capture_begin(&cap);
 	ret = image_open(m->req.image, &(struct image_opts){ .fetch = &m->req.fetch },
 			 &m->img);
 	if (ret) {
 		set_err(err, errlen, &cap, ret, what);
-		goto fail;
+		goto out;
 	}
 	ret = image_cache_open(m->img, m->req.cache_dir, &m->ic);
 	if (ret) {
-		snprintf(what, sizeof(what), "%s: chunk cache %s", m->req.image,
+		snprintf(why, sizeof(why), "%s: chunk cache %s", m->req.image,
 			 m->req.cache_dir);
+		set_err(err, errlen, &cap, ret, why);
+		goto out;
+	}
+	ret = m->mode->start(m, &serve_opts, &m->mode_state, why, sizeof(why));
+	if (ret && why[0])
+		snprintf(err, errlen, "%s: %s", what, why);
+	else if (ret)
 		set_err(err, errlen, &cap, ret, what);
-		goto fail;
-	}
-	fs_setup(&m->fs, m->img, m->ic);
-	if (m->req.fanotify) {
-		char why[1024];
-
-		ret = fan_start(m, why, sizeof(why));
-		if (ret) {
-			snprintf(err, errlen, "%s: %s", what, why);
-			goto fail;
-		}
-		m->init_done = true; /* the kernel mount is live already */
-		goto mounted;
-	}
-	m->fs.on_init = on_init;
-	m->fs.arg = m;
-	m->fs.dra_window_max = dir_readahead_kb << 10;
-	m->se = fs_session_new(&m->fs);
-	if (!m->se) {
-		ret = -EIO;
-		set_err(err, errlen, &cap, ret, what);
-		goto fail;
-	}
-	ret = fs_mount(&m->fs, m->se, m->mountpoint);
-	if (ret) {
-		snprintf(what, sizeof(what), "%s: FUSE mount on %s failed", m->req.image,
-			 m->mountpoint);
-		set_err(err, errlen, &cap, ret, what);
-		fs_session_destroy(&m->fs, m->se);
-		m->se = NULL;
-		goto fail;
-	}
-mounted:
-	log_capture_end(&cap);
+	if (ret)
+		goto out;
 	/* Our mount's device, to recognise it later without touching it. */
 	if (!ctl_mountinfo(m->mountpoint, &mi)) {
 		m->dev_major = mi.major;
 		m->dev_minor = mi.minor;
 	}
 	m->mounted_at = (int64_t)time(NULL);
+out:
+	log_capture_end(&cap);
+	return ret;
+}
+
+/* The session thread, which from now on tears the mount down. */
+static int session_start(struct fmount *m, const char *what, char *err,
+			 size_t errlen)
+{
+	pthread_attr_t attr;
+	int ret;
 
 	pthread_mutex_lock(&tbl_lock);
 	m->refs++; /* the session thread's */
@@ -501,80 +435,109 @@ mounted:
 		snprintf(err, errlen, "%s: cannot start the session thread: %s", what,
 			 strerror(-ret));
 		session_close(m, ret);
-		goto fail_nocap;
 	}
+	return ret;
+}
 
-	/* Answer only once the kernel has sent INIT: the mount is live. */
+static void prefetch_start(struct fmount *m)
+{
+	if (!(m->req.nr_prefetch_files + m->img->nr_prefetch + m->req.prefetch_all))
+		return;
+	atomic_store(&m->pstate, PF_RUNNING);
+	if (pthread_create(&m->prefetch_thread, NULL, prefetch_main, m)) {
+		ferry_warn("mount %s on %s: cannot start the prefetch thread",
+			   m->req.image, m->mountpoint);
+		atomic_store(&m->pstate, PF_FAILED);
+	} else {
+		m->prefetch_started = true;
+	}
+}
+
+/*
+ * Wait until the mode says the kernel serves the mount, then its live
+ * hook and prefetch: 0, -ETIMEDOUT, or -EIO when the loop ended.
+ */
+static int wait_ready(struct fmount *m)
+{
+	struct timespec ts;
+	int ret;
+
+	deadline_ts(&ts, READY_TIMEOUT_MS);
 	pthread_mutex_lock(&m->lock);
-	{
-		struct timespec ts;
-
-		deadline_ts(&ts, INIT_TIMEOUT_MS);
-		while (!m->init_done && !m->loop_ended)
-			if (pthread_cond_timedwait(&m->cond, &m->lock, &ts) == ETIMEDOUT)
-				break;
+	while (!m->ready && !m->loop_ended)
+		if (pthread_cond_timedwait(&m->cond, &m->lock, &ts) == ETIMEDOUT)
+			break;
+	ret = m->loop_ended ? -EIO : m->ready ? 0 : -ETIMEDOUT;
+	if (!ret) {
+		if (m->mode->live)
+			m->mode->live(m->mode_state);
+		prefetch_start(m);
 	}
-	if (m->init_done && !m->loop_ended && m->req.nr_prefetch_files +
-	    m->img->nr_prefetch + m->req.prefetch_all) {
-		atomic_store(&m->pstate, PF_RUNNING);
-		if (pthread_create(&m->prefetch_thread, NULL, prefetch_main, m)) {
-			ferry_warn("%s: cannot start the prefetch thread", what);
-			atomic_store(&m->pstate, PF_FAILED);
-		} else {
-			m->prefetch_started = true;
-		}
-	}
-	ret = m->init_done ? 0 : -ETIMEDOUT;
-	if (m->loop_ended)
-		ret = -EIO;
 	pthread_mutex_unlock(&m->lock);
+	return ret;
+}
 
+int mounts_mount(struct ctl_mount_req *req, char *err, size_t errlen)
+{
+	struct fmount *m;
+	char what[512];
+	uint64_t bytes;
+	uint32_t blobs;
+	int ret;
+
+	ret = mount_new(req, &m, err, errlen);
+	if (ret)
+		return ret;
+	snprintf(what, sizeof(what), "mount %s on %s", m->req.image, m->mountpoint);
+	ferry_info("mounting %s on %s (cache %s)", m->req.image, m->mountpoint,
+		   m->req.cache_dir);
+	ret = mount_setup(m, what, err, errlen);
+	if (!ret) {
+		/* For the log line: the image is the session thread's soon. */
+		bytes = mount_bytes(m);
+		blobs = m->img->blobs.nr_blobs;
+		ret = session_start(m, what, err, errlen);
+	}
+	if (ret) {
+		ferry_err("%s", err);
+		image_cache_close(m->ic);
+		image_close(m->img);
+		m->ic = NULL;
+		m->img = NULL;
+		pthread_mutex_lock(&tbl_lock);
+		m->closed = true;
+		unlink_locked(m);
+		mount_put_locked_n(m, 2); /* the table's and the handler's */
+		pthread_mutex_unlock(&tbl_lock);
+		return ret;
+	}
+
+	/* Answer once the mount is live; from now on the session thread
+	 * tears it down. */
+	ret = wait_ready(m);
 	pthread_mutex_lock(&tbl_lock);
 	if (!ret && shutting_down)
 		ret = -ESHUTDOWN;
-	if (!ret)
-		m->state = MS_LIVE;
-	else
-		m->state = MS_STOPPING;
+	m->state = ret ? MS_STOPPING : MS_LIVE;
 	pthread_mutex_unlock(&tbl_lock);
 	if (ret) {
 		snprintf(err, errlen, "%s: %s", what,
-			 ret == -ETIMEDOUT ? "the kernel did not start the FUSE session" :
+			 ret == -ETIMEDOUT ? "the kernel did not start the session" :
 			 ret == -ESHUTDOWN ? "ferryd is shutting down" :
-					     "the FUSE session ended at once");
-		if (!m->loop_ended && on_top(m) && umount2(m->mountpoint, MNT_DETACH))
-			ferry_warn("%s: detaching %s: %s", m->req.image, m->mountpoint,
-				   strerror(errno));
+					     "the session ended at once");
+		if (!m->loop_ended)
+			mount_detach(m);
 		ferry_err("%s", err);
 		force_end(m, FORCE_WAIT_MS);
-		mount_put(m);
-		return ret;
+	} else {
+		ferry_info("mounted %s on %s (%s, %u blobs, %llu bytes; %s)", m->req.image,
+			   m->mountpoint, m->mode->name, blobs, (unsigned long long)bytes,
+			   atomic_load(&m->pstate) == PF_RUNNING ? "prefetching" :
+								  "no prefetch");
 	}
-	if (!m->req.fanotify)
-		set_readahead(m);
-	ferry_info("mounted %s on %s (%s, %u blobs, %llu bytes; %s)", m->req.image,
-		   m->mountpoint, m->req.fanotify ? "fanotify" : "FUSE",
-		   m->img->blobs.nr_blobs, (unsigned long long)m->fs.total_bytes,
-		   atomic_load(&m->pstate) == PF_RUNNING ? "prefetching" : "no prefetch");
 	mount_put(m);
-	notify_change();
-	return 0;
-
-fail:
-	log_capture_end(&cap);
-fail_nocap:
-	ferry_err("%s", err);
-	if (m->fs.img)
-		fs_teardown(&m->fs);
-	image_cache_close(m->ic);
-	image_close(m->img);
-	m->ic = NULL;
-	m->img = NULL;
-	pthread_mutex_lock(&tbl_lock);
-	m->closed = true;
-	unlink_locked(m);
-	mount_put_locked_n(m, 2); /* the table's and the handler's */
-	pthread_mutex_unlock(&tbl_lock);
+	if (!ret)
+		notify_change();
 	return ret;
 }
 
@@ -750,11 +713,7 @@ struct json_object *mounts_list(void)
 		json_object_object_add(o, "mountpoint", json_object_new_string(m->mountpoint));
 		json_object_object_add(o, "image", json_object_new_string(m->req.image));
 		json_object_object_add(o, "cacheDir", json_object_new_string(m->req.cache_dir));
-		json_object_object_add(o, "mode", json_object_new_string(m->req.fanotify ?
-								      "fanotify" : "fuse"));
-		if (m->fan)
-			json_object_object_add(o, "keeperPid",
-					       json_object_new_int(fan_keeper_pid(m->fan)));
+		json_object_object_add(o, "mode", json_object_new_string(m->mode->name));
 		json_object_object_add(o, "state", json_object_new_string(state_name(m->state)));
 		json_object_object_add(o, "mountedAt", json_object_new_int64(m->mounted_at));
 		add_u64(o, "bytesRead", s.bytes_read);
@@ -766,12 +725,13 @@ struct json_object *mounts_list(void)
 		json_object_object_add(o, "prefetch",
 				       json_object_new_string(prefetch_name(atomic_load(&m->pstate))));
 		add_u64(o, "prefetchFiles", atomic_load(&m->prefetch_files));
-		add_u64(o, "readaheadFiles", atomic_load(&m->fs.ra_files));
-		add_u64(o, "readaheadBytes", atomic_load(&m->fs.ra_bytes));
 		snprintf(secs, sizeof(secs), "%.3f",
 			 (double)atomic_load(&m->prefetch_ns) / 1e9);
 		json_object_object_add(o, "prefetchSeconds",
 				       json_object_new_double_s(strtod(secs, NULL), secs));
+		/* Its state exists from setup until the session closes. */
+		if (m->state != MS_MOUNTING && m->mode_state)
+			m->mode->stats(m->mode_state, o);
 		json_object_array_add(arr, o);
 	}
 	pthread_mutex_unlock(&tbl_lock);
@@ -820,13 +780,13 @@ size_t mounts_shutdown(void)
 		if (on_top(m)) {
 			if (!umount2(m->mountpoint, 0))
 				continue; /* its loop ends with ENODEV */
-			ferry_warn("%s: %s; detaching it and ending its FUSE connection",
+			ferry_warn("%s: %s; detaching it and ending its session",
 				   m->mountpoint, strerror(errno));
 			if (umount2(m->mountpoint, MNT_DETACH))
 				ferry_warn("%s: detach: %s", m->mountpoint, strerror(errno));
 		}
-		/* Detached (busy, or by ferry umount --lazy): users of open
-		 * files get ENOTCONN once the connection closes. */
+		/* Detached (busy, or by ferry umount --lazy): its users get
+		 * what the mode's end leaves them (FUSE: ENOTCONN). */
 		if (force)
 			force[i] = true;
 		else

@@ -96,7 +96,7 @@ void *prefetch_main(void *arg)
 		const char *path = i < m->img->nr_prefetch ? m->img->prefetch[i] :
 				   r->prefetch_files[i - m->img->nr_prefetch];
 
-		ret = fs_resolve(&m->fs, path, &nid);
+		ret = meta_resolve_follow(m->img->meta, path, &nid);
 		if (ret) {
 			ferry_warn("%s: prefetch: %s: %s", m->img->ref, path,
 				   ret == -ENOENT ? "no such file in the image" :

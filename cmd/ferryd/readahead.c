@@ -28,7 +28,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "ferryd.h"
+#include "fusefs.h"
 
 #define DRA_STREAMS 8           /* directories followed at once */
 #define DRA_JOBS 16             /* windows queued; more are dropped */

@@ -22,7 +22,7 @@
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/oci_lib.sh"
 . "$(dirname "$0")/registry_lib.sh"
-. "$(dirname "$0")/fuse_lib.sh"
+. "$(dirname "$0")/lazy_lib.sh"
 
 lazy_setup
 # The readers below go over /usr; /opt/c/big.bin has a blob of its own, so
@@ -35,7 +35,7 @@ fi
 CACHED=usr/bin/bash
 
 # --- a cache dir on tmpfs ------------------------------------------------------
-fuse_use tmpfs
+lazy_use tmpfs
 M=$SCRATCH/m-tmpfs
 if ! mount -t tmpfs -o size=64m ferry-e2e "$FCACHE" 2>"$LOG"; then
 	notok "mount a tmpfs for the cache dir"
@@ -51,11 +51,11 @@ else
 fi
 
 # --- a damaged chunk inside the registry ------------------------------------
-fuse_use corrupt
+lazy_use corrupt
 M=$SCRATCH/m-corrupt
 if damaged_mount fanotify "$M"; then
 	damaged_reads "$M"
-	n=$(fuse_daemon_pids | wc -l)
+	n=$(daemon_pids | wc -l)
 	kpid=$(keeper_pid "$M" 2>&1)
 	expect_sh "ferryd ($n) and its keeper ($kpid) still run after the errors" \
 		'[ "$n" -eq 1 ] && is_keeper "$kpid"'
@@ -73,11 +73,11 @@ mid_read() {
 	read -r p c d < <(fcache_sum 2>/dev/null) || return 1
 	[ "$p" -ge $((c / 10)) ]
 }
-fuse_use kill
+lazy_use kill
 M=$SCRATCH/m-kill
 if check "mount --mode fanotify (to be killed)" fnmount "$IMG" "$M"; then
 	check "a file read before the kill reads right" read_check "$M/$CACHED" "$ref/$CACHED"
-	dpid=$(fuse_daemon_pids | head -n 1)
+	dpid=$(daemon_pids | head -n 1)
 	kpid=$(keeper_pid "$M" 2>&1)
 	readers_start kill "$M/usr" 90 sorted reverse shuffle pread
 	poll 30 mid_read
@@ -115,7 +115,7 @@ if check "mount --mode fanotify (to be killed)" fnmount "$IMG" "$M"; then
 		expect_sh "the keeper $kpid exits by itself after the umount ($ms ms, < 5 s)" \
 			'! kill -0 "$kpid" 2>/dev/null && [ "$ms" -lt 5000 ]'
 		if check "mount again over the same cache (a new ferryd)" fnmount "$IMG" "$M"; then
-			npid=$(fuse_daemon_pids | head -n 1)
+			npid=$(daemon_pids | head -n 1)
 			nkpid=$(keeper_pid "$M" 2>&1)
 			expect_sh "a new ferryd (${npid:-none}, was $dpid) and keeper ($nkpid, was $kpid) serve it" \
 				'[ -n "$npid" ] && [ "$npid" != "$dpid" ] && is_keeper "$nkpid" && [ "$nkpid" != "$kpid" ]'
@@ -127,12 +127,12 @@ if check "mount --mode fanotify (to be killed)" fnmount "$IMG" "$M"; then
 fi
 
 # --- the keeper killed during reads --------------------------------------------
-fuse_use keeper
+lazy_use keeper
 M=$SCRATCH/m-keeper
 new_keeper() { k2=$(keeper_pid "$M" 2>/dev/null) && [ "$k2" != "$kpid" ] && is_keeper "$k2"; }
 if check "mount --mode fanotify (its keeper to be killed)" fnmount "$IMG" "$M"; then
 	check "a file read before the kill reads right" read_check "$M/$CACHED" "$ref/$CACHED"
-	dpid=$(fuse_daemon_pids | head -n 1)
+	dpid=$(daemon_pids | head -n 1)
 	kpid=$(keeper_pid "$M" 2>&1)
 	k2=
 	readers_start keeper "$M/usr" 120 sorted reverse shuffle pread
@@ -153,7 +153,7 @@ if check "mount --mode fanotify (its keeper to be killed)" fnmount "$IMG" "$M"; 
 	readers_wait
 	readers_agree "readers across the keeper's death: no errors, every digest right" \
 		"$SCRATCH/usr.sums"
-	n=$(fuse_daemon_pids)
+	n=$(daemon_pids)
 	expect_sh "the same ferryd still serves ($n, was $dpid)" '[ "$n" = "$dpid" ]'
 	# The new keeper stands in for ferryd as the first one would.
 	if [ -n "$dpid" ] && is_keeper "${k2:-none}"; then

@@ -23,20 +23,20 @@
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/oci_lib.sh"
 . "$(dirname "$0")/registry_lib.sh"
-. "$(dirname "$0")/fuse_lib.sh"
+. "$(dirname "$0")/lazy_lib.sh"
 
 # --- images -----------------------------------------------------------------
 lazy_setup base proxy
 
 # --- startup workload on a fresh cache ----------------------------------------
-fuse_use startup
+lazy_use startup
 M=$SCRATCH/m-startup
 if startup_mount fanotify "$M"; then
 	t=$(fstype "$M")
 	expect_sh "the mount point is a kernel EROFS mount (${t:-not mounted})" '[ "$t" = erofs ]'
 	mode=$(mount_field "$M" mode 2>&1)
 	expect_sh "ferry mount --list --json says mode fanotify ($mode)" '[ "$mode" = fanotify ]'
-	dpid=$(fuse_daemon_pids | head -n 1)
+	dpid=$(daemon_pids | head -n 1)
 	kpid=$(keeper_pid "$M" 2>&1)
 	expect_sh "its keeperPid ($kpid) is a running ferryd --keeper, not ferryd ${dpid:-none} itself" \
 		'is_keeper "$kpid" && [ "$kpid" != "$dpid" ]'
@@ -47,7 +47,7 @@ if startup_mount fanotify "$M"; then
 fi
 
 # --- the whole tree, lazily from the registry ----------------------------------
-fuse_use tree
+lazy_use tree
 M=$SCRATCH/m-tree
 if tree_read fanotify "$M"; then
 	expect "the mount is read-only in its options" bash -c \
@@ -60,14 +60,14 @@ fi
 conc_checks fanotify
 
 # --- dir: and oci: images -------------------------------------------------------
-fuse_use local
+lazy_use local
 if local_mount fanotify dir; then
 	check "treecmp umoci unpack == dir: fanotify mount" \
 		timeout 180 python3 "$TREECMP" "$ref" "$SCRATCH/m-dir"
 	check "ferry umount (dir:)" fumount "$SCRATCH/m-dir"
 fi
 # A cache of its own: the dir: mount above made every chunk present.
-fuse_use oci
+lazy_use oci
 if local_mount fanotify oci; then
 	check "oci: fanotify mount: files read as the reference" same_files "$ref" "$SCRATCH/m-oci" \
 		usr/bin/bash usr/bin/perl opt/c/big.bin etc/passwd usr/lib/file/magic.mgc
@@ -78,7 +78,7 @@ if local_mount fanotify oci; then
 fi
 
 # --- prefetch ---------------------------------------------------------------------
-fuse_use pfall
+lazy_use pfall
 M=$SCRATCH/m-pfall
 if prefetch_all_mount fanotify "$M" "mount --mode fanotify --prefetch-all"; then
 	# Complete blobs: the kernel reads the whole tree from the cache
@@ -94,12 +94,12 @@ prefetch_files_checks fanotify "mount --mode fanotify --prefetch-files LIST"
 # --- FUSE and fanotify side by side in one ferryd ---------------------------------
 # edit (FUSE) and base (fanotify) share the base layer's blob, in one
 # cache: ferryd fills it for FUSE reads and for fanotify events at once.
-fuse_use side
+lazy_use side
 MF=$SCRATCH/m-side-fuse
 MK=$SCRATCH/m-side-fan
 if check "mount edit --mode fuse" fmount "$IMG" "$MF" &&
 	check "mount base --mode fanotify through the same daemon" fnmount "$BASE" "$MK"; then
-	n=$(fuse_daemon_pids | wc -l)
+	n=$(daemon_pids | wc -l)
 	expect_sh "one ferryd serves both mounts ($n running)" '[ "$n" -eq 1 ]'
 	modes="$(mount_field "$MF" mode 2>&1) $(fstype "$MF"), $(mount_field "$MK" mode 2>&1) $(fstype "$MK")"
 	expect_sh "listed as fuse and fanotify, mounted as FUSE and erofs ($modes)" \
@@ -108,10 +108,10 @@ if check "mount edit --mode fuse" fmount "$IMG" "$MF" &&
 	# kernel reads them without a fetch.
 	files=(usr/bin/bash etc/passwd usr/bin/dpkg)
 	check "the FUSE mount reads the reference bytes" same_files "$ref" "$MF" "${files[@]}"
-	fp=$(fuse_stats "$MK" 2>/dev/null | cut -d' ' -f2)
+	fp=$(mount_stats "$MK" 2>/dev/null | cut -d' ' -f2)
 	check "the fanotify mount reads the same files (chunks present)" \
 		same_files "$refbase" "$MK" "${files[@]}"
-	f=$(fuse_stats "$MK" 2>/dev/null | cut -d' ' -f2)
+	f=$(mount_stats "$MK" 2>/dev/null | cut -d' ' -f2)
 	expect_sh "those reads fetched nothing for the fanotify mount (${fp:-?} -> ${f:-?} B)" \
 		'[ "$fp" -eq 0 ] && [ "$f" -eq 0 ]'
 	timeout 180 python3 "$TREECMP" "$ref" "$MF" >"$SCRATCH/side-fuse.log" 2>&1 &

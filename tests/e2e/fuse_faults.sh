@@ -23,7 +23,7 @@
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/oci_lib.sh"
 . "$(dirname "$0")/registry_lib.sh"
-. "$(dirname "$0")/fuse_lib.sh"
+. "$(dirname "$0")/lazy_lib.sh"
 
 lazy_setup proxy
 export -f read_check
@@ -31,11 +31,11 @@ export -f read_check
 # --- a damaged chunk inside the registry ------------------------------------
 # One byte flipped in the middle of $BIG's first chunk's compressed range
 # in the registry's copy of its blob.
-fuse_use corrupt
+lazy_use corrupt
 M=$SCRATCH/m-corrupt
 if damaged_mount fuse "$M"; then
 	damaged_reads "$M"
-	n=$(fuse_daemon_pids | wc -l)
+	n=$(daemon_pids | wc -l)
 	expect_sh "ferryd still runs after the errors" '[ "$n" -eq 1 ]'
 	log_names_damage
 	reg_repair_chunk
@@ -50,7 +50,7 @@ fi
 # readahead stores only verified chunks, so that file fails with EIO, again
 # when read once more, and every other file gives the reference bytes.
 SMALL=usr/bin/mv
-fuse_use corrupt-dra
+lazy_use corrupt-dra
 M=$SCRATCH/m-corrupt-dra
 DMG_STORED=
 if ! reg_damage_chunk "$IMG" "$SMALL" 2>"$LOG"; then
@@ -76,14 +76,14 @@ fi
 [ -n "${DMG_STORED:-}" ] && reg_repair_chunk
 
 # --- ferryd killed during reads ----------------------------------------------
-fuse_use kill
+lazy_use kill
 M=$SCRATCH/m-kill
 if check "mount --mode fuse (to be killed)" fmount "$IMG" "$M"; then
-	timeout -k 5 90 python3 -c "$FUSE_HASHTREE" "$M/usr" sorted 0 \
+	timeout -k 5 90 python3 -c "$HASHTREE_PY" "$M/usr" sorted 0 \
 		>/dev/null 2>"$SCRATCH/kill-reader.err" &
 	rpid=$!
 	sleep 1
-	dpid=$(fuse_daemon_pids | head -n 1)
+	dpid=$(daemon_pids | head -n 1)
 	if [ -z "$dpid" ]; then
 		notok "find ferryd to kill"
 	else
@@ -101,7 +101,7 @@ if check "mount --mode fuse (to be killed)" fmount "$IMG" "$M"; then
 		echo "    reader: $(tail -n 1 "$SCRATCH/kill-reader.err")"
 		check "ferry umount of the dead mount" fumount "$M"
 		if check "mount again over the same cache (a new ferryd)" fmount "$IMG" "$M"; then
-			npid=$(fuse_daemon_pids | head -n 1)
+			npid=$(daemon_pids | head -n 1)
 			expect_sh "a new ferryd serves it (${npid:-none}, was $dpid)" \
 				'[ -n "$npid" ] && [ "$npid" != "$dpid" ]'
 			check "treecmp after the crash and remount" \
@@ -152,7 +152,7 @@ cached_read() {
 	drop_pages "$M/$CACHED"
 	timed_read "$M/$CACHED" "$ref/$CACHED" 30
 }
-fuse_use gone
+lazy_use gone
 M=$SCRATCH/m-gone
 FETCH_OPTS=(--retries 2 --stall-timeout 5)
 if check "mount through the proxy with ${FETCH_OPTS[*]}" fmount "$PIMG" "$M" "${FETCH_OPTS[@]}"; then
@@ -198,7 +198,7 @@ if check "mount through the proxy with ${FETCH_OPTS[*]}" fmount "$PIMG" "$M" "${
 	timeout -k 5 120 bash -c 'read_check "$@"' _ "$M/$T2" "$ref/$T2" >"$SCRATCH/term.out" 2>&1 &
 	spid=$!
 	sleep 2
-	dpid=$(fuse_daemon_pids | head -n 1)
+	dpid=$(daemon_pids | head -n 1)
 	kill -0 "$spid" 2>/dev/null && busy="waiting" || busy="ended already: $(cat "$SCRATCH/term.out")"
 	t0=$(now_ms)
 	[ -n "$dpid" ] && kill -TERM "$dpid"

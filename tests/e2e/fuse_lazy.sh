@@ -21,13 +21,13 @@
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/oci_lib.sh"
 . "$(dirname "$0")/registry_lib.sh"
-. "$(dirname "$0")/fuse_lib.sh"
+. "$(dirname "$0")/lazy_lib.sh"
 
 # --- images -----------------------------------------------------------------
 lazy_setup base proxy "(ferry image in the registry)"
 
 # --- startup workload on a fresh cache ----------------------------------------
-fuse_use startup
+lazy_use startup
 M=$SCRATCH/m-startup
 if startup_mount fuse "$M"; then
 	expect "the mount point is a FUSE mount ($(fstype "$M"))" is_fuse "$M"
@@ -37,7 +37,7 @@ if startup_mount fuse "$M"; then
 fi
 
 # --- the whole tree, lazily from the registry ----------------------------------
-fuse_use tree
+lazy_use tree
 M=$SCRATCH/m-tree
 if tree_read fuse "$M"; then
 	read -r bsize blocks files < <(stat -f -c '%S %b %c' "$M" 2>"$LOG")
@@ -68,7 +68,7 @@ dra_read() { # MNT ORDER: hashtree of the mount == the reference digests
 		cmp -s "$SCRATCH/dra.sums" "$SCRATCH/ref.sums"
 }
 M=$SCRATCH/m-dra
-fuse_use dra-off
+lazy_use dra-off
 if check "ferryd --dir-readahead 0" "$FERRYD" --socket "$FSOCK" --log-file "$FLOG" \
 	--dir-readahead 0 && check "mount (fresh cache, no directory readahead)" fmount "$PIMG" "$M"; then
 	fp_mark
@@ -78,7 +78,7 @@ if check "ferryd --dir-readahead 0" "$FERRYD" --socket "$FSOCK" --log-file "$FLO
 	expect_sh "--dir-readahead 0 stores nothing (readaheadFiles $n)" '[ "$n" -eq 0 ]'
 	check "ferry umount (no directory readahead)" fumount "$M"
 fi
-fuse_use dra-on
+lazy_use dra-on
 if check "mount (fresh cache, directory readahead)" fmount "$PIMG" "$M"; then
 	fp_mark
 	check "sorted read with directory readahead: the reference digests" dra_read "$M" sorted
@@ -100,14 +100,14 @@ if check "mount again (directory readahead, the cache now complete)" fmount "$PI
 fi
 
 # --- several mounts in one ferryd ----------------------------------------------
-fuse_use multi
+lazy_use multi
 MA=$SCRATCH/m-a
 MB=$SCRATCH/m-b
 MC=$SCRATCH/m-c
 if check "mount edit (A)" fmount "$IMG" "$MA" &&
 	check "mount base (B) through the same daemon" fmount "$BASE" "$MB" &&
 	check "mount edit again (C) through the same daemon" fmount "$IMG" "$MC"; then
-	n=$(fuse_daemon_pids | wc -l)
+	n=$(daemon_pids | wc -l)
 	expect_sh "one ferryd serves the three mounts ($n running)" '[ "$n" -eq 1 ]'
 	files=(usr/bin/bash opt/c/big.bin etc/passwd usr/lib/file/magic.mgc)
 	check "A reads the reference bytes" same_files "$ref" "$MA" "${files[@]}"
@@ -122,7 +122,7 @@ fi
 for m in "$MA" "$MB" "$MC"; do is_mounted "$m" && fumount "$m"; done
 
 # --- dir: and oci: images -------------------------------------------------------
-fuse_use local
+lazy_use local
 if local_mount fuse dir; then
 	check "treecmp umoci unpack == dir: FUSE mount" timeout 180 python3 "$TREECMP" "$ref" "$SCRATCH/m-dir"
 	check "ferry umount (dir:)" fumount "$SCRATCH/m-dir"
@@ -133,7 +133,7 @@ if local_mount fuse oci; then
 fi
 
 # --- prefetch ---------------------------------------------------------------------
-fuse_use pfall
+lazy_use pfall
 M=$SCRATCH/m-pfall
 if prefetch_all_mount fuse "$M" "mount --prefetch-all"; then
 	check "--prefetch-all: reading files afterwards gives the reference bytes" \
@@ -145,9 +145,9 @@ fi
 
 prefetch_files_checks fuse "mount --prefetch-files LIST"
 
-fuse_use pfbw
+lazy_use pfbw
 M=$SCRATCH/m-pfbw
-prefetched() { read -r s_read s_fetched s_present s_total s_pf < <(fuse_stats "$M") && [ "$s_pf" -gt 0 ]; }
+prefetched() { read -r s_read s_fetched s_present s_total s_pf < <(mount_stats "$M") && [ "$s_pf" -gt 0 ]; }
 t0=$(now_ms)
 fp_mark
 if check "mount --prefetch-all --prefetch-bwlimit 1M" fmount "$PIMG" "$M" --prefetch-all \
@@ -155,7 +155,7 @@ if check "mount --prefetch-all --prefetch-bwlimit 1M" fmount "$PIMG" "$M" --pref
 	expect_sh "--prefetch-bwlimit 1M: the prefetch makes progress" 'poll 15 prefetched'
 	while [ $(($(now_ms) - t0)) -lt 6000 ]; do sleep 0.2; done
 	f=$(fp_data_bytes)
-	read -r s_read s_fetched s_present s_total s_pf < <(fuse_stats "$M")
+	read -r s_read s_fetched s_present s_total s_pf < <(mount_stats "$M")
 	ms=$(($(now_ms) - t0))
 	# The limit is on uncompressed bytes (the stats' bytesPrefetched);
 	# compressed ones (the proxy's) are fewer. One 4 MiB step may be
@@ -167,7 +167,7 @@ if check "mount --prefetch-all --prefetch-bwlimit 1M" fmount "$PIMG" "$M" --pref
 fi
 # A slow limit: a 4 MiB step is due only after a minute; umount (the
 # prefetch told to stop) must not wait for it.
-fuse_use pfslow
+lazy_use pfslow
 M=$SCRATCH/m-pfslow
 if check "mount --prefetch-all --prefetch-bwlimit 64K" fmount "$PIMG" "$M" --prefetch-all \
 	--prefetch-bwlimit 64K; then
@@ -178,7 +178,7 @@ if check "mount --prefetch-all --prefetch-bwlimit 64K" fmount "$PIMG" "$M" --pre
 	expect_sh "that umount was prompt ($ms ms, < 3 s)" '[ "$ms" -lt 3000 ]'
 	is_mounted "$M" && umount "$M"
 	# Nothing of that prefetch may linger: the daemon stops promptly.
-	dpid=$(fuse_daemon_pids | head -n 1)
+	dpid=$(daemon_pids | head -n 1)
 	t0=$(now_ms)
 	[ -n "$dpid" ] && kill -TERM "$dpid" && wait_gone 30 "$dpid"
 	ms=$(($(now_ms) - t0))
@@ -189,7 +189,7 @@ fi
 # --- registries with authentication ------------------------------------------
 # The credentials travel to ferryd with the mount; lazy reads long after
 # the mount still authenticate. They never show in the list or the log.
-fuse_use auth
+lazy_use auth
 M=$SCRATCH/m-auth
 for mode in basic token; do
 	if ! reg_start "$mode" 2>"$LOG"; then
@@ -205,7 +205,7 @@ for mode in basic token; do
 	is_mounted "$M" && fumount "$M"
 	if check "mount --mode fuse with --creds ($mode)" fmount "$AIMG" "$M" --creds "$REG_USER:$REG_PASS"; then
 		check "lazy reads authenticate ($mode)" same_files "$refbase" "$M" usr/bin/bash usr/bin/dpkg
-		"$FERRY" mount --list --json "${FUSE_SOCK_OPT[@]}" >"$SCRATCH/list.json" 2>&1
+		"$FERRY" mount --list --json "${FERRYD_SOCK_OPT[@]}" >"$SCRATCH/list.json" 2>&1
 		expect_sh "the password shows neither in ferry mount --list nor in ferryd's log ($mode)" \
 			'[ -s "$SCRATCH/list.json" ] && ! grep -qF -- "$REG_PASS" "$SCRATCH/list.json" "$FLOG"'
 		check "ferry umount ($mode)" fumount "$M"

@@ -8,7 +8,7 @@
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/oci_lib.sh"
 . "$(dirname "$0")/registry_lib.sh"
-. "$(dirname "$0")/fuse_lib.sh"
+. "$(dirname "$0")/lazy_lib.sh"
 need_ferryd
 need_cmds setpriv getfacl
 
@@ -59,7 +59,7 @@ expect_access() { # DESC MNT IMG
 expect_access "source tree" "$SCRATCH/acl" acl
 expect_access "source tree" "$NOACL" noacl
 
-fuse_use acl
+lazy_use acl
 mkdir -p "$SCRATCH/mnt"
 for img in acl noacl; do
 	for mode in local fuse fanotify; do

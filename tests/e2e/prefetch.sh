@@ -8,7 +8,7 @@
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/oci_lib.sh"
 . "$(dirname "$0")/registry_lib.sh"
-. "$(dirname "$0")/fuse_lib.sh"
+. "$(dirname "$0")/lazy_lib.sh"
 need_ferryd
 
 SRC=$SCRATCH/src
@@ -43,12 +43,12 @@ check_fails "a missing list file is refused" "$SCRATCH/nolist" \
 	"$FERRY" convert -q --prefetch-files "$SCRATCH/nolist" "dir:$SRC" "dir:$SCRATCH/bad3"
 
 # A lazy mount fetches the listed files by itself: 3 + 3 chunks of the 9.
-fuse_use pf
+lazy_use pf
 present_is() { [ "$(fcache_sum | cut -d' ' -f1)" = "$1" ]; }
 if check "lazy mount of the image" fmount "dir:$SCRATCH/img" "$SCRATCH/mnt"; then
 	check "the listed files' 6 chunks become present without a read" \
 		poll 30 present_is 6
-	expect "nothing was read through the mount" [ "$(fuse_stats "$SCRATCH/mnt" | cut -d' ' -f1)" = 0 ]
+	expect "nothing was read through the mount" [ "$(mount_stats "$SCRATCH/mnt" | cut -d' ' -f1)" = 0 ]
 	check "the files read right" cmp "$SRC/opt/app/second" "$SCRATCH/mnt/opt/app/second"
 	check "umount" fumount "$SCRATCH/mnt"
 fi

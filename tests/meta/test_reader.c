@@ -784,6 +784,115 @@ static int resume_fill(void *ctx, const char *name, size_t len, uint64_t nid,
 	return ++r->seen_in_call == r->step ? 1 : 0;
 }
 
+/* A tree of symlinks for meta_resolve_follow, made into its own image. */
+static void make_link(const char *rel, const char *target)
+{
+	char p[PATH_MAX];
+
+	spath(p, rel);
+	CHECK(symlink(target, p) == 0);
+}
+
+/* meta_resolve_follow(@path) is the nid meta_resolve gives for @want. */
+static void expect_follow(const struct meta_image *img, const char *path,
+			  const char *want)
+{
+	uint64_t nid = 0, expect = 1;
+
+	CHECK_EQ(meta_resolve(img, want, &expect), 0);
+	CHECK_EQ(meta_resolve_follow(img, path, &nid), 0);
+	if (nid != expect)
+		fprintf(stderr, "  %s: nid %llu, expected %llu (%s)\n", path,
+			(unsigned long long)nid, (unsigned long long)expect, want);
+	CHECK_EQ(nid, expect);
+}
+
+static void test_resolve_symlinks(void)
+{
+	/* Absolute and relative targets, from the image root or the link's
+	 * directory; ".." at the root stays there: path, same as. */
+	static const char *const follows[][2] = {
+		{ "abs/f", "d/e/f" },	{ "rel/f", "d/e/f" },
+		{ "/rel", "d/e" },	{ "rel/", "d/e" },
+		{ "d/up", "d/e/f" },	{ "d/e/back/file", "d/file" },
+		{ "escape", "d/file" }, { "abs_dotdot", "d/file" },
+		{ "chain", "d/e/f" },	{ "../..", "/" },
+		{ "/../d/./e/../file", "d/file" },
+		{ "l1/e/f", "d/e/f" },	{ "", "/" },
+	};
+	/* Loops, absent names, non-directories in the middle. */
+	static const struct {
+		const char *path;
+		int err;
+	} fails[] = {
+		{ "loop1", -ELOOP },	   { "self/x", -ELOOP },
+		{ "l0", -ELOOP },	   { "dangling", -ENOENT },
+		{ "d/e/nope", -ENOENT },   { "tofile/x", -ENOTDIR },
+		{ "d/file/x", -ENOTDIR },  { "d/file/", -ENOTDIR },
+		{ "d/e/f/..", -ENOTDIR },
+	};
+	char root[PATH_MAX], image[PATH_MAX], name[16], target[16];
+	struct meta_image *img;
+	struct meta_stat st;
+	uint64_t nid, d_nid;
+	int i;
+
+	snprintf(root, sizeof(root), "%s/links", tmp_dir);
+	snprintf(image, sizeof(image), "%s/links.erofs", tmp_dir);
+	tree = root;
+	CHECK(mkdir(root, 0755) == 0);
+	make_dir("d", 0755);
+	make_dir("d/e", 0755);
+	make_file("d/e/f", "f", 1, 0644);
+	make_file("d/file", "file", 4, 0644);
+	make_link("abs", "/d/e");
+	make_link("rel", "d/e");
+	make_link("d/up", "../d/e/f");
+	make_link("d/e/back", "..");
+	make_link("escape", "../../../d/file");
+	make_link("abs_dotdot", "/../d/e/../file");
+	make_link("chain", "rel/back/up");
+	make_link("loop1", "loop2");
+	make_link("loop2", "loop1");
+	make_link("self", "./self");
+	make_link("dangling", "d/nope");
+	make_link("tofile", "d/file");
+	/* l0 -> l1 -> ... -> l40 -> d: 41 links from l0, 40 from l1. */
+	for (i = 0; i <= 40; i++) {
+		snprintf(name, sizeof(name), "l%d", i);
+		snprintf(target, sizeof(target), i < 40 ? "l%d" : "d", i + 1);
+		make_link(name, target);
+	}
+	if (run("mkfs.erofs --quiet '%s' '%s' >/dev/null", image, root))
+		return;
+	img = open_image(image);
+	if (!img)
+		return;
+
+	for (i = 0; i < (int)ARRAY_SIZE(follows); i++)
+		expect_follow(img, follows[i][0], follows[i][1]);
+	for (i = 0; i < (int)ARRAY_SIZE(fails); i++) {
+		int ret = meta_resolve_follow(img, fails[i].path, &nid);
+
+		if (ret != fails[i].err)
+			fprintf(stderr, "  %s: expected %s\n", fails[i].path,
+				strerror(-fails[i].err));
+		CHECK_EQ(ret, fails[i].err);
+	}
+
+	/* Without following: the link itself, and never through one. */
+	CHECK_EQ(meta_resolve(img, "abs", &nid), 0);
+	CHECK_EQ(meta_getattr(img, nid, &st), 0);
+	CHECK(S_ISLNK(st.mode));
+	CHECK_EQ(meta_resolve(img, "loop1", &nid), 0);
+	CHECK_EQ(meta_resolve(img, "abs/f", &nid), -ENOTDIR);
+	CHECK_EQ(meta_resolve(img, "abs/", &nid), -ENOTDIR);
+	CHECK_EQ(meta_resolve(img, "/../../d/e/..", &nid), 0);
+	CHECK_EQ(meta_resolve(img, "d", &d_nid), 0);
+	CHECK_EQ(nid, d_nid);
+	meta_image_close(img);
+}
+
 static void test_readdir_resume(void)
 {
 	static const unsigned int steps[] = { 1, 7, 100, 1000 };
@@ -1629,6 +1738,7 @@ int main(void)
 	RUN_TEST(test_fixed_time_compact_inodes);
 	RUN_TEST(test_chunked_image_matches_blob);
 	RUN_TEST(test_open_mem_and_errors);
+	RUN_TEST(test_resolve_symlinks);
 	RUN_TEST(test_readdir_resume);
 	RUN_TEST(test_preamble_ext);
 	RUN_TEST(test_truncated);

@@ -1,23 +1,24 @@
 # shellcheck shell=bash disable=SC2016,SC2034,SC2154 # expect_sh evaluates its quoted condition
 # SPDX-License-Identifier: MIT
-# Helpers for the lazy mount tests served by ferryd (tests/e2e/fuse_*.sh,
-# fanotify_*.sh), sourced after lib.sh, oci_lib.sh and registry_lib.sh
-# (run directly it does nothing).
+# Helpers for the lazy mount tests served by ferryd, in either mode
+# (tests/e2e/fuse_*.sh, fanotify_*.sh, prefetch.sh, mount_acl.sh), sourced
+# after lib.sh, oci_lib.sh and registry_lib.sh (run directly it does
+# nothing).
 #
 # Every test instance talks to its own ferryd through a private control
 # socket under $SCRATCH (never the system's /run/ferry/ferryd.sock):
 #
-#   fuse_use NAME           select instance NAME: FSOCK (its socket), FLOG
+#   lazy_use NAME           select instance NAME: FSOCK (its socket), FLOG
 #                           (its log) and FCACHE (its chunk cache), all
 #                           under $SCRATCH/fd-NAME
 #   fmount IMAGE MNT [ARGS] ferry mount --mode fuse through FSOCK/FCACHE
 #   fnmount IMAGE MNT [ARGS] the same with --mode fanotify
 #   fumount MNT             ferry umount (bounded)
-#   fuse_daemon_pids [SOCK] ferryd processes serving SOCK (default FSOCK)
+#   daemon_pids [SOCK]      ferryd processes serving SOCK (default FSOCK)
 #   keeper_pids [SOCK]      their fanotify keepers (ferryd --keeper)
 #   keeper_pid MNT          the keeperPid ferry mount --list gives for MNT
 #   mount_field MNT KEY     a field of MNT's entry in ferry mount --list --json
-#   fuse_stats MNT          "READ FETCHED PRESENT TOTAL PREFETCHED" of a mount
+#   mount_stats MNT         "READ FETCHED PRESENT TOTAL PREFETCHED" of a mount
 #   fcache_sum              "PRESENT CHUNKS DISKBYTES" over FCACHE's blobs
 #   fp_mark / fp_data_bytes data-blob bytes the fault proxy served since
 #                           the mark (an oracle independent of ferryd)
@@ -52,14 +53,14 @@
 [ "${BASH_SOURCE[0]}" = "$0" ] && exit 0
 
 FERRYD=${FERRYD:-$(dirname "$FERRY")/ferryd}
-FUSE_SOCKS=()
+FERRYD_SOCKS=()
 FSOCK=
 FCACHE=
 # Never the system daemon: ferry and ferryd read $FERRYD_SOCKET when no
 # socket option is given, so even a call without one stays in $SCRATCH.
 export FERRYD_SOCKET=$SCRATCH/default.sock
-FUSE_SOCKS+=("$FERRYD_SOCKET")
-FUSE_SOCK_OPT=()
+FERRYD_SOCKS+=("$FERRYD_SOCKET")
+FERRYD_SOCK_OPT=()
 
 # Root, ferry, ferryd and /dev/fuse (which ferryd opens in every mode).
 need_ferryd() {
@@ -77,15 +78,15 @@ need_ferryd() {
 
 # Each instance has its own directory: ferryd keeps its log (ferryd.log)
 # and lock next to its socket.
-fuse_use() { # NAME
+lazy_use() { # NAME
 	FDIR=$SCRATCH/fd-$1
 	FSOCK=$FDIR/ferryd.sock
 	FLOG=$FDIR/ferryd.log
 	FCACHE=$FDIR/cache
 	mkdir -p "$FCACHE"
-	FUSE_SOCKS+=("$FSOCK")
+	FERRYD_SOCKS+=("$FSOCK")
 	export FERRYD_SOCKET=$FSOCK
-	FUSE_SOCK_OPT=(--socket "$FSOCK")
+	FERRYD_SOCK_OPT=(--socket "$FSOCK")
 }
 
 # ferry mount --mode MODE (fuse or fanotify: both hosted by ferryd).
@@ -93,7 +94,7 @@ ferryd_mount() { # MODE IMAGE MNT [extra args]
 	local mode=$1 img=$2 mnt=$3
 	shift 3
 	mkdir -p "$mnt"
-	timeout -k 5 90 "$FERRY" mount --mode "$mode" "${FUSE_SOCK_OPT[@]}" \
+	timeout -k 5 90 "$FERRY" mount --mode "$mode" "${FERRYD_SOCK_OPT[@]}" \
 		"$img" "$mnt" --cache-dir "$FCACHE" "$@" </dev/null
 }
 fmount() { ferryd_mount fuse "$@"; }   # IMAGE MNT [extra args]
@@ -101,7 +102,7 @@ fnmount() { ferryd_mount fanotify "$@"; } # IMAGE MNT [extra args]
 
 # ferry umount, bounded; ok only when MNT is no longer a mount point.
 fumount() { # MNT
-	timeout -k 5 60 "$FERRY" umount "${FUSE_SOCK_OPT[@]}" "$1" </dev/null || return 1
+	timeout -k 5 60 "$FERRY" umount "${FERRYD_SOCK_OPT[@]}" "$1" </dev/null || return 1
 	if is_mounted "$1"; then
 		echo "ferry umount returned 0 but $1 is still mounted" >&2
 		return 1
@@ -140,13 +141,13 @@ ferryd_pids() { # KIND SOCK
 		fi
 	done
 }
-fuse_daemon_pids() { ferryd_pids daemon "${1:-$FSOCK}"; } # [SOCK]
+daemon_pids() { ferryd_pids daemon "${1:-$FSOCK}"; } # [SOCK]
 keeper_pids() { ferryd_pids keeper "${1:-$FSOCK}"; }      # [SOCK]
 
 # A field of MNT's entry in ferry mount --list --json (JSON text unless a
 # string or a number); fails when MNT is not listed or has no such field.
 mount_field() { # MNT KEY
-	timeout -k 2 20 "$FERRY" mount --list --json "${FUSE_SOCK_OPT[@]}" "$1" </dev/null |
+	timeout -k 2 20 "$FERRY" mount --list --json "${FERRYD_SOCK_OPT[@]}" "$1" </dev/null |
 		python3 -c '
 import json, os, sys
 mnt = os.path.realpath(sys.argv[1])
@@ -186,19 +187,19 @@ wait_gone() { # SECS PID...
 
 # The daemons end their mounts when stopped; lib.sh's trap unmounts what
 # is left (a dead FUSE mount included).
-fuse_stop_all() {
+ferryd_stop_all() {
 	local s pids=()
 	# Bounded from here on; a second signal (e.g. timeout(1) signals the
 	# script and then its whole process group) must not cut it short.
 	trap '' INT TERM
-	for s in "${FUSE_SOCKS[@]}"; do
+	for s in "${FERRYD_SOCKS[@]}"; do
 		# shellcheck disable=SC2207
-		pids+=($(fuse_daemon_pids "$s"))
+		pids+=($(daemon_pids "$s"))
 	done
-	fuse_stop "${pids[@]}"
+	ferryd_stop "${pids[@]}"
 	# Then the keepers (fanotify mounts) that outlived them.
 	pids=()
-	for s in "${FUSE_SOCKS[@]}"; do
+	for s in "${FERRYD_SOCKS[@]}"; do
 		# shellcheck disable=SC2207
 		pids+=($(keeper_pids "$s"))
 	done
@@ -207,9 +208,9 @@ fuse_stop_all() {
 			is_keeper "$s" && pids+=("$s")
 		done
 	fi
-	fuse_stop "${pids[@]}"
+	ferryd_stop "${pids[@]}"
 }
-fuse_stop() { # PID...
+ferryd_stop() { # PID...
 	local p
 	[ $# -gt 0 ] || return 0
 	kill -TERM "$@" 2>/dev/null
@@ -222,15 +223,15 @@ fuse_stop() { # PID...
 	wait_gone 5 "$@"
 }
 # Stop our daemons first, then run whatever was trapped on EXIT before.
-eval "_fuse_prev_exit=$(trap -p EXIT | sed -e 's/^trap -- //' -e 's/ EXIT$//')"
-trap 'fuse_stop_all; '"$_fuse_prev_exit" EXIT
+eval "_lazy_prev_exit=$(trap -p EXIT | sed -e 's/^trap -- //' -e 's/ EXIT$//')"
+trap 'ferryd_stop_all; '"$_lazy_prev_exit" EXIT
 
 # "READ FETCHED PRESENT TOTAL PREFETCHED" of the mount at MNT (bytes read
 # through it, compressed bytes fetched from the registry, chunks present /
 # total, uncompressed bytes made present by prefetch), from ferry mount
 # --list --json.
-fuse_stats() { # MNT
-	timeout -k 2 20 "$FERRY" mount --list --json "${FUSE_SOCK_OPT[@]}" "$1" </dev/null |
+mount_stats() { # MNT
+	timeout -k 2 20 "$FERRY" mount --list --json "${FERRYD_SOCK_OPT[@]}" "$1" </dev/null |
 		python3 -c '
 import json, os, sys
 mnt = os.path.realpath(sys.argv[1])
@@ -340,7 +341,7 @@ EOF
 
 # --------------------------------------------------------------- readers
 
-FUSE_HASHTREE='
+HASHTREE_PY='
 import hashlib, os, random, stat, sys
 root, mode, seed = sys.argv[1], sys.argv[2], int(sys.argv[3])
 rng = random.Random(seed)
@@ -398,7 +399,7 @@ for e in errs[:20]:
 sys.exit(1 if errs else 0)
 '
 hashtree() { # ROOT MODE SEED
-	python3 -c "$FUSE_HASHTREE" "$@"
+	python3 -c "$HASHTREE_PY" "$@"
 }
 
 # Read FILE in 64 KiB steps. Prints "ok BYTES" or "error ERRNO-NAME after
@@ -646,7 +647,7 @@ readers_start() {
 	RD_PIDS=()
 	RD_RC=()
 	for m in "$@"; do
-		timeout -k 5 "$secs" python3 -c "$FUSE_HASHTREE" "$root" "$m" ${#RD_PIDS[@]} \
+		timeout -k 5 "$secs" python3 -c "$HASHTREE_PY" "$root" "$m" ${#RD_PIDS[@]} \
 			>"$SCRATCH/$RD_TAG-${#RD_PIDS[@]}.sums" 2>"$SCRATCH/$RD_TAG-${#RD_PIDS[@]}.err" &
 		RD_PIDS+=($!)
 	done
@@ -764,7 +765,7 @@ startup_workload() { # MODE MNT
 	check "startup: chroot MNT /bin/sh -c true" timeout 60 chroot "$m" /bin/sh -c true
 	check "startup: chroot MNT /usr/bin/env true" timeout 60 chroot "$m" /usr/bin/env true
 	fetched=$(fp_data_bytes)
-	stats=$(fuse_stats "$m" 2>"$SCRATCH/stats.err") || stats=
+	stats=$(mount_stats "$m" 2>"$SCRATCH/stats.err") || stats=
 	read -r present chunks disk < <(fcache_sum) || present=
 	echo "# startup: fetched $fetched B (proxy) = $((fetched * 100 / DATA_U))% of $DATA_U B uncompressed, $((fetched * 100 / DATA_C))% of $DATA_C B compressed; chunks ${present:-?}/${chunks:-?} present, ${disk:-?} B on disk"
 	if [ -n "$stats" ]; then
@@ -792,7 +793,7 @@ startup_workload() { # MODE MNT
 # the test's child.
 ferryd_detached() {
 	local dpid
-	dpid=$(fuse_daemon_pids | head -n 1)
+	dpid=$(daemon_pids | head -n 1)
 	expect_sh "ferryd runs (pid ${dpid:-none}) and is not a child of the test" \
 		'[ -n "$dpid" ] && [ "$(ps -o ppid= -p "$dpid" | tr -d " ")" != "$$" ]'
 }
@@ -820,7 +821,7 @@ tree_read() { # MODE MNT
 conc_checks() { # MODE
 	local mode=$1 m=$SCRATCH/m-conc t0 fetched present chunks disk_before disk_after stats
 	local s_read s_fetched s_present s_total s_pf
-	fuse_use conc
+	lazy_use conc
 	check "mount --mode $mode (fresh cache, 16 readers)" ferryd_mount "$mode" "$PIMG" "$m" ||
 		return 1
 	fp_mark
@@ -847,7 +848,7 @@ conc_checks() { # MODE
 		'[ "$fetched" -eq 0 ]'
 	expect_sh "remount: the cache's disk usage is unchanged ($disk_before -> $disk_after B)" \
 		'[ "$disk_before" = "$disk_after" ]'
-	if stats=$(fuse_stats "$m" 2>/dev/null); then
+	if stats=$(mount_stats "$m" 2>/dev/null); then
 		read -r s_read s_fetched s_present s_total s_pf <<<"$stats"
 		# Only FUSE reads count in bytesRead (see startup_workload).
 		if [ "$mode" = fuse ]; then
@@ -908,7 +909,7 @@ prefetch_all_mount() { # MODE MNT MOUNT-DESC
 prefetch_files_checks() { # MODE MOUNT-DESC
 	local m=$SCRATCH/m-pffiles need t0 present chunks disk f
 	local pf=(/usr/bin/perl /usr/lib/file/magic.mgc /opt/c/big.bin)
-	fuse_use pffiles
+	lazy_use pffiles
 	printf '%s\n' "${pf[@]}" >"$SCRATCH/prefetch.list"
 	if ! need=$(file_chunks "$IMG" "${pf[@]}" 2>"$LOG"); then
 		notok "ferry inspect --json of the prefetch list's files"

@@ -1,0 +1,54 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * FUSE mode of ferryd: the FUSE file system of one mount (fuse.c) and its
+ * directory readahead (readahead.c). Private to those two files; the rest
+ * of ferryd sees only fuse_mode (mode.h).
+ */
+#ifndef FERRYD_FUSEFS_H
+#define FERRYD_FUSEFS_H
+
+#define FUSE_USE_VERSION 312
+#include <fuse_lowlevel.h>
+
+#include "ferryd.h"
+
+/* A FUSE mount: what its operations serve (fuse_mode's state). */
+struct fs {
+	struct fmount *m;
+	struct image *img;
+	struct image_cache *ic;
+	struct fuse_session *se;
+	uint64_t root_nid;
+	uint64_t inos;        /* statfs */
+	uint64_t total_bytes; /* statfs */
+	unsigned int threads;      /* workers of the session loop */
+	unsigned int readahead_kb; /* the bdi's once live; 0: the kernel's */
+	bool no_open;          /* the kernel skips OPEN/RELEASE (fs_open) */
+	bool no_opendir;       /* and OPENDIR/RELEASEDIR (fs_opendir) */
+	pthread_mutex_t fail_lock; /* the last failed read (failed_recently) */
+	uint64_t failed_nid, failed_chunk, failed_until;
+	uint32_t dra_window_max; /* directory readahead, bytes; 0: off */
+	struct dra *dra;         /* readahead.c, while the session lives */
+	_Atomic uint64_t ra_files, ra_bytes; /* stored by readahead */
+};
+
+/* The FUSE inode number of nid @nid. */
+fuse_ino_t fs_ino(const struct fs *fs, uint64_t nid);
+
+/*
+ * readahead.c: directory readahead (see there). dra_start creates its
+ * thread (nothing when @window_max is 0); the hooks are called by the
+ * FUSE operations: dra_listed for each regular file a READDIRPLUS answer
+ * lists (@prev_nid: the one listed before it in that answer, or 0;
+ * @from_start: the answer starts the directory), dra_read for each READ
+ * at offset 0. dra_stop once no operation runs and the connection has
+ * ended (a store may wait on a page that only the end releases).
+ */
+struct dra;
+int dra_start(struct fs *fs, struct fuse_session *se, uint32_t window_max);
+void dra_listed(struct fs *fs, uint64_t dir, uint64_t nid, uint64_t next_pos,
+		uint64_t prev_nid, bool from_start);
+void dra_read(struct fs *fs, uint64_t nid);
+void dra_stop(struct fs *fs);
+
+#endif

@@ -1,0 +1,81 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Serving modes. A mode is how the kernel reaches a mount's data: "fuse"
+ * (fuse.c: ferryd answers FUSE requests) or "fanotify" (fanotify.c:
+ * kernel EROFS over the chunk cache's files, filled on fanotify events).
+ * mounts.c drives every mode through this table alike and never looks
+ * inside a mode's state; a new mode implements these ops and adds itself
+ * to the table in mode.c.
+ *
+ * The life of a mount (m: image and chunk cache open):
+ *
+ *   start  the mounting thread (a control request): set up, mount(2) on
+ *          m->mountpoint and make *state. Calls mount_ready(m) once the
+ *          kernel serves the mount (before returning, or later from the
+ *          loop, as FUSE's INIT); the request waits for it, and a mount
+ *          not ready within seconds is stopped. On failure nothing is
+ *          left mounted, nothing allocated, and the reason is in @why
+ *          (or, when @why is empty, in the error lines logged).
+ *   serve  the mount's loop thread, which mounts.c starts after start:
+ *          serve until the mount is gone (0), stop, or a fatal error
+ *          (-errno, logged).
+ *   stop   any thread, while serve runs: make it return soon. It may
+ *          come before serve began and is repeated until serve returned
+ *          (a wake-up may be lost).
+ *   live   (optional) the mounting thread, once ready and while serve
+ *          runs: what has to wait until the kernel serves the mount.
+ *   close  the loop thread, after serve returned @ret: end the session
+ *          and free @state. A mount still on m->mountpoint is the
+ *          mode's to detach (mount_detach) or to leave to a keeper.
+ *   stats  a list request, while serve runs: the mode's own fields of
+ *          the mount's --list object.
+ *
+ * mounts.c calls stop, live and stats only while @state exists (it
+ * serialises them with close); the prefetch thread needs no mode.
+ */
+#ifndef FERRYD_MODE_H
+#define FERRYD_MODE_H
+
+#include <json-c/json.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct fmount;
+
+/* ferryd's options that modes apply. */
+struct serve_opts {
+	unsigned int threads;          /* FUSE worker threads per mount */
+	unsigned int readahead_kb;     /* a FUSE mount's bdi; 0: the kernel's */
+	unsigned int dir_readahead_kb; /* FUSE directory readahead; 0: off */
+};
+
+struct serve_mode {
+	const char *name;   /* the request's and the list's "mode" */
+	const char *fstype; /* our mount in /proc/self/mountinfo */
+	int (*start)(struct fmount *m, const struct serve_opts *o, void **state,
+		     char *why, size_t whylen);
+	int (*serve)(void *state);
+	void (*stop)(void *state);
+	void (*live)(void *state);
+	void (*close)(void *state, int ret);
+	void (*stats)(void *state, struct json_object *o);
+};
+
+extern const struct serve_mode fuse_mode, fanotify_mode;
+
+/* The mode named @name, or NULL. */
+const struct serve_mode *serve_mode_find(const char *name);
+/* The modes' names, ", "-separated, for error messages. */
+void serve_mode_names(char *buf, size_t len);
+
+/*
+ * mounts.c, for the modes. mount_ready: the kernel serves @m now.
+ * mount_detach: detach (MNT_DETACH) our mount if it is still what sits on
+ * its mount point, never whatever else is mounted there by now.
+ * mount_bytes: the image's size, bootstrap plus uncompressed blobs.
+ */
+void mount_ready(struct fmount *m);
+void mount_detach(const struct fmount *m);
+uint64_t mount_bytes(const struct fmount *m);
+
+#endif
