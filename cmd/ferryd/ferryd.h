@@ -29,7 +29,7 @@
 #include <stdint.h>
 
 #include "../../pkg-base/base.h"
-#include "../../pkg-convert/convert.h"
+#include "../../pkg-image/image.h"
 #include "../ctl.h"
 
 #define FERRYD_VERSION FERRY_VERSION
