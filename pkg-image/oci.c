@@ -87,8 +87,9 @@ int oci_layout_load(void *ctx, const struct oci_descriptor *d,
 		goto out;
 	}
 	ret = read_full(fd, data, d->size);
-	if (!ret && read(fd, digest, 1) != 0)
-		ret = -EFSCORRUPTED; /* longer than its descriptor says */
+	/* Shorter (read_full's -EIO) or longer than its descriptor says. */
+	if (ret == -EIO || (!ret && read(fd, digest, 1) != 0))
+		ret = -EFSCORRUPTED;
 	if (ret) {
 		ferry_err("%s: size does not match its descriptor (%llu bytes)", path,
 			  (unsigned long long)d->size);
