@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: MIT
 /*
- * The prefetch list embedded at conversion (ferry convert --prefetch-files):
- * paths a lazy mount fetches in the background first, in list order. It is
- * kept in the bootstrap's extension payload after the blob index
- * (docs/FORMAT.md 2.5).
+ * Prefetch lists: paths a lazy mount fetches in the background first, in
+ * list order. One text form, read by image_prefetch_list_load for every
+ * caller (ferry convert --prefetch-files embeds it; ferry mount
+ * --prefetch-files sends it to ferryd), and one binary form, kept in the
+ * bootstrap's extension payload after the blob index (docs/FORMAT.md 2.5).
  */
 #include <stdio.h>
 #include <stdlib.h>
