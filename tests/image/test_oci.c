@@ -278,11 +278,15 @@ static int open_tagged(const char *L, const char *tag,
 {
 	char ref[160];
 	struct oci_image img;
+	int ret;
 
 	if (oci_tag_manifest(L, tag, d->digest, d->size, d->media_type))
 		return -EIO;
 	snprintf(ref, sizeof(ref), "oci:%s:%s", L, tag);
-	return open_ref(ref, NULL, &img);
+	ret = open_ref(ref, NULL, &img);
+	if (!ret)
+		oci_image_free(&img);
+	return ret;
 }
 
 static void test_mismatches_refused(void)
