@@ -23,7 +23,7 @@ endif
 LDFLAGS += -pthread
 LDLIBS += -Wl,--as-needed $(PKG_LIBS)
 
-MODULES := pkg-base pkg-meta pkg-blob pkg-fetch pkg-convert
+MODULES := pkg-base pkg-meta pkg-blob pkg-fetch pkg-image pkg-convert
 LIB_SRCS := $(foreach m,$(MODULES),$(wildcard $(m)/*.c))
 LIB_OBJS := $(LIB_SRCS:%.c=$(BUILD)/%.o)
 LIB := $(BUILD)/libferry.a

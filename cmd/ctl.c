@@ -601,46 +601,6 @@ out:
 	return ret;
 }
 
-int ctl_abspath(const char *path, char **out)
-{
-	char cwd[PATH_MAX], *buf, *p, *save = NULL, *seg;
-	size_t len = 0, cap;
-	char *res;
-
-	if (!*path)
-		return -EINVAL;
-	if (path[0] != '/' && !getcwd(cwd, sizeof(cwd)))
-		return -errno;
-	if (path[0] == '/')
-		cwd[0] = '\0';
-	if (asprintf(&buf, "%s/%s", cwd, path) < 0)
-		return -ENOMEM;
-	cap = strlen(buf) + 2;
-	res = malloc(cap);
-	if (!res) {
-		free(buf);
-		return -ENOMEM;
-	}
-	for (seg = strtok_r(buf, "/", &save); seg; seg = strtok_r(NULL, "/", &save)) {
-		if (!strcmp(seg, "."))
-			continue;
-		if (!strcmp(seg, "..")) {
-			p = len ? memrchr(res, '/', len) : NULL;
-			len = p ? (size_t)(p - res) : 0;
-			continue;
-		}
-		res[len++] = '/';
-		memcpy(res + len, seg, strlen(seg));
-		len += strlen(seg);
-	}
-	if (!len)
-		res[len++] = '/';
-	res[len] = '\0';
-	free(buf);
-	*out = res;
-	return 0;
-}
-
 int ctl_mountpoint_path(const char *path, char **out)
 {
 	char *abs, *slash, *dir;
@@ -651,7 +611,7 @@ int ctl_mountpoint_path(const char *path, char **out)
 		return 0;
 	if (errno == ENOMEM)
 		return -ENOMEM;
-	ret = ctl_abspath(path, &abs);
+	ret = path_absolute(path, &abs);
 	if (ret)
 		return ret;
 	slash = strrchr(abs, '/');

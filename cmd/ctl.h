@@ -133,8 +133,6 @@ int ctl_mountinfo(const char *mountpoint, struct ctl_mnt *out);
 /* The fstype of a ferry FUSE mount (fuse.<subtype>). */
 #define CTL_FUSE_FSTYPE "fuse.ferry"
 
-/* @path made absolute against the cwd, "." and ".." removed (lexically). */
-int ctl_abspath(const char *path, char **out);
 /*
  * A mount point's canonical path: realpath, or for a path that cannot be
  * resolved (a dead FUSE mount answers ENOTCONN) the realpath of its

@@ -2,8 +2,8 @@
 /*
  * pkg-base: the helpers every ferry module shares, each written once —
  * little-endian accessors for on-disk structs, leveled logging, full-length
- * I/O, whole small files, mkdir -p and atomic file writes, sha256, base64,
- * hex and digest strings, a json-c string accessor, and a TTY progress
+ * I/O, whole small files, mkdir -p and atomic file writes, lexical path
+ * normalisation, sha256, base64, hex and digest strings, a json-c string accessor, and a TTY progress
  * line. Nothing here knows about EROFS, blobs, tar or registries.
  *
  * Thread-safety: logging and the I/O helpers are safe from any thread;
@@ -225,5 +225,22 @@ void atomic_file_discard(struct atomic_file *af);
 /* @dir/@name := @data, atomically as above. */
 int write_file_atomic(const char *dir, const char *name, const void *data,
 		      size_t len, mode_t mode);
+
+/* ------------------------------------------------------------------ */
+/* Path strings (path.c): lexical, no file system access               */
+/* ------------------------------------------------------------------ */
+
+/*
+ * Normalise a relative path in place to "a/b/c": a leading '/', "." and
+ * empty components are dropped ("" is the root). -EINVAL if it has "..",
+ * which a path inside an image or archive may never climb out through.
+ */
+int path_normalize(char *path);
+/*
+ * @path made absolute against the working directory, "." and ".." and
+ * repeated '/' resolved without following symlinks (malloc'ed into *@out).
+ * -EINVAL for "", else 0 or -errno.
+ */
+int path_absolute(const char *path, char **out);
 
 #endif

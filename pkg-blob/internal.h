@@ -84,4 +84,36 @@ int blob_footer_parse(const void *footer, uint64_t blob_size,
 int blob_table_parse(const void *buf, size_t len, struct blob_info *info,
 		     const char *what);
 
+/* ------------------------------------------------------------------ */
+/* Chunk cache files, shared by cache.c (fill) and cache_gc.c (gc)     */
+/* ------------------------------------------------------------------ */
+
+/* The map file (docs/FORMAT.md, "Chunk cache"). */
+#define CACHE_MAP_MAGIC "FERRYCM1"
+#define CACHE_MAP_VERSION 1u
+#define CACHE_MAP_HEADER_SIZE 128u
+#define CACHE_MAP_CHECK_OFF 96u /* sha256 of the bytes before it */
+#define CACHE_STATE_MISSING 0
+#define CACHE_STATE_PRESENT 1
+#define CACHE_STATE_PENDING 2 /* in memory only: written, not yet marked */
+
+#define CACHE_BLOBS_DIR "blobs/sha256"
+#define CACHE_IMAGES_DIR "images"
+#define CACHE_HEX_LEN (2 * BLOB_DIGEST_SIZE)
+
+struct cache_map_header {
+	uint32_t nr_chunks;
+	uint64_t uncompressed_size;
+	uint8_t digest[BLOB_DIGEST_SIZE];
+	uint8_t table_sha256[BLOB_DIGEST_SIZE];
+};
+
+/* Create @cache_dir and each level of @sub ("a/b") under it, as needed. */
+int cache_mkdirs(const char *cache_dir, const char *sub);
+/* Check and decode a map file header; *@why says what is wrong. */
+int cache_map_header_decode(const uint8_t h[CACHE_MAP_HEADER_SIZE],
+			    struct cache_map_header *mh, const char **why);
+/* flock, retried on EINTR: 0 or -errno. */
+int cache_flock(int fd, int op);
+
 #endif

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* Internal to pkg-convert. */
+/* Internal to pkg-convert: the converter's state, shared by its files. */
 #ifndef FERRY_CONVERT_INTERNAL_H
 #define FERRY_CONVERT_INTERNAL_H
 
@@ -31,7 +31,6 @@ struct chunk_table {
  */
 struct out_blob {
 	struct blob_info info;
-	char *path;         /* the blob file */
 	char *source_layer; /* "sha256:…" of the source layer, or NULL */
 	bool from_dict;
 	uint32_t dict_index; /* from_dict: the blob's index in converter.dict */
@@ -72,7 +71,7 @@ struct converter {
 	struct out_blob *blobs;
 	uint32_t nr_blobs;
 	size_t blobs_cap;
-	const char *blobs_dir;      /* destination blobs/sha256 */
+	const char *blobs_dir;      /* the destination's blobs/sha256 */
 	struct blob_writer *writer; /* the current layer's blob */
 	struct atomic_file writer_file; /* the blob, until named by its digest */
 	uint32_t writer_blob;       /* its index in blobs */
@@ -103,9 +102,22 @@ int convert_ingest_file(struct converter *c, struct meta_inode *inode,
 			uint64_t size, const struct file_source *src,
 			const char *path);
 
-/* Start / end the blob of one source layer (@source_layer may be NULL). */
+/*
+ * Start / end the blob of one source layer (dedup.c; @source_layer may be
+ * NULL); discard drops the current layer's writer and temporary file.
+ */
 int convert_layer_begin(struct converter *c, const char *source_layer);
 int convert_layer_end(struct converter *c);
+void convert_layer_discard(struct converter *c);
+
+/* Make every chunk of the image @ref's blobs available for reference. */
+int convert_load_chunk_dict(struct converter *c, const char *ref);
+/* Put the chunk-dict blobs among @blobs into the destination directory @dir. */
+int convert_copy_dict_blobs(struct converter *c, const char *dir,
+			    struct out_blob **blobs, uint32_t nr);
+
+/* A dir: source (dirsrc.c): the tree at @path into c->tree. */
+int convert_dir(struct converter *c, const char *path);
 
 /*
  * Apply the tar archive at @path (@digest: expected sha256 or NULL) as one
@@ -114,127 +126,9 @@ int convert_layer_end(struct converter *c);
 int convert_apply_tar(struct converter *c, const char *path,
 		      const uint8_t *digest, const char *name);
 
-/*
- * Normalise an archive path in place to "a/b/c" (leading '/', "." and
- * empty components dropped; "" is the root). -EINVAL if it has "..".
- */
-int convert_normalize_path(char *path);
-
 /* The same for an open (compressed) tar stream of @size bytes (0: unknown). */
 struct input_stream;
 int convert_apply_input(struct converter *c, struct input_stream *in,
 			uint64_t size, const char *name);
-
-/* The prefetch list (prefetch.c, docs/FORMAT.md 2.5). */
-#define PREFETCH_MAX_PATHS 65536u
-#define PREFETCH_PATH_MAX 4096u
-/* One path per line ('#' comments, blank lines skipped), normalised "/a/b". */
-int prefetch_list_load(const char *file, char ***paths, uint32_t *nr);
-int prefetch_section_encode(char *const *paths, uint32_t nr, uint8_t **buf,
-			    size_t *len);
-int prefetch_section_decode(const void *buf, size_t len, char ***paths,
-			    uint32_t *nr);
-void prefetch_list_free(char **paths, uint32_t nr);
-
-/* ------------------------------------------------------------------ */
-/* OCI image layouts (oci.c)                                           */
-/* ------------------------------------------------------------------ */
-
-struct json_object;
-
-struct oci_descriptor {
-	uint8_t digest[32]; /* sha256 */
-	uint64_t size;
-	char media_type[128];
-};
-
-struct registry;
-
-#define OCI_JSON_MAX (4u << 20) /* larger manifests, indexes, configs are refused */
-
-struct oci_image {
-	char *layout;                   /* PATH; NULL for a registry image */
-	struct registry *remote;        /* docker: the repository's client */
-	char *where;                    /* PATH or host/repo, for messages */
-	struct json_object *manifest;   /* the image manifest, parsed */
-	struct oci_descriptor manifest_desc;
-	struct oci_descriptor config;
-	uint8_t *config_data;           /* the config's bytes (checked) */
-	size_t config_len;
-	struct oci_descriptor *layers;  /* in manifest order */
-	uint32_t nr_layers;
-};
-
-/* Where manifests, indexes and configs come from. */
-struct oci_loader {
-	/*
-	 * The bytes of @d (a manifest or index when @manifest, else a
-	 * config), at most OCI_JSON_MAX, checked against its size and digest.
-	 */
-	int (*load)(void *ctx, const struct oci_descriptor *d, bool manifest,
-		    uint8_t **data, size_t *len);
-	void *ctx;
-};
-
-/* A loader over the blobs of the layout @ctx (a PATH string). */
-int oci_layout_load(void *ctx, const struct oci_descriptor *d, bool manifest,
-		    uint8_t **data, size_t *len);
-
-/*
- * From the manifest or index @top, follow indexes (choosing @platform, NULL
- * = the host's) to one image manifest; load its config and layer list
- * into @img (whose where is set).
- */
-int oci_image_resolve(struct oci_image *img, const struct oci_descriptor *top,
-		      const char *platform, const struct oci_loader *l);
-
-/* Split "PATH[:TAG]" in place; *tag is NULL when there is none. */
-void oci_split_ref(char *ref, char **path, char **tag);
-/* The host's platform as "os/arch[/variant]". */
-int oci_host_platform(char *out, size_t len);
-
-/*
- * Resolve "PATH[:TAG]" to one image manifest, choosing @platform (NULL =
- * the host's) from image indexes. Manifests and indexes are digest- and
- * size-checked; layer blobs are not read.
- */
-int oci_image_open(const char *ref, const char *platform, struct oci_image *img);
-/*
- * The same for "HOST[:PORT]/REPO[:TAG|@DIGEST]" in a registry (remote.c);
- * img->remote stays open for reading (or, with FETCH_PUSH, writing) blobs.
- */
-struct fetch_opts;
-int oci_remote_open(const char *ref, const char *platform,
-		    const struct fetch_opts *fopts, struct oci_image *img);
-/*
- * Push the image whose manifest is blob @manifest_digest of @layout to
- * @dest ("HOST[:PORT]/REPO[:TAG]"): every layer and the config (skipping
- * blobs the registry has), then the manifest under the tag.
- */
-int oci_push(const char *layout, const uint8_t manifest_digest[32],
-	     uint64_t manifest_size, const char *dest,
-	     const struct fetch_opts *fopts, struct ferry_progress *progress);
-void oci_image_free(struct oci_image *img);
-
-/* PATH/blobs/sha256/<hex> (allocated). */
-int oci_blob_path(const char *layout, const uint8_t digest[32], char **out);
-/* A descriptor's annotation @key, or NULL. */
-const char *oci_annotation(struct json_object *desc, const char *key);
-
-/* Create PATH/blobs/sha256 and oci-layout if missing. */
-int oci_layout_init(const char *layout);
-/* Store @data as a blob of @layout; its digest goes to @digest. */
-int oci_put_blob(const char *layout, const void *data, size_t len,
-		 uint8_t digest[32]);
-/* Hardlink (or copy) the file @src_path into @layout as blob @digest. */
-int oci_link_blob(const char *src_path, const char *layout,
-		  const uint8_t digest[32]);
-/* A new empty layout in $TMPDIR (default /var/tmp), and its removal. */
-int oci_staging_create(char **layout);
-void oci_staging_remove(const char *layout);
-/* Point index.json's @tag at the manifest blob @digest. */
-int oci_tag_manifest(const char *layout, const char *tag,
-		     const uint8_t digest[32], uint64_t size,
-		     const char *media_type);
 
 #endif

@@ -189,28 +189,6 @@ static int tar_read_exact(void *ctx, void *buf, size_t len)
 	return 0;
 }
 
-int convert_normalize_path(char *path)
-{
-	char *src = path, *dst = path;
-
-	while (*src) {
-		char *end = strchrnul(src, '/');
-		size_t len = (size_t)(end - src);
-
-		if (len == 2 && src[0] == '.' && src[1] == '.')
-			return -EINVAL;
-		if (len && !(len == 1 && src[0] == '.')) {
-			if (dst != path)
-				*dst++ = '/';
-			memmove(dst, src, len);
-			dst += len;
-		}
-		src = *end ? end + 1 : end;
-	}
-	*dst = '\0';
-	return 0;
-}
-
 /*
  * Directory inode for the parent of @path ("a/b/c" → a/b). Missing
  * directories are created (0755, root-owned) like tar extraction does,
@@ -328,7 +306,7 @@ static int tar_add_entry(struct converter *c, struct tar_reader *tar,
 		/* Normalising rewrites the path: keep the name for the message. */
 		char *orig = strdup(path);
 
-		ret = convert_normalize_path(path);
+		ret = path_normalize(path);
 		if (ret)
 			ferry_err("tar entry \"%s\": \"..\" would leave the image root",
 				  orig ? orig : path);
@@ -336,7 +314,7 @@ static int tar_add_entry(struct converter *c, struct tar_reader *tar,
 		if (ret)
 			return ret;
 	} else {
-		convert_normalize_path(path);
+		path_normalize(path);
 	}
 	c->stats->entries++;
 	if (!*path) { /* "./": the root directory itself */
@@ -382,7 +360,7 @@ static int tar_add_entry(struct converter *c, struct tar_reader *tar,
 				  e->path, e->linkname);
 			return -EFSCORRUPTED;
 		}
-		convert_normalize_path(e->linkname);
+		path_normalize(e->linkname);
 		if (!*e->linkname) {
 			ferry_err("tar entry \"%s\": hardlink to the root", e->path);
 			return -EFSCORRUPTED;

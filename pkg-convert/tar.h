@@ -2,7 +2,8 @@
 /*
  * Internal to pkg-convert: a streaming tar reader (ustar, GNU long names,
  * PAX) over a byte source that may be compressed. Every header field is
- * validated before use; names are not yet normalised (see convert.c).
+ * validated before use; names are not yet normalised (layer.c does, with
+ * path_normalize).
  */
 #ifndef FERRY_CONVERT_TAR_H
 #define FERRY_CONVERT_TAR_H

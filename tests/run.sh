@@ -35,6 +35,8 @@ for t in "$BUILD"/tests/*/test_*; do
 	[ -x "$t" ] || continue
 	run_one "unit/$(basename "$(dirname "$t")")/$(basename "$t")" "$t"
 done
+# The module table of docs/ARCHITECTURE.md against every #include.
+run_one layers /usr/bin/python3 "$top/tests/tools/check_layers.py" "$top"
 if ls "$BUILD"/fuzz/fuzz_* >/dev/null 2>&1; then
 	run_one fuzz "$top/tests/fuzz/run.sh" "$BUILD"/fuzz/fuzz_*
 fi

@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "../../pkg-base/base.h"
-#include "../../pkg-convert/convert.h"
+#include "../../pkg-image/image.h"
 #include "cmd.h"
 
 int cmd_check(int argc, char **argv)

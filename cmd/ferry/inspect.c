@@ -7,7 +7,7 @@
 #include <sys/stat.h>
 
 #include "../../pkg-base/base.h"
-#include "../../pkg-convert/convert.h"
+#include "../../pkg-image/image.h"
 #include "cmd.h"
 
 #define U64(v) json_object_new_int64((int64_t)(v))

@@ -20,7 +20,7 @@
 #include <unistd.h>
 
 #include "../../pkg-base/base.h"
-#include "../../pkg-convert/convert.h"
+#include "../../pkg-image/image.h"
 #include "../ctl.h"
 #include "cmd.h"
 
@@ -234,7 +234,7 @@ static int abs_image(const char *ref, char **out)
 	}
 	if (!*path)
 		return -EINVAL;
-	ret = ctl_abspath(path, &abs);
+	ret = path_absolute(path, &abs);
 	if (ret)
 		return ret;
 	ret = asprintf(out, "%s%s", scheme, abs) < 0 ? -ENOMEM : 0;
@@ -366,7 +366,7 @@ static int mount_fuse(const struct fuse_args_in *a)
 	if (!ret)
 		ret = ctl_mountpoint_path(a->mountpoint, &mp);
 	if (!ret)
-		ret = ctl_abspath(a->cache_dir, &cache);
+		ret = path_absolute(a->cache_dir, &cache);
 	if (ret) {
 		ferry_err("mount %s on %s: %s", a->image, a->mountpoint, ferry_strerror(ret));
 		goto out;
@@ -401,8 +401,8 @@ static int mount_fuse(const struct fuse_args_in *a)
 	r.fetch = a->ro->fetch;
 	if (!r.fetch.authfile)
 		r.fetch.authfile = client_authfile(authbuf, sizeof(authbuf));
-	if ((r.fetch.authfile && ctl_abspath(r.fetch.authfile, &authfile)) ||
-	    (r.fetch.ca_file && ctl_abspath(r.fetch.ca_file, &ca))) {
+	if ((r.fetch.authfile && path_absolute(r.fetch.authfile, &authfile)) ||
+	    (r.fetch.ca_file && path_absolute(r.fetch.ca_file, &ca))) {
 		ferry_err("mount %s: out of memory", a->image);
 		goto out;
 	}

@@ -30,7 +30,7 @@
 #include <stdint.h>
 
 #include "../../pkg-base/base.h"
-#include "../../pkg-convert/convert.h"
+#include "../../pkg-image/image.h"
 #include "../ctl.h"
 #include "mode.h"
 

@@ -5,17 +5,17 @@
  * data is read in odd-sized pieces (crossing buffer boundaries) or, for
  * every third entry, left for tar_next() to skip. What the reader
  * accepts must be consistent: non-empty names, data length == size.
- * Inputs starting with "FERRYPF1" go to pkg-convert's other parser of
- * untrusted bytes, the bootstrap's prefetch list, whose accepted inputs
- * must re-encode to the same bytes.
+ * Inputs starting with "FERRYPF1" go to the bootstrap's prefetch list
+ * (pkg-image, the other parser of what conversion embeds), whose accepted
+ * inputs must re-encode to the same bytes.
  */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../../pkg-base/base.h"
-#include "../../pkg-convert/internal.h"
 #include "../../pkg-convert/tar.h"
+#include "../../pkg-image/internal.h"
 
 #define MAX_ENTRIES 10000
 
@@ -55,7 +55,7 @@ static void fuzz_prefetch(const uint8_t *data, size_t size)
 	    len != size || memcmp(again, data, size))
 		abort();
 	free(again);
-	prefetch_list_free(paths, nr);
+	image_prefetch_list_free(paths, nr);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

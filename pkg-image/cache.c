@@ -4,7 +4,8 @@
  * ranges (fanotify) and prefetch make the chunks they touch present,
  * fetching them from the image's blob sources, then read the cache data
  * files. On-demand reads go ahead of prefetch: prefetch works in bounded
- * steps and yields while a demand read is in flight.
+ * steps and yields while a demand read is in flight. The local kernel
+ * mount is the same cache filled completely first.
  */
 #include <stdatomic.h>
 #include <sys/stat.h>
@@ -13,8 +14,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../pkg-base/base.h"
-#include "convert.h"
 #include "internal.h"
 
 /* Prefetch makes at most this much present per step before yielding. */
@@ -390,4 +389,45 @@ void image_cache_get_stats(struct image_cache *ic, struct image_cache_stats *s)
 		s->bytes_present += bytes;
 		s->chunks_total += ic->img->blobs.blobs[i].nr_chunks;
 	}
+}
+
+/* ------------------------------------------------------------------ */
+/* Local mode                                                          */
+/* ------------------------------------------------------------------ */
+
+int image_mount_local(struct image *img, const char *cache_dir,
+		      const char *target)
+{
+	struct ferry_progress progress = { 0 };
+	struct image_cache *ic = NULL;
+	const char **devs;
+	struct stat st;
+	uint32_t i;
+	int ret;
+
+	if (stat(target, &st) || !S_ISDIR(st.st_mode)) {
+		ferry_err("mount point %s: not a directory", target);
+		return -ENOTDIR;
+	}
+	devs = calloc(img->blobs.nr_blobs + 1, sizeof(*devs));
+	if (!devs)
+		return -ENOMEM;
+	ret = image_cache_open(img, cache_dir, &ic);
+	if (!ret) {
+		ferry_progress_begin(&progress, img->ref, 0);
+		ret = image_cache_prefetch_blobs(ic, &progress, NULL);
+		ferry_progress_end(&progress);
+	}
+	if (!ret)
+		ret = image_bootstrap_file(img, cache_dir);
+	if (ret)
+		goto out;
+	for (i = 0; i < img->blobs.nr_blobs; i++)
+		devs[i] = image_cache_data_path(ic, i);
+	ret = meta_kernel_mount(img->bootstrap_path, devs, img->blobs.nr_blobs,
+				target);
+out:
+	image_cache_close(ic);
+	free(devs);
+	return ret;
 }

@@ -1,22 +1,22 @@
 // SPDX-License-Identifier: MIT
 /*
- * The prefetch list embedded at conversion (ferry convert --prefetch-files):
- * paths a lazy mount fetches in the background first, in list order. It is
- * kept in the bootstrap's extension payload after the blob index
- * (docs/FORMAT.md 2.5).
+ * Prefetch lists: paths a lazy mount fetches in the background first, in
+ * list order. One text form, read by image_prefetch_list_load for every
+ * caller (ferry convert --prefetch-files embeds it; ferry mount
+ * --prefetch-files sends it to ferryd), and one binary form, kept in the
+ * bootstrap's extension payload after the blob index (docs/FORMAT.md 2.5).
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "../pkg-base/base.h"
 #include "internal.h"
 
 #define PREFETCH_MAGIC "FERRYPF1"
 #define PREFETCH_HEADER_SIZE 16u
 #define PREFETCH_VERSION 1u
 
-void prefetch_list_free(char **paths, uint32_t nr)
+void image_prefetch_list_free(char **paths, uint32_t nr)
 {
 	uint32_t i;
 
@@ -33,8 +33,8 @@ static int prefetch_path(const char *in, size_t len, char **out)
 
 	if (!copy)
 		return -ENOMEM;
-	ret = convert_normalize_path(copy);
-	if (!ret && (!*copy || strlen(copy) > PREFETCH_PATH_MAX))
+	ret = path_normalize(copy);
+	if (!ret && (!*copy || strlen(copy) > IMAGE_PREFETCH_PATH_MAX))
 		ret = -EINVAL;
 	if (!ret && asprintf(&norm, "/%s", copy) < 0)
 		ret = -ENOMEM;
@@ -46,7 +46,7 @@ static int prefetch_path(const char *in, size_t len, char **out)
 
 static int add_path(char ***paths, uint32_t *nr, size_t *cap, char *p)
 {
-	if (*nr >= PREFETCH_MAX_PATHS) {
+	if (*nr >= IMAGE_PREFETCH_MAX_PATHS) {
 		free(p);
 		return -E2BIG;
 	}
@@ -58,7 +58,7 @@ static int add_path(char ***paths, uint32_t *nr, size_t *cap, char *p)
 	return 0;
 }
 
-int prefetch_list_load(const char *file, char ***paths, uint32_t *nr)
+int image_prefetch_list_load(const char *file, char ***paths, uint32_t *nr)
 {
 	FILE *f = fopen(file, "re");
 	char *line = NULL, *p;
@@ -90,7 +90,7 @@ int prefetch_list_load(const char *file, char ***paths, uint32_t *nr)
 		ret = add_path(paths, nr, &cap, p);
 		if (ret == -E2BIG)
 			ferry_err("prefetch list %s: more than %u paths", file,
-				  PREFETCH_MAX_PATHS);
+				  IMAGE_PREFETCH_MAX_PATHS);
 	}
 	if (!ret && ferror(f)) {
 		ret = -EIO;
@@ -99,7 +99,7 @@ int prefetch_list_load(const char *file, char ***paths, uint32_t *nr)
 	free(line);
 	fclose(f);
 	if (ret) {
-		prefetch_list_free(*paths, *nr);
+		image_prefetch_list_free(*paths, *nr);
 		*paths = NULL;
 		*nr = 0;
 	}
@@ -133,6 +133,34 @@ int prefetch_section_encode(char *const *paths, uint32_t nr, uint8_t **buf,
 	return 0;
 }
 
+int image_ext_encode(const struct blob_info *blobs, uint32_t nr_blobs,
+		     char *const *prefetch, uint32_t nr_prefetch, void **ext,
+		     size_t *ext_len)
+{
+	uint8_t *sec = NULL;
+	size_t len = 0;
+	void *both;
+	int ret;
+
+	ret = blob_index_encode(blobs, nr_blobs, ext, ext_len);
+	if (ret || !nr_prefetch)
+		return ret;
+	/* The prefetch section follows the blob index. */
+	ret = prefetch_section_encode(prefetch, nr_prefetch, &sec, &len);
+	both = ret ? NULL : realloc(*ext, *ext_len + len);
+	if (both) {
+		memcpy((uint8_t *)both + *ext_len, sec, len);
+		*ext = both;
+		*ext_len += len;
+	} else {
+		free(*ext);
+		*ext = NULL;
+		ret = ret ? ret : -ENOMEM;
+	}
+	free(sec);
+	return ret;
+}
+
 int prefetch_section_decode(const void *buf, size_t len, char ***paths,
 			    uint32_t *nr)
 {
@@ -150,9 +178,9 @@ int prefetch_section_decode(const void *buf, size_t len, char ***paths,
 		return -EFSCORRUPTED;
 	}
 	count = get_le32(p + 12);
-	if (count > PREFETCH_MAX_PATHS) {
+	if (count > IMAGE_PREFETCH_MAX_PATHS) {
 		ferry_err("prefetch list: %u paths (limit %u)", count,
-			  PREFETCH_MAX_PATHS);
+			  IMAGE_PREFETCH_MAX_PATHS);
 		return -EFSCORRUPTED;
 	}
 	for (i = 0; i < count && !ret; i++) {
@@ -180,7 +208,7 @@ int prefetch_section_decode(const void *buf, size_t len, char ***paths,
 		ret = -EFSCORRUPTED;
 	if (ret) {
 		ferry_err("prefetch list: entry %u is malformed", i);
-		prefetch_list_free(*paths, *nr);
+		image_prefetch_list_free(*paths, *nr);
 		*paths = NULL;
 		*nr = 0;
 	}

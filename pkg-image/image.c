@@ -1,11 +1,12 @@
 // SPDX-License-Identifier: MIT
 /*
- * Converted images (dir:OUT, oci:PATH[:TAG], docker://REF): open and
- * cross-check, read blobs, verify everything (ferry check), fill the chunk
- * cache and mount with the kernel.
+ * Opening images (dir:OUT, oci:PATH[:TAG], docker://REF): the index
+ * (ferry.json or the manifest) names the bootstrap's digest and the blobs;
+ * the bootstrap is loaded, checked against that digest, opened with
+ * pkg-meta, and its device table and blob index are cross-checked with
+ * the index before any blob byte is trusted. Blob bytes are then read
+ * where they are: pread on a local file, or registry Range requests.
  */
-#include "convert.h"
-
 #include <fcntl.h>
 #include <json-c/json.h>
 #include <limits.h>
@@ -13,10 +14,9 @@
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zstd.h>
 
-#include "../pkg-base/base.h"
 #include "internal.h"
-#include "tar.h"
 
 /* What the image's index (ferry.json or OCI manifest) promises. */
 struct image_expect {
@@ -93,19 +93,17 @@ out:
  * oci:PATH[:TAG] and docker://REF — a manifest whose last layer is the
  * bootstrap. A registry image keeps its client in img->remote.
  */
-static int locate_manifest(struct image *img, const char *ref,
+static int locate_manifest(struct image *img, const struct image_ref *r,
 			   const struct image_opts *opts, struct image_expect *e)
 {
+	const char *ref = img->ref;
 	struct oci_image oci;
 	struct json_object *ann, *layers;
 	const char *s;
 	uint32_t i;
 	int ret;
 
-	if (!strncmp(ref, "oci:", 4))
-		ret = oci_image_open(ref + 4, opts->platform, &oci);
-	else
-		ret = oci_remote_open(ref + 9, opts->platform, opts->fetch, &oci);
+	ret = oci_image_open(r, opts->platform, opts->fetch, &oci);
 	if (ret)
 		return ret;
 	json_object_object_get_ex(oci.manifest, "layers", &layers);
@@ -158,59 +156,88 @@ out:
 	return ret;
 }
 
-/*
- * Decompress the bootstrap blob: read from the layout with its digest
- * checked while reading, or fetched whole from the registry (which
- * checks the digest) first.
- */
-static int load_compressed(struct image *img, const struct image_expect *e,
-			   const char *name, uint8_t **data, size_t *len)
+/* One or more zstd frames, decoded to at most FERRY_BOOTSTRAP_MAX bytes. */
+static int bootstrap_decompress(const uint8_t *z, size_t zlen, const char *name,
+				uint8_t **data, size_t *len)
 {
-	struct fetch_buf z = { 0 };
-	struct input_stream *in = NULL;
-	struct byte_source src;
-	size_t cap = 0;
-	ssize_t n;
-	int ret;
+	ZSTD_DStream *ds = ZSTD_createDStream();
+	ZSTD_inBuffer in = { z, zlen, 0 };
+	size_t cap = 0, left;
+	int ret = 0;
 
 	*data = NULL;
 	*len = 0;
-	if (img->remote) {
-		ret = registry_get_blob(img->remote, e->compressed, e->compressed_size,
-					FERRY_BOOTSTRAP_MAX, &z);
-		if (!ret)
-			ret = input_open_mem(z.data, z.len, &in);
-	} else {
-		ret = input_open_verified(e->compressed_path, e->compressed, name, &in);
-	}
-	if (ret)
-		goto out;
-	src = input_source(in);
+	if (!ds)
+		return -ENOMEM;
 	for (;;) {
+		ZSTD_outBuffer out;
+
 		if (array_reserve(data, &cap, *len + 65536, 1, 1 << 20)) {
 			ret = -ENOMEM;
 			break;
 		}
-		n = src.read(src.ctx, *data + *len, cap - *len);
-		if (n <= 0) {
-			ret = (int)n;
+		out = (ZSTD_outBuffer){ *data, cap, *len };
+		left = ZSTD_decompressStream(ds, &out, &in);
+		if (ZSTD_isError(left)) {
+			ferry_err("%s: zstd: %s", name, ZSTD_getErrorName(left));
+			ret = -EFSCORRUPTED;
 			break;
 		}
-		*len += (size_t)n;
+		*len = out.pos;
 		if (*len > FERRY_BOOTSTRAP_MAX) {
 			ferry_err("%s: bootstrap larger than %llu bytes", name,
 				  (unsigned long long)FERRY_BOOTSTRAP_MAX);
 			ret = -EFBIG;
 			break;
 		}
+		/* All input read and output to spare: nothing more will come. */
+		if (in.pos == in.size && out.pos < out.size) {
+			if (left) {
+				ferry_err("%s: zstd: truncated frame", name);
+				ret = -EFSCORRUPTED;
+			}
+			break;
+		}
 	}
-out:
-	input_close(in);
-	fetch_buf_free(&z);
+	ZSTD_freeDStream(ds);
 	if (ret) {
 		free(*data);
 		*data = NULL;
 	}
+	return ret;
+}
+
+/*
+ * The bootstrap blob: read from the layout, or fetched whole from the
+ * registry (which checks the digest), then checked against its
+ * descriptor and decompressed.
+ */
+static int load_compressed(struct image *img, const struct image_expect *e,
+			   const char *name, uint8_t **data, size_t *len)
+{
+	struct fetch_buf z = { 0 };
+	uint8_t digest[BLOB_DIGEST_SIZE];
+	char *raw = NULL;
+	int ret;
+
+	if (img->remote) {
+		ret = registry_get_blob(img->remote, e->compressed, e->compressed_size,
+					FERRY_BOOTSTRAP_MAX, &z);
+	} else {
+		ret = read_file_max(e->compressed_path, FERRY_BOOTSTRAP_MAX, &raw,
+				    &z.len);
+		z.data = (uint8_t *)raw;
+		if (!ret) {
+			sha256_buf(z.data, z.len, digest);
+			if (memcmp(digest, e->compressed, BLOB_DIGEST_SIZE)) {
+				ferry_err("%s: content does not match its digest", name);
+				ret = -EFSCORRUPTED;
+			}
+		}
+	}
+	if (!ret)
+		ret = bootstrap_decompress(z.data, z.len, name, data, len);
+	fetch_buf_free(&z);
 	return ret;
 }
 
@@ -288,6 +315,7 @@ int image_open(const char *ref, const struct image_opts *opts,
 	static const struct image_opts no_opts;
 	struct image *img = calloc(1, sizeof(*img));
 	struct image_expect expect = { 0 };
+	struct image_ref r = { 0 };
 	const void *ext;
 	size_t ext_len, used;
 	struct stat st;
@@ -303,20 +331,15 @@ int image_open(const char *ref, const struct image_opts *opts,
 	}
 	if (!opts)
 		opts = &no_opts;
-	if (!strncmp(ref, "oci:", 4) || !strncmp(ref, "docker://", 9)) {
-		ret = locate_manifest(img, ref, opts, &expect);
+	ret = image_ref_parse(ref, IMAGE_ACCEPT_IMAGE, "image", &r);
+	if (ret)
+		goto fail;
+	if (r.transport != IMAGE_DIR) {
+		ret = locate_manifest(img, &r, opts, &expect);
 	} else {
-		/* dir:OUT, or a plain path meaning the same */
-		img->dir = strdup(strncmp(ref, "dir:", 4) ? ref : ref + 4);
+		img->dir = strdup(r.path);
 		if (!img->dir) {
 			ret = -ENOMEM;
-			goto fail;
-		}
-		if (strncmp(ref, "dir:", 4) && strchr(ref, ':') && ref[0] != '/' &&
-		    ref[0] != '.') {
-			ferry_err("image \"%s\": expected dir:PATH, oci:PATH[:TAG] or docker://HOST/REPO[:TAG|@DIGEST]",
-				  ref);
-			ret = -EINVAL;
 			goto fail;
 		}
 		if (stat(img->dir, &st) || !S_ISDIR(st.st_mode)) {
@@ -367,11 +390,13 @@ int image_open(const char *ref, const struct image_opts *opts,
 		goto fail;
 	free(expect.blobs);
 	free(expect.compressed_path);
+	image_ref_free(&r);
 	*out = img;
 	return 0;
 fail:
 	free(expect.blobs);
 	free(expect.compressed_path);
+	image_ref_free(&r);
 	image_close(img);
 	return ret;
 }
@@ -389,7 +414,7 @@ void image_close(struct image *img)
 			close(img->blob_srcs[i].fd);
 	free(img->blob_paths);
 	free(img->blob_srcs);
-	prefetch_list_free(img->prefetch, img->nr_prefetch);
+	image_prefetch_list_free(img->prefetch, img->nr_prefetch);
 	if (img->remote)
 		registry_close(img->remote);
 	blob_index_free(&img->blobs);
@@ -445,138 +470,6 @@ int image_blob_source(struct image *img, uint32_t index, struct blob_source *src
 	}
 	*src = (struct blob_source){ image_blob_read, ib };
 	return 0;
-}
-
-/* ------------------------------------------------------------------ */
-/* ferry check                                                         */
-/* ------------------------------------------------------------------ */
-
-struct checker {
-	struct image *img;
-	struct image_check_report *report;
-	const char *path;
-	uint8_t *buf; /* 2 * CHECK_BUF_SIZE: xattr names, then a value */
-};
-
-#define CHECK_BUF_SIZE 65536u
-
-static int check_fail(struct checker *c, int err, const char *what)
-{
-	ferry_err("%s: %s: %s", c->img->ref, c->path, what);
-	return err;
-}
-
-/* Each chunk index must name a blob chunk of exactly the right length. */
-static int check_chunks(struct checker *c, const struct meta_stat *st)
-{
-	uint64_t i;
-	int ret;
-
-	for (i = 0; i < st->nr_chunks; i++) {
-		uint64_t want = MIN((uint64_t)st->chunk_size,
-				    st->size - i * st->chunk_size);
-		const struct blob_chunk *bc;
-		struct meta_chunk mc;
-		char what[160];
-
-		ret = meta_get_chunk(c->img->meta, st->nid, i, &mc);
-		if (ret)
-			return check_fail(c, ret, "unreadable chunk index");
-		c->report->chunks++;
-		if (mc.blkaddr == META_CHUNK_HOLE)
-			continue;
-		if (mc.device_id < 1 || mc.device_id > c->img->blobs.nr_blobs) {
-			snprintf(what, sizeof(what), "chunk %llu names device %u",
-				 (unsigned long long)i, mc.device_id);
-			return check_fail(c, -EFSCORRUPTED, what);
-		}
-		bc = blob_find_chunk(&c->img->blobs.blobs[mc.device_id - 1],
-				     (uint64_t)mc.blkaddr * META_BLOCK_SIZE);
-		if (!bc || bc->usize != want) {
-			snprintf(what, sizeof(what),
-				 "chunk %llu (device %u block %u) matches no %llu-byte blob chunk",
-				 (unsigned long long)i, mc.device_id, mc.blkaddr,
-				 (unsigned long long)want);
-			return check_fail(c, -EFSCORRUPTED, what);
-		}
-	}
-	return 0;
-}
-
-static int check_xattrs(struct checker *c, uint64_t nid)
-{
-	char *names = (char *)c->buf, *name;
-	uint8_t *value = c->buf + CHECK_BUF_SIZE;
-	ssize_t len, vlen;
-
-	len = meta_listxattr(c->img->meta, nid, names, CHECK_BUF_SIZE);
-	if (len < 0)
-		return check_fail(c, (int)len, "unreadable xattr names");
-	for (name = names; name < names + len; name += strlen(name) + 1) {
-		vlen = meta_getxattr(c->img->meta, nid, name, value, CHECK_BUF_SIZE);
-		if (vlen < 0)
-			return check_fail(c, (int)vlen, "unreadable xattr value");
-	}
-	return 0;
-}
-
-static int check_visit(void *ctx, const char *path, const struct meta_stat *st)
-{
-	struct checker *c = ctx;
-	uint64_t off;
-	ssize_t n;
-	int ret;
-
-	c->path = path;
-	c->report->inodes++;
-	ret = check_xattrs(c, st->nid);
-	if (ret)
-		return ret;
-	switch (st->mode & S_IFMT) {
-	case S_IFLNK:
-		n = meta_readlink(c->img->meta, st->nid, (char *)c->buf, CHECK_BUF_SIZE);
-		return n < 0 ? check_fail(c, (int)n, "unreadable symlink") : 0;
-	case S_IFREG:
-		if (st->nr_chunks)
-			return check_chunks(c, st);
-		for (off = 0; off < st->size; off += (uint64_t)n) {
-			n = meta_read(c->img->meta, st->nid, off, c->buf, CHECK_BUF_SIZE);
-			if (n <= 0)
-				return check_fail(c, n < 0 ? (int)n : -EFSCORRUPTED,
-						  "unreadable inline data");
-		}
-		return 0;
-	default:
-		return 0;
-	}
-}
-
-int image_check(struct image *img, struct image_check_report *report)
-{
-	struct checker c = { .img = img, .report = report };
-	uint32_t i;
-	int ret;
-
-	memset(report, 0, sizeof(*report));
-	c.buf = malloc(2 * CHECK_BUF_SIZE);
-	if (!c.buf)
-		return -ENOMEM;
-	ret = meta_walk(img->meta, check_visit, &c);
-	for (i = 0; !ret && i < img->blobs.nr_blobs; i++) {
-		struct blob_verify_report vr;
-		struct blob_source src;
-		char name[PATH_MAX];
-
-		image_blob_name(img, i, name, sizeof(name));
-		ret = image_blob_source(img, i, &src);
-		if (!ret)
-			ret = blob_verify_source(&src, name, &img->blobs.blobs[i], &vr);
-		if (!ret)
-			report->bytes_verified += img->blobs.blobs[i].uncompressed_size;
-	}
-	report->error = ret;
-	free(c.buf);
-	return ret;
 }
 
 /* ------------------------------------------------------------------ */
@@ -651,42 +544,5 @@ out:
 	free(dir);
 	free(buf);
 	free(path);
-	return ret;
-}
-
-int image_mount_local(struct image *img, const char *cache_dir,
-		      const char *target)
-{
-	struct ferry_progress progress = { 0 };
-	struct image_cache *ic = NULL;
-	const char **devs;
-	struct stat st;
-	uint32_t i;
-	int ret;
-
-	if (stat(target, &st) || !S_ISDIR(st.st_mode)) {
-		ferry_err("mount point %s: not a directory", target);
-		return -ENOTDIR;
-	}
-	devs = calloc(img->blobs.nr_blobs + 1, sizeof(*devs));
-	if (!devs)
-		return -ENOMEM;
-	ret = image_cache_open(img, cache_dir, &ic);
-	if (!ret) {
-		ferry_progress_begin(&progress, img->ref, 0);
-		ret = image_cache_prefetch_blobs(ic, &progress, NULL);
-		ferry_progress_end(&progress);
-	}
-	if (!ret)
-		ret = image_bootstrap_file(img, cache_dir);
-	if (ret)
-		goto out;
-	for (i = 0; i < img->blobs.nr_blobs; i++)
-		devs[i] = image_cache_data_path(ic, i);
-	ret = meta_kernel_mount(img->bootstrap_path, devs, img->blobs.nr_blobs,
-				target);
-out:
-	image_cache_close(ic);
-	free(devs);
 	return ret;
 }

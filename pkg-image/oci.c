@@ -3,8 +3,9 @@
  * OCI image layouts on disk (image-spec image-layout.md): resolve
  * PATH[:TAG] through index.json to one image manifest (choosing a platform
  * from an image index; remote.c does the same through a registry), and
- * write converted images back as a layout. Every manifest, index and
- * config read is size-limited and digest-checked.
+ * the primitives write.c lays images out with (blobs, oci-layout, tags in
+ * index.json). Every manifest, index and config read is size-limited and
+ * digest-checked.
  */
 #include <dirent.h>
 #include <fcntl.h>
@@ -15,21 +16,17 @@
 #include <sys/utsname.h>
 #include <unistd.h>
 
-#include "../pkg-base/base.h"
-#include "../pkg-blob/blob.h"
-#include "../pkg-fetch/fetch.h"
 #include "internal.h"
 
 #define OCI_INDEX_DEPTH 4       /* nested indexes followed at most */
-#define REF_NAME_ANNOTATION "org.opencontainers.image.ref.name"
 
 static const char *const manifest_types[] = {
-	"application/vnd.oci.image.manifest.v1+json",
-	"application/vnd.docker.distribution.manifest.v2+json",
+	FETCH_OCI_MANIFEST,
+	FETCH_DOCKER_MANIFEST,
 };
 static const char *const index_types[] = {
-	"application/vnd.oci.image.index.v1+json",
-	"application/vnd.docker.distribution.manifest.list.v2+json",
+	FETCH_OCI_INDEX,
+	FETCH_DOCKER_LIST,
 };
 
 static bool is_one_of(const char *s, const char *const *list, size_t n)
@@ -40,20 +37,6 @@ static bool is_one_of(const char *s, const char *const *list, size_t n)
 		if (!strcmp(s, list[i]))
 			return true;
 	return false;
-}
-
-void oci_split_ref(char *ref, char **path, char **tag)
-{
-	char *colon = strrchr(ref, ':');
-
-	/* "PATH:TAG" unless the part after the last ':' looks like a path. */
-	if (colon && colon != ref && !strchr(colon + 1, '/') && colon[1]) {
-		*colon = '\0';
-		*tag = colon + 1;
-	} else {
-		*tag = NULL;
-	}
-	*path = ref;
 }
 
 /* Parse a descriptor object; every field a consumer relies on is checked. */
@@ -104,8 +87,9 @@ int oci_layout_load(void *ctx, const struct oci_descriptor *d,
 		goto out;
 	}
 	ret = read_full(fd, data, d->size);
-	if (!ret && read(fd, digest, 1) != 0)
-		ret = -EFSCORRUPTED; /* longer than its descriptor says */
+	/* Shorter (read_full's -EIO) or longer than its descriptor says. */
+	if (ret == -EIO || (!ret && read(fd, digest, 1) != 0))
+		ret = -EFSCORRUPTED;
 	if (ret) {
 		ferry_err("%s: size does not match its descriptor (%llu bytes)", path,
 			  (unsigned long long)d->size);
@@ -260,7 +244,7 @@ static int pick_tag(struct json_object *index, const char *layout,
 	n = json_object_array_length(manifests);
 	for (i = 0; i < n; i++) {
 		struct json_object *m = json_object_array_get_idx(manifests, i);
-		const char *name = oci_annotation(m, REF_NAME_ANNOTATION);
+		const char *name = oci_annotation(m, OCI_REF_NAME_ANNOTATION);
 		if (tag ? name && !strcmp(name, tag) : n == 1)
 			match = m;
 	}
@@ -373,17 +357,15 @@ int oci_image_resolve(struct oci_image *img, const struct oci_descriptor *top,
 	return 0;
 }
 
-int oci_image_open(const char *ref, const char *platform, struct oci_image *img)
+int oci_layout_open(const char *path, const char *tag, const char *platform,
+		    struct oci_image *img)
 {
 	struct json_object *index = NULL;
 	struct oci_descriptor d;
-	char *copy = strdup(ref), *path, *tag, *index_path = NULL;
+	char *index_path = NULL;
 	int ret;
 
 	memset(img, 0, sizeof(*img));
-	if (!copy)
-		return -ENOMEM;
-	oci_split_ref(copy, &path, &tag);
 	img->layout = strdup(path);
 	img->where = strdup(path);
 	if (!img->layout || !img->where ||
@@ -405,10 +387,20 @@ int oci_image_open(const char *ref, const char *platform, struct oci_image *img)
 out:
 	json_object_put(index);
 	free(index_path);
-	free(copy);
 	if (ret)
 		oci_image_clear(img);
 	return ret;
+}
+
+int oci_image_open(const struct image_ref *ref, const char *platform,
+		   const struct fetch_opts *fopts, struct oci_image *img)
+{
+	if (ref->transport == IMAGE_DOCKER)
+		return oci_remote_open(ref->path, platform, fopts, img);
+	if (ref->transport == IMAGE_OCI)
+		return oci_layout_open(ref->path, ref->tag, platform, img);
+	memset(img, 0, sizeof(*img));
+	return -EINVAL;
 }
 
 int oci_blob_path(const char *layout, const uint8_t digest[32], char **out)
@@ -528,7 +520,7 @@ int oci_tag_manifest(const char *layout, const char *tag,
 	}
 	json_object_object_add(index, "schemaVersion", json_object_new_int(2));
 	json_object_object_add(index, "mediaType",
-			       json_object_new_string("application/vnd.oci.image.index.v1+json"));
+			       json_object_new_string(FETCH_OCI_INDEX));
 	if (!json_object_object_get_ex(index, "manifests", &manifests) ||
 	    !json_object_is_type(manifests, json_type_array)) {
 		manifests = json_object_new_array();
@@ -539,7 +531,7 @@ int oci_tag_manifest(const char *layout, const char *tag,
 		const char *name;
 
 		entry = json_object_array_get_idx(manifests, i);
-		name = oci_annotation(entry, REF_NAME_ANNOTATION);
+		name = oci_annotation(entry, OCI_REF_NAME_ANNOTATION);
 		if (name && !strcmp(name, tag))
 			json_object_array_del_idx(manifests, i, 1);
 	}
@@ -550,7 +542,7 @@ int oci_tag_manifest(const char *layout, const char *tag,
 	json_object_object_add(entry, "digest", json_object_new_string(dstr));
 	json_object_object_add(entry, "size", json_object_new_int64((int64_t)size));
 	ann = json_object_new_object();
-	json_object_object_add(ann, REF_NAME_ANNOTATION, json_object_new_string(tag));
+	json_object_object_add(ann, OCI_REF_NAME_ANNOTATION, json_object_new_string(tag));
 	json_object_object_add(entry, "annotations", ann);
 	json_object_array_add(manifests, entry);
 	text = json_object_to_json_string_ext(index, JSON_C_TO_STRING_PLAIN |
@@ -560,59 +552,4 @@ out:
 	json_object_put(index);
 	free(index_path);
 	return ret;
-}
-
-int oci_staging_create(char **layout)
-{
-	const char *tmp = getenv("TMPDIR");
-	int ret;
-
-	if (asprintf(layout, "%s/ferry-push.XXXXXX", tmp && *tmp ? tmp : "/var/tmp") < 0) {
-		*layout = NULL;
-		return -ENOMEM;
-	}
-	if (!mkdtemp(*layout)) {
-		ret = -errno;
-		ferry_err("%s: cannot create a staging directory: %s", *layout,
-			  strerror(errno));
-		free(*layout);
-		*layout = NULL;
-		return ret;
-	}
-	ret = oci_layout_init(*layout);
-	if (ret)
-		oci_staging_remove(*layout);
-	return ret;
-}
-
-/* Only what ferry writes into a layout: blobs, index.json, oci-layout. */
-void oci_staging_remove(const char *layout)
-{
-	static const char *const files[] = { "index.json", "oci-layout" };
-	char *path = NULL;
-	struct dirent *de;
-	DIR *dir;
-	size_t i;
-
-	if (asprintf(&path, "%s/blobs/sha256", layout) < 0)
-		return;
-	dir = opendir(path);
-	while (dir && (de = readdir(dir)))
-		if (strcmp(de->d_name, ".") && strcmp(de->d_name, ".."))
-			unlinkat(dirfd(dir), de->d_name, 0);
-	if (dir)
-		closedir(dir);
-	rmdir(path);
-	*strrchr(path, '/') = '\0';
-	rmdir(path);
-	free(path);
-	for (i = 0; i < ARRAY_SIZE(files); i++) {
-		if (asprintf(&path, "%s/%s", layout, files[i]) < 0)
-			return;
-		unlink(path);
-		free(path);
-	}
-	if (rmdir(layout))
-		ferry_warn("%s: staging directory left behind: %s", layout,
-			   strerror(errno));
 }

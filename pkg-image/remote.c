@@ -11,9 +11,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "../pkg-base/base.h"
-#include "../pkg-blob/blob.h"
-#include "../pkg-fetch/fetch.h"
 #include "internal.h"
 
 /* The document the reference named, kept so it is not fetched twice. */
@@ -151,7 +148,7 @@ int oci_push(const char *layout, const uint8_t manifest_digest[32],
 	int ret;
 
 	memcpy(top.digest, manifest_digest, 32);
-	snprintf(top.media_type, sizeof(top.media_type), "%s", OCI_MANIFEST_TYPE);
+	snprintf(top.media_type, sizeof(top.media_type), "%s", FETCH_OCI_MANIFEST);
 	ret = fetch_parse_ref(dest, &ref);
 	if (ret)
 		return ret;
@@ -189,7 +186,7 @@ int oci_push(const char *layout, const uint8_t manifest_digest[32],
 	ret = oci_layout_load(img.layout, &top, true, &text, &len);
 	if (!ret)
 		ret = registry_put_manifest(reg, ref.tag ? ref.tag : "latest",
-					    OCI_MANIFEST_TYPE, text, len);
+					    FETCH_OCI_MANIFEST, text, len);
 out:
 	free(text);
 	if (reg)

@@ -1,0 +1,846 @@
+// SPDX-License-Identifier: MIT
+/*
+ * The chunk cache's bookkeeping: image records (DIR/images/<hex>.json),
+ * listing, and gc. Records only matter to gc, which keeps the blobs they
+ * name and removes the rest when nobody has them open: a blob's users hold
+ * a shared flock on its map, gc takes it exclusively before removing the
+ * pair. The fill path (cache.c) never reads records.
+ */
+#include "internal.h"
+#include "../pkg-base/base.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <json-c/json.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+/* Temporary files (ATOMIC_TMP_PREFIX) older than this are gc's to remove. */
+#define CACHE_TMP_AGE_S 60
+/* Largest image record read back. */
+#define CACHE_RECORD_MAX (16u << 20)
+
+static bool cache_is_hex(const char *s, size_t len)
+{
+	size_t i;
+
+	for (i = 0; i < len; i++)
+		if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f')))
+			return false;
+	return true;
+}
+
+/* @dir/@name@suffix into @out (PATH_MAX bytes), or -ENAMETOOLONG. */
+static int path_join(char *out, const char *dir, const char *name,
+		     const char *suffix)
+{
+	int n = snprintf(out, PATH_MAX, "%s/%s%s", dir, name, suffix);
+
+	return n < 0 || n >= PATH_MAX ? -ENAMETOOLONG : 0;
+}
+
+/* unlink @path (@missing_ok: ENOENT is fine); 0 or -errno, logged. */
+static int remove_file(const char *path, bool missing_ok)
+{
+	int ret;
+
+	if (!unlink(path) || (missing_ok && errno == ENOENT))
+		return 0;
+	ret = -errno;
+	ferry_err("chunk cache: cannot remove %s: %s", path, ferry_strerror(ret));
+	return ret;
+}
+
+/* opendir; a missing directory is *@d NULL (nothing cached yet). */
+static int open_dir(const char *dir, DIR **d)
+{
+	int ret;
+
+	*d = opendir(dir);
+	if (*d || errno == ENOENT)
+		return 0;
+	ret = -errno;
+	ferry_err("chunk cache: cannot read %s: %s", dir, ferry_strerror(ret));
+	return ret;
+}
+
+static int cache_fsync_dir(const char *dir)
+{
+	int fd, ret = 0;
+
+	fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (fd < 0 || fsync(fd))
+		ret = -errno;
+	if (fd >= 0)
+		close(fd);
+	if (ret)
+		ferry_err("chunk cache: fsync of directory %s: %s", dir,
+			  ferry_strerror(ret));
+	return ret;
+}
+
+/* ------------------------------------------------------------------ */
+/* Image records                                                       */
+/* ------------------------------------------------------------------ */
+
+struct cache_record {
+	uint8_t digest[BLOB_DIGEST_SIZE];
+	char *ref;
+	uint8_t (*blobs)[BLOB_DIGEST_SIZE]; /* sorted, no duplicates */
+	uint32_t nr_blobs;
+};
+
+struct cache_records {
+	struct cache_record *r;
+	uint32_t nr;
+	size_t cap;
+};
+
+static void records_free(struct cache_records *rs)
+{
+	uint32_t i;
+
+	for (i = 0; i < rs->nr; i++) {
+		free(rs->r[i].ref);
+		free(rs->r[i].blobs);
+	}
+	free(rs->r);
+	memset(rs, 0, sizeof(*rs));
+}
+
+static int digest_cmp(const void *a, const void *b)
+{
+	return memcmp(a, b, BLOB_DIGEST_SIZE);
+}
+
+/* A directory entry named <64 hex><suffix>: the digest, else -EINVAL. */
+static int name_digest(const char *name, const char *suffix,
+		       uint8_t out[BLOB_DIGEST_SIZE])
+{
+	char hex[CACHE_HEX_LEN + 1];
+
+	if (strlen(name) != CACHE_HEX_LEN + strlen(suffix) ||
+	    strcmp(name + CACHE_HEX_LEN, suffix) ||
+	    !cache_is_hex(name, CACHE_HEX_LEN))
+		return -EINVAL;
+	memcpy(hex, name, CACHE_HEX_LEN);
+	hex[CACHE_HEX_LEN] = '\0';
+	return hex_decode(hex, out, BLOB_DIGEST_SIZE);
+}
+
+/* Parse record file @path (named after @digest) into @r. */
+static int record_parse(const char *path, const uint8_t digest[BLOB_DIGEST_SIZE],
+			struct cache_record *r, const char **why)
+{
+	struct json_tokener *tok = NULL;
+	struct json_object *root = NULL, *v, *blobs;
+	uint8_t d[BLOB_DIGEST_SIZE];
+	char *text = NULL;
+	size_t len = 0, i, n;
+	int ret;
+
+	memset(r, 0, sizeof(*r));
+	ret = read_file_max(path, CACHE_RECORD_MAX, &text, &len);
+	if (ret) {
+		*why = ferry_strerror(ret);
+		return ret;
+	}
+	ret = -EFSCORRUPTED;
+	*why = "not valid JSON";
+	tok = json_tokener_new();
+	if (!tok) {
+		ret = -ENOMEM;
+		goto out;
+	}
+	root = json_tokener_parse_ex(tok, text, (int)len);
+	if (!root || json_tokener_get_error(tok) != json_tokener_success ||
+	    !json_object_is_type(root, json_type_object))
+		goto out;
+	*why = "\"digest\" missing or not the file's name";
+	if (!json_object_object_get_ex(root, "digest", &v) ||
+	    !json_object_is_type(v, json_type_string) ||
+	    digest_parse(json_object_get_string(v), d) ||
+	    memcmp(d, digest, BLOB_DIGEST_SIZE))
+		goto out;
+	*why = "\"ref\" missing or not a string";
+	if (!json_object_object_get_ex(root, "ref", &v) ||
+	    !json_object_is_type(v, json_type_string))
+		goto out;
+	*why = "\"blobs\" missing or not an array of sha256 digests";
+	if (!json_object_object_get_ex(root, "blobs", &blobs) ||
+	    !json_object_is_type(blobs, json_type_array))
+		goto out;
+	n = json_object_array_length(blobs);
+	if (n > UINT32_MAX)
+		goto out;
+	r->ref = strdup(json_object_get_string(v));
+	r->blobs = malloc(MAX(n, (size_t)1) * BLOB_DIGEST_SIZE);
+	if (!r->ref || !r->blobs) {
+		ret = -ENOMEM;
+		goto out;
+	}
+	for (i = 0; i < n; i++) {
+		v = json_object_array_get_idx(blobs, i);
+		if (!json_object_is_type(v, json_type_string) ||
+		    digest_parse(json_object_get_string(v), r->blobs[i]))
+			goto out;
+	}
+	qsort(r->blobs, n, BLOB_DIGEST_SIZE, digest_cmp);
+	for (i = 0; i < n; i++)
+		if (!r->nr_blobs || memcmp(r->blobs[r->nr_blobs - 1],
+					   r->blobs[i], BLOB_DIGEST_SIZE))
+			memmove(r->blobs[r->nr_blobs++], r->blobs[i],
+				BLOB_DIGEST_SIZE);
+	memcpy(r->digest, digest, BLOB_DIGEST_SIZE);
+	ret = 0;
+out:
+	if (ret) {
+		free(r->ref);
+		free(r->blobs);
+		memset(r, 0, sizeof(*r));
+	}
+	if (root)
+		json_object_put(root);
+	if (tok)
+		json_tokener_free(tok);
+	free(text);
+	return ret;
+}
+
+/*
+ * Every readable image record of @cache_dir, sorted by digest. A record
+ * that does not parse is reported and skipped: it names nothing that can
+ * be trusted, and the cache only ever costs a refetch.
+ */
+static int records_read(const char *cache_dir, struct cache_records *rs)
+{
+	char dir[PATH_MAX], path[PATH_MAX];
+	struct dirent *de;
+	DIR *d;
+	int n, ret = 0;
+
+	memset(rs, 0, sizeof(*rs));
+	n = snprintf(dir, sizeof(dir), "%s/" CACHE_IMAGES_DIR, cache_dir);
+	if (n < 0 || (size_t)n >= sizeof(dir))
+		return -ENAMETOOLONG;
+	ret = open_dir(dir, &d);
+	if (ret || !d)
+		return ret;
+	while ((errno = 0, de = readdir(d))) {
+		uint8_t digest[BLOB_DIGEST_SIZE];
+		const char *why;
+
+		if (de->d_name[0] == '.')
+			continue; /* ".", "..", temporary files */
+		if (name_digest(de->d_name, ".json", digest)) {
+			ferry_warn("chunk cache: %s/%s: unexpected file, ignored",
+				   dir, de->d_name);
+			continue;
+		}
+		ret = array_reserve(&rs->r, &rs->cap, rs->nr + 1,
+				    sizeof(*rs->r), 16);
+		if (ret)
+			break;
+		if (path_join(path, dir, de->d_name, ""))
+			continue;
+		ret = record_parse(path, digest, &rs->r[rs->nr], &why);
+		if (ret == -ENOMEM)
+			break;
+		if (ret == -ENOENT) { /* forgotten meanwhile */
+			ret = 0;
+			continue;
+		}
+		if (ret) {
+			ferry_warn("chunk cache: image record %s: %s; ignored",
+				   path, why);
+			ret = 0;
+			continue;
+		}
+		rs->nr++;
+	}
+	if (!ret && errno) {
+		ret = -errno;
+		ferry_err("chunk cache: reading %s: %s", dir,
+			  ferry_strerror(ret));
+	}
+	closedir(d);
+	if (ret)
+		records_free(rs);
+	else if (rs->nr)
+		qsort(rs->r, rs->nr, sizeof(*rs->r), digest_cmp);
+	return ret;
+}
+
+/* Image records naming @digest. */
+static uint32_t records_naming(const struct cache_records *rs,
+			       const uint8_t digest[BLOB_DIGEST_SIZE])
+{
+	uint32_t i, n = 0;
+
+	for (i = 0; i < rs->nr; i++)
+		if (bsearch(digest, rs->r[i].blobs, rs->r[i].nr_blobs,
+			    BLOB_DIGEST_SIZE, digest_cmp))
+			n++;
+	return n;
+}
+
+int blob_cache_add_image(const char *cache_dir, const char *ref,
+			 const uint8_t image_digest[BLOB_DIGEST_SIZE],
+			 const uint8_t (*digests)[BLOB_DIGEST_SIZE],
+			 uint32_t nr_digests)
+{
+	char hex[CACHE_HEX_LEN + 1], dig[8 + CACHE_HEX_LEN], name[80];
+	char dir[PATH_MAX];
+	struct json_object *root, *list;
+	const char *text;
+	uint32_t i;
+	int n, ret = -ENOMEM;
+
+	n = snprintf(dir, sizeof(dir), "%s/" CACHE_IMAGES_DIR, cache_dir);
+	if (n < 0 || (size_t)n >= sizeof(dir))
+		return -ENAMETOOLONG;
+	hex_encode(image_digest, BLOB_DIGEST_SIZE, hex);
+	snprintf(name, sizeof(name), "%s.json", hex);
+	root = json_object_new_object();
+	list = json_object_new_array();
+	if (!root || !list) {
+		json_object_put(list);
+		goto out;
+	}
+	snprintf(dig, sizeof(dig), "sha256:%s", hex);
+	if (json_object_object_add(root, "ref",
+				   json_object_new_string(ref ? ref : "")) ||
+	    json_object_object_add(root, "digest",
+				   json_object_new_string(dig))) {
+		json_object_put(list);
+		goto out;
+	}
+	if (json_object_object_add(root, "blobs", list))
+		goto out_list;
+	for (i = 0; i < nr_digests; i++) {
+		hex_encode(digests[i], BLOB_DIGEST_SIZE, hex);
+		snprintf(dig, sizeof(dig), "sha256:%s", hex);
+		if (json_object_array_add(list, json_object_new_string(dig)))
+			goto out;
+	}
+	if (json_object_object_add(root, "updated",
+				   json_object_new_int64((int64_t)time(NULL))))
+		goto out;
+	text = json_object_to_json_string_ext(root, JSON_C_TO_STRING_PRETTY |
+						    JSON_C_TO_STRING_NOSLASHESCAPE);
+	if (!text)
+		goto out;
+	ret = cache_mkdirs(cache_dir, CACHE_IMAGES_DIR);
+	if (!ret)
+		ret = write_file_atomic(dir, name, text, strlen(text), 0644);
+	goto out;
+out_list:
+	json_object_put(list);
+out:
+	json_object_put(root);
+	return ret;
+}
+
+int blob_cache_forget_image(const char *cache_dir,
+			    const uint8_t *image_digest)
+{
+	char dir[PATH_MAX], path[PATH_MAX], hex[CACHE_HEX_LEN + 1];
+	struct dirent *de;
+	DIR *d;
+	int n, ret = 0;
+
+	n = snprintf(dir, sizeof(dir), "%s/" CACHE_IMAGES_DIR, cache_dir);
+	if (n < 0 || (size_t)n >= sizeof(dir))
+		return -ENAMETOOLONG;
+	if (image_digest) {
+		hex_encode(image_digest, BLOB_DIGEST_SIZE, hex);
+		if (path_join(path, dir, hex, ".json"))
+			return -ENAMETOOLONG;
+		if (unlink(path)) {
+			ret = -errno;
+			ferry_err("chunk cache: cannot forget image sha256:%s (%s): %s",
+				  hex, path, ferry_strerror(ret));
+			return ret;
+		}
+		return cache_fsync_dir(dir);
+	}
+	ret = open_dir(dir, &d);
+	if (ret || !d)
+		return ret;
+	while ((errno = 0, de = readdir(d))) {
+		uint8_t digest[BLOB_DIGEST_SIZE];
+
+		if (name_digest(de->d_name, ".json", digest))
+			continue;
+		if (path_join(path, dir, de->d_name, ""))
+			continue;
+		ret = remove_file(path, true);
+		if (ret)
+			break;
+	}
+	if (!ret && errno) {
+		ret = -errno;
+		ferry_err("chunk cache: reading %s: %s", dir,
+			  ferry_strerror(ret));
+	}
+	closedir(d);
+	return ret ? ret : cache_fsync_dir(dir);
+}
+
+/* ------------------------------------------------------------------ */
+/* Listing and gc                                                      */
+/* ------------------------------------------------------------------ */
+
+/* A blob seen in DIR/blobs/sha256. */
+struct cache_file {
+	uint8_t digest[BLOB_DIGEST_SIZE];
+	bool map, data;
+};
+
+struct cache_scan {
+	struct cache_file *f;
+	uint32_t nr;
+	size_t cap;
+	char **tmp; /* temporary files (names) */
+	uint32_t nr_tmp;
+	size_t tmp_cap;
+};
+
+static void scan_free(struct cache_scan *s)
+{
+	uint32_t i;
+
+	for (i = 0; i < s->nr_tmp; i++)
+		free(s->tmp[i]);
+	free(s->tmp);
+	free(s->f);
+	memset(s, 0, sizeof(*s));
+}
+
+static int file_cmp(const void *a, const void *b)
+{
+	return memcmp(((const struct cache_file *)a)->digest,
+		      ((const struct cache_file *)b)->digest, BLOB_DIGEST_SIZE);
+}
+
+static int scan_add_tmp(struct cache_scan *s, const char *name)
+{
+	if (array_reserve(&s->tmp, &s->tmp_cap, s->nr_tmp + 1, sizeof(*s->tmp), 8))
+		return -ENOMEM;
+	s->tmp[s->nr_tmp] = strdup(name);
+	if (!s->tmp[s->nr_tmp])
+		return -ENOMEM;
+	s->nr_tmp++;
+	return 0;
+}
+
+/*
+ * The blobs (map and/or data file) and temporary files in @dir, sorted by
+ * digest; other names are reported and left alone. Missing dir: empty.
+ */
+static int scan_blobs(const char *dir, struct cache_scan *s)
+{
+	struct dirent *de;
+	uint32_t i, j;
+	DIR *d;
+	int ret = 0;
+
+	memset(s, 0, sizeof(*s));
+	ret = open_dir(dir, &d);
+	if (ret || !d)
+		return ret;
+	while ((errno = 0, de = readdir(d))) {
+		struct cache_file cf = { .map = true };
+
+		if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+			continue;
+		if (!strncmp(de->d_name, ATOMIC_TMP_PREFIX,
+			     strlen(ATOMIC_TMP_PREFIX))) {
+			ret = scan_add_tmp(s, de->d_name);
+			if (ret)
+				break;
+			continue;
+		}
+		if (name_digest(de->d_name, ".map", cf.digest)) {
+			cf.map = false;
+			cf.data = true;
+			if (name_digest(de->d_name, ".data", cf.digest)) {
+				ferry_warn("chunk cache: %s/%s: unexpected file, ignored",
+					   dir, de->d_name);
+				continue;
+			}
+		}
+		ret = array_reserve(&s->f, &s->cap, s->nr + 1, sizeof(*s->f),
+				    16);
+		if (ret)
+			break;
+		s->f[s->nr++] = cf;
+	}
+	if (!ret && errno) {
+		ret = -errno;
+		ferry_err("chunk cache: reading %s: %s", dir,
+			  ferry_strerror(ret));
+	}
+	closedir(d);
+	if (ret) {
+		scan_free(s);
+		return ret;
+	}
+	/* Merge the .map and .data entries of each blob. */
+	if (s->nr)
+		qsort(s->f, s->nr, sizeof(*s->f), file_cmp);
+	for (i = 0, j = 0; i < s->nr; i++) {
+		if (j && !file_cmp(&s->f[j - 1], &s->f[i])) {
+			s->f[j - 1].map |= s->f[i].map;
+			s->f[j - 1].data |= s->f[i].data;
+		} else {
+			s->f[j++] = s->f[i];
+		}
+	}
+	s->nr = j;
+	return 0;
+}
+
+/* Allocated bytes of @path, 0 when it does not exist. */
+static uint64_t disk_bytes(const char *path)
+{
+	struct stat st;
+
+	if (lstat(path, &st))
+		return 0;
+	return (uint64_t)st.st_blocks * 512;
+}
+
+/*
+ * Fill @e from the map file @path: header fields, present chunks and
+ * whether another handle holds it. A damaged map is reported and its
+ * fields left zero.
+ */
+static int list_map(const char *path, struct blob_cache_entry *e)
+{
+	uint8_t h[CACHE_MAP_HEADER_SIZE], buf[65536];
+	struct cache_map_header mh;
+	const char *why = "map file has the wrong size";
+	struct stat st;
+	uint64_t off, end;
+	int fd, ret;
+
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0) {
+		ret = -errno;
+		if (ret == -ENOENT)
+			return 0; /* removed meanwhile */
+		ferry_err("chunk cache: cannot open %s: %s", path,
+			  ferry_strerror(ret));
+		return ret;
+	}
+	ret = cache_flock(fd, LOCK_EX | LOCK_NB);
+	if (ret == -EWOULDBLOCK)
+		e->in_use = true;
+	else if (ret)
+		goto out;
+	else
+		flock(fd, LOCK_UN);
+	if (fstat(fd, &st)) {
+		ret = -errno;
+		goto out;
+	}
+	ret = 0;
+	if ((uint64_t)st.st_size < CACHE_MAP_HEADER_SIZE ||
+	    pread_full(fd, h, sizeof(h), 0) ||
+	    cache_map_header_decode(h, &mh, &why) ||
+	    (uint64_t)st.st_size != CACHE_MAP_HEADER_SIZE +
+					    (uint64_t)mh.nr_chunks) {
+		ferry_warn("chunk cache: %s: %s", path, why);
+		goto out;
+	}
+	e->nr_chunks = mh.nr_chunks;
+	e->uncompressed_size = mh.uncompressed_size;
+	end = (uint64_t)st.st_size;
+	for (off = CACHE_MAP_HEADER_SIZE; off < end;) {
+		size_t n = (size_t)MIN((uint64_t)sizeof(buf), end - off), i;
+
+		ret = pread_full(fd, buf, n, off);
+		if (ret)
+			break;
+		for (i = 0; i < n; i++)
+			e->chunks_present += buf[i] == CACHE_STATE_PRESENT;
+		off += n;
+	}
+out:
+	if (ret)
+		ferry_err("chunk cache: reading %s: %s", path,
+			  ferry_strerror(ret));
+	close(fd);
+	return ret;
+}
+
+int blob_cache_list(const char *cache_dir, struct blob_cache_list *out)
+{
+	struct cache_records rs;
+	struct cache_scan s;
+	char dir[PATH_MAX], path[PATH_MAX], hex[CACHE_HEX_LEN + 1];
+	uint32_t i;
+	int n, ret;
+
+	memset(out, 0, sizeof(*out));
+	n = snprintf(dir, sizeof(dir), "%s/" CACHE_BLOBS_DIR, cache_dir);
+	if (n < 0 || (size_t)n >= sizeof(dir))
+		return -ENAMETOOLONG;
+	ret = records_read(cache_dir, &rs);
+	if (ret)
+		return ret;
+	ret = scan_blobs(dir, &s);
+	if (ret)
+		goto out;
+	out->blobs = calloc(MAX(s.nr, 1u), sizeof(*out->blobs));
+	out->images = calloc(MAX(rs.nr, 1u), sizeof(*out->images));
+	if (!out->blobs || !out->images) {
+		ret = -ENOMEM;
+		goto out;
+	}
+	for (i = 0; i < s.nr; i++) {
+		struct blob_cache_entry *e = &out->blobs[out->nr_blobs++];
+
+		memcpy(e->digest, s.f[i].digest, BLOB_DIGEST_SIZE);
+		hex_encode(e->digest, BLOB_DIGEST_SIZE, hex);
+		if (path_join(path, dir, hex, ".data")) {
+			ret = -ENAMETOOLONG;
+			goto out;
+		}
+		e->disk_bytes = disk_bytes(path);
+		if (path_join(path, dir, hex, ".map")) {
+			ret = -ENAMETOOLONG;
+			goto out;
+		}
+		e->disk_bytes += disk_bytes(path);
+		e->nr_images = records_naming(&rs, e->digest);
+		if (s.f[i].map) {
+			ret = list_map(path, e);
+			if (ret)
+				goto out;
+		}
+	}
+	for (i = 0; i < rs.nr; i++) {
+		struct blob_cache_image *im = &out->images[out->nr_images++];
+
+		memcpy(im->digest, rs.r[i].digest, BLOB_DIGEST_SIZE);
+		im->nr_blobs = rs.r[i].nr_blobs;
+		im->ref = rs.r[i].ref;
+		rs.r[i].ref = NULL;
+	}
+out:
+	scan_free(&s);
+	records_free(&rs);
+	if (ret)
+		blob_cache_list_free(out);
+	return ret;
+}
+
+void blob_cache_list_free(struct blob_cache_list *l)
+{
+	uint32_t i;
+
+	for (i = 0; i < l->nr_images; i++)
+		free(l->images[i].ref);
+	free(l->images);
+	free(l->blobs);
+	memset(l, 0, sizeof(*l));
+}
+
+/*
+ * Remove the blob @hex, unless it is in use. Its map is locked LOCK_EX
+ * while both files are unlinked, so an opener waiting for the map sees
+ * it gone and starts afresh. Returns 1 when removed, 0 when skipped.
+ */
+static int gc_blob(const char *dir, const char *hex, uint64_t *freed)
+{
+	char map[PATH_MAX], data[PATH_MAX];
+	struct stat st;
+	uint64_t bytes;
+	int fd, ret;
+
+	if (path_join(map, dir, hex, ".map") ||
+	    path_join(data, dir, hex, ".data"))
+		return -ENAMETOOLONG;
+	fd = open(map, O_RDONLY | O_CLOEXEC);
+	if (fd < 0) {
+		if (errno == ENOENT)
+			return 0;
+		ret = -errno;
+		ferry_err("chunk cache: cannot open %s: %s", map,
+			  ferry_strerror(ret));
+		return ret;
+	}
+	ret = cache_flock(fd, LOCK_EX | LOCK_NB);
+	if (ret == -EWOULDBLOCK) {
+		ferry_dbg("chunk cache: %s is in use; kept", map);
+		ret = 0;
+		goto out;
+	}
+	if (ret || fstat(fd, &st)) {
+		ret = ret ? ret : -errno;
+		ferry_err("chunk cache: %s: %s", map, ferry_strerror(ret));
+		goto out;
+	}
+	if (!st.st_nlink)
+		goto out; /* replaced meanwhile */
+	bytes = disk_bytes(data) + (uint64_t)st.st_blocks * 512;
+	ret = remove_file(data, true);
+	if (ret)
+		goto out;
+	ret = remove_file(map, false);
+	if (ret)
+		goto out;
+	*freed += bytes;
+	ret = 1;
+out:
+	close(fd);
+	return ret;
+}
+
+static bool older_than(const struct stat *st, time_t age)
+{
+	return st->st_mtime + age < time(NULL);
+}
+
+/*
+ * A data file without a map: a creator's in progress (it holds LOCK_EX on
+ * the data file and is quick) or a leftover. Removed once old and idle.
+ */
+static int gc_orphan(const char *dir, const char *hex, uint64_t *freed)
+{
+	char map[PATH_MAX], data[PATH_MAX];
+	struct stat st;
+	int fd, ret = 0;
+
+	if (path_join(map, dir, hex, ".map") ||
+	    path_join(data, dir, hex, ".data"))
+		return -ENAMETOOLONG;
+	fd = open(data, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return errno == ENOENT ? 0 : -errno;
+	if (cache_flock(fd, LOCK_EX | LOCK_NB) || fstat(fd, &st) ||
+	    !st.st_nlink || !older_than(&st, CACHE_TMP_AGE_S) ||
+	    !lstat(map, &st) || errno != ENOENT)
+		goto out;
+	if (fstat(fd, &st)) {
+		ret = -errno;
+		goto out;
+	}
+	ret = remove_file(data, false);
+	if (ret)
+		goto out;
+	*freed += (uint64_t)st.st_blocks * 512;
+	ret = 1;
+out:
+	close(fd);
+	return ret;
+}
+
+/* Remove the old temporary files @names of @dir. */
+static int gc_tmp(const char *dir, char *const *names, uint32_t nr,
+		  uint64_t *freed)
+{
+	char path[PATH_MAX];
+	struct stat st;
+	uint32_t i;
+	int ret = 0;
+
+	for (i = 0; i < nr; i++) {
+		if (path_join(path, dir, names[i], ""))
+			continue;
+		if (lstat(path, &st) || !S_ISREG(st.st_mode) ||
+		    !older_than(&st, CACHE_TMP_AGE_S))
+			continue;
+		ret = remove_file(path, true);
+		if (ret)
+			continue;
+		*freed += (uint64_t)st.st_blocks * 512;
+	}
+	return ret;
+}
+
+/* The temporary files of DIR/images. */
+static int scan_image_tmp(const char *dir, struct cache_scan *s)
+{
+	struct dirent *de;
+	DIR *d;
+	int ret = 0;
+
+	memset(s, 0, sizeof(*s));
+	ret = open_dir(dir, &d);
+	if (ret || !d)
+		return ret;
+	while ((de = readdir(d))) {
+		if (strncmp(de->d_name, ATOMIC_TMP_PREFIX,
+			    strlen(ATOMIC_TMP_PREFIX)))
+			continue;
+		ret = scan_add_tmp(s, de->d_name);
+		if (ret)
+			break;
+	}
+	closedir(d);
+	return ret;
+}
+
+int blob_cache_gc(const char *cache_dir, uint64_t *freed, uint32_t *removed)
+{
+	char dir[PATH_MAX], idir[PATH_MAX], hex[CACHE_HEX_LEN + 1];
+	struct cache_records rs;
+	struct cache_scan s, is = { 0 };
+	uint64_t bytes = 0;
+	uint32_t i, nr = 0;
+	int n, ret, err = 0;
+
+	n = snprintf(dir, sizeof(dir), "%s/" CACHE_BLOBS_DIR, cache_dir);
+	if (n < 0 || (size_t)n >= sizeof(dir))
+		return -ENAMETOOLONG;
+	if (path_join(idir, cache_dir, CACHE_IMAGES_DIR, ""))
+		return -ENAMETOOLONG;
+	ret = records_read(cache_dir, &rs);
+	if (ret)
+		return ret;
+	ret = scan_blobs(dir, &s);
+	if (ret)
+		goto out;
+	for (i = 0; i < s.nr; i++) {
+		if (records_naming(&rs, s.f[i].digest))
+			continue;
+		hex_encode(s.f[i].digest, BLOB_DIGEST_SIZE, hex);
+		ret = s.f[i].map ? gc_blob(dir, hex, &bytes) :
+				   gc_orphan(dir, hex, &bytes);
+		if (ret > 0)
+			nr++;
+		else if (ret < 0 && !err)
+			err = ret;
+	}
+	ret = gc_tmp(dir, s.tmp, s.nr_tmp, &bytes);
+	if (ret && !err)
+		err = ret;
+	ret = scan_image_tmp(idir, &is);
+	if (!ret)
+		ret = gc_tmp(idir, is.tmp, is.nr_tmp, &bytes);
+	if (ret && !err)
+		err = ret;
+	if (nr) {
+		ret = cache_fsync_dir(dir);
+		if (ret && !err)
+			err = ret;
+	}
+	ret = err;
+out:
+	scan_free(&is);
+	scan_free(&s);
+	records_free(&rs);
+	if (freed)
+		*freed = bytes;
+	if (removed)
+		*removed = nr;
+	return ret;
+}

@@ -1,0 +1,423 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * pkg-image: ferry images and where they live. An image is a bootstrap
+ * (EROFS metadata, pkg-meta) whose extension payload holds the blob index
+ * (pkg-blob) and an optional prefetch list, plus one chunk blob per device.
+ * This module owns everything that knows how images are stored and named:
+ *
+ *  - references: dir:PATH, tar:PATH, oci:PATH[:TAG],
+ *    docker://HOST[:PORT]/REPO[:TAG|@DIGEST] and bare paths, parsed here
+ *    and nowhere else;
+ *  - opening an image: its index (ferry.json or an OCI manifest) → the
+ *    digest-checked bootstrap → one blob_source per blob (a local file, or
+ *    registry Range requests through pkg-fetch);
+ *  - ferry check, copying blobs, OCI layouts (read and written), registry
+ *    manifests and push;
+ *  - writing images (image_out): pkg-convert produces the bootstrap bytes
+ *    and blob files, this module lays them out as dir:, oci: or docker://
+ *    images, so that readers and the writer share one description;
+ *  - the prefetch list (its text form and its bootstrap section);
+ *  - an image's blobs in the chunk cache (image_cache, for lazy mounts)
+ *    and the local kernel mount.
+ *
+ * It never converts: pkg-convert builds on it, ferryd serves through it.
+ *
+ * Ownership: what a function allocates into an out-parameter is freed by
+ * the matching *_free / *_close; strings passed in are copied when kept,
+ * except where a comment says "borrowed".
+ *
+ * Errors: 0 or a negative errno, logged naming the image, file or blob:
+ *   -EINVAL       a malformed reference or argument
+ *   -ENOENT       the image, layout, tag, platform or file does not exist
+ *   -EFSCORRUPTED an index, manifest, bootstrap, blob or list that does
+ *                 not match its digest or size, or does not parse
+ *   -EIO          an I/O error, or a chunk that failed to verify
+ * and pkg-fetch's errors for docker:// images.
+ *
+ * Thread-safety: an open struct image is read-only after image_open and
+ * its blob sources may be read from several threads; setting a blob
+ * source up (image_blob_source) and everything else belong to one thread
+ * at a time, except where a comment (image_cache) says otherwise.
+ */
+#ifndef FERRY_IMAGE_H
+#define FERRY_IMAGE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "../pkg-blob/blob.h"
+#include "../pkg-fetch/fetch.h"
+#include "../pkg-meta/meta.h"
+
+/* ------------------------------------------------------------------ */
+/* Media types and limits (docs/FORMAT.md)                             */
+/* ------------------------------------------------------------------ */
+
+/* OCI manifest and index types: FETCH_OCI_* / FETCH_DOCKER_* (fetch.h). */
+#define OCI_CONFIG_TYPE "application/vnd.oci.image.config.v1+json"
+#define OCI_REF_NAME_ANNOTATION "org.opencontainers.image.ref.name"
+#define FERRY_BLOB_MEDIA_TYPE "application/vnd.ferry.blob.v1"
+/* In OCI layouts the bootstrap is stored as one zstd frame: it is always
+ * fetched whole before use, and compressing it saves ~70% of its bytes. */
+#define FERRY_BOOTSTRAP_MEDIA_TYPE "application/vnd.ferry.bootstrap.v1.erofs+zstd"
+#define FERRY_BOOTSTRAP_DIGEST_ANNOTATION "dev.ferry.bootstrap.uncompressed-digest"
+#define FERRY_BOOTSTRAP_MAX (1ull << 30) /* larger bootstraps are refused */
+#define OCI_JSON_MAX (4u << 20) /* larger manifests, indexes, configs are refused */
+
+/* ------------------------------------------------------------------ */
+/* References (ref.c)                                                  */
+/* ------------------------------------------------------------------ */
+
+enum image_transport {
+	IMAGE_DIR,    /* dir:PATH: a ferry image directory, or a tree to convert */
+	IMAGE_TAR,    /* tar:PATH: an archive to convert */
+	IMAGE_OCI,    /* oci:PATH[:TAG]: an OCI image layout */
+	IMAGE_DOCKER, /* docker://HOST[:PORT]/REPO[:TAG|@DIGEST]: a registry */
+};
+
+/* image_ref_parse's @accept: a bit per transport, and bare paths. */
+#define IMAGE_ACCEPT(t) (1u << (t))
+#define IMAGE_ACCEPT_BARE (1u << 8) /* a path without a transport is dir: */
+/* What images (as opposed to conversion sources) may be. */
+#define IMAGE_ACCEPT_IMAGE (IMAGE_ACCEPT(IMAGE_DIR) | IMAGE_ACCEPT(IMAGE_OCI) | \
+			    IMAGE_ACCEPT(IMAGE_DOCKER) | IMAGE_ACCEPT_BARE)
+
+struct image_ref {
+	enum image_transport transport;
+	/* dir:, tar:, oci: the path; docker: "HOST[:PORT]/REPO[:TAG|@DIGEST]",
+	 * which fetch_parse_ref checks when the registry is opened. */
+	char *path;
+	char *tag; /* oci: the tag, or NULL (the layout's only image) */
+};
+
+/*
+ * Parse @s into @out. oci:PATH:TAG splits at the last ':' unless what
+ * follows it contains a '/' (then it is part of PATH). A bare path is
+ * dir: only with IMAGE_ACCEPT_BARE, and only when it has no ':' or starts
+ * with '/' or '.'. A transport outside @accept, an empty path, or
+ * "docker:" without "//" is -EINVAL, logged as "@what \"@s\": expected …"
+ * unless @what is NULL.
+ */
+int image_ref_parse(const char *s, unsigned int accept, const char *what,
+		    struct image_ref *out);
+void image_ref_free(struct image_ref *ref);
+
+/*
+ * @s with a dir:, oci: or bare path made absolute (path_absolute; a bare
+ * path gains "dir:"), for a process with another working directory
+ * (ferryd works in "/"). docker:// references and strings image_open
+ * would refuse are copied unchanged (image_open names the problem).
+ */
+int image_ref_absolute(const char *s, char **out);
+
+/* ------------------------------------------------------------------ */
+/* Opening an image (image.c)                                          */
+/* ------------------------------------------------------------------ */
+
+/*
+ * An open image: dir:OUT (OUT/bootstrap, OUT/blobs/sha256/<hex>,
+ * OUT/ferry.json), oci:PATH[:TAG] or docker://REF (docs/FORMAT.md).
+ * image_open reads the index, loads and verifies the bootstrap, opens it
+ * with pkg-meta and decodes its blob index, checking that the device
+ * table, the blob index and the image index agree. Blob bytes stay where
+ * they are (local file or registry) until read.
+ */
+struct image;
+struct registry;
+
+/* Where the bytes of one blob come from (image_blob_source). */
+struct image_blob {
+	struct image *img;
+	uint32_t index;
+	int fd; /* local blob file, opened on first use; -1 */
+};
+
+struct image {
+	char *ref;            /* as given, for messages */
+	char *dir;            /* OUT or PATH; NULL for a registry image */
+	struct registry *remote; /* docker: the repository's client */
+	char *bootstrap_path;    /* raw EROFS file; NULL until needed for oci:/docker: */
+	uint8_t *bootstrap;      /* the bootstrap's bytes (verified) */
+	size_t bootstrap_len;
+	uint8_t bootstrap_digest[BLOB_DIGEST_SIZE]; /* of the raw bytes */
+	/* The manifest's digest (oci:, docker:) or the bootstrap's (dir:). */
+	uint8_t image_digest[BLOB_DIGEST_SIZE];
+	struct meta_image *meta;
+	struct blob_index blobs; /* blob i is device_id i + 1 */
+	char **blob_paths;       /* local blob files; NULL entries for docker: */
+	struct image_blob *blob_srcs;
+	uint32_t chunk_size;
+	char compression[32];
+	char **prefetch;      /* the embedded prefetch list ("/a/b"), or NULL */
+	uint32_t nr_prefetch;
+};
+
+struct image_opts {
+	const struct fetch_opts *fetch; /* docker: client options; NULL = defaults */
+	const char *platform;           /* image indexes; NULL = the host's */
+};
+
+/* @ref: dir:, oci:, docker:// or a bare path; @opts may be NULL. */
+int image_open(const char *ref, const struct image_opts *opts,
+	       struct image **out);
+void image_close(struct image *img);
+
+/*
+ * A blob_source over blob @index's file bytes: pread on the local file, or
+ * one registry Range request per read. Not thread-safe to set up; the
+ * source itself may be used from several threads.
+ */
+int image_blob_source(struct image *img, uint32_t index, struct blob_source *src);
+/* "PATH" or "HOST/REPO@sha256:HEX", for messages. */
+void image_blob_name(const struct image *img, uint32_t index, char *buf,
+		     size_t len);
+/*
+ * Put blob @index into @dir/blobs/sha256 (an OCI layout or a dir: image):
+ * hardlinked or copied from a local image, streamed from a registry.
+ */
+int image_copy_blob(struct image *img, uint32_t index, const char *dir);
+
+/*
+ * Set img->bootstrap_path to a raw bootstrap file the kernel can mount:
+ * the image's own (dir:), else CACHE/bootstraps/<sha256>, written once.
+ */
+int image_bootstrap_file(struct image *img, const char *cache_dir);
+
+/* ------------------------------------------------------------------ */
+/* ferry check (check.c)                                               */
+/* ------------------------------------------------------------------ */
+
+struct image_check_report {
+	uint64_t inodes, chunks, bytes_verified;
+	int error; /* first error, 0 when the image is intact */
+};
+
+/*
+ * Walk every inode through the reader (validating metadata and that each
+ * chunk index names a chunk of its blob with the right length), then read
+ * every blob front to back (from the registry for docker: images) and
+ * check its table, every chunk's sha256 and the blob digest. Logs the
+ * first problem naming the inode path or the blob and chunk.
+ */
+int image_check(struct image *img, struct image_check_report *report);
+
+/* ------------------------------------------------------------------ */
+/* Prefetch lists (prefetch.c, docs/FORMAT.md 2.5)                     */
+/* ------------------------------------------------------------------ */
+
+#define IMAGE_PREFETCH_MAX_PATHS 65536u
+#define IMAGE_PREFETCH_PATH_MAX 4096u
+
+/*
+ * Read a prefetch list: one path per line, surrounding blanks trimmed,
+ * blank lines and '#' comments skipped, each path normalised to "/a/b"
+ * (".." refused), at most IMAGE_PREFETCH_MAX_PATHS. -EINVAL, -E2BIG or
+ * -errno with a message naming the file and line.
+ */
+int image_prefetch_list_load(const char *file, char ***paths, uint32_t *nr);
+void image_prefetch_list_free(char **paths, uint32_t nr);
+
+/*
+ * The bootstrap's extension payload: the blob index of @blobs (device
+ * order), then the prefetch list when @nr_prefetch > 0. image_open
+ * decodes it. *@ext is malloc'ed.
+ */
+int image_ext_encode(const struct blob_info *blobs, uint32_t nr_blobs,
+		     char *const *prefetch, uint32_t nr_prefetch, void **ext,
+		     size_t *ext_len);
+
+/* ------------------------------------------------------------------ */
+/* OCI images as conversion sources (oci.c, remote.c)                  */
+/* ------------------------------------------------------------------ */
+
+struct json_object;
+
+struct oci_descriptor {
+	uint8_t digest[32]; /* sha256 */
+	uint64_t size;
+	char media_type[128];
+};
+
+/* One image manifest, resolved; its layer blobs are not read. */
+struct oci_image {
+	char *layout;                   /* PATH; NULL for a registry image */
+	struct registry *remote;        /* docker: the repository's client */
+	char *where;                    /* PATH or host/repo, for messages */
+	struct json_object *manifest;   /* the image manifest, parsed */
+	struct oci_descriptor manifest_desc;
+	struct oci_descriptor config;
+	uint8_t *config_data;           /* the config's bytes (checked) */
+	size_t config_len;
+	struct oci_descriptor *layers;  /* in manifest order */
+	uint32_t nr_layers;
+};
+
+/*
+ * Resolve an oci: or docker: reference to one image manifest, choosing
+ * @platform ("os/arch[/variant]", NULL = the host's) from image indexes.
+ * Manifests, indexes and the config are digest- and size-checked. A
+ * registry image keeps img->remote open for reading its blobs.
+ */
+int oci_image_open(const struct image_ref *ref, const char *platform,
+		   const struct fetch_opts *fopts, struct oci_image *img);
+void oci_image_free(struct oci_image *img);
+/* PATH/blobs/sha256/<hex> (allocated). */
+int oci_blob_path(const char *layout, const uint8_t digest[32], char **out);
+
+/* ------------------------------------------------------------------ */
+/* Writing an image (write.c)                                          */
+/* ------------------------------------------------------------------ */
+
+/*
+ * A destination being written: dir:PATH, oci:PATH[:TAG] (default tag
+ * "latest") or docker://HOST[:PORT]/REPO[:TAG], the last through a
+ * staging OCI layout in $TMPDIR (default /var/tmp) that is pushed and
+ * removed. The writer of the blob files (pkg-convert) puts them into
+ * image_out_blobs_dir, each named by its sha256 hex.
+ */
+struct image_out;
+
+/* Create the directories (and oci-layout) the destination needs. */
+int image_out_open(const struct image_ref *dest, struct image_out **out);
+/* The directory the image is laid out in: PATH, or the staging layout. */
+const char *image_out_dir(const struct image_out *o);
+/* Its blobs/sha256 (borrowed, valid until image_out_close). */
+const char *image_out_blobs_dir(const struct image_out *o);
+
+struct image_out_blob {
+	const struct blob_info *info; /* borrowed */
+	const char *source_layer;     /* "sha256:…" it was converted from, or NULL */
+	bool from_dict;               /* borrowed from --chunk-dict */
+};
+
+struct image_out_desc {
+	const uint8_t *bootstrap;  /* the raw bootstrap */
+	size_t bootstrap_len;
+	const struct image_out_blob *blobs; /* in device order */
+	uint32_t nr_blobs;
+	uint32_t chunk_size;
+	const char *compression;   /* "zstd:3", as blob_compress_parse takes */
+	/* The OCI image converted: its config is kept and it is named in
+	 * annotations; NULL: a minimal config for the host's platform. */
+	const struct oci_image *source;
+	const struct fetch_opts *fetch;   /* docker: push; NULL = defaults */
+	struct ferry_progress *progress;  /* docker: push */
+};
+
+/*
+ * Write the bootstrap and the index naming the blobs: dir: bootstrap and
+ * ferry.json; oci: the zstd-compressed bootstrap blob, the config, the
+ * manifest, and the tag in index.json; docker: that, then push every blob
+ * the registry lacks and the manifest under the tag. The manifest's
+ * digest and size (oci:, docker:) go to @manifest_digest / @manifest_size.
+ */
+int image_out_finish(struct image_out *o, const struct image_out_desc *d,
+		     char manifest_digest[DIGEST_STRING_SIZE],
+		     uint64_t *manifest_size);
+/*
+ * Release @o. With @failed, a destination that image_out_open created is
+ * removed with what ferry wrote into it; in one that existed, finished
+ * blobs may be shared with other images (same digest), so they stay.
+ */
+void image_out_close(struct image_out *o, bool failed);
+
+/* ------------------------------------------------------------------ */
+/* Lazy reads through the chunk cache (cache.c)                        */
+/* ------------------------------------------------------------------ */
+
+/*
+ * An image's blobs opened in the chunk cache @cache_dir (the image is
+ * recorded there first, so gc keeps its blobs). Reads make the chunks
+ * they touch present — fetched from the image's blob sources, verified —
+ * and then read the cache data files. Thread-safe, except that prefetch
+ * and image_cache_set_bwlimit belong to one thread at a time. @img must
+ * outlive it.
+ */
+struct image_cache;
+struct ferry_progress;
+int image_cache_open(struct image *img, const char *cache_dir,
+		     struct image_cache **out);
+void image_cache_close(struct image_cache *ic);
+
+/* Blob @index's cache data file: the EROFS device file once complete. */
+const char *image_cache_data_path(const struct image_cache *ic, uint32_t index);
+
+/*
+ * Read up to @len bytes at @off of the regular file @st (from
+ * meta_getattr): bytes read (short at EOF) or -errno; a chunk that fails
+ * to verify is -EIO, logged naming blob and chunk. Holes read as zeros.
+ */
+ssize_t image_cache_read(struct image_cache *ic, const struct meta_stat *st,
+			 uint64_t off, void *buf, size_t len);
+/*
+ * The same from what is already present only: -EAGAIN, with nothing
+ * fetched, where a chunk is missing. Not counted as bytes read (for
+ * speculative reads: ferryd's directory readahead).
+ */
+ssize_t image_cache_read_cached(struct image_cache *ic, const struct meta_stat *st,
+				uint64_t off, void *buf, size_t len);
+
+/* A piece of a file: @len bytes at @off of cache data file @fd, or zeros (@fd -1). */
+struct image_extent {
+	int fd;
+	uint64_t off;
+	size_t len;
+};
+
+/*
+ * For zero-copy replies: make the chunks behind up to @len bytes at @off of
+ * the chunk-based regular file @st present, and describe where the bytes
+ * are in at most @max extents (contiguous pieces merged), clamped to the
+ * file's size. Returns the number of extents, -E2BIG when more are needed,
+ * -EINVAL for a file without chunks (inline: use image_cache_read), or
+ * -errno as image_cache_read. The descriptors stay valid while @ic is open.
+ */
+ssize_t image_cache_map(struct image_cache *ic, const struct meta_stat *st,
+			uint64_t off, size_t len, struct image_extent *ext,
+			size_t max);
+
+/* Make [@uoff, @uoff + @len) of device @device_id (1-based) present. */
+int image_cache_ensure(struct image_cache *ic, uint32_t device_id,
+		       uint64_t uoff, uint64_t len);
+/*
+ * Without I/O or locks: is [@uoff, @uoff + @len) of device @device_id
+ * known present (false may only mean "ask image_cache_ensure")? Is all
+ * of that blob present?
+ */
+bool image_cache_present(const struct image_cache *ic, uint32_t device_id,
+			 uint64_t uoff, uint64_t len);
+bool image_cache_blob_complete(const struct image_cache *ic, uint32_t device_id);
+
+/*
+ * Prefetch: make every chunk of file @st, or of every blob (with
+ * @progress, may be NULL), present in steps of at most 4 MiB; each step
+ * first waits (up to 200 ms) while demand reads are in flight, and keeps
+ * to the bandwidth limit. Stops early when *@stop becomes true.
+ */
+int image_cache_prefetch_file(struct image_cache *ic, const struct meta_stat *st,
+			      const volatile bool *stop);
+int image_cache_prefetch_blobs(struct image_cache *ic,
+			       struct ferry_progress *progress,
+			       const volatile bool *stop);
+/* Prefetch bytes per second (uncompressed), 0 = unlimited. */
+void image_cache_set_bwlimit(struct image_cache *ic, uint64_t bytes_per_sec);
+
+struct image_cache_stats {
+	uint64_t bytes_read;       /* file bytes served by image_cache_read */
+	uint64_t bytes_fetched;    /* compressed bytes read from the sources */
+	uint64_t bytes_prefetched; /* uncompressed bytes made present by prefetch */
+	uint64_t chunks_present, chunks_total, bytes_present;
+};
+void image_cache_get_stats(struct image_cache *ic, struct image_cache_stats *s);
+
+/*
+ * Open the image in the chunk cache @cache_dir, make every chunk of every
+ * blob present, then mount the bootstrap on @target with the kernel, one
+ * device= per blob naming its complete cache data file.
+ */
+int image_mount_local(struct image *img, const char *cache_dir,
+		      const char *target);
+
+#endif

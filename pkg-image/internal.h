@@ -1,0 +1,92 @@
+/* SPDX-License-Identifier: MIT */
+/* Internal to pkg-image. */
+#ifndef FERRY_IMAGE_INTERNAL_H
+#define FERRY_IMAGE_INTERNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../pkg-base/base.h"
+#include "image.h"
+
+/* ------------------------------------------------------------------ */
+/* The bootstrap's prefetch section (prefetch.c), after the blob index */
+/* ------------------------------------------------------------------ */
+
+int prefetch_section_encode(char *const *paths, uint32_t nr, uint8_t **buf,
+			    size_t *len);
+int prefetch_section_decode(const void *buf, size_t len, char ***paths,
+			    uint32_t *nr);
+
+/* ------------------------------------------------------------------ */
+/* OCI image layouts (oci.c) and registries (remote.c)                 */
+/* ------------------------------------------------------------------ */
+
+/* Where manifests, indexes and configs come from. */
+struct oci_loader {
+	/*
+	 * The bytes of @d (a manifest or index when @manifest, else a
+	 * config), at most OCI_JSON_MAX, checked against its size and digest.
+	 */
+	int (*load)(void *ctx, const struct oci_descriptor *d, bool manifest,
+		    uint8_t **data, size_t *len);
+	void *ctx;
+};
+
+/* A loader over the blobs of the layout @ctx (a PATH string). */
+int oci_layout_load(void *ctx, const struct oci_descriptor *d, bool manifest,
+		    uint8_t **data, size_t *len);
+
+/*
+ * From the manifest or index @top, follow indexes (choosing @platform, NULL
+ * = the host's) to one image manifest; load its config and layer list
+ * into @img (whose where is set).
+ */
+int oci_image_resolve(struct oci_image *img, const struct oci_descriptor *top,
+		      const char *platform, const struct oci_loader *l);
+
+/* The host's platform as "os/arch[/variant]". */
+int oci_host_platform(char *out, size_t len);
+
+/* The layout @path: index.json's image tagged @tag (NULL: its only one). */
+int oci_layout_open(const char *path, const char *tag, const char *platform,
+		    struct oci_image *img);
+/*
+ * The same for "HOST[:PORT]/REPO[:TAG|@DIGEST]" in a registry (remote.c);
+ * img->remote stays open for reading blobs.
+ */
+int oci_remote_open(const char *ref, const char *platform,
+		    const struct fetch_opts *fopts, struct oci_image *img);
+/*
+ * Push the image whose manifest is blob @manifest_digest of @layout to
+ * @dest ("HOST[:PORT]/REPO[:TAG]"): every layer and the config (skipping
+ * blobs the registry has), then the manifest under the tag.
+ */
+int oci_push(const char *layout, const uint8_t manifest_digest[32],
+	     uint64_t manifest_size, const char *dest,
+	     const struct fetch_opts *fopts, struct ferry_progress *progress);
+
+/* A descriptor's annotation @key, or NULL. */
+const char *oci_annotation(struct json_object *desc, const char *key);
+
+/* Create PATH/blobs/sha256 and oci-layout if missing. */
+int oci_layout_init(const char *layout);
+/* Store @data as a blob of @layout; its digest goes to @digest. */
+int oci_put_blob(const char *layout, const void *data, size_t len,
+		 uint8_t digest[32]);
+/* Hardlink (or copy) the file @src_path into @layout as blob @digest. */
+int oci_link_blob(const char *src_path, const char *layout,
+		  const uint8_t digest[32]);
+/* Point index.json's @tag at the manifest blob @digest. */
+int oci_tag_manifest(const char *layout, const char *tag,
+		     const uint8_t digest[32], uint64_t size,
+		     const char *media_type);
+/*
+ * Remove what ferry writes into a layout or dir: image (the blob files,
+ * index.json, oci-layout, bootstrap, ferry.json) and then the directory:
+ * 0, or -errno when something else kept it.
+ */
+int image_dir_remove(const char *dir);
+
+#endif

@@ -1,0 +1,410 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Writing images: the converter hands over the bootstrap's bytes and its
+ * blobs (already stored in blobs/sha256 under their digests); this file
+ * lays them out as the reader in image.c expects them (docs/FORMAT.md):
+ *
+ *   dir:PATH        PATH/bootstrap (raw EROFS), PATH/ferry.json
+ *   oci:PATH[:TAG]  the bootstrap as one zstd frame, the config (the
+ *                   source image's, or a minimal one), a manifest whose
+ *                   layers are the blobs then the bootstrap, and TAG
+ *                   (default "latest") in index.json
+ *   docker://REF    the oci: image in a staging layout in $TMPDIR, pushed
+ *                   (blobs the registry lacks, then the manifest by tag)
+ *                   and removed
+ *
+ * Every file appears whole (atomic writes); index.json and ferry.json
+ * come last, so a reader never finds an index naming missing blobs.
+ */
+#include <dirent.h>
+#include <json-c/json.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+#include <zstd.h>
+
+#include "internal.h"
+
+/* The bootstrap is small and compressed once: spend CPU on its size. */
+#define BOOTSTRAP_ZSTD_LEVEL 12
+
+struct image_out {
+	enum image_transport transport;
+	char *dir;       /* PATH, or the staging layout */
+	char *blobs_dir; /* dir/blobs/sha256 */
+	char *tag;       /* oci: the tag */
+	char *push_ref;  /* docker: HOST[:PORT]/REPO[:TAG] */
+	bool created;    /* dir did not exist before image_out_open */
+};
+
+/* A new empty layout in $TMPDIR (default /var/tmp). */
+static int staging_create(char **layout)
+{
+	const char *tmp = getenv("TMPDIR");
+	int ret;
+
+	if (asprintf(layout, "%s/ferry-push.XXXXXX", tmp && *tmp ? tmp : "/var/tmp") < 0) {
+		*layout = NULL;
+		return -ENOMEM;
+	}
+	if (!mkdtemp(*layout)) {
+		ret = -errno;
+		ferry_err("%s: cannot create a staging directory: %s", *layout,
+			  strerror(errno));
+		free(*layout);
+		*layout = NULL;
+		return ret;
+	}
+	return 0;
+}
+
+int image_dir_remove(const char *dir)
+{
+	static const char *const files[] = {
+		"index.json", "oci-layout", "bootstrap", "ferry.json",
+	};
+	char *path = NULL;
+	struct dirent *de;
+	DIR *d;
+	size_t i;
+
+	if (asprintf(&path, "%s/blobs/sha256", dir) < 0)
+		return -ENOMEM;
+	d = opendir(path);
+	while (d && (de = readdir(d)))
+		if (strcmp(de->d_name, ".") && strcmp(de->d_name, ".."))
+			unlinkat(dirfd(d), de->d_name, 0);
+	if (d)
+		closedir(d);
+	rmdir(path);
+	*strrchr(path, '/') = '\0';
+	rmdir(path);
+	free(path);
+	for (i = 0; i < ARRAY_SIZE(files); i++) {
+		if (asprintf(&path, "%s/%s", dir, files[i]) < 0)
+			return -ENOMEM;
+		unlink(path);
+		free(path);
+	}
+	return rmdir(dir) ? -errno : 0;
+}
+
+int image_out_open(const struct image_ref *dest, struct image_out **out)
+{
+	struct image_out *o = calloc(1, sizeof(*o));
+	int ret;
+
+	if (!o)
+		return -ENOMEM;
+	o->transport = dest->transport;
+	switch (dest->transport) {
+	case IMAGE_DIR:
+	case IMAGE_OCI:
+		o->dir = strdup(dest->path);
+		ret = o->dir ? 0 : -ENOMEM;
+		if (!ret && dest->tag && !(o->tag = strdup(dest->tag)))
+			ret = -ENOMEM;
+		break;
+	case IMAGE_DOCKER:
+		/* Converted into a staging layout, then pushed from there. */
+		o->push_ref = strdup(dest->path);
+		ret = o->push_ref ? staging_create(&o->dir) : -ENOMEM;
+		o->transport = IMAGE_OCI;
+		break;
+	default:
+		ferry_err("%s: not a destination transport", dest->path);
+		ret = -EINVAL;
+		break;
+	}
+	if (!ret && asprintf(&o->blobs_dir, "%s/blobs/sha256", o->dir) < 0) {
+		o->blobs_dir = NULL;
+		ret = -ENOMEM;
+	}
+	if (ret)
+		goto fail;
+	o->created = o->push_ref || access(o->dir, F_OK);
+	ret = o->transport == IMAGE_DIR ? mkdir_p(o->blobs_dir, 0755) :
+					  oci_layout_init(o->dir);
+	if (ret)
+		goto fail;
+	*out = o;
+	return 0;
+fail:
+	image_out_close(o, true);
+	return ret;
+}
+
+const char *image_out_dir(const struct image_out *o)
+{
+	return o->dir;
+}
+
+const char *image_out_blobs_dir(const struct image_out *o)
+{
+	return o->blobs_dir;
+}
+
+void image_out_close(struct image_out *o, bool failed)
+{
+	int ret;
+
+	if (!o)
+		return;
+	if (o->dir && (o->push_ref || (failed && o->created))) {
+		ret = image_dir_remove(o->dir);
+		if (ret && o->push_ref)
+			ferry_warn("%s: staging directory left behind: %s",
+				   o->dir, ferry_strerror(ret));
+	}
+	free(o->dir);
+	free(o->blobs_dir);
+	free(o->tag);
+	free(o->push_ref);
+	free(o);
+}
+
+/* ------------------------------------------------------------------ */
+/* dir:                                                                */
+/* ------------------------------------------------------------------ */
+
+static int finish_dir(struct image_out *o, const struct image_out_desc *d)
+{
+	struct json_object *root = NULL, *boot, *list;
+	uint8_t boot_digest[BLOB_DIGEST_SIZE];
+	char digest[DIGEST_STRING_SIZE];
+	const char *text;
+	uint32_t i;
+	int ret;
+
+	ret = write_file_atomic(o->dir, "bootstrap", d->bootstrap,
+				d->bootstrap_len, 0644);
+	if (ret)
+		return ret;
+	sha256_buf(d->bootstrap, d->bootstrap_len, boot_digest);
+	root = json_object_new_object();
+	boot = json_object_new_object();
+	list = json_object_new_array();
+	digest_format(boot_digest, digest);
+	json_object_object_add(root, "schemaVersion", json_object_new_int(1));
+	json_object_object_add(boot, "path", json_object_new_string("bootstrap"));
+	json_object_object_add(boot, "digest", json_object_new_string(digest));
+	json_object_object_add(boot, "size",
+			       json_object_new_int64((int64_t)d->bootstrap_len));
+	json_object_object_add(root, "bootstrap", boot);
+	for (i = 0; i < d->nr_blobs; i++) {
+		const struct image_out_blob *ob = &d->blobs[i];
+		struct json_object *b = json_object_new_object();
+
+		digest_format(ob->info->digest, digest);
+		json_object_object_add(b, "digest", json_object_new_string(digest));
+		json_object_object_add(b, "size", json_object_new_int64((int64_t)ob->info->size));
+		json_object_object_add(b, "uncompressedSize",
+				       json_object_new_int64((int64_t)ob->info->uncompressed_size));
+		json_object_object_add(b, "chunks", json_object_new_int64(ob->info->nr_chunks));
+		if (ob->source_layer)
+			json_object_object_add(b, "sourceLayer",
+					       json_object_new_string(ob->source_layer));
+		json_object_array_add(list, b);
+	}
+	json_object_object_add(root, "blobs", list);
+	json_object_object_add(root, "chunkSize", json_object_new_int64(d->chunk_size));
+	json_object_object_add(root, "compression", json_object_new_string(d->compression));
+	text = json_object_to_json_string_ext(root, JSON_C_TO_STRING_PRETTY |
+						    JSON_C_TO_STRING_NOSLASHESCAPE);
+	ret = write_file_atomic(o->dir, "ferry.json", text, strlen(text), 0644);
+	json_object_put(root);
+	return ret;
+}
+
+/* ------------------------------------------------------------------ */
+/* oci: (and docker:, through a staging layout)                        */
+/* ------------------------------------------------------------------ */
+
+static struct json_object *descriptor_json(const char *media_type,
+					   const uint8_t *digest, uint64_t size)
+{
+	struct json_object *d = json_object_new_object();
+	char dstr[DIGEST_STRING_SIZE];
+
+	digest_format(digest, dstr);
+	json_object_object_add(d, "mediaType", json_object_new_string(media_type));
+	json_object_object_add(d, "digest", json_object_new_string(dstr));
+	json_object_object_add(d, "size", json_object_new_int64((int64_t)size));
+	return d;
+}
+
+static void annotate(struct json_object *o, const char *key, const char *value)
+{
+	struct json_object *ann;
+
+	if (!json_object_object_get_ex(o, "annotations", &ann)) {
+		ann = json_object_new_object();
+		json_object_object_add(o, "annotations", ann);
+	}
+	json_object_object_add(ann, key, json_object_new_string(value));
+}
+
+/* A minimal image config for sources that have none (dir:, tar:). */
+static int put_default_config(const char *layout, struct oci_descriptor *config)
+{
+	char platform[64], text[256], *slash;
+
+	oci_host_platform(platform, sizeof(platform));
+	slash = strchr(platform, '/');
+	*slash = '\0';
+	snprintf(text, sizeof(text),
+		 "{\"architecture\":\"%s\",\"os\":\"%s\",\"rootfs\":{\"type\":\"layers\",\"diff_ids\":[]}}",
+		 slash + 1, platform);
+	config->size = strlen(text);
+	snprintf(config->media_type, sizeof(config->media_type), "%s",
+		 OCI_CONFIG_TYPE);
+	return oci_put_blob(layout, text, config->size, config->digest);
+}
+
+/* Store the bootstrap in @layout as one zstd frame (FERRY_BOOTSTRAP_MEDIA_TYPE). */
+static int put_compressed_bootstrap(const char *layout, const uint8_t *data,
+				    size_t len, uint8_t digest[32], uint64_t *size)
+{
+	size_t cap = ZSTD_compressBound(len), n;
+	void *z = malloc(cap);
+	int ret;
+
+	if (!z)
+		return -ENOMEM;
+	n = ZSTD_compress(z, cap, data, len, BOOTSTRAP_ZSTD_LEVEL);
+	if (ZSTD_isError(n)) {
+		ferry_err("bootstrap: zstd: %s", ZSTD_getErrorName(n));
+		free(z);
+		return -EIO;
+	}
+	*size = n;
+	ret = oci_put_blob(layout, z, n, digest);
+	free(z);
+	return ret;
+}
+
+/* The source image's layers and manifest, named in annotations. */
+static int annotate_source(struct json_object *manifest,
+			   const struct oci_image *src)
+{
+	char dstr[DIGEST_STRING_SIZE], *joined = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&joined, &len);
+	uint32_t i;
+
+	if (!f)
+		return -ENOMEM;
+	for (i = 0; i < src->nr_layers; i++) {
+		digest_format(src->layers[i].digest, dstr);
+		fprintf(f, "%s%s", i ? "," : "", dstr);
+	}
+	if (fclose(f) || !joined) {
+		free(joined);
+		return -ENOMEM;
+	}
+	annotate(manifest, "dev.ferry.source-layers", joined);
+	free(joined);
+	digest_format(src->manifest_desc.digest, dstr);
+	annotate(manifest, "dev.ferry.source-manifest", dstr);
+	return 0;
+}
+
+/* blobs, bootstrap blob, config, manifest, index.json. */
+static int finish_oci(struct image_out *o, const struct image_out_desc *d,
+		      uint8_t manifest_digest[32], uint64_t *manifest_size)
+{
+	struct json_object *manifest = NULL, *layers, *desc;
+	struct oci_descriptor config;
+	char num[32], dstr[DIGEST_STRING_SIZE];
+	uint8_t boot_digest[BLOB_DIGEST_SIZE], zboot_digest[BLOB_DIGEST_SIZE];
+	uint64_t zboot_size = 0;
+	const char *text;
+	uint32_t i;
+	int ret;
+
+	sha256_buf(d->bootstrap, d->bootstrap_len, boot_digest);
+	ret = put_compressed_bootstrap(o->dir, d->bootstrap, d->bootstrap_len,
+				       zboot_digest, &zboot_size);
+	if (ret)
+		return ret;
+	if (d->source) {
+		config = d->source->config;
+		ret = oci_put_blob(o->dir, d->source->config_data,
+				   d->source->config_len, config.digest);
+	} else {
+		ret = put_default_config(o->dir, &config);
+	}
+	if (ret)
+		return ret;
+
+	manifest = json_object_new_object();
+	json_object_object_add(manifest, "schemaVersion", json_object_new_int(2));
+	json_object_object_add(manifest, "mediaType",
+			       json_object_new_string(FETCH_OCI_MANIFEST));
+	json_object_object_add(manifest, "config",
+			       descriptor_json(config.media_type[0] ? config.media_type :
+					       OCI_CONFIG_TYPE,
+					       config.digest, config.size));
+	layers = json_object_new_array();
+	for (i = 0; i < d->nr_blobs; i++) {
+		const struct image_out_blob *ob = &d->blobs[i];
+
+		desc = descriptor_json(FERRY_BLOB_MEDIA_TYPE, ob->info->digest,
+				       ob->info->size);
+		snprintf(num, sizeof(num), "%llu",
+			 (unsigned long long)ob->info->uncompressed_size);
+		annotate(desc, "dev.ferry.blob.uncompressed-size", num);
+		if (ob->source_layer)
+			annotate(desc, "dev.ferry.blob.source-layer", ob->source_layer);
+		if (ob->from_dict)
+			annotate(desc, "dev.ferry.blob.chunk-dict", "true");
+		json_object_array_add(layers, desc);
+	}
+	desc = descriptor_json(FERRY_BOOTSTRAP_MEDIA_TYPE, zboot_digest, zboot_size);
+	annotate(desc, "dev.ferry.bootstrap", "true");
+	digest_format(boot_digest, dstr);
+	annotate(desc, FERRY_BOOTSTRAP_DIGEST_ANNOTATION, dstr);
+	snprintf(num, sizeof(num), "%llu", (unsigned long long)d->bootstrap_len);
+	annotate(desc, "dev.ferry.bootstrap.uncompressed-size", num);
+	json_object_array_add(layers, desc);
+	json_object_object_add(manifest, "layers", layers);
+	annotate(manifest, "dev.ferry.version", "1");
+	snprintf(num, sizeof(num), "%u", d->chunk_size);
+	annotate(manifest, "dev.ferry.chunk-size", num);
+	annotate(manifest, "dev.ferry.compression", d->compression);
+	if (d->source) {
+		ret = annotate_source(manifest, d->source);
+		if (ret)
+			goto out;
+	}
+	text = json_object_to_json_string_ext(manifest, JSON_C_TO_STRING_PLAIN |
+							JSON_C_TO_STRING_NOSLASHESCAPE);
+	*manifest_size = strlen(text);
+	ret = oci_put_blob(o->dir, text, *manifest_size, manifest_digest);
+	if (!ret)
+		ret = oci_tag_manifest(o->dir, o->tag ? o->tag : "latest",
+				       manifest_digest, *manifest_size,
+				       FETCH_OCI_MANIFEST);
+out:
+	json_object_put(manifest);
+	return ret;
+}
+
+int image_out_finish(struct image_out *o, const struct image_out_desc *d,
+		     char manifest_digest[DIGEST_STRING_SIZE],
+		     uint64_t *manifest_size)
+{
+	uint8_t digest[32];
+	int ret;
+
+	if (o->transport == IMAGE_DIR)
+		return finish_dir(o, d);
+	ret = finish_oci(o, d, digest, manifest_size);
+	if (ret)
+		return ret;
+	digest_format(digest, manifest_digest);
+	if (o->push_ref)
+		ret = oci_push(o->dir, digest, *manifest_size, o->push_ref,
+			       d->fetch, d->progress);
+	return ret;
+}

@@ -1,0 +1,314 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Tests for opening images (image.c), ferry check (check.c) and prefetch
+ * lists (prefetch.c): dir: and oci: images converted here through the
+ * library, opened and checked, then copies with a corrupted bootstrap,
+ * blob index or index file, each refused with the right errno.
+ */
+#include "../test.h"
+
+#include <stdbool.h>
+#include <sys/stat.h>
+
+#include "fixture.h"
+
+static char dir_img[128], oci_img[160], oci_dir[128];
+
+static int open_img(const char *ref, struct image **img)
+{
+	return image_open(ref, NULL, img);
+}
+
+static void test_open_dir(void)
+{
+	struct image_check_report report;
+	struct image *img = NULL;
+	struct meta_stat st;
+	char ref[160], name[256];
+	uint64_t nid;
+
+	CHECK_EQ(open_img(dir_img, &img), 0);
+	if (!img)
+		return;
+	CHECK_EQ(img->blobs.nr_blobs, 1);
+	CHECK_EQ(img->chunk_size, FIXTURE_CHUNK);
+	CHECK(!strcmp(img->compression, "none"));
+	CHECK(!img->remote && img->dir && img->bootstrap_path);
+	CHECK(!memcmp(img->image_digest, img->bootstrap_digest, 32));
+	CHECK_EQ(img->nr_prefetch, 0);
+	CHECK_EQ(meta_resolve(img->meta, "/big", &nid), 0);
+	CHECK_EQ(meta_getattr(img->meta, nid, &st), 0);
+	CHECK_EQ(st.size, FIXTURE_BIG_SIZE);
+	CHECK_EQ(st.nr_chunks, 4);
+	image_blob_name(img, 0, name, sizeof(name));
+	CHECK(!strcmp(name, img->blob_paths[0]));
+	CHECK_EQ(image_check(img, &report), 0);
+	CHECK_EQ(report.error, 0);
+	CHECK(report.inodes >= 6);
+	CHECK_EQ(report.chunks, 4);
+	CHECK_EQ(report.bytes_verified, img->blobs.blobs[0].uncompressed_size);
+	/* The bare path means the same image. */
+	image_close(img);
+	CHECK_EQ(open_img(dir_img + 4, &img), 0);
+	image_close(img);
+	snprintf(ref, sizeof(ref), "%s/nosuch", dir_img);
+	CHECK_EQ(open_img(ref, &img), -ENOENT);
+	CHECK_EQ(open_img("zip:x", &img), -EINVAL);
+	CHECK_EQ(open_img("tar:x", &img), -EINVAL);
+	CHECK_EQ(open_img("host:5000/x", &img), -EINVAL);
+}
+
+static void test_open_oci(void)
+{
+	struct image_check_report report;
+	struct image *img = NULL, *copy = NULL;
+	char ref[160], path[256], hex[65];
+	uint8_t digest[32];
+	char *data = NULL;
+	size_t len = 0;
+
+	CHECK_EQ(open_img(oci_img, &img), 0);
+	if (!img)
+		return;
+	CHECK_EQ(img->blobs.nr_blobs, 1);
+	CHECK(!img->bootstrap_path); /* stored compressed: none until asked */
+	CHECK(memcmp(img->image_digest, img->bootstrap_digest, 32));
+	CHECK_EQ(image_check(img, &report), 0);
+	/* A raw bootstrap for the kernel, content-addressed in the cache. */
+	snprintf(path, sizeof(path), "%s/cache", tmpdir);
+	CHECK_EQ(image_bootstrap_file(img, path), 0);
+	hex_encode(img->bootstrap_digest, 32, hex);
+	snprintf(path, sizeof(path), "%s/cache/bootstraps/%s", tmpdir, hex);
+	CHECK(img->bootstrap_path && !strcmp(img->bootstrap_path, path));
+	CHECK_EQ(read_file_max(path, 1 << 30, &data, &len), 0);
+	sha256_buf(data, len, digest);
+	CHECK(!memcmp(digest, img->bootstrap_digest, 32));
+	free(data);
+	/* Copying a blob into another directory: hardlinked or copied. */
+	snprintf(path, sizeof(path), "%s/copy/blobs/sha256", tmpdir);
+	CHECK_EQ(mkdir_p(path, 0755), 0);
+	snprintf(path, sizeof(path), "%s/copy", tmpdir);
+	CHECK_EQ(image_copy_blob(img, 0, path), 0);
+	CHECK_EQ(image_copy_blob(img, 0, path), 0);
+	hex_encode(img->blobs.blobs[0].digest, 32, hex);
+	CHECK_EQ(sh("cmp -s %s/copy/blobs/sha256/%s %s", tmpdir, hex,
+		    img->blob_paths[0]), 0);
+	/* The same image under its only tag, or under none. */
+	snprintf(ref, sizeof(ref), "oci:%s/oci", tmpdir);
+	CHECK_EQ(open_img(ref, &copy), 0);
+	CHECK(copy && !memcmp(copy->image_digest, img->image_digest, 32));
+	image_close(copy);
+	snprintf(ref, sizeof(ref), "oci:%s/oci:nosuch", tmpdir);
+	CHECK_EQ(open_img(ref, &copy), -ENOENT);
+	image_close(img);
+}
+
+/* A fresh copy of image directory @src (dir: or oci: layout) at TMP/c. */
+static const char *scratch(const char *src)
+{
+	static char path[128];
+
+	snprintf(path, sizeof(path), "%s/c", tmpdir);
+	if (sh("rm -rf %s && cp -a %s %s", path, src, path))
+		abort();
+	return path;
+}
+
+/* Rewrite TMP/c/ferry.json with the Python expression @edit of j. */
+static int edit_index(const char *edit)
+{
+	return sh("python3 -c 'import json,sys; p=\"%s/c/ferry.json\"; "
+		  "j=json.load(open(p)); %s; json.dump(j, open(p, \"w\"))'",
+		  tmpdir, edit);
+}
+
+static int open_scratch(void)
+{
+	struct image *img = NULL;
+	char ref[160];
+	int ret;
+
+	snprintf(ref, sizeof(ref), "dir:%s/c", tmpdir);
+	ret = open_img(ref, &img);
+	image_close(img);
+	return ret;
+}
+
+static void test_corrupt_dir(void)
+{
+	struct image_check_report report;
+	struct image *img = NULL;
+	char path[256], ref[160];
+	const char *c;
+
+	c = scratch(dir_img + 4);
+	CHECK_EQ(sh("rm %s/ferry.json", c), 0);
+	CHECK_EQ(open_scratch(), -ENOENT);
+	c = scratch(dir_img + 4);
+	CHECK_EQ(sh("echo '{' > %s/ferry.json", c), 0);
+	CHECK_EQ(open_scratch(), -EFSCORRUPTED);
+	c = scratch(dir_img + 4);
+	CHECK_EQ(edit_index("j[\"schemaVersion\"] = 2"), 0);
+	CHECK_EQ(open_scratch(), -EFSCORRUPTED);
+	c = scratch(dir_img + 4);
+	CHECK_EQ(edit_index("j[\"bootstrap\"][\"digest\"] = \"sha256:\" + \"0\" * 64"), 0);
+	CHECK_EQ(open_scratch(), -EFSCORRUPTED);
+
+	/* The bootstrap no longer matches its digest... */
+	c = scratch(dir_img + 4);
+	snprintf(path, sizeof(path), "%s/bootstrap", c);
+	CHECK_EQ(flip_byte(path, 1024), 0);
+	CHECK_EQ(open_scratch(), -EFSCORRUPTED);
+	/* ...and with the digest updated, pkg-meta refuses it. */
+	CHECK_EQ(edit_index("import hashlib; j[\"bootstrap\"][\"digest\"] = \"sha256:\" + "
+			    "hashlib.sha256(open(p[:-10] + \"bootstrap\", \"rb\").read()).hexdigest()"), 0);
+	CHECK_EQ(open_scratch(), -EFSCORRUPTED);
+	c = scratch(dir_img + 4);
+	CHECK_EQ(sh("truncate -s 1000 %s/bootstrap", c), 0);
+	CHECK_EQ(open_scratch(), -EFSCORRUPTED);
+	c = scratch(dir_img + 4);
+	CHECK_EQ(sh("rm %s/bootstrap", c), 0);
+	CHECK(open_scratch() < 0);
+
+	/* The image index and the bootstrap's blob index must agree. */
+	c = scratch(dir_img + 4);
+	CHECK_EQ(edit_index("j[\"blobs\"] = []"), 0);
+	CHECK_EQ(open_scratch(), -EFSCORRUPTED);
+	c = scratch(dir_img + 4);
+	CHECK_EQ(edit_index("j[\"blobs\"][0][\"digest\"] = \"sha256:\" + \"1\" * 64"), 0);
+	CHECK_EQ(open_scratch(), -EFSCORRUPTED);
+	c = scratch(dir_img + 4);
+	CHECK_EQ(edit_index("j[\"blobs\"][0][\"digest\"] = \"md5:1\""), 0);
+	CHECK_EQ(open_scratch(), -EFSCORRUPTED);
+
+	/* A damaged blob opens (blobs are read lazily) but fails check. */
+	c = scratch(dir_img + 4);
+	snprintf(ref, sizeof(ref), "dir:%s", c);
+	CHECK_EQ(open_img(ref, &img), 0);
+	if (img) {
+		CHECK_EQ(flip_byte(img->blob_paths[0], 100), 0);
+		CHECK(image_check(img, &report) < 0);
+		CHECK(report.error < 0);
+		image_close(img);
+	}
+}
+
+static void test_corrupt_oci(void)
+{
+	struct image *img = NULL;
+	char ref[160], path[256], hex[65];
+	const char *c;
+	uint8_t boot[32];
+
+	CHECK_EQ(open_img(oci_img, &img), 0);
+	if (!img)
+		return;
+	/* The compressed bootstrap is the manifest's last layer. */
+	CHECK_EQ(sh("python3 -c 'import json; p=\"%s/oci\"; i=json.load(open(p+\"/index.json\")); "
+		    "m=json.load(open(p+\"/blobs/sha256/\"+i[\"manifests\"][0][\"digest\"][7:])); "
+		    "print(m[\"layers\"][-1][\"digest\"][7:])' > %s/boot", tmpdir, tmpdir), 0);
+	snprintf(path, sizeof(path), "%s/boot", tmpdir);
+	{
+		char *text = NULL;
+		size_t len;
+
+		CHECK_EQ(read_file_max(path, 100, &text, &len), 0);
+		if (text && len >= 64)
+			text[64] = '\0';
+		CHECK(text && len >= 64 && !hex_decode(text, boot, 32));
+		free(text);
+	}
+	image_close(img);
+	hex_encode(boot, 32, hex);
+	c = scratch(oci_dir);
+	snprintf(ref, sizeof(ref), "oci:%s:v1", c);
+	snprintf(path, sizeof(path), "%s/blobs/sha256/%s", c, hex);
+	CHECK_EQ(flip_byte(path, 20), 0);
+	CHECK_EQ(open_img(ref, &img), -EFSCORRUPTED);
+	c = scratch(oci_dir);
+	CHECK_EQ(sh("truncate -s -5 %s", path), 0);
+	CHECK_EQ(open_img(ref, &img), -EFSCORRUPTED);
+	c = scratch(oci_dir);
+	CHECK_EQ(sh("rm %s", path), 0);
+	CHECK(open_img(ref, &img) < 0);
+	c = scratch(oci_dir);
+	CHECK_EQ(sh("rm %s/index.json", c), 0);
+	CHECK_EQ(open_img(ref, &img), -EFSCORRUPTED);
+}
+
+static void test_prefetch_lists(void)
+{
+	char file[128], dest[160], *bad[] = {
+		"../etc\n", "a/../../b\n", "/\n", "./\n",
+	};
+	struct image *img = NULL;
+	char **paths = NULL;
+	uint32_t nr = 0, i;
+	FILE *f;
+
+	snprintf(file, sizeof(file), "%s/list", tmpdir);
+	f = fopen(file, "w");
+	fprintf(f, "# comment\n\n/big \t\r\nsub//./deep\n   \n#/small\nlink\n");
+	fclose(f);
+	CHECK_EQ(image_prefetch_list_load(file, &paths, &nr), 0);
+	CHECK_EQ(nr, 3);
+	if (nr == 3) {
+		CHECK(!strcmp(paths[0], "/big"));
+		CHECK(!strcmp(paths[1], "/sub/deep"));
+		CHECK(!strcmp(paths[2], "/link"));
+	}
+	image_prefetch_list_free(paths, nr);
+
+	/* Embedded by a conversion, read back by image_open. */
+	snprintf(dest, sizeof(dest), "dir:%s/withlist", tmpdir);
+	CHECK_EQ(fixture_convert(dest, file), 0);
+	CHECK_EQ(open_img(dest, &img), 0);
+	CHECK(img && img->nr_prefetch == 3 && !strcmp(img->prefetch[1], "/sub/deep"));
+	image_close(img);
+	/* A path the image does not have fails the conversion. */
+	f = fopen(file, "a");
+	fprintf(f, "/nosuch\n");
+	fclose(f);
+	snprintf(dest, sizeof(dest), "dir:%s/badlist", tmpdir);
+	CHECK_EQ(fixture_convert(dest, file), -ENOENT);
+	CHECK_EQ(sh("test ! -e %s/badlist", tmpdir), 0);
+
+	for (i = 0; i < ARRAY_SIZE(bad); i++) {
+		f = fopen(file, "w");
+		fprintf(f, "/ok\n%s", bad[i]);
+		fclose(f);
+		CHECK_EQ(image_prefetch_list_load(file, &paths, &nr), -EINVAL);
+		CHECK(!paths && !nr);
+	}
+	f = fopen(file, "w");
+	for (i = 0; i <= IMAGE_PREFETCH_MAX_PATHS; i++)
+		fprintf(f, "/f%u\n", i);
+	fclose(f);
+	CHECK_EQ(image_prefetch_list_load(file, &paths, &nr), -E2BIG);
+	CHECK_EQ(sh("sed -i 1d %s", file), 0);
+	CHECK_EQ(image_prefetch_list_load(file, &paths, &nr), 0);
+	CHECK_EQ(nr, IMAGE_PREFETCH_MAX_PATHS);
+	image_prefetch_list_free(paths, nr);
+	CHECK_EQ(image_prefetch_list_load("/nonexistent/list", &paths, &nr), -ENOENT);
+}
+
+int main(void)
+{
+	ferry_log_level = getenv("TEST_LOG") ? FERRY_LOG_DEBUG : -1;
+	if (fixture_init("image"))
+		return 1;
+	snprintf(dir_img, sizeof(dir_img), "dir:%s/dir", tmpdir);
+	snprintf(oci_dir, sizeof(oci_dir), "%s/oci", tmpdir);
+	snprintf(oci_img, sizeof(oci_img), "oci:%s:v1", oci_dir);
+	if (fixture_convert(dir_img, NULL) || fixture_convert(oci_img, NULL)) {
+		printf("not ok - fixture conversions\n");
+		return 1;
+	}
+	RUN_TEST(test_open_dir);
+	RUN_TEST(test_open_oci);
+	RUN_TEST(test_corrupt_dir);
+	RUN_TEST(test_corrupt_oci);
+	RUN_TEST(test_prefetch_lists);
+	sh("rm -rf %s", tmpdir);
+	TEST_MAIN_END();
+}

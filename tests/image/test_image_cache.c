@@ -1,0 +1,255 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Tests for an image's blobs in the chunk cache (cache.c): reads, maps,
+ * ensure, present/complete, prefetch and stats against a dir: image
+ * converted here (uncompressed blobs, one chunk per frame, a hole), and a
+ * blob with a damaged chunk: -EIO, never its bytes.
+ */
+#include "../test.h"
+
+#include <stdbool.h>
+#include <sys/stat.h>
+
+#include "fixture.h"
+
+static char image_ref[128];
+static int cache_nr;
+
+/* The image opened in a cache of its own, and the big file's attributes. */
+struct open_cache {
+	struct image *img;
+	struct image_cache *ic;
+	struct meta_stat big, small;
+};
+
+static int open_cache(const char *ref, struct open_cache *oc)
+{
+	char cache[128];
+	uint64_t nid;
+	int ret;
+
+	memset(oc, 0, sizeof(*oc));
+	snprintf(cache, sizeof(cache), "%s/cache%d", tmpdir, cache_nr++);
+	ret = image_open(ref, NULL, &oc->img);
+	if (!ret)
+		ret = image_cache_open(oc->img, cache, &oc->ic);
+	if (!ret)
+		ret = meta_resolve(oc->img->meta, "/big", &nid);
+	if (!ret)
+		ret = meta_getattr(oc->img->meta, nid, &oc->big);
+	if (!ret)
+		ret = meta_resolve(oc->img->meta, "/small", &nid);
+	if (!ret)
+		ret = meta_getattr(oc->img->meta, nid, &oc->small);
+	return ret;
+}
+
+static void close_cache(struct open_cache *oc)
+{
+	image_cache_close(oc->ic);
+	image_close(oc->img);
+}
+
+static bool big_bytes_ok(const uint8_t *buf, uint64_t off, size_t len)
+{
+	size_t i;
+
+	for (i = 0; i < len; i++)
+		if (buf[i] != big_byte(off + i))
+			return false;
+	return true;
+}
+
+static void test_read(void)
+{
+	struct image_cache_stats s;
+	struct open_cache oc;
+	uint8_t *buf = malloc(FIXTURE_BIG_SIZE + 100);
+	char small[16];
+	uint64_t off;
+	ssize_t n;
+
+	CHECK_EQ(open_cache(image_ref, &oc), 0);
+	if (!oc.ic || !buf)
+		goto out;
+	CHECK(!image_cache_present(oc.ic, 1, 0, 4096));
+	CHECK(!image_cache_blob_complete(oc.ic, 1));
+	/* Odd-sized reads across chunk boundaries and the hole. */
+	for (off = 0; off < FIXTURE_BIG_SIZE; off += (uint64_t)n) {
+		n = image_cache_read(oc.ic, &oc.big, off, buf + off, 100003);
+		CHECK(n > 0);
+		if (n <= 0)
+			break;
+	}
+	CHECK_EQ(off, FIXTURE_BIG_SIZE);
+	CHECK(big_bytes_ok(buf, 0, FIXTURE_BIG_SIZE));
+	/* Short at the end of the file, nothing after it. */
+	CHECK_EQ(image_cache_read(oc.ic, &oc.big, FIXTURE_BIG_SIZE - 10, buf, 100), 10);
+	CHECK_EQ(image_cache_read(oc.ic, &oc.big, FIXTURE_BIG_SIZE, buf, 100), 0);
+	CHECK(image_cache_present(oc.ic, 1, 0, FIXTURE_CHUNK));
+	CHECK(image_cache_blob_complete(oc.ic, 1));
+	/* Inline files come from the bootstrap. */
+	CHECK_EQ(image_cache_read(oc.ic, &oc.small, 0, small, sizeof(small)), 6);
+	CHECK(!memcmp(small, "hello\n", 6));
+	image_cache_get_stats(oc.ic, &s);
+	CHECK_EQ(s.chunks_total, 3);
+	CHECK_EQ(s.chunks_present, 3);
+	CHECK_EQ(s.bytes_present, 2 * FIXTURE_CHUNK + 1000);
+	CHECK_EQ(s.bytes_fetched, 2 * FIXTURE_CHUNK + 1000);
+	CHECK_EQ(s.bytes_read, FIXTURE_BIG_SIZE + 10);
+	CHECK_EQ(s.bytes_prefetched, 0);
+	/* Devices are 1-based. */
+	CHECK(!image_cache_present(oc.ic, 0, 0, 1));
+	CHECK(!image_cache_present(oc.ic, 2, 0, 1));
+	CHECK(!image_cache_blob_complete(oc.ic, 2));
+	CHECK_EQ(image_cache_ensure(oc.ic, 2, 0, 1), -EINVAL);
+out:
+	close_cache(&oc);
+	free(buf);
+}
+
+static void test_map_and_cached_reads(void)
+{
+	struct image_cache_stats s;
+	struct image_extent ext[8];
+	struct open_cache oc;
+	uint8_t buf[4096];
+
+	CHECK_EQ(open_cache(image_ref, &oc), 0);
+	if (!oc.ic)
+		goto out;
+	/* Nothing present: a cached read fetches nothing. */
+	CHECK_EQ(image_cache_read_cached(oc.ic, &oc.big, 0, buf, sizeof(buf)), -EAGAIN);
+	image_cache_get_stats(oc.ic, &s);
+	CHECK_EQ(s.bytes_fetched, 0);
+	/* The hole reads as zeros without any chunk. */
+	memset(buf, 1, sizeof(buf));
+	CHECK_EQ(image_cache_read_cached(oc.ic, &oc.big, FIXTURE_CHUNK, buf,
+					 sizeof(buf)), sizeof(buf));
+	CHECK(mem_is_zero(buf, sizeof(buf)));
+	CHECK_EQ(image_cache_ensure(oc.ic, 1, 0, 4096), 0);
+	CHECK(image_cache_present(oc.ic, 1, 0, 4096));
+	CHECK(!image_cache_blob_complete(oc.ic, 1));
+	CHECK_EQ(image_cache_read_cached(oc.ic, &oc.big, 100, buf, 1000), 1000);
+	CHECK(big_bytes_ok(buf, 100, 1000));
+	image_cache_get_stats(oc.ic, &s);
+	CHECK_EQ(s.bytes_read, 0); /* speculative reads are not counted */
+
+	/* Chunk 0, the hole, then chunks 2 and 3 adjacent in the cache file. */
+	CHECK_EQ(image_cache_map(oc.ic, &oc.big, 0, FIXTURE_BIG_SIZE + 5, ext, 8), 3);
+	CHECK(ext[0].fd >= 0 && ext[0].off == 0 && ext[0].len == FIXTURE_CHUNK);
+	CHECK(ext[1].fd == -1 && ext[1].len == FIXTURE_CHUNK);
+	CHECK(ext[2].fd == ext[0].fd && ext[2].off == FIXTURE_CHUNK &&
+	      ext[2].len == FIXTURE_CHUNK + 1000);
+	CHECK(image_cache_blob_complete(oc.ic, 1));
+	CHECK_EQ(image_cache_map(oc.ic, &oc.big, 10, 2 * FIXTURE_CHUNK, ext, 8), 3);
+	CHECK(ext[0].off == 10 && ext[0].len == FIXTURE_CHUNK - 10 && ext[2].len == 10);
+	CHECK_EQ(image_cache_map(oc.ic, &oc.big, 0, FIXTURE_BIG_SIZE, ext, 2), -E2BIG);
+	CHECK_EQ(image_cache_map(oc.ic, &oc.small, 0, 6, ext, 8), -EINVAL);
+	/* Complete, the data file is the blob's EROFS device file. */
+	CHECK(!access(image_cache_data_path(oc.ic, 0), R_OK));
+out:
+	close_cache(&oc);
+}
+
+static void test_prefetch(void)
+{
+	struct image_cache_stats s;
+	struct ferry_progress progress = { 0 };
+	struct open_cache oc;
+	volatile bool stop = true;
+
+	CHECK_EQ(open_cache(image_ref, &oc), 0);
+	if (!oc.ic)
+		goto out;
+	/* Stopped before it starts: nothing happens. */
+	CHECK_EQ(image_cache_prefetch_file(oc.ic, &oc.big, &stop), 0);
+	CHECK_EQ(image_cache_prefetch_blobs(oc.ic, NULL, &stop), 0);
+	image_cache_get_stats(oc.ic, &s);
+	CHECK_EQ(s.chunks_present, 0);
+	/* A file: its chunks, not its hole. */
+	image_cache_set_bwlimit(oc.ic, 1ull << 40);
+	CHECK_EQ(image_cache_prefetch_file(oc.ic, &oc.big, NULL), 0);
+	image_cache_get_stats(oc.ic, &s);
+	CHECK_EQ(s.bytes_prefetched, 2 * FIXTURE_CHUNK + 1000);
+	CHECK(image_cache_blob_complete(oc.ic, 1));
+	CHECK_EQ(image_cache_prefetch_file(oc.ic, &oc.small, NULL), 0);
+	close_cache(&oc);
+
+	/* Every blob, with progress. */
+	CHECK_EQ(open_cache(image_ref, &oc), 0);
+	if (!oc.ic)
+		goto out;
+	CHECK_EQ(image_cache_prefetch_blobs(oc.ic, &progress, NULL), 0);
+	CHECK(image_cache_blob_complete(oc.ic, 1));
+	CHECK_EQ(progress.total, oc.img->blobs.blobs[0].uncompressed_size);
+	CHECK_EQ(progress.done, progress.total);
+out:
+	close_cache(&oc);
+}
+
+static void test_corrupt_chunk(void)
+{
+	const struct blob_chunk *bc;
+	struct open_cache oc;
+	char ref[160], c[128];
+	uint8_t *buf = malloc(2 * FIXTURE_CHUNK);
+	struct image_extent ext[4];
+	int fd;
+
+	snprintf(c, sizeof(c), "%s/corrupt", tmpdir);
+	CHECK_EQ(sh("rm -rf %s && cp -a %s %s", c, image_ref + 4, c), 0);
+	snprintf(ref, sizeof(ref), "dir:%s", c);
+	CHECK_EQ(open_cache(ref, &oc), 0);
+	if (!oc.ic || !buf)
+		goto out;
+	/* The blob's second chunk is the file's third (the second is a hole). */
+	CHECK_EQ(oc.img->blobs.blobs[0].nr_chunks, 3);
+	bc = &oc.img->blobs.blobs[0].chunks[1];
+	CHECK_EQ(flip_byte(oc.img->blob_paths[0], bc->coff + bc->frame_off + 10), 0);
+	/* Intact chunks still read. */
+	CHECK_EQ(image_cache_read(oc.ic, &oc.big, 0, buf, FIXTURE_CHUNK), FIXTURE_CHUNK);
+	CHECK(big_bytes_ok(buf, 0, FIXTURE_CHUNK));
+	/* The damaged one: -EIO however it is asked for, and never present. */
+	memset(buf, 0xAA, 2 * FIXTURE_CHUNK);
+	CHECK_EQ(image_cache_read(oc.ic, &oc.big, 2 * FIXTURE_CHUNK, buf, 100), -EIO);
+	CHECK_EQ(image_cache_read(oc.ic, &oc.big, FIXTURE_CHUNK, buf,
+				  2 * FIXTURE_CHUNK), -EIO);
+	CHECK_EQ(image_cache_map(oc.ic, &oc.big, 2 * FIXTURE_CHUNK, 10, ext, 4), -EIO);
+	CHECK_EQ(image_cache_ensure(oc.ic, 1, bc->uoff, 1), -EIO);
+	CHECK_EQ(image_cache_prefetch_file(oc.ic, &oc.big, NULL), -EIO);
+	CHECK(!image_cache_present(oc.ic, 1, bc->uoff, 1));
+	CHECK(!image_cache_blob_complete(oc.ic, 1));
+	CHECK_EQ(image_cache_read_cached(oc.ic, &oc.big, 2 * FIXTURE_CHUNK, buf, 10),
+		 -EAGAIN);
+	/* The cache data file holds no byte of it: the region is still a hole. */
+	fd = open(image_cache_data_path(oc.ic, 0), O_RDONLY);
+	CHECK_EQ(pread_full(fd, buf, bc->usize, bc->uoff), 0);
+	CHECK(mem_is_zero(buf, bc->usize));
+	if (fd >= 0)
+		close(fd);
+	/* The last chunk, after the damaged one, is fine. */
+	CHECK_EQ(image_cache_read(oc.ic, &oc.big, 3 * FIXTURE_CHUNK, buf, 1000), 1000);
+	CHECK(big_bytes_ok(buf, 3 * FIXTURE_CHUNK, 1000));
+out:
+	close_cache(&oc);
+	free(buf);
+}
+
+int main(void)
+{
+	ferry_log_level = getenv("TEST_LOG") ? FERRY_LOG_DEBUG : -1;
+	if (fixture_init("cache"))
+		return 1;
+	snprintf(image_ref, sizeof(image_ref), "dir:%s/img", tmpdir);
+	if (fixture_convert(image_ref, NULL)) {
+		printf("not ok - fixture conversion\n");
+		return 1;
+	}
+	RUN_TEST(test_read);
+	RUN_TEST(test_map_and_cached_reads);
+	RUN_TEST(test_prefetch);
+	RUN_TEST(test_corrupt_chunk);
+	sh("rm -rf %s", tmpdir);
+	TEST_MAIN_END();
+}
