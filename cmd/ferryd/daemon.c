@@ -176,30 +176,6 @@ static void accept_one(int lfd)
 	pthread_attr_destroy(&attr);
 }
 
-static int mkdir_parent(const char *path)
-{
-	char *copy = strdup(path), *dir, *p;
-	int ret = 0;
-
-	if (!copy)
-		return -ENOMEM;
-	dir = dirname(copy);
-	for (p = dir + 1; !ret; p++) {
-		char c = *p;
-
-		if (c && c != '/')
-			continue;
-		*p = '\0';
-		if (mkdir(dir, 0755) && errno != EEXIST)
-			ret = -errno;
-		*p = c;
-		if (!c)
-			break;
-	}
-	free(copy);
-	return ret;
-}
-
 /* Take @socket_path's lock file: one ferryd per socket (-EADDRINUSE). */
 static int take_lock(const char *socket_path, bool quiet_busy, int *out)
 {
@@ -297,6 +273,7 @@ int daemon_run(const struct daemon_opts *o)
 	sigset_t set;
 	ino_t sock_ino = 0;
 	int lock_fd = -1, lfd = -1, sfd = -1, ret, devnull;
+	char *copy;
 	bool exit_when_empty = false;
 	struct stat st;
 	unsigned int waited;
@@ -320,7 +297,9 @@ int daemon_run(const struct daemon_opts *o)
 	}
 	mounts_init(o->threads, o->readahead_kb, o->dir_readahead_kb, on_change);
 
-	ret = mkdir_parent(o->socket_path);
+	copy = strdup(o->socket_path);
+	ret = copy ? mkdir_p(dirname(copy), 0755) : -ENOMEM;
+	free(copy);
 	if (ret) {
 		ferry_err("cannot create the directory of %s: %s", o->socket_path,
 			  ferry_strerror(ret));
