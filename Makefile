@@ -28,8 +28,9 @@ LIB_SRCS := $(foreach m,$(MODULES),$(wildcard $(m)/*.c))
 LIB_OBJS := $(LIB_SRCS:%.c=$(BUILD)/%.o)
 LIB := $(BUILD)/libferry.a
 
-# cmd/ctl.c: the ferry <-> ferryd control protocol, linked into both.
-FERRY_SRCS := $(wildcard cmd/ferry/*.c) cmd/ctl.c
+# cmd/ctl.c: the ferry <-> ferryd control protocol, linked into both;
+# cmd/ctl_client.c: its client side (connecting, starting ferryd).
+FERRY_SRCS := $(wildcard cmd/ferry/*.c) cmd/ctl.c cmd/ctl_client.c
 FERRY_OBJS := $(FERRY_SRCS:%.c=$(BUILD)/%.o)
 FERRYD_SRCS := $(wildcard cmd/ferryd/*.c) cmd/ctl.c
 FERRYD_OBJS := $(FERRYD_SRCS:%.c=$(BUILD)/%.o)
@@ -73,6 +74,13 @@ $(BUILD)/tests/%: tests/%.c tests/test.h $(FUZZ_SRCS) $(LIB)
 	@$(if $(Q),echo "  TEST    $@")
 	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(LIB) $(LDLIBS)
 
+# tests/ctl: the control protocol and the CLI's registry options.
+CTL_TEST_OBJS := $(BUILD)/cmd/ctl.o $(BUILD)/cmd/ferry/regopts.o
+$(BUILD)/tests/ctl/%: tests/ctl/%.c tests/test.h $(CTL_TEST_OBJS) $(LIB)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  TEST    $@")
+	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(CTL_TEST_OBJS) $(LIB) $(LDLIBS)
+
 tests: $(TEST_BINS) $(TOOL_BINS)
 
 # libFuzzer targets for every parser of untrusted input (clang only).
@@ -81,7 +89,11 @@ FUZZ_CFLAGS := -g -O1 -std=c11 -D_GNU_SOURCE -D_FILE_OFFSET_BITS=64 -pthread \
 $(BUILD)/fuzz/%: tests/fuzz/%.c $(LIB_SRCS) $(wildcard */*.h)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  FUZZ    $@")
-	$(Q)clang $(FUZZ_CFLAGS) -o $@ $< $(LIB_SRCS) $(PKG_LIBS)
+	$(Q)clang $(FUZZ_CFLAGS) -o $@ $< $(FUZZ_EXTRA) $(LIB_SRCS) $(PKG_LIBS)
+
+# The control-socket parsers live outside the libraries.
+$(BUILD)/fuzz/fuzz_ctl: FUZZ_EXTRA := cmd/ctl.c
+$(BUILD)/fuzz/fuzz_ctl: cmd/ctl.c
 
 fuzz: $(FUZZ_BINS)
 

@@ -1,34 +1,42 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * The control protocol between ferry (the CLI) and ferryd (the lazy-mount
- * daemon), compiled into both binaries.
+ * daemon), compiled into both binaries; the client side (connecting,
+ * starting ferryd) is ctl_client.c, in ferry only.
  *
  * Transport: a unix stream socket (default /run/ferry/ferryd.sock, mode
  * 0600). Each request is one JSON object on one line; ferryd answers each
  * with one JSON object on one line, then reads the next request of the
- * same connection until EOF. Requests ("op"):
+ * same connection until EOF. Requests ("op"), each a struct below with
+ * one encoder (*_to_json) and one parser (*_parse):
  *
  *   {"op":"mount","image":REF,"mountpoint":ABS,"cacheDir":ABS,
- *    "mode":"fuse"|"fanotify" (default fuse; ferryd names the modes it has),
+ *    "mode":MODE (a short lowercase token, default "fuse"; ferryd knows
+ *                 fuse and fanotify),
  *    "prefetchFiles":[PATH...],"prefetchAll":BOOL,"prefetchBwlimit":N,
  *    "fetch":{"creds":S,"authfile":S,"tlsVerify":BOOL,"caFile":S,
- *             "insecure":[S...],"mirrors":[S...],"retries":N,
- *             "stallTimeoutMs":N}}
+ *             "insecure":[S...],"mirrors":[S...],"resolve":[S...],
+ *             "retries":N,"stallTimeoutMs":N}}      (ctl_fetch_opts[])
  *       answered once the mount is live
- *       → {"ok":true,"pid":N}
+ *       → {"ok":true,"pid":N}                       (ctl_mount_reply)
  *   {"op":"umount","mountpoint":ABS,"lazy":BOOL}
  *       answered once the mount is torn down (a few seconds at most)
+ *       → {"ok":true}
  *   {"op":"list"}  → {"ok":true,"pid":N,"version":S,"socket":S,"mounts":
  *       [{"mountpoint","image","cacheDir","mode","keeperPid" (fanotify),
  *         "state","mountedAt","bytesRead",
  *         "bytesFetched","bytesPrefetched","chunksPresent","chunksTotal",
- *         "bytesPresent","prefetch","prefetchFiles","prefetchSeconds"}]}
+ *         "bytesPresent","prefetch","prefetchFiles","readaheadFiles",
+ *         "readaheadBytes","prefetchSeconds"}]}      (ctl_list_reply)
  *   {"op":"ping"}  → {"ok":true,"pid":N,"version":S,"socket":S}
- *   {"op":"shutdown"} (as SIGTERM)
+ *   {"op":"shutdown"} (as SIGTERM) → {"ok":true}
  *
  * Answers: {"ok":true,...} or {"ok":false,"error":MESSAGE,"errno":N} where
  * MESSAGE names the image / mount point and the reason and N is the
- * positive errno (ENOENT from umount: that mount point is not ferryd's).
+ * positive errno (ENOENT from umount: that mount point is not ferryd's)
+ * (struct ctl_reply). Unknown fields are ignored; a field of the wrong
+ * type, out of range or too long fails the request (-EINVAL, saying
+ * which), as does a missing required one.
  *
  * Paths in requests are absolute: ferryd runs in "/" with its own
  * environment, so the client resolves relative paths and defaults.
@@ -47,8 +55,10 @@
 #define CTL_SOCKET_ENV "FERRYD_SOCKET"
 #define CTL_LINE_MAX (16u << 20)      /* longest request or answer line */
 #define CTL_PREFETCH_FILES_MAX 1000000u
-#define CTL_HOSTS_MAX 64u             /* insecure / mirrors entries */
-#define CTL_MODE_MAX 16u              /* a mode name: lowercase letters */
+#define CTL_HOSTS_MAX 64u             /* entries of a fetch string list */
+#define CTL_TOKEN_MAX 16u             /* mode, state, prefetch names */
+#define CTL_MSG_MAX 4096u             /* an error answer's message */
+#define CTL_MOUNTS_MAX 65536u         /* entries of a list answer */
 
 /* $FERRYD_SOCKET, else CTL_DEFAULT_SOCKET. */
 const char *ctl_default_socket(void);
@@ -61,6 +71,12 @@ int ctl_connect(const char *path, int *fd);
 
 /* Write @msg as one line (no SIGPIPE). */
 int ctl_send(int fd, struct json_object *msg);
+
+/*
+ * @len bytes of @text as one JSON object (blanks may follow it, nothing
+ * else): 0 and *@out, or -EPROTO.
+ */
+int ctl_json_parse(const char *text, size_t len, struct json_object **out);
 
 /* Buffered line reader over a socket. */
 struct ctl_reader {
@@ -84,15 +100,40 @@ int ctl_recv(struct ctl_reader *r, int timeout_ms, struct json_object **out);
 int ctl_call(const char *socket_path, struct json_object *req, int timeout_ms,
 	     struct json_object **resp);
 
-/* {"ok":true} / {"ok":false,"error":@msg,"errno":-@err}. */
-struct json_object *ctl_ok(void);
-struct json_object *ctl_error(int err, const char *msg);
-/* 0 for an ok answer; else -errno (-EPROTO if none) and *@msg. */
-int ctl_status(struct json_object *resp, const char **msg);
+/* ------------------------------------------------------------------ */
+/* Registry options                                                    */
+/* ------------------------------------------------------------------ */
 
-/* Typed field access (strings: json_get_string); @def when absent or mistyped. */
-bool ctl_get_bool(struct json_object *o, const char *key, bool def);
-uint64_t ctl_get_u64(struct json_object *o, const char *key, uint64_t def);
+enum ctl_opt_type {
+	CTL_OPT_STR,  /* const char *, NULL when unset */
+	CTL_OPT_BOOL, /* bool */
+	CTL_OPT_UINT, /* unsigned int */
+	CTL_OPT_STRS, /* const char *const *, NULL-terminated */
+};
+
+/*
+ * One field of struct fetch_opts that a mount request carries: the
+ * encoder and the parser of "fetch" know nothing else, and the unit test
+ * checks this table against ferry's REGISTRY_LONGOPTS, so an option is
+ * carried as soon as it has a row. Not carried: connect_timeout_ms (no
+ * option sets it) and user_agent (ferryd's own).
+ */
+struct ctl_fetch_opt {
+	const char *key;        /* in the request's "fetch" object */
+	const char *option;     /* ferry's long option that sets it */
+	enum ctl_opt_type type;
+	size_t offset;          /* of the field in struct fetch_opts */
+	unsigned int max;       /* UINT: largest value; else longest string */
+	unsigned int max_items; /* STRS: most entries */
+};
+#define CTL_NR_FETCH_OPTS 9
+extern const struct ctl_fetch_opt ctl_fetch_opts[CTL_NR_FETCH_OPTS];
+
+/* ------------------------------------------------------------------ */
+/* Requests                                                            */
+/* ------------------------------------------------------------------ */
+
+enum ctl_op { CTL_OP_MOUNT = 1, CTL_OP_UMOUNT, CTL_OP_LIST, CTL_OP_PING, CTL_OP_SHUTDOWN };
 
 /*
  * A mount request. Built by the client (strings borrowed from it) or
@@ -104,19 +145,135 @@ struct ctl_mount_req {
 	const char **prefetch_files;
 	size_t nr_prefetch_files;
 	bool prefetch_all;
-	const char *mode;          /* "fuse", "fanotify"; parsed: never NULL */
+	const char *mode;          /* serving mode's name; parsed: never NULL */
 	uint64_t prefetch_bwlimit; /* bytes per second, 0 = unlimited */
-	struct fetch_opts fetch;   /* insecure / mirrors NULL-terminated */
-	/* Parsed requests only. */
-	struct json_object *root;
-	const char **insecure, **mirrors;
+	struct fetch_opts fetch;   /* parsed: every list non-NULL */
+	struct json_object *root;  /* parsed requests only */
 };
 void ctl_mount_req_init(struct ctl_mount_req *r);
 struct json_object *ctl_mount_req_to_json(const struct ctl_mount_req *r);
-/* Validate @req: 0, or -EINVAL with a reason in @err. Takes a reference. */
-int ctl_mount_req_parse(struct json_object *req, struct ctl_mount_req *r,
+/* Validate @o: 0, or -EINVAL with a reason in @err. Takes a reference. */
+int ctl_mount_req_parse(struct json_object *o, struct ctl_mount_req *r,
 			char *err, size_t errlen);
+/* Parsed requests (also after a failed parse). */
 void ctl_mount_req_free(struct ctl_mount_req *r);
+
+/* An umount request (strings borrowed from the caller / the parsed JSON). */
+struct ctl_umount_req {
+	const char *mountpoint; /* absolute */
+	bool lazy;
+};
+struct json_object *ctl_umount_req_to_json(const struct ctl_umount_req *r);
+int ctl_umount_req_parse(struct json_object *o, struct ctl_umount_req *r,
+			 char *err, size_t errlen);
+
+/* list, ping and shutdown carry nothing but their op. */
+struct json_object *ctl_op_req_to_json(enum ctl_op op);
+
+/* Any request, as ferryd receives it. */
+struct ctl_request {
+	enum ctl_op op;
+	struct ctl_mount_req mount;   /* CTL_OP_MOUNT */
+	struct ctl_umount_req umount; /* CTL_OP_UMOUNT: borrows from @o */
+};
+/*
+ * Validate @o per its "op": 0, or -EINVAL with a reason in @err (-ENOMEM).
+ * ctl_request_free afterwards in either case.
+ */
+int ctl_request_parse(struct json_object *o, struct ctl_request *req,
+		      char *err, size_t errlen);
+void ctl_request_free(struct ctl_request *req);
+
+/* ------------------------------------------------------------------ */
+/* Answers                                                             */
+/* ------------------------------------------------------------------ */
+
+/* Every answer: ok (err 0), or an error with its message. */
+struct ctl_reply {
+	int err;           /* 0 or -errno */
+	const char *error; /* the message when err; borrowed */
+};
+struct json_object *ctl_reply_to_json(const struct ctl_reply *r);
+/*
+ * 0 and *@r for a well-formed answer (ok or error), else -EPROTO with the
+ * reason in @err; so for the answers below.
+ */
+int ctl_reply_parse(struct json_object *o, struct ctl_reply *r,
+		    char *err, size_t errlen);
+
+/* The ok answers that say more (their parsers want "ok":true). */
+struct ctl_mount_reply {
+	int pid; /* ferryd's */
+};
+struct json_object *ctl_mount_reply_to_json(const struct ctl_mount_reply *r);
+int ctl_mount_reply_parse(struct json_object *o, struct ctl_mount_reply *r,
+			  char *err, size_t errlen);
+
+struct ctl_ping_reply {
+	int pid;
+	char version[64];
+	char socket[108]; /* sun_path */
+};
+struct json_object *ctl_ping_reply_to_json(const struct ctl_ping_reply *r);
+int ctl_ping_reply_parse(struct json_object *o, struct ctl_ping_reply *r,
+			 char *err, size_t errlen);
+
+/* One mount of a list answer. */
+struct ctl_mount_stats {
+	char *mountpoint, *image, *cache_dir; /* malloc'ed */
+	char mode[CTL_TOKEN_MAX + 1];
+	char state[CTL_TOKEN_MAX + 1];    /* mounting, mounted, detached, unmounting */
+	char prefetch[CTL_TOKEN_MAX + 1]; /* none, running, done, stopped, failed */
+	int keeper_pid;                   /* fanotify mounts; 0: none */
+	int64_t mounted_at;               /* unix seconds */
+	uint64_t bytes_read, bytes_fetched, bytes_prefetched;
+	uint64_t chunks_present, chunks_total, bytes_present;
+	uint64_t prefetch_files, readahead_files, readahead_bytes;
+	uint64_t prefetch_ms;             /* prefetch's duration when finished */
+};
+struct json_object *ctl_mount_stats_to_json(const struct ctl_mount_stats *m);
+
+struct ctl_list_reply {
+	struct ctl_ping_reply daemon;
+	struct ctl_mount_stats *mounts; /* malloc'ed */
+	size_t nr_mounts;
+};
+struct json_object *ctl_list_reply_to_json(const struct ctl_list_reply *r);
+int ctl_list_reply_parse(struct json_object *o, struct ctl_list_reply *r,
+			 char *err, size_t errlen);
+/* Parsed or built: frees the mounts (also after a failed parse). */
+void ctl_list_reply_free(struct ctl_list_reply *r);
+
+/* ------------------------------------------------------------------ */
+/* Client (ctl_client.c, ferry only)                                   */
+/* ------------------------------------------------------------------ */
+
+/*
+ * Each call sends one typed request to the ferryd on @socket_path and
+ * parses its typed answer: 0, or -errno with @msg set to ferryd's error
+ * message (also for a malformed answer, -EPROTO), or to "" for a
+ * transport error (-ENOENT / -ECONNREFUSED: no ferryd there, see
+ * ctl_no_daemon). ctl_client_mount starts a ferryd (bin/ferryd next to
+ * ferry, else from PATH) when none answers.
+ */
+int ctl_client_mount(const char *socket_path, const struct ctl_mount_req *req,
+		     struct ctl_mount_reply *rep, char *msg, size_t msglen);
+int ctl_client_umount(const char *socket_path, const struct ctl_umount_req *req,
+		      char *msg, size_t msglen);
+int ctl_client_list(const char *socket_path, struct ctl_list_reply *rep,
+		    char *msg, size_t msglen);
+/* No ferryd listens on the socket (or, from umount, the mount is not its). */
+bool ctl_no_daemon(int err);
+/*
+ * Become a foreground ferryd on @socket_path hosting @req's mount (the
+ * request passed through a descriptor: credentials stay out of ps);
+ * returns only on failure, after a message.
+ */
+int ctl_client_exec_mount(const char *socket_path, const struct ctl_mount_req *req);
+
+/* ------------------------------------------------------------------ */
+/* Mount table and paths                                               */
+/* ------------------------------------------------------------------ */
 
 /*
  * The file system mounted on top of the absolute path @mountpoint, from

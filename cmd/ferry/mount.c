@@ -6,27 +6,19 @@
  */
 #include <fcntl.h>
 #include <getopt.h>
-#include <libgen.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
-#include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "../../pkg-base/base.h"
 #include "../../pkg-image/image.h"
 #include "../ctl.h"
 #include "cmd.h"
-
-#define MOUNT_TIMEOUT_MS 600000 /* ferryd bounds its own fetches */
-#define CTL_TIMEOUT_MS 60000
-#define START_WAIT_MS 10000     /* a spawned ferryd's socket to answer */
 
 static void mount_help(void)
 {
@@ -91,115 +83,6 @@ static void mount_help(void)
 	       "Unmount any mode with 'ferry umount MOUNTPOINT'.\n\n%s\n" EXIT_CODES_HELP,
 	       FERRY_DEFAULT_CACHE_DIR, CTL_SOCKET_ENV, CTL_DEFAULT_SOCKET,
 	       REGISTRY_OPTIONS_HELP);
-}
-
-/* ------------------------------------------------------------------ */
-/* Talking to ferryd                                                   */
-/* ------------------------------------------------------------------ */
-
-/* bin/ferryd next to this ferry, else "ferryd" (looked up in PATH). */
-static char *ferryd_path(void)
-{
-	char self[PATH_MAX], *p = NULL;
-	ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
-
-	if (n > 0) {
-		self[n] = '\0';
-		if (asprintf(&p, "%s/ferryd", dirname(self)) < 0)
-			return NULL;
-		if (!access(p, X_OK))
-			return p;
-		free(p);
-	}
-	return strdup("ferryd");
-}
-
-/*
- * argv for ferryd: PATH [-v...|-q] --socket S, NULL-terminated. Only a
- * foreground ferryd takes this command's verbosity: a background one is
- * shared by later mounts and logs at its default level.
- */
-static void ferryd_argv(const char **argv, const char *path, const char *socket_path,
-			bool foreground)
-{
-	int n = 0, lvl;
-
-	argv[n++] = path;
-	for (lvl = FERRY_LOG_INFO; foreground && lvl < ferry_log_level && n < 3; lvl++)
-		argv[n++] = "-v";
-	if (foreground && ferry_log_level == FERRY_LOG_ERR)
-		argv[n++] = "-q";
-	if (!foreground)
-		argv[n++] = "--exist-ok"; /* a racing ferry may start one too */
-	argv[n++] = "--socket";
-	argv[n++] = socket_path;
-	argv[n] = NULL;
-}
-
-/* Start a daemonizing ferryd on @socket_path; it exits once listening. */
-static int start_ferryd(const char *socket_path)
-{
-	const char *argv[10];
-	char *path = ferryd_path();
-	int status;
-	pid_t pid;
-
-	if (!path)
-		return -ENOMEM;
-	ferryd_argv(argv, path, socket_path, false);
-	ferry_dbg("starting %s on %s", path, socket_path);
-	fflush(NULL);
-	pid = fork();
-	if (pid < 0) {
-		free(path);
-		return -errno;
-	}
-	if (!pid) {
-		if (strchr(path, '/'))
-			execv(path, (char **)argv);
-		else
-			execvp(path, (char **)argv);
-		fprintf(stderr, "ferry: cannot run %s: %s\n", path, strerror(errno));
-		_exit(127);
-	}
-	while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
-		;
-	free(path);
-	/* A failure may be a racing ferryd that got the socket: callers
-	 * retry connecting either way. */
-	if (!WIFEXITED(status) || WEXITSTATUS(status) == 127)
-		return -ENOEXEC;
-	return WEXITSTATUS(status) ? -EADDRINUSE : 0;
-}
-
-static bool no_daemon(int ret)
-{
-	return ret == -ENOENT || ret == -ECONNREFUSED;
-}
-
-/* @req to the ferryd on @socket_path, starting one if none answers. */
-static int call_or_start(const char *socket_path, struct json_object *req,
-			 int timeout_ms, struct json_object **resp)
-{
-	unsigned int waited;
-	int ret = ctl_call(socket_path, req, timeout_ms, resp), st;
-
-	if (!no_daemon(ret))
-		return ret;
-	st = start_ferryd(socket_path);
-	if (st == -ENOEXEC || st == -ENOMEM) {
-		ferry_err("cannot start ferryd for %s", socket_path);
-		return st;
-	}
-	for (waited = 0; waited < START_WAIT_MS; waited += 50) {
-		ret = ctl_call(socket_path, req, timeout_ms, resp);
-		if (!no_daemon(ret))
-			return ret;
-		nanosleep(&(struct timespec){ 0, 50000000 }, NULL);
-	}
-	ferry_err("no ferryd answers on %s (see its log, ferryd.log next to the socket)",
-		  socket_path);
-	return ret;
 }
 
 /*
@@ -342,8 +225,7 @@ static const char *client_authfile(char *buf, size_t len)
 }
 
 struct fuse_args_in {
-	const char *image, *mountpoint, *cache_dir, *prefetch_list, *socket_path;
-	const char *mode;
+	const char *image, *mountpoint, *cache_dir, *prefetch_list, *socket_path, *mode;
 	bool prefetch_all, foreground;
 	uint64_t bwlimit;
 	struct regopts *ro;
@@ -352,11 +234,10 @@ struct fuse_args_in {
 static int mount_fuse(const struct fuse_args_in *a)
 {
 	char *image = NULL, *mp = NULL, *cache = NULL, *authfile = NULL,
-	     *ca = NULL, authbuf[PATH_MAX];
-	struct json_object *req = NULL, *resp = NULL;
+	     *ca = NULL, authbuf[PATH_MAX], msg[CTL_MSG_MAX + 64];
+	struct ctl_mount_reply rep;
 	struct ctl_mount_req r;
 	struct strlist files = { 0 };
-	const char *msg;
 	struct ctl_mnt mi;
 	struct stat st;
 	int ret, rc = EXIT_FAIL;
@@ -410,66 +291,25 @@ static int mount_fuse(const struct fuse_args_in *a)
 		r.fetch.authfile = authfile;
 	if (ca)
 		r.fetch.ca_file = ca;
-	req = ctl_mount_req_to_json(&r);
-	if (!req) {
-		ferry_err("mount %s: out of memory", a->image);
-		goto out;
-	}
 
 	if (a->foreground) {
-		const char *argv[12], *text;
-		char *path = ferryd_path(), fdarg[16];
-		int i, fd;
-
-		if (!path)
-			goto out;
-		/* The request through a descriptor: credentials must not
-		 * show in ferryd's command line (ps). */
-		text = json_object_to_json_string_ext(req, JSON_C_TO_STRING_PLAIN |
-						      JSON_C_TO_STRING_NOSLASHESCAPE);
-		fd = memfd_create("ferry-mount-request", 0);
-		if (fd < 0 || write_full(fd, text, strlen(text)) ||
-		    lseek(fd, 0, SEEK_SET) != 0) {
-			ferry_err("mount %s: cannot pass the request to ferryd: %s",
-				  a->image, strerror(errno));
-			free(path);
-			goto out;
-		}
-		snprintf(fdarg, sizeof(fdarg), "%d", fd);
-		ferryd_argv(argv, path, a->socket_path, true);
-		for (i = 0; argv[i]; i++)
-			;
-		argv[i++] = "-f";
-		argv[i++] = "--mount-fd";
-		argv[i++] = fdarg;
-		argv[i] = NULL;
-		fflush(NULL);
-		if (strchr(path, '/'))
-			execv(path, (char **)argv);
-		else
-			execvp(path, (char **)argv);
-		ferry_err("mount %s: cannot run %s: %s", a->image, path, strerror(errno));
-		free(path);
+		ctl_client_exec_mount(a->socket_path, &r);
 		goto out;
 	}
-
-	ret = call_or_start(a->socket_path, req, MOUNT_TIMEOUT_MS, &resp);
+	ret = ctl_client_mount(a->socket_path, &r, &rep, msg, sizeof(msg));
+	if (ret && msg[0]) {
+		ferry_err("%s", msg);
+		goto out;
+	}
 	if (ret) {
 		ferry_err("mount %s on %s: ferryd (%s): %s", a->image, mp, a->socket_path,
 			  ferry_strerror(ret));
 		goto out;
 	}
-	ret = ctl_status(resp, &msg);
-	if (ret) {
-		ferry_err("%s", msg);
-		goto out;
-	}
-	ferry_info("mounted %s on %s (ferryd pid %llu, socket %s)", image, mp,
-		   (unsigned long long)ctl_get_u64(resp, "pid", 0), a->socket_path);
+	ferry_info("mounted %s on %s (ferryd pid %d, socket %s)", image, mp, rep.pid,
+		   a->socket_path);
 	rc = EXIT_OK;
 out:
-	json_object_put(resp);
-	json_object_put(req);
 	strlist_free(&files);
 	free(image);
 	free(mp);
@@ -483,106 +323,99 @@ out:
 /* ferry mount --list                                                  */
 /* ------------------------------------------------------------------ */
 
-static void print_mounts(struct json_object *mounts)
+static void print_mounts(const struct ctl_mount_stats *mounts, size_t n)
 {
-	size_t i, n = json_object_array_length(mounts);
+	const struct ctl_mount_stats *m;
+	char chunks[48], read[24];
 
 	printf("%-30s %-8s %-10s %-9s %13s %13s %13s %15s  %s\n", "MOUNTPOINT", "MODE",
 	       "STATE", "PREFETCH", "READ", "FETCHED", "PREFETCHED", "CHUNKS", "IMAGE");
-	for (i = 0; i < n; i++) {
-		struct json_object *m = json_object_array_get_idx(mounts, i);
-		const char *mode = json_get_string(m, "mode") ?: "fuse";
-		char chunks[48], read[24];
-
+	for (m = mounts; m < mounts + n; m++) {
 		snprintf(chunks, sizeof(chunks), "%llu/%llu",
-			 (unsigned long long)ctl_get_u64(m, "chunksPresent", 0),
-			 (unsigned long long)ctl_get_u64(m, "chunksTotal", 0));
+			 (unsigned long long)m->chunks_present,
+			 (unsigned long long)m->chunks_total);
 		/* The kernel reads a fanotify mount's files without us. */
-		if (!strcmp(mode, "fanotify"))
+		if (!strcmp(m->mode, "fanotify"))
 			snprintf(read, sizeof(read), "-");
 		else
-			snprintf(read, sizeof(read), "%llu",
-				 (unsigned long long)ctl_get_u64(m, "bytesRead", 0));
-		printf("%-30s %-8s %-10s %-9s %13s %13llu %13llu %15s  %s\n",
-		       json_get_string(m, "mountpoint") ?: "?", mode,
-		       json_get_string(m, "state") ?: "?",
-		       json_get_string(m, "prefetch") ?: "?", read,
-		       (unsigned long long)ctl_get_u64(m, "bytesFetched", 0),
-		       (unsigned long long)ctl_get_u64(m, "bytesPrefetched", 0), chunks,
-		       json_get_string(m, "image") ?: "?");
+			snprintf(read, sizeof(read), "%llu", (unsigned long long)m->bytes_read);
+		printf("%-30s %-8s %-10s %-9s %13s %13llu %13llu %15s  %s\n", m->mountpoint,
+		       m->mode, m->state, m->prefetch, read,
+		       (unsigned long long)m->bytes_fetched,
+		       (unsigned long long)m->bytes_prefetched, chunks, m->image);
 	}
+}
+
+/* {"pid" (when a ferryd answered),"socket","mounts"} on stdout. */
+static int print_json(int pid, const char *socket_path, const struct ctl_mount_stats *mounts,
+		      size_t n)
+{
+	struct json_object *out = json_object_new_object(), *a = json_object_new_array(), *m;
+	size_t i;
+	int ret = out && a ? 0 : -ENOMEM;
+
+	for (i = 0; !ret && i < n; i++) {
+		m = ctl_mount_stats_to_json(&mounts[i]);
+		if (!m || json_object_array_add(a, m)) {
+			json_object_put(m);
+			ret = -ENOMEM;
+		}
+	}
+	if (!ret && pid)
+		ret = json_object_object_add(out, "pid", json_object_new_int(pid)) ? -ENOMEM : 0;
+	if (!ret)
+		ret = json_object_object_add(out, "socket", json_object_new_string(socket_path)) ?
+			      -ENOMEM : 0;
+	if (!ret) {
+		ret = json_object_object_add(out, "mounts", a) ? -ENOMEM : 0;
+		a = NULL;
+	}
+	if (!ret)
+		printf("%s\n", json_object_to_json_string_ext(out, JSON_C_TO_STRING_PRETTY |
+							       JSON_C_TO_STRING_NOSLASHESCAPE));
+	json_object_put(a);
+	json_object_put(out);
+	return ret;
 }
 
 static int mount_list(const char *socket_path, bool json, const char *only)
 {
-	struct json_object *req = json_object_new_object(), *resp = NULL, *mounts,
-			   *sel = NULL, *out = NULL;
-	char *mp = NULL;
-	const char *msg;
-	size_t i;
+	struct ctl_list_reply lr;
+	struct ctl_mount_stats *m = NULL;
+	char *mp = NULL, msg[CTL_MSG_MAX + 64];
+	size_t n;
 	int ret, rc = EXIT_FAIL;
 
-	if (!req)
+	ret = ctl_client_list(socket_path, &lr, msg, sizeof(msg));
+	if (ret && !(ctl_no_daemon(ret) && !msg[0])) {
+		ferry_err("ferryd (%s): %s", socket_path, msg[0] ? msg : ferry_strerror(ret));
 		return EXIT_FAIL;
-	json_object_object_add(req, "op", json_object_new_string("list"));
-	ret = ctl_call(socket_path, req, CTL_TIMEOUT_MS, &resp);
-	if (no_daemon(ret)) {
-		resp = ctl_ok();
-		json_object_object_add(resp, "socket", json_object_new_string(socket_path));
-		json_object_object_add(resp, "mounts", json_object_new_array());
-	} else if (ret) {
-		ferry_err("ferryd (%s): %s", socket_path, ferry_strerror(ret));
-		goto out;
-	} else if ((ret = ctl_status(resp, &msg))) {
-		ferry_err("ferryd (%s): %s", socket_path, msg);
-		goto out;
 	}
-	if (!json_object_object_get_ex(resp, "mounts", &mounts) ||
-	    !json_object_is_type(mounts, json_type_array)) {
-		ferry_err("ferryd (%s): malformed list answer", socket_path);
-		goto out;
-	}
+	/* No ferryd running: no mounts. */
+	m = lr.mounts;
+	n = lr.nr_mounts;
 	if (only) {
 		if (ctl_mountpoint_path(only, &mp))
 			goto out;
-		sel = json_object_new_array();
-		for (i = 0; sel && i < json_object_array_length(mounts); i++) {
-			struct json_object *m = json_object_array_get_idx(mounts, i);
-			const char *p = json_get_string(m, "mountpoint");
-
-			if (p && !strcmp(p, mp))
-				json_object_array_add(sel, json_object_get(m));
-		}
-		if (!sel || !json_object_array_length(sel)) {
+		for (; n && strcmp(m->mountpoint, mp); m++, n--)
+			;
+		if (!n) {
 			ferry_err("%s: not a mount of the ferryd on %s", only, socket_path);
 			goto out;
 		}
-		mounts = sel;
+		n = 1;
 	}
 	if (json) {
-		struct json_object *v;
-
-		out = json_object_new_object();
-		if (!out)
+		if (print_json(lr.daemon.pid, socket_path, m, n))
 			goto out;
-
-		if (json_object_object_get_ex(resp, "pid", &v))
-			json_object_object_add(out, "pid", json_object_get(v));
-		json_object_object_add(out, "socket", json_object_new_string(socket_path));
-		json_object_object_add(out, "mounts", json_object_get(mounts));
-		printf("%s\n", json_object_to_json_string_ext(out, JSON_C_TO_STRING_PRETTY |
-							       JSON_C_TO_STRING_NOSLASHESCAPE));
-	} else if (!json_object_array_length(mounts)) {
+	} else if (!n) {
 		printf("no ferry lazy mounts (%s)\n", socket_path);
 	} else {
-		print_mounts(mounts);
+		print_mounts(m, n);
 	}
 	rc = EXIT_OK;
 out:
-	json_object_put(out);
-	json_object_put(sel);
-	json_object_put(resp);
-	json_object_put(req);
+	ctl_list_reply_free(&lr);
 	free(mp);
 	return rc;
 }
@@ -771,17 +604,17 @@ int cmd_umount(int argc, char **argv)
 		{ "help", no_argument, NULL, 'h' },
 		{ 0 },
 	};
-	const char *socket_path = ctl_default_socket(), *msg;
-	struct json_object *req = NULL, *resp = NULL;
+	const char *socket_path = ctl_default_socket();
+	struct ctl_umount_req req = { 0 };
 	struct ctl_mnt mi;
-	bool lazy = false, fuse;
-	char *mp = NULL;
+	bool fuse;
+	char *mp = NULL, msg[CTL_MSG_MAX + 64];
 	int c, ret, rc = EXIT_FAIL;
 
 	while ((c = getopt_long(argc, argv, "hl", longopts, NULL)) != -1) {
 		switch (c) {
 		case 'l':
-			lazy = true;
+			req.lazy = true;
 			break;
 		case OPT_SOCKET:
 			if (optarg[0] != '/')
@@ -815,30 +648,21 @@ int cmd_umount(int argc, char **argv)
 			  mi.source);
 		goto out;
 	}
-	req = json_object_new_object();
-	if (!req)
-		goto out;
-	json_object_object_add(req, "op", json_object_new_string("umount"));
-	json_object_object_add(req, "mountpoint", json_object_new_string(mp));
-	json_object_object_add(req, "lazy", json_object_new_boolean(lazy));
-	ret = ctl_call(socket_path, req, CTL_TIMEOUT_MS, &resp);
-	if (!ret)
-		ret = ctl_status(resp, &msg);
+	req.mountpoint = mp;
+	ret = ctl_client_umount(socket_path, &req, msg, sizeof(msg));
 	if (!ret) {
 		rc = EXIT_OK;
-	} else if (no_daemon(ret)) {
+	} else if (ctl_no_daemon(ret)) {
 		/* No ferryd here, or another one's mount, or a kernel mount
 		 * (local mode, or fanotify of a dead ferryd): the kernel's turn. */
-		rc = umount_direct(mp, lazy, fuse);
-	} else if (resp && ret < 0 && json_get_string(resp, "error")) {
+		rc = umount_direct(mp, req.lazy, fuse);
+	} else if (msg[0]) {
 		ferry_err("umount %s: %s", argv[optind], msg);
 	} else {
 		ferry_err("umount %s: ferryd (%s): %s", argv[optind], socket_path,
 			  ferry_strerror(ret));
 	}
 out:
-	json_object_put(resp);
-	json_object_put(req);
 	free(mp);
 	return rc;
 }

@@ -43,64 +43,55 @@ static void wake(void)
 
 static struct json_object *reply(int ret, const char *err)
 {
-	return ret ? ctl_error(ret, err) : ctl_ok();
+	return ctl_reply_to_json(&(struct ctl_reply){ .err = ret, .error = err });
 }
 
-static struct json_object *handle(struct json_object *req, bool *shutdown)
+static struct json_object *handle(struct json_object *o, bool *shutdown)
 {
-	const char *op = json_get_string(req, "op");
+	struct ctl_ping_reply ping = { .pid = getpid(), .version = FERRYD_VERSION };
+	struct ctl_list_reply list = { 0 };
+	struct ctl_request req;
 	char err[4096] = "";
-	struct json_object *resp;
+	struct json_object *resp = NULL;
 	int ret;
 
-	if (!op)
-		return ctl_error(-EINVAL, "request without \"op\"");
-	if (!strcmp(op, "mount")) {
-		struct ctl_mount_req mr;
-		char why[1024] = "";
-
-		ret = ctl_mount_req_parse(req, &mr, why, sizeof(why));
-		if (ret) {
-			snprintf(err, sizeof(err), "invalid mount request: %s",
-				 why[0] ? why : ferry_strerror(ret));
-			ctl_mount_req_free(&mr);
-			ferry_err("%s", err);
-			return ctl_error(ret, err);
-		}
-		ret = mounts_mount(&mr, err, sizeof(err));
+	snprintf(ping.socket, sizeof(ping.socket), "%s", opts->socket_path);
+	ret = ctl_request_parse(o, &req, err, sizeof(err));
+	if (ret) {
+		ferry_err("%s", err);
 		resp = reply(ret, err);
-		if (resp && !ret)
-			json_object_object_add(resp, "pid", json_object_new_int(getpid()));
-		return resp;
+		goto out;
 	}
-	if (!strcmp(op, "umount")) {
-		const char *mp = json_get_string(req, "mountpoint");
-
-		if (!mp || mp[0] != '/')
-			return ctl_error(-EINVAL, "umount: \"mountpoint\" must be an absolute path");
-		ret = mounts_umount(mp, ctl_get_bool(req, "lazy", false), err, sizeof(err));
+	switch (req.op) {
+	case CTL_OP_MOUNT:
+		ret = mounts_mount(&req.mount, err, sizeof(err));
+		resp = ret ? reply(ret, err) :
+			     ctl_mount_reply_to_json(&(struct ctl_mount_reply){ .pid = getpid() });
+		break;
+	case CTL_OP_UMOUNT:
+		ret = mounts_umount(req.umount.mountpoint, req.umount.lazy, err, sizeof(err));
 		if (ret && ret != -ENOENT)
-			ferry_err("umount %s: %s", mp, err);
-		return reply(ret, err);
-	}
-	if (!strcmp(op, "list") || !strcmp(op, "ping")) {
-		resp = ctl_ok();
-		if (!resp)
-			return NULL;
-		json_object_object_add(resp, "pid", json_object_new_int(getpid()));
-		json_object_object_add(resp, "version", json_object_new_string(FERRYD_VERSION));
-		json_object_object_add(resp, "socket", json_object_new_string(opts->socket_path));
-		if (!strcmp(op, "list"))
-			json_object_object_add(resp, "mounts", mounts_list());
-		return resp;
-	}
-	if (!strcmp(op, "shutdown")) {
+			ferry_err("umount %s: %s", req.umount.mountpoint, err);
+		resp = reply(ret, err);
+		break;
+	case CTL_OP_LIST:
+		list.daemon = ping;
+		ret = mounts_list(&list.mounts, &list.nr_mounts);
+		resp = ret ? reply(ret, "cannot list the mounts") : ctl_list_reply_to_json(&list);
+		ctl_list_reply_free(&list);
+		break;
+	case CTL_OP_PING:
+		resp = ctl_ping_reply_to_json(&ping);
+		break;
+	case CTL_OP_SHUTDOWN:
 		ferry_info("shutdown requested over the control socket");
 		*shutdown = true;
-		return ctl_ok();
+		resp = reply(0, NULL);
+		break;
 	}
-	snprintf(err, sizeof(err), "unknown op \"%.64s\"", op);
-	return ctl_error(-EINVAL, err);
+out:
+	ctl_request_free(&req);
+	return resp;
 }
 
 static bool peer_allowed(int fd)
@@ -122,7 +113,7 @@ static void *conn_main(void *arg)
 
 	ctl_reader_init(&rd, fd);
 	if (!peer_allowed(fd)) {
-		resp = ctl_error(-EACCES, "permission denied: ferryd serves root (and its own user) only");
+		resp = reply(-EACCES, "permission denied: ferryd serves root (and its own user) only");
 		ctl_send(fd, resp);
 		json_object_put(resp);
 		goto out;
@@ -131,16 +122,16 @@ static void *conn_main(void *arg)
 		resp = handle(req, &shutdown);
 		json_object_put(req);
 		if (!resp)
-			resp = ctl_error(-ENOMEM, "out of memory");
+			resp = reply(-ENOMEM, "out of memory");
 		ret = resp ? ctl_send(fd, resp) : -ENOMEM;
 		json_object_put(resp);
 		if (ret)
 			break;
 	}
 	if (ret < 0 && ret != -ETIMEDOUT && ret != -ECONNRESET && ret != -EPIPE) {
-		resp = ctl_error(ret, ret == -EPROTO ? "expected one JSON object per line" :
-				      ret == -EMSGSIZE ? "request line too long" :
-							 ferry_strerror(ret));
+		resp = reply(ret, ret == -EPROTO ? "expected one JSON object per line" :
+				  ret == -EMSGSIZE ? "request line too long" :
+						     ferry_strerror(ret));
 		ctl_send(fd, resp);
 		json_object_put(resp);
 	}
@@ -167,7 +158,7 @@ static void accept_one(int lfd)
 		return;
 	}
 	if (atomic_fetch_add(&nr_conns, 1) >= MAX_CONNS) {
-		struct json_object *resp = ctl_error(-EAGAIN, "ferryd is busy: too many connections");
+		struct json_object *resp = reply(-EAGAIN, "ferryd is busy: too many connections");
 
 		ctl_send(fd, resp);
 		json_object_put(resp);
@@ -183,30 +174,6 @@ static void accept_one(int lfd)
 		atomic_fetch_sub(&nr_conns, 1);
 	}
 	pthread_attr_destroy(&attr);
-}
-
-static int mkdir_parent(const char *path)
-{
-	char *copy = strdup(path), *dir, *p;
-	int ret = 0;
-
-	if (!copy)
-		return -ENOMEM;
-	dir = dirname(copy);
-	for (p = dir + 1; !ret; p++) {
-		char c = *p;
-
-		if (c && c != '/')
-			continue;
-		*p = '\0';
-		if (mkdir(dir, 0755) && errno != EEXIST)
-			ret = -errno;
-		*p = c;
-		if (!c)
-			break;
-	}
-	free(copy);
-	return ret;
 }
 
 /* Take @socket_path's lock file: one ferryd per socket (-EADDRINUSE). */
@@ -306,6 +273,7 @@ int daemon_run(const struct daemon_opts *o)
 	sigset_t set;
 	ino_t sock_ino = 0;
 	int lock_fd = -1, lfd = -1, sfd = -1, ret, devnull;
+	char *copy;
 	bool exit_when_empty = false;
 	struct stat st;
 	unsigned int waited;
@@ -329,7 +297,9 @@ int daemon_run(const struct daemon_opts *o)
 	}
 	mounts_init(o->threads, o->readahead_kb, o->dir_readahead_kb, on_change);
 
-	ret = mkdir_parent(o->socket_path);
+	copy = strdup(o->socket_path);
+	ret = copy ? mkdir_p(dirname(copy), 0755) : -ENOMEM;
+	free(copy);
 	if (ret) {
 		ferry_err("cannot create the directory of %s: %s", o->socket_path,
 			  ferry_strerror(ret));
@@ -372,22 +342,10 @@ int daemon_run(const struct daemon_opts *o)
 	}
 
 	ret = EXIT_SUCCESS;
-	if (o->mount_json) {
-		struct json_object *req = json_tokener_parse(o->mount_json);
-		struct ctl_mount_req mr;
+	if (o->mount) {
 		char err[4096] = "";
-		int r = -EINVAL;
 
-		if (!req || !json_object_is_type(req, json_type_object)) {
-			ferry_err("--mount: not a JSON object");
-		} else if ((r = ctl_mount_req_parse(req, &mr, err, sizeof(err)))) {
-			ferry_err("--mount: invalid mount request: %s", err);
-			ctl_mount_req_free(&mr);
-		} else {
-			r = mounts_mount(&mr, err, sizeof(err));
-		}
-		json_object_put(req);
-		if (r) {
+		if (mounts_mount(o->mount, err, sizeof(err))) {
 			ret = EXIT_FAILURE;
 			atomic_store(&stop_requested, true);
 		}

@@ -730,12 +730,11 @@ static void fan_close(void *state, int ret)
 	fan_free(f);
 }
 
-static void fan_stats(void *state, struct json_object *o)
+static void fan_stats(void *state, struct ctl_mount_stats *s)
 {
 	struct fan *f = state;
 
-	json_object_object_add(o, "keeperPid",
-			       json_object_new_int(atomic_load(&f->keeper_pid)));
+	s->keeper_pid = atomic_load(&f->keeper_pid);
 }
 
 const struct serve_mode fanotify_mode = {

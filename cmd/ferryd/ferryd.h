@@ -81,8 +81,8 @@ void mounts_init(unsigned int threads, unsigned int readahead_kb,
 /* Mount per @req (taken over, also on failure); the reason in @err. */
 int mounts_mount(struct ctl_mount_req *req, char *err, size_t errlen);
 int mounts_umount(const char *mountpoint, bool lazy, char *err, size_t errlen);
-/* The "mounts" array of a list answer. */
-struct json_object *mounts_list(void);
+/* The mounts of a list answer (ctl_list_reply_free frees them). */
+int mounts_list(struct ctl_mount_stats **mounts, size_t *nr);
 size_t mounts_count(void);
 /*
  * Unmount everything (detach what is busy) and end every session,
@@ -124,7 +124,8 @@ void log_capture_end(struct log_capture *c);
 struct daemon_opts {
 	const char *socket_path;
 	const char *log_path;   /* daemon mode */
-	const char *mount_json; /* --mount: mount this at start, exit when none left */
+	struct ctl_mount_req *mount; /* --mount: mount this at start (taken over),
+				      * exit when none is left */
 	bool foreground;
 	bool exist_ok;          /* another ferryd on the socket is success */
 	unsigned int threads;

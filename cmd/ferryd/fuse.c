@@ -926,14 +926,12 @@ static void fuse_close(void *state, int ret)
 	fs_free(fs);
 }
 
-static void fuse_stats(void *state, struct json_object *o)
+static void fuse_stats(void *state, struct ctl_mount_stats *s)
 {
 	struct fs *fs = state;
 
-	json_object_object_add(o, "readaheadFiles",
-			       json_object_new_uint64(atomic_load(&fs->ra_files)));
-	json_object_object_add(o, "readaheadBytes",
-			       json_object_new_uint64(atomic_load(&fs->ra_bytes)));
+	s->readahead_files = atomic_load(&fs->ra_files);
+	s->readahead_bytes = atomic_load(&fs->ra_bytes);
 }
 
 const struct serve_mode fuse_mode = {

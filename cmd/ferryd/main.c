@@ -134,6 +134,24 @@ static int read_request(int fd, char **out)
 	return -1;
 }
 
+/* The --mount request: 0 and *@r, or -errno after a message. */
+static int parse_mount(const char *text, struct ctl_mount_req *r)
+{
+	struct json_object *o;
+	char err[1024] = "";
+	int ret = ctl_json_parse(text, strlen(text), &o);
+
+	if (ret) {
+		ferry_err("--mount: not a JSON object");
+		return ret;
+	}
+	ret = ctl_mount_req_parse(o, r, err, sizeof(err));
+	json_object_put(o);
+	if (ret)
+		ferry_err("--mount: invalid mount request: %s", err);
+	return ret;
+}
+
 int main(int argc, char **argv)
 {
 	/* Started by ferryd for a fanotify mount (fanotify.c). */
@@ -164,6 +182,8 @@ int main(int argc, char **argv)
 		.ready_fd = -1,
 	};
 	char *log_default = NULL, *copy, *request = NULL;
+	const char *mount_text = NULL;
+	struct ctl_mount_req mreq;
 	uint64_t v;
 	int c, p[2];
 	pid_t pid;
@@ -180,7 +200,7 @@ int main(int argc, char **argv)
 			o.log_path = optarg;
 			break;
 		case 'M':
-			o.mount_json = optarg;
+			mount_text = optarg;
 			break;
 		case 'E':
 			o.exist_ok = true;
@@ -188,9 +208,10 @@ int main(int argc, char **argv)
 		case 'F':
 			if (parse_size(optarg, &v) || v > INT_MAX)
 				return usage("--mount-fd %s: expected a descriptor", optarg);
+			free(request);
 			if (read_request((int)v, &request))
 				return EXIT_FAILURE;
-			o.mount_json = request;
+			mount_text = request;
 			break;
 		case 'T':
 			if (parse_size(optarg, &v) || v < 1 || v > FERRYD_MAX_THREADS)
@@ -239,34 +260,42 @@ int main(int argc, char **argv)
 	}
 	if (o.log_path[0] != '/')
 		return usage("--log-file %s: expected an absolute path", o.log_path);
+	ctl_mount_req_init(&mreq);
+	c = mount_text ? parse_mount(mount_text, &mreq) : 0;
+	free(request);
+	if (c) {
+		c = EXIT_FAILURE;
+		goto out;
+	}
+	if (mount_text)
+		o.mount = &mreq;
 	/* Descriptors 0-2 must exist, or the log would land on a socket. */
 	while ((c = open("/dev/null", O_RDWR | O_CLOEXEC)) >= 0 && c <= 2)
 		fcntl(c, F_SETFD, 0);
 	if (c > 2)
 		close(c);
+	c = EXIT_FAILURE;
 	/* Hold no directory busy (mount points may be under it). */
 	if (chdir("/")) {
 		perror("ferryd: chdir /");
-		free(log_default);
-		return EXIT_FAILURE;
+		goto out;
 	}
 
 	if (!o.foreground) {
 		if (pipe2(p, O_CLOEXEC)) {
 			perror("ferryd: pipe");
-			return EXIT_FAILURE;
+			goto out;
 		}
 		fflush(NULL);
 		pid = fork();
 		if (pid < 0) {
 			perror("ferryd: fork");
-			return EXIT_FAILURE;
+			goto out;
 		}
 		if (pid > 0) {
 			close(p[1]);
-			free(log_default);
-			free(request);
-			return wait_ready(p[0]);
+			c = wait_ready(p[0]);
+			goto out;
 		}
 		close(p[0]);
 		setsid();
@@ -278,7 +307,8 @@ int main(int argc, char **argv)
 		o.ready_fd = p[1];
 	}
 	c = daemon_run(&o);
+out:
+	ctl_mount_req_free(&mreq); /* unless daemon_run took it over */
 	free(log_default);
-	free(request);
 	return c;
 }

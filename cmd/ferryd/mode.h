@@ -28,7 +28,7 @@
  *          and free @state. A mount still on m->mountpoint is the
  *          mode's to detach (mount_detach) or to leave to a keeper.
  *   stats  a list request, while serve runs: the mode's own fields of
- *          the mount's --list object.
+ *          the mount's list entry.
  *
  * mounts.c calls stop, live and stats only while @state exists (it
  * serialises them with close); the prefetch thread needs no mode.
@@ -36,11 +36,11 @@
 #ifndef FERRYD_MODE_H
 #define FERRYD_MODE_H
 
-#include <json-c/json.h>
 #include <stddef.h>
 #include <stdint.h>
 
 struct fmount;
+struct ctl_mount_stats;
 
 /* ferryd's options that modes apply. */
 struct serve_opts {
@@ -58,7 +58,7 @@ struct serve_mode {
 	void (*stop)(void *state);
 	void (*live)(void *state);
 	void (*close)(void *state, int ret);
-	void (*stats)(void *state, struct json_object *o);
+	void (*stats)(void *state, struct ctl_mount_stats *s);
 };
 
 extern const struct serve_mode fuse_mode, fanotify_mode;

@@ -684,25 +684,22 @@ static const char *prefetch_name(int s)
 	}
 }
 
-static void add_u64(struct json_object *o, const char *key, uint64_t v)
+int mounts_list(struct ctl_mount_stats **out, size_t *nr)
 {
-	json_object_object_add(o, key, json_object_new_uint64(v));
-}
-
-struct json_object *mounts_list(void)
-{
-	struct json_object *arr = json_object_new_array(), *o;
+	struct ctl_mount_stats *list = NULL, *e;
 	struct image_cache_stats s;
 	struct fmount *m;
-	char secs[32];
+	size_t n = 0, cap = 0;
+	int ret = 0;
 
-	if (!arr)
-		return NULL;
 	pthread_mutex_lock(&tbl_lock);
-	for (m = mounts; m; m = m->next) {
-		o = json_object_new_object();
-		if (!o)
+	for (m = mounts; m && !ret; m = m->next) {
+		if (array_reserve(&list, &cap, n + 1, sizeof(*list), 8)) {
+			ret = -ENOMEM;
 			break;
+		}
+		e = &list[n++];
+		memset(e, 0, sizeof(*e));
 		memset(&s, 0, sizeof(s));
 		/* A mount being set up has its cache assigned (and maybe
 		 * closed again) outside the table lock: no stats yet. */
@@ -710,32 +707,33 @@ struct json_object *mounts_list(void)
 			s = m->final;
 		else if (m->state != MS_MOUNTING && m->ic)
 			image_cache_get_stats(m->ic, &s);
-		json_object_object_add(o, "mountpoint", json_object_new_string(m->mountpoint));
-		json_object_object_add(o, "image", json_object_new_string(m->req.image));
-		json_object_object_add(o, "cacheDir", json_object_new_string(m->req.cache_dir));
-		json_object_object_add(o, "mode", json_object_new_string(m->mode->name));
-		json_object_object_add(o, "state", json_object_new_string(state_name(m->state)));
-		json_object_object_add(o, "mountedAt", json_object_new_int64(m->mounted_at));
-		add_u64(o, "bytesRead", s.bytes_read);
-		add_u64(o, "bytesFetched", s.bytes_fetched);
-		add_u64(o, "bytesPrefetched", s.bytes_prefetched);
-		add_u64(o, "chunksPresent", s.chunks_present);
-		add_u64(o, "chunksTotal", s.chunks_total);
-		add_u64(o, "bytesPresent", s.bytes_present);
-		json_object_object_add(o, "prefetch",
-				       json_object_new_string(prefetch_name(atomic_load(&m->pstate))));
-		add_u64(o, "prefetchFiles", atomic_load(&m->prefetch_files));
-		snprintf(secs, sizeof(secs), "%.3f",
-			 (double)atomic_load(&m->prefetch_ns) / 1e9);
-		json_object_object_add(o, "prefetchSeconds",
-				       json_object_new_double_s(strtod(secs, NULL), secs));
+		e->mountpoint = strdup(m->mountpoint);
+		e->image = strdup(m->req.image);
+		e->cache_dir = strdup(m->req.cache_dir);
+		if (!e->mountpoint || !e->image || !e->cache_dir)
+			ret = -ENOMEM;
+		snprintf(e->mode, sizeof(e->mode), "%s", m->mode->name);
+		snprintf(e->state, sizeof(e->state), "%s", state_name(m->state));
+		e->mounted_at = m->mounted_at;
+		e->bytes_read = s.bytes_read;
+		e->bytes_fetched = s.bytes_fetched;
+		e->bytes_prefetched = s.bytes_prefetched;
+		e->chunks_present = s.chunks_present;
+		e->chunks_total = s.chunks_total;
+		e->bytes_present = s.bytes_present;
+		snprintf(e->prefetch, sizeof(e->prefetch), "%s",
+			 prefetch_name(atomic_load(&m->pstate)));
+		e->prefetch_files = atomic_load(&m->prefetch_files);
+		e->prefetch_ms = (atomic_load(&m->prefetch_ns) + 500000) / 1000000;
 		/* Its state exists from setup until the session closes. */
 		if (m->state != MS_MOUNTING && m->mode_state)
-			m->mode->stats(m->mode_state, o);
-		json_object_array_add(arr, o);
+			m->mode->stats(m->mode_state, e);
 	}
 	pthread_mutex_unlock(&tbl_lock);
-	return arr;
+	/* Freed with a list answer's mounts, also on failure. */
+	*out = list;
+	*nr = n;
+	return ret;
 }
 
 size_t mounts_count(void)

@@ -11,6 +11,7 @@
 #       (pull only), anonymous pull of public/*, a preloaded refresh
 #       token). Exports REG (127.0.0.1:PORT), REG_DIR, REG_USER/REG_PASS
 #       (empty for anon), REG_TOKEN_LOG, REG_REFRESH, REG_RO_USER/PASS.
+#       With REG_TLS_CERT and REG_TLS_KEY (PEM files) it serves https.
 #   reg_push_oci LAYOUT[:TAG] REF     skopeo copy oci: -> docker://
 #   reg_put_blob REPO FILE / reg_put_manifest REPO REF TYPE FILE
 #       Plain uploads to an anonymous $REG (python, no regclient).
@@ -130,7 +131,7 @@ reg_token_keys() {
 }
 
 reg_start() { # anon|basic|token [tokenserver args]
-	local mode=$1 d auth='' port try
+	local mode=$1 d auth='' port try tls=''
 	shift
 	REG_N=$((REG_N + 1))
 	d=$SCRATCH/reg$REG_N
@@ -170,6 +171,7 @@ reg_start() { # anon|basic|token [tokenserver args]
 		return 2
 		;;
 	esac
+	[ -n "${REG_TLS_CERT:-}" ] && tls=", tls: {certificate: $REG_TLS_CERT, key: $REG_TLS_KEY}"
 	# A port found free may be taken before the registry binds it: retry.
 	for try in 1 2 3; do
 		port=$(reg_free_port) || return 1
@@ -179,7 +181,7 @@ log: {level: warn, accesslog: {disabled: true}}
 storage:
   filesystem: {rootdirectory: $d/storage}
   delete: {enabled: true}
-http: {addr: 127.0.0.1:$port, secret: ferry-test-secret}
+http: {addr: 127.0.0.1:$port, secret: ferry-test-secret$tls}
 $auth
 EOF
 		reg_spawn "$d/registry.log" docker-registry serve "$d/config.yml"
