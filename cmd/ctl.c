@@ -203,108 +203,18 @@ int ctl_call(const char *socket_path, struct json_object *req, int timeout_ms,
 	return ret;
 }
 
-/* ------------------------------------------------------------------ */
-/* Validation: every parser's input is untrusted                       */
-/* ------------------------------------------------------------------ */
-
-__attribute__((format(printf, 3, 4)))
-static int bad(char *err, size_t errlen, const char *fmt, ...)
-{
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(err, errlen, fmt, ap);
-	va_end(ap);
-	return -EINVAL;
-}
-
-/* The value of @key; NULL when absent or null. */
-static struct json_object *field(struct json_object *o, const char *key)
-{
-	struct json_object *v;
-
-	if (!o || !json_object_object_get_ex(o, key, &v) ||
-	    json_object_is_type(v, json_type_null))
-		return NULL;
-	return v;
-}
-
-/* A string without NULs of at most @max bytes, or NULL. */
-static const char *str_val(struct json_object *v, size_t max)
-{
-	size_t len;
-
-	if (!json_object_is_type(v, json_type_string))
-		return NULL;
-	len = (size_t)json_object_get_string_len(v);
-	if (len > max || strlen(json_object_get_string(v)) != len)
-		return NULL;
-	return json_object_get_string(v);
-}
-
-/* *@out stays as it is when @key is absent and not @required. */
-static int get_str(struct json_object *o, const char *key, size_t max, bool required,
-		   const char **out, char *err, size_t errlen)
-{
-	struct json_object *v = field(o, key);
-	const char *s;
-
-	if (!v)
-		return required ? bad(err, errlen, "\"%s\" is required", key) : 0;
-	s = str_val(v, max);
-	if (!s)
-		return bad(err, errlen, "\"%s\": expected a string of at most %zu bytes",
-			   key, max);
-	*out = s;
-	return 0;
-}
-
-static int get_abspath(struct json_object *o, const char *key, const char **out,
-		       char *err, size_t errlen)
-{
-	int ret = get_str(o, key, PATH_MAX - 1, true, out, err, errlen);
-
-	if (!ret && (*out)[0] != '/')
-		return bad(err, errlen, "\"%s\" must be an absolute path", key);
-	return ret;
-}
-
-/* Into @buf of @size bytes, the string is required. */
-static int get_copy(struct json_object *o, const char *key, char *buf, size_t size,
-		    char *err, size_t errlen)
-{
-	const char *s = NULL;
-	int ret = get_str(o, key, size - 1, true, &s, err, errlen);
-
-	if (!ret)
-		memcpy(buf, s, strlen(s) + 1);
-	return ret;
-}
-
-static int get_strdup(struct json_object *o, const char *key, size_t max, char **out,
-		      char *err, size_t errlen)
-{
-	const char *s = NULL;
-	int ret = get_str(o, key, max, true, &s, err, errlen);
-
-	if (ret)
-		return ret;
-	*out = strdup(s);
-	return *out ? 0 : -ENOMEM;
-}
-
 /* A mode, state or prefetch name: [a-z][a-z0-9_-]*, CTL_TOKEN_MAX bytes at most. */
 static int get_token(struct json_object *o, const char *key, bool required,
 		     const char **out, char *err, size_t errlen)
 {
 	const char *s = NULL;
-	int ret = get_str(o, key, CTL_TOKEN_MAX, required, &s, err, errlen);
+	int ret = json_read_str(o, key, CTL_TOKEN_MAX, required, &s, err, errlen);
 
 	if (ret || !s)
 		return ret;
 	if (s[0] < 'a' || s[0] > 'z' || strspn(s, "abcdefghijklmnopqrstuvwxyz0123456789_-") !=
 					    strlen(s))
-		return bad(err, errlen, "\"%s\": expected a lowercase name", key);
+		return json_bad(err, errlen, "\"%s\": expected a lowercase name", key);
 	*out = s;
 	return 0;
 }
@@ -320,154 +230,17 @@ static int get_token_copy(struct json_object *o, const char *key,
 	return ret;
 }
 
-static int get_s64(struct json_object *o, const char *key, int64_t min, int64_t max,
-		   int64_t *out, char *err, size_t errlen)
-{
-	struct json_object *v = field(o, key);
-	int64_t n;
-
-	if (!v)
-		return 0;
-	/* json-c keeps integers above INT64_MAX as unsigned: never in range. */
-	n = json_object_get_int64(v);
-	if (!json_object_is_type(v, json_type_int) || n < min || n > max ||
-	    (n == INT64_MAX && json_object_get_uint64(v) != (uint64_t)INT64_MAX))
-		return bad(err, errlen, "\"%s\": expected an integer %lld..%lld", key,
-			   (long long)min, (long long)max);
-	*out = n;
-	return 0;
-}
-
-static int get_u64(struct json_object *o, const char *key, uint64_t max, uint64_t *out,
-		   char *err, size_t errlen)
-{
-	struct json_object *v = field(o, key);
-
-	if (!v)
-		return 0;
-	if (!json_object_is_type(v, json_type_int) || json_object_get_int64(v) < 0 ||
-	    json_object_get_uint64(v) > max)
-		return bad(err, errlen, "\"%s\": expected an integer 0..%llu", key,
-			   (unsigned long long)max);
-	*out = json_object_get_uint64(v);
-	return 0;
-}
-
 static int get_pid(struct json_object *o, const char *key, bool required, int *out,
 		   char *err, size_t errlen)
 {
 	int64_t n = 0;
-	int ret = get_s64(o, key, 1, INT_MAX, &n, err, errlen);
+	int ret = json_read_s64(o, key, 1, INT_MAX, &n, err, errlen);
 
 	if (!ret && !n && required)
-		return bad(err, errlen, "\"%s\" is required", key);
+		return json_bad(err, errlen, "\"%s\" is required", key);
 	if (!ret && n)
 		*out = (int)n;
 	return ret;
-}
-
-static int get_bool(struct json_object *o, const char *key, bool *out, char *err,
-		    size_t errlen)
-{
-	struct json_object *v = field(o, key);
-
-	if (!v)
-		return 0;
-	if (!json_object_is_type(v, json_type_boolean))
-		return bad(err, errlen, "\"%s\": expected true or false", key);
-	*out = json_object_get_boolean(v);
-	return 0;
-}
-
-/*
- * A string array: *@out is malloc'ed and NULL-terminated (also when
- * absent); entries are non-empty.
- */
-static int get_strs(struct json_object *o, const char *key, size_t max_items,
-		    size_t max_len, const char ***out, size_t *nr, char *err, size_t errlen)
-{
-	struct json_object *v = field(o, key);
-	const char **list;
-	size_t i, n = 0;
-
-	if (v && (!json_object_is_type(v, json_type_array) ||
-		  json_object_array_length(v) > max_items))
-		return bad(err, errlen, "\"%s\": expected an array of at most %zu strings",
-			   key, max_items);
-	if (v)
-		n = json_object_array_length(v);
-	list = calloc(n + 1, sizeof(*list));
-	if (!list)
-		return -ENOMEM;
-	*out = list;
-	for (i = 0; i < n; i++) {
-		list[i] = str_val(json_object_array_get_idx(v, i), max_len);
-		if (!list[i] || !*list[i]) {
-			list[i] = NULL;
-			return bad(err, errlen, "\"%s\"[%zu]: expected a non-empty string of at most %zu bytes",
-				   key, i, max_len);
-		}
-	}
-	*nr = n;
-	return 0;
-}
-
-/* An object field, or NULL when absent. */
-static int get_object(struct json_object *o, const char *key, struct json_object **out,
-		      char *err, size_t errlen)
-{
-	*out = field(o, key);
-	if (*out && !json_object_is_type(*out, json_type_object))
-		return bad(err, errlen, "\"%s\": expected an object", key);
-	return 0;
-}
-
-/* ------------------------------------------------------------------ */
-/* Encoding                                                            */
-/* ------------------------------------------------------------------ */
-
-/*
- * Add @v (NULL after a failed allocation) to @o under @key: false when it
- * could not be added (and @v is put).
- */
-static bool add(struct json_object *o, const char *key, struct json_object *v)
-{
-	if (v && !json_object_object_add(o, key, v))
-		return true;
-	json_object_put(v);
-	return false;
-}
-
-static bool add_str(struct json_object *o, const char *key, const char *s)
-{
-	return !s || add(o, key, json_object_new_string(s));
-}
-
-/* @n strings of @list (n SIZE_MAX: up to its NULL; a NULL list is empty). */
-static struct json_object *str_array(const char *const *list, size_t n)
-{
-	struct json_object *a = json_object_new_array();
-	struct json_object *s;
-	size_t i;
-
-	for (i = 0; a && list && (n == SIZE_MAX ? list[i] != NULL : i < n); i++) {
-		s = json_object_new_string(list[i]);
-		if (!s || json_object_array_add(a, s)) {
-			json_object_put(s);
-			json_object_put(a);
-			return NULL;
-		}
-	}
-	return a;
-}
-
-/* @o, or NULL (put) when one of its fields could not be added. */
-static struct json_object *done(struct json_object *o, bool ok)
-{
-	if (ok)
-		return o;
-	json_object_put(o);
-	return NULL;
 }
 
 /* ------------------------------------------------------------------ */
@@ -509,20 +282,20 @@ static struct json_object *fetch_to_json(const struct fetch_opts *f)
 		p = (const char *)f + opt->offset;
 		switch (opt->type) {
 		case CTL_OPT_STR:
-			ok &= add_str(o, opt->key, *(const char *const *)p);
+			ok &= json_add_str(o, opt->key, *(const char *const *)p);
 			break;
 		case CTL_OPT_BOOL:
-			ok &= add(o, opt->key, json_object_new_boolean(*(const bool *)p));
+			ok &= json_add(o, opt->key, json_object_new_boolean(*(const bool *)p));
 			break;
 		case CTL_OPT_UINT:
-			ok &= add(o, opt->key, json_object_new_int64(*(const unsigned int *)p));
+			ok &= json_add(o, opt->key, json_object_new_int64(*(const unsigned int *)p));
 			break;
 		case CTL_OPT_STRS:
-			ok &= add(o, opt->key, str_array(*(const char *const *const *)p, SIZE_MAX));
+			ok &= json_add(o, opt->key, json_str_array(*(const char *const *const *)p, SIZE_MAX));
 			break;
 		}
 	}
-	return done(o, ok);
+	return json_done(o, ok);
 }
 
 /* Into @f (defaults set); every list is allocated, also when @o is NULL. */
@@ -540,19 +313,19 @@ static int fetch_parse(struct json_object *o, struct fetch_opts *f, char *err,
 		p = (char *)f + opt->offset;
 		switch (opt->type) {
 		case CTL_OPT_STR:
-			ret = get_str(o, opt->key, opt->max, false, p, err, errlen);
+			ret = json_read_str(o, opt->key, opt->max, false, p, err, errlen);
 			break;
 		case CTL_OPT_BOOL:
-			ret = get_bool(o, opt->key, p, err, errlen);
+			ret = json_read_bool(o, opt->key, p, err, errlen);
 			break;
 		case CTL_OPT_UINT:
 			v = *(unsigned int *)p;
-			ret = get_u64(o, opt->key, opt->max, &v, err, errlen);
+			ret = json_read_u64(o, opt->key, opt->max, &v, err, errlen);
 			*(unsigned int *)p = (unsigned int)v;
 			break;
 		case CTL_OPT_STRS:
 			list = NULL;
-			ret = get_strs(o, opt->key, opt->max_items, opt->max, &list, &n,
+			ret = json_read_strs(o, opt->key, opt->max_items, opt->max, &list, &n,
 				       err, errlen);
 			*(const char *const **)p = list;
 			break;
@@ -592,17 +365,17 @@ struct json_object *ctl_mount_req_to_json(const struct ctl_mount_req *r)
 
 	if (!o)
 		return NULL;
-	ok = add_str(o, "op", op_names[CTL_OP_MOUNT]);
-	ok &= add_str(o, "image", r->image);
-	ok &= add_str(o, "mountpoint", r->mountpoint);
-	ok &= add_str(o, "cacheDir", r->cache_dir);
-	ok &= add_str(o, "mode", r->mode ?: "fuse");
-	ok &= add(o, "prefetchFiles", str_array(r->prefetch_files, r->nr_prefetch_files));
-	ok &= add(o, "prefetchAll", json_object_new_boolean(r->prefetch_all));
-	ok &= add(o, "prefetchBwlimit",
+	ok = json_add_str(o, "op", op_names[CTL_OP_MOUNT]);
+	ok &= json_add_str(o, "image", r->image);
+	ok &= json_add_str(o, "mountpoint", r->mountpoint);
+	ok &= json_add_str(o, "cacheDir", r->cache_dir);
+	ok &= json_add_str(o, "mode", r->mode ?: "fuse");
+	ok &= json_add(o, "prefetchFiles", json_str_array(r->prefetch_files, r->nr_prefetch_files));
+	ok &= json_add(o, "prefetchAll", json_object_new_boolean(r->prefetch_all));
+	ok &= json_add(o, "prefetchBwlimit",
 		  json_object_new_int64((int64_t)MIN(r->prefetch_bwlimit, (uint64_t)INT64_MAX)));
-	ok &= add(o, "fetch", fetch_to_json(&r->fetch));
-	return done(o, ok);
+	ok &= json_add(o, "fetch", fetch_to_json(&r->fetch));
+	return json_done(o, ok);
 }
 
 int ctl_mount_req_parse(struct json_object *o, struct ctl_mount_req *r,
@@ -614,25 +387,25 @@ int ctl_mount_req_parse(struct json_object *o, struct ctl_mount_req *r,
 	ctl_mount_req_init(r);
 	r->root = json_object_get(o);
 	r->mode = "fuse";
-	ret = get_str(o, "image", 4096, true, &r->image, err, errlen);
+	ret = json_read_str(o, "image", 4096, true, &r->image, err, errlen);
 	if (!ret && !*r->image)
-		ret = bad(err, errlen, "\"image\" is required");
+		ret = json_bad(err, errlen, "\"image\" is required");
 	if (!ret)
-		ret = get_abspath(o, "mountpoint", &r->mountpoint, err, errlen);
+		ret = json_read_abspath(o, "mountpoint", &r->mountpoint, err, errlen);
 	if (!ret)
-		ret = get_abspath(o, "cacheDir", &r->cache_dir, err, errlen);
+		ret = json_read_abspath(o, "cacheDir", &r->cache_dir, err, errlen);
 	if (!ret)
 		ret = get_token(o, "mode", false, &r->mode, err, errlen);
 	if (!ret)
-		ret = get_strs(o, "prefetchFiles", CTL_PREFETCH_FILES_MAX, PATH_MAX - 1,
+		ret = json_read_strs(o, "prefetchFiles", CTL_PREFETCH_FILES_MAX, PATH_MAX - 1,
 			       &r->prefetch_files, &r->nr_prefetch_files, err, errlen);
 	if (!ret)
-		ret = get_bool(o, "prefetchAll", &r->prefetch_all, err, errlen);
+		ret = json_read_bool(o, "prefetchAll", &r->prefetch_all, err, errlen);
 	if (!ret)
-		ret = get_u64(o, "prefetchBwlimit", INT64_MAX, &r->prefetch_bwlimit, err,
+		ret = json_read_u64(o, "prefetchBwlimit", INT64_MAX, &r->prefetch_bwlimit, err,
 			      errlen);
 	if (!ret)
-		ret = get_object(o, "fetch", &f, err, errlen);
+		ret = json_read_object(o, "fetch", &f, err, errlen);
 	if (!ret)
 		ret = fetch_parse(f, &r->fetch, err, errlen);
 	return ret;
@@ -653,10 +426,10 @@ struct json_object *ctl_umount_req_to_json(const struct ctl_umount_req *r)
 
 	if (!o)
 		return NULL;
-	ok = add_str(o, "op", op_names[CTL_OP_UMOUNT]);
-	ok &= add_str(o, "mountpoint", r->mountpoint);
-	ok &= add(o, "lazy", json_object_new_boolean(r->lazy));
-	return done(o, ok);
+	ok = json_add_str(o, "op", op_names[CTL_OP_UMOUNT]);
+	ok &= json_add_str(o, "mountpoint", r->mountpoint);
+	ok &= json_add(o, "lazy", json_object_new_boolean(r->lazy));
+	return json_done(o, ok);
 }
 
 int ctl_umount_req_parse(struct json_object *o, struct ctl_umount_req *r,
@@ -665,9 +438,9 @@ int ctl_umount_req_parse(struct json_object *o, struct ctl_umount_req *r,
 	int ret;
 
 	memset(r, 0, sizeof(*r));
-	ret = get_abspath(o, "mountpoint", &r->mountpoint, err, errlen);
+	ret = json_read_abspath(o, "mountpoint", &r->mountpoint, err, errlen);
 	if (!ret)
-		ret = get_bool(o, "lazy", &r->lazy, err, errlen);
+		ret = json_read_bool(o, "lazy", &r->lazy, err, errlen);
 	return ret;
 }
 
@@ -675,7 +448,7 @@ struct json_object *ctl_op_req_to_json(enum ctl_op op)
 {
 	struct json_object *o = json_object_new_object();
 
-	return o ? done(o, add_str(o, "op", op_names[op])) : NULL;
+	return o ? json_done(o, json_add_str(o, "op", op_names[op])) : NULL;
 }
 
 int ctl_request_parse(struct json_object *o, struct ctl_request *req,
@@ -686,9 +459,9 @@ int ctl_request_parse(struct json_object *o, struct ctl_request *req,
 	int ret;
 
 	memset(req, 0, sizeof(*req));
-	ret = get_str(o, "op", 64, true, &op, err, errlen);
+	ret = json_read_str(o, "op", 64, true, &op, err, errlen);
 	if (ret)
-		return bad(err, errlen, "request without \"op\"");
+		return json_bad(err, errlen, "request without \"op\"");
 	for (req->op = CTL_OP_MOUNT; req->op <= CTL_OP_SHUTDOWN; req->op++)
 		if (!strcmp(op, op_names[req->op]))
 			break;
@@ -704,7 +477,7 @@ int ctl_request_parse(struct json_object *o, struct ctl_request *req,
 	case CTL_OP_SHUTDOWN:
 		return 0;
 	default:
-		return bad(err, errlen, "unknown op \"%s\"", op);
+		return json_bad(err, errlen, "unknown op \"%s\"", op);
 	}
 	if (ret)
 		snprintf(err, errlen, "invalid %s request: %s", op,
@@ -730,12 +503,12 @@ struct json_object *ctl_reply_to_json(const struct ctl_reply *r)
 
 	if (!o)
 		return NULL;
-	ok = add(o, "ok", json_object_new_boolean(!r->err));
+	ok = json_add(o, "ok", json_object_new_boolean(!r->err));
 	if (r->err) {
-		ok &= add_str(o, "error", r->error ?: strerror(-r->err));
-		ok &= add(o, "errno", json_object_new_int(r->err < 0 ? -r->err : r->err));
+		ok &= json_add_str(o, "error", r->error ?: strerror(-r->err));
+		ok &= json_add(o, "errno", json_object_new_int(r->err < 0 ? -r->err : r->err));
 	}
-	return done(o, ok);
+	return json_done(o, ok);
 }
 
 /* Malformed answers are -EPROTO, not the -EINVAL of the field checks. */
@@ -751,16 +524,16 @@ int ctl_reply_parse(struct json_object *o, struct ctl_reply *r, char *err, size_
 	int ret;
 
 	memset(r, 0, sizeof(*r));
-	if (!field(o, "ok"))
-		return proto(bad(err, errlen, "\"ok\" is required"));
-	ret = get_bool(o, "ok", &ok, err, errlen);
+	if (!json_field(o, "ok"))
+		return proto(json_bad(err, errlen, "\"ok\" is required"));
+	ret = json_read_bool(o, "ok", &ok, err, errlen);
 	if (ret || ok)
 		return proto(ret);
-	ret = get_str(o, "error", CTL_MSG_MAX, true, &r->error, err, errlen);
+	ret = json_read_str(o, "error", CTL_MSG_MAX, true, &r->error, err, errlen);
 	if (!ret)
-		ret = get_s64(o, "errno", 1, 4095, &e, err, errlen);
+		ret = json_read_s64(o, "errno", 1, 4095, &e, err, errlen);
 	if (!ret && !e)
-		ret = bad(err, errlen, "\"errno\" is required");
+		ret = json_bad(err, errlen, "\"errno\" is required");
 	r->err = -(int)e;
 	return proto(ret);
 }
@@ -769,10 +542,10 @@ int ctl_reply_parse(struct json_object *o, struct ctl_reply *r, char *err, size_
 static int want_ok(struct json_object *o, char *err, size_t errlen)
 {
 	bool ok = false;
-	int ret = get_bool(o, "ok", &ok, err, errlen);
+	int ret = json_read_bool(o, "ok", &ok, err, errlen);
 
 	if (!ret && !ok)
-		ret = bad(err, errlen, "\"ok\": expected true");
+		ret = json_bad(err, errlen, "\"ok\": expected true");
 	return ret;
 }
 
@@ -780,7 +553,7 @@ struct json_object *ctl_mount_reply_to_json(const struct ctl_mount_reply *r)
 {
 	struct json_object *o = ctl_reply_to_json(&(struct ctl_reply){ 0 });
 
-	return o ? done(o, add(o, "pid", json_object_new_int(r->pid))) : NULL;
+	return o ? json_done(o, json_add(o, "pid", json_object_new_int(r->pid))) : NULL;
 }
 
 int ctl_mount_reply_parse(struct json_object *o, struct ctl_mount_reply *r,
@@ -796,10 +569,10 @@ int ctl_mount_reply_parse(struct json_object *o, struct ctl_mount_reply *r,
 
 static bool add_ping(struct json_object *o, const struct ctl_ping_reply *r)
 {
-	bool ok = add(o, "pid", json_object_new_int(r->pid));
+	bool ok = json_add(o, "pid", json_object_new_int(r->pid));
 
-	ok &= add_str(o, "version", r->version);
-	ok &= add_str(o, "socket", r->socket);
+	ok &= json_add_str(o, "version", r->version);
+	ok &= json_add_str(o, "socket", r->socket);
 	return ok;
 }
 
@@ -807,7 +580,7 @@ struct json_object *ctl_ping_reply_to_json(const struct ctl_ping_reply *r)
 {
 	struct json_object *o = ctl_reply_to_json(&(struct ctl_reply){ 0 });
 
-	return o ? done(o, add_ping(o, r)) : NULL;
+	return o ? json_done(o, add_ping(o, r)) : NULL;
 }
 
 static int parse_ping(struct json_object *o, struct ctl_ping_reply *r, char *err,
@@ -819,9 +592,9 @@ static int parse_ping(struct json_object *o, struct ctl_ping_reply *r, char *err
 	if (!ret)
 		ret = get_pid(o, "pid", true, &r->pid, err, errlen);
 	if (!ret)
-		ret = get_copy(o, "version", r->version, sizeof(r->version), err, errlen);
+		ret = json_read_copy(o, "version", r->version, sizeof(r->version), err, errlen);
 	if (!ret)
-		ret = get_copy(o, "socket", r->socket, sizeof(r->socket), err, errlen);
+		ret = json_read_copy(o, "socket", r->socket, sizeof(r->socket), err, errlen);
 	return ret;
 }
 
@@ -833,7 +606,7 @@ int ctl_ping_reply_parse(struct json_object *o, struct ctl_ping_reply *r,
 
 static bool add_u64(struct json_object *o, const char *key, uint64_t v)
 {
-	return add(o, key, json_object_new_uint64(v));
+	return json_add(o, key, json_object_new_uint64(v));
 }
 
 struct json_object *ctl_mount_stats_to_json(const struct ctl_mount_stats *m)
@@ -844,30 +617,30 @@ struct json_object *ctl_mount_stats_to_json(const struct ctl_mount_stats *m)
 
 	if (!o)
 		return NULL;
-	ok = add_str(o, "mountpoint", m->mountpoint);
-	ok &= add_str(o, "image", m->image);
-	ok &= add_str(o, "cacheDir", m->cache_dir);
-	ok &= add_str(o, "mode", m->mode);
+	ok = json_add_str(o, "mountpoint", m->mountpoint);
+	ok &= json_add_str(o, "image", m->image);
+	ok &= json_add_str(o, "cacheDir", m->cache_dir);
+	ok &= json_add_str(o, "mode", m->mode);
 	if (m->keeper_pid)
-		ok &= add(o, "keeperPid", json_object_new_int(m->keeper_pid));
-	ok &= add_str(o, "state", m->state);
-	ok &= add(o, "mountedAt", json_object_new_int64(m->mounted_at));
+		ok &= json_add(o, "keeperPid", json_object_new_int(m->keeper_pid));
+	ok &= json_add_str(o, "state", m->state);
+	ok &= json_add(o, "mountedAt", json_object_new_int64(m->mounted_at));
 	ok &= add_u64(o, "bytesRead", m->bytes_read);
 	ok &= add_u64(o, "bytesFetched", m->bytes_fetched);
 	ok &= add_u64(o, "bytesPrefetched", m->bytes_prefetched);
 	ok &= add_u64(o, "chunksPresent", m->chunks_present);
 	ok &= add_u64(o, "chunksTotal", m->chunks_total);
 	ok &= add_u64(o, "bytesPresent", m->bytes_present);
-	ok &= add_str(o, "prefetch", m->prefetch);
+	ok &= json_add_str(o, "prefetch", m->prefetch);
 	ok &= add_u64(o, "prefetchFiles", m->prefetch_files);
 	ok &= add_u64(o, "readaheadFiles", m->readahead_files);
 	ok &= add_u64(o, "readaheadBytes", m->readahead_bytes);
 	/* Milliseconds as seconds, written with exactly three decimals. */
 	snprintf(secs, sizeof(secs), "%llu.%03llu", (unsigned long long)(m->prefetch_ms / 1000),
 		 (unsigned long long)(m->prefetch_ms % 1000));
-	ok &= add(o, "prefetchSeconds", json_object_new_double_s((double)m->prefetch_ms / 1e3,
+	ok &= json_add(o, "prefetchSeconds", json_object_new_double_s((double)m->prefetch_ms / 1e3,
 								 secs));
-	return done(o, ok);
+	return json_done(o, ok);
 }
 
 static int parse_stats(struct json_object *o, struct ctl_mount_stats *m, char *err,
@@ -891,12 +664,12 @@ static int parse_stats(struct json_object *o, struct ctl_mount_stats *m, char *e
 	int ret;
 
 	if (!json_object_is_type(o, json_type_object))
-		return bad(err, errlen, "expected an object");
-	ret = get_strdup(o, "mountpoint", PATH_MAX - 1, &m->mountpoint, err, errlen);
+		return json_bad(err, errlen, "expected an object");
+	ret = json_read_strdup(o, "mountpoint", PATH_MAX - 1, &m->mountpoint, err, errlen);
 	if (!ret)
-		ret = get_strdup(o, "image", 4096, &m->image, err, errlen);
+		ret = json_read_strdup(o, "image", 4096, &m->image, err, errlen);
 	if (!ret)
-		ret = get_strdup(o, "cacheDir", PATH_MAX - 1, &m->cache_dir, err, errlen);
+		ret = json_read_strdup(o, "cacheDir", PATH_MAX - 1, &m->cache_dir, err, errlen);
 	if (!ret)
 		ret = get_token_copy(o, "mode", m->mode, err, errlen);
 	if (!ret)
@@ -906,18 +679,18 @@ static int parse_stats(struct json_object *o, struct ctl_mount_stats *m, char *e
 	if (!ret)
 		ret = get_pid(o, "keeperPid", false, &m->keeper_pid, err, errlen);
 	if (!ret)
-		ret = get_s64(o, "mountedAt", INT64_MIN, INT64_MAX, &m->mounted_at, err,
+		ret = json_read_s64(o, "mountedAt", INT64_MIN, INT64_MAX, &m->mounted_at, err,
 			      errlen);
 	for (i = 0; !ret && i < ARRAY_SIZE(counters); i++)
-		ret = get_u64(o, counters[i].key, UINT64_MAX,
+		ret = json_read_u64(o, counters[i].key, UINT64_MAX,
 			      (uint64_t *)((char *)m + counters[i].off), err, errlen);
-	v = field(o, "prefetchSeconds");
+	v = json_field(o, "prefetchSeconds");
 	if (!ret && v) {
 		secs = json_object_get_double(v);
 		/* NaN fails both comparisons. */
 		if ((!json_object_is_type(v, json_type_double) &&
 		     !json_object_is_type(v, json_type_int)) || !(secs >= 0 && secs < 1e12))
-			return bad(err, errlen, "\"prefetchSeconds\": expected a number of seconds");
+			return json_bad(err, errlen, "\"prefetchSeconds\": expected a number of seconds");
 		m->prefetch_ms = (uint64_t)(secs * 1e3 + 0.5);
 	}
 	return ret;
@@ -941,8 +714,8 @@ struct json_object *ctl_list_reply_to_json(const struct ctl_list_reply *r)
 			a = NULL;
 		}
 	}
-	ok &= add(o, "mounts", a);
-	return done(o, ok);
+	ok &= json_add(o, "mounts", a);
+	return json_done(o, ok);
 }
 
 int ctl_list_reply_parse(struct json_object *o, struct ctl_list_reply *r,
@@ -957,10 +730,10 @@ int ctl_list_reply_parse(struct json_object *o, struct ctl_list_reply *r,
 	ret = parse_ping(o, &r->daemon, err, errlen);
 	if (ret)
 		return proto(ret);
-	a = field(o, "mounts");
+	a = json_field(o, "mounts");
 	if (!a || !json_object_is_type(a, json_type_array) ||
 	    json_object_array_length(a) > CTL_MOUNTS_MAX)
-		return proto(bad(err, errlen, "\"mounts\": expected an array of at most %u mounts",
+		return proto(json_bad(err, errlen, "\"mounts\": expected an array of at most %u mounts",
 				 CTL_MOUNTS_MAX));
 	n = json_object_array_length(a);
 	r->mounts = calloc(n ?: 1, sizeof(*r->mounts));
@@ -972,7 +745,7 @@ int ctl_list_reply_parse(struct json_object *o, struct ctl_list_reply *r,
 		ret = parse_stats(json_object_array_get_idx(a, i), &r->mounts[i], why,
 				  sizeof(why));
 		if (ret)
-			return proto(ret == -EINVAL ? bad(err, errlen, "\"mounts\"[%zu]: %s", i, why) :
+			return proto(ret == -EINVAL ? json_bad(err, errlen, "\"mounts\"[%zu]: %s", i, why) :
 						      ret);
 	}
 	return 0;
@@ -989,135 +762,4 @@ void ctl_list_reply_free(struct ctl_list_reply *r)
 	}
 	free(r->mounts);
 	memset(r, 0, sizeof(*r));
-}
-
-/* ------------------------------------------------------------------ */
-/* Mount table and paths                                               */
-/* ------------------------------------------------------------------ */
-
-/* Undo mountinfo's octal escapes (\040 space, \011, \012, \134) in place. */
-static void unescape_octal(char *s)
-{
-	char *d = s;
-
-	for (; *s; s++) {
-		if (s[0] == '\\' && s[1] >= '0' && s[1] <= '3' && s[2] >= '0' &&
-		    s[2] <= '7' && s[3] >= '0' && s[3] <= '7') {
-			*d++ = (char)((s[1] - '0') << 6 | (s[2] - '0') << 3 | (s[3] - '0'));
-			s += 3;
-		} else {
-			*d++ = *s;
-		}
-	}
-	*d = '\0';
-}
-
-struct mi_line {
-	unsigned long id, parent;
-	struct ctl_mnt m;
-};
-
-/* Parse one mountinfo line; 1 when it is for @mountpoint. */
-static int mi_parse(char *line, const char *mountpoint, struct mi_line *out)
-{
-	char *f[6], *sep, *save = NULL, *tail;
-	int i;
-
-	sep = strstr(line, " - ");
-	if (!sep)
-		return 0;
-	*sep = '\0';
-	tail = sep + 3;
-	for (i = 0; i < 6; i++) {
-		f[i] = strtok_r(i ? NULL : line, " ", &save);
-		if (!f[i])
-			return 0;
-	}
-	unescape_octal(f[4]);
-	if (strcmp(f[4], mountpoint))
-		return 0;
-	memset(out, 0, sizeof(*out));
-	out->id = strtoul(f[0], NULL, 10);
-	out->parent = strtoul(f[1], NULL, 10);
-	if (sscanf(f[2], "%u:%u", &out->m.major, &out->m.minor) != 2)
-		return 0;
-	save = NULL;
-	f[0] = strtok_r(tail, " \n", &save);
-	f[1] = f[0] ? strtok_r(NULL, " \n", &save) : NULL;
-	if (!f[0] || !f[1])
-		return 0;
-	unescape_octal(f[1]);
-	snprintf(out->m.fstype, sizeof(out->m.fstype), "%s", f[0]);
-	snprintf(out->m.source, sizeof(out->m.source), "%s", f[1]);
-	return 1;
-}
-
-int ctl_mountinfo(const char *mountpoint, struct ctl_mnt *out)
-{
-	struct mi_line *hits = NULL, one;
-	size_t nr = 0, cap = 0, i, j;
-	char *line = NULL;
-	size_t linecap = 0;
-	FILE *fp;
-	int ret = -ENOENT;
-
-	fp = fopen("/proc/self/mountinfo", "re");
-	if (!fp)
-		return -errno;
-	while (getline(&line, &linecap, fp) > 0) {
-		if (!mi_parse(line, mountpoint, &one))
-			continue;
-		if (array_reserve(&hits, &cap, nr + 1, sizeof(*hits), 4)) {
-			ret = -ENOMEM;
-			goto out;
-		}
-		hits[nr++] = one;
-	}
-	/* The top of a stack of mounts on one path is no other's parent. */
-	for (i = nr; i-- > 0;) {
-		for (j = 0; j < nr && hits[j].parent != hits[i].id; j++)
-			;
-		if (j == nr) {
-			*out = hits[i].m;
-			ret = 0;
-			break;
-		}
-	}
-out:
-	free(line);
-	free(hits);
-	fclose(fp);
-	return ret;
-}
-
-int ctl_mountpoint_path(const char *path, char **out)
-{
-	char *abs, *slash, *dir;
-	int ret;
-
-	*out = realpath(path, NULL);
-	if (*out)
-		return 0;
-	if (errno == ENOMEM)
-		return -ENOMEM;
-	ret = path_absolute(path, &abs);
-	if (ret)
-		return ret;
-	slash = strrchr(abs, '/');
-	if (slash == abs) {
-		*out = abs;
-		return 0;
-	}
-	*slash = '\0';
-	dir = realpath(abs, NULL);
-	*slash = '/';
-	if (!dir) {
-		*out = abs;
-		return 0;
-	}
-	if (asprintf(out, "%s%s", strcmp(dir, "/") ? dir : "", slash) < 0)
-		ret = -ENOMEM;
-	free(dir);
-	free(abs);
-	return ret;
 }

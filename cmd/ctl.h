@@ -50,11 +50,12 @@
 #include <stdint.h>
 
 #include "../pkg-fetch/fetch.h"
+#include "../pkg-image/image.h"
 
 #define CTL_DEFAULT_SOCKET "/run/ferry/ferryd.sock"
 #define CTL_SOCKET_ENV "FERRYD_SOCKET"
 #define CTL_LINE_MAX (16u << 20)      /* longest request or answer line */
-#define CTL_PREFETCH_FILES_MAX 1000000u
+#define CTL_PREFETCH_FILES_MAX IMAGE_PREFETCH_MAX_PATHS
 #define CTL_HOSTS_MAX 64u             /* entries of a fetch string list */
 #define CTL_TOKEN_MAX 16u             /* mode, state, prefetch names */
 #define CTL_MSG_MAX 4096u             /* an error answer's message */
@@ -271,30 +272,7 @@ bool ctl_no_daemon(int err);
  */
 int ctl_client_exec_mount(const char *socket_path, const struct ctl_mount_req *req);
 
-/* ------------------------------------------------------------------ */
-/* Mount table and paths                                               */
-/* ------------------------------------------------------------------ */
-
-/*
- * The file system mounted on top of the absolute path @mountpoint, from
- * /proc/self/mountinfo (no access to the mount itself, so a dead or our
- * own FUSE mount cannot block): 0, or -ENOENT when nothing is mounted there.
- */
-struct ctl_mnt {
-	unsigned int major, minor;
-	char fstype[64];
-	char source[1024];
-};
-int ctl_mountinfo(const char *mountpoint, struct ctl_mnt *out);
-
 /* The fstype of a ferry FUSE mount (fuse.<subtype>). */
 #define CTL_FUSE_FSTYPE "fuse.ferry"
-
-/*
- * A mount point's canonical path: realpath, or for a path that cannot be
- * resolved (a dead FUSE mount answers ENOTCONN) the realpath of its
- * directory plus its last component.
- */
-int ctl_mountpoint_path(const char *path, char **out);
 
 #endif

@@ -116,9 +116,66 @@ void digest_format(const uint8_t d[32], char out[DIGEST_STRING_SIZE]);
 /* -EINVAL unless @s is exactly that form. */
 int digest_parse(const char *s, uint8_t out[32]);
 
-/* The string member @key of the JSON object @o, or NULL (json.c). */
+/* ------------------------------------------------------------------ */
+/* JSON (json.c, json-c)                                               */
+/* ------------------------------------------------------------------ */
+
+/* The string member @key of the JSON object @o, or NULL. */
 struct json_object;
 const char *json_get_string(struct json_object *o, const char *key);
+
+/*
+ * Bounded, typed reads of untrusted JSON. Each returns 0, or -EINVAL with
+ * a message naming @key in @err (@errlen bytes); an absent (or null)
+ * optional member leaves *@out as it is. Strings are at most @max bytes
+ * and hold no NUL; they are borrowed from @o.
+ */
+__attribute__((format(printf, 3, 4)))
+int json_bad(char *err, size_t errlen, const char *fmt, ...); /* -EINVAL */
+/* The member @key, or NULL when absent or null. */
+struct json_object *json_field(struct json_object *o, const char *key);
+/* @v as a string of at most @max bytes without NULs, or NULL. */
+const char *json_str_val(struct json_object *v, size_t max);
+int json_read_str(struct json_object *o, const char *key, size_t max,
+		  bool required, const char **out, char *err, size_t errlen);
+/* A required absolute path of at most PATH_MAX - 1 bytes. */
+int json_read_abspath(struct json_object *o, const char *key, const char **out,
+		      char *err, size_t errlen);
+/* A required string copied into @buf of @size bytes. */
+int json_read_copy(struct json_object *o, const char *key, char *buf,
+		   size_t size, char *err, size_t errlen);
+/* A required string, malloc'ed (-ENOMEM possible). */
+int json_read_strdup(struct json_object *o, const char *key, size_t max,
+		     char **out, char *err, size_t errlen);
+int json_read_s64(struct json_object *o, const char *key, int64_t min,
+		  int64_t max, int64_t *out, char *err, size_t errlen);
+int json_read_u64(struct json_object *o, const char *key, uint64_t max,
+		  uint64_t *out, char *err, size_t errlen);
+int json_read_bool(struct json_object *o, const char *key, bool *out,
+		   char *err, size_t errlen);
+/*
+ * An array of at most @max_items non-empty strings of at most @max_len
+ * bytes: *@out is malloc'ed and NULL-terminated, also when @key is absent
+ * (then *@nr is left alone); free it on error too.
+ */
+int json_read_strs(struct json_object *o, const char *key, size_t max_items,
+		   size_t max_len, const char ***out, size_t *nr, char *err,
+		   size_t errlen);
+/* An object member, or NULL when absent. */
+int json_read_object(struct json_object *o, const char *key,
+		     struct json_object **out, char *err, size_t errlen);
+
+/*
+ * Building: json_add puts @v (NULL after a failed allocation) under @key
+ * and is false when it could not (then @v is put); json_add_str adds
+ * nothing for a NULL @s; json_str_array makes an array of @n strings (n
+ * SIZE_MAX: up to the NULL ending @list) or NULL; json_done returns @o,
+ * or puts it and returns NULL when !@ok.
+ */
+bool json_add(struct json_object *o, const char *key, struct json_object *v);
+bool json_add_str(struct json_object *o, const char *key, const char *s);
+struct json_object *json_str_array(const char *const *list, size_t n);
+struct json_object *json_done(struct json_object *o, bool ok);
 int write_full(int fd, const void *buf, size_t len);
 int pwrite_full(int fd, const void *buf, size_t len, uint64_t off);
 
@@ -242,5 +299,23 @@ int path_normalize(char *path);
  * -EINVAL for "", else 0 or -errno.
  */
 int path_absolute(const char *path, char **out);
+/*
+ * A mount point's canonical path: realpath, or for a path that cannot be
+ * resolved (a dead FUSE mount answers ENOTCONN) the realpath of its
+ * directory plus its last component.
+ */
+int path_mountpoint(const char *path, char **out);
+
+/*
+ * The file system mounted on top of the absolute path @mountpoint, from
+ * /proc/self/mountinfo (mountinfo.c; no access to the mount itself, so a
+ * dead FUSE mount cannot block): 0, or -ENOENT when nothing is mounted there.
+ */
+struct mount_entry {
+	unsigned int major, minor;
+	char fstype[64];
+	char source[1024];
+};
+int mountinfo_find(const char *mountpoint, struct mount_entry *out);
 
 #endif

@@ -71,3 +71,35 @@ int path_absolute(const char *path, char **out)
 	*out = res;
 	return 0;
 }
+
+int path_mountpoint(const char *path, char **out)
+{
+	char *abs, *slash, *dir;
+	int ret;
+
+	*out = realpath(path, NULL);
+	if (*out)
+		return 0;
+	if (errno == ENOMEM)
+		return -ENOMEM;
+	ret = path_absolute(path, &abs);
+	if (ret)
+		return ret;
+	slash = strrchr(abs, '/');
+	if (slash == abs) {
+		*out = abs;
+		return 0;
+	}
+	*slash = '\0';
+	dir = realpath(abs, NULL);
+	*slash = '/';
+	if (!dir) {
+		*out = abs;
+		return 0;
+	}
+	if (asprintf(out, "%s%s", strcmp(dir, "/") ? dir : "", slash) < 0)
+		ret = -ENOMEM;
+	free(dir);
+	free(abs);
+	return ret;
+}

@@ -436,8 +436,7 @@ out:
 	return err;
 }
 
-/* The docker config to read, or NULL; *@explicit_path when named. */
-static char *authfile_path(const struct fetch_opts *opts, bool *explicit_path)
+char *fetch_authfile_path(const struct fetch_opts *opts, bool *explicit_path)
 {
 	const char *env;
 	char *p = NULL;
@@ -484,7 +483,7 @@ int fetch_load_creds(const struct fetch_opts *opts, const char *host,
 		out->kind = FETCH_CREDS_BASIC;
 		return 0;
 	}
-	path = authfile_path(opts, &explicit_path);
+	path = fetch_authfile_path(opts, &explicit_path);
 	if (!path)
 		return 0;
 	err = read_file_max(path, AUTHFILE_MAX, &text, &len);

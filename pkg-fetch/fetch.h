@@ -105,6 +105,15 @@ struct fetch_opts {
 void fetch_opts_init(struct fetch_opts *opts);
 
 /*
+ * The docker config file the client reads for @opts (malloc'ed), or NULL
+ * when none applies: opts->authfile or $REGISTRY_AUTH_FILE (then
+ * *@explicit_path: a missing file is an error), else
+ * $DOCKER_CONFIG/config.json or ~/.docker/config.json (which may not
+ * exist: then there are no credentials).
+ */
+char *fetch_authfile_path(const struct fetch_opts *opts, bool *explicit_path);
+
+/*
  * One resolve entry "HOST:PORT:ADDRESS[,ADDRESS...]": HOST a DNS name,
  * PORT 1..65535, each ADDRESS an IPv4 literal or a bracketed IPv6 one.
  * -EINVAL with a message naming the entry and what is wrong.

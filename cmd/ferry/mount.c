@@ -100,95 +100,6 @@ static bool fuse_dead(const char *mp)
 /* ferry mount --mode fuse                                             */
 /* ------------------------------------------------------------------ */
 
-/* dir:/oci: paths made absolute: ferryd works in "/". */
-static int abs_image(const char *ref, char **out)
-{
-	const char *scheme = "dir:", *path = ref;
-	char *abs;
-	int ret;
-
-	if (!strncmp(ref, "docker://", 9))
-		return (*out = strdup(ref)) ? 0 : -ENOMEM;
-	if (!strncmp(ref, "oci:", 4) || !strncmp(ref, "dir:", 4)) {
-		scheme = !strncmp(ref, "oci:", 4) ? "oci:" : "dir:";
-		path = ref + 4;
-	} else if (strchr(ref, ':') && ref[0] != '/' && ref[0] != '.') {
-		return (*out = strdup(ref)) ? 0 : -ENOMEM; /* image_open explains */
-	}
-	if (!*path)
-		return -EINVAL;
-	ret = path_absolute(path, &abs);
-	if (ret)
-		return ret;
-	ret = asprintf(out, "%s%s", scheme, abs) < 0 ? -ENOMEM : 0;
-	free(abs);
-	return ret;
-}
-
-struct strlist {
-	char **v;
-	size_t nr, cap;
-};
-
-static void strlist_free(struct strlist *l)
-{
-	size_t i;
-
-	for (i = 0; i < l->nr; i++)
-		free(l->v[i]);
-	free(l->v);
-	memset(l, 0, sizeof(*l));
-}
-
-static int strlist_add(struct strlist *l, char *s)
-{
-	if (!s || array_reserve(&l->v, &l->cap, l->nr + 1, sizeof(*l->v), 16)) {
-		free(s);
-		return -ENOMEM;
-	}
-	l->v[l->nr++] = s;
-	return 0;
-}
-
-/* The prefetch list: one path per line; blank and # lines skipped. */
-static int read_list(const char *file, struct strlist *l)
-{
-	FILE *fp = fopen(file, "re");
-	char *line = NULL;
-	size_t cap = 0, lineno = 0;
-	ssize_t n;
-	int ret = 0;
-
-	if (!fp) {
-		ferry_err("--prefetch-files %s: %s", file, strerror(errno));
-		return -errno;
-	}
-	while (!ret && (n = getline(&line, &cap, fp)) >= 0) {
-		lineno++;
-		while (n && (line[n - 1] == '\n' || line[n - 1] == '\r'))
-			line[--n] = '\0';
-		if (!n || line[0] == '#')
-			continue;
-		if ((size_t)n >= PATH_MAX || strlen(line) != (size_t)n) {
-			ferry_err("--prefetch-files %s:%zu: not a path", file, lineno);
-			ret = -EINVAL;
-		} else if (l->nr >= CTL_PREFETCH_FILES_MAX) {
-			ferry_err("--prefetch-files %s: more than %u paths", file,
-				  CTL_PREFETCH_FILES_MAX);
-			ret = -E2BIG;
-		} else {
-			ret = strlist_add(l, strdup(line));
-		}
-	}
-	if (!ret && ferror(fp)) {
-		ferry_err("--prefetch-files %s: %s", file, strerror(errno));
-		ret = -EIO;
-	}
-	free(line);
-	fclose(fp);
-	return ret;
-}
-
 /* "10M", "10M/s", "0": bytes per second. */
 static int parse_rate(const char *s, uint64_t *out)
 {
@@ -203,27 +114,6 @@ static int parse_rate(const char *s, uint64_t *out)
 	return parse_size(buf, out);
 }
 
-/*
- * ferryd has its own environment: send the docker config this client
- * would read as an explicit path (the same search as pkg-fetch, which
- * ignores a missing default file, so only an existing one is sent).
- */
-static const char *client_authfile(char *buf, size_t len)
-{
-	const char *env = getenv("REGISTRY_AUTH_FILE");
-
-	if (env && *env)
-		return env;
-	env = getenv("DOCKER_CONFIG");
-	if (env && *env)
-		snprintf(buf, len, "%s/config.json", env);
-	else if ((env = getenv("HOME")) && *env)
-		snprintf(buf, len, "%s/.docker/config.json", env);
-	else
-		return NULL;
-	return access(buf, R_OK) ? NULL : buf;
-}
-
 struct fuse_args_in {
 	const char *image, *mountpoint, *cache_dir, *prefetch_list, *socket_path, *mode;
 	bool prefetch_all, foreground;
@@ -234,25 +124,26 @@ struct fuse_args_in {
 static int mount_fuse(const struct fuse_args_in *a)
 {
 	char *image = NULL, *mp = NULL, *cache = NULL, *authfile = NULL,
-	     *ca = NULL, authbuf[PATH_MAX], msg[CTL_MSG_MAX + 64];
+	     *ca = NULL, **files = NULL, msg[CTL_MSG_MAX + 64];
 	struct ctl_mount_reply rep;
 	struct ctl_mount_req r;
-	struct strlist files = { 0 };
-	struct ctl_mnt mi;
+	uint32_t nr_files = 0;
+	bool named;
+	struct mount_entry mi;
 	struct stat st;
 	int ret, rc = EXIT_FAIL;
 
 	ctl_mount_req_init(&r);
-	ret = abs_image(a->image, &image);
+	ret = image_ref_absolute(a->image, &image);
 	if (!ret)
-		ret = ctl_mountpoint_path(a->mountpoint, &mp);
+		ret = path_mountpoint(a->mountpoint, &mp);
 	if (!ret)
 		ret = path_absolute(a->cache_dir, &cache);
 	if (ret) {
 		ferry_err("mount %s on %s: %s", a->image, a->mountpoint, ferry_strerror(ret));
 		goto out;
 	}
-	if (!ctl_mountinfo(mp, &mi) && !strcmp(mi.fstype, CTL_FUSE_FSTYPE) &&
+	if (!mountinfo_find(mp, &mi) && !strcmp(mi.fstype, CTL_FUSE_FSTYPE) &&
 	    fuse_dead(mp)) {
 		ferry_err("mount %s on %s: %s is a dead FUSE mount (%s; was its ferryd killed?): run 'ferry umount %s' first",
 			  a->image, a->mountpoint, mp, strerror(ENOTCONN), a->mountpoint);
@@ -268,27 +159,36 @@ static int mount_fuse(const struct fuse_args_in *a)
 			  a->mountpoint);
 		goto out;
 	}
-	if (a->prefetch_list && read_list(a->prefetch_list, &files))
+	if (a->prefetch_list &&
+	    image_prefetch_list_load(a->prefetch_list, &files, &nr_files))
 		goto out;
 
 	r.image = image;
 	r.mountpoint = mp;
 	r.cache_dir = cache;
-	r.prefetch_files = (const char **)files.v;
-	r.nr_prefetch_files = files.nr;
+	r.prefetch_files = (const char **)files;
+	r.nr_prefetch_files = nr_files;
 	r.prefetch_all = a->prefetch_all;
 	r.mode = a->mode;
 	r.prefetch_bwlimit = a->bwlimit;
 	r.fetch = a->ro->fetch;
-	if (!r.fetch.authfile)
-		r.fetch.authfile = client_authfile(authbuf, sizeof(authbuf));
-	if ((r.fetch.authfile && path_absolute(r.fetch.authfile, &authfile)) ||
-	    (r.fetch.ca_file && path_absolute(r.fetch.ca_file, &ca))) {
-		ferry_err("mount %s: out of memory", a->image);
-		goto out;
-	}
-	if (authfile)
+	/*
+	 * ferryd has its own environment: send the docker config this
+	 * client would read as an explicit path (a default one only when it
+	 * exists, as pkg-fetch ignores a missing default).
+	 */
+	authfile = fetch_authfile_path(&r.fetch, &named);
+	if (authfile && (named || !access(authfile, R_OK))) {
+		char *abs = NULL;
+
+		if (path_absolute(authfile, &abs))
+			goto oom;
+		free(authfile);
+		authfile = abs;
 		r.fetch.authfile = authfile;
+	}
+	if (r.fetch.ca_file && path_absolute(r.fetch.ca_file, &ca))
+		goto oom;
 	if (ca)
 		r.fetch.ca_file = ca;
 
@@ -309,8 +209,11 @@ static int mount_fuse(const struct fuse_args_in *a)
 	ferry_info("mounted %s on %s (ferryd pid %d, socket %s)", image, mp, rep.pid,
 		   a->socket_path);
 	rc = EXIT_OK;
+	goto out;
+oom:
+	ferry_err("mount %s: out of memory", a->image);
 out:
-	strlist_free(&files);
+	image_prefetch_list_free(files, nr_files);
 	free(image);
 	free(mp);
 	free(cache);
@@ -395,7 +298,7 @@ static int mount_list(const char *socket_path, bool json, const char *only)
 	m = lr.mounts;
 	n = lr.nr_mounts;
 	if (only) {
-		if (ctl_mountpoint_path(only, &mp))
+		if (path_mountpoint(only, &mp))
 			goto out;
 		for (; n && strcmp(m->mountpoint, mp); m++, n--)
 			;
@@ -606,7 +509,7 @@ int cmd_umount(int argc, char **argv)
 	};
 	const char *socket_path = ctl_default_socket();
 	struct ctl_umount_req req = { 0 };
-	struct ctl_mnt mi;
+	struct mount_entry mi;
 	bool fuse;
 	char *mp = NULL, msg[CTL_MSG_MAX + 64];
 	int c, ret, rc = EXIT_FAIL;
@@ -631,12 +534,12 @@ int cmd_umount(int argc, char **argv)
 	}
 	if (argc - optind != 1)
 		return usage_error("umount", "expected MOUNTPOINT");
-	ret = ctl_mountpoint_path(argv[optind], &mp);
+	ret = path_mountpoint(argv[optind], &mp);
 	if (ret) {
 		ferry_err("umount %s: %s", argv[optind], ferry_strerror(ret));
 		return EXIT_FAIL;
 	}
-	ret = ctl_mountinfo(mp, &mi);
+	ret = mountinfo_find(mp, &mi);
 	if (ret) {
 		ferry_err("umount %s: %s", argv[optind],
 			  ret == -ENOENT ? "not mounted" : ferry_strerror(ret));

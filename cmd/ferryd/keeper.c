@@ -123,9 +123,9 @@ static int listen_to_ferryd(struct keeper *k)
 /* Our superblock, if ferryd died before it could name it. */
 static void find_sb(struct keeper *k)
 {
-	struct ctl_mnt mi;
+	struct mount_entry mi;
 
-	if (k->sysfs[0] || ctl_mountinfo(k->mountpoint, &mi) ||
+	if (k->sysfs[0] || mountinfo_find(k->mountpoint, &mi) ||
 	    strcmp(mi.fstype, "erofs") || strcmp(mi.source, k->bootstrap))
 		return;
 	fan_sysfs_path(k->mountpoint, k->sysfs, sizeof(k->sysfs));

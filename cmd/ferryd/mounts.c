@@ -125,9 +125,9 @@ static void notify_change(void)
 /* Whether our mount is what sits on top of its mount point. */
 static bool on_top(const struct fmount *m)
 {
-	struct ctl_mnt mi;
+	struct mount_entry mi;
 
-	return !ctl_mountinfo(m->mountpoint, &mi) && mi.major == m->dev_major &&
+	return !mountinfo_find(m->mountpoint, &mi) && mi.major == m->dev_major &&
 	       mi.minor == m->dev_minor && !strcmp(mi.fstype, m->mode->fstype);
 }
 
@@ -275,7 +275,7 @@ static bool wait_session_locked(struct fmount *m, unsigned int ms)
 static int check_mountpoint(const char *path, char **canon, char *err,
 			    size_t errlen)
 {
-	struct ctl_mnt mi;
+	struct mount_entry mi;
 	struct stat st;
 
 	*canon = realpath(path, NULL);
@@ -293,7 +293,7 @@ static int check_mountpoint(const char *path, char **canon, char *err,
 		snprintf(err, errlen, "mount point %s: not a directory", path);
 		return -ENOTDIR;
 	}
-	if (!ctl_mountinfo(*canon, &mi) && !strcmp(mi.fstype, CTL_FUSE_FSTYPE)) {
+	if (!mountinfo_find(*canon, &mi) && !strcmp(mi.fstype, CTL_FUSE_FSTYPE)) {
 		snprintf(err, errlen, "%s is already a ferry mount (%s); ferry umount it first",
 			 *canon, mi.source);
 		return -EBUSY;
@@ -381,7 +381,7 @@ static int mount_setup(struct fmount *m, const char *what, char *err,
 {
 	struct log_capture cap;
 	char why[1024] = "";
-	struct ctl_mnt mi;
+	struct mount_entry mi;
 	int ret;
 
 	log_capture_begin(&cap);
@@ -406,7 +406,7 @@ static int mount_setup(struct fmount *m, const char *what, char *err,
 	if (ret)
 		goto out;
 	/* Our mount's device, to recognise it later without touching it. */
-	if (!ctl_mountinfo(m->mountpoint, &mi)) {
+	if (!mountinfo_find(m->mountpoint, &mi)) {
 		m->dev_major = mi.major;
 		m->dev_minor = mi.minor;
 	}
@@ -574,7 +574,7 @@ static void set_state(struct fmount *m, enum mount_state s)
 int mounts_umount(const char *mountpoint, bool lazy, char *err, size_t errlen)
 {
 	enum mount_state state;
-	struct ctl_mnt mi;
+	struct mount_entry mi;
 	struct fmount *m;
 	char *canon = NULL;
 	int ret = 0, e;
@@ -647,7 +647,7 @@ int mounts_umount(const char *mountpoint, bool lazy, char *err, size_t errlen)
 		ret = -EBUSY;
 		snprintf(err, errlen, "%s: another file system (%s) is mounted over it; unmount that first",
 			 m->mountpoint,
-			 ctl_mountinfo(m->mountpoint, &mi) ? "?" : mi.fstype);
+			 mountinfo_find(m->mountpoint, &mi) ? "?" : mi.fstype);
 		goto out;
 	}
 	/* Unmounted: the session loop ends (ENODEV) and tears it down. A
