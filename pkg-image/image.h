@@ -204,6 +204,26 @@ struct image_check_report {
 int image_check(struct image *img, struct image_check_report *report);
 
 /* ------------------------------------------------------------------ */
+/* ferry inspect (describe.c)                                          */
+/* ------------------------------------------------------------------ */
+
+/*
+ * The image as a JSON object (the caller puts it): superblock, chunk
+ * size, compression, blobs (device id, digest, sizes, chunks), the
+ * embedded prefetch list and a tree summary from a full metadata walk.
+ * 0 or -errno.
+ */
+struct json_object;
+int image_describe(struct image *img, struct json_object **out);
+/*
+ * The entry @path (not following a final symlink): attributes, symlink
+ * target, xattr names and, for chunked files, the chunk map (file range
+ * -> device, offsets, codec, sha256). -errno logged naming the path.
+ */
+int image_describe_file(struct image *img, const char *path,
+			struct json_object **out);
+
+/* ------------------------------------------------------------------ */
 /* Prefetch lists (prefetch.c, docs/FORMAT.md 2.5)                     */
 /* ------------------------------------------------------------------ */
 
