@@ -94,4 +94,11 @@ int convert_check_args(const char *source, const char *dest,
 int convert_run(const char *source, const char *dest,
 		const struct convert_opts *opts, struct convert_stats *stats);
 
+/*
+ * The inflater of gzip layers, "isal" or "zlib": $FERRY_INFLATE, else the
+ * fastest built in (pkg-convert/input.c); NULL (logged) if $FERRY_INFLATE
+ * names neither.
+ */
+const char *input_inflater(void);
+
 #endif

@@ -14,10 +14,21 @@
  * anything else is an error. The error only surfaces if the tar reader
  * reads that far, i.e. when the archive is not terminated before it.
  * zstd and xz reject trailing garbage through their own decoders.
+ *
+ * gzip members are inflated by ISA-L's igzip when ferry is built with it
+ * (about twice zlib's speed: inflate is the main thread's largest cost),
+ * else by zlib; $FERRY_INFLATE=zlib selects zlib anyway (tests, benchmarks).
+ * Both accept and reject the same streams: ISA-L checks the member header
+ * (magic, method, FHCRC) and the trailer's CRC32 and ISIZE; the reserved
+ * FLG bits, which zlib and gzip(1) refuse, are checked here.
  */
+#include "convert.h"
 #include "tar.h"
 
 #include <fcntl.h>
+#ifdef FERRY_HAVE_ISAL
+#include <isa-l/igzip_lib.h>
+#endif
 #include <limits.h>
 #include <lzma.h>
 #include <stdlib.h>
@@ -42,6 +53,21 @@ enum input_kind {
 
 static const char *const kind_names[] = { "tar", "gzip", "zstd", "xz" };
 
+enum inflater {
+	INFLATE_ZLIB,
+	INFLATE_ISAL,
+};
+
+static const char *const inflater_names[] = { "zlib", "isal" };
+
+#ifdef FERRY_HAVE_ISAL
+#define INFLATE_DEFAULT INFLATE_ISAL
+/* FLG bits 5-7 are reserved (RFC 1952 2.3.1). */
+#define GZIP_FLG_RESERVED 0xe0u
+#else
+#define INFLATE_DEFAULT INFLATE_ZLIB
+#endif
+
 struct input_stream {
 	char *name;
 	enum input_kind kind;
@@ -58,7 +84,17 @@ struct input_stream {
 	int err;             /* sticky error, reported once pending output is out */
 	struct sha256_hasher *hasher; /* verifying input: sha256 of the file bytes */
 	uint8_t expect[BLOB_DIGEST_SIZE];
+	enum inflater inflater; /* gzip */
 	z_stream z;
+#ifdef FERRY_HAVE_ISAL
+	struct inflate_state *isal;
+	/*
+	 * The header is parsed here, not by isal_inflate(ISAL_GZIP), whose
+	 * parse forgets the FLG byte when a header spans two calls (2.30).
+	 */
+	struct isal_gzip_header gz_hdr;
+	bool in_header;      /* isal: the member header is not read yet */
+#endif
 	ZSTD_DStream *zd;
 	lzma_stream lz;
 };
@@ -124,6 +160,72 @@ static int input_corrupt(struct input_stream *in, const char *what)
 }
 
 /*
+ * $FERRY_INFLATE names the gzip inflater (tests, benchmarks); unset or
+ * empty: the fastest one built in.
+ */
+static int inflater_choose(enum inflater *out)
+{
+	const char *name = getenv("FERRY_INFLATE");
+	size_t i;
+
+	*out = INFLATE_DEFAULT;
+	if (!name || !*name)
+		return 0;
+	/* The default is the last one built in. */
+	for (i = 0; i <= INFLATE_DEFAULT; i++) {
+		if (!strcmp(name, inflater_names[i])) {
+			*out = (enum inflater)i;
+			return 0;
+		}
+	}
+	ferry_err("FERRY_INFLATE=%s: this build inflates with %s", name,
+		  INFLATE_DEFAULT == INFLATE_ISAL ? "isal or zlib" : "zlib only");
+	return -EINVAL;
+}
+
+const char *input_inflater(void)
+{
+	enum inflater i;
+
+	return inflater_choose(&i) ? NULL : inflater_names[i];
+}
+
+/* Ready the inflater for the next member's header. */
+static int gzip_member_start(struct input_stream *in)
+{
+#ifdef FERRY_HAVE_ISAL
+	if (in->inflater == INFLATE_ISAL) {
+		isal_inflate_reset(in->isal); /* keeps crc_flag */
+		isal_gzip_header_init(&in->gz_hdr);
+		in->in_header = true;
+		return 0;
+	}
+#endif
+	return inflateReset(&in->z) == Z_OK ? 0 : -EINVAL;
+}
+
+static int gzip_init(struct input_stream *in)
+{
+	int ret = inflater_choose(&in->inflater);
+
+	if (ret)
+		return ret;
+#ifdef FERRY_HAVE_ISAL
+	if (in->inflater == INFLATE_ISAL) {
+		in->isal = malloc(sizeof(*in->isal));
+		if (!in->isal)
+			return -ENOMEM;
+		isal_inflate_init(in->isal);
+		/* Header read by isal_step; ISA-L checks CRC32 and ISIZE. */
+		in->isal->crc_flag = ISAL_GZIP_NO_HDR_VER;
+		return gzip_member_start(in);
+	}
+#endif
+	/* 15 + 32: full window, gzip/zlib header auto-detected */
+	return inflateInit2(&in->z, 15 + 32) == Z_OK ? 0 : -ENOMEM;
+}
+
+/*
  * After a gzip member: another member must start right away, or only NUL
  * bytes may follow up to the end of the input.
  */
@@ -148,34 +250,80 @@ static int gzip_between_members(struct input_stream *in)
 		if (ret)
 			return ret;
 	}
-	/* inflate() checks the rest of the next member's header. */
+	/* The inflater checks the rest of the next member's header. */
 	if (zeros || in->next[0] != 0x1f)
 		return input_corrupt(in, "trailing garbage after");
-	if (inflateReset(&in->z) != Z_OK)
-		return -EINVAL;
 	in->member_end = false;
-	return 0;
+	return gzip_member_start(in);
 }
 
-/* zlib counts in uInt: feed it at most UINT_MAX bytes at a time. */
+/* zlib and ISA-L count in 32 bits: feed them at most UINT_MAX at a time. */
 static uInt clamp_uint(size_t n)
 {
 	return n > UINT_MAX ? UINT_MAX : (uInt)n;
 }
 
-static int gzip_step(struct input_stream *in, uint8_t *out, size_t len,
+#ifdef FERRY_HAVE_ISAL
+static const char *isal_strerror(int ir)
+{
+	switch (ir) {
+	case ISAL_INVALID_WRAPPER:
+		return "bad member header";
+	case ISAL_UNSUPPORTED_METHOD:
+		return "unknown compression method";
+	case ISAL_INCORRECT_CHECKSUM: /* header CRC16, or CRC32 / ISIZE */
+		return "checksum or length mismatch";
+	default:
+		return "invalid deflate data";
+	}
+}
+
+static int isal_step(struct input_stream *in, uint8_t *out, size_t len,
+		     size_t *produced)
+{
+	struct inflate_state *s = in->isal;
+	uInt in_len = clamp_uint(in->avail), out_len = clamp_uint(len);
+	int ir = ISAL_DECOMP_OK;
+
+	s->next_in = (uint8_t *)in->next;
+	s->avail_in = in_len;
+	s->next_out = out;
+	s->avail_out = out_len;
+	if (in->in_header) {
+		ir = isal_read_gzip_header(s, &in->gz_hdr);
+		/*
+		 * ISA-L leaves the reserved FLG bits unchecked (zlib refuses
+		 * them); it keeps the FLG byte in gz_hdr.flags.
+		 */
+		if (ir == ISAL_DECOMP_OK && (in->gz_hdr.flags & GZIP_FLG_RESERVED))
+			ir = ISAL_INVALID_WRAPPER;
+		in->in_header = ir == ISAL_END_INPUT;
+	}
+	if (ir == ISAL_DECOMP_OK && !in->in_header)
+		ir = isal_inflate(s);
+	input_consume(in, in_len - s->avail_in);
+	*produced = out_len - s->avail_out;
+	switch (ir) {
+	case ISAL_DECOMP_OK:
+		/* FINISH: the trailer is checked and all output flushed. */
+		in->member_end = s->block_state == ISAL_BLOCK_FINISH;
+		return 0;
+	case ISAL_END_INPUT: /* header cut short: the caller refills or reports EOF */
+		return 0;
+	default:
+		ferry_err("%s: corrupt gzip stream: %s", in->name,
+			  isal_strerror(ir));
+		return -EFSCORRUPTED;
+	}
+}
+#endif
+
+static int zlib_step(struct input_stream *in, uint8_t *out, size_t len,
 		     size_t *produced)
 {
 	uInt in_len = clamp_uint(in->avail), out_len = clamp_uint(len);
 	int zr;
 
-	if (in->member_end) {
-		int ret = gzip_between_members(in);
-
-		if (ret || in->finished)
-			return ret;
-		in_len = clamp_uint(in->avail);
-	}
 	in->z.next_in = (Bytef *)in->next;
 	in->z.avail_in = in_len;
 	in->z.next_out = out;
@@ -197,6 +345,22 @@ static int gzip_step(struct input_stream *in, uint8_t *out, size_t len,
 			  in->z.msg ? in->z.msg : "bad data");
 		return -EFSCORRUPTED;
 	}
+}
+
+static int gzip_step(struct input_stream *in, uint8_t *out, size_t len,
+		     size_t *produced)
+{
+	if (in->member_end) {
+		int ret = gzip_between_members(in);
+
+		if (ret || in->finished)
+			return ret;
+	}
+#ifdef FERRY_HAVE_ISAL
+	if (in->inflater == INFLATE_ISAL)
+		return isal_step(in, out, len, produced);
+#endif
+	return zlib_step(in, out, len, produced);
 }
 
 static int zstd_step(struct input_stream *in, uint8_t *out, size_t len,
@@ -359,9 +523,7 @@ static int input_init_decoder(struct input_stream *in)
 #define HAS_MAGIC(m) (in->avail >= sizeof(m) && !memcmp(in->next, m, sizeof(m)))
 	if (HAS_MAGIC(gzip_magic)) {
 		in->kind = INPUT_GZIP;
-		/* 15 + 32: full window, gzip/zlib header auto-detected */
-		if (inflateInit2(&in->z, 15 + 32) != Z_OK)
-			return -ENOMEM;
+		return gzip_init(in);
 	} else if (HAS_MAGIC(zstd_magic) || zstd_skippable) {
 		in->kind = INPUT_ZSTD;
 		/* Default window limit (128 MiB) bounds memory on hostile input. */
@@ -530,7 +692,10 @@ void input_close(struct input_stream *in)
 	sha256_hasher_free(in->hasher);
 	switch (in->kind) {
 	case INPUT_GZIP:
-		inflateEnd(&in->z);
+#ifdef FERRY_HAVE_ISAL
+		free(in->isal);
+#endif
+		inflateEnd(&in->z); /* a no-op when zlib was not set up */
 		break;
 	case INPUT_ZSTD:
 		ZSTD_freeDStream(in->zd);

@@ -6,7 +6,7 @@ pkgs=(
 	# build
 	build-essential pkg-config clang libclang-rt-14-dev
 	libcurl4-openssl-dev liblz4-dev libzstd-dev liblzma-dev zlib1g-dev
-	libjson-c-dev libssl-dev libfuse3-dev
+	libjson-c-dev libssl-dev libfuse3-dev libisal-dev
 	# tests: format oracle, fixtures, tools
 	fuse3 erofs-utils attr acl libcap2-bin tar gzip zstd xz-utils python3
 	mmdebstrap umoci skopeo rsync docker-registry apache2-utils openssl

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "../../pkg-base/base.h"
+#include "../../pkg-convert/convert.h"
 #include "cmd.h"
 
 static const struct {
@@ -75,7 +76,12 @@ int main(int argc, char **argv)
 			print_help();
 			return EXIT_OK;
 		} else if (!strcmp(argv[i], "--version")) {
-			printf("ferry %s\n", FERRY_VERSION);
+			const char *inflater = input_inflater();
+
+			if (!inflater)
+				return EXIT_USAGE;
+			printf("ferry %s\ngzip inflater: %s\n", FERRY_VERSION,
+			       inflater);
 			return EXIT_OK;
 		} else {
 			fprintf(stderr, "ferry: unknown option %s\nTry 'ferry --help'.\n",

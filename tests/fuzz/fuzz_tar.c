@@ -8,6 +8,10 @@
  * Inputs starting with "FERRYPF1" go to the bootstrap's prefetch list
  * (pkg-image, the other parser of what conversion embeds), whose accepted
  * inputs must re-encode to the same bytes.
+ *
+ * gzip input goes through the default inflater (ISA-L when built with it)
+ * and, decoded whole, also through zlib: both must accept or reject it
+ * alike and agree on every byte both returned.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -42,6 +46,44 @@ static void touch_entry(const struct tar_entry *e)
 	sink ^= (uint8_t)strlen(e->path);
 }
 
+/* Decode all of @data with @inflater into @out (at most @cap bytes). */
+static int inflate_all(const uint8_t *data, size_t size, const char *inflater,
+		       uint8_t *out, size_t cap, size_t *len)
+{
+	struct input_stream *in;
+	struct byte_source bs;
+	ssize_t n = 0;
+
+	setenv("FERRY_INFLATE", inflater, 1);
+	if (input_open_mem(data, size, &in))
+		abort();
+	unsetenv("FERRY_INFLATE");
+	bs = input_source(in);
+	*len = 0;
+	while (*len < cap) {
+		n = bs.read(bs.ctx, out + *len, MIN(cap - *len, 4099));
+		if (n <= 0)
+			break;
+		*len += (size_t)n;
+	}
+	input_close(in);
+	return (int)n;
+}
+
+static void fuzz_inflaters(const uint8_t *data, size_t size)
+{
+	static uint8_t a[8 << 20], b[sizeof(a)];
+	size_t alen, blen;
+	int aret = inflate_all(data, size, "isal", a, sizeof(a), &alen);
+	int bret = inflate_all(data, size, "zlib", b, sizeof(b), &blen);
+
+	if (alen == sizeof(a) || blen == sizeof(b))
+		return; /* cut at the cap: not comparable */
+	if ((aret < 0) != (bret < 0) || (!aret && alen != blen) ||
+	    memcmp(a, b, MIN(alen, blen)))
+		abort();
+}
+
 static void fuzz_prefetch(const uint8_t *data, size_t size)
 {
 	uint8_t *again = NULL;
@@ -71,6 +113,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		fuzz_prefetch(data, size);
 		return 0;
 	}
+#ifdef FERRY_HAVE_ISAL
+	if (size >= 2 && data[0] == 0x1f && data[1] == 0x8b)
+		fuzz_inflaters(data, size);
+#endif
 	if (input_open_mem(data, size, &in))
 		return 0;
 	if (tar_reader_new(input_source(in), &r)) {
