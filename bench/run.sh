@@ -7,7 +7,8 @@
 # $FERRY_BENCH_DIR (default /var/tmp/ferry-bench): "minbase" and "big"
 # (minbase + python3, perl, gcc). Env: FERRY_BENCH_RUNS (default 5),
 # FERRY_BENCH_SETS (default "minbase big"), MKFS_EROFS (an erofs-utils >= 1.8
-# mkfs.erofs to also time `--tar=f --ungzip`).
+# mkfs.erofs to also time `--tar=f --ungzip`). The zlib row shows what the
+# gzip inflater (`ferry --version`) is worth.
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 sets=${FERRY_BENCH_SETS:-minbase big}
@@ -31,6 +32,8 @@ for set in $sets; do
 		-n "gzip -dc (floor)" "gzip -dc $gz > /dev/null" \
 		-n "ferry convert tar: (zstd)" "$ferry convert -q tar:$gz dir:$work/out" \
 		-n "ferry convert tar: (zstd, --jobs 1)" "$ferry convert -q --jobs 1 tar:$gz dir:$work/out" \
+		-n "ferry convert tar: (zstd, FERRY_INFLATE=zlib)" \
+		   "FERRY_INFLATE=zlib $ferry convert -q tar:$gz dir:$work/out" \
 		-n "ferry convert tar: (zstd:3)" "$ferry convert -q --compress zstd:3 tar:$gz dir:$work/out" \
 		-n "ferry convert tar: (lz4)" "$ferry convert -q --compress lz4 tar:$gz dir:$work/out" \
 		-n "ferry convert dir: (zstd)" "$ferry convert -q dir:$ref dir:$work/out" \
