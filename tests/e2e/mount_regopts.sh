@@ -149,7 +149,7 @@ for mode in fuse fanotify; do
 
 	# --- --stall-timeout: every blob GET stalls mid-body ---------------------------
 	fp_set stall count=-1 "method=^GET$" path=/blobs/ delay=3
-	mount_fails $mode "--stall-timeout 1, 3 s stalls" 'timeout was reached|timed out' \
+	mount_fails $mode "--stall-timeout 1, 3 s stalls" 'timeout was reached|timed out|too slow' \
 		"$PIMG" --stall-timeout 1 --retries 1
 	fp_set stall count=-1 "method=^GET$" path=/blobs/ delay=2
 	if check "$mode: --stall-timeout 5, 2 s stalls" \
