@@ -49,7 +49,7 @@ FUZZ_BINS := $(FUZZ_SRCS:tests/fuzz/%.c=$(BUILD)/fuzz/%)
 # Quiet by default; `make V=1` shows the commands.
 Q := $(if $(V),,@)
 
-.PHONY: all check check-asan check-run tests fuzz fuzz-run bench demo deps install clean
+.PHONY: all check check-asan check-run tests fuzz fuzz-run bench demo deps install clean vm-kernel
 
 all: $(BIN)/ferry $(BIN)/ferryd
 
@@ -107,6 +107,11 @@ fuzz-run: fuzz
 
 deps:
 	@tests/deps.sh
+
+# The VM tests' kernel (cachefiles on-demand), built once per machine and
+# cached under /var/tmp/ferry-vm (tests/vm/build-kernel.sh; docs/TESTING.md).
+vm-kernel: deps
+	tests/vm/build-kernel.sh
 
 check: deps
 	$(MAKE) all tests fuzz
