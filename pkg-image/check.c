@@ -128,8 +128,13 @@ static int walk_metadata(struct image *img, struct image_check_report *report)
 int image_validate_metadata(struct image *img)
 {
 	struct image_check_report report = { 0 };
+	uint64_t t0 = ferry_now_ns();
 	int ret = walk_metadata(img, &report);
 
+	ferry_dbg("%s: metadata validated: %llu inodes, %llu chunk indexes in %.1f ms",
+		  img->ref, (unsigned long long)report.inodes,
+		  (unsigned long long)report.chunks,
+		  (double)(ferry_now_ns() - t0) / 1e6);
 	if (ret && ret != -ENOMEM) {
 		ferry_err("%s: refusing to mount or serve the image: its metadata is invalid (see above; ferry check tells more)",
 			  img->ref);
