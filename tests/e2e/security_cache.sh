@@ -235,9 +235,11 @@ cp -a "$OUT" "$DAG"
 # Point the entry "loopme" of /a at the root (an ancestor): the nid of a
 # 12-byte erofs_dirent (nid u64, nameoff u16, file_type u8 = 2 for a
 # directory); then the superblock checksum and ferry.json's digest.
-if python3 - "$DAG" "$LOOPNID" "$ROOTNID" <<'EOF'
+if python3 - "$DAG" "$LOOPNID" "$ROOTNID" "$TOP/tests/tools" <<'EOF'
 import hashlib, json, struct, sys
 out, loop, root = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+sys.path.insert(0, sys.argv[4])
+from erofs_sb import fix_checksum
 d = bytearray(open(out + "/bootstrap", "rb").read())
 # The entry named loopme: its name sits at (start of its dir block) +
 # nameoff, and the entries start that block, 12 bytes each.
@@ -249,20 +251,7 @@ hits = [o for o in range(len(d) - 12)
             for n in names)]
 assert len(hits) == 1, hits
 struct.pack_into("<Q", d, hits[0], root)
-tab = []
-for i in range(256):
-    c = i
-    for _ in range(8):
-        c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
-    tab.append(c)
-def crc32c(data, crc=0xFFFFFFFF):  # EROFS: seed ~0, no final inversion
-    for b in data:
-        crc = tab[(crc ^ b) & 0xFF] ^ (crc >> 8)
-    return crc
-sb = 1024
-if struct.unpack_from("<I", d, sb + 8)[0] & 1:
-    struct.pack_into("<I", d, sb + 4, 0)
-    struct.pack_into("<I", d, sb + 4, crc32c(bytes(d[sb:4096])))
+fix_checksum(d)
 open(out + "/bootstrap", "wb").write(d)
 j = json.load(open(out + "/ferry.json"))
 j["bootstrap"]["digest"] = "sha256:" + hashlib.sha256(d).hexdigest()
