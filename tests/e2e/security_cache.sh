@@ -228,29 +228,40 @@ check "ferry cache verify after the refetch: clean" \
 M=$SCRATCH/m-dag
 check "the DAG test image mounts before patching" local_mount "dir:$OUT" "$M" "$CACHE"
 ROOTNID=$(stat -c %i "$M")
-LOOPNID=$(stat -c %i "$M/a/loopme")
+ANID=$(stat -c %i "$M/a")
 ferry_umount "$M" >/dev/null 2>&1
 DAG=$SCRATCH/dag
 cp -a "$OUT" "$DAG"
-# Point the entry "loopme" of /a at the root (an ancestor): the nid of a
-# 12-byte erofs_dirent (nid u64, nameoff u16, file_type u8 = 2 for a
-# directory); then the superblock checksum and ferry.json's digest.
-if python3 - "$DAG" "$LOOPNID" "$ROOTNID" "$TOP/tests/tools" <<'EOF'
+# Point the entry "loopme" of /a at the root (an ancestor), then fix the
+# superblock checksum and ferry.json's digest. Layout (pkg-meta/erofs_fs.h,
+# docs/FORMAT.md 2.2): inode NID at meta_blkaddr * 4096 + NID * 32;
+# i_format bit 0 extended (64-byte inode), bits 1-3 the data layout (0
+# flat plain at raw_blkaddr, 2 flat inline after the inode and its
+# xattrs); a directory block is 12-byte dirents (nid u64, nameoff u16,
+# file_type u8, reserved u8), the first nameoff / 12 of them, then names.
+if python3 - "$DAG" "$ANID" "$ROOTNID" "$TOP/tests/tools" <<'EOF'
 import hashlib, json, struct, sys
-out, loop, root = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+out, anid, root = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 sys.path.insert(0, sys.argv[4])
 from erofs_sb import fix_checksum
 d = bytearray(open(out + "/bootstrap", "rb").read())
-# The entry named loopme: its name sits at (start of its dir block) +
-# nameoff, and the entries start that block, 12 bytes each.
-names = [i for i in range(len(d)) if d.startswith(b"loopme", i)]
-hits = [o for o in range(len(d) - 12)
-        if struct.unpack_from("<Q", d, o)[0] == loop and d[o + 10] == 2 and
-        any(0 <= o - (n - struct.unpack_from("<H", d, o + 8)[0]) < 4096 and
-            (o - (n - struct.unpack_from("<H", d, o + 8)[0])) % 12 == 0
-            for n in names)]
-assert len(hits) == 1, hits
-struct.pack_into("<Q", d, hits[0], root)
+meta = struct.unpack_from("<I", d, 1024 + 40)[0] * 4096
+ino = meta + anid * 32
+fmt, icount = struct.unpack_from("<HH", d, ino)
+ext = fmt & 1
+layout = (fmt >> 1) & 7
+size = struct.unpack_from("<Q" if ext else "<I", d, ino + 8)[0]
+assert size < 4096 and layout in (0, 2), (size, layout)
+if layout == 2:
+    base = ino + (64 if ext else 32) + (12 + (icount - 1) * 4 if icount else 0)
+else:
+    base = struct.unpack_from("<I", d, ino + 16)[0] * 4096
+count = struct.unpack_from("<H", d, base + 8)[0] // 12
+offs = [struct.unpack_from("<H", d, base + 12 * i + 8)[0] for i in range(count)] + [size]
+names = [bytes(d[base + offs[i]:base + offs[i + 1]]).rstrip(b"\0") for i in range(count)]
+i = names.index(b"loopme")
+assert d[base + 12 * i + 10] == 2  # a directory
+struct.pack_into("<Q", d, base + 12 * i, root)
 fix_checksum(d)
 open(out + "/bootstrap", "wb").write(d)
 j = json.load(open(out + "/ferry.json"))
