@@ -281,6 +281,7 @@ int blob_verify_source(const struct blob_source *src, const char *name,
  *                                sparse file of uncompressed_size bytes —
  *                                once complete, a valid EROFS device file
  *   DIR/blobs/sha256/<hex>.map   header + one state byte per chunk
+ *   DIR/blobs/sha256/<hex>.index the blob's chunk table (blob index form)
  *   DIR/images/<hex>.json        images that use the cache (blob_cache_*
  *                                _image), so gc knows what to keep
  *
@@ -297,6 +298,19 @@ int blob_verify_source(const struct blob_source *src, const char *name,
  * removes blobs nobody has open.
  */
 struct blob_cache_blob;
+
+/*
+ * The cache is a trust store: root mounts what it holds. Open the cache
+ * directory @cache_dir, then each level of @sub ("a/b"; NULL or "" for
+ * none) below it without following symlinks, creating what is missing
+ * with mode 0700 when @create. Each must be owned by the effective uid
+ * and writable by nobody else (-EPERM, logged naming the directory and
+ * the fix), and so must the root's ancestors unless sticky; one readable
+ * by others is narrowed to 0700. *@dir_fd (may be NULL) gets the deepest
+ * directory's descriptor. -ENOENT (not logged) when missing and !@create.
+ */
+int blob_cache_dir(const char *cache_dir, const char *sub, bool create,
+		   int *dir_fd);
 
 /*
  * Reads of adjacent missing frames are merged into one source read of at
@@ -395,5 +409,29 @@ void blob_cache_list_free(struct blob_cache_list *l);
  * *@removed (may be NULL): blobs removed.
  */
 int blob_cache_gc(const char *cache_dir, uint64_t *freed, uint32_t *removed);
+
+/*
+ * Re-hash every chunk marked present against its sha256 (from the chunk
+ * table recorded with the blob, DIR/blobs/sha256/<hex>.index). A chunk
+ * that does not match is logged, its slot zeroed and its mark cleared, so
+ * its next reader fetches it again; it is listed in r->bad. Blobs without
+ * a recorded table (cached by an older ferry) or with a damaged map are
+ * counted in blobs_skipped. 0 or -errno; free @r with
+ * blob_cache_verify_report_free either way.
+ */
+struct blob_cache_bad_chunk {
+	uint8_t blob[BLOB_DIGEST_SIZE];
+	uint32_t chunk;
+	uint64_t uoff;
+};
+struct blob_cache_verify_report {
+	uint32_t blobs, blobs_skipped;
+	uint64_t chunks, bytes; /* verified */
+	struct blob_cache_bad_chunk *bad;
+	uint32_t nr_bad;
+	size_t bad_cap;
+};
+int blob_cache_verify(const char *cache_dir, struct blob_cache_verify_report *r);
+void blob_cache_verify_report_free(struct blob_cache_verify_report *r);
 
 #endif

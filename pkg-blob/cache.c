@@ -75,32 +75,126 @@ struct blob_cache_blob {
 /* Files                                                               */
 /* ------------------------------------------------------------------ */
 
-/* Create @cache_dir and each level of @sub ("a/b") under it, as needed. */
-int cache_mkdirs(const char *cache_dir, const char *sub)
+/*
+ * Refuse a directory of the cache that someone other than us could change:
+ * whoever can write into it can plant links or other bytes for root to
+ * follow and trust. A safe one that others can read (made by an older
+ * ferry, 0755) is narrowed to 0700, as cached files may be private.
+ */
+static int check_dir(int fd, const char *path)
 {
-	char path[PATH_MAX];
-	size_t i;
-	int n;
+	struct stat st;
 
-	n = snprintf(path, sizeof(path), "%s/%s", cache_dir, sub);
-	if (n < 0 || (size_t)n >= sizeof(path))
-		return -ENAMETOOLONG;
-	for (i = strlen(cache_dir);; i++) {
-		char c = path[i];
-
-		if (c != '/' && c)
-			continue;
-		path[i] = '\0';
-		if (mkdir(path, 0755) && errno != EEXIST) {
-			n = -errno;
-			ferry_err("chunk cache: cannot create %s: %s", path,
-				  ferry_strerror(n));
-			return n;
-		}
-		path[i] = c;
-		if (!c)
-			return 0;
+	if (fstat(fd, &st))
+		return -errno;
+	if (st.st_uid != geteuid() || (st.st_mode & 022)) {
+		ferry_err("chunk cache: %s is owned by uid %u with mode %04o: the cache must be owned by uid %u and writable by nobody else; chown %u and chmod 0700 it (or remove it)",
+			  path, (unsigned int)st.st_uid,
+			  (unsigned int)(st.st_mode & 07777),
+			  (unsigned int)geteuid(), (unsigned int)geteuid());
+		return -EPERM;
 	}
+	if ((st.st_mode & 077) && fchmod(fd, st.st_mode & 07700))
+		return -errno;
+	return 0;
+}
+
+/*
+ * The cache root's ancestors: one that another user could write to (and
+ * is not sticky, like /tmp) lets them swap the whole cache for theirs.
+ */
+static int check_ancestors(const char *cache_dir)
+{
+	char *real = realpath(cache_dir, NULL), *slash;
+	struct stat st;
+	int ret = 0;
+
+	if (!real)
+		return -errno;
+	while ((slash = strrchr(real, '/'))) {
+		slash[slash == real] = '\0';
+		if (stat(real, &st)) {
+			ret = -errno;
+			break;
+		}
+		if ((st.st_uid && st.st_uid != geteuid()) ||
+		    ((st.st_mode & 022) && !(st.st_mode & S_ISVTX))) {
+			ferry_err("chunk cache: %s is inside %s, which uid %u owns with mode %04o: another user could replace the cache; move the cache or chmod go-w that directory",
+				  cache_dir, real, (unsigned int)st.st_uid,
+				  (unsigned int)(st.st_mode & 07777));
+			ret = -EPERM;
+			break;
+		}
+		if (slash == real)
+			break;
+	}
+	free(real);
+	return ret;
+}
+
+int blob_cache_dir(const char *cache_dir, const char *sub, bool create,
+		   int *dir_fd)
+{
+	char path[PATH_MAX], name[NAME_MAX + 1];
+	const char *p = sub ? sub : "";
+	size_t len;
+	int fd, next, ret;
+
+	/* Only what we create is narrowed: parents made here are 0700 too. */
+	ret = create ? mkdir_p(cache_dir, 0700) : 0;
+	if (ret)
+		return ret;
+	fd = open(cache_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (fd < 0) {
+		ret = -errno;
+		if (ret != -ENOENT || create)
+			ferry_err("chunk cache: cannot open %s: %s", cache_dir,
+				  ferry_strerror(ret));
+		return ret;
+	}
+	snprintf(path, sizeof(path), "%s", cache_dir);
+	ret = check_dir(fd, path);
+	if (!ret)
+		ret = check_ancestors(cache_dir);
+	/* Each level below the root: never through a symlink. */
+	while (!ret && *p) {
+		len = strcspn(p, "/");
+		if (len > NAME_MAX ||
+		    strlen(path) + 1 + len >= sizeof(path)) {
+			ret = -ENAMETOOLONG;
+			break;
+		}
+		memcpy(name, p, len);
+		name[len] = '\0';
+		p += len + (p[len] == '/');
+		snprintf(path + strlen(path), sizeof(path) - strlen(path),
+			 "/%s", name);
+		if (create && mkdirat(fd, name, 0700) && errno != EEXIST) {
+			ret = -errno;
+			ferry_err("chunk cache: cannot create %s: %s", path,
+				  ferry_strerror(ret));
+			break;
+		}
+		next = openat(fd, name,
+			      O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+		if (next < 0) {
+			ret = -errno;
+			if (ret != -ENOENT || create)
+				ferry_err("chunk cache: cannot open %s: %s%s",
+					  path, ferry_strerror(ret),
+					  ret == -ELOOP || ret == -ENOTDIR ?
+					  " (not a directory: remove it)" : "");
+			break;
+		}
+		close(fd);
+		fd = next;
+		ret = check_dir(fd, path);
+	}
+	if (ret || !dir_fd)
+		close(fd);
+	else
+		*dir_fd = fd;
+	return ret;
 }
 
 static void cache_map_header_encode(const struct blob_info *info,
@@ -241,7 +335,8 @@ static int make_files(struct blob_cache_blob *b, bool replace)
 	struct stat st;
 	int fd, ret;
 
-	fd = open(b->data_path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+	fd = open(b->data_path,
+		  O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
 	if (fd < 0) {
 		ret = -errno;
 		ferry_err("chunk cache: cannot create %s: %s", b->data_path,
@@ -260,7 +355,7 @@ static int make_files(struct blob_cache_blob *b, bool replace)
 		goto out;
 	}
 	if (!replace) {
-		if (!stat(b->map_path, &st)) {
+		if (!lstat(b->map_path, &st)) {
 			ret = -EAGAIN; /* another opener was faster */
 			goto out;
 		}
@@ -292,7 +387,7 @@ static int make_files(struct blob_cache_blob *b, bool replace)
 	}
 	cache_map_header_encode(info, map);
 	ret = write_file_atomic(b->dir_path, strrchr(b->map_path, '/') + 1,
-				 map, len, 0644);
+				 map, len, 0600);
 out:
 	free(map);
 	close(fd);
@@ -348,7 +443,7 @@ static int load_files(struct blob_cache_blob *b, int fd, const char **why)
 			b->present_bytes += info->chunks[i].usize;
 		}
 	}
-	b->data_fd = open(b->data_path, O_RDWR | O_CLOEXEC);
+	b->data_fd = open(b->data_path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
 	if (b->data_fd < 0) {
 		if (errno == ENOENT) {
 			*why = "data file missing";
@@ -372,7 +467,7 @@ static int open_files(struct blob_cache_blob *b)
 	struct stat st;
 	int fd, ret;
 
-	fd = open(b->map_path, O_RDWR | O_CLOEXEC);
+	fd = open(b->map_path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
 	if (fd < 0) {
 		ret = -errno;
 		if (ret != -ENOENT) {
@@ -430,6 +525,31 @@ fail:
 	return ret;
 }
 
+/*
+ * Keep the blob's chunk table next to its map, once: blob_cache_verify
+ * needs each chunk's sha256 without the image at hand.
+ */
+static int record_index(const struct blob_cache_blob *b)
+{
+	char name[CACHE_HEX_LEN + sizeof(CACHE_INDEX_SUFFIX)], *path = NULL;
+	void *buf = NULL;
+	struct stat st;
+	size_t len;
+	int ret;
+
+	snprintf(name, sizeof(name), "%s" CACHE_INDEX_SUFFIX, b->hex);
+	if (asprintf(&path, "%s/%s", b->dir_path, name) < 0)
+		return -ENOMEM;
+	ret = lstat(path, &st) ? -errno : 0;
+	if (ret == -ENOENT)
+		ret = blob_index_encode(b->info, 1, &buf, &len);
+	if (!ret && buf)
+		ret = write_file_atomic(b->dir_path, name, buf, len, 0600);
+	free(buf);
+	free(path);
+	return ret;
+}
+
 int blob_cache_open(const char *cache_dir, const struct blob_info *info,
 		    struct blob_cache_blob **out)
 {
@@ -467,7 +587,7 @@ int blob_cache_open(const char *cache_dir, const struct blob_info *info,
 		b->map_path = NULL;
 		goto fail;
 	}
-	ret = cache_mkdirs(cache_dir, CACHE_BLOBS_DIR);
+	ret = blob_cache_dir(cache_dir, CACHE_BLOBS_DIR, true, NULL);
 	if (ret)
 		goto fail;
 	for (attempt = 0;; attempt++) {
@@ -481,6 +601,8 @@ int blob_cache_open(const char *cache_dir, const struct blob_info *info,
 		if (ret != -EAGAIN)
 			break;
 	}
+	if (!ret)
+		ret = record_index(b);
 	if (ret)
 		goto fail;
 	*out = b;

@@ -99,6 +99,8 @@ int blob_table_parse(const void *buf, size_t len, struct blob_info *info,
 
 #define CACHE_BLOBS_DIR "blobs/sha256"
 #define CACHE_IMAGES_DIR "images"
+/* The blob's chunk table (a one-blob blob index), for blob_cache_verify. */
+#define CACHE_INDEX_SUFFIX ".index"
 #define CACHE_HEX_LEN (2 * BLOB_DIGEST_SIZE)
 
 struct cache_map_header {
@@ -108,8 +110,8 @@ struct cache_map_header {
 	uint8_t table_sha256[BLOB_DIGEST_SIZE];
 };
 
-/* Create @cache_dir and each level of @sub ("a/b") under it, as needed. */
-int cache_mkdirs(const char *cache_dir, const char *sub);
+/* blob_cache_dir's checks for each of the cache's directories that exist. */
+int cache_check_existing(const char *cache_dir);
 /* Check and decode a map file header; *@why says what is wrong. */
 int cache_map_header_decode(const uint8_t h[CACHE_MAP_HEADER_SIZE],
 			    struct cache_map_header *mh, const char **why);

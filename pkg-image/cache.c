@@ -8,6 +8,7 @@
  * mount is the same cache filled completely first.
  */
 #include <stdatomic.h>
+#include <stdio.h>
 #include <sys/stat.h>
 #include <stdlib.h>
 #include <string.h>
@@ -63,7 +64,7 @@ int image_cache_open(struct image *img, const char *cache_dir,
 	digests = calloc(n + 1, sizeof(*digests));
 	if (!ic->blobs || !ic->srcs || !digests)
 		goto fail;
-	ret = mkdir_p(cache_dir, 0755);
+	ret = blob_cache_dir(cache_dir, NULL, true, NULL);
 	if (ret)
 		goto fail;
 	for (i = 0; i < n; i++)
@@ -400,18 +401,26 @@ int image_mount_local(struct image *img, const char *cache_dir,
 {
 	struct ferry_progress progress = { 0 };
 	struct image_cache *ic = NULL;
-	const char **devs;
+	char (*devs)[32] = NULL, boot[32];
+	const char **devp = NULL;
 	struct stat st;
-	uint32_t i;
+	uint32_t i, n = img->blobs.nr_blobs;
 	int ret;
 
 	if (stat(target, &st) || !S_ISDIR(st.st_mode)) {
 		ferry_err("mount point %s: not a directory", target);
 		return -ENOTDIR;
 	}
-	devs = calloc(img->blobs.nr_blobs + 1, sizeof(*devs));
-	if (!devs)
-		return -ENOMEM;
+	/* The kernel parses what ferry walked, never more (image.h). */
+	ret = image_validate_metadata(img);
+	if (ret)
+		return ret;
+	devs = calloc(n + 1, sizeof(*devs));
+	devp = calloc(n + 1, sizeof(*devp));
+	if (!devs || !devp) {
+		ret = -ENOMEM;
+		goto out;
+	}
 	ret = image_cache_open(img, cache_dir, &ic);
 	if (!ret) {
 		ferry_progress_begin(&progress, img->ref, 0);
@@ -422,12 +431,21 @@ int image_mount_local(struct image *img, const char *cache_dir,
 		ret = image_bootstrap_file(img, cache_dir);
 	if (ret)
 		goto out;
-	for (i = 0; i < img->blobs.nr_blobs; i++)
-		devs[i] = image_cache_data_path(ic, i);
-	ret = meta_kernel_mount(img->bootstrap_path, devs, img->blobs.nr_blobs,
-				target);
+	/*
+	 * The kernel opens exactly the files verified and filled here: the
+	 * descriptors we hold, through /proc/self/fd, not a path that
+	 * could have been replaced meanwhile.
+	 */
+	snprintf(boot, sizeof(boot), "/proc/self/fd/%d", img->bootstrap_fd);
+	for (i = 0; i < n; i++) {
+		snprintf(devs[i], sizeof(devs[i]), "/proc/self/fd/%d",
+			 blob_cache_data_fd(ic->blobs[i]));
+		devp[i] = devs[i];
+	}
+	ret = meta_kernel_mount(boot, devp, n, target);
 out:
 	image_cache_close(ic);
+	free(devp);
 	free(devs);
 	return ret;
 }

@@ -111,17 +111,45 @@ static int check_visit(void *ctx, const char *path, const struct meta_stat *st)
 	}
 }
 
-int image_check(struct image *img, struct image_check_report *report)
+/* The metadata walk of image_check, counting into @report. */
+static int walk_metadata(struct image *img, struct image_check_report *report)
 {
 	struct checker c = { .img = img, .report = report };
-	uint32_t i;
 	int ret;
 
-	memset(report, 0, sizeof(*report));
 	c.buf = malloc(2 * CHECK_BUF_SIZE);
 	if (!c.buf)
 		return -ENOMEM;
 	ret = meta_walk(img->meta, check_visit, &c);
+	free(c.buf);
+	return ret;
+}
+
+int image_validate_metadata(struct image *img)
+{
+	struct image_check_report report = { 0 };
+	uint64_t t0 = ferry_now_ns();
+	int ret = walk_metadata(img, &report);
+
+	ferry_dbg("%s: metadata validated: %llu inodes, %llu chunk indexes in %.1f ms",
+		  img->ref, (unsigned long long)report.inodes,
+		  (unsigned long long)report.chunks,
+		  (double)(ferry_now_ns() - t0) / 1e6);
+	if (ret && ret != -ENOMEM) {
+		ferry_err("%s: refusing to mount or serve the image: its metadata is invalid (see above; ferry check tells more)",
+			  img->ref);
+		ret = -EFSCORRUPTED;
+	}
+	return ret;
+}
+
+int image_check(struct image *img, struct image_check_report *report)
+{
+	uint32_t i;
+	int ret;
+
+	memset(report, 0, sizeof(*report));
+	ret = walk_metadata(img, report);
 	for (i = 0; !ret && i < img->blobs.nr_blobs; i++) {
 		struct blob_verify_report vr;
 		struct blob_source src;
@@ -135,6 +163,5 @@ int image_check(struct image *img, struct image_check_report *report)
 			report->bytes_verified += img->blobs.blobs[i].uncompressed_size;
 	}
 	report->error = ret;
-	free(c.buf);
 	return ret;
 }

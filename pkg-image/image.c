@@ -324,6 +324,7 @@ int image_open(const char *ref, const struct image_opts *opts,
 
 	if (!img)
 		return -ENOMEM;
+	img->bootstrap_fd = -1;
 	img->ref = strdup(ref);
 	if (!img->ref) {
 		ret = -ENOMEM;
@@ -421,6 +422,8 @@ void image_close(struct image *img)
 	if (img->meta)
 		meta_image_close(img->meta);
 	free(img->bootstrap);
+	if (img->bootstrap_fd >= 0)
+		close(img->bootstrap_fd);
 	free(img->bootstrap_path);
 	free(img->dir);
 	free(img->ref);
@@ -477,18 +480,64 @@ int image_blob_source(struct image *img, uint32_t index, struct blob_source *src
 /* ------------------------------------------------------------------ */
 
 /*
- * The kernel mounts a file: an oci: or docker: bootstrap is stored
- * compressed, so its
- * raw bytes go to CACHE/bootstraps/<sha256> (content-addressed, reused).
+ * Open @name (relative to @dir_fd, never through a symlink) and check that
+ * it holds exactly the verified bootstrap bytes: 0 and *@fd, or -errno
+ * (-EFSCORRUPTED: different bytes). Compared byte for byte with the
+ * in-memory copy, which was checked against the bootstrap digest: as
+ * strong as re-hashing and no slower.
+ */
+static int open_verified(const struct image *img, int dir_fd, const char *name,
+			 int *fd)
+{
+	uint8_t *buf = NULL;
+	struct stat st;
+	int ret;
+
+	*fd = openat(dir_fd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+	if (*fd < 0)
+		return -errno;
+	if (fstat(*fd, &st))
+		ret = -errno;
+	else if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size != img->bootstrap_len)
+		ret = -EFSCORRUPTED;
+	else if (!(buf = malloc(MAX(img->bootstrap_len, (size_t)1))))
+		ret = -ENOMEM;
+	else if (!(ret = pread_full(*fd, buf, img->bootstrap_len, 0)) &&
+		 memcmp(buf, img->bootstrap, img->bootstrap_len))
+		ret = -EFSCORRUPTED;
+	free(buf);
+	if (ret) {
+		close(*fd);
+		*fd = -1;
+	}
+	return ret;
+}
+
+/*
+ * The kernel mounts a file: the image's own bootstrap (dir:), or for an
+ * oci: or docker: image, whose bootstrap is stored compressed, its raw
+ * bytes in CACHE/bootstraps/<sha256> (content-addressed, reused). Either
+ * way the file is opened once and checked, and mounted through that
+ * descriptor. A cached copy lives in a directory only root can write
+ * (blob_cache_dir), so nobody else can plant or change one; it is
+ * checked anyway, as a disk or a bug can still damage it.
  */
 int image_bootstrap_file(struct image *img, const char *cache_dir)
 {
 	char hex[2 * BLOB_DIGEST_SIZE + 1], *dir = NULL;
-	struct stat st;
-	int ret;
+	int dir_fd = -1, ret, attempt;
 
-	if (img->bootstrap_path)
+	if (img->bootstrap_fd >= 0)
 		return 0;
+	if (img->bootstrap_path) {
+		ret = open_verified(img, AT_FDCWD, img->bootstrap_path,
+				    &img->bootstrap_fd);
+		if (ret)
+			ferry_err("%s: %s since the image was opened; mount it again",
+				  img->bootstrap_path, ret == -EFSCORRUPTED ?
+				  "changed" : ferry_strerror(ret));
+		return ret;
+	}
 	hex_encode(img->bootstrap_digest, BLOB_DIGEST_SIZE, hex);
 	if (asprintf(&dir, "%s/bootstraps", cache_dir) < 0 ||
 	    asprintf(&img->bootstrap_path, "%s/%s", dir, hex) < 0) {
@@ -496,10 +545,22 @@ int image_bootstrap_file(struct image *img, const char *cache_dir)
 		img->bootstrap_path = NULL;
 		return -ENOMEM;
 	}
-	ret = mkdir_p(dir, 0755);
-	if (!ret && (stat(img->bootstrap_path, &st) ||
-		     (uint64_t)st.st_size != img->bootstrap_len))
-		ret = write_file_atomic(dir, hex, img->bootstrap, img->bootstrap_len, 0644);
+	ret = blob_cache_dir(cache_dir, "bootstraps", true, &dir_fd);
+	for (attempt = 0; !ret; attempt++) {
+		ret = open_verified(img, dir_fd, hex, &img->bootstrap_fd);
+		if (!ret || attempt || (ret != -ENOENT && ret != -EFSCORRUPTED))
+			break;
+		if (ret == -EFSCORRUPTED)
+			ferry_warn("%s does not hold the image's bootstrap (sha256:%s); replacing it",
+				   img->bootstrap_path, hex);
+		ret = write_file_atomic(dir, hex, img->bootstrap,
+					img->bootstrap_len, 0600);
+	}
+	if (ret)
+		ferry_err("%s: cannot provide the bootstrap for mounting: %s",
+			  img->bootstrap_path, ferry_strerror(ret));
+	if (dir_fd >= 0)
+		close(dir_fd);
 	free(dir);
 	return ret;
 }

@@ -139,6 +139,7 @@ struct image {
 	char *dir;            /* OUT or PATH; NULL for a registry image */
 	struct registry *remote; /* docker: the repository's client */
 	char *bootstrap_path;    /* raw EROFS file; NULL until needed for oci:/docker: */
+	int bootstrap_fd;        /* that file, its bytes checked; -1 until then */
 	uint8_t *bootstrap;      /* the bootstrap's bytes (verified) */
 	size_t bootstrap_len;
 	uint8_t bootstrap_digest[BLOB_DIGEST_SIZE]; /* of the raw bytes */
@@ -181,7 +182,11 @@ int image_copy_blob(struct image *img, uint32_t index, const char *dir);
 
 /*
  * Set img->bootstrap_path to a raw bootstrap file the kernel can mount:
- * the image's own (dir:), else CACHE/bootstraps/<sha256>, written once.
+ * the image's own (dir:), else CACHE/bootstraps/<sha256>, written once —
+ * and img->bootstrap_fd to it opened read-only, its bytes checked equal
+ * to the verified img->bootstrap (a cached copy that differs, e.g. one
+ * planted, is replaced with a warning). Mount through the descriptor
+ * (/proc/self/fd/N) so the kernel reads exactly the checked bytes.
  */
 int image_bootstrap_file(struct image *img, const char *cache_dir);
 
@@ -202,6 +207,18 @@ struct image_check_report {
  * first problem naming the inode path or the blob and chunk.
  */
 int image_check(struct image *img, struct image_check_report *report);
+
+/*
+ * image_check's metadata part alone, without reading any blob: every
+ * inode reachable once through the reader (only the layouts ferry writes,
+ * sizes and ranges in bounds, no directory loops or shared directories,
+ * chunk indexes naming real blob chunks). Run before anything hands the
+ * bootstrap to the kernel or serves it: the kernel's EROFS parser must
+ * never see what ferry has not walked. On failure logs the problem naming
+ * the inode path, then that the image is refused; returns -EFSCORRUPTED
+ * (or -ENOMEM).
+ */
+int image_validate_metadata(struct image *img);
 
 /* ------------------------------------------------------------------ */
 /* ferry inspect (describe.c)                                          */

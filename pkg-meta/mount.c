@@ -77,7 +77,9 @@ static int real_path(const char *path, const char *what, bool regular,
 	struct stat st;
 	int ret;
 
-	*out = realpath(path, NULL);
+	/* A descriptor of ours stays one: resolving it would reopen by name. */
+	*out = !strncmp(path, "/proc/self/fd/", 14) ? strdup(path) :
+						      realpath(path, NULL);
 	if (!*out) {
 		ret = -errno;
 		ferry_err("mount: %s %s: %s", what, path, strerror(-ret));

@@ -1,5 +1,8 @@
 // SPDX-License-Identifier: MIT
-/* ferry cache ls|gc|prune: the chunk cache shared by every image and mount. */
+/*
+ * ferry cache ls|gc|prune|verify: the chunk cache shared by every image
+ * and mount.
+ */
 #include <getopt.h>
 #include <json-c/json.h>
 #include <stdio.h>
@@ -14,7 +17,8 @@ static void cache_help(void)
 {
 	printf("Usage: ferry cache [--cache-dir DIR] [--json] ls\n"
 	       "       ferry cache [--cache-dir DIR] gc\n"
-	       "       ferry cache [--cache-dir DIR] prune (--all | IMAGE...)\n\n"
+	       "       ferry cache [--cache-dir DIR] prune (--all | IMAGE...)\n"
+	       "       ferry cache [--cache-dir DIR] [--json] verify\n\n"
 	       "The chunk cache holds each blob's uncompressed bytes as fetched\n"
 	       "(a sparse file) with a record of which chunks are present, plus a\n"
 	       "record of every image mounted through it.\n\n"
@@ -23,11 +27,14 @@ static void cache_help(void)
 	       "  gc      remove blobs that no image record names and no process\n"
 	       "          has open\n"
 	       "  prune   forget the image records named (by reference as listed\n"
-	       "          or by sha256:DIGEST), or all with --all, then gc\n\n"
+	       "          or by sha256:DIGEST), or all with --all, then gc\n"
+	       "  verify  re-hash every chunk marked present; one that does not\n"
+	       "          match is cleared (fetched again when next read) and\n"
+	       "          the exit status is 1\n\n"
 	       "Options:\n"
 	       "  --cache-dir DIR   default $FERRY_CACHE_DIR or %s\n"
 	       "  --all             prune: every image record\n"
-	       "  --json            ls: JSON on stdout\n"
+	       "  --json            ls, verify: JSON on stdout\n"
 	       "  -h, --help        this help\n\n" EXIT_CODES_HELP,
 	       FERRY_DEFAULT_CACHE_DIR);
 }
@@ -97,6 +104,44 @@ static void print_list(const struct blob_cache_list *l, bool json)
 	json_object_put(root);
 }
 
+static void print_verify(const struct blob_cache_verify_report *r, bool json)
+{
+	struct json_object *root, *bad, *o;
+	char d[72];
+	uint32_t i;
+
+	if (!json) {
+		for (i = 0; i < r->nr_bad; i++) {
+			digest_format(r->bad[i].blob, d);
+			printf("BAD %s chunk %u (uncompressed offset %llu): cleared\n",
+			       d, r->bad[i].chunk, (unsigned long long)r->bad[i].uoff);
+		}
+		printf("%u blobs verified (%u skipped), %llu chunks, %llu bytes; %u bad chunks cleared\n",
+		       r->blobs, r->blobs_skipped, (unsigned long long)r->chunks,
+		       (unsigned long long)r->bytes, r->nr_bad);
+		return;
+	}
+	root = json_object_new_object();
+	bad = json_object_new_array();
+	for (i = 0; i < r->nr_bad; i++) {
+		o = json_object_new_object();
+		digest_format(r->bad[i].blob, d);
+		json_object_object_add(o, "blob", json_object_new_string(d));
+		json_object_object_add(o, "chunk", json_object_new_int64(r->bad[i].chunk));
+		json_object_object_add(o, "uncompressedOffset",
+				       json_object_new_int64((int64_t)r->bad[i].uoff));
+		json_object_array_add(bad, o);
+	}
+	json_object_object_add(root, "blobs", json_object_new_int64(r->blobs));
+	json_object_object_add(root, "blobsSkipped", json_object_new_int64(r->blobs_skipped));
+	json_object_object_add(root, "chunksVerified", json_object_new_int64((int64_t)r->chunks));
+	json_object_object_add(root, "bytesVerified", json_object_new_int64((int64_t)r->bytes));
+	json_object_object_add(root, "badChunks", bad);
+	printf("%s\n", json_object_to_json_string_ext(root, JSON_C_TO_STRING_PRETTY |
+						      JSON_C_TO_STRING_NOSLASHESCAPE));
+	json_object_put(root);
+}
+
 /* Forget the image records @names select (a reference or sha256:DIGEST). */
 static int prune(const char *dir, char **names, int nr, bool all)
 {
@@ -140,10 +185,11 @@ int cmd_cache(int argc, char **argv)
 		{ 0 },
 	};
 	const char *dir = default_cache_dir(), *sub;
+	struct blob_cache_verify_report vr;
 	struct blob_cache_list l;
 	bool json = false, all = false;
 	uint64_t freed = 0;
-	uint32_t removed = 0;
+	uint32_t removed = 0, bad = 0;
 	int c, ret;
 
 	while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
@@ -165,7 +211,7 @@ int cmd_cache(int argc, char **argv)
 		}
 	}
 	if (optind >= argc)
-		return usage_error("cache", "expected ls, gc or prune");
+		return usage_error("cache", "expected ls, gc, prune or verify");
 	sub = argv[optind++];
 	if (!strcmp(sub, "ls")) {
 		if (optind != argc)
@@ -187,6 +233,14 @@ int cmd_cache(int argc, char **argv)
 		if (!ret)
 			printf("removed %u blobs, freed %llu bytes\n", removed,
 			       (unsigned long long)freed);
+	} else if (!strcmp(sub, "verify")) {
+		if (optind != argc)
+			return usage_error("cache", "verify takes no arguments");
+		ret = blob_cache_verify(dir, &vr);
+		if (!ret)
+			print_verify(&vr, json);
+		bad = vr.nr_bad;
+		blob_cache_verify_report_free(&vr);
 	} else {
 		return usage_error("cache", "unknown subcommand \"%s\"", sub);
 	}
@@ -194,5 +248,6 @@ int cmd_cache(int argc, char **argv)
 		ferry_err("cache %s %s: %s", sub, dir, ferry_strerror(ret));
 		return EXIT_FAIL;
 	}
-	return EXIT_OK;
+	/* Each bad chunk was logged; the status says some were found. */
+	return bad ? EXIT_FAIL : EXIT_OK;
 }

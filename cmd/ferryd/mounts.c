@@ -387,6 +387,9 @@ static int mount_setup(struct fmount *m, const char *what, char *err,
 	log_capture_begin(&cap);
 	ret = image_open(m->req.image, &(struct image_opts){ .fetch = &m->req.fetch },
 			 &m->img);
+	/* Before the kernel or FUSE sees it, and prefetch walks it. */
+	if (!ret)
+		ret = image_validate_metadata(m->img);
 	if (ret) {
 		set_err(err, errlen, &cap, ret, what);
 		goto out;

@@ -37,7 +37,11 @@ static int collect(void *arg, const char *name, size_t len, uint64_t nid,
 	return 0;
 }
 
-/* Prefetch the regular file or directory tree @nid: files done, or -errno. */
+/*
+ * Prefetch the regular file or directory tree @nid: files done, or -errno.
+ * mount_setup validated the image (image_validate_metadata): its
+ * directories form a tree, so this recursion ends and visits each once.
+ */
 static int prefetch_nid(struct fmount *m, uint64_t nid, unsigned int depth,
 			const char *path)
 {

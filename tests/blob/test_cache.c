@@ -1259,6 +1259,144 @@ static void test_measure(void)
 	tblob_free(&tb);
 }
 
+/* ------------------------------------------------------------------ */
+/* Trust: directory checks, symlinks, verify                           */
+/* ------------------------------------------------------------------ */
+
+static mode_t mode_of(const char *path)
+{
+	struct stat st;
+
+	return lstat(path, &st) ? (mode_t)-1 : st.st_mode & 07777;
+}
+
+static void test_trust_dirs(void)
+{
+	const char *dir = cache_path("c-trust"), *victim = cache_path("victim");
+	char blobs[256], sha[256], real[256];
+	struct blob_cache_blob *b;
+	uint32_t lens[2] = { 10 * KIB, 20 * KIB };
+	struct tblob tb;
+	struct stat st;
+	int fd = -1, ret;
+
+	snprintf(blobs, sizeof(blobs), "%s/blobs", dir);
+	snprintf(sha, sizeof(sha), "%s/blobs/sha256", dir);
+	snprintf(real, sizeof(real), "%s/blobs/real", dir);
+	CHECK_EQ(blob_cache_dir(dir, NULL, false, NULL), -ENOENT);
+	CHECK_EQ(blob_cache_dir(dir, "blobs/sha256", true, &fd), 0);
+	CHECK(fd >= 0 && !fstat(fd, &st) && S_ISDIR(st.st_mode));
+	if (fd >= 0)
+		close(fd);
+	CHECK_EQ(mode_of(dir), 0700);
+	CHECK_EQ(mode_of(sha), 0700);
+
+	/* Writable by others: refused; readable by others: narrowed. */
+	CHECK(!chmod(dir, 0777));
+	CHECK_EQ(blob_cache_dir(dir, NULL, false, NULL), -EPERM);
+	CHECK(!chmod(blobs, 0775) && !chmod(dir, 0700));
+	CHECK_EQ(blob_cache_dir(dir, "blobs/sha256", false, NULL), -EPERM);
+	CHECK(!chmod(blobs, 0755));
+	CHECK_EQ(blob_cache_dir(dir, "blobs", false, NULL), 0);
+	CHECK_EQ(mode_of(blobs), 0700);
+	/* Someone else's: refused. */
+	CHECK(!chown(sha, 65534, (gid_t)-1));
+	CHECK_EQ(blob_cache_dir(dir, "blobs/sha256", false, NULL), -EPERM);
+	CHECK(!chown(sha, geteuid(), (gid_t)-1));
+	/* A symlink for a directory: never followed. */
+	CHECK(!rename(sha, real) && !symlink("real", sha));
+	ret = blob_cache_dir(dir, "blobs/sha256", false, NULL);
+	CHECK(ret == -ELOOP || ret == -ENOTDIR);
+	CHECK(!unlink(sha) && !rename(real, sha));
+
+	/* A .data symlink to someone's file: refused, the file untouched. */
+	MUST(tblob_make(&tb, "trust.blob", "none", 0, 0, 2, lens, NULL));
+	fd = open(victim, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+	CHECK(fd >= 0 && !write_full(fd, "victim", 6));
+	if (fd >= 0)
+		close(fd);
+	CHECK(!symlink(victim, blob_file(dir, &tb, ".data")));
+	CHECK(blob_cache_open(dir, &tb.info, &b) < 0);
+	CHECK(!stat(victim, &st) && st.st_size == 6);
+	CHECK(!unlink(blob_file(dir, &tb, ".data")));
+	/* Created files are 0600. */
+	MUST(blob_cache_open(dir, &tb.info, &b));
+	CHECK_EQ(mode_of(blob_file(dir, &tb, ".data")), 0600);
+	CHECK_EQ(mode_of(blob_file(dir, &tb, ".map")), 0600);
+	CHECK_EQ(mode_of(blob_file(dir, &tb, CACHE_INDEX_SUFFIX)), 0600);
+	blob_cache_close(b);
+	tblob_free(&tb);
+}
+
+static void test_verify(void)
+{
+	const char *dir = cache_path("c-verify");
+	struct blob_cache_verify_report r;
+	enum kind kinds[8];
+	uint32_t lens[8], i;
+	struct blob_source bs;
+	struct blob_cache_blob *b;
+	struct tblob tb;
+	struct src s;
+	uint8_t z[64];
+
+	for (i = 0; i < 8; i++) {
+		lens[i] = 30 * KIB + i * 777;
+		kinds[i] = RANDOM;
+	}
+	MUST(tblob_make(&tb, "verify.blob", "zstd", 1, 1, 8, lens, kinds));
+	MUST(src_open(&s, &tb, &bs));
+	MUST(blob_cache_open(dir, &tb.info, &b));
+	CHECK_EQ(blob_cache_ensure(b, 0, tb.info.uncompressed_size, &bs, NULL), 0);
+	blob_cache_close(b);
+
+	CHECK_EQ(blob_cache_verify(dir, &r), 0);
+	CHECK(r.blobs == 1 && r.blobs_skipped == 0 && r.chunks == 8 && !r.nr_bad);
+	blob_cache_verify_report_free(&r);
+
+	/* One flipped byte: found, its slot zeroed and its mark cleared. */
+	MUST(poke(blob_file(dir, &tb, ".data"), cuoff(&tb, 3) + 5, 0x40));
+	CHECK_EQ(blob_cache_verify(dir, &r), 0);
+	CHECK(r.nr_bad == 1 && r.bad[0].chunk == 3 &&
+	      r.bad[0].uoff == cuoff(&tb, 3) &&
+	      !memcmp(r.bad[0].blob, tb.info.digest, BLOB_DIGEST_SIZE));
+	blob_cache_verify_report_free(&r);
+	{
+		int fd = open(blob_file(dir, &tb, ".data"), O_RDONLY);
+
+		CHECK(fd >= 0 && !pread_full(fd, z, sizeof(z), cuoff(&tb, 3)) &&
+		      mem_is_zero(z, sizeof(z)));
+		if (fd >= 0)
+			close(fd);
+	}
+	CHECK_EQ(blob_cache_verify(dir, &r), 0);
+	CHECK(r.chunks == 7 && !r.nr_bad);
+	blob_cache_verify_report_free(&r);
+
+	/* Its next reader fetches it again. */
+	src_reset(&s);
+	MUST(blob_cache_open(dir, &tb.info, &b));
+	CHECK(!blob_cache_chunk_present(b, 3) && blob_cache_chunk_present(b, 4));
+	CHECK_EQ(blob_cache_ensure(b, cuoff(&tb, 3), 1, &bs, NULL), 0);
+	CHECK(chunk_ok(b, &tb, 3));
+	CHECK_EQ(s.reads, 1);
+	blob_cache_close(b);
+
+	/* Without a recorded table the blob is skipped, not guessed at. */
+	CHECK(!unlink(blob_file(dir, &tb, CACHE_INDEX_SUFFIX)));
+	CHECK_EQ(blob_cache_verify(dir, &r), 0);
+	CHECK(r.blobs == 0 && r.blobs_skipped == 1);
+	blob_cache_verify_report_free(&r);
+	/* gc removes the table with its blob. */
+	MUST(blob_cache_open(dir, &tb.info, &b));
+	blob_cache_close(b);
+	CHECK(exists(blob_file(dir, &tb, CACHE_INDEX_SUFFIX)));
+	CHECK_EQ(blob_cache_gc(dir, NULL, NULL), 0);
+	CHECK(!exists(blob_file(dir, &tb, CACHE_INDEX_SUFFIX)));
+	close(s.fd);
+	tblob_free(&tb);
+}
+
 int main(void)
 {
 	char cmd[128];
@@ -1275,6 +1413,8 @@ int main(void)
 	RUN_TEST(test_concurrent);
 	RUN_TEST(test_crash);
 	RUN_TEST(test_images_gc);
+	RUN_TEST(test_trust_dirs);
+	RUN_TEST(test_verify);
 	RUN_TEST(test_measure);
 	snprintf(cmd, sizeof(cmd), "rm -rf %s", tmpdir);
 	if (system(cmd))

@@ -244,26 +244,16 @@ done
 # Superblock fields changed and the checksum recomputed, so only field
 # validation can catch them: offset (from byte 1024), size, new value.
 sb_set() { # OUT OFFSET SIZE VALUE
-	python3 - "$@" <<'EOF'
-import struct, sys
+	python3 - "$@" "$TOP/tests/tools" <<'EOF'
+import sys
 path = sys.argv[1] + "/bootstrap"
 off, size, val = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4], 0)
-tab = []
-for i in range(256):
-    c = i
-    for _ in range(8):
-        c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
-    tab.append(c)
-def crc32c(data, crc=0xFFFFFFFF):  # EROFS: seed ~0, no final inversion
-    for b in data:
-        crc = tab[(crc ^ b) & 0xFF] ^ (crc >> 8)
-    return crc
+sys.path.insert(0, sys.argv[5])
+from erofs_sb import fix_checksum
 d = bytearray(open(path, "rb").read())
 sb = 1024
 d[sb + off:sb + off + size] = val.to_bytes(size, "little")
-if struct.unpack_from("<I", d, sb + 8)[0] & 1:  # compat SB_CHKSUM
-    struct.pack_into("<I", d, sb + 4, 0)
-    struct.pack_into("<I", d, sb + 4, crc32c(bytes(d[sb:4096])))
+fix_checksum(d)
 open(path, "wb").write(d)
 EOF
 }

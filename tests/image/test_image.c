@@ -83,6 +83,32 @@ static void test_open_oci(void)
 	CHECK_EQ(read_file_max(path, 1 << 30, &data, &len), 0);
 	sha256_buf(data, len, digest);
 	CHECK(!memcmp(digest, img->bootstrap_digest, 32));
+	CHECK(img->bootstrap_fd >= 0);
+	CHECK_EQ(image_validate_metadata(img), 0);
+	/*
+	 * A cached copy of the same size with other bytes (planted, or
+	 * damaged) is never used: the next image opened replaces it.
+	 */
+	data[len / 2] ^= 0x55;
+	CHECK_EQ(sh("chmod 600 %s", path), 0);
+	{
+		FILE *f = fopen(path, "we");
+
+		CHECK(f && fwrite(data, 1, len, f) == len);
+		if (f)
+			fclose(f);
+	}
+	free(data);
+	data = NULL;
+	CHECK_EQ(open_img(oci_img, &copy), 0);
+	snprintf(ref, sizeof(ref), "%s/cache", tmpdir);
+	fprintf(stderr, "  (a warning about a replaced bootstrap is expected)\n");
+	CHECK(copy && !image_bootstrap_file(copy, ref) && copy->bootstrap_fd >= 0);
+	image_close(copy);
+	copy = NULL;
+	CHECK_EQ(read_file_max(path, 1 << 30, &data, &len), 0);
+	sha256_buf(data, len, digest);
+	CHECK(!memcmp(digest, img->bootstrap_digest, 32));
 	free(data);
 	/* Copying a blob into another directory: hardlinked or copied. */
 	snprintf(path, sizeof(path), "%s/copy/blobs/sha256", tmpdir);
