@@ -346,6 +346,77 @@ int image_cache_prefetch_file(struct image_cache *ic, const struct meta_stat *st
 	return 0;
 }
 
+/* Deeper directories are skipped: a bound on the recursion below. */
+#define PREFETCH_DIR_DEPTH 64u
+
+struct dir_walk {
+	uint64_t *nids;
+	size_t nr, cap;
+	int err;
+};
+
+static int collect(void *arg, const char *name, size_t len, uint64_t nid,
+		   unsigned int file_type, uint64_t next_pos)
+{
+	struct dir_walk *w = arg;
+
+	if ((len == 1 && name[0] == '.') || (len == 2 && !memcmp(name, "..", 2)))
+		return 0;
+	if (array_reserve(&w->nids, &w->cap, w->nr + 1, sizeof(*w->nids), 16)) {
+		w->err = -ENOMEM;
+		return 1;
+	}
+	w->nids[w->nr++] = nid;
+	return 0;
+}
+
+/* The regular file or directory tree @nid: files done, or -errno. */
+static int prefetch_nid(struct image_cache *ic, uint64_t nid, unsigned int depth,
+			const char *path, const volatile bool *stop)
+{
+	struct dir_walk w = { 0 };
+	struct meta_stat st;
+	size_t i;
+	int ret, files = 0;
+
+	ret = meta_getattr(ic->img->meta, nid, &st);
+	if (ret)
+		return ret;
+	if (S_ISREG(st.mode)) {
+		ret = image_cache_prefetch_file(ic, &st, stop);
+		return ret ? ret : 1;
+	}
+	if (!S_ISDIR(st.mode))
+		return 0;
+	if (depth >= PREFETCH_DIR_DEPTH) {
+		ferry_warn("%s: prefetch: %s: directories nested deeper than %u skipped",
+			   ic->img->ref, path, PREFETCH_DIR_DEPTH);
+		return 0;
+	}
+	ret = meta_readdir(ic->img->meta, nid, 0, collect, &w);
+	if (ret > 0)
+		ret = w.err;
+	for (i = 0; !ret && i < w.nr && !(stop && *stop); i++) {
+		int n = prefetch_nid(ic, w.nids[i], depth + 1, path, stop);
+
+		if (n < 0)
+			ret = n;
+		else
+			files += n;
+	}
+	free(w.nids);
+	return ret ? ret : files;
+}
+
+int image_cache_prefetch_path(struct image_cache *ic, const char *path,
+			      const volatile bool *stop)
+{
+	uint64_t nid;
+	int ret = meta_resolve_follow(ic->img->meta, path, &nid);
+
+	return ret ? ret : prefetch_nid(ic, nid, 0, path, stop);
+}
+
 int image_cache_prefetch_blobs(struct image_cache *ic,
 			       struct ferry_progress *progress,
 			       const volatile bool *stop)

@@ -438,6 +438,15 @@ int image_cache_prefetch_file(struct image_cache *ic, const struct meta_stat *st
 int image_cache_prefetch_blobs(struct image_cache *ic,
 			       struct ferry_progress *progress,
 			       const volatile bool *stop);
+/*
+ * The same for @path in the image (symlinks followed): a regular file, or
+ * a directory standing for every file below it (at most 64 levels; the
+ * image must have passed image_validate_metadata, so its directories form
+ * a tree and each is visited once). Files prefetched, -ENOENT when there is
+ * no such path, or the first -errno.
+ */
+int image_cache_prefetch_path(struct image_cache *ic, const char *path,
+			      const volatile bool *stop);
 /* Prefetch bytes per second (uncompressed), 0 = unlimited. */
 void image_cache_set_bwlimit(struct image_cache *ic, uint64_t bytes_per_sec);
 

@@ -6,84 +6,13 @@
  * demand reads go first and the bandwidth limit holds. A missing path or
  * a failed fetch is logged and skipped; unmounting sets the stop flag.
  */
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/stat.h>
-
 #include "ferryd.h"
-
-#define PREFETCH_DIR_DEPTH 64u
-
-struct dir_walk {
-	struct fmount *m;
-	uint64_t *nids;
-	size_t nr, cap;
-	int err;
-};
-
-static int collect(void *arg, const char *name, size_t len, uint64_t nid,
-		   unsigned int file_type, uint64_t next_pos)
-{
-	struct dir_walk *w = arg;
-
-	if ((len == 1 && name[0] == '.') || (len == 2 && !memcmp(name, "..", 2)))
-		return 0;
-	if (array_reserve(&w->nids, &w->cap, w->nr + 1, sizeof(*w->nids), 16)) {
-		w->err = -ENOMEM;
-		return 1;
-	}
-	w->nids[w->nr++] = nid;
-	return 0;
-}
-
-/*
- * Prefetch the regular file or directory tree @nid: files done, or -errno.
- * mount_setup validated the image (image_validate_metadata): its
- * directories form a tree, so this recursion ends and visits each once.
- */
-static int prefetch_nid(struct fmount *m, uint64_t nid, unsigned int depth,
-			const char *path)
-{
-	struct dir_walk w = { .m = m };
-	struct meta_stat st;
-	size_t i;
-	int ret, files = 0;
-
-	ret = meta_getattr(m->img->meta, nid, &st);
-	if (ret)
-		return ret;
-	if (S_ISREG(st.mode)) {
-		ret = image_cache_prefetch_file(m->ic, &st, &m->stop);
-		return ret ? ret : 1;
-	}
-	if (!S_ISDIR(st.mode))
-		return 0;
-	if (depth >= PREFETCH_DIR_DEPTH) {
-		ferry_warn("%s: prefetch: %s: directories nested deeper than %u skipped",
-			   m->img->ref, path, PREFETCH_DIR_DEPTH);
-		return 0;
-	}
-	ret = meta_readdir(m->img->meta, nid, 0, collect, &w);
-	if (ret > 0)
-		ret = w.err;
-	for (i = 0; !ret && i < w.nr && !m->stop; i++) {
-		int n = prefetch_nid(m, w.nids[i], depth + 1, path);
-
-		if (n < 0)
-			ret = n;
-		else
-			files += n;
-	}
-	free(w.nids);
-	return ret ? ret : files;
-}
 
 void *prefetch_main(void *arg)
 {
 	struct fmount *m = arg;
 	const struct ctl_mount_req *r = &m->req;
-	uint64_t t0 = ferry_now_ns(), nid, files = 0;
+	uint64_t t0 = ferry_now_ns(), files = 0;
 	struct image_cache_stats s;
 	bool failed = false;
 	size_t i;
@@ -100,14 +29,12 @@ void *prefetch_main(void *arg)
 		const char *path = i < m->img->nr_prefetch ? m->img->prefetch[i] :
 				   r->prefetch_files[i - m->img->nr_prefetch];
 
-		ret = meta_resolve_follow(m->img->meta, path, &nid);
-		if (ret) {
-			ferry_warn("%s: prefetch: %s: %s", m->img->ref, path,
-				   ret == -ENOENT ? "no such file in the image" :
-						    ferry_strerror(ret));
+		ret = image_cache_prefetch_path(m->ic, path, &m->stop);
+		if (ret == -ENOENT) {
+			ferry_warn("%s: prefetch: %s: no such file in the image",
+				   m->img->ref, path);
 			continue;
 		}
-		ret = prefetch_nid(m, nid, 0, path);
 		if (ret < 0) {
 			ferry_warn("%s: prefetch of %s failed: %s", m->img->ref, path,
 				   ferry_strerror(ret));
