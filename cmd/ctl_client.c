@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <libgen.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,21 +27,31 @@ bool ctl_no_daemon(int err)
 	return err == -ENOENT || err == -ECONNREFUSED;
 }
 
-/* bin/ferryd next to this ferry, else "ferryd" (looked up in PATH). */
+/*
+ * The ferryd installed next to this ferry, never one found in PATH: a
+ * root ferry must not run whatever a user's PATH names. NULL after a
+ * message.
+ */
 static char *ferryd_path(void)
 {
 	char self[PATH_MAX], *p = NULL;
 	ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
 
-	if (n > 0) {
-		self[n] = '\0';
-		if (asprintf(&p, "%s/ferryd", dirname(self)) < 0)
-			return NULL;
-		if (!access(p, X_OK))
-			return p;
-		free(p);
+	if (n <= 0) {
+		ferry_err("cannot find this program (/proc/self/exe): %s",
+			  n < 0 ? strerror(errno) : "empty");
+		return NULL;
 	}
-	return strdup("ferryd");
+	self[n] = '\0';
+	if (asprintf(&p, "%s/ferryd", dirname(self)) < 0)
+		return NULL;
+	if (access(p, X_OK)) {
+		ferry_err("%s: %s; ferryd is installed next to ferry (make install)",
+			  p, strerror(errno));
+		free(p);
+		return NULL;
+	}
+	return p;
 }
 
 /*
@@ -65,12 +76,14 @@ static void ferryd_argv(const char **argv, const char *path, const char *socket_
 	argv[n] = NULL;
 }
 
+/* ferryd starts with no signal blocked, whatever its parent blocked. */
 static void exec_ferryd(const char *path, const char **argv)
 {
-	if (strchr(path, '/'))
-		execv(path, (char **)argv);
-	else
-		execvp(path, (char **)argv);
+	sigset_t none;
+
+	sigemptyset(&none);
+	sigprocmask(SIG_SETMASK, &none, NULL);
+	execv(path, (char **)argv);
 }
 
 /* Start a daemonizing ferryd on @socket_path; it exits once listening. */
@@ -82,7 +95,7 @@ static int start_ferryd(const char *socket_path)
 	pid_t pid;
 
 	if (!path)
-		return -ENOMEM;
+		return -ENOEXEC; /* said why */
 	ferryd_argv(argv, path, socket_path, false);
 	ferry_dbg("starting %s on %s", path, socket_path);
 	fflush(NULL);
@@ -230,7 +243,11 @@ int ctl_client_exec_mount(const char *socket_path, const struct ctl_mount_req *r
 	char *path = ferryd_path(), fdarg[16];
 	int i, fd = -1, ret = -ENOMEM;
 
-	if (!o || !path) {
+	if (!path) {
+		ret = -ENOEXEC; /* said why */
+		goto out;
+	}
+	if (!o) {
 		ferry_err("mount %s: out of memory", req->image);
 		goto out;
 	}

@@ -184,7 +184,8 @@ static int take_lock(const char *socket_path, bool quiet_busy, int *out)
 
 	if (asprintf(&path, "%s.lock", socket_path) < 0)
 		return -ENOMEM;
-	fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+	/* A planted link must not make root truncate its target. */
+	fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
 	if (fd < 0) {
 		ret = -errno;
 		ferry_err("cannot open the lock file %s: %s", path, strerror(errno));
@@ -250,7 +251,8 @@ static int listen_on(const char *path, ino_t *ino)
 
 static int open_log(const char *path)
 {
-	int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0640);
+	int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_CLOEXEC,
+		      0640);
 
 	if (fd < 0)
 		return -errno;
