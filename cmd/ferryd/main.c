@@ -97,41 +97,20 @@ static int wait_ready(int fd)
 	return memcmp(buf, "OK\n", 3) ? EXIT_FAILURE : EXIT_SUCCESS;
 }
 
-/* The --mount-fd request: all of @fd (then closed), NUL-terminated. */
+/* The --mount-fd request (a memfd): all of it, NUL-terminated; @fd is closed. */
 static int read_request(int fd, char **out)
 {
-	size_t len = 0, cap = 0;
-	char *buf = NULL;
-	ssize_t n;
+	char path[32];
+	size_t len;
+	int ret;
 
-	for (;;) {
-		if (array_reserve(&buf, &cap, len + 4096, 1, 8192)) {
-			fprintf(stderr, "ferryd: --mount-fd: out of memory\n");
-			break;
-		}
-		n = read(fd, buf + len, cap - len - 1);
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n < 0) {
-			fprintf(stderr, "ferryd: --mount-fd %d: %s\n", fd, strerror(errno));
-			break;
-		}
-		if (!n) {
-			buf[len] = '\0';
-			close(fd);
-			*out = buf;
-			return 0;
-		}
-		len += (size_t)n;
-		if (len > CTL_LINE_MAX) {
-			fprintf(stderr, "ferryd: --mount-fd %d: request over %u bytes\n", fd,
-				CTL_LINE_MAX);
-			break;
-		}
-	}
-	free(buf);
+	snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+	ret = read_file_max(path, CTL_LINE_MAX, out, &len);
+	if (ret)
+		fprintf(stderr, "ferryd: --mount-fd %d: %s\n", fd,
+			ret == -EFBIG ? "request too long" : strerror(-ret));
 	close(fd);
-	return -1;
+	return ret;
 }
 
 /* The --mount request: 0 and *@r, or -errno after a message. */
