@@ -67,6 +67,7 @@ static int check_xattrs(struct checker *c, uint64_t nid)
 {
 	char *names = (char *)c->buf, *name;
 	uint8_t *value = c->buf + CHECK_BUF_SIZE;
+	bool acl = false;
 	ssize_t len, vlen;
 
 	len = meta_listxattr(c->img->meta, nid, names, CHECK_BUF_SIZE);
@@ -76,7 +77,9 @@ static int check_xattrs(struct checker *c, uint64_t nid)
 		vlen = meta_getxattr(c->img->meta, nid, name, value, CHECK_BUF_SIZE);
 		if (vlen < 0)
 			return check_fail(c, (int)vlen, "unreadable xattr value");
+		acl |= !strncmp(name, "system.posix_acl_", 17);
 	}
+	c->report->posix_acls += acl;
 	return 0;
 }
 
@@ -130,6 +133,8 @@ int image_validate_metadata(struct image *img)
 	struct image_check_report report = { 0 };
 	uint64_t t0 = ferry_now_ns();
 	int ret = walk_metadata(img, &report);
+
+	img->has_posix_acls = report.posix_acls > 0;
 
 	ferry_dbg("%s: metadata validated: %llu inodes, %llu chunk indexes in %.1f ms",
 		  img->ref, (unsigned long long)report.inodes,

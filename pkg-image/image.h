@@ -153,6 +153,7 @@ struct image {
 	char compression[32];
 	char **prefetch;      /* the embedded prefetch list ("/a/b"), or NULL */
 	uint32_t nr_prefetch;
+	bool has_posix_acls;  /* set by image_validate_metadata */
 };
 
 struct image_opts {
@@ -196,6 +197,7 @@ int image_bootstrap_file(struct image *img, const char *cache_dir);
 
 struct image_check_report {
 	uint64_t inodes, chunks, bytes_verified;
+	uint64_t posix_acls; /* inodes carrying a POSIX ACL xattr */
 	int error; /* first error, 0 when the image is intact */
 };
 

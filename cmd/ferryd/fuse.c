@@ -127,44 +127,22 @@ static void fill_entry(const struct fs *fs, const struct meta_stat *ms,
 	e->entry_timeout = FS_TIMEOUT;
 }
 
-/* meta_walk visitor: stops (1) at the first inode that may carry an ACL. */
-static int acl_visit(void *ctx, const char *path, const struct meta_stat *st)
-{
-	static const char *const names[] = { "system.posix_acl_access",
-					     "system.posix_acl_default" };
-	const struct meta_image *mi = ctx;
-	size_t i;
-
-	for (i = 0; i < ARRAY_SIZE(names); i++)
-		if (meta_getxattr(mi, st->nid, names[i], NULL, 0) != -ENODATA)
-			return 1; /* an ACL, or an error: assume one */
-	return 0;
-}
-
 /*
  * With FUSE_CAP_POSIX_ACL the kernel enforces ACLs, and to do so it asks
  * for system.posix_acl_access (one GETXATTR round trip) before the first
  * permission check of every inode the caller does not own: a tree walk by
  * a non-root user pays one per directory. Without an ACL in the image the
  * mode bits alone decide (default_permissions), so only images with one
- * ask for the capability. The scan costs about 0.1 us per inode (1 ms for
- * the 11,000 of bench/lazy.sh's "big" image), far less than fetching the
- * bootstrap it reads.
+ * ask for the capability (image_validate_metadata, which every mount
+ * runs, notes whether there is one).
  */
-static bool image_has_acls(const struct fs *fs)
-{
-	const struct meta_image *mi = fs->img->meta;
-
-	return meta_walk(mi, acl_visit, (void *)mi) != 0;
-}
-
 static void fs_init(void *userdata, struct fuse_conn_info *conn)
 {
 	struct fs *fs = userdata;
 	unsigned int want = FUSE_CAP_ASYNC_READ | FUSE_CAP_CACHE_SYMLINKS |
 			    FUSE_CAP_PARALLEL_DIROPS | FUSE_CAP_READDIRPLUS;
 
-	if (image_has_acls(fs))
+	if (fs->img->has_posix_acls)
 		want |= FUSE_CAP_POSIX_ACL;
 	conn->want |= want & conn->capable;
 	fs->no_open = conn->capable & FUSE_CAP_NO_OPEN_SUPPORT;
