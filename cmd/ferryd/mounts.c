@@ -594,7 +594,8 @@ static int umount_busy(struct fmount *m)
 		usleep(50 * 1000);
 		e = umount2(m->mountpoint, 0) ? errno : 0;
 	}
-	atomic_store(&m->fetch_cancel, false);
+	if (e)
+		atomic_store(&m->fetch_cancel, false);
 	return e;
 }
 
@@ -679,9 +680,10 @@ int mounts_umount(const char *mountpoint, bool lazy, char *err, size_t errlen)
 			 mountinfo_find(m->mountpoint, &mi) ? "?" : mi.fstype);
 		goto out;
 	}
-	/* Unmounted: the session loop ends (ENODEV) and tears it down. A
-	 * worker in a stalled fetch delays that, not the answer: the mount
-	 * is gone already. */
+	/* Unmounted: the session loop ends (ENODEV) and tears it down once
+	 * its workers return; fetches in flight (a prefetch) are no longer
+	 * wanted. */
+	atomic_store(&m->fetch_cancel, true);
 	pthread_mutex_lock(&tbl_lock);
 	if (!wait_session_locked(m, UMOUNT_WAIT_MS))
 		ferry_info("%s: unmounted; its session ends once a fetch in flight does",
