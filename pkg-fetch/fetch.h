@@ -107,7 +107,8 @@ struct fetch_opts {
 	 * (0 = 60 s), plus 1 s per MiB it moves (FETCH_DEADLINE_RATE): a
 	 * registry that trickles bytes cannot hold a reader for ever. A
 	 * streamed whole blob (registry_open_stream), read at its caller's
-	 * pace, has none; the stall timeout still applies. -ETIMEDOUT. */
+	 * pace, and a blob upload have none; the stall timeout still
+	 * applies. -ETIMEDOUT. */
 	unsigned int request_timeout_ms;
 	/* While *@cancel is true, requests in flight end within about a
 	 * second and new ones fail at once, with -ECANCELED (no retry);

@@ -14,7 +14,8 @@
  * for redirects. Credentials and tokens go over plain http only to hosts
  * the user named so (or loopback): http_setup, which every transfer
  * passes, refuses the rest, whatever scheme a TLS fallback or a token
- * realm chose. Every request has a deadline (http_try_start) and ends
+ * realm chose. Requests have a deadline (http_try_start; not blob
+ * uploads and streamed whole blobs, which the stall timeout bounds) and end
  * when the caller cancels (fetch_opts.cancel), checked from the progress
  * callback and between attempts.
  */
@@ -834,7 +835,8 @@ int http_do(struct registry *r, const struct http_req *q,
 	};
 	int err;
 
-	http_try_start(&t, q->upload ? q->up_len : 0);
+	if (!q->no_deadline)
+		http_try_start(&t, q->upload ? q->up_len : 0);
 	http_resp_reset(resp);
 	do {
 		err = http_try_auth(&t);

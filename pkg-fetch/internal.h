@@ -285,6 +285,9 @@ struct http_req {
 	bool secret_body;      /* the body carries a credential */
 	bool follow;           /* follow redirects (GET / HEAD) */
 	bool once;             /* a single attempt: no retries */
+	/* No request deadline: a blob upload moves at the uplink's pace,
+	 * bounded by the stall timeout (as a streamed whole blob is). */
+	bool no_deadline;
 	/* Request body: @up_data, else @up_fd from @up_off; @up_len bytes. */
 	bool upload;
 	const void *up_data;

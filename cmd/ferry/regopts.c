@@ -30,8 +30,9 @@ const char REGISTRY_OPTIONS_HELP[] =
 	"  --stall-timeout SEC      fail a request after SEC seconds without\n"
 	"                           progress (default 30)\n"
 	"  --request-timeout SEC    fail a request after SEC seconds plus 1 s per\n"
-	"                           MiB it reads (default 60; not whole-blob\n"
-	"                           downloads, which the stall timeout bounds)\n"
+	"                           MiB it moves (default 60; not whole-blob\n"
+	"                           downloads and uploads: the stall timeout\n"
+	"                           bounds those)\n"
 	"HTTP(S) proxies come from https_proxy / http_proxy / no_proxy.\n";
 
 void regopts_init(struct regopts *r)
