@@ -55,6 +55,19 @@ static int add_host(const char **list, size_t *nr, const char *what,
 	return 0;
 }
 
+/* A timeout option's @arg (1..3600 seconds) into @ms: 1, or -EINVAL. */
+static int parse_timeout(const char *option, const char *arg, unsigned int *ms)
+{
+	uint64_t v;
+
+	if (parse_size(arg, &v) || v < 1 || v > 3600) {
+		ferry_err("%s %s: expected 1..3600 seconds", option, arg);
+		return -EINVAL;
+	}
+	*ms = (unsigned int)v * 1000;
+	return 1;
+}
+
 int regopts_parse(struct regopts *r, int opt, const char *arg)
 {
 	uint64_t v;
@@ -108,19 +121,10 @@ int regopts_parse(struct regopts *r, int opt, const char *arg)
 		r->fetch.retries = (unsigned int)v;
 		return 1;
 	case REGOPT_STALL:
-		if (parse_size(arg, &v) || v < 1 || v > 3600) {
-			ferry_err("--stall-timeout %s: expected 1..3600 seconds", arg);
-			return -EINVAL;
-		}
-		r->fetch.stall_timeout_ms = (unsigned int)v * 1000;
-		return 1;
+		return parse_timeout("--stall-timeout", arg, &r->fetch.stall_timeout_ms);
 	case REGOPT_REQUEST_TIMEOUT:
-		if (parse_size(arg, &v) || v < 1 || v > 3600) {
-			ferry_err("--request-timeout %s: expected 1..3600 seconds", arg);
-			return -EINVAL;
-		}
-		r->fetch.request_timeout_ms = (unsigned int)v * 1000;
-		return 1;
+		return parse_timeout("--request-timeout", arg,
+				     &r->fetch.request_timeout_ms);
 	default:
 		return 0;
 	}

@@ -185,4 +185,12 @@ rc realm_named --insecure "token.ferry.test:$TP" "${TLSREG[@]}" \
 	manifest "registry.ferry.test:$P/ferry/x:v1"
 expect_sh "with --insecure-registry token.ferry.test:$TP the token server is asked" \
 	'grep -q "user=$REG_USER" "$REG_TOKEN_LOG"'
+
+# Every ferryd of the script stopped: no sanitizer report in its log (leaks
+# are reported at exit).
+ferryd_stop_all
+for l in "$SCRATCH"/fd-*/ferryd.log; do
+	expect "no sanitizer report in ${l#"$SCRATCH"/}" eval '! sanitizer_report "$l"' ||
+		diag "$l" 20
+done
 e2e_done
