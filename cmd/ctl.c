@@ -267,6 +267,7 @@ const struct ctl_fetch_opt ctl_fetch_opts[CTL_NR_FETCH_OPTS] = {
 	OPT_STRS("resolve", "resolve", resolve, 1024, CTL_HOSTS_MAX),
 	OPT_UINT("retries", "retries", retries, 100),
 	OPT_UINT("stallTimeoutMs", "stall-timeout", stall_timeout_ms, 3600000),
+	OPT_UINT("requestTimeoutMs", "request-timeout", request_timeout_ms, 3600000),
 };
 
 static struct json_object *fetch_to_json(const struct fetch_opts *f)

@@ -16,7 +16,8 @@
  *    "prefetchFiles":[PATH...],"prefetchAll":BOOL,"prefetchBwlimit":N,
  *    "fetch":{"creds":S,"authfile":S,"tlsVerify":BOOL,"caFile":S,
  *             "insecure":[S...],"mirrors":[S...],"resolve":[S...],
- *             "retries":N,"stallTimeoutMs":N}}      (ctl_fetch_opts[])
+ *             "retries":N,"stallTimeoutMs":N,
+ *             "requestTimeoutMs":N}}                (ctl_fetch_opts[])
  *       answered once the mount is live
  *       → {"ok":true,"pid":N}                       (ctl_mount_reply)
  *   {"op":"umount","mountpoint":ABS,"lazy":BOOL}
@@ -127,7 +128,7 @@ struct ctl_fetch_opt {
 	unsigned int max;       /* UINT: largest value; else longest string */
 	unsigned int max_items; /* STRS: most entries */
 };
-#define CTL_NR_FETCH_OPTS 9
+#define CTL_NR_FETCH_OPTS 10
 extern const struct ctl_fetch_opt ctl_fetch_opts[CTL_NR_FETCH_OPTS];
 
 /* ------------------------------------------------------------------ */

@@ -279,7 +279,16 @@ static int learn_challenge(struct registry *r, const struct http_resp *resp,
 		if (ch[i].scheme == FETCH_CHAL_BASIC && basic < 0)
 			basic = i;
 	}
-	if (bearer >= 0) {
+	if (bearer >= 0 && !strncmp(r->base, "https://", 8) &&
+	    !http_cleartext_ok(r->opts->insecure, ch[bearer].realm)) {
+		/* Credentials and tokens would cross the network in clear. */
+		ferry_err("%s: the registry speaks https but names a plain http "
+			  "token server (realm \"%.200s\"): refused; fix the "
+			  "registry's token realm, or name that host with "
+			  "--insecure-registry if it really speaks only http",
+			  r->name, ch[bearer].realm);
+		err = -EACCES;
+	} else if (bearer >= 0) {
 		struct fetch_challenge *c = &ch[bearer];
 
 		*insufficient_scope = !strcmp(c->error, "insufficient_scope");
@@ -478,6 +487,7 @@ static int token_post(struct registry *r, const char *scopes,
 		.what = "OAuth2 token request",
 		.method = "POST",
 		.url = r->realm,
+		.secret_body = true,
 		.upload = true,
 		.max_body = TOKEN_BODY_MAX,
 	};

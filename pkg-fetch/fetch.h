@@ -13,6 +13,7 @@
  *   -EACCES     authentication failed or was refused (401/403)
  *   -EIO        bytes did not match their digest, or a malformed answer
  *   -ETIMEDOUT  a request (with its retries) ran out of time
+ *   -ECANCELED  the caller cancelled it (fetch_opts.cancel)
  *   -ECONNREFUSED / -EHOSTUNREACH  the registry cannot be reached
  *   -ERANGE     a range outside the blob (416)
  *   -EPROTO     any other unexpected status or answer
@@ -25,6 +26,7 @@
 #ifndef FERRY_FETCH_H
 #define FERRY_FETCH_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -72,13 +74,20 @@ struct fetch_opts {
 	const char *authfile;
 	/* Verify TLS certificates (default true). When false, https is
 	 * tried without verification and plain http is used if the TLS
-	 * handshake fails. */
+	 * handshake fails — for anonymous requests only: credentials and
+	 * tokens never travel over plain http to a host that is neither
+	 * loopback nor listed in @insecure (such a request fails with
+	 * -EACCES, saying so). */
 	bool tls_verify;
 	const char *ca_file;   /* CA bundle (PEM) replacing libcurl's, or NULL */
 	/* NULL-terminated "host[:port]" list spoken to over plain http.
 	 * Loopback hosts (localhost, 127.0.0.0/8, [::1]) always are. A
 	 * registry that answers plain http with a 400 asking for https
-	 * fails (-EPROTO, saying so); https is not tried instead. */
+	 * fails (-EPROTO, saying so); https is not tried instead. These
+	 * hosts are also the only ones (with loopback) that get
+	 * credentials or tokens over plain http, token servers included:
+	 * an https registry whose Bearer realm is a plain http URL on
+	 * another host is refused (-EACCES). */
 	const char *const *insecure;
 	/* NULL-terminated "host[:port]=URL" list: reads (manifests by
 	 * digest, blobs) for host go to URL first, e.g. a P2P distributor,
@@ -94,12 +103,25 @@ struct fetch_opts {
 	unsigned int connect_timeout_ms; /* 0 = 10 s */
 	/* A request fails when no byte moved for this long (0 = 30 s). */
 	unsigned int stall_timeout_ms;
+	/* The deadline of one request, every attempt and backoff included
+	 * (0 = 60 s), plus 1 s per MiB it moves (FETCH_DEADLINE_RATE): a
+	 * registry that trickles bytes cannot hold a reader for ever. A
+	 * streamed whole blob (registry_open_stream), read at its caller's
+	 * pace, and a blob upload have none; the stall timeout still
+	 * applies. -ETIMEDOUT. */
+	unsigned int request_timeout_ms;
+	/* While *@cancel is true, requests in flight end within about a
+	 * second and new ones fail at once, with -ECANCELED (no retry);
+	 * NULL: never. Set by another thread, e.g. to unmount. */
+	const _Atomic bool *cancel;
 	/* Attempts per request on 429 / 5xx / connection errors / short
 	 * bodies (0 = 5), with exponential backoff (base 200 ms, cap 10 s)
 	 * and full jitter; Retry-After is honoured up to 60 s. */
 	unsigned int retries;
 	const char *user_agent; /* NULL = "ferry/<version>" */
 };
+
+#define FETCH_DEADLINE_RATE (1u << 20) /* bytes/s a deadline allows for */
 
 /* Defaults as documented above (tls_verify true). */
 void fetch_opts_init(struct fetch_opts *opts);

@@ -11,9 +11,16 @@
  * Security: registry credentials travel in an Authorization header that
  * libcurl drops when a redirect leaves the original host (and
  * CURLOPT_UNRESTRICTED_AUTH stays off); only http(s) is allowed, also
- * for redirects.
+ * for redirects. Credentials and tokens go over plain http only to hosts
+ * the user named so (or loopback): http_setup, which every transfer
+ * passes, refuses the rest, whatever scheme a TLS fallback or a token
+ * realm chose. Requests have a deadline (http_try_start; not blob
+ * uploads and streamed whole blobs, which the stall timeout bounds) and end
+ * when the caller cancels (fetch_opts.cancel), checked from the progress
+ * callback and between attempts.
  */
 #include <json-c/json.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,6 +38,7 @@
 #define BACKOFF_BASE_MS 200u
 #define BACKOFF_CAP_MS 10000u
 #define URL_MAX (16u << 10)
+#define CANCEL_CHECK_MS 100u  /* a backoff sleep looks at the cancel flag */
 
 static pthread_once_t global_once = PTHREAD_ONCE_INIT;
 static CURLcode global_rc;
@@ -351,8 +359,24 @@ static int seek_cb(void *arg, curl_off_t off, int origin)
 }
 
 /* ------------------------------------------------------------------ */
-/* Stalls                                                              */
+/* Stalls, deadlines, cancels                                          */
 /* ------------------------------------------------------------------ */
+
+bool http_cancelled(const struct registry *r)
+{
+	return r->opts->cancel && atomic_load(r->opts->cancel);
+}
+
+uint64_t http_deadline_ms(unsigned int base_ms, uint64_t bytes)
+{
+	return (uint64_t)base_ms + bytes / (FETCH_DEADLINE_RATE / 1000u);
+}
+
+void http_try_start(struct http_try *t, uint64_t bytes)
+{
+	t->deadline_ns = ferry_now_ns() +
+			 http_deadline_ms(t->r->request_ms, bytes) * 1000000ull;
+}
 
 static int xferinfo_cb(void *arg, curl_off_t dltotal, curl_off_t dlnow,
 		       curl_off_t ultotal, curl_off_t ulnow)
@@ -363,6 +387,10 @@ static int xferinfo_cb(void *arg, curl_off_t dltotal, curl_off_t dlnow,
 
 	(void)dltotal;
 	(void)ultotal;
+	if (http_cancelled(x->r)) {
+		x->cancelled = true;
+		return 1;
+	}
 	if (moved != x->moved_bytes || x->paused) {
 		x->moved_bytes = moved;
 		x->moved_ns = now;
@@ -397,6 +425,15 @@ int http_xfer_err(const struct http_xfer *x, CURLcode cc)
 	x->resp->cc = res;
 	if (x->sink_err)
 		return x->sink_err;
+	if (cc == CURLE_ABORTED_BY_CALLBACK && x->cancelled) {
+		snprintf(x->resp->errbuf, sizeof(x->resp->errbuf),
+			 "cancelled by its caller");
+		return -ECANCELED;
+	}
+	if (cc == CURLE_OPERATION_TIMEDOUT && x->deadline_ns &&
+	    ferry_now_ns() >= x->deadline_ns)
+		snprintf(x->resp->errbuf, sizeof(x->resp->errbuf),
+			 "the request deadline passed (fetch request timeout)");
 	if (error_status_answered(res, x->resp))
 		return 0;
 	return http_curl_error(res);
@@ -422,11 +459,25 @@ int http_setup(struct registry *r, CURL *h, struct http_xfer *x,
 	const struct http_req *q = x->q;
 	const struct curl_slist *e;
 	long stall_s = (long)DIV_ROUND_UP(r->stall_ms, 1000u);
+	uint64_t now = ferry_now_ns();
 	CURLcode c = CURLE_OK;
 
 	x->hdrs = NULL;
 	x->up_pos = 0;
-	x->paused = x->stalled = false;
+	x->paused = x->stalled = x->cancelled = false;
+	if (http_cancelled(r)) {
+		ferry_err("%s: %s: cancelled by its caller", r->name, q->what);
+		return -ECANCELED;
+	}
+	if ((auth_line || q->secret_body) &&
+	    !http_cleartext_ok(r->opts->insecure, q->url)) {
+		ferry_err("%s: %s: refusing to send credentials over plain http "
+			  "(%s is not loopback and not named plain http); if it "
+			  "really speaks only http, name it with "
+			  "--insecure-registry HOST[:PORT], else fix its TLS",
+			  r->name, q->what, q->url);
+		return -EACCES;
+	}
 	x->moved_bytes = 0;
 	x->moved_ns = ferry_now_ns();
 	for (e = q->headers; e; e = e->next)
@@ -452,6 +503,11 @@ int http_setup(struct registry *r, CURL *h, struct http_xfer *x,
 	SET(CURLOPT_PROTOCOLS_STR, "http,https");
 	SET(CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
 	SET(CURLOPT_CONNECTTIMEOUT_MS, (long)r->connect_ms);
+	if (x->deadline_ns)
+		SET(CURLOPT_TIMEOUT_MS,
+		    (long)MAX(1u, MIN((x->deadline_ns - MIN(now, x->deadline_ns)) /
+					      1000000u,
+				      (uint64_t)LONG_MAX)));
 	SET(CURLOPT_LOW_SPEED_LIMIT, 1L);
 	SET(CURLOPT_LOW_SPEED_TIME, stall_s ? stall_s : 1L);
 	SET(CURLOPT_TCP_KEEPALIVE, 1L);
@@ -563,9 +619,12 @@ int http_xfer_end(struct http_xfer *x, CURL *h, CURLcode cc)
 
 /* One attempt: http_xfer_end's verdict, or a setup failure. */
 static int http_once(struct registry *r, const struct http_req *q,
-		     const char *auth_line, struct http_resp *resp)
+		     const char *auth_line, uint64_t deadline_ns,
+		     struct http_resp *resp)
 {
-	struct http_xfer x = { .r = r, .q = q, .resp = resp };
+	struct http_xfer x = {
+		.r = r, .q = q, .resp = resp, .deadline_ns = deadline_ns
+	};
 	CURLcode cc;
 	CURL *h;
 	int err;
@@ -659,8 +718,9 @@ enum http_verdict http_judge(int err, const struct http_resp *resp,
 {
 	if (!err && resp->status == 401 && authed)
 		return HTTP_REAUTH;
-	/* Our own failures (a full sink, no memory) are not the server's. */
-	if (err == -EFBIG || err == -ENOMEM)
+	/* Our own failures (a full sink, no memory, a cancel) are not the
+	 * server's. */
+	if (err == -EFBIG || err == -ENOMEM || err == -ECANCELED)
 		return HTTP_FINAL;
 	return retriable(err, resp) ? HTTP_RETRY : HTTP_FINAL;
 }
@@ -708,15 +768,17 @@ int http_try_auth(struct http_try *t)
 
 bool http_try_last(const struct http_try *t)
 {
-	return t->once || t->attempt + 1 >= t->r->attempts;
+	return t->once || t->attempt + 1 >= t->r->attempts ||
+	       (t->deadline_ns && ferry_now_ns() >= t->deadline_ns) ||
+	       http_cancelled(t->r);
 }
 
 void http_try_backoff(struct http_try *t, int err,
 		      const struct http_resp *resp, const char *why)
 {
 	struct registry *r = t->r;
+	uint64_t now = ferry_now_ns(), end;
 	unsigned int ms;
-	struct timespec ts;
 	char buf[320];
 
 	ms = http_backoff_ms(++t->attempt, err, resp, jitter_rand(),
@@ -729,10 +791,19 @@ void http_try_backoff(struct http_try *t, int err,
 		   r->name, t->method ? t->method : "", t->method ? " " : "",
 		   t->what, why, ms, t->attempt + 1, r->attempts);
 	atomic_fetch_add(&r->st_retries, 1);
-	ts.tv_sec = ms / 1000;
-	ts.tv_nsec = (long)(ms % 1000) * 1000000L;
-	while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
-		;
+	/* Never past the deadline; a cancel cuts the sleep short. */
+	end = now + (uint64_t)ms * 1000000ull;
+	if (t->deadline_ns)
+		end = MIN(end, t->deadline_ns);
+	while ((now = ferry_now_ns()) < end && !http_cancelled(r)) {
+		uint64_t ns = MIN(end - now, CANCEL_CHECK_MS * 1000000ull);
+		struct timespec ts = {
+			.tv_sec = (time_t)(ns / 1000000000ull),
+			.tv_nsec = (long)(ns % 1000000000ull),
+		};
+
+		nanosleep(&ts, NULL);
+	}
 }
 
 bool http_try_next(struct http_try *t, int err, const struct http_resp *resp)
@@ -764,6 +835,8 @@ int http_do(struct registry *r, const struct http_req *q,
 	};
 	int err;
 
+	if (!q->no_deadline)
+		http_try_start(&t, q->upload ? q->up_len : 0);
 	http_resp_reset(resp);
 	do {
 		err = http_try_auth(&t);
@@ -772,7 +845,8 @@ int http_do(struct registry *r, const struct http_req *q,
 			http_resp_reset(resp);
 			break;
 		}
-		err = http_once(r, q, t.auth ? t.auth : q->auth_line, resp);
+		err = http_once(r, q, t.auth ? t.auth : q->auth_line,
+				t.deadline_ns, resp);
 	} while (http_try_next(&t, err, resp));
 	auth_line_free(t.auth);
 	return err;
@@ -933,6 +1007,38 @@ static bool origin_of(const char *url, char **scheme, char **host,
 	     curl_url_get(u, CURLUPART_HOST, host, 0) == CURLUE_OK &&
 	     curl_url_get(u, CURLUPART_PORT, port, CURLU_DEFAULT_PORT) ==
 		     CURLUE_OK;
+	curl_url_cleanup(u);
+	return ok;
+}
+
+bool http_cleartext_ok(const char *const *insecure, const char *url)
+{
+	char *scheme, *host, *port = NULL, *hp = NULL;
+	CURLU *u = curl_url();
+	bool ok = false;
+
+	if (!u)
+		return false;
+	if (curl_url_set(u, CURLUPART_URL, url, 0) != CURLUE_OK ||
+	    curl_url_get(u, CURLUPART_SCHEME, &scheme, 0) != CURLUE_OK)
+		goto out;
+	if (!strcasecmp(scheme, "https")) {
+		ok = true;
+	} else if (curl_url_get(u, CURLUPART_HOST, &host, 0) == CURLUE_OK) {
+		/* The port as written: an insecure entry with a port names
+		 * that port only. */
+		if (curl_url_get(u, CURLUPART_PORT, &port, 0) != CURLUE_OK)
+			port = NULL;
+		if (asprintf(&hp, "%s%s%s", host, port ? ":" : "",
+			     port ? port : "") < 0)
+			hp = NULL;
+		ok = hp && fetch_host_plain(insecure, hp);
+		free(hp);
+		curl_free(port);
+		curl_free(host);
+	}
+	curl_free(scheme);
+out:
 	curl_url_cleanup(u);
 	return ok;
 }

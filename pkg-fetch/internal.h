@@ -183,7 +183,7 @@ struct registry {
 	const struct fetch_opts *opts;
 	enum fetch_access access;
 	char *mirror; /* mirror base URL (no trailing '/'), or NULL */
-	unsigned int connect_ms, stall_ms, attempts;
+	unsigned int connect_ms, stall_ms, request_ms, attempts;
 	const char *user_agent;
 	bool tls_noverify;
 	struct curl_slist *resolve; /* opts->resolve for CURLOPT_RESOLVE */
@@ -214,6 +214,12 @@ struct registry {
 };
 
 #define REG_MIRROR_BACKOFF_NS (30ull * 1000000000ull)
+
+/*
+ * @host ("host[:port]") may be spoken to in plain http with credentials:
+ * loopback, or named in @insecure (fetch_opts.insecure).
+ */
+bool fetch_host_plain(const char *const *insecure, const char *host);
 
 /* The mirror exists and is not resting after a connection failure. */
 bool reg_mirror_usable(struct registry *r);
@@ -276,8 +282,12 @@ struct http_req {
 	bool registry_auth;
 	struct reg_scope scope;
 	const char *auth_line; /* or this exact "Authorization: ..." line */
+	bool secret_body;      /* the body carries a credential */
 	bool follow;           /* follow redirects (GET / HEAD) */
 	bool once;             /* a single attempt: no retries */
+	/* No request deadline: a blob upload moves at the uplink's pace,
+	 * bounded by the stall timeout (as a streamed whole blob is). */
+	bool no_deadline;
 	/* Request body: @up_data, else @up_fd from @up_off; @up_len bytes. */
 	bool upload;
 	const void *up_data;
@@ -308,6 +318,8 @@ struct http_xfer {
 	bool stalled;
 	uint64_t moved_ns;
 	uint64_t moved_bytes;
+	uint64_t deadline_ns; /* the request's (http_try), 0: none */
+	bool cancelled;       /* fetch_opts.cancel ended it */
 };
 
 /*
@@ -326,9 +338,11 @@ int http_xfer_end(struct http_xfer *x, CURL *h, CURLcode cc);
 bool http_side_body(struct http_xfer *x, const char *p, size_t n);
 
 /*
- * Configure @h for @q (method, body, headers plus @auth_line, timeouts,
- * TLS, redirects) with the response going to x->resp, bodies to
- * @write_cb(@write_arg) (NULL: into resp->body). Frees nothing on error.
+ * Configure @h for @q (method, body, headers plus @auth_line, timeouts
+ * up to x->deadline_ns, TLS, redirects) with the response going to
+ * x->resp, bodies to @write_cb(@write_arg) (NULL: into resp->body).
+ * Refuses (-EACCES, logged) to send @auth_line or a secret body over
+ * plain http unless http_cleartext_ok. Frees nothing on error.
  */
 int http_setup(struct registry *r, CURL *h, struct http_xfer *x,
 	       const char *auth_line, curl_write_callback write_cb,
@@ -365,6 +379,7 @@ unsigned int http_backoff_ms(unsigned int attempt, int err,
 
 struct http_try {
 	struct registry *r;
+	uint64_t deadline_ns; /* http_try_start; 0: none */
 	const char *method; /* for messages; NULL when @what names it */
 	const char *what;
 	const struct reg_scope *scope; /* registry credentials, or NULL */
@@ -374,9 +389,24 @@ struct http_try {
 	char *auth;         /* the Authorization line of this attempt */
 };
 
+/*
+ * The deadline of a request moving @bytes: @base_ms (the request timeout)
+ * plus the time @bytes take at FETCH_DEADLINE_RATE, in milliseconds.
+ */
+uint64_t http_deadline_ms(unsigned int base_ms, uint64_t bytes);
+/* Start the clock of @t for a request moving @bytes. */
+void http_try_start(struct http_try *t, uint64_t bytes);
+/* The caller cancelled every request (fetch_opts.cancel). */
+bool http_cancelled(const struct registry *r);
+/*
+ * Credentials may go to @url: https, or plain http to a host that
+ * fetch_host_plain allows. False for a URL that does not parse.
+ */
+bool http_cleartext_ok(const char *const *insecure, const char *url);
+
 /* Ping /v2/ and set t->auth for t->scope (NULL without one). */
 int http_try_auth(struct http_try *t);
-/* No retry is left. */
+/* No retry is left (the budget, the deadline, or a cancel). */
 bool http_try_last(const struct http_try *t);
 /* Warn (why, or what @err / @resp say) and sleep before the next retry. */
 void http_try_backoff(struct http_try *t, int err,
@@ -444,10 +474,11 @@ void auth_release(struct registry *r);
 /*
  * A stream of @len bytes at @off of a blob of @size bytes
  * (FETCH_RANGE_UNKNOWN when unknown); with @verify (whole blob only) the
- * sha256 and size are checked at the end.
+ * sha256 and size are checked at the end; @bounded: read at once, under
+ * the request deadline.
  */
 int stream_open(struct registry *r, const uint8_t digest[FETCH_DIGEST_SIZE],
 		uint64_t size, uint64_t off, uint64_t len, bool verify,
-		struct fetch_stream **out);
+		bool bounded, struct fetch_stream **out);
 
 #endif

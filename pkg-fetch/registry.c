@@ -15,6 +15,7 @@
 
 #define DEFAULT_CONNECT_MS 10000u
 #define DEFAULT_STALL_MS 30000u
+#define DEFAULT_REQUEST_MS 60000u
 #define DEFAULT_ATTEMPTS 5u
 #define TAGS_PAGE_MAX (4u << 20)
 #define TAGS_PAGES_MAX 10000u
@@ -90,14 +91,19 @@ static bool host_entry_matches(const char *entry, size_t elen,
 	       hostname_len(host) == elen && !strncasecmp(entry, host, elen);
 }
 
-static bool is_insecure(const struct fetch_opts *opts, const char *host)
+static bool is_insecure(const char *const *insecure, const char *host)
 {
 	const char *const *p;
 
-	for (p = opts->insecure; p && *p; p++)
+	for (p = insecure; p && *p; p++)
 		if (host_entry_matches(*p, strlen(*p), host))
 			return true;
 	return false;
+}
+
+bool fetch_host_plain(const char *const *insecure, const char *host)
+{
+	return is_loopback(host) || is_insecure(insecure, host);
 }
 
 static int find_mirror(struct registry *r)
@@ -171,6 +177,8 @@ int registry_open(const struct fetch_ref *ref, const struct fetch_opts *opts,
 						   DEFAULT_CONNECT_MS;
 	r->stall_ms = opts->stall_timeout_ms ? opts->stall_timeout_ms :
 					       DEFAULT_STALL_MS;
+	r->request_ms = opts->request_timeout_ms ? opts->request_timeout_ms :
+						   DEFAULT_REQUEST_MS;
 	r->attempts = opts->retries ? opts->retries : DEFAULT_ATTEMPTS;
 	r->user_agent = opts->user_agent ? opts->user_agent :
 					   "ferry/" FERRY_VERSION;
@@ -184,7 +192,7 @@ int registry_open(const struct fetch_ref *ref, const struct fetch_opts *opts,
 	plain = true;
 	if (is_loopback(r->host))
 		r->plain_why = "loopback registries always are";
-	else if (is_insecure(opts, r->host))
+	else if (is_insecure(opts->insecure, r->host))
 		r->plain_why = "the registry is listed as insecure";
 	else
 		plain = false;

@@ -292,7 +292,10 @@ static int stream_start(struct fetch_stream *s)
 		.headers = &s->h_ident,
 		.follow = true,
 	};
-	s->x = (struct http_xfer){ .r = r, .q = &s->q, .resp = &s->resp };
+	s->x = (struct http_xfer){
+		.r = r, .q = &s->q, .resp = &s->resp,
+		.deadline_ns = s->t.deadline_ns,
+	};
 	http_resp_reset(&s->resp);
 	s->checked = false;
 	s->skip = 0;
@@ -496,7 +499,7 @@ void fetch_stream_close(struct fetch_stream *s)
 
 int stream_open(struct registry *r, const uint8_t digest[FETCH_DIGEST_SIZE],
 		uint64_t size, uint64_t off, uint64_t len, bool verify,
-		struct fetch_stream **out)
+		bool bounded, struct fetch_stream **out)
 {
 	struct fetch_stream *s;
 	int err = -ENOMEM;
@@ -510,6 +513,8 @@ int stream_open(struct registry *r, const uint8_t digest[FETCH_DIGEST_SIZE],
 	s->t = (struct http_try){
 		.r = r, .method = "GET", .what = s->what, .scope = &s->scope
 	};
+	if (bounded)
+		http_try_start(&s->t, len);
 	memcpy(s->digest, digest, FETCH_DIGEST_SIZE);
 	digest_format(digest, s->dstr);
 	if (verify)
@@ -547,7 +552,7 @@ int registry_open_stream(struct registry *r,
 			 const uint8_t digest[FETCH_DIGEST_SIZE], uint64_t size,
 			 struct fetch_stream **out)
 {
-	return stream_open(r, digest, size, 0, size, true, out);
+	return stream_open(r, digest, size, 0, size, true, false, out);
 }
 
 /* All bytes handed out: check the size and digest of a whole blob. */
@@ -622,7 +627,7 @@ int registry_get_blob(struct registry *r,
 	data = malloc((size_t)size + 1);
 	if (!data)
 		return -ENOMEM;
-	err = registry_open_stream(r, digest, size, &s);
+	err = stream_open(r, digest, size, 0, size, true, true, &s);
 	if (err)
 		goto fail;
 	for (;;) {
@@ -660,7 +665,8 @@ int registry_get_range(struct registry *r,
 		return 0;
 	if (off > UINT64_MAX - len || len > SIZE_MAX)
 		return -ERANGE;
-	err = stream_open(r, digest, FETCH_RANGE_UNKNOWN, off, len, false, &s);
+	err = stream_open(r, digest, FETCH_RANGE_UNKNOWN, off, len, false, true,
+			  &s);
 	if (err)
 		return err;
 	while (got < len) {

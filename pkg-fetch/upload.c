@@ -159,6 +159,7 @@ static int up_send(struct up_ctx *u, const char *method, const char *url,
 		.registry_auth = http_same_origin(url, r->base),
 		.scope = u->scope,
 		.once = true,
+		.no_deadline = true,
 		.upload = true,
 		.up_data = u->src->data ?
 				   (const uint8_t *)u->src->data + off :

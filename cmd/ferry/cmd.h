@@ -37,6 +37,7 @@ enum {
 	REGOPT_RETRIES,
 	REGOPT_STALL,
 	REGOPT_RESOLVE,
+	REGOPT_REQUEST_TIMEOUT,
 };
 #define REGISTRY_LONGOPTS                                                       \
 	{ "creds", required_argument, NULL, REGOPT_CREDS },                     \
@@ -47,7 +48,8 @@ enum {
 	{ "registry-mirror", required_argument, NULL, REGOPT_MIRROR },          \
 	{ "retries", required_argument, NULL, REGOPT_RETRIES },                 \
 	{ "stall-timeout", required_argument, NULL, REGOPT_STALL },             \
-	{ "resolve", required_argument, NULL, REGOPT_RESOLVE }
+	{ "resolve", required_argument, NULL, REGOPT_RESOLVE },                 \
+	{ "request-timeout", required_argument, NULL, REGOPT_REQUEST_TIMEOUT }
 #define REGOPTS_MAX 17
 
 struct regopts {

@@ -15,7 +15,10 @@ const char REGISTRY_OPTIONS_HELP[] =
 	"                           (default $REGISTRY_AUTH_FILE, then\n"
 	"                           $DOCKER_CONFIG/config.json or ~/.docker/config.json)\n"
 	"  --tls-verify=BOOL        verify TLS certificates (default true); false\n"
-	"                           also allows plain http when TLS fails\n"
+	"                           also allows plain http when TLS fails, for\n"
+	"                           anonymous requests only (credentials go over\n"
+	"                           plain http to --insecure-registry hosts and\n"
+	"                           loopback only)\n"
 	"  --ca-file FILE           verify registries against this CA bundle (PEM)\n"
 	"  --insecure-registry H    talk plain http to H (HOST[:PORT]); repeatable.\n"
 	"                           Loopback registries always use http\n"
@@ -26,6 +29,10 @@ const char REGISTRY_OPTIONS_HELP[] =
 	"  --retries N              attempts per request (default 5)\n"
 	"  --stall-timeout SEC      fail a request after SEC seconds without\n"
 	"                           progress (default 30)\n"
+	"  --request-timeout SEC    fail a request after SEC seconds plus 1 s per\n"
+	"                           MiB it moves (default 60; not whole-blob\n"
+	"                           downloads and uploads: the stall timeout\n"
+	"                           bounds those)\n"
 	"HTTP(S) proxies come from https_proxy / http_proxy / no_proxy.\n";
 
 void regopts_init(struct regopts *r)
@@ -46,6 +53,19 @@ static int add_host(const char **list, size_t *nr, const char *what,
 	}
 	list[(*nr)++] = arg;
 	return 0;
+}
+
+/* A timeout option's @arg (1..3600 seconds) into @ms: 1, or -EINVAL. */
+static int parse_timeout(const char *option, const char *arg, unsigned int *ms)
+{
+	uint64_t v;
+
+	if (parse_size(arg, &v) || v < 1 || v > 3600) {
+		ferry_err("%s %s: expected 1..3600 seconds", option, arg);
+		return -EINVAL;
+	}
+	*ms = (unsigned int)v * 1000;
+	return 1;
 }
 
 int regopts_parse(struct regopts *r, int opt, const char *arg)
@@ -101,12 +121,10 @@ int regopts_parse(struct regopts *r, int opt, const char *arg)
 		r->fetch.retries = (unsigned int)v;
 		return 1;
 	case REGOPT_STALL:
-		if (parse_size(arg, &v) || v < 1 || v > 3600) {
-			ferry_err("--stall-timeout %s: expected 1..3600 seconds", arg);
-			return -EINVAL;
-		}
-		r->fetch.stall_timeout_ms = (unsigned int)v * 1000;
-		return 1;
+		return parse_timeout("--stall-timeout", arg, &r->fetch.stall_timeout_ms);
+	case REGOPT_REQUEST_TIMEOUT:
+		return parse_timeout("--request-timeout", arg,
+				     &r->fetch.request_timeout_ms);
 	default:
 		return 0;
 	}

@@ -20,6 +20,7 @@
  * Threads of a mount: the loop thread (fan_serve) reads events, answers
  * present ranges at once and queues the rest to worker threads.
  */
+#include <dirent.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
@@ -217,19 +218,86 @@ void ferry_exes_find(struct ferry_exes *e)
 	}
 }
 
-bool ferry_exes_match(const struct ferry_exes *e, pid_t pid)
+/* Every uid of the process in /proc/PID (@proc) is 0. */
+static bool proc_is_root(int proc)
+{
+	char buf[2048], *l;
+	unsigned int u[4];
+	ssize_t n;
+	int fd = openat(proc, "status", O_RDONLY | O_CLOEXEC);
+
+	if (fd < 0)
+		return false;
+	n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (n <= 0)
+		return false;
+	buf[n] = '\0';
+	l = strstr(buf, "\nUid:");
+	return l && sscanf(l + 5, "%u %u %u %u", &u[0], &u[1], &u[2], &u[3]) == 4 &&
+	       !(u[0] | u[1] | u[2] | u[3]);
+}
+
+/* The process holds a descriptor of @st's file open for writing. */
+static bool proc_writes(int proc, const struct stat *st)
+{
+	char name[300], buf[512];
+	struct dirent *d;
+	struct stat fst;
+	unsigned int flags;
+	bool found = false;
+	DIR *dir;
+	int dfd = openat(proc, "fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+
+	if (dfd < 0 || !(dir = fdopendir(dfd))) {
+		if (dfd >= 0)
+			close(dfd);
+		return false;
+	}
+	while (!found && (d = readdir(dir))) {
+		ssize_t n;
+		char *f;
+		int fd;
+
+		if (d->d_name[0] == '.' || fstatat(dfd, d->d_name, &fst, 0) ||
+		    fst.st_ino != st->st_ino || fst.st_dev != st->st_dev)
+			continue;
+		snprintf(name, sizeof(name), "fdinfo/%s", d->d_name);
+		fd = openat(proc, name, O_RDONLY | O_CLOEXEC);
+		if (fd < 0)
+			continue;
+		n = read(fd, buf, sizeof(buf) - 1);
+		close(fd);
+		if (n <= 0)
+			continue;
+		buf[n] = '\0';
+		f = strstr(buf, "flags:");
+		found = f && sscanf(f + 6, "%o", &flags) == 1 &&
+			(flags & O_ACCMODE) != O_RDONLY;
+	}
+	closedir(dir);
+	return found;
+}
+
+bool fan_fill_process(const struct ferry_exes *e, pid_t pid, int fd)
 {
 	char path[64];
-	struct stat st;
-	int i;
+	struct stat st, data;
+	bool ok = false;
+	int proc, i;
 
-	snprintf(path, sizeof(path), "/proc/%d/exe", (int)pid);
-	if (stat(path, &st))
+	snprintf(path, sizeof(path), "/proc/%d", (int)pid);
+	proc = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (proc < 0)
 		return false;
-	for (i = 0; i < 2; i++)
-		if (e->ino[i] && st.st_ino == e->ino[i] && st.st_dev == e->dev[i])
-			return true;
-	return false;
+	if (fstatat(proc, "exe", &st, 0) || fstat(fd, &data))
+		goto out;
+	for (i = 0; i < 2 && !ok; i++)
+		ok = e->ino[i] && st.st_ino == e->ino[i] && st.st_dev == e->dev[i];
+	ok = ok && proc_is_root(proc) && proc_writes(proc, &data);
+out:
+	close(proc);
+	return ok;
 }
 
 int fan_event_range(const struct fanotify_event_metadata *meta,
@@ -288,7 +356,7 @@ static int handle_event(struct fan *f, const struct fanotify_event_metadata *met
 	off = MIN(off, size);
 	len = MIN(len, size - off);
 	if (image_cache_present(f->m->ic, device, off, len) ||
-	    ferry_exes_match(&f->exes, meta->pid)) {
+	    fan_fill_process(&f->exes, meta->pid, meta->fd)) {
 		answer(f, meta->fd, true);
 		return 0;
 	}

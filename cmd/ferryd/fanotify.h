@@ -34,18 +34,26 @@ _Static_assert(sizeof(struct fanotify_event_info_range) == 24,
 	       "fanotify range record is 24 bytes");
 
 /*
- * The ferryd and ferry binaries (ferry next to ferryd). Their accesses to
- * cache data files are fills (writes, through descriptors that see events
- * when another mount marked the file first) or reads of ranges they made
- * present, so they are allowed at once: waiting for a fill that waits for
- * us would deadlock.
+ * The ferryd and ferry binaries (ferry next to ferryd). A fill — a write
+ * into a data file by another ferry process, through a descriptor that
+ * sees events because a mount marked the file before it was opened —
+ * holds the chunks' map lock that our own fill of the range would wait
+ * for, so it is allowed at once. Readers are never exempt: a read of a
+ * hole allowed through the mount would leave zeros in the page cache.
  */
 struct ferry_exes {
 	dev_t dev[2];
 	ino_t ino[2];
 };
 void ferry_exes_find(struct ferry_exes *e);
-bool ferry_exes_match(const struct ferry_exes *e, pid_t pid);
+/*
+ * Process @pid is one of ferry's fill processes for the data file of
+ * event descriptor @fd: it runs a binary of @e, every uid is root, and it
+ * holds that very file open for writing (only root can: the token a plain
+ * reader lacks, whatever binary it runs; a read through the mount holds
+ * no descriptor of the data file).
+ */
+bool fan_fill_process(const struct ferry_exes *e, pid_t pid, int fd);
 
 /*
  * The sysfs directory of the file system mounted on @mountpoint

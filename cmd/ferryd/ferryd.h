@@ -71,6 +71,7 @@ struct fmount {
 	bool ready, loop_ended, prefetch_started; /* lock */
 
 	volatile bool stop;             /* prefetch stops when set */
+	_Atomic bool fetch_cancel;      /* ends its fetches (req.fetch.cancel) */
 	_Atomic int pstate;             /* enum prefetch_state */
 	_Atomic uint64_t prefetch_ns;   /* duration once finished */
 	_Atomic uint64_t prefetch_files; /* files prefetched */

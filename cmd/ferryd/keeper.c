@@ -13,8 +13,8 @@
  * but not answered (the kernel matches answers by descriptor number, so
  * it answers every number below ferryd's descriptor limit). From then on
  * until the superblock is gone — unmounting it (ferry umount) ends the
- * keeper — it allows ferry's own accesses (another ferryd filling the
- * same cache files) and reads of ranges without holes, and denies every
+ * keeper — it allows ferry's fills (another ferryd writing the same cache
+ * files: fan_fill_process) and reads of ranges without holes, and denies every
  * other read with EIO. A range without holes holds verified bytes only:
  * the cache writes a chunk after verifying it, and an interrupted write
  * stops at a page boundary, leaving the rest a hole. The marks stay on the
@@ -91,7 +91,7 @@ static void handle_event(struct keeper *k, const struct fanotify_event_metadata 
 		return;
 	if (meta->mask & FAN_PRE_ACCESS) {
 		fan_event_range(meta, &off, &count);
-		allow = ferry_exes_match(&k->exes, meta->pid) ||
+		allow = fan_fill_process(&k->exes, meta->pid, meta->fd) ||
 			(!fstat(meta->fd, &st) && off <= (uint64_t)st.st_size &&
 			 range_written(meta->fd, off,
 				       off + MIN(count, (uint64_t)st.st_size - off)));

@@ -26,6 +26,7 @@
 #define UMOUNT_WAIT_MS 5000       /* umount until the mount is torn down */
 #define FORCE_WAIT_MS 10000       /* forced stop of a session that never ran */
 #define SHUTDOWN_WAIT_MS 5000     /* every session ended at shutdown */
+#define BUSY_CANCEL_MS 3000       /* a busy umount: readers in a fetch leave */
 
 static pthread_mutex_t tbl_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t tbl_cond = PTHREAD_COND_INITIALIZER;
@@ -230,8 +231,7 @@ static void *session_main(void *arg)
  * Ask a session loop that no unmount will end (busy mount at shutdown,
  * never ready) to stop. Repeated by the callers, since a wake-up that
  * lands before the loop waits may be lost. True once the loop has ended.
- * A worker inside a fetch finishes it first (bounded by the fetch
- * timeouts).
+ * force_end cancels the fetches in flight first, so workers return soon.
  */
 static bool poke(struct fmount *m)
 {
@@ -251,6 +251,8 @@ static void force_end(struct fmount *m, unsigned int ms)
 	struct timespec ts;
 	unsigned int waited;
 
+	/* A worker inside a fetch would hold the session until it ends. */
+	atomic_store(&m->fetch_cancel, true);
 	for (waited = 0; !poke(m) && waited < ms; waited += 20) {
 		pthread_mutex_lock(&m->lock);
 		deadline_ts(&ts, 20);
@@ -385,6 +387,7 @@ static int mount_setup(struct fmount *m, const char *what, char *err,
 	int ret;
 
 	log_capture_begin(&cap);
+	m->req.fetch.cancel = &m->fetch_cancel;
 	ret = image_open(m->req.image, &(struct image_opts){ .fetch = &m->req.fetch },
 			 &m->img);
 	/* Before the kernel or FUSE sees it, and prefetch walks it. */
@@ -574,6 +577,28 @@ static void set_state(struct fmount *m, enum mount_state s)
 	pthread_mutex_unlock(&tbl_lock);
 }
 
+/*
+ * umount2 found @m busy. Readers blocked in a fetch (a trickling registry)
+ * keep it so until the fetch deadline: cancel the mount's fetches so they
+ * get EIO and leave, and try again for a while. Other users (an open
+ * file, a working directory) keep it busy: then EBUSY as before, and the
+ * mount serves on, its cancelled reads having failed.
+ */
+static int umount_busy(struct fmount *m)
+{
+	unsigned int waited;
+	int e = EBUSY;
+
+	atomic_store(&m->fetch_cancel, true);
+	for (waited = 0; e == EBUSY && waited < BUSY_CANCEL_MS; waited += 50) {
+		usleep(50 * 1000);
+		e = umount2(m->mountpoint, 0) ? errno : 0;
+	}
+	if (e)
+		atomic_store(&m->fetch_cancel, false);
+	return e;
+}
+
 int mounts_umount(const char *mountpoint, bool lazy, char *err, size_t errlen)
 {
 	enum mount_state state;
@@ -622,6 +647,8 @@ int mounts_umount(const char *mountpoint, bool lazy, char *err, size_t errlen)
 		ferry_info("unmounting %s from %s%s", m->req.image, m->mountpoint,
 			   lazy ? " (lazily if busy)" : "");
 		e = umount2(m->mountpoint, 0) ? errno : 0;
+		if (e == EBUSY)
+			e = umount_busy(m);
 		if (!e || (e == EINVAL && !dev_mounted(m))) {
 			/* Its session loop ends with ENODEV (EINVAL: a racing
 			 * umount was first). */
@@ -653,9 +680,10 @@ int mounts_umount(const char *mountpoint, bool lazy, char *err, size_t errlen)
 			 mountinfo_find(m->mountpoint, &mi) ? "?" : mi.fstype);
 		goto out;
 	}
-	/* Unmounted: the session loop ends (ENODEV) and tears it down. A
-	 * worker in a stalled fetch delays that, not the answer: the mount
-	 * is gone already. */
+	/* Unmounted: the session loop ends (ENODEV) and tears it down once
+	 * its workers return; fetches in flight (a prefetch) are no longer
+	 * wanted. */
+	atomic_store(&m->fetch_cancel, true);
 	pthread_mutex_lock(&tbl_lock);
 	if (!wait_session_locked(m, UMOUNT_WAIT_MS))
 		ferry_info("%s: unmounted; its session ends once a fetch in flight does",

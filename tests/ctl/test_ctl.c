@@ -119,6 +119,7 @@ static void fetch_all_set(struct fetch_opts *f)
 	f->resolve = resolve;
 	f->connect_timeout_ms = 1234;
 	f->stall_timeout_ms = 4321;
+	f->request_timeout_ms = 5678;
 	f->retries = 9;
 	f->user_agent = "test/1";
 }
@@ -166,6 +167,7 @@ static void test_fetch_opts_roundtrip(void)
 	CHECK(list_eq(g->mirrors, mirrors));
 	CHECK(list_eq(g->resolve, resolve));
 	CHECK_EQ(g->stall_timeout_ms, 4321);
+	CHECK_EQ(g->request_timeout_ms, 5678);
 	CHECK_EQ(g->retries, 9);
 	/* Not carried: ferryd's own. */
 	CHECK_EQ(g->connect_timeout_ms, 0);
@@ -254,6 +256,7 @@ static void test_cli_options_reach_request(void)
 		{ "resolve", "a.example:5000:127.0.0.1" },
 		{ "retries", "3" },
 		{ "stall-timeout", "7" },
+		{ "request-timeout", "11" },
 	};
 	const struct ctl_fetch_opt *o;
 	const struct option *l;
@@ -270,6 +273,7 @@ static void test_cli_options_reach_request(void)
 			CHECK_EQ(regopts_parse(&ro, l->val, args[i].arg), 1);
 	}
 	CHECK_EQ(ro.fetch.stall_timeout_ms, 7000);
+	CHECK_EQ(ro.fetch.request_timeout_ms, 11000);
 	CHECK_EQ(mount_roundtrip(&ro.fetch, &req), 0);
 	for (o = ctl_fetch_opts; o < ctl_fetch_opts + CTL_NR_FETCH_OPTS; o++) {
 		if (!opt_set(&ro.fetch, o))
@@ -502,6 +506,7 @@ static void test_request_rejections(void)
 	reject_req("{" MNT ",\"fetch\":{\"retries\":101}}", "\"retries\"");
 	reject_req("{" MNT ",\"fetch\":{\"retries\":-1}}", "\"retries\"");
 	reject_req("{" MNT ",\"fetch\":{\"stallTimeoutMs\":3600001}}", "\"stallTimeoutMs\"");
+	reject_req("{" MNT ",\"fetch\":{\"requestTimeoutMs\":3600001}}", "\"requestTimeoutMs\"");
 	reject_req("{" MNT ",\"fetch\":{\"resolve\":\"a:1:127.0.0.1\"}}", "\"resolve\"");
 	reject_req("{" MNT ",\"fetch\":{\"mirrors\":[null]}}", "\"mirrors\"[0]");
 	reject_req("{\"op\":\"umount\",\"mountpoint\":\"/m\",\"lazy\":1}", "\"lazy\"");

@@ -13,8 +13,10 @@
 #     --registry-mirror (the blob reads go to the mirror: the proxy's log),
 #     --retries (one 503 on the manifest: --retries 1 fails, the default
 #     retries), --stall-timeout (a 3 s stall fails with 1 s, a 2 s one
-#     passes with 5 s), --insecure-registry (the registry by a made-up name:
-#     https without it, which the plain port refuses)
+#     passes with 5 s), --request-timeout (a trickled read fails with EIO
+#     well before the default 60 s deadline), --insecure-registry (the
+#     registry by a made-up name: https without it, which the plain port
+#     refuses)
 E2E_TIMEOUT=${E2E_TIMEOUT:-240}
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/registry_lib.sh"
@@ -160,6 +162,15 @@ for mode in fuse fanotify; do
 		check "$mode: --stall-timeout 5: umount" fumount "$M"
 	fi
 	fp_set none
+
+	# --- --request-timeout: every blob GET trickles after the mount --------------
+	if check "$mode: --request-timeout 2" rmount $mode "$PIMG" --request-timeout 2; then
+		fp_set trickle count=-1 rate=20000 "method=^GET$" path=/blobs/
+		read_expect_eio "$mode: --request-timeout 2: a trickled read fails by it (not 60 s)" \
+			"$M/data/random.bin" "$TREE/data/random.bin" 20
+		fp_set none
+		check "$mode: --request-timeout 2: umount" fumount "$M"
+	fi
 done
 
 # The control: without --registry-mirror the proxy sees nothing.

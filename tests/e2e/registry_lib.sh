@@ -11,7 +11,10 @@
 #       (pull only), anonymous pull of public/*, a preloaded refresh
 #       token). Exports REG (127.0.0.1:PORT), REG_DIR, REG_USER/REG_PASS
 #       (empty for anon), REG_TOKEN_LOG, REG_REFRESH, REG_RO_USER/PASS.
-#       With REG_TLS_CERT and REG_TLS_KEY (PEM files) it serves https.
+#       With REG_TLS_CERT and REG_TLS_KEY (PEM files) it serves https;
+#       REG_REALM_HOST names the token server's host in its realm
+#       (default 127.0.0.1; another name needs a --resolve to 127.0.0.1).
+#   tls_pki                           a test CA and server certificates
 #   reg_push_oci LAYOUT[:TAG] REF     skopeo copy oci: -> docker://
 #   reg_put_blob REPO FILE / reg_put_manifest REPO REF TYPE FILE
 #       Plain uploads to an anonymous $REG (python, no regclient).
@@ -122,6 +125,29 @@ reg_wait_file() { # FILE PID SECS
 	return 1
 }
 
+# tls_pki: in $PKI a CA (ca.pem) and, signed by it, server certificates
+# (NAME.pem, NAME.key; SAN DNS entries) for registry.ferry.test and
+# other.ferry.test.
+tls_pki() {
+	mkdir -p "$PKI" && (
+		cd "$PKI" || exit 1
+		openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key \
+			-out ca.pem -days 2 -subj "/CN=ferry test CA" \
+			-addext basicConstraints=critical,CA:TRUE \
+			-addext keyUsage=critical,keyCertSign,cRLSign || exit 1
+		for n in registry.ferry.test other.ferry.test; do
+			printf '%s\n' "subjectAltName=DNS:$n" \
+				basicConstraints=CA:FALSE \
+				extendedKeyUsage=serverAuth >"$n.ext"
+			openssl req -newkey rsa:2048 -nodes -keyout "$n.key" \
+				-out "$n.csr" -subj "/CN=$n" &&
+				openssl x509 -req -in "$n.csr" -CA ca.pem \
+					-CAkey ca.key -CAcreateserial -days 2 \
+					-extfile "$n.ext" -out "$n.pem" || exit 1
+		done
+	)
+}
+
 # The token issuer's key and certificate, made once per script.
 reg_token_keys() {
 	[ -s "$SCRATCH/tok.crt" ] && return 0
@@ -162,7 +188,7 @@ reg_start() { # anon|basic|token [tokenserver args]
 			cat "$d/tokenserver.out" >&2
 			return 1
 		fi
-		REG_REALM=http://127.0.0.1:$(cat "$d/token.port")/token
+		REG_REALM=http://${REG_REALM_HOST:-127.0.0.1}:$(cat "$d/token.port")/token
 		auth="auth: {token: {realm: \"$REG_REALM\", service: ferry-test-registry,
   issuer: ferry-test-issuer, rootcertbundle: $SCRATCH/tok.crt}}"
 		;;

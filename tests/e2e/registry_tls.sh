@@ -26,28 +26,6 @@ NAME=registry.ferry.test
 PKI=$SCRATCH/pki
 export FERRY_CACHE_DIR=$CACHE
 
-# A CA and, signed by it, a server certificate for NAME and one for
-# another name (SAN DNS entries).
-tls_pki() {
-	mkdir -p "$PKI" && (
-		cd "$PKI" || exit 1
-		openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key \
-			-out ca.pem -days 2 -subj "/CN=ferry test CA" \
-			-addext basicConstraints=critical,CA:TRUE \
-			-addext keyUsage=critical,keyCertSign,cRLSign || exit 1
-		for n in "$NAME" other.ferry.test; do
-			printf '%s\n' "subjectAltName=DNS:$n" \
-				basicConstraints=CA:FALSE \
-				extendedKeyUsage=serverAuth >"$n.ext"
-			openssl req -newkey rsa:2048 -nodes -keyout "$n.key" \
-				-out "$n.csr" -subj "/CN=$n" &&
-				openssl x509 -req -in "$n.csr" -CA ca.pem \
-					-CAkey ca.key -CAcreateserial -days 2 \
-					-extfile "$n.ext" -out "$n.pem" || exit 1
-		done
-	)
-}
-
 # tls_start anon|basic CERTNAME: docker-registry serving https with
 # CERTNAME's certificate on a free port of 127.0.0.1, the same
 # conventions as reg_start (killed on exit, bounded wait, port retried).

@@ -880,6 +880,49 @@ static void test_backoff(void)
 	http_resp_free(&resp);
 }
 
+/* Finding 7 and 8 of issue 14: who gets credentials in clear; deadlines. */
+static void test_cleartext(void)
+{
+	const char *const insecure[] = { "reg.example", "other.example:5000",
+					 NULL };
+	const char *const none[] = { NULL };
+	struct http_resp resp = { 0 };
+
+	CHECK(fetch_host_plain(NULL, "localhost:5000"));
+	CHECK(fetch_host_plain(NULL, "127.0.0.1"));
+	CHECK(fetch_host_plain(NULL, "[::1]:80"));
+	CHECK(!fetch_host_plain(NULL, "registry.ferry.test:443"));
+	CHECK(fetch_host_plain(insecure, "reg.example:8080"));
+	CHECK(fetch_host_plain(insecure, "other.example:5000"));
+	CHECK(!fetch_host_plain(insecure, "other.example:5001"));
+	CHECK(!fetch_host_plain(none, "evil.example"));
+
+	CHECK(http_cleartext_ok(none, "https://registry.ferry.test/token"));
+	CHECK(http_cleartext_ok(none, "HTTPS://registry.ferry.test:8443/v2/"));
+	CHECK(!http_cleartext_ok(none, "http://registry.ferry.test/token"));
+	CHECK(!http_cleartext_ok(none, "http://registry.ferry.test:443/v2/"));
+	CHECK(http_cleartext_ok(none, "http://127.0.0.1:5000/token"));
+	CHECK(http_cleartext_ok(none, "http://[::1]:5000/v2/"));
+	CHECK(http_cleartext_ok(insecure, "http://reg.example:5000/v2/"));
+	CHECK(http_cleartext_ok(insecure, "http://other.example:5000/t"));
+	CHECK(!http_cleartext_ok(insecure, "http://other.example/t"));
+	/* A look-alike of a loopback name is not one. */
+	CHECK(!http_cleartext_ok(none, "http://127.0.0.1.evil.example/t"));
+	CHECK(!http_cleartext_ok(none, "http://localhost.evil.example/t"));
+	CHECK(!http_cleartext_ok(none, "not a url"));
+
+	CHECK_EQ(http_deadline_ms(60000, 0), 60000);
+	CHECK_EQ(http_deadline_ms(60000, 4u << 20), 64002);
+	CHECK_EQ(http_deadline_ms(2000, 1048), 2001);
+	CHECK(http_deadline_ms(UINT32_MAX, UINT64_MAX) > UINT32_MAX);
+
+	/* A cancel is final, whatever the transport said. */
+	http_resp_reset(&resp);
+	resp.cc = CURLE_ABORTED_BY_CALLBACK;
+	CHECK_EQ(http_judge(-ECANCELED, &resp, true), HTTP_FINAL);
+	http_resp_free(&resp);
+}
+
 static void test_open(void)
 {
 	const char *mirrors[] = { "other.io=http://m1", "reg.io:5000=http://m2//",
@@ -954,6 +997,7 @@ int main(void)
 	RUN_TEST(test_xfer_err);
 	RUN_TEST(test_judge);
 	RUN_TEST(test_backoff);
+	RUN_TEST(test_cleartext);
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmpdir);
 	if (system(cmd) != 0)
 		fprintf(stderr, "could not remove %s\n", tmpdir);

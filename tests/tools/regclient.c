@@ -36,7 +36,7 @@ static void usage(void)
 		"options: --creds USER:PASS  --authfile FILE  --insecure HOST[:PORT]\n"
 		"         --tls-verify=false  --ca-file FILE  --mirror HOST[:PORT]=URL\n"
 		"         --resolve HOST:PORT:ADDR  --retries N  --connect-ms N\n"
-		"         --stall-ms N  --stats  --debug\n"
+		"         --stall-ms N  --request-ms N  --stats  --debug\n"
 		"commands: manifest REF | exists REF DIGEST | blob REF DIGEST SIZE\n"
 		"          getblob REF DIGEST SIZE | range REF DIGEST OFF LEN\n"
 		"          push-blob REF FILE [MOUNT_FROM_REPO]\n"
@@ -348,6 +348,10 @@ int main(int argc, char **argv)
 			i++;
 		} else if (!strcmp(o, "--stall-ms")) {
 			if (parse_uint_arg(v, &opts.stall_timeout_ms))
+				goto bad_usage;
+			i++;
+		} else if (!strcmp(o, "--request-ms")) {
+			if (parse_uint_arg(v, &opts.request_timeout_ms))
 				goto bad_usage;
 			i++;
 		} else {
