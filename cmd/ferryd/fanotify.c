@@ -24,6 +24,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -439,7 +440,12 @@ static int keeper_spawn(struct fan *f)
 		return -errno;
 	}
 	if (!pid) {
-		/* Only async-signal-safe calls until exec. */
+		sigset_t none;
+
+		/* Only async-signal-safe calls until exec. ferryd's threads
+		 * block signals the keeper must still receive. */
+		sigemptyset(&none);
+		sigprocmask(SIG_SETMASK, &none, NULL);
 		setsid();
 		if (fork())
 			_exit(0);
