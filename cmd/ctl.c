@@ -326,8 +326,8 @@ static int fetch_parse(struct json_object *o, struct fetch_opts *f, char *err,
 			break;
 		case CTL_OPT_STRS:
 			list = NULL;
-			ret = json_read_strs(o, opt->key, opt->max_items, opt->max, &list, &n,
-				       err, errlen);
+			ret = json_read_strs(o, opt->key, opt->max_items, opt->max,
+					     &list, &n, err, errlen);
 			*(const char *const **)p = list;
 			break;
 		}
@@ -398,13 +398,14 @@ int ctl_mount_req_parse(struct json_object *o, struct ctl_mount_req *r,
 	if (!ret)
 		ret = get_token(o, "mode", false, &r->mode, err, errlen);
 	if (!ret)
-		ret = json_read_strs(o, "prefetchFiles", CTL_PREFETCH_FILES_MAX, PATH_MAX - 1,
-			       &r->prefetch_files, &r->nr_prefetch_files, err, errlen);
+		ret = json_read_strs(o, "prefetchFiles", CTL_PREFETCH_FILES_MAX,
+				     PATH_MAX - 1, &r->prefetch_files,
+				     &r->nr_prefetch_files, err, errlen);
 	if (!ret)
 		ret = json_read_bool(o, "prefetchAll", &r->prefetch_all, err, errlen);
 	if (!ret)
-		ret = json_read_u64(o, "prefetchBwlimit", INT64_MAX, &r->prefetch_bwlimit, err,
-			      errlen);
+		ret = json_read_u64(o, "prefetchBwlimit", INT64_MAX,
+				    &r->prefetch_bwlimit, err, errlen);
 	if (!ret)
 		ret = json_read_object(o, "fetch", &f, err, errlen);
 	if (!ret)
@@ -680,11 +681,12 @@ static int parse_stats(struct json_object *o, struct ctl_mount_stats *m, char *e
 	if (!ret)
 		ret = get_pid(o, "keeperPid", false, &m->keeper_pid, err, errlen);
 	if (!ret)
-		ret = json_read_s64(o, "mountedAt", INT64_MIN, INT64_MAX, &m->mounted_at, err,
-			      errlen);
+		ret = json_read_s64(o, "mountedAt", INT64_MIN, INT64_MAX,
+				    &m->mounted_at, err, errlen);
 	for (i = 0; !ret && i < ARRAY_SIZE(counters); i++)
 		ret = json_read_u64(o, counters[i].key, UINT64_MAX,
-			      (uint64_t *)((char *)m + counters[i].off), err, errlen);
+				    (uint64_t *)((char *)m + counters[i].off),
+				    err, errlen);
 	v = json_field(o, "prefetchSeconds");
 	if (!ret && v) {
 		secs = json_object_get_double(v);
