@@ -44,9 +44,12 @@ mkdir -p /mnt/smoke
 if vm_check "ferry mount --mode local of a dir: image on the ext4 cache" sh -c "
 	cp -a '$P/img' '$VM_CACHE/img' &&
 	ferry mount --mode local 'dir:$VM_CACHE/img' /mnt/smoke --cache-dir '$VM_CACHE/ferry'"; then
+	# The source is the verified descriptor ferry mounted (/proc/self/fd/N
+	# of ferry's process), or a file path: never a block device.
 	vm_check "the mount is file-backed EROFS (mount(2) of a regular file, no loop device)" sh -c '
 		set -- $(grep " /mnt/smoke " /proc/mounts) && echo "$*" &&
-		[ "$3" = erofs ] && [ -f "$1" ] && [ "${1#/dev/}" = "$1" ]'
+		[ "$3" = erofs ] && [ "${1#/dev/}" = "$1" ] &&
+		{ [ -f "$1" ] || [ "${1#/proc/self/fd/}" != "$1" ]; }'
 	vm_check "sha256 of the mounted files match the host's" sh -c \
 		'cd /mnt/smoke && sha256sum -c "$1/expected.sha256"' sh "$P"
 	vm_check "ferry umount" ferry umount /mnt/smoke
