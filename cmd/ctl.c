@@ -1,16 +1,11 @@
 // SPDX-License-Identifier: MIT
 /* The ferry <-> ferryd control protocol (ctl.h). */
 #include <errno.h>
-#include <fcntl.h>
 #include <limits.h>
-#include <poll.h>
-#include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include "../pkg-base/base.h"
@@ -23,182 +18,23 @@ const char *ctl_default_socket(void)
 	return s && *s ? s : CTL_DEFAULT_SOCKET;
 }
 
-int ctl_connect(const char *path, int *out)
-{
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	int fd, err;
-
-	if (strlen(path) >= sizeof(sa.sun_path))
-		return -ENAMETOOLONG;
-	strcpy(sa.sun_path, path);
-	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	if (fd < 0)
-		return -errno;
-	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa))) {
-		err = -errno;
-		close(fd);
-		return err;
-	}
-	*out = fd;
-	return 0;
-}
-
-int ctl_send(int fd, struct json_object *msg)
-{
-	const char *s = json_object_to_json_string_ext(msg, JSON_C_TO_STRING_PLAIN |
-						       JSON_C_TO_STRING_NOSLASHESCAPE);
-	size_t len = strlen(s), off = 0;
-	char nl = '\n';
-	ssize_t n;
-
-	if (len + 1 > CTL_LINE_MAX)
-		return -EMSGSIZE;
-	/* Plain JSON never holds a raw newline: strings escape it. */
-	while (off < len) {
-		n = send(fd, s + off, len - off, MSG_NOSIGNAL);
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n < 0)
-			return -errno;
-		off += (size_t)n;
-	}
-	while ((n = send(fd, &nl, 1, MSG_NOSIGNAL)) < 0 && errno == EINTR)
-		;
-	return n < 0 ? -errno : 0;
-}
-
-void ctl_reader_init(struct ctl_reader *r, int fd)
-{
-	memset(r, 0, sizeof(*r));
-	r->fd = fd;
-}
-
-void ctl_reader_free(struct ctl_reader *r)
-{
-	free(r->buf);
-	r->buf = NULL;
-	r->len = r->cap = 0;
-}
-
-int ctl_json_parse(const char *text, size_t len, struct json_object **out)
-{
-	struct json_tokener *tok;
-	struct json_object *o;
-	enum json_tokener_error jerr;
-
-	if (len > INT_MAX)
-		return -EPROTO;
-	tok = json_tokener_new();
-	if (!tok)
-		return -ENOMEM;
-	o = json_tokener_parse_ex(tok, text, (int)len);
-	jerr = json_tokener_get_error(tok);
-	/* Anything but blanks after the object on its line is junk too. */
-	if (o && jerr == json_tokener_success) {
-		size_t i = json_tokener_get_parse_end(tok);
-
-		while (i < len && text[i] && strchr(" \t\r\n", text[i]))
-			i++;
-		if (i != len)
-			jerr = json_tokener_error_parse_unexpected;
-	}
-	json_tokener_free(tok);
-	if (!o || jerr != json_tokener_success ||
-	    !json_object_is_type(o, json_type_object)) {
-		json_object_put(o);
-		return -EPROTO;
-	}
-	*out = o;
-	return 0;
-}
-
-static int parse_line(struct ctl_reader *r, size_t nl, struct json_object **out)
-{
-	size_t consumed;
-	int ret;
-
-	r->buf[nl] = '\0';
-	ret = ctl_json_parse(r->buf, nl, out);
-	/* @nl == r->len: a last line without its newline. */
-	consumed = MIN(nl + 1, r->len);
-	memmove(r->buf, r->buf + consumed, r->len - consumed);
-	r->len -= consumed;
-	return ret;
-}
-
-int ctl_recv(struct ctl_reader *r, int timeout_ms, struct json_object **out)
-{
-	uint64_t deadline = timeout_ms < 0 ? 0 :
-			    ferry_now_ns() + (uint64_t)timeout_ms * 1000000u;
-	size_t scanned = 0;
-	char *nl;
-	ssize_t n;
-
-	for (;;) {
-		nl = r->len > scanned ? memchr(r->buf + scanned, '\n', r->len - scanned) :
-					NULL;
-		if (nl)
-			return parse_line(r, (size_t)(nl - r->buf), out);
-		scanned = r->len;
-		if (r->len >= CTL_LINE_MAX)
-			return -EMSGSIZE;
-		if (r->cap - r->len < 4096) {
-			size_t cap = r->cap ? r->cap * 2 : 8192;
-			char *p;
-
-			cap = MIN(cap, (size_t)CTL_LINE_MAX + 1);
-			p = realloc(r->buf, cap);
-			if (!p)
-				return -ENOMEM;
-			r->buf = p;
-			r->cap = cap;
-		}
-		if (timeout_ms >= 0) {
-			struct pollfd pfd = { .fd = r->fd, .events = POLLIN };
-			uint64_t now = ferry_now_ns();
-			int ret;
-
-			if (now >= deadline)
-				return -ETIMEDOUT;
-			ret = poll(&pfd, 1, (int)MIN((deadline - now) / 1000000u + 1,
-						     (uint64_t)INT_MAX));
-			if (ret < 0 && errno == EINTR)
-				continue;
-			if (ret < 0)
-				return -errno;
-			if (!ret)
-				return -ETIMEDOUT;
-		}
-		n = recv(r->fd, r->buf + r->len, r->cap - r->len - 1, 0);
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n < 0)
-			return -errno;
-		if (!n && !r->len)
-			return 1;
-		if (!n) /* a last line without its newline */
-			return parse_line(r, r->len, out);
-		r->len += (size_t)n;
-	}
-}
-
 int ctl_call(const char *socket_path, struct json_object *req, int timeout_ms,
 	     struct json_object **resp)
 {
-	struct ctl_reader rd;
+	struct jsonl_reader rd;
 	int fd, ret;
 
-	ret = ctl_connect(socket_path, &fd);
+	ret = unix_connect(socket_path, &fd);
 	if (ret)
 		return ret;
-	ctl_reader_init(&rd, fd);
-	ret = ctl_send(fd, req);
+	jsonl_reader_init(&rd, fd, CTL_LINE_MAX);
+	ret = jsonl_send(fd, req, CTL_LINE_MAX);
 	if (!ret) {
-		ret = ctl_recv(&rd, timeout_ms, resp);
+		ret = jsonl_recv(&rd, timeout_ms, resp);
 		if (ret == 1) /* closed without an answer */
 			ret = -ECONNRESET;
 	}
-	ctl_reader_free(&rd);
+	jsonl_reader_free(&rd);
 	close(fd);
 	return ret;
 }

@@ -66,38 +66,8 @@
 const char *ctl_default_socket(void);
 
 /*
- * Connect to the daemon's socket: 0 and a CLOEXEC fd, -ENOENT or
- * -ECONNREFUSED when no daemon listens there, another -errno otherwise.
- */
-int ctl_connect(const char *path, int *fd);
-
-/* Write @msg as one line (no SIGPIPE). */
-int ctl_send(int fd, struct json_object *msg);
-
-/*
- * @len bytes of @text as one JSON object (blanks may follow it, nothing
- * else): 0 and *@out, or -EPROTO.
- */
-int ctl_json_parse(const char *text, size_t len, struct json_object **out);
-
-/* Buffered line reader over a socket. */
-struct ctl_reader {
-	int fd;
-	char *buf;
-	size_t len, cap;
-};
-void ctl_reader_init(struct ctl_reader *r, int fd);
-void ctl_reader_free(struct ctl_reader *r);
-/*
- * The next line as a JSON object: 0 and *@out, 1 at a clean EOF, or
- * -ETIMEDOUT (nothing for @timeout_ms; < 0 waits forever), -EMSGSIZE
- * (line over CTL_LINE_MAX), -EPROTO (not a JSON object), -errno.
- */
-int ctl_recv(struct ctl_reader *r, int timeout_ms, struct json_object **out);
-
-/*
  * One request on a new connection to @socket_path; *@resp is the answer
- * (the caller puts it). Transport errors as for ctl_connect / ctl_recv.
+ * (the caller puts it). Transport errors as for unix_connect / jsonl_recv.
  */
 int ctl_call(const char *socket_path, struct json_object *req, int timeout_ms,
 	     struct json_object **resp);
@@ -255,8 +225,8 @@ void ctl_list_reply_free(struct ctl_list_reply *r);
  * parses its typed answer: 0, or -errno with @msg set to ferryd's error
  * message (also for a malformed answer, -EPROTO), or to "" for a
  * transport error (-ENOENT / -ECONNREFUSED: no ferryd there, see
- * ctl_no_daemon). ctl_client_mount starts a ferryd (bin/ferryd next to
- * ferry, else from PATH) when none answers.
+ * ctl_no_daemon). ctl_client_mount starts a ferryd (the one installed
+ * next to ferry, never one from PATH) when none answers.
  */
 int ctl_client_mount(const char *socket_path, const struct ctl_mount_req *req,
 		     struct ctl_mount_reply *rep, char *msg, size_t msglen);

@@ -3,7 +3,8 @@
  * pkg-base: the helpers every ferry module shares, each written once —
  * little-endian accessors for on-disk structs, leveled logging, full-length
  * I/O, whole small files, mkdir -p and atomic file writes, lexical path
- * normalisation, sha256, base64, hex and digest strings, a json-c string accessor, and a TTY progress
+ * normalisation, sha256, base64, hex and digest strings, bounded JSON
+ * reads and builders, unix sockets carrying JSON lines, and a TTY progress
  * line. Nothing here knows about EROFS, blobs, tar or registries.
  *
  * Thread-safety: logging and the I/O helpers are safe from any thread;
@@ -120,8 +121,14 @@ int digest_parse(const char *s, uint8_t out[32]);
 /* JSON (json.c, json-c)                                               */
 /* ------------------------------------------------------------------ */
 
-/* The string member @key of the JSON object @o, or NULL. */
 struct json_object;
+/*
+ * @len bytes of untrusted @text as one JSON object, nested 32 deep at most,
+ * blanks after it and nothing else: 0 and *@out, -ENOMEM or -EPROTO.
+ */
+int json_parse_object(const char *text, size_t len, struct json_object **out);
+
+/* The string member @key of the JSON object @o, or NULL. */
 const char *json_get_string(struct json_object *o, const char *key);
 
 /*
@@ -317,5 +324,37 @@ struct mount_entry {
 	char source[1024];
 };
 int mountinfo_find(const char *mountpoint, struct mount_entry *out);
+
+/* ------------------------------------------------------------------ */
+/* Local sockets and JSON lines (jsonl.c)                              */
+/* ------------------------------------------------------------------ */
+
+/*
+ * A stream socket at @path: connected (-ENOENT / -ECONNREFUSED when no one
+ * listens there), or bound mode 0600 and listening (non-blocking; a file
+ * left at @path is replaced, so hold a lock first) with the socket file's
+ * inode in *@ino. Both CLOEXEC; 0 or -errno.
+ */
+int unix_connect(const char *path, int *fd);
+int unix_listen(const char *path, int *fd, ino_t *ino);
+
+/* Write @msg as one line of at most @max bytes (-EMSGSIZE), no SIGPIPE. */
+int jsonl_send(int fd, struct json_object *msg, size_t max);
+
+/* Buffered reader of lines of at most @max bytes from a socket. */
+struct jsonl_reader {
+	int fd;
+	char *buf;
+	size_t len, cap, max;
+};
+void jsonl_reader_init(struct jsonl_reader *r, int fd, size_t max);
+void jsonl_reader_free(struct jsonl_reader *r);
+/*
+ * The next line as a JSON object (json_parse_object): 0 and *@out, 1 at a
+ * clean EOF, or -ETIMEDOUT (nothing for @timeout_ms; < 0 waits forever),
+ * -EMSGSIZE (line too long), -EPROTO (not one JSON object), -errno. A last
+ * line without its newline counts.
+ */
+int jsonl_recv(struct jsonl_reader *r, int timeout_ms, struct json_object **out);
 
 #endif

@@ -7,9 +7,40 @@
 #include <json-c/json.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <limits.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "base.h"
+
+int json_parse_object(const char *text, size_t len, struct json_object **out)
+{
+	struct json_tokener *tok;
+	struct json_object *o;
+	enum json_tokener_error jerr;
+	size_t i;
+
+	if (len > INT_MAX)
+		return -EPROTO;
+	tok = json_tokener_new(); /* nesting depth 32 */
+	if (!tok)
+		return -ENOMEM;
+	o = json_tokener_parse_ex(tok, text, (int)len);
+	jerr = json_tokener_get_error(tok);
+	/* Anything but blanks after the object is junk too, a NUL included. */
+	if (o && jerr == json_tokener_success) {
+		for (i = json_tokener_get_parse_end(tok); i < len; i++)
+			if (!text[i] || !strchr(" \t\r\n", text[i]))
+				jerr = json_tokener_error_parse_unexpected;
+	}
+	json_tokener_free(tok);
+	if (!o || jerr != json_tokener_success || !json_object_is_type(o, json_type_object)) {
+		json_object_put(o);
+		return -EPROTO;
+	}
+	*out = o;
+	return 0;
+}
 
 const char *json_get_string(struct json_object *o, const char *key)
 {

@@ -137,7 +137,6 @@ static int name_digest(const char *name, const char *suffix,
 static int record_parse(const char *path, const uint8_t digest[BLOB_DIGEST_SIZE],
 			struct cache_record *r, const char **why)
 {
-	struct json_tokener *tok = NULL;
 	struct json_object *root = NULL, *v, *blobs;
 	uint8_t d[BLOB_DIGEST_SIZE];
 	char *text = NULL;
@@ -150,17 +149,13 @@ static int record_parse(const char *path, const uint8_t digest[BLOB_DIGEST_SIZE]
 		*why = ferry_strerror(ret);
 		return ret;
 	}
-	ret = -EFSCORRUPTED;
-	*why = "not valid JSON";
-	tok = json_tokener_new();
-	if (!tok) {
-		ret = -ENOMEM;
+	*why = "not a JSON object";
+	ret = json_parse_object(text, len, &root);
+	if (ret) {
+		ret = ret == -ENOMEM ? ret : -EFSCORRUPTED;
 		goto out;
 	}
-	root = json_tokener_parse_ex(tok, text, (int)len);
-	if (!root || json_tokener_get_error(tok) != json_tokener_success ||
-	    !json_object_is_type(root, json_type_object))
-		goto out;
+	ret = -EFSCORRUPTED;
 	*why = "\"digest\" missing or not the file's name";
 	if (!json_object_object_get_ex(root, "digest", &v) ||
 	    !json_object_is_type(v, json_type_string) ||
@@ -204,10 +199,7 @@ out:
 		free(r->blobs);
 		memset(r, 0, sizeof(*r));
 	}
-	if (root)
-		json_object_put(root);
-	if (tok)
-		json_tokener_free(tok);
+	json_object_put(root);
 	free(text);
 	return ret;
 }

@@ -136,8 +136,7 @@ int fetch_parse_token(const char *json, size_t len, time_t now,
 	int err = -EINVAL;
 
 	*token = NULL;
-	root = fetch_json_parse(json, len);
-	if (!root)
+	if (json_parse_object(json, len, &root))
 		return -EINVAL;
 	tok = json_get_string(root, "token");
 	if (!tok || !*tok)

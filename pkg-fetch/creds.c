@@ -60,36 +60,6 @@ static bool cred_text_ok(const char *s, size_t len)
 	return true;
 }
 
-struct json_object *fetch_json_parse(const char *text, size_t len)
-{
-	struct json_tokener *tok;
-	struct json_object *o;
-
-	if (len > INT32_MAX)
-		return NULL;
-	tok = json_tokener_new_ex(32);
-	if (!tok)
-		return NULL;
-	o = json_tokener_parse_ex(tok, text, (int)len);
-	if (o && json_tokener_get_parse_end(tok) < len) {
-		/* Trailing bytes other than whitespace are junk. */
-		size_t i;
-
-		for (i = json_tokener_get_parse_end(tok); i < len; i++)
-			if (!strchr(" \t\r\n", text[i])) {
-				json_object_put(o);
-				o = NULL;
-				break;
-			}
-	}
-	json_tokener_free(tok);
-	if (o && !json_object_is_type(o, json_type_object)) {
-		json_object_put(o);
-		o = NULL;
-	}
-	return o;
-}
-
 /*
  * An "auths" / "credHelpers" key names @host when it equals it after
  * dropping a http(s):// prefix and any path ("https://h:5000/v1/").
@@ -209,8 +179,7 @@ int fetch_dockercfg_lookup(const char *json, size_t len, const char *host,
 	int err = 0;
 
 	memset(out, 0, sizeof(*out));
-	root = fetch_json_parse(json, len);
-	if (!root)
+	if (json_parse_object(json, len, &root))
 		return -EINVAL;
 	if (json_object_object_get_ex(root, "credHelpers", &helpers) &&
 	    json_object_is_type(helpers, json_type_object)) {
@@ -251,8 +220,7 @@ int fetch_helper_output_parse(const char *json, size_t len,
 	int err = -EINVAL;
 
 	memset(out, 0, sizeof(*out));
-	root = fetch_json_parse(json, len);
-	if (!root)
+	if (json_parse_object(json, len, &root))
 		return -EINVAL;
 	user = json_get_string(root, "Username");
 	secret = json_get_string(root, "Secret");

@@ -876,8 +876,7 @@ static void error_detail(const struct http_resp *resp, char *buf, size_t cap)
 	buf[0] = '\0';
 	if (!resp->body_len)
 		return;
-	root = fetch_json_parse((const char *)resp->body, resp->body_len);
-	if (!root)
+	if (json_parse_object((const char *)resp->body, resp->body_len, &root))
 		return;
 	if (json_object_object_get_ex(root, "errors", &errs) &&
 	    json_object_is_type(errs, json_type_array) &&

@@ -127,9 +127,6 @@ int fetch_dockercfg_lookup(const char *json, size_t len, const char *host,
 int fetch_helper_output_parse(const char *json, size_t len,
 			      struct fetch_creds *out);
 
-/* A JSON object (depth-limited, no trailing junk), or NULL. */
-struct json_object *fetch_json_parse(const char *text, size_t len);
-
 /* ------------------------------------------------------------------ */
 /* Credentials with I/O (creds.c)                                      */
 /* ------------------------------------------------------------------ */

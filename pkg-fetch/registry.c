@@ -422,8 +422,7 @@ static int manifest_type(struct registry *r, const char *what,
 		memcpy(type, ct, n);
 	}
 	type[n] = '\0';
-	root = fetch_json_parse((const char *)resp->body, resp->body_len);
-	if (!root) {
+	if (json_parse_object((const char *)resp->body, resp->body_len, &root)) {
 		ferry_err("%s: %s: not a JSON object", r->name, what);
 		return -EIO;
 	}
@@ -671,8 +670,7 @@ static int tags_page(struct registry *r, const struct http_resp *resp,
 	size_t i, n;
 	int err = 0;
 
-	root = fetch_json_parse((const char *)resp->body, resp->body_len);
-	if (!root)
+	if (json_parse_object((const char *)resp->body, resp->body_len, &root))
 		return -EIO;
 	if (!json_object_object_get_ex(root, "tags", &arr) ||
 	    json_object_is_type(arr, json_type_null))

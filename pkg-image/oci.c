@@ -117,7 +117,6 @@ static int load_json(const struct oci_image *img, const struct oci_loader *l,
 		     const struct oci_descriptor *d, bool manifest,
 		     struct json_object **out, uint8_t **keep, size_t *keep_len)
 {
-	struct json_tokener *tok = NULL;
 	uint8_t *data = NULL;
 	size_t len = 0;
 	char hex[65];
@@ -133,17 +132,11 @@ static int load_json(const struct oci_image *img, const struct oci_loader *l,
 	ret = l->load(l->ctx, d, manifest, &data, &len);
 	if (ret)
 		return ret;
-	tok = json_tokener_new();
-	*out = tok ? json_tokener_parse_ex(tok, (const char *)data, (int)len) : NULL;
-	if (!*out || json_tokener_get_error(tok) != json_tokener_success ||
-	    !json_object_is_type(*out, json_type_object)) {
+	ret = json_parse_object((const char *)data, len, out);
+	if (ret == -EPROTO) {
 		ferry_err("%s: sha256:%s is not a JSON object", img->where, hex);
-		json_object_put(*out);
-		*out = NULL;
 		ret = -EFSCORRUPTED;
 	}
-	if (tok)
-		json_tokener_free(tok);
 	if (!ret && keep) {
 		*keep = data;
 		*keep_len = len;

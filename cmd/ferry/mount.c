@@ -11,7 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mount.h>
-#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -38,7 +37,7 @@ static void mount_help(void)
 	       "          fetched chunk by chunk when first read (verified, kept in\n"
 	       "          the chunk cache, so a later mount reuses it). ferry talks\n"
 	       "          to ferryd over its control socket and starts one (daemon,\n"
-	       "          bin/ferryd next to ferry, else from PATH) if none answers.\n"
+	       "          the ferryd installed next to ferry) if none answers.\n"
 	       "          ferry mount returns once the mount is live.\n"
 	       "  fanotify  lazy, served by the kernel: ferryd writes the bootstrap\n"
 	       "          into the cache and mounts it with the kernel (file-backed\n"
@@ -129,8 +128,6 @@ static int mount_fuse(const struct fuse_args_in *a)
 	struct ctl_mount_req r;
 	uint32_t nr_files = 0;
 	bool named;
-	struct mount_entry mi;
-	struct stat st;
 	int ret, rc = EXIT_FAIL;
 
 	ctl_mount_req_init(&r);
@@ -143,22 +140,7 @@ static int mount_fuse(const struct fuse_args_in *a)
 		ferry_err("mount %s on %s: %s", a->image, a->mountpoint, ferry_strerror(ret));
 		goto out;
 	}
-	if (!mountinfo_find(mp, &mi) && !strcmp(mi.fstype, CTL_FUSE_FSTYPE) &&
-	    fuse_dead(mp)) {
-		ferry_err("mount %s on %s: %s is a dead FUSE mount (%s; was its ferryd killed?): run 'ferry umount %s' first",
-			  a->image, a->mountpoint, mp, strerror(ENOTCONN), a->mountpoint);
-		goto out;
-	}
-	if (stat(mp, &st)) {
-		ferry_err("mount %s: mount point %s: %s", a->image, a->mountpoint,
-			  strerror(errno));
-		goto out;
-	}
-	if (!S_ISDIR(st.st_mode)) {
-		ferry_err("mount %s: mount point %s is not a directory", a->image,
-			  a->mountpoint);
-		goto out;
-	}
+	/* ferryd checks the mount point (a directory, not a dead mount). */
 	if (a->prefetch_list &&
 	    image_prefetch_list_load(a->prefetch_list, &files, &nr_files))
 		goto out;

@@ -18,7 +18,6 @@
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -108,22 +107,22 @@ static void *conn_main(void *arg)
 {
 	int fd = (int)(intptr_t)arg, ret;
 	struct json_object *req, *resp;
-	struct ctl_reader rd;
+	struct jsonl_reader rd;
 	bool shutdown = false;
 
-	ctl_reader_init(&rd, fd);
+	jsonl_reader_init(&rd, fd, CTL_LINE_MAX);
 	if (!peer_allowed(fd)) {
 		resp = reply(-EACCES, "permission denied: ferryd serves root (and its own user) only");
-		ctl_send(fd, resp);
+		jsonl_send(fd, resp, CTL_LINE_MAX);
 		json_object_put(resp);
 		goto out;
 	}
-	while (!shutdown && !(ret = ctl_recv(&rd, CONN_IDLE_MS, &req))) {
+	while (!shutdown && !(ret = jsonl_recv(&rd, CONN_IDLE_MS, &req))) {
 		resp = handle(req, &shutdown);
 		json_object_put(req);
 		if (!resp)
 			resp = reply(-ENOMEM, "out of memory");
-		ret = resp ? ctl_send(fd, resp) : -ENOMEM;
+		ret = resp ? jsonl_send(fd, resp, CTL_LINE_MAX) : -ENOMEM;
 		json_object_put(resp);
 		if (ret)
 			break;
@@ -132,11 +131,11 @@ static void *conn_main(void *arg)
 		resp = reply(ret, ret == -EPROTO ? "expected one JSON object per line" :
 				  ret == -EMSGSIZE ? "request line too long" :
 						     ferry_strerror(ret));
-		ctl_send(fd, resp);
+		jsonl_send(fd, resp, CTL_LINE_MAX);
 		json_object_put(resp);
 	}
 out:
-	ctl_reader_free(&rd);
+	jsonl_reader_free(&rd);
 	close(fd);
 	if (shutdown) {
 		atomic_store(&stop_requested, true);
@@ -160,7 +159,7 @@ static void accept_one(int lfd)
 	if (atomic_fetch_add(&nr_conns, 1) >= MAX_CONNS) {
 		struct json_object *resp = reply(-EAGAIN, "ferryd is busy: too many connections");
 
-		ctl_send(fd, resp);
+		jsonl_send(fd, resp, CTL_LINE_MAX);
 		json_object_put(resp);
 		close(fd);
 		atomic_fetch_sub(&nr_conns, 1);
@@ -215,38 +214,6 @@ static int take_lock(const char *socket_path, bool quiet_busy, int *out)
 out:
 	free(path);
 	return ret;
-}
-
-static int listen_on(const char *path, ino_t *ino)
-{
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	struct stat st;
-	mode_t old;
-	int fd, ret;
-
-	if (strlen(path) >= sizeof(sa.sun_path)) {
-		ferry_err("socket path %s is too long (at most %zu bytes)", path,
-			  sizeof(sa.sun_path) - 1);
-		return -ENAMETOOLONG;
-	}
-	strcpy(sa.sun_path, path);
-	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-	if (fd < 0)
-		return -errno;
-	/* We hold the lock: a socket file left there is stale. */
-	if (unlink(path) && errno != ENOENT)
-		ferry_warn("removing the stale socket %s: %s", path, strerror(errno));
-	old = umask(0177); /* mode 0600 from the start */
-	ret = bind(fd, (struct sockaddr *)&sa, sizeof(sa));
-	umask(old);
-	if (ret || listen(fd, 64) || stat(path, &st)) {
-		ret = -errno;
-		ferry_err("cannot listen on %s: %s", path, strerror(errno));
-		close(fd);
-		return ret;
-	}
-	*ino = st.st_ino;
-	return fd;
 }
 
 static int open_log(const char *path)
@@ -316,9 +283,12 @@ int daemon_run(const struct daemon_opts *o)
 	}
 	if (ret)
 		return EXIT_FAILURE;
-	lfd = listen_on(o->socket_path, &sock_ino);
-	if (lfd < 0)
+	/* We hold the lock: a socket file left there is stale. */
+	ret = unix_listen(o->socket_path, &lfd, &sock_ino);
+	if (ret) {
+		ferry_err("cannot listen on %s: %s", o->socket_path, ferry_strerror(ret));
 		return EXIT_FAILURE;
+	}
 	if (!o->foreground) {
 		ret = open_log(o->log_path);
 		if (ret) {

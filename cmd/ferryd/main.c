@@ -118,7 +118,7 @@ static int parse_mount(const char *text, struct ctl_mount_req *r)
 {
 	struct json_object *o;
 	char err[1024] = "";
-	int ret = ctl_json_parse(text, strlen(text), &o);
+	int ret = json_parse_object(text, strlen(text), &o);
 
 	if (ret) {
 		ferry_err("--mount: not a JSON object");

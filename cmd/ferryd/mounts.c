@@ -285,7 +285,7 @@ static int check_mountpoint(const char *path, char **canon, char *err,
 		int e = errno;
 
 		if (e == ENOTCONN)
-			snprintf(err, errlen, "mount point %s: %s (a dead FUSE mount: run ferry umount %s first)",
+			snprintf(err, errlen, "mount point %s: %s (a dead FUSE mount: was its ferryd killed? run ferry umount %s first)",
 				 path, strerror(e), path);
 		else
 			snprintf(err, errlen, "mount point %s: %s", path, strerror(e));

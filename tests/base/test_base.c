@@ -1,7 +1,10 @@
 // SPDX-License-Identifier: MIT
-/* Unit tests for pkg-base: sha256, base64, mkdir -p, atomic files, zero test. */
+/* Unit tests for pkg-base: sha256, base64, mkdir -p, atomic files, zero test, JSON lines. */
 #include <dirent.h>
 #include <fcntl.h>
+#include <json-c/json.h>
+#include <stdlib.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -209,6 +212,89 @@ static void test_mkdir_and_atomic_files(void)
 	CHECK_EQ(system(path), 0);
 }
 
+/* One object per line: blanks may follow it on its line, nothing else. */
+static void test_json_lines(void)
+{
+	struct json_object *o = NULL, *msg;
+	struct jsonl_reader rd;
+	int sv[2], i;
+
+	CHECK_EQ(json_parse_object("{\"op\":\"ping\"} \t\r", 16, &o), 0);
+	json_object_put(o);
+	CHECK_EQ(json_parse_object("{} x", 4, &o), -EPROTO);
+	CHECK_EQ(json_parse_object("{}{}", 4, &o), -EPROTO);
+	CHECK_EQ(json_parse_object("[1]", 3, &o), -EPROTO);
+	CHECK_EQ(json_parse_object("{\"a\":", 5, &o), -EPROTO);
+	CHECK_EQ(json_parse_object("{}\0{}", 5, &o), -EPROTO);
+	CHECK_EQ(json_parse_object("{} \0", 4, &o), -EPROTO);
+
+	CHECK_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+	msg = json_object_new_object();
+	json_object_object_add(msg, "op", json_object_new_string("a\nb"));
+	for (i = 0; i < 3; i++)
+		CHECK_EQ(jsonl_send(sv[0], msg, 64), 0);
+	CHECK_EQ(jsonl_send(sv[0], msg, 8), -EMSGSIZE);
+	json_object_put(msg);
+	CHECK(write(sv[0], "junk\n{}", 7) == 7);
+	close(sv[0]);
+	jsonl_reader_init(&rd, sv[1], 64);
+	for (i = 0; i < 3; i++) {
+		CHECK_EQ(jsonl_recv(&rd, 1000, &o), 0);
+		CHECK(!strcmp(json_get_string(o, "op") ?: "", "a\nb"));
+		json_object_put(o);
+	}
+	CHECK_EQ(jsonl_recv(&rd, 1000, &o), -EPROTO);
+	CHECK_EQ(jsonl_recv(&rd, 1000, &o), 0); /* a last line without its newline */
+	json_object_put(o);
+	CHECK_EQ(jsonl_recv(&rd, 1000, &o), 1);
+	jsonl_reader_free(&rd);
+	close(sv[1]);
+
+	/* A line longer than the limit, and a peer that says nothing. */
+	CHECK_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+	CHECK(write(sv[0], "{\"k\":\"0123456789\"}\n", 19) == 19);
+	jsonl_reader_init(&rd, sv[1], 8);
+	CHECK_EQ(jsonl_recv(&rd, 1000, &o), -EMSGSIZE);
+	jsonl_reader_free(&rd);
+	close(sv[0]);
+	close(sv[1]);
+	CHECK_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+	jsonl_reader_init(&rd, sv[1], 64);
+	CHECK_EQ(jsonl_recv(&rd, 50, &o), -ETIMEDOUT);
+	jsonl_reader_free(&rd);
+	close(sv[0]);
+	close(sv[1]);
+}
+
+/* A listening socket is 0600 from the start; connecting to none fails cleanly. */
+static void test_unix_sockets(void)
+{
+	char dir[] = "/tmp/ferry-test-sock-XXXXXX", path[128], cmd[160];
+	struct stat st;
+	ino_t ino = 0;
+	int lfd = -1, fd = -1, cfd;
+
+	CHECK(mkdtemp(dir) != NULL);
+	snprintf(path, sizeof(path), "%s/s", dir);
+	CHECK_EQ(unix_connect(path, &fd), -ENOENT);
+	CHECK_EQ(unix_listen(path, &lfd, &ino), 0);
+	CHECK(!stat(path, &st) && (st.st_mode & 0777) == 0600 && st.st_ino == ino);
+	CHECK_EQ(unix_connect(path, &fd), 0);
+	cfd = accept(lfd, NULL, NULL);
+	CHECK(cfd >= 0);
+	close(cfd);
+	close(fd);
+	/* A stale socket file is replaced (the caller holds the lock). */
+	close(lfd);
+	CHECK_EQ(unix_listen(path, &lfd, &ino), 0);
+	close(lfd);
+	memset(path, 'x', sizeof(path) - 1);
+	path[sizeof(path) - 1] = '\0';
+	CHECK_EQ(unix_listen(path, &lfd, &ino), -ENAMETOOLONG);
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+	CHECK_EQ(system(cmd), 0);
+}
+
 int main(void)
 {
 	RUN_TEST(test_sha256);
@@ -216,5 +302,7 @@ int main(void)
 	RUN_TEST(test_base64_round_trip);
 	RUN_TEST(test_mem_is_zero);
 	RUN_TEST(test_mkdir_and_atomic_files);
+	RUN_TEST(test_json_lines);
+	RUN_TEST(test_unix_sockets);
 	TEST_MAIN_END();
 }

@@ -27,7 +27,7 @@ static struct json_object *wire(struct json_object *o)
 		return NULL;
 	text = json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN |
 					      JSON_C_TO_STRING_NOSLASHESCAPE);
-	if (ctl_json_parse(text, strlen(text), &back))
+	if (json_parse_object(text, strlen(text), &back))
 		back = NULL;
 	json_object_put(o);
 	return back;
@@ -37,7 +37,7 @@ static struct json_object *text_json(const char *text)
 {
 	struct json_object *o = NULL;
 
-	return ctl_json_parse(text, strlen(text), &o) ? NULL : o;
+	return json_parse_object(text, strlen(text), &o) ? NULL : o;
 }
 
 static bool str_eq(const char *a, const char *b)
@@ -619,42 +619,6 @@ static void test_reply_rejections(void)
 	json_object_put(o);
 }
 
-/* One object per line: blanks may follow it on its line, nothing else. */
-static void test_framing(void)
-{
-	struct json_object *o = NULL, *req;
-	struct ctl_reader rd;
-	int sv[2], i;
-
-	CHECK_EQ(ctl_json_parse("{\"op\":\"ping\"} \t\r", 16, &o), 0);
-	json_object_put(o);
-	CHECK_EQ(ctl_json_parse("{} x", 4, &o), -EPROTO);
-	CHECK_EQ(ctl_json_parse("{}{}", 4, &o), -EPROTO);
-	CHECK_EQ(ctl_json_parse("[1]", 3, &o), -EPROTO);
-	CHECK_EQ(ctl_json_parse("{\"a\":", 5, &o), -EPROTO);
-	CHECK_EQ(ctl_json_parse("{}\0{}", 5, &o), -EPROTO);
-
-	CHECK_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
-	req = ctl_op_req_to_json(CTL_OP_PING);
-	for (i = 0; i < 3; i++)
-		CHECK_EQ(ctl_send(sv[0], req), 0);
-	json_object_put(req);
-	CHECK(write(sv[0], "junk\n{}", 7) == 7);
-	close(sv[0]);
-	ctl_reader_init(&rd, sv[1]);
-	for (i = 0; i < 3; i++) {
-		CHECK_EQ(ctl_recv(&rd, 1000, &o), 0);
-		CHECK(str_eq(json_get_string(o, "op"), "ping"));
-		json_object_put(o);
-	}
-	CHECK_EQ(ctl_recv(&rd, 1000, &o), -EPROTO);
-	CHECK_EQ(ctl_recv(&rd, 1000, &o), 0); /* a last line without its newline */
-	json_object_put(o);
-	CHECK_EQ(ctl_recv(&rd, 1000, &o), 1);
-	ctl_reader_free(&rd);
-	close(sv[1]);
-}
-
 int main(void)
 {
 	ferry_log_level = FERRY_LOG_ERR;
@@ -668,6 +632,5 @@ int main(void)
 	RUN_TEST(test_stats_keeper_absent);
 	RUN_TEST(test_request_rejections);
 	RUN_TEST(test_reply_rejections);
-	RUN_TEST(test_framing);
 	TEST_MAIN_END();
 }

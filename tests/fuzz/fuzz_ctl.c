@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 /*
  * libFuzzer target for the control protocol's parsers (cmd/ctl.c): the
- * input goes through a socket into ctl_recv's line reader; every line is
+ * input goes through a socket into jsonl_recv's line reader; every line is
  * parsed as a request of any op and as every answer. What a parser
  * accepts must be within its limits and must encode and parse back to
  * the same message.
@@ -182,7 +182,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	struct json_object *o;
 	struct ctl_request req;
-	struct ctl_reader rd;
+	struct jsonl_reader rd;
 	char err[1024];
 	int sv[2], ret;
 
@@ -192,8 +192,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	if (write_full(sv[0], data, size))
 		abort();
 	close(sv[0]);
-	ctl_reader_init(&rd, sv[1]);
-	while ((ret = ctl_recv(&rd, -1, &o)) <= 0) {
+	jsonl_reader_init(&rd, sv[1], CTL_LINE_MAX);
+	while ((ret = jsonl_recv(&rd, -1, &o)) <= 0) {
 		if (ret == -EPROTO)
 			continue;
 		if (ret)
@@ -206,7 +206,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		check_replies(o);
 		json_object_put(o);
 	}
-	ctl_reader_free(&rd);
+	jsonl_reader_free(&rd);
 	close(sv[1]);
 	return 0;
 }
