@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# Two builds of ferry side by side: warm FUSE reads of the same image in one
+# interleaved run (bench/interleave.py), so that a change's effect is read
+# against the build before it under the same background load.
+#
+#   bench/ab.sh OLD_BIN NEW_BIN [RUNS]
+#
+# OLD_BIN and NEW_BIN hold ferry and ferryd (e.g. a worktree of the base
+# commit built with make, and bin/ of this one). The image is the "big"
+# Debian tree of bench/lib.sh, converted to dir: by NEW_BIN's ferry; each
+# build mounts it with its own ferryd and cache, every file is read once
+# (warm), then each round runs sequential read, 500 random small files and
+# a metadata walk on both mounts. Prints the tables and NEW/OLD ratios of
+# the medians. Root; FERRY_BENCH_DIR as bench/lib.sh.
+set -euo pipefail
+top=$(cd "$(dirname "$0")/.." && pwd)
+. "$top/bench/lib.sh"
+[ $# -ge 2 ] || { echo "usage: $0 OLD_BIN NEW_BIN [RUNS]" >&2; exit 2; }
+old=$(cd "$1" && pwd)
+new=$(cd "$2" && pwd)
+runs=${3:-15}
+
+dataset big
+ref=$data/big.ref
+work=$(mktemp -d "$data/ab.XXXXXX")
+cleanup() {
+	for b in old new; do
+		mountpoint -q "$work/mnt-$b" && umount -l "$work/mnt-$b"
+		pkill -f "ferryd.*$work/$b.sock" 2>/dev/null || true
+	done
+	rm -rf "$work"
+}
+trap cleanup EXIT
+
+"$new/ferry" convert -q "dir:$ref" "dir:$work/img"
+for b in old new; do
+	bin=$old
+	[ $b = new ] && bin=$new
+	mkdir -p "$work/mnt-$b"
+	"$bin/ferry" mount --mode fuse --socket "$work/$b.sock" --cache-dir "$work/cache-$b" \
+		"dir:$work/img" "$work/mnt-$b" >/dev/null
+	tar cf - -C "$work/mnt-$b" . | cat >/dev/null
+done
+
+(cd "$ref" && find . -type f -size -65k -printf '%P\n' | sort) |
+	python3 -c 'import random, sys; l = sys.stdin.read().split("\n")[:-1]; random.Random(1).shuffle(l); print("\n".join(l[:500]))' \
+	>"$work/small.list"
+
+echo "## A/B, warm FUSE: old $old, new $new, $runs rounds"
+echo
+ab_one() { # TITLE COMMAND-TEMPLATE (MNT is replaced)
+	local title=$1 tmpl=$2
+	echo "### $title"
+	echo
+	python3 "$top/bench/interleave.py" "$runs" "$top/bench/prepare.sh" \
+		"old=${tmpl//MNT/$work/mnt-old}" "new=${tmpl//MNT/$work/mnt-new}" |
+		tee "$work/table.md"
+	python3 - "$work/table.md" <<'EOF'
+import sys
+med = {}
+for line in open(sys.argv[1]):
+    cells = [c.strip(" `") for c in line.split("|")]
+    if len(cells) > 3 and cells[1] in ("old", "new"):
+        med[cells[1]] = float(cells[3])
+print("\nnew / old (medians): %.2f\n" % (med["new"] / med["old"]))
+EOF
+}
+ab_one "sequential read (tar cf - . | cat)" "tar cf - -C MNT . | cat >/dev/null"
+ab_one "500 random small files" "cd MNT && xargs -d '\n' -a $work/small.list cat >/dev/null"
+ab_one "metadata walk (tar cf /dev/null .)" "tar cf /dev/null -C MNT ."
