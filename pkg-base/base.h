@@ -324,6 +324,8 @@ struct mount_entry {
 	char source[1024];
 };
 int mountinfo_find(const char *mountpoint, struct mount_entry *out);
+/* 1 when the mount @mount_id (statx's stx_mnt_id) is on @mountpoint, 0 when not, or -errno. */
+int mountinfo_has(uint64_t mount_id, const char *mountpoint);
 
 /* ------------------------------------------------------------------ */
 /* Local sockets and JSON lines (jsonl.c)                              */

@@ -63,6 +63,23 @@ static int mi_parse(char *line, const char *mountpoint, struct mi_line *out)
 	return 1;
 }
 
+int mountinfo_has(uint64_t mount_id, const char *mountpoint)
+{
+	struct mi_line one;
+	char *line = NULL;
+	size_t linecap = 0;
+	FILE *fp = fopen("/proc/self/mountinfo", "re");
+	int found = 0;
+
+	if (!fp)
+		return -errno;
+	while (!found && getline(&line, &linecap, fp) > 0)
+		found = mi_parse(line, mountpoint, &one) && one.id == mount_id;
+	free(line);
+	fclose(fp);
+	return found;
+}
+
 int mountinfo_find(const char *mountpoint, struct mount_entry *out)
 {
 	struct mi_line *hits = NULL, one;

@@ -377,6 +377,17 @@ int blob_cache_add_image(const char *cache_dir, const char *ref,
  * Forget one image record (by digest; -ENOENT when there is none), or
  * every one with @image_digest NULL.
  */
+/*
+ * Pin the blobs @digests for the kernel mount @mount_id on @mountpoint (a
+ * --mode local mount: the kernel holds the files, no process does): gc
+ * and prune keep them, and list shows them in use, while that mount
+ * exists; a pin whose mount is gone is dropped by the next gc or list.
+ * 0 or -errno (logged).
+ */
+int blob_cache_pin_mount(const char *cache_dir, const char *mountpoint,
+			 uint64_t mount_id, const uint8_t (*digests)[BLOB_DIGEST_SIZE],
+			 uint32_t nr_digests);
+
 int blob_cache_forget_image(const char *cache_dir,
 			    const uint8_t *image_digest);
 
@@ -386,7 +397,7 @@ struct blob_cache_entry {
 	uint64_t disk_bytes;        /* allocated bytes of data + map */
 	uint32_t nr_chunks, chunks_present;
 	uint32_t nr_images;         /* image records naming this blob */
-	bool in_use;                /* another handle has it open */
+	bool in_use;                /* another handle has it open, or a kernel mount */
 };
 struct blob_cache_image {
 	uint8_t digest[BLOB_DIGEST_SIZE];

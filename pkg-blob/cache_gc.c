@@ -90,7 +90,8 @@ static int cache_fsync_dir(const char *dir)
 
 struct cache_record {
 	uint8_t digest[BLOB_DIGEST_SIZE];
-	char *ref;
+	char *ref;                          /* a pin: the mount point */
+	uint64_t mount_id;                  /* a pin: the mount's id */
 	uint8_t (*blobs)[BLOB_DIGEST_SIZE]; /* sorted, no duplicates */
 	uint32_t nr_blobs;
 };
@@ -137,7 +138,7 @@ static int name_digest(const char *name, const char *suffix,
 static int record_parse(const char *path, const uint8_t digest[BLOB_DIGEST_SIZE],
 			struct cache_record *r, const char **why)
 {
-	struct json_object *root = NULL, *v, *blobs;
+	struct json_object *root = NULL, *v, *m = NULL, *blobs;
 	uint8_t d[BLOB_DIGEST_SIZE];
 	char *text = NULL;
 	size_t len = 0, i, n;
@@ -166,6 +167,11 @@ static int record_parse(const char *path, const uint8_t digest[BLOB_DIGEST_SIZE]
 	if (!json_object_object_get_ex(root, "ref", &v) ||
 	    !json_object_is_type(v, json_type_string))
 		goto out;
+	*why = "\"mountId\" not a number";
+	if (json_object_object_get_ex(root, "mountId", &m) &&
+	    (!json_object_is_type(m, json_type_int) || json_object_get_int64(m) < 0))
+		goto out;
+	r->mount_id = m ? (uint64_t)json_object_get_int64(m) : 0;
 	*why = "\"blobs\" missing or not an array of sha256 digests";
 	if (!json_object_object_get_ex(root, "blobs", &blobs) ||
 	    !json_object_is_type(blobs, json_type_array))
@@ -210,7 +216,7 @@ out:
  */
 int cache_check_existing(const char *cache_dir)
 {
-	static const char *const subs[] = { CACHE_BLOBS_DIR, CACHE_IMAGES_DIR };
+	static const char *const subs[] = { CACHE_BLOBS_DIR, CACHE_IMAGES_DIR, CACHE_PINS_DIR };
 	size_t i;
 	int ret;
 
@@ -227,7 +233,8 @@ int cache_check_existing(const char *cache_dir)
  * that does not parse is reported and skipped: it names nothing that can
  * be trusted, and the cache only ever costs a refetch.
  */
-static int records_read(const char *cache_dir, struct cache_records *rs)
+static int records_read(const char *cache_dir, const char *sub,
+			struct cache_records *rs)
 {
 	char dir[PATH_MAX], path[PATH_MAX];
 	struct dirent *de;
@@ -235,7 +242,7 @@ static int records_read(const char *cache_dir, struct cache_records *rs)
 	int n, ret = 0;
 
 	memset(rs, 0, sizeof(*rs));
-	n = snprintf(dir, sizeof(dir), "%s/" CACHE_IMAGES_DIR, cache_dir);
+	n = snprintf(dir, sizeof(dir), "%s/%s", cache_dir, sub);
 	if (n < 0 || (size_t)n >= sizeof(dir))
 		return -ENAMETOOLONG;
 	ret = cache_check_existing(cache_dir);
@@ -268,7 +275,7 @@ static int records_read(const char *cache_dir, struct cache_records *rs)
 			continue;
 		}
 		if (ret) {
-			ferry_warn("chunk cache: image record %s: %s; ignored",
+			ferry_warn("chunk cache: record %s: %s; ignored",
 				   path, why);
 			ret = 0;
 			continue;
@@ -301,60 +308,104 @@ static uint32_t records_naming(const struct cache_records *rs,
 	return n;
 }
 
+/*
+ * Write the record @sub/<hex of @name>.json: @ref, the blobs @digests and,
+ * for a pin, @mount_id (0: none).
+ */
+static int record_write(const char *cache_dir, const char *sub,
+			const uint8_t name[BLOB_DIGEST_SIZE], const char *ref,
+			uint64_t mount_id, const uint8_t (*digests)[BLOB_DIGEST_SIZE],
+			uint32_t nr_digests)
+{
+	char dig[DIGEST_STRING_SIZE], file[80], dir[PATH_MAX];
+	struct json_object *root = json_object_new_object(), *list = json_object_new_array();
+	const char *text;
+	uint32_t i;
+	bool ok;
+	int ret = -ENOMEM;
+
+	if (path_join(dir, cache_dir, sub, "")) {
+		json_object_put(root);
+		json_object_put(list);
+		return -ENAMETOOLONG;
+	}
+	digest_format(name, dig);
+	snprintf(file, sizeof(file), "%s.json", dig + 7);
+	for (i = 0; list && i < nr_digests; i++) {
+		digest_format(digests[i], dig);
+		if (json_object_array_add(list, json_object_new_string(dig))) {
+			json_object_put(list);
+			list = NULL;
+		}
+	}
+	digest_format(name, dig);
+	ok = root && json_add_str(root, "ref", ref ? ref : "") &&
+	     json_add_str(root, "digest", dig) && json_add(root, "blobs", list);
+	if (ok && mount_id)
+		ok = json_add(root, "mountId", json_object_new_int64((int64_t)mount_id));
+	ok = ok && json_add(root, "updated", json_object_new_int64((int64_t)time(NULL)));
+	root = json_done(root, ok);
+	text = root ? json_object_to_json_string_ext(root, JSON_C_TO_STRING_PRETTY |
+						     JSON_C_TO_STRING_NOSLASHESCAPE) : NULL;
+	if (text) {
+		ret = blob_cache_dir(cache_dir, sub, true, NULL);
+		if (!ret)
+			ret = write_file_atomic(dir, file, text, strlen(text), 0600);
+	}
+	json_object_put(root);
+	return ret;
+}
+
 int blob_cache_add_image(const char *cache_dir, const char *ref,
 			 const uint8_t image_digest[BLOB_DIGEST_SIZE],
 			 const uint8_t (*digests)[BLOB_DIGEST_SIZE],
 			 uint32_t nr_digests)
 {
-	char hex[CACHE_HEX_LEN + 1], dig[8 + CACHE_HEX_LEN], name[80];
-	char dir[PATH_MAX];
-	struct json_object *root, *list;
-	const char *text;
-	uint32_t i;
-	int n, ret = -ENOMEM;
+	return record_write(cache_dir, CACHE_IMAGES_DIR, image_digest, ref, 0,
+			    digests, nr_digests);
+}
 
-	n = snprintf(dir, sizeof(dir), "%s/" CACHE_IMAGES_DIR, cache_dir);
-	if (n < 0 || (size_t)n >= sizeof(dir))
-		return -ENAMETOOLONG;
-	hex_encode(image_digest, BLOB_DIGEST_SIZE, hex);
-	snprintf(name, sizeof(name), "%s.json", hex);
-	root = json_object_new_object();
-	list = json_object_new_array();
-	if (!root || !list) {
-		json_object_put(list);
-		goto out;
-	}
-	snprintf(dig, sizeof(dig), "sha256:%s", hex);
-	if (json_object_object_add(root, "ref",
-				   json_object_new_string(ref ? ref : "")) ||
-	    json_object_object_add(root, "digest",
-				   json_object_new_string(dig))) {
-		json_object_put(list);
-		goto out;
-	}
-	if (json_object_object_add(root, "blobs", list))
-		goto out_list;
-	for (i = 0; i < nr_digests; i++) {
-		hex_encode(digests[i], BLOB_DIGEST_SIZE, hex);
-		snprintf(dig, sizeof(dig), "sha256:%s", hex);
-		if (json_object_array_add(list, json_object_new_string(dig)))
-			goto out;
-	}
-	if (json_object_object_add(root, "updated",
-				   json_object_new_int64((int64_t)time(NULL))))
-		goto out;
-	text = json_object_to_json_string_ext(root, JSON_C_TO_STRING_PRETTY |
-						    JSON_C_TO_STRING_NOSLASHESCAPE);
-	if (!text)
-		goto out;
-	ret = blob_cache_dir(cache_dir, CACHE_IMAGES_DIR, true, NULL);
+int blob_cache_pin_mount(const char *cache_dir, const char *mountpoint,
+			 uint64_t mount_id, const uint8_t (*digests)[BLOB_DIGEST_SIZE],
+			 uint32_t nr_digests)
+{
+	uint8_t name[BLOB_DIGEST_SIZE];
+	char *key = NULL;
+	int ret;
+
+	/* One pin per mount: named after its id and mount point. */
+	if (asprintf(&key, "%llu %s", (unsigned long long)mount_id, mountpoint) < 0)
+		return -ENOMEM;
+	sha256_buf(key, strlen(key), name);
+	free(key);
+	ret = record_write(cache_dir, CACHE_PINS_DIR, name, mountpoint, mount_id,
+			   digests, nr_digests);
+	if (ret)
+		ferry_err("chunk cache %s: cannot record the mount on %s: %s (gc may remove its blobs while it is mounted)",
+			  cache_dir, mountpoint, ferry_strerror(ret));
+	return ret;
+}
+
+/*
+ * The pins of mounts that still exist; a pin whose mount is gone is
+ * removed, and one that cannot be checked is kept.
+ */
+static int pins_read(const char *cache_dir, struct cache_records *pins)
+{
+	char dir[PATH_MAX], path[PATH_MAX], hex[CACHE_HEX_LEN + 1];
+	struct cache_record *r;
+	int ret = path_join(dir, cache_dir, CACHE_PINS_DIR, "");
+
 	if (!ret)
-		ret = write_file_atomic(dir, name, text, strlen(text), 0600);
-	goto out;
-out_list:
-	json_object_put(list);
-out:
-	json_object_put(root);
+		ret = records_read(cache_dir, CACHE_PINS_DIR, pins);
+	for (r = pins->r; !ret && r < pins->r + pins->nr; r++) {
+		if (mountinfo_has(r->mount_id, r->ref) != 0)
+			continue;
+		hex_encode(r->digest, BLOB_DIGEST_SIZE, hex);
+		if (!path_join(path, dir, hex, ".json"))
+			unlink(path);
+		r->nr_blobs = 0; /* names nothing any more */
+	}
 	return ret;
 }
 
@@ -599,8 +650,8 @@ out:
 
 int blob_cache_list(const char *cache_dir, struct blob_cache_list *out)
 {
-	struct cache_records rs;
-	struct cache_scan s;
+	struct cache_records rs, pins = { 0 };
+	struct cache_scan s = { 0 };
 	char dir[PATH_MAX], path[PATH_MAX], hex[CACHE_HEX_LEN + 1];
 	uint32_t i;
 	int n, ret;
@@ -609,10 +660,12 @@ int blob_cache_list(const char *cache_dir, struct blob_cache_list *out)
 	n = snprintf(dir, sizeof(dir), "%s/" CACHE_BLOBS_DIR, cache_dir);
 	if (n < 0 || (size_t)n >= sizeof(dir))
 		return -ENAMETOOLONG;
-	ret = records_read(cache_dir, &rs);
+	ret = records_read(cache_dir, CACHE_IMAGES_DIR, &rs);
 	if (ret)
 		return ret;
-	ret = scan_blobs(dir, &s);
+	ret = pins_read(cache_dir, &pins);
+	if (!ret)
+		ret = scan_blobs(dir, &s);
 	if (ret)
 		goto out;
 	out->blobs = calloc(MAX(s.nr, 1u), sizeof(*out->blobs));
@@ -637,6 +690,7 @@ int blob_cache_list(const char *cache_dir, struct blob_cache_list *out)
 		}
 		e->disk_bytes += disk_bytes(path);
 		e->nr_images = records_naming(&rs, e->digest);
+		e->in_use = records_naming(&pins, e->digest) > 0;
 		if (s.f[i].map) {
 			ret = list_map(path, e);
 			if (ret)
@@ -653,6 +707,7 @@ int blob_cache_list(const char *cache_dir, struct blob_cache_list *out)
 	}
 out:
 	scan_free(&s);
+	records_free(&pins);
 	records_free(&rs);
 	if (ret)
 		blob_cache_list_free(out);
@@ -813,8 +868,8 @@ static int scan_image_tmp(const char *dir, struct cache_scan *s)
 int blob_cache_gc(const char *cache_dir, uint64_t *freed, uint32_t *removed)
 {
 	char dir[PATH_MAX], idir[PATH_MAX], hex[CACHE_HEX_LEN + 1];
-	struct cache_records rs;
-	struct cache_scan s, is = { 0 };
+	struct cache_records rs, pins = { 0 };
+	struct cache_scan s = { 0 }, is = { 0 };
 	uint64_t bytes = 0;
 	uint32_t i, nr = 0;
 	int n, ret, err = 0;
@@ -824,14 +879,18 @@ int blob_cache_gc(const char *cache_dir, uint64_t *freed, uint32_t *removed)
 		return -ENAMETOOLONG;
 	if (path_join(idir, cache_dir, CACHE_IMAGES_DIR, ""))
 		return -ENAMETOOLONG;
-	ret = records_read(cache_dir, &rs);
+	ret = records_read(cache_dir, CACHE_IMAGES_DIR, &rs);
 	if (ret)
 		return ret;
-	ret = scan_blobs(dir, &s);
+	ret = pins_read(cache_dir, &pins);
+	if (!ret)
+		ret = scan_blobs(dir, &s);
 	if (ret)
 		goto out;
 	for (i = 0; i < s.nr; i++) {
-		if (records_naming(&rs, s.f[i].digest))
+		/* Kept: named by an image record, or by a kernel mount's pin. */
+		if (records_naming(&rs, s.f[i].digest) ||
+		    records_naming(&pins, s.f[i].digest))
 			continue;
 		hex_encode(s.f[i].digest, BLOB_DIGEST_SIZE, hex);
 		ret = s.f[i].map ? gc_blob(dir, hex, &bytes) :
@@ -858,6 +917,7 @@ int blob_cache_gc(const char *cache_dir, uint64_t *freed, uint32_t *removed)
 out:
 	scan_free(&is);
 	scan_free(&s);
+	records_free(&pins);
 	records_free(&rs);
 	if (freed)
 		*freed = bytes;

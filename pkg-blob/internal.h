@@ -99,6 +99,8 @@ int blob_table_parse(const void *buf, size_t len, struct blob_info *info,
 
 #define CACHE_BLOBS_DIR "blobs/sha256"
 #define CACHE_IMAGES_DIR "images"
+/* Records of kernel mounts (--mode local) using blobs, kept while mounted. */
+#define CACHE_PINS_DIR "pins"
 /* The blob's chunk table (a one-blob blob index), for blob_cache_verify. */
 #define CACHE_INDEX_SUFFIX ".index"
 #define CACHE_HEX_LEN (2 * BLOB_DIGEST_SIZE)

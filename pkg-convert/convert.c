@@ -332,6 +332,59 @@ void convert_stats_free(struct convert_stats *stats)
 	stats->nr_blobs = 0;
 }
 
+/* A ferry image is converted already: say so, rather than fail on its bytes. */
+static int check_source_not_ferry(const char *source, const struct image_ref *src,
+				  const struct oci_image *img)
+{
+	char path[PATH_MAX];
+	uint32_t i;
+
+	if (src->transport == IMAGE_DIR &&
+	    snprintf(path, sizeof(path), "%s/ferry.json", src->path) < (int)sizeof(path) &&
+	    !access(path, F_OK)) {
+		ferry_err("source dir:%s is a ferry image (it has ferry.json), converted already: mount or copy it, or convert the container image it came from",
+			  src->path);
+		return -EINVAL;
+	}
+	for (i = 0; i < img->nr_layers; i++)
+		if (!strcmp(img->layers[i].media_type, FERRY_BLOB_MEDIA_TYPE) ||
+		    !strcmp(img->layers[i].media_type, FERRY_BOOTSTRAP_MEDIA_TYPE)) {
+			ferry_err("source %s is a ferry image (layer %u is %s), converted already: mount or copy it, or convert the container image it came from",
+				  source, i + 1, img->layers[i].media_type);
+			return -EINVAL;
+		}
+	return 0;
+}
+
+/* An image written inside a dir: source would contain its own output. */
+static int check_dest_outside_source(const struct image_ref *src,
+				     const struct image_ref *dst)
+{
+	char *s = NULL, *d = NULL;
+	size_t n;
+	int ret = 0;
+
+	if (src->transport != IMAGE_DIR || dst->transport == IMAGE_DOCKER)
+		return 0;
+	s = realpath(src->path, NULL);
+	if (!s)
+		return 0; /* convert_dir names the missing source */
+	if (path_mountpoint(dst->path, &d) && path_absolute(dst->path, &d)) {
+		ret = -ENOMEM;
+		goto out;
+	}
+	n = strlen(s);
+	if (!strncmp(d, s, n) && (!d[n] || d[n] == '/' || n == 1)) {
+		ferry_err("destination %s is %sthe source directory %s: the image would contain its own output; choose a destination outside it",
+			  dst->path, d[n] ? "inside " : "", src->path);
+		ret = -EINVAL;
+	}
+out:
+	free(s);
+	free(d);
+	return ret;
+}
+
 /* Feed the source into the tree: one layer, or one per OCI layer. */
 static int convert_source(struct converter *c, const struct image_ref *src,
 			  const struct oci_image *oci)
@@ -411,7 +464,11 @@ int convert_run(const char *source, const char *dest,
 		if (ret)
 			goto out;
 	}
-	ret = image_out_open(&dst, &out);
+	ret = check_source_not_ferry(source, &src, &src_img);
+	if (!ret)
+		ret = check_dest_outside_source(&src, &dst);
+	if (!ret)
+		ret = image_out_open(&dst, opts->replace, &out);
 	if (ret)
 		goto out;
 	c.blobs_dir = image_out_blobs_dir(out);

@@ -42,6 +42,10 @@ struct convert_opts {
 	/* A file listing paths (one per line) that lazy mounts prefetch
 	 * first; kept in the bootstrap. NULL = none. */
 	const char *prefetch_files;
+	bool replace;          /* an existing dir: image or oci: tag may be replaced */
+	/* While *@cancel is true the conversion stops (-ECANCELED) and
+	 * leaves the destination as it was; NULL = never. */
+	const _Atomic bool *cancel;
 };
 
 struct convert_blob_stat {
@@ -90,6 +94,10 @@ int convert_check_args(const char *source, const char *dest,
  * the layout under TAG (default "latest"); docker:// pushes it (a digest
  * is refused: it is not known in advance). A failed conversion removes a
  * destination it created. @stats is filled (convert_stats_free).
+ *
+ * Refused (-EINVAL or -EEXIST, logged) before anything is written: a
+ * ferry image as the source (it is converted already), a destination
+ * equal to or inside a dir: source, and what image_out_open refuses.
  */
 int convert_run(const char *source, const char *dest,
 		const struct convert_opts *opts, struct convert_stats *stats);

@@ -157,6 +157,9 @@ int convert_ingest_file(struct converter *c, struct meta_inode *inode,
 		uint32_t len = (uint32_t)MIN((uint64_t)chunk_size,
 					     size - i * chunk_size);
 
+		ret = convert_cancelled(c);
+		if (ret)
+			return ret;
 		if (src->skip_hole && src->skip_hole(src->ctx, len)) {
 			c->stats->chunks_total++;
 			c->stats->bytes_zero += len;

@@ -190,8 +190,10 @@ static int add_dir_entry(struct converter *c, struct meta_inode *dir,
 	struct fd_reader reader = { .fd = -1 };
 	struct file_source src = { fd_read_exact, fd_skip_hole, &reader };
 	struct stat st;
-	int ret;
+	int ret = convert_cancelled(c);
 
+	if (ret)
+		return ret;
 	if (lstat(path, &st)) {
 		ret = -errno;
 		ferry_err("%s: %s", path, strerror(errno));

@@ -87,6 +87,12 @@ struct converter {
 	uint32_t nr_prefetch;
 };
 
+/* -ECANCELED once the caller asked to stop (convert_opts.cancel), else 0. */
+static inline int convert_cancelled(const struct converter *c)
+{
+	return c->opts->cancel && *c->opts->cancel ? -ECANCELED : 0;
+}
+
 /* Where a regular file's bytes come from. */
 struct file_source {
 	/* Read exactly @len bytes: 0 or -errno. */

@@ -300,8 +300,10 @@ static int tar_add_entry(struct converter *c, struct tar_reader *tar,
 	bool fresh_dir = false;
 	const char *name;
 	char *path = e->path;
-	int ret;
+	int ret = convert_cancelled(c);
 
+	if (ret)
+		return ret;
 	if (strstr(path, "..")) {
 		/* Normalising rewrites the path: keep the name for the message. */
 		char *orig = strdup(path);

@@ -7,6 +7,7 @@
  * steps and yields while a demand read is in flight. The local kernel
  * mount is the same cache filled completely first.
  */
+#include <fcntl.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <sys/stat.h>
@@ -467,25 +468,63 @@ void image_cache_get_stats(struct image_cache *ic, struct image_cache_stats *s)
 /* Local mode                                                          */
 /* ------------------------------------------------------------------ */
 
+/* Refuse to stack a mount on a ferry mount: the one below would be hidden. */
+static int check_not_mounted(const char *target)
+{
+	struct mount_entry mi;
+
+	if (mountinfo_find(target, &mi) ||
+	    (strcmp(mi.fstype, "erofs") && strcmp(mi.fstype, "fuse.ferry")))
+		return 0;
+	ferry_err("mount point %s already holds a ferry mount (%s): ferry umount it first",
+		  target, mi.fstype);
+	return -EBUSY;
+}
+
+/* Keep the blobs the kernel now holds from gc while it does. */
+static void pin_blobs(const struct image *img, const char *cache_dir, const char *target)
+{
+	uint8_t (*digests)[BLOB_DIGEST_SIZE] = calloc(img->blobs.nr_blobs + 1, sizeof(*digests));
+	struct statx stx;
+	uint32_t i;
+
+	if (!digests || statx(AT_FDCWD, target, AT_SYMLINK_NOFOLLOW, STATX_MNT_ID, &stx) ||
+	    !(stx.stx_mask & STATX_MNT_ID)) {
+		ferry_warn("%s: cannot record the mount in the chunk cache: gc may remove its blobs while it is mounted",
+			   target);
+	} else {
+		for (i = 0; i < img->blobs.nr_blobs; i++)
+			memcpy(digests[i], img->blobs.blobs[i].digest, BLOB_DIGEST_SIZE);
+		blob_cache_pin_mount(cache_dir, target, stx.stx_mnt_id,
+				     (const uint8_t (*)[BLOB_DIGEST_SIZE])digests,
+				     img->blobs.nr_blobs);
+	}
+	free(digests);
+}
+
 int image_mount_local(struct image *img, const char *cache_dir,
-		      const char *target)
+		      const char *mountpoint)
 {
 	struct ferry_progress progress = { 0 };
 	struct image_cache *ic = NULL;
-	char (*devs)[32] = NULL, boot[32];
+	char (*devs)[32] = NULL, boot[32], *target = realpath(mountpoint, NULL);
 	const char **devp = NULL;
 	struct stat st;
 	uint32_t i, n = img->blobs.nr_blobs;
 	int ret;
 
-	if (stat(target, &st) || !S_ISDIR(st.st_mode)) {
-		ferry_err("mount point %s: not a directory", target);
+	if (!target || stat(target, &st) || !S_ISDIR(st.st_mode)) {
+		ferry_err("mount point %s: %s", mountpoint,
+			  target ? "not a directory" : strerror(errno));
+		free(target);
 		return -ENOTDIR;
 	}
+	ret = check_not_mounted(target);
 	/* The kernel parses what ferry walked, never more (image.h). */
-	ret = image_validate_metadata(img);
+	if (!ret)
+		ret = image_validate_metadata(img);
 	if (ret)
-		return ret;
+		goto out;
 	devs = calloc(n + 1, sizeof(*devs));
 	devp = calloc(n + 1, sizeof(*devp));
 	if (!devs || !devp) {
@@ -514,9 +553,12 @@ int image_mount_local(struct image *img, const char *cache_dir,
 		devp[i] = devs[i];
 	}
 	ret = meta_kernel_mount(boot, devp, n, target);
+	if (!ret)
+		pin_blobs(img, cache_dir, target);
 out:
 	image_cache_close(ic);
 	free(devp);
 	free(devs);
+	free(target);
 	return ret;
 }

@@ -318,8 +318,17 @@ int oci_blob_path(const char *layout, const uint8_t digest[32], char **out);
  */
 struct image_out;
 
-/* Create the directories (and oci-layout) the destination needs. */
-int image_out_open(const struct image_ref *dest, struct image_out **out);
+/*
+ * Create the directories (and oci-layout) the destination needs, after
+ * checking what is there: an absent or empty directory is used; an
+ * existing dir: image or oci: tag only with @replace; anything else is
+ * refused (-EEXIST, logged). A dir: image is written into a staging
+ * directory beside PATH (".NAME.ferry-XXXXXX") that image_out_finish
+ * renames into place, so PATH never holds half an image; an oci: layout
+ * is locked while written. Staging directories and temporary files that
+ * a killed conversion left are removed first.
+ */
+int image_out_open(const struct image_ref *dest, bool replace, struct image_out **out);
 /* The directory the image is laid out in: PATH, or the staging layout. */
 const char *image_out_dir(const struct image_out *o);
 /* Its blobs/sha256 (borrowed, valid until image_out_close). */
@@ -356,9 +365,10 @@ int image_out_finish(struct image_out *o, const struct image_out_desc *d,
 		     char manifest_digest[DIGEST_STRING_SIZE],
 		     uint64_t *manifest_size);
 /*
- * Release @o. With @failed, a destination that image_out_open created is
- * removed with what ferry wrote into it; in one that existed, finished
- * blobs may be shared with other images (same digest), so they stay.
+ * Release @o. A staging directory that was not renamed into place is
+ * removed; with @failed, so is an oci: layout that image_out_open created.
+ * In a layout that existed, finished blobs may be shared with other
+ * images (same digest), so they stay.
  */
 void image_out_close(struct image_out *o, bool failed);
 
@@ -462,10 +472,12 @@ void image_cache_get_stats(struct image_cache *ic, struct image_cache_stats *s);
 
 /*
  * Open the image in the chunk cache @cache_dir, make every chunk of every
- * blob present, then mount the bootstrap on @target with the kernel, one
- * device= per blob naming its complete cache data file.
+ * blob present, then mount the bootstrap on @mountpoint with the kernel,
+ * one device= per blob naming its complete cache data file, and pin those
+ * blobs in the cache for as long as the mount exists. A mount point that
+ * holds a ferry mount (erofs or fuse.ferry) already is refused (-EBUSY).
  */
 int image_mount_local(struct image *img, const char *cache_dir,
-		      const char *target);
+		      const char *mountpoint);
 
 #endif

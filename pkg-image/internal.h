@@ -84,8 +84,8 @@ int oci_tag_manifest(const char *layout, const char *tag,
 		     const char *media_type);
 /*
  * Remove what ferry writes into a layout or dir: image (the blob files,
- * index.json, oci-layout, bootstrap, ferry.json) and then the directory:
- * 0, or -errno when something else kept it.
+ * index.json, oci-layout, bootstrap, ferry.json, ferry's temporary files)
+ * and then the directory: 0, or -errno when something else kept it.
  */
 int image_dir_remove(const char *dir);
 

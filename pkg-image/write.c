@@ -17,6 +17,9 @@
  * come last, so a reader never finds an index naming missing blobs.
  */
 #include <dirent.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <json-c/json.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,32 +33,33 @@
 
 struct image_out {
 	enum image_transport transport;
-	char *dir;       /* PATH, or the staging layout */
+	char *dir;       /* where files go: PATH (oci:) or a staging directory */
+	char *final;     /* dir: PATH, where the staging directory lands */
+	char *parent;    /* dir: PATH's directory */
 	char *blobs_dir; /* dir/blobs/sha256 */
 	char *tag;       /* oci: the tag */
 	char *push_ref;  /* docker: HOST[:PORT]/REPO[:TAG] */
-	bool created;    /* dir did not exist before image_out_open */
+	int lock_fd;     /* flock held on dir while writing */
+	bool replace;    /* dir: final holds an image the new one replaces */
+	bool committed;  /* dir: the staging directory became final */
+	bool created;    /* oci: the layout did not exist before */
 };
 
-/* A new empty layout in $TMPDIR (default /var/tmp). */
-static int staging_create(char **layout)
-{
-	const char *tmp = getenv("TMPDIR");
-	int ret;
+/* Staging directories: "ferry-push.*" in $TMPDIR, ".NAME.ferry-*" beside dir:NAME. */
+#define PUSH_STAGING_PREFIX "ferry-push."
+#define DIR_STAGING_INFIX ".ferry-"
 
-	if (asprintf(layout, "%s/ferry-push.XXXXXX", tmp && *tmp ? tmp : "/var/tmp") < 0) {
-		*layout = NULL;
-		return -ENOMEM;
-	}
-	if (!mkdtemp(*layout)) {
-		ret = -errno;
-		ferry_err("%s: cannot create a staging directory: %s", *layout,
-			  strerror(errno));
-		free(*layout);
-		*layout = NULL;
-		return ret;
-	}
-	return 0;
+/* Remove ferry's temporary files (ATOMIC_TMP_PREFIX) directly in @dir. */
+static void remove_tmp_files(const char *dir)
+{
+	struct dirent *de;
+	DIR *d = opendir(dir);
+
+	while (d && (de = readdir(d)))
+		if (!strncmp(de->d_name, ATOMIC_TMP_PREFIX, strlen(ATOMIC_TMP_PREFIX)))
+			unlinkat(dirfd(d), de->d_name, 0);
+	if (d)
+		closedir(d);
 }
 
 int image_dir_remove(const char *dir)
@@ -86,29 +90,248 @@ int image_dir_remove(const char *dir)
 		unlink(path);
 		free(path);
 	}
+	remove_tmp_files(dir);
 	return rmdir(dir) ? -errno : 0;
 }
 
-int image_out_open(const struct image_ref *dest, struct image_out **out)
+/*
+ * Lock the directory @path for writing (LOCK_EX, held until *@fd is
+ * closed); with @wait, after saying whom we wait for.
+ */
+static int lock_dir(const char *path, bool wait, int *fd)
+{
+	int ret;
+
+	*fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (*fd < 0)
+		return -errno;
+	ret = flock(*fd, LOCK_EX | LOCK_NB) ? -errno : 0;
+	if (ret == -EWOULDBLOCK && wait) {
+		ferry_info("%s: waiting for another ferry convert writing into it", path);
+		while ((ret = flock(*fd, LOCK_EX) ? -errno : 0) == -EINTR)
+			;
+	}
+	if (ret) {
+		close(*fd);
+		*fd = -1;
+	}
+	return ret;
+}
+
+/*
+ * Remove the staging directories in @parent whose names start with
+ * @prefix that a killed conversion left: ours (same owner) and unlocked,
+ * since a live conversion holds the lock on its own.
+ */
+static void reclaim_staging(const char *parent, const char *prefix)
+{
+	struct dirent *de;
+	struct stat st;
+	char *path;
+	DIR *d = opendir(parent);
+	int fd;
+
+	while (d && (de = readdir(d))) {
+		if (strncmp(de->d_name, prefix, strlen(prefix)) ||
+		    asprintf(&path, "%s/%s", parent, de->d_name) < 0)
+			continue;
+		if (!lock_dir(path, false, &fd)) {
+			if (!fstat(fd, &st) && st.st_uid == geteuid() &&
+			    !image_dir_remove(path))
+				ferry_info("%s: removed, left by an interrupted conversion", path);
+			close(fd);
+		}
+		free(path);
+	}
+	if (d)
+		closedir(d);
+}
+
+/* A new locked staging directory @parent/@prefix.XXXXXX (mode 0700 until finished). */
+static int staging_create(const char *parent, const char *prefix, char **path,
+			  int *lock_fd)
+{
+	int ret;
+
+	reclaim_staging(parent, prefix);
+	if (asprintf(path, "%s/%sXXXXXX", parent, prefix) < 0) {
+		*path = NULL;
+		return -ENOMEM;
+	}
+	ret = mkdtemp(*path) ? lock_dir(*path, false, lock_fd) : -errno;
+	if (ret) {
+		ferry_err("%s: cannot create a staging directory: %s", *path,
+			  ferry_strerror(ret));
+		free(*path);
+		*path = NULL;
+	}
+	return ret;
+}
+
+/* Whether @dir holds no entry; -errno when it cannot be read. */
+static int dir_empty(const char *dir)
+{
+	struct dirent *de;
+	DIR *d = opendir(dir);
+	int empty = 1;
+
+	if (!d)
+		return -errno;
+	while (empty && (de = readdir(d)))
+		if (strcmp(de->d_name, ".") && strcmp(de->d_name, ".."))
+			empty = 0;
+	closedir(d);
+	return empty;
+}
+
+static bool has_file(const char *dir, const char *name)
+{
+	char path[PATH_MAX];
+
+	return snprintf(path, sizeof(path), "%s/%s", dir, name) < (int)sizeof(path) &&
+	       !access(path, F_OK);
+}
+
+/* The tag @tag in @layout's index.json. */
+static bool layout_has_tag(const char *layout, const char *tag)
+{
+	struct json_object *index, *manifests;
+	char path[PATH_MAX];
+	const char *name;
+	bool found = false;
+	size_t i;
+
+	if (snprintf(path, sizeof(path), "%s/index.json", layout) >= (int)sizeof(path) ||
+	    access(path, F_OK))
+		return false;
+	index = json_object_from_file(path);
+	if (json_object_object_get_ex(index, "manifests", &manifests) &&
+	    json_object_is_type(manifests, json_type_array))
+		for (i = 0; !found && i < json_object_array_length(manifests); i++) {
+			name = oci_annotation(json_object_array_get_idx(manifests, i),
+					      OCI_REF_NAME_ANNOTATION);
+			found = name && !strcmp(name, tag);
+		}
+	json_object_put(index);
+	return found;
+}
+
+/*
+ * What is at the destination @path already decides what may happen: an
+ * absent or empty directory is filled; a ferry image (dir:) or a layout
+ * (oci:) only with @replace for dir: and for an existing oci: tag;
+ * anything else is refused, so a typo never writes into someone's files.
+ */
+static int check_dest(struct image_out *o, const char *path, bool replace)
+{
+	struct stat st;
+	int empty;
+
+	if (lstat(path, &st)) {
+		if (errno == ENOENT)
+			return 0;
+		ferry_err("destination %s: %s", path, strerror(errno));
+		return -errno;
+	}
+	if (!S_ISDIR(st.st_mode)) {
+		ferry_err("destination %s exists and is not a directory%s: name a new or empty directory",
+			  path, S_ISLNK(st.st_mode) ? " (a symbolic link)" : "");
+		return -EEXIST;
+	}
+	empty = dir_empty(path);
+	if (empty < 0) {
+		ferry_err("destination %s: %s", path, ferry_strerror(empty));
+		return empty;
+	}
+	if (o->transport == IMAGE_OCI) {
+		if (!empty && !has_file(path, "oci-layout")) {
+			ferry_err("destination %s is not empty and not an OCI layout (no oci-layout file): name a layout, or a new or empty directory",
+				  path);
+			return -EEXIST;
+		}
+		if (!replace && layout_has_tag(path, o->tag ? o->tag : "latest")) {
+			ferry_err("destination oci:%s:%s exists: pass --force to move the tag to the new image",
+				  path, o->tag ? o->tag : "latest");
+			return -EEXIST;
+		}
+		return 0;
+	}
+	if (empty)
+		return 0;
+	if (!has_file(path, "ferry.json") && !has_file(path, "bootstrap")) {
+		ferry_err("destination %s is not empty and not a ferry image: name a new or empty directory",
+			  path);
+		return -EEXIST;
+	}
+	if (!replace) {
+		ferry_err("destination %s holds a ferry image: pass --force to replace it (it stays intact until the new one is complete)",
+			  path);
+		return -EEXIST;
+	}
+	o->replace = true;
+	return 0;
+}
+
+/* dir: PATH is written in .NAME.ferry-XXXXXX beside it. */
+static int open_dir_staging(struct image_out *o)
+{
+	char *parent = strdup(o->final), *slash, *prefix = NULL;
+	int ret;
+
+	if (!parent)
+		return -ENOMEM;
+	o->parent = parent;
+	while (strlen(parent) > 1 && parent[strlen(parent) - 1] == '/')
+		parent[strlen(parent) - 1] = '\0';
+	slash = strrchr(parent, '/');
+	if (asprintf(&prefix, ".%s" DIR_STAGING_INFIX, slash ? slash + 1 : parent) < 0) {
+		prefix = NULL;
+		ret = -ENOMEM;
+		goto out;
+	}
+	if (slash == parent)
+		parent[1] = '\0';
+	else if (slash)
+		*slash = '\0';
+	else
+		strcpy(parent, ".");
+	ret = staging_create(parent, prefix, &o->dir, &o->lock_fd);
+out:
+	free(prefix);
+	return ret;
+}
+
+int image_out_open(const struct image_ref *dest, bool replace, struct image_out **out)
 {
 	struct image_out *o = calloc(1, sizeof(*o));
+	const char *tmp = getenv("TMPDIR");
 	int ret;
 
 	if (!o)
 		return -ENOMEM;
 	o->transport = dest->transport;
+	o->lock_fd = -1;
 	switch (dest->transport) {
 	case IMAGE_DIR:
+		o->final = strdup(dest->path);
+		ret = o->final ? check_dest(o, o->final, replace) : -ENOMEM;
+		if (!ret)
+			ret = open_dir_staging(o);
+		break;
 	case IMAGE_OCI:
 		o->dir = strdup(dest->path);
 		ret = o->dir ? 0 : -ENOMEM;
 		if (!ret && dest->tag && !(o->tag = strdup(dest->tag)))
 			ret = -ENOMEM;
+		if (!ret)
+			ret = check_dest(o, o->dir, replace);
 		break;
 	case IMAGE_DOCKER:
 		/* Converted into a staging layout, then pushed from there. */
 		o->push_ref = strdup(dest->path);
-		ret = o->push_ref ? staging_create(&o->dir) : -ENOMEM;
+		ret = o->push_ref ? staging_create(tmp && *tmp ? tmp : "/var/tmp",
+						   PUSH_STAGING_PREFIX, &o->dir,
+						   &o->lock_fd) : -ENOMEM;
 		o->transport = IMAGE_OCI;
 		break;
 	default:
@@ -125,6 +348,14 @@ int image_out_open(const struct image_ref *dest, struct image_out **out)
 	o->created = o->push_ref || access(o->dir, F_OK);
 	ret = o->transport == IMAGE_DIR ? mkdir_p(o->blobs_dir, 0755) :
 					  oci_layout_init(o->dir);
+	if (!ret && o->lock_fd < 0) {
+		/* An existing layout: one writer at a time, then its leftovers go. */
+		ret = lock_dir(o->dir, true, &o->lock_fd);
+		if (!ret) {
+			remove_tmp_files(o->dir);
+			remove_tmp_files(o->blobs_dir);
+		}
+	}
 	if (ret)
 		goto fail;
 	*out = o;
@@ -150,17 +381,54 @@ void image_out_close(struct image_out *o, bool failed)
 
 	if (!o)
 		return;
-	if (o->dir && (o->push_ref || (failed && o->created))) {
+	if (o->dir && (o->push_ref || (o->final && !o->committed) ||
+		       (failed && o->created))) {
 		ret = image_dir_remove(o->dir);
-		if (ret && o->push_ref)
+		if (ret && (o->push_ref || o->final))
 			ferry_warn("%s: staging directory left behind: %s",
 				   o->dir, ferry_strerror(ret));
 	}
+	if (o->lock_fd >= 0)
+		close(o->lock_fd);
 	free(o->dir);
+	free(o->final);
+	free(o->parent);
 	free(o->blobs_dir);
 	free(o->tag);
 	free(o->push_ref);
 	free(o);
+}
+
+/*
+ * The complete staging directory becomes dir:PATH in one rename: into an
+ * absent or empty PATH, or exchanged with the image there, which is then
+ * removed. An interruption before leaves PATH as it was.
+ */
+static int commit_dir(struct image_out *o)
+{
+	int fd, ret = 0;
+
+	if (fsync(o->lock_fd) || fchmod(o->lock_fd, 0755))
+		ret = -errno;
+	else if (o->replace ? renameat2(AT_FDCWD, o->dir, AT_FDCWD, o->final, RENAME_EXCHANGE) :
+			      rename(o->dir, o->final))
+		ret = -errno;
+	if (ret) {
+		ferry_err("%s: cannot move the new image into place from %s: %s",
+			  o->final, o->dir, ferry_strerror(ret));
+		return ret;
+	}
+	o->committed = true;
+	if (o->replace && image_dir_remove(o->dir))
+		ferry_warn("%s: the replaced image is left in %s", o->final, o->dir);
+	fd = open(o->parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (fd < 0 || fsync(fd))
+		ret = -errno;
+	if (fd >= 0)
+		close(fd);
+	if (ret)
+		ferry_err("%s: cannot sync: %s", o->parent, ferry_strerror(ret));
+	return ret;
 }
 
 /* ------------------------------------------------------------------ */
@@ -397,8 +665,10 @@ int image_out_finish(struct image_out *o, const struct image_out_desc *d,
 	uint8_t digest[32];
 	int ret;
 
-	if (o->transport == IMAGE_DIR)
-		return finish_dir(o, d);
+	if (o->transport == IMAGE_DIR) {
+		ret = finish_dir(o, d);
+		return ret ? ret : commit_dir(o);
+	}
 	ret = finish_oci(o, d, digest, manifest_size);
 	if (ret)
 		return ret;

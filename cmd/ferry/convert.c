@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 #include <getopt.h>
 #include <json-c/json.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,11 +49,15 @@ static void convert_help(void)
 	       "                     a file of paths in the image (one per line)\n"
 	       "                     that lazy mounts fetch first, in that order;\n"
 	       "                     kept in the bootstrap\n"
+	       "  --force            replace an existing dir: image or oci: tag (the\n"
+	       "                     old one stays intact until the new one is complete)\n"
 	       "  --json             print a JSON summary on stdout\n"
 	       "  -q, --quiet        no progress or summary on stderr\n"
 	       "  -h, --help         this help\n\n"
 	       "Output is deterministic: the same input and options give identical\n"
-	       "bytes.\n\n%s\n" EXIT_CODES_HELP,
+	       "bytes. DEST must be new, an empty directory, or (with --force) an\n"
+	       "image; one inside a dir: SOURCE is refused. SIGINT, SIGTERM or\n"
+	       "SIGHUP stop the conversion and leave DEST as it was.\n\n%s\n" EXIT_CODES_HELP,
 	       CONVERT_DEFAULT_INLINE_MAX, REGISTRY_OPTIONS_HELP);
 }
 
@@ -103,6 +108,15 @@ static void print_json(const struct convert_stats *s, const struct convert_opts 
 	json_object_put(root);
 }
 
+static _Atomic bool interrupted;
+static volatile sig_atomic_t interrupt_signal;
+
+static void on_interrupt(int sig)
+{
+	interrupt_signal = sig;
+	interrupted = true;
+}
+
 static void print_summary(const struct convert_stats *s)
 {
 	uint32_t i;
@@ -135,6 +149,7 @@ int cmd_convert(int argc, char **argv)
 		{ "platform", required_argument, NULL, 'p' },
 		{ "chunk-dict", required_argument, NULL, 'D' },
 		{ "prefetch-files", required_argument, NULL, 'P' },
+		{ "force", no_argument, NULL, 'f' },
 		{ "json", no_argument, NULL, 'j' },
 		{ "quiet", no_argument, NULL, 'q' },
 		{ "help", no_argument, NULL, 'h' },
@@ -147,7 +162,9 @@ int cmd_convert(int argc, char **argv)
 		.inline_max = CONVERT_DEFAULT_INLINE_MAX,
 		.compress = { .codec = BLOB_CODEC_ZSTD },
 		.fetch = &ro.fetch,
+		.cancel = &interrupted,
 	};
+	struct sigaction sa = { .sa_handler = on_interrupt, .sa_flags = SA_RESTART };
 	struct convert_stats stats;
 	bool json = false, quiet = false;
 	uint64_t v;
@@ -192,6 +209,9 @@ int cmd_convert(int argc, char **argv)
 		case 'P':
 			opts.prefetch_files = optarg;
 			break;
+		case 'f':
+			opts.replace = true;
+			break;
 		case 'j':
 			json = true;
 			break;
@@ -211,7 +231,19 @@ int cmd_convert(int argc, char **argv)
 		ferry_progress_enabled = false;
 	if (convert_check_args(argv[optind], argv[optind + 1], &opts))
 		return usage_error("convert", "invalid arguments");
+	/* Stopped at the next entry or chunk; the destination is unwound. */
+	ro.fetch.cancel = &interrupted;
+	sigaction(SIGINT, &sa, NULL);
+	sigaction(SIGTERM, &sa, NULL);
+	sigaction(SIGHUP, &sa, NULL);
 	ret = convert_run(argv[optind], argv[optind + 1], &opts, &stats);
+	if (ret && interrupted) {
+		ferry_err("convert %s: interrupted (%s): %s is left as it was",
+			  argv[optind], strsignal(interrupt_signal), argv[optind + 1]);
+		signal(interrupt_signal, SIG_DFL);
+		raise(interrupt_signal);
+		return EXIT_FAIL;
+	}
 	if (ret) {
 		ferry_err("convert %s: failed: %s", argv[optind], ferry_strerror(ret));
 		return EXIT_FAIL;

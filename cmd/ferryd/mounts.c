@@ -295,7 +295,8 @@ static int check_mountpoint(const char *path, char **canon, char *err,
 		snprintf(err, errlen, "mount point %s: not a directory", path);
 		return -ENOTDIR;
 	}
-	if (!mountinfo_find(*canon, &mi) && !strcmp(mi.fstype, CTL_FUSE_FSTYPE)) {
+	if (!mountinfo_find(*canon, &mi) &&
+	    (!strcmp(mi.fstype, CTL_FUSE_FSTYPE) || !strcmp(mi.fstype, "erofs"))) {
 		snprintf(err, errlen, "%s is already a ferry mount (%s); ferry umount it first",
 			 *canon, mi.source);
 		return -EBUSY;

@@ -238,13 +238,15 @@ EOF
 fi
 
 # DEST oci:PATH without a tag is "latest"; converting to a tag again
-# replaces that entry only.
+# needs --force and replaces that entry only.
 check "convert to oci:PATH (no tag)" "$FERRY" convert "oci:$S:plain" "oci:$SCRATCH/dest" -q &&
 	check "the default destination tag is latest" \
 		test "$(tag_digest "$SCRATCH/dest" latest)" != "none(0)"
 if check "convert to oci:PATH:other" "$FERRY" convert "oci:$S:plain" "oci:$SCRATCH/dest:other" -q &&
-	check "convert to an existing tag again (a different source)" \
-		"$FERRY" convert "oci:$S:zstd" "oci:$SCRATCH/dest:latest" -q; then
+	check_exit "an existing tag is not moved without --force" 1 \
+		"$FERRY" convert "oci:$S:zstd" "oci:$SCRATCH/dest:latest" -q &&
+	check "convert to an existing tag again (a different source, --force)" \
+		"$FERRY" convert "oci:$S:zstd" "oci:$SCRATCH/dest:latest" -q --force; then
 	"${MKLAYER[@]}" resolve "$S" zstd >"$SCRATCH/src-zstd1.json"
 	"${MKLAYER[@]}" resolve "$S" plain >"$SCRATCH/src-plain.json"
 	check "the tag now names the new image, once" \
