@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
 #include <unistd.h>
 
 #include "../pkg-base/base.h"
@@ -211,6 +212,8 @@ struct json_object *ctl_mount_req_to_json(const struct ctl_mount_req *r)
 	ok &= json_add(o, "prefetchAll", json_object_new_boolean(r->prefetch_all));
 	ok &= json_add(o, "prefetchBwlimit",
 		  json_object_new_int64((int64_t)MIN(r->prefetch_bwlimit, (uint64_t)INT64_MAX)));
+	ok &= json_add(o, "suid", json_object_new_boolean(r->suid));
+	ok &= json_add(o, "dev", json_object_new_boolean(r->dev));
 	ok &= json_add(o, "fetch", fetch_to_json(&r->fetch));
 	return json_done(o, ok);
 }
@@ -243,6 +246,10 @@ int ctl_mount_req_parse(struct json_object *o, struct ctl_mount_req *r,
 		ret = json_read_u64(o, "prefetchBwlimit", INT64_MAX,
 				    &r->prefetch_bwlimit, err, errlen);
 	if (!ret)
+		ret = json_read_bool(o, "suid", &r->suid, err, errlen);
+	if (!ret)
+		ret = json_read_bool(o, "dev", &r->dev, err, errlen);
+	if (!ret)
 		ret = json_read_object(o, "fetch", &f, err, errlen);
 	if (!ret)
 		ret = fetch_parse(f, &r->fetch, err, errlen);
@@ -255,6 +262,11 @@ void ctl_mount_req_free(struct ctl_mount_req *r)
 	fetch_free_lists(&r->fetch);
 	json_object_put(r->root);
 	memset(r, 0, sizeof(*r));
+}
+
+unsigned long ctl_mount_flags(bool suid, bool dev)
+{
+	return (suid ? 0 : MS_NOSUID) | (dev ? 0 : MS_NODEV);
 }
 
 struct json_object *ctl_umount_req_to_json(const struct ctl_umount_req *r)
@@ -461,6 +473,8 @@ struct json_object *ctl_mount_stats_to_json(const struct ctl_mount_stats *m)
 	ok &= json_add_str(o, "mode", m->mode);
 	if (m->keeper_pid)
 		ok &= json_add(o, "keeperPid", json_object_new_int(m->keeper_pid));
+	ok &= json_add(o, "suid", json_object_new_boolean(m->suid));
+	ok &= json_add(o, "dev", json_object_new_boolean(m->dev));
 	ok &= json_add_str(o, "state", m->state);
 	ok &= json_add(o, "mountedAt", json_object_new_int64(m->mounted_at));
 	ok &= add_u64(o, "bytesRead", m->bytes_read);
@@ -516,6 +530,10 @@ static int parse_stats(struct json_object *o, struct ctl_mount_stats *m, char *e
 		ret = get_token_copy(o, "prefetch", m->prefetch, err, errlen);
 	if (!ret)
 		ret = get_pid(o, "keeperPid", false, &m->keeper_pid, err, errlen);
+	if (!ret)
+		ret = json_read_bool(o, "suid", &m->suid, err, errlen);
+	if (!ret)
+		ret = json_read_bool(o, "dev", &m->dev, err, errlen);
 	if (!ret)
 		ret = json_read_s64(o, "mountedAt", INT64_MIN, INT64_MAX,
 				    &m->mounted_at, err, errlen);

@@ -14,6 +14,8 @@
  *    "mode":MODE (a short lowercase token, default "fuse"; ferryd knows
  *                 fuse and fanotify),
  *    "prefetchFiles":[PATH...],"prefetchAll":BOOL,"prefetchBwlimit":N,
+ *    "suid":BOOL,"dev":BOOL (honour setuid bits / device nodes; default
+ *                 false: mounted nosuid,nodev),
  *    "fetch":{"creds":S,"authfile":S,"tlsVerify":BOOL,"caFile":S,
  *             "insecure":[S...],"mirrors":[S...],"resolve":[S...],
  *             "retries":N,"stallTimeoutMs":N,
@@ -25,7 +27,7 @@
  *       → {"ok":true}
  *   {"op":"list"}  → {"ok":true,"pid":N,"version":S,"socket":S,"mounts":
  *       [{"mountpoint","image","cacheDir","mode","keeperPid" (fanotify),
- *         "state","mountedAt","bytesRead",
+ *         "suid","dev","state","mountedAt","bytesRead",
  *         "bytesFetched","bytesPrefetched","chunksPresent","chunksTotal",
  *         "bytesPresent","prefetch","prefetchFiles","readaheadFiles",
  *         "readaheadBytes","prefetchSeconds"}]}      (ctl_list_reply)
@@ -119,6 +121,7 @@ struct ctl_mount_req {
 	bool prefetch_all;
 	const char *mode;          /* serving mode's name; parsed: never NULL */
 	uint64_t prefetch_bwlimit; /* bytes per second, 0 = unlimited */
+	bool suid, dev;            /* trusted image: no nosuid / nodev */
 	struct fetch_opts fetch;   /* parsed: every list non-NULL */
 	struct json_object *root;  /* parsed requests only */
 };
@@ -129,6 +132,8 @@ int ctl_mount_req_parse(struct json_object *o, struct ctl_mount_req *r,
 			char *err, size_t errlen);
 /* Parsed requests (also after a failed parse). */
 void ctl_mount_req_free(struct ctl_mount_req *r);
+/* The mount(2) flags of a mount: MS_NOSUID, MS_NODEV unless opted out. */
+unsigned long ctl_mount_flags(bool suid, bool dev);
 
 /* An umount request (strings borrowed from the caller / the parsed JSON). */
 struct ctl_umount_req {
@@ -197,6 +202,7 @@ struct ctl_mount_stats {
 	char state[CTL_TOKEN_MAX + 1];    /* mounting, mounted, detached, unmounting */
 	char prefetch[CTL_TOKEN_MAX + 1]; /* none, running, done, stopped, failed */
 	int keeper_pid;                   /* fanotify mounts; 0: none */
+	bool suid, dev;                   /* as requested */
 	int64_t mounted_at;               /* unix seconds */
 	uint64_t bytes_read, bytes_fetched, bytes_prefetched;
 	uint64_t chunks_present, chunks_total, bytes_present;

@@ -502,15 +502,42 @@ static void pin_blobs(const struct image *img, const char *cache_dir, const char
 	free(digests);
 }
 
+int image_cache_kernel_mount(struct image_cache *ic, const char *cache_dir,
+			     const char *target, unsigned long flags)
+{
+	struct image *img = ic->img;
+	char (*devs)[32] = calloc(ic->nr_blobs + 1, sizeof(*devs)), boot[32];
+	const char **devp = calloc(ic->nr_blobs + 1, sizeof(*devp));
+	uint32_t i;
+	int ret = devs && devp ? image_bootstrap_file(img, cache_dir) : -ENOMEM;
+
+	if (ret)
+		goto out;
+	/*
+	 * The kernel opens exactly the files verified and filled here: the
+	 * descriptors we hold, through /proc/self/fd, not a path that
+	 * could have been replaced meanwhile.
+	 */
+	snprintf(boot, sizeof(boot), IMAGE_FD_SOURCE "%d", img->bootstrap_fd);
+	for (i = 0; i < ic->nr_blobs; i++) {
+		snprintf(devs[i], sizeof(devs[i]), IMAGE_FD_SOURCE "%d",
+			 blob_cache_data_fd(ic->blobs[i]));
+		devp[i] = devs[i];
+	}
+	ret = meta_kernel_mount(boot, devp, ic->nr_blobs, target, flags);
+out:
+	free(devp);
+	free(devs);
+	return ret;
+}
+
 int image_mount_local(struct image *img, const char *cache_dir,
-		      const char *mountpoint)
+		      const char *mountpoint, unsigned long flags)
 {
 	struct ferry_progress progress = { 0 };
 	struct image_cache *ic = NULL;
-	char (*devs)[32] = NULL, boot[32], *target = realpath(mountpoint, NULL);
-	const char **devp = NULL;
+	char *target = realpath(mountpoint, NULL);
 	struct stat st;
-	uint32_t i, n = img->blobs.nr_blobs;
 	int ret;
 
 	if (!target || stat(target, &st) || !S_ISDIR(st.st_mode)) {
@@ -523,42 +550,18 @@ int image_mount_local(struct image *img, const char *cache_dir,
 	/* The kernel parses what ferry walked, never more (image.h). */
 	if (!ret)
 		ret = image_validate_metadata(img);
-	if (ret)
-		goto out;
-	devs = calloc(n + 1, sizeof(*devs));
-	devp = calloc(n + 1, sizeof(*devp));
-	if (!devs || !devp) {
-		ret = -ENOMEM;
-		goto out;
-	}
-	ret = image_cache_open(img, cache_dir, &ic);
+	if (!ret)
+		ret = image_cache_open(img, cache_dir, &ic);
 	if (!ret) {
 		ferry_progress_begin(&progress, img->ref, 0);
 		ret = image_cache_prefetch_blobs(ic, &progress, NULL);
 		ferry_progress_end(&progress);
 	}
 	if (!ret)
-		ret = image_bootstrap_file(img, cache_dir);
-	if (ret)
-		goto out;
-	/*
-	 * The kernel opens exactly the files verified and filled here: the
-	 * descriptors we hold, through /proc/self/fd, not a path that
-	 * could have been replaced meanwhile.
-	 */
-	snprintf(boot, sizeof(boot), "/proc/self/fd/%d", img->bootstrap_fd);
-	for (i = 0; i < n; i++) {
-		snprintf(devs[i], sizeof(devs[i]), "/proc/self/fd/%d",
-			 blob_cache_data_fd(ic->blobs[i]));
-		devp[i] = devs[i];
-	}
-	ret = meta_kernel_mount(boot, devp, n, target);
+		ret = image_cache_kernel_mount(ic, cache_dir, target, flags);
 	if (!ret)
 		pin_blobs(img, cache_dir, target);
-out:
 	image_cache_close(ic);
-	free(devp);
-	free(devs);
 	free(target);
 	return ret;
 }

@@ -471,13 +471,29 @@ struct image_cache_stats {
 void image_cache_get_stats(struct image_cache *ic, struct image_cache_stats *s);
 
 /*
+ * Mount @ic's image with the kernel on @target (meta_kernel_mount, @flags
+ * as there): its bootstrap file (image_bootstrap_file, in @cache_dir for
+ * oci: and docker: images) and one device= per blob naming its cache data
+ * file, each through the descriptor this process holds and verified or
+ * filled ("/proc/self/fd/N", also the mount's source in mountinfo), so
+ * the kernel opens exactly those files. Data not yet present reads as
+ * holes: only local mode's complete cache, or fanotify's events, make
+ * that safe.
+ */
+#define IMAGE_FD_SOURCE "/proc/self/fd/"
+int image_cache_kernel_mount(struct image_cache *ic, const char *cache_dir,
+			     const char *target, unsigned long flags);
+
+/*
  * Open the image in the chunk cache @cache_dir, make every chunk of every
  * blob present, then mount the bootstrap on @mountpoint with the kernel,
- * one device= per blob naming its complete cache data file, and pin those
- * blobs in the cache for as long as the mount exists. A mount point that
- * holds a ferry mount (erofs or fuse.ferry) already is refused (-EBUSY).
+ * one device= per blob naming its complete cache data file (@flags as for
+ * meta_kernel_mount: MS_NOSUID | MS_NODEV unless the image is trusted),
+ * and pin those blobs in the cache for as long as the mount exists. A
+ * mount point that holds a ferry mount (erofs or fuse.ferry) already is
+ * refused (-EBUSY).
  */
 int image_mount_local(struct image *img, const char *cache_dir,
-		      const char *mountpoint);
+		      const char *mountpoint, unsigned long flags);
 
 #endif

@@ -298,11 +298,14 @@ int meta_walk(const struct meta_image *img, meta_walk_fn visit, void *ctx);
 
 /*
  * mount(2) @bootstrap read-only on @target as a file-backed EROFS with one
- * device= option per entry of @devices (device_id order). Calls the kernel
- * directly: util-linux mount would silently use a loop device. When the
- * option string exceeds one page it uses fsopen/fsconfig instead.
+ * device= option per entry of @devices (device_id order). @flags adds
+ * MS_NOSUID and / or MS_NODEV (nothing else): an untrusted image needs
+ * both. Calls the kernel directly: util-linux mount would silently use a
+ * loop device. When the option string exceeds one page it uses
+ * fsopen/fsconfig instead.
  */
 int meta_kernel_mount(const char *bootstrap, const char *const *devices,
-		      uint32_t nr_devices, const char *target);
+		      uint32_t nr_devices, const char *target,
+		      unsigned long flags);
 
 #endif

@@ -37,6 +37,8 @@
 #endif
 #ifndef MOUNT_ATTR_RDONLY
 #define MOUNT_ATTR_RDONLY 0x00000001
+#define MOUNT_ATTR_NOSUID 0x00000002
+#define MOUNT_ATTR_NODEV 0x00000004
 #endif
 #ifndef MOVE_MOUNT_F_EMPTY_PATH
 #define MOVE_MOUNT_F_EMPTY_PATH 0x00000004
@@ -56,6 +58,7 @@ struct mount_args {
 	char **devices;
 	uint32_t nr_devices;
 	char *opts; /* "device=A,device=B", NULL to use fsconfig */
+	unsigned long flags; /* MS_NOSUID, MS_NODEV */
 };
 
 static void mount_args_free(struct mount_args *a)
@@ -157,6 +160,9 @@ static void log_fs_messages(int fsfd, const char *bootstrap)
 
 static int mount_fsconfig(const struct mount_args *a)
 {
+	unsigned int attr = MOUNT_ATTR_RDONLY |
+			    (a->flags & MS_NOSUID ? MOUNT_ATTR_NOSUID : 0) |
+			    (a->flags & MS_NODEV ? MOUNT_ATTR_NODEV : 0);
 	int fsfd, mfd = -1, ret = 0;
 	uint32_t i;
 
@@ -173,7 +179,7 @@ static int mount_fsconfig(const struct mount_args *a)
 	if (syscall(SYS_fsconfig, fsfd, FSCONFIG_SET_FLAG, "ro", NULL, 0) < 0 ||
 	    syscall(SYS_fsconfig, fsfd, FSCONFIG_CMD_CREATE, NULL, NULL, 0) < 0)
 		goto fail;
-	mfd = (int)syscall(SYS_fsmount, fsfd, FSMOUNT_CLOEXEC, MOUNT_ATTR_RDONLY);
+	mfd = (int)syscall(SYS_fsmount, fsfd, FSMOUNT_CLOEXEC, attr);
 	if (mfd < 0 || syscall(SYS_move_mount, mfd, "", AT_FDCWD, a->target,
 			       MOVE_MOUNT_F_EMPTY_PATH) < 0)
 		goto fail;
@@ -224,9 +230,10 @@ static const char *mount_hint(int err, const struct mount_args *a,
 }
 
 int meta_kernel_mount(const char *bootstrap, const char *const *devices,
-		      uint32_t nr_devices, const char *target)
+		      uint32_t nr_devices, const char *target,
+		      unsigned long flags)
 {
-	struct mount_args a = { 0 };
+	struct mount_args a = { .flags = flags & (MS_NOSUID | MS_NODEV) };
 	char hint[128];
 	int ret;
 
@@ -234,7 +241,8 @@ int meta_kernel_mount(const char *bootstrap, const char *const *devices,
 	if (ret)
 		goto out;
 	if (a.opts) {
-		if (mount(a.bootstrap, a.target, "erofs", MS_RDONLY, a.opts) < 0)
+		if (mount(a.bootstrap, a.target, "erofs", MS_RDONLY | a.flags,
+			  a.opts) < 0)
 			ret = -errno;
 	} else {
 		ret = mount_fsconfig(&a);

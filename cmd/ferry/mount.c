@@ -52,6 +52,10 @@ static void mount_help(void)
 	       "  --mode MODE       required to mount: local, fuse or fanotify\n"
 	       "  --cache-dir DIR   the chunk cache (default $FERRY_CACHE_DIR or\n"
 	       "                    %s); see ferry cache\n"
+	       "  --suid            honour the image's setuid and setgid bits\n"
+	       "  --dev             honour the image's device nodes\n"
+	       "                    Without them every mode mounts nosuid,nodev: only\n"
+	       "                    for images you trust as much as root\n"
 	       "fuse and fanotify modes:\n"
 	       "  --prefetch-files LIST  after mounting, fetch the files named in\n"
 	       "                    LIST (one path inside the image per line, in\n"
@@ -72,7 +76,7 @@ static void mount_help(void)
 	       "                    only MOUNTPOINT's) with their statistics\n"
 	       "  --json            --list: JSON on stdout: {\"pid\",\"socket\",\"mounts\":\n"
 	       "                    [{\"mountpoint\",\"image\",\"cacheDir\",\"mode\",\n"
-	       "                    \"keeperPid\" (fanotify),\"state\",\n"
+	       "                    \"keeperPid\" (fanotify),\"suid\",\"dev\",\"state\",\n"
 	       "                    \"mountedAt\",\"bytesRead\",\"bytesFetched\",\n"
 	       "                    \"bytesPrefetched\",\"chunksPresent\",\"chunksTotal\",\n"
 	       "                    \"bytesPresent\",\"prefetch\",\"prefetchFiles\",\n"
@@ -115,7 +119,7 @@ static int parse_rate(const char *s, uint64_t *out)
 
 struct fuse_args_in {
 	const char *image, *mountpoint, *cache_dir, *prefetch_list, *socket_path, *mode;
-	bool prefetch_all, foreground;
+	bool prefetch_all, foreground, suid, dev;
 	uint64_t bwlimit;
 	struct regopts *ro;
 };
@@ -153,6 +157,8 @@ static int mount_fuse(const struct fuse_args_in *a)
 	r.prefetch_all = a->prefetch_all;
 	r.mode = a->mode;
 	r.prefetch_bwlimit = a->bwlimit;
+	r.suid = a->suid;
+	r.dev = a->dev;
 	r.fetch = a->ro->fetch;
 	/*
 	 * ferryd has its own environment: send the docker config this
@@ -211,10 +217,11 @@ out:
 static void print_mounts(const struct ctl_mount_stats *mounts, size_t n)
 {
 	const struct ctl_mount_stats *m;
-	char chunks[48], read[24];
+	char chunks[48], read[24], opts[16];
 
-	printf("%-30s %-8s %-10s %-9s %13s %13s %13s %15s  %s\n", "MOUNTPOINT", "MODE",
-	       "STATE", "PREFETCH", "READ", "FETCHED", "PREFETCHED", "CHUNKS", "IMAGE");
+	printf("%-30s %-8s %-12s %-10s %-9s %13s %13s %13s %15s  %s\n", "MOUNTPOINT",
+	       "MODE", "OPTIONS", "STATE", "PREFETCH", "READ", "FETCHED", "PREFETCHED",
+	       "CHUNKS", "IMAGE");
 	for (m = mounts; m < mounts + n; m++) {
 		snprintf(chunks, sizeof(chunks), "%llu/%llu",
 			 (unsigned long long)m->chunks_present,
@@ -224,8 +231,10 @@ static void print_mounts(const struct ctl_mount_stats *mounts, size_t n)
 			snprintf(read, sizeof(read), "-");
 		else
 			snprintf(read, sizeof(read), "%llu", (unsigned long long)m->bytes_read);
-		printf("%-30s %-8s %-10s %-9s %13s %13llu %13llu %15s  %s\n", m->mountpoint,
-		       m->mode, m->state, m->prefetch, read,
+		snprintf(opts, sizeof(opts), "%ssuid,%sdev", m->suid ? "" : "no",
+			 m->dev ? "" : "no");
+		printf("%-30s %-8s %-12s %-10s %-9s %13s %13llu %13llu %15s  %s\n",
+		       m->mountpoint, m->mode, opts, m->state, m->prefetch, read,
 		       (unsigned long long)m->bytes_fetched,
 		       (unsigned long long)m->bytes_prefetched, chunks, m->image);
 	}
@@ -316,10 +325,12 @@ enum {
 	OPT_SOCKET,
 	OPT_LIST,
 	OPT_JSON,
+	OPT_SUID,
+	OPT_DEV,
 };
 
 static int mount_local(const char *ref, const char *target, const char *cache_dir,
-		       struct regopts *ro)
+		       unsigned long flags, struct regopts *ro)
 {
 	struct image *img;
 	int ret;
@@ -327,7 +338,7 @@ static int mount_local(const char *ref, const char *target, const char *cache_di
 	ret = image_open(ref, &(struct image_opts){ .fetch = &ro->fetch }, &img);
 	if (ret)
 		return ret == -EINVAL ? EXIT_USAGE : EXIT_FAIL;
-	ret = image_mount_local(img, cache_dir, target);
+	ret = image_mount_local(img, cache_dir, target, flags);
 	image_close(img);
 	if (ret) {
 		ferry_err("mount %s on %s failed: %s", ref, target, ferry_strerror(ret));
@@ -348,6 +359,8 @@ int cmd_mount(int argc, char **argv)
 		{ "socket", required_argument, NULL, OPT_SOCKET },
 		{ "list", no_argument, NULL, OPT_LIST },
 		{ "json", no_argument, NULL, OPT_JSON },
+		{ "suid", no_argument, NULL, OPT_SUID },
+		{ "dev", no_argument, NULL, OPT_DEV },
 		{ "help", no_argument, NULL, 'h' },
 		REGISTRY_LONGOPTS,
 		{ 0 },
@@ -404,6 +417,12 @@ int cmd_mount(int argc, char **argv)
 		case OPT_JSON:
 			json = true;
 			break;
+		case OPT_SUID:
+			a.suid = true;
+			break;
+		case OPT_DEV:
+			a.dev = true;
+			break;
 		case 'h':
 			mount_help();
 			return EXIT_OK;
@@ -432,7 +451,8 @@ int cmd_mount(int argc, char **argv)
 				   mode);
 	if (fuse_only)
 		return usage_error("mount", "--prefetch-*, -f: only with --mode fuse or fanotify");
-	return mount_local(a.image, a.mountpoint, a.cache_dir, &ro);
+	return mount_local(a.image, a.mountpoint, a.cache_dir,
+			   ctl_mount_flags(a.suid, a.dev), &ro);
 }
 
 /* ------------------------------------------------------------------ */

@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: MIT
 /*
  * Fanotify mode: the kernel mounts the bootstrap (file-backed EROFS) with
- * one device= per blob naming its sparse chunk-cache data file, and every
+ * one device= per blob naming its sparse chunk-cache data file, both
+ * through the descriptors ferryd verified and holds (image_cache_kernel_mount,
+ * nosuid,nodev unless the request trusts the image), and every
  * read of a missing range of a data file raises a FAN_PRE_ACCESS event
  * that waits until ferryd has filled the range (fetch, decode, verify,
  * write: image_cache_ensure, the same path as FUSE mode) and answered.
@@ -39,7 +41,6 @@
 #include <unistd.h>
 #include <linux/magic.h>
 
-#include "../../pkg-meta/meta.h"
 #include "ferryd.h"
 #include "fanotify.h"
 
@@ -78,6 +79,7 @@ struct fan {
 	_Atomic int keeper_pid;
 	int wake[2];                /* fan_stop wakes the loop */
 	char sysfs[160];            /* /sys/fs/erofs/<name> while mounted */
+	char source[32];            /* the mount's source: our bootstrap descriptor */
 	unsigned int sweep_max;     /* our descriptor limit, for the keeper */
 	uint32_t nr_blobs;
 	struct fan_blob *blobs;
@@ -416,7 +418,7 @@ static int keeper_spawn(struct fan *f)
 	char exe[PATH_MAX], gfd[16], sfd[16], sweep[16], hello[200];
 	int keeper_pid;
 	char *argv[] = { exe, "--keeper", gfd, sfd, f->m->mountpoint,
-			 f->m->img->bootstrap_path, sweep, NULL };
+			 f->source, sweep, NULL };
 	struct pollfd p;
 	int sv[2], status;
 	ssize_t n;
@@ -614,14 +616,11 @@ static int fan_start(struct fmount *m, const struct serve_opts *o, void **state,
 		     char *err, size_t errlen)
 {
 	struct fan *f = calloc(1, sizeof(*f));
-	const char **devs = NULL;
 	unsigned int i;
 	uint32_t n = m->img->blobs.nr_blobs;
 	int ret;
 
-	if (!f || !(f->blobs = calloc(n + 1, sizeof(*f->blobs))) ||
-	    !(devs = calloc(n + 1, sizeof(*devs)))) {
-		free(f ? f->blobs : NULL);
+	if (!f || !(f->blobs = calloc(n + 1, sizeof(*f->blobs)))) {
 		free(f);
 		snprintf(err, errlen, "out of memory");
 		return -ENOMEM;
@@ -641,6 +640,8 @@ static int fan_start(struct fmount *m, const struct serve_opts *o, void **state,
 			 m->req.cache_dir, ferry_strerror(ret));
 		goto fail;
 	}
+	/* What image_cache_kernel_mount names it: the keeper looks for it. */
+	snprintf(f->source, sizeof(f->source), IMAGE_FD_SOURCE "%d", m->img->bootstrap_fd);
 	if (pipe2(f->wake, O_CLOEXEC | O_NONBLOCK)) {
 		ret = -errno;
 		snprintf(err, errlen, "pipe: %s", strerror(-ret));
@@ -664,9 +665,8 @@ static int fan_start(struct fmount *m, const struct serve_opts *o, void **state,
 		snprintf(err, errlen, "cannot start the fanotify keeper: %s", ferry_strerror(ret));
 		goto fail;
 	}
-	for (i = 0; i < n; i++)
-		devs[i] = image_cache_data_path(m->ic, i);
-	ret = meta_kernel_mount(m->img->bootstrap_path, devs, n, m->mountpoint);
+	ret = image_cache_kernel_mount(m->ic, m->req.cache_dir, m->mountpoint,
+				       ctl_mount_flags(m->req.suid, m->req.dev));
 	if (ret) {
 		snprintf(err, errlen, "kernel mount of %s on %s failed (see above)",
 			 m->img->bootstrap_path, m->mountpoint);
@@ -691,7 +691,6 @@ static int fan_start(struct fmount *m, const struct serve_opts *o, void **state,
 	}
 	if (ret)
 		goto fail;
-	free(devs);
 	*state = f;
 	mount_ready(m);
 	return 0;
@@ -703,7 +702,6 @@ fail:
 		ferry_warn("%s: detaching: %s", m->mountpoint, strerror(errno));
 	if (f->keeper_sock >= 0 && !sb_alive(f))
 		keeper_send(f, "bye");
-	free(devs);
 	fan_free(f);
 	return ret;
 }

@@ -719,10 +719,12 @@ static void fs_session_destroy(struct fs *fs)
  * "/dev/fd/N": libfuse then never unmounts by path (fuse_session_unmount
  * would lazily unmount whatever is on the mount point by then), and
  * ferryd decides when and what to unmount. Type fuse.ferry, source
- * ferry:<image>, options ro, default_permissions, allow_other (suid and
- * devices allowed, as for a kernel mount of the image).
+ * ferry:<image>, options ro, default_permissions, allow_other, and
+ * nosuid,nodev unless the request trusts the image (allow_other lets
+ * every user run its files).
  */
-static int fs_mount(struct fs *fs, const char *mountpoint)
+static int fs_mount(struct fs *fs, const struct ctl_mount_req *req,
+		    const char *mountpoint)
 {
 	char *opts = NULL, *source = NULL, devfd[32];
 	int fd, ret = 0;
@@ -740,8 +742,8 @@ static int fs_mount(struct fs *fs, const char *mountpoint)
 		ret = -ENOMEM;
 		goto out;
 	}
-	/* Like a kernel mount of the image: read-only, suid and devices. */
-	if (mount(source, mountpoint, CTL_FUSE_FSTYPE, MS_RDONLY, opts)) {
+	if (mount(source, mountpoint, CTL_FUSE_FSTYPE,
+		  MS_RDONLY | ctl_mount_flags(req->suid, req->dev), opts)) {
 		ret = -errno;
 		ferry_err("%s: mount(2) of FUSE on %s: %s", fs->img->ref, mountpoint,
 			  strerror(errno));
@@ -813,7 +815,7 @@ static int fuse_start(struct fmount *m, const struct serve_opts *o, void **state
 	pthread_mutex_init(&fs->fail_lock, NULL);
 	ret = fs_session_new(fs);
 	if (!ret) {
-		ret = fs_mount(fs, m->mountpoint);
+		ret = fs_mount(fs, &m->req, m->mountpoint);
 		if (ret)
 			fs_session_destroy(fs);
 	}

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MIT
 /*
  * The fanotify keeper: ferryd --keeper GROUP_FD SOCK_FD MOUNTPOINT
- * BOOTSTRAP SWEEP_MAX, started by fanotify.c for one mount.
+ * SOURCE SWEEP_MAX, started by fanotify.c for one mount (SOURCE: the
+ * mount's source in mountinfo).
  *
  * It holds a descriptor of the mount's fanotify group so that the group
  * outlives ferryd: were the last descriptor closed, the kernel would
@@ -40,7 +41,7 @@
 
 struct keeper {
 	int group, sock;
-	const char *mountpoint, *bootstrap;
+	const char *mountpoint, *source;
 	unsigned int sweep_max;
 	char sysfs[160];
 	struct ferry_exes exes;
@@ -126,7 +127,7 @@ static void find_sb(struct keeper *k)
 	struct mount_entry mi;
 
 	if (k->sysfs[0] || mountinfo_find(k->mountpoint, &mi) ||
-	    strcmp(mi.fstype, "erofs") || strcmp(mi.source, k->bootstrap))
+	    strcmp(mi.fstype, "erofs") || strcmp(mi.source, k->source))
 		return;
 	fan_sysfs_path(k->mountpoint, k->sysfs, sizeof(k->sysfs));
 }
@@ -177,7 +178,7 @@ int keeper_main(int argc, char **argv)
 	k.group = (int)gfd;
 	k.sock = (int)sfd;
 	k.mountpoint = argv[4];
-	k.bootstrap = argv[5];
+	k.source = argv[5];
 	fcntl(k.group, F_SETFD, FD_CLOEXEC);
 	fcntl(k.sock, F_SETFD, FD_CLOEXEC);
 	signal(SIGPIPE, SIG_IGN);

@@ -746,6 +746,8 @@ int mounts_list(struct ctl_mount_stats **out, size_t *nr)
 			ret = -ENOMEM;
 		snprintf(e->mode, sizeof(e->mode), "%s", m->mode->name);
 		snprintf(e->state, sizeof(e->state), "%s", state_name(m->state));
+		e->suid = m->req.suid;
+		e->dev = m->req.dev;
 		e->mounted_at = m->mounted_at;
 		e->bytes_read = s.bytes_read;
 		e->bytes_fetched = s.bytes_fetched;

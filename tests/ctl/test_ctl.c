@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <stddef.h>
+#include <sys/mount.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -302,6 +303,7 @@ static void test_mount_req_roundtrip(void)
 	r.prefetch_all = true;
 	r.mode = "fanotify";
 	r.prefetch_bwlimit = 10u << 20;
+	r.suid = true;
 	o = wire(ctl_mount_req_to_json(&r));
 	CHECK(o);
 	CHECK_EQ(ctl_request_parse(o, &req, err, sizeof(err)), 0);
@@ -315,6 +317,7 @@ static void test_mount_req_roundtrip(void)
 	      !p->prefetch_files[2]);
 	CHECK(p->prefetch_all);
 	CHECK_EQ(p->prefetch_bwlimit, 10u << 20);
+	CHECK(p->suid && !p->dev);
 	ctl_request_free(&req);
 
 	/* The mode defaults to fuse; any short lowercase name passes. */
@@ -322,6 +325,10 @@ static void test_mount_req_roundtrip(void)
 	CHECK_EQ(ctl_request_parse(o, &req, err, sizeof(err)), 0);
 	CHECK(str_eq(req.mount.mode, "fuse"));
 	CHECK(!req.mount.prefetch_all && !req.mount.nr_prefetch_files);
+	/* Untrusted unless the request says otherwise: nosuid,nodev. */
+	CHECK(!req.mount.suid && !req.mount.dev);
+	CHECK_EQ(ctl_mount_flags(req.mount.suid, req.mount.dev), MS_NOSUID | MS_NODEV);
+	CHECK_EQ(ctl_mount_flags(true, true), 0);
 	ctl_request_free(&req);
 	json_object_put(o);
 	o = text_json("{\"op\":\"mount\",\"image\":\"dir:/a\",\"mountpoint\":\"/m\",\"cacheDir\":\"/c\",\"mode\":\"erofs-ondemand_2\"}");
@@ -359,6 +366,7 @@ static void test_replies_roundtrip(void)
 	struct ctl_mount_stats ms[2] = {
 		{ .mountpoint = "/m/1", .image = "docker://r.example/a:1", .cache_dir = "/c",
 		  .mode = "fanotify", .state = "mounted", .prefetch = "done", .keeper_pid = 4242,
+		  .dev = true,
 		  .mounted_at = 1700000000, .bytes_read = 1, .bytes_fetched = 2,
 		  .bytes_prefetched = 3, .chunks_present = 4, .chunks_total = 5,
 		  .bytes_present = 6, .prefetch_files = 7, .readahead_files = 8,
@@ -412,6 +420,7 @@ static void test_replies_roundtrip(void)
 		      !strcmp(a->cache_dir, b->cache_dir) && !strcmp(a->mode, b->mode) &&
 		      !strcmp(a->state, b->state) && !strcmp(a->prefetch, b->prefetch));
 		CHECK(a->keeper_pid == b->keeper_pid && a->mounted_at == b->mounted_at);
+		CHECK(a->suid == b->suid && a->dev == b->dev);
 		CHECK(a->bytes_read == b->bytes_read && a->bytes_fetched == b->bytes_fetched &&
 		      a->bytes_prefetched == b->bytes_prefetched &&
 		      a->chunks_present == b->chunks_present &&

@@ -102,6 +102,7 @@ static void check_request(const struct ctl_request *a)
 		    !same(a->mount.mode, b.mount.mode) ||
 		    a->mount.prefetch_all != b.mount.prefetch_all ||
 		    a->mount.prefetch_bwlimit != b.mount.prefetch_bwlimit ||
+		    a->mount.suid != b.mount.suid || a->mount.dev != b.mount.dev ||
 		    a->mount.nr_prefetch_files != b.mount.nr_prefetch_files)
 			abort();
 		for (i = 0; i < a->mount.nr_prefetch_files; i++)
@@ -122,6 +123,7 @@ static void check_stats(const struct ctl_mount_stats *a, const struct ctl_mount_
 	    strcmp(a->cache_dir, b->cache_dir) || strcmp(a->mode, b->mode) ||
 	    strcmp(a->state, b->state) || strcmp(a->prefetch, b->prefetch) ||
 	    a->keeper_pid != b->keeper_pid || a->mounted_at != b->mounted_at ||
+	    a->suid != b->suid || a->dev != b->dev ||
 	    a->bytes_read != b->bytes_read || a->chunks_total != b->chunks_total ||
 	    a->readahead_bytes != b->readahead_bytes || a->prefetch_ms != b->prefetch_ms)
 		abort();

@@ -14,6 +14,7 @@
 #include <stdarg.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/sysmacros.h>
 #include <sys/xattr.h>
 #include <unistd.h>
@@ -1585,6 +1586,17 @@ static bool can_mount(void)
 	return ok;
 }
 
+/* The mount on @mnt honours setuid bits and devices exactly when @trusted. */
+static void check_mount_flags(const char *mnt, bool trusted)
+{
+	struct statvfs sv;
+
+	CHECK_EQ(statvfs(mnt, &sv), 0);
+	CHECK_EQ(!(sv.f_flag & ST_NOSUID), trusted);
+	CHECK_EQ(!(sv.f_flag & ST_NODEV), trusted);
+	CHECK(sv.f_flag & ST_RDONLY);
+}
+
 static void check_mounted(const char *mnt)
 {
 	char p[PATH_MAX], q[PATH_MAX];
@@ -1613,27 +1625,35 @@ static void test_kernel_mount(void)
 	snprintf(mnt, sizeof(mnt), "%s/mnt", tmp_dir);
 	CHECK_EQ(mkdir(mnt, 0755), 0);
 	devs[0] = blob_path;
-	CHECK_EQ(meta_kernel_mount(chunked_img, devs, 1, mnt), 0);
+	CHECK_EQ(meta_kernel_mount(chunked_img, devs, 1, mnt, MS_NOSUID | MS_NODEV), 0);
+	check_mount_flags(mnt, false);
+	check_mounted(mnt);
+	CHECK_EQ(meta_kernel_mount(chunked_img, devs, 1, mnt, 0), 0);
+	check_mount_flags(mnt, true);
 	check_mounted(mnt);
 	/* Wrong device count. */
 	devs[1] = blob_path;
-	CHECK_EQ(meta_kernel_mount(chunked_img, devs, 2, mnt), -EINVAL);
+	CHECK_EQ(meta_kernel_mount(chunked_img, devs, 2, mnt, 0), -EINVAL);
 	/* A comma in a path: mount(2) cannot say it, fsconfig can. */
 	snprintf(comma, sizeof(comma), "%s/bl,ob", tmp_dir);
 	CHECK_EQ(link(blob_path, comma), 0);
 	devs[0] = comma;
-	CHECK_EQ(meta_kernel_mount(chunked_img, devs, 1, mnt), 0);
+	CHECK_EQ(meta_kernel_mount(chunked_img, devs, 1, mnt, MS_NOSUID | MS_NODEV), 0);
+	check_mount_flags(mnt, false);
+	check_mounted(mnt);
+	CHECK_EQ(meta_kernel_mount(chunked_img, devs, 1, mnt, 0), 0);
+	check_mount_flags(mnt, true);
 	check_mounted(mnt);
 	devs[1] = comma;
-	CHECK_EQ(meta_kernel_mount(chunked_img, devs, 2, mnt), -EINVAL);
+	CHECK_EQ(meta_kernel_mount(chunked_img, devs, 2, mnt, 0), -EINVAL);
 	/* Not a regular file / missing. */
 	devs[0] = tmp_dir;
-	CHECK_EQ(meta_kernel_mount(chunked_img, devs, 1, mnt), -EINVAL);
+	CHECK_EQ(meta_kernel_mount(chunked_img, devs, 1, mnt, 0), -EINVAL);
 	devs[0] = "/nonexistent/blob";
-	CHECK_EQ(meta_kernel_mount(chunked_img, devs, 1, mnt), -ENOENT);
+	CHECK_EQ(meta_kernel_mount(chunked_img, devs, 1, mnt, 0), -ENOENT);
 	devs[0] = blob_path;
-	CHECK_EQ(meta_kernel_mount(chunked_img, devs, 1, "/nonexistent/mnt"), -ENOENT);
-	CHECK_EQ(meta_kernel_mount(blob_path, devs, 1, mnt), -EINVAL); /* not EROFS */
+	CHECK_EQ(meta_kernel_mount(chunked_img, devs, 1, "/nonexistent/mnt", 0), -ENOENT);
+	CHECK_EQ(meta_kernel_mount(blob_path, devs, 1, mnt, 0), -EINVAL); /* not EROFS */
 	rmdir(mnt);
 }
 
@@ -1688,9 +1708,10 @@ static void test_kernel_mount_many_devices(void)
 	}
 	snprintf(mnt, sizeof(mnt), "%s/mnt-many", tmp_dir);
 	CHECK_EQ(mkdir(mnt, 0755), 0);
-	CHECK_EQ(meta_kernel_mount(img_path, devs, NR, mnt), 0);
+	CHECK_EQ(meta_kernel_mount(img_path, devs, NR, mnt, MS_NOSUID | MS_NODEV), 0);
+	check_mount_flags(mnt, false);
 	check_mounted(mnt);
-	CHECK_EQ(meta_kernel_mount(img_path, devs, NR - 1, mnt), -EINVAL);
+	CHECK_EQ(meta_kernel_mount(img_path, devs, NR - 1, mnt, 0), -EINVAL);
 	{
 		struct meta_image *img = open_image(img_path);
 		struct meta_super sb;
@@ -1720,7 +1741,7 @@ static void test_kernel_mount_preamble(void)
 	snprintf(path, sizeof(path), "%s/preamble.erofs", tmp_dir);
 	snprintf(mnt, sizeof(mnt), "%s/mnt-pre", tmp_dir);
 	CHECK_EQ(mkdir(mnt, 0755), 0);
-	CHECK_EQ(meta_kernel_mount(path, NULL, 0, mnt), 0);
+	CHECK_EQ(meta_kernel_mount(path, NULL, 0, mnt, 0), 0);
 	snprintf(p, sizeof(p), "%s/small", mnt);
 	a = slurp(p, &al);
 	CHECK(a && al == 12 && !memcmp(a, "hello world\n", 12));
