@@ -95,7 +95,7 @@ static int get_pid(struct json_object *o, const char *key, bool required, int *o
 	{ key, opt, CTL_OPT_STRS, FETCH_FIELD(f, const char *const *), max, items }
 
 const struct ctl_fetch_opt ctl_fetch_opts[CTL_NR_FETCH_OPTS] = {
-	OPT_STR("creds", "creds", creds, 4096),
+	OPT_STR("creds", "creds", creds, FETCH_CREDS_MAX),
 	OPT_STR("authfile", "authfile", authfile, PATH_MAX - 1),
 	OPT_BOOL("tlsVerify", "tls-verify", tls_verify),
 	OPT_STR("caFile", "ca-file", ca_file, PATH_MAX - 1),

@@ -431,6 +431,98 @@ char *fetch_authfile_path(const struct fetch_opts *opts, bool *explicit_path)
 	return NULL;
 }
 
+/*
+ * @fd until EOF into @buf (@size bytes, NUL-terminated, one trailing
+ * newline dropped): 0, -EFBIG when it does not fit, or -errno.
+ */
+static int read_secret(int fd, char *buf, size_t size)
+{
+	size_t len = 0;
+	ssize_t n;
+
+	while (len < size && (n = read(fd, buf + len, size - len)) != 0) {
+		if (n < 0 && errno != EINTR)
+			return -errno;
+		len += n > 0 ? (size_t)n : 0;
+	}
+	if (len == size)
+		return -EFBIG;
+	if (len && buf[len - 1] == '\n')
+		len--;
+	if (len && buf[len - 1] == '\r')
+		len--;
+	buf[len] = '\0';
+	return 0;
+}
+
+/* "USER:PASS" in @s: a user, a colon, a password, no control bytes. */
+static bool creds_ok(const char *s)
+{
+	const char *colon = strchr(s, ':');
+
+	return colon && colon != s && colon[1] && cred_text_ok(s, strlen(s));
+}
+
+int fetch_creds_file(const char *path, char out[FETCH_CREDS_MAX + 1])
+{
+	struct stat st;
+	int fd, ret;
+
+	fd = open(path, O_RDONLY | O_NOCTTY | O_CLOEXEC);
+	if (fd < 0 || fstat(fd, &st)) {
+		ret = -errno;
+		ferry_err("credentials file %s: %s", path, strerror(-ret));
+		goto out;
+	}
+	if (!S_ISREG(st.st_mode)) {
+		ret = -EINVAL;
+		ferry_err("credentials file %s: not a regular file", path);
+		goto out;
+	}
+	if (st.st_mode & 077) {
+		ret = -EACCES;
+		ferry_err("credentials file %s: group or others may access it (mode %04o); let only its owner read it: chmod 600 %s",
+			  path, (unsigned int)(st.st_mode & 07777), path);
+		goto out;
+	}
+	ret = read_secret(fd, out, FETCH_CREDS_MAX + 1);
+	if (!ret && !creds_ok(out))
+		ret = -EINVAL;
+	if (ret == -EFBIG || ret == -EINVAL)
+		ferry_err("credentials file %s: expected one line USER:PASS of at most %u bytes",
+			  path, FETCH_CREDS_MAX);
+	else if (ret)
+		ferry_err("credentials file %s: %s", path, strerror(-ret));
+out:
+	if (fd >= 0)
+		close(fd);
+	if (ret)
+		OPENSSL_cleanse(out, FETCH_CREDS_MAX + 1);
+	return ret;
+}
+
+int fetch_creds_password(int fd, const char *user, char out[FETCH_CREDS_MAX + 1])
+{
+	size_t ulen = strlen(user);
+	int ret = -EINVAL;
+
+	if (ulen + 2 <= FETCH_CREDS_MAX && !strchr(user, ':')) {
+		memcpy(out, user, ulen);
+		out[ulen] = ':';
+		ret = read_secret(fd, out + ulen + 1, FETCH_CREDS_MAX - ulen);
+	}
+	if (!ret && !creds_ok(out))
+		ret = -EINVAL;
+	if (ret == -EFBIG || ret == -EINVAL)
+		ferry_err("password of %s from standard input: expected a user without ':' and a one-line password, at most %u bytes together",
+			  user, FETCH_CREDS_MAX);
+	else if (ret)
+		ferry_err("password of %s from standard input: %s", user, strerror(-ret));
+	if (ret)
+		OPENSSL_cleanse(out, FETCH_CREDS_MAX + 1);
+	return ret;
+}
+
 int fetch_load_creds(const struct fetch_opts *opts, const char *host,
 		     struct fetch_creds *out)
 {

@@ -123,6 +123,19 @@ struct fetch_opts {
 
 #define FETCH_DEADLINE_RATE (1u << 20) /* bytes/s a deadline allows for */
 
+/*
+ * Credentials kept out of argv, which every local user can read in
+ * /proc/PID/cmdline: "USER:PASS" for fetch_opts.creds into @out, read
+ * from the file @path (one line, a trailing newline dropped; a file that
+ * group or others may access is refused, -EACCES, saying to chmod 600
+ * it), or @user's password read from @fd until EOF (docker login
+ * --password-stdin). 0, or -errno after a message that never shows the
+ * secret.
+ */
+#define FETCH_CREDS_MAX 4096u /* longest "USER:PASS" */
+int fetch_creds_file(const char *path, char out[FETCH_CREDS_MAX + 1]);
+int fetch_creds_password(int fd, const char *user, char out[FETCH_CREDS_MAX + 1]);
+
 /* Defaults as documented above (tls_verify true). */
 void fetch_opts_init(struct fetch_opts *opts);
 

@@ -51,6 +51,9 @@ int cmd_check(int argc, char **argv)
 	}
 	if (argc - optind != 1)
 		return usage_error("check", "expected IMAGE");
+	ret = regopts_finish(&ro);
+	if (ret)
+		return ret;
 	ret = image_open(argv[optind], &(struct image_opts){ .fetch = &ro.fetch },
 			 &img);
 	if (ret)

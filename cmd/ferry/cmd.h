@@ -25,7 +25,9 @@ int cmd_cache(int argc, char **argv);
 /*
  * Registry options (regopts.c): REGISTRY_LONGOPTS goes into a command's
  * option table; regopts_parse returns 1 for one of its options, 0 for
- * another option, or -EINVAL after a message.
+ * another option, or -EINVAL after a message. After the options,
+ * regopts_finish reads --creds-file or --password-stdin into fetch.creds
+ * and checks how the credential options combine: an exit code.
  */
 enum {
 	REGOPT_CREDS = 0x1000,
@@ -38,6 +40,9 @@ enum {
 	REGOPT_STALL,
 	REGOPT_RESOLVE,
 	REGOPT_REQUEST_TIMEOUT,
+	REGOPT_CREDS_FILE,
+	REGOPT_USERNAME,
+	REGOPT_PASSWORD_STDIN,
 };
 #define REGISTRY_LONGOPTS                                                       \
 	{ "creds", required_argument, NULL, REGOPT_CREDS },                     \
@@ -49,7 +54,10 @@ enum {
 	{ "retries", required_argument, NULL, REGOPT_RETRIES },                 \
 	{ "stall-timeout", required_argument, NULL, REGOPT_STALL },             \
 	{ "resolve", required_argument, NULL, REGOPT_RESOLVE },                 \
-	{ "request-timeout", required_argument, NULL, REGOPT_REQUEST_TIMEOUT }
+	{ "request-timeout", required_argument, NULL, REGOPT_REQUEST_TIMEOUT }, \
+	{ "creds-file", required_argument, NULL, REGOPT_CREDS_FILE },           \
+	{ "username", required_argument, NULL, REGOPT_USERNAME },               \
+	{ "password-stdin", no_argument, NULL, REGOPT_PASSWORD_STDIN }
 #define REGOPTS_MAX 17
 
 struct regopts {
@@ -58,10 +66,14 @@ struct regopts {
 	const char *mirrors[REGOPTS_MAX];
 	const char *resolve[REGOPTS_MAX];
 	size_t nr_insecure, nr_mirrors, nr_resolve;
+	const char *creds_file, *username;
+	bool password_stdin;
+	char creds[FETCH_CREDS_MAX + 1]; /* read by regopts_finish */
 };
 extern const char REGISTRY_OPTIONS_HELP[];
 void regopts_init(struct regopts *r);
 int regopts_parse(struct regopts *r, int opt, const char *arg);
+int regopts_finish(struct regopts *r);
 
 /* Print "ferry CMD: MSG" and a hint to --help; returns EXIT_USAGE. */
 int usage_error(const char *cmd, const char *fmt, ...)

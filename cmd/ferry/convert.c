@@ -227,6 +227,9 @@ int cmd_convert(int argc, char **argv)
 	}
 	if (argc - optind != 2)
 		return usage_error("convert", "expected SOURCE and DEST");
+	ret = regopts_finish(&ro);
+	if (ret)
+		return ret;
 	if (quiet || json)
 		ferry_progress_enabled = false;
 	if (convert_check_args(argv[optind], argv[optind + 1], &opts))

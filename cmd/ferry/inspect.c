@@ -139,6 +139,9 @@ int cmd_inspect(int argc, char **argv)
 	}
 	if (argc - optind < 1 || argc - optind > 2)
 		return usage_error("inspect", "expected IMAGE [PATH]");
+	ret = regopts_finish(&ro);
+	if (ret)
+		return ret;
 	ret = image_open(argv[optind], &(struct image_opts){ .fetch = &ro.fetch },
 			 &img);
 	if (ret)

@@ -441,6 +441,9 @@ int cmd_mount(int argc, char **argv)
 		return usage_error("mount", "expected IMAGE and MOUNTPOINT");
 	if (!mode)
 		return usage_error("mount", "--mode is required (local, fuse or fanotify)");
+	ret = regopts_finish(&ro);
+	if (ret)
+		return ret;
 	a.image = argv[optind];
 	a.mountpoint = argv[optind + 1];
 	a.mode = mode;

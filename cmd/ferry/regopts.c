@@ -4,13 +4,21 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../../pkg-base/base.h"
 #include "cmd.h"
 
 const char REGISTRY_OPTIONS_HELP[] =
 	"Registry options (docker://HOST[:PORT]/REPO[:TAG|@DIGEST] images):\n"
-	"  --creds USER:PASS        credentials for every registry\n"
+	"  --creds USER:PASS        credentials for every registry; every local\n"
+	"                           user sees them in ps: prefer one of the next\n"
+	"                           two, or --authfile\n"
+	"  --creds-file FILE        read USER:PASS from FILE (one line; refused\n"
+	"                           unless only its owner may access it: chmod 600)\n"
+	"  --username USER --password-stdin\n"
+	"                           read USER's password from standard input\n"
+	"                           (as docker login; --creds USER works too)\n"
 	"  --authfile FILE          docker config.json with auths / credHelpers\n"
 	"                           (default $REGISTRY_AUTH_FILE, then\n"
 	"                           $DOCKER_CONFIG/config.json or ~/.docker/config.json)\n"
@@ -74,11 +82,16 @@ int regopts_parse(struct regopts *r, int opt, const char *arg)
 
 	switch (opt) {
 	case REGOPT_CREDS:
-		if (!strchr(arg, ':')) {
-			ferry_err("--creds: expected USER:PASS");
-			return -EINVAL;
-		}
 		r->fetch.creds = arg;
+		return 1;
+	case REGOPT_CREDS_FILE:
+		r->creds_file = arg;
+		return 1;
+	case REGOPT_USERNAME:
+		r->username = arg;
+		return 1;
+	case REGOPT_PASSWORD_STDIN:
+		r->password_stdin = true;
 		return 1;
 	case REGOPT_AUTHFILE:
 		r->fetch.authfile = arg;
@@ -128,4 +141,33 @@ int regopts_parse(struct regopts *r, int opt, const char *arg)
 	default:
 		return 0;
 	}
+}
+
+int regopts_finish(struct regopts *r)
+{
+	const char *creds = r->fetch.creds;
+	bool user_only = creds && !strchr(creds, ':');
+	int ret;
+
+	if (r->password_stdin) {
+		/* The user from --username (docker login) or --creds USER (skopeo). */
+		if (r->creds_file || (r->username ? creds != NULL : !user_only))
+			goto usage;
+		ret = fetch_creds_password(STDIN_FILENO, r->username ?: creds, r->creds);
+	} else if (r->creds_file) {
+		if (creds || r->username)
+			goto usage;
+		ret = fetch_creds_file(r->creds_file, r->creds);
+	} else if (r->username || user_only) {
+		goto usage;
+	} else {
+		return EXIT_OK;
+	}
+	if (ret)
+		return EXIT_FAIL;
+	r->fetch.creds = r->creds;
+	return EXIT_OK;
+usage:
+	ferry_err("credentials: give one of --creds USER:PASS, --creds-file FILE, or --password-stdin with --username USER (or --creds USER)");
+	return EXIT_USAGE;
 }

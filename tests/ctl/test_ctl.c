@@ -11,6 +11,7 @@
 #include <stddef.h>
 #include <sys/mount.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "../../cmd/ctl.h"
@@ -214,6 +215,13 @@ static void test_fetch_table(void)
 
 static const struct option regopts[] = { REGISTRY_LONGOPTS, { 0 } };
 
+/* Options regopts_finish reads into fetch.creds, which "creds" carries. */
+static bool creds_source(const char *option)
+{
+	return !strcmp(option, "creds-file") || !strcmp(option, "username") ||
+	       !strcmp(option, "password-stdin");
+}
+
 /* ferry's registry options and the table name the same options. */
 static void test_fetch_table_matches_cli(void)
 {
@@ -222,7 +230,10 @@ static void test_fetch_table_matches_cli(void)
 	char flag[64];
 	size_t n = 0;
 
-	for (l = regopts; l->name; l++, n++) {
+	for (l = regopts; l->name; l++) {
+		if (creds_source(l->name))
+			continue;
+		n++;
 		for (o = ctl_fetch_opts; o < ctl_fetch_opts + CTL_NR_FETCH_OPTS; o++)
 			if (!strcmp(o->option, l->name))
 				break;
@@ -284,6 +295,75 @@ static void test_cli_options_reach_request(void)
 		CHECK(opt_set(&ro.fetch, o) && opt_eq(&ro.fetch, &req.mount.fetch, o));
 	}
 	ctl_request_free(&req);
+}
+
+/* ferry option @name (no "--") with @arg, as getopt hands it over. */
+static int regopt(struct regopts *ro, const char *name, const char *arg)
+{
+	const struct option *l;
+
+	for (l = regopts; l->name && strcmp(l->name, name); l++)
+		;
+	return l->name ? regopts_parse(ro, l->val, arg) : -ENOENT;
+}
+
+/* Credentials from a file or stdin reach the request; combinations. */
+static void test_cli_creds_sources(void)
+{
+	char path[] = "/tmp/ferry-test-ctl-creds.XXXXXX";
+	struct ctl_request req;
+	struct regopts ro;
+	int fd = mkstemp(path), p[2], in;
+
+	CHECK(fd >= 0 && write_full(fd, "carol:file-pw\n", 14) == 0);
+	close(fd);
+	regopts_init(&ro);
+	CHECK_EQ(regopt(&ro, "creds-file", path), 1);
+	CHECK_EQ(regopts_finish(&ro), EXIT_OK);
+	CHECK(str_eq(ro.fetch.creds, "carol:file-pw"));
+	CHECK_EQ(mount_roundtrip(&ro.fetch, &req), 0);
+	CHECK(str_eq(req.mount.fetch.creds, "carol:file-pw"));
+	ctl_request_free(&req);
+	CHECK_EQ(chmod(path, 0644), 0);
+	regopts_init(&ro);
+	CHECK_EQ(regopt(&ro, "creds-file", path), 1);
+	CHECK_EQ(regopts_finish(&ro), EXIT_FAIL);
+	unlink(path);
+
+	/* --password-stdin with --username, or with --creds USER. */
+	in = dup(STDIN_FILENO);
+	CHECK(in >= 0 && !pipe(p) && write_full(p[1], "stdin-pw\n", 9) == 0);
+	close(p[1]);
+	CHECK(dup2(p[0], STDIN_FILENO) == STDIN_FILENO);
+	close(p[0]);
+	regopts_init(&ro);
+	CHECK_EQ(regopt(&ro, "password-stdin", NULL), 1);
+	CHECK_EQ(regopt(&ro, "creds", "dave"), 1);
+	CHECK_EQ(regopts_finish(&ro), EXIT_OK);
+	CHECK(str_eq(ro.fetch.creds, "dave:stdin-pw"));
+	dup2(in, STDIN_FILENO);
+	close(in);
+
+	/* One source only; a bare user needs --password-stdin. */
+	regopts_init(&ro);
+	CHECK_EQ(regopt(&ro, "creds", "dave"), 1);
+	CHECK_EQ(regopts_finish(&ro), EXIT_USAGE);
+	regopts_init(&ro);
+	CHECK_EQ(regopt(&ro, "username", "dave"), 1);
+	CHECK_EQ(regopts_finish(&ro), EXIT_USAGE);
+	regopts_init(&ro);
+	CHECK_EQ(regopt(&ro, "password-stdin", NULL), 1);
+	CHECK_EQ(regopts_finish(&ro), EXIT_USAGE);
+	CHECK_EQ(regopt(&ro, "creds", "dave:pw"), 1);
+	CHECK_EQ(regopts_finish(&ro), EXIT_USAGE);
+	regopts_init(&ro);
+	CHECK_EQ(regopt(&ro, "creds-file", "/x"), 1);
+	CHECK_EQ(regopt(&ro, "creds", "dave:pw"), 1);
+	CHECK_EQ(regopts_finish(&ro), EXIT_USAGE);
+	regopts_init(&ro);
+	CHECK_EQ(regopt(&ro, "creds", "dave:pw"), 1);
+	CHECK_EQ(regopts_finish(&ro), EXIT_OK);
+	CHECK(str_eq(ro.fetch.creds, "dave:pw"));
 }
 
 static void test_mount_req_roundtrip(void)
@@ -635,6 +715,7 @@ int main(void)
 	RUN_TEST(test_fetch_table);
 	RUN_TEST(test_fetch_table_matches_cli);
 	RUN_TEST(test_cli_options_reach_request);
+	RUN_TEST(test_cli_creds_sources);
 	RUN_TEST(test_mount_req_roundtrip);
 	RUN_TEST(test_other_requests_roundtrip);
 	RUN_TEST(test_replies_roundtrip);

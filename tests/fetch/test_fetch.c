@@ -596,6 +596,80 @@ static void test_cred_helper(void)
 
 /* ------------------------------------------------------------------ */
 
+/* A pipe holding @text, for fetch_creds_password. */
+static int pipe_with(const char *text)
+{
+	int p[2];
+
+	if (pipe(p))
+		return -1;
+	CHECK(write_full(p[1], text, strlen(text)) == 0);
+	close(p[1]);
+	return p[0];
+}
+
+/* Credentials kept out of argv: --creds-file and --password-stdin. */
+static void test_creds_sources(void)
+{
+	char path[256], out[FETCH_CREDS_MAX + 1], *big;
+	int fd;
+
+	snprintf(path, sizeof(path), "%s/creds", tmpdir);
+	write_file(path, "alice:pa:ss word\n", 0600);
+	CHECK_EQ(fetch_creds_file(path, out), 0);
+	CHECK(!strcmp(out, "alice:pa:ss word"));
+	write_file(path, "alice:pw\r\n", 0600);
+	CHECK_EQ(fetch_creds_file(path, out), 0);
+	CHECK(!strcmp(out, "alice:pw"));
+	/* Readable (or writable) by group or others: refused, chmod 600 says how. */
+	CHECK_EQ(chmod(path, 0640), 0);
+	CHECK_EQ(fetch_creds_file(path, out), -EACCES);
+	CHECK_EQ(chmod(path, 0602), 0);
+	CHECK_EQ(fetch_creds_file(path, out), -EACCES);
+	CHECK_EQ(chmod(path, 0400), 0);
+	CHECK_EQ(fetch_creds_file(path, out), 0);
+	unlink(path);
+	/* Not one line USER:PASS, too long, not a file, missing. */
+	write_file(path, "alice:pw\nbob:pw\n", 0600);
+	CHECK_EQ(fetch_creds_file(path, out), -EINVAL);
+	write_file(path, "no-colon\n", 0600);
+	CHECK_EQ(fetch_creds_file(path, out), -EINVAL);
+	write_file(path, ":pw\n", 0600);
+	CHECK_EQ(fetch_creds_file(path, out), -EINVAL);
+	write_file(path, "alice:\n", 0600);
+	CHECK_EQ(fetch_creds_file(path, out), -EINVAL);
+	big = malloc(FETCH_CREDS_MAX + 2);
+	memset(big, 'x', FETCH_CREDS_MAX + 1);
+	big[1] = ':';
+	big[FETCH_CREDS_MAX + 1] = '\0';
+	write_file(path, big, 0600);
+	CHECK_EQ(fetch_creds_file(path, out), -EFBIG);
+	big[FETCH_CREDS_MAX] = '\0'; /* exactly the limit */
+	write_file(path, big, 0600);
+	CHECK_EQ(fetch_creds_file(path, out), 0);
+	CHECK_EQ(strlen(out), FETCH_CREDS_MAX);
+	CHECK_EQ(fetch_creds_file(tmpdir, out), -EINVAL);
+	CHECK_EQ(fetch_creds_file("/nonexistent/creds", out), -ENOENT);
+
+	fd = pipe_with("s3cret\n");
+	CHECK_EQ(fetch_creds_password(fd, "bob", out), 0);
+	CHECK(!strcmp(out, "bob:s3cret"));
+	close(fd);
+	fd = pipe_with("");
+	CHECK_EQ(fetch_creds_password(fd, "bob", out), -EINVAL);
+	close(fd);
+	fd = pipe_with("two\nlines\n");
+	CHECK_EQ(fetch_creds_password(fd, "bob", out), -EINVAL);
+	close(fd);
+	fd = pipe_with("pw");
+	CHECK_EQ(fetch_creds_password(fd, "b:ob", out), -EINVAL);
+	close(fd);
+	fd = pipe_with(big + 2);
+	CHECK_EQ(fetch_creds_password(fd, "bob", out), -EFBIG);
+	close(fd);
+	free(big);
+}
+
 static void test_urls(void)
 {
 	const char *base = "https://reg.io:5000/v2/a/blobs/uploads/";
@@ -990,6 +1064,7 @@ int main(void)
 	RUN_TEST(test_dockercfg);
 	RUN_TEST(test_helper_output);
 	RUN_TEST(test_cred_helper);
+	RUN_TEST(test_creds_sources);
 	RUN_TEST(test_urls);
 	RUN_TEST(test_open);
 	RUN_TEST(test_resolve);
