@@ -18,16 +18,12 @@
 
 #include "internal.h"
 
-/* What the image's index (ferry.json or OCI manifest) promises. */
-struct image_expect {
-	uint8_t bootstrap[BLOB_DIGEST_SIZE]; /* of the raw EROFS bytes */
-	bool compressed_bootstrap;    /* oci:, docker: zstd-compressed blob */
-	char *compressed_path;        /* oci: that blob's file */
-	uint8_t compressed[BLOB_DIGEST_SIZE];
-	uint64_t compressed_size;
-	uint32_t nr_blobs;
-	uint8_t (*blobs)[BLOB_DIGEST_SIZE];
-};
+void image_expect_free(struct image_expect *e)
+{
+	free(e->blobs);
+	free(e->compressed_path);
+	memset(e, 0, sizeof(*e));
+}
 
 static int expect_blobs(struct image_expect *e, size_t n)
 {
@@ -36,40 +32,29 @@ static int expect_blobs(struct image_expect *e, size_t n)
 	return e->blobs ? 0 : -ENOMEM;
 }
 
-/* dir:OUT — OUT/ferry.json. */
-static int locate_dir(struct image *img, struct image_expect *e)
+int image_expect_dir(struct image *img, struct json_object *root,
+		     const char *index_path, struct image_expect *e)
 {
-	struct json_object *root = NULL, *boot, *blobs, *v;
-	char *index_path = NULL;
+	struct json_object *boot, *blobs, *v;
 	const char *s;
 	size_t i;
-	int ret = -EFSCORRUPTED;
+	int ret;
 
-	if (asprintf(&img->bootstrap_path, "%s/bootstrap", img->dir) < 0 ||
-	    asprintf(&index_path, "%s/ferry.json", img->dir) < 0)
-		return -ENOMEM;
-	root = json_object_from_file(index_path);
-	if (!root) {
-		ferry_err("%s: cannot read or parse: %s", index_path,
-			  json_util_get_last_err());
-		ret = access(index_path, F_OK) ? -ENOENT : -EFSCORRUPTED;
-		goto out;
-	}
 	if (!json_object_object_get_ex(root, "schemaVersion", &v) ||
 	    json_object_get_int(v) != 1) {
 		ferry_err("%s: unsupported schemaVersion (expected 1)", index_path);
-		goto out;
+		return -EFSCORRUPTED;
 	}
 	if (!json_object_object_get_ex(root, "bootstrap", &boot) ||
 	    !(s = json_get_string(boot, "digest")) ||
 	    digest_parse(s, e->bootstrap)) {
 		ferry_err("%s: missing or malformed bootstrap digest", index_path);
-		goto out;
+		return -EFSCORRUPTED;
 	}
 	if (!json_object_object_get_ex(root, "blobs", &blobs) ||
 	    !json_object_is_type(blobs, json_type_array)) {
 		ferry_err("%s: missing blob list", index_path);
-		goto out;
+		return -EFSCORRUPTED;
 	}
 	ret = expect_blobs(e, json_object_array_length(blobs));
 	for (i = 0; !ret && i < e->nr_blobs; i++) {
@@ -83,9 +68,81 @@ static int locate_dir(struct image *img, struct image_expect *e)
 		img->chunk_size = (uint32_t)json_object_get_int64(v);
 	s = json_get_string(root, "compression");
 	snprintf(img->compression, sizeof(img->compression), "%s", s ? s : "?");
-out:
+	return ret;
+}
+
+/* dir:OUT — OUT/ferry.json. */
+static int locate_dir(struct image *img, struct image_expect *e)
+{
+	struct json_object *root;
+	char *index_path = NULL;
+	int ret;
+
+	if (asprintf(&img->bootstrap_path, "%s/bootstrap", img->dir) < 0 ||
+	    asprintf(&index_path, "%s/ferry.json", img->dir) < 0)
+		return -ENOMEM;
+	root = json_object_from_file(index_path);
+	if (root) {
+		ret = image_expect_dir(img, root, index_path, e);
+	} else {
+		ferry_err("%s: cannot read or parse: %s", index_path,
+			  json_util_get_last_err());
+		ret = access(index_path, F_OK) ? -ENOENT : -EFSCORRUPTED;
+	}
 	json_object_put(root);
 	free(index_path);
+	return ret;
+}
+
+int image_expect_manifest(struct image *img, const struct oci_image *oci,
+			  struct image_expect *e)
+{
+	const char *ref = img->ref;
+	struct json_object *ann, *layers;
+	const char *s;
+	uint32_t i;
+	int ret;
+
+	json_object_object_get_ex(oci->manifest, "layers", &layers);
+	memcpy(img->image_digest, oci->manifest_desc.digest, BLOB_DIGEST_SIZE);
+	if (!oci->nr_layers ||
+	    strcmp(oci->layers[oci->nr_layers - 1].media_type, FERRY_BOOTSTRAP_MEDIA_TYPE)) {
+		ferry_err("%s: not a ferry image (its last layer is not of type %s)", ref,
+			  FERRY_BOOTSTRAP_MEDIA_TYPE);
+		return -EFSCORRUPTED;
+	}
+	e->compressed_bootstrap = true;
+	memcpy(e->compressed, oci->layers[oci->nr_layers - 1].digest, BLOB_DIGEST_SIZE);
+	e->compressed_size = oci->layers[oci->nr_layers - 1].size;
+	s = oci_annotation(json_object_array_get_idx(layers, oci->nr_layers - 1),
+			   FERRY_BOOTSTRAP_DIGEST_ANNOTATION);
+	if (!s || digest_parse(s, e->bootstrap)) {
+		ferry_err("%s: bootstrap layer lacks a valid %s annotation", ref,
+			  FERRY_BOOTSTRAP_DIGEST_ANNOTATION);
+		return -EFSCORRUPTED;
+	}
+	ret = 0;
+	if (oci->layout) {
+		img->dir = strdup(oci->layout);
+		ret = img->dir ? oci_blob_path(oci->layout, e->compressed,
+					       &e->compressed_path) : -ENOMEM;
+	}
+	if (!ret)
+		ret = expect_blobs(e, oci->nr_layers - 1);
+	for (i = 0; !ret && i + 1 < oci->nr_layers; i++) {
+		if (strcmp(oci->layers[i].media_type, FERRY_BLOB_MEDIA_TYPE)) {
+			ferry_err("%s: layer %u is %s, expected %s", ref, i,
+				  oci->layers[i].media_type, FERRY_BLOB_MEDIA_TYPE);
+			ret = -EFSCORRUPTED;
+		}
+		memcpy(e->blobs[i], oci->layers[i].digest, BLOB_DIGEST_SIZE);
+	}
+	if (!ret && json_object_object_get_ex(oci->manifest, "annotations", &ann)) {
+		s = json_get_string(ann, "dev.ferry.chunk-size");
+		img->chunk_size = s ? (uint32_t)strtoul(s, NULL, 10) : 0;
+		s = json_get_string(ann, "dev.ferry.compression");
+		snprintf(img->compression, sizeof(img->compression), "%s", s ? s : "?");
+	}
 	return ret;
 }
 
@@ -96,62 +153,17 @@ out:
 static int locate_manifest(struct image *img, const struct image_ref *r,
 			   const struct image_opts *opts, struct image_expect *e)
 {
-	const char *ref = img->ref;
 	struct oci_image oci;
-	struct json_object *ann, *layers;
-	const char *s;
-	uint32_t i;
 	int ret;
 
 	ret = oci_image_open(r, opts->platform, opts->fetch, &oci);
 	if (ret)
 		return ret;
-	json_object_object_get_ex(oci.manifest, "layers", &layers);
-	memcpy(img->image_digest, oci.manifest_desc.digest, BLOB_DIGEST_SIZE);
-	ret = -EFSCORRUPTED;
-	if (!oci.nr_layers ||
-	    strcmp(oci.layers[oci.nr_layers - 1].media_type, FERRY_BOOTSTRAP_MEDIA_TYPE)) {
-		ferry_err("%s: not a ferry image (its last layer is not of type %s)", ref,
-			  FERRY_BOOTSTRAP_MEDIA_TYPE);
-		goto out;
-	}
-	e->compressed_bootstrap = true;
-	memcpy(e->compressed, oci.layers[oci.nr_layers - 1].digest, BLOB_DIGEST_SIZE);
-	e->compressed_size = oci.layers[oci.nr_layers - 1].size;
-	s = oci_annotation(json_object_array_get_idx(layers, oci.nr_layers - 1),
-			   FERRY_BOOTSTRAP_DIGEST_ANNOTATION);
-	if (!s || digest_parse(s, e->bootstrap)) {
-		ferry_err("%s: bootstrap layer lacks a valid %s annotation", ref,
-			  FERRY_BOOTSTRAP_DIGEST_ANNOTATION);
-		goto out;
-	}
-	ret = 0;
-	if (oci.layout) {
-		img->dir = strdup(oci.layout);
-		ret = img->dir ? oci_blob_path(oci.layout, e->compressed,
-					       &e->compressed_path) : -ENOMEM;
-	}
-	if (!ret)
-		ret = expect_blobs(e, oci.nr_layers - 1);
-	for (i = 0; !ret && i + 1 < oci.nr_layers; i++) {
-		if (strcmp(oci.layers[i].media_type, FERRY_BLOB_MEDIA_TYPE)) {
-			ferry_err("%s: layer %u is %s, expected %s", ref, i,
-				  oci.layers[i].media_type, FERRY_BLOB_MEDIA_TYPE);
-			ret = -EFSCORRUPTED;
-		}
-		memcpy(e->blobs[i], oci.layers[i].digest, BLOB_DIGEST_SIZE);
-	}
-	if (!ret && json_object_object_get_ex(oci.manifest, "annotations", &ann)) {
-		s = json_get_string(ann, "dev.ferry.chunk-size");
-		img->chunk_size = s ? (uint32_t)strtoul(s, NULL, 10) : 0;
-		s = json_get_string(ann, "dev.ferry.compression");
-		snprintf(img->compression, sizeof(img->compression), "%s", s ? s : "?");
-	}
+	ret = image_expect_manifest(img, &oci, e);
 	if (!ret) {
 		img->remote = oci.remote; /* kept for blob reads */
 		oci.remote = NULL;
 	}
-out:
 	oci_image_free(&oci);
 	return ret;
 }
@@ -389,14 +401,12 @@ int image_open(const char *ref, const struct image_opts *opts,
 	ret = image_match_devices(img, &expect);
 	if (ret)
 		goto fail;
-	free(expect.blobs);
-	free(expect.compressed_path);
+	image_expect_free(&expect);
 	image_ref_free(&r);
 	*out = img;
 	return 0;
 fail:
-	free(expect.blobs);
-	free(expect.compressed_path);
+	image_expect_free(&expect);
 	image_ref_free(&r);
 	image_close(img);
 	return ret;

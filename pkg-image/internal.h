@@ -20,6 +20,32 @@ int prefetch_section_decode(const void *buf, size_t len, char ***paths,
 			    uint32_t *nr);
 
 /* ------------------------------------------------------------------ */
+/* What an image's index promises (image.c)                            */
+/* ------------------------------------------------------------------ */
+
+/* What the image's index (ferry.json or OCI manifest) promises. */
+struct image_expect {
+	uint8_t bootstrap[BLOB_DIGEST_SIZE]; /* of the raw EROFS bytes */
+	bool compressed_bootstrap;    /* oci:, docker: zstd-compressed blob */
+	char *compressed_path;        /* oci: that blob's file */
+	uint8_t compressed[BLOB_DIGEST_SIZE];
+	uint64_t compressed_size;
+	uint32_t nr_blobs;
+	uint8_t (*blobs)[BLOB_DIGEST_SIZE];
+};
+void image_expect_free(struct image_expect *e);
+/*
+ * Read a dir: image's parsed ferry.json @root (named @index_path in
+ * messages), or a resolved OCI image @oci whose last layer must be the
+ * bootstrap, into @e and @img's chunk_size, compression (and, for a
+ * layout, dir): 0 or -EFSCORRUPTED after a message. Untrusted input.
+ */
+int image_expect_dir(struct image *img, struct json_object *root,
+		     const char *index_path, struct image_expect *e);
+int image_expect_manifest(struct image *img, const struct oci_image *oci,
+			  struct image_expect *e);
+
+/* ------------------------------------------------------------------ */
 /* OCI image layouts (oci.c) and registries (remote.c)                 */
 /* ------------------------------------------------------------------ */
 
@@ -45,6 +71,14 @@ int oci_layout_load(void *ctx, const struct oci_descriptor *d, bool manifest,
  */
 int oci_image_resolve(struct oci_image *img, const struct oci_descriptor *top,
 		      const char *platform, const struct oci_loader *l);
+
+/*
+ * From an OCI layout's parsed index.json @index (@layout names it in
+ * messages), the descriptor of the image tagged @tag, or of its only one
+ * when @tag is NULL: 0, -ENOENT or -EFSCORRUPTED after a message.
+ */
+int oci_index_pick(struct json_object *index, const char *layout,
+		   const char *tag, struct oci_descriptor *d);
 
 /* The host's platform as "os/arch[/variant]". */
 int oci_host_platform(char *out, size_t len);

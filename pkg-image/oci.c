@@ -224,9 +224,8 @@ static int pick_platform(struct json_object *index, const char *where,
 	return -ENOENT;
 }
 
-/* The descriptor index.json names for @tag (or its only one). */
-static int pick_tag(struct json_object *index, const char *layout,
-		    const char *tag, struct oci_descriptor *d)
+int oci_index_pick(struct json_object *index, const char *layout,
+		   const char *tag, struct oci_descriptor *d)
 {
 	struct json_object *manifests, *match = NULL;
 	size_t i, n;
@@ -373,7 +372,7 @@ int oci_layout_open(const char *path, const char *tag, const char *platform,
 		ret = access(path, F_OK) ? -ENOENT : -EFSCORRUPTED;
 		goto out;
 	}
-	ret = pick_tag(index, path, tag, &d);
+	ret = oci_index_pick(index, path, tag, &d);
 	if (!ret)
 		ret = oci_image_resolve(img, &d, platform,
 					&(struct oci_loader){ oci_layout_load, img->layout });
