@@ -475,7 +475,7 @@ int fetch_creds_file(const char *path, char out[FETCH_CREDS_MAX + 1])
 		goto out;
 	}
 	if (!S_ISREG(st.st_mode)) {
-		ret = -EINVAL;
+		ret = -EBADMSG;
 		ferry_err("credentials file %s: not a regular file", path);
 		goto out;
 	}
@@ -486,9 +486,9 @@ int fetch_creds_file(const char *path, char out[FETCH_CREDS_MAX + 1])
 		goto out;
 	}
 	ret = read_secret(fd, out, FETCH_CREDS_MAX + 1);
-	if (!ret && !creds_ok(out))
-		ret = -EINVAL;
-	if (ret == -EFBIG || ret == -EINVAL)
+	if (ret == -EFBIG || (!ret && !creds_ok(out)))
+		ret = -EBADMSG;
+	if (ret == -EBADMSG)
 		ferry_err("credentials file %s: expected one line USER:PASS of at most %u bytes",
 			  path, FETCH_CREDS_MAX);
 	else if (ret)
@@ -504,16 +504,16 @@ out:
 int fetch_creds_password(int fd, const char *user, char out[FETCH_CREDS_MAX + 1])
 {
 	size_t ulen = strlen(user);
-	int ret = -EINVAL;
+	int ret = -EBADMSG;
 
 	if (ulen + 2 <= FETCH_CREDS_MAX && !strchr(user, ':')) {
 		memcpy(out, user, ulen);
 		out[ulen] = ':';
 		ret = read_secret(fd, out + ulen + 1, FETCH_CREDS_MAX - ulen);
 	}
-	if (!ret && !creds_ok(out))
-		ret = -EINVAL;
-	if (ret == -EFBIG || ret == -EINVAL)
+	if (ret == -EFBIG || (!ret && !creds_ok(out)))
+		ret = -EBADMSG;
+	if (ret == -EBADMSG)
 		ferry_err("password of %s from standard input: expected a user without ':' and a one-line password, at most %u bytes together",
 			  user, FETCH_CREDS_MAX);
 	else if (ret)
@@ -521,6 +521,37 @@ int fetch_creds_password(int fd, const char *user, char out[FETCH_CREDS_MAX + 1]
 	if (ret)
 		OPENSSL_cleanse(out, FETCH_CREDS_MAX + 1);
 	return ret;
+}
+
+int fetch_creds_from_options(const char *creds, const char *file, const char *user,
+			     bool password_stdin, char buf[FETCH_CREDS_MAX + 1],
+			     const char **out)
+{
+	bool user_only = creds && !strchr(creds, ':');
+	int ret;
+
+	*out = NULL;
+	if (password_stdin) {
+		/* The user from --username (docker login) or --creds USER (skopeo). */
+		if (file || (user ? creds != NULL : !user_only))
+			goto usage;
+		ret = fetch_creds_password(STDIN_FILENO, user ?: creds, buf);
+	} else if (file) {
+		if (creds || user)
+			goto usage;
+		ret = fetch_creds_file(file, buf);
+	} else if (user || user_only) {
+		goto usage;
+	} else {
+		*out = creds;
+		return 0;
+	}
+	if (!ret)
+		*out = buf;
+	return ret;
+usage:
+	ferry_err("credentials: give one of --creds USER:PASS, --creds-file FILE, or --password-stdin with --username USER (or --creds USER)");
+	return -EINVAL;
 }
 
 int fetch_load_creds(const struct fetch_opts *opts, const char *host,

@@ -130,11 +130,21 @@ struct fetch_opts {
  * group or others may access is refused, -EACCES, saying to chmod 600
  * it), or @user's password read from @fd until EOF (docker login
  * --password-stdin). 0, or -errno after a message that never shows the
- * secret.
+ * secret (-EBADMSG: not a regular file of one line USER:PASS).
  */
 #define FETCH_CREDS_MAX 4096u /* longest "USER:PASS" */
 int fetch_creds_file(const char *path, char out[FETCH_CREDS_MAX + 1]);
 int fetch_creds_password(int fd, const char *user, char out[FETCH_CREDS_MAX + 1]);
+/*
+ * The credentials a command line gave, one way at most: @creds
+ * "USER:PASS" (or "USER" with @password_stdin), a @file, or @user with
+ * @password_stdin (read from stdin). 0 and *@out: @creds, @buf (filled),
+ * or NULL when none was given; -EINVAL after a message for another
+ * combination; the errors above otherwise (never -EINVAL).
+ */
+int fetch_creds_from_options(const char *creds, const char *file, const char *user,
+			     bool password_stdin, char buf[FETCH_CREDS_MAX + 1],
+			     const char **out);
 
 /* Defaults as documented above (tls_verify true). */
 void fetch_opts_init(struct fetch_opts *opts);

@@ -4,7 +4,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "../../pkg-base/base.h"
 #include "cmd.h"
@@ -145,29 +144,8 @@ int regopts_parse(struct regopts *r, int opt, const char *arg)
 
 int regopts_finish(struct regopts *r)
 {
-	const char *creds = r->fetch.creds;
-	bool user_only = creds && !strchr(creds, ':');
-	int ret;
+	int ret = fetch_creds_from_options(r->fetch.creds, r->creds_file, r->username,
+					   r->password_stdin, r->creds, &r->fetch.creds);
 
-	if (r->password_stdin) {
-		/* The user from --username (docker login) or --creds USER (skopeo). */
-		if (r->creds_file || (r->username ? creds != NULL : !user_only))
-			goto usage;
-		ret = fetch_creds_password(STDIN_FILENO, r->username ?: creds, r->creds);
-	} else if (r->creds_file) {
-		if (creds || r->username)
-			goto usage;
-		ret = fetch_creds_file(r->creds_file, r->creds);
-	} else if (r->username || user_only) {
-		goto usage;
-	} else {
-		return EXIT_OK;
-	}
-	if (ret)
-		return EXIT_FAIL;
-	r->fetch.creds = r->creds;
-	return EXIT_OK;
-usage:
-	ferry_err("credentials: give one of --creds USER:PASS, --creds-file FILE, or --password-stdin with --username USER (or --creds USER)");
-	return EXIT_USAGE;
+	return !ret ? EXIT_OK : ret == -EINVAL ? EXIT_USAGE : EXIT_FAIL;
 }

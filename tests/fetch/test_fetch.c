@@ -631,24 +631,24 @@ static void test_creds_sources(void)
 	unlink(path);
 	/* Not one line USER:PASS, too long, not a file, missing. */
 	write_file(path, "alice:pw\nbob:pw\n", 0600);
-	CHECK_EQ(fetch_creds_file(path, out), -EINVAL);
+	CHECK_EQ(fetch_creds_file(path, out), -EBADMSG);
 	write_file(path, "no-colon\n", 0600);
-	CHECK_EQ(fetch_creds_file(path, out), -EINVAL);
+	CHECK_EQ(fetch_creds_file(path, out), -EBADMSG);
 	write_file(path, ":pw\n", 0600);
-	CHECK_EQ(fetch_creds_file(path, out), -EINVAL);
+	CHECK_EQ(fetch_creds_file(path, out), -EBADMSG);
 	write_file(path, "alice:\n", 0600);
-	CHECK_EQ(fetch_creds_file(path, out), -EINVAL);
+	CHECK_EQ(fetch_creds_file(path, out), -EBADMSG);
 	big = malloc(FETCH_CREDS_MAX + 2);
 	memset(big, 'x', FETCH_CREDS_MAX + 1);
 	big[1] = ':';
 	big[FETCH_CREDS_MAX + 1] = '\0';
 	write_file(path, big, 0600);
-	CHECK_EQ(fetch_creds_file(path, out), -EFBIG);
+	CHECK_EQ(fetch_creds_file(path, out), -EBADMSG);
 	big[FETCH_CREDS_MAX] = '\0'; /* exactly the limit */
 	write_file(path, big, 0600);
 	CHECK_EQ(fetch_creds_file(path, out), 0);
 	CHECK_EQ(strlen(out), FETCH_CREDS_MAX);
-	CHECK_EQ(fetch_creds_file(tmpdir, out), -EINVAL);
+	CHECK_EQ(fetch_creds_file(tmpdir, out), -EBADMSG); /* a directory */
 	CHECK_EQ(fetch_creds_file("/nonexistent/creds", out), -ENOENT);
 
 	fd = pipe_with("s3cret\n");
@@ -656,16 +656,16 @@ static void test_creds_sources(void)
 	CHECK(!strcmp(out, "bob:s3cret"));
 	close(fd);
 	fd = pipe_with("");
-	CHECK_EQ(fetch_creds_password(fd, "bob", out), -EINVAL);
+	CHECK_EQ(fetch_creds_password(fd, "bob", out), -EBADMSG);
 	close(fd);
 	fd = pipe_with("two\nlines\n");
-	CHECK_EQ(fetch_creds_password(fd, "bob", out), -EINVAL);
+	CHECK_EQ(fetch_creds_password(fd, "bob", out), -EBADMSG);
 	close(fd);
 	fd = pipe_with("pw");
-	CHECK_EQ(fetch_creds_password(fd, "b:ob", out), -EINVAL);
+	CHECK_EQ(fetch_creds_password(fd, "b:ob", out), -EBADMSG);
 	close(fd);
 	fd = pipe_with(big + 2);
-	CHECK_EQ(fetch_creds_password(fd, "bob", out), -EFBIG);
+	CHECK_EQ(fetch_creds_password(fd, "bob", out), -EBADMSG);
 	close(fd);
 	free(big);
 }
