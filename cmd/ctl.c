@@ -6,7 +6,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mount.h>
 #include <unistd.h>
 
 #include "../pkg-base/base.h"
@@ -262,11 +261,6 @@ void ctl_mount_req_free(struct ctl_mount_req *r)
 	fetch_free_lists(&r->fetch);
 	json_object_put(r->root);
 	memset(r, 0, sizeof(*r));
-}
-
-unsigned long ctl_mount_flags(bool suid, bool dev)
-{
-	return (suid ? 0 : MS_NOSUID) | (dev ? 0 : MS_NODEV);
 }
 
 struct json_object *ctl_umount_req_to_json(const struct ctl_umount_req *r)

@@ -132,8 +132,6 @@ int ctl_mount_req_parse(struct json_object *o, struct ctl_mount_req *r,
 			char *err, size_t errlen);
 /* Parsed requests (also after a failed parse). */
 void ctl_mount_req_free(struct ctl_mount_req *r);
-/* The mount(2) flags of a mount: MS_NOSUID, MS_NODEV unless opted out. */
-unsigned long ctl_mount_flags(bool suid, bool dev);
 
 /* An umount request (strings borrowed from the caller / the parsed JSON). */
 struct ctl_umount_req {

@@ -10,6 +10,7 @@
 #include <fcntl.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <stdlib.h>
 #include <string.h>
@@ -500,6 +501,11 @@ static void pin_blobs(const struct image *img, const char *cache_dir, const char
 				     img->blobs.nr_blobs);
 	}
 	free(digests);
+}
+
+unsigned long image_mount_flags(bool suid, bool dev)
+{
+	return (suid ? 0 : MS_NOSUID) | (dev ? 0 : MS_NODEV);
 }
 
 int image_cache_kernel_mount(struct image_cache *ic, const char *cache_dir,

@@ -454,7 +454,7 @@ int cmd_mount(int argc, char **argv)
 	if (fuse_only)
 		return usage_error("mount", "--prefetch-*, -f: only with --mode fuse or fanotify");
 	return mount_local(a.image, a.mountpoint, a.cache_dir,
-			   ctl_mount_flags(a.suid, a.dev), &ro);
+			   image_mount_flags(a.suid, a.dev), &ro);
 }
 
 /* ------------------------------------------------------------------ */

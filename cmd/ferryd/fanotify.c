@@ -666,7 +666,7 @@ static int fan_start(struct fmount *m, const struct serve_opts *o, void **state,
 		goto fail;
 	}
 	ret = image_cache_kernel_mount(m->ic, m->req.cache_dir, m->mountpoint,
-				       ctl_mount_flags(m->req.suid, m->req.dev));
+				       image_mount_flags(m->req.suid, m->req.dev));
 	if (ret) {
 		snprintf(err, errlen, "kernel mount of %s on %s failed (see above)",
 			 m->img->bootstrap_path, m->mountpoint);

@@ -743,7 +743,7 @@ static int fs_mount(struct fs *fs, const struct ctl_mount_req *req,
 		goto out;
 	}
 	if (mount(source, mountpoint, CTL_FUSE_FSTYPE,
-		  MS_RDONLY | ctl_mount_flags(req->suid, req->dev), opts)) {
+		  MS_RDONLY | image_mount_flags(req->suid, req->dev), opts)) {
 		ret = -errno;
 		ferry_err("%s: mount(2) of FUSE on %s: %s", fs->img->ref, mountpoint,
 			  strerror(errno));

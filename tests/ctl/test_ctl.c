@@ -407,8 +407,8 @@ static void test_mount_req_roundtrip(void)
 	CHECK(!req.mount.prefetch_all && !req.mount.nr_prefetch_files);
 	/* Untrusted unless the request says otherwise: nosuid,nodev. */
 	CHECK(!req.mount.suid && !req.mount.dev);
-	CHECK_EQ(ctl_mount_flags(req.mount.suid, req.mount.dev), MS_NOSUID | MS_NODEV);
-	CHECK_EQ(ctl_mount_flags(true, true), 0);
+	CHECK_EQ(image_mount_flags(req.mount.suid, req.mount.dev), MS_NOSUID | MS_NODEV);
+	CHECK_EQ(image_mount_flags(true, true), 0);
 	ctl_request_free(&req);
 	json_object_put(o);
 	o = text_json("{\"op\":\"mount\",\"image\":\"dir:/a\",\"mountpoint\":\"/m\",\"cacheDir\":\"/c\",\"mode\":\"erofs-ondemand_2\"}");
