@@ -156,7 +156,7 @@ for m in json.load(sys.stdin)["mounts"]:
         if sys.argv[2] not in m:
             sys.exit("%s: no field %s in %s" % (mnt, sys.argv[2], m))
         v = m[sys.argv[2]]
-        print(v if isinstance(v, (str, int)) else json.dumps(v))
+        print(v if isinstance(v, (str, int)) and not isinstance(v, bool) else json.dumps(v))
         sys.exit(0)
 sys.exit("no mount %s in the list" % mnt)' "$1" "$2"
 }
