@@ -471,6 +471,13 @@ struct image_cache_stats {
 void image_cache_get_stats(struct image_cache *ic, struct image_cache_stats *s);
 
 /*
+ * The mount(2) flags every mode adds to read-only: MS_NOSUID and
+ * MS_NODEV, unless the image is trusted with its setuid bits (@suid) or
+ * its device nodes (@dev).
+ */
+unsigned long image_mount_flags(bool suid, bool dev);
+
+/*
  * Mount @ic's image with the kernel on @target (meta_kernel_mount, @flags
  * as there): its bootstrap file (image_bootstrap_file, in @cache_dir for
  * oci: and docker: images) and one device= per blob naming its cache data
@@ -481,12 +488,6 @@ void image_cache_get_stats(struct image_cache *ic, struct image_cache_stats *s);
  * that safe.
  */
 #define IMAGE_FD_SOURCE "/proc/self/fd/"
-/*
- * The mount(2) flags every mode adds to read-only: MS_NOSUID and
- * MS_NODEV, unless the image is trusted with its setuid bits (@suid) or
- * its device nodes (@dev).
- */
-unsigned long image_mount_flags(bool suid, bool dev);
 int image_cache_kernel_mount(struct image_cache *ic, const char *cache_dir,
 			     const char *target, unsigned long flags);
 
