@@ -463,6 +463,21 @@ static bool creds_ok(const char *s)
 	return colon && colon != s && colon[1] && cred_text_ok(s, strlen(s));
 }
 
+/*
+ * Complete @out (its first @off bytes set) from @fd: 0 when it then holds
+ * one line USER:PASS, -EBADMSG when not, or -errno; wiped on failure.
+ */
+static int read_creds(int fd, char out[FETCH_CREDS_MAX + 1], size_t off)
+{
+	int ret = read_secret(fd, out + off, FETCH_CREDS_MAX + 1 - off);
+
+	if (ret == -EFBIG || (!ret && !creds_ok(out)))
+		ret = -EBADMSG;
+	if (ret)
+		OPENSSL_cleanse(out, FETCH_CREDS_MAX + 1);
+	return ret;
+}
+
 int fetch_creds_file(const char *path, char out[FETCH_CREDS_MAX + 1])
 {
 	struct stat st;
@@ -472,32 +487,23 @@ int fetch_creds_file(const char *path, char out[FETCH_CREDS_MAX + 1])
 	if (fd < 0 || fstat(fd, &st)) {
 		ret = -errno;
 		ferry_err("credentials file %s: %s", path, strerror(-ret));
-		goto out;
-	}
-	if (!S_ISREG(st.st_mode)) {
+	} else if (!S_ISREG(st.st_mode)) {
 		ret = -EBADMSG;
 		ferry_err("credentials file %s: not a regular file", path);
-		goto out;
-	}
-	if (st.st_mode & 077) {
+	} else if (st.st_mode & 077) {
 		ret = -EACCES;
 		ferry_err("credentials file %s: group or others may access it (mode %04o); let only its owner read it: chmod 600 %s",
 			  path, (unsigned int)(st.st_mode & 07777), path);
-		goto out;
+	} else {
+		ret = read_creds(fd, out, 0);
+		if (ret == -EBADMSG)
+			ferry_err("credentials file %s: expected one line USER:PASS of at most %u bytes",
+				  path, FETCH_CREDS_MAX);
+		else if (ret)
+			ferry_err("credentials file %s: %s", path, strerror(-ret));
 	}
-	ret = read_secret(fd, out, FETCH_CREDS_MAX + 1);
-	if (ret == -EFBIG || (!ret && !creds_ok(out)))
-		ret = -EBADMSG;
-	if (ret == -EBADMSG)
-		ferry_err("credentials file %s: expected one line USER:PASS of at most %u bytes",
-			  path, FETCH_CREDS_MAX);
-	else if (ret)
-		ferry_err("credentials file %s: %s", path, strerror(-ret));
-out:
 	if (fd >= 0)
 		close(fd);
-	if (ret)
-		OPENSSL_cleanse(out, FETCH_CREDS_MAX + 1);
 	return ret;
 }
 
@@ -509,17 +515,13 @@ int fetch_creds_password(int fd, const char *user, char out[FETCH_CREDS_MAX + 1]
 	if (ulen + 2 <= FETCH_CREDS_MAX && !strchr(user, ':')) {
 		memcpy(out, user, ulen);
 		out[ulen] = ':';
-		ret = read_secret(fd, out + ulen + 1, FETCH_CREDS_MAX - ulen);
+		ret = read_creds(fd, out, ulen + 1);
 	}
-	if (ret == -EFBIG || (!ret && !creds_ok(out)))
-		ret = -EBADMSG;
 	if (ret == -EBADMSG)
 		ferry_err("password of %s from standard input: expected a user without ':' and a one-line password, at most %u bytes together",
 			  user, FETCH_CREDS_MAX);
 	else if (ret)
 		ferry_err("password of %s from standard input: %s", user, strerror(-ret));
-	if (ret)
-		OPENSSL_cleanse(out, FETCH_CREDS_MAX + 1);
 	return ret;
 }
 
