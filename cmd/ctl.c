@@ -207,6 +207,8 @@ struct json_object *ctl_mount_req_to_json(const struct ctl_mount_req *r)
 	ok &= json_add_str(o, "mountpoint", r->mountpoint);
 	ok &= json_add_str(o, "cacheDir", r->cache_dir);
 	ok &= json_add_str(o, "mode", r->mode ?: "fuse");
+	if (r->domain)
+		ok &= json_add_str(o, "domain", r->domain);
 	ok &= json_add(o, "prefetchFiles", json_str_array(r->prefetch_files, r->nr_prefetch_files));
 	ok &= json_add(o, "prefetchAll", json_object_new_boolean(r->prefetch_all));
 	ok &= json_add(o, "prefetchBwlimit",
@@ -235,6 +237,9 @@ int ctl_mount_req_parse(struct json_object *o, struct ctl_mount_req *r,
 		ret = json_read_abspath(o, "cacheDir", &r->cache_dir, err, errlen);
 	if (!ret)
 		ret = get_token(o, "mode", false, &r->mode, err, errlen);
+	if (!ret)
+		ret = json_read_str(o, "domain", META_FSCACHE_ID_MAX, false, &r->domain, err,
+				    errlen);
 	if (!ret)
 		ret = json_read_strs(o, "prefetchFiles", CTL_PREFETCH_FILES_MAX,
 				     PATH_MAX - 1, &r->prefetch_files,
@@ -469,6 +474,8 @@ struct json_object *ctl_mount_stats_to_json(const struct ctl_mount_stats *m)
 		ok &= json_add(o, "keeperPid", json_object_new_int(m->keeper_pid));
 	ok &= json_add(o, "suid", json_object_new_boolean(m->suid));
 	ok &= json_add(o, "dev", json_object_new_boolean(m->dev));
+	if (m->domain[0])
+		ok &= json_add_str(o, "domain", m->domain);
 	ok &= json_add_str(o, "state", m->state);
 	ok &= json_add(o, "mountedAt", json_object_new_int64(m->mounted_at));
 	ok &= add_u64(o, "bytesRead", m->bytes_read);
@@ -524,6 +531,8 @@ static int parse_stats(struct json_object *o, struct ctl_mount_stats *m, char *e
 		ret = get_token_copy(o, "prefetch", m->prefetch, err, errlen);
 	if (!ret)
 		ret = get_pid(o, "keeperPid", false, &m->keeper_pid, err, errlen);
+	if (!ret && json_field(o, "domain"))
+		ret = json_read_copy(o, "domain", m->domain, sizeof(m->domain), err, errlen);
 	if (!ret)
 		ret = json_read_bool(o, "suid", &m->suid, err, errlen);
 	if (!ret)

@@ -12,7 +12,10 @@
  *
  *   {"op":"mount","image":REF,"mountpoint":ABS,"cacheDir":ABS,
  *    "mode":MODE (a short lowercase token, default "fuse"; ferryd knows
- *                 fuse and fanotify),
+ *                 fuse, fanotify and cachefiles),
+ *    "domain":S (cachefiles: the EROFS domain whose mounts share blobs,
+ *                at most 64 bytes, checked by the kernel mount; absent:
+ *                none),
  *    "prefetchFiles":[PATH...],"prefetchAll":BOOL,"prefetchBwlimit":N,
  *    "suid":BOOL,"dev":BOOL (honour setuid bits / device nodes; default
  *                 false: mounted nosuid,nodev),
@@ -27,7 +30,8 @@
  *       → {"ok":true}
  *   {"op":"list"}  → {"ok":true,"pid":N,"version":S,"socket":S,"mounts":
  *       [{"mountpoint","image","cacheDir","mode","keeperPid" (fanotify),
- *         "suid","dev","state","mountedAt","bytesRead",
+ *         "suid","dev","domain" (when mounted in one),
+ *         "state","mountedAt","bytesRead",
  *         "bytesFetched","bytesPrefetched","chunksPresent","chunksTotal",
  *         "bytesPresent","prefetch","prefetchFiles","readaheadFiles",
  *         "readaheadBytes","prefetchSeconds"}]}      (ctl_list_reply)
@@ -120,6 +124,7 @@ struct ctl_mount_req {
 	size_t nr_prefetch_files;
 	bool prefetch_all;
 	const char *mode;          /* serving mode's name; parsed: never NULL */
+	const char *domain;        /* cachefiles: EROFS domain_id, or NULL */
 	uint64_t prefetch_bwlimit; /* bytes per second, 0 = unlimited */
 	bool suid, dev;            /* trusted image: no nosuid / nodev */
 	struct fetch_opts fetch;   /* parsed: every list non-NULL */
@@ -201,6 +206,7 @@ struct ctl_mount_stats {
 	char prefetch[CTL_TOKEN_MAX + 1]; /* none, running, done, stopped, failed */
 	int keeper_pid;                   /* fanotify mounts; 0: none */
 	bool suid, dev;                   /* as requested */
+	char domain[META_FSCACHE_ID_MAX + 1]; /* cachefiles; "": none */
 	int64_t mounted_at;               /* unix seconds */
 	uint64_t bytes_read, bytes_fetched, bytes_prefetched;
 	uint64_t chunks_present, chunks_total, bytes_present;

@@ -120,6 +120,19 @@ int image_cache_ensure(struct image_cache *ic, uint32_t device_id,
 	return ret;
 }
 
+int image_cache_pread(struct image_cache *ic, uint32_t device_id, uint64_t uoff,
+		      void *buf, size_t len)
+{
+	int ret = image_cache_ensure(ic, device_id, uoff, len);
+
+	if (!ret)
+		ret = pread_full(blob_cache_data_fd(ic->blobs[device_id - 1]), buf, len,
+				 uoff);
+	if (!ret)
+		atomic_fetch_add(&ic->bytes_read, len);
+	return ret;
+}
+
 bool image_cache_present(const struct image_cache *ic, uint32_t device_id,
 			 uint64_t uoff, uint64_t len)
 {

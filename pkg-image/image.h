@@ -431,6 +431,14 @@ ssize_t image_cache_map(struct image_cache *ic, const struct meta_stat *st,
 int image_cache_ensure(struct image_cache *ic, uint32_t device_id,
 		       uint64_t uoff, uint64_t len);
 /*
+ * Make [@uoff, @uoff + @len) of device @device_id present and copy it into
+ * @buf (counted as bytes read): for a reader of the device's address space
+ * that is not the kernel over the data file (cachefiles mode). 0 or -errno
+ * as image_cache_ensure.
+ */
+int image_cache_pread(struct image_cache *ic, uint32_t device_id, uint64_t uoff,
+		      void *buf, size_t len);
+/*
  * Without I/O or locks: is [@uoff, @uoff + @len) of device @device_id
  * known present (false may only mean "ask image_cache_ensure")? Is all
  * of that blob present?

@@ -308,4 +308,17 @@ int meta_kernel_mount(const char *bootstrap, const char *const *devices,
 		      uint32_t nr_devices, const char *target,
 		      unsigned long flags);
 
+/*
+ * mount(2) an EROFS over fscache (cachefiles on-demand, Linux 5.19 to 7.1)
+ * read-only on @target: the kernel asks the daemon holding /dev/cachefiles
+ * for the primary blob @fsid (the bootstrap) and for each device by its
+ * device table tag, in the volume "erofs,@domain" (blobs shared by every
+ * mount of the domain), or "erofs,@fsid" when @domain is NULL. Both are
+ * tokens of [A-Za-z0-9._-] (1..64 bytes; -EINVAL otherwise). Returns once
+ * the daemon has answered the OPENs and the superblock's READ.
+ */
+#define META_FSCACHE_ID_MAX 64u
+int meta_kernel_mount_fscache(const char *fsid, const char *domain,
+			      const char *target);
+
 #endif

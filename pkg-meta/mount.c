@@ -1,10 +1,11 @@
 // SPDX-License-Identifier: MIT
 /*
- * File-backed EROFS mount (Linux >= 6.12): the bootstrap is the primary
- * device and every blob an extra device= regular file. mount(2) takes its
- * options as one comma-separated page, so a long device list, or a path
- * with a comma in it, goes through fsopen/fsconfig, which passes each
- * device as its own string.
+ * Kernel EROFS mounts. File-backed (Linux >= 6.12): the bootstrap is the
+ * primary device and every blob an extra device= regular file. mount(2)
+ * takes its options as one comma-separated page, so a long device list,
+ * or a path with a comma in it, goes through fsopen/fsconfig, which passes
+ * each device as its own string. Over fscache: no files at all, the
+ * cachefiles daemon serves every blob by name.
  */
 #include <fcntl.h>
 #include <limits.h>
@@ -253,5 +254,56 @@ int meta_kernel_mount(const char *bootstrap, const char *const *devices,
 			  mount_hint(ret, &a, hint, sizeof(hint)));
 out:
 	mount_args_free(&a);
+	return ret;
+}
+
+/* A token the kernel's option parser and the cache's file names carry as is. */
+static bool fscache_id_ok(const char *s)
+{
+	size_t n = strlen(s);
+
+	return n && n <= META_FSCACHE_ID_MAX &&
+	       strspn(s, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-") == n;
+}
+
+int meta_kernel_mount_fscache(const char *fsid, const char *domain,
+			      const char *target)
+{
+	char opts[2 * META_FSCACHE_ID_MAX + 32];
+	const char *hint = "";
+	int ret = 0;
+
+	if (!fscache_id_ok(fsid) || (domain && !fscache_id_ok(domain))) {
+		ferry_err("mount: fsid \"%s\" or domain \"%s\": expected 1..%u of A-Z a-z 0-9 . _ -",
+			  fsid, domain ? domain : "", META_FSCACHE_ID_MAX);
+		return -EINVAL;
+	}
+	snprintf(opts, sizeof(opts), "fsid=%s%s%s", fsid, domain ? ",domain_id=" : "",
+		 domain ? domain : "");
+	if (mount(fsid, target, "erofs", MS_RDONLY, opts) < 0)
+		ret = -errno;
+	switch (ret) {
+	case 0:
+		return 0;
+	case -EINVAL:
+		hint = " (a kernel without EROFS over fscache: CONFIG_EROFS_FS_ONDEMAND; see dmesg)";
+		break;
+	case -ENOBUFS:
+	case -EIO:
+		hint = " (the cachefiles daemon refused the image or could not read its superblock; see its log and dmesg)";
+		break;
+	case -EEXIST:
+	case -EBUSY:
+		hint = " (this bootstrap is mounted already: mount it again only in a domain)";
+		break;
+	case -EOPNOTSUPP:
+		hint = " (no cachefiles cache is bound)";
+		break;
+	case -EPERM:
+		hint = " (needs CAP_SYS_ADMIN in the initial user namespace)";
+		break;
+	}
+	ferry_err("mount: erofs over fscache %s on %s: %s%s", opts, target, strerror(-ret),
+		  hint);
 	return ret;
 }

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: MIT
 /*
  * ferry mount / ferry umount. --mode local mounts with the kernel after
- * fetching everything; --mode fuse hands the mount to ferryd (starting
- * one when none answers on the control socket, see cmd/ctl.h).
+ * fetching everything; the lazy modes (fuse, fanotify, cachefiles) hand
+ * the mount to ferryd (starting one when none answers on the control
+ * socket, see cmd/ctl.h), which knows its modes.
  */
 #include <fcntl.h>
 #include <getopt.h>
@@ -22,7 +23,7 @@
 static void mount_help(void)
 {
 	printf("Usage: ferry mount --mode local [OPTIONS] IMAGE MOUNTPOINT\n"
-	       "       ferry mount --mode fuse|fanotify [OPTIONS] IMAGE MOUNTPOINT\n"
+	       "       ferry mount --mode fuse|fanotify|cachefiles [OPTIONS] IMAGE MOUNTPOINT\n"
 	       "       ferry mount --list [--json] [--socket PATH] [MOUNTPOINT]\n\n"
 	       "Mount a ferry image read-only.\n\n"
 	       "IMAGE  dir:OUT, oci:PATH[:TAG] or docker://HOST[:PORT]/REPO[:TAG|@DIGEST],\n"
@@ -47,15 +48,29 @@ static void mount_help(void)
 	       "          Linux 6.14+; the cache directory must be on ext4, xfs or\n"
 	       "          btrfs). Cached data is read at kernel speed. If ferryd\n"
 	       "          dies, reads of missing data fail with EIO (never zeros)\n"
-	       "          until the mount is unmounted.\n\n"
+	       "          until the mount is unmounted.\n"
+	       "  cachefiles  lazy, served by the kernel on the kernels before\n"
+	       "          fanotify's pre-content events (5.19 to 7.1 with\n"
+	       "          CONFIG_CACHEFILES_ONDEMAND and CONFIG_EROFS_FS_ONDEMAND):\n"
+	       "          EROFS over fscache. ferryd owns /dev/cachefiles (one\n"
+	       "          daemon per host) and fills the kernel's cache files in\n"
+	       "          CACHE/fscache on demand, bootstrap and data, from the\n"
+	       "          chunk cache (fetched and verified as in the other modes).\n"
+	       "          If ferryd dies, reads of data not yet in those files\n"
+	       "          fail with EIO until the mount is unmounted.\n\n"
 	       "Options:\n"
-	       "  --mode MODE       required to mount: local, fuse or fanotify\n"
+	       "  --mode MODE       required to mount: local, fuse, fanotify or\n"
+	       "                    cachefiles\n"
 	       "  --cache-dir DIR   the chunk cache (default $FERRY_CACHE_DIR or\n"
 	       "                    %s); see ferry cache\n"
 	       "  --suid, --dev     honour the image's setuid/setgid bits, its device\n"
 	       "                    nodes (default: nosuid,nodev in every mode); only\n"
 	       "                    for images you trust as much as root\n"
-	       "fuse and fanotify modes:\n"
+	       "  --domain NAME     cachefiles: mount in the EROFS domain NAME\n"
+	       "                    (A-Z a-z 0-9 . _ -): the mounts of a domain share\n"
+	       "                    the blobs they have in common, one cache file and\n"
+	       "                    one copy in the page cache per blob\n"
+	       "lazy modes (fuse, fanotify, cachefiles):\n"
 	       "  --prefetch-files LIST  after mounting, fetch the files named in\n"
 	       "                    LIST (one path inside the image per line, in\n"
 	       "                    order; symlinks followed, a directory means\n"
@@ -75,7 +90,8 @@ static void mount_help(void)
 	       "                    only MOUNTPOINT's) with their statistics\n"
 	       "  --json            --list: JSON on stdout: {\"pid\",\"socket\",\"mounts\":\n"
 	       "                    [{\"mountpoint\",\"image\",\"cacheDir\",\"mode\",\n"
-	       "                    \"keeperPid\" (fanotify),\"suid\",\"dev\",\"state\",\n"
+	       "                    \"keeperPid\" (fanotify),\"domain\" (cachefiles),\n"
+	       "                    \"suid\",\"dev\",\"state\",\n"
 	       "                    \"mountedAt\",\"bytesRead\",\"bytesFetched\",\n"
 	       "                    \"bytesPrefetched\",\"chunksPresent\",\"chunksTotal\",\n"
 	       "                    \"bytesPresent\",\"prefetch\",\"prefetchFiles\",\n"
@@ -118,6 +134,7 @@ static int parse_rate(const char *s, uint64_t *out)
 
 struct fuse_args_in {
 	const char *image, *mountpoint, *cache_dir, *prefetch_list, *socket_path, *mode;
+	const char *domain;
 	bool prefetch_all, foreground, suid, dev;
 	uint64_t bwlimit;
 	struct regopts *ro;
@@ -155,6 +172,7 @@ static int mount_fuse(const struct fuse_args_in *a)
 	r.nr_prefetch_files = nr_files;
 	r.prefetch_all = a->prefetch_all;
 	r.mode = a->mode;
+	r.domain = a->domain;
 	r.prefetch_bwlimit = a->bwlimit;
 	r.suid = a->suid;
 	r.dev = a->dev;
@@ -326,6 +344,7 @@ enum {
 	OPT_JSON,
 	OPT_SUID,
 	OPT_DEV,
+	OPT_DOMAIN,
 };
 
 static int mount_local(const char *ref, const char *target, const char *cache_dir,
@@ -360,6 +379,7 @@ int cmd_mount(int argc, char **argv)
 		{ "json", no_argument, NULL, OPT_JSON },
 		{ "suid", no_argument, NULL, OPT_SUID },
 		{ "dev", no_argument, NULL, OPT_DEV },
+		{ "domain", required_argument, NULL, OPT_DOMAIN },
 		{ "help", no_argument, NULL, 'h' },
 		REGISTRY_LONGOPTS,
 		{ 0 },
@@ -422,6 +442,10 @@ int cmd_mount(int argc, char **argv)
 		case OPT_DEV:
 			a.dev = true;
 			break;
+		case OPT_DOMAIN:
+			a.domain = optarg;
+			fuse_only = true;
+			break;
 		case 'h':
 			mount_help();
 			return EXIT_OK;
@@ -439,20 +463,20 @@ int cmd_mount(int argc, char **argv)
 	if (argc - optind != 2)
 		return usage_error("mount", "expected IMAGE and MOUNTPOINT");
 	if (!mode)
-		return usage_error("mount", "--mode is required (local, fuse or fanotify)");
+		return usage_error("mount", "--mode is required (local, fuse, fanotify or cachefiles)");
 	ret = regopts_finish(&ro);
 	if (ret)
 		return ret;
 	a.image = argv[optind];
 	a.mountpoint = argv[optind + 1];
 	a.mode = mode;
-	if (!strcmp(mode, "fuse") || !strcmp(mode, "fanotify"))
+	if (!strcmp(mode, "fuse") || !strcmp(mode, "fanotify") || !strcmp(mode, "cachefiles"))
 		return mount_fuse(&a);
 	if (strcmp(mode, "local"))
-		return usage_error("mount", "unknown mode \"%s\" (local, fuse or fanotify)",
+		return usage_error("mount", "unknown mode \"%s\" (local, fuse, fanotify or cachefiles)",
 				   mode);
 	if (fuse_only)
-		return usage_error("mount", "--prefetch-*, -f: only with --mode fuse or fanotify");
+		return usage_error("mount", "--prefetch-*, --domain, -f: only with a lazy mode (fuse, fanotify, cachefiles)");
 	return mount_local(a.image, a.mountpoint, a.cache_dir,
 			   image_mount_flags(a.suid, a.dev), &ro);
 }
@@ -465,9 +489,9 @@ static void umount_help(void)
 {
 	printf("Usage: ferry umount [--lazy] [--socket PATH] MOUNTPOINT\n\n"
 	       "Unmount a ferry mount (any mode).\n\n"
-	       "A FUSE or fanotify mount is unmounted through the ferryd serving\n"
-	       "it, which answers once the mount is torn down; a local mount, or a\n"
-	       "fanotify mount whose ferryd is gone, with umount2. A FUSE mount whose ferryd is\n"
+	       "A FUSE, fanotify or cachefiles mount is unmounted through the ferryd\n"
+	       "serving it, which answers once the mount is torn down; a local mount,\n"
+	       "or a kernel mount whose ferryd is gone, with umount2. A FUSE mount whose ferryd is\n"
 	       "gone (killed: \"Transport endpoint is not connected\") or is not the\n"
 	       "one on the socket is unmounted directly; a dead one that is still\n"
 	       "in use is detached (MNT_DETACH), since it cannot serve anything.\n\n"

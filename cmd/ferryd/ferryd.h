@@ -2,7 +2,8 @@
 /*
  * ferryd: the lazy-mount daemon. One process hosts any number of lazy
  * mounts of ferry images, each served in one of its modes (mode.h): FUSE,
- * or fanotify (kernel EROFS over sparse cache files); ferry (the CLI)
+ * fanotify (kernel EROFS over sparse cache files) or cachefiles (kernel
+ * EROFS over fscache); ferry (the CLI)
  * talks to it over the control socket (cmd/ctl.h).
  *
  *   main.c     options, daemonizing, readiness pipe
@@ -17,6 +18,8 @@
  *              read in order in the page cache
  *   fanotify.c fanotify mode: marks, mount(2), event loop, fill threads
  *   keeper.c   the process that keeps a fanotify group open (fanotify.h)
+ *   cachefiles.c  cachefiles mode: /dev/cachefiles, mount(2), OPEN/READ/
+ *              CLOSE requests
  *   log.c      log lines (timestamps in the log file) and per-thread
  *              capture of error lines for control answers
  */

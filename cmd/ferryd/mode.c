@@ -5,7 +5,8 @@
 
 #include "ferryd.h"
 
-static const struct serve_mode *const modes[] = { &fuse_mode, &fanotify_mode };
+static const struct serve_mode *const modes[] = { &fuse_mode, &fanotify_mode,
+						   &cachefiles_mode };
 
 const struct serve_mode *serve_mode_find(const char *name)
 {

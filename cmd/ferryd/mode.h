@@ -1,8 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * Serving modes. A mode is how the kernel reaches a mount's data: "fuse"
- * (fuse.c: ferryd answers FUSE requests) or "fanotify" (fanotify.c:
- * kernel EROFS over the chunk cache's files, filled on fanotify events).
+ * (fuse.c: ferryd answers FUSE requests), "fanotify" (fanotify.c:
+ * kernel EROFS over the chunk cache's files, filled on fanotify events)
+ * or "cachefiles" (cachefiles.c: kernel EROFS over fscache, its cache
+ * files filled on /dev/cachefiles requests).
  * mounts.c drives every mode through this table alike and never looks
  * inside a mode's state; a new mode implements these ops and adds itself
  * to the table in mode.c.
@@ -27,8 +29,8 @@
  *   close  the loop thread, after serve returned @ret: end the session
  *          and free @state. A mount still on m->mountpoint is the
  *          mode's to detach (mount_detach) or to leave to a keeper.
- *   stats  a list request, while serve runs: the mode's own fields of
- *          the mount's list entry.
+ *   stats  (optional) a list request, while serve runs: the mode's own
+ *          fields of the mount's list entry.
  *
  * mounts.c calls stop, live and stats only while @state exists (it
  * serialises them with close); the prefetch thread needs no mode.
@@ -61,7 +63,7 @@ struct serve_mode {
 	void (*stats)(void *state, struct ctl_mount_stats *s);
 };
 
-extern const struct serve_mode fuse_mode, fanotify_mode;
+extern const struct serve_mode fuse_mode, fanotify_mode, cachefiles_mode;
 
 /* The mode named @name, or NULL. */
 const struct serve_mode *serve_mode_find(const char *name);

@@ -745,6 +745,7 @@ int mounts_list(struct ctl_mount_stats **out, size_t *nr)
 		if (!e->mountpoint || !e->image || !e->cache_dir)
 			ret = -ENOMEM;
 		snprintf(e->mode, sizeof(e->mode), "%s", m->mode->name);
+		snprintf(e->domain, sizeof(e->domain), "%s", m->req.domain ? m->req.domain : "");
 		snprintf(e->state, sizeof(e->state), "%s", state_name(m->state));
 		e->suid = m->req.suid;
 		e->dev = m->req.dev;
@@ -760,7 +761,7 @@ int mounts_list(struct ctl_mount_stats **out, size_t *nr)
 		e->prefetch_files = atomic_load(&m->prefetch_files);
 		e->prefetch_ms = (atomic_load(&m->prefetch_ns) + 500000) / 1000000;
 		/* Its state exists from setup until the session closes. */
-		if (m->state != MS_MOUNTING && m->mode_state)
+		if (m->state != MS_MOUNTING && m->mode_state && m->mode->stats)
 			m->mode->stats(m->mode_state, e);
 	}
 	pthread_mutex_unlock(&tbl_lock);

@@ -381,7 +381,8 @@ static void test_mount_req_roundtrip(void)
 	r.prefetch_files = files;
 	r.nr_prefetch_files = 2;
 	r.prefetch_all = true;
-	r.mode = "fanotify";
+	r.mode = "cachefiles";
+	r.domain = "dom.1_a-b";
 	r.prefetch_bwlimit = 10u << 20;
 	r.suid = true;
 	o = wire(ctl_mount_req_to_json(&r));
@@ -391,7 +392,8 @@ static void test_mount_req_roundtrip(void)
 	p = &req.mount;
 	CHECK_EQ(req.op, CTL_OP_MOUNT);
 	CHECK(str_eq(p->image, r.image) && str_eq(p->mountpoint, r.mountpoint) &&
-	      str_eq(p->cache_dir, r.cache_dir) && str_eq(p->mode, "fanotify"));
+	      str_eq(p->cache_dir, r.cache_dir) && str_eq(p->mode, "cachefiles") &&
+	      str_eq(p->domain, "dom.1_a-b"));
 	CHECK_EQ(p->nr_prefetch_files, 2);
 	CHECK(p->nr_prefetch_files == 2 && !strcmp(p->prefetch_files[1], files[1]) &&
 	      !p->prefetch_files[2]);
@@ -404,7 +406,7 @@ static void test_mount_req_roundtrip(void)
 	o = text_json("{\"op\":\"mount\",\"image\":\"dir:/a\",\"mountpoint\":\"/m\",\"cacheDir\":\"/c\"}");
 	CHECK_EQ(ctl_request_parse(o, &req, err, sizeof(err)), 0);
 	CHECK(str_eq(req.mount.mode, "fuse"));
-	CHECK(!req.mount.prefetch_all && !req.mount.nr_prefetch_files);
+	CHECK(!req.mount.prefetch_all && !req.mount.nr_prefetch_files && !req.mount.domain);
 	/* Untrusted unless the request says otherwise: nosuid,nodev. */
 	CHECK(!req.mount.suid && !req.mount.dev);
 	CHECK_EQ(image_mount_flags(req.mount.suid, req.mount.dev), MS_NOSUID | MS_NODEV);
@@ -447,6 +449,7 @@ static void test_replies_roundtrip(void)
 		{ .mountpoint = "/m/1", .image = "docker://r.example/a:1", .cache_dir = "/c",
 		  .mode = "fanotify", .state = "mounted", .prefetch = "done", .keeper_pid = 4242,
 		  .dev = true,
+		  .domain = "shared",
 		  .mounted_at = 1700000000, .bytes_read = 1, .bytes_fetched = 2,
 		  .bytes_prefetched = 3, .chunks_present = 4, .chunks_total = 5,
 		  .bytes_present = 6, .prefetch_files = 7, .readahead_files = 8,
@@ -501,6 +504,7 @@ static void test_replies_roundtrip(void)
 		      !strcmp(a->state, b->state) && !strcmp(a->prefetch, b->prefetch));
 		CHECK(a->keeper_pid == b->keeper_pid && a->mounted_at == b->mounted_at);
 		CHECK(a->suid == b->suid && a->dev == b->dev);
+		CHECK(!strcmp(a->domain, b->domain));
 		CHECK(a->bytes_read == b->bytes_read && a->bytes_fetched == b->bytes_fetched &&
 		      a->bytes_prefetched == b->bytes_prefetched &&
 		      a->chunks_present == b->chunks_present &&
@@ -581,6 +585,9 @@ static void test_request_rejections(void)
 	reject_req("{" MNT ",\"mode\":\"a b\"}", "\"mode\"");
 	reject_req("{" MNT ",\"mode\":\"abcdefghijklmnopq\"}", "\"mode\"");
 	reject_req("{" MNT ",\"mode\":true}", "\"mode\"");
+	reject_req("{" MNT ",\"domain\":7}", "\"domain\"");
+	reject_req("{" MNT ",\"domain\":\"" "0123456789012345678901234567890123456789012345678901234567890123456789" "\"}",
+		   "\"domain\"");
 	reject_req("{" MNT ",\"prefetchFiles\":\"/a\"}", "\"prefetchFiles\"");
 	reject_req("{" MNT ",\"prefetchFiles\":[\"/a\",3]}", "\"prefetchFiles\"[1]");
 	reject_req("{" MNT ",\"prefetchFiles\":[\"\"]}", "\"prefetchFiles\"[0]");

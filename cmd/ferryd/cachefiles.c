@@ -1,0 +1,815 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Cachefiles mode: EROFS over fscache (cachefiles on-demand reads, Linux
+ * 5.19 to 7.1, CONFIG_CACHEFILES_ONDEMAND and CONFIG_EROFS_FS_ONDEMAND).
+ * The kernel mounts EROFS with fsid=<bootstrap sha256> and finds every
+ * blob by its device table tag (the blob's sha256); both live as cache
+ * files under <cache>/fscache/cache/, which the kernel owns. On a miss the
+ * kernel asks the daemon holding /dev/cachefiles:
+ *
+ *   OPEN  (volume "erofs,<fsid or domain>", cookie <fsid or tag>, an anon
+ *         fd of the cache file): "copen ID,SIZE" with the bootstrap's or
+ *         the blob's uncompressed size, or a negative errno;
+ *   READ  (object, offset, length: page-aligned): the bytes written
+ *         through the anon fd (O_DIRECT: 4 KiB-aligned buffers), then
+ *         CACHEFILES_IOC_READ_COMPLETE — always: completing without the
+ *         bytes fails the reader with EIO instead of leaving it hanging;
+ *   CLOSE the object is released.
+ *
+ * Blob bytes come through the chunk cache (image_cache_pread: fetched,
+ * verified, decompressed as in the other modes), the bootstrap from the
+ * verified copy in memory. Metadata and data both arrive on demand.
+ *
+ * The device is one per host and only one process may hold it: every
+ * cachefiles mount of this ferryd shares it. The first mount opens and
+ * binds it (dir <its cache>/fscache, tag ferry, bind ondemand), the last
+ * one closes it. One thread reads the device: it answers OPEN at once
+ * (mount(2) waits for it) and queues READs to worker threads. An object
+ * is resolved to a mount at each READ by its volume and cookie, so a blob
+ * shared in a domain is served as long as any mount of that domain has it.
+ * When ferryd dies the device closes: pending and later reads of data not
+ * yet in the cache files fail with EIO, and the mount stays unmountable.
+ */
+#include <dirent.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mount.h>
+#include <time.h>
+#include <unistd.h>
+#include <linux/cachefiles.h>
+
+#include "ferryd.h"
+#include "fanotify.h" /* fan_sysfs_path */
+
+#define CF_DEVICE "/dev/cachefiles"
+#define CF_TAG "ferry"
+#define CF_SUBDIR "fscache"        /* under the chunk cache directory */
+#define CF_WORKERS 8u              /* READs in flight */
+#define CF_BUF (1u << 20)          /* a worker's write buffer */
+#define CF_ALIGN 4096u             /* O_DIRECT writes into the cache files */
+#define SB_CHECK_MS 200            /* how often a mount looks for its superblock */
+#define VOLUME_MAX (6 + META_FSCACHE_ID_MAX + 1) /* "erofs," + id + NUL */
+#define FSID_LEN (2 * BLOB_DIGEST_SIZE)
+
+/* A cache file the kernel opened for us: the anon fd and what it holds. */
+struct cf_object {
+	struct cf_object *next;
+	uint32_t id;
+	int fd;
+	unsigned int refs;          /* the table's and READs in flight (dev lock) */
+	char volume[VOLUME_MAX];
+	char cookie[FSID_LEN + 1];
+};
+
+struct cf_job {
+	struct cf_job *next;
+	struct cf_object *obj;      /* referenced */
+	uint32_t msg_id;
+	uint64_t off, len;
+};
+
+struct cf_mount {
+	struct cf_mount *next;
+	struct fmount *m;
+	char volume[VOLUME_MAX];
+	char fsid[FSID_LEN + 1];
+	char (*tags)[FSID_LEN + 1]; /* device i + 1's tag */
+	unsigned int busy;          /* READs using it (dev lock) */
+	bool registered;
+	char sysfs[160];
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	bool stop;                  /* lock */
+};
+
+/* The device, shared by every cachefiles mount. */
+static struct {
+	pthread_mutex_t life;       /* opening and closing, in order */
+	pthread_mutex_t lock;       /* everything below */
+	pthread_cond_t cond;
+	int fd;
+	char cache_dir[PATH_MAX];   /* the chunk cache of the mount that bound it */
+	char dir[PATH_MAX];         /* the kernel's: cache_dir/fscache */
+	unsigned int users;
+	struct cf_mount *mounts;
+	struct cf_object *objects;
+	struct cf_job *head, **tail;
+	bool quit;
+	int wake[2];
+	pthread_t reader, workers[CF_WORKERS];
+	unsigned int nr_workers;
+	bool reader_started;
+} dev = {
+	.life = PTHREAD_MUTEX_INITIALIZER,
+	.lock = PTHREAD_MUTEX_INITIALIZER,
+	.cond = PTHREAD_COND_INITIALIZER,
+	.fd = -1,
+	.wake = { -1, -1 },
+};
+
+/* ------------------------------------------------------------------ */
+/* Objects and mounts (dev.lock)                                       */
+/* ------------------------------------------------------------------ */
+
+static void object_put_locked(struct cf_object *o)
+{
+	if (--o->refs)
+		return;
+	close(o->fd);
+	free(o);
+}
+
+static struct cf_object *object_find_locked(uint32_t id)
+{
+	struct cf_object *o;
+
+	for (o = dev.objects; o && o->id != id; o = o->next)
+		;
+	return o;
+}
+
+static void object_unlink_locked(struct cf_object *o)
+{
+	struct cf_object **pp;
+
+	for (pp = &dev.objects; *pp != o; pp = &(*pp)->next)
+		;
+	*pp = o->next;
+	object_put_locked(o);
+}
+
+/*
+ * The mount serving @cookie in @volume and the device it names there (0:
+ * the bootstrap), or NULL. In a domain several mounts may have the blob:
+ * any of them serves it.
+ */
+static struct cf_mount *resolve_locked(const char *volume, const char *cookie,
+				       uint32_t *device)
+{
+	struct cf_mount *cm;
+	uint32_t i;
+
+	for (cm = dev.mounts; cm; cm = cm->next) {
+		if (strcmp(cm->volume, volume))
+			continue;
+		if (!strcmp(cm->fsid, cookie)) {
+			*device = 0;
+			return cm;
+		}
+		for (i = 0; i < cm->m->img->blobs.nr_blobs; i++) {
+			if (!strcmp(cm->tags[i], cookie)) {
+				*device = i + 1;
+				return cm;
+			}
+		}
+	}
+	return NULL;
+}
+
+static uint64_t object_size(const struct cf_mount *cm, uint32_t device)
+{
+	return device ? cm->m->img->blobs.blobs[device - 1].uncompressed_size :
+			cm->m->img->bootstrap_len;
+}
+
+/* ------------------------------------------------------------------ */
+/* Requests                                                            */
+/* ------------------------------------------------------------------ */
+
+/* One command, one write(2). */
+static int dev_cmd(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int dev_cmd(const char *fmt, ...)
+{
+	char buf[PATH_MAX + 32];
+	va_list ap;
+	int n;
+
+	va_start(ap, fmt);
+	n = vsnprintf(buf, sizeof(buf), fmt, ap);
+	va_end(ap);
+	if (n < 0 || (size_t)n >= sizeof(buf))
+		return -ENAMETOOLONG;
+	return write(dev.fd, buf, (size_t)n) == n ? 0 : -errno;
+}
+
+/* A printable copy of untrusted key bytes, for comparisons and messages. */
+static bool key_copy(const uint8_t *p, size_t n, char *out, size_t size)
+{
+	size_t i;
+
+	if (n >= size)
+		return false;
+	for (i = 0; i < n; i++) {
+		if (p[i] < 0x21 || p[i] > 0x7e)
+			return false;
+		out[i] = (char)p[i];
+	}
+	out[n] = '\0';
+	return true;
+}
+
+static void handle_open(const struct cachefiles_msg *msg, size_t len)
+{
+	const struct cachefiles_open *op = (const void *)msg->data;
+	char volume[VOLUME_MAX] = "?", cookie[FSID_LEN + 1] = "?";
+	struct cf_object *o = NULL;
+	struct cf_mount *cm;
+	uint32_t device = 0;
+	int64_t size = -ENOENT;
+	int fd, ret;
+
+	if (len < sizeof(*msg) + sizeof(*op)) {
+		ferry_err("cachefiles: OPEN message %u of %zu bytes: too short", msg->msg_id,
+			  len);
+		return; /* no descriptor to close, nothing the kernel can use */
+	}
+	fd = (int)op->fd;
+	/* The volume key is NUL-terminated and counted with its NUL. */
+	if ((uint64_t)op->volume_key_size + op->cookie_key_size > len - sizeof(*msg) - sizeof(*op) ||
+	    !op->volume_key_size || op->data[op->volume_key_size - 1] ||
+	    !key_copy(op->data, op->volume_key_size - 1, volume, sizeof(volume)) ||
+	    !key_copy(op->data + op->volume_key_size, op->cookie_key_size, cookie,
+		      sizeof(cookie))) {
+		ferry_err("cachefiles: OPEN %u: malformed or unknown keys; refused", msg->msg_id);
+		size = -EINVAL;
+		goto answer;
+	}
+	o = calloc(1, sizeof(*o));
+	if (!o) {
+		size = -ENOMEM;
+		goto answer;
+	}
+	pthread_mutex_lock(&dev.lock);
+	cm = resolve_locked(volume, cookie, &device);
+	if (cm) {
+		size = (int64_t)object_size(cm, device);
+		*o = (struct cf_object){ .next = dev.objects, .id = msg->object_id, .fd = fd,
+					 .refs = 1 };
+		memcpy(o->volume, volume, sizeof(volume));
+		memcpy(o->cookie, cookie, sizeof(cookie));
+		dev.objects = o;
+		o = NULL;
+	}
+	pthread_mutex_unlock(&dev.lock);
+	if (cm)
+		ferry_dbg("cachefiles: OPEN %s %s: object %u, %lld bytes", volume, cookie,
+			  msg->object_id, (long long)size);
+	else
+		ferry_warn("cachefiles: OPEN of %s in volume %s: no mount of this ferryd has it; refused",
+			   cookie, volume);
+answer:
+	free(o);
+	if (size < 0)
+		close(fd);
+	ret = dev_cmd("copen %u,%lld", msg->msg_id, (long long)size);
+	if (ret)
+		ferry_err("cachefiles: answering OPEN %u (%s %s): %s", msg->msg_id, volume,
+			  cookie, ferry_strerror(ret));
+}
+
+static void handle_read(const struct cachefiles_msg *msg, size_t len)
+{
+	const struct cachefiles_read *rd = (const void *)msg->data;
+	struct cf_object *o;
+	struct cf_job *j;
+
+	if (len < sizeof(*msg) + sizeof(*rd)) {
+		ferry_err("cachefiles: READ message %u of %zu bytes: too short", msg->msg_id, len);
+		return;
+	}
+	j = malloc(sizeof(*j));
+	pthread_mutex_lock(&dev.lock);
+	o = object_find_locked(msg->object_id);
+	if (o && j) {
+		o->refs++;
+		*j = (struct cf_job){ .obj = o, .msg_id = msg->msg_id, .off = rd->off,
+				      .len = rd->len };
+		*dev.tail = j;
+		dev.tail = &j->next;
+		pthread_cond_signal(&dev.cond);
+		j = NULL;
+	} else if (o) {
+		/* Out of memory: the reader gets EIO rather than a hang. */
+		ioctl(o->fd, CACHEFILES_IOC_READ_COMPLETE, msg->msg_id);
+	}
+	pthread_mutex_unlock(&dev.lock);
+	if (!o)
+		ferry_err("cachefiles: READ %u for unknown object %u", msg->msg_id,
+			  msg->object_id);
+	free(j);
+}
+
+static void handle_close(const struct cachefiles_msg *msg)
+{
+	struct cf_object *o;
+
+	pthread_mutex_lock(&dev.lock);
+	o = object_find_locked(msg->object_id);
+	if (o)
+		object_unlink_locked(o);
+	pthread_mutex_unlock(&dev.lock);
+}
+
+static void *reader_main(void *arg)
+{
+	uint64_t buf[CACHEFILES_MSG_MAX_SIZE / sizeof(uint64_t)];
+	const struct cachefiles_msg *msg = (const void *)buf;
+
+	for (;;) {
+		struct pollfd p[2] = {
+			{ .fd = dev.fd, .events = POLLIN },
+			{ .fd = dev.wake[0], .events = POLLIN },
+		};
+		ssize_t n;
+
+		if (poll(p, 2, -1) < 0 && errno != EINTR) {
+			ferry_err("cachefiles: poll: %s", strerror(errno));
+			return NULL;
+		}
+		if (p[1].revents)
+			return NULL; /* cf_dev_put: no mount left */
+		if (!(p[0].revents & POLLIN))
+			continue;
+		n = read(dev.fd, buf, sizeof(buf));
+		if (n < 0 && errno != EINTR && errno != EAGAIN)
+			ferry_err("cachefiles: reading %s: %s", CF_DEVICE, strerror(errno));
+		/* 0: nothing pending after all (another request was first). */
+		if (n <= 0)
+			continue;
+		if ((size_t)n < sizeof(*msg) || msg->len != (uint32_t)n) {
+			ferry_err("cachefiles: a message of %zd bytes says %u; ignored", n,
+				  (size_t)n < sizeof(*msg) ? 0 : msg->len);
+			continue;
+		}
+		switch (msg->opcode) {
+		case CACHEFILES_OP_OPEN:
+			handle_open(msg, (size_t)n);
+			break;
+		case CACHEFILES_OP_READ:
+			handle_read(msg, (size_t)n);
+			break;
+		case CACHEFILES_OP_CLOSE:
+			handle_close(msg);
+			break;
+		default:
+			ferry_warn("cachefiles: unknown request %u (opcode %u); ignored",
+				   msg->msg_id, msg->opcode);
+		}
+	}
+}
+
+/*
+ * Write [off, off + len) of the object's bytes through its anon fd:
+ * 0, or -errno (logged) with what was written so far verified.
+ */
+static int fill(struct cf_mount *cm, uint32_t device, const struct cf_job *j,
+		uint8_t *buf)
+{
+	uint64_t size = object_size(cm, device), pos, end = j->off + j->len;
+	int ret = 0;
+
+	/* The cache file is the size rounded up to a page; READs stay inside. */
+	if (end < j->off || end > ((size + CF_ALIGN - 1) & ~(uint64_t)(CF_ALIGN - 1))) {
+		ferry_err("%s: cachefiles READ %llu+%llu beyond the %s's %llu bytes",
+			  cm->m->req.image, (unsigned long long)j->off,
+			  (unsigned long long)j->len, device ? "blob" : "bootstrap",
+			  (unsigned long long)size);
+		return -EINVAL;
+	}
+	for (pos = j->off; !ret && pos < end;) {
+		size_t n = (size_t)MIN(end - pos, (uint64_t)CF_BUF);
+		size_t have = pos < size ? (size_t)MIN((uint64_t)n, size - pos) : 0;
+
+		if (!device)
+			memcpy(buf, cm->m->img->bootstrap + pos, have);
+		else if (have)
+			ret = image_cache_pread(cm->m->ic, device, pos, buf, have);
+		if (ret) {
+			ferry_err("%s: reading blob %u bytes %llu+%zu for the kernel: %s",
+				  cm->m->req.image, device, (unsigned long long)pos, have,
+				  ferry_strerror(ret));
+			break;
+		}
+		/* The page past the end of the bytes. */
+		memset(buf + have, 0, n - have);
+		ret = pwrite_full(j->obj->fd, buf, n, pos);
+		if (ret)
+			ferry_err("%s: writing %zu bytes at %llu into the cache file of %s: %s",
+				  cm->m->req.image, n, (unsigned long long)pos, j->obj->cookie,
+				  ferry_strerror(ret));
+		pos += n;
+	}
+	return ret;
+}
+
+static void serve_read(struct cf_job *j, uint8_t *buf)
+{
+	struct cf_mount *cm;
+	uint32_t device = 0;
+
+	pthread_mutex_lock(&dev.lock);
+	cm = resolve_locked(j->obj->volume, j->obj->cookie, &device);
+	if (cm)
+		cm->busy++;
+	pthread_mutex_unlock(&dev.lock);
+	if (cm) {
+		fill(cm, device, j, buf);
+		pthread_mutex_lock(&dev.lock);
+		if (!--cm->busy)
+			pthread_cond_broadcast(&dev.cond);
+		pthread_mutex_unlock(&dev.lock);
+	} else {
+		ferry_err("cachefiles: READ of %s in volume %s: its mount is gone; the reader gets EIO",
+			  j->obj->cookie, j->obj->volume);
+	}
+	/* Always: without the bytes the kernel fails the read with EIO. */
+	if (ioctl(j->obj->fd, CACHEFILES_IOC_READ_COMPLETE, j->msg_id))
+		ferry_warn("cachefiles: completing READ %u of %s: %s", j->msg_id,
+			   j->obj->cookie, strerror(errno));
+}
+
+static void *worker_main(void *arg)
+{
+	uint8_t *buf = arg;
+	struct cf_job *j;
+
+	pthread_mutex_lock(&dev.lock);
+	for (;;) {
+		while (!dev.head && !dev.quit)
+			pthread_cond_wait(&dev.cond, &dev.lock);
+		j = dev.head;
+		if (!j)
+			break; /* quit, and the queue is drained */
+		dev.head = j->next;
+		if (!dev.head)
+			dev.tail = &dev.head;
+		pthread_mutex_unlock(&dev.lock);
+		serve_read(j, buf);
+		pthread_mutex_lock(&dev.lock);
+		object_put_locked(j->obj);
+		free(j);
+	}
+	pthread_mutex_unlock(&dev.lock);
+	free(buf);
+	return NULL;
+}
+
+/* ------------------------------------------------------------------ */
+/* The device                                                          */
+/* ------------------------------------------------------------------ */
+
+/* The process holding /dev/cachefiles, for the EBUSY message: its pid or 0. */
+static int device_holder(char *comm, size_t len)
+{
+	char path[64], link[64];
+	struct dirent *p, *f;
+	DIR *proc = opendir("/proc"), *fds;
+	FILE *fp;
+	int pid = 0;
+	ssize_t n;
+
+	while (proc && !pid && (p = readdir(proc))) {
+		if (p->d_name[0] < '1' || p->d_name[0] > '9' || strlen(p->d_name) > 16)
+			continue;
+		snprintf(path, sizeof(path), "/proc/%s/fd", p->d_name);
+		fds = opendir(path);
+		while (fds && !pid && (f = readdir(fds))) {
+			n = readlinkat(dirfd(fds), f->d_name, link, sizeof(link) - 1);
+			if (n > 0 && (link[n] = '\0', !strcmp(link, CF_DEVICE)))
+				pid = atoi(p->d_name);
+		}
+		if (fds)
+			closedir(fds);
+	}
+	if (proc)
+		closedir(proc);
+	snprintf(comm, len, "?");
+	snprintf(path, sizeof(path), "/proc/%d/comm", pid);
+	fp = pid ? fopen(path, "re") : NULL;
+	if (fp) {
+		if (fgets(comm, (int)len, fp))
+			comm[strcspn(comm, "\n")] = '\0';
+		fclose(fp);
+	}
+	return pid;
+}
+
+static void explain_open(int e, char *err, size_t errlen)
+{
+	char comm[64], who[96] = "";
+	int pid;
+
+	switch (e) {
+	case ENOENT:
+	case ENODEV:
+	case ENXIO:
+		snprintf(err, errlen, "%s: %s: this kernel has no cachefiles on-demand reads (it needs CONFIG_CACHEFILES_ONDEMAND and CONFIG_EROFS_FS_ONDEMAND, Linux 5.19 to 7.1); use --mode fanotify (Linux 6.14+, cache on ext4, xfs or btrfs) or --mode fuse",
+			 CF_DEVICE, strerror(e));
+		break;
+	case EBUSY:
+		pid = device_holder(comm, sizeof(comm));
+		if (pid)
+			snprintf(who, sizeof(who), " (pid %d, %s)", pid, comm);
+		snprintf(err, errlen, "%s is held by another process%s; only one daemon per host may own it (cachefilesd, nydusd or another ferryd): stop it, or use --mode fanotify or --mode fuse",
+			 CF_DEVICE, who);
+		break;
+	case EACCES:
+	case EPERM:
+		snprintf(err, errlen, "%s: %s (needs root: CAP_SYS_ADMIN)", CF_DEVICE, strerror(e));
+		break;
+	default:
+		snprintf(err, errlen, "%s: %s", CF_DEVICE, strerror(e));
+	}
+}
+
+/* Stop the threads and close the device; dev.life held. */
+static void dev_close(void)
+{
+	struct cf_object *o;
+	unsigned int i;
+
+	pthread_mutex_lock(&dev.lock);
+	dev.quit = true;
+	pthread_cond_broadcast(&dev.cond);
+	pthread_mutex_unlock(&dev.lock);
+	if (dev.reader_started) {
+		if (write(dev.wake[1], "", 1) < 0) {
+			/* full: the reader wakes anyway */
+		}
+		pthread_join(dev.reader, NULL);
+	}
+	for (i = 0; i < dev.nr_workers; i++)
+		pthread_join(dev.workers[i], NULL);
+	while ((o = dev.objects)) {
+		dev.objects = o->next;
+		close(o->fd);
+		free(o);
+	}
+	if (dev.wake[0] >= 0) {
+		close(dev.wake[0]);
+		close(dev.wake[1]);
+	}
+	if (dev.fd >= 0)
+		close(dev.fd);
+	dev.fd = dev.wake[0] = dev.wake[1] = -1;
+	dev.nr_workers = 0;
+	dev.reader_started = false;
+	dev.quit = false;
+	dev.head = NULL;
+	dev.tail = &dev.head;
+}
+
+/* Open and bind the device on the first mount; dev.life held. */
+static int dev_open(const char *cache_dir, char *err, size_t errlen)
+{
+	char *dir = NULL;
+	unsigned int i;
+	int ret;
+
+	dev.tail = &dev.head;
+	ret = blob_cache_dir(cache_dir, CF_SUBDIR, true, NULL);
+	if (ret) {
+		snprintf(err, errlen, "cache directory %s/%s: %s", cache_dir, CF_SUBDIR,
+			 ferry_strerror(ret));
+		return ret;
+	}
+	if (asprintf(&dir, "%s/%s", cache_dir, CF_SUBDIR) < 0) {
+		snprintf(err, errlen, "out of memory");
+		return -ENOMEM;
+	}
+	dev.fd = open(CF_DEVICE, O_RDWR | O_CLOEXEC);
+	if (dev.fd < 0) {
+		ret = -errno;
+		explain_open(-ret, err, errlen);
+		goto fail;
+	}
+	ret = dev_cmd("dir %s", dir);
+	if (ret) {
+		snprintf(err, errlen, "%s: \"dir %s\": %s", CF_DEVICE, dir, ferry_strerror(ret));
+		goto fail;
+	}
+	ret = dev_cmd("tag %s", CF_TAG);
+	if (!ret)
+		ret = dev_cmd("bind ondemand");
+	if (ret) {
+		snprintf(err, errlen, "%s: binding the cache in %s on demand: %s%s", CF_DEVICE, dir,
+			 ferry_strerror(ret),
+			 ret == -EINVAL ? " (a kernel without CONFIG_CACHEFILES_ONDEMAND; use --mode fanotify or --mode fuse)" :
+			 ret == -EOPNOTSUPP ? " (cachefiles cannot keep a cache on that file system, e.g. tmpfs: use a cache directory on ext4 or xfs, --cache-dir)" :
+			 ret == -EBUSY ? " (a cache is bound already)" : "");
+		goto fail;
+	}
+	if (pipe2(dev.wake, O_CLOEXEC | O_NONBLOCK)) {
+		ret = -errno;
+		snprintf(err, errlen, "pipe: %s", strerror(-ret));
+		goto fail;
+	}
+	for (i = 0; i < CF_WORKERS; i++) {
+		void *buf = NULL;
+
+		ret = -posix_memalign(&buf, CF_ALIGN, CF_BUF);
+		if (!ret) {
+			ret = -pthread_create(&dev.workers[i], NULL, worker_main, buf);
+			if (ret)
+				free(buf);
+		}
+		if (ret)
+			break;
+		dev.nr_workers++;
+	}
+	if (!ret) {
+		ret = -pthread_create(&dev.reader, NULL, reader_main, NULL);
+		dev.reader_started = !ret;
+	}
+	if (ret) {
+		snprintf(err, errlen, "cannot start the cachefiles threads: %s", strerror(-ret));
+		goto fail;
+	}
+	snprintf(dev.dir, sizeof(dev.dir), "%s", dir);
+	snprintf(dev.cache_dir, sizeof(dev.cache_dir), "%s", cache_dir);
+	ferry_info("cachefiles: %s bound on demand, cache in %s", CF_DEVICE, dir);
+	free(dir);
+	return 0;
+fail:
+	free(dir);
+	dev_close();
+	return ret;
+}
+
+/* ------------------------------------------------------------------ */
+/* The mode                                                            */
+/* ------------------------------------------------------------------ */
+
+static void cf_free(struct cf_mount *cm)
+{
+	pthread_mutex_destroy(&cm->lock);
+	pthread_cond_destroy(&cm->cond);
+	free(cm->tags);
+	free(cm);
+}
+
+/* Out of the table, once no READ uses it; the device closes with the last. */
+static void cf_unregister(struct cf_mount *cm)
+{
+	struct cf_mount **pp;
+	bool last;
+
+	pthread_mutex_lock(&dev.life);
+	pthread_mutex_lock(&dev.lock);
+	for (pp = &dev.mounts; *pp != cm; pp = &(*pp)->next)
+		;
+	*pp = cm->next;
+	while (cm->busy)
+		pthread_cond_wait(&dev.cond, &dev.lock);
+	last = !--dev.users;
+	pthread_mutex_unlock(&dev.lock);
+	if (last) {
+		dev_close();
+		ferry_info("cachefiles: no mount left; %s closed", CF_DEVICE);
+	}
+	pthread_mutex_unlock(&dev.life);
+}
+
+static int cf_register(struct cf_mount *cm, char *err, size_t errlen)
+{
+	int ret = 0;
+
+	pthread_mutex_lock(&dev.life);
+	if (dev.fd < 0)
+		ret = dev_open(cm->m->req.cache_dir, err, errlen);
+	else if (strcmp(dev.cache_dir, cm->m->req.cache_dir))
+		ferry_info("%s: the kernel's cache files go to %s (bound by an earlier mount), the chunk cache to %s",
+			   cm->m->mountpoint, dev.dir, cm->m->req.cache_dir);
+	if (!ret) {
+		pthread_mutex_lock(&dev.lock);
+		dev.users++;
+		cm->next = dev.mounts;
+		dev.mounts = cm;
+		cm->registered = true;
+		pthread_mutex_unlock(&dev.lock);
+	}
+	pthread_mutex_unlock(&dev.life);
+	return ret;
+}
+
+static bool sb_alive(const struct cf_mount *cm)
+{
+	return cm->sysfs[0] && !access(cm->sysfs, F_OK);
+}
+
+/*
+ * Register the image with the device (opened and bound by the first
+ * mount), then mount(2): the kernel OPENs the bootstrap and every blob
+ * and READs the superblock before mount(2) returns. Live at once.
+ */
+static int cf_start(struct fmount *m, const struct serve_opts *o, void **state,
+		    char *err, size_t errlen)
+{
+	struct cf_mount *cm = calloc(1, sizeof(*cm));
+	const char *domain = m->req.domain;
+	uint32_t i, n = m->img->blobs.nr_blobs;
+	int ret;
+
+	if (!cm || !(cm->tags = calloc(n + 1, sizeof(*cm->tags)))) {
+		free(cm);
+		snprintf(err, errlen, "out of memory");
+		return -ENOMEM;
+	}
+	cm->m = m;
+	pthread_mutex_init(&cm->lock, NULL);
+	pthread_cond_init(&cm->cond, NULL);
+	hex_encode(m->img->bootstrap_digest, BLOB_DIGEST_SIZE, cm->fsid);
+	for (i = 0; i < n; i++)
+		hex_encode(m->img->blobs.blobs[i].digest, BLOB_DIGEST_SIZE, cm->tags[i]);
+	snprintf(cm->volume, sizeof(cm->volume), "erofs,%s", domain ? domain : cm->fsid);
+
+	ret = cf_register(cm, err, errlen);
+	if (ret)
+		goto fail;
+	ret = meta_kernel_mount_fscache(cm->fsid, domain, m->mountpoint);
+	if (ret) {
+		snprintf(err, errlen, "kernel mount (EROFS over fscache, fsid %s%s%s) on %s failed (see above)",
+			 cm->fsid, domain ? ", domain " : "", domain ? domain : "",
+			 m->mountpoint);
+		goto fail;
+	}
+	ret = fan_sysfs_path(m->mountpoint, cm->sysfs, sizeof(cm->sysfs));
+	if (ret) {
+		snprintf(err, errlen, "%s: cannot identify the mounted EROFS superblock (FS_IOC_GETFSSYSFSPATH): %s",
+			 m->mountpoint, ferry_strerror(ret));
+		if (umount2(m->mountpoint, MNT_DETACH))
+			ferry_warn("%s: detaching: %s", m->mountpoint, strerror(errno));
+		goto fail;
+	}
+	*state = cm;
+	mount_ready(m);
+	return 0;
+fail:
+	if (cm->registered)
+		cf_unregister(cm);
+	cf_free(cm);
+	return ret;
+}
+
+/* Until the superblock is gone (0) or cf_stop. */
+static int cf_serve(void *state)
+{
+	struct cf_mount *cm = state;
+	struct timespec ts;
+
+	pthread_mutex_lock(&cm->lock);
+	while (!cm->stop && sb_alive(cm)) {
+		clock_gettime(CLOCK_REALTIME, &ts);
+		ts.tv_nsec += SB_CHECK_MS * 1000000L;
+		if (ts.tv_nsec >= 1000000000L) {
+			ts.tv_sec++;
+			ts.tv_nsec -= 1000000000L;
+		}
+		pthread_cond_timedwait(&cm->cond, &cm->lock, &ts);
+	}
+	pthread_mutex_unlock(&cm->lock);
+	return 0;
+}
+
+static void cf_stop(void *state)
+{
+	struct cf_mount *cm = state;
+
+	pthread_mutex_lock(&cm->lock);
+	cm->stop = true;
+	pthread_cond_broadcast(&cm->cond);
+	pthread_mutex_unlock(&cm->lock);
+}
+
+/*
+ * After cf_serve. A superblock still alive (busy at shutdown, a fatal
+ * error) is served no more: its reads of data not in the cache files
+ * fail with EIO.
+ */
+static void cf_close(void *state, int ret)
+{
+	struct cf_mount *cm = state;
+
+	if (ret)
+		mount_detach(cm->m);
+	if (sb_alive(cm))
+		ferry_warn("%s: still mounted and in use; reads of data not yet in its cache files fail with EIO until it is unmounted",
+			   cm->m->mountpoint);
+	cf_unregister(cm);
+	cf_free(cm);
+}
+
+const struct serve_mode cachefiles_mode = {
+	.name = "cachefiles",
+	.fstype = "erofs",
+	.start = cf_start,
+	.serve = cf_serve,
+	.stop = cf_stop,
+	.close = cf_close,
+};
