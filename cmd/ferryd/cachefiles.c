@@ -92,7 +92,8 @@ struct cf_mount {
 static struct {
 	pthread_mutex_t life;       /* opening and closing, in order */
 	pthread_mutex_t lock;       /* everything below */
-	pthread_cond_t cond;
+	pthread_cond_t cond;        /* a READ queued, or quit */
+	pthread_cond_t idle;        /* a mount's last READ done */
 	int fd;
 	char cache_dir[PATH_MAX];   /* the chunk cache of the mount that bound it */
 	char dir[PATH_MAX];         /* the kernel's: cache_dir/fscache */
@@ -109,6 +110,7 @@ static struct {
 	.life = PTHREAD_MUTEX_INITIALIZER,
 	.lock = PTHREAD_MUTEX_INITIALIZER,
 	.cond = PTHREAD_COND_INITIALIZER,
+	.idle = PTHREAD_COND_INITIALIZER,
 	.fd = -1,
 	.wake = { -1, -1 },
 };
@@ -296,7 +298,7 @@ static void handle_read(const struct cachefiles_msg *msg, size_t len)
 		j = NULL;
 	} else if (o) {
 		/* Out of memory: the reader gets EIO rather than a hang. */
-		ioctl(o->fd, CACHEFILES_IOC_READ_COMPLETE, msg->msg_id);
+		ioctl(o->fd, CACHEFILES_IOC_READ_COMPLETE, (unsigned long)msg->msg_id);
 	}
 	pthread_mutex_unlock(&dev.lock);
 	if (!o)
@@ -422,14 +424,14 @@ static void serve_read(struct cf_job *j, uint8_t *buf)
 		fill(cm, device, j, buf);
 		pthread_mutex_lock(&dev.lock);
 		if (!--cm->busy)
-			pthread_cond_broadcast(&dev.cond);
+			pthread_cond_broadcast(&dev.idle);
 		pthread_mutex_unlock(&dev.lock);
 	} else {
 		ferry_err("cachefiles: READ of %s in volume %s: its mount is gone; the reader gets EIO",
 			  j->obj->cookie, j->obj->volume);
 	}
 	/* Always: without the bytes the kernel fails the read with EIO. */
-	if (ioctl(j->obj->fd, CACHEFILES_IOC_READ_COMPLETE, j->msg_id))
+	if (ioctl(j->obj->fd, CACHEFILES_IOC_READ_COMPLETE, (unsigned long)j->msg_id))
 		ferry_warn("cachefiles: completing READ %u of %s: %s", j->msg_id,
 			   j->obj->cookie, strerror(errno));
 }
@@ -666,7 +668,7 @@ static void cf_unregister(struct cf_mount *cm)
 		;
 	*pp = cm->next;
 	while (cm->busy)
-		pthread_cond_wait(&dev.cond, &dev.lock);
+		pthread_cond_wait(&dev.idle, &dev.lock);
 	last = !--dev.users;
 	pthread_mutex_unlock(&dev.lock);
 	if (last) {

@@ -1,0 +1,172 @@
+#!/bin/sh
+# SPDX-License-Identifier: MIT
+# Guest test driver of tests/e2e/vm_cachefiles.sh (busybox sh, run by the
+# VM's /init): ferry mount --mode cachefiles (EROFS over fscache, ferryd
+# owning /dev/cachefiles) of images served by docker-registry on the
+# guest's 127.0.0.1. Payload /payload/cf, made on the host:
+#   cf.env        DATA_C (compressed bytes of deb:base's blobs), DMG_*
+#                 (the chunk the corruption check damages: file, registry
+#                 blob path, byte offset, original and damaged byte in
+#                 octal, first chunk's length), SHARED (the blob digest
+#                 deb:base and deb:pkgs share)
+#   deb.list      treelist -n of deb:base's reference tree (umoci unpack)
+#   fx.list       treelist of the edge-case fixture (mkfixture.sh)
+#   usrbin.sha256 sha256sum of deb:base's usr/bin files
+#   usr.find      find usr of deb:base, sorted
+#   os-release, dmg.ref  reference bytes of etc/os-release and DMG_FILE
+# The registry storage holds deb:base, deb:pkgs (base plus a layer: the
+# base layer's blob is shared) and fx:v1 (the fixture).
+# shellcheck disable=SC2016 # sh -c scripts expand in the guest's sh
+# shellcheck source=tests/vm/lib.sh
+. "$VM_LIB"
+P=$VM_PAYLOAD/cf
+# shellcheck source=/dev/null
+. "$P/cf.env"
+C=/cf/cache
+T0=$(date +%s)
+
+# A field of MNT's entry in ferry mount --list --json (numbers, strings).
+field() { # MNT KEY
+	ferry mount --list --json "$1" 2>/dev/null |
+		sed -n "s/^ *\"$2\": *\"\{0,1\}\([^\",]*\)\"\{0,1\},\{0,1\}$/\1/p" | head -n 1
+}
+# ferry mount --mode cachefiles IMAGE on MNT with the chunk cache on ext4.
+cfmount() { # IMAGE MNT [ARGS]
+	_img=$1 _mnt=$2
+	shift 2
+	mkdir -p "$_mnt" && timeout 120 ferry mount --mode cachefiles "$@" \
+		--cache-dir "$C" "docker://$VM_REGISTRY/$_img" "$_mnt"
+}
+# sha256sum of FILES under ROOT in ORDER (a command: sort, sort -r, shuf),
+# listed by path.
+hashfiles() { # ROOT ORDER LIST
+	(cd "$1" && $2 "$3" | xargs sha256sum | sort -k 2)
+}
+elapsed() { echo "$(($(date +%s) - T0)) s"; }
+
+vm_check "a fresh ext4 (extents) for the caches" vm_mkext4 /tmp/cf.ext4 /cf 900 || exit 1
+vm_check "docker-registry answers on the guest's 127.0.0.1" vm_registry_start 5000 || exit 1
+
+# --- a lazy mount from the registry ------------------------------------------
+M=/mnt/base
+t=$(date +%s)
+if ! vm_check "ferry mount --mode cachefiles docker://$VM_REGISTRY/deb:base" cfmount deb:base $M; then
+	tail -n 20 /run/ferry/ferryd.log 2>/dev/null | vm_diag_stdin
+	exit 1
+fi
+vm_diag "mounted in $(($(date +%s) - t)) s (at $(elapsed))"
+vm_check "the mount is the kernel's EROFS over fscache (fsid=, no backing file)" sh -c '
+	set -- $(grep " /mnt/base " /proc/mounts) && echo "$*" && [ "$3" = erofs ] &&
+	case "$4" in *fsid=*) ;; *) false ;; esac'
+is_field() { [ "$(field "$1" "$2")" = "$3" ]; } # MNT KEY VALUE
+vm_check "ferry mount --list says mode cachefiles" is_field $M mode cachefiles
+vm_check "the kernel's cache files live in $C/fscache/cache" sh -c \
+	'ls -R "$1/fscache/cache" | grep -q "^D"' sh "$C"
+f=$(field $M bytesFetched)
+vm_check "the mount fetched no file data, only the bootstrap (${f:-?} B)" [ "${f:-1}" -eq 0 ]
+
+# --- startup workload: a small part of the image ------------------------------
+vm_check "startup: etc/os-release reads as in the image" cmp "$P/os-release" $M/etc/os-release
+vm_check "startup: find usr lists the reference's entries" sh -c \
+	'cd /mnt/base && find usr | sort >/tmp/usr.find && cmp "$1/usr.find" /tmp/usr.find' sh "$P"
+vm_check "startup: chroot MNT /bin/sh -c true" timeout 60 chroot $M /bin/sh -c true
+vm_check "startup: chroot MNT /usr/bin/env true" timeout 60 chroot $M /usr/bin/env true
+f=$(field $M bytesFetched)
+vm_diag "startup fetched ${f:-?} of $DATA_C compressed bytes (at $(elapsed))"
+vm_check "startup fetched some, and < 25% of the image (${f:-?} of $DATA_C B)" \
+	sh -c '[ "$1" -gt 0 ] && [ "$1" -lt $(($2 / 4)) ]' sh "${f:-0}" "$DATA_C"
+vm_check "every entry's type, mode, owner, size, mtime, target, xattrs, links (treelist -n)" \
+	sh -c 'treelist -n /mnt/base >/tmp/deb.list && diff "$1/deb.list" /tmp/deb.list' sh "$P"
+
+# --- 8 concurrent readers of usr/bin, in different orders ----------------------
+sort -k 2 "$P/usrbin.sha256" >/tmp/usrbin.expect
+sed 's/^[0-9a-f]*  //' /tmp/usrbin.expect >/tmp/usrbin.files
+t=$(date +%s)
+i=0
+for order in sort "sort -r" shuf sort "sort -r" shuf sort shuf; do
+	hashfiles $M "$order" /tmp/usrbin.files >/tmp/rd.$i 2>&1 &
+	i=$((i + 1))
+done
+wait
+vm_diag "8 readers of usr/bin ($(wc -l </tmp/usrbin.files) files) took $(($(date +%s) - t)) s"
+vm_check "8 concurrent readers all read the reference bytes" sh -c '
+	for i in 0 1 2 3 4 5 6 7; do cmp /tmp/usrbin.expect /tmp/rd.$i || exit 1; done'
+# usr/bin of MNT read again equals the reference.
+usrbin_right() { hashfiles "$1" sort /tmp/usrbin.files | cmp /tmp/usrbin.expect -; } # MNT
+
+# --- a corrupted chunk: EIO, never wrong bytes ----------------------------------
+# The registry's copy of the chunk's blob gets one byte flipped.
+# shellcheck disable=SC2059 # the byte is an octal escape
+damage() { printf "\\$1" | dd of="/var/lib/registry/$DMG_BLOB_PATH" bs=1 seek="$DMG_OFF" conv=notrunc 2>/dev/null; }
+# Read FILE whole into /tmp/dmg: fails with EIO, and what came before the
+# error is the reference's.
+read_eio() { # FILE
+	! dd if="$1" of=/tmp/dmg bs=65536 2>/tmp/dmg.err && grep -q "I/O error" /tmp/dmg.err &&
+		head -c "$(stat -c %s /tmp/dmg)" "$P/dmg.ref" | cmp - /tmp/dmg
+}
+if vm_check "damage one byte of $DMG_FILE's first chunk in the guest registry" damage "$DMG_BAD"; then
+	vm_check "reading it fails with EIO, no wrong bytes before it" read_eio $M/$DMG_FILE
+	vm_check "a second read fails again (nothing bad was cached)" read_eio $M/$DMG_FILE
+	vm_check "its other chunks read right (from byte $DMG_LEN1)" sh -c '
+		dd if="$1" of=/tmp/tail bs=4096 skip=$(($3 / 4096)) 2>/dev/null &&
+		dd if="$2" of=/tmp/tailref bs=4096 skip=$(($3 / 4096)) 2>/dev/null &&
+		[ -s /tmp/tail ] && cmp /tmp/tailref /tmp/tail' sh $M/$DMG_FILE "$P/dmg.ref" "$DMG_LEN1"
+	vm_check "ferryd's log names the damaged chunk" grep -qi "chunk" /run/ferry/ferryd.log
+	damage "$DMG_GOOD"
+fi
+
+# --- the edge-case fixture, every attribute and byte ----------------------------
+if vm_check "ferry mount --mode cachefiles docker://$VM_REGISTRY/fx:v1" cfmount fx:v1 /mnt/fx; then
+	t=$(date +%s)
+	vm_check "fixture: every entry and byte equals the reference (treelist)" sh -c \
+		'treelist /mnt/fx >/tmp/fx.list && diff "$1/fx.list" /tmp/fx.list' sh "$P"
+	vm_diag "fixture read in $(($(date +%s) - t)) s"
+	vm_check "ferry umount of the fixture" ferry umount /mnt/fx
+fi
+
+# --- a warm restart: a new ferryd reads nothing from the registry ---------------
+pid=$(field $M pid)
+vm_check "ferry umount of deb:base" ferry umount $M
+vm_check "ferryd (pid ${pid:-?}) ends on SIGTERM" sh -c \
+	'kill "$1" && i=0 && while kill -0 "$1" 2>/dev/null; do
+		i=$((i + 1)) && [ $i -lt 50 ] && sleep 0.2 || exit 1; done' sh "${pid:-0}"
+if vm_check "mount deb:base again (new ferryd, same caches)" cfmount deb:base $M; then
+	vm_check "usr/bin reads the reference bytes again" usrbin_right $M
+	f=$(field $M bytesFetched)
+	vm_check "the warm read fetched nothing (${f:-?} B)" [ "${f:-1}" -eq 0 ]
+fi
+
+# --- a domain: two images sharing a blob share one cache file -------------------
+if vm_check "mount deb:base in domain shared" cfmount deb:base /mnt/d1 --domain shared &&
+	vm_check "mount deb:pkgs in domain shared" cfmount deb:pkgs /mnt/d2 --domain shared; then
+	vm_check "both read etc/os-release and usr/bin/ls as the reference" sh -c '
+		cmp "$1/os-release" /mnt/d1/etc/os-release && cmp /mnt/d1/usr/bin/ls /mnt/d2/usr/bin/ls &&
+		grep -q "usr/bin/ls$" /tmp/usrbin.expect &&
+		[ "$(sha256sum </mnt/d2/usr/bin/ls | cut -d" " -f1)" = "$(grep " usr/bin/ls$" /tmp/usrbin.expect | cut -d" " -f1)" ]' sh "$P"
+	vm_check "--list names the domain" is_field /mnt/d2 domain shared
+	vm_check "the shared blob has one cache file in the domain's volume" sh -c '
+		n=$(find "$1/fscache/cache/Ierofs,shared" -name "D$2" | wc -l) && echo "$n" && [ "$n" -eq 1 ]' \
+		sh "$C" "$SHARED"
+	vm_check "ferry umount of both domain mounts" sh -c 'ferry umount /mnt/d2 && ferry umount /mnt/d1'
+fi
+
+# --- ferryd gone with no successor: EIO in bounded time, umount works ------------
+pid=$(field $M pid)
+if vm_check "kill -9 ferryd (pid ${pid:-?})" kill -9 "${pid:-0}"; then
+	t=$(date +%s)
+	vm_check "a read of data not yet cached fails with EIO" sh -c \
+		'! timeout 30 dd if="$1" of=/dev/null bs=65536 2>/tmp/gone.err && grep -q "I/O error" /tmp/gone.err' \
+		sh $M/$DMG_FILE
+	vm_diag "EIO after $(($(date +%s) - t)) s"
+	vm_check "ferry umount works without ferryd" ferry umount $M
+fi
+
+vm_diag "guest driver done at $(elapsed)"
+if [ "$VM_FAIL" -gt 0 ]; then
+	vm_diag "-- ferryd's log (/run/ferry/ferryd.log), last 40 lines:"
+	tail -n 40 /run/ferry/ferryd.log 2>/dev/null | vm_diag_stdin
+	vm_diag "-- kernel messages about erofs, cachefiles, fscache:"
+	dmesg | grep -iE "erofs|cachefiles|fscache|netfs" | tail -n 20 | vm_diag_stdin
+fi
+echo "# guest driver: $VM_PASS ok, $VM_FAIL not ok"
+[ "$VM_FAIL" -eq 0 ]
