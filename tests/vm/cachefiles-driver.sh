@@ -105,12 +105,12 @@ read_eio() { # FILE
 		head -c "$(stat -c %s /tmp/dmg)" "$P/dmg.ref" | cmp - /tmp/dmg
 }
 if vm_check "damage one byte of $DMG_FILE's first chunk in the guest registry" damage "$DMG_BAD"; then
-	vm_check "reading it fails with EIO, no wrong bytes before it" read_eio $M/$DMG_FILE
-	vm_check "a second read fails again (nothing bad was cached)" read_eio $M/$DMG_FILE
+	vm_check "reading it fails with EIO, no wrong bytes before it" read_eio "$M/$DMG_FILE"
+	vm_check "a second read fails again (nothing bad was cached)" read_eio "$M/$DMG_FILE"
 	vm_check "its other chunks read right (from byte $DMG_LEN1)" sh -c '
 		dd if="$1" of=/tmp/tail bs=4096 skip=$(($3 / 4096)) 2>/dev/null &&
 		dd if="$2" of=/tmp/tailref bs=4096 skip=$(($3 / 4096)) 2>/dev/null &&
-		[ -s /tmp/tail ] && cmp /tmp/tailref /tmp/tail' sh $M/$DMG_FILE "$P/dmg.ref" "$DMG_LEN1"
+		[ -s /tmp/tail ] && cmp /tmp/tailref /tmp/tail' sh "$M/$DMG_FILE" "$P/dmg.ref" "$DMG_LEN1"
 	vm_check "ferryd's log names the damaged chunk" grep -qi "chunk" /run/ferry/ferryd.log
 	damage "$DMG_GOOD"
 fi
@@ -156,7 +156,7 @@ if vm_check "kill -9 ferryd (pid ${pid:-?})" kill -9 "${pid:-0}"; then
 	t=$(date +%s)
 	vm_check "a read of data not yet cached fails with EIO" sh -c \
 		'! timeout 30 dd if="$1" of=/dev/null bs=65536 2>/tmp/gone.err && grep -q "I/O error" /tmp/gone.err' \
-		sh $M/$DMG_FILE
+		sh "$M/$DMG_FILE"
 	vm_diag "EIO after $(($(date +%s) - t)) s"
 	vm_check "ferry umount works without ferryd" ferry umount $M
 fi
