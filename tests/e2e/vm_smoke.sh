@@ -19,40 +19,14 @@
 # watchdog gets 50 min (build-kernel.sh and run-vm.sh bound their own parts).
 E2E_TIMEOUT=$((${E2E_TIMEOUT:-0} > 3000 ? E2E_TIMEOUT : 3000))
 . "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/vm_lib.sh"
 
-VM=$TOP/tests/vm
 need_ferry
-
-skip() {
-	echo "ok - vm: QEMU/TCG smoke test # SKIP $*"
-	exit 0
-}
-command -v qemu-system-x86_64 >/dev/null ||
-	skip "qemu-system-x86_64 not installed (make deps installs qemu-system-x86)"
-dpkg-query -W -f='${Status}' linux-source-6.12 2>/dev/null | grep -q "install ok installed" ||
-	skip "linux-source-6.12 not installed (make deps installs it)"
-case $(ldd /bin/busybox 2>&1 || true) in
-*"not a dynamic"*) ;;
-*) skip "/bin/busybox is not busybox-static (make deps installs it)" ;;
-esac
-need_cmds mkfs.ext4 dumpe2fs cpio gzip docker-registry python3
-need_root
+vm_requirements "QEMU/TCG smoke test"
 
 # --- kernel (cached) --------------------------------------------------------
-# A first build's progress (stderr) shows as it comes, so that a long CI
-# step is visibly alive; the path (stdout) goes to a file.
 t0=$(date +%s)
-exec 3>"$SCRATCH/kernel.path"
-"$VM/build-kernel.sh" 2>&1 >&3 | tee "$SCRATCH/kernel.log" | sed -u 's/^/# /'
-rc=${PIPESTATUS[0]}
-exec 3>&-
-kernel=$(cat "$SCRATCH/kernel.path")
-if [ "$rc" -ne 0 ] || [ ! -s "$kernel" ]; then
-	notok "vm: build the VM kernel (tests/vm/build-kernel.sh, exit $rc)"
-	diag "$SCRATCH/kernel.log" 40
-	e2e_done
-fi
-echo "# kernel: $kernel ($(($(date +%s) - t0)) s)"
+vm_kernel
 
 # --- a small image, converted on the host ------------------------------------
 T=$SCRATCH/tree P=$SCRATCH/payload/smoke
@@ -86,13 +60,6 @@ check "pack the initramfs (tests/vm/mkinitramfs.sh)" \
 	-p "$P" "${regargs[@]}" || e2e_done
 sed 's/^/# /' "$LOG"
 
-t1=$(date +%s)
-"$VM/run-vm.sh" -t 240 -l "$SCRATCH/vm" "$kernel" "$SCRATCH/initrd.gz" | tee "$SCRATCH/vm.out"
-rc=${PIPESTATUS[0]}
-E2E_PASS=$((E2E_PASS + $(grep -c '^ok ' "$SCRATCH/vm.out")))
-E2E_FAIL=$((E2E_FAIL + $(grep -c '^not ok ' "$SCRATCH/vm.out")))
-if [ "$rc" -ne 0 ] && ! grep -q '^not ok ' "$SCRATCH/vm.out"; then
-	notok "vm: tests/vm/run-vm.sh failed (exit $rc)"
-fi
-echo "# VM boot + guest tests: $(($(date +%s) - t1)) s; whole test: $(($(date +%s) - t0)) s"
+vm_boot "$SCRATCH/initrd.gz" 240
+echo "# whole test: $(($(date +%s) - t0)) s"
 e2e_done
