@@ -476,6 +476,8 @@ struct json_object *ctl_mount_stats_to_json(const struct ctl_mount_stats *m)
 	ok &= json_add(o, "dev", json_object_new_boolean(m->dev));
 	if (m->domain[0])
 		ok &= json_add_str(o, "domain", m->domain);
+	if (m->mode_reason[0])
+		ok &= json_add_str(o, "modeReason", m->mode_reason);
 	ok &= json_add_str(o, "state", m->state);
 	ok &= json_add(o, "mountedAt", json_object_new_int64(m->mounted_at));
 	ok &= add_u64(o, "bytesRead", m->bytes_read);
@@ -533,6 +535,9 @@ static int parse_stats(struct json_object *o, struct ctl_mount_stats *m, char *e
 		ret = get_pid(o, "keeperPid", false, &m->keeper_pid, err, errlen);
 	if (!ret && json_field(o, "domain"))
 		ret = json_read_copy(o, "domain", m->domain, sizeof(m->domain), err, errlen);
+	if (!ret && json_field(o, "modeReason"))
+		ret = json_read_copy(o, "modeReason", m->mode_reason, sizeof(m->mode_reason),
+				     err, errlen);
 	if (!ret)
 		ret = json_read_bool(o, "suid", &m->suid, err, errlen);
 	if (!ret)

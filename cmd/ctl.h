@@ -12,7 +12,8 @@
  *
  *   {"op":"mount","image":REF,"mountpoint":ABS,"cacheDir":ABS,
  *    "mode":MODE (a short lowercase token, default "fuse"; ferryd knows
- *                 fuse, fanotify and cachefiles),
+ *                 fuse, fanotify, cachefiles and auto: the first of
+ *                 fanotify, cachefiles, fuse this host supports),
  *    "domain":S (cachefiles: the EROFS domain whose mounts share blobs,
  *                at most 64 bytes, checked by the kernel mount; absent:
  *                none),
@@ -30,7 +31,8 @@
  *       → {"ok":true}
  *   {"op":"list"}  → {"ok":true,"pid":N,"version":S,"socket":S,"mounts":
  *       [{"mountpoint","image","cacheDir","mode","keeperPid" (fanotify),
- *         "suid","dev","domain" (when mounted in one),
+ *         "suid","dev","domain" (when mounted in one), "modeReason" (mode
+ *         auto: the mode chosen and why the ones before it were not),
  *         "state","mountedAt","bytesRead",
  *         "bytesFetched","bytesPrefetched","chunksPresent","chunksTotal",
  *         "bytesPresent","prefetch","prefetchFiles","readaheadFiles",
@@ -66,6 +68,7 @@
 #define CTL_HOSTS_MAX 64u             /* entries of a fetch string list */
 #define CTL_TOKEN_MAX 16u             /* mode, state, prefetch names */
 #define CTL_MSG_MAX 4096u             /* an error answer's message */
+#define CTL_REASON_MAX 1024u          /* why "auto" chose a mode */
 #define CTL_MOUNTS_MAX 65536u         /* entries of a list answer */
 
 /* $FERRYD_SOCKET, else CTL_DEFAULT_SOCKET. */
@@ -207,6 +210,7 @@ struct ctl_mount_stats {
 	int keeper_pid;                   /* fanotify mounts; 0: none */
 	bool suid, dev;                   /* as requested */
 	char domain[META_FSCACHE_ID_MAX + 1]; /* cachefiles; "": none */
+	char mode_reason[CTL_REASON_MAX]; /* mode auto: why this mode; "": none */
 	int64_t mounted_at;               /* unix seconds */
 	uint64_t bytes_read, bytes_fetched, bytes_prefetched;
 	uint64_t chunks_present, chunks_total, bytes_present;

@@ -23,7 +23,7 @@
 static void mount_help(void)
 {
 	printf("Usage: ferry mount --mode local [OPTIONS] IMAGE MOUNTPOINT\n"
-	       "       ferry mount --mode fuse|fanotify|cachefiles [OPTIONS] IMAGE MOUNTPOINT\n"
+	       "       ferry mount [--mode auto|fuse|fanotify|cachefiles] [OPTIONS] IMAGE MOUNTPOINT\n"
 	       "       ferry mount --list [--json] [--socket PATH] [MOUNTPOINT]\n\n"
 	       "Mount a ferry image read-only.\n\n"
 	       "IMAGE  dir:OUT, oci:PATH[:TAG] or docker://HOST[:PORT]/REPO[:TAG|@DIGEST],\n"
@@ -59,8 +59,11 @@ static void mount_help(void)
 	       "          If ferryd dies, reads of data not yet in those files\n"
 	       "          fail with EIO until the mount is unmounted.\n\n"
 	       "Options:\n"
-	       "  --mode MODE       required to mount: local, fuse, fanotify or\n"
-	       "                    cachefiles\n"
+	       "  --mode MODE       local, fuse, fanotify, cachefiles or auto (the\n"
+	       "                    default: fanotify where the kernel has pre-content\n"
+	       "                    events and the cache is on ext4, xfs or btrfs, else\n"
+	       "                    cachefiles where /dev/cachefiles is there, else\n"
+	       "                    fuse; --list says which and why)\n"
 	       "  --cache-dir DIR   the chunk cache (default $FERRY_CACHE_DIR or\n"
 	       "                    %s); see ferry cache\n"
 	       "  --suid, --dev     honour the image's setuid/setgid bits, its device\n"
@@ -91,6 +94,7 @@ static void mount_help(void)
 	       "  --json            --list: JSON on stdout: {\"pid\",\"socket\",\"mounts\":\n"
 	       "                    [{\"mountpoint\",\"image\",\"cacheDir\",\"mode\",\n"
 	       "                    \"keeperPid\" (fanotify),\"domain\" (cachefiles),\n"
+	       "                    \"modeReason\" (auto),\n"
 	       "                    \"suid\",\"dev\",\"state\",\n"
 	       "                    \"mountedAt\",\"bytesRead\",\"bytesFetched\",\n"
 	       "                    \"bytesPrefetched\",\"chunksPresent\",\"chunksTotal\",\n"
@@ -254,6 +258,8 @@ static void print_mounts(const struct ctl_mount_stats *mounts, size_t n)
 		       m->mountpoint, m->mode, opts, m->state, m->prefetch, read,
 		       (unsigned long long)m->bytes_fetched,
 		       (unsigned long long)m->bytes_prefetched, chunks, m->image);
+		if (m->mode_reason[0])
+			printf("  mode auto: %s\n", m->mode_reason);
 	}
 }
 
@@ -463,17 +469,18 @@ int cmd_mount(int argc, char **argv)
 	if (argc - optind != 2)
 		return usage_error("mount", "expected IMAGE and MOUNTPOINT");
 	if (!mode)
-		return usage_error("mount", "--mode is required (local, fuse, fanotify or cachefiles)");
+		mode = "auto";
 	ret = regopts_finish(&ro);
 	if (ret)
 		return ret;
 	a.image = argv[optind];
 	a.mountpoint = argv[optind + 1];
 	a.mode = mode;
-	if (!strcmp(mode, "fuse") || !strcmp(mode, "fanotify") || !strcmp(mode, "cachefiles"))
+	if (!strcmp(mode, "fuse") || !strcmp(mode, "fanotify") || !strcmp(mode, "cachefiles") ||
+	    !strcmp(mode, "auto"))
 		return mount_fuse(&a);
 	if (strcmp(mode, "local"))
-		return usage_error("mount", "unknown mode \"%s\" (local, fuse, fanotify or cachefiles)",
+		return usage_error("mount", "unknown mode \"%s\" (local, fuse, fanotify, cachefiles or auto)",
 				   mode);
 	if (fuse_only)
 		return usage_error("mount", "--prefetch-*, --domain, -f: only with a lazy mode (fuse, fanotify, cachefiles)");

@@ -502,8 +502,10 @@ static int device_holder(char *comm, size_t len)
 	return pid;
 }
 
-static void explain_open(int e, char *err, size_t errlen)
+/* Why @CF_DEVICE cannot be had; with @advice, what to do instead. */
+static void explain_open(int e, bool advice, char *err, size_t errlen)
 {
+	const char *other = advice ? "; use --mode fanotify or --mode fuse" : "";
 	char comm[64], who[96] = "";
 	int pid;
 
@@ -511,22 +513,23 @@ static void explain_open(int e, char *err, size_t errlen)
 	case ENOENT:
 	case ENODEV:
 	case ENXIO:
-		snprintf(err, errlen, "%s: %s: this kernel has no cachefiles on-demand reads (it needs CONFIG_CACHEFILES_ONDEMAND and CONFIG_EROFS_FS_ONDEMAND, Linux 5.19 to 7.1); use --mode fanotify (Linux 6.14+, cache on ext4, xfs or btrfs) or --mode fuse",
-			 CF_DEVICE, strerror(e));
+		snprintf(err, errlen, "%s: %s: this kernel has no cachefiles on-demand reads (it needs CONFIG_CACHEFILES_ONDEMAND and CONFIG_EROFS_FS_ONDEMAND, Linux 5.19 to 7.1)%s",
+			 CF_DEVICE, strerror(e),
+			 advice ? "; use --mode fanotify (Linux 6.14+, cache on ext4, xfs or btrfs) or --mode fuse" : "");
 		break;
 	case EBUSY:
 		pid = device_holder(comm, sizeof(comm));
 		if (pid)
 			snprintf(who, sizeof(who), " (pid %d, %s)", pid, comm);
-		snprintf(err, errlen, "%s is held by another process%s; only one daemon per host may own it (cachefilesd, nydusd or another ferryd): stop it, or use --mode fanotify or --mode fuse",
-			 CF_DEVICE, who);
+		snprintf(err, errlen, "%s is held by another process%s; only one daemon per host may own it (cachefilesd, nydusd or another ferryd)%s",
+			 CF_DEVICE, who, advice ? ": stop it, or use --mode fanotify or --mode fuse" : "");
 		break;
 	case EACCES:
 	case EPERM:
 		snprintf(err, errlen, "%s: %s (needs root: CAP_SYS_ADMIN)", CF_DEVICE, strerror(e));
 		break;
 	default:
-		snprintf(err, errlen, "%s: %s", CF_DEVICE, strerror(e));
+		snprintf(err, errlen, "%s: %s%s", CF_DEVICE, strerror(e), other);
 	}
 }
 
@@ -588,7 +591,7 @@ static int dev_open(const char *cache_dir, char *err, size_t errlen)
 	dev.fd = open(CF_DEVICE, O_RDWR | O_CLOEXEC);
 	if (dev.fd < 0) {
 		ret = -errno;
-		explain_open(-ret, err, errlen);
+		explain_open(-ret, true, err, errlen);
 		goto fail;
 	}
 	ret = dev_cmd("dir %s", dir);
@@ -807,6 +810,27 @@ static void cf_close(void *state, int ret)
 	cf_free(cm);
 }
 
+/* /dev/cachefiles is ours, or could be: opened and closed at once. */
+static int cf_probe(const struct ctl_mount_req *req, char *why, size_t len)
+{
+	int fd, ret = 0;
+
+	pthread_mutex_lock(&dev.life);
+	if (dev.fd < 0) {
+		fd = open(CF_DEVICE, O_RDWR | O_CLOEXEC);
+		if (fd < 0)
+			ret = -errno;
+		else
+			close(fd);
+	}
+	pthread_mutex_unlock(&dev.life);
+	if (ret)
+		explain_open(-ret, false, why, len);
+	else
+		snprintf(why, len, "EROFS over fscache (%s)", CF_DEVICE);
+	return ret;
+}
+
 const struct serve_mode cachefiles_mode = {
 	.name = "cachefiles",
 	.fstype = "erofs",
@@ -814,4 +838,5 @@ const struct serve_mode cachefiles_mode = {
 	.serve = cf_serve,
 	.stop = cf_stop,
 	.close = cf_close,
+	.probe = cf_probe,
 };

@@ -508,6 +508,9 @@ static const char *fs_name(unsigned long type)
 	case FUSE_SUPER_MAGIC: return "fuse";
 	case OVERLAYFS_SUPER_MAGIC: return "overlayfs";
 	case NFS_SUPER_MAGIC: return "nfs";
+	case EXT4_SUPER_MAGIC: return "ext4";
+	case XFS_SUPER_MAGIC: return "xfs";
+	case BTRFS_SUPER_MAGIC: return "btrfs";
 	default: return "a file system";
 	}
 }
@@ -809,6 +812,35 @@ static void fan_stats(void *state, struct ctl_mount_stats *s)
 	s->keeper_pid = atomic_load(&f->keeper_pid);
 }
 
+/*
+ * Pre-content events exist (Linux 6.14+) and the cache directory's file
+ * system takes them: a mark of it (or of its nearest existing ancestor)
+ * in a group closed at once.
+ */
+static int fan_probe(const struct ctl_mount_req *req, char *why, size_t len)
+{
+	char dir[PATH_MAX], *slash;
+	struct statfs sfs;
+	int group, ret = 0;
+
+	snprintf(dir, sizeof(dir), "%s", req->cache_dir);
+	while (statfs(dir, &sfs) && (slash = strrchr(dir, '/')) && slash != dir)
+		*slash = '\0';
+	group = fanotify_init(FAN_CLASS_PRE_CONTENT | FAN_CLOEXEC, O_RDONLY | O_CLOEXEC);
+	if (group < 0 || fanotify_mark(group, FAN_MARK_ADD, FAN_PRE_ACCESS, AT_FDCWD, dir))
+		ret = -errno;
+	if (group >= 0)
+		close(group);
+	if (!ret)
+		snprintf(why, len, "pre-content events on the cache's %s", fs_name((unsigned long)sfs.f_type));
+	else if (group >= 0 && ret == -EOPNOTSUPP)
+		snprintf(why, len, "the cache directory is on %s, which has no pre-content events (ext4, xfs, btrfs have)",
+			 fs_name((unsigned long)sfs.f_type));
+	else
+		snprintf(why, len, "no fanotify pre-content events (Linux 6.14+): %s", strerror(-ret));
+	return ret;
+}
+
 const struct serve_mode fanotify_mode = {
 	.name = "fanotify",
 	.fstype = "erofs",
@@ -817,4 +849,5 @@ const struct serve_mode fanotify_mode = {
 	.stop = fan_stop,
 	.close = fan_close,
 	.stats = fan_stats,
+	.probe = fan_probe,
 };

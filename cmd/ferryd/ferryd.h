@@ -64,6 +64,7 @@ struct fmount {
 	struct image *img;
 	struct image_cache *ic;
 	const struct serve_mode *mode;  /* per req.mode */
+	char mode_why[CTL_REASON_MAX];  /* "auto": why this mode */
 	void *mode_state;               /* the mode's; NULL (table lock) once closed */
 	unsigned int dev_major, dev_minor;
 	int64_t mounted_at;             /* unix seconds */

@@ -914,9 +914,18 @@ static void fuse_stats(void *state, struct ctl_mount_stats *s)
 	s->readahead_bytes = atomic_load(&fs->ra_bytes);
 }
 
+static int fs_probe(const struct ctl_mount_req *req, char *why, size_t len)
+{
+	int ret = access("/dev/fuse", R_OK | W_OK) ? -errno : 0;
+
+	snprintf(why, len, "/dev/fuse: %s", ret ? strerror(-ret) : "FUSE, any kernel");
+	return ret;
+}
+
 const struct serve_mode fuse_mode = {
 	.name = "fuse",
 	.fstype = CTL_FUSE_FSTYPE,
+	.probe = fs_probe,
 	.start = fuse_start,
 	.serve = fuse_serve,
 	.stop = fuse_stop,

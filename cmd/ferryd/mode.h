@@ -31,6 +31,9 @@
  *          mode's to detach (mount_detach) or to leave to a keeper.
  *   stats  (optional) a list request, while serve runs: the mode's own
  *          fields of the mount's list entry.
+ *   probe  a request for "auto" (any thread, before start): can the mode
+ *          serve @req on this host? 0, or -errno; @why says what was
+ *          found either way ("fanotify pre-content events on ext4").
  *
  * mounts.c calls stop, live and stats only while @state exists (it
  * serialises them with close); the prefetch thread needs no mode.
@@ -42,6 +45,7 @@
 #include <stdint.h>
 
 struct fmount;
+struct ctl_mount_req;
 struct ctl_mount_stats;
 
 /* ferryd's options that modes apply. */
@@ -61,12 +65,18 @@ struct serve_mode {
 	void (*live)(void *state);
 	void (*close)(void *state, int ret);
 	void (*stats)(void *state, struct ctl_mount_stats *s);
+	int (*probe)(const struct ctl_mount_req *req, char *why, size_t len);
 };
 
 extern const struct serve_mode fuse_mode, fanotify_mode, cachefiles_mode;
 
-/* The mode named @name, or NULL. */
-const struct serve_mode *serve_mode_find(const char *name);
+/*
+ * The mode @req names, or NULL. "auto" is the first that can serve it
+ * (probe) of fanotify, cachefiles and fuse; @why (len bytes) then says
+ * which was chosen and why the ones before were not.
+ */
+const struct serve_mode *serve_mode_pick(const struct ctl_mount_req *req, char *why,
+					 size_t len);
 /* The modes' names, ", "-separated, for error messages. */
 void serve_mode_names(char *buf, size_t len);
 

@@ -335,13 +335,19 @@ static int mount_new(struct ctl_mount_req *req, struct fmount **out, char *err,
 	pthread_mutex_init(&m->lock, NULL);
 	pthread_cond_init(&m->cond, NULL);
 	m->refs = 1;
-	m->mode = serve_mode_find(m->req.mode);
-	if (!m->mode) {
+	m->mode = serve_mode_pick(&m->req, m->mode_why, sizeof(m->mode_why));
+	if (!m->mode && m->mode_why[0]) {
+		snprintf(err, errlen, "no mode can serve it on this host (%s)", m->mode_why);
+		ret = -EOPNOTSUPP;
+	} else if (!m->mode) {
 		serve_mode_names(modes, sizeof(modes));
 		snprintf(err, errlen, "unknown mode \"%s\" (this ferryd serves %s)",
 			 m->req.mode, modes);
 		ret = -EINVAL;
 	} else {
+		if (m->mode_why[0])
+			ferry_info("mount %s: mode %s: %s", m->req.image, m->req.mode,
+				   m->mode_why);
 		ret = check_mountpoint(m->req.mountpoint, &m->mountpoint, err, errlen);
 	}
 	if (ret) {
@@ -746,6 +752,7 @@ int mounts_list(struct ctl_mount_stats **out, size_t *nr)
 			ret = -ENOMEM;
 		snprintf(e->mode, sizeof(e->mode), "%s", m->mode->name);
 		snprintf(e->domain, sizeof(e->domain), "%s", m->req.domain ? m->req.domain : "");
+		snprintf(e->mode_reason, sizeof(e->mode_reason), "%s", m->mode_why);
 		snprintf(e->state, sizeof(e->state), "%s", state_name(m->state));
 		e->suid = m->req.suid;
 		e->dev = m->req.dev;
