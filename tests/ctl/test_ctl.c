@@ -449,7 +449,7 @@ static void test_replies_roundtrip(void)
 		{ .mountpoint = "/m/1", .image = "docker://r.example/a:1", .cache_dir = "/c",
 		  .mode = "fanotify", .state = "mounted", .prefetch = "done", .keeper_pid = 4242,
 		  .dev = true,
-		  .domain = "shared",
+		  .domain = "shared", .mode_reason = "not fanotify: tmpfs; cachefiles: ok",
 		  .mounted_at = 1700000000, .bytes_read = 1, .bytes_fetched = 2,
 		  .bytes_prefetched = 3, .chunks_present = 4, .chunks_total = 5,
 		  .bytes_present = 6, .prefetch_files = 7, .readahead_files = 8,
@@ -504,7 +504,7 @@ static void test_replies_roundtrip(void)
 		      !strcmp(a->state, b->state) && !strcmp(a->prefetch, b->prefetch));
 		CHECK(a->keeper_pid == b->keeper_pid && a->mounted_at == b->mounted_at);
 		CHECK(a->suid == b->suid && a->dev == b->dev);
-		CHECK(!strcmp(a->domain, b->domain));
+		CHECK(!strcmp(a->domain, b->domain) && !strcmp(a->mode_reason, b->mode_reason));
 		CHECK(a->bytes_read == b->bytes_read && a->bytes_fetched == b->bytes_fetched &&
 		      a->bytes_prefetched == b->bytes_prefetched &&
 		      a->chunks_present == b->chunks_present &&

@@ -124,6 +124,19 @@ if vm_check "ferry mount --mode cachefiles docker://$VM_REGISTRY/fx:v1" cfmount 
 	vm_check "ferry umount of the fixture" ferry umount /mnt/fx
 fi
 
+# --- ferry mount without --mode: auto picks cachefiles here -----------------------
+# (6.12: no fanotify pre-content events; /dev/cachefiles is there)
+if vm_check "ferry mount (mode auto) of fx:v1" sh -c \
+	'mkdir -p /mnt/auto && timeout 120 ferry mount --cache-dir "$1" "docker://$2/fx:v1" /mnt/auto' \
+	sh "$C" "$VM_REGISTRY"; then
+	vm_check "auto chose cachefiles" is_field /mnt/auto mode cachefiles
+	r=$(field /mnt/auto modeReason)
+	vm_diag "modeReason: $r"
+	vm_check "--list says why: not fanotify, cachefiles" sh -c \
+		'case "$1" in "not fanotify: "*"; cachefiles: "*) ;; *) exit 1 ;; esac' sh "$r"
+	vm_check "ferry umount (auto)" ferry umount /mnt/auto
+fi
+
 # --- a warm restart: a new ferryd reads nothing from the registry ---------------
 pid=$(field $M pid)
 vm_check "ferry umount of deb:base" ferry umount $M
