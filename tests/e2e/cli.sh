@@ -78,7 +78,7 @@ usage "convert --inline-max too large" convert --inline-max 1000000 "dir:$SRC" "
 usage "convert unknown source scheme" convert "zip:$SRC" "dir:$N"
 usage "convert source without scheme" convert "$SRC" "dir:$N"
 usage "convert unknown destination scheme" convert "dir:$SRC" "tar:$N"
-usage "mount without --mode" mount "dir:$N" "$MNT"
+usage "mount --mode local --domain (a lazy option)" mount --mode local --domain d "dir:$N" "$MNT"
 usage "mount --mode unknown" mount --mode warp "dir:$N" "$MNT"
 usage "mount without MOUNTPOINT" mount --mode local "dir:$N"
 usage "umount without MOUNTPOINT" umount
