@@ -412,8 +412,10 @@ static int fill(struct cf_mount *cm, uint32_t device, const struct cf_job *j,
 
 static void serve_read(struct cf_job *j, uint8_t *buf)
 {
+	uint64_t t0 = ferry_now_ns();
 	struct cf_mount *cm;
 	uint32_t device = 0;
+	int ret = -ENOENT;
 
 	pthread_mutex_lock(&dev.lock);
 	cm = resolve_locked(j->obj->volume, j->obj->cookie, &device);
@@ -421,7 +423,7 @@ static void serve_read(struct cf_job *j, uint8_t *buf)
 		cm->busy++;
 	pthread_mutex_unlock(&dev.lock);
 	if (cm) {
-		fill(cm, device, j, buf);
+		ret = fill(cm, device, j, buf);
 		pthread_mutex_lock(&dev.lock);
 		if (!--cm->busy)
 			pthread_cond_broadcast(&dev.idle);
@@ -434,6 +436,10 @@ static void serve_read(struct cf_job *j, uint8_t *buf)
 	if (ioctl(j->obj->fd, CACHEFILES_IOC_READ_COMPLETE, (unsigned long)j->msg_id))
 		ferry_warn("cachefiles: completing READ %u of %s: %s", j->msg_id,
 			   j->obj->cookie, strerror(errno));
+	ferry_dbg("cachefiles: READ %u of %.12s %llu+%llu: %s in %llu ms", j->msg_id,
+		  j->obj->cookie, (unsigned long long)j->off, (unsigned long long)j->len,
+		  ret ? ferry_strerror(ret) : "written",
+		  (unsigned long long)((ferry_now_ns() - t0) / 1000000));
 }
 
 static void *worker_main(void *arg)

@@ -44,8 +44,23 @@ hashfiles() { # ROOT ORDER LIST
 }
 elapsed() { echo "$(($(date +%s) - T0)) s"; }
 
+# On a failure the guest shows what ferryd (debug log), the kernel and
+# the processes were doing.
+diagnose() {
+	vm_diag "-- ferryd's log (/run/ferry/ferryd.log), last 60 lines:"
+	tail -n 60 /run/ferry/ferryd.log 2>/dev/null | vm_diag_stdin
+	vm_diag "-- kernel messages about erofs, cachefiles, fscache:"
+	dmesg | grep -iE "erofs|cachefiles|fscache|netfs|blocked|hung" | tail -n 20 | vm_diag_stdin
+	vm_diag "-- processes (state, wchan):"
+	for d in /proc/[0-9]*; do
+		echo "${d#/proc/} $(cut -d' ' -f3 "$d/stat" 2>/dev/null) $(cat "$d/wchan" 2>/dev/null) $(tr '\0' ' ' <"$d/cmdline" 2>/dev/null | cut -c1-80)"
+	done | grep -v " S 0 \[" | vm_diag_stdin
+}
+
 vm_check "a fresh ext4 (extents) for the caches" vm_mkext4 /tmp/cf.ext4 /cf 900 || exit 1
 vm_check "docker-registry answers on the guest's 127.0.0.1" vm_registry_start 5000 || exit 1
+# Debug logging: every request and its answer, for the diagnosis.
+vm_check "ferryd -v starts on the default socket" ferryd -v
 
 # --- a lazy mount from the registry ------------------------------------------
 M=/mnt/base
@@ -60,8 +75,6 @@ vm_check "the mount is the kernel's EROFS over fscache (fsid=, no backing file)"
 	case "$4" in *fsid=*) ;; *) false ;; esac'
 is_field() { [ "$(field "$1" "$2")" = "$3" ]; } # MNT KEY VALUE
 vm_check "ferry mount --list says mode cachefiles" is_field $M mode cachefiles
-vm_check "the kernel's cache files live in $C/fscache/cache" sh -c \
-	'ls -R "$1/fscache/cache" | grep -q "^D"' sh "$C"
 f=$(field $M bytesFetched)
 vm_check "the mount fetched no file data, only the bootstrap (${f:-?} B)" [ "${f:-1}" -eq 0 ]
 
@@ -84,13 +97,15 @@ sed 's/^[0-9a-f]*  //' /tmp/usrbin.expect >/tmp/usrbin.files
 t=$(date +%s)
 i=0
 for order in sort "sort -r" shuf sort "sort -r" shuf sort shuf; do
-	hashfiles $M "$order" /tmp/usrbin.files >/tmp/rd.$i 2>&1 &
+	timeout 150 sh -c 'cd "$1" && $2 "$3" | xargs sha256sum | sort -k 2' sh "$M" "$order" \
+		/tmp/usrbin.files >/tmp/rd.$i 2>&1 &
 	i=$((i + 1))
 done
 wait
 vm_diag "8 readers of usr/bin ($(wc -l </tmp/usrbin.files) files) took $(($(date +%s) - t)) s"
 vm_check "8 concurrent readers all read the reference bytes" sh -c '
-	for i in 0 1 2 3 4 5 6 7; do cmp /tmp/usrbin.expect /tmp/rd.$i || exit 1; done'
+	for i in 0 1 2 3 4 5 6 7; do cmp /tmp/usrbin.expect /tmp/rd.$i || exit 1; done' ||
+	diagnose
 # usr/bin of MNT read again equals the reference.
 usrbin_right() { hashfiles "$1" sort /tmp/usrbin.files | cmp /tmp/usrbin.expect -; } # MNT
 
@@ -140,6 +155,8 @@ fi
 # --- a warm restart: a new ferryd reads nothing from the registry ---------------
 pid=$(field $M pid)
 vm_check "ferry umount of deb:base" ferry umount $M
+vm_check "the kernel kept its cache files in $C/fscache/cache (bootstrap and blob)" sh -c \
+	'find "$1/fscache/cache" -type f -name "D*" | grep -q "/D$2$"' sh "$C" "$SHARED"
 vm_check "ferryd (pid ${pid:-?}) ends on SIGTERM" sh -c \
 	'kill "$1" && i=0 && while kill -0 "$1" 2>/dev/null; do
 		i=$((i + 1)) && [ $i -lt 50 ] && sleep 0.2 || exit 1; done' sh "${pid:-0}"
@@ -175,11 +192,6 @@ if vm_check "kill -9 ferryd (pid ${pid:-?})" kill -9 "${pid:-0}"; then
 fi
 
 vm_diag "guest driver done at $(elapsed)"
-if [ "$VM_FAIL" -gt 0 ]; then
-	vm_diag "-- ferryd's log (/run/ferry/ferryd.log), last 40 lines:"
-	tail -n 40 /run/ferry/ferryd.log 2>/dev/null | vm_diag_stdin
-	vm_diag "-- kernel messages about erofs, cachefiles, fscache:"
-	dmesg | grep -iE "erofs|cachefiles|fscache|netfs" | tail -n 20 | vm_diag_stdin
-fi
+[ "$VM_FAIL" -gt 0 ] && diagnose
 echo "# guest driver: $VM_PASS ok, $VM_FAIL not ok"
 [ "$VM_FAIL" -eq 0 ]
