@@ -95,13 +95,16 @@ vm_check "every entry's type, mode, owner, size, mtime, target, xattrs, links (t
 sort -k 2 "$P/usrbin.sha256" >/tmp/usrbin.expect
 sed 's/^[0-9a-f]*  //' /tmp/usrbin.expect >/tmp/usrbin.files
 t=$(date +%s)
-i=0
+i=0 pids=''
 for order in sort "sort -r" shuf sort "sort -r" shuf sort shuf; do
 	timeout 150 sh -c 'cd "$1" && $2 "$3" | xargs sha256sum | sort -k 2' sh "$M" "$order" \
 		/tmp/usrbin.files >/tmp/rd.$i 2>&1 &
+	pids="$pids $!"
 	i=$((i + 1))
 done
-wait
+# Not a bare wait: docker-registry is a child of this shell too.
+# shellcheck disable=SC2086
+wait $pids
 vm_diag "8 readers of usr/bin ($(wc -l </tmp/usrbin.files) files) took $(($(date +%s) - t)) s"
 vm_check "8 concurrent readers all read the reference bytes" sh -c '
 	for i in 0 1 2 3 4 5 6 7; do cmp /tmp/usrbin.expect /tmp/rd.$i || exit 1; done' ||
