@@ -119,7 +119,7 @@ damage() { printf "\\$1" | dd of="/var/lib/registry/$DMG_BLOB_PATH" bs=1 seek="$
 # Read FILE whole into /tmp/dmg: fails with EIO, and what came before the
 # error is the reference's.
 read_eio() { # FILE
-	! dd if="$1" of=/tmp/dmg bs=65536 2>/tmp/dmg.err && grep -q "I/O error" /tmp/dmg.err &&
+	! dd if="$1" of=/tmp/dmg bs=65536 2>/tmp/dmg.err && grep -q "Input/output error" /tmp/dmg.err &&
 		head -c "$(stat -c %s /tmp/dmg)" "$P/dmg.ref" | cmp - /tmp/dmg
 }
 if vm_check "damage one byte of $DMG_FILE's first chunk in the guest registry" damage "$DMG_BAD"; then
@@ -177,10 +177,15 @@ if vm_check "mount deb:base in domain shared" cfmount deb:base /mnt/d1 --domain 
 		grep -q "usr/bin/ls$" /tmp/usrbin.expect &&
 		[ "$(sha256sum </mnt/d2/usr/bin/ls | cut -d" " -f1)" = "$(grep " usr/bin/ls$" /tmp/usrbin.expect | cut -d" " -f1)" ]' sh "$P"
 	vm_check "--list names the domain" is_field /mnt/d2 domain shared
+	# ferryd's debug log has a line per OPEN: "OPEN VOLUME COOKIE: ...".
+	vm_check "the kernel opened the shared blob once for the domain" sh -c '
+		n=$(grep -c "cachefiles: OPEN erofs,shared $1:" /run/ferry/ferryd.log) &&
+		echo "$n OPEN" && [ "$n" -eq 1 ]' sh "$SHARED"
+	vm_check "ferry umount of both domain mounts" sh -c 'ferry umount /mnt/d2 && ferry umount /mnt/d1'
+	# The kernel links its cache files into the directory when it lets go.
 	vm_check "the shared blob has one cache file in the domain's volume" sh -c '
 		n=$(find "$1/fscache/cache/Ierofs,shared" -name "D$2" | wc -l) && echo "$n" && [ "$n" -eq 1 ]' \
 		sh "$C" "$SHARED"
-	vm_check "ferry umount of both domain mounts" sh -c 'ferry umount /mnt/d2 && ferry umount /mnt/d1'
 fi
 
 # --- ferryd gone with no successor: EIO in bounded time, umount works ------------
@@ -188,7 +193,7 @@ pid=$(field $M pid)
 if vm_check "kill -9 ferryd (pid ${pid:-?})" kill -9 "${pid:-0}"; then
 	t=$(date +%s)
 	vm_check "a read of data not yet cached fails with EIO" sh -c \
-		'! timeout 30 dd if="$1" of=/dev/null bs=65536 2>/tmp/gone.err && grep -q "I/O error" /tmp/gone.err' \
+		'! timeout 30 dd if="$1" of=/dev/null bs=65536 2>/tmp/gone.err && grep -q "Input/output error" /tmp/gone.err' \
 		sh "$M/$DMG_FILE"
 	vm_diag "EIO after $(($(date +%s) - t)) s"
 	vm_check "ferry umount works without ferryd" ferry umount $M
