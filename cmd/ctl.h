@@ -128,6 +128,8 @@ struct ctl_mount_req {
 	bool prefetch_all;
 	const char *mode;          /* serving mode's name; parsed: never NULL */
 	const char *domain;        /* cachefiles: EROFS domain_id, or NULL */
+	bool adopt;                /* ferryd only, never sent: take over the
+				    * mount already there (cachefiles failover) */
 	uint64_t prefetch_bwlimit; /* bytes per second, 0 = unlimited */
 	bool suid, dev;            /* trusted image: no nosuid / nodev */
 	struct fetch_opts fetch;   /* parsed: every list non-NULL */

@@ -27,11 +27,24 @@
  * (mount(2) waits for it) and queues READs to worker threads. An object
  * is resolved to a mount at each READ by its volume and cookie, so a blob
  * shared in a domain is served as long as any mount of that domain has it.
- * When ferryd dies the device closes: pending and later reads of data not
- * yet in the cache files fail with EIO, and the mount stays unmountable.
+ *
+ * Failover: a keeper process (ferryd --cachefiles-keeper) holds a second
+ * descriptor of the device, so the cache stays bound when ferryd dies,
+ * and ferryd records its cachefiles mounts (their requests) next to the
+ * control socket. When ferryd dies, the kernel closes the objects whose
+ * anon fds it held and keeps the READs it had handed out; the keeper
+ * becomes the successor (exec ferryd --cachefiles-adopt), which opens the
+ * recorded images again, takes over their mounts without mounting, and
+ * writes "restore": the kernel hands out again every pending request and,
+ * before a READ of a closed object, OPENs it anew. Readers wait meanwhile
+ * and get their bytes. Without a successor (the keeper killed too, or the
+ * takeover failed) the last descriptor closes: pending and later reads of
+ * data not yet in the cache files fail with EIO, and the mount stays
+ * unmountable.
  */
 #include <dirent.h>
 #include <fcntl.h>
+#include <libgen.h>
 #include <limits.h>
 #include <poll.h>
 #include <stdarg.h>
@@ -40,6 +53,7 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/mount.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 #include <linux/cachefiles.h>
@@ -56,6 +70,8 @@
 #define SB_CHECK_MS 200            /* how often a mount looks for its superblock */
 #define VOLUME_MAX (6 + META_FSCACHE_ID_MAX + 1) /* "erofs," + id + NUL */
 #define FSID_LEN (2 * BLOB_DIGEST_SIZE)
+#define CF_STATE "ferryd.cachefiles.json" /* the mounts, next to the socket */
+#define CF_STATE_MAX (16u << 20)
 
 /* A cache file the kernel opened for us: the anon fd and what it holds. */
 struct cf_object {
@@ -82,6 +98,7 @@ struct cf_mount {
 	char (*tags)[FSID_LEN + 1]; /* device i + 1's tag */
 	unsigned int busy;          /* READs using it (dev lock) */
 	bool registered;
+	bool live;                  /* mounted: recorded for a successor (dev lock) */
 	char sysfs[160];
 	pthread_mutex_t lock;
 	pthread_cond_t cond;
@@ -106,6 +123,10 @@ static struct {
 	pthread_t reader, workers[CF_WORKERS];
 	unsigned int nr_workers;
 	bool reader_started;
+	char state_dir[PATH_MAX];   /* where CF_STATE lives */
+	int keeper_sock;            /* to the keeper; -1: none */
+	_Atomic int keeper_pid;
+	int adopt_fd;               /* cachefiles_adopt: the dead ferryd's device */
 } dev = {
 	.life = PTHREAD_MUTEX_INITIALIZER,
 	.lock = PTHREAD_MUTEX_INITIALIZER,
@@ -113,6 +134,8 @@ static struct {
 	.idle = PTHREAD_COND_INITIALIZER,
 	.fd = -1,
 	.wake = { -1, -1 },
+	.keeper_sock = -1,
+	.adopt_fd = -1,
 };
 
 /* ------------------------------------------------------------------ */
@@ -472,6 +495,64 @@ static void *worker_main(void *arg)
 /* The device                                                          */
 /* ------------------------------------------------------------------ */
 
+/*
+ * Record the live mounts' requests for a successor (0600: they may carry
+ * registry credentials, as the control socket's requests do). dev.life.
+ */
+static void state_save(void)
+{
+	struct json_object *a = json_object_new_array(), *o;
+	const char *text;
+	struct cf_mount *cm;
+	int ret = a ? 0 : -ENOMEM;
+
+	pthread_mutex_lock(&dev.lock);
+	for (cm = dev.mounts; cm && !ret; cm = cm->next) {
+		struct ctl_mount_req req = cm->m->req;
+
+		if (!cm->live)
+			continue;
+		/* What it is now, whatever "auto" chose. */
+		req.mountpoint = cm->m->mountpoint;
+		req.mode = cachefiles_mode.name;
+		o = ctl_mount_req_to_json(&req);
+		if (!o || json_object_array_add(a, o)) {
+			json_object_put(o);
+			ret = -ENOMEM;
+		}
+	}
+	pthread_mutex_unlock(&dev.lock);
+	text = ret ? NULL : json_object_to_json_string_ext(a, JSON_C_TO_STRING_PLAIN);
+	if (!ret)
+		ret = text ? write_file_atomic(dev.state_dir, CF_STATE, text, strlen(text), 0600) :
+			     -ENOMEM;
+	if (ret)
+		ferry_warn("cachefiles: recording the mounts in %s/%s for a successor: %s; if ferryd dies they fail with EIO",
+			   dev.state_dir, CF_STATE, ferry_strerror(ret));
+	json_object_put(a);
+}
+
+/* The keeper holding a second descriptor of the device (failover). */
+static void keeper_start(const char *socket_path)
+{
+	const char *args[] = { socket_path, NULL };
+	int pid = 0, ret;
+
+	ret = keeper_spawn("--cachefiles-keeper", dev.fd, args, &dev.keeper_sock, &pid);
+	if (ret)
+		ferry_warn("cachefiles: no keeper for %s (%s): if ferryd dies, its mounts fail reads of missing data with EIO",
+			   CF_DEVICE, ferry_strerror(ret));
+	atomic_store(&dev.keeper_pid, pid);
+}
+
+static int reader_start(void)
+{
+	int ret = -pthread_create(&dev.reader, NULL, reader_main, NULL);
+
+	dev.reader_started = !ret;
+	return ret;
+}
+
 /* The process holding /dev/cachefiles, for the EBUSY message: its pid or 0. */
 static int device_holder(char *comm, size_t len)
 {
@@ -566,9 +647,16 @@ static void dev_close(void)
 		close(dev.wake[0]);
 		close(dev.wake[1]);
 	}
+	/* Closing on purpose: the keeper lets go too (the cache unbinds). */
+	if (dev.keeper_sock >= 0) {
+		if (send(dev.keeper_sock, "bye", 3, MSG_NOSIGNAL) < 0)
+			ferry_warn("cachefiles: telling the keeper: %s", strerror(errno));
+		close(dev.keeper_sock);
+	}
 	if (dev.fd >= 0)
 		close(dev.fd);
-	dev.fd = dev.wake[0] = dev.wake[1] = -1;
+	dev.fd = dev.wake[0] = dev.wake[1] = dev.keeper_sock = -1;
+	atomic_store(&dev.keeper_pid, 0);
 	dev.nr_workers = 0;
 	dev.reader_started = false;
 	dev.quit = false;
@@ -576,13 +664,25 @@ static void dev_close(void)
 	dev.tail = &dev.head;
 }
 
-/* Open and bind the device on the first mount; dev.life held. */
-static int dev_open(const char *cache_dir, char *err, size_t errlen)
+/*
+ * Open and bind the device on the first mount, or take over a dead
+ * ferryd's (dev.adopt_fd: bound already; the reader starts once its
+ * mounts are back, cachefiles_adopt); dev.life held.
+ */
+static int dev_open(const char *cache_dir, const char *socket_path, char *err,
+		    size_t errlen)
 {
-	char *dir = NULL;
+	char *dir = NULL, *copy = strdup(socket_path);
+	bool restoring = dev.adopt_fd >= 0;
 	unsigned int i;
 	int ret;
 
+	if (!copy) {
+		snprintf(err, errlen, "out of memory");
+		return -ENOMEM;
+	}
+	snprintf(dev.state_dir, sizeof(dev.state_dir), "%s", dirname(copy));
+	free(copy);
 	dev.tail = &dev.head;
 	ret = blob_cache_dir(cache_dir, CF_SUBDIR, true, NULL);
 	if (ret) {
@@ -593,6 +693,11 @@ static int dev_open(const char *cache_dir, char *err, size_t errlen)
 	if (asprintf(&dir, "%s/%s", cache_dir, CF_SUBDIR) < 0) {
 		snprintf(err, errlen, "out of memory");
 		return -ENOMEM;
+	}
+	if (dev.adopt_fd >= 0) {
+		dev.fd = dev.adopt_fd;
+		dev.adopt_fd = -1;
+		goto bound;
 	}
 	dev.fd = open(CF_DEVICE, O_RDWR | O_CLOEXEC);
 	if (dev.fd < 0) {
@@ -616,6 +721,7 @@ static int dev_open(const char *cache_dir, char *err, size_t errlen)
 			 ret == -EBUSY ? " (a cache is bound already)" : "");
 		goto fail;
 	}
+bound:
 	if (pipe2(dev.wake, O_CLOEXEC | O_NONBLOCK)) {
 		ret = -errno;
 		snprintf(err, errlen, "pipe: %s", strerror(-ret));
@@ -634,17 +740,19 @@ static int dev_open(const char *cache_dir, char *err, size_t errlen)
 			break;
 		dev.nr_workers++;
 	}
-	if (!ret) {
-		ret = -pthread_create(&dev.reader, NULL, reader_main, NULL);
-		dev.reader_started = !ret;
-	}
+	if (!ret && !restoring)
+		ret = reader_start();
 	if (ret) {
 		snprintf(err, errlen, "cannot start the cachefiles threads: %s", strerror(-ret));
 		goto fail;
 	}
 	snprintf(dev.dir, sizeof(dev.dir), "%s", dir);
 	snprintf(dev.cache_dir, sizeof(dev.cache_dir), "%s", cache_dir);
-	ferry_info("cachefiles: %s bound on demand, cache in %s", CF_DEVICE, dir);
+	keeper_start(socket_path);
+	if (restoring)
+		ferry_info("cachefiles: took over %s from the ferryd that died", CF_DEVICE);
+	else
+		ferry_info("cachefiles: %s bound on demand, cache in %s", CF_DEVICE, dir);
 	free(dir);
 	return 0;
 fail:
@@ -680,6 +788,8 @@ static void cf_unregister(struct cf_mount *cm)
 		pthread_cond_wait(&dev.idle, &dev.lock);
 	last = !--dev.users;
 	pthread_mutex_unlock(&dev.lock);
+	if (cm->live)
+		state_save();
 	if (last) {
 		dev_close();
 		ferry_info("cachefiles: no mount left; %s closed", CF_DEVICE);
@@ -687,13 +797,14 @@ static void cf_unregister(struct cf_mount *cm)
 	pthread_mutex_unlock(&dev.life);
 }
 
-static int cf_register(struct cf_mount *cm, char *err, size_t errlen)
+static int cf_register(struct cf_mount *cm, const char *socket_path, char *err,
+		       size_t errlen)
 {
 	int ret = 0;
 
 	pthread_mutex_lock(&dev.life);
 	if (dev.fd < 0)
-		ret = dev_open(cm->m->req.cache_dir, err, errlen);
+		ret = dev_open(cm->m->req.cache_dir, socket_path, err, errlen);
 	else if (strcmp(dev.cache_dir, cm->m->req.cache_dir))
 		ferry_info("%s: the kernel's cache files go to %s (bound by an earlier mount), the chunk cache to %s",
 			   cm->m->mountpoint, dev.dir, cm->m->req.cache_dir);
@@ -740,10 +851,11 @@ static int cf_start(struct fmount *m, const struct serve_opts *o, void **state,
 		hex_encode(m->img->blobs.blobs[i].digest, BLOB_DIGEST_SIZE, cm->tags[i]);
 	snprintf(cm->volume, sizeof(cm->volume), "erofs,%s", domain ? domain : cm->fsid);
 
-	ret = cf_register(cm, err, errlen);
+	ret = cf_register(cm, o->socket_path, err, errlen);
 	if (ret)
 		goto fail;
-	ret = meta_kernel_mount_fscache(cm->fsid, domain, m->mountpoint);
+	/* A takeover finds the dead ferryd's mount there. */
+	ret = m->req.adopt ? 0 : meta_kernel_mount_fscache(cm->fsid, domain, m->mountpoint);
 	if (ret) {
 		snprintf(err, errlen, "kernel mount (EROFS over fscache, fsid %s%s%s) on %s failed (see above)",
 			 cm->fsid, domain ? ", domain " : "", domain ? domain : "",
@@ -751,13 +863,23 @@ static int cf_start(struct fmount *m, const struct serve_opts *o, void **state,
 		goto fail;
 	}
 	ret = fan_sysfs_path(m->mountpoint, cm->sysfs, sizeof(cm->sysfs));
+	/* Its sysfs name is the fsid, after the domain: ours, or another's. */
+	if (!ret && m->req.adopt &&
+	    (strlen(cm->sysfs) < FSID_LEN || strcmp(cm->sysfs + strlen(cm->sysfs) - FSID_LEN, cm->fsid)))
+		ret = -ENOENT;
 	if (ret) {
 		snprintf(err, errlen, "%s: cannot identify the mounted EROFS superblock (FS_IOC_GETFSSYSFSPATH): %s",
 			 m->mountpoint, ferry_strerror(ret));
-		if (umount2(m->mountpoint, MNT_DETACH))
+		if (!m->req.adopt && umount2(m->mountpoint, MNT_DETACH))
 			ferry_warn("%s: detaching: %s", m->mountpoint, strerror(errno));
 		goto fail;
 	}
+	pthread_mutex_lock(&dev.lock);
+	cm->live = true;
+	pthread_mutex_unlock(&dev.lock);
+	pthread_mutex_lock(&dev.life);
+	state_save();
+	pthread_mutex_unlock(&dev.life);
 	*state = cm;
 	mount_ready(m);
 	return 0;
@@ -822,7 +944,7 @@ static int cf_probe(const struct ctl_mount_req *req, char *why, size_t len)
 	int fd, ret = 0;
 
 	pthread_mutex_lock(&dev.life);
-	if (dev.fd < 0) {
+	if (dev.fd < 0 && dev.adopt_fd < 0) {
 		fd = open(CF_DEVICE, O_RDWR | O_CLOEXEC);
 		if (fd < 0)
 			ret = -errno;
@@ -837,6 +959,106 @@ static int cf_probe(const struct ctl_mount_req *req, char *why, size_t len)
 	return ret;
 }
 
+static void cf_stats(void *state, struct ctl_mount_stats *s)
+{
+	s->keeper_pid = atomic_load(&dev.keeper_pid);
+}
+
+/* ------------------------------------------------------------------ */
+/* Failover                                                            */
+/* ------------------------------------------------------------------ */
+
+int cachefiles_keeper_main(int argc, char **argv)
+{
+	char exe[PATH_MAX], msg[64];
+	unsigned long devfd, sock;
+	char *end1, *end2;
+	ssize_t n;
+	int ret;
+
+	if (argc != 5 || (devfd = strtoul(argv[2], &end1, 10)) > INT_MAX || *end1 ||
+	    (sock = strtoul(argv[3], &end2, 10)) > INT_MAX || *end2 || argv[4][0] != '/') {
+		fprintf(stderr, "ferryd --cachefiles-keeper: started by ferryd only\n");
+		return 2;
+	}
+	fcntl((int)devfd, F_SETFD, FD_CLOEXEC);
+	if (keeper_hello((int)sock))
+		return 1;
+	while ((ret = keeper_wait((int)sock, msg, sizeof(msg))) == 2)
+		;
+	if (!ret)
+		return 0; /* ferryd let the device go */
+	/* ferryd is gone: become its successor, the device in hand. */
+	ferry_warn("cachefiles keeper: ferryd is gone; starting a new ferryd on %s to take over %s and its mounts",
+		   argv[4], CF_DEVICE);
+	n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+	exe[n > 0 ? n : 0] = '\0';
+	fcntl((int)devfd, F_SETFD, 0);
+	close((int)sock);
+	execv("/proc/self/exe", (char *[]){ exe, "--socket", argv[4], "--cachefiles-adopt",
+					    argv[2], NULL });
+	ferry_err("cachefiles keeper: starting %s: %s; reads of missing data on its mounts fail with EIO",
+		  exe, strerror(errno));
+	return 1;
+}
+
+void cachefiles_adopt(int devfd, const char *socket_path)
+{
+	struct json_object *a = NULL;
+	char *text = NULL, *copy = strdup(socket_path), path[PATH_MAX], err[4096];
+	size_t len, i, nr = 0, ok = 0;
+	int ret;
+
+	snprintf(path, sizeof(path), "%s/%s", copy ? dirname(copy) : ".", CF_STATE);
+	free(copy);
+	ret = read_file_max(path, CF_STATE_MAX, &text, &len);
+	if (!ret)
+		ret = ctl_json_parse(text, len, &a);
+	if (!ret && !json_object_is_type(a, json_type_array))
+		ret = -EPROTO;
+	if (ret)
+		ferry_err("cachefiles: the dead ferryd's mounts (%s): %s", path, ferry_strerror(ret));
+	else
+		nr = json_object_array_length(a);
+	pthread_mutex_lock(&dev.life);
+	dev.adopt_fd = devfd;
+	pthread_mutex_unlock(&dev.life);
+	for (i = 0; i < nr; i++) {
+		struct ctl_mount_req req;
+
+		ret = ctl_mount_req_parse(json_object_array_get_idx(a, i), &req, err, sizeof(err));
+		if (ret) {
+			ferry_err("cachefiles: %s, entry %zu: %s", path, i, err);
+			ctl_mount_req_free(&req);
+			continue;
+		}
+		req.adopt = true;
+		ferry_info("cachefiles: taking over %s on %s", req.image, req.mountpoint);
+		if (!mounts_mount(&req, err, sizeof(err)))
+			ok++;
+	}
+	pthread_mutex_lock(&dev.life);
+	if (dev.adopt_fd >= 0) {
+		/* Nothing taken over: the kernel fails what waits with EIO. */
+		close(dev.adopt_fd);
+		dev.adopt_fd = -1;
+		ferry_err("cachefiles: no mount of the dead ferryd taken over; its readers get EIO");
+	} else if (dev.fd >= 0) {
+		ret = dev_cmd("restore");
+		if (!ret)
+			ret = reader_start();
+		if (ret)
+			ferry_err("cachefiles: restoring the requests of the dead ferryd: %s",
+				  ferry_strerror(ret));
+		else
+			ferry_info("cachefiles: took over %zu of %zu mounts; the kernel sends their requests again",
+				   ok, nr);
+	}
+	pthread_mutex_unlock(&dev.life);
+	json_object_put(a);
+	free(text);
+}
+
 const struct serve_mode cachefiles_mode = {
 	.name = "cachefiles",
 	.fstype = "erofs",
@@ -844,5 +1066,6 @@ const struct serve_mode cachefiles_mode = {
 	.serve = cf_serve,
 	.stop = cf_stop,
 	.close = cf_close,
+	.stats = cf_stats,
 	.probe = cf_probe,
 };

@@ -264,7 +264,7 @@ int daemon_run(const struct daemon_opts *o)
 		ferry_err("signalfd/eventfd: %s", strerror(errno));
 		return EXIT_FAILURE;
 	}
-	mounts_init(o->threads, o->readahead_kb, o->dir_readahead_kb, on_change);
+	mounts_init(o->threads, o->readahead_kb, o->dir_readahead_kb, o->socket_path, on_change);
 
 	copy = strdup(o->socket_path);
 	ret = copy ? mkdir_p(dirname(copy), 0755) : -ENOMEM;
@@ -314,6 +314,8 @@ int daemon_run(const struct daemon_opts *o)
 	}
 
 	ret = EXIT_SUCCESS;
+	if (o->adopt_fd >= 0)
+		cachefiles_adopt(o->adopt_fd, o->socket_path);
 	if (o->mount) {
 		char err[4096] = "";
 

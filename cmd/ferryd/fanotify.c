@@ -47,7 +47,6 @@
 #define FAN_WORKERS 8u           /* fills in flight per mount */
 #define FAN_NOFILE_WANT 65536u   /* every pending event holds a descriptor */
 #define SB_CHECK_MS 200          /* how often the loop looks for the superblock */
-#define KEEPER_START_MS 30000    /* a new keeper to say hello */
 
 /* The kernel's mount-side view of a file system (Linux 6.8+). */
 struct fs_sysfs_path_arg {
@@ -408,66 +407,17 @@ static int keeper_send(struct fan *f, const char *msg)
 	return send(f->keeper_sock, msg, strlen(msg), MSG_NOSIGNAL) < 0 ? -errno : 0;
 }
 
-/*
- * Start a keeper holding a descriptor of the group: ferryd --keeper, in
- * its own session (a terminal's ^C is for ferryd, which then decides),
- * double-forked so init reaps it. It says "pid N" when it runs.
- */
-static int keeper_spawn(struct fan *f)
+/* Start a keeper holding a descriptor of the group (keeper.c). */
+static int fan_keeper_start(struct fan *f)
 {
-	char exe[PATH_MAX], gfd[16], sfd[16], sweep[16], hello[200];
-	int keeper_pid;
-	char *argv[] = { exe, "--keeper", gfd, sfd, f->m->mountpoint,
-			 f->source, sweep, NULL };
-	struct pollfd p;
-	int sv[2], status;
-	ssize_t n;
-	pid_t pid;
+	char sweep[16], hello[200];
+	const char *args[] = { f->m->mountpoint, f->source, sweep, NULL };
+	int keeper_pid, ret;
 
-	/* argv[0] for ps; the binary itself through /proc/self/exe, which
-	 * works even after ferryd was replaced on disk. */
-	n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-	if (n <= 0)
-		return -errno;
-	exe[n] = '\0';
-	if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv))
-		return -errno;
-	snprintf(gfd, sizeof(gfd), "%d", f->group);
-	snprintf(sfd, sizeof(sfd), "%d", sv[1]);
 	snprintf(sweep, sizeof(sweep), "%u", f->sweep_max);
-	pid = fork();
-	if (pid < 0) {
-		close(sv[0]);
-		close(sv[1]);
-		return -errno;
-	}
-	if (!pid) {
-		sigset_t none;
-
-		/* Only async-signal-safe calls until exec. ferryd's threads
-		 * block signals the keeper must still receive. */
-		sigemptyset(&none);
-		sigprocmask(SIG_SETMASK, &none, NULL);
-		setsid();
-		if (fork())
-			_exit(0);
-		close_range(3, ~0u, CLOSE_RANGE_CLOEXEC);
-		fcntl(f->group, F_SETFD, 0);
-		fcntl(sv[1], F_SETFD, 0);
-		execv("/proc/self/exe", argv);
-		_exit(127);
-	}
-	close(sv[1]);
-	waitpid(pid, &status, 0);
-	p = (struct pollfd){ .fd = sv[0], .events = POLLIN };
-	n = poll(&p, 1, KEEPER_START_MS) == 1 ? recv(sv[0], hello, sizeof(hello) - 1, 0) : -1;
-	if (n <= 0 || (hello[n] = '\0', sscanf(hello, "pid %d", &keeper_pid) != 1)) {
-		ferry_err("%s: the fanotify keeper (%s --keeper) did not start", f->m->mountpoint,
-			  exe);
-		close(sv[0]);
-		return -ECHILD;
-	}
-	f->keeper_sock = sv[0];
+	ret = keeper_spawn("--keeper", f->group, args, &f->keeper_sock, &keeper_pid);
+	if (ret)
+		return ret;
 	atomic_store(&f->keeper_pid, keeper_pid);
 	if (f->sysfs[0]) {
 		snprintf(hello, sizeof(hello), "sysfs %s", f->sysfs);
@@ -663,7 +613,7 @@ static int fan_start(struct fmount *m, const struct serve_opts *o, void **state,
 	if (ret)
 		goto fail;
 	/* Before the mount: from now on a descriptor of the group outlives us. */
-	ret = keeper_spawn(f);
+	ret = fan_keeper_start(f);
 	if (ret) {
 		snprintf(err, errlen, "cannot start the fanotify keeper: %s", ferry_strerror(ret));
 		goto fail;
@@ -748,7 +698,7 @@ static int fan_serve(void *state)
 				   f->m->mountpoint, atomic_load(&f->keeper_pid));
 			close(f->keeper_sock);
 			f->keeper_sock = -1;
-			ret = keeper_spawn(f);
+			ret = fan_keeper_start(f);
 			if (ret) {
 				ferry_err("%s: no fanotify keeper: unmounting", f->m->mountpoint);
 				return ret;

@@ -82,7 +82,8 @@ struct fmount {
 };
 
 void mounts_init(unsigned int threads, unsigned int readahead_kb,
-		 unsigned int dir_readahead_kb, void (*on_change)(void));
+		 unsigned int dir_readahead_kb, const char *socket_path,
+		 void (*on_change)(void));
 /* Mount per @req (taken over, also on failure); the reason in @err. */
 int mounts_mount(struct ctl_mount_req *req, char *err, size_t errlen);
 int mounts_umount(const char *mountpoint, bool lazy, char *err, size_t errlen);
@@ -123,6 +124,27 @@ void log_capture_begin(struct log_capture *c);
 void log_capture_end(struct log_capture *c);
 
 /* ------------------------------------------------------------------ */
+/* keeper.c: processes that keep a descriptor open when ferryd dies    */
+/* ------------------------------------------------------------------ */
+
+/*
+ * Start "ferryd HOW FD SOCK ARGS..." (ARGS NULL-terminated): double-forked
+ * in a session of its own (init reaps it; a terminal's ^C is for ferryd)
+ * with descriptor @fd and one end of a SOCK_SEQPACKET pair; 0 once it
+ * said hello (keeper_hello): *@sock our end, *@pid its pid.
+ */
+int keeper_spawn(const char *how, int fd, const char *const *args, int *sock,
+		 int *pid);
+/* In the keeper: signals, log, and hello on @sock. 0 or -errno. */
+int keeper_hello(int sock);
+/*
+ * In the keeper: the next message from ferryd into @msg: 2 (a message),
+ * 0 ("bye": ferryd let go on purpose) or 1 (the socket closed: ferryd is
+ * gone).
+ */
+int keeper_wait(int sock, char *msg, size_t len);
+
+/* ------------------------------------------------------------------ */
 /* daemon.c                                                            */
 /* ------------------------------------------------------------------ */
 
@@ -137,7 +159,27 @@ struct daemon_opts {
 	unsigned int readahead_kb;
 	unsigned int dir_readahead_kb;
 	int ready_fd;           /* daemon mode: "OK\n" once listening, then closed */
+	int adopt_fd;           /* --cachefiles-adopt: /dev/cachefiles of a dead
+				 * ferryd, whose mounts to take over; -1 */
 };
 int daemon_run(const struct daemon_opts *o);
+
+/* ------------------------------------------------------------------ */
+/* cachefiles.c: failover                                              */
+/* ------------------------------------------------------------------ */
+
+/*
+ * ferryd --cachefiles-keeper DEVFD SOCK SOCKET: holds /dev/cachefiles;
+ * when ferryd dies, starts "ferryd --socket SOCKET --cachefiles-adopt
+ * DEVFD" and hands it the descriptor.
+ */
+int cachefiles_keeper_main(int argc, char **argv);
+/*
+ * The successor: take over /dev/cachefiles (@devfd) and the cachefiles
+ * mounts the dead ferryd recorded next to the socket, then have the
+ * kernel send again what was pending ("restore"). Mounts that cannot be
+ * taken over, and all when none can, fail their reads with EIO.
+ */
+void cachefiles_adopt(int devfd, const char *socket_path);
 
 #endif

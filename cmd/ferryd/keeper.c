@@ -25,6 +25,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -32,12 +33,100 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "ferryd.h"
 #include "fanotify.h"
 
 #define KEEPER_CHECK_MS 1000 /* how often a serving keeper checks the superblock */
+#define KEEPER_START_MS 30000 /* a new keeper to say hello */
+
+int keeper_spawn(const char *how, int fd, const char *const *args, int *sock,
+		 int *pid)
+{
+	char exe[PATH_MAX], sfd[16], fds[16], hello[64];
+	const char *argv[16] = { exe, how, fds, sfd };
+	struct pollfd p;
+	int sv[2], status, n_args = 4;
+	ssize_t n;
+	pid_t child;
+
+	while (*args && n_args < (int)ARRAY_SIZE(argv) - 1)
+		argv[n_args++] = *args++;
+	/* argv[0] for ps; the binary itself through /proc/self/exe, which
+	 * works even after ferryd was replaced on disk. */
+	n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+	if (n <= 0)
+		return -errno;
+	exe[n] = '\0';
+	if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv))
+		return -errno;
+	snprintf(fds, sizeof(fds), "%d", fd);
+	snprintf(sfd, sizeof(sfd), "%d", sv[1]);
+	child = fork();
+	if (child < 0) {
+		close(sv[0]);
+		close(sv[1]);
+		return -errno;
+	}
+	if (!child) {
+		sigset_t none;
+
+		/* Only async-signal-safe calls until exec. ferryd's threads
+		 * block signals the keeper must still receive. */
+		sigemptyset(&none);
+		sigprocmask(SIG_SETMASK, &none, NULL);
+		setsid();
+		if (fork())
+			_exit(0);
+		close_range(3, ~0u, CLOSE_RANGE_CLOEXEC);
+		fcntl(fd, F_SETFD, 0);
+		fcntl(sv[1], F_SETFD, 0);
+		execv("/proc/self/exe", (char *const *)argv);
+		_exit(127);
+	}
+	close(sv[1]);
+	waitpid(child, &status, 0);
+	p = (struct pollfd){ .fd = sv[0], .events = POLLIN };
+	n = poll(&p, 1, KEEPER_START_MS) == 1 ? recv(sv[0], hello, sizeof(hello) - 1, 0) : -1;
+	if (n <= 0 || (hello[n] = '\0', sscanf(hello, "pid %d", pid) != 1)) {
+		ferry_err("the keeper (%s %s) did not start", exe, how);
+		close(sv[0]);
+		return -ECHILD;
+	}
+	*sock = sv[0];
+	return 0;
+}
+
+int keeper_hello(int sock)
+{
+	char hello[32];
+
+	fcntl(sock, F_SETFD, FD_CLOEXEC);
+	signal(SIGPIPE, SIG_IGN);
+	signal(SIGINT, SIG_IGN);
+	log_init(!isatty(2));
+	snprintf(hello, sizeof(hello), "pid %d", (int)getpid());
+	return send(sock, hello, strlen(hello), MSG_NOSIGNAL) < 0 ? -errno : 0;
+}
+
+int keeper_wait(int sock, char *msg, size_t len)
+{
+	ssize_t n;
+
+	for (;;) {
+		n = recv(sock, msg, len - 1, 0);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			return 1;
+		msg[n] = '\0';
+		if (!strcmp(msg, "bye"))
+			return 0;
+		return 2;
+	}
+}
 
 struct keeper {
 	int group, sock;
@@ -105,20 +194,12 @@ static void handle_event(struct keeper *k, const struct fanotify_event_metadata 
 static int listen_to_ferryd(struct keeper *k)
 {
 	char msg[sizeof(k->sysfs) + 6];
-	ssize_t n;
+	int ret;
 
-	for (;;) {
-		n = recv(k->sock, msg, sizeof(msg) - 1, 0);
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0)
-			return 1;
-		msg[n] = '\0';
-		if (!strcmp(msg, "bye"))
-			return 0;
+	while ((ret = keeper_wait(k->sock, msg, sizeof(msg))) == 2)
 		if (!strncmp(msg, "sysfs ", 6))
 			snprintf(k->sysfs, sizeof(k->sysfs), "%s", msg + 6);
-	}
+	return ret;
 }
 
 /* Our superblock, if ferryd died before it could name it. */
@@ -168,7 +249,6 @@ int keeper_main(int argc, char **argv)
 {
 	struct keeper k = { 0 };
 	unsigned int gfd, sfd;
-	char hello[32];
 
 	if (argc != 7 || parse_uint(argv[2], &gfd) || parse_uint(argv[3], &sfd) ||
 	    parse_uint(argv[6], &k.sweep_max)) {
@@ -180,12 +260,7 @@ int keeper_main(int argc, char **argv)
 	k.mountpoint = argv[4];
 	k.source = argv[5];
 	fcntl(k.group, F_SETFD, FD_CLOEXEC);
-	fcntl(k.sock, F_SETFD, FD_CLOEXEC);
-	signal(SIGPIPE, SIG_IGN);
-	signal(SIGINT, SIG_IGN);
-	log_init(!isatty(2));
-	snprintf(hello, sizeof(hello), "pid %d", (int)getpid());
-	if (send(k.sock, hello, strlen(hello), MSG_NOSIGNAL) < 0)
+	if (keeper_hello(k.sock))
 		return 1;
 	if (listen_to_ferryd(&k))
 		serve_alone(&k);

@@ -136,6 +136,9 @@ int main(int argc, char **argv)
 	/* Started by ferryd for a fanotify mount (fanotify.c). */
 	if (argc > 1 && !strcmp(argv[1], "--keeper"))
 		return keeper_main(argc, argv);
+	/* Started by ferryd for /dev/cachefiles (cachefiles.c). */
+	if (argc > 1 && !strcmp(argv[1], "--cachefiles-keeper"))
+		return cachefiles_keeper_main(argc, argv);
 
 	static const struct option longopts[] = {
 		{ "foreground", no_argument, NULL, 'f' },
@@ -144,6 +147,7 @@ int main(int argc, char **argv)
 		{ "mount", required_argument, NULL, 'M' },
 		{ "mount-fd", required_argument, NULL, 'F' },
 		{ "exist-ok", no_argument, NULL, 'E' },
+		{ "cachefiles-adopt", required_argument, NULL, 'A' },
 		{ "threads", required_argument, NULL, 'T' },
 		{ "readahead", required_argument, NULL, 'R' },
 		{ "dir-readahead", required_argument, NULL, 'D' },
@@ -159,6 +163,7 @@ int main(int argc, char **argv)
 		.readahead_kb = FERRYD_DEFAULT_READAHEAD_KB,
 		.dir_readahead_kb = FERRYD_DEFAULT_DIR_READAHEAD_KB,
 		.ready_fd = -1,
+		.adopt_fd = -1,
 	};
 	char *log_default = NULL, *copy, *request = NULL;
 	const char *mount_text = NULL;
@@ -183,6 +188,12 @@ int main(int argc, char **argv)
 			break;
 		case 'E':
 			o.exist_ok = true;
+			break;
+		case 'A':
+			if (parse_size(optarg, &v) || v > INT_MAX || fcntl((int)v, F_GETFD) < 0)
+				return usage("--cachefiles-adopt %s: expected an open descriptor", optarg);
+			o.adopt_fd = (int)v;
+			fcntl(o.adopt_fd, F_SETFD, FD_CLOEXEC);
 			break;
 		case 'F':
 			if (parse_size(optarg, &v) || v > INT_MAX)
@@ -260,7 +271,9 @@ int main(int argc, char **argv)
 		goto out;
 	}
 
-	if (!o.foreground) {
+	/* A successor (--cachefiles-adopt) is detached already: its keeper
+	 * started it in a session of its own. */
+	if (!o.foreground && o.adopt_fd < 0) {
 		if (pipe2(p, O_CLOEXEC)) {
 			perror("ferryd: pipe");
 			goto out;

@@ -53,6 +53,7 @@ struct serve_opts {
 	unsigned int threads;          /* FUSE worker threads per mount */
 	unsigned int readahead_kb;     /* a FUSE mount's bdi; 0: the kernel's */
 	unsigned int dir_readahead_kb; /* FUSE directory readahead; 0: off */
+	const char *socket_path;       /* ferryd's control socket */
 };
 
 struct serve_mode {

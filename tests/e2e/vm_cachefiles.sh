@@ -93,7 +93,7 @@ prep() {
 		(cd "$ref" && find usr | sort) >"$P/usr.find" &&
 		cp "$ref/etc/os-release" "$P/os-release" || return 1
 	python3 - "$FERRY" "docker://$HREG" "$ref" "$SCRATCH/reg/storage" "$P" <<'EOF'
-import json, os, subprocess, sys
+import hashlib, json, os, subprocess, sys
 ferry, reg, ref, storage, out = sys.argv[1:]
 def inspect(*args):
     return json.loads(subprocess.check_output([ferry, "inspect", "--json", *args]))
@@ -102,17 +102,18 @@ blobs = [b["digest"] for b in base["blobs"]]
 shared = set(blobs) & set(b["digest"] for b in pkgs["blobs"])
 if not shared:
     sys.exit("deb:base and deb:pkgs share no blob")
-best = None
+big = []
 for d, _, names in os.walk(os.path.join(ref, "usr/lib")):
     for n in names:
         p = os.path.join(d, n)
         if os.path.islink(p) or n.startswith(("libc.", "ld-linux", "libc-")):
             continue
-        s = os.path.getsize(p)
-        if s > 2 << 20 and (best is None or s > best[0]):
-            best = (s, os.path.relpath(p, ref))
-if not best:
-    sys.exit("no file over 2 MiB under usr/lib")
+        if os.path.getsize(p) > 2 << 20:
+            big.append((os.path.getsize(p), os.path.relpath(p, ref)))
+big.sort(reverse=True)
+if len(big) < 3:
+    sys.exit("fewer than 3 files over 2 MiB under usr/lib")
+best = big[0]
 c = inspect(reg + "/deb:base", "/" + best[1])["chunks"][0]
 digest = blobs[c["deviceId"] - 1]
 h = digest.split(":", 1)[1]
@@ -127,6 +128,11 @@ with open(os.path.join(out, "cf.env"), "w") as f:
             (best[1], blob, off, c["length"]))
     f.write("DMG_GOOD=%03o\nDMG_BAD=%03o\n" % (good, good ^ 0x5a))
     f.write("SHARED=%s\n" % sorted(shared)[0].split(":", 1)[1])
+    # Read while ferryd is killed (failover), and after ferryd and its
+    # keeper are killed (no successor).
+    f.write("FO_FILE=%s\nFO_SUM=%s\nGONE_FILE=%s\n" % (
+        big[1][1], hashlib.sha256(open(os.path.join(ref, big[1][1]), "rb").read()).hexdigest(),
+        big[2][1]))
 with open(os.path.join(out, "dmg.ref"), "wb") as f:
     f.write(open(os.path.join(ref, best[1]), "rb").read())
 print("damaged file: /%s (%d bytes), byte %d of %s" % (best[1], best[0], off, digest))

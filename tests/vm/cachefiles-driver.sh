@@ -163,6 +163,7 @@ vm_check "the kernel kept its cache files in $C/fscache/cache (bootstrap and blo
 vm_check "ferryd (pid ${pid:-?}) ends on SIGTERM" sh -c \
 	'kill "$1" && i=0 && while kill -0 "$1" 2>/dev/null; do
 		i=$((i + 1)) && [ $i -lt 50 ] && sleep 0.2 || exit 1; done' sh "${pid:-0}"
+vm_check "a new ferryd -v starts" ferryd -v
 if vm_check "mount deb:base again (new ferryd, same caches)" cfmount deb:base $M; then
 	vm_check "usr/bin reads the reference bytes again" usrbin_right $M
 	f=$(field $M bytesFetched)
@@ -188,16 +189,35 @@ if vm_check "mount deb:base in domain shared" cfmount deb:base /mnt/d1 --domain 
 		sh "$C" "$SHARED"
 fi
 
-# --- ferryd gone with no successor: EIO in bounded time, umount works ------------
+# --- failover: kill -9 of ferryd, its keeper starts a successor ---------------------
 pid=$(field $M pid)
-if vm_check "kill -9 ferryd (pid ${pid:-?})" kill -9 "${pid:-0}"; then
-	t=$(date +%s)
-	vm_check "a read of data not yet cached fails with EIO" sh -c \
-		'! timeout 30 dd if="$1" of=/dev/null bs=65536 2>/tmp/gone.err && grep -q "Input/output error" /tmp/gone.err' \
-		sh "$M/$DMG_FILE"
-	vm_diag "EIO after $(($(date +%s) - t)) s"
-	vm_check "ferry umount works without ferryd" ferry umount $M
-fi
+kpid=$(field $M keeperPid)
+vm_check "the mount has a cachefiles keeper (pid ${kpid:-none}), not ferryd itself" \
+	sh -c '[ -n "$1" ] && [ "$1" != "$2" ] && kill -0 "$1"' sh "$kpid" "$pid"
+# A reader of data not cached yet, in flight while ferryd dies.
+timeout 120 sh -c 'sha256sum "$1" >/tmp/fo.sum 2>&1' sh "$M/$FO_FILE" &
+rpid=$!
+t=$(date +%s)
+vm_check "kill -9 ferryd (pid ${pid:-?}) during a read" kill -9 "${pid:-0}"
+wait "$rpid"
+vm_check "the reader in flight got the right bytes ($FO_FILE)" grep -q "^$FO_SUM " /tmp/fo.sum
+vm_check "a read after the kill of data not cached yet gets the right bytes" sh -c \
+	'timeout 120 cat "$1" | cmp - "$2"' sh "$M/$DMG_FILE" "$P/dmg.ref"
+vm_diag "failover: readers done $(($(date +%s) - t)) s after the kill"
+npid=$(field $M pid)
+vm_check "a new ferryd (pid ${npid:-none}) serves the mount, in mode cachefiles" \
+	sh -c '[ -n "$1" ] && [ "$1" != "$2" ] && [ "$3" = cachefiles ]' sh "$npid" "$pid" "$(field $M mode)"
+
+# --- no successor: ferryd and its keeper killed: EIO in bounded time -------------
+kpid=$(field $M keeperPid)
+vm_check "kill -9 the keeper (pid ${kpid:-?}), then ferryd (pid ${npid:-?})" \
+	sh -c 'kill -9 "$1" && sleep 0.5 && kill -9 "$2"' sh "${kpid:-0}" "${npid:-0}"
+t=$(date +%s)
+vm_check "a read of data not yet cached fails with EIO" sh -c \
+	'! timeout 30 dd if="$1" of=/dev/null bs=65536 2>/tmp/gone.err && cat /tmp/gone.err &&
+	grep -q "Input/output error" /tmp/gone.err' sh "$M/$GONE_FILE"
+vm_diag "EIO after $(($(date +%s) - t)) s"
+vm_check "ferry umount works without ferryd" ferry umount $M
 
 vm_diag "guest driver done at $(elapsed)"
 [ "$VM_FAIL" -gt 0 ] && diagnose
