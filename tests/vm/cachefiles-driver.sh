@@ -161,7 +161,7 @@ vm_check "ferry umount of deb:base" ferry umount $M
 vm_check "the kernel kept its cache files in $C/fscache/cache (bootstrap and blob)" sh -c \
 	'find "$1/fscache/cache" -type f -name "D*" | grep -q "/D$2$"' sh "$C" "$SHARED"
 vm_check "ferryd (pid ${pid:-?}) ends on SIGTERM" sh -c \
-	'kill "$1" && i=0 && while kill -0 "$1" 2>/dev/null; do
+	'[ "$1" -gt 1 ] && kill "$1" && i=0 && while kill -0 "$1" 2>/dev/null; do
 		i=$((i + 1)) && [ $i -lt 50 ] && sleep 0.2 || exit 1; done' sh "${pid:-0}"
 vm_check "a new ferryd -v starts" ferryd -v
 if vm_check "mount deb:base again (new ferryd, same caches)" cfmount deb:base $M; then
@@ -198,7 +198,9 @@ vm_check "the mount has a cachefiles keeper (pid ${kpid:-none}), not ferryd itse
 timeout 120 sh -c 'sha256sum "$1" >/tmp/fo.sum 2>&1' sh "$M/$FO_FILE" &
 rpid=$!
 t=$(date +%s)
-vm_check "kill -9 ferryd (pid ${pid:-?}) during a read" kill -9 "${pid:-0}"
+# kill with an empty pid would be kill 0: this whole process group.
+kill9() { for _p; do [ "${_p:-0}" -gt 1 ] && kill -9 "$_p" || return 1; done; }
+vm_check "kill -9 ferryd (pid ${pid:-?}) during a read" kill9 "$pid"
 wait "$rpid"
 vm_check "the reader in flight got the right bytes ($FO_FILE)" grep -q "^$FO_SUM " /tmp/fo.sum
 vm_check "a read after the kill of data not cached yet gets the right bytes" sh -c \
@@ -210,8 +212,7 @@ vm_check "a new ferryd (pid ${npid:-none}) serves the mount, in mode cachefiles"
 
 # --- no successor: ferryd and its keeper killed: EIO in bounded time -------------
 kpid=$(field $M keeperPid)
-vm_check "kill -9 the keeper (pid ${kpid:-?}), then ferryd (pid ${npid:-?})" \
-	sh -c 'kill -9 "$1" && sleep 0.5 && kill -9 "$2"' sh "${kpid:-0}" "${npid:-0}"
+vm_check "kill -9 the keeper (pid ${kpid:-?}), then ferryd (pid ${npid:-?})" kill9 "$kpid" "$npid"
 t=$(date +%s)
 vm_check "a read of data not yet cached fails with EIO" sh -c \
 	'! timeout 30 dd if="$1" of=/dev/null bs=65536 2>/tmp/gone.err && cat /tmp/gone.err &&
