@@ -70,7 +70,7 @@
 #define SB_CHECK_MS 200            /* how often a mount looks for its superblock */
 #define VOLUME_MAX (6 + META_FSCACHE_ID_MAX + 1) /* "erofs," + id + NUL */
 #define FSID_LEN (2 * BLOB_DIGEST_SIZE)
-#define CF_STATE "ferryd.cachefiles.json" /* the mounts, next to the socket */
+#define CF_STATE "ferryd.cachefiles.json" /* {"mounts":[...]}, next to the socket */
 #define CF_STATE_MAX (16u << 20)
 
 /* A cache file the kernel opened for us: the anon fd and what it holds. */
@@ -501,10 +501,11 @@ static void *worker_main(void *arg)
  */
 static void state_save(void)
 {
-	struct json_object *a = json_object_new_array(), *o;
+	struct json_object *top = json_object_new_object(), *a = json_object_new_array(), *o;
 	const char *text;
 	struct cf_mount *cm;
-	int ret = a ? 0 : -ENOMEM;
+	int ret = top && a && !json_object_object_add(top, "mounts", json_object_get(a)) ?
+		  0 : -ENOMEM;
 
 	pthread_mutex_lock(&dev.lock);
 	for (cm = dev.mounts; cm && !ret; cm = cm->next) {
@@ -522,7 +523,7 @@ static void state_save(void)
 		}
 	}
 	pthread_mutex_unlock(&dev.lock);
-	text = ret ? NULL : json_object_to_json_string_ext(a, JSON_C_TO_STRING_PLAIN);
+	text = ret ? NULL : json_object_to_json_string_ext(top, JSON_C_TO_STRING_PLAIN);
 	if (!ret)
 		ret = text ? write_file_atomic(dev.state_dir, CF_STATE, text, strlen(text), 0600) :
 			     -ENOMEM;
@@ -530,6 +531,7 @@ static void state_save(void)
 		ferry_warn("cachefiles: recording the mounts in %s/%s for a successor: %s; if ferryd dies they fail with EIO",
 			   dev.state_dir, CF_STATE, ferry_strerror(ret));
 	json_object_put(a);
+	json_object_put(top);
 }
 
 /* The keeper holding a second descriptor of the device (failover). */
@@ -1004,7 +1006,7 @@ int cachefiles_keeper_main(int argc, char **argv)
 
 void cachefiles_adopt(int devfd, const char *socket_path)
 {
-	struct json_object *a = NULL;
+	struct json_object *top = NULL, *a = NULL;
 	char *text = NULL, *copy = strdup(socket_path), path[PATH_MAX], err[4096];
 	size_t len, i, nr = 0, ok = 0;
 	int ret;
@@ -1012,9 +1014,10 @@ void cachefiles_adopt(int devfd, const char *socket_path)
 	snprintf(path, sizeof(path), "%s/%s", copy ? dirname(copy) : ".", CF_STATE);
 	free(copy);
 	ret = read_file_max(path, CF_STATE_MAX, &text, &len);
+	/* {"mounts":[REQUEST...]}, each as the control socket takes it. */
 	if (!ret)
-		ret = ctl_json_parse(text, len, &a);
-	if (!ret && !json_object_is_type(a, json_type_array))
+		ret = ctl_json_parse(text, len, &top);
+	if (!ret && !json_object_is_type(a = json_field(top, "mounts"), json_type_array))
 		ret = -EPROTO;
 	if (ret)
 		ferry_err("cachefiles: the dead ferryd's mounts (%s): %s", path, ferry_strerror(ret));
@@ -1055,7 +1058,7 @@ void cachefiles_adopt(int devfd, const char *socket_path)
 				   ok, nr);
 	}
 	pthread_mutex_unlock(&dev.life);
-	json_object_put(a);
+	json_object_put(top);
 	free(text);
 }
 
