@@ -822,6 +822,20 @@ static int cf_register(struct cf_mount *cm, const char *socket_path, char *err,
 	return ret;
 }
 
+/*
+ * The superblock at cm->sysfs is this image's: the kernel names it
+ * "[DOMAIN,]FSID", cut to 36 bytes (the superblock's s_sysfs_name).
+ */
+static bool sysfs_is(const struct cf_mount *cm)
+{
+	const char *base = strrchr(cm->sysfs, '/');
+	char name[VOLUME_MAX + FSID_LEN + 2];
+
+	snprintf(name, sizeof(name), "%s%s%s", cm->m->req.domain ? cm->m->req.domain : "",
+		 cm->m->req.domain ? "," : "", cm->fsid);
+	return base && base[1] && !strncmp(name, base + 1, strlen(base + 1));
+}
+
 static bool sb_alive(const struct cf_mount *cm)
 {
 	return cm->sysfs[0] && !access(cm->sysfs, F_OK);
@@ -865,9 +879,7 @@ static int cf_start(struct fmount *m, const struct serve_opts *o, void **state,
 		goto fail;
 	}
 	ret = fan_sysfs_path(m->mountpoint, cm->sysfs, sizeof(cm->sysfs));
-	/* Its sysfs name is the fsid, after the domain: ours, or another's. */
-	if (!ret && m->req.adopt &&
-	    (strlen(cm->sysfs) < FSID_LEN || strcmp(cm->sysfs + strlen(cm->sysfs) - FSID_LEN, cm->fsid)))
+	if (!ret && m->req.adopt && !sysfs_is(cm))
 		ret = -ENOENT;
 	if (ret) {
 		snprintf(err, errlen, "%s: cannot identify the mounted EROFS superblock (FS_IOC_GETFSSYSFSPATH): %s",
