@@ -1028,7 +1028,7 @@ void cachefiles_adopt(int devfd, const char *socket_path)
 	ret = read_file_max(path, CF_STATE_MAX, &text, &len);
 	/* {"mounts":[REQUEST...]}, each as the control socket takes it. */
 	if (!ret)
-		ret = ctl_json_parse(text, len, &top);
+		ret = json_parse_object(text, len, &top);
 	if (!ret && !json_object_is_type(a = json_field(top, "mounts"), json_type_array))
 		ret = -EPROTO;
 	if (ret)
