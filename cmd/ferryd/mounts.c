@@ -275,7 +275,8 @@ static bool wait_session_locked(struct fmount *m, unsigned int ms)
 	return m->session_closed || m->removed;
 }
 
-static int check_mountpoint(const char *path, char **canon, char *err,
+/* @adopt: the mount there is the one being taken over (mode.h). */
+static int check_mountpoint(const char *path, bool adopt, char **canon, char *err,
 			    size_t errlen)
 {
 	struct mount_entry mi;
@@ -296,7 +297,7 @@ static int check_mountpoint(const char *path, char **canon, char *err,
 		snprintf(err, errlen, "mount point %s: not a directory", path);
 		return -ENOTDIR;
 	}
-	if (!mountinfo_find(*canon, &mi) &&
+	if (!adopt && !mountinfo_find(*canon, &mi) &&
 	    (!strcmp(mi.fstype, CTL_FUSE_FSTYPE) || !strcmp(mi.fstype, "erofs"))) {
 		snprintf(err, errlen, "%s is already a ferry mount (%s); ferry umount it first",
 			 *canon, mi.source);
@@ -349,7 +350,8 @@ static int mount_new(struct ctl_mount_req *req, struct fmount **out, char *err,
 		if (m->mode_why[0])
 			ferry_info("mount %s: mode %s: %s", m->req.image, m->req.mode,
 				   m->mode_why);
-		ret = check_mountpoint(m->req.mountpoint, &m->mountpoint, err, errlen);
+		ret = check_mountpoint(m->req.mountpoint, m->req.adopt, &m->mountpoint, err,
+				       errlen);
 	}
 	if (ret) {
 		ferry_err("mount %s: %s", m->req.image, err);
