@@ -17,7 +17,9 @@
  *          loop, as FUSE's INIT); the request waits for it, and a mount
  *          not ready within seconds is stopped. On failure nothing is
  *          left mounted, nothing allocated, and the reason is in @why
- *          (or, when @why is empty, in the error lines logged).
+ *          (or, when @why is empty, in the error lines logged). With
+ *          m->req.adopt (cachefiles failover: ferryd's successor) the
+ *          mount is on m->mountpoint already: take it over, no mount(2).
  *   serve  the mount's loop thread, which mounts.c starts after start:
  *          serve until the mount is gone (0), stop, or a fatal error
  *          (-errno, logged).
