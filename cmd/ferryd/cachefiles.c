@@ -127,6 +127,7 @@ static struct {
 	int keeper_sock;            /* to the keeper; -1: none */
 	_Atomic int keeper_pid;
 	int adopt_fd;               /* cachefiles_adopt: the dead ferryd's device */
+	bool adopting;              /* cachefiles_adopt runs: keep the device */
 } dev = {
 	.life = PTHREAD_MUTEX_INITIALIZER,
 	.lock = PTHREAD_MUTEX_INITIALIZER,
@@ -788,7 +789,8 @@ static void cf_unregister(struct cf_mount *cm)
 	*pp = cm->next;
 	while (cm->busy)
 		pthread_cond_wait(&dev.idle, &dev.lock);
-	last = !--dev.users;
+	/* A takeover keeps the device until it has tried every mount. */
+	last = !--dev.users && !dev.adopting;
 	pthread_mutex_unlock(&dev.lock);
 	if (cm->live)
 		state_save();
@@ -881,10 +883,15 @@ static int cf_start(struct fmount *m, const struct serve_opts *o, void **state,
 	ret = fan_sysfs_path(m->mountpoint, cm->sysfs, sizeof(cm->sysfs));
 	if (!ret && m->req.adopt && !sysfs_is(cm))
 		ret = -ENOENT;
+	if (ret && m->req.adopt) {
+		snprintf(err, errlen, "%s: the dead ferryd's mount of fsid %s is not there any more (%s)",
+			 m->mountpoint, cm->fsid, ferry_strerror(ret));
+		goto fail;
+	}
 	if (ret) {
 		snprintf(err, errlen, "%s: cannot identify the mounted EROFS superblock (FS_IOC_GETFSSYSFSPATH): %s",
 			 m->mountpoint, ferry_strerror(ret));
-		if (!m->req.adopt && umount2(m->mountpoint, MNT_DETACH))
+		if (umount2(m->mountpoint, MNT_DETACH))
 			ferry_warn("%s: detaching: %s", m->mountpoint, strerror(errno));
 		goto fail;
 	}
@@ -1037,6 +1044,7 @@ void cachefiles_adopt(int devfd, const char *socket_path)
 		nr = json_object_array_length(a);
 	pthread_mutex_lock(&dev.life);
 	dev.adopt_fd = devfd;
+	dev.adopting = true;
 	pthread_mutex_unlock(&dev.life);
 	for (i = 0; i < nr; i++) {
 		struct ctl_mount_req req;
@@ -1053,12 +1061,16 @@ void cachefiles_adopt(int devfd, const char *socket_path)
 			ok++;
 	}
 	pthread_mutex_lock(&dev.life);
-	if (dev.adopt_fd >= 0) {
+	dev.adopting = false;
+	if (dev.adopt_fd >= 0 || !dev.users) {
 		/* Nothing taken over: the kernel fails what waits with EIO. */
-		close(dev.adopt_fd);
+		if (dev.adopt_fd >= 0)
+			close(dev.adopt_fd);
 		dev.adopt_fd = -1;
+		if (dev.fd >= 0)
+			dev_close();
 		ferry_err("cachefiles: no mount of the dead ferryd taken over; its readers get EIO");
-	} else if (dev.fd >= 0) {
+	} else {
 		ret = dev_cmd("restore");
 		if (!ret)
 			ret = reader_start();
