@@ -1750,9 +1750,31 @@ static void test_kernel_mount_preamble(void)
 	rmdir(mnt);
 }
 
+/*
+ * EROFS over fscache: ids the kernel's option parser or the cache's file
+ * names would take apart are refused before mount(2).
+ */
+static void test_kernel_mount_fscache_ids(void)
+{
+	char long_id[META_FSCACHE_ID_MAX + 2];
+
+	memset(long_id, 'a', sizeof(long_id) - 1);
+	long_id[sizeof(long_id) - 1] = '\0';
+	CHECK_EQ(meta_kernel_mount_fscache("", NULL, "/nonexistent"), -EINVAL);
+	CHECK_EQ(meta_kernel_mount_fscache("a,domain_id=b", NULL, "/nonexistent"), -EINVAL);
+	CHECK_EQ(meta_kernel_mount_fscache("../x", NULL, "/nonexistent"), -EINVAL);
+	CHECK_EQ(meta_kernel_mount_fscache(long_id, NULL, "/nonexistent"), -EINVAL);
+	CHECK_EQ(meta_kernel_mount_fscache("abc", "a b", "/nonexistent"), -EINVAL);
+	CHECK_EQ(meta_kernel_mount_fscache("abc", "", "/nonexistent"), -EINVAL);
+	/* The longest allowed: mount(2) is tried, and finds no target. */
+	long_id[META_FSCACHE_ID_MAX] = '\0';
+	CHECK_EQ(meta_kernel_mount_fscache(long_id, "d.1_x-y", "/nonexistent"), -ENOENT);
+}
+
 int main(void)
 {
 	RUN_TEST(setup);
+	RUN_TEST(test_kernel_mount_fscache_ids);
 	if (!have_images)
 		TEST_MAIN_END();
 	RUN_TEST(test_plain_image_matches_source);
