@@ -22,12 +22,15 @@ static const struct serve_mode *pick_auto(const struct ctl_mount_req *req, char 
 	for (i = 0; i < ARRAY_SIZE(auto_order); i++) {
 		reason[0] = '\0';
 		if (!auto_order[i]->probe(req, reason, sizeof(reason))) {
-			snprintf(why + n, len - MIN(n, len), "%s: %s", auto_order[i]->name, reason);
+			snprintf(why + MIN(n, len), len - MIN(n, len), "%s: %s", auto_order[i]->name,
+				 reason);
 			return auto_order[i];
 		}
-		n += (size_t)snprintf(why + n, len - MIN(n, len), "not %s: %s; ",
+		n += (size_t)snprintf(why + MIN(n, len), len - MIN(n, len), "not %s: %s; ",
 				      auto_order[i]->name, reason);
 	}
+	if (n >= 2 && n < len)
+		why[n - 2] = '\0'; /* the last "; " */
 	return NULL;
 }
 
