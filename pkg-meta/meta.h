@@ -315,10 +315,11 @@ int meta_kernel_mount(const char *bootstrap, const char *const *devices,
  * device table tag, in the volume "erofs,@domain" (blobs shared by every
  * mount of the domain), or "erofs,@fsid" when @domain is NULL. Both are
  * tokens of [A-Za-z0-9._-] (1..64 bytes; -EINVAL otherwise). Returns once
- * the daemon has answered the OPENs and the superblock's READ.
+ * the daemon has answered the OPENs and the superblock's READ. @flags are
+ * added to MS_RDONLY (MS_NOSUID, MS_NODEV).
  */
 #define META_FSCACHE_ID_MAX 64u
 int meta_kernel_mount_fscache(const char *fsid, const char *domain,
-			      const char *target);
+			      const char *target, unsigned long flags);
 
 #endif

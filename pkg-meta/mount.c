@@ -267,7 +267,7 @@ static bool fscache_id_ok(const char *s)
 }
 
 int meta_kernel_mount_fscache(const char *fsid, const char *domain,
-			      const char *target)
+			      const char *target, unsigned long flags)
 {
 	char opts[2 * META_FSCACHE_ID_MAX + 32];
 	const char *hint = "";
@@ -280,7 +280,7 @@ int meta_kernel_mount_fscache(const char *fsid, const char *domain,
 	}
 	snprintf(opts, sizeof(opts), "fsid=%s%s%s", fsid, domain ? ",domain_id=" : "",
 		 domain ? domain : "");
-	if (mount(fsid, target, "erofs", MS_RDONLY, opts) < 0)
+	if (mount(fsid, target, "erofs", MS_RDONLY | flags, opts) < 0)
 		ret = -errno;
 	switch (ret) {
 	case 0:

@@ -873,7 +873,9 @@ static int cf_start(struct fmount *m, const struct serve_opts *o, void **state,
 	if (ret)
 		goto fail;
 	/* A takeover finds the dead ferryd's mount there. */
-	ret = m->req.adopt ? 0 : meta_kernel_mount_fscache(cm->fsid, domain, m->mountpoint);
+	ret = m->req.adopt ? 0 :
+			     meta_kernel_mount_fscache(cm->fsid, domain, m->mountpoint,
+						       image_mount_flags(m->req.suid, m->req.dev));
 	if (ret) {
 		snprintf(err, errlen, "kernel mount (EROFS over fscache, fsid %s%s%s) on %s failed (see above)",
 			 cm->fsid, domain ? ", domain " : "", domain ? domain : "",

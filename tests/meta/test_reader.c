@@ -1760,15 +1760,15 @@ static void test_kernel_mount_fscache_ids(void)
 
 	memset(long_id, 'a', sizeof(long_id) - 1);
 	long_id[sizeof(long_id) - 1] = '\0';
-	CHECK_EQ(meta_kernel_mount_fscache("", NULL, "/nonexistent"), -EINVAL);
-	CHECK_EQ(meta_kernel_mount_fscache("a,domain_id=b", NULL, "/nonexistent"), -EINVAL);
-	CHECK_EQ(meta_kernel_mount_fscache("../x", NULL, "/nonexistent"), -EINVAL);
-	CHECK_EQ(meta_kernel_mount_fscache(long_id, NULL, "/nonexistent"), -EINVAL);
-	CHECK_EQ(meta_kernel_mount_fscache("abc", "a b", "/nonexistent"), -EINVAL);
-	CHECK_EQ(meta_kernel_mount_fscache("abc", "", "/nonexistent"), -EINVAL);
+	CHECK_EQ(meta_kernel_mount_fscache("", NULL, "/nonexistent", 0), -EINVAL);
+	CHECK_EQ(meta_kernel_mount_fscache("a,domain_id=b", NULL, "/nonexistent", 0), -EINVAL);
+	CHECK_EQ(meta_kernel_mount_fscache("../x", NULL, "/nonexistent", 0), -EINVAL);
+	CHECK_EQ(meta_kernel_mount_fscache(long_id, NULL, "/nonexistent", 0), -EINVAL);
+	CHECK_EQ(meta_kernel_mount_fscache("abc", "a b", "/nonexistent", 0), -EINVAL);
+	CHECK_EQ(meta_kernel_mount_fscache("abc", "", "/nonexistent", 0), -EINVAL);
 	/* The longest allowed: mount(2) is tried, and finds no target. */
 	long_id[META_FSCACHE_ID_MAX] = '\0';
-	CHECK_EQ(meta_kernel_mount_fscache(long_id, "d.1_x-y", "/nonexistent"), -ENOENT);
+	CHECK_EQ(meta_kernel_mount_fscache(long_id, "d.1_x-y", "/nonexistent", 0), -ENOENT);
 }
 
 int main(void)

@@ -75,6 +75,10 @@ vm_check "the mount is the kernel's EROFS over fscache (fsid=, no backing file)"
 	case "$4" in *fsid=*) ;; *) false ;; esac'
 is_field() { [ "$(field "$1" "$2")" = "$3" ]; } # MNT KEY VALUE
 vm_check "ferry mount --list says mode cachefiles" is_field $M mode cachefiles
+vm_check "the mount is nosuid,nodev (the default in every mode)" sh -c \
+	'set -- $(grep " /mnt/base " /proc/mounts) && case ",$4," in *,nosuid,*) ;; *) exit 1 ;; esac &&
+	case ",$4," in *,nodev,*) ;; *) exit 1 ;; esac'
+
 f=$(field $M bytesFetched)
 vm_check "the mount fetched no file data, only the bootstrap (${f:-?} B)" [ "${f:-1}" -eq 0 ]
 
