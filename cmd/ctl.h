@@ -30,7 +30,8 @@
  *       answered once the mount is torn down (a few seconds at most)
  *       → {"ok":true}
  *   {"op":"list"}  → {"ok":true,"pid":N,"version":S,"socket":S,"mounts":
- *       [{"mountpoint","image","cacheDir","mode","keeperPid" (fanotify),
+ *       [{"mountpoint","image","cacheDir","mode","keeperPid" (fanotify,
+ *         cachefiles),
  *         "suid","dev","domain" (when mounted in one), "modeReason" (mode
  *         auto: the mode chosen and why the ones before it were not),
  *         "state","mountedAt","bytesRead",
@@ -209,7 +210,7 @@ struct ctl_mount_stats {
 	char mode[CTL_TOKEN_MAX + 1];
 	char state[CTL_TOKEN_MAX + 1];    /* mounting, mounted, detached, unmounting */
 	char prefetch[CTL_TOKEN_MAX + 1]; /* none, running, done, stopped, failed */
-	int keeper_pid;                   /* fanotify mounts; 0: none */
+	int keeper_pid;                   /* fanotify, cachefiles; 0: none */
 	bool suid, dev;                   /* as requested */
 	char domain[META_FSCACHE_ID_MAX + 1]; /* cachefiles; "": none */
 	char mode_reason[CTL_REASON_MAX]; /* mode auto: why this mode; "": none */

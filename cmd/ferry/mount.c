@@ -95,7 +95,7 @@ static void mount_help(void)
 	       "                    only MOUNTPOINT's) with their statistics\n"
 	       "  --json            --list: JSON on stdout: {\"pid\",\"socket\",\"mounts\":\n"
 	       "                    [{\"mountpoint\",\"image\",\"cacheDir\",\"mode\",\n"
-	       "                    \"keeperPid\" (fanotify),\"domain\" (cachefiles),\n"
+	       "                    \"keeperPid\" (fanotify, cachefiles),\"domain\",\n"
 	       "                    \"modeReason\" (auto),\n"
 	       "                    \"suid\",\"dev\",\"state\",\n"
 	       "                    \"mountedAt\",\"bytesRead\",\"bytesFetched\",\n"
