@@ -261,6 +261,6 @@ bool ctl_no_daemon(int err);
 int ctl_client_exec_mount(const char *socket_path, const struct ctl_mount_req *req);
 
 /* The fstype of a ferry FUSE mount (fuse.<subtype>). */
-#define CTL_FUSE_FSTYPE "fuse.ferry"
+#define CTL_FUSE_FSTYPE IMAGE_FUSE_FSTYPE
 
 #endif

@@ -482,13 +482,17 @@ void image_cache_get_stats(struct image_cache *ic, struct image_cache_stats *s)
 /* Local mode                                                          */
 /* ------------------------------------------------------------------ */
 
+bool image_fstype_is_ferry(const char *fstype)
+{
+	return !strcmp(fstype, "erofs") || !strcmp(fstype, IMAGE_FUSE_FSTYPE);
+}
+
 /* Refuse to stack a mount on a ferry mount: the one below would be hidden. */
 static int check_not_mounted(const char *target)
 {
 	struct mount_entry mi;
 
-	if (mountinfo_find(target, &mi) ||
-	    (strcmp(mi.fstype, "erofs") && strcmp(mi.fstype, "fuse.ferry")))
+	if (mountinfo_find(target, &mi) || !image_fstype_is_ferry(mi.fstype))
 		return 0;
 	ferry_err("mount point %s already holds a ferry mount (%s): ferry umount it first",
 		  target, mi.fstype);

@@ -499,6 +499,11 @@ unsigned long image_mount_flags(bool suid, bool dev);
 int image_cache_kernel_mount(struct image_cache *ic, const char *cache_dir,
 			     const char *target, unsigned long flags);
 
+/* The fstype of a ferry FUSE mount (fuse.<subtype>). */
+#define IMAGE_FUSE_FSTYPE "fuse.ferry"
+/* A mount ferry made (kernel EROFS or ferry's FUSE): never stacked over. */
+bool image_fstype_is_ferry(const char *fstype);
+
 /*
  * Open the image in the chunk cache @cache_dir, make every chunk of every
  * blob present, then mount the bootstrap on @mountpoint with the kernel,

@@ -298,7 +298,7 @@ static int check_mountpoint(const char *path, bool adopt, char **canon, char *er
 		return -ENOTDIR;
 	}
 	if (!adopt && !mountinfo_find(*canon, &mi) &&
-	    (!strcmp(mi.fstype, CTL_FUSE_FSTYPE) || !strcmp(mi.fstype, "erofs"))) {
+	    image_fstype_is_ferry(mi.fstype)) {
 		snprintf(err, errlen, "%s is already a ferry mount (%s); ferry umount it first",
 			 *canon, mi.source);
 		return -EBUSY;
