@@ -102,7 +102,8 @@ static int lock_dir(const char *path, bool wait, int *fd)
 {
 	int ret;
 
-	*fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	/* Waiting, it is the layout the user named (a link to it is fine). */
+	*fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC | (wait ? 0 : O_NOFOLLOW));
 	if (*fd < 0)
 		return -errno;
 	ret = flock(*fd, LOCK_EX | LOCK_NB) ? -errno : 0;
@@ -227,7 +228,8 @@ static int check_dest(struct image_out *o, const char *path, bool replace)
 	struct stat st;
 	int empty;
 
-	if (lstat(path, &st)) {
+	/* dir: is renamed over, so a link there would be replaced; a layout is written into. */
+	if (o->transport == IMAGE_OCI ? stat(path, &st) : lstat(path, &st)) {
 		if (errno == ENOENT)
 			return 0;
 		ferry_err("destination %s: %s", path, strerror(errno));

@@ -180,6 +180,10 @@ else
 	diag "$LOG"
 fi
 
+ln -s "$LAY" "$SCRATCH/layout-link"
+check "a layout named through a symbolic link is written into" \
+	"$FERRY" convert -q "dir:$SRC/etc" "oci:$SCRATCH/layout-link:linked"
+
 # --- the cache and mounts -------------------------------------------------
 
 C=$SCRATCH/cache
