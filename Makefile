@@ -135,6 +135,10 @@ install: all
 	install -m 0644 docs/man/ferry.1 $(DESTDIR)$(PREFIX)/share/man/man1/ferry.1
 	install -d $(DESTDIR)$(PREFIX)/share/man/man8
 	install -m 0644 docs/man/ferryd.8 $(DESTDIR)$(PREFIX)/share/man/man8/ferryd.8
+	install -d $(DESTDIR)$(PREFIX)/lib/systemd/system
+	install -m 0644 contrib/systemd/ferryd.socket $(DESTDIR)$(PREFIX)/lib/systemd/system/ferryd.socket
+	sed 's|@BINDIR@|$(PREFIX)/bin|' contrib/systemd/ferryd.service.in > $(DESTDIR)$(PREFIX)/lib/systemd/system/ferryd.service
+	chmod 0644 $(DESTDIR)$(PREFIX)/lib/systemd/system/ferryd.service
 
 clean:
 	rm -rf build build-asan bin

@@ -187,6 +187,7 @@ static void fetch_free_lists(struct fetch_opts *f)
 static const char *const op_names[] = {
 	[CTL_OP_MOUNT] = "mount",   [CTL_OP_UMOUNT] = "umount", [CTL_OP_LIST] = "list",
 	[CTL_OP_PING] = "ping",     [CTL_OP_SHUTDOWN] = "shutdown",
+	[CTL_OP_METRICS] = "metrics",
 };
 
 void ctl_mount_req_init(struct ctl_mount_req *r)
@@ -311,7 +312,7 @@ int ctl_request_parse(struct json_object *o, struct ctl_request *req,
 	ret = json_read_str(o, "op", 64, true, &op, err, errlen);
 	if (ret)
 		return json_bad(err, errlen, "request without \"op\"");
-	for (req->op = CTL_OP_MOUNT; req->op <= CTL_OP_SHUTDOWN; req->op++)
+	for (req->op = CTL_OP_MOUNT; req->op <= CTL_OP_METRICS; req->op++)
 		if (!strcmp(op, op_names[req->op]))
 			break;
 	switch (req->op) {
@@ -324,6 +325,7 @@ int ctl_request_parse(struct json_object *o, struct ctl_request *req,
 	case CTL_OP_LIST:
 	case CTL_OP_PING:
 	case CTL_OP_SHUTDOWN:
+	case CTL_OP_METRICS:
 		return 0;
 	default:
 		return json_bad(err, errlen, "unknown op \"%s\"", op);
@@ -416,12 +418,22 @@ int ctl_mount_reply_parse(struct json_object *o, struct ctl_mount_reply *r,
 	return proto(ret);
 }
 
+static bool add_u64(struct json_object *o, const char *key, uint64_t v)
+{
+	return json_add(o, key, json_object_new_uint64(v));
+}
+
 static bool add_ping(struct json_object *o, const struct ctl_ping_reply *r)
 {
 	bool ok = json_add(o, "pid", json_object_new_int(r->pid));
 
 	ok &= json_add_str(o, "version", r->version);
 	ok &= json_add_str(o, "socket", r->socket);
+	ok &= json_add(o, "startedAt", json_object_new_int64(r->started_at));
+	ok &= add_u64(o, "rssBytes", r->rss_bytes);
+	ok &= add_u64(o, "peakRssBytes", r->peak_rss_bytes);
+	ok &= add_u64(o, "idleTimeout", r->idle_timeout);
+	ok &= json_add(o, "socketActivated", json_object_new_boolean(r->socket_activated));
 	return ok;
 }
 
@@ -436,6 +448,7 @@ static int parse_ping(struct json_object *o, struct ctl_ping_reply *r, char *err
 		      size_t errlen)
 {
 	int ret = want_ok(o, err, errlen);
+	uint64_t idle = 0;
 
 	memset(r, 0, sizeof(*r));
 	if (!ret)
@@ -444,6 +457,18 @@ static int parse_ping(struct json_object *o, struct ctl_ping_reply *r, char *err
 		ret = json_read_copy(o, "version", r->version, sizeof(r->version), err, errlen);
 	if (!ret)
 		ret = json_read_copy(o, "socket", r->socket, sizeof(r->socket), err, errlen);
+	if (!ret)
+		ret = json_read_s64(o, "startedAt", 0, INT64_MAX, &r->started_at, err, errlen);
+	if (!ret)
+		ret = json_read_u64(o, "rssBytes", UINT64_MAX, &r->rss_bytes, err, errlen);
+	if (!ret)
+		ret = json_read_u64(o, "peakRssBytes", UINT64_MAX, &r->peak_rss_bytes,
+				    err, errlen);
+	if (!ret)
+		ret = json_read_u64(o, "idleTimeout", UINT_MAX, &idle, err, errlen);
+	r->idle_timeout = (unsigned int)idle;
+	if (!ret)
+		ret = json_read_bool(o, "socketActivated", &r->socket_activated, err, errlen);
 	return ret;
 }
 
@@ -453,15 +478,11 @@ int ctl_ping_reply_parse(struct json_object *o, struct ctl_ping_reply *r,
 	return proto(parse_ping(o, r, err, errlen));
 }
 
-static bool add_u64(struct json_object *o, const char *key, uint64_t v)
-{
-	return json_add(o, key, json_object_new_uint64(v));
-}
-
 struct json_object *ctl_mount_stats_to_json(const struct ctl_mount_stats *m)
 {
-	struct json_object *o = json_object_new_object();
+	struct json_object *o = json_object_new_object(), *a;
 	char secs[32];
+	size_t i;
 	bool ok;
 
 	if (!o)
@@ -495,6 +516,20 @@ struct json_object *ctl_mount_stats_to_json(const struct ctl_mount_stats *m)
 		 (unsigned long long)(m->prefetch_ms % 1000));
 	ok &= json_add(o, "prefetchSeconds", json_object_new_double_s((double)m->prefetch_ms / 1e3,
 								 secs));
+	ok &= add_u64(o, "cacheHits", m->hits);
+	ok &= add_u64(o, "cacheMisses", m->misses);
+	ok &= add_u64(o, "fetchErrors", m->fetch_errors);
+	ok &= add_u64(o, "inFlight", m->inflight);
+	ok &= add_u64(o, "missNanoseconds", m->miss_ns_total);
+	ok &= add_u64(o, "registryRequests", m->requests);
+	ok &= add_u64(o, "registryRetries", m->retries);
+	a = json_object_new_array_ext(IMAGE_LATENCY_BUCKETS);
+	for (i = 0; a && i < IMAGE_LATENCY_BUCKETS; i++)
+		if (json_object_array_add(a, json_object_new_uint64(m->miss_ms[i]))) {
+			json_object_put(a);
+			a = NULL;
+		}
+	ok &= json_add(o, "missLatencyMs", a);
 	return json_done(o, ok);
 }
 
@@ -510,7 +545,10 @@ static int parse_stats(struct json_object *o, struct ctl_mount_stats *m, char *e
 		C("bytesPrefetched", bytes_prefetched), C("chunksPresent", chunks_present),
 		C("chunksTotal", chunks_total), C("bytesPresent", bytes_present),
 		C("prefetchFiles", prefetch_files), C("readaheadFiles", readahead_files),
-		C("readaheadBytes", readahead_bytes),
+		C("readaheadBytes", readahead_bytes), C("cacheHits", hits),
+		C("cacheMisses", misses), C("fetchErrors", fetch_errors), C("inFlight", inflight),
+		C("missNanoseconds", miss_ns_total), C("registryRequests", requests),
+		C("registryRetries", retries),
 #undef C
 	};
 	struct json_object *v;
@@ -557,6 +595,18 @@ static int parse_stats(struct json_object *o, struct ctl_mount_stats *m, char *e
 		     !json_object_is_type(v, json_type_int)) || !(secs >= 0 && secs < 1e12))
 			return json_bad(err, errlen, "\"prefetchSeconds\": expected a number of seconds");
 		m->prefetch_ms = (uint64_t)(secs * 1e3 + 0.5);
+	}
+	v = json_field(o, "missLatencyMs");
+	if (!ret && v && (!json_object_is_type(v, json_type_array) ||
+			  json_object_array_length(v) != IMAGE_LATENCY_BUCKETS))
+		return json_bad(err, errlen, "\"missLatencyMs\": expected %u counts",
+				IMAGE_LATENCY_BUCKETS);
+	for (i = 0; !ret && v && i < IMAGE_LATENCY_BUCKETS; i++) {
+		struct json_object *n = json_object_array_get_idx(v, i);
+
+		if (!json_object_is_type(n, json_type_int) || json_object_get_int64(n) < 0)
+			return json_bad(err, errlen, "\"missLatencyMs\"[%zu]: expected a count", i);
+		m->miss_ms[i] = json_object_get_uint64(n);
 	}
 	return ret;
 }
@@ -614,6 +664,24 @@ int ctl_list_reply_parse(struct json_object *o, struct ctl_list_reply *r,
 						      ret);
 	}
 	return 0;
+}
+
+struct json_object *ctl_metrics_reply_to_json(const char *text)
+{
+	struct json_object *o = ctl_reply_to_json(&(struct ctl_reply){ 0 });
+
+	return o ? json_done(o, json_add_str(o, "text", text)) : NULL;
+}
+
+int ctl_metrics_reply_parse(struct json_object *o, const char **text,
+			    char *err, size_t errlen)
+{
+	int ret = want_ok(o, err, errlen);
+
+	*text = NULL;
+	if (!ret)
+		ret = json_read_str(o, "text", CTL_LINE_MAX, true, text, err, errlen);
+	return proto(ret);
 }
 
 void ctl_list_reply_free(struct ctl_list_reply *r)

@@ -37,9 +37,16 @@
  *         "state","mountedAt","bytesRead",
  *         "bytesFetched","bytesPrefetched","chunksPresent","chunksTotal",
  *         "bytesPresent","prefetch","prefetchFiles","readaheadFiles",
- *         "readaheadBytes","prefetchSeconds"}]}      (ctl_list_reply)
- *   {"op":"ping"}  → {"ok":true,"pid":N,"version":S,"socket":S}
+ *         "readaheadBytes","prefetchSeconds","cacheHits","cacheMisses",
+ *         "fetchErrors","inFlight","missNanoseconds","missLatencyMs":[N x 12] (per
+ *         bucket of IMAGE_LATENCY_BOUNDS_MS, the last one unbounded),
+ *         "registryRequests","registryRetries"}],
+ *       and the ping fields}                      (ctl_list_reply)
+ *   {"op":"ping"}  → {"ok":true,"pid":N,"version":S,"socket":S,
+ *       "startedAt":UNIX,"rssBytes":N,"peakRssBytes":N,
+ *       "idleTimeout":SECONDS (0: persistent),"socketActivated":BOOL}
  *   {"op":"shutdown"} (as SIGTERM) → {"ok":true}
+ *   {"op":"metrics"} → {"ok":true,"text":S}  (Prometheus text format 0.0.4)
  *
  * Answers: {"ok":true,...} or {"ok":false,"error":MESSAGE,"errno":N} where
  * MESSAGE names the image / mount point and the reason and N is the
@@ -115,7 +122,10 @@ extern const struct ctl_fetch_opt ctl_fetch_opts[CTL_NR_FETCH_OPTS];
 /* Requests                                                            */
 /* ------------------------------------------------------------------ */
 
-enum ctl_op { CTL_OP_MOUNT = 1, CTL_OP_UMOUNT, CTL_OP_LIST, CTL_OP_PING, CTL_OP_SHUTDOWN };
+enum ctl_op {
+	CTL_OP_MOUNT = 1, CTL_OP_UMOUNT, CTL_OP_LIST, CTL_OP_PING, CTL_OP_SHUTDOWN,
+	CTL_OP_METRICS,
+};
 
 /*
  * A mount request. Built by the client (strings borrowed from it) or
@@ -153,7 +163,7 @@ struct json_object *ctl_umount_req_to_json(const struct ctl_umount_req *r);
 int ctl_umount_req_parse(struct json_object *o, struct ctl_umount_req *r,
 			 char *err, size_t errlen);
 
-/* list, ping and shutdown carry nothing but their op. */
+/* list, ping, shutdown and metrics carry nothing but their op. */
 struct json_object *ctl_op_req_to_json(enum ctl_op op);
 
 /* Any request, as ferryd receives it. */
@@ -199,6 +209,10 @@ struct ctl_ping_reply {
 	int pid;
 	char version[64];
 	char socket[108]; /* sun_path */
+	int64_t started_at;          /* unix seconds */
+	uint64_t rss_bytes, peak_rss_bytes; /* VmRSS, VmHWM */
+	unsigned int idle_timeout;   /* seconds; 0: persistent */
+	bool socket_activated;       /* the listening socket came from systemd */
 };
 struct json_object *ctl_ping_reply_to_json(const struct ctl_ping_reply *r);
 int ctl_ping_reply_parse(struct json_object *o, struct ctl_ping_reply *r,
@@ -219,6 +233,10 @@ struct ctl_mount_stats {
 	uint64_t chunks_present, chunks_total, bytes_present;
 	uint64_t prefetch_files, readahead_files, readahead_bytes;
 	uint64_t prefetch_ms;             /* prefetch's duration when finished */
+	/* Demand reads (image_cache_stats): */
+	uint64_t hits, misses, fetch_errors, inflight, miss_ns_total;
+	uint64_t miss_ms[IMAGE_LATENCY_BUCKETS];
+	uint64_t requests, retries;       /* registry requests, retried ones */
 };
 struct json_object *ctl_mount_stats_to_json(const struct ctl_mount_stats *m);
 
@@ -230,6 +248,11 @@ struct ctl_list_reply {
 struct json_object *ctl_list_reply_to_json(const struct ctl_list_reply *r);
 int ctl_list_reply_parse(struct json_object *o, struct ctl_list_reply *r,
 			 char *err, size_t errlen);
+
+struct json_object *ctl_metrics_reply_to_json(const char *text);
+/* The metrics answer's text (borrowed from @o). */
+int ctl_metrics_reply_parse(struct json_object *o, const char **text,
+			    char *err, size_t errlen);
 /* Parsed or built: frees the mounts (also after a failed parse). */
 void ctl_list_reply_free(struct ctl_list_reply *r);
 
@@ -251,6 +274,13 @@ int ctl_client_umount(const char *socket_path, const struct ctl_umount_req *req,
 		      char *msg, size_t msglen);
 int ctl_client_list(const char *socket_path, struct ctl_list_reply *rep,
 		    char *msg, size_t msglen);
+int ctl_client_ping(const char *socket_path, struct ctl_ping_reply *rep,
+		    char *msg, size_t msglen);
+/* Shutdown (as SIGTERM): ferryd unmounts everything and exits. */
+int ctl_client_shutdown(const char *socket_path, char *msg, size_t msglen);
+/* *@text: the Prometheus text, malloc'ed. */
+int ctl_client_metrics(const char *socket_path, char **text, char *msg,
+		       size_t msglen);
 /* No ferryd listens on the socket (or, from umount, the mount is not its). */
 bool ctl_no_daemon(int err);
 /*

@@ -137,6 +137,10 @@ static int call_or_start(const char *socket_path, struct json_object *req,
 		ret = ctl_call(socket_path, req, timeout_ms, resp);
 		if (!ctl_no_daemon(ret))
 			return ret;
+		/* The ferryd that held the socket's lock may have been
+		 * exiting (idle timeout): then nobody listens yet. */
+		if (waited && waited % 1000 == 0)
+			start_ferryd(socket_path);
 		nanosleep(&(struct timespec){ 0, 50000000 }, NULL);
 	}
 	ferry_err("no ferryd answers on %s (see its log, ferryd.log next to the socket)",
@@ -233,6 +237,53 @@ int ctl_client_list(const char *socket_path, struct ctl_list_reply *rep,
 	json_object_put(resp);
 	if (ret)
 		ctl_list_reply_free(rep);
+	return parsed(ret, why, msg, msglen);
+}
+
+int ctl_client_ping(const char *socket_path, struct ctl_ping_reply *rep,
+		    char *msg, size_t msglen)
+{
+	struct json_object *resp;
+	char why[256];
+	int ret;
+
+	ret = call(socket_path, false, ctl_op_req_to_json(CTL_OP_PING), CTL_TIMEOUT_MS,
+		   &resp, msg, msglen);
+	if (ret)
+		return ret;
+	ret = ctl_ping_reply_parse(resp, rep, why, sizeof(why));
+	json_object_put(resp);
+	return parsed(ret, why, msg, msglen);
+}
+
+int ctl_client_shutdown(const char *socket_path, char *msg, size_t msglen)
+{
+	struct json_object *resp;
+	int ret;
+
+	ret = call(socket_path, false, ctl_op_req_to_json(CTL_OP_SHUTDOWN), CTL_TIMEOUT_MS,
+		   &resp, msg, msglen);
+	json_object_put(resp);
+	return ret;
+}
+
+int ctl_client_metrics(const char *socket_path, char **text, char *msg,
+		       size_t msglen)
+{
+	struct json_object *resp;
+	const char *t;
+	char why[256];
+	int ret;
+
+	*text = NULL;
+	ret = call(socket_path, false, ctl_op_req_to_json(CTL_OP_METRICS), CTL_TIMEOUT_MS,
+		   &resp, msg, msglen);
+	if (ret)
+		return ret;
+	ret = ctl_metrics_reply_parse(resp, &t, why, sizeof(why));
+	if (!ret && !(*text = strdup(t)))
+		ret = -ENOMEM;
+	json_object_put(resp);
 	return parsed(ret, why, msg, msglen);
 }
 

@@ -31,6 +31,8 @@ struct image_cache {
 	struct blob_source *srcs;
 	atomic_uint demand_inflight;
 	atomic_uint_fast64_t bytes_read, bytes_fetched, prefetched;
+	atomic_uint_fast64_t hits, misses, fetch_errors, miss_ns_total;
+	atomic_uint_fast64_t miss_ms[IMAGE_LATENCY_BUCKETS];
 	uint64_t bwlimit; /* prefetch bytes per second, 0 = unlimited */
 	uint64_t bw_start_ns, bw_bytes;
 };
@@ -96,14 +98,37 @@ const char *image_cache_data_path(const struct image_cache *ic, uint32_t index)
 	return blob_cache_data_path(ic->blobs[index]);
 }
 
-static int ensure(struct image_cache *ic, uint32_t index, uint64_t uoff,
-		  uint64_t len)
+static void count_miss(struct image_cache *ic, uint64_t ns)
 {
-	uint64_t fetched = 0;
+	static const uint64_t bounds[] = IMAGE_LATENCY_BOUNDS_MS;
+	size_t b = 0;
+
+	_Static_assert(ARRAY_SIZE(bounds) + 1 == IMAGE_LATENCY_BUCKETS,
+		       "one bucket per bound plus the overflow one");
+	while (b < ARRAY_SIZE(bounds) && ns > bounds[b] * 1000000u)
+		b++;
+	atomic_fetch_add(&ic->misses, 1);
+	atomic_fetch_add(&ic->miss_ns_total, ns);
+	atomic_fetch_add(&ic->miss_ms[b], 1);
+}
+
+/* Demand reads and prefetch; only the demand ones count as hits or misses. */
+static int ensure(struct image_cache *ic, uint32_t index, uint64_t uoff,
+		  uint64_t len, bool demand)
+{
+	uint64_t fetched = 0, start = demand ? ferry_now_ns() : 0;
 	int ret = blob_cache_ensure(ic->blobs[index], uoff, len, &ic->srcs[index],
 				    &fetched);
 
 	atomic_fetch_add(&ic->bytes_fetched, fetched);
+	if (!demand)
+		return ret;
+	if (ret)
+		atomic_fetch_add(&ic->fetch_errors, 1);
+	else if (fetched)
+		count_miss(ic, ferry_now_ns() - start);
+	else
+		atomic_fetch_add(&ic->hits, 1);
 	return ret;
 }
 
@@ -115,7 +140,7 @@ int image_cache_ensure(struct image_cache *ic, uint32_t device_id,
 	if (device_id < 1 || device_id > ic->nr_blobs)
 		return -EINVAL;
 	atomic_fetch_add(&ic->demand_inflight, 1);
-	ret = ensure(ic, device_id - 1, uoff, len);
+	ret = ensure(ic, device_id - 1, uoff, len, true);
 	atomic_fetch_sub(&ic->demand_inflight, 1);
 	return ret;
 }
@@ -201,7 +226,7 @@ static ssize_t map_chunked(struct image_cache *ic, const struct meta_stat *st,
 			return ret;
 		if (!ret) {
 			if (fetch)
-				ret = ensure(ic, index, uoff, n);
+				ret = ensure(ic, index, uoff, n, true);
 			else if (!blob_cache_range_present(ic->blobs[index], uoff, n))
 				ret = -EAGAIN;
 			if (ret)
@@ -353,7 +378,7 @@ int image_cache_prefetch_file(struct image_cache *ic, const struct meta_stat *st
 		prefetch_pace(ic, step, stop);
 		if (stop && *stop)
 			break;
-		ret = ensure(ic, index, uoff, step);
+		ret = ensure(ic, index, uoff, step, false);
 		if (ret)
 			return ret;
 		atomic_fetch_add(&ic->prefetched, step);
@@ -450,7 +475,7 @@ int image_cache_prefetch_blobs(struct image_cache *ic,
 			prefetch_pace(ic, step, stop);
 			if (stop && *stop)
 				break;
-			ret = ensure(ic, i, pos, step);
+			ret = ensure(ic, i, pos, step, false);
 			if (ret)
 				return ret;
 			atomic_fetch_add(&ic->prefetched, step);
@@ -470,6 +495,20 @@ void image_cache_get_stats(struct image_cache *ic, struct image_cache_stats *s)
 	s->bytes_read = atomic_load(&ic->bytes_read);
 	s->bytes_fetched = atomic_load(&ic->bytes_fetched);
 	s->bytes_prefetched = atomic_load(&ic->prefetched);
+	s->hits = atomic_load(&ic->hits);
+	s->misses = atomic_load(&ic->misses);
+	s->fetch_errors = atomic_load(&ic->fetch_errors);
+	s->inflight = atomic_load(&ic->demand_inflight);
+	s->miss_ns_total = atomic_load(&ic->miss_ns_total);
+	for (i = 0; i < IMAGE_LATENCY_BUCKETS; i++)
+		s->miss_ms[i] = atomic_load(&ic->miss_ms[i]);
+	if (ic->img->remote) {
+		struct fetch_stats fs;
+
+		registry_get_stats(ic->img->remote, &fs);
+		s->requests = fs.requests;
+		s->retries = fs.retries;
+	}
 	for (i = 0; i < ic->nr_blobs; i++) {
 		blob_cache_usage(ic->blobs[i], &chunks, &bytes);
 		s->chunks_present += chunks;

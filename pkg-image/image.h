@@ -470,11 +470,25 @@ int image_cache_prefetch_path(struct image_cache *ic, const char *path,
 /* Prefetch bytes per second (uncompressed), 0 = unlimited. */
 void image_cache_set_bwlimit(struct image_cache *ic, uint64_t bytes_per_sec);
 
+/*
+ * Upper bounds (milliseconds) of the buckets of the miss latency
+ * histogram: how long a demand read waited for its chunks to be fetched,
+ * verified and written. The last bucket counts everything slower.
+ */
+#define IMAGE_LATENCY_BOUNDS_MS { 1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 10000 }
+#define IMAGE_LATENCY_BUCKETS 12
+
 struct image_cache_stats {
 	uint64_t bytes_read;       /* file bytes served by image_cache_read */
 	uint64_t bytes_fetched;    /* compressed bytes read from the sources */
 	uint64_t bytes_prefetched; /* uncompressed bytes made present by prefetch */
 	uint64_t chunks_present, chunks_total, bytes_present;
+	/* Demand reads: served from present chunks, or after fetching. */
+	uint64_t hits, misses, fetch_errors, inflight;
+	uint64_t miss_ms[IMAGE_LATENCY_BUCKETS]; /* per bucket, not cumulative */
+	uint64_t miss_ns_total;
+	/* The registry client's (0 for a local image). */
+	uint64_t requests, retries;
 };
 void image_cache_get_stats(struct image_cache *ic, struct image_cache_stats *s);
 

@@ -21,6 +21,8 @@ int cmd_umount(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
 int cmd_check(int argc, char **argv);
 int cmd_cache(int argc, char **argv);
+int cmd_daemon(int argc, char **argv);
+int cmd_metrics(int argc, char **argv);
 
 /*
  * Registry options (regopts.c): REGISTRY_LONGOPTS goes into a command's

@@ -21,6 +21,8 @@ static const struct {
 	{ "inspect", cmd_inspect, "show an image's superblock, blobs, tree or a file's chunks" },
 	{ "check", cmd_check, "verify an image's metadata and every chunk digest" },
 	{ "cache", cmd_cache, "list, garbage-collect or prune the chunk cache" },
+	{ "daemon", cmd_daemon, "show or stop the ferryd serving lazy mounts" },
+	{ "metrics", cmd_metrics, "print ferryd's metrics (Prometheus text format)" },
 };
 
 static void print_help(void)

@@ -4,7 +4,9 @@
  * listening socket, one thread per client connection (a mount may take a
  * while: the bootstrap comes from a registry), and the main loop that
  * waits for connections, signals (SIGTERM/SIGINT: unmount all and exit;
- * SIGHUP: reopen the log file) and internal wake-ups.
+ * SIGHUP: reopen the log file), internal wake-ups and the idle deadline.
+ * The listening socket is ferryd's own, or systemd's (socket activation:
+ * LISTEN_FDS, read without libsystemd).
  */
 #include <fcntl.h>
 #include <libgen.h>
@@ -18,6 +20,7 @@
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -31,6 +34,8 @@ static int wake_fd = -1;
 static atomic_bool stop_requested;
 static atomic_uint nr_conns;
 static const struct daemon_opts *opts;
+static int64_t started_at;
+static bool socket_activated;
 
 static void wake(void)
 {
@@ -45,16 +50,31 @@ static struct json_object *reply(int ret, const char *err)
 	return ctl_reply_to_json(&(struct ctl_reply){ .err = ret, .error = err });
 }
 
+void daemon_info(struct ctl_ping_reply *r)
+{
+	*r = (struct ctl_ping_reply){ .pid = getpid(), .version = FERRYD_VERSION,
+				      .started_at = started_at,
+				      .idle_timeout = opts->idle_timeout,
+				      .socket_activated = socket_activated };
+	snprintf(r->socket, sizeof(r->socket), "%s", opts->socket_path);
+	daemon_memory(&r->rss_bytes, &r->peak_rss_bytes);
+}
+
+unsigned int daemon_connections(void)
+{
+	return atomic_load(&nr_conns);
+}
+
 static struct json_object *handle(struct json_object *o, bool *shutdown)
 {
-	struct ctl_ping_reply ping = { .pid = getpid(), .version = FERRYD_VERSION };
+	struct ctl_ping_reply ping;
 	struct ctl_list_reply list = { 0 };
 	struct ctl_request req;
-	char err[4096] = "";
+	char err[4096] = "", *text = NULL;
 	struct json_object *resp = NULL;
 	int ret;
 
-	snprintf(ping.socket, sizeof(ping.socket), "%s", opts->socket_path);
+	daemon_info(&ping);
 	ret = ctl_request_parse(o, &req, err, sizeof(err));
 	if (ret) {
 		ferry_err("%s", err);
@@ -86,6 +106,12 @@ static struct json_object *handle(struct json_object *o, bool *shutdown)
 		ferry_info("shutdown requested over the control socket");
 		*shutdown = true;
 		resp = reply(0, NULL);
+		break;
+	case CTL_OP_METRICS:
+		ret = metrics_text(&text);
+		resp = ret ? reply(ret, "cannot gather the metrics") :
+			     ctl_metrics_reply_to_json(text);
+		free(text);
 		break;
 	}
 out:
@@ -236,6 +262,99 @@ static void on_change(void)
 	wake();
 }
 
+/*
+ * The listening socket systemd passed (socket activation: LISTEN_PID is
+ * ours, LISTEN_FDS=1, descriptor 3): 1 and *@fd; 0 when there is none;
+ * -errno after a message when it is not one ferryd can serve.
+ */
+static int activated_socket(const char *socket_path, int *fd)
+{
+	const char *pid = getenv("LISTEN_PID"), *fds = getenv("LISTEN_FDS");
+	struct sockaddr_un sa = { 0 };
+	socklen_t len = sizeof(sa), olen = sizeof(int);
+	int type = 0, listening = 0;
+	uint64_t v;
+
+	if (!pid || !fds || parse_size(pid, &v) || v != (uint64_t)getpid())
+		return 0;
+	/* Not for our children (keepers). */
+	unsetenv("LISTEN_PID");
+	unsetenv("LISTEN_FDS");
+	unsetenv("LISTEN_FDNAMES");
+	if (strcmp(fds, "1")) {
+		ferry_err("systemd passed LISTEN_FDS=%s sockets; ferryd serves exactly one (one ListenStream= in its .socket unit)",
+			  fds);
+		return -EINVAL;
+	}
+	if (getsockopt(3, SOL_SOCKET, SO_TYPE, &type, &olen) ||
+	    getsockopt(3, SOL_SOCKET, SO_ACCEPTCONN, &listening, &olen) ||
+	    getsockname(3, (struct sockaddr *)&sa, &len) || sa.sun_family != AF_UNIX ||
+	    type != SOCK_STREAM || !listening) {
+		ferry_err("the socket systemd passed (descriptor 3) is not a listening unix stream socket (ListenStream=%s in the .socket unit)",
+			  socket_path);
+		return -EINVAL;
+	}
+	if (strncmp(sa.sun_path, socket_path, sizeof(sa.sun_path))) {
+		ferry_err("the socket systemd passed listens on %.*s, not on %s (make ListenStream= and ferryd --socket agree)",
+			  (int)sizeof(sa.sun_path), sa.sun_path, socket_path);
+		return -EINVAL;
+	}
+	if (fcntl(3, F_SETFD, FD_CLOEXEC) || fcntl(3, F_SETFL, O_NONBLOCK | O_RDWR)) {
+		ferry_err("socket from systemd: %s", strerror(errno));
+		return -errno;
+	}
+	*fd = 3;
+	return 1;
+}
+
+/*
+ * The idle deadline passed: 0 to exit, or 1 when a client came after all.
+ * Our own socket file goes first (a client arriving later finds none and
+ * starts a new ferryd, which gets the lock once we exit); a client that
+ * connected before that is served, and we listen again. systemd's socket
+ * stays with systemd: what is queued on it starts the next ferryd.
+ */
+static int idle_exit(int *lfd, ino_t *sock_ino)
+{
+	struct pollfd pfd = { .fd = *lfd, .events = POLLIN };
+	struct stat st;
+	int ret;
+
+	if (socket_activated)
+		return 0;
+	if (!stat(opts->socket_path, &st) && st.st_ino == *sock_ino)
+		unlink(opts->socket_path);
+	if (poll(&pfd, 1, 0) <= 0)
+		return 0;
+	while (poll(&pfd, 1, 0) > 0)
+		accept_one(*lfd);
+	close(*lfd);
+	ret = unix_listen(opts->socket_path, lfd, sock_ino);
+	if (ret) {
+		ferry_err("cannot listen on %s again: %s", opts->socket_path, ferry_strerror(ret));
+		*lfd = -1;
+		return 0;
+	}
+	return 1;
+}
+
+/*
+ * Whether the idle deadline has passed: no mounts and no control client
+ * for idle_timeout seconds (*@since: when that began, 0 while busy).
+ */
+static bool idle_expired(uint64_t *since)
+{
+	uint64_t now = ferry_now_ns();
+
+	if (!opts->idle_timeout || opts->mount || mounts_count() || atomic_load(&nr_conns)) {
+		*since = 0;
+		return false;
+	}
+	if (!*since)
+		*since = now;
+	return now - *since >= opts->idle_timeout * 1000000000ull;
+}
+
 int daemon_run(const struct daemon_opts *o)
 {
 	struct pollfd pfd[3];
@@ -244,6 +363,8 @@ int daemon_run(const struct daemon_opts *o)
 	int lock_fd = -1, lfd = -1, sfd = -1, ret, devnull;
 	char *copy;
 	bool exit_when_empty = false;
+	uint64_t idle_since = 0;
+	unsigned int i;
 	struct stat st;
 	unsigned int waited;
 	size_t busy;
@@ -283,11 +404,23 @@ int daemon_run(const struct daemon_opts *o)
 	}
 	if (ret)
 		return EXIT_FAILURE;
+	ret = activated_socket(o->socket_path, &lfd);
+	socket_activated = ret > 0;
 	/* We hold the lock: a socket file left there is stale. */
-	ret = unix_listen(o->socket_path, &lfd, &sock_ino);
+	if (!ret)
+		ret = unix_listen(o->socket_path, &lfd, &sock_ino);
+	else if (ret > 0)
+		ret = 0;
 	if (ret) {
 		ferry_err("cannot listen on %s: %s", o->socket_path, ferry_strerror(ret));
 		return EXIT_FAILURE;
+	}
+	/* Before the log takes stderr: a bad address is the caller's to see. */
+	for (i = 0; i < o->nr_metrics_listen; i++) {
+		if (metrics_start(o->metrics_listen[i])) {
+			ret = EXIT_FAILURE;
+			goto close_listener;
+		}
 	}
 	if (!o->foreground) {
 		ret = open_log(o->log_path);
@@ -306,8 +439,12 @@ int daemon_run(const struct daemon_opts *o)
 	}
 	if (log_init(!o->foreground))
 		ferry_warn("log setup: %s", strerror(errno));
-	ferry_info("ferryd %s (pid %d) listening on %s", FERRYD_VERSION, (int)getpid(),
-		   o->socket_path);
+	started_at = time(NULL);
+	ferry_info("ferryd %s (pid %d) listening on %s%s", FERRYD_VERSION, (int)getpid(),
+		   o->socket_path, socket_activated ? " (socket from systemd)" : "");
+	for (i = 0; i < o->nr_metrics_listen; i++)
+		ferry_info("metrics on %s (GET /metrics)", o->metrics_listen[i]);
+
 	if (o->ready_fd >= 0) {
 		write_full(o->ready_fd, "OK\n", 3);
 		close(o->ready_fd);
@@ -330,7 +467,15 @@ int daemon_run(const struct daemon_opts *o)
 	pfd[1] = (struct pollfd){ .fd = sfd, .events = POLLIN };
 	pfd[2] = (struct pollfd){ .fd = wake_fd, .events = POLLIN };
 	while (!atomic_load(&stop_requested)) {
-		if (poll(pfd, 3, -1) < 0) {
+		if (idle_expired(&idle_since)) {
+			if (!idle_exit(&lfd, &sock_ino)) {
+				ferry_info("idle for %u s without mounts: exiting", o->idle_timeout);
+				break;
+			}
+			pfd[0].fd = lfd;
+			idle_since = 0;
+		}
+		if (poll(pfd, 3, o->idle_timeout ? 1000 : -1) < 0) {
 			if (errno == EINTR)
 				continue;
 			ferry_err("poll: %s", strerror(errno));
@@ -369,9 +514,11 @@ int daemon_run(const struct daemon_opts *o)
 		}
 	}
 
+close_listener:
 	/* No new clients; remove the socket only if it is still ours. */
-	close(lfd);
-	if (!stat(o->socket_path, &st) && st.st_ino == sock_ino)
+	if (lfd >= 0)
+		close(lfd);
+	if (!socket_activated && !stat(o->socket_path, &st) && st.st_ino == sock_ino)
 		unlink(o->socket_path);
 	busy = mounts_shutdown();
 	for (waited = 0; atomic_load(&nr_conns) && waited < DRAIN_WAIT_MS; waited += 10)

@@ -12,6 +12,7 @@
  *              whatever the mode (mode.h)
  *   mode.c     the table of serving modes
  *   prefetch.c the per-mount prefetch thread
+ *   metrics.c  Prometheus text of the mounts' statistics, HTTP endpoint
  *   fuse.c     FUSE mode: the FUSE low-level operations over pkg-meta /
  *              image_cache, session and mount (fusefs.h)
  *   readahead.c  FUSE mode: stores the next files of a directory being
@@ -42,6 +43,7 @@
 #define FERRYD_MAX_THREADS 256u
 #define FERRYD_DEFAULT_READAHEAD_KB 1024u
 #define FERRYD_DEFAULT_DIR_READAHEAD_KB 2048u
+#define FERRYD_METRICS_LISTEN_MAX 4u
 
 /* ------------------------------------------------------------------ */
 /* mounts.c / prefetch.c                                               */
@@ -161,8 +163,27 @@ struct daemon_opts {
 	int ready_fd;           /* daemon mode: "OK\n" once listening, then closed */
 	int adopt_fd;           /* --cachefiles-adopt: /dev/cachefiles of a dead
 				 * ferryd, whose mounts to take over; -1 */
+	unsigned int idle_timeout; /* exit after this many seconds without
+				    * mounts or clients; 0: never */
+	const char *metrics_listen[FERRYD_METRICS_LISTEN_MAX]; /* --metrics-listen */
+	unsigned int nr_metrics_listen;
 };
 int daemon_run(const struct daemon_opts *o);
+/* What a ping answers: pid, version, socket, start, memory, lifecycle. */
+void daemon_info(struct ctl_ping_reply *r);
+/* Control connections open now. */
+unsigned int daemon_connections(void);
+/* The process's resident memory now and at its peak, in bytes. */
+void daemon_memory(uint64_t *rss, uint64_t *peak);
+
+/* ------------------------------------------------------------------ */
+/* metrics.c                                                           */
+/* ------------------------------------------------------------------ */
+
+/* The Prometheus text exposition of ferryd and its mounts (malloc'ed). */
+int metrics_text(char **out);
+/* Serve it over HTTP on @addr ("unix:/PATH" or "HOST:PORT"); 0 or -errno. */
+int metrics_start(const char *addr);
 
 /* ------------------------------------------------------------------ */
 /* cachefiles.c: failover                                              */

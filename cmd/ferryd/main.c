@@ -14,6 +14,7 @@
 #include "ferryd.h"
 
 #define READY_WAIT_MS 60000
+#define DEFAULT_IDLE_TIMEOUT 300 /* seconds */
 
 static void help(void)
 {
@@ -53,19 +54,31 @@ static void help(void)
 	       "                     in order, store the files that follow (cached\n"
 	       "                     chunks only) in the page cache ahead of the\n"
 	       "                     reader, in windows of up to KB (default %u; 0 off)\n"
+	       "  --idle-timeout S   exit once no mount and no client has been there\n"
+	       "                     for S seconds (default %u; 0: never)\n"
+	       "  --persistent       the same as --idle-timeout 0\n"
+	       "  --metrics-listen ADDR  serve Prometheus metrics at GET /metrics on\n"
+	       "                     ADDR: unix:/PATH (mode 0600) or HOST:PORT (TCP;\n"
+	       "                     the metrics name mount points and images: bind\n"
+	       "                     to 127.0.0.1 unless the network may see them).\n"
+	       "                     'ferry metrics' reads them over the control socket;\n"
+	       "                     repeat for up to 4 addresses\n"
 	       "  -v, --verbose      more log output (repeat for debug)\n"
 	       "  -q, --quiet        errors only\n"
 	       "  -h, --help         this help\n"
 	       "  --version          print the version\n\n"
 	       "Without -f, ferryd forks; the parent exits once the socket listens\n"
 	       "(status 0) or the daemon failed to start (status 1, reason on stderr).\n"
+	       "Under systemd, ferryd -f takes the control socket from socket\n"
+	       "activation (LISTEN_FDS; see contrib/systemd); it must listen on --socket.\n"
 	       "SIGTERM or SIGINT unmounts every mount (busy ones are detached; a\n"
 	       "FUSE one has its connection closed, a fanotify one is left to its\n"
 	       "keeper) and exits. A mount unmounted from\n"
 	       "outside (umount) is cleaned up; the others keep running.\n\n"
 	       "Exit status: 0 success, 1 failure, 2 usage error.\n",
 	       CTL_SOCKET_ENV, CTL_DEFAULT_SOCKET, FERRYD_DEFAULT_THREADS,
-	       FERRYD_DEFAULT_READAHEAD_KB, FERRYD_DEFAULT_DIR_READAHEAD_KB);
+	       FERRYD_DEFAULT_READAHEAD_KB, FERRYD_DEFAULT_DIR_READAHEAD_KB,
+	       DEFAULT_IDLE_TIMEOUT);
 }
 
 static int usage(const char *fmt, const char *arg)
@@ -154,6 +167,9 @@ int main(int argc, char **argv)
 		{ "threads", required_argument, NULL, 'T' },
 		{ "readahead", required_argument, NULL, 'R' },
 		{ "dir-readahead", required_argument, NULL, 'D' },
+		{ "idle-timeout", required_argument, NULL, 'I' },
+		{ "persistent", no_argument, NULL, 'P' },
+		{ "metrics-listen", required_argument, NULL, 'm' },
 		{ "verbose", no_argument, NULL, 'v' },
 		{ "quiet", no_argument, NULL, 'q' },
 		{ "help", no_argument, NULL, 'h' },
@@ -167,6 +183,7 @@ int main(int argc, char **argv)
 		.dir_readahead_kb = FERRYD_DEFAULT_DIR_READAHEAD_KB,
 		.ready_fd = -1,
 		.adopt_fd = -1,
+		.idle_timeout = DEFAULT_IDLE_TIMEOUT,
 	};
 	char *log_default = NULL, *copy, *request = NULL;
 	const char *mount_text = NULL;
@@ -220,6 +237,19 @@ int main(int argc, char **argv)
 			if (parse_size(optarg, &v) || v > 65536)
 				return usage("--dir-readahead %s: expected 0..65536 (KiB)", optarg);
 			o.dir_readahead_kb = (unsigned int)v;
+			break;
+		case 'I':
+			if (parse_size(optarg, &v) || v > 30 * 86400)
+				return usage("--idle-timeout %s: expected 0..2592000 (seconds)", optarg);
+			o.idle_timeout = (unsigned int)v;
+			break;
+		case 'P':
+			o.idle_timeout = 0;
+			break;
+		case 'm':
+			if (o.nr_metrics_listen == FERRYD_METRICS_LISTEN_MAX)
+				return usage("--metrics-listen %s: at most 4 addresses", optarg);
+			o.metrics_listen[o.nr_metrics_listen++] = optarg;
 			break;
 		case 'v':
 			if (ferry_log_level < FERRY_LOG_DEBUG)

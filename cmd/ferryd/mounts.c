@@ -766,6 +766,14 @@ int mounts_list(struct ctl_mount_stats **out, size_t *nr)
 		e->chunks_present = s.chunks_present;
 		e->chunks_total = s.chunks_total;
 		e->bytes_present = s.bytes_present;
+		e->hits = s.hits;
+		e->misses = s.misses;
+		e->fetch_errors = s.fetch_errors;
+		e->inflight = s.inflight;
+		e->miss_ns_total = s.miss_ns_total;
+		memcpy(e->miss_ms, s.miss_ms, sizeof(e->miss_ms));
+		e->requests = s.requests;
+		e->retries = s.retries;
 		snprintf(e->prefetch, sizeof(e->prefetch), "%s",
 			 prefetch_name(atomic_load(&m->pstate)));
 		e->prefetch_files = atomic_load(&m->prefetch_files);

@@ -434,7 +434,7 @@ static void test_other_requests_roundtrip(void)
 	CHECK(str_eq(req.umount.mountpoint, u.mountpoint) && req.umount.lazy);
 	ctl_request_free(&req);
 	json_object_put(o);
-	for (op = CTL_OP_LIST; op <= CTL_OP_SHUTDOWN; op++) {
+	for (op = CTL_OP_LIST; op <= CTL_OP_METRICS; op++) {
 		o = wire(ctl_op_req_to_json(op));
 		CHECK_EQ(ctl_request_parse(o, &req, err, sizeof(err)), 0);
 		CHECK_EQ(req.op, op);
@@ -453,12 +453,18 @@ static void test_replies_roundtrip(void)
 		  .mounted_at = 1700000000, .bytes_read = 1, .bytes_fetched = 2,
 		  .bytes_prefetched = 3, .chunks_present = 4, .chunks_total = 5,
 		  .bytes_present = 6, .prefetch_files = 7, .readahead_files = 8,
-		  .readahead_bytes = UINT64_MAX, .prefetch_ms = 12345 },
+		  .readahead_bytes = UINT64_MAX, .prefetch_ms = 12345, .hits = 9,
+		  .misses = 10, .fetch_errors = 11, .inflight = 12, .miss_ns_total = 13,
+		  .miss_ms = { 1, 0, 2, [IMAGE_LATENCY_BUCKETS - 1] = UINT64_MAX },
+		  .requests = 14, .retries = 15 },
 		{ .mountpoint = "/m/2", .image = "dir:/i", .cache_dir = "/c2", .mode = "fuse",
 		  .state = "mounting", .prefetch = "none", .mounted_at = -1 },
 	};
 	struct ctl_list_reply lr = { .daemon = { .pid = 77, .version = "1.2.3",
-						 .socket = "/run/ferry/ferryd.sock" },
+						 .socket = "/run/ferry/ferryd.sock",
+						 .started_at = 1700000001, .rss_bytes = 3 << 20,
+						 .peak_rss_bytes = UINT64_MAX, .idle_timeout = 300,
+						 .socket_activated = true },
 				     .mounts = ms, .nr_mounts = 2 }, lb;
 	struct ctl_mount_reply mr;
 	struct ctl_ping_reply pr;
@@ -489,7 +495,22 @@ static void test_replies_roundtrip(void)
 	CHECK_EQ(ctl_ping_reply_parse(o, &pr, err, sizeof(err)), 0);
 	CHECK(pr.pid == 77 && !strcmp(pr.version, "1.2.3") &&
 	      !strcmp(pr.socket, "/run/ferry/ferryd.sock"));
+	CHECK(pr.started_at == 1700000001 && pr.rss_bytes == 3 << 20 &&
+	      pr.peak_rss_bytes == UINT64_MAX && pr.idle_timeout == 300 && pr.socket_activated);
 	json_object_put(o);
+
+	{
+		const char *text;
+
+		o = wire(ctl_metrics_reply_to_json("# TYPE a counter\na_total 1\n"));
+		CHECK_EQ(ctl_metrics_reply_parse(o, &text, err, sizeof(err)), 0);
+		CHECK(str_eq(text, "# TYPE a counter\na_total 1\n"));
+		json_object_put(o);
+		/* A list answer is no metrics answer. */
+		o = wire(ctl_list_reply_to_json(&lr));
+		CHECK_EQ(ctl_metrics_reply_parse(o, &text, err, sizeof(err)), -EPROTO);
+		json_object_put(o);
+	}
 
 	o = wire(ctl_list_reply_to_json(&lr));
 	CHECK_EQ(ctl_list_reply_parse(o, &lb, err, sizeof(err)), 0);
@@ -513,6 +534,11 @@ static void test_replies_roundtrip(void)
 		      a->readahead_files == b->readahead_files &&
 		      a->readahead_bytes == b->readahead_bytes);
 		CHECK_EQ(b->prefetch_ms, a->prefetch_ms);
+		CHECK(a->hits == b->hits && a->misses == b->misses &&
+		      a->fetch_errors == b->fetch_errors && a->inflight == b->inflight &&
+		      a->miss_ns_total == b->miss_ns_total && a->requests == b->requests &&
+		      a->retries == b->retries);
+		CHECK(!memcmp(a->miss_ms, b->miss_ms, sizeof(a->miss_ms)));
 	}
 	ctl_list_reply_free(&lb);
 

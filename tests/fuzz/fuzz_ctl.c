@@ -125,7 +125,9 @@ static void check_stats(const struct ctl_mount_stats *a, const struct ctl_mount_
 	    a->keeper_pid != b->keeper_pid || a->mounted_at != b->mounted_at ||
 	    a->suid != b->suid || a->dev != b->dev ||
 	    a->bytes_read != b->bytes_read || a->chunks_total != b->chunks_total ||
-	    a->readahead_bytes != b->readahead_bytes || a->prefetch_ms != b->prefetch_ms)
+	    a->readahead_bytes != b->readahead_bytes || a->prefetch_ms != b->prefetch_ms ||
+	    a->hits != b->hits || a->misses != b->misses || a->inflight != b->inflight ||
+	    memcmp(a->miss_ms, b->miss_ms, sizeof(a->miss_ms)))
 		abort();
 }
 
@@ -137,6 +139,7 @@ static void check_replies(struct json_object *o)
 	struct ctl_ping_reply p, p2;
 	struct ctl_reply r, r2;
 	struct json_object *back;
+	const char *text, *text2;
 	char err[256];
 	size_t i;
 
@@ -160,6 +163,13 @@ static void check_replies(struct json_object *o)
 		back = ctl_ping_reply_to_json(&p);
 		if (back && (ctl_ping_reply_parse(back, &p2, err, sizeof(err)) ||
 			     memcmp(&p, &p2, sizeof(p))))
+			abort();
+		json_object_put(back);
+	}
+	if (!ctl_metrics_reply_parse(o, &text, err, sizeof(err))) {
+		back = ctl_metrics_reply_to_json(text);
+		if (back && (ctl_metrics_reply_parse(back, &text2, err, sizeof(err)) ||
+			     strcmp(text, text2)))
 			abort();
 		json_object_put(back);
 	}
