@@ -20,6 +20,8 @@
  *    "prefetchFiles":[PATH...],"prefetchAll":BOOL,"prefetchBwlimit":N,
  *    "suid":BOOL,"dev":BOOL (honour setuid bits / device nodes; default
  *                 false: mounted nosuid,nodev),
+ *    "record":ABS (fuse: append each file read for the first time to
+ *                 this prefetch list; absent: none),
  *    "fetch":{"creds":S,"authfile":S,"tlsVerify":BOOL,"caFile":S,
  *             "insecure":[S...],"mirrors":[S...],"resolve":[S...],
  *             "retries":N,"stallTimeoutMs":N,
@@ -139,6 +141,7 @@ struct ctl_mount_req {
 	bool prefetch_all;
 	const char *mode;          /* serving mode's name; parsed: never NULL */
 	const char *domain;        /* cachefiles: EROFS domain_id, or NULL */
+	const char *record;        /* fuse: write the files read here, or NULL */
 	bool adopt;                /* ferryd only, never sent: take over the
 				    * mount already there (cachefiles failover) */
 	uint64_t prefetch_bwlimit; /* bytes per second, 0 = unlimited */

@@ -75,6 +75,12 @@ static void mount_help(void)
 	       "                    (A-Z a-z 0-9 . _ -): the mounts of a domain share\n"
 	       "                    the blobs they have in common, one cache file and\n"
 	       "                    one copy in the page cache per blob\n"
+	       "  --record LIST     fuse (implied): write to LIST each file whose data\n"
+	       "                    is read through the mount, once, in first-access\n"
+	       "                    order, while it happens: run the workload, unmount,\n"
+	       "                    then 'ferry convert --prefetch-files LIST' embeds it\n"
+	       "                    and every lazy mount of the result fetches those\n"
+	       "                    files first\n"
 	       "lazy modes (fuse, fanotify, cachefiles):\n"
 	       "  --prefetch-files LIST  after mounting, fetch the files named in\n"
 	       "                    LIST (one path inside the image per line, in\n"
@@ -140,7 +146,7 @@ static int parse_rate(const char *s, uint64_t *out)
 
 struct fuse_args_in {
 	const char *image, *mountpoint, *cache_dir, *prefetch_list, *socket_path, *mode;
-	const char *domain;
+	const char *domain, *record;
 	bool prefetch_all, foreground, suid, dev;
 	uint64_t bwlimit;
 	struct regopts *ro;
@@ -149,7 +155,7 @@ struct fuse_args_in {
 static int mount_fuse(const struct fuse_args_in *a)
 {
 	char *image = NULL, *mp = NULL, *cache = NULL, *authfile = NULL,
-	     *ca = NULL, **files = NULL, msg[CTL_MSG_MAX + 64];
+	     *ca = NULL, *record = NULL, **files = NULL, msg[CTL_MSG_MAX + 64];
 	struct ctl_mount_reply rep;
 	struct ctl_mount_req r;
 	uint32_t nr_files = 0;
@@ -162,6 +168,8 @@ static int mount_fuse(const struct fuse_args_in *a)
 		ret = path_mountpoint(a->mountpoint, &mp);
 	if (!ret)
 		ret = path_absolute(a->cache_dir, &cache);
+	if (!ret && a->record)
+		ret = path_absolute(a->record, &record);
 	if (ret) {
 		ferry_err("mount %s on %s: %s", a->image, a->mountpoint, ferry_strerror(ret));
 		goto out;
@@ -179,6 +187,7 @@ static int mount_fuse(const struct fuse_args_in *a)
 	r.prefetch_all = a->prefetch_all;
 	r.mode = a->mode;
 	r.domain = a->domain;
+	r.record = record;
 	r.prefetch_bwlimit = a->bwlimit;
 	r.suid = a->suid;
 	r.dev = a->dev;
@@ -228,6 +237,7 @@ out:
 	free(image);
 	free(mp);
 	free(cache);
+	free(record);
 	free(authfile);
 	free(ca);
 	return rc;
@@ -353,6 +363,7 @@ enum {
 	OPT_SUID,
 	OPT_DEV,
 	OPT_DOMAIN,
+	OPT_RECORD,
 };
 
 static int mount_local(const char *ref, const char *target, const char *cache_dir,
@@ -388,6 +399,7 @@ int cmd_mount(int argc, char **argv)
 		{ "suid", no_argument, NULL, OPT_SUID },
 		{ "dev", no_argument, NULL, OPT_DEV },
 		{ "domain", required_argument, NULL, OPT_DOMAIN },
+		{ "record", required_argument, NULL, OPT_RECORD },
 		{ "help", no_argument, NULL, 'h' },
 		REGISTRY_LONGOPTS,
 		{ 0 },
@@ -454,6 +466,10 @@ int cmd_mount(int argc, char **argv)
 			a.domain = optarg;
 			fuse_only = true;
 			break;
+		case OPT_RECORD:
+			a.record = optarg;
+			fuse_only = true;
+			break;
 		case 'h':
 			mount_help();
 			return EXIT_OK;
@@ -470,8 +486,12 @@ int cmd_mount(int argc, char **argv)
 		return usage_error("mount", "--json goes with --list");
 	if (argc - optind != 2)
 		return usage_error("mount", "expected IMAGE and MOUNTPOINT");
+	/* Only FUSE sees which files are read. */
 	if (!mode)
-		mode = "auto";
+		mode = a.record ? "fuse" : "auto";
+	if (a.record && strcmp(mode, "fuse"))
+		return usage_error("mount", "--record needs --mode fuse (the kernel reads %s mounts without ferryd seeing the files)",
+				   mode);
 	ret = regopts_finish(&ro);
 	if (ret)
 		return ret;
@@ -485,7 +505,7 @@ int cmd_mount(int argc, char **argv)
 		return usage_error("mount", "unknown mode \"%s\" (local, fuse, fanotify, cachefiles or auto)",
 				   mode);
 	if (fuse_only)
-		return usage_error("mount", "--prefetch-*, --domain, -f: only with a lazy mode (fuse, fanotify, cachefiles)");
+		return usage_error("mount", "--prefetch-*, --domain, --record, -f: only with a lazy mode (fuse, fanotify, cachefiles)");
 	return mount_local(a.image, a.mountpoint, a.cache_dir,
 			   image_mount_flags(a.suid, a.dev), &ro);
 }

@@ -538,6 +538,8 @@ static void fs_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 	size = MIN(size, (size_t)16 << 20);
 	if (!off)
 		dra_read(fs, ms->nid);
+	if (fs->rec)
+		record_read(fs->rec, ms->nid);
 	ferry_dbg("%s: read inode %llu: %zu bytes at %lld", fs->img->ref,
 		  (unsigned long long)ms->nid, size, (long long)off);
 	if (failed_recently(fs, ms, (uint64_t)off)) {
@@ -787,6 +789,10 @@ static void wake_init(void)
 
 static void fs_free(struct fs *fs)
 {
+	if (fs->rec)
+		ferry_info("%s: recorded %llu files to %s", fs->m->mountpoint,
+			   (unsigned long long)record_count(fs->rec), fs->m->req.record);
+	record_free(fs->rec);
 	pthread_mutex_destroy(&fs->fail_lock);
 	free(fs);
 }
@@ -813,6 +819,12 @@ static int fuse_start(struct fmount *m, const struct serve_opts *o, void **state
 	fs->readahead_kb = o->readahead_kb;
 	fs->dra_window_max = o->dir_readahead_kb << 10;
 	pthread_mutex_init(&fs->fail_lock, NULL);
+	ret = m->req.record ? record_start(fs, m->req.record, &fs->rec) : 0;
+	if (ret) {
+		snprintf(why, whylen, "--record %s: %s", m->req.record, ferry_strerror(ret));
+		fs_free(fs);
+		return ret;
+	}
 	ret = fs_session_new(fs);
 	if (!ret) {
 		ret = fs_mount(fs, &m->req, m->mountpoint);

@@ -30,6 +30,7 @@ struct fs {
 	uint32_t dra_window_max; /* directory readahead, bytes; 0: off */
 	struct dra *dra;         /* readahead.c, while the session lives */
 	_Atomic uint64_t ra_files, ra_bytes; /* stored by readahead */
+	struct recorder *rec;    /* record.c: --record; NULL: not recording */
 };
 
 /* The FUSE inode number of nid @nid. */
@@ -50,5 +51,17 @@ void dra_listed(struct fs *fs, uint64_t dir, uint64_t nid, uint64_t next_pos,
 		uint64_t prev_nid, bool from_start);
 void dra_read(struct fs *fs, uint64_t nid);
 void dra_stop(struct fs *fs);
+
+/*
+ * record.c: the prefetch list of a workload (--record). record_start walks
+ * the image and creates the list at @path (after a message on failure);
+ * record_read is called for every READ and writes the file's path the
+ * first time; record_count: paths written.
+ */
+struct recorder;
+int record_start(struct fs *fs, const char *path, struct recorder **out);
+void record_read(struct recorder *r, uint64_t nid);
+uint64_t record_count(struct recorder *r);
+void record_free(struct recorder *r);
 
 #endif

@@ -346,6 +346,10 @@ static int mount_new(struct ctl_mount_req *req, struct fmount **out, char *err,
 		snprintf(err, errlen, "unknown mode \"%s\" (this ferryd serves %s)",
 			 m->req.mode, modes);
 		ret = -EINVAL;
+	} else if (m->req.record && m->mode != &fuse_mode) {
+		snprintf(err, errlen, "recording (--record) needs --mode fuse: the kernel reads %s mounts without ferryd seeing which files",
+			 m->mode->name);
+		ret = -EINVAL;
 	} else {
 		if (m->mode_why[0])
 			ferry_info("mount %s: mode %s: %s", m->req.image, m->req.mode,
