@@ -124,6 +124,7 @@ check-asan: deps
 bench: deps all
 	BIN=$(BIN) bench/run.sh
 	BIN=$(BIN) bench/lazy.sh
+	BIN=$(BIN) bench/memory.sh
 
 demo: deps all
 	BIN=$(BIN) tests/demo.sh
