@@ -6,10 +6,14 @@
  * timestamp — and copies this thread's error lines into an active
  * capture, so that a failed mount answers with the reason that was
  * logged ("image docker://…: manifest not found") instead of an errno.
+ * When stderr is systemd's journal (JOURNAL_STREAM names it), each line
+ * starts with its syslog priority ("<3>" for errors), which the journal
+ * turns into the entry's level.
  */
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 #include <fuse_log.h>
@@ -17,6 +21,7 @@
 #include "ferryd.h"
 
 static bool log_stamps;
+static bool log_journal;
 static bool log_at_bol = true; /* under the stream's lock */
 static _Thread_local struct log_capture *log_cur;
 
@@ -59,6 +64,34 @@ static void capture(struct log_capture *c, const char *buf, size_t size)
 	}
 }
 
+/* The syslog priority of the ferry_log line starting at @p. */
+static int journal_priority(const char *p, size_t len)
+{
+	static const struct {
+		const char *prefix;
+		int prio;
+	} levels[] = { { "ferry: error: ", 3 }, { "ferry: warning: ", 4 },
+		       { "ferry: debug: ", 7 } };
+	size_t i;
+
+	for (i = 0; i < ARRAY_SIZE(levels); i++)
+		if (len >= strlen(levels[i].prefix) &&
+		    !memcmp(p, levels[i].prefix, strlen(levels[i].prefix)))
+			return levels[i].prio;
+	return 6; /* info */
+}
+
+/* systemd sets JOURNAL_STREAM=DEV:INO for the stream it connects to stderr. */
+static bool stderr_is_journal(void)
+{
+	const char *js = getenv("JOURNAL_STREAM");
+	unsigned long long dev, ino;
+	struct stat st;
+
+	return js && sscanf(js, "%llu:%llu", &dev, &ino) == 2 &&
+	       !fstat(STDERR_FILENO, &st) && st.st_dev == dev && st.st_ino == ino;
+}
+
 static ssize_t log_write(void *cookie, const char *buf, size_t size)
 {
 	char out[16384 + 64];
@@ -68,6 +101,8 @@ static ssize_t log_write(void *cookie, const char *buf, size_t size)
 	if (log_cur)
 		capture(log_cur, buf, size);
 	for (i = 0; i < size; i++) {
+		if (log_at_bol && log_journal)
+			o += (size_t)snprintf(out + o, 8, "<%d>", journal_priority(buf + i, size - i));
 		if (log_at_bol && log_stamps) {
 			struct timespec ts;
 			struct tm tm;
@@ -116,6 +151,7 @@ int log_init(bool timestamps)
 	/* Line buffered: one write per ferry_log line, in the caller's thread. */
 	setvbuf(f, NULL, _IOLBF, 16384);
 	log_stamps = timestamps;
+	log_journal = stderr_is_journal();
 	stderr = f;
 	fuse_set_log_func(fuse_log_fn);
 	return 0;

@@ -146,7 +146,28 @@ expect "and names both paths" grep -q "listens on $FDIR/other.sock, not on $FSOC
 lazy_use notours
 check "LISTEN_PID of another process: ferryd listens on its own socket" \
 	env LISTEN_PID=1 LISTEN_FDS=1 "$FERRYD" --socket "$FSOCK" --idle-timeout 1
-expect "and answers there" "$FERRY" daemon status --socket "$FSOCK"
+expect "and answers there" bash -c '"$0" daemon status --socket "$1" >/dev/null' "$FERRY" "$FSOCK"
+
+# Under systemd, stderr is the journal (JOURNAL_STREAM=DEV:INO names it):
+# each line then carries its syslog priority.
+lazy_use journal
+J=$FDIR/journal.log
+: >"$J"
+(
+	exec 2>>"$J"
+	JOURNAL_STREAM=$(stat -c %d:%i "$J") exec "$FERRYD" -f --socket "$FSOCK" --idle-timeout 2
+) &
+jpid=$!
+poll 10 test -S "$FSOCK"
+mkdir -p "$SCRATCH/m-j"
+check_exit "a mount of a missing image fails" 1 "$FERRY" mount --mode fuse --socket "$FSOCK" \
+	--cache-dir "$FCACHE" "docker://$REG/ferry/nosuch:1" "$SCRATCH/m-j"
+expect "journal: info lines carry <6>" grep -q '^<6>ferry: info: ferryd .* listening on' "$J"
+expect "journal: error lines carry <3>" grep -q '^<3>ferry: error: ' "$J"
+expect "journal: every line starts with a priority" bash -c '! grep -qv "^<[0-7]>" "$0"' "$J"
+expect "the journal-logging ferryd exits when idle" wait_gone 8 "$jpid"
+expect "without JOURNAL_STREAM no priorities (the -f log of the socket-activated ferryd)" \
+	bash -c '! grep -q "^<[0-7]>" "$0"' "$SCRATCH/sd.err"
 
 D=$SCRATCH/units
 mkdir -p "$D"
