@@ -29,22 +29,10 @@ set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 set_name=${FERRY_LAZY_SET:-big}
 . "$top/bench/lib.sh"
-mkdir -p "$data"
-work=$(mktemp -d "$data/lazy.XXXXXX")
+bench_workdir lazy
 sock=$work/ferryd.sock
 fsock=$work/ferryd-fanotify.sock # warm fanotify mounts: their own daemon and RSS
 nsock=$work/ferryd-nora.sock     # a FUSE mount without directory readahead
-reg_pid=
-cleanup() {
-	local m
-	for m in $(awk -v w="$work/" 'index($5, w) == 1 { print $5 }' /proc/self/mountinfo | sort -r); do
-		umount "$m" 2>/dev/null || umount -l "$m"
-	done
-	pkill -f "ferryd.*($sock|$fsock|$nsock)" 2>/dev/null || true
-	[ -n "$reg_pid" ] && kill "$reg_pid" 2>/dev/null
-	rm -rf "$work"
-}
-trap cleanup EXIT
 
 drop_caches() { "$top/bench/prepare.sh"; }
 now() { date +%s.%N; }
@@ -71,17 +59,7 @@ print(sum(x[sys.argv[1]] for x in m))' "$1"
 dataset "$set_name"
 tar=$data/$set_name.tar gz=$data/$set_name.tar.gz ref=$data/$set_name.ref
 
-read -r port reg_pid < <("$top/tests/tools/start-registry.sh" "$work/registry")
-reg=127.0.0.1:$port
-
-# The source image: one gzip layer, as a registry would hold it.
-umoci init --layout "$work/src" >/dev/null
-umoci new --image "$work/src:1" >/dev/null
-# umoci compresses the tar with gzip itself.
-umoci raw add-layer --image "$work/src:1" "$tar" >/dev/null
-skopeo copy --quiet --dest-tls-verify=false "oci:$work/src:1" "docker://$reg/src/$set_name:1"
-"$ferry" convert -q "docker://$reg/src/$set_name:1" "docker://$reg/ferry/$set_name:1"
-image=docker://$reg/ferry/$set_name:1
+bench_image "$set_name"
 total=$("$ferry" inspect --json "$image" | python3 -c '
 import json, sys
 print(sum(b["size"] for b in json.load(sys.stdin)["blobs"]))')

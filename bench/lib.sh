@@ -51,3 +51,38 @@ out.close()
 PY
 	mv "$data/gib.tmp.tar.gz" "$data/gib.tar.gz"
 }
+
+# bench_workdir NAME: a fresh $work under $data, removed on exit with every
+# mount under it, every ferryd whose socket is in it, and the registry of
+# bench_image.
+bench_workdir() {
+	mkdir -p "$data"
+	work=$(mktemp -d "$data/$1.XXXXXX")
+	reg_pid=
+	trap bench_cleanup EXIT
+}
+bench_cleanup() {
+	local m
+	for m in $(awk -v w="$work/" 'index($5, w) == 1 { print $5 }' /proc/self/mountinfo | sort -r); do
+		umount "$m" 2>/dev/null || umount -l "$m"
+	done
+	pkill -f "ferryd.*$work/" 2>/dev/null || true
+	[ -n "$reg_pid" ] && kill "$reg_pid" 2>/dev/null
+	rm -rf "$work"
+}
+
+# bench_image SET: a docker-registry in $work ($reg, $reg_pid) holding
+# dataset SET as a one-layer gzip image (docker://$reg/src/SET:1, as a
+# registry would hold it) and its ferry conversion ($image).
+bench_image() {
+	local port
+	read -r port reg_pid < <("$top/tests/tools/start-registry.sh" "$work/registry")
+	reg=127.0.0.1:$port
+	umoci init --layout "$work/src" >/dev/null
+	umoci new --image "$work/src:1" >/dev/null
+	# umoci compresses the tar with gzip itself.
+	umoci raw add-layer --image "$work/src:1" "$data/$1.tar" >/dev/null
+	skopeo copy --quiet --dest-tls-verify=false "oci:$work/src:1" "docker://$reg/src/$1:1"
+	"$ferry" convert -q "docker://$reg/src/$1:1" "docker://$reg/ferry/$1:1"
+	image=docker://$reg/ferry/$1:1
+}

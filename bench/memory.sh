@@ -12,31 +12,10 @@ set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 set_name=${FERRY_MEMORY_SET:-big}
 . "$top/bench/lib.sh"
-mkdir -p "$data"
-work=$(mktemp -d "$data/memory.XXXXXX")
+bench_workdir memory
 sock=$work/ferryd.sock
-reg_pid=
-cleanup() {
-	local m
-	for m in $(awk -v w="$work/" 'index($5, w) == 1 { print $5 }' /proc/self/mountinfo | sort -r); do
-		umount "$m" 2>/dev/null || umount -l "$m"
-	done
-	pkill -f "ferryd.*$sock" 2>/dev/null || true
-	[ -n "$reg_pid" ] && kill "$reg_pid" 2>/dev/null
-	rm -rf "$work"
-}
-trap cleanup EXIT
-
 dataset "$set_name"
-tar=$data/$set_name.tar
-read -r port reg_pid < <("$top/tests/tools/start-registry.sh" "$work/registry")
-reg=127.0.0.1:$port
-umoci init --layout "$work/src" >/dev/null
-umoci new --image "$work/src:1" >/dev/null
-umoci raw add-layer --image "$work/src:1" "$tar" >/dev/null
-skopeo copy --quiet --dest-tls-verify=false "oci:$work/src:1" "docker://$reg/src/$set_name:1"
-"$ferry" convert -q "docker://$reg/src/$set_name:1" "docker://$reg/ferry/$set_name:1"
-image=docker://$reg/ferry/$set_name:1
+bench_image "$set_name"
 
 mib() { awk -v b="$1" 'BEGIN { printf "%.1f", b / 1048576 }'; }
 field() { "$ferry" daemon status --json --socket "$sock" | python3 -c '
