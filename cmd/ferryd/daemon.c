@@ -299,7 +299,7 @@ static int activated_socket(const char *socket_path, int *fd)
 			  (int)sizeof(sa.sun_path), sa.sun_path, socket_path);
 		return -EINVAL;
 	}
-	if (fcntl(3, F_SETFD, FD_CLOEXEC) || fcntl(3, F_SETFL, O_NONBLOCK | O_RDWR)) {
+	if (fcntl(3, F_SETFD, FD_CLOEXEC) || fcntl(3, F_SETFL, O_NONBLOCK)) {
 		ferry_err("socket from systemd: %s", strerror(errno));
 		return -errno;
 	}
