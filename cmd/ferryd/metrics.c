@@ -167,8 +167,10 @@ int metrics_text(char **out)
 	M("ferryd_present_chunks", "gauge", "Chunks of the image's blobs present in the chunk cache.",
 	  chunks_present);
 	M("ferryd_chunks", "gauge", "Chunks of the image's blobs.", chunks_total);
-	M("ferryd_cache_hits_total", "counter", "Chunk ranges of demand reads (one per chunk touched) found present.", hits);
-	M("ferryd_cache_misses_total", "counter", "Chunk ranges of demand reads that had to be fetched.", misses);
+	M("ferryd_cache_hits_total", "counter",
+	  "Chunk ranges of demand reads (one per chunk touched) found present.", hits);
+	M("ferryd_cache_misses_total", "counter",
+	  "Chunk ranges of demand reads that had to be fetched.", misses);
 	M("ferryd_fetch_errors_total", "counter",
 	  "Demand reads that failed (registry down, corrupt chunk: the reader got EIO).",
 	  fetch_errors);
