@@ -85,6 +85,14 @@ static void mount_help(void)
 	       "  --prefetch-bwlimit RATE  prefetch bytes per second, e.g. 10M\n"
 	       "                    (K/M/G are binary units; default unlimited).\n"
 	       "                    Reads by programs always go first\n"
+	       "  --cache-max-size SIZE  keep the cache directory's blobs within SIZE\n"
+	       "                    (e.g. 10G): ferryd evicts the least recently used\n"
+	       "                    data and fetches it again when read; --mode local\n"
+	       "                    mounts' blobs are never evicted (default: ferryd's\n"
+	       "                    --cache-max-size; holds for the directory's later\n"
+	       "                    mounts too)\n"
+	       "  --cache-min-free PCT  also evict while the cache's file system has\n"
+	       "                    less than PCT %% free (default: ferryd's, 10)\n"
 	       "  -f, --foreground  run a ferryd in the foreground hosting this mount,\n"
 	       "                    logging to stderr, until it is unmounted or gets\n"
 	       "                    SIGINT/SIGTERM (fails if a ferryd already serves\n"
@@ -143,6 +151,8 @@ struct fuse_args_in {
 	const char *domain;
 	bool prefetch_all, foreground, suid, dev;
 	uint64_t bwlimit;
+	uint64_t max_size; /* 0: ferryd's */
+	int64_t min_free;  /* -1: ferryd's */
 	struct regopts *ro;
 };
 
@@ -180,6 +190,8 @@ static int mount_fuse(const struct fuse_args_in *a)
 	r.mode = a->mode;
 	r.domain = a->domain;
 	r.prefetch_bwlimit = a->bwlimit;
+	r.cache_max_size = a->max_size;
+	r.cache_min_free = a->min_free;
 	r.suid = a->suid;
 	r.dev = a->dev;
 	r.fetch = a->ro->fetch;
@@ -353,6 +365,8 @@ enum {
 	OPT_SUID,
 	OPT_DEV,
 	OPT_DOMAIN,
+	OPT_CACHE_MAX,
+	OPT_CACHE_MIN_FREE,
 };
 
 static int mount_local(const char *ref, const char *target, const char *cache_dir,
@@ -388,11 +402,14 @@ int cmd_mount(int argc, char **argv)
 		{ "suid", no_argument, NULL, OPT_SUID },
 		{ "dev", no_argument, NULL, OPT_DEV },
 		{ "domain", required_argument, NULL, OPT_DOMAIN },
+		{ "cache-max-size", required_argument, NULL, OPT_CACHE_MAX },
+		{ "cache-min-free", required_argument, NULL, OPT_CACHE_MIN_FREE },
 		{ "help", no_argument, NULL, 'h' },
 		REGISTRY_LONGOPTS,
 		{ 0 },
 	};
-	struct fuse_args_in a = { .socket_path = ctl_default_socket() };
+	struct fuse_args_in a = { .socket_path = ctl_default_socket(), .min_free = -1 };
+	uint64_t v;
 	struct regopts ro;
 	const char *mode = NULL;
 	bool list = false, json = false, fuse_only = false;
@@ -426,6 +443,19 @@ int cmd_mount(int argc, char **argv)
 			if (parse_rate(optarg, &a.bwlimit))
 				return usage_error("mount", "--prefetch-bwlimit %s: expected bytes per second, e.g. 10M",
 						   optarg);
+			fuse_only = true;
+			break;
+		case OPT_CACHE_MAX:
+			if (parse_size(optarg, &a.max_size) || !a.max_size)
+				return usage_error("mount", "--cache-max-size %s: expected a size, e.g. 10G",
+						   optarg);
+			fuse_only = true;
+			break;
+		case OPT_CACHE_MIN_FREE:
+			if (parse_size(optarg, &v) || v > 99)
+				return usage_error("mount", "--cache-min-free %s: expected 0..99 (%% of the file system)",
+						   optarg);
+			a.min_free = (int64_t)v;
 			fuse_only = true;
 			break;
 		case 'f':
