@@ -321,7 +321,9 @@ int blob_cache_dir(const char *cache_dir, const char *sub, bool create,
 /*
  * Open (creating when missing) the cache files of the blob @info in
  * @cache_dir. @info (with its chunk table, as the bootstrap's blob index
- * gives it) must outlive the handle. A map file whose header disagrees
+ * gives it) is copied. Opening a blob this process has open already (same
+ * @cache_dir string, digest and table) returns that handle, counted: each
+ * open needs its blob_cache_close. A map file whose header disagrees
  * with @info (a damaged or truncated file) is discarded with a warning
  * and the blob starts empty — unless another handle has it open, then
  * -EFSCORRUPTED with a message naming the file. A handle's locks belong

@@ -136,10 +136,11 @@ static uint32_t cache_clock_ms(void)
 
 /*
  * Frames @fa..@fb are used now: one store per frame whose stamp moves.
- * The fence orders the stamps before the caller's look at the marks;
- * evict_blob clears marks, fences, then looks at the stamps, so one of
- * the two sees the other (a kernel reader allowed in after a present
- * check holds no lock that could keep the evictor out).
+ * For a blob the kernel reads, the fence orders the stamps before the
+ * caller's look at the marks; evict_blob clears marks, fences, then looks
+ * at the stamps, so one of the two sees the other (a kernel reader allowed
+ * in after a present check holds no lock that could keep the evictor out;
+ * other readers hold the readers lock instead).
  */
 static void touch_frames(const struct blob_cache_blob *b, uint32_t fa,
 			 uint32_t fb)
@@ -149,7 +150,8 @@ static void touch_frames(const struct blob_cache_blob *b, uint32_t fa,
 	for (fr = fa; fr <= fb; fr++)
 		if (__atomic_load_n(&b->stamp[fr], __ATOMIC_RELAXED) != now)
 			__atomic_store_n(&b->stamp[fr], now, __ATOMIC_RELAXED);
-	__atomic_thread_fence(__ATOMIC_SEQ_CST);
+	if (__atomic_load_n(&b->kernel_reads, __ATOMIC_RELAXED))
+		__atomic_thread_fence(__ATOMIC_SEQ_CST);
 }
 
 /* ------------------------------------------------------------------ */

@@ -51,13 +51,6 @@ void evict_marks_unlock(void)
 	pthread_mutex_unlock(&marks_lock);
 }
 
-static void sleep_ms(unsigned int ms)
-{
-	struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000 };
-
-	nanosleep(&ts, NULL);
-}
-
 /* For ferry cache ls: at once when asked, else at most once a second. */
 static void record(struct evict_dir *d, const struct blob_cache_limit *lim, bool now)
 {
@@ -109,13 +102,14 @@ static void enforce(struct evict_dir *d, const struct blob_cache_limit *lim)
 
 static void *evict_main(void *arg)
 {
+	static const struct timespec tick = { 0, EVICT_POLL_MS * 1000000L };
 	uint64_t seen = blob_cache_filled(), now;
 	unsigned int idle = 0;
 	struct evict_dir *d;
 
 	(void)arg;
 	for (;;) {
-		sleep_ms(EVICT_POLL_MS);
+		nanosleep(&tick, NULL);
 		now = blob_cache_filled();
 		if (now == seen && (idle += EVICT_POLL_MS) < EVICT_IDLE_MS)
 			continue;
