@@ -1489,14 +1489,16 @@ int cache_evict_open(const char *cache_dir, uint64_t want,
 				now - __atomic_load_n(&b->stamp[fr], __ATOMIC_RELAXED) };
 		}
 	}
-	qsort(v, nr, sizeof(*v), victim_age_cmp);
+	if (nr)
+		qsort(v, nr, sizeof(*v), victim_age_cmp);
 	for (take = 0; take < nr && sum < want; take++) {
 		uint64_t start, len;
 
 		frame_span(v[take].b, v[take].frame, &start, &len);
 		sum += len;
 	}
-	qsort(v, take, sizeof(*v), victim_blob_cmp);
+	if (take)
+		qsort(v, take, sizeof(*v), victim_blob_cmp);
 	frames = malloc(MAX(take, (size_t)1) * sizeof(*frames));
 	if (!frames && !ret)
 		ret = -ENOMEM;

@@ -1333,7 +1333,8 @@ int blob_cache_enforce(const char *cache_dir, const struct blob_cache_limit *lim
 			continue;
 		idle[nr_idle++].used = st.st_mtime;
 	}
-	qsort(idle, nr_idle, sizeof(*idle), idle_cmp);
+	if (nr_idle)
+		qsort(idle, nr_idle, sizeof(*idle), idle_cmp);
 	for (i = 0; i < nr_idle && r->freed_idle < want; i++)
 		r->freed_idle += drop_idle(dir, idle[i].hex);
 	if (r->freed_idle < want)
