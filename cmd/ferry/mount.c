@@ -108,7 +108,7 @@ static void mount_help(void)
 	       "                    \"suid\",\"dev\",\"state\",\n"
 	       "                    \"mountedAt\",\"bytesRead\",\"bytesFetched\",\n"
 	       "                    \"bytesPrefetched\",\"chunksPresent\",\"chunksTotal\",\n"
-	       "                    \"bytesPresent\",\"prefetch\",\"prefetchFiles\",\n"
+	       "                    \"bytesPresent\",\"bytesEvicted\",\"prefetch\",\"prefetchFiles\",\n"
 	       "                    \"prefetchSeconds\",\"readaheadFiles\",\"readaheadBytes\"}]};\n"
 	       "                    no ferryd running: no mounts\n"
 	       "  -h, --help        this help\n\n"
@@ -274,6 +274,9 @@ static void print_mounts(const struct ctl_mount_stats *mounts, size_t n)
 		       (unsigned long long)m->bytes_prefetched, chunks, m->image);
 		if (m->mode_reason[0])
 			printf("  mode auto: %s\n", m->mode_reason);
+		if (m->bytes_evicted)
+			printf("  evicted by the cache size limit: %llu bytes of its blobs\n",
+			       (unsigned long long)m->bytes_evicted);
 	}
 }
 
