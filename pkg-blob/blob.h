@@ -395,6 +395,7 @@ struct blob_cache_limit {
 };
 struct blob_cache_enforce_report {
 	uint64_t usage;      /* allocated bytes of DIR/blobs before */
+	uint64_t want;       /* bytes it set out to free (0: within the limits) */
 	uint64_t freed_gc;   /* blobs no image record names, removed */
 	uint64_t freed_idle; /* blobs no process has open, emptied */
 	uint64_t freed_open; /* LRU frames of blobs only this process has open */

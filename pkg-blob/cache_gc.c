@@ -1304,6 +1304,7 @@ int blob_cache_enforce(const char *cache_dir, const struct blob_cache_limit *lim
 			want = MAX(want, floor -
 				   (uint64_t)sv.f_bavail * sv.f_frsize);
 	}
+	r->want = want;
 	if (!want)
 		return 0;
 	ret = prepare ? prepare(arg) : 0;

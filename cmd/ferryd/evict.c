@@ -18,6 +18,8 @@
 #define EVICT_POLL_MS 10
 /* ...and at most this long between looks when nothing is filled here. */
 #define EVICT_IDLE_MS 1000
+/* After a look that found nothing it may evict (all pinned, in use or recent). */
+#define EVICT_BACKOFF_NS (200 * 1000000ull)
 
 struct evict_dir {
 	struct evict_dir *next;
@@ -26,6 +28,7 @@ struct evict_dir {
 	uint64_t evicted;      /* bytes freed here, ever */
 	uint64_t recorded;     /* evicted as last recorded for ferry cache ls */
 	uint64_t recorded_ns;  /* when */
+	uint64_t next_ns;      /* eviction thread only: no look before */
 };
 
 static pthread_mutex_t dirs_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -86,6 +89,9 @@ static void enforce(struct evict_dir *d, const struct blob_cache_limit *lim)
 	ret = blob_cache_enforce(d->path, lim, prepare, d->path, &r);
 	evict_marks_unlock();
 	freed = r.freed_gc + r.freed_idle + r.freed_open;
+	/* Over, and nothing could go: do not rescan the cache every tick. */
+	if (r.want && !freed)
+		d->next_ns = ferry_now_ns() + EVICT_BACKOFF_NS;
 	if (ret)
 		ferry_warn("chunk cache %s: eviction: %s", d->path, ferry_strerror(ret));
 	if (!freed)
@@ -125,7 +131,8 @@ static void *evict_main(void *arg)
 			pthread_mutex_lock(&dirs_lock);
 			lim = d->lim;
 			pthread_mutex_unlock(&dirs_lock);
-			if (lim.max_size || lim.min_free_pct)
+			if ((lim.max_size || lim.min_free_pct) &&
+			    ferry_now_ns() >= d->next_ns)
 				enforce(d, &lim);
 			record(d, &lim, false); /* the last evictions' total */
 		}
