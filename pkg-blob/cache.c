@@ -1342,7 +1342,7 @@ static int evict_blob(struct blob_cache_blob *b, uint32_t *fr, uint32_t n,
 		      uint64_t *freed)
 {
 	uint8_t zeros[4096] = { 0 };
-	uint32_t now, i, k = 0, c;
+	uint32_t now, i, k = 0, c, locked = 0;
 	uint64_t bytes = 0, start, len;
 	int ret, err = 0;
 
@@ -1382,7 +1382,17 @@ static int evict_blob(struct blob_cache_blob *b, uint32_t *fr, uint32_t n,
 	pthread_mutex_unlock(&b->lock);
 	pthread_rwlock_unlock(&readers_lock);
 
-	/* Marks first, durably: a crash then leaves bytes without a mark. */
+	/*
+	 * Marks first, durably: a crash then leaves bytes without a mark.
+	 * Under the fillers' OFD locks over the marks (ascending, as theirs),
+	 * so ferry cache verify, which takes them too, never hashes a slot
+	 * being punched under a mark it still sees.
+	 */
+	for (locked = 0; locked < k && !err; locked++)
+		err = map_lock(b, F_WRLCK, b->frames[fr[locked]].first,
+			       b->frames[fr[locked]].count);
+	if (err)
+		locked--;
 	for (i = 0; i < k && !err; i++) {
 		c = b->frames[fr[i]].first;
 		for (uint32_t done = 0; done < b->frames[fr[i]].count && !err;) {
@@ -1410,6 +1420,8 @@ static int evict_blob(struct blob_cache_blob *b, uint32_t *fr, uint32_t n,
 				  ferry_strerror(err));
 		}
 	}
+	for (i = 0; i < locked; i++)
+		map_lock(b, F_UNLCK, b->frames[fr[i]].first, b->frames[fr[i]].count);
 	if (!err) {
 		*freed += bytes;
 		__atomic_fetch_add(&b->evicted, bytes, __ATOMIC_RELAXED);
