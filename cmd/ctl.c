@@ -193,6 +193,7 @@ static const char *const op_names[] = {
 void ctl_mount_req_init(struct ctl_mount_req *r)
 {
 	memset(r, 0, sizeof(*r));
+	r->cache_min_free = -1;
 	fetch_opts_init(&r->fetch);
 }
 
@@ -216,6 +217,12 @@ struct json_object *ctl_mount_req_to_json(const struct ctl_mount_req *r)
 	ok &= json_add(o, "prefetchAll", json_object_new_boolean(r->prefetch_all));
 	ok &= json_add(o, "prefetchBwlimit",
 		  json_object_new_int64((int64_t)MIN(r->prefetch_bwlimit, (uint64_t)INT64_MAX)));
+	if (r->cache_max_size)
+		ok &= json_add(o, "cacheMaxSize", json_object_new_int64(
+			(int64_t)MIN(r->cache_max_size, (uint64_t)INT64_MAX)));
+	if (r->cache_min_free >= 0)
+		ok &= json_add(o, "cacheMinFree",
+			       json_object_new_int64(r->cache_min_free));
 	ok &= json_add(o, "suid", json_object_new_boolean(r->suid));
 	ok &= json_add(o, "dev", json_object_new_boolean(r->dev));
 	ok &= json_add(o, "fetch", fetch_to_json(&r->fetch));
@@ -254,6 +261,12 @@ int ctl_mount_req_parse(struct json_object *o, struct ctl_mount_req *r,
 	if (!ret)
 		ret = json_read_u64(o, "prefetchBwlimit", INT64_MAX,
 				    &r->prefetch_bwlimit, err, errlen);
+	if (!ret)
+		ret = json_read_u64(o, "cacheMaxSize", INT64_MAX,
+				    &r->cache_max_size, err, errlen);
+	if (!ret)
+		ret = json_read_s64(o, "cacheMinFree", 0, 99, &r->cache_min_free,
+				    err, errlen);
 	if (!ret)
 		ret = json_read_bool(o, "suid", &r->suid, err, errlen);
 	if (!ret)
@@ -511,6 +524,7 @@ struct json_object *ctl_mount_stats_to_json(const struct ctl_mount_stats *m)
 	ok &= add_u64(o, "chunksPresent", m->chunks_present);
 	ok &= add_u64(o, "chunksTotal", m->chunks_total);
 	ok &= add_u64(o, "bytesPresent", m->bytes_present);
+	ok &= add_u64(o, "bytesEvicted", m->bytes_evicted);
 	ok &= json_add_str(o, "prefetch", m->prefetch);
 	ok &= add_u64(o, "prefetchFiles", m->prefetch_files);
 	ok &= add_u64(o, "readaheadFiles", m->readahead_files);
@@ -548,6 +562,7 @@ static int parse_stats(struct json_object *o, struct ctl_mount_stats *m, char *e
 		C("bytesRead", bytes_read), C("bytesFetched", bytes_fetched),
 		C("bytesPrefetched", bytes_prefetched), C("chunksPresent", chunks_present),
 		C("chunksTotal", chunks_total), C("bytesPresent", bytes_present),
+		C("bytesEvicted", bytes_evicted),
 		C("prefetchFiles", prefetch_files), C("readaheadFiles", readahead_files),
 		C("readaheadBytes", readahead_bytes), C("cacheHits", hits),
 		C("cacheMisses", misses), C("fetchErrors", fetch_errors), C("inFlight", inflight),

@@ -18,6 +18,9 @@
  *                at most 64 bytes, checked by the kernel mount; absent:
  *                none),
  *    "prefetchFiles":[PATH...],"prefetchAll":BOOL,"prefetchBwlimit":N,
+ *    "cacheMaxSize":N (bytes; absent or 0: ferryd's --cache-max-size),
+ *    "cacheMinFree":N (0..99 %; absent: ferryd's --cache-min-free)
+ *                (the limits of cacheDir from then on, for every mount),
  *    "suid":BOOL,"dev":BOOL (honour setuid bits / device nodes; default
  *                 false: mounted nosuid,nodev),
  *    "record":ABS (fuse: append each file read for the first time to
@@ -38,8 +41,9 @@
  *         auto: the mode chosen and why the ones before it were not),
  *         "state","mountedAt","bytesRead",
  *         "bytesFetched","bytesPrefetched","chunksPresent","chunksTotal",
- *         "bytesPresent","prefetch","prefetchFiles","readaheadFiles",
- *         "readaheadBytes","prefetchSeconds","cacheHits","cacheMisses",
+ *         "bytesPresent","bytesEvicted","prefetch","prefetchFiles",
+ *         "readaheadFiles","readaheadBytes","prefetchSeconds","cacheHits",
+ *         "cacheMisses",
  *         "fetchErrors","inFlight","missNanoseconds","missLatencyMs":[N x 12] (per
  *         bucket of IMAGE_LATENCY_BOUNDS_MS, the last one unbounded),
  *         "registryRequests","registryRetries"}],
@@ -145,6 +149,8 @@ struct ctl_mount_req {
 	bool adopt;                /* ferryd only, never sent: take over the
 				    * mount already there (cachefiles failover) */
 	uint64_t prefetch_bwlimit; /* bytes per second, 0 = unlimited */
+	uint64_t cache_max_size;   /* the cache's limit, 0 = ferryd's */
+	int64_t cache_min_free;    /* % of the file system kept free, -1 = ferryd's */
 	bool suid, dev;            /* trusted image: no nosuid / nodev */
 	struct fetch_opts fetch;   /* parsed: every list non-NULL */
 	struct json_object *root;  /* parsed requests only */
@@ -234,6 +240,7 @@ struct ctl_mount_stats {
 	int64_t mounted_at;               /* unix seconds */
 	uint64_t bytes_read, bytes_fetched, bytes_prefetched;
 	uint64_t chunks_present, chunks_total, bytes_present;
+	uint64_t bytes_evicted;           /* of its blobs, by eviction */
 	uint64_t prefetch_files, readahead_files, readahead_bytes;
 	uint64_t prefetch_ms;             /* prefetch's duration when finished */
 	/* Demand reads (image_cache_stats): */

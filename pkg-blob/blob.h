@@ -321,7 +321,9 @@ int blob_cache_dir(const char *cache_dir, const char *sub, bool create,
 /*
  * Open (creating when missing) the cache files of the blob @info in
  * @cache_dir. @info (with its chunk table, as the bootstrap's blob index
- * gives it) must outlive the handle. A map file whose header disagrees
+ * gives it) is copied. Opening a blob this process has open already (same
+ * @cache_dir string, digest and table) returns that handle, counted: each
+ * open needs its blob_cache_close. A map file whose header disagrees
  * with @info (a damaged or truncated file) is discarded with a warning
  * and the blob starts empty — unless another handle has it open, then
  * -EFSCORRUPTED with a message naming the file. A handle's locks belong
@@ -362,6 +364,55 @@ int blob_cache_ensure(struct blob_cache_blob *b, uint64_t uoff, uint64_t len,
 /* Chunks and uncompressed bytes present now. */
 void blob_cache_usage(const struct blob_cache_blob *b, uint32_t *chunks,
 		      uint64_t *bytes);
+/* Uncompressed bytes of @b evicted by this process (blob_cache_enforce). */
+uint64_t blob_cache_evicted(const struct blob_cache_blob *b);
+
+/*
+ * Eviction (docs/ARCHITECTURE.md, "Cache size limit"). Opening a blob
+ * twice in a process gives the same shared handle (counted), so marks
+ * taken back by eviction are taken back for every reader of the process.
+ *
+ * A reader that uses the data file's bytes after checking their marks
+ * (pread, or a splice handed to the kernel) brackets check and use with
+ * blob_cache_read_begin/_end: eviction takes marks back only while no
+ * reader is inside. One process-wide lock, held for reading, never while
+ * fetching, never nested; a waiting evictor holds back new readers.
+ */
+void blob_cache_read_begin(void);
+void blob_cache_read_end(void);
+/*
+ * The kernel reads @b's data file after a present check, outside any
+ * lock of ours (fanotify mode): its frames are evicted only once unused
+ * for longer (250 ms instead of 100 ms).
+ */
+void blob_cache_kernel_reads(struct blob_cache_blob *b);
+/* Uncompressed bytes this process made present so far (monotonic). */
+uint64_t blob_cache_filled(void);
+
+struct blob_cache_limit {
+	uint64_t max_size;         /* bytes of DIR/blobs, 0 = none */
+	unsigned int min_free_pct; /* of the file system, 0 = none */
+};
+struct blob_cache_enforce_report {
+	uint64_t usage;      /* allocated bytes of DIR/blobs before */
+	uint64_t want;       /* bytes it set out to free (0: within the limits) */
+	uint64_t freed_gc;   /* blobs no image record names, removed */
+	uint64_t freed_idle; /* blobs no process has open, emptied */
+	uint64_t freed_open; /* LRU frames of blobs only this process has open */
+};
+/*
+ * Keep @cache_dir within @lim: when DIR/blobs holds more than max_size
+ * bytes, or the file system has less than min_free_pct free, free down
+ * to 15/16 of the limit: gc first, then empty the blobs nobody has open
+ * (oldest map first), then evict the least recently used frames of the
+ * blobs this process alone has open. Pinned blobs (--mode local) and
+ * blobs another process has open are never touched. @prepare (may be
+ * NULL) runs first, only when something is to be freed; its error stops
+ * the eviction. 0 or -errno.
+ */
+int blob_cache_enforce(const char *cache_dir, const struct blob_cache_limit *lim,
+		       int (*prepare)(void *arg), void *arg,
+		       struct blob_cache_enforce_report *r);
 
 /*
  * Record that the image with manifest (or bootstrap) digest @image_digest,
@@ -405,11 +456,22 @@ struct blob_cache_image {
 	uint32_t nr_blobs;
 };
 struct blob_cache_list {
+	uint64_t usage;         /* allocated bytes of DIR/blobs (what limits count) */
+	bool limited;           /* a ferryd keeps the cache within: */
+	uint64_t max_size;      /* 0: none */
+	unsigned int min_free_pct;
+	uint64_t evicted;       /* bytes it freed so far (that ferryd's run) */
 	struct blob_cache_entry *blobs;
 	uint32_t nr_blobs;
 	struct blob_cache_image *images;
 	uint32_t nr_images;
 };
+/*
+ * Say in @cache_dir that a ferryd keeps it within @lim and has freed
+ * @evicted bytes so far (blob_cache_list reads it back). 0 or -errno.
+ */
+int blob_cache_record_limit(const char *cache_dir,
+			    const struct blob_cache_limit *lim, uint64_t evicted);
 /* Everything in the cache; a missing cache directory is an empty list. */
 int blob_cache_list(const char *cache_dir, struct blob_cache_list *out);
 void blob_cache_list_free(struct blob_cache_list *l);

@@ -101,6 +101,8 @@ int blob_table_parse(const void *buf, size_t len, struct blob_info *info,
 #define CACHE_IMAGES_DIR "images"
 /* Records of kernel mounts (--mode local) using blobs, kept while mounted. */
 #define CACHE_PINS_DIR "pins"
+/* ferryd's limits for the cache and what it evicted (blob_cache_record_limit). */
+#define CACHE_LIMIT_FILE "limit.json"
 /* The blob's chunk table (a one-blob blob index), for blob_cache_verify. */
 #define CACHE_INDEX_SUFFIX ".index"
 #define CACHE_HEX_LEN (2 * BLOB_DIGEST_SIZE)
@@ -119,5 +121,24 @@ int cache_map_header_decode(const uint8_t h[CACHE_MAP_HEADER_SIZE],
 			    struct cache_map_header *mh, const char **why);
 /* flock, retried on EINTR: 0 or -errno. */
 int cache_flock(int fd, int op);
+
+/*
+ * The map's users byte: every process with the blob open holds a read
+ * lock on it (OFD, so one per open file); an evictor write-locks it
+ * (without waiting: -EAGAIN while another process has the blob open), so
+ * an opener reads marks only once an eviction is complete.
+ */
+#define CACHE_MAP_USERS_BYTE 0
+int cache_users_lock(int map_fd, short type, bool wait);
+
+/*
+ * Evict about @want uncompressed bytes of the least recently used frames
+ * of the blobs in @cache_dir this process has open and no other has,
+ * skipping blobs @pinned says are pinned. *@freed grows by the bytes
+ * dropped. cache.c, for blob_cache_enforce.
+ */
+int cache_evict_open(const char *cache_dir, uint64_t want,
+		     bool (*pinned)(void *arg, const uint8_t *digest),
+		     void *arg, uint64_t *freed);
 
 #endif

@@ -23,6 +23,11 @@
 #define PREFETCH_STEP (4u << 20)
 /* How long prefetch waits, at most, for demand reads to drain per step. */
 #define PREFETCH_YIELD_MAX_MS 200
+/*
+ * A range evicted again between its fetch and its read is fetched again;
+ * the last try fetches inside the readers lock, which evictions wait for.
+ */
+#define EVICTED_RETRIES 8
 
 struct image_cache {
 	struct image *img;
@@ -148,11 +153,28 @@ int image_cache_ensure(struct image_cache *ic, uint32_t device_id,
 int image_cache_pread(struct image_cache *ic, uint32_t device_id, uint64_t uoff,
 		      void *buf, size_t len)
 {
-	int ret = image_cache_ensure(ic, device_id, uoff, len);
+	unsigned int tries = 0;
+	bool last, locked;
+	int ret;
 
-	if (!ret)
-		ret = pread_full(blob_cache_data_fd(ic->blobs[device_id - 1]), buf, len,
-				 uoff);
+	/* As image_cache_map: fetch, then read what is still present. */
+	do {
+		last = ++tries == EVICTED_RETRIES;
+		locked = last;
+		if (locked)
+			blob_cache_read_begin();
+		ret = image_cache_ensure(ic, device_id, uoff, len);
+		if (!ret && !locked) {
+			blob_cache_read_begin();
+			locked = true;
+		}
+		if (!ret)
+			ret = last || image_cache_present(ic, device_id, uoff, len) ?
+			      pread_full(blob_cache_data_fd(ic->blobs[device_id - 1]),
+					 buf, len, uoff) : -EAGAIN;
+		if (locked)
+			blob_cache_read_end();
+	} while (ret == -EAGAIN && !last);
 	if (!ret)
 		atomic_fetch_add(&ic->bytes_read, len);
 	return ret;
@@ -173,6 +195,14 @@ bool image_cache_blob_complete(const struct image_cache *ic, uint32_t device_id)
 		return false;
 	blob_cache_usage(ic->blobs[device_id - 1], &chunks, NULL);
 	return chunks == ic->img->blobs.blobs[device_id - 1].nr_chunks;
+}
+
+void image_cache_kernel_reads(struct image_cache *ic)
+{
+	uint32_t i;
+
+	for (i = 0; i < ic->nr_blobs; i++)
+		blob_cache_kernel_reads(ic->blobs[i]);
 }
 
 /*
@@ -250,17 +280,40 @@ ssize_t image_cache_map(struct image_cache *ic, const struct meta_stat *st,
 			uint64_t off, size_t len, struct image_extent *ext,
 			size_t max)
 {
+	unsigned int tries = 0;
 	ssize_t nr;
 	size_t i;
 
 	if (!S_ISREG(st->mode) || !st->nr_chunks)
 		return -EINVAL;
 	atomic_fetch_add(&ic->demand_inflight, 1);
-	nr = map_chunked(ic, st, off, len, ext, max, true);
+	/* Fetch without the readers lock, then check under it. */
+	for (;;) {
+		bool last = ++tries == EVICTED_RETRIES;
+
+		if (last)
+			blob_cache_read_begin();
+		nr = map_chunked(ic, st, off, len, ext, max, true);
+		if (nr < 0 || last)
+			break;
+		blob_cache_read_begin();
+		nr = map_chunked(ic, st, off, len, ext, max, false);
+		if (nr != -EAGAIN)
+			break;
+		blob_cache_read_end();
+	}
+	if (nr < 0)
+		blob_cache_read_end();
 	atomic_fetch_sub(&ic->demand_inflight, 1);
 	for (i = 0; nr > 0 && i < (size_t)nr; i++)
 		atomic_fetch_add(&ic->bytes_read, ext[i].len);
 	return nr;
+}
+
+void image_cache_map_end(struct image_cache *ic)
+{
+	(void)ic;
+	blob_cache_read_end();
 }
 
 /* image_cache_read, or with !@fetch image_cache_read_cached. */
@@ -284,23 +337,30 @@ static ssize_t cache_read(struct image_cache *ic, const struct meta_stat *st,
 		/* A piece at a time: eight extents cover at least 8 chunks. */
 		size_t piece = MIN(len - done, (size_t)8 * st->chunk_size);
 
-		nr = fetch ? image_cache_map(ic, st, off + done, piece, ext,
-					     ARRAY_SIZE(ext)) :
-			     map_chunked(ic, st, off + done, piece, ext,
+		if (fetch) {
+			nr = image_cache_map(ic, st, off + done, piece, ext,
+					     ARRAY_SIZE(ext));
+		} else {
+			blob_cache_read_begin();
+			nr = map_chunked(ic, st, off + done, piece, ext,
 					 ARRAY_SIZE(ext), false);
-		if (nr <= 0)
-			return nr < 0 ? nr : -EFSCORRUPTED;
-		for (i = 0; i < (size_t)nr; i++) {
-			if (ext[i].fd < 0) {
+			if (nr < 0)
+				blob_cache_read_end();
+		}
+		if (nr < 0)
+			return nr;
+		for (i = 0, ret = nr ? 0 : -EFSCORRUPTED;
+		     !ret && i < (size_t)nr; i++) {
+			if (ext[i].fd < 0)
 				memset(p + done, 0, ext[i].len);
-			} else {
-				ret = pread_full(ext[i].fd, p + done, ext[i].len,
-						 ext[i].off);
-				if (ret)
-					return ret;
-			}
+			else
+				ret = pread_full(ext[i].fd, p + done,
+						 ext[i].len, ext[i].off);
 			done += ext[i].len;
 		}
+		blob_cache_read_end();
+		if (ret)
+			return ret;
 	}
 	return (ssize_t)done;
 }
@@ -513,6 +573,7 @@ void image_cache_get_stats(struct image_cache *ic, struct image_cache_stats *s)
 		blob_cache_usage(ic->blobs[i], &chunks, &bytes);
 		s->chunks_present += chunks;
 		s->bytes_present += bytes;
+		s->bytes_evicted += blob_cache_evicted(ic->blobs[i]);
 		s->chunks_total += ic->img->blobs.blobs[i].nr_chunks;
 	}
 }

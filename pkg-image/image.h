@@ -421,11 +421,14 @@ struct image_extent {
  * are in at most @max extents (contiguous pieces merged), clamped to the
  * file's size. Returns the number of extents, -E2BIG when more are needed,
  * -EINVAL for a file without chunks (inline: use image_cache_read), or
- * -errno as image_cache_read. The descriptors stay valid while @ic is open.
+ * -errno as image_cache_read. The descriptors stay valid while @ic is open;
+ * on success the bytes stay in place (no eviction) until the caller,
+ * having used them, calls image_cache_map_end (soon: evictions wait).
  */
 ssize_t image_cache_map(struct image_cache *ic, const struct meta_stat *st,
 			uint64_t off, size_t len, struct image_extent *ext,
 			size_t max);
+void image_cache_map_end(struct image_cache *ic);
 
 /* Make [@uoff, @uoff + @len) of device @device_id (1-based) present. */
 int image_cache_ensure(struct image_cache *ic, uint32_t device_id,
@@ -446,6 +449,8 @@ int image_cache_pread(struct image_cache *ic, uint32_t device_id, uint64_t uoff,
 bool image_cache_present(const struct image_cache *ic, uint32_t device_id,
 			 uint64_t uoff, uint64_t len);
 bool image_cache_blob_complete(const struct image_cache *ic, uint32_t device_id);
+/* The kernel reads the data files after present checks: blob_cache_kernel_reads. */
+void image_cache_kernel_reads(struct image_cache *ic);
 
 /*
  * Prefetch: make every chunk of file @st, or of every blob (with
@@ -489,6 +494,7 @@ struct image_cache_stats {
 	uint64_t miss_ns_total;
 	/* The registry client's (0 for a local image). */
 	uint64_t requests, retries;
+	uint64_t bytes_evicted;    /* uncompressed bytes of its blobs evicted */
 };
 void image_cache_get_stats(struct image_cache *ic, struct image_cache_stats *s);
 

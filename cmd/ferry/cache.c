@@ -60,8 +60,14 @@ static void print_list(const struct blob_cache_list *l, bool json)
 			       b->in_use ? "yes" : "no");
 			disk += b->disk_bytes;
 		}
-		printf("%u blobs, %llu bytes on disk\n\nIMAGE%67s BLOBS\n",
-		       l->nr_blobs, (unsigned long long)disk, "");
+		printf("%u blobs, %llu bytes on disk\n", l->nr_blobs,
+		       (unsigned long long)disk);
+		if (l->limited)
+			printf("usage %llu bytes, limit %llu (0: none), keeping %u%% of the file system free; ferryd evicted %llu bytes\n",
+			       (unsigned long long)l->usage,
+			       (unsigned long long)l->max_size, l->min_free_pct,
+			       (unsigned long long)l->evicted);
+		printf("\nIMAGE%67s BLOBS\n", "");
 		for (i = 0; i < l->nr_images; i++) {
 			digest_format(l->images[i].digest, d);
 			printf("%-71s %5u  %s\n", d, l->images[i].nr_blobs,
@@ -96,6 +102,15 @@ static void print_list(const struct blob_cache_list *l, bool json)
 		json_object_object_add(o, "ref", json_object_new_string(l->images[i].ref));
 		json_object_object_add(o, "blobs", json_object_new_int64(l->images[i].nr_blobs));
 		json_object_array_add(images, o);
+	}
+	json_object_object_add(root, "usage", json_object_new_int64((int64_t)l->usage));
+	if (l->limited) {
+		json_object_object_add(root, "maxSize",
+				       json_object_new_int64((int64_t)l->max_size));
+		json_object_object_add(root, "minFreePct",
+				       json_object_new_int64(l->min_free_pct));
+		json_object_object_add(root, "evictedBytes",
+				       json_object_new_int64((int64_t)l->evicted));
 	}
 	json_object_object_add(root, "blobs", blobs);
 	json_object_object_add(root, "images", images);

@@ -91,6 +91,14 @@ static void mount_help(void)
 	       "  --prefetch-bwlimit RATE  prefetch bytes per second, e.g. 10M\n"
 	       "                    (K/M/G are binary units; default unlimited).\n"
 	       "                    Reads by programs always go first\n"
+	       "  --cache-max-size SIZE  keep the cache directory's blobs within SIZE\n"
+	       "                    (e.g. 10G): ferryd evicts the least recently used\n"
+	       "                    data and fetches it again when read; --mode local\n"
+	       "                    mounts' blobs are never evicted (default: ferryd's\n"
+	       "                    --cache-max-size; holds for the directory's later\n"
+	       "                    mounts too)\n"
+	       "  --cache-min-free PCT  also evict while the cache's file system has\n"
+	       "                    less than PCT %% free (default: ferryd's, 10)\n"
 	       "  -f, --foreground  run a ferryd in the foreground hosting this mount,\n"
 	       "                    logging to stderr, until it is unmounted or gets\n"
 	       "                    SIGINT/SIGTERM (fails if a ferryd already serves\n"
@@ -106,7 +114,7 @@ static void mount_help(void)
 	       "                    \"suid\",\"dev\",\"state\",\n"
 	       "                    \"mountedAt\",\"bytesRead\",\"bytesFetched\",\n"
 	       "                    \"bytesPrefetched\",\"chunksPresent\",\"chunksTotal\",\n"
-	       "                    \"bytesPresent\",\"prefetch\",\"prefetchFiles\",\n"
+	       "                    \"bytesPresent\",\"bytesEvicted\",\"prefetch\",\"prefetchFiles\",\n"
 	       "                    \"prefetchSeconds\",\"readaheadFiles\",\"readaheadBytes\"}]};\n"
 	       "                    no ferryd running: no mounts\n"
 	       "  -h, --help        this help\n\n"
@@ -149,6 +157,8 @@ struct fuse_args_in {
 	const char *domain, *record;
 	bool prefetch_all, foreground, suid, dev;
 	uint64_t bwlimit;
+	uint64_t max_size; /* 0: ferryd's */
+	int64_t min_free;  /* -1: ferryd's */
 	struct regopts *ro;
 };
 
@@ -189,6 +199,8 @@ static int mount_fuse(const struct fuse_args_in *a)
 	r.domain = a->domain;
 	r.record = record;
 	r.prefetch_bwlimit = a->bwlimit;
+	r.cache_max_size = a->max_size;
+	r.cache_min_free = a->min_free;
 	r.suid = a->suid;
 	r.dev = a->dev;
 	r.fetch = a->ro->fetch;
@@ -272,6 +284,9 @@ static void print_mounts(const struct ctl_mount_stats *mounts, size_t n)
 		       (unsigned long long)m->bytes_prefetched, chunks, m->image);
 		if (m->mode_reason[0])
 			printf("  mode auto: %s\n", m->mode_reason);
+		if (m->bytes_evicted)
+			printf("  evicted by the cache size limit: %llu bytes of its blobs\n",
+			       (unsigned long long)m->bytes_evicted);
 	}
 }
 
@@ -364,6 +379,8 @@ enum {
 	OPT_DEV,
 	OPT_DOMAIN,
 	OPT_RECORD,
+	OPT_CACHE_MAX,
+	OPT_CACHE_MIN_FREE,
 };
 
 static int mount_local(const char *ref, const char *target, const char *cache_dir,
@@ -400,11 +417,14 @@ int cmd_mount(int argc, char **argv)
 		{ "dev", no_argument, NULL, OPT_DEV },
 		{ "domain", required_argument, NULL, OPT_DOMAIN },
 		{ "record", required_argument, NULL, OPT_RECORD },
+		{ "cache-max-size", required_argument, NULL, OPT_CACHE_MAX },
+		{ "cache-min-free", required_argument, NULL, OPT_CACHE_MIN_FREE },
 		{ "help", no_argument, NULL, 'h' },
 		REGISTRY_LONGOPTS,
 		{ 0 },
 	};
-	struct fuse_args_in a = { .socket_path = ctl_default_socket() };
+	struct fuse_args_in a = { .socket_path = ctl_default_socket(), .min_free = -1 };
+	uint64_t v;
 	struct regopts ro;
 	const char *mode = NULL;
 	bool list = false, json = false, fuse_only = false;
@@ -438,6 +458,19 @@ int cmd_mount(int argc, char **argv)
 			if (parse_rate(optarg, &a.bwlimit))
 				return usage_error("mount", "--prefetch-bwlimit %s: expected bytes per second, e.g. 10M",
 						   optarg);
+			fuse_only = true;
+			break;
+		case OPT_CACHE_MAX:
+			if (parse_size(optarg, &a.max_size) || !a.max_size)
+				return usage_error("mount", "--cache-max-size %s: expected a size, e.g. 10G",
+						   optarg);
+			fuse_only = true;
+			break;
+		case OPT_CACHE_MIN_FREE:
+			if (parse_size(optarg, &v) || v > 99)
+				return usage_error("mount", "--cache-min-free %s: expected 0..99 (%% of the file system)",
+						   optarg);
+			a.min_free = (int64_t)v;
 			fuse_only = true;
 			break;
 		case 'f':

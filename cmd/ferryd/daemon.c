@@ -386,6 +386,7 @@ int daemon_run(const struct daemon_opts *o)
 		return EXIT_FAILURE;
 	}
 	mounts_init(o->threads, o->readahead_kb, o->dir_readahead_kb, o->socket_path, on_change);
+	evict_init(o->cache_max_size, o->cache_min_free);
 
 	copy = strdup(o->socket_path);
 	ret = copy ? mkdir_p(dirname(copy), 0755) : -ENOMEM;

@@ -119,16 +119,49 @@ static void unmark_if_complete(struct fan *f, uint32_t device)
 	struct fan_blob *b = &f->blobs[device - 1];
 	const char *path = image_cache_data_path(f->m->ic, device - 1);
 
-	if (!atomic_load(&b->marked) || !image_cache_blob_complete(f->m->ic, device))
+	if (!atomic_load(&b->marked))
 		return;
-	if (!atomic_exchange(&b->marked, false))
+	/* Not while eviction may punch it (fan_evicting marked it for that). */
+	evict_marks_lock();
+	if (!image_cache_blob_complete(f->m->ic, device) ||
+	    !atomic_exchange(&b->marked, false)) {
+		evict_marks_unlock();
 		return;
+	}
 	if (fanotify_mark(f->group, FAN_MARK_REMOVE, FAN_PRE_ACCESS, AT_FDCWD, path))
 		ferry_warn("%s: unmarking complete blob %s: %s", f->m->mountpoint, path,
 			   strerror(errno));
 	else
 		ferry_info("%s: blob %u is complete (%s): no more events for it",
 			   f->m->mountpoint, device, path);
+	evict_marks_unlock();
+}
+
+/*
+ * Eviction may punch any blob: watch the complete ones again, so a read of
+ * a punched range raises an event (the eviction thread holds
+ * evict_marks_lock, so none is unmarked until it is done).
+ */
+static int fan_evicting(void *state)
+{
+	struct fan *f = state;
+	uint32_t i;
+	int ret = 0;
+
+	for (i = 0; i < f->nr_blobs; i++) {
+		const char *path = image_cache_data_path(f->m->ic, i);
+
+		if (atomic_load(&f->blobs[i].marked))
+			continue;
+		if (fanotify_mark(f->group, FAN_MARK_ADD, FAN_PRE_ACCESS, AT_FDCWD, path)) {
+			ret = -errno;
+			ferry_err("%s: watching blob %s again before eviction: %s; the cache is not evicted",
+				  f->m->mountpoint, path, strerror(errno));
+			continue;
+		}
+		atomic_store(&f->blobs[i].marked, true);
+	}
+	return ret;
 }
 
 static void *worker_main(void *arg)
@@ -618,6 +651,7 @@ static int fan_start(struct fmount *m, const struct serve_opts *o, void **state,
 		snprintf(err, errlen, "cannot start the fanotify keeper: %s", ferry_strerror(ret));
 		goto fail;
 	}
+	image_cache_kernel_reads(m->ic);
 	ret = image_cache_kernel_mount(m->ic, m->req.cache_dir, m->mountpoint,
 				       image_mount_flags(m->req.suid, m->req.dev));
 	if (ret) {
@@ -799,5 +833,6 @@ const struct serve_mode fanotify_mode = {
 	.stop = fan_stop,
 	.close = fan_close,
 	.stats = fan_stats,
+	.evicting = fan_evicting,
 	.probe = fan_probe,
 };

@@ -44,6 +44,7 @@
 #define FERRYD_DEFAULT_READAHEAD_KB 1024u
 #define FERRYD_DEFAULT_DIR_READAHEAD_KB 2048u
 #define FERRYD_METRICS_LISTEN_MAX 4u
+#define FERRYD_DEFAULT_CACHE_MIN_FREE 10u /* % of the cache's file system */
 
 /* ------------------------------------------------------------------ */
 /* mounts.c / prefetch.c                                               */
@@ -100,6 +101,32 @@ size_t mounts_count(void);
  * connections; fanotify mounts stay with their keepers).
  */
 size_t mounts_shutdown(void);
+
+/*
+ * Before eviction in @cache_dir: each mount of it whose mode has an
+ * evicting op makes sure its reads of what gets punched reach ferryd:
+ * 0, or -errno when one cannot (then nothing may be evicted).
+ */
+int mounts_evicting(const char *cache_dir);
+
+/* ------------------------------------------------------------------ */
+/* evict.c: the chunk caches' size limits                              */
+/* ------------------------------------------------------------------ */
+
+/* ferryd's --cache-max-size (0: none) and --cache-min-free (%, 0: none). */
+void evict_init(uint64_t max_size, unsigned int min_free_pct);
+/*
+ * A mount of @req->cache_dir: keep that directory within its limits from
+ * now on (the request's, else ferryd's). 0 or -errno.
+ */
+int evict_register(const struct ctl_mount_req *req);
+/*
+ * Held by eviction from before it asks the modes (mounts_evicting) until
+ * it is done: a mode that stops watching a complete blob takes it, so the
+ * blob is never both unwatched and punched.
+ */
+void evict_marks_lock(void);
+void evict_marks_unlock(void);
 
 /* prefetch.c: the thread body (arg: struct fmount *). */
 void *prefetch_main(void *arg);
@@ -160,6 +187,8 @@ struct daemon_opts {
 	unsigned int threads;
 	unsigned int readahead_kb;
 	unsigned int dir_readahead_kb;
+	uint64_t cache_max_size;     /* --cache-max-size, 0: none */
+	unsigned int cache_min_free; /* --cache-min-free (%) */
 	int ready_fd;           /* daemon mode: "OK\n" once listening, then closed */
 	int adopt_fd;           /* --cachefiles-adopt: /dev/cachefiles of a dead
 				 * ferryd, whose mounts to take over; -1 */

@@ -501,8 +501,10 @@ static ssize_t reply_mapped(fuse_req_t req, struct fs *fs,
 	if (nr < 0)
 		return nr;
 	for (i = 0; i < (size_t)nr; i++)
-		if (ext[i].fd < 0)
+		if (ext[i].fd < 0) {
+			image_cache_map_end(fs->ic);
 			return -E2BIG; /* a hole: zeros come from memory */
+		}
 	bv.v = (struct fuse_bufvec){ .count = (size_t)nr };
 	for (i = 0; i < (size_t)nr; i++)
 		b[i] = (struct fuse_buf){
@@ -512,7 +514,9 @@ static ssize_t reply_mapped(fuse_req_t req, struct fs *fs,
 			.fd = ext[i].fd,
 			.pos = (off_t)ext[i].off,
 		};
+	/* The splice takes the pages: eviction may punch them after this. */
 	fuse_reply_data(req, &bv.v, FUSE_BUF_SPLICE_MOVE);
+	image_cache_map_end(fs->ic);
 	return 0;
 }
 

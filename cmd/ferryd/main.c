@@ -64,6 +64,14 @@ static void help(void)
 	       "                     to 127.0.0.1 unless the network may see them).\n"
 	       "                     'ferry metrics' reads them over the control socket;\n"
 	       "                     repeat for up to 4 addresses\n"
+	       "  --cache-max-size SIZE  keep each chunk cache ferryd serves from within\n"
+	       "                     SIZE bytes (K, M, G suffixes) of blob files:\n"
+	       "                     least recently used data is evicted, fetched\n"
+	       "                     again when read; --mode local mounts' blobs\n"
+	       "                     never (default 0: no limit; a mount request's\n"
+	       "                     own limit, ferry mount --cache-max-size, wins)\n"
+	       "  --cache-min-free PCT  also evict while the cache's file system has\n"
+	       "                     less than PCT %% free (default %u; 0 off)\n"
 	       "  -v, --verbose      more log output (repeat for debug)\n"
 	       "  -q, --quiet        errors only\n"
 	       "  -h, --help         this help\n"
@@ -79,7 +87,7 @@ static void help(void)
 	       "Exit status: 0 success, 1 failure, 2 usage error.\n",
 	       CTL_SOCKET_ENV, CTL_DEFAULT_SOCKET, FERRYD_DEFAULT_THREADS,
 	       FERRYD_DEFAULT_READAHEAD_KB, FERRYD_DEFAULT_DIR_READAHEAD_KB,
-	       DEFAULT_IDLE_TIMEOUT);
+	       DEFAULT_IDLE_TIMEOUT, FERRYD_DEFAULT_CACHE_MIN_FREE);
 }
 
 static int usage(const char *fmt, const char *arg)
@@ -180,6 +188,8 @@ int main(int argc, char **argv)
 		{ "idle-timeout", required_argument, NULL, 'I' },
 		{ "persistent", no_argument, NULL, 'P' },
 		{ "metrics-listen", required_argument, NULL, 'm' },
+		{ "cache-max-size", required_argument, NULL, 'X' },
+		{ "cache-min-free", required_argument, NULL, 'N' },
 		{ "verbose", no_argument, NULL, 'v' },
 		{ "quiet", no_argument, NULL, 'q' },
 		{ "help", no_argument, NULL, 'h' },
@@ -191,6 +201,7 @@ int main(int argc, char **argv)
 		.threads = FERRYD_DEFAULT_THREADS,
 		.readahead_kb = FERRYD_DEFAULT_READAHEAD_KB,
 		.dir_readahead_kb = FERRYD_DEFAULT_DIR_READAHEAD_KB,
+		.cache_min_free = FERRYD_DEFAULT_CACHE_MIN_FREE,
 		.ready_fd = -1,
 		.adopt_fd = -1,
 		.idle_timeout = DEFAULT_IDLE_TIMEOUT,
@@ -260,6 +271,15 @@ int main(int argc, char **argv)
 			if (o.nr_metrics_listen == FERRYD_METRICS_LISTEN_MAX)
 				return usage("--metrics-listen %s: at most 4 addresses", optarg);
 			o.metrics_listen[o.nr_metrics_listen++] = optarg;
+			break;
+		case 'X':
+			if (parse_size(optarg, &o.cache_max_size))
+				return usage("--cache-max-size %s: expected a size (e.g. 10G)", optarg);
+			break;
+		case 'N':
+			if (parse_size(optarg, &v) || v > 99)
+				return usage("--cache-min-free %s: expected 0..99 (%% of the file system)", optarg);
+			o.cache_min_free = (unsigned int)v;
 			break;
 		case 'v':
 			if (ferry_log_level < FERRY_LOG_DEBUG)

@@ -162,6 +162,9 @@ int metrics_text(char **out)
 	  bytes_prefetched);
 	M("ferryd_readahead_bytes_total", "counter",
 	  "Bytes stored in the page cache ahead of readers (FUSE).", readahead_bytes);
+	M("ferryd_evicted_bytes_total", "counter",
+	  "Bytes of the image's blobs evicted from the chunk cache (--cache-max-size).",
+	  bytes_evicted);
 	M("ferryd_present_bytes", "gauge", "Bytes of the image's blobs present in the chunk cache.",
 	  bytes_present);
 	M("ferryd_present_chunks", "gauge", "Chunks of the image's blobs present in the chunk cache.",

@@ -33,11 +33,15 @@
  *          mode's to detach (mount_detach) or to leave to a keeper.
  *   stats  (optional) a list request, while serve runs: the mode's own
  *          fields of the mount's list entry.
+ *   evicting (optional) the eviction thread, while serve runs: the chunk
+ *          cache is about to punch data out of this mount's blobs; make
+ *          the kernel's reads of punched ranges reach the mode again;
+ *          -errno when it cannot (then nothing is evicted).
  *   probe  a request for "auto" (any thread, before start): can the mode
  *          serve @req on this host? 0, or -errno; @why says what was
  *          found either way ("fanotify pre-content events on ext4").
  *
- * mounts.c calls stop, live and stats only while @state exists (it
+ * mounts.c calls stop, live, stats and evicting only while @state exists (it
  * serialises them with close); the prefetch thread needs no mode.
  */
 #ifndef FERRYD_MODE_H
@@ -68,6 +72,7 @@ struct serve_mode {
 	void (*live)(void *state);
 	void (*close)(void *state, int ret);
 	void (*stats)(void *state, struct ctl_mount_stats *s);
+	int (*evicting)(void *state);
 	int (*probe)(const struct ctl_mount_req *req, char *why, size_t len);
 };
 

@@ -412,6 +412,8 @@ static int mount_setup(struct fmount *m, const char *what, char *err,
 		goto out;
 	}
 	ret = image_cache_open(m->img, m->req.cache_dir, &m->ic);
+	if (!ret)
+		ret = evict_register(&m->req);
 	if (ret) {
 		snprintf(why, sizeof(why), "%s: chunk cache %s", m->req.image,
 			 m->req.cache_dir);
@@ -778,6 +780,7 @@ int mounts_list(struct ctl_mount_stats **out, size_t *nr)
 		memcpy(e->miss_ms, s.miss_ms, sizeof(e->miss_ms));
 		e->requests = s.requests;
 		e->retries = s.retries;
+		e->bytes_evicted = s.bytes_evicted;
 		snprintf(e->prefetch, sizeof(e->prefetch), "%s",
 			 prefetch_name(atomic_load(&m->pstate)));
 		e->prefetch_files = atomic_load(&m->prefetch_files);
@@ -790,6 +793,21 @@ int mounts_list(struct ctl_mount_stats **out, size_t *nr)
 	/* Freed with a list answer's mounts, also on failure. */
 	*out = list;
 	*nr = n;
+	return ret;
+}
+
+int mounts_evicting(const char *cache_dir)
+{
+	struct fmount *m;
+	int ret = 0, err;
+
+	pthread_mutex_lock(&tbl_lock);
+	for (m = mounts; m; m = m->next)
+		if (m->state != MS_MOUNTING && m->mode_state && m->mode->evicting &&
+		    !strcmp(m->req.cache_dir, cache_dir) &&
+		    (err = m->mode->evicting(m->mode_state)))
+			ret = err;
+	pthread_mutex_unlock(&tbl_lock);
 	return ret;
 }
 

@@ -666,10 +666,23 @@ static void test_persistence(void)
 	for (i = 2; i < 5; i++)
 		CHECK(chunk_ok(b, &tb, i));
 
-	/* A damaged header while another handle has the blob open: the
-	 * second open refuses instead of pulling the files away. */
+	/* A second open in this process shares the handle, marks and all. */
+	MUST(blob_cache_open(dir, &tb.info, &b2));
+	CHECK(b2 == b);
+	blob_cache_close(b2);
+
+	/* A damaged header while another process has the blob open: its
+	 * open refuses instead of pulling the files away. */
 	MUST(poke(map, 40, 0x01));
-	CHECK_EQ(blob_cache_open(dir, &tb.info, &b2), -EFSCORRUPTED);
+	{
+		pid_t kid = fork();
+		int status = 0;
+
+		if (!kid)
+			_exit(blob_cache_open(dir, &tb.info, &b2) == -EFSCORRUPTED ? 0 : 1);
+		CHECK(kid > 0 && waitpid(kid, &status, 0) == kid &&
+		      WIFEXITED(status) && !WEXITSTATUS(status));
+	}
 	blob_cache_close(b);
 
 	/* Alone, the damaged map is discarded with a warning. */
@@ -1328,6 +1341,132 @@ static void test_trust_dirs(void)
 	tblob_free(&tb);
 }
 
+/* Allocated bytes of the cache's blob files, as blob_cache_enforce counts. */
+static uint64_t blobs_allocated(const char *dir, const struct tblob *tb)
+{
+	static const char *const ext[] = { ".data", ".map", ".index" };
+	struct stat st;
+	uint64_t n = 0;
+	size_t i;
+
+	for (i = 0; i < ARRAY_SIZE(ext); i++)
+		if (!stat(blob_file(dir, tb, ext[i]), &st))
+			n += (uint64_t)st.st_blocks * 512;
+	return n;
+}
+
+/*
+ * The size limit: the least recently used frames go, their marks first,
+ * then their bytes; what is used again is fetched again; what is recent
+ * and what another process has open stays.
+ */
+static void test_evict(void)
+{
+	static const uint8_t image_digest[BLOB_DIGEST_SIZE] = { 0xee };
+	const char *dir = cache_path("c-evict");
+	struct blob_cache_enforce_report r;
+	struct blob_cache_limit lim = { 0 };
+	struct timespec pause = { 0, 150 * 1000 * 1000 };
+	uint32_t lens[16], i, kept = 0;
+	enum kind kinds[16];
+	struct blob_source bs;
+	struct blob_cache_blob *b, *b2;
+	struct tblob tb;
+	struct src s;
+	uint64_t full, evicted;
+	uint8_t mark;
+	int fd, status;
+	pid_t kid;
+
+	for (i = 0; i < 16; i++) {
+		lens[i] = 64 * KIB;
+		kinds[i] = RANDOM;
+	}
+	MUST(tblob_make(&tb, "evict.blob", "lz4", 1, 1, 16, lens, kinds));
+	CHECK_EQ(tb.nr_frames, 16);
+	MUST(src_open(&s, &tb, &bs));
+	/* An image names it, so gc keeps it. */
+	MUST(blob_cache_add_image(dir, "evict", image_digest,
+				  (const uint8_t (*)[BLOB_DIGEST_SIZE])tb.info.digest, 1));
+	MUST(blob_cache_open(dir, &tb.info, &b));
+	CHECK_EQ(blob_cache_ensure(b, 0, tb.info.uncompressed_size, &bs, NULL), 0);
+	full = blobs_allocated(dir, &tb);
+
+	/* Under the limit, or everything used just now: nothing goes. */
+	lim.max_size = full;
+	CHECK_EQ(blob_cache_enforce(dir, &lim, NULL, NULL, &r), 0);
+	CHECK(r.usage == full && !r.freed_open);
+	lim.max_size = full / 2;
+	CHECK_EQ(blob_cache_enforce(dir, &lim, NULL, NULL, &r), 0);
+	CHECK_EQ(r.freed_open, 0);
+
+	/* Chunks 12..15 used again later: the older ones go first. */
+	nanosleep(&pause, NULL);
+	CHECK(blob_cache_range_present(b, cuoff(&tb, 12), 4 * 64 * KIB));
+	nanosleep(&pause, NULL);
+	CHECK(blob_cache_range_present(b, cuoff(&tb, 12), 4 * 64 * KIB));
+	CHECK_EQ(blob_cache_enforce(dir, &lim, NULL, NULL, &r), 0);
+	CHECK(r.freed_open >= full / 2 - 64 * KIB && r.freed_open < full);
+	evicted = blob_cache_evicted(b);
+	CHECK_EQ(evicted, r.freed_open);
+	CHECK(blobs_allocated(dir, &tb) <= full / 16 * 15);
+	for (i = 12; i < 16; i++)
+		kept += blob_cache_chunk_present(b, i);
+	CHECK_EQ(kept, 4);
+	/* Every chunk not present in memory is unmarked in the map and holds no bytes. */
+	fd = open(blob_file(dir, &tb, ".map"), O_RDONLY);
+	CHECK(fd >= 0);
+	for (i = 0; fd >= 0 && i < 16; i++) {
+		CHECK(!pread_full(fd, &mark, 1, 128 + i));
+		CHECK_EQ(mark, blob_cache_chunk_present(b, i) ? 1 : 0);
+	}
+	if (fd >= 0)
+		close(fd);
+	fd = open(blob_file(dir, &tb, ".data"), O_RDONLY);
+	CHECK(fd >= 0 && lseek(fd, (off_t)cuoff(&tb, 0), SEEK_HOLE) == (off_t)cuoff(&tb, 0));
+	if (fd >= 0)
+		close(fd);
+
+	/* Read again: fetched again, right bytes. */
+	src_reset(&s);
+	CHECK_EQ(blob_cache_ensure(b, 0, tb.info.uncompressed_size, &bs, NULL), 0);
+	CHECK(s.reads > 0);
+	for (i = 0; i < 16; i++)
+		CHECK(chunk_ok(b, &tb, i));
+
+	/* Another process has the blob open: its marks would go stale, so nothing goes. */
+	nanosleep(&pause, NULL);
+	kid = fork();
+	if (!kid) {
+		if (blob_cache_open(dir, &tb.info, &b2))
+			_exit(1);
+		pause.tv_sec = 1;
+		nanosleep(&pause, NULL);
+		_exit(0);
+	}
+	pause.tv_nsec = 300 * 1000 * 1000;
+	nanosleep(&pause, NULL);
+	CHECK_EQ(blob_cache_enforce(dir, &lim, NULL, NULL, &r), 0);
+	CHECK_EQ(r.freed_open, 0);
+	CHECK_EQ(nr_present(b, &tb), 16);
+	CHECK(kid > 0 && waitpid(kid, &status, 0) == kid && WIFEXITED(status) &&
+	      !WEXITSTATUS(status));
+	/* Alone again, it goes. */
+	CHECK_EQ(blob_cache_enforce(dir, &lim, NULL, NULL, &r), 0);
+	CHECK(r.freed_open > 0);
+	blob_cache_close(b);
+
+	/* Nobody has it open: emptied whole, marks and bytes, its record kept. */
+	lim.max_size = 4096;
+	CHECK_EQ(blob_cache_enforce(dir, &lim, NULL, NULL, &r), 0);
+	CHECK(r.freed_idle > 0);
+	MUST(blob_cache_open(dir, &tb.info, &b));
+	CHECK_EQ(nr_present(b, &tb), 0);
+	blob_cache_close(b);
+	close(s.fd);
+	tblob_free(&tb);
+}
+
 static void test_verify(void)
 {
 	const char *dir = cache_path("c-verify");
@@ -1415,6 +1554,7 @@ int main(void)
 	RUN_TEST(test_images_gc);
 	RUN_TEST(test_trust_dirs);
 	RUN_TEST(test_verify);
+	RUN_TEST(test_evict);
 	RUN_TEST(test_measure);
 	snprintf(cmd, sizeof(cmd), "rm -rf %s", tmpdir);
 	if (system(cmd))

@@ -384,6 +384,8 @@ static void test_mount_req_roundtrip(void)
 	r.mode = "cachefiles";
 	r.domain = "dom.1_a-b";
 	r.prefetch_bwlimit = 10u << 20;
+	r.cache_max_size = 3ull << 30;
+	r.cache_min_free = 0;
 	r.suid = true;
 	o = wire(ctl_mount_req_to_json(&r));
 	CHECK(o);
@@ -399,6 +401,8 @@ static void test_mount_req_roundtrip(void)
 	      !p->prefetch_files[2]);
 	CHECK(p->prefetch_all);
 	CHECK_EQ(p->prefetch_bwlimit, 10u << 20);
+	CHECK_EQ(p->cache_max_size, 3ull << 30);
+	CHECK_EQ(p->cache_min_free, 0); /* 0 is sent: it turns the floor off */
 	CHECK(p->suid && !p->dev);
 	ctl_request_free(&req);
 
@@ -407,6 +411,8 @@ static void test_mount_req_roundtrip(void)
 	CHECK_EQ(ctl_request_parse(o, &req, err, sizeof(err)), 0);
 	CHECK(str_eq(req.mount.mode, "fuse"));
 	CHECK(!req.mount.prefetch_all && !req.mount.nr_prefetch_files && !req.mount.domain);
+	/* No limits given: ferryd's own. */
+	CHECK(!req.mount.cache_max_size && req.mount.cache_min_free == -1);
 	/* Untrusted unless the request says otherwise: nosuid,nodev. */
 	CHECK(!req.mount.suid && !req.mount.dev);
 	CHECK_EQ(image_mount_flags(req.mount.suid, req.mount.dev), MS_NOSUID | MS_NODEV);
@@ -452,9 +458,10 @@ static void test_replies_roundtrip(void)
 		  .domain = "shared", .mode_reason = "not fanotify: tmpfs; cachefiles: ok",
 		  .mounted_at = 1700000000, .bytes_read = 1, .bytes_fetched = 2,
 		  .bytes_prefetched = 3, .chunks_present = 4, .chunks_total = 5,
-		  .bytes_present = 6, .prefetch_files = 7, .readahead_files = 8,
-		  .readahead_bytes = UINT64_MAX, .prefetch_ms = 12345, .hits = 9,
-		  .misses = 10, .fetch_errors = 11, .inflight = 12, .miss_ns_total = 13,
+		  .bytes_present = 6, .bytes_evicted = 16, .prefetch_files = 7,
+		  .readahead_files = 8, .readahead_bytes = UINT64_MAX, .prefetch_ms = 12345,
+		  .hits = 9, .misses = 10, .fetch_errors = 11, .inflight = 12,
+		  .miss_ns_total = 13,
 		  .miss_ms = { 1, 0, 2, [IMAGE_LATENCY_BUCKETS - 1] = UINT64_MAX },
 		  .requests = 14, .retries = 15 },
 		{ .mountpoint = "/m/2", .image = "dir:/i", .cache_dir = "/c2", .mode = "fuse",
@@ -530,6 +537,7 @@ static void test_replies_roundtrip(void)
 		      a->bytes_prefetched == b->bytes_prefetched &&
 		      a->chunks_present == b->chunks_present &&
 		      a->chunks_total == b->chunks_total && a->bytes_present == b->bytes_present &&
+		      a->bytes_evicted == b->bytes_evicted &&
 		      a->prefetch_files == b->prefetch_files &&
 		      a->readahead_files == b->readahead_files &&
 		      a->readahead_bytes == b->readahead_bytes);
@@ -621,6 +629,9 @@ static void test_request_rejections(void)
 	reject_req("{" MNT ",\"prefetchBwlimit\":-1}", "\"prefetchBwlimit\"");
 	reject_req("{" MNT ",\"prefetchBwlimit\":1.5}", "\"prefetchBwlimit\"");
 	reject_req("{" MNT ",\"prefetchBwlimit\":18446744073709551615}", "\"prefetchBwlimit\"");
+	reject_req("{" MNT ",\"cacheMaxSize\":-1}", "\"cacheMaxSize\"");
+	reject_req("{" MNT ",\"cacheMinFree\":100}", "\"cacheMinFree\"");
+	reject_req("{" MNT ",\"cacheMinFree\":-1}", "\"cacheMinFree\"");
 	reject_req("{" MNT ",\"fetch\":[]}", "\"fetch\"");
 	reject_req("{" MNT ",\"fetch\":{\"creds\":5}}", "\"creds\"");
 	reject_req("{" MNT ",\"fetch\":{\"tlsVerify\":\"false\"}}", "\"tlsVerify\"");

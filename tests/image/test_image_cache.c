@@ -141,9 +141,11 @@ static void test_map_and_cached_reads(void)
 	CHECK(ext[1].fd == -1 && ext[1].len == FIXTURE_CHUNK);
 	CHECK(ext[2].fd == ext[0].fd && ext[2].off == FIXTURE_CHUNK &&
 	      ext[2].len == FIXTURE_CHUNK + 1000);
+	image_cache_map_end(oc.ic);
 	CHECK(image_cache_blob_complete(oc.ic, 1));
 	CHECK_EQ(image_cache_map(oc.ic, &oc.big, 10, 2 * FIXTURE_CHUNK, ext, 8), 3);
 	CHECK(ext[0].off == 10 && ext[0].len == FIXTURE_CHUNK - 10 && ext[2].len == 10);
+	image_cache_map_end(oc.ic);
 	CHECK_EQ(image_cache_map(oc.ic, &oc.big, 0, FIXTURE_BIG_SIZE, ext, 2), -E2BIG);
 	CHECK_EQ(image_cache_map(oc.ic, &oc.small, 0, 6, ext, 8), -EINVAL);
 	/* Complete, the data file is the blob's EROFS device file. */
