@@ -22,6 +22,9 @@
 #   fp_start / fp_set MODE [k=v..] / fp_redirect [k=v..] / fp_reset /
 #   fp_stat COUNTER / fp_log          tests/tools/faultproxy.py in front of
 #       $REG, at $PROXY.
+#   wp_start DELAY RATE / wp_stat KEY [reset]
+#       tests/tools/wanproxy.py (a delay line: DELAY ms each way, RATE
+#       Mbit/s) in front of $REG, at $WAN; its counters.
 #   rc NAME ARGS... / rc_expect DESC CMD... / rc_stat KEY
 #       Run regclient, check its outcome, read its --stats line.
 # Background servers are stopped on exit (chained before lib.sh's trap).
@@ -31,6 +34,7 @@
 REGCLIENT=${REGCLIENT:-$TOOLS/regclient}
 TOKENSERVER=$TOP/tests/tools/tokenserver.py
 FAULTPROXY=$TOP/tests/tools/faultproxy.py
+WANPROXY=$TOP/tests/tools/wanproxy.py
 OCI_MANIFEST=application/vnd.oci.image.manifest.v1+json
 REG_TEST_USER=alice
 REG_TEST_PASS=s3cret-Ferry-7q
@@ -350,6 +354,41 @@ fp_start() { # [faultproxy args]
 	PROXY=127.0.0.1:$(cat "$d/port")
 	FP_PID=$REG_PID
 	export PROXY
+}
+
+# The WAN proxy (tests/tools/wanproxy.py) in front of the registry: DELAY
+# ms each way, RATE Mbit/s; sets WAN (host:port) and WAN_STATS (its
+# statistics port).
+wp_start() { # DELAY RATE
+	local d=$SCRATCH/wp$REG_N.$RANDOM
+	mkdir -p "$d"
+	reg_spawn "$d/wanproxy.out" python3 "$WANPROXY" --upstream "$REG" \
+		--port-file "$d/port" --stats-port-file "$d/stats" \
+		--delay-ms "$1" --rate-mbit "$2"
+	if ! reg_wait_file "$d/port" "$REG_PID" 10; then
+		echo "wanproxy did not start:" >&2
+		cat "$d/wanproxy.out" >&2
+		return 1
+	fi
+	WAN=127.0.0.1:$(cat "$d/port")
+	WAN_STATS=$(cat "$d/stats")
+}
+
+# One of the WAN proxy's counters (wanproxy.py); with reset, all of them
+# are zeroed first.
+wp_stat() { # KEY [reset]
+	python3 - "$WAN_STATS" "$1" "${2:-stats}" <<'EOF'
+import json, socket, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=10)
+s.sendall(sys.argv[3].encode() + b"\n")
+buf = b""
+while not buf.endswith(b"\n"):
+    d = s.recv(4096)
+    if not d:
+        break
+    buf += d
+print(json.loads(buf)[sys.argv[2]])
+EOF
 }
 
 # GET a control path of the proxy with k=v query parameters; JSON to
