@@ -6,8 +6,19 @@
  * files. On-demand reads go ahead of prefetch: prefetch works in bounded
  * steps and yields while a demand read is in flight. The local kernel
  * mount is the same cache filled completely first.
+ *
+ * Readahead (amplified I/O) for images in a registry: a demand read that
+ * misses queues the blob bytes that follow it for a few background
+ * threads, so the rest of the file and its neighbours in the blob (files
+ * are laid out in tree order) arrive on other connections while the
+ * reader works, instead of one round trip per fault. The window is a few
+ * bandwidth-delay products of the link, measured on the fetches
+ * themselves; a read that reaches the second half of the window extends
+ * it, so a sequential reader stays ahead. The background fetches go
+ * through blob_cache_ensure like any other: verified, one per frame.
  */
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <sys/mount.h>
@@ -29,18 +40,64 @@
  */
 #define EVICTED_RETRIES 8
 
+/*
+ * Readahead: threads, queued windows, and the window's bounds. A window
+ * is RA_BDP_FACTOR bandwidth-delay products; its worker fetches it in
+ * steps of RA_STEP so that a demand read waiting on one of its frames
+ * waits for one step, not the window.
+ */
+#define RA_THREADS 4
+#define RA_QUEUE 64
+#define RA_MIN (512u << 10)
+#define RA_MAX (4u << 20)
+#define RA_STEP (1u << 20)
+#define RA_BDP_FACTOR 4
+/* Fetches this large or larger also measure the bandwidth. */
+#define RA_BW_SAMPLE (128u << 10)
+
+struct ra_job {
+	uint32_t index;
+	uint64_t uoff, len;
+};
+
+/* A source read that is timed, to estimate the link. */
+struct timed_source {
+	struct image_cache *ic;
+	struct blob_source inner;
+};
+
+/* Per blob: the current readahead window [start, end). */
+struct ra_window {
+	_Atomic uint64_t start, end;
+};
+
 struct image_cache {
 	struct image *img;
 	uint32_t nr_blobs;
 	struct blob_cache_blob **blobs;
 	struct blob_source *srcs;
+	struct timed_source *tsrcs;
 	atomic_uint demand_inflight;
 	atomic_uint_fast64_t bytes_read, bytes_fetched, prefetched;
 	atomic_uint_fast64_t hits, misses, fetch_errors, miss_ns_total;
 	atomic_uint_fast64_t miss_ms[IMAGE_LATENCY_BUCKETS];
+	atomic_uint_fast64_t fetches, fetches_demand, bytes_readahead;
 	uint64_t bwlimit; /* prefetch bytes per second, 0 = unlimited */
 	uint64_t bw_start_ns, bw_bytes;
+
+	/* Readahead, all under ra_lock but the windows' atomic reads. */
+	pthread_mutex_t ra_lock;
+	pthread_cond_t ra_cond;
+	struct ra_job ra_q[RA_QUEUE];
+	unsigned int ra_head, ra_nr, nr_ra_threads;
+	atomic_bool ra_quit;
+	pthread_t ra_threads[RA_THREADS];
+	struct ra_window *ra_win;
+	double rtt_s, bw_Bps; /* link estimates, 0 = none yet */
 };
+
+/* Set in the readahead threads: their fetches are not on a reader's path. */
+static _Thread_local bool in_readahead;
 
 void image_cache_close(struct image_cache *ic)
 {
@@ -48,12 +105,157 @@ void image_cache_close(struct image_cache *ic)
 
 	if (!ic)
 		return;
+	pthread_mutex_lock(&ic->ra_lock);
+	ic->ra_quit = true;
+	pthread_cond_broadcast(&ic->ra_cond);
+	pthread_mutex_unlock(&ic->ra_lock);
+	while (ic->nr_ra_threads)
+		pthread_join(ic->ra_threads[--ic->nr_ra_threads], NULL);
+	pthread_mutex_destroy(&ic->ra_lock);
+	pthread_cond_destroy(&ic->ra_cond);
 	for (i = 0; ic->blobs && i < ic->nr_blobs; i++)
 		if (ic->blobs[i])
 			blob_cache_close(ic->blobs[i]);
 	free(ic->blobs);
 	free(ic->srcs);
+	free(ic->tsrcs);
+	free(ic->ra_win);
 	free(ic);
+}
+
+/* Fold one fetch of @bytes that took @ns into the link estimates. */
+static void link_sample(struct image_cache *ic, uint64_t bytes, uint64_t ns)
+{
+	double t = (double)ns / 1e9, lat;
+
+	pthread_mutex_lock(&ic->ra_lock);
+	/* What the transfer alone would have taken is not latency. */
+	lat = ic->bw_Bps > 0 ? t - (double)bytes / ic->bw_Bps : t;
+	lat = MAX(lat, 0.0);
+	ic->rtt_s = ic->rtt_s > 0 ? 0.75 * ic->rtt_s + 0.25 * lat : lat;
+	if (bytes >= RA_BW_SAMPLE && t > ic->rtt_s) {
+		double bw = (double)bytes / (t - ic->rtt_s);
+
+		ic->bw_Bps = ic->bw_Bps > 0 ? 0.75 * ic->bw_Bps + 0.25 * bw : bw;
+	}
+	pthread_mutex_unlock(&ic->ra_lock);
+}
+
+static int timed_read(void *ctx, uint64_t off, void *buf, size_t len)
+{
+	struct timed_source *ts = ctx;
+	uint64_t t0 = ferry_now_ns();
+	int ret = ts->inner.read(ts->inner.ctx, off, buf, len);
+
+	atomic_fetch_add(&ts->ic->fetches, 1);
+	if (!in_readahead)
+		atomic_fetch_add(&ts->ic->fetches_demand, 1);
+	if (!ret)
+		link_sample(ts->ic, len, ferry_now_ns() - t0);
+	return ret;
+}
+
+/* The readahead window's size now: RA_BDP_FACTOR x bandwidth x RTT. */
+static uint64_t ra_budget(struct image_cache *ic)
+{
+	double b = RA_BDP_FACTOR * ic->bw_Bps * ic->rtt_s;
+
+	return (uint64_t)MIN(MAX(b, (double)RA_MIN), (double)RA_MAX);
+}
+
+static int ensure(struct image_cache *ic, uint32_t index, uint64_t uoff,
+		  uint64_t len, bool demand);
+
+static void *ra_main(void *arg)
+{
+	struct image_cache *ic = arg;
+	struct ra_job j;
+	uint64_t pos, step;
+	int ret;
+
+	in_readahead = true;
+	pthread_mutex_lock(&ic->ra_lock);
+	for (;;) {
+		while (!ic->ra_nr && !ic->ra_quit)
+			pthread_cond_wait(&ic->ra_cond, &ic->ra_lock);
+		if (ic->ra_quit)
+			break;
+		/* Newest first: the window a reader has just reached. */
+		j = ic->ra_q[(ic->ra_head + --ic->ra_nr) % RA_QUEUE];
+		pthread_mutex_unlock(&ic->ra_lock);
+		for (pos = j.uoff; pos < j.uoff + j.len; pos += step) {
+			step = MIN(j.uoff + j.len - pos, (uint64_t)RA_STEP);
+			if (atomic_load(&ic->ra_quit))
+				break;
+			ret = ensure(ic, j.index, pos, step, false);
+			if (ret) {
+				/* A demand read of these bytes will say why. */
+				ferry_dbg("%s: readahead of blob %u bytes %llu+%llu: %s",
+					  ic->img->ref, j.index, (unsigned long long)pos,
+					  (unsigned long long)step, ferry_strerror(ret));
+				break;
+			}
+			atomic_fetch_add(&ic->bytes_readahead, step);
+		}
+		pthread_mutex_lock(&ic->ra_lock);
+	}
+	pthread_mutex_unlock(&ic->ra_lock);
+	return NULL;
+}
+
+/*
+ * After a demand read of [@uoff, @uoff + @len) of blob @index (@missed:
+ * it had to fetch): a miss starts a new window after the read, a read in
+ * the second half of the current window extends it by one more window.
+ */
+static void ra_queue(struct image_cache *ic, uint32_t index, uint64_t uoff,
+		      uint64_t len, bool missed)
+{
+	struct ra_window *w;
+	uint64_t size, start, end, budget, from;
+
+	if (!ic->nr_ra_threads)
+		return;
+	w = &ic->ra_win[index];
+	start = atomic_load_explicit(&w->start, memory_order_relaxed);
+	end = atomic_load_explicit(&w->end, memory_order_relaxed);
+	/* The common case, a hit outside the window, takes no lock. */
+	if (!missed && !(uoff + len > start + (end - start) / 2 && uoff < end))
+		return;
+	size = ic->img->blobs.blobs[index].uncompressed_size;
+	pthread_mutex_lock(&ic->ra_lock);
+	budget = ra_budget(ic);
+	start = atomic_load(&w->start);
+	end = atomic_load(&w->end);
+	if (uoff + len <= end && uoff >= start && !(uoff + len > start + (end - start) / 2))
+		goto out; /* inside the window's first half: it is coming */
+	from = uoff + len >= start && uoff + len <= end ? end : uoff + len;
+	if (from >= size || ic->ra_quit)
+		goto out;
+	budget = MIN(budget, size - from);
+	if (ic->ra_nr == RA_QUEUE) { /* drop the oldest: readers moved on */
+		ic->ra_head = (ic->ra_head + 1) % RA_QUEUE;
+		ic->ra_nr--;
+	}
+	ic->ra_q[(ic->ra_head + ic->ra_nr++) % RA_QUEUE] =
+		(struct ra_job){ index, from, budget };
+	atomic_store(&w->start, from == end ? start : from);
+	atomic_store(&w->end, from + budget);
+	pthread_cond_signal(&ic->ra_cond);
+out:
+	pthread_mutex_unlock(&ic->ra_lock);
+}
+
+static void ra_start(struct image_cache *ic)
+{
+	while (ic->nr_ra_threads < RA_THREADS) {
+		if (pthread_create(&ic->ra_threads[ic->nr_ra_threads], NULL, ra_main, ic)) {
+			ferry_warn("%s: cannot start a readahead thread: reads fetch only what they need",
+				   ic->img->ref);
+			return;
+		}
+		ic->nr_ra_threads++;
+	}
 }
 
 int image_cache_open(struct image *img, const char *cache_dir,
@@ -68,10 +270,14 @@ int image_cache_open(struct image *img, const char *cache_dir,
 		return -ENOMEM;
 	ic->img = img;
 	ic->nr_blobs = n;
+	pthread_mutex_init(&ic->ra_lock, NULL);
+	pthread_cond_init(&ic->ra_cond, NULL);
 	ic->blobs = calloc(n + 1, sizeof(*ic->blobs));
 	ic->srcs = calloc(n + 1, sizeof(*ic->srcs));
+	ic->tsrcs = calloc(n + 1, sizeof(*ic->tsrcs));
+	ic->ra_win = calloc(n + 1, sizeof(*ic->ra_win));
 	digests = calloc(n + 1, sizeof(*digests));
-	if (!ic->blobs || !ic->srcs || !digests)
+	if (!ic->blobs || !ic->srcs || !ic->tsrcs || !ic->ra_win || !digests)
 		goto fail;
 	ret = blob_cache_dir(cache_dir, NULL, true, NULL);
 	if (ret)
@@ -82,13 +288,18 @@ int image_cache_open(struct image *img, const char *cache_dir,
 	ret = blob_cache_add_image(cache_dir, img->ref, img->image_digest,
 				   (const uint8_t (*)[BLOB_DIGEST_SIZE])digests, n);
 	for (i = 0; !ret && i < n; i++) {
-		ret = image_blob_source(img, i, &ic->srcs[i]);
+		ret = image_blob_source(img, i, &ic->tsrcs[i].inner);
+		ic->tsrcs[i].ic = ic;
+		ic->srcs[i] = (struct blob_source){ timed_read, &ic->tsrcs[i] };
 		if (!ret)
 			ret = blob_cache_open(cache_dir, &img->blobs.blobs[i],
 					      &ic->blobs[i]);
 	}
 	if (ret)
 		goto fail;
+	/* Local blob files answer at once: nothing to hide. */
+	if (img->remote)
+		ra_start(ic);
 	free(digests);
 	*out = ic;
 	return 0;
@@ -137,6 +348,21 @@ static int ensure(struct image_cache *ic, uint32_t index, uint64_t uoff,
 	return ret;
 }
 
+/* A reader's ensure: it also drives readahead. */
+static int demand_ensure(struct image_cache *ic, uint32_t index, uint64_t uoff,
+			 uint64_t len)
+{
+	bool missed = !blob_cache_range_present(ic->blobs[index], uoff, len);
+
+	/* Queued first: the window's fetch overlaps the reader's. */
+	ra_queue(ic, index, uoff, len, missed);
+	if (!missed) {
+		atomic_fetch_add(&ic->hits, 1);
+		return 0;
+	}
+	return ensure(ic, index, uoff, len, true);
+}
+
 int image_cache_ensure(struct image_cache *ic, uint32_t device_id,
 		       uint64_t uoff, uint64_t len)
 {
@@ -145,7 +371,7 @@ int image_cache_ensure(struct image_cache *ic, uint32_t device_id,
 	if (device_id < 1 || device_id > ic->nr_blobs)
 		return -EINVAL;
 	atomic_fetch_add(&ic->demand_inflight, 1);
-	ret = ensure(ic, device_id - 1, uoff, len, true);
+	ret = demand_ensure(ic, device_id - 1, uoff, len);
 	atomic_fetch_sub(&ic->demand_inflight, 1);
 	return ret;
 }
@@ -256,7 +482,7 @@ static ssize_t map_chunked(struct image_cache *ic, const struct meta_stat *st,
 			return ret;
 		if (!ret) {
 			if (fetch)
-				ret = ensure(ic, index, uoff, n, true);
+				ret = demand_ensure(ic, index, uoff, n);
 			else if (!blob_cache_range_present(ic->blobs[index], uoff, n))
 				ret = -EAGAIN;
 			if (ret)
@@ -569,6 +795,9 @@ void image_cache_get_stats(struct image_cache *ic, struct image_cache_stats *s)
 		s->requests = fs.requests;
 		s->retries = fs.retries;
 	}
+	s->bytes_readahead = atomic_load(&ic->bytes_readahead);
+	s->fetches = atomic_load(&ic->fetches);
+	s->fetches_demand = atomic_load(&ic->fetches_demand);
 	for (i = 0; i < ic->nr_blobs; i++) {
 		blob_cache_usage(ic->blobs[i], &chunks, &bytes);
 		s->chunks_present += chunks;
