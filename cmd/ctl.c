@@ -529,6 +529,9 @@ struct json_object *ctl_mount_stats_to_json(const struct ctl_mount_stats *m)
 	ok &= add_u64(o, "prefetchFiles", m->prefetch_files);
 	ok &= add_u64(o, "readaheadFiles", m->readahead_files);
 	ok &= add_u64(o, "readaheadBytes", m->readahead_bytes);
+	ok &= add_u64(o, "fetches", m->fetches);
+	ok &= add_u64(o, "fetchesAhead", m->fetches_ahead);
+	ok &= add_u64(o, "bytesAhead", m->bytes_ahead);
 	/* Milliseconds as seconds, written with exactly three decimals. */
 	snprintf(secs, sizeof(secs), "%llu.%03llu", (unsigned long long)(m->prefetch_ms / 1000),
 		 (unsigned long long)(m->prefetch_ms % 1000));
@@ -567,7 +570,8 @@ static int parse_stats(struct json_object *o, struct ctl_mount_stats *m, char *e
 		C("readaheadBytes", readahead_bytes), C("cacheHits", hits),
 		C("cacheMisses", misses), C("fetchErrors", fetch_errors), C("inFlight", inflight),
 		C("missNanoseconds", miss_ns_total), C("registryRequests", requests),
-		C("registryRetries", retries),
+		C("registryRetries", retries), C("fetches", fetches),
+		C("fetchesAhead", fetches_ahead), C("bytesAhead", bytes_ahead),
 #undef C
 	};
 	struct json_object *v;

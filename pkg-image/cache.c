@@ -81,7 +81,7 @@ struct image_cache {
 	atomic_uint_fast64_t bytes_read, bytes_fetched, prefetched;
 	atomic_uint_fast64_t hits, misses, fetch_errors, miss_ns_total;
 	atomic_uint_fast64_t miss_ms[IMAGE_LATENCY_BUCKETS];
-	atomic_uint_fast64_t fetches, fetches_demand, bytes_readahead;
+	atomic_uint_fast64_t fetches, fetches_ahead, bytes_ahead;
 	uint64_t bwlimit; /* prefetch bytes per second, 0 = unlimited */
 	uint64_t bw_start_ns, bw_bytes;
 
@@ -148,8 +148,8 @@ static int timed_read(void *ctx, uint64_t off, void *buf, size_t len)
 	int ret = ts->inner.read(ts->inner.ctx, off, buf, len);
 
 	atomic_fetch_add(&ts->ic->fetches, 1);
-	if (!in_readahead)
-		atomic_fetch_add(&ts->ic->fetches_demand, 1);
+	if (in_readahead)
+		atomic_fetch_add(&ts->ic->fetches_ahead, 1);
 	if (!ret)
 		link_sample(ts->ic, len, ferry_now_ns() - t0);
 	return ret;
@@ -195,7 +195,7 @@ static void *ra_main(void *arg)
 					  (unsigned long long)step, ferry_strerror(ret));
 				break;
 			}
-			atomic_fetch_add(&ic->bytes_readahead, step);
+			atomic_fetch_add(&ic->bytes_ahead, step);
 		}
 		pthread_mutex_lock(&ic->ra_lock);
 	}
@@ -795,9 +795,9 @@ void image_cache_get_stats(struct image_cache *ic, struct image_cache_stats *s)
 		s->requests = fs.requests;
 		s->retries = fs.retries;
 	}
-	s->bytes_readahead = atomic_load(&ic->bytes_readahead);
+	s->bytes_ahead = atomic_load(&ic->bytes_ahead);
 	s->fetches = atomic_load(&ic->fetches);
-	s->fetches_demand = atomic_load(&ic->fetches_demand);
+	s->fetches_ahead = atomic_load(&ic->fetches_ahead);
 	for (i = 0; i < ic->nr_blobs; i++) {
 		blob_cache_usage(ic->blobs[i], &chunks, &bytes);
 		s->chunks_present += chunks;

@@ -781,6 +781,9 @@ int mounts_list(struct ctl_mount_stats **out, size_t *nr)
 		e->requests = s.requests;
 		e->retries = s.retries;
 		e->bytes_evicted = s.bytes_evicted;
+		e->fetches = s.fetches;
+		e->fetches_ahead = s.fetches_ahead;
+		e->bytes_ahead = s.bytes_ahead;
 		snprintf(e->prefetch, sizeof(e->prefetch), "%s",
 			 prefetch_name(atomic_load(&m->pstate)));
 		e->prefetch_files = atomic_load(&m->prefetch_files);

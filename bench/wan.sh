@@ -1,0 +1,159 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# Cold start across a slow network: two builds of ferry (OLD_BIN, NEW_BIN)
+# and a full pull, all through tests/tools/wanproxy.py in front of one
+# docker-registry on 127.0.0.1, interleaved in each round so that the
+# machine's background load hits them alike.
+#
+#   bench/wan.sh OLD_BIN NEW_BIN [ROUNDS]
+#
+# Links: $FERRY_WAN_LINKS, "DELAY_MS:MBIT ..." with DELAY_MS one way
+# (default "0:0 10:200 25:100": loopback through the proxy, 20 ms RTT at
+# 200 Mbit/s, 50 ms RTT at 100 Mbit/s). The image is bench/lib.sh's "big"
+# (FERRY_LAZY_SET), one gzip layer in the registry, converted by NEW_BIN's
+# ferry. Per build and mode (fuse, fanotify), on a fresh cache and ferryd:
+# from `ferry mount` to the end of the workload = read os-release, find
+# /usr, chroot sh -c true and env true, then a Python import of large
+# standard packages (asyncio, email, unittest, http, xml, sqlite3, ctypes,
+# multiprocessing...). The full pull is skopeo copy + umoci unpack through
+# the same proxy, then the workload. Reports medians of time, requests (the
+# proxy's count), ferry's bytes fetched and read, and for NEW the requests
+# made by readahead (off the readers' path: fetchesAhead).
+set -euo pipefail
+top=$(cd "$(dirname "$0")/.." && pwd)
+. "$top/bench/lib.sh"
+[ $# -ge 2 ] || { echo "usage: $0 OLD_BIN NEW_BIN [ROUNDS]" >&2; exit 2; }
+old=$(cd "$1" && pwd)
+new=$(cd "$2" && pwd)
+rounds=${3:-3}
+links=${FERRY_WAN_LINKS:-0:0 10:200 25:100}
+set_name=${FERRY_LAZY_SET:-big}
+ferry=$new/ferry
+dataset "$set_name"
+gz=$data/$set_name.tar.gz tar=$data/$set_name.tar
+work=$(mktemp -d "$data/wan.XXXXXX")
+pids=()
+cleanup() {
+	local m p
+	for m in $(awk -v w="$work/" 'index($5, w) == 1 { print $5 }' /proc/self/mountinfo | sort -r); do
+		umount "$m" 2>/dev/null || umount -l "$m"
+	done
+	for p in $(pgrep -f "ferryd.*$work/" || true); do kill "$p" 2>/dev/null || true; done
+	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+	rm -rf "$work"
+}
+trap cleanup EXIT
+now() { date +%s.%N; }
+
+read -r port reg_pid < <("$top/tests/tools/start-registry.sh" "$work/registry")
+pids+=("$reg_pid")
+reg=127.0.0.1:$port
+umoci init --layout "$work/src" >/dev/null
+umoci new --image "$work/src:1" >/dev/null
+umoci raw add-layer --image "$work/src:1" "$tar" >/dev/null
+skopeo copy --quiet --dest-tls-verify=false "oci:$work/src:1" "docker://$reg/src/$set_name:1"
+"$ferry" convert -q "docker://$reg/src/$set_name:1" "docker://$reg/ferry/$set_name:1"
+
+PYIMPORT='import asyncio, email.mime.multipart, http.client, json, xml.etree.ElementTree, decimal, unittest, urllib.request, logging.handlers, multiprocessing, concurrent.futures, sqlite3, ctypes'
+workload() { # ROOT
+	cat "$1/etc/os-release" >/dev/null
+	find "$1/usr" >/dev/null
+	chroot "$1" /bin/sh -c true
+	chroot "$1" /usr/bin/env true
+	chroot "$1" /usr/bin/python3 -c "$PYIMPORT"
+}
+wstat() { # KEY: a counter of the WAN proxy (reset zeroes them first)
+	python3 - "$wstats" "$1" <<'PY'
+import json, socket, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=10)
+s.sendall((b"reset" if sys.argv[2] == "reset" else b"stats") + b"\n")
+buf = b""
+while not buf.endswith(b"\n"):
+    d = s.recv(4096)
+    if not d:
+        break
+    buf += d
+print(json.loads(buf).get(sys.argv[2], 0))
+PY
+}
+mstat() { # BIN SOCK KEY: a statistic of the one mount (0 when the build lacks it)
+	"$1/ferry" mount --list --json --socket "$2" | python3 -c '
+import json, sys
+print(sum(x.get(sys.argv[1], 0) for x in json.load(sys.stdin)["mounts"]))' "$3"
+}
+cold() { # LINK BUILD BIN MODE: one cold start, a line into $work/results
+	local link=$1 b=$2 bin=$3 mode=$4 sock=$work/$2-$4.sock cache=$work/cache-$2-$4
+	local mnt=$work/mnt-$2-$4 t0 t1
+	rm -rf "$cache"
+	mkdir -p "$mnt"
+	"$top/bench/prepare.sh"
+	wstat reset >/dev/null
+	t0=$(now)
+	"$bin/ferry" mount --mode "$mode" --socket "$sock" --cache-dir "$cache" \
+		"docker://$wan/ferry/$set_name:1" "$mnt"
+	workload "$mnt"
+	t1=$(now)
+	echo "$link $b-$mode $(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }') $(wstat requests) $(mstat "$bin" "$sock" bytesFetched) $(mstat "$bin" "$sock" bytesRead) $(mstat "$bin" "$sock" fetchesAhead) $(wstat max_inflight)" >>"$work/results"
+	"$bin/ferry" umount --socket "$sock" "$mnt"
+	pkill -f "ferryd.*$sock" 2>/dev/null || true
+	for _ in $(seq 50); do pgrep -f "ferryd.*$sock" >/dev/null || break; sleep 0.1; done
+}
+pull() { # LINK
+	local t0 t1
+	rm -rf "$work/pull" "$work/bundle"
+	"$top/bench/prepare.sh"
+	wstat reset >/dev/null
+	t0=$(now)
+	skopeo copy --quiet --src-tls-verify=false "docker://$wan/src/$set_name:1" "oci:$work/pull:1"
+	umoci unpack --image "$work/pull:1" "$work/bundle" >/dev/null
+	workload "$work/bundle/rootfs"
+	t1=$(now)
+	echo "$1 pull $(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }') $(wstat requests) $(stat -c %s "$gz") 0 0 $(wstat max_inflight)" >>"$work/results"
+}
+
+: >"$work/results"
+for link in $links; do
+	python3 "$top/tests/tools/wanproxy.py" --upstream "$reg" --port-file "$work/wp.port" \
+		--stats-port-file "$work/wp.stats" --delay-ms "${link%%:*}" --rate-mbit "${link##*:}" &
+	wp_pid=$!
+	pids+=("$wp_pid")
+	for _ in $(seq 50); do [ -s "$work/wp.port" ] && break; sleep 0.1; done
+	wan=127.0.0.1:$(cat "$work/wp.port")
+	wstats=$(cat "$work/wp.stats")
+	for r in $(seq "$rounds"); do
+		for mode in fuse fanotify; do
+			cold "$link" old "$old" "$mode"
+			cold "$link" new "$new" "$mode"
+		done
+		pull "$link"
+	done
+	kill "$wp_pid"
+	wait "$wp_pid" 2>/dev/null || true
+	rm -f "$work/wp.port" "$work/wp.stats"
+done
+cp "$work/results" "${FERRY_WAN_RESULTS:-/dev/null}"
+
+echo "## cold start through wanproxy.py: $set_name, old $old, new $new, $rounds rounds, $(nproc) CPUs"
+echo
+python3 - "$work/results" <<'PY'
+import collections, statistics, sys
+rows = collections.defaultdict(list)
+for line in open(sys.argv[1]):
+    link, what, *v = line.split()
+    rows[(link, what)].append([float(x) for x in v])
+def med(link, what, col):
+    return statistics.median(r[col] for r in rows[(link, what)])
+links = list(dict.fromkeys(k[0] for k in rows))
+print("| link (one-way delay ms : Mbit/s) | run | workload done (s) | x full pull | requests | readahead requests | critical-path requests | bytes fetched | bytes read | fetched/read | most requests in flight |")
+print("|---|---|---|---|---|---|---|---|---|---|---|")
+for link in links:
+    pull = med(link, "pull", 0)
+    for what in ("old-fuse", "new-fuse", "old-fanotify", "new-fanotify", "pull"):
+        if (link, what) not in rows:
+            continue
+        t, req, fetched, read, ahead, infl = (med(link, what, c) for c in range(6))
+        ratio = "%.2f" % (fetched / read) if read else "-"
+        print("| %s | %s | %.2f | %.3f | %d | %d | %d | %d | %s | %s | %d |" % (
+            link, what, t, t / pull, req, ahead, req - ahead, fetched,
+            "%d" % read if read else "-", ratio, infl))
+PY
