@@ -13,8 +13,8 @@
  * are laid out in tree order) arrive on other connections while the
  * reader works, instead of one round trip per fault. The window is a few
  * bandwidth-delay products of the link, measured on the fetches
- * themselves; a read that reaches the second half of the window extends
- * it, so a sequential reader stays ahead. The background fetches go
+ * themselves; it starts small and doubles while a reader keeps reaching
+ * it, so a sequential reader stays ahead and a random one wastes little. The background fetches go
  * through blob_cache_ensure like any other: verified, one per frame.
  */
 #include <fcntl.h>
@@ -51,6 +51,7 @@
 #define RA_MIN (512u << 10)
 #define RA_MAX (4u << 20)
 #define RA_STEP (1u << 20)
+#define RA_FIRST (128u << 10) /* a new window's first segment, at least */
 #define RA_BDP_FACTOR 4
 /* Fetches this large or larger also measure the bandwidth. */
 #define RA_BW_SAMPLE (128u << 10)
@@ -66,9 +67,13 @@ struct timed_source {
 	struct blob_source inner;
 };
 
-/* Per blob: the current readahead window [start, end). */
+/*
+ * Per blob: the readahead window [origin, end), queued in segments, the
+ * last one [mark, end) of seg bytes; origin and seg under ra_lock.
+ */
 struct ra_window {
-	_Atomic uint64_t start, end;
+	_Atomic uint64_t mark, end;
+	uint64_t origin, seg;
 };
 
 struct image_cache {
@@ -205,42 +210,51 @@ static void *ra_main(void *arg)
 
 /*
  * After a demand read of [@uoff, @uoff + @len) of blob @index (@missed:
- * it had to fetch): a miss starts a new window after the read, a read in
- * the second half of the current window extends it by one more window.
+ * it had to fetch). A miss outside the blob's window starts a new one
+ * with a quarter of the budget after the read (a random reader wastes
+ * little); a read that crosses the window's mark (the start of its last
+ * segment) queues a segment twice as large as the last, up to the
+ * budget, so a sequential reader stays a segment or two ahead.
  */
 static void ra_queue(struct image_cache *ic, uint32_t index, uint64_t uoff,
-		      uint64_t len, bool missed)
+		     uint64_t len, bool missed)
 {
 	struct ra_window *w;
-	uint64_t size, start, end, budget, from;
+	uint64_t size, end, budget, from, seg;
 
 	if (!ic->nr_ra_threads)
 		return;
 	w = &ic->ra_win[index];
-	start = atomic_load_explicit(&w->start, memory_order_relaxed);
-	end = atomic_load_explicit(&w->end, memory_order_relaxed);
-	/* The common case, a hit outside the window, takes no lock. */
-	if (!missed && !(uoff + len > start + (end - start) / 2 && uoff < end))
+	/* The common case, a hit before the mark, takes no lock. */
+	if (!missed && !(uoff + len > atomic_load_explicit(&w->mark, memory_order_relaxed) &&
+			 uoff < atomic_load_explicit(&w->end, memory_order_relaxed)))
 		return;
 	size = ic->img->blobs.blobs[index].uncompressed_size;
 	pthread_mutex_lock(&ic->ra_lock);
 	budget = ra_budget(ic);
-	start = atomic_load(&w->start);
 	end = atomic_load(&w->end);
-	if (uoff + len <= end && uoff >= start && !(uoff + len > start + (end - start) / 2))
-		goto out; /* inside the window's first half: it is coming */
-	from = uoff + len >= start && uoff + len <= end ? end : uoff + len;
-	if (from >= size || ic->ra_quit)
+	if (uoff + len > w->origin && uoff < end) {
+		if (uoff + len <= atomic_load(&w->mark))
+			goto out; /* queued already, and the reader is not near its end */
+		from = end;
+		seg = MIN(2 * w->seg, budget);
+	} else {
+		w->origin = uoff;
+		from = uoff + len;
+		seg = MAX(budget / 4, (uint64_t)RA_FIRST);
+	}
+	if (from >= size || atomic_load(&ic->ra_quit))
 		goto out;
-	budget = MIN(budget, size - from);
+	seg = MIN(seg, size - from);
 	if (ic->ra_nr == RA_QUEUE) { /* drop the oldest: readers moved on */
 		ic->ra_head = (ic->ra_head + 1) % RA_QUEUE;
 		ic->ra_nr--;
 	}
 	ic->ra_q[(ic->ra_head + ic->ra_nr++) % RA_QUEUE] =
-		(struct ra_job){ index, from, budget };
-	atomic_store(&w->start, from == end ? start : from);
-	atomic_store(&w->end, from + budget);
+		(struct ra_job){ index, from, seg };
+	w->seg = seg;
+	atomic_store(&w->mark, from);
+	atomic_store(&w->end, from + seg);
 	pthread_cond_signal(&ic->ra_cond);
 out:
 	pthread_mutex_unlock(&ic->ra_lock);

@@ -487,7 +487,7 @@ struct image_cache_stats {
 	uint64_t bytes_read;       /* file bytes served by image_cache_read */
 	uint64_t bytes_fetched;    /* compressed bytes read from the sources */
 	uint64_t bytes_prefetched; /* uncompressed bytes made present by prefetch */
-	uint64_t bytes_ahead;      /* uncompressed bytes readahead made present */
+	uint64_t bytes_ahead;      /* uncompressed bytes readahead covered */
 	uint64_t fetches;          /* reads from the sources (registry requests) */
 	uint64_t fetches_ahead;    /* of those, by readahead: off readers' paths */
 	uint64_t chunks_present, chunks_total, bytes_present;
