@@ -52,6 +52,9 @@
 #define RA_MAX (4u << 20)
 #define RA_STEP (1u << 20)
 #define RA_FIRST (128u << 10) /* a new window's first segment, at least */
+/* Files up to this size are fetched whole after their first miss. */
+#define RA_FILE_MAX (8u << 20)
+#define RA_FILES 1024 /* remembered files (by inode, direct-mapped) */
 #define RA_BDP_FACTOR 4
 /* Fetches this large or larger also measure the bandwidth. */
 #define RA_BW_SAMPLE (128u << 10)
@@ -98,6 +101,7 @@ struct image_cache {
 	atomic_bool ra_quit;
 	pthread_t ra_threads[RA_THREADS];
 	struct ra_window *ra_win;
+	uint64_t ra_files[RA_FILES]; /* nid + 1 of files queued whole */
 	double rtt_s, bw_Bps; /* link estimates, 0 = none yet */
 };
 
@@ -208,6 +212,19 @@ static void *ra_main(void *arg)
 	return NULL;
 }
 
+/* Queue [@uoff, @uoff + @len) of blob @index; under ra_lock. */
+static void ra_push(struct image_cache *ic, uint32_t index, uint64_t uoff,
+		    uint64_t len)
+{
+	if (ic->ra_nr == RA_QUEUE) { /* drop the oldest: readers moved on */
+		ic->ra_head = (ic->ra_head + 1) % RA_QUEUE;
+		ic->ra_nr--;
+	}
+	ic->ra_q[(ic->ra_head + ic->ra_nr++) % RA_QUEUE] =
+		(struct ra_job){ index, uoff, len };
+	pthread_cond_signal(&ic->ra_cond);
+}
+
 /*
  * After a demand read of [@uoff, @uoff + @len) of blob @index (@missed:
  * it had to fetch). A miss outside the blob's window starts a new one
@@ -246,16 +263,10 @@ static void ra_queue(struct image_cache *ic, uint32_t index, uint64_t uoff,
 	if (from >= size || atomic_load(&ic->ra_quit))
 		goto out;
 	seg = MIN(seg, size - from);
-	if (ic->ra_nr == RA_QUEUE) { /* drop the oldest: readers moved on */
-		ic->ra_head = (ic->ra_head + 1) % RA_QUEUE;
-		ic->ra_nr--;
-	}
-	ic->ra_q[(ic->ra_head + ic->ra_nr++) % RA_QUEUE] =
-		(struct ra_job){ index, from, seg };
+	ra_push(ic, index, from, seg);
 	w->seg = seg;
 	atomic_store(&w->mark, from);
 	atomic_store(&w->end, from + seg);
-	pthread_cond_signal(&ic->ra_cond);
 out:
 	pthread_mutex_unlock(&ic->ra_lock);
 }
@@ -362,14 +373,63 @@ static int ensure(struct image_cache *ic, uint32_t index, uint64_t uoff,
 	return ret;
 }
 
-/* A reader's ensure: it also drives readahead. */
-static int demand_ensure(struct image_cache *ic, uint32_t index, uint64_t uoff,
-			 uint64_t len)
+static int locate(const struct image_cache *ic, const struct meta_stat *st,
+		  uint64_t pos, uint32_t *index, uint64_t *uoff);
+
+/*
+ * The first miss in a regular file of at most RA_FILE_MAX bytes queues
+ * the whole file, in pieces of at most RA_STEP contiguous blob bytes that
+ * the threads share: a file is usually read whole once opened, and a
+ * mapped library faults all over it.
+ */
+static void ra_file(struct image_cache *ic, const struct meta_stat *st)
+{
+	uint64_t pos, n, uoff = 0, run_off = 0, run_len = 0;
+	uint32_t index = 0, run_index = 0;
+	uint64_t *slot = &ic->ra_files[st->nid % RA_FILES];
+
+	if (!ic->nr_ra_threads || st->size > RA_FILE_MAX)
+		return;
+	pthread_mutex_lock(&ic->ra_lock);
+	if (*slot == st->nid + 1) {
+		pthread_mutex_unlock(&ic->ra_lock);
+		return;
+	}
+	*slot = st->nid + 1;
+	for (pos = 0; pos < st->size; pos += n) {
+		int ret = locate(ic, st, pos, &index, &uoff);
+
+		n = MIN(st->size - pos, (uint64_t)st->chunk_size - pos % st->chunk_size);
+		if (ret < 0)
+			break; /* the reader's own read reports it */
+		if (ret)
+			continue; /* a hole */
+		if (run_len && index == run_index && run_off + run_len == uoff &&
+		    run_len + n <= RA_STEP) {
+			run_len += n;
+			continue;
+		}
+		if (run_len)
+			ra_push(ic, run_index, run_off, run_len);
+		run_index = index;
+		run_off = uoff;
+		run_len = n;
+	}
+	if (run_len)
+		ra_push(ic, run_index, run_off, run_len);
+	pthread_mutex_unlock(&ic->ra_lock);
+}
+
+/* A reader's ensure (@st: of that file, or NULL): it also drives readahead. */
+static int demand_ensure(struct image_cache *ic, const struct meta_stat *st,
+			 uint32_t index, uint64_t uoff, uint64_t len)
 {
 	bool missed = !blob_cache_range_present(ic->blobs[index], uoff, len);
 
-	/* Queued first: the window's fetch overlaps the reader's. */
+	/* Queued first: the readahead fetches overlap the reader's. */
 	ra_queue(ic, index, uoff, len, missed);
+	if (missed && st)
+		ra_file(ic, st);
 	if (!missed) {
 		atomic_fetch_add(&ic->hits, 1);
 		return 0;
@@ -385,7 +445,7 @@ int image_cache_ensure(struct image_cache *ic, uint32_t device_id,
 	if (device_id < 1 || device_id > ic->nr_blobs)
 		return -EINVAL;
 	atomic_fetch_add(&ic->demand_inflight, 1);
-	ret = demand_ensure(ic, device_id - 1, uoff, len);
+	ret = demand_ensure(ic, NULL, device_id - 1, uoff, len);
 	atomic_fetch_sub(&ic->demand_inflight, 1);
 	return ret;
 }
@@ -496,7 +556,7 @@ static ssize_t map_chunked(struct image_cache *ic, const struct meta_stat *st,
 			return ret;
 		if (!ret) {
 			if (fetch)
-				ret = demand_ensure(ic, index, uoff, n);
+				ret = demand_ensure(ic, st, index, uoff, n);
 			else if (!blob_cache_range_present(ic->blobs[index], uoff, n))
 				ret = -EAGAIN;
 			if (ret)
