@@ -5,8 +5,9 @@
 # docker-registry on 127.0.0.1, interleaved in each round so that the
 # machine's background load hits them alike.
 #
-#   bench/wan.sh OLD_BIN NEW_BIN [ROUNDS]
+#   bench/wan.sh [OLD_BIN] NEW_BIN [ROUNDS]
 #
+# (With one build, `make bench`, only NEW_BIN runs.)
 # Links: $FERRY_WAN_LINKS, "DELAY_MS:MBIT ..." with DELAY_MS one way
 # (default "0:0 10:200 25:100": loopback through the proxy, 20 ms RTT at
 # 200 Mbit/s, 50 ms RTT at 100 Mbit/s). The image is bench/lib.sh's "big"
@@ -22,10 +23,11 @@
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 . "$top/bench/lib.sh"
-[ $# -ge 2 ] || { echo "usage: $0 OLD_BIN NEW_BIN [ROUNDS]" >&2; exit 2; }
-old=$(cd "$1" && pwd)
-new=$(cd "$2" && pwd)
-rounds=${3:-3}
+case $# in
+1) old= new=$(cd "$1" && pwd) rounds=3 ;;
+2 | 3) old=$(cd "$1" && pwd) new=$(cd "$2" && pwd) rounds=${3:-3} ;;
+*) echo "usage: $0 [OLD_BIN] NEW_BIN [ROUNDS]" >&2; exit 2 ;;
+esac
 links=${FERRY_WAN_LINKS:-0:0 10:200 25:100}
 set_name=${FERRY_LAZY_SET:-big}
 ferry=$new/ferry
@@ -122,7 +124,7 @@ for link in $links; do
 	wstats=$(cat "$work/wp.stats")
 	for r in $(seq "$rounds"); do
 		for mode in fuse fanotify; do
-			cold "$link" old "$old" "$mode"
+			[ -z "$old" ] || cold "$link" old "$old" "$mode"
 			cold "$link" new "$new" "$mode"
 		done
 		pull "$link"

@@ -8,14 +8,15 @@
  * mount is the same cache filled completely first.
  *
  * Readahead (amplified I/O) for images in a registry: a demand read that
- * misses queues the blob bytes that follow it for a few background
- * threads, so the rest of the file and its neighbours in the blob (files
- * are laid out in tree order) arrive on other connections while the
- * reader works, instead of one round trip per fault. The window is a few
- * bandwidth-delay products of the link, measured on the fetches
- * themselves; it starts small and doubles while a reader keeps reaching
- * it, so a sequential reader stays ahead and a random one wastes little. The background fetches go
- * through blob_cache_ensure like any other: verified, one per frame.
+ * misses queues its whole file (FUSE) and the blob bytes that follow it
+ * for a few background threads, so the rest of the file and its
+ * neighbours in the blob (files are laid out in tree order) arrive on
+ * other connections while the reader works, instead of one round trip
+ * per fault. The window is a few bandwidth-delay products of the link,
+ * measured on the fetches themselves; it starts small and doubles while
+ * a reader keeps reaching it, so a sequential reader stays ahead and a
+ * random one wastes little. The background fetches go through
+ * blob_cache_ensure like any other: verified, one per frame.
  */
 #include <fcntl.h>
 #include <pthread.h>
@@ -64,6 +65,13 @@ struct ra_job {
 	uint64_t uoff, len;
 };
 
+/* Which file a piece of a blob belongs to (for misses that name no file). */
+struct ra_owner {
+	uint32_t index;
+	uint32_t len;
+	uint64_t uoff, nid;
+};
+
 /* A source read that is timed, to estimate the link. */
 struct timed_source {
 	struct image_cache *ic;
@@ -102,6 +110,10 @@ struct image_cache {
 	pthread_t ra_threads[RA_THREADS];
 	struct ra_window *ra_win;
 	uint64_t ra_files[RA_FILES]; /* nid + 1 of files queued whole */
+	/* Sorted by (index, uoff), set once by the first readahead thread. */
+	struct ra_owner *owners;
+	size_t nr_owners, owners_cap;
+	atomic_bool owners_claimed, owners_ready;
 	double rtt_s, bw_Bps; /* link estimates, 0 = none yet */
 };
 
@@ -129,6 +141,7 @@ void image_cache_close(struct image_cache *ic)
 	free(ic->srcs);
 	free(ic->tsrcs);
 	free(ic->ra_win);
+	free(ic->owners);
 	free(ic);
 }
 
@@ -175,6 +188,92 @@ static uint64_t ra_budget(struct image_cache *ic)
 static int ensure(struct image_cache *ic, uint32_t index, uint64_t uoff,
 		  uint64_t len, bool demand);
 
+static int owner_add(void *ctx, const char *path, const struct meta_stat *st)
+{
+	struct image_cache *ic = ctx;
+	struct meta_chunk mc;
+	uint64_t c;
+	int ret;
+
+	(void)path;
+	if (!S_ISREG(st->mode) || !st->nr_chunks || st->size > RA_FILE_MAX)
+		return 0;
+	for (c = 0; c < st->nr_chunks && c * st->chunk_size < st->size; c++) {
+		ret = meta_get_chunk(ic->img->meta, st->nid, c, &mc);
+		if (ret)
+			return ret;
+		if (mc.blkaddr == META_CHUNK_HOLE)
+			continue;
+		if (mc.device_id < 1 || mc.device_id > ic->nr_blobs)
+			return -EFSCORRUPTED;
+		if (array_reserve(&ic->owners, &ic->owners_cap, ic->nr_owners + 1,
+				  sizeof(*ic->owners), 256))
+			return -ENOMEM;
+		ic->owners[ic->nr_owners++] = (struct ra_owner){
+			.index = mc.device_id - 1u,
+			.len = (uint32_t)MIN((uint64_t)st->chunk_size,
+					     st->size - c * st->chunk_size),
+			.uoff = (uint64_t)mc.blkaddr * META_BLOCK_SIZE,
+			.nid = st->nid,
+		};
+	}
+	return 0;
+}
+
+static int owner_cmp(const void *a, const void *b)
+{
+	const struct ra_owner *x = a, *y = b;
+
+	if (x->index != y->index)
+		return x->index < y->index ? -1 : 1;
+	return x->uoff < y->uoff ? -1 : x->uoff > y->uoff;
+}
+
+/*
+ * The owners of every chunk of the files readahead may fetch whole, for
+ * misses that name a blob range only (fanotify, cachefiles). Built in the
+ * background: until it is there, such misses get the window alone.
+ */
+static void owners_build(struct image_cache *ic)
+{
+	int ret = meta_walk(ic->img->meta, owner_add, ic);
+
+	if (ret) {
+		ferry_dbg("%s: readahead: no map of files to blob ranges: %s",
+			  ic->img->ref, ferry_strerror(ret));
+		return;
+	}
+	qsort(ic->owners, ic->nr_owners, sizeof(*ic->owners), owner_cmp);
+	atomic_store(&ic->owners_ready, true);
+}
+
+/* The file that blob @index's byte @uoff belongs to: 0 and *@st, or -ENOENT. */
+static int owner_find(struct image_cache *ic, uint32_t index, uint64_t uoff,
+		      struct meta_stat *st)
+{
+	size_t lo = 0, hi = ic->nr_owners;
+	const struct ra_owner *o;
+
+	if (!atomic_load(&ic->owners_ready))
+		return -ENOENT;
+	/* The last owner that starts at or before (index, uoff). */
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+
+		o = &ic->owners[mid];
+		if (o->index < index || (o->index == index && o->uoff <= uoff))
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	if (!lo)
+		return -ENOENT;
+	o = &ic->owners[lo - 1];
+	if (o->index != index || uoff >= o->uoff + o->len)
+		return -ENOENT;
+	return meta_getattr(ic->img->meta, o->nid, st);
+}
+
 static void *ra_main(void *arg)
 {
 	struct image_cache *ic = arg;
@@ -183,6 +282,8 @@ static void *ra_main(void *arg)
 	int ret;
 
 	in_readahead = true;
+	if (!atomic_exchange(&ic->owners_claimed, true))
+		owners_build(ic);
 	pthread_mutex_lock(&ic->ra_lock);
 	for (;;) {
 		while (!ic->ra_nr && !ic->ra_quit)
@@ -426,8 +527,12 @@ static int demand_ensure(struct image_cache *ic, const struct meta_stat *st,
 {
 	bool missed = !blob_cache_range_present(ic->blobs[index], uoff, len);
 
+	struct meta_stat owner;
+
 	/* Queued first: the readahead fetches overlap the reader's. */
 	ra_queue(ic, index, uoff, len, missed);
+	if (missed && !st && !owner_find(ic, index, uoff, &owner))
+		st = &owner;
 	if (missed && st)
 		ra_file(ic, st);
 	if (!missed) {
