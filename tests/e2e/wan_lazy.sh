@@ -8,6 +8,9 @@
 #     digests, and the proxy saw more than one request in flight at once
 #     (ferryd's fetches overlap instead of queueing behind each other)
 #   - the whole tree then equals umoci unpack (treecmp)
+#   - one reader alone, reading files one after another, still has more
+#     than one request in flight (readahead fetches ahead of it), most of
+#     them readahead's (fetchesAhead), and reads the reference bytes
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/oci_lib.sh"
 . "$(dirname "$0")/registry_lib.sh"
@@ -44,6 +47,30 @@ wan_checks() { # MODE
 	check "ferry umount ($mode)" fumount "$m"
 }
 
+# One sequential reader of /usr/lib's files (sorted) on a fresh cache.
+one_reader() { # MODE
+	local mode=$1 m=$SCRATCH/m-wan1-$1 inflight fetches ahead
+	lazy_use "wan1-$mode"
+	check "mount --mode $mode through the WAN proxy (fresh cache, one reader)" \
+		ferryd_mount "$mode" "$WIMG" "$m" || return 1
+	wp_stat requests reset >/dev/null
+	check "$mode: one reader: every file of /usr/lib has the reference bytes" bash -c \
+		'diff <(cd "$1/usr/lib" && find . -type f | sort | head -400 | xargs -d "\n" sha256sum) \
+		      <(cd "$2/usr/lib" && find . -type f | sort | head -400 | xargs -d "\n" sha256sum)' \
+		_ "$ref" "$m"
+	inflight=$(wp_stat max_inflight)
+	fetches=$(mount_field "$m" fetches)
+	ahead=$(mount_field "$m" fetchesAhead)
+	echo "# $mode, one reader: $(wp_stat requests) requests ($fetches by ferryd, $ahead readahead), at most $inflight in flight"
+	expect_sh "$mode: one reader, yet requests overlap (at most $inflight in flight, > 1)" \
+		'[ "$inflight" -gt 1 ]'
+	expect_sh "$mode: readahead made most of the requests ($ahead of $fetches)" \
+		'[ "$ahead" -gt 0 ] && [ $((ahead * 2)) -gt "$fetches" ]'
+	check "ferry umount ($mode, one reader)" fumount "$m"
+}
+
 wan_checks fuse
 wan_checks fanotify
+one_reader fuse
+one_reader fanotify
 e2e_done
