@@ -32,29 +32,12 @@ links=${FERRY_WAN_LINKS:-0:0 10:200 25:100}
 set_name=${FERRY_LAZY_SET:-big}
 ferry=$new/ferry
 dataset "$set_name"
-gz=$data/$set_name.tar.gz tar=$data/$set_name.tar
-work=$(mktemp -d "$data/wan.XXXXXX")
-pids=()
-cleanup() {
-	local m p
-	for m in $(awk -v w="$work/" 'index($5, w) == 1 { print $5 }' /proc/self/mountinfo | sort -r); do
-		umount "$m" 2>/dev/null || umount -l "$m"
-	done
-	for p in $(pgrep -f "ferryd.*$work/" || true); do kill "$p" 2>/dev/null || true; done
-	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-	rm -rf "$work"
-}
-trap cleanup EXIT
+gz=$data/$set_name.tar.gz
+bench_workdir wan
+wp_pid=
+trap '[ -z "$wp_pid" ] || kill "$wp_pid" 2>/dev/null; bench_cleanup' EXIT
 now() { date +%s.%N; }
-
-read -r port reg_pid < <("$top/tests/tools/start-registry.sh" "$work/registry")
-pids+=("$reg_pid")
-reg=127.0.0.1:$port
-umoci init --layout "$work/src" >/dev/null
-umoci new --image "$work/src:1" >/dev/null
-umoci raw add-layer --image "$work/src:1" "$tar" >/dev/null
-skopeo copy --quiet --dest-tls-verify=false "oci:$work/src:1" "docker://$reg/src/$set_name:1"
-"$ferry" convert -q "docker://$reg/src/$set_name:1" "docker://$reg/ferry/$set_name:1"
+bench_image "$set_name"
 
 PYIMPORT='import asyncio, email.mime.multipart, http.client, json, xml.etree.ElementTree, decimal, unittest, urllib.request, logging.handlers, multiprocessing, concurrent.futures, sqlite3, ctypes'
 workload() { # ROOT
@@ -118,7 +101,6 @@ for link in $links; do
 	python3 "$top/tests/tools/wanproxy.py" --upstream "$reg" --port-file "$work/wp.port" \
 		--stats-port-file "$work/wp.stats" --delay-ms "${link%%:*}" --rate-mbit "${link##*:}" &
 	wp_pid=$!
-	pids+=("$wp_pid")
 	for _ in $(seq 50); do [ -s "$work/wp.port" ] && break; sleep 0.1; done
 	wan=127.0.0.1:$(cat "$work/wp.port")
 	wstats=$(cat "$work/wp.stats")
@@ -131,6 +113,7 @@ for link in $links; do
 	done
 	kill "$wp_pid"
 	wait "$wp_pid" 2>/dev/null || true
+	wp_pid=
 	rm -f "$work/wp.port" "$work/wp.stats"
 done
 cp "$work/results" "${FERRY_WAN_RESULTS:-/dev/null}"
