@@ -23,11 +23,14 @@
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 . "$top/bench/lib.sh"
-case $# in
-1) old= new=$(cd "$1" && pwd) rounds=3 ;;
-2 | 3) old=$(cd "$1" && pwd) new=$(cd "$2" && pwd) rounds=${3:-3} ;;
-*) echo "usage: $0 [OLD_BIN] NEW_BIN [ROUNDS]" >&2; exit 2 ;;
-esac
+if [ $# -ge 2 ] && [ -d "$2" ]; then
+	old=$(cd "$1" && pwd) new=$(cd "$2" && pwd) rounds=${3:-3}
+elif [ $# -ge 1 ] && [ $# -le 2 ]; then
+	old='' new=$(cd "$1" && pwd) rounds=${2:-3}
+else
+	echo "usage: $0 [OLD_BIN] NEW_BIN [ROUNDS]" >&2
+	exit 2
+fi
 links=${FERRY_WAN_LINKS:-0:0 10:200 25:100}
 set_name=${FERRY_LAZY_SET:-big}
 ferry=$new/ferry

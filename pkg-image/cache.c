@@ -106,6 +106,7 @@ struct image_cache {
 	pthread_cond_t ra_cond;
 	struct ra_job ra_q[RA_QUEUE];
 	unsigned int ra_head, ra_nr, nr_ra_threads;
+	bool ra_on, ra_started; /* an image in a registry; threads tried */
 	atomic_bool ra_quit;
 	pthread_t ra_threads[RA_THREADS];
 	struct ra_window *ra_win;
@@ -313,10 +314,32 @@ static void *ra_main(void *arg)
 	return NULL;
 }
 
-/* Queue [@uoff, @uoff + @len) of blob @index; under ra_lock. */
+static void ra_start(struct image_cache *ic)
+{
+	int err;
+
+	while (ic->nr_ra_threads < RA_THREADS) {
+		err = pthread_create(&ic->ra_threads[ic->nr_ra_threads], NULL, ra_main, ic);
+		if (err) {
+			ferry_warn("%s: cannot start a readahead thread (%s): %u of %u run, reads wait for more round trips",
+				   ic->img->ref, strerror(err), ic->nr_ra_threads, RA_THREADS);
+			return;
+		}
+		ic->nr_ra_threads++;
+	}
+}
+
+/*
+ * Queue [@uoff, @uoff + @len) of blob @index; under ra_lock. The threads
+ * start with the first job: a mount that never misses has none.
+ */
 static void ra_push(struct image_cache *ic, uint32_t index, uint64_t uoff,
 		    uint64_t len)
 {
+	if (!ic->ra_started) {
+		ic->ra_started = true;
+		ra_start(ic);
+	}
 	if (ic->ra_nr == RA_QUEUE) { /* drop the oldest: readers moved on */
 		ic->ra_head = (ic->ra_head + 1) % RA_QUEUE;
 		ic->ra_nr--;
@@ -340,7 +363,7 @@ static void ra_queue(struct image_cache *ic, uint32_t index, uint64_t uoff,
 	struct ra_window *w;
 	uint64_t size, end, budget, from, seg;
 
-	if (!ic->nr_ra_threads)
+	if (!ic->ra_on)
 		return;
 	w = &ic->ra_win[index];
 	/* The common case, a hit before the mark, takes no lock. */
@@ -370,18 +393,6 @@ static void ra_queue(struct image_cache *ic, uint32_t index, uint64_t uoff,
 	atomic_store(&w->end, from + seg);
 out:
 	pthread_mutex_unlock(&ic->ra_lock);
-}
-
-static void ra_start(struct image_cache *ic)
-{
-	while (ic->nr_ra_threads < RA_THREADS) {
-		if (pthread_create(&ic->ra_threads[ic->nr_ra_threads], NULL, ra_main, ic)) {
-			ferry_warn("%s: cannot start a readahead thread: reads fetch only what they need",
-				   ic->img->ref);
-			return;
-		}
-		ic->nr_ra_threads++;
-	}
 }
 
 int image_cache_open(struct image *img, const char *cache_dir,
@@ -424,8 +435,7 @@ int image_cache_open(struct image *img, const char *cache_dir,
 	if (ret)
 		goto fail;
 	/* Local blob files answer at once: nothing to hide. */
-	if (img->remote)
-		ra_start(ic);
+	ic->ra_on = img->remote != NULL;
 	free(digests);
 	*out = ic;
 	return 0;
@@ -489,7 +499,7 @@ static void ra_file(struct image_cache *ic, const struct meta_stat *st)
 	uint32_t index = 0, run_index = 0;
 	uint64_t *slot = &ic->ra_files[st->nid % RA_FILES];
 
-	if (!ic->nr_ra_threads || st->size > RA_FILE_MAX)
+	if (!ic->ra_on || st->size > RA_FILE_MAX)
 		return;
 	pthread_mutex_lock(&ic->ra_lock);
 	if (*slot == st->nid + 1) {

@@ -19,6 +19,7 @@
 #   keeper_pid MNT          the keeperPid ferry mount --list gives for MNT
 #   mount_field MNT KEY     a field of MNT's entry in ferry mount --list --json
 #   mount_stats MNT         "READ FETCHED PRESENT TOTAL PREFETCHED" of a mount
+#   fetch_settle MNT        wait until readahead stops fetching for MNT
 #   fcache_sum              "PRESENT CHUNKS DISKBYTES" over FCACHE's blobs
 #   fp_mark / fp_data_bytes data-blob bytes the fault proxy served since
 #                           the mark (an oracle independent of ferryd)
@@ -225,6 +226,20 @@ ferryd_stop() { # PID...
 # Stop our daemons first, then run whatever was trapped on EXIT before.
 eval "_lazy_prev_exit=$(trap -p EXIT | sed -e 's/^trap -- //' -e 's/ EXIT$//')"
 trap 'ferryd_stop_all; '"$_lazy_prev_exit" EXIT
+
+# Wait (at most 20 s) until the mount at MNT has fetched nothing for 0.5 s:
+# readahead goes on fetching after the reads that started it.
+fetch_settle() { # MNT
+	local prev=-1 cur i
+	for i in $(seq 40); do
+		cur=$(mount_field "$1" bytesFetched) || return 1
+		[ "$cur" = "$prev" ] && return 0
+		prev=$cur
+		sleep 0.5
+	done
+	echo "the mount at $1 was still fetching after 20 s" >&2
+	return 1
+}
 
 # "READ FETCHED PRESENT TOTAL PREFETCHED" of the mount at MNT (bytes read
 # through it, compressed bytes fetched from the registry, chunks present /
