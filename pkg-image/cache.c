@@ -535,19 +535,21 @@ static void ra_file(struct image_cache *ic, const struct meta_stat *st)
 static int demand_ensure(struct image_cache *ic, const struct meta_stat *st,
 			 uint32_t index, uint64_t uoff, uint64_t len)
 {
-	bool missed = !blob_cache_range_present(ic->blobs[index], uoff, len);
-
+	uint64_t size = ic->img->blobs.blobs[index].uncompressed_size;
 	struct meta_stat owner;
 
-	/* Queued first: the readahead fetches overlap the reader's. */
-	ra_queue(ic, index, uoff, len, missed);
-	if (missed && !st && !owner_find(ic, index, uoff, &owner))
-		st = &owner;
-	if (missed && st)
-		ra_file(ic, st);
-	if (!missed) {
+	if (blob_cache_range_present(ic->blobs[index], uoff, len)) {
+		ra_queue(ic, index, uoff, len, false);
 		atomic_fetch_add(&ic->hits, 1);
 		return 0;
+	}
+	/* Queued first, so that readahead's fetches overlap the reader's. */
+	if (uoff <= size && len <= size - uoff) { /* else ensure says why */
+		ra_queue(ic, index, uoff, len, true);
+		if (!st && !owner_find(ic, index, uoff, &owner))
+			st = &owner;
+		if (st)
+			ra_file(ic, st);
 	}
 	return ensure(ic, index, uoff, len, true);
 }
