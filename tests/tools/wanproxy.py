@@ -171,27 +171,33 @@ async def pipe(reader, writer, link, framing, conn, up):
     room.set()
 
     async def deliver():
-        while True:
-            t, data = await q.get()
-            if data is None:
-                break
-            wait = t - time.monotonic()
-            if wait > 0:
-                await asyncio.sleep(wait)
-            writer.write(data)
-            await writer.drain()
-            if not up:
-                st.bytes_down += len(data)
-                framing.feed(data)
-            queued[0] -= len(data)
-            if queued[0] < QUEUE_MAX:
-                room.set()
-        writer.write_eof() if writer.can_write_eof() else None
+        try:
+            while True:
+                t, data = await q.get()
+                if data is None:
+                    break
+                wait = t - time.monotonic()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                writer.write(data)
+                await writer.drain()
+                if not up:
+                    st.bytes_down += len(data)
+                    framing.feed(data)
+                queued[0] -= len(data)
+                if queued[0] < QUEUE_MAX:
+                    room.set()
+            if writer.can_write_eof():
+                writer.write_eof()
+        finally:
+            room.set()  # a reader waiting for room sees the writer gone
 
     task = asyncio.ensure_future(deliver())
     try:
-        while True:
+        while not task.done():
             await room.wait()
+            if task.done():
+                break
             data = await reader.read(CHUNK)
             now = time.monotonic()
             if not data:
