@@ -150,31 +150,19 @@ int image_cache_ensure(struct image_cache *ic, uint32_t device_id,
 	return ret;
 }
 
-int image_cache_pread(struct image_cache *ic, uint32_t device_id, uint64_t uoff,
-		      void *buf, size_t len)
+int image_cache_read_frames(struct image_cache *ic, uint32_t device_id,
+			    uint64_t uoff, uint64_t len, blob_emit_fn emit, void *ctx)
 {
-	unsigned int tries = 0;
-	bool last, locked;
+	uint64_t fetched = 0;
 	int ret;
 
-	/* As image_cache_map: fetch, then read what is still present. */
-	do {
-		last = ++tries == EVICTED_RETRIES;
-		locked = last;
-		if (locked)
-			blob_cache_read_begin();
-		ret = image_cache_ensure(ic, device_id, uoff, len);
-		if (!ret && !locked) {
-			blob_cache_read_begin();
-			locked = true;
-		}
-		if (!ret)
-			ret = last || image_cache_present(ic, device_id, uoff, len) ?
-			      pread_full(blob_cache_data_fd(ic->blobs[device_id - 1]),
-					 buf, len, uoff) : -EAGAIN;
-		if (locked)
-			blob_cache_read_end();
-	} while (ret == -EAGAIN && !last);
+	if (device_id < 1 || device_id > ic->nr_blobs)
+		return -EINVAL;
+	atomic_fetch_add(&ic->demand_inflight, 1);
+	ret = blob_cache_read_frames(ic->blobs[device_id - 1], uoff, len,
+				     &ic->srcs[device_id - 1], &fetched, emit, ctx);
+	atomic_fetch_sub(&ic->demand_inflight, 1);
+	atomic_fetch_add(&ic->bytes_fetched, fetched);
 	if (!ret)
 		atomic_fetch_add(&ic->bytes_read, len);
 	return ret;

@@ -434,13 +434,14 @@ void image_cache_map_end(struct image_cache *ic);
 int image_cache_ensure(struct image_cache *ic, uint32_t device_id,
 		       uint64_t uoff, uint64_t len);
 /*
- * Make [@uoff, @uoff + @len) of device @device_id present and copy it into
- * @buf (counted as bytes read): for a reader of the device's address space
- * that is not the kernel over the data file (cachefiles mode). 0 or -errno
- * as image_cache_ensure.
+ * The frames of device @device_id overlapping [@uoff, @uoff + @len) to
+ * @emit (blob_cache_read_frames): from the chunk cache where it has them,
+ * else fetched and verified without being kept there; counted as bytes
+ * read and fetched. For a reader that keeps the bytes itself (cachefiles:
+ * the kernel's cache file), so the two caches do not hold them twice.
  */
-int image_cache_pread(struct image_cache *ic, uint32_t device_id, uint64_t uoff,
-		      void *buf, size_t len);
+int image_cache_read_frames(struct image_cache *ic, uint32_t device_id,
+			    uint64_t uoff, uint64_t len, blob_emit_fn emit, void *ctx);
 /*
  * Without I/O or locks: is [@uoff, @uoff + @len) of device @device_id
  * known present (false may only mean "ask image_cache_ensure")? Is all

@@ -16,9 +16,10 @@
  *         bytes fails the reader with EIO instead of leaving it hanging;
  *   CLOSE the object is released.
  *
- * Blob bytes come through the chunk cache (image_cache_pread: fetched,
- * verified, decompressed as in the other modes), the bootstrap from the
- * verified copy in memory. Metadata and data both arrive on demand.
+ * Blob bytes come whole frames at a time from image_cache_read_frames:
+ * the chunk cache's copy where it has one (another mode filled it), else
+ * fetched, verified and decompressed in memory and kept only in the
+ * kernel's cache file; the bootstrap from the verified copy in memory. Metadata and data both arrive on demand.
  *
  * The device is one per host and only one process may hold it: every
  * cachefiles mount of this ferryd shares it. The first mount opens and
@@ -390,45 +391,94 @@ static void *reader_main(void *arg)
 	}
 }
 
+/* Where a READ's bytes go: the object's cache file, and how far they got. */
+struct cf_sink {
+	const struct cf_job *j;
+	const char *image;
+	uint64_t pos;       /* written (or skipped past) up to here */
+	const uint8_t *zeros; /* CF_BUF zero bytes, aligned */
+};
+
+static int sink_write(struct cf_sink *s, uint64_t off, const void *buf, size_t len)
+{
+	int ret = pwrite_full(s->j->obj->fd, buf, len, off);
+
+	if (ret)
+		ferry_err("%s: writing %zu bytes at %llu into the cache file of %s: %s",
+			  s->image, len, (unsigned long long)off, s->j->obj->cookie,
+			  ferry_strerror(ret));
+	return ret;
+}
+
+/* Zeros from s->pos up to @to (alignment padding outside every chunk). */
+static int sink_zeros(struct cf_sink *s, uint64_t to)
+{
+	int ret = 0;
+
+	while (!ret && s->pos < to) {
+		size_t n = (size_t)MIN(to - s->pos, (uint64_t)CF_BUF);
+
+		ret = sink_write(s, s->pos, s->zeros, n);
+		s->pos += n;
+	}
+	return ret;
+}
+
+/* image_cache_read_frames' emit: a whole frame, asked for or not. */
+static int sink_frame(void *ctx, uint64_t off, const void *buf, size_t len)
+{
+	struct cf_sink *s = ctx;
+	int ret = sink_zeros(s, off);
+
+	if (!ret)
+		ret = sink_write(s, off, buf, len);
+	s->pos = MAX(s->pos, off + len);
+	return ret;
+}
+
 /*
- * Write [off, off + len) of the object's bytes through its anon fd:
- * 0, or -errno (logged) with what was written so far verified.
+ * Write [off, off + len) of the object's bytes through its anon fd: 0, or
+ * -errno (logged) with what was written so far verified. A blob's READ
+ * writes the whole frames it touches (the kernel never asks for the rest
+ * of a frame fetched once); their bytes go into the kernel's cache file
+ * only, not into the chunk cache (docs/ARCHITECTURE.md).
  */
 static int fill(struct cf_mount *cm, uint32_t device, const struct cf_job *j,
 		uint8_t *buf)
 {
 	uint64_t size = object_size(cm, device), pos, end = j->off + j->len;
+	struct cf_sink s = { .j = j, .image = cm->m->req.image, .pos = j->off, .zeros = buf };
 	int ret = 0;
 
 	/* The cache file is the size rounded up to a page; READs stay inside. */
-	if (end < j->off || end > ((size + CF_ALIGN - 1) & ~(uint64_t)(CF_ALIGN - 1))) {
+	if (end < j->off || end > ROUND_UP(size, (uint64_t)CF_ALIGN) || j->off % CF_ALIGN) {
 		ferry_err("%s: cachefiles READ %llu+%llu beyond the %s's %llu bytes",
 			  cm->m->req.image, (unsigned long long)j->off,
 			  (unsigned long long)j->len, device ? "blob" : "bootstrap",
 			  (unsigned long long)size);
 		return -EINVAL;
 	}
+	if (device) {
+		uint64_t have = j->off < size ? MIN(j->len, size - j->off) : 0;
+
+		memset(buf, 0, CF_BUF);
+		ret = image_cache_read_frames(cm->m->ic, device, j->off, have, sink_frame, &s);
+		if (ret)
+			ferry_err("%s: reading blob %u bytes %llu+%llu for the kernel: %s",
+				  cm->m->req.image, device, (unsigned long long)j->off,
+				  (unsigned long long)have, ferry_strerror(ret));
+		else
+			ret = sink_zeros(&s, end);
+		return ret;
+	}
 	for (pos = j->off; !ret && pos < end;) {
 		size_t n = (size_t)MIN(end - pos, (uint64_t)CF_BUF);
 		size_t have = pos < size ? (size_t)MIN((uint64_t)n, size - pos) : 0;
 
-		if (!device)
-			memcpy(buf, cm->m->img->bootstrap + pos, have);
-		else if (have)
-			ret = image_cache_pread(cm->m->ic, device, pos, buf, have);
-		if (ret) {
-			ferry_err("%s: reading blob %u bytes %llu+%zu for the kernel: %s",
-				  cm->m->req.image, device, (unsigned long long)pos, have,
-				  ferry_strerror(ret));
-			break;
-		}
+		memcpy(buf, cm->m->img->bootstrap + pos, have);
 		/* The page past the end of the bytes. */
 		memset(buf + have, 0, n - have);
-		ret = pwrite_full(j->obj->fd, buf, n, pos);
-		if (ret)
-			ferry_err("%s: writing %zu bytes at %llu into the cache file of %s: %s",
-				  cm->m->req.image, n, (unsigned long long)pos, j->obj->cookie,
-				  ferry_strerror(ret));
+		ret = sink_write(&s, pos, buf, n);
 		pos += n;
 	}
 	return ret;
