@@ -125,6 +125,7 @@ bench: deps all
 	BIN=$(BIN) bench/run.sh
 	BIN=$(BIN) bench/lazy.sh
 	BIN=$(BIN) bench/memory.sh
+	BIN=$(BIN) bench/vm_cachefiles.sh
 
 demo: deps all
 	BIN=$(BIN) tests/demo.sh

@@ -495,6 +495,13 @@ int blob_cache_list(const char *cache_dir, struct blob_cache_list *out);
 void blob_cache_list_free(struct blob_cache_list *l);
 
 /*
+ * The blobs an image record or a live mount's pin names, sorted, no
+ * duplicates (malloc'ed into *@out; NULL when none).
+ */
+int blob_cache_named(const char *cache_dir, uint8_t (**out)[BLOB_DIGEST_SIZE],
+		     uint32_t *nr);
+
+/*
  * Remove the files of every blob no image record names and nobody has
  * open, plus leftover temporary files. *@freed (may be NULL): bytes freed;
  * *@removed (may be NULL): blobs removed.

@@ -537,4 +537,29 @@ bool image_fstype_is_ferry(const char *fstype);
 int image_mount_local(struct image *img, const char *cache_dir,
 		      const char *mountpoint, unsigned long flags);
 
+/*
+ * The cachefiles mode's kernel cache, @cache_dir/fscache: ferryd binds it
+ * to /dev/cachefiles and the kernel owns what is inside (cache/I<volume>/
+ * @<hash>/D<cookie>: volume "erofs,<fsid or domain>", cookie a blob's
+ * sha256 or a bootstrap's fsid, both hex; graveyard/ what it culled).
+ * image_fscache_usage: its files and allocated bytes (zeros when there is
+ * none); *@holder: the pid holding /dev/cachefiles (0: none, the cache is
+ * not bound; root sees every holder). The files of objects in use are
+ * unlinked temporary files until the kernel lets go: not counted.
+ * image_fscache_gc: unless /dev/cachefiles is held (then it removes
+ * nothing and says which process holds it: the kernel culls a bound cache
+ * itself), remove every cache file that names no blob an image record or
+ * a live mount names (bootstraps too: refilled from memory at the next
+ * mount), the graveyard, and directories left empty.
+ */
+#define IMAGE_FSCACHE_DIR "fscache"
+struct image_fscache_usage {
+	uint64_t files, disk_bytes;
+	int holder;
+	char holder_comm[32];
+};
+int image_fscache_usage(const char *cache_dir, struct image_fscache_usage *u);
+int image_fscache_gc(const char *cache_dir, uint64_t *freed, uint32_t *removed,
+		     struct image_fscache_usage *u);
+
 #endif

@@ -64,7 +64,6 @@
 
 #define CF_DEVICE "/dev/cachefiles"
 #define CF_TAG "ferry"
-#define CF_SUBDIR "fscache"        /* under the chunk cache directory */
 #define CF_WORKERS 8u              /* READs in flight */
 #define CF_BUF (1u << 20)          /* a worker's write buffer */
 #define CF_ALIGN 4096u             /* O_DIRECT writes into the cache files */
@@ -585,11 +584,20 @@ static void state_save(void)
 	json_object_put(top);
 }
 
-/* The keeper holding a second descriptor of the device (failover). */
-static void keeper_start(const char *socket_path)
+/*
+ * The keeper holding a second descriptor of the device (failover); it
+ * passes our options on to the successor it may start.
+ */
+static void keeper_start(const struct serve_opts *o)
 {
-	const char *args[] = { socket_path, NULL };
+	char level[16], threads[16], ra[16], dra[16];
+	const char *args[] = { o->socket_path, o->log_path, level, threads, ra, dra, NULL };
 	int pid = 0, ret;
+
+	snprintf(level, sizeof(level), "%d", ferry_log_level);
+	snprintf(threads, sizeof(threads), "%u", o->threads);
+	snprintf(ra, sizeof(ra), "%u", o->readahead_kb);
+	snprintf(dra, sizeof(dra), "%u", o->dir_readahead_kb);
 
 	ret = keeper_spawn("--cachefiles-keeper", dev.fd, args, &dev.keeper_sock, &pid);
 	if (ret)
@@ -604,42 +612,6 @@ static int reader_start(void)
 
 	dev.reader_started = !ret;
 	return ret;
-}
-
-/* The process holding /dev/cachefiles, for the EBUSY message: its pid or 0. */
-static int device_holder(char *comm, size_t len)
-{
-	char path[64], link[64];
-	struct dirent *p, *f;
-	DIR *proc = opendir("/proc"), *fds;
-	FILE *fp;
-	int pid = 0;
-	ssize_t n;
-
-	while (proc && !pid && (p = readdir(proc))) {
-		if (p->d_name[0] < '1' || p->d_name[0] > '9' || strlen(p->d_name) > 16)
-			continue;
-		snprintf(path, sizeof(path), "/proc/%s/fd", p->d_name);
-		fds = opendir(path);
-		while (fds && !pid && (f = readdir(fds))) {
-			n = readlinkat(dirfd(fds), f->d_name, link, sizeof(link) - 1);
-			if (n > 0 && (link[n] = '\0', !strcmp(link, CF_DEVICE)))
-				pid = atoi(p->d_name);
-		}
-		if (fds)
-			closedir(fds);
-	}
-	if (proc)
-		closedir(proc);
-	snprintf(comm, len, "?");
-	snprintf(path, sizeof(path), "/proc/%d/comm", pid);
-	fp = pid ? fopen(path, "re") : NULL;
-	if (fp) {
-		if (fgets(comm, (int)len, fp))
-			comm[strcspn(comm, "\n")] = '\0';
-		fclose(fp);
-	}
-	return pid;
 }
 
 /* Why @CF_DEVICE cannot be had; with @advice, what to do instead. */
@@ -658,7 +630,7 @@ static void explain_open(int e, bool advice, char *err, size_t errlen)
 			 advice ? "; use --mode fanotify (Linux 6.14+, cache on ext4, xfs or btrfs) or --mode fuse" : "");
 		break;
 	case EBUSY:
-		pid = device_holder(comm, sizeof(comm));
+		pid = proc_holder(CF_DEVICE, comm, sizeof(comm));
 		if (pid)
 			snprintf(who, sizeof(who), " (pid %d, %s)", pid, comm);
 		snprintf(err, errlen, "%s is held by another process%s; only one daemon per host may own it (cachefilesd, nydusd or another ferryd)%s",
@@ -722,10 +694,10 @@ static void dev_close(void)
  * ferryd's (dev.adopt_fd: bound already; the reader starts once its
  * mounts are back, cachefiles_adopt); dev.life held.
  */
-static int dev_open(const char *cache_dir, const char *socket_path, char *err,
+static int dev_open(const char *cache_dir, const struct serve_opts *o, char *err,
 		    size_t errlen)
 {
-	char *dir = NULL, *copy = strdup(socket_path);
+	char *dir = NULL, *copy = strdup(o->socket_path);
 	bool restoring = dev.adopt_fd >= 0;
 	unsigned int i;
 	int ret;
@@ -737,13 +709,13 @@ static int dev_open(const char *cache_dir, const char *socket_path, char *err,
 	snprintf(dev.state_dir, sizeof(dev.state_dir), "%s", dirname(copy));
 	free(copy);
 	dev.tail = &dev.head;
-	ret = blob_cache_dir(cache_dir, CF_SUBDIR, true, NULL);
+	ret = blob_cache_dir(cache_dir, IMAGE_FSCACHE_DIR, true, NULL);
 	if (ret) {
-		snprintf(err, errlen, "cache directory %s/%s: %s", cache_dir, CF_SUBDIR,
+		snprintf(err, errlen, "cache directory %s/%s: %s", cache_dir, IMAGE_FSCACHE_DIR,
 			 ferry_strerror(ret));
 		return ret;
 	}
-	if (asprintf(&dir, "%s/%s", cache_dir, CF_SUBDIR) < 0) {
+	if (asprintf(&dir, "%s/%s", cache_dir, IMAGE_FSCACHE_DIR) < 0) {
 		snprintf(err, errlen, "out of memory");
 		return -ENOMEM;
 	}
@@ -801,7 +773,7 @@ bound:
 	}
 	snprintf(dev.dir, sizeof(dev.dir), "%s", dir);
 	snprintf(dev.cache_dir, sizeof(dev.cache_dir), "%s", cache_dir);
-	keeper_start(socket_path);
+	keeper_start(o);
 	if (restoring)
 		ferry_info("cachefiles: took over %s from the ferryd that died", CF_DEVICE);
 	else
@@ -851,14 +823,14 @@ static void cf_unregister(struct cf_mount *cm)
 	pthread_mutex_unlock(&dev.life);
 }
 
-static int cf_register(struct cf_mount *cm, const char *socket_path, char *err,
+static int cf_register(struct cf_mount *cm, const struct serve_opts *o, char *err,
 		       size_t errlen)
 {
 	int ret = 0;
 
 	pthread_mutex_lock(&dev.life);
 	if (dev.fd < 0)
-		ret = dev_open(cm->m->req.cache_dir, socket_path, err, errlen);
+		ret = dev_open(cm->m->req.cache_dir, o, err, errlen);
 	else if (strcmp(dev.cache_dir, cm->m->req.cache_dir))
 		ferry_info("%s: the kernel's cache files go to %s (bound by an earlier mount), the chunk cache to %s",
 			   cm->m->mountpoint, dev.dir, cm->m->req.cache_dir);
@@ -919,7 +891,7 @@ static int cf_start(struct fmount *m, const struct serve_opts *o, void **state,
 		hex_encode(m->img->blobs.blobs[i].digest, BLOB_DIGEST_SIZE, cm->tags[i]);
 	snprintf(cm->volume, sizeof(cm->volume), "erofs,%s", domain ? domain : cm->fsid);
 
-	ret = cf_register(cm, o->socket_path, err, errlen);
+	ret = cf_register(cm, o, err, errlen);
 	if (ret)
 		goto fail;
 	/* A takeover finds the dead ferryd's mount there. */
@@ -1044,13 +1016,18 @@ static void cf_stats(void *state, struct ctl_mount_stats *s)
 int cachefiles_keeper_main(int argc, char **argv)
 {
 	char exe[PATH_MAX], msg[64];
-	unsigned long devfd, sock;
-	char *end1, *end2;
+	const char *succ[20] = { exe, "--socket", argv[4], "--log-file", argv[5],
+				 "--threads", argv[7], "--readahead", argv[8],
+				 "--dir-readahead", argv[9], "--cachefiles-adopt", argv[2] };
+	unsigned long devfd, sock, level;
+	char *end1, *end2, *end3;
+	int ret, n_args = 13;
 	ssize_t n;
-	int ret;
 
-	if (argc != 5 || (devfd = strtoul(argv[2], &end1, 10)) > INT_MAX || *end1 ||
-	    (sock = strtoul(argv[3], &end2, 10)) > INT_MAX || *end2 || argv[4][0] != '/') {
+	if (argc != 10 || (devfd = strtoul(argv[2], &end1, 10)) > INT_MAX || *end1 ||
+	    (sock = strtoul(argv[3], &end2, 10)) > INT_MAX || *end2 || argv[4][0] != '/' ||
+	    argv[5][0] != '/' || (level = strtoul(argv[6], &end3, 10)) > FERRY_LOG_DEBUG ||
+	    *end3) {
 		fprintf(stderr, "ferryd --cachefiles-keeper: started by ferryd only\n");
 		return 2;
 	}
@@ -1068,8 +1045,12 @@ int cachefiles_keeper_main(int argc, char **argv)
 	exe[n > 0 ? n : 0] = '\0';
 	fcntl((int)devfd, F_SETFD, 0);
 	close((int)sock);
-	execv("/proc/self/exe", (char *[]){ exe, "--socket", argv[4], "--cachefiles-adopt",
-					    argv[2], NULL });
+	/* ferryd's log level: -q is errors only, each -v one level more. */
+	if (level < FERRY_LOG_INFO)
+		succ[n_args++] = "-q";
+	for (; level > FERRY_LOG_INFO; level--)
+		succ[n_args++] = "-v";
+	execv("/proc/self/exe", (char *const *)succ);
 	ferry_err("cachefiles keeper: starting %s: %s; reads of missing data on its mounts fail with EIO",
 		  exe, strerror(errno));
 	return 1;

@@ -385,7 +385,8 @@ int daemon_run(const struct daemon_opts *o)
 		ferry_err("signalfd/eventfd: %s", strerror(errno));
 		return EXIT_FAILURE;
 	}
-	mounts_init(o->threads, o->readahead_kb, o->dir_readahead_kb, o->socket_path, on_change);
+	mounts_init(o->threads, o->readahead_kb, o->dir_readahead_kb, o->socket_path, o->log_path,
+		    on_change);
 	evict_init(o->cache_max_size, o->cache_min_free);
 
 	copy = strdup(o->socket_path);

@@ -86,7 +86,7 @@ struct fmount {
 
 void mounts_init(unsigned int threads, unsigned int readahead_kb,
 		 unsigned int dir_readahead_kb, const char *socket_path,
-		 void (*on_change)(void));
+		 const char *log_path, void (*on_change)(void));
 /* Mount per @req (taken over, also on failure); the reason in @err. */
 int mounts_mount(struct ctl_mount_req *req, char *err, size_t errlen);
 int mounts_umount(const char *mountpoint, bool lazy, char *err, size_t errlen);
@@ -219,9 +219,10 @@ int metrics_start(const char *addr);
 /* ------------------------------------------------------------------ */
 
 /*
- * ferryd --cachefiles-keeper DEVFD SOCK SOCKET: holds /dev/cachefiles;
- * when ferryd dies, starts "ferryd --socket SOCKET --cachefiles-adopt
- * DEVFD" and hands it the descriptor.
+ * ferryd --cachefiles-keeper DEVFD SOCK SOCKET LOG LEVEL THREADS RA DIR-RA:
+ * holds /dev/cachefiles; when ferryd dies, starts "ferryd --socket SOCKET
+ * --cachefiles-adopt DEVFD" with the dead one's log file, log level and
+ * serving options, and hands it the descriptor.
  */
 int cachefiles_keeper_main(int argc, char **argv);
 /*
