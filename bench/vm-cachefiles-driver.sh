@@ -110,7 +110,7 @@ for w in seq_read small walk; do
 		for m in $(rotate "$r" cf local fuse); do
 			drop
 			t0=$(now)
-			if ! $w /mnt/$m; then
+			if ! $w "/mnt/$m"; then
 				vm_notok "warm $w on /mnt/$m, round $r"
 				exit 1
 			fi

@@ -16,6 +16,7 @@
 # it. Env: FERRY_BENCH_RUNS (rounds, default 5), FERRY_FIXTURES.
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=bench/lib.sh
 . "$top/bench/lib.sh"
 export BIN
 if ! command -v qemu-system-x86_64 >/dev/null ||

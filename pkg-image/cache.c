@@ -40,6 +40,7 @@ struct image_cache {
 	atomic_uint_fast64_t miss_ms[IMAGE_LATENCY_BUCKETS];
 	uint64_t bwlimit; /* prefetch bytes per second, 0 = unlimited */
 	uint64_t bw_start_ns, bw_bytes;
+	struct image_prefetch_sink sink; /* put: prefetch goes there */
 };
 
 void image_cache_close(struct image_cache *ic)
@@ -118,6 +119,18 @@ static void count_miss(struct image_cache *ic, uint64_t ns)
 }
 
 /* Demand reads and prefetch; only the demand ones count as hits or misses. */
+/* A demand read's outcome for the metrics: an error, a miss or a hit. */
+static void count_demand(struct image_cache *ic, int ret, uint64_t fetched,
+			 uint64_t start)
+{
+	if (ret)
+		atomic_fetch_add(&ic->fetch_errors, 1);
+	else if (fetched)
+		count_miss(ic, ferry_now_ns() - start);
+	else
+		atomic_fetch_add(&ic->hits, 1);
+}
+
 static int ensure(struct image_cache *ic, uint32_t index, uint64_t uoff,
 		  uint64_t len, bool demand)
 {
@@ -126,14 +139,8 @@ static int ensure(struct image_cache *ic, uint32_t index, uint64_t uoff,
 				    &fetched);
 
 	atomic_fetch_add(&ic->bytes_fetched, fetched);
-	if (!demand)
-		return ret;
-	if (ret)
-		atomic_fetch_add(&ic->fetch_errors, 1);
-	else if (fetched)
-		count_miss(ic, ferry_now_ns() - start);
-	else
-		atomic_fetch_add(&ic->hits, 1);
+	if (demand)
+		count_demand(ic, ret, fetched, start);
 	return ret;
 }
 
@@ -153,7 +160,7 @@ int image_cache_ensure(struct image_cache *ic, uint32_t device_id,
 int image_cache_read_frames(struct image_cache *ic, uint32_t device_id,
 			    uint64_t uoff, uint64_t len, blob_emit_fn emit, void *ctx)
 {
-	uint64_t fetched = 0;
+	uint64_t fetched = 0, start = ferry_now_ns();
 	int ret;
 
 	if (device_id < 1 || device_id > ic->nr_blobs)
@@ -163,6 +170,7 @@ int image_cache_read_frames(struct image_cache *ic, uint32_t device_id,
 				     &ic->srcs[device_id - 1], &fetched, emit, ctx);
 	atomic_fetch_sub(&ic->demand_inflight, 1);
 	atomic_fetch_add(&ic->bytes_fetched, fetched);
+	count_demand(ic, ret, fetched, start);
 	if (!ret)
 		atomic_fetch_add(&ic->bytes_read, len);
 	return ret;
@@ -406,6 +414,42 @@ void image_cache_set_bwlimit(struct image_cache *ic, uint64_t bytes_per_sec)
 	ic->bwlimit = bytes_per_sec;
 }
 
+void image_cache_set_prefetch_sink(struct image_cache *ic,
+				   const struct image_prefetch_sink *sink)
+{
+	ic->sink = *sink;
+}
+
+struct sink_call {
+	struct image_cache *ic;
+	uint32_t device_id;
+};
+
+static int sink_put(void *ctx, uint64_t off, const void *buf, size_t len)
+{
+	struct sink_call *c = ctx;
+
+	return c->ic->sink.put(c->ic->sink.ctx, c->device_id, off, buf, len);
+}
+
+/* One prefetch step: into the sink when there is one, else the chunk cache. */
+static int prefetch_step(struct image_cache *ic, uint32_t index, uint64_t uoff,
+			 uint64_t len)
+{
+	struct sink_call c = { ic, index + 1 };
+	uint64_t fetched = 0;
+	int ret;
+
+	if (!ic->sink.put)
+		return ensure(ic, index, uoff, len, false);
+	if (ic->sink.has(ic->sink.ctx, index + 1, uoff, len))
+		return 0;
+	ret = blob_cache_read_frames(ic->blobs[index], uoff, len, &ic->srcs[index],
+				     &fetched, sink_put, &c);
+	atomic_fetch_add(&ic->bytes_fetched, fetched);
+	return ret;
+}
+
 int image_cache_prefetch_file(struct image_cache *ic, const struct meta_stat *st,
 			      const volatile bool *stop)
 {
@@ -426,7 +470,7 @@ int image_cache_prefetch_file(struct image_cache *ic, const struct meta_stat *st
 		prefetch_pace(ic, step, stop);
 		if (stop && *stop)
 			break;
-		ret = ensure(ic, index, uoff, step, false);
+		ret = prefetch_step(ic, index, uoff, step);
 		if (ret)
 			return ret;
 		atomic_fetch_add(&ic->prefetched, step);
@@ -523,7 +567,7 @@ int image_cache_prefetch_blobs(struct image_cache *ic,
 			prefetch_pace(ic, step, stop);
 			if (stop && *stop)
 				break;
-			ret = ensure(ic, i, pos, step, false);
+			ret = prefetch_step(ic, i, pos, step);
 			if (ret)
 				return ret;
 			atomic_fetch_add(&ic->prefetched, step);

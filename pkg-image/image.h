@@ -475,6 +475,20 @@ int image_cache_prefetch_path(struct image_cache *ic, const char *path,
 			      const volatile bool *stop);
 /* Prefetch bytes per second (uncompressed), 0 = unlimited. */
 void image_cache_set_bwlimit(struct image_cache *ic, uint64_t bytes_per_sec);
+/*
+ * Where prefetch puts the bytes instead of the chunk cache: a reader that
+ * keeps them itself (cachefiles: the kernel's cache files). @has: does
+ * the sink hold [@uoff, @uoff + @len) of device @device_id already (then
+ * nothing is fetched); @put: the whole frames of a range prefetch wants,
+ * as image_cache_read_frames emits them. Set before prefetch starts.
+ */
+struct image_prefetch_sink {
+	bool (*has)(void *ctx, uint32_t device_id, uint64_t uoff, uint64_t len);
+	int (*put)(void *ctx, uint32_t device_id, uint64_t uoff, const void *buf, size_t len);
+	void *ctx;
+};
+void image_cache_set_prefetch_sink(struct image_cache *ic,
+				   const struct image_prefetch_sink *sink);
 
 /*
  * Upper bounds (milliseconds) of the buckets of the miss latency

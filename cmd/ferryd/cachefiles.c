@@ -483,6 +483,81 @@ static int fill(struct cf_mount *cm, uint32_t device, const struct cf_job *j,
 	return ret;
 }
 
+/* ------------------------------------------------------------------ */
+/* Prefetch into the kernel's cache files                              */
+/* ------------------------------------------------------------------ */
+
+#define CF_OPEN_WAIT_MS 5000 /* for the kernel to OPEN a blob after mount */
+
+/*
+ * The object of device @device of @m's image, referenced, or NULL when
+ * the kernel has not opened it (in @CF_OPEN_WAIT_MS). By @m, not its
+ * cf_mount: the prefetch thread outlives the mode's state.
+ */
+static struct cf_object *prefetch_object(struct fmount *m, uint32_t device)
+{
+	char volume[VOLUME_MAX], cookie[FSID_LEN + 1], fsid[FSID_LEN + 1];
+	struct cf_object *o = NULL;
+	unsigned int waited;
+
+	hex_encode(m->img->bootstrap_digest, BLOB_DIGEST_SIZE, fsid);
+	hex_encode(m->img->blobs.blobs[device - 1].digest, BLOB_DIGEST_SIZE, cookie);
+	snprintf(volume, sizeof(volume), "erofs,%s", m->req.domain ? m->req.domain : fsid);
+	for (waited = 0; !o && waited < CF_OPEN_WAIT_MS && !m->stop; waited += 10) {
+		pthread_mutex_lock(&dev.lock);
+		for (o = dev.objects; o; o = o->next)
+			if (!strcmp(o->volume, volume) && !strcmp(o->cookie, cookie))
+				break;
+		if (o)
+			o->refs++;
+		pthread_mutex_unlock(&dev.lock);
+		if (!o)
+			usleep(10000);
+	}
+	return o;
+}
+
+static void prefetch_object_put(struct cf_object *o)
+{
+	pthread_mutex_lock(&dev.lock);
+	object_put_locked(o);
+	pthread_mutex_unlock(&dev.lock);
+}
+
+/* Does the kernel's cache file hold [uoff, uoff + len) (no hole there)? */
+static bool prefetch_has(void *ctx, uint32_t device, uint64_t uoff, uint64_t len)
+{
+	struct cf_object *o = prefetch_object(ctx, device);
+	off_t hole;
+
+	if (!o)
+		return false;
+	hole = lseek(o->fd, (off_t)uoff, SEEK_HOLE);
+	prefetch_object_put(o);
+	return hole >= 0 && (uint64_t)hole >= uoff + len;
+}
+
+static int prefetch_put(void *ctx, uint32_t device, uint64_t uoff, const void *buf,
+			size_t len)
+{
+	struct fmount *m = ctx;
+	struct cf_object *o = prefetch_object(m, device);
+	int ret;
+
+	if (!o) {
+		ferry_warn("%s: prefetch: the kernel has not opened blob %u's cache file; nothing prefetched into it",
+			   m->req.image, device);
+		return -ENOENT;
+	}
+	ret = pwrite_full(o->fd, buf, len, uoff);
+	if (ret)
+		ferry_err("%s: prefetch: writing %zu bytes at %llu into the cache file of %s: %s",
+			  m->req.image, len, (unsigned long long)uoff, o->cookie,
+			  ferry_strerror(ret));
+	prefetch_object_put(o);
+	return ret;
+}
+
 static void serve_read(struct cf_job *j, uint8_t *buf)
 {
 	uint64_t t0 = ferry_now_ns();
@@ -922,6 +997,9 @@ static int cf_start(struct fmount *m, const struct serve_opts *o, void **state,
 	pthread_mutex_lock(&dev.lock);
 	cm->live = true;
 	pthread_mutex_unlock(&dev.lock);
+	/* Prefetch fills the kernel's cache files, not the chunk cache. */
+	image_cache_set_prefetch_sink(m->ic, &(struct image_prefetch_sink){
+		.has = prefetch_has, .put = prefetch_put, .ctx = m });
 	pthread_mutex_lock(&dev.life);
 	state_save();
 	pthread_mutex_unlock(&dev.life);

@@ -93,7 +93,7 @@ prep() {
 		(cd "$ref" && find usr | sort) >"$P/usr.find" &&
 		cp "$ref/etc/os-release" "$P/os-release" || return 1
 	python3 - "$FERRY" "docker://$HREG" "$ref" "$SCRATCH/reg/storage" "$P" <<'EOF'
-import hashlib, json, os, subprocess, sys
+import hashlib, json, os, stat, subprocess, sys
 ferry, reg, ref, storage, out = sys.argv[1:]
 def inspect(*args):
     return json.loads(subprocess.check_output([ferry, "inspect", "--json", *args]))
@@ -124,6 +124,14 @@ with open(os.path.join(storage, blob), "rb") as f:
     good = f.read(1)[0]
 with open(os.path.join(out, "cf.env"), "w") as f:
     f.write("DATA_C=%d\n" % sum(b["size"] for b in base["blobs"]))
+    # usr/bin's file bytes, each inode once (the kernel caches it once).
+    ino = {}
+    for d, _, ns in os.walk(os.path.join(ref, "usr/bin")):
+        for n in ns:
+            st = os.lstat(os.path.join(d, n))
+            if stat.S_ISREG(st.st_mode):
+                ino[st.st_ino] = st.st_size
+    f.write("USRBIN_BYTES=%d\n" % sum(ino.values()))
     f.write("DMG_FILE=%s\nDMG_BLOB_PATH=%s\nDMG_OFF=%d\nDMG_LEN1=%d\n" %
             (best[1], blob, off, c["length"]))
     f.write("DMG_GOOD=%03o\nDMG_BAD=%03o\n" % (good, good ^ 0x5a))
