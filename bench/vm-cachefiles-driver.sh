@@ -5,7 +5,7 @@
 # local kernel mount of the same image, all in this one guest and run.
 # Payload /payload/bench/env: IMAGE (repository:tag in the guest's
 # registry), RUNS (rounds). Each measurement is one result-channel line
-#   "BENCH KIND NAME ROUND SECONDS [BYTES-FETCHED]"
+#   "BENCH KIND NAME ROUND SECONDS [BYTES-FETCHED MOUNT-S FIRST-BYTE-S]"
 # that the host turns into the table; the rounds interleave the mounts in a
 # rotating order, the page cache dropped before every run.
 # shellcheck disable=SC2016 # sh -c scripts expand in the guest's sh
@@ -67,8 +67,14 @@ while [ $r -le "$RUNS" ]; do
 	for mode in $(rotate "$r" cachefiles fuse local); do
 		rm -rf "$B/cold" && mkdir -p /mnt/cold && drop
 		t0=$(now)
-		if ! timeout 300 ferry mount --mode "$mode" --cache-dir "$B/cold" "$REF" /mnt/cold ||
-			! workload /mnt/cold; then
+		if ! timeout 300 ferry mount --mode "$mode" --cache-dir "$B/cold" "$REF" /mnt/cold; then
+			vm_notok "cold start, $mode, round $r: mount"
+			exit 1
+		fi
+		tm=$(since "$t0")
+		head -c 1 /mnt/cold/etc/os-release >/dev/null
+		t1=$(since "$t0")
+		if ! workload /mnt/cold; then
 			vm_notok "cold start, $mode, round $r"
 			exit 1
 		fi
@@ -76,7 +82,7 @@ while [ $r -le "$RUNS" ]; do
 		f=$(field /mnt/cold bytesFetched)
 		[ "$mode" = local ] && f=-
 		stop /mnt/cold
-		result "cold $mode $r $t ${f:-?}"
+		result "cold $mode $r $t ${f:-?} $tm $t1"
 	done
 	r=$((r + 1))
 done
@@ -96,7 +102,6 @@ vm_check "fill cachefiles' cache files (tar of the whole tree)" sh -c \
 	'tar cf - -C /mnt/cf . | cat >/dev/null'
 full() { [ "$(field /mnt/fuse chunksPresent)" = "$(field /mnt/fuse chunksTotal)" ]; }
 vm_check "the FUSE mount's prefetch completes" vm_wait 300 full
-vm_diag "disk use: cachefiles $(du -sk "$B/cf" | cut -f1) KiB ($(du -sk "$B/cf/fscache" | cut -f1) KiB of it fscache), local $(du -sk "$B/local" | cut -f1) KiB, fuse $(du -sk "$B/fuse" | cut -f1) KiB"
 find /mnt/local -type f -size -64k | shuf | head -n 300 | sed 's|^/mnt/local/||' >/tmp/small.list
 vm_diag "small files: $(wc -l </tmp/small.list) of at most 64 KiB"
 f0=$(field /mnt/cf bytesFetched)
@@ -123,5 +128,7 @@ f=$(field /mnt/cf bytesFetched)
 vm_check "the warm runs fetched nothing through cachefiles ($f0 B before, $f B after)" [ "$f0" = "$f" ]
 vm_ok "warm: $RUNS rounds of sequential, small-file and metadata-walk reads"
 for m in cf fuse local; do ferry umount /mnt/$m; done
+# After the unmount: the kernel links its cache files in only then.
+vm_diag "disk use after the warm runs: cachefiles: chunk cache $(du -sk "$B/cf/blobs" | cut -f1) KiB + the kernel's cache files $(du -sk "$B/cf/fscache" | cut -f1) KiB; local $(du -sk "$B/local/blobs" | cut -f1) KiB; fuse $(du -sk "$B/fuse/blobs" | cut -f1) KiB"
 echo "# guest driver: $VM_PASS ok, $VM_FAIL not ok"
 [ "$VM_FAIL" -eq 0 ]

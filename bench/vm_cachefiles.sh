@@ -36,7 +36,12 @@ kernel=$("$top/tests/vm/build-kernel.sh")
 fix=$(bash "$top/tests/tools/mkoci.sh" "${FERRY_FIXTURES:-/var/tmp/ferry-fixtures}")/debian
 read -r port reg_pid < <("$top/tests/tools/start-registry.sh" "$work/reg")
 "$ferry" convert -q "oci:$fix:base" "docker://127.0.0.1:$port/deb:base"
-kill "$reg_pid" && wait "$reg_pid" 2>/dev/null || true
+read -r total usize < <("$ferry" inspect --json "docker://127.0.0.1:$port/deb:base" | python3 -c '
+import json, sys
+b = json.load(sys.stdin)["blobs"]
+print(sum(x["size"] for x in b), sum(x.get("uncompressedSize", 0) for x in b))')
+kill "$reg_pid"
+wait "$reg_pid" 2>/dev/null || true
 reg_pid=
 mkdir -p "$work/payload"
 printf 'IMAGE=deb:base\nRUNS=%d\n' "$runs" >"$work/payload/env"
@@ -49,11 +54,13 @@ printf 'IMAGE=deb:base\nRUNS=%d\n' "$runs" >"$work/payload/env"
 	exit 1
 }
 sed -n 's/^[# ]*\(disk use\|small files\)/\1/p' "$work/out"
+echo "image: the Debian fixture's deb:base, $total bytes of ferry blobs ($usize uncompressed)"
 echo
 python3 - "$work/out" "$runs" <<'PY'
 import collections, statistics, sys
 t = collections.defaultdict(dict)
 fetched = collections.defaultdict(list)
+split = collections.defaultdict(lambda: ([], []))
 for line in open(sys.argv[1]):
     w = line.split()
     if w[:1] == ["#"]:  # run-vm.sh passes the guest's diagnostics on as comments
@@ -62,6 +69,9 @@ for line in open(sys.argv[1]):
         t[(w[1], w[2])][int(w[3])] = float(w[4])
         if len(w) > 5 and w[5].isdigit():
             fetched[w[2]].append(int(w[5]))
+        if len(w) > 7:
+            split[w[2]][0].append(float(w[6]))
+            split[w[2]][1].append(float(w[7]))
 runs = int(sys.argv[2])
 med = lambda k: statistics.median(t[k].values())
 def ratios(a, b):  # per-round a/b: the same round ran both under the same load
@@ -78,6 +88,11 @@ print("|---|---:|---:|---|")
 for name, k in (("cachefiles", ("cold", "cachefiles")), ("fuse", ("cold", "fuse")),
                 ("full pull (--mode local)", ("cold", "local"))):
     print(row(name, k, None if k[1] == "fuse" else ("cold", "fuse")))
+print()
+print("medians of the parts: " + "; ".join(
+    "%s: ferry mount returned %.2f s, first byte of /etc/os-release %.2f s" %
+    (m, statistics.median(split[m][0]), statistics.median(split[m][1]))
+    for m in ("cachefiles", "fuse", "local") if split[m][0]))
 for m in ("cachefiles", "fuse"):
     if fetched[m]:
         print()
