@@ -126,6 +126,8 @@ static struct {
 	char state_dir[PATH_MAX];   /* where CF_STATE lives */
 	int keeper_sock;            /* to the keeper; -1: none */
 	_Atomic int keeper_pid;
+	pthread_t keeper;           /* starting it (keeper_main) */
+	bool keeper_started;
 	int adopt_fd;               /* cachefiles_adopt: the dead ferryd's device */
 	bool adopting;              /* cachefiles_adopt runs: keep the device */
 } dev = {
@@ -681,6 +683,18 @@ static void keeper_start(const struct serve_opts *o)
 	atomic_store(&dev.keeper_pid, pid);
 }
 
+/*
+ * The keeper starts beside the first mount, not before it: spawning it
+ * (an exec of ferryd) is most of a cold cachefiles mount's time on a slow
+ * machine, and the mount does not need it; failover does, from the moment
+ * it said hello. @arg: the serve_opts, which live as long as ferryd.
+ */
+static void *keeper_thread(void *arg)
+{
+	keeper_start(arg);
+	return NULL;
+}
+
 static int reader_start(void)
 {
 	int ret = -pthread_create(&dev.reader, NULL, reader_main, NULL);
@@ -747,6 +761,9 @@ static void dev_close(void)
 		close(dev.wake[0]);
 		close(dev.wake[1]);
 	}
+	if (dev.keeper_started)
+		pthread_join(dev.keeper, NULL);
+	dev.keeper_started = false;
 	/* Closing on purpose: the keeper lets go too (the cache unbinds). */
 	if (dev.keeper_sock >= 0) {
 		if (send(dev.keeper_sock, "bye", 3, MSG_NOSIGNAL) < 0)
@@ -848,7 +865,9 @@ bound:
 	}
 	snprintf(dev.dir, sizeof(dev.dir), "%s", dir);
 	snprintf(dev.cache_dir, sizeof(dev.cache_dir), "%s", cache_dir);
-	keeper_start(o);
+	dev.keeper_started = !pthread_create(&dev.keeper, NULL, keeper_thread, (void *)o);
+	if (!dev.keeper_started)
+		keeper_start(o);
 	if (restoring)
 		ferry_info("cachefiles: took over %s from the ferryd that died", CF_DEVICE);
 	else
