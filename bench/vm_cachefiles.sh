@@ -93,6 +93,14 @@ print("medians of the parts: " + "; ".join(
     "%s: ferry mount returned %.2f s, first byte of /etc/os-release %.2f s" %
     (m, statistics.median(split[m][0]), statistics.median(split[m][1]))
     for m in ("cachefiles", "fuse", "local") if split[m][0]))
+# The workload alone (from ferry mount's return to its end), per round.
+rest = {m: {r: t[("cold", m)][r] - split[m][0][i] for i, r in enumerate(sorted(t[("cold", m)]))}
+        for m in ("cachefiles", "fuse") if len(split[m][0]) == len(t[("cold", m)])}
+if len(rest) == 2:
+    r = sorted(rest["cachefiles"][k] / rest["fuse"][k] for k in rest["cachefiles"] if k in rest["fuse"])
+    print()
+    print("the workload alone (ferry mount returned → done): cachefiles %.2f × fuse (rounds: %s)" %
+          (statistics.median(r), " ".join("%.2f" % x for x in r)))
 for m in ("cachefiles", "fuse"):
     if fetched[m]:
         print()
