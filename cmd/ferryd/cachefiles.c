@@ -19,7 +19,9 @@
  * Blob bytes come whole frames at a time from image_cache_read_frames:
  * the chunk cache's copy where it has one (another mode filled it), else
  * fetched, verified and decompressed in memory and kept only in the
- * kernel's cache file; the bootstrap from the verified copy in memory. Metadata and data both arrive on demand.
+ * kernel's cache file; the bootstrap from the verified copy in memory.
+ * Metadata and data both arrive on demand; prefetch writes into the cache
+ * files too (image_cache_set_prefetch_sink).
  *
  * The device is one per host and only one process may hold it: every
  * cachefiles mount of this ferryd shares it. The first mount opens and
@@ -126,7 +128,7 @@ static struct {
 	char state_dir[PATH_MAX];   /* where CF_STATE lives */
 	int keeper_sock;            /* to the keeper; -1: none */
 	_Atomic int keeper_pid;
-	pthread_t keeper;           /* starting it (keeper_main) */
+	pthread_t keeper;           /* starting it (keeper_thread) */
 	bool keeper_started;
 	int adopt_fd;               /* cachefiles_adopt: the dead ferryd's device */
 	bool adopting;              /* cachefiles_adopt runs: keep the device */
