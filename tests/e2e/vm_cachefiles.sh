@@ -136,6 +136,8 @@ with open(os.path.join(out, "cf.env"), "w") as f:
             (best[1], blob, off, c["length"]))
     f.write("DMG_GOOD=%03o\nDMG_BAD=%03o\n" % (good, good ^ 0x5a))
     f.write("SHARED=%s\n" % sorted(shared)[0].split(":", 1)[1])
+    f.write("FX_BLOBS='%s'\n" % " ".join(b["digest"].split(":", 1)[1]
+                                         for b in inspect(reg + "/fx:v1")["blobs"]))
     # Read while ferryd is killed (failover), and after ferryd and its
     # keeper are killed (no successor).
     f.write("FO_FILE=%s\nFO_SUM=%s\nGONE_FILE=%s\n" % (

@@ -185,6 +185,15 @@ vm_check "ferry cache gc: bootstraps go, every recorded blob's cache file stays"
 	ferry cache --cache-dir "$1" gc >/tmp/gc.out && cat /tmp/gc.out &&
 	grep -q "^fscache: removed [1-9][0-9]* cache files" /tmp/gc.out &&
 	find "$1/fscache/cache" -type f -name "D$2" | grep -q .' sh "$C" "$SHARED"
+# fx:v1's record pruned: its blobs' kernel cache files go, base's stay.
+not() { ! "$@"; }
+has_fx() { for _b in $FX_BLOBS; do find "$C/fscache/cache" -type f -name "D$_b" | grep -q . && return 0; done; return 1; }
+vm_check "fx:v1's blobs have kernel cache files (the record keeps them)" has_fx
+vm_check "ferry cache prune docker://$VM_REGISTRY/fx:v1: its cache files go, deb:base's blob stays" sh -c '
+	ferry cache --cache-dir "$1" prune "docker://$2/fx:v1" | tee /tmp/prune.out &&
+	grep -q "^fscache: removed [1-9][0-9]* cache files" /tmp/prune.out &&
+	find "$1/fscache/cache" -type f -name "D$3" | grep -q .' sh "$C" "$VM_REGISTRY" "$SHARED" &&
+	vm_check "no cache file of fx:v1's blobs is left" not has_fx
 vm_check "ferryd (pid ${pid:-?}) ends on SIGTERM" sh -c \
 	'[ "$1" -gt 1 ] && kill "$1" && i=0 && while kill -0 "$1" 2>/dev/null; do
 		i=$((i + 1)) && [ $i -lt 50 ] && sleep 0.2 || exit 1; done' sh "${pid:-0}"
@@ -283,6 +292,24 @@ if vm_check "a new ferryd; mount fx:v1 --prefetch-all over a fresh cache" sh -c 
 		sh -c '[ "${1:-0}" -gt 0 ] && [ "$1" = "$2" ]' sh "$f" "$f2"
 	vm_check "and not the chunk cache (< 64 KiB allocated)" sh -c '[ "$(du -sk "$1/blobs" | cut -f1)" -lt 64 ]' sh "$PF"
 	vm_check "ferry umount of the prefetched mount" ferry umount /mnt/pf
+fi
+
+# --- another mode's chunk cache: read, not fetched again ---------------------------
+# A FUSE mount fills a chunk cache (--prefetch-all); a cachefiles mount of
+# the same image over it (its kernel cache fresh) fetches nothing.
+MX=/cf/mx
+mx_full() { [ "$(field /mnt/mxf chunksPresent)" = "$(field /mnt/mxf chunksTotal)" ]; }
+if vm_check "mount fx:v1 with FUSE --prefetch-all, and it completes" sh -c '
+	mkdir -p /mnt/mxf /mnt/mxc &&
+	timeout 120 ferry mount --mode fuse --prefetch-all --cache-dir "$1" "docker://$2/fx:v1" /mnt/mxf' \
+	sh "$MX" "$VM_REGISTRY" && vm_wait 60 mx_full &&
+	vm_check "then cachefiles over the same chunk cache" timeout 120 ferry mount --mode cachefiles \
+		--cache-dir "$MX" "docker://$VM_REGISTRY/fx:v1" /mnt/mxc; then
+	vm_check "fixture through cachefiles: every entry and byte (treelist)" sh -c \
+		'treelist /mnt/mxc >/tmp/mx.list && diff "$1/fx.list" /tmp/mx.list' sh "$P"
+	f=$(field /mnt/mxc bytesFetched)
+	vm_check "cachefiles fetched nothing: the frames came from FUSE's chunk cache (${f:-?} B)" [ "${f:-1}" -eq 0 ]
+	vm_check "ferry umount of both" sh -c 'ferry umount /mnt/mxc && ferry umount /mnt/mxf'
 fi
 
 vm_diag "guest driver done at $(elapsed)"
