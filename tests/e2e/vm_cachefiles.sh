@@ -15,7 +15,12 @@
 #   a corrupted chunk gives EIO, never wrong bytes; the fixture's every
 #   attribute and byte; a warm restart with a new ferryd fetches nothing;
 #   two images in one domain share one cache file for their common blob;
-#   kill -9 of ferryd: EIO, and ferry umount works
+#   one copy on disk (the kernel's cache files, not the chunk cache);
+#   ferry cache ls/gc/prune of CACHE/fscache, bound and not; kill -9 of
+#   ferryd: the keeper's successor (same --log-file) takes over; ferryd
+#   and keeper killed: EIO, and ferry umount works; --prefetch-all fills
+#   the kernel's cache files; cachefiles over a FUSE-filled chunk cache
+#   fetches nothing
 # And on the host: --mode cachefiles fails at once, naming the kernel
 # options and the other modes, when the kernel has no /dev/cachefiles.
 # Skips (ok # SKIP) the VM part only when QEMU or the kernel source is not

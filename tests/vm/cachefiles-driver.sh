@@ -8,7 +8,9 @@
 #                 (the chunk the corruption check damages: file, registry
 #                 blob path, byte offset, original and damaged byte in
 #                 octal, first chunk's length), SHARED (the blob digest
-#                 deb:base and deb:pkgs share)
+#                 deb:base and deb:pkgs share), USRBIN_BYTES (usr/bin's
+#                 file bytes, each inode once), FX_BLOBS (fx:v1's blob
+#                 digests, hex)
 #   deb.list      treelist -n of deb:base's reference tree (umoci unpack)
 #   fx.list       treelist of the edge-case fixture (mkfixture.sh)
 #   usrbin.sha256 sha256sum of deb:base's usr/bin files
