@@ -669,14 +669,14 @@ static void state_save(void)
  */
 static void keeper_start(const struct serve_opts *o)
 {
-	char level[16], threads[16], ra[16], dra[16];
-	const char *args[] = { o->socket_path, o->log_path, level, threads, ra, dra, NULL };
+	const char *args[KEEPER_ARGS_MAX + 1] = { o->socket_path };
+	unsigned int n = 1;
 	int pid = 0, ret;
 
-	snprintf(level, sizeof(level), "%d", ferry_log_level);
-	snprintf(threads, sizeof(threads), "%u", o->threads);
-	snprintf(ra, sizeof(ra), "%u", o->readahead_kb);
-	snprintf(dra, sizeof(dra), "%u", o->dir_readahead_kb);
+	while (o->successor_args && o->successor_args[n - 1] && n < KEEPER_ARGS_MAX) {
+		args[n] = o->successor_args[n - 1];
+		n++;
+	}
 
 	ret = keeper_spawn("--cachefiles-keeper", dev.fd, args, &dev.keeper_sock, &pid);
 	if (ret)
@@ -1115,18 +1115,15 @@ static void cf_stats(void *state, struct ctl_mount_stats *s)
 int cachefiles_keeper_main(int argc, char **argv)
 {
 	char exe[PATH_MAX], msg[64];
-	const char *succ[20] = { exe, "--socket", argv[4], "--log-file", argv[5],
-				 "--threads", argv[7], "--readahead", argv[8],
-				 "--dir-readahead", argv[9], "--cachefiles-adopt", argv[2] };
-	unsigned long devfd, sock, level;
-	char *end1, *end2, *end3;
-	int ret, n_args = 13;
+	const char *succ[KEEPER_ARGS_MAX + 8] = { exe, "--socket", argv[4] };
+	unsigned long devfd, sock;
+	char *end1, *end2;
+	int ret, i, n_args = 3;
 	ssize_t n;
 
-	if (argc != 10 || (devfd = strtoul(argv[2], &end1, 10)) > INT_MAX || *end1 ||
-	    (sock = strtoul(argv[3], &end2, 10)) > INT_MAX || *end2 || argv[4][0] != '/' ||
-	    argv[5][0] != '/' || (level = strtoul(argv[6], &end3, 10)) > FERRY_LOG_DEBUG ||
-	    *end3) {
+	if (argc < 5 || argc > KEEPER_ARGS_MAX + 4 ||
+	    (devfd = strtoul(argv[2], &end1, 10)) > INT_MAX || *end1 ||
+	    (sock = strtoul(argv[3], &end2, 10)) > INT_MAX || *end2 || argv[4][0] != '/') {
 		fprintf(stderr, "ferryd --cachefiles-keeper: started by ferryd only\n");
 		return 2;
 	}
@@ -1144,11 +1141,12 @@ int cachefiles_keeper_main(int argc, char **argv)
 	exe[n > 0 ? n : 0] = '\0';
 	fcntl((int)devfd, F_SETFD, 0);
 	close((int)sock);
-	/* ferryd's log level: -q is errors only, each -v one level more. */
-	if (level < FERRY_LOG_INFO)
-		succ[n_args++] = "-q";
-	for (; level > FERRY_LOG_INFO; level--)
-		succ[n_args++] = "-v";
+	/* The dead ferryd's options (successor_args in daemon.c). */
+	for (i = 5; i < argc; i++)
+		succ[n_args++] = argv[i];
+	succ[n_args++] = "--cachefiles-adopt";
+	succ[n_args++] = argv[2];
+	succ[n_args] = NULL;
 	execv("/proc/self/exe", (char *const *)succ);
 	ferry_err("cachefiles keeper: starting %s: %s; reads of missing data on its mounts fail with EIO",
 		  exe, strerror(errno));
