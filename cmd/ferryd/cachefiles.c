@@ -55,6 +55,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/resource.h>
 #include <sys/mount.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -474,7 +475,13 @@ static int fill(struct cf_mount *cm, uint32_t device, const struct cf_job *j,
 			ret = sink_zeros(&s, end);
 		return ret;
 	}
-	for (pos = j->off; !ret && pos < end;) {
+	/*
+	 * The bootstrap is in memory and verified: its first READ gets all
+	 * of it, so the metadata of every later lookup, readdir and stat is
+	 * in the cache file and costs the kernel no more round trips.
+	 */
+	end = ROUND_UP(size, (uint64_t)CF_ALIGN);
+	for (pos = 0; !ret && pos < end;) {
 		size_t n = (size_t)MIN(end - pos, (uint64_t)CF_BUF);
 		size_t have = pos < size ? (size_t)MIN((uint64_t)n, size - pos) : 0;
 
@@ -686,13 +693,18 @@ static void keeper_start(const struct serve_opts *o)
 }
 
 /*
- * The keeper starts beside the first mount, not before it: spawning it
- * (an exec of ferryd) is most of a cold cachefiles mount's time on a slow
- * machine, and the mount does not need it; failover does, from the moment
- * it said hello. @arg: the serve_opts, which live as long as ferryd.
+ * The keeper starts beside the first mount, not before it, and at the
+ * lowest priority (nice is per thread, and the child inherits it):
+ * spawning it (an exec of ferryd, loading every library) is most of a
+ * cold cachefiles mount's time on a slow machine, and neither the mount
+ * nor its first readers need it; failover does, from the moment it said
+ * hello. The keeper returns to normal priority before it starts a
+ * successor. @arg: the serve_opts, which live as long as ferryd.
  */
 static void *keeper_thread(void *arg)
 {
+	if (setpriority(PRIO_PROCESS, (id_t)gettid(), 19))
+		ferry_dbg("cachefiles: keeper at low priority: %s", strerror(errno));
 	keeper_start(arg);
 	return NULL;
 }
@@ -1134,7 +1146,11 @@ int cachefiles_keeper_main(int argc, char **argv)
 		;
 	if (!ret)
 		return 0; /* ferryd let the device go */
-	/* ferryd is gone: become its successor, the device in hand. */
+	/* ferryd is gone: become its successor, the device in hand, at
+	 * normal priority (it was spawned at the lowest). */
+	if (setpriority(PRIO_PROCESS, 0, 0))
+		ferry_warn("cachefiles keeper: cannot restore normal priority: %s",
+			   strerror(errno));
 	ferry_warn("cachefiles keeper: ferryd is gone; starting a new ferryd on %s to take over %s and its mounts",
 		   argv[4], CF_DEVICE);
 	n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
