@@ -126,6 +126,7 @@ bench: deps all
 	BIN=$(BIN) bench/lazy.sh
 	BIN=$(BIN) bench/memory.sh
 	BIN=$(BIN) bench/wan.sh $(BIN)
+	BIN=$(BIN) bench/vm_cachefiles.sh
 
 demo: deps all
 	BIN=$(BIN) tests/demo.sh

@@ -290,6 +290,13 @@ void atomic_file_discard(struct atomic_file *af);
 int write_file_atomic(const char *dir, const char *name, const void *data,
 		      size_t len, mode_t mode);
 
+/*
+ * A process holding @path open (its /proc/PID/fd links): its pid, its
+ * command name in @comm ("?" if none), or 0 when none is seen (processes
+ * of other users need root to be seen).
+ */
+int proc_holder(const char *path, char *comm, size_t len);
+
 /* ------------------------------------------------------------------ */
 /* Path strings (path.c): lexical, no file system access               */
 /* ------------------------------------------------------------------ */

@@ -6,10 +6,12 @@
  */
 #include "base.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -136,4 +138,39 @@ int write_file_atomic(const char *dir, const char *name, const void *data,
 		return ret;
 	}
 	return atomic_file_commit(&af, name);
+}
+
+int proc_holder(const char *path_held, char *comm, size_t len)
+{
+	char path[64], link[PATH_MAX];
+	struct dirent *p, *f;
+	DIR *proc = opendir("/proc"), *fds;
+	FILE *fp;
+	int pid = 0;
+	ssize_t n;
+
+	while (proc && !pid && (p = readdir(proc))) {
+		if (p->d_name[0] < '1' || p->d_name[0] > '9' || strlen(p->d_name) > 16)
+			continue;
+		snprintf(path, sizeof(path), "/proc/%s/fd", p->d_name);
+		fds = opendir(path);
+		while (fds && !pid && (f = readdir(fds))) {
+			n = readlinkat(dirfd(fds), f->d_name, link, sizeof(link) - 1);
+			if (n > 0 && (link[n] = '\0', !strcmp(link, path_held)))
+				pid = atoi(p->d_name);
+		}
+		if (fds)
+			closedir(fds);
+	}
+	if (proc)
+		closedir(proc);
+	snprintf(comm, len, "?");
+	snprintf(path, sizeof(path), "/proc/%d/comm", pid);
+	fp = pid ? fopen(path, "re") : NULL;
+	if (fp) {
+		if (fgets(comm, (int)len, fp))
+			comm[strcspn(comm, "\n")] = '\0';
+		fclose(fp);
+	}
+	return pid;
 }

@@ -361,6 +361,24 @@ bool blob_cache_range_present(const struct blob_cache_blob *b, uint64_t uoff,
 int blob_cache_ensure(struct blob_cache_blob *b, uint64_t uoff, uint64_t len,
 		      const struct blob_source *src, uint64_t *fetched);
 
+/*
+ * Hand the bytes of every frame overlapping [@uoff, @uoff + @len) to
+ * @emit, in order, as they lie in the uncompressed address space: @off
+ * and @len multiples of BLOB_SLOT_ALIGN (the frame's slots, the last
+ * page zero-padded), @buf aligned to it (for O_DIRECT writes). Frames
+ * this handle knows present are read from the data file; missing ones are
+ * fetched from @src (adjacent ones in one read, up to BLOB_CACHE_RUN_MAX),
+ * decoded and verified in memory, and not written to the cache: for a
+ * reader that keeps the bytes itself (the cachefiles mode: the kernel's
+ * cache file). A chunk that fails to verify is -EIO naming blob and chunk
+ * (the frames before it were emitted); otherwise 0, or @emit's or the
+ * source's -errno. *@fetched (may be NULL) grows by the bytes read from @src.
+ */
+typedef int (*blob_emit_fn)(void *ctx, uint64_t off, const void *buf, size_t len);
+int blob_cache_read_frames(struct blob_cache_blob *b, uint64_t uoff, uint64_t len,
+			   const struct blob_source *src, uint64_t *fetched,
+			   blob_emit_fn emit, void *ctx);
+
 /* Chunks and uncompressed bytes present now. */
 void blob_cache_usage(const struct blob_cache_blob *b, uint32_t *chunks,
 		      uint64_t *bytes);
@@ -475,6 +493,13 @@ int blob_cache_record_limit(const char *cache_dir,
 /* Everything in the cache; a missing cache directory is an empty list. */
 int blob_cache_list(const char *cache_dir, struct blob_cache_list *out);
 void blob_cache_list_free(struct blob_cache_list *l);
+
+/*
+ * The blobs an image record or a live mount's pin names, sorted, no
+ * duplicates (malloc'ed into *@out; NULL when none).
+ */
+int blob_cache_named(const char *cache_dir, uint8_t (**out)[BLOB_DIGEST_SIZE],
+		     uint32_t *nr);
 
 /*
  * Remove the files of every blob no image record names and nobody has

@@ -1532,3 +1532,151 @@ uint64_t blob_cache_evicted(const struct blob_cache_blob *b)
 {
 	return __atomic_load_n(&b->evicted, __ATOMIC_RELAXED);
 }
+
+/* A 4 KiB-aligned buffer of at least @len bytes (contents not kept). */
+static int aligned_reserve(uint8_t **buf, size_t *cap, size_t len)
+{
+	void *p;
+
+	if (*cap >= len)
+		return 0;
+	if (posix_memalign(&p, BLOB_SLOT_ALIGN, len))
+		return -ENOMEM;
+	free(*buf);
+	*buf = p;
+	*cap = len;
+	return 0;
+}
+
+/* Frames *@fa.. of the blob whose chunks are all present: their count. */
+static uint32_t present_frames(const struct blob_cache_blob *b, uint32_t fa,
+			       uint32_t fb, bool present)
+{
+	uint32_t fr, i;
+
+	for (fr = fa; fr <= fb; fr++) {
+		for (i = b->frames[fr].first;
+		     i < b->frames[fr].first + b->frames[fr].count &&
+		     blob_cache_chunk_present(b, i); i++)
+			;
+		if ((i == b->frames[fr].first + b->frames[fr].count) != present)
+			break;
+	}
+	return fr - fa;
+}
+
+/* Where frame @fr's slots end in the uncompressed address space. */
+static uint64_t frame_end(const struct blob_cache_blob *b, uint32_t fr)
+{
+	uint64_t start, len;
+
+	frame_span(b, fr, &start, &len);
+	return start + len;
+}
+
+int blob_cache_read_frames(struct blob_cache_blob *b, uint64_t uoff, uint64_t len,
+			   const struct blob_source *src, uint64_t *fetched,
+			   blob_emit_fn emit, void *ctx)
+{
+	const struct blob_info *info = b->info;
+	const struct blob_chunk *chunks = info->chunks;
+	uint8_t *run = NULL, *frame = NULL, *out = NULL;
+	size_t run_cap = 0, frame_cap = 0, out_cap = 0;
+	uint32_t i0, i1, fa, fb, fr, n, i;
+	int ret = 0;
+
+	if (uoff > info->uncompressed_size || len > info->uncompressed_size - uoff) {
+		ferry_err("chunk cache: blob sha256:%s: range %llu+%llu is outside its %llu bytes",
+			  b->hex, (unsigned long long)uoff, (unsigned long long)len,
+			  (unsigned long long)info->uncompressed_size);
+		return -EINVAL;
+	}
+	if (!range_chunks(info, uoff, len, &i0, &i1))
+		return 0;
+	fa = b->chunk_frame[i0];
+	fb = b->chunk_frame[i1];
+	while (!ret && fa <= fb) {
+		uint64_t start = chunks[b->frames[fa].first].uoff, end, coff0, clen;
+
+		/*
+		 * Present frames: read back from the data file, no fetch; the
+		 * check and the read inside the readers lock, the frames
+		 * stamped, so eviction does not punch them in between.
+		 */
+		touch_frames(b, fa, fb);
+		blob_cache_read_begin();
+		n = present_frames(b, fa, fb, true);
+		if (n) {
+			end = frame_end(b, fa + n - 1);
+			ret = aligned_reserve(&out, &out_cap, end - start);
+			if (!ret)
+				ret = pread_full(b->data_fd, out, end - start, start);
+		}
+		blob_cache_read_end();
+		if (n) {
+			if (!ret)
+				ret = emit(ctx, start, out, end - start);
+			fa += n;
+			continue;
+		}
+		/* Missing ones: adjacent frames in one read, in memory only. */
+		coff0 = chunks[b->frames[fa].first].coff;
+		n = present_frames(b, fa, fb, false);
+		for (i = 1; i < n; i++)
+			if (chunks[b->frames[fa + i].first].coff +
+			    chunks[b->frames[fa + i].first].csize - coff0 > BLOB_CACHE_RUN_MAX)
+				break;
+		n = i;
+		clen = chunks[b->frames[fa + n - 1].first].coff +
+		       chunks[b->frames[fa + n - 1].first].csize - coff0;
+		ret = blob_buf_reserve(&run, &run_cap, clen);
+		if (!ret)
+			ret = src->read(src->ctx, coff0, run, clen);
+		if (ret) {
+			ret = ret < 0 ? ret : -EIO;
+			ferry_err("blob sha256:%s: reading compressed bytes %llu..%llu from the source: %s",
+				  b->hex, (unsigned long long)coff0,
+				  (unsigned long long)(coff0 + clen), ferry_strerror(ret));
+			break;
+		}
+		if (fetched)
+			__atomic_fetch_add(fetched, clen, __ATOMIC_RELAXED);
+		for (fr = fa; !ret && fr < fa + n; fr++) {
+			const struct blob_chunk *c = &chunks[b->frames[fr].first];
+			const uint8_t *bytes = run + (c->coff - coff0);
+
+			start = c->uoff;
+			end = frame_end(b, fr);
+			if (c->codec != BLOB_CODEC_NONE || c->csize != c->frame_usize) {
+				ret = blob_buf_reserve(&frame, &frame_cap, c->frame_usize);
+				if (!ret && blob_frame_decode(c, bytes, frame)) {
+					ferry_err("blob sha256:%s: chunk %u: its frame does not decode",
+						  b->hex, b->frames[fr].first);
+					ret = -EIO;
+				}
+				bytes = frame;
+			}
+			if (!ret)
+				ret = aligned_reserve(&out, &out_cap, end - start);
+			if (ret)
+				break;
+			memset(out, 0, end - start);
+			for (i = b->frames[fr].first; !ret && i < b->frames[fr].first + b->frames[fr].count; i++) {
+				ret = blob_chunk_verify(&chunks[i], bytes + chunks[i].frame_off);
+				if (ret)
+					ferry_err("blob sha256:%s: chunk %u does not match its sha256",
+						  b->hex, i);
+				else
+					memcpy(out + (chunks[i].uoff - start),
+					       bytes + chunks[i].frame_off, chunks[i].usize);
+			}
+			if (!ret)
+				ret = emit(ctx, start, out, end - start);
+		}
+		fa += n;
+	}
+	free(run);
+	free(frame);
+	free(out);
+	return ret;
+}

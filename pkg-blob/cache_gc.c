@@ -410,6 +410,40 @@ static int pins_read(const char *cache_dir, struct cache_records *pins)
 	return ret;
 }
 
+int blob_cache_named(const char *cache_dir, uint8_t (**out)[BLOB_DIGEST_SIZE],
+		     uint32_t *nr)
+{
+	struct cache_records rs[2] = { { 0 }, { 0 } };
+	uint8_t (*d)[BLOB_DIGEST_SIZE] = NULL;
+	size_t cap = 0, n = 0;
+	uint32_t i, k, j;
+	int ret = records_read(cache_dir, CACHE_IMAGES_DIR, &rs[0]);
+
+	if (!ret)
+		ret = pins_read(cache_dir, &rs[1]);
+	for (k = 0; !ret && k < 2; k++)
+		for (i = 0; !ret && i < rs[k].nr; i++) {
+			ret = array_reserve(&d, &cap, n + rs[k].r[i].nr_blobs, sizeof(*d), 64);
+			for (j = 0; !ret && j < rs[k].r[i].nr_blobs; j++)
+				memcpy(d[n++], rs[k].r[i].blobs[j], BLOB_DIGEST_SIZE);
+		}
+	records_free(&rs[0]);
+	records_free(&rs[1]);
+	if (ret) {
+		free(d);
+		return ret;
+	}
+	if (n)
+		qsort(d, n, sizeof(*d), digest_cmp);
+	/* Unique. */
+	for (i = 0, j = 0; i < n; i++)
+		if (!j || memcmp(d[j - 1], d[i], BLOB_DIGEST_SIZE))
+			memmove(d[j++], d[i], BLOB_DIGEST_SIZE);
+	*out = d;
+	*nr = j;
+	return 0;
+}
+
 int blob_cache_forget_image(const char *cache_dir,
 			    const uint8_t *image_digest)
 {

@@ -116,6 +116,7 @@ struct image_cache {
 	size_t nr_owners, owners_cap;
 	atomic_bool owners_claimed, owners_ready;
 	double rtt_s, bw_Bps; /* link estimates, 0 = none yet */
+	struct image_prefetch_sink sink; /* put: prefetch goes there */
 };
 
 /* Set in the readahead threads: their fetches are not on a reader's path. */
@@ -465,6 +466,18 @@ static void count_miss(struct image_cache *ic, uint64_t ns)
 }
 
 /* Demand reads and prefetch; only the demand ones count as hits or misses. */
+/* A demand read's outcome for the metrics: an error, a miss or a hit. */
+static void count_demand(struct image_cache *ic, int ret, uint64_t fetched,
+			 uint64_t start)
+{
+	if (ret)
+		atomic_fetch_add(&ic->fetch_errors, 1);
+	else if (fetched)
+		count_miss(ic, ferry_now_ns() - start);
+	else
+		atomic_fetch_add(&ic->hits, 1);
+}
+
 static int ensure(struct image_cache *ic, uint32_t index, uint64_t uoff,
 		  uint64_t len, bool demand)
 {
@@ -473,14 +486,8 @@ static int ensure(struct image_cache *ic, uint32_t index, uint64_t uoff,
 				    &fetched);
 
 	atomic_fetch_add(&ic->bytes_fetched, fetched);
-	if (!demand)
-		return ret;
-	if (ret)
-		atomic_fetch_add(&ic->fetch_errors, 1);
-	else if (fetched)
-		count_miss(ic, ferry_now_ns() - start);
-	else
-		atomic_fetch_add(&ic->hits, 1);
+	if (demand)
+		count_demand(ic, ret, fetched, start);
 	return ret;
 }
 
@@ -567,31 +574,20 @@ int image_cache_ensure(struct image_cache *ic, uint32_t device_id,
 	return ret;
 }
 
-int image_cache_pread(struct image_cache *ic, uint32_t device_id, uint64_t uoff,
-		      void *buf, size_t len)
+int image_cache_read_frames(struct image_cache *ic, uint32_t device_id,
+			    uint64_t uoff, uint64_t len, blob_emit_fn emit, void *ctx)
 {
-	unsigned int tries = 0;
-	bool last, locked;
+	uint64_t fetched = 0, start = ferry_now_ns();
 	int ret;
 
-	/* As image_cache_map: fetch, then read what is still present. */
-	do {
-		last = ++tries == EVICTED_RETRIES;
-		locked = last;
-		if (locked)
-			blob_cache_read_begin();
-		ret = image_cache_ensure(ic, device_id, uoff, len);
-		if (!ret && !locked) {
-			blob_cache_read_begin();
-			locked = true;
-		}
-		if (!ret)
-			ret = last || image_cache_present(ic, device_id, uoff, len) ?
-			      pread_full(blob_cache_data_fd(ic->blobs[device_id - 1]),
-					 buf, len, uoff) : -EAGAIN;
-		if (locked)
-			blob_cache_read_end();
-	} while (ret == -EAGAIN && !last);
+	if (device_id < 1 || device_id > ic->nr_blobs)
+		return -EINVAL;
+	atomic_fetch_add(&ic->demand_inflight, 1);
+	ret = blob_cache_read_frames(ic->blobs[device_id - 1], uoff, len,
+				     &ic->srcs[device_id - 1], &fetched, emit, ctx);
+	atomic_fetch_sub(&ic->demand_inflight, 1);
+	atomic_fetch_add(&ic->bytes_fetched, fetched);
+	count_demand(ic, ret, fetched, start);
 	if (!ret)
 		atomic_fetch_add(&ic->bytes_read, len);
 	return ret;
@@ -835,6 +831,42 @@ void image_cache_set_bwlimit(struct image_cache *ic, uint64_t bytes_per_sec)
 	ic->bwlimit = bytes_per_sec;
 }
 
+void image_cache_set_prefetch_sink(struct image_cache *ic,
+				   const struct image_prefetch_sink *sink)
+{
+	ic->sink = *sink;
+}
+
+struct sink_call {
+	struct image_cache *ic;
+	uint32_t device_id;
+};
+
+static int sink_put(void *ctx, uint64_t off, const void *buf, size_t len)
+{
+	struct sink_call *c = ctx;
+
+	return c->ic->sink.put(c->ic->sink.ctx, c->device_id, off, buf, len);
+}
+
+/* One prefetch step: into the sink when there is one, else the chunk cache. */
+static int prefetch_step(struct image_cache *ic, uint32_t index, uint64_t uoff,
+			 uint64_t len)
+{
+	struct sink_call c = { ic, index + 1 };
+	uint64_t fetched = 0;
+	int ret;
+
+	if (!ic->sink.put)
+		return ensure(ic, index, uoff, len, false);
+	if (ic->sink.has(ic->sink.ctx, index + 1, uoff, len))
+		return 0;
+	ret = blob_cache_read_frames(ic->blobs[index], uoff, len, &ic->srcs[index],
+				     &fetched, sink_put, &c);
+	atomic_fetch_add(&ic->bytes_fetched, fetched);
+	return ret;
+}
+
 int image_cache_prefetch_file(struct image_cache *ic, const struct meta_stat *st,
 			      const volatile bool *stop)
 {
@@ -855,7 +887,7 @@ int image_cache_prefetch_file(struct image_cache *ic, const struct meta_stat *st
 		prefetch_pace(ic, step, stop);
 		if (stop && *stop)
 			break;
-		ret = ensure(ic, index, uoff, step, false);
+		ret = prefetch_step(ic, index, uoff, step);
 		if (ret)
 			return ret;
 		atomic_fetch_add(&ic->prefetched, step);
@@ -952,7 +984,7 @@ int image_cache_prefetch_blobs(struct image_cache *ic,
 			prefetch_pace(ic, step, stop);
 			if (stop && *stop)
 				break;
-			ret = ensure(ic, i, pos, step, false);
+			ret = prefetch_step(ic, i, pos, step);
 			if (ret)
 				return ret;
 			atomic_fetch_add(&ic->prefetched, step);

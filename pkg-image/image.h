@@ -434,13 +434,14 @@ void image_cache_map_end(struct image_cache *ic);
 int image_cache_ensure(struct image_cache *ic, uint32_t device_id,
 		       uint64_t uoff, uint64_t len);
 /*
- * Make [@uoff, @uoff + @len) of device @device_id present and copy it into
- * @buf (counted as bytes read): for a reader of the device's address space
- * that is not the kernel over the data file (cachefiles mode). 0 or -errno
- * as image_cache_ensure.
+ * The frames of device @device_id overlapping [@uoff, @uoff + @len) to
+ * @emit (blob_cache_read_frames): from the chunk cache where it has them,
+ * else fetched and verified without being kept there; counted as bytes
+ * read and fetched. For a reader that keeps the bytes itself (cachefiles:
+ * the kernel's cache file), so the two caches do not hold them twice.
  */
-int image_cache_pread(struct image_cache *ic, uint32_t device_id, uint64_t uoff,
-		      void *buf, size_t len);
+int image_cache_read_frames(struct image_cache *ic, uint32_t device_id,
+			    uint64_t uoff, uint64_t len, blob_emit_fn emit, void *ctx);
 /*
  * Without I/O or locks: is [@uoff, @uoff + @len) of device @device_id
  * known present (false may only mean "ask image_cache_ensure")? Is all
@@ -474,6 +475,20 @@ int image_cache_prefetch_path(struct image_cache *ic, const char *path,
 			      const volatile bool *stop);
 /* Prefetch bytes per second (uncompressed), 0 = unlimited. */
 void image_cache_set_bwlimit(struct image_cache *ic, uint64_t bytes_per_sec);
+/*
+ * Where prefetch puts the bytes instead of the chunk cache: a reader that
+ * keeps them itself (cachefiles: the kernel's cache files). @has: does
+ * the sink hold [@uoff, @uoff + @len) of device @device_id already (then
+ * nothing is fetched); @put: the whole frames of a range prefetch wants,
+ * as image_cache_read_frames emits them. Set before prefetch starts.
+ */
+struct image_prefetch_sink {
+	bool (*has)(void *ctx, uint32_t device_id, uint64_t uoff, uint64_t len);
+	int (*put)(void *ctx, uint32_t device_id, uint64_t uoff, const void *buf, size_t len);
+	void *ctx;
+};
+void image_cache_set_prefetch_sink(struct image_cache *ic,
+				   const struct image_prefetch_sink *sink);
 
 /*
  * Upper bounds (milliseconds) of the buckets of the miss latency
@@ -538,5 +553,30 @@ bool image_fstype_is_ferry(const char *fstype);
  */
 int image_mount_local(struct image *img, const char *cache_dir,
 		      const char *mountpoint, unsigned long flags);
+
+/*
+ * The cachefiles mode's kernel cache, @cache_dir/fscache: ferryd binds it
+ * to /dev/cachefiles and the kernel owns what is inside (cache/I<volume>/
+ * @<hash>/D<cookie>: volume "erofs,<fsid or domain>", cookie a blob's
+ * sha256 or a bootstrap's fsid, both hex; graveyard/ what it culled).
+ * image_fscache_usage: its files and allocated bytes (zeros when there is
+ * none); *@holder: the pid holding /dev/cachefiles (0: none, the cache is
+ * not bound; root sees every holder). The files of objects in use are
+ * unlinked temporary files until the kernel lets go: not counted.
+ * image_fscache_gc: unless /dev/cachefiles is held (then it removes
+ * nothing and says which process holds it: the kernel culls a bound cache
+ * itself), remove every cache file that names no blob an image record or
+ * a live mount names (bootstraps too: refilled from memory at the next
+ * mount), the graveyard, and directories left empty.
+ */
+#define IMAGE_FSCACHE_DIR "fscache"
+struct image_fscache_usage {
+	uint64_t files, disk_bytes;
+	int holder;
+	char holder_comm[32];
+};
+int image_fscache_usage(const char *cache_dir, struct image_fscache_usage *u);
+int image_fscache_gc(const char *cache_dir, uint64_t *freed, uint32_t *removed,
+		     struct image_fscache_usage *u);
 
 #endif

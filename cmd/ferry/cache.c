@@ -11,6 +11,7 @@
 
 #include "../../pkg-base/base.h"
 #include "../../pkg-blob/blob.h"
+#include "../../pkg-image/image.h"
 #include "cmd.h"
 
 static void cache_help(void)
@@ -23,9 +24,13 @@ static void cache_help(void)
 	       "(a sparse file) with a record of which chunks are present, plus a\n"
 	       "record of every image mounted through it.\n\n"
 	       "  ls      blobs (size, chunks present, disk usage, images using\n"
-	       "          them, in use) and image records\n"
+	       "          them, in use), image records, and the cachefiles\n"
+	       "          mode's kernel cache (DIR/fscache: files, disk usage,\n"
+	       "          the process holding /dev/cachefiles)\n"
 	       "  gc      remove blobs that no image record names and no process\n"
-	       "          has open\n"
+	       "          has open; in DIR/fscache, unless /dev/cachefiles is\n"
+	       "          held (the kernel culls a bound cache itself), the\n"
+	       "          cache files of blobs no record names\n"
 	       "  prune   forget the image records named (by reference as listed\n"
 	       "          or by sha256:DIGEST), or all with --all, then gc\n"
 	       "  verify  re-hash every chunk marked present; one that does not\n"
@@ -39,7 +44,8 @@ static void cache_help(void)
 	       FERRY_DEFAULT_CACHE_DIR);
 }
 
-static void print_list(const struct blob_cache_list *l, bool json)
+static void print_list(const struct blob_cache_list *l,
+		       const struct image_fscache_usage *fu, const char *dir, bool json)
 {
 	struct json_object *root, *blobs, *images, *o;
 	char d[72];
@@ -73,6 +79,13 @@ static void print_list(const struct blob_cache_list *l, bool json)
 			printf("%-71s %5u  %s\n", d, l->images[i].nr_blobs,
 			       l->images[i].ref);
 		}
+		printf("\nfscache (cachefiles mode, the kernel's): %llu files, %llu bytes on disk in %s/%s",
+		       (unsigned long long)fu->files, (unsigned long long)fu->disk_bytes,
+		       dir, IMAGE_FSCACHE_DIR);
+		if (fu->holder)
+			printf("; bound: /dev/cachefiles held by pid %d (%s)", fu->holder,
+			       fu->holder_comm);
+		printf("\n");
 		return;
 	}
 	root = json_object_new_object();
@@ -114,6 +127,11 @@ static void print_list(const struct blob_cache_list *l, bool json)
 	}
 	json_object_object_add(root, "blobs", blobs);
 	json_object_object_add(root, "images", images);
+	o = json_object_new_object();
+	json_object_object_add(o, "files", json_object_new_int64((int64_t)fu->files));
+	json_object_object_add(o, "diskBytes", json_object_new_int64((int64_t)fu->disk_bytes));
+	json_object_object_add(o, "devicePid", fu->holder ? json_object_new_int(fu->holder) : NULL);
+	json_object_object_add(root, "fscache", o);
 	printf("%s\n", json_object_to_json_string_ext(root, JSON_C_TO_STRING_PRETTY |
 						      JSON_C_TO_STRING_NOSLASHESCAPE));
 	json_object_put(root);
@@ -201,6 +219,7 @@ int cmd_cache(int argc, char **argv)
 	};
 	const char *dir = default_cache_dir(), *sub;
 	struct blob_cache_verify_report vr;
+	struct image_fscache_usage fu;
 	struct blob_cache_list l;
 	bool json = false, all = false;
 	uint64_t freed = 0;
@@ -233,7 +252,9 @@ int cmd_cache(int argc, char **argv)
 			return usage_error("cache", "ls takes no arguments");
 		ret = blob_cache_list(dir, &l);
 		if (!ret) {
-			print_list(&l, json);
+			ret = image_fscache_usage(dir, &fu);
+			if (!ret)
+				print_list(&l, &fu, dir, json);
 			blob_cache_list_free(&l);
 		}
 	} else if (!strcmp(sub, "gc") || !strcmp(sub, "prune")) {
@@ -247,6 +268,14 @@ int cmd_cache(int argc, char **argv)
 			ret = blob_cache_gc(dir, &freed, &removed);
 		if (!ret)
 			printf("removed %u blobs, freed %llu bytes\n", removed,
+			       (unsigned long long)freed);
+		if (!ret)
+			ret = image_fscache_gc(dir, &freed, &removed, &fu);
+		if (!ret && fu.holder)
+			printf("fscache: left alone: /dev/cachefiles is held by pid %d (%s); the kernel culls a bound cache itself\n",
+			       fu.holder, fu.holder_comm);
+		else if (!ret)
+			printf("fscache: removed %u cache files, freed %llu bytes\n", removed,
 			       (unsigned long long)freed);
 	} else if (!strcmp(sub, "verify")) {
 		if (optind != argc)

@@ -16,9 +16,12 @@
  *         bytes fails the reader with EIO instead of leaving it hanging;
  *   CLOSE the object is released.
  *
- * Blob bytes come through the chunk cache (image_cache_pread: fetched,
- * verified, decompressed as in the other modes), the bootstrap from the
- * verified copy in memory. Metadata and data both arrive on demand.
+ * Blob bytes come whole frames at a time from image_cache_read_frames:
+ * the chunk cache's copy where it has one (another mode filled it), else
+ * fetched, verified and decompressed in memory and kept only in the
+ * kernel's cache file; the bootstrap from the verified copy in memory.
+ * Metadata and data both arrive on demand; prefetch writes into the cache
+ * files too (image_cache_set_prefetch_sink).
  *
  * The device is one per host and only one process may hold it: every
  * cachefiles mount of this ferryd shares it. The first mount opens and
@@ -52,6 +55,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/resource.h>
 #include <sys/mount.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -63,7 +67,6 @@
 
 #define CF_DEVICE "/dev/cachefiles"
 #define CF_TAG "ferry"
-#define CF_SUBDIR "fscache"        /* under the chunk cache directory */
 #define CF_WORKERS 8u              /* READs in flight */
 #define CF_BUF (1u << 20)          /* a worker's write buffer */
 #define CF_ALIGN 4096u             /* O_DIRECT writes into the cache files */
@@ -126,6 +129,8 @@ static struct {
 	char state_dir[PATH_MAX];   /* where CF_STATE lives */
 	int keeper_sock;            /* to the keeper; -1: none */
 	_Atomic int keeper_pid;
+	pthread_t keeper;           /* starting it (keeper_thread) */
+	bool keeper_started;
 	int adopt_fd;               /* cachefiles_adopt: the dead ferryd's device */
 	bool adopting;              /* cachefiles_adopt runs: keep the device */
 } dev = {
@@ -390,47 +395,177 @@ static void *reader_main(void *arg)
 	}
 }
 
+/* Where a READ's bytes go: the object's cache file, and how far they got. */
+struct cf_sink {
+	const struct cf_job *j;
+	const char *image;
+	uint64_t pos;       /* written (or skipped past) up to here */
+	const uint8_t *zeros; /* CF_BUF zero bytes, aligned */
+};
+
+static int sink_write(struct cf_sink *s, uint64_t off, const void *buf, size_t len)
+{
+	int ret = pwrite_full(s->j->obj->fd, buf, len, off);
+
+	if (ret)
+		ferry_err("%s: writing %zu bytes at %llu into the cache file of %s: %s",
+			  s->image, len, (unsigned long long)off, s->j->obj->cookie,
+			  ferry_strerror(ret));
+	return ret;
+}
+
+/* Zeros from s->pos up to @to (alignment padding outside every chunk). */
+static int sink_zeros(struct cf_sink *s, uint64_t to)
+{
+	int ret = 0;
+
+	while (!ret && s->pos < to) {
+		size_t n = (size_t)MIN(to - s->pos, (uint64_t)CF_BUF);
+
+		ret = sink_write(s, s->pos, s->zeros, n);
+		s->pos += n;
+	}
+	return ret;
+}
+
+/* image_cache_read_frames' emit: a whole frame, asked for or not. */
+static int sink_frame(void *ctx, uint64_t off, const void *buf, size_t len)
+{
+	struct cf_sink *s = ctx;
+	int ret = sink_zeros(s, off);
+
+	if (!ret)
+		ret = sink_write(s, off, buf, len);
+	s->pos = MAX(s->pos, off + len);
+	return ret;
+}
+
 /*
- * Write [off, off + len) of the object's bytes through its anon fd:
- * 0, or -errno (logged) with what was written so far verified.
+ * Write [off, off + len) of the object's bytes through its anon fd: 0, or
+ * -errno (logged) with what was written so far verified. A blob's READ
+ * writes the whole frames it touches (the kernel never asks for the rest
+ * of a frame fetched once); their bytes go into the kernel's cache file
+ * only, not into the chunk cache (docs/ARCHITECTURE.md).
  */
 static int fill(struct cf_mount *cm, uint32_t device, const struct cf_job *j,
 		uint8_t *buf)
 {
 	uint64_t size = object_size(cm, device), pos, end = j->off + j->len;
+	struct cf_sink s = { .j = j, .image = cm->m->req.image, .pos = j->off, .zeros = buf };
 	int ret = 0;
 
 	/* The cache file is the size rounded up to a page; READs stay inside. */
-	if (end < j->off || end > ((size + CF_ALIGN - 1) & ~(uint64_t)(CF_ALIGN - 1))) {
+	if (end < j->off || end > ROUND_UP(size, (uint64_t)CF_ALIGN) || j->off % CF_ALIGN) {
 		ferry_err("%s: cachefiles READ %llu+%llu beyond the %s's %llu bytes",
 			  cm->m->req.image, (unsigned long long)j->off,
 			  (unsigned long long)j->len, device ? "blob" : "bootstrap",
 			  (unsigned long long)size);
 		return -EINVAL;
 	}
-	for (pos = j->off; !ret && pos < end;) {
+	if (device) {
+		uint64_t have = j->off < size ? MIN(j->len, size - j->off) : 0;
+
+		memset(buf, 0, CF_BUF);
+		ret = image_cache_read_frames(cm->m->ic, device, j->off, have, sink_frame, &s);
+		if (ret)
+			ferry_err("%s: reading blob %u bytes %llu+%llu for the kernel: %s",
+				  cm->m->req.image, device, (unsigned long long)j->off,
+				  (unsigned long long)have, ferry_strerror(ret));
+		else
+			ret = sink_zeros(&s, end);
+		return ret;
+	}
+	/*
+	 * The bootstrap is in memory and verified: its first READ gets all
+	 * of it, so the metadata of every later lookup, readdir and stat is
+	 * in the cache file and costs the kernel no more round trips.
+	 */
+	end = ROUND_UP(size, (uint64_t)CF_ALIGN);
+	for (pos = 0; !ret && pos < end;) {
 		size_t n = (size_t)MIN(end - pos, (uint64_t)CF_BUF);
 		size_t have = pos < size ? (size_t)MIN((uint64_t)n, size - pos) : 0;
 
-		if (!device)
-			memcpy(buf, cm->m->img->bootstrap + pos, have);
-		else if (have)
-			ret = image_cache_pread(cm->m->ic, device, pos, buf, have);
-		if (ret) {
-			ferry_err("%s: reading blob %u bytes %llu+%zu for the kernel: %s",
-				  cm->m->req.image, device, (unsigned long long)pos, have,
-				  ferry_strerror(ret));
-			break;
-		}
+		memcpy(buf, cm->m->img->bootstrap + pos, have);
 		/* The page past the end of the bytes. */
 		memset(buf + have, 0, n - have);
-		ret = pwrite_full(j->obj->fd, buf, n, pos);
-		if (ret)
-			ferry_err("%s: writing %zu bytes at %llu into the cache file of %s: %s",
-				  cm->m->req.image, n, (unsigned long long)pos, j->obj->cookie,
-				  ferry_strerror(ret));
+		ret = sink_write(&s, pos, buf, n);
 		pos += n;
 	}
+	return ret;
+}
+
+/* ------------------------------------------------------------------ */
+/* Prefetch into the kernel's cache files                              */
+/* ------------------------------------------------------------------ */
+
+#define CF_OPEN_WAIT_MS 5000 /* for the kernel to OPEN a blob after mount */
+
+/*
+ * The object of device @device of @m's image, referenced, or NULL when
+ * the kernel has not opened it (in @CF_OPEN_WAIT_MS). By @m, not its
+ * cf_mount: the prefetch thread outlives the mode's state.
+ */
+static struct cf_object *prefetch_object(struct fmount *m, uint32_t device)
+{
+	char volume[VOLUME_MAX], cookie[FSID_LEN + 1], fsid[FSID_LEN + 1];
+	struct cf_object *o = NULL;
+	unsigned int waited;
+
+	hex_encode(m->img->bootstrap_digest, BLOB_DIGEST_SIZE, fsid);
+	hex_encode(m->img->blobs.blobs[device - 1].digest, BLOB_DIGEST_SIZE, cookie);
+	snprintf(volume, sizeof(volume), "erofs,%s", m->req.domain ? m->req.domain : fsid);
+	for (waited = 0; !o && waited < CF_OPEN_WAIT_MS && !m->stop; waited += 10) {
+		pthread_mutex_lock(&dev.lock);
+		for (o = dev.objects; o; o = o->next)
+			if (!strcmp(o->volume, volume) && !strcmp(o->cookie, cookie))
+				break;
+		if (o)
+			o->refs++;
+		pthread_mutex_unlock(&dev.lock);
+		if (!o)
+			usleep(10000);
+	}
+	return o;
+}
+
+static void prefetch_object_put(struct cf_object *o)
+{
+	pthread_mutex_lock(&dev.lock);
+	object_put_locked(o);
+	pthread_mutex_unlock(&dev.lock);
+}
+
+/* Does the kernel's cache file hold [uoff, uoff + len) (no hole there)? */
+static bool prefetch_has(void *ctx, uint32_t device, uint64_t uoff, uint64_t len)
+{
+	struct cf_object *o = prefetch_object(ctx, device);
+	off_t hole;
+
+	if (!o)
+		return false;
+	hole = lseek(o->fd, (off_t)uoff, SEEK_HOLE);
+	prefetch_object_put(o);
+	return hole >= 0 && (uint64_t)hole >= uoff + len;
+}
+
+static int prefetch_put(void *ctx, uint32_t device, uint64_t uoff, const void *buf,
+			size_t len)
+{
+	struct fmount *m = ctx;
+	struct cf_object *o = prefetch_object(m, device);
+	int ret;
+
+	if (!o) {
+		ferry_warn("%s: prefetch: the kernel has not opened blob %u's cache file; nothing prefetched into it",
+			   m->req.image, device);
+		return -ENOENT;
+	}
+	ret = pwrite_full(o->fd, buf, len, uoff);
+	if (ret)
+		ferry_err("%s: prefetch: writing %zu bytes at %llu into the cache file of %s: %s",
+			  m->req.image, len, (unsigned long long)uoff, o->cookie,
+			  ferry_strerror(ret));
+	prefetch_object_put(o);
 	return ret;
 }
 
@@ -535,11 +670,20 @@ static void state_save(void)
 	json_object_put(top);
 }
 
-/* The keeper holding a second descriptor of the device (failover). */
-static void keeper_start(const char *socket_path)
+/*
+ * The keeper holding a second descriptor of the device (failover); it
+ * passes our options on to the successor it may start.
+ */
+static void keeper_start(const struct serve_opts *o)
 {
-	const char *args[] = { socket_path, NULL };
+	const char *args[KEEPER_ARGS_MAX + 1] = { o->socket_path };
+	unsigned int n = 1;
 	int pid = 0, ret;
+
+	while (o->successor_args && o->successor_args[n - 1] && n < KEEPER_ARGS_MAX) {
+		args[n] = o->successor_args[n - 1];
+		n++;
+	}
 
 	ret = keeper_spawn("--cachefiles-keeper", dev.fd, args, &dev.keeper_sock, &pid);
 	if (ret)
@@ -548,48 +692,29 @@ static void keeper_start(const char *socket_path)
 	atomic_store(&dev.keeper_pid, pid);
 }
 
+/*
+ * The keeper starts beside the first mount, not before it, and at the
+ * lowest priority (nice is per thread, and the child inherits it):
+ * spawning it (an exec of ferryd, loading every library) is most of a
+ * cold cachefiles mount's time on a slow machine, and neither the mount
+ * nor its first readers need it; failover does, from the moment it said
+ * hello. The keeper returns to normal priority before it starts a
+ * successor. @arg: the serve_opts, which live as long as ferryd.
+ */
+static void *keeper_thread(void *arg)
+{
+	if (setpriority(PRIO_PROCESS, (id_t)gettid(), 19))
+		ferry_dbg("cachefiles: keeper at low priority: %s", strerror(errno));
+	keeper_start(arg);
+	return NULL;
+}
+
 static int reader_start(void)
 {
 	int ret = -pthread_create(&dev.reader, NULL, reader_main, NULL);
 
 	dev.reader_started = !ret;
 	return ret;
-}
-
-/* The process holding /dev/cachefiles, for the EBUSY message: its pid or 0. */
-static int device_holder(char *comm, size_t len)
-{
-	char path[64], link[64];
-	struct dirent *p, *f;
-	DIR *proc = opendir("/proc"), *fds;
-	FILE *fp;
-	int pid = 0;
-	ssize_t n;
-
-	while (proc && !pid && (p = readdir(proc))) {
-		if (p->d_name[0] < '1' || p->d_name[0] > '9' || strlen(p->d_name) > 16)
-			continue;
-		snprintf(path, sizeof(path), "/proc/%s/fd", p->d_name);
-		fds = opendir(path);
-		while (fds && !pid && (f = readdir(fds))) {
-			n = readlinkat(dirfd(fds), f->d_name, link, sizeof(link) - 1);
-			if (n > 0 && (link[n] = '\0', !strcmp(link, CF_DEVICE)))
-				pid = atoi(p->d_name);
-		}
-		if (fds)
-			closedir(fds);
-	}
-	if (proc)
-		closedir(proc);
-	snprintf(comm, len, "?");
-	snprintf(path, sizeof(path), "/proc/%d/comm", pid);
-	fp = pid ? fopen(path, "re") : NULL;
-	if (fp) {
-		if (fgets(comm, (int)len, fp))
-			comm[strcspn(comm, "\n")] = '\0';
-		fclose(fp);
-	}
-	return pid;
 }
 
 /* Why @CF_DEVICE cannot be had; with @advice, what to do instead. */
@@ -608,7 +733,7 @@ static void explain_open(int e, bool advice, char *err, size_t errlen)
 			 advice ? "; use --mode fanotify (Linux 6.14+, cache on ext4, xfs or btrfs) or --mode fuse" : "");
 		break;
 	case EBUSY:
-		pid = device_holder(comm, sizeof(comm));
+		pid = proc_holder(CF_DEVICE, comm, sizeof(comm));
 		if (pid)
 			snprintf(who, sizeof(who), " (pid %d, %s)", pid, comm);
 		snprintf(err, errlen, "%s is held by another process%s; only one daemon per host may own it (cachefilesd, nydusd or another ferryd)%s",
@@ -650,6 +775,9 @@ static void dev_close(void)
 		close(dev.wake[0]);
 		close(dev.wake[1]);
 	}
+	if (dev.keeper_started)
+		pthread_join(dev.keeper, NULL);
+	dev.keeper_started = false;
 	/* Closing on purpose: the keeper lets go too (the cache unbinds). */
 	if (dev.keeper_sock >= 0) {
 		if (send(dev.keeper_sock, "bye", 3, MSG_NOSIGNAL) < 0)
@@ -672,10 +800,10 @@ static void dev_close(void)
  * ferryd's (dev.adopt_fd: bound already; the reader starts once its
  * mounts are back, cachefiles_adopt); dev.life held.
  */
-static int dev_open(const char *cache_dir, const char *socket_path, char *err,
+static int dev_open(const char *cache_dir, const struct serve_opts *o, char *err,
 		    size_t errlen)
 {
-	char *dir = NULL, *copy = strdup(socket_path);
+	char *dir = NULL, *copy = strdup(o->socket_path);
 	bool restoring = dev.adopt_fd >= 0;
 	unsigned int i;
 	int ret;
@@ -687,13 +815,13 @@ static int dev_open(const char *cache_dir, const char *socket_path, char *err,
 	snprintf(dev.state_dir, sizeof(dev.state_dir), "%s", dirname(copy));
 	free(copy);
 	dev.tail = &dev.head;
-	ret = blob_cache_dir(cache_dir, CF_SUBDIR, true, NULL);
+	ret = blob_cache_dir(cache_dir, IMAGE_FSCACHE_DIR, true, NULL);
 	if (ret) {
-		snprintf(err, errlen, "cache directory %s/%s: %s", cache_dir, CF_SUBDIR,
+		snprintf(err, errlen, "cache directory %s/%s: %s", cache_dir, IMAGE_FSCACHE_DIR,
 			 ferry_strerror(ret));
 		return ret;
 	}
-	if (asprintf(&dir, "%s/%s", cache_dir, CF_SUBDIR) < 0) {
+	if (asprintf(&dir, "%s/%s", cache_dir, IMAGE_FSCACHE_DIR) < 0) {
 		snprintf(err, errlen, "out of memory");
 		return -ENOMEM;
 	}
@@ -751,7 +879,9 @@ bound:
 	}
 	snprintf(dev.dir, sizeof(dev.dir), "%s", dir);
 	snprintf(dev.cache_dir, sizeof(dev.cache_dir), "%s", cache_dir);
-	keeper_start(socket_path);
+	dev.keeper_started = !pthread_create(&dev.keeper, NULL, keeper_thread, (void *)o);
+	if (!dev.keeper_started)
+		keeper_start(o);
 	if (restoring)
 		ferry_info("cachefiles: took over %s from the ferryd that died", CF_DEVICE);
 	else
@@ -801,14 +931,14 @@ static void cf_unregister(struct cf_mount *cm)
 	pthread_mutex_unlock(&dev.life);
 }
 
-static int cf_register(struct cf_mount *cm, const char *socket_path, char *err,
+static int cf_register(struct cf_mount *cm, const struct serve_opts *o, char *err,
 		       size_t errlen)
 {
 	int ret = 0;
 
 	pthread_mutex_lock(&dev.life);
 	if (dev.fd < 0)
-		ret = dev_open(cm->m->req.cache_dir, socket_path, err, errlen);
+		ret = dev_open(cm->m->req.cache_dir, o, err, errlen);
 	else if (strcmp(dev.cache_dir, cm->m->req.cache_dir))
 		ferry_info("%s: the kernel's cache files go to %s (bound by an earlier mount), the chunk cache to %s",
 			   cm->m->mountpoint, dev.dir, cm->m->req.cache_dir);
@@ -869,7 +999,7 @@ static int cf_start(struct fmount *m, const struct serve_opts *o, void **state,
 		hex_encode(m->img->blobs.blobs[i].digest, BLOB_DIGEST_SIZE, cm->tags[i]);
 	snprintf(cm->volume, sizeof(cm->volume), "erofs,%s", domain ? domain : cm->fsid);
 
-	ret = cf_register(cm, o->socket_path, err, errlen);
+	ret = cf_register(cm, o, err, errlen);
 	if (ret)
 		goto fail;
 	/* A takeover finds the dead ferryd's mount there. */
@@ -900,6 +1030,9 @@ static int cf_start(struct fmount *m, const struct serve_opts *o, void **state,
 	pthread_mutex_lock(&dev.lock);
 	cm->live = true;
 	pthread_mutex_unlock(&dev.lock);
+	/* Prefetch fills the kernel's cache files, not the chunk cache. */
+	image_cache_set_prefetch_sink(m->ic, &(struct image_prefetch_sink){
+		.has = prefetch_has, .put = prefetch_put, .ctx = m });
 	pthread_mutex_lock(&dev.life);
 	state_save();
 	pthread_mutex_unlock(&dev.life);
@@ -994,12 +1127,14 @@ static void cf_stats(void *state, struct ctl_mount_stats *s)
 int cachefiles_keeper_main(int argc, char **argv)
 {
 	char exe[PATH_MAX], msg[64];
+	const char *succ[KEEPER_ARGS_MAX + 8] = { exe, "--socket", argv[4] };
 	unsigned long devfd, sock;
 	char *end1, *end2;
+	int ret, i, n_args = 3;
 	ssize_t n;
-	int ret;
 
-	if (argc != 5 || (devfd = strtoul(argv[2], &end1, 10)) > INT_MAX || *end1 ||
+	if (argc < 5 || argc > KEEPER_ARGS_MAX + 4 ||
+	    (devfd = strtoul(argv[2], &end1, 10)) > INT_MAX || *end1 ||
 	    (sock = strtoul(argv[3], &end2, 10)) > INT_MAX || *end2 || argv[4][0] != '/') {
 		fprintf(stderr, "ferryd --cachefiles-keeper: started by ferryd only\n");
 		return 2;
@@ -1011,15 +1146,24 @@ int cachefiles_keeper_main(int argc, char **argv)
 		;
 	if (!ret)
 		return 0; /* ferryd let the device go */
-	/* ferryd is gone: become its successor, the device in hand. */
+	/* ferryd is gone: become its successor, the device in hand, at
+	 * normal priority (it was spawned at the lowest). */
+	if (setpriority(PRIO_PROCESS, 0, 0))
+		ferry_warn("cachefiles keeper: cannot restore normal priority: %s",
+			   strerror(errno));
 	ferry_warn("cachefiles keeper: ferryd is gone; starting a new ferryd on %s to take over %s and its mounts",
 		   argv[4], CF_DEVICE);
 	n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
 	exe[n > 0 ? n : 0] = '\0';
 	fcntl((int)devfd, F_SETFD, 0);
 	close((int)sock);
-	execv("/proc/self/exe", (char *[]){ exe, "--socket", argv[4], "--cachefiles-adopt",
-					    argv[2], NULL });
+	/* The dead ferryd's options (successor_args in daemon.c). */
+	for (i = 5; i < argc; i++)
+		succ[n_args++] = argv[i];
+	succ[n_args++] = "--cachefiles-adopt";
+	succ[n_args++] = argv[2];
+	succ[n_args] = NULL;
+	execv("/proc/self/exe", (char *const *)succ);
 	ferry_err("cachefiles keeper: starting %s: %s; reads of missing data on its mounts fail with EIO",
 		  exe, strerror(errno));
 	return 1;

@@ -355,6 +355,42 @@ static bool idle_expired(uint64_t *since)
 	return now - *since >= opts->idle_timeout * 1000000000ull;
 }
 
+/*
+ * The options a cachefiles successor (the keeper's exec of ferryd, which
+ * adds --socket and --cachefiles-adopt) starts with: this ferryd's serving
+ * options, log file and level; not what only a first start does (-f,
+ * --mount, --exist-ok).
+ */
+static const char *const *successor_args(const struct daemon_opts *o)
+{
+	static char num[6][24];
+	static const char *a[16 + 2 * FERRYD_METRICS_LISTEN_MAX];
+	unsigned int n = 0, i;
+	int level;
+
+	snprintf(num[0], sizeof(num[0]), "%u", o->threads);
+	snprintf(num[1], sizeof(num[1]), "%u", o->readahead_kb);
+	snprintf(num[2], sizeof(num[2]), "%u", o->dir_readahead_kb);
+	snprintf(num[3], sizeof(num[3]), "%llu", (unsigned long long)o->cache_max_size);
+	snprintf(num[4], sizeof(num[4]), "%u", o->cache_min_free);
+	snprintf(num[5], sizeof(num[5]), "%u", o->idle_timeout);
+	a[n++] = "--log-file", a[n++] = o->log_path;
+	a[n++] = "--threads", a[n++] = num[0];
+	a[n++] = "--readahead", a[n++] = num[1];
+	a[n++] = "--dir-readahead", a[n++] = num[2];
+	a[n++] = "--cache-max-size", a[n++] = num[3];
+	a[n++] = "--cache-min-free", a[n++] = num[4];
+	a[n++] = "--idle-timeout", a[n++] = num[5];
+	for (i = 0; i < o->nr_metrics_listen; i++)
+		a[n++] = "--metrics-listen", a[n++] = o->metrics_listen[i];
+	if (ferry_log_level < FERRY_LOG_INFO)
+		a[n++] = "-q";
+	for (level = ferry_log_level; level > FERRY_LOG_INFO; level--)
+		a[n++] = "-v";
+	a[n] = NULL;
+	return a;
+}
+
 int daemon_run(const struct daemon_opts *o)
 {
 	struct pollfd pfd[3];
@@ -385,7 +421,9 @@ int daemon_run(const struct daemon_opts *o)
 		ferry_err("signalfd/eventfd: %s", strerror(errno));
 		return EXIT_FAILURE;
 	}
-	mounts_init(o->threads, o->readahead_kb, o->dir_readahead_kb, o->socket_path, on_change);
+	mounts_init(o->threads, o->readahead_kb, o->dir_readahead_kb, o->socket_path,
+		    successor_args(o),
+		    on_change);
 	evict_init(o->cache_max_size, o->cache_min_free);
 
 	copy = strdup(o->socket_path);

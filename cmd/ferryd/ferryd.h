@@ -86,7 +86,7 @@ struct fmount {
 
 void mounts_init(unsigned int threads, unsigned int readahead_kb,
 		 unsigned int dir_readahead_kb, const char *socket_path,
-		 void (*on_change)(void));
+		 const char *const *successor_args, void (*on_change)(void));
 /* Mount per @req (taken over, also on failure); the reason in @err. */
 int mounts_mount(struct ctl_mount_req *req, char *err, size_t errlen);
 int mounts_umount(const char *mountpoint, bool lazy, char *err, size_t errlen);
@@ -160,8 +160,10 @@ void log_capture_end(struct log_capture *c);
  * Start "ferryd HOW FD SOCK ARGS..." (ARGS NULL-terminated): double-forked
  * in a session of its own (init reaps it; a terminal's ^C is for ferryd)
  * with descriptor @fd and one end of a SOCK_SEQPACKET pair; 0 once it
- * said hello (keeper_hello): *@sock our end, *@pid its pid.
+ * said hello (keeper_hello): *@sock our end, *@pid its pid. At most
+ * KEEPER_ARGS_MAX ARGS.
  */
+#define KEEPER_ARGS_MAX 32
 int keeper_spawn(const char *how, int fd, const char *const *args, int *sock,
 		 int *pid);
 /* In the keeper: signals, log, and hello on @sock. 0 or -errno. */
@@ -219,9 +221,10 @@ int metrics_start(const char *addr);
 /* ------------------------------------------------------------------ */
 
 /*
- * ferryd --cachefiles-keeper DEVFD SOCK SOCKET: holds /dev/cachefiles;
- * when ferryd dies, starts "ferryd --socket SOCKET --cachefiles-adopt
- * DEVFD" and hands it the descriptor.
+ * ferryd --cachefiles-keeper DEVFD SOCK SOCKET [OPTION...]: holds
+ * /dev/cachefiles; when ferryd dies, starts "ferryd --socket SOCKET
+ * OPTION... --cachefiles-adopt DEVFD" (the dead one's options: its log
+ * file and level, serving and cache options) and hands it the descriptor.
  */
 int cachefiles_keeper_main(int argc, char **argv);
 /*

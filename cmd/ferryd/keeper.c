@@ -46,7 +46,7 @@ int keeper_spawn(const char *how, int fd, const char *const *args, int *sock,
 		 int *pid)
 {
 	char exe[PATH_MAX], sfd[16], fds[16], hello[64];
-	const char *argv[16] = { exe, how, fds, sfd };
+	const char *argv[KEEPER_ARGS_MAX + 5] = { exe, how, fds, sfd };
 	struct pollfd p;
 	int sv[2], status, n_args = 4;
 	ssize_t n;

@@ -60,6 +60,7 @@ struct serve_opts {
 	unsigned int readahead_kb;     /* a FUSE mount's bdi; 0: the kernel's */
 	unsigned int dir_readahead_kb; /* FUSE directory readahead; 0: off */
 	const char *socket_path;       /* ferryd's control socket */
+	const char *const *successor_args; /* a cachefiles successor's options */
 };
 
 struct serve_mode {

@@ -40,9 +40,11 @@ static struct serve_opts serve_opts = {
 static void (*changed_cb)(void);
 
 void mounts_init(unsigned int threads, unsigned int ra_kb, unsigned int dir_ra_kb,
-		 const char *socket_path, void (*on_change)(void))
+		 const char *socket_path, const char *const *successor_args,
+		 void (*on_change)(void))
 {
 	serve_opts.socket_path = socket_path;
+	serve_opts.successor_args = successor_args;
 	serve_opts.threads = threads;
 	serve_opts.readahead_kb = ra_kb;
 	serve_opts.dir_readahead_kb = dir_ra_kb;

@@ -537,6 +537,96 @@ static void test_frames_and_runs(void)
 /* Corrupt sources                                                     */
 /* ------------------------------------------------------------------ */
 
+/* blob_cache_read_frames' emit: the frames into an address-space image. */
+struct sink {
+	uint8_t *space;    /* the uncompressed address space, rounded up */
+	uint64_t size;
+	uint64_t next;     /* frames come in order and tile it */
+	uint32_t calls;
+	bool bad;
+};
+
+static int sink_emit(void *ctx, uint64_t off, const void *buf, size_t len)
+{
+	struct sink *k = ctx;
+
+	k->calls++;
+	if (off % BLOB_SLOT_ALIGN || len % BLOB_SLOT_ALIGN ||
+	    (uintptr_t)buf % BLOB_SLOT_ALIGN || off < k->next ||
+	    off + len > k->size) {
+		k->bad = true;
+		return -EINVAL;
+	}
+	memcpy(k->space + off, buf, len);
+	k->next = off + len;
+	return 0;
+}
+
+static void test_read_frames(void)
+{
+	static const uint32_t lens[] = { 64 * KIB, 64 * KIB, 64 * KIB,
+					 10 * KIB, 12 * KIB, 14 * KIB };
+	static const enum kind kinds[] = { TEXT, RANDOM, TEXT,
+					   TEXT, TEXT, TEXT };
+	const char *dir = cache_path("c-readframes");
+	struct blob_source bs;
+	struct blob_cache_blob *b;
+	struct sink k = { 0 };
+	uint64_t fetched = 0;
+	struct tblob tb;
+	struct src s;
+	uint32_t i;
+
+	/* Chunks 0-2 are frames of their own; 3-5 share one. */
+	MUST(tblob_make(&tb, "frames.blob", "zstd", 32 * KIB, 64 * KIB,
+			ARRAY_SIZE(lens), lens, kinds));
+	CHECK_EQ(tb.nr_frames, 4);
+	MUST(src_open(&s, &tb, &bs));
+	MUST(blob_cache_open(dir, &tb.info, &b));
+	k.size = ROUND_UP(tb.info.uncompressed_size, BLOB_SLOT_ALIGN);
+	k.space = calloc(1, k.size);
+	MUST(k.space ? 0 : -ENOMEM);
+
+	/* One byte of chunk 4: the whole frame of 3-5, fetched, not cached. */
+	CHECK_EQ(blob_cache_read_frames(b, cuoff(&tb, 4) + 5, 1, &bs, &fetched,
+					sink_emit, &k), 0);
+	CHECK_EQ(k.calls, 1);
+	CHECK_EQ(s.reads, 1);
+	CHECK_EQ(fetched, tb.info.chunks[3].csize);
+	for (i = 3; i < 6; i++)
+		CHECK(!memcmp(k.space + cuoff(&tb, i), tb.data[i], culen(&tb, i)));
+	CHECK_EQ(nr_present(b, &tb), 0);
+
+	/* Chunks 0 and 2 present (ensure), 1 missing: 0 from the data file,
+	 * 1 fetched, 2 from the data file again; in order, tiling. */
+	MUST(blob_cache_ensure(b, cuoff(&tb, 0), 1, &bs, NULL));
+	MUST(blob_cache_ensure(b, cuoff(&tb, 2), 1, &bs, NULL));
+	src_reset(&s);
+	memset(k.space, 0, k.size);
+	k.next = 0;
+	k.calls = 0;
+	CHECK_EQ(blob_cache_read_frames(b, 0, tb.info.uncompressed_size, &bs, NULL,
+					sink_emit, &k), 0);
+	CHECK(!k.bad);
+	CHECK_EQ(s.reads, 2); /* chunk 1, then the frame of 3-5 */
+	for (i = 0; i < tb.n; i++)
+		CHECK(!memcmp(k.space + cuoff(&tb, i), tb.data[i], culen(&tb, i)));
+	CHECK_EQ(nr_present(b, &tb), 2);
+
+	/* A corrupt stored frame: -EIO, never its bytes; the range check. */
+	s.corrupt_off = tb.info.chunks[1].coff + 1000;
+	k.next = 0;
+	CHECK_EQ(blob_cache_read_frames(b, cuoff(&tb, 1), 1, &bs, NULL,
+					sink_emit, &k), -EIO);
+	CHECK_EQ(blob_cache_read_frames(b, tb.info.uncompressed_size, 1, &bs, NULL,
+					sink_emit, &k), -EINVAL);
+	CHECK(!k.bad);
+	free(k.space);
+	blob_cache_close(b);
+	close(s.fd);
+	tblob_free(&tb);
+}
+
 static int failing_read(void *ctx, uint64_t off, void *buf, size_t len)
 {
 	return -ECONNRESET;
@@ -1548,6 +1638,7 @@ int main(void)
 	RUN_TEST(test_ensure_ranges);
 	RUN_TEST(test_frames_and_runs);
 	RUN_TEST(test_corrupt_source);
+	RUN_TEST(test_read_frames);
 	RUN_TEST(test_persistence);
 	RUN_TEST(test_concurrent);
 	RUN_TEST(test_crash);

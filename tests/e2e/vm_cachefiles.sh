@@ -15,7 +15,12 @@
 #   a corrupted chunk gives EIO, never wrong bytes; the fixture's every
 #   attribute and byte; a warm restart with a new ferryd fetches nothing;
 #   two images in one domain share one cache file for their common blob;
-#   kill -9 of ferryd: EIO, and ferry umount works
+#   one copy on disk (the kernel's cache files, not the chunk cache);
+#   ferry cache ls/gc/prune of CACHE/fscache, bound and not; kill -9 of
+#   ferryd: the keeper's successor (same --log-file) takes over; ferryd
+#   and keeper killed: EIO, and ferry umount works; --prefetch-all fills
+#   the kernel's cache files; cachefiles over a FUSE-filled chunk cache
+#   fetches nothing
 # And on the host: --mode cachefiles fails at once, naming the kernel
 # options and the other modes, when the kernel has no /dev/cachefiles.
 # Skips (ok # SKIP) the VM part only when QEMU or the kernel source is not
@@ -93,7 +98,7 @@ prep() {
 		(cd "$ref" && find usr | sort) >"$P/usr.find" &&
 		cp "$ref/etc/os-release" "$P/os-release" || return 1
 	python3 - "$FERRY" "docker://$HREG" "$ref" "$SCRATCH/reg/storage" "$P" <<'EOF'
-import hashlib, json, os, subprocess, sys
+import hashlib, json, os, stat, subprocess, sys
 ferry, reg, ref, storage, out = sys.argv[1:]
 def inspect(*args):
     return json.loads(subprocess.check_output([ferry, "inspect", "--json", *args]))
@@ -124,10 +129,20 @@ with open(os.path.join(storage, blob), "rb") as f:
     good = f.read(1)[0]
 with open(os.path.join(out, "cf.env"), "w") as f:
     f.write("DATA_C=%d\n" % sum(b["size"] for b in base["blobs"]))
+    # usr/bin's file bytes, each inode once (the kernel caches it once).
+    ino = {}
+    for d, _, ns in os.walk(os.path.join(ref, "usr/bin")):
+        for n in ns:
+            st = os.lstat(os.path.join(d, n))
+            if stat.S_ISREG(st.st_mode):
+                ino[st.st_ino] = st.st_size
+    f.write("USRBIN_BYTES=%d\n" % sum(ino.values()))
     f.write("DMG_FILE=%s\nDMG_BLOB_PATH=%s\nDMG_OFF=%d\nDMG_LEN1=%d\n" %
             (best[1], blob, off, c["length"]))
     f.write("DMG_GOOD=%03o\nDMG_BAD=%03o\n" % (good, good ^ 0x5a))
     f.write("SHARED=%s\n" % sorted(shared)[0].split(":", 1)[1])
+    f.write("FX_BLOBS='%s'\n" % " ".join(b["digest"].split(":", 1)[1]
+                                         for b in inspect(reg + "/fx:v1")["blobs"]))
     # Read while ferryd is killed (failover), and after ferryd and its
     # keeper are killed (no successor).
     f.write("FO_FILE=%s\nFO_SUM=%s\nGONE_FILE=%s\n" % (

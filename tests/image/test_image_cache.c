@@ -7,7 +7,9 @@
  */
 #include "../test.h"
 
+#include <fcntl.h>
 #include <stdbool.h>
+#include <unistd.h>
 #include <sys/stat.h>
 
 #include "fixture.h"
@@ -190,6 +192,116 @@ out:
 	close_cache(&oc);
 }
 
+/* A prefetch sink over a copy of blob 1's address space in memory. */
+struct mem_sink {
+	uint8_t *space;
+	uint64_t size, put;
+	bool has_all;
+};
+
+static bool mem_has(void *ctx, uint32_t device, uint64_t uoff, uint64_t len)
+{
+	return ((struct mem_sink *)ctx)->has_all;
+}
+
+static int mem_put(void *ctx, uint32_t device, uint64_t uoff, const void *buf, size_t len)
+{
+	struct mem_sink *k = ctx;
+
+	if (device != 1 || uoff > k->size || len > k->size - uoff)
+		return -EINVAL;
+	memcpy(k->space + uoff, buf, len);
+	k->put += len;
+	return 0;
+}
+
+static void test_prefetch_sink(void)
+{
+	struct mem_sink k = { 0 };
+	struct image_prefetch_sink sink = { .has = mem_has, .put = mem_put, .ctx = &k };
+	struct image_cache_stats s;
+	struct open_cache oc, ref = { 0 };
+	uint8_t *want = NULL;
+	int fd = -1;
+
+	CHECK_EQ(open_cache(image_ref, &oc), 0);
+	if (!oc.ic)
+		goto out;
+	k.size = ROUND_UP(oc.img->blobs.blobs[0].uncompressed_size, 4096);
+	k.space = calloc(1, k.size);
+	want = calloc(1, k.size);
+	if (!k.space || !want)
+		goto out;
+	/* The sink has it all: nothing is fetched. */
+	k.has_all = true;
+	image_cache_set_prefetch_sink(oc.ic, &sink);
+	CHECK_EQ(image_cache_prefetch_blobs(oc.ic, NULL, NULL), 0);
+	image_cache_get_stats(oc.ic, &s);
+	CHECK_EQ(s.bytes_fetched, 0);
+	CHECK_EQ(k.put, 0);
+	/* It has nothing: every frame goes to the sink, none to the chunk cache. */
+	k.has_all = false;
+	CHECK_EQ(image_cache_prefetch_blobs(oc.ic, NULL, NULL), 0);
+	image_cache_get_stats(oc.ic, &s);
+	CHECK(s.bytes_fetched > 0);
+	CHECK_EQ(s.chunks_present, 0);
+	CHECK(k.put >= oc.img->blobs.blobs[0].uncompressed_size);
+	/* The same bytes as the chunk cache's copy made by an ordinary prefetch. */
+	CHECK_EQ(open_cache(image_ref, &ref), 0);
+	if (!ref.ic)
+		goto out;
+	CHECK_EQ(image_cache_prefetch_blobs(ref.ic, NULL, NULL), 0);
+	fd = open(image_cache_data_path(ref.ic, 0), O_RDONLY);
+	CHECK(fd >= 0);
+	if (fd >= 0)
+		CHECK_EQ(pread_full(fd, want, oc.img->blobs.blobs[0].uncompressed_size, 0), 0);
+	CHECK(!memcmp(k.space, want, k.size));
+out:
+	if (fd >= 0)
+		close(fd);
+	free(want);
+	free(k.space);
+	if (ref.img)
+		close_cache(&ref);
+	close_cache(&oc);
+}
+
+/* ferry cache gc of CACHE/fscache: what no record names goes. */
+static void test_fscache_gc(void)
+{
+	struct image_fscache_usage u;
+	struct open_cache oc;
+	char cache[160], blob[80], vol[300];
+	uint64_t freed = 0;
+	uint32_t removed = 0;
+
+	snprintf(cache, sizeof(cache), "%s/cache%d", tmpdir, cache_nr);
+	CHECK_EQ(open_cache(image_ref, &oc), 0); /* records the image */
+	if (!oc.ic)
+		goto out;
+	CHECK_EQ(image_fscache_usage(cache, &u), 0); /* none yet */
+	CHECK_EQ(u.files, 0);
+	hex_encode(oc.img->blobs.blobs[0].digest, BLOB_DIGEST_SIZE, blob);
+	snprintf(vol, sizeof(vol), "%s/fscache/cache/Ierofs,x/@1a", cache);
+	sh("mkdir -p %s %s/fscache/cache/Ierofs,gone/@2b %s/fscache/graveyard/a && "
+	   "head -c 8192 /dev/urandom >%s/D%s && echo b >%s/D%064d && "
+	   "echo c >%s/fscache/cache/Ierofs,gone/@2b/D%064d && echo d >%s/fscache/graveyard/a/x",
+	   vol, cache, cache, vol, blob, vol, 7, cache, 8, cache);
+	CHECK_EQ(image_fscache_usage(cache, &u), 0);
+	CHECK_EQ(u.files, 4);
+	CHECK(u.disk_bytes >= 8192);
+	CHECK_EQ(u.holder, 0); /* this host has no /dev/cachefiles */
+	CHECK_EQ(image_fscache_gc(cache, &freed, &removed, &u), 0);
+	CHECK_EQ(removed, 3);
+	CHECK_EQ(sh("test -f %s/D%s && ! test -e %s/D%064d && ! test -e %s/fscache/cache/Ierofs,gone && "
+		    "test -d %s/fscache/graveyard && ! test -e %s/fscache/graveyard/a",
+		    vol, blob, vol, 7, cache, cache, cache), 0);
+	CHECK_EQ(image_fscache_usage(cache, &u), 0);
+	CHECK_EQ(u.files, 1);
+out:
+	close_cache(&oc);
+}
+
 static void test_corrupt_chunk(void)
 {
 	const struct blob_chunk *bc;
@@ -252,6 +364,8 @@ int main(void)
 	RUN_TEST(test_map_and_cached_reads);
 	RUN_TEST(test_prefetch);
 	RUN_TEST(test_corrupt_chunk);
+	RUN_TEST(test_prefetch_sink);
+	RUN_TEST(test_fscache_gc);
 	sh("rm -rf %s", tmpdir);
 	TEST_MAIN_END();
 }

@@ -8,7 +8,9 @@
 #                 (the chunk the corruption check damages: file, registry
 #                 blob path, byte offset, original and damaged byte in
 #                 octal, first chunk's length), SHARED (the blob digest
-#                 deb:base and deb:pkgs share)
+#                 deb:base and deb:pkgs share), USRBIN_BYTES (usr/bin's
+#                 file bytes, each inode once), FX_BLOBS (fx:v1's blob
+#                 digests, hex)
 #   deb.list      treelist -n of deb:base's reference tree (umoci unpack)
 #   fx.list       treelist of the edge-case fixture (mkfixture.sh)
 #   usrbin.sha256 sha256sum of deb:base's usr/bin files
@@ -23,6 +25,9 @@ P=$VM_PAYLOAD/cf
 # shellcheck source=/dev/null
 . "$P/cf.env"
 C=/cf/cache
+# ferryd's log; the second ferryd (warm restart) logs to its own file, and
+# so must the successor its keeper starts.
+LOG=/run/ferry/ferryd.log
 T0=$(date +%s)
 
 # A field of MNT's entry in ferry mount --list --json (numbers, strings).
@@ -47,8 +52,8 @@ elapsed() { echo "$(($(date +%s) - T0)) s"; }
 # On a failure the guest shows what ferryd (debug log), the kernel and
 # the processes were doing.
 diagnose() {
-	vm_diag "-- ferryd's log (/run/ferry/ferryd.log), last 60 lines:"
-	tail -n 60 /run/ferry/ferryd.log 2>/dev/null | vm_diag_stdin
+	vm_diag "-- ferryd's log ($LOG), last 60 lines:"
+	tail -n 60 "$LOG" 2>/dev/null | vm_diag_stdin
 	vm_diag "-- kernel messages about erofs, cachefiles, fscache:"
 	dmesg | grep -iE "erofs|cachefiles|fscache|netfs|blocked|hung" | tail -n 20 | vm_diag_stdin
 	vm_diag "-- processes (state, wchan):"
@@ -133,7 +138,7 @@ if vm_check "damage one byte of $DMG_FILE's first chunk in the guest registry" d
 		dd if="$1" of=/tmp/tail bs=4096 skip=$(($3 / 4096)) 2>/dev/null &&
 		dd if="$2" of=/tmp/tailref bs=4096 skip=$(($3 / 4096)) 2>/dev/null &&
 		[ -s /tmp/tail ] && cmp /tmp/tailref /tmp/tail' sh "$M/$DMG_FILE" "$P/dmg.ref" "$DMG_LEN1"
-	vm_check "ferryd's log names the damaged chunk" grep -qi "chunk" /run/ferry/ferryd.log
+	vm_check "ferryd's log names the damaged chunk" grep -qi "chunk" "$LOG"
 	damage "$DMG_GOOD"
 fi
 
@@ -164,10 +169,38 @@ pid=$(field $M pid)
 vm_check "ferry umount of deb:base" ferry umount $M
 vm_check "the kernel kept its cache files in $C/fscache/cache (bootstrap and blob)" sh -c \
 	'find "$1/fscache/cache" -type f -name "D*" | grep -q "/D$2$"' sh "$C" "$SHARED"
+# One copy: what the reads above needed (startup, usr/bin, the fixture) is
+# in the kernel's cache files, whole frames; the chunk cache's data files
+# stay sparse (du: allocated KiB). (While mounted, the kernel's files are
+# unlinked temporary files: du sees them once it lets go.)
+kib() { du -sk "$1" | cut -f1; }
+ck=$(kib "$C/blobs") fk=$(kib "$C/fscache/cache")
+vm_diag "after reading usr/bin ($((USRBIN_BYTES / 1024)) KiB), the startup files and the fixture: chunk cache $ck KiB, the kernel's cache files $fk KiB"
+vm_check "one copy: the kernel's cache files hold what was read (>= $((USRBIN_BYTES / 1024)) KiB), the chunk cache < 1 MiB of it" \
+	sh -c '[ "$1" -lt 1024 ] && [ "$2" -ge $(($3 / 1024)) ]' sh "$ck" "$fk" "$USRBIN_BYTES"
+# ferry cache ls and gc: the kernel's cache is not bound now (the last
+# cachefiles mount is gone); gc keeps the blobs the image records name.
+vm_check "ferry cache ls shows the kernel's cache (fscache: files, bytes), not bound" sh -c '
+	ferry cache --cache-dir "$1" ls | tee /tmp/ls.out | grep "^fscache" |
+	grep -q "[1-9][0-9]* files, [1-9][0-9]* bytes on disk in $1/fscache$"' sh "$C"
+vm_check "ferry cache gc: bootstraps go, every recorded blob's cache file stays" sh -c '
+	ferry cache --cache-dir "$1" gc >/tmp/gc.out && cat /tmp/gc.out &&
+	grep -q "^fscache: removed [1-9][0-9]* cache files" /tmp/gc.out &&
+	find "$1/fscache/cache" -type f -name "D$2" | grep -q .' sh "$C" "$SHARED"
+# fx:v1's record pruned: its blobs' kernel cache files go, base's stay.
+not() { ! "$@"; }
+has_fx() { for _b in $FX_BLOBS; do find "$C/fscache/cache" -type f -name "D$_b" | grep -q . && return 0; done; return 1; }
+vm_check "fx:v1's blobs have kernel cache files (the record keeps them)" has_fx
+vm_check "ferry cache prune docker://$VM_REGISTRY/fx:v1: its cache files go, deb:base's blob stays" sh -c '
+	ferry cache --cache-dir "$1" prune "docker://$2/fx:v1" | tee /tmp/prune.out &&
+	grep -q "^fscache: removed [1-9][0-9]* cache files" /tmp/prune.out &&
+	find "$1/fscache/cache" -type f -name "D$3" | grep -q .' sh "$C" "$VM_REGISTRY" "$SHARED" &&
+	vm_check "no cache file of fx:v1's blobs is left" not has_fx
 vm_check "ferryd (pid ${pid:-?}) ends on SIGTERM" sh -c \
 	'[ "$1" -gt 1 ] && kill "$1" && i=0 && while kill -0 "$1" 2>/dev/null; do
 		i=$((i + 1)) && [ $i -lt 50 ] && sleep 0.2 || exit 1; done' sh "${pid:-0}"
-vm_check "a new ferryd -v starts" ferryd -v
+LOG=/run/ferry/ferryd2.log
+vm_check "a new ferryd -v --log-file $LOG starts" ferryd -v --log-file $LOG
 if vm_check "mount deb:base again (new ferryd, same caches)" cfmount deb:base $M; then
 	vm_check "usr/bin reads the reference bytes again" usrbin_right $M
 	f=$(field $M bytesFetched)
@@ -182,10 +215,14 @@ if vm_check "mount deb:base in domain shared" cfmount deb:base /mnt/d1 --domain 
 		grep -q "usr/bin/ls$" /tmp/usrbin.expect &&
 		[ "$(sha256sum </mnt/d2/usr/bin/ls | cut -d" " -f1)" = "$(grep " usr/bin/ls$" /tmp/usrbin.expect | cut -d" " -f1)" ]' sh "$P"
 	vm_check "--list names the domain" is_field /mnt/d2 domain shared
+	vm_check "ferry cache gc leaves the kernel's cache alone while /dev/cachefiles is held" sh -c '
+		n=$(find "$1/fscache" -type f | wc -l) && ferry cache --cache-dir "$1" gc | tee /tmp/gc.out &&
+		grep -q "^fscache: left alone: /dev/cachefiles is held by pid [0-9]* (ferryd)" /tmp/gc.out &&
+		[ "$(find "$1/fscache" -type f | wc -l)" -eq "$n" ]' sh "$C"
 	# ferryd's debug log has a line per OPEN: "OPEN VOLUME COOKIE: ...".
 	vm_check "the kernel opened the shared blob once for the domain" sh -c '
-		n=$(grep -c "cachefiles: OPEN erofs,shared $1:" /run/ferry/ferryd.log) &&
-		echo "$n OPEN" && [ "$n" -eq 1 ]' sh "$SHARED"
+		n=$(grep -c "cachefiles: OPEN erofs,shared $1:" "$2") &&
+		echo "$n OPEN" && [ "$n" -eq 1 ]' sh "$SHARED" "$LOG"
 	vm_check "ferry umount of both domain mounts" sh -c 'ferry umount /mnt/d2 && ferry umount /mnt/d1'
 	# The kernel links its cache files into the directory when it lets go.
 	vm_check "the shared blob has one cache file in the domain's volume" sh -c '
@@ -213,6 +250,9 @@ vm_diag "failover: readers done $(($(date +%s) - t)) s after the kill"
 npid=$(field $M pid)
 vm_check "a new ferryd (pid ${npid:-none}) serves the mount, in mode cachefiles" \
 	sh -c '[ -n "$1" ] && [ "$1" != "$2" ] && [ "$3" = cachefiles ]' sh "$npid" "$pid" "$(field $M mode)"
+vm_check "the successor logs to the dead ferryd's --log-file, at its level (-v)" sh -c '
+	grep -q "took over /dev/cachefiles" "$1" && grep -q "cachefiles: OPEN" "$1" &&
+	! grep -q "took over" /run/ferry/ferryd.log' sh "$LOG"
 
 # --- no successor: ferryd and its keeper killed: errors in bounded time ----------
 kpid=$(field $M keeperPid)
@@ -235,6 +275,44 @@ busy() { # MNT
 }
 # (busybox timeout's watcher keeps the file open up to a second longer)
 vm_check "ferry umount works without ferryd" vm_wait 10 ferry umount $M || busy $M | vm_diag_stdin
+
+# --- prefetch fills the kernel's cache files ------------------------------------
+# A fresh cache directory: the device is bound anew, its kernel cache empty.
+PF=/cf/pf
+pf_done() { [ "$(field /mnt/pf prefetch)" = "done" ]; }
+if vm_check "a new ferryd; mount fx:v1 --prefetch-all over a fresh cache" sh -c '
+	ferryd -v --log-file /run/ferry/ferryd3.log && mkdir -p /mnt/pf &&
+	timeout 120 ferry mount --mode cachefiles --prefetch-all --cache-dir "$1" "docker://$2/fx:v1" /mnt/pf' \
+	sh "$PF" "$VM_REGISTRY"; then
+	LOG=/run/ferry/ferryd3.log
+	vm_check "the prefetch is done" vm_wait 60 pf_done
+	f=$(field /mnt/pf bytesFetched)
+	vm_check "fixture: every entry and byte equals the reference after the prefetch" sh -c \
+		'treelist /mnt/pf >/tmp/pf.list && diff "$1/fx.list" /tmp/pf.list' sh "$P"
+	f2=$(field /mnt/pf bytesFetched)
+	vm_check "the reads fetched nothing more: the prefetch wrote the kernel's cache files (${f:-?} B, then ${f2:-?} B)" \
+		sh -c '[ "${1:-0}" -gt 0 ] && [ "$1" = "$2" ]' sh "$f" "$f2"
+	vm_check "and not the chunk cache (< 64 KiB allocated)" sh -c '[ "$(du -sk "$1/blobs" | cut -f1)" -lt 64 ]' sh "$PF"
+	vm_check "ferry umount of the prefetched mount" ferry umount /mnt/pf
+fi
+
+# --- another mode's chunk cache: read, not fetched again ---------------------------
+# A FUSE mount fills a chunk cache (--prefetch-all); a cachefiles mount of
+# the same image over it (its kernel cache fresh) fetches nothing.
+MX=/cf/mx
+mx_full() { [ "$(field /mnt/mxf chunksPresent)" = "$(field /mnt/mxf chunksTotal)" ]; }
+if vm_check "mount fx:v1 with FUSE --prefetch-all, and it completes" sh -c '
+	mkdir -p /mnt/mxf /mnt/mxc &&
+	timeout 120 ferry mount --mode fuse --prefetch-all --cache-dir "$1" "docker://$2/fx:v1" /mnt/mxf' \
+	sh "$MX" "$VM_REGISTRY" && vm_wait 60 mx_full &&
+	vm_check "then cachefiles over the same chunk cache" timeout 120 ferry mount --mode cachefiles \
+		--cache-dir "$MX" "docker://$VM_REGISTRY/fx:v1" /mnt/mxc; then
+	vm_check "fixture through cachefiles: every entry and byte (treelist)" sh -c \
+		'treelist /mnt/mxc >/tmp/mx.list && diff "$1/fx.list" /tmp/mx.list' sh "$P"
+	f=$(field /mnt/mxc bytesFetched)
+	vm_check "cachefiles fetched nothing: the frames came from FUSE's chunk cache (${f:-?} B)" [ "${f:-1}" -eq 0 ]
+	vm_check "ferry umount of both" sh -c 'ferry umount /mnt/mxc && ferry umount /mnt/mxf'
+fi
 
 vm_diag "guest driver done at $(elapsed)"
 [ "$VM_FAIL" -gt 0 ] && diagnose

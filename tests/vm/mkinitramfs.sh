@@ -108,6 +108,13 @@ add_prog() { # PATH DEST
 }
 add_prog "$BIN/ferry" /usr/bin/ferry
 add_prog "$BIN/ferryd" /usr/bin/ferryd
+# glibc dlopens libgcc_s for pthread_cancel's unwinding (libfuse's
+# multithreaded loop cancels its workers when a mount ends); ldd does not
+# list it.
+gcc_s=$(ldconfig -p | sed -n 's/^[[:space:]]*libgcc_s\.so\.1 (libc6,x86-64) => //p' | head -n 1)
+[ -n "$gcc_s" ] || die "libgcc_s.so.1 not found (ldconfig -p)"
+mkdir -p "$root$(dirname "$gcc_s")"
+cp -L "$gcc_s" "$root$gcc_s"
 if [ "$with_registry" = 1 ]; then
 	reg=$(command -v docker-registry) || die "docker-registry is missing (apt-get install docker-registry)"
 	add_prog "$reg" /usr/bin/docker-registry
