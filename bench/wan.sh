@@ -50,19 +50,12 @@ workload() { # ROOT
 	chroot "$1" /usr/bin/env true
 	chroot "$1" /usr/bin/python3 -c "$PYIMPORT"
 }
-wstat() { # KEY: a counter of the WAN proxy (reset zeroes them first)
-	python3 - "$wstats" "$1" <<'PY'
-import json, socket, sys
-s = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=10)
-s.sendall((b"reset" if sys.argv[2] == "reset" else b"stats") + b"\n")
-buf = b""
-while not buf.endswith(b"\n"):
-    d = s.recv(4096)
-    if not d:
-        break
-    buf += d
-print(json.loads(buf).get(sys.argv[2], 0))
-PY
+wstat() { # KEY, or reset: a counter of the WAN proxy (reset zeroes them)
+	if [ "$1" = reset ]; then
+		python3 "$top/tests/tools/wanproxy.py" --query "$wstats" --reset requests
+	else
+		python3 "$top/tests/tools/wanproxy.py" --query "$wstats" "$1"
+	fi
 }
 mstat() { # BIN SOCK KEY: a statistic of the one mount (0 when the build lacks it)
 	"$1/ferry" mount --list --json --socket "$2" | python3 -c '

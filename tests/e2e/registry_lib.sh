@@ -377,18 +377,7 @@ wp_start() { # DELAY RATE
 # One of the WAN proxy's counters (wanproxy.py); with reset, all of them
 # are zeroed first.
 wp_stat() { # KEY [reset]
-	python3 - "$WAN_STATS" "$1" "${2:-stats}" <<'EOF'
-import json, socket, sys
-s = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=10)
-s.sendall(sys.argv[3].encode() + b"\n")
-buf = b""
-while not buf.endswith(b"\n"):
-    d = s.recv(4096)
-    if not d:
-        break
-    buf += d
-print(json.loads(buf)[sys.argv[2]])
-EOF
+	python3 "$WANPROXY" --query "$WAN_STATS" ${2:+--reset} "$1"
 }
 
 # GET a control path of the proxy with k=v query parameters; JSON to

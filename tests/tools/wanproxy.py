@@ -5,6 +5,9 @@
 
   wanproxy.py --upstream HOST:PORT [--port N] [--port-file F]
               [--delay-ms D] [--rate-mbit R] [--stats-port-file F]
+  wanproxy.py --query STATS_PORT [--reset] KEY
+              (prints one counter of a running proxy; --reset zeroes
+              them after reading)
 
 Each direction of every connection is a delay line: bytes are read as
 soon as they arrive, queued with the time they will have crossed the
@@ -34,6 +37,7 @@ import asyncio
 import json
 import os
 import re
+import socket
 import time
 
 QUEUE_MAX = 64 << 20
@@ -267,16 +271,39 @@ def write_port(path, port):
     os.rename(tmp, path)
 
 
+def query(port, key, reset):
+    """One counter from the statistics port of a running proxy."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    s.sendall(b"reset\n" if reset else b"stats\n")
+    buf = b""
+    while not buf.endswith(b"\n"):
+        d = s.recv(4096)
+        if not d:
+            break
+        buf += d
+    print(json.loads(buf)[key])
+
+
 async def main():
     global up_host, up_port, delay, link_up, link_down
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--upstream", required=True)
+    p.add_argument("--query", type=int, metavar="STATS_PORT")
+    p.add_argument("--reset", action="store_true")
+    p.add_argument("key", nargs="?")
+    p.add_argument("--upstream")
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--port-file")
     p.add_argument("--stats-port-file")
     p.add_argument("--delay-ms", type=float, default=0.0)
     p.add_argument("--rate-mbit", type=float, default=0.0)
     a = p.parse_args()
+    if a.query:
+        if not a.key:
+            p.error("--query needs a KEY")
+        query(a.query, a.key, a.reset)
+        return
+    if not a.upstream:
+        p.error("--upstream is required")
     if not 0 <= a.delay_ms <= 10000 or a.rate_mbit < 0:
         p.error("--delay-ms must be 0..10000, --rate-mbit >= 0")
     up_host, _, port = a.upstream.rpartition(":")
