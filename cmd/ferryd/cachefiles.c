@@ -55,7 +55,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
-#include <sys/resource.h>
 #include <sys/mount.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -693,18 +692,15 @@ static void keeper_start(const struct serve_opts *o)
 }
 
 /*
- * The keeper starts beside the first mount, not before it, and at the
- * lowest priority (nice is per thread, and the child inherits it):
- * spawning it (an exec of ferryd, loading every library) is most of a
- * cold cachefiles mount's time on a slow machine, and neither the mount
- * nor its first readers need it; failover does, from the moment it said
- * hello. The keeper returns to normal priority before it starts a
- * successor. @arg: the serve_opts, which live as long as ferryd.
+ * The keeper starts beside the first mount, not before it: spawning it
+ * (an exec of ferryd) is most of a cold cachefiles mount's time on a slow
+ * machine, and the mount does not need it; failover does, from the moment
+ * it said hello. Not at a lower priority: on a busy host that would leave
+ * the mounts without failover for as long as the keeper waits for a CPU.
+ * @arg: the serve_opts, which live as long as ferryd.
  */
 static void *keeper_thread(void *arg)
 {
-	if (setpriority(PRIO_PROCESS, (id_t)gettid(), 19))
-		ferry_dbg("cachefiles: keeper at low priority: %s", strerror(errno));
 	keeper_start(arg);
 	return NULL;
 }
@@ -1146,11 +1142,7 @@ int cachefiles_keeper_main(int argc, char **argv)
 		;
 	if (!ret)
 		return 0; /* ferryd let the device go */
-	/* ferryd is gone: become its successor, the device in hand, at
-	 * normal priority (it was spawned at the lowest). */
-	if (setpriority(PRIO_PROCESS, 0, 0))
-		ferry_warn("cachefiles keeper: cannot restore normal priority: %s",
-			   strerror(errno));
+	/* ferryd is gone: become its successor, the device in hand. */
 	ferry_warn("cachefiles keeper: ferryd is gone; starting a new ferryd on %s to take over %s and its mounts",
 		   argv[4], CF_DEVICE);
 	n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
