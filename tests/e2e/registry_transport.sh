@@ -10,6 +10,10 @@
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/oci_lib.sh"
 . "$(dirname "$0")/registry_lib.sh"
+# Pushes stage under TMPDIR: ours alone, so that the check for leftovers
+# below sees only this test's (other suites may push at the same time).
+export TMPDIR=$SCRATCH/tmp
+mkdir -p "$TMPDIR"
 need_root
 need_ferry
 need_cmds docker-registry skopeo umoci htpasswd openssl
