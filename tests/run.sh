@@ -14,15 +14,20 @@ only=${1:-}
 
 log=$(mktemp)
 one=$(mktemp)
-trap 'rm -f "$log" "$one"' EXIT
+times=$(mktemp)
+trap 'rm -f "$log" "$one" "$times"' EXIT
 status=0
 
 run_one() { # name, command...
 	local name=$1; shift
 	case $name in *"$only"*) ;; *) return 0 ;; esac
 	echo "== $name"
+	local start=$SECONDS
 	"$@" 2>&1 | tee "$one"
 	local rc=${PIPESTATUS[0]}
+	# Per-test wall time, so the CI budget can be watched test by test.
+	echo "# $name took $((SECONDS - start)) s"
+	echo "$((SECONDS - start)) $name" >> "$times"
 	cat "$one" >> "$log"
 	if [ "$rc" -ne 0 ]; then
 		status=1
@@ -48,6 +53,7 @@ done
 passed=$(grep -c '^ok ' "$log")
 failed=$(grep -c '^not ok ' "$log")
 echo
+echo "# slowest: $(sort -rn "$times" | head -8 | awk '{printf "%s %ss, ", $2, $1}')"
 grep '^not ok ' "$log" | sed 's/^/FAILED: /'
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ] && [ "$status" -eq 0 ] && [ "$passed" -gt 0 ]
