@@ -20,6 +20,10 @@
 # the same proxy, then the workload. Reports medians of time, requests (the
 # proxy's count), ferry's bytes fetched and read, and for NEW the requests
 # made by readahead (off the readers' path: fetchesAhead).
+# "-list" runs mount a second conversion of the same image whose prefetch
+# list was recorded by NEW_BIN (`ferry mount --record` of the workload on
+# loopback, then `ferry convert --prefetch-files`): issue 17's recorded
+# prefetch against none.
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 . "$top/bench/lib.sh"
@@ -62,19 +66,20 @@ mstat() { # BIN SOCK KEY: a statistic of the one mount (0 when the build lacks i
 import json, sys
 print(sum(x.get(sys.argv[1], 0) for x in json.load(sys.stdin)["mounts"]))' "$3"
 }
-cold() { # LINK BUILD BIN MODE: one cold start, a line into $work/results
-	local link=$1 b=$2 bin=$3 mode=$4 sock=$work/$2-$4.sock cache=$work/cache-$2-$4
-	local mnt=$work/mnt-$2-$4 t0 t1
+cold() { # LINK BUILD BIN MODE [TAG]: one cold start, a line into $work/results
+	local link=$1 b=$2 bin=$3 mode=$4 tag=${5:-1} sock=$work/$2-$4.sock cache=$work/cache-$2-$4
+	local mnt=$work/mnt-$2-$4 t0 t1 what=$2-$4
+	[ "$tag" = 1 ] || what=$what-$tag
 	rm -rf "$cache"
 	mkdir -p "$mnt"
 	"$top/bench/prepare.sh"
 	wstat reset >/dev/null
 	t0=$(now)
 	"$bin/ferry" mount --mode "$mode" --socket "$sock" --cache-dir "$cache" \
-		"docker://$wan/ferry/$set_name:1" "$mnt"
+		"docker://$wan/ferry/$set_name:$tag" "$mnt"
 	workload "$mnt"
 	t1=$(now)
-	echo "$link $b-$mode $(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }') $(wstat requests) $(mstat "$bin" "$sock" bytesFetched) $(mstat "$bin" "$sock" bytesRead) $(mstat "$bin" "$sock" fetchesAhead) $(wstat max_inflight)" >>"$work/results"
+	echo "$link $what $(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }') $(wstat requests) $(mstat "$bin" "$sock" bytesFetched) $(mstat "$bin" "$sock" bytesRead) $(mstat "$bin" "$sock" fetchesAhead) $(wstat max_inflight)" >>"$work/results"
 	"$bin/ferry" umount --socket "$sock" "$mnt"
 	pkill -f "ferryd.*$sock" 2>/dev/null || true
 	for _ in $(seq 50); do pgrep -f "ferryd.*$sock" >/dev/null || break; sleep 0.1; done
@@ -92,6 +97,21 @@ pull() { # LINK
 	echo "$1 pull $(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }') $(wstat requests) $(stat -c %s "$gz") 0 0 $(wstat max_inflight)" >>"$work/results"
 }
 
+# The recorded prefetch list: the workload once through a --record mount.
+record_list() {
+	local mnt=$work/mnt-record sock=$work/record.sock
+	mkdir -p "$mnt"
+	"$ferry" mount --record "$work/prefetch.list" --socket "$sock" \
+		--cache-dir "$work/cache-record" "$image" "$mnt"
+	workload "$mnt"
+	"$ferry" umount --socket "$sock" "$mnt"
+	pkill -f "ferryd.*$sock" 2>/dev/null || true
+	"$ferry" convert -q --prefetch-files "$work/prefetch.list" \
+		"docker://$reg/src/$set_name:1" "docker://$reg/ferry/$set_name:list"
+	echo "bench: recorded prefetch list: $(wc -l <"$work/prefetch.list") files" >&2
+}
+record_list
+
 : >"$work/results"
 for link in $links; do
 	python3 "$top/tests/tools/wanproxy.py" --upstream "$reg" --port-file "$work/wp.port" \
@@ -104,6 +124,7 @@ for link in $links; do
 		for mode in fuse fanotify; do
 			[ -z "$old" ] || cold "$link" old "$old" "$mode"
 			cold "$link" new "$new" "$mode"
+			cold "$link" new "$new" "$mode" list
 		done
 		pull "$link"
 	done
@@ -129,7 +150,8 @@ print("| link (one-way delay ms : Mbit/s) | run | workload done (s) | x full pul
 print("|---|---|---|---|---|---|---|---|---|---|---|")
 for link in links:
     pull = med(link, "pull", 0)
-    for what in ("old-fuse", "new-fuse", "old-fanotify", "new-fanotify", "pull"):
+    for what in ("old-fuse", "new-fuse", "new-fuse-list", "old-fanotify",
+                 "new-fanotify", "new-fanotify-list", "pull"):
         if (link, what) not in rows:
             continue
         t, req, fetched, read, ahead, infl = (med(link, what, c) for c in range(6))

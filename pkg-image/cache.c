@@ -99,7 +99,7 @@ struct image_cache {
 	atomic_uint_fast64_t miss_ms[IMAGE_LATENCY_BUCKETS];
 	atomic_uint_fast64_t fetches, fetches_ahead, bytes_ahead;
 	uint64_t bwlimit; /* prefetch bytes per second, 0 = unlimited */
-	uint64_t bw_start_ns, bw_bytes;
+	atomic_uint_fast64_t bw_start_ns, bw_bytes;
 
 	/* Readahead, all under ra_lock but the windows' atomic reads. */
 	pthread_mutex_t ra_lock;
@@ -798,9 +798,33 @@ static void sleep_ms(unsigned int ms)
 }
 
 /*
- * Let demand reads run first, and keep prefetch under the bandwidth limit;
+ * Keep prefetch under the bandwidth limit, from any number of threads;
  * sleeps are short enough to notice *@stop within 100 ms.
  */
+static void prefetch_bwlimit(struct image_cache *ic, uint64_t step_bytes,
+			     const volatile bool *stop)
+{
+	uint_fast64_t none = 0;
+	uint64_t start, total;
+
+	if (!ic->bwlimit)
+		return;
+	/* The first step starts the clock. */
+	atomic_compare_exchange_strong(&ic->bw_start_ns, &none, ferry_now_ns());
+	start = atomic_load(&ic->bw_start_ns);
+	total = atomic_fetch_add(&ic->bw_bytes, step_bytes) + step_bytes;
+	while (!(stop && *stop)) {
+		uint64_t elapsed = ferry_now_ns() - start;
+		uint64_t allowed = (uint64_t)((double)ic->bwlimit * (double)elapsed / 1e9);
+
+		if (total <= allowed)
+			break;
+		sleep_ms((unsigned int)MIN(100.0, (double)(total - allowed) * 1000.0 /
+					   (double)ic->bwlimit + 1));
+	}
+}
+
+/* Whole-blob prefetch lets demand reads run first, then keeps the limit. */
 static void prefetch_pace(struct image_cache *ic, uint64_t step_bytes,
 			  const volatile bool *stop)
 {
@@ -810,20 +834,7 @@ static void prefetch_pace(struct image_cache *ic, uint64_t step_bytes,
 		sleep_ms(1);
 		waited++;
 	}
-	if (!ic->bwlimit)
-		return;
-	if (!ic->bw_start_ns)
-		ic->bw_start_ns = ferry_now_ns();
-	ic->bw_bytes += step_bytes;
-	while (!(stop && *stop)) {
-		uint64_t elapsed = ferry_now_ns() - ic->bw_start_ns;
-		uint64_t allowed = (uint64_t)((double)ic->bwlimit * (double)elapsed / 1e9);
-
-		if (ic->bw_bytes <= allowed)
-			break;
-		sleep_ms((unsigned int)MIN(100.0, (double)(ic->bw_bytes - allowed) * 1000.0 /
-					   (double)ic->bwlimit + 1));
-	}
+	prefetch_bwlimit(ic, step_bytes, stop);
 }
 
 void image_cache_set_bwlimit(struct image_cache *ic, uint64_t bytes_per_sec)
@@ -867,30 +878,65 @@ static int prefetch_step(struct image_cache *ic, uint32_t index, uint64_t uoff,
 	return ret;
 }
 
-int image_cache_prefetch_file(struct image_cache *ic, const struct meta_stat *st,
-			      const volatile bool *stop)
+/*
+ * A prefetch plan: the blob ranges of listed files, each with the list
+ * position of its first file. Running it merges ranges of one blob that
+ * lie within PLAN_GAP of each other (fetching a gap is cheaper than a round
+ * trip) up to PLAN_RANGE_MAX, and PLAN_THREADS fetch them at once, the
+ * ranges of the first-listed files first.
+ */
+#define PLAN_THREADS 4
+#define PLAN_GAP (128u << 10)
+#define PLAN_RANGE_MAX (4u << 20)
+
+struct plan_range {
+	uint32_t index;
+	uint32_t order; /* list position of the first file it holds */
+	uint64_t uoff, len;
+};
+
+struct image_prefetch_plan {
+	struct plan_range *ranges;
+	size_t nr, cap;
+	uint32_t paths; /* list positions used */
+};
+
+void image_prefetch_plan_free(struct image_prefetch_plan *plan)
 {
-	uint64_t pos, uoff = 0, step;
+	if (plan) {
+		free(plan->ranges);
+		free(plan);
+	}
+}
+
+static int plan_file(struct image_cache *ic, struct image_prefetch_plan *plan,
+		     const struct meta_stat *st)
+{
+	uint64_t pos, n, uoff = 0;
 	uint32_t index = 0;
 	int ret;
 
 	if (!S_ISREG(st->mode) || !st->nr_chunks)
 		return 0;
-	for (pos = 0; pos < st->size && !(stop && *stop); pos += step) {
-		step = MIN(st->size - pos, (uint64_t)st->chunk_size - pos % st->chunk_size);
-		step = MIN(step, (uint64_t)PREFETCH_STEP);
+	for (pos = 0; pos < st->size; pos += n) {
+		struct plan_range *last = plan->nr ? &plan->ranges[plan->nr - 1] : NULL;
+
+		n = MIN(st->size - pos, (uint64_t)st->chunk_size - pos % st->chunk_size);
 		ret = locate(ic, st, pos, &index, &uoff);
 		if (ret < 0)
 			return ret;
 		if (ret)
+			continue; /* a hole */
+		if (last && last->index == index && last->uoff + last->len == uoff) {
+			last->len += n;
 			continue;
-		prefetch_pace(ic, step, stop);
-		if (stop && *stop)
-			break;
-		ret = prefetch_step(ic, index, uoff, step);
-		if (ret)
-			return ret;
-		atomic_fetch_add(&ic->prefetched, step);
+		}
+		if (array_reserve(&plan->ranges, &plan->cap, plan->nr + 1,
+				  sizeof(*plan->ranges), 64))
+			return -ENOMEM;
+		plan->ranges[plan->nr++] = (struct plan_range){
+			.index = index, .order = plan->paths, .uoff = uoff, .len = n,
+		};
 	}
 	return 0;
 }
@@ -919,9 +965,9 @@ static int collect(void *arg, const char *name, size_t len, uint64_t nid,
 	return 0;
 }
 
-/* The regular file or directory tree @nid: files done, or -errno. */
-static int prefetch_nid(struct image_cache *ic, uint64_t nid, unsigned int depth,
-			const char *path, const volatile bool *stop)
+/* The regular file or directory tree @nid into @plan: files, or -errno. */
+static int plan_nid(struct image_cache *ic, struct image_prefetch_plan *plan,
+		    uint64_t nid, unsigned int depth, const char *path)
 {
 	struct dir_walk w = { 0 };
 	struct meta_stat st;
@@ -932,7 +978,7 @@ static int prefetch_nid(struct image_cache *ic, uint64_t nid, unsigned int depth
 	if (ret)
 		return ret;
 	if (S_ISREG(st.mode)) {
-		ret = image_cache_prefetch_file(ic, &st, stop);
+		ret = plan_file(ic, plan, &st);
 		return ret ? ret : 1;
 	}
 	if (!S_ISDIR(st.mode))
@@ -945,8 +991,8 @@ static int prefetch_nid(struct image_cache *ic, uint64_t nid, unsigned int depth
 	ret = meta_readdir(ic->img->meta, nid, 0, collect, &w);
 	if (ret > 0)
 		ret = w.err;
-	for (i = 0; !ret && i < w.nr && !(stop && *stop); i++) {
-		int n = prefetch_nid(ic, w.nids[i], depth + 1, path, stop);
+	for (i = 0; !ret && i < w.nr; i++) {
+		int n = plan_nid(ic, plan, w.nids[i], depth + 1, path);
 
 		if (n < 0)
 			ret = n;
@@ -957,13 +1003,117 @@ static int prefetch_nid(struct image_cache *ic, uint64_t nid, unsigned int depth
 	return ret ? ret : files;
 }
 
-int image_cache_prefetch_path(struct image_cache *ic, const char *path,
-			      const volatile bool *stop)
+int image_prefetch_plan_add(struct image_cache *ic, struct image_prefetch_plan **plan,
+			    const char *path)
 {
 	uint64_t nid;
-	int ret = meta_resolve_follow(ic->img->meta, path, &nid);
+	int ret;
 
-	return ret ? ret : prefetch_nid(ic, nid, 0, path, stop);
+	if (!*plan && !(*plan = calloc(1, sizeof(**plan))))
+		return -ENOMEM;
+	ret = meta_resolve_follow(ic->img->meta, path, &nid);
+	if (!ret)
+		ret = plan_nid(ic, *plan, nid, 0, path);
+	(*plan)->paths++;
+	return ret;
+}
+
+static int plan_by_place(const void *a, const void *b)
+{
+	const struct plan_range *x = a, *y = b;
+
+	if (x->index != y->index)
+		return x->index < y->index ? -1 : 1;
+	return x->uoff < y->uoff ? -1 : x->uoff > y->uoff;
+}
+
+static int plan_by_order(const void *a, const void *b)
+{
+	const struct plan_range *x = a, *y = b;
+
+	if (x->order != y->order)
+		return x->order < y->order ? -1 : 1;
+	return plan_by_place(a, b);
+}
+
+/* Sort by place, merge neighbours, then sort by list order. */
+static void plan_merge(struct image_prefetch_plan *plan)
+{
+	size_t i, nr = 0;
+
+	if (!plan->nr)
+		return;
+	qsort(plan->ranges, plan->nr, sizeof(*plan->ranges), plan_by_place);
+	for (i = 1; i < plan->nr; i++) {
+		struct plan_range *last = &plan->ranges[nr], *r = &plan->ranges[i];
+		uint64_t end = MAX(last->uoff + last->len, r->uoff + r->len);
+
+		if (r->index == last->index && r->uoff <= last->uoff + last->len + PLAN_GAP &&
+		    end - last->uoff <= PLAN_RANGE_MAX) {
+			last->len = end - last->uoff;
+			last->order = MIN(last->order, r->order);
+		} else {
+			plan->ranges[++nr] = *r;
+		}
+	}
+	plan->nr = nr + 1;
+	qsort(plan->ranges, plan->nr, sizeof(*plan->ranges), plan_by_order);
+}
+
+struct plan_run {
+	struct image_cache *ic;
+	struct image_prefetch_plan *plan;
+	const volatile bool *stop;
+	atomic_size_t next;
+	atomic_int err;
+};
+
+static void *plan_worker(void *arg)
+{
+	struct plan_run *run = arg;
+	struct image_cache *ic = run->ic;
+	size_t i;
+
+	while (!(run->stop && *run->stop) &&
+	       (i = atomic_fetch_add(&run->next, 1)) < run->plan->nr) {
+		const struct plan_range *r = &run->plan->ranges[i];
+		int ret;
+
+		prefetch_bwlimit(ic, r->len, run->stop);
+		if (run->stop && *run->stop)
+			break;
+		ret = prefetch_step(ic, r->index, r->uoff, r->len);
+		if (ret) { /* the rest may still come: go on, report the first */
+			int none = 0;
+
+			atomic_compare_exchange_strong(&run->err, &none, ret);
+			continue;
+		}
+		atomic_fetch_add(&ic->prefetched, r->len);
+	}
+	return NULL;
+}
+
+int image_cache_prefetch_plan(struct image_cache *ic, struct image_prefetch_plan *plan,
+			      const volatile bool *stop)
+{
+	struct plan_run run = { .ic = ic, .plan = plan, .stop = stop };
+	pthread_t threads[PLAN_THREADS - 1];
+	unsigned int i, nr_threads = 0;
+
+	if (!plan)
+		return 0;
+	plan_merge(plan);
+	/* This thread is the last worker; fewer threads only mean slower. */
+	for (i = 0; i + 1 < PLAN_THREADS && i + 1 < plan->nr; i++) {
+		if (pthread_create(&threads[nr_threads], NULL, plan_worker, &run))
+			break;
+		nr_threads++;
+	}
+	plan_worker(&run);
+	while (nr_threads)
+		pthread_join(threads[--nr_threads], NULL);
+	return atomic_load(&run.err);
 }
 
 int image_cache_prefetch_blobs(struct image_cache *ic,

@@ -454,25 +454,37 @@ bool image_cache_blob_complete(const struct image_cache *ic, uint32_t device_id)
 void image_cache_kernel_reads(struct image_cache *ic);
 
 /*
- * Prefetch: make every chunk of file @st, or of every blob (with
- * @progress, may be NULL), present in steps of at most 4 MiB; each step
- * first waits (up to 200 ms) while demand reads are in flight, and keeps
- * to the bandwidth limit. Stops early when *@stop becomes true.
+ * Prefetch of every blob (with @progress, may be NULL): in steps of at
+ * most 4 MiB, each of which first waits (up to 200 ms) while demand reads
+ * are in flight, within the bandwidth limit. Stops early when *@stop
+ * becomes true.
  */
-int image_cache_prefetch_file(struct image_cache *ic, const struct meta_stat *st,
-			      const volatile bool *stop);
 int image_cache_prefetch_blobs(struct image_cache *ic,
 			       struct ferry_progress *progress,
 			       const volatile bool *stop);
 /*
- * The same for @path in the image (symlinks followed): a regular file, or
- * a directory standing for every file below it (at most 64 levels; the
+ * Prefetch of listed paths (an image's embedded list, a mount's
+ * --prefetch-files). image_prefetch_plan_add adds @path in the image
+ * (symlinks followed) to *@plan, allocated on first use: a regular file,
+ * or a directory standing for every file below it (at most 64 levels; the
  * image must have passed image_validate_metadata, so its directories form
- * a tree and each is visited once). Files prefetched, -ENOENT when there is
- * no such path, or the first -errno.
+ * a tree and each is visited once). It returns the files added, -ENOENT
+ * when there is no such path, or -errno; each call is one list position.
+ * image_cache_prefetch_plan then makes the plan's chunks present: ranges
+ * of one blob less than 128 KiB apart fetched as one (up to 4 MiB), four
+ * fetches at a time, the ranges of the first-listed paths first. It does
+ * not wait for demand reads — the list names what readers are about to
+ * want, and a reader waiting for a range being fetched gets it with that
+ * fetch — but keeps to the bandwidth limit. A range that fails does not
+ * stop the others; stops early when *@stop becomes true. 0 or the first
+ * -errno.
  */
-int image_cache_prefetch_path(struct image_cache *ic, const char *path,
+struct image_prefetch_plan;
+int image_prefetch_plan_add(struct image_cache *ic, struct image_prefetch_plan **plan,
+			    const char *path);
+int image_cache_prefetch_plan(struct image_cache *ic, struct image_prefetch_plan *plan,
 			      const volatile bool *stop);
+void image_prefetch_plan_free(struct image_prefetch_plan *plan);
 /* Prefetch bytes per second (uncompressed), 0 = unlimited. */
 void image_cache_set_bwlimit(struct image_cache *ic, uint64_t bytes_per_sec);
 /*

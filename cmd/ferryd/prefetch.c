@@ -1,10 +1,11 @@
 // SPDX-License-Identifier: MIT
 /*
- * The prefetch thread of one mount: first the files named by the mount
- * request, in list order (a directory stands for every file below it),
- * then with prefetchAll every blob front to back. image_cache paces it:
- * demand reads go first and the bandwidth limit holds. A missing path or
- * a failed fetch is logged and skipped; unmounting sets the stop flag.
+ * The prefetch thread of one mount: first the files listed by the image
+ * and by the mount request (a directory stands for every file below it),
+ * planned as blob ranges and fetched several at once, the first listed
+ * first; then with prefetchAll every blob front to back, after demand
+ * reads. The bandwidth limit holds throughout. A missing path is logged
+ * and skipped; unmounting sets the stop flag.
  */
 #include "ferryd.h"
 
@@ -13,6 +14,7 @@ void *prefetch_main(void *arg)
 	struct fmount *m = arg;
 	const struct ctl_mount_req *r = &m->req;
 	uint64_t t0 = ferry_now_ns(), files = 0;
+	struct image_prefetch_plan *plan = NULL;
 	struct image_cache_stats s;
 	bool failed = false;
 	size_t i;
@@ -29,7 +31,7 @@ void *prefetch_main(void *arg)
 		const char *path = i < m->img->nr_prefetch ? m->img->prefetch[i] :
 				   r->prefetch_files[i - m->img->nr_prefetch];
 
-		ret = image_cache_prefetch_path(m->ic, path, &m->stop);
+		ret = image_prefetch_plan_add(m->ic, &plan, path);
 		if (ret == -ENOENT) {
 			ferry_warn("%s: prefetch: %s: no such file in the image",
 				   m->img->ref, path);
@@ -42,8 +44,15 @@ void *prefetch_main(void *arg)
 			continue;
 		}
 		files += (uint64_t)ret;
-		atomic_store(&m->prefetch_files, files);
 	}
+	ret = image_cache_prefetch_plan(m->ic, plan, &m->stop);
+	image_prefetch_plan_free(plan);
+	if (ret) {
+		ferry_warn("%s: prefetch of the listed files failed: %s", m->img->ref,
+			   ferry_strerror(ret));
+		failed = true;
+	}
+	atomic_store(&m->prefetch_files, files);
 	if (r->prefetch_all && !m->stop) {
 		ret = image_cache_prefetch_blobs(m->ic, NULL, &m->stop);
 		if (ret) {

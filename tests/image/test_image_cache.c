@@ -160,6 +160,7 @@ static void test_prefetch(void)
 {
 	struct image_cache_stats s;
 	struct ferry_progress progress = { 0 };
+	struct image_prefetch_plan *plan = NULL;
 	struct open_cache oc;
 	volatile bool stop = true;
 
@@ -167,17 +168,27 @@ static void test_prefetch(void)
 	if (!oc.ic)
 		goto out;
 	/* Stopped before it starts: nothing happens. */
-	CHECK_EQ(image_cache_prefetch_file(oc.ic, &oc.big, &stop), 0);
+	CHECK_EQ(image_prefetch_plan_add(oc.ic, &plan, "/big"), 1);
+	CHECK_EQ(image_cache_prefetch_plan(oc.ic, plan, &stop), 0);
 	CHECK_EQ(image_cache_prefetch_blobs(oc.ic, NULL, &stop), 0);
 	image_cache_get_stats(oc.ic, &s);
 	CHECK_EQ(s.chunks_present, 0);
-	/* A file: its chunks, not its hole. */
+	/* A file: its chunks, not its hole; an inline file has none. */
 	image_cache_set_bwlimit(oc.ic, 1ull << 40);
-	CHECK_EQ(image_cache_prefetch_file(oc.ic, &oc.big, NULL), 0);
+	CHECK_EQ(image_cache_prefetch_plan(oc.ic, plan, NULL), 0);
 	image_cache_get_stats(oc.ic, &s);
 	CHECK_EQ(s.bytes_prefetched, 2 * FIXTURE_CHUNK + 1000);
 	CHECK(image_cache_blob_complete(oc.ic, 1));
-	CHECK_EQ(image_cache_prefetch_file(oc.ic, &oc.small, NULL), 0);
+	image_prefetch_plan_free(plan);
+	plan = NULL;
+	CHECK_EQ(image_prefetch_plan_add(oc.ic, &plan, "/small"), 1);
+	CHECK_EQ(image_prefetch_plan_add(oc.ic, &plan, "/no-such-file"), -ENOENT);
+	/* A symlink is followed; the root stands for big, small and sub/deep. */
+	CHECK_EQ(image_prefetch_plan_add(oc.ic, &plan, "/link"), 1);
+	CHECK_EQ(image_prefetch_plan_add(oc.ic, &plan, "/"), 3);
+	CHECK_EQ(image_cache_prefetch_plan(oc.ic, plan, NULL), 0);
+	image_prefetch_plan_free(plan);
+	plan = NULL;
 	close_cache(&oc);
 
 	/* Every blob, with progress. */
@@ -189,6 +200,7 @@ static void test_prefetch(void)
 	CHECK_EQ(progress.total, oc.img->blobs.blobs[0].uncompressed_size);
 	CHECK_EQ(progress.done, progress.total);
 out:
+	image_prefetch_plan_free(plan);
 	close_cache(&oc);
 }
 
@@ -309,6 +321,7 @@ static void test_corrupt_chunk(void)
 	char ref[160], c[128];
 	uint8_t *buf = malloc(2 * FIXTURE_CHUNK);
 	struct image_extent ext[4];
+	struct image_prefetch_plan *plan = NULL;
 	int fd;
 
 	snprintf(c, sizeof(c), "%s/corrupt", tmpdir);
@@ -331,7 +344,9 @@ static void test_corrupt_chunk(void)
 				  2 * FIXTURE_CHUNK), -EIO);
 	CHECK_EQ(image_cache_map(oc.ic, &oc.big, 2 * FIXTURE_CHUNK, 10, ext, 4), -EIO);
 	CHECK_EQ(image_cache_ensure(oc.ic, 1, bc->uoff, 1), -EIO);
-	CHECK_EQ(image_cache_prefetch_file(oc.ic, &oc.big, NULL), -EIO);
+	CHECK_EQ(image_prefetch_plan_add(oc.ic, &plan, "/big"), 1);
+	CHECK_EQ(image_cache_prefetch_plan(oc.ic, plan, NULL), -EIO);
+	image_prefetch_plan_free(plan);
 	CHECK(!image_cache_present(oc.ic, 1, bc->uoff, 1));
 	CHECK(!image_cache_blob_complete(oc.ic, 1));
 	CHECK_EQ(image_cache_read_cached(oc.ic, &oc.big, 2 * FIXTURE_CHUNK, buf, 10),
