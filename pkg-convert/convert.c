@@ -347,8 +347,8 @@ static int check_source_not_ferry(const char *source, const struct image_ref *sr
 		return -EINVAL;
 	}
 	for (i = 0; i < img->nr_layers; i++)
-		if (!strcmp(img->layers[i].media_type, FERRY_BLOB_MEDIA_TYPE) ||
-		    !strcmp(img->layers[i].media_type, FERRY_BOOTSTRAP_MEDIA_TYPE)) {
+		if (oci_is_ferry_blob(img->layers[i].media_type) ||
+		    oci_is_ferry_bootstrap(img->layers[i].media_type)) {
 			ferry_err("source %s is a ferry image (layer %u is %s), converted already: mount or copy it, or convert the container image it came from",
 				  source, i + 1, img->layers[i].media_type);
 			return -EINVAL;
@@ -463,6 +463,15 @@ int convert_run(const char *source, const char *dest,
 		ret = oci_image_open(&src, opts->platform, opts->fetch, &src_img);
 		if (ret)
 			goto out;
+	}
+	if (oci_is_old_ferry(&src_img)) {
+		/* Converted already, in the format before containerd's layer types. */
+		ret = image_out_open(&dst, opts->replace, &out);
+		if (!ret)
+			ret = image_out_upgrade(out, &src_img, opts->fetch, &c.progress,
+						stats->manifest_digest,
+						&stats->manifest_size);
+		goto out;
 	}
 	ret = check_source_not_ferry(source, &src, &src_img);
 	if (!ret)

@@ -106,7 +106,7 @@ int image_expect_manifest(struct image *img, const struct oci_image *oci,
 	json_object_object_get_ex(oci->manifest, "layers", &layers);
 	memcpy(img->image_digest, oci->manifest_desc.digest, BLOB_DIGEST_SIZE);
 	if (!oci->nr_layers ||
-	    strcmp(oci->layers[oci->nr_layers - 1].media_type, FERRY_BOOTSTRAP_MEDIA_TYPE)) {
+	    !oci_is_ferry_bootstrap(oci->layers[oci->nr_layers - 1].media_type)) {
 		ferry_err("%s: not a ferry image (its last layer is not of type %s)", ref,
 			  FERRY_BOOTSTRAP_MEDIA_TYPE);
 		return -EFSCORRUPTED;
@@ -130,7 +130,7 @@ int image_expect_manifest(struct image *img, const struct oci_image *oci,
 	if (!ret)
 		ret = expect_blobs(e, oci->nr_layers - 1);
 	for (i = 0; !ret && i + 1 < oci->nr_layers; i++) {
-		if (strcmp(oci->layers[i].media_type, FERRY_BLOB_MEDIA_TYPE)) {
+		if (!oci_is_ferry_blob(oci->layers[i].media_type)) {
 			ferry_err("%s: layer %u is %s, expected %s", ref, i,
 				  oci->layers[i].media_type, FERRY_BLOB_MEDIA_TYPE);
 			ret = -EFSCORRUPTED;

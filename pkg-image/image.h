@@ -58,10 +58,22 @@
 /* OCI manifest and index types: FETCH_OCI_* / FETCH_DOCKER_* (fetch.h). */
 #define OCI_CONFIG_TYPE "application/vnd.oci.image.config.v1+json"
 #define OCI_REF_NAME_ANNOTATION "org.opencontainers.image.ref.name"
-#define FERRY_BLOB_MEDIA_TYPE "application/vnd.ferry.blob.v1"
+/* Layer types under containerd's layer prefix (images.IsLayerType), so that
+ * containerd hands them to a snapshotter instead of storing them as content. */
+#define FERRY_BLOB_MEDIA_TYPE "application/vnd.oci.image.layer.ferry.blob.v1"
 /* In OCI layouts the bootstrap is stored as one zstd frame: it is always
  * fetched whole before use, and compressing it saves ~70% of its bytes. */
-#define FERRY_BOOTSTRAP_MEDIA_TYPE "application/vnd.ferry.bootstrap.v1.erofs+zstd"
+#define FERRY_BOOTSTRAP_MEDIA_TYPE \
+	"application/vnd.oci.image.layer.ferry.bootstrap.v1.erofs+zstd"
+/* The types of images written before them: still read; `ferry convert`
+ * of such an image rewrites it with the types above. */
+#define FERRY_BLOB_MEDIA_TYPE_OLD "application/vnd.ferry.blob.v1"
+#define FERRY_BOOTSTRAP_MEDIA_TYPE_OLD "application/vnd.ferry.bootstrap.v1.erofs+zstd"
+/* containerd passes "containerd.io/snapshot/" layer annotations to the
+ * snapshotter as labels: these tell ferry-snapshotter what a layer is. */
+#define FERRY_SNAPSHOT_BLOB_LABEL "containerd.io/snapshot/ferry.blob"
+#define FERRY_SNAPSHOT_BOOTSTRAP_LABEL "containerd.io/snapshot/ferry.bootstrap"
+#define FERRY_FORMAT_VERSION "2" /* the manifest's dev.ferry.version */
 #define FERRY_BOOTSTRAP_DIGEST_ANNOTATION "dev.ferry.bootstrap.uncompressed-digest"
 #define FERRY_BOOTSTRAP_MAX (1ull << 30) /* larger bootstraps are refused */
 #define OCI_JSON_MAX (4u << 20) /* larger manifests, indexes, configs are refused */
@@ -304,6 +316,11 @@ int oci_image_open(const struct image_ref *ref, const char *platform,
 void oci_image_free(struct oci_image *img);
 /* PATH/blobs/sha256/<hex> (allocated). */
 int oci_blob_path(const char *layout, const uint8_t digest[32], char **out);
+/* A ferry data-blob / bootstrap layer type, current or old. */
+bool oci_is_ferry_blob(const char *media_type);
+bool oci_is_ferry_bootstrap(const char *media_type);
+/* @img's last layer is a bootstrap of the old type (FERRY_*_OLD). */
+bool oci_is_old_ferry(const struct oci_image *img);
 
 /* ------------------------------------------------------------------ */
 /* Writing an image (write.c)                                          */
@@ -364,6 +381,14 @@ struct image_out_desc {
 int image_out_finish(struct image_out *o, const struct image_out_desc *d,
 		     char manifest_digest[DIGEST_STRING_SIZE],
 		     uint64_t *manifest_size);
+/*
+ * Rewrite the old-format ferry image @src (oci_is_old_ferry) into @o in
+ * the current format: the same blobs, current layer types, the snapshot
+ * labels, a config whose diff_ids match the layers (docs/FORMAT.md 1a).
+ */
+int image_out_upgrade(struct image_out *o, const struct oci_image *src,
+		      const struct fetch_opts *fopts, struct ferry_progress *progress,
+		      char manifest_digest[DIGEST_STRING_SIZE], uint64_t *manifest_size);
 /*
  * Release @o. A staging directory that was not renamed into place is
  * removed; with @failed, so is an oci: layout that image_out_open created.

@@ -395,6 +395,25 @@ int oci_image_open(const struct image_ref *ref, const char *platform,
 	return -EINVAL;
 }
 
+bool oci_is_ferry_blob(const char *media_type)
+{
+	return !strcmp(media_type, FERRY_BLOB_MEDIA_TYPE) ||
+	       !strcmp(media_type, FERRY_BLOB_MEDIA_TYPE_OLD);
+}
+
+bool oci_is_ferry_bootstrap(const char *media_type)
+{
+	return !strcmp(media_type, FERRY_BOOTSTRAP_MEDIA_TYPE) ||
+	       !strcmp(media_type, FERRY_BOOTSTRAP_MEDIA_TYPE_OLD);
+}
+
+bool oci_is_old_ferry(const struct oci_image *img)
+{
+	return img->nr_layers &&
+	       !strcmp(img->layers[img->nr_layers - 1].media_type,
+		       FERRY_BOOTSTRAP_MEDIA_TYPE_OLD);
+}
+
 int oci_blob_path(const char *layout, const uint8_t digest[32], char **out)
 {
 	char hex[65];

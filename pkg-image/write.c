@@ -514,21 +514,61 @@ static void annotate(struct json_object *o, const char *key, const char *value)
 	json_object_object_add(ann, key, json_object_new_string(value));
 }
 
-/* A minimal image config for sources that have none (dir:, tar:). */
-static int put_default_config(const char *layout, struct oci_descriptor *config)
+/*
+ * The image config: the source's (@src, @src_len bytes; NULL: a minimal
+ * one for the host's platform) with rootfs.diff_ids replaced by @diff_ids,
+ * one per manifest layer, as containerd requires (docs/FORMAT.md 1a).
+ */
+static int put_config(const char *layout, const uint8_t *src, size_t src_len,
+		      const uint8_t (*diff_ids)[32], uint32_t nr,
+		      struct oci_descriptor *config)
 {
-	char platform[64], text[256], *slash;
+	char platform[64], dstr[DIGEST_STRING_SIZE], *slash;
+	struct json_object *root = NULL, *rootfs, *ids;
+	struct json_tokener *tok;
+	const char *text;
+	uint32_t i;
+	int ret;
 
-	oci_host_platform(platform, sizeof(platform));
-	slash = strchr(platform, '/');
-	*slash = '\0';
-	snprintf(text, sizeof(text),
-		 "{\"architecture\":\"%s\",\"os\":\"%s\",\"rootfs\":{\"type\":\"layers\",\"diff_ids\":[]}}",
-		 slash + 1, platform);
+	if (src) {
+		tok = json_tokener_new();
+		root = tok ? json_tokener_parse_ex(tok, (const char *)src, (int)src_len) : NULL;
+		json_tokener_free(tok);
+	} else {
+		oci_host_platform(platform, sizeof(platform));
+		slash = strchr(platform, '/');
+		*slash = '\0';
+		root = json_object_new_object();
+		json_object_object_add(root, "architecture", json_object_new_string(slash + 1));
+		json_object_object_add(root, "os", json_object_new_string(platform));
+	}
+	if (!json_object_is_type(root, json_type_object)) {
+		ferry_err("the source image's config is not a JSON object: convert from an image with a valid config");
+		ret = -EINVAL;
+		goto out;
+	}
+	if (!json_object_object_get_ex(root, "rootfs", &rootfs) ||
+	    !json_object_is_type(rootfs, json_type_object)) {
+		rootfs = json_object_new_object();
+		json_object_object_add(root, "rootfs", rootfs);
+	}
+	json_object_object_add(rootfs, "type", json_object_new_string("layers"));
+	ids = json_object_new_array();
+	json_object_object_add(rootfs, "diff_ids", ids);
+	for (i = 0; i < nr; i++) {
+		digest_format(diff_ids[i], dstr);
+		json_object_array_add(ids, json_object_new_string(dstr));
+	}
+	text = json_object_to_json_string_ext(root, JSON_C_TO_STRING_PLAIN |
+						    JSON_C_TO_STRING_NOSLASHESCAPE);
 	config->size = strlen(text);
-	snprintf(config->media_type, sizeof(config->media_type), "%s",
-		 OCI_CONFIG_TYPE);
-	return oci_put_blob(layout, text, config->size, config->digest);
+	if (!config->media_type[0])
+		snprintf(config->media_type, sizeof(config->media_type), "%s",
+			 OCI_CONFIG_TYPE);
+	ret = oci_put_blob(layout, text, config->size, config->digest);
+out:
+	json_object_put(root);
+	return ret;
 }
 
 /* Store the bootstrap in @layout as one zstd frame (FERRY_BOOTSTRAP_MEDIA_TYPE). */
@@ -579,46 +619,71 @@ static int annotate_source(struct json_object *manifest,
 	return 0;
 }
 
+/*
+ * Complete @manifest with its config (put_config, from @src's or a minimal
+ * one) and the format version, and store and tag it in @o.
+ */
+static int put_manifest(struct image_out *o, struct json_object *manifest,
+			const struct oci_image *src, const uint8_t (*diff_ids)[32],
+			uint32_t nr, uint8_t digest[32], uint64_t *size)
+{
+	struct oci_descriptor config = { 0 };
+	const char *text;
+	int ret;
+
+	if (src)
+		snprintf(config.media_type, sizeof(config.media_type), "%s",
+			 src->config.media_type);
+	ret = put_config(o->dir, src ? src->config_data : NULL,
+			 src ? src->config_len : 0, diff_ids, nr, &config);
+	if (ret)
+		return ret;
+	json_object_object_add(manifest, "config",
+			       descriptor_json(config.media_type, config.digest,
+					       config.size));
+	annotate(manifest, "dev.ferry.version", FERRY_FORMAT_VERSION);
+	text = json_object_to_json_string_ext(manifest, JSON_C_TO_STRING_PLAIN |
+							JSON_C_TO_STRING_NOSLASHESCAPE);
+	*size = strlen(text);
+	ret = oci_put_blob(o->dir, text, *size, digest);
+	if (!ret)
+		ret = oci_tag_manifest(o->dir, o->tag ? o->tag : "latest", digest,
+				       *size, FETCH_OCI_MANIFEST);
+	return ret;
+}
+
 /* blobs, bootstrap blob, config, manifest, index.json. */
 static int finish_oci(struct image_out *o, const struct image_out_desc *d,
 		      uint8_t manifest_digest[32], uint64_t *manifest_size)
 {
 	struct json_object *manifest = NULL, *layers, *desc;
-	struct oci_descriptor config;
 	char num[32], dstr[DIGEST_STRING_SIZE];
-	uint8_t boot_digest[BLOB_DIGEST_SIZE], zboot_digest[BLOB_DIGEST_SIZE];
+	uint8_t zboot_digest[BLOB_DIGEST_SIZE], (*diff_ids)[32];
 	uint64_t zboot_size = 0;
-	const char *text;
 	uint32_t i;
 	int ret;
 
-	sha256_buf(d->bootstrap, d->bootstrap_len, boot_digest);
+	/* A data blob is its own diff_id (it is not compressed as a whole);
+	 * the bootstrap's is the digest of its raw EROFS bytes. */
+	diff_ids = calloc(d->nr_blobs + 1, sizeof(*diff_ids));
+	if (!diff_ids)
+		return -ENOMEM;
+	sha256_buf(d->bootstrap, d->bootstrap_len, diff_ids[d->nr_blobs]);
 	ret = put_compressed_bootstrap(o->dir, d->bootstrap, d->bootstrap_len,
 				       zboot_digest, &zboot_size);
 	if (ret)
-		return ret;
-	if (d->source) {
-		config = d->source->config;
-		ret = oci_put_blob(o->dir, d->source->config_data,
-				   d->source->config_len, config.digest);
-	} else {
-		ret = put_default_config(o->dir, &config);
-	}
-	if (ret)
-		return ret;
+		goto out;
 
 	manifest = json_object_new_object();
 	json_object_object_add(manifest, "schemaVersion", json_object_new_int(2));
 	json_object_object_add(manifest, "mediaType",
 			       json_object_new_string(FETCH_OCI_MANIFEST));
-	json_object_object_add(manifest, "config",
-			       descriptor_json(config.media_type[0] ? config.media_type :
-					       OCI_CONFIG_TYPE,
-					       config.digest, config.size));
+	json_object_object_add(manifest, "config", NULL); /* put_manifest's */
 	layers = json_object_new_array();
 	for (i = 0; i < d->nr_blobs; i++) {
 		const struct image_out_blob *ob = &d->blobs[i];
 
+		memcpy(diff_ids[i], ob->info->digest, 32);
 		desc = descriptor_json(FERRY_BLOB_MEDIA_TYPE, ob->info->digest,
 				       ob->info->size);
 		snprintf(num, sizeof(num), "%llu",
@@ -628,17 +693,18 @@ static int finish_oci(struct image_out *o, const struct image_out_desc *d,
 			annotate(desc, "dev.ferry.blob.source-layer", ob->source_layer);
 		if (ob->from_dict)
 			annotate(desc, "dev.ferry.blob.chunk-dict", "true");
+		annotate(desc, FERRY_SNAPSHOT_BLOB_LABEL, "true");
 		json_object_array_add(layers, desc);
 	}
 	desc = descriptor_json(FERRY_BOOTSTRAP_MEDIA_TYPE, zboot_digest, zboot_size);
 	annotate(desc, "dev.ferry.bootstrap", "true");
-	digest_format(boot_digest, dstr);
+	digest_format(diff_ids[d->nr_blobs], dstr);
 	annotate(desc, FERRY_BOOTSTRAP_DIGEST_ANNOTATION, dstr);
 	snprintf(num, sizeof(num), "%llu", (unsigned long long)d->bootstrap_len);
 	annotate(desc, "dev.ferry.bootstrap.uncompressed-size", num);
+	annotate(desc, FERRY_SNAPSHOT_BOOTSTRAP_LABEL, "true");
 	json_object_array_add(layers, desc);
 	json_object_object_add(manifest, "layers", layers);
-	annotate(manifest, "dev.ferry.version", "1");
 	snprintf(num, sizeof(num), "%u", d->chunk_size);
 	annotate(manifest, "dev.ferry.chunk-size", num);
 	annotate(manifest, "dev.ferry.compression", d->compression);
@@ -647,16 +713,106 @@ static int finish_oci(struct image_out *o, const struct image_out_desc *d,
 		if (ret)
 			goto out;
 	}
-	text = json_object_to_json_string_ext(manifest, JSON_C_TO_STRING_PLAIN |
-							JSON_C_TO_STRING_NOSLASHESCAPE);
-	*manifest_size = strlen(text);
-	ret = oci_put_blob(o->dir, text, *manifest_size, manifest_digest);
-	if (!ret)
-		ret = oci_tag_manifest(o->dir, o->tag ? o->tag : "latest",
-				       manifest_digest, *manifest_size,
-				       FETCH_OCI_MANIFEST);
+	ret = put_manifest(o, manifest, d->source, (const uint8_t (*)[32])diff_ids,
+			   d->nr_blobs + 1, manifest_digest, manifest_size);
 out:
 	json_object_put(manifest);
+	free(diff_ids);
+	return ret;
+}
+
+/* Layer @l of @src into @o's blobs: linked or copied from a layout, else streamed. */
+static int copy_layer(struct image_out *o, const struct oci_image *src,
+		      const struct oci_descriptor *l)
+{
+	struct atomic_file af = { .fd = -1, .dir_fd = -1 };
+	struct fetch_stream *st = NULL;
+	char *path = NULL, hex[65];
+	uint8_t buf[1 << 16];
+	ssize_t n = 0;
+	int ret;
+
+	if (src->layout) {
+		ret = oci_blob_path(src->layout, l->digest, &path);
+		if (!ret)
+			ret = oci_link_blob(path, o->dir, l->digest);
+		free(path);
+		return ret;
+	}
+	hex_encode(l->digest, 32, hex);
+	ret = registry_open_stream(src->remote, l->digest, l->size, &st);
+	if (!ret)
+		ret = atomic_file_create(&af, o->blobs_dir, hex, 0644);
+	while (!ret && (n = fetch_stream_read(st, buf, sizeof(buf))) > 0)
+		ret = write_full(af.fd, buf, (size_t)n);
+	if (!ret && n < 0)
+		ret = (int)n;
+	if (!ret)
+		ret = atomic_file_commit(&af, hex);
+	if (ret)
+		ferry_err("%s: layer sha256:%s: cannot copy it into %s: %s", src->where,
+			  hex, o->dir, ferry_strerror(ret));
+	atomic_file_discard(&af);
+	fetch_stream_close(st);
+	return ret;
+}
+
+int image_out_upgrade(struct image_out *o, const struct oci_image *src,
+		      const struct fetch_opts *fopts, struct ferry_progress *progress,
+		      char manifest_digest[DIGEST_STRING_SIZE], uint64_t *manifest_size)
+{
+	struct json_object *manifest, *layers, *desc;
+	uint8_t digest[32], (*diff_ids)[32];
+	const char *s;
+	uint32_t i, last = src->nr_layers - 1;
+	int ret = 0;
+
+	if (o->transport != IMAGE_OCI || !oci_is_old_ferry(src)) {
+		ferry_err("%s: only a ferry image of the old format converts to oci: or docker:, as an upgrade",
+			  src->where);
+		return -EINVAL;
+	}
+	manifest = NULL;
+	diff_ids = calloc(src->nr_layers, sizeof(*diff_ids));
+	if (!diff_ids || json_object_deep_copy(src->manifest, &manifest, NULL)) {
+		ret = -ENOMEM;
+		goto out;
+	}
+	json_object_object_get_ex(manifest, "layers", &layers);
+	for (i = 0; !ret && i < src->nr_layers; i++) {
+		desc = json_object_array_get_idx(layers, i);
+		memcpy(diff_ids[i], src->layers[i].digest, 32);
+		if (i == last) {
+			s = oci_annotation(desc, FERRY_BOOTSTRAP_DIGEST_ANNOTATION);
+			if (!s || digest_parse(s, diff_ids[i])) {
+				ferry_err("%s: bootstrap layer lacks a valid %s annotation",
+					  src->where, FERRY_BOOTSTRAP_DIGEST_ANNOTATION);
+				ret = -EFSCORRUPTED;
+				break;
+			}
+		} else if (!oci_is_ferry_blob(src->layers[i].media_type)) {
+			ferry_err("%s: layer %u is %s, not a ferry blob", src->where, i,
+				  src->layers[i].media_type);
+			ret = -EFSCORRUPTED;
+			break;
+		}
+		json_object_object_add(desc, "mediaType", json_object_new_string(
+			i == last ? FERRY_BOOTSTRAP_MEDIA_TYPE : FERRY_BLOB_MEDIA_TYPE));
+		annotate(desc, i == last ? FERRY_SNAPSHOT_BOOTSTRAP_LABEL :
+					   FERRY_SNAPSHOT_BLOB_LABEL, "true");
+		ret = copy_layer(o, src, &src->layers[i]);
+	}
+	if (!ret)
+		ret = put_manifest(o, manifest, src, (const uint8_t (*)[32])diff_ids,
+				   src->nr_layers, digest, manifest_size);
+	if (!ret)
+		digest_format(digest, manifest_digest);
+	if (!ret && o->push_ref)
+		ret = oci_push(o->dir, digest, *manifest_size, o->push_ref, fopts,
+			       progress);
+out:
+	json_object_put(manifest);
+	free(diff_ids);
 	return ret;
 }
 

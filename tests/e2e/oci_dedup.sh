@@ -21,7 +21,7 @@ import json, os, struct, sys
 L = sys.argv[1]
 m = json.load(open(os.path.join(L, "blobs", *sys.argv[2].split(":"))))
 for l in m["layers"]:
-    if l["mediaType"] == "application/vnd.ferry.blob.v1":
+    if l["mediaType"] == "application/vnd.oci.image.layer.ferry.blob.v1":
         with open(os.path.join(L, "blobs", *l["digest"].split(":")), "rb") as f:
             f.seek(-64, 2)
             foot = f.read(64)

@@ -156,10 +156,12 @@ check_fails() {
 
 # Checks a converted ferry image in an OCI layout against the contract:
 # the tag's index.json entry, the manifest (the source's config, one
-# application/vnd.ferry.blob.v1 layer per source layer that added chunks,
-# in source order, with dev.ferry.blob.source-layer and
-# dev.ferry.blob.uncompressed-size, the bootstrap last, the dev.ferry.*
-# annotations of docs/FORMAT.md 1a), every referenced blob's size and
+# application/vnd.oci.image.layer.ferry.blob.v1 layer per source layer
+# that added chunks, in source order, with dev.ferry.blob.source-layer,
+# dev.ferry.blob.uncompressed-size and the containerd snapshot label, the
+# bootstrap last, the dev.ferry.* annotations of docs/FORMAT.md 1a; the
+# config is the source's with one diff_id per layer), every referenced
+# blob's size and
 # sha256. With DIR_OUT (the same source converted to dir:) the bootstrap
 # and the blob list must be the same as there. With --dict, data layers
 # annotated dev.ferry.blob.chunk-dict may follow the written ones.
@@ -173,8 +175,8 @@ if dict_ok:
     args = args[1:]
 layout, tag, srcm = args[:3]
 dir_out = args[3] if len(args) > 3 else None
-BLOB = "application/vnd.ferry.blob.v1"
-BOOT = "application/vnd.ferry.bootstrap.v1.erofs+zstd"
+BLOB = "application/vnd.oci.image.layer.ferry.blob.v1"
+BOOT = "application/vnd.oci.image.layer.ferry.bootstrap.v1.erofs+zstd"
 MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 bad = []
 
@@ -210,11 +212,21 @@ if m.get("schemaVersion") != 2:
     bad.append("schemaVersion %r" % m.get("schemaVersion"))
 if m.get("mediaType", MANIFEST) != MANIFEST:
     bad.append("manifest mediaType %r" % m.get("mediaType"))
-if {k: m["config"].get(k) for k in ("digest", "size")} != \
-        {k: src["config"].get(k) for k in ("digest", "size")}:
-    bad.append("config %s is not the source's %s" % (m["config"].get("digest"), src["config"]["digest"]))
-blob(m["config"], "config")
+cfg = blob(m["config"], "config")
 layers = m.get("layers", [])
+if cfg is not None:
+    # The source's config, but with one diff_id per manifest layer: the
+    # data blob's digest, and the raw bootstrap's.
+    cfg = json.loads(cfg)
+    ids = cfg.get("rootfs", {}).pop("diff_ids", None)
+    want_ids = [l["digest"] for l in layers[:-1]] + \
+        [layers[-1].get("annotations", {}).get("dev.ferry.bootstrap.uncompressed-digest")] if layers else []
+    if ids != want_ids:
+        bad.append("config diff_ids %r, want %r" % (ids, want_ids))
+    if "_config" in src:
+        src["_config"].get("rootfs", {}).pop("diff_ids", None)
+        if cfg != src["_config"]:
+            bad.append("config differs from the source's beyond diff_ids")
 if not layers or layers[-1].get("mediaType") != BOOT:
     bad.append("last layer is not a bootstrap: %r" % (layers[-1].get("mediaType") if layers else None))
 data = layers[:-1]
@@ -232,6 +244,8 @@ for l in data:
     if l.get("mediaType") != BLOB:
         bad.append("layer %s: mediaType %r" % (l["digest"], l.get("mediaType")))
     a = l.get("annotations", {})
+    if a.get("containerd.io/snapshot/ferry.blob") != "true":
+        bad.append("layer %s: no containerd.io/snapshot/ferry.blob label" % l["digest"])
     sl = a.get("dev.ferry.blob.source-layer")
     if dict_ok and a.get("dev.ferry.blob.chunk-dict") == "true" and sl is None:
         seen_dict = True
@@ -245,9 +259,10 @@ for l in data:
         bad.append("layer %s: uncompressed-size annotation %r" % (l["digest"], a.get("dev.ferry.blob.uncompressed-size")))
     blob(l, "data blob")
 ann = m.get("annotations", {})
-if layers and layers[-1].get("annotations", {}).get("dev.ferry.bootstrap") != "true":
+if layers and (layers[-1].get("annotations", {}).get("dev.ferry.bootstrap") != "true" or
+               layers[-1]["annotations"].get("containerd.io/snapshot/ferry.bootstrap") != "true"):
     bad.append("bootstrap annotations %r" % layers[-1].get("annotations"))
-want = {"dev.ferry.version": "1", "dev.ferry.source-layers": ",".join(src_layers)}
+want = {"dev.ferry.version": "2", "dev.ferry.source-layers": ",".join(src_layers)}
 if "_digest" in src:
     want["dev.ferry.source-manifest"] = src["_digest"]
 for k, v in want.items():

@@ -322,6 +322,7 @@ def cmd_index(a):
 def cmd_resolve(a):
     desc, m = resolve(a.layout, a.tag, a.platform)
     m["_digest"] = desc["digest"]
+    m["_config"] = json.loads(read_blob(a.layout, m["config"]["digest"]))
     json.dump(m, sys.stdout, indent=2)
     print()
 
