@@ -49,9 +49,18 @@ FUZZ_BINS := $(FUZZ_SRCS:tests/fuzz/%.c=$(BUILD)/fuzz/%)
 # Quiet by default; `make V=1` shows the commands.
 Q := $(if $(V),,@)
 
-.PHONY: all check check-asan check-run tests fuzz fuzz-run bench demo deps install clean vm-kernel
+.PHONY: all check check-asan check-run tests fuzz fuzz-run bench demo deps install clean vm-kernel contrib
 
 all: $(BIN)/ferry $(BIN)/ferryd
+
+# The containerd snapshotter (Go, built offline from Debian's Go sources:
+# contrib/containerd/go.sh, docs/containerd.md).
+contrib: $(BIN)/ferry-snapshotter
+
+$(BIN)/ferry-snapshotter: $(wildcard contrib/containerd/ferry-snapshotter/*.go) contrib/containerd/go.sh
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  GO      $@")
+	$(Q)contrib/containerd/go.sh build -o $(abspath $@)
 
 $(BUILD)/%.o: %.c $(wildcard */*.h cmd/*/*.h) Makefile
 	@mkdir -p $(dir $@)
@@ -114,7 +123,7 @@ vm-kernel: deps
 	tests/vm/build-kernel.sh
 
 check: deps
-	$(MAKE) all tests fuzz
+	$(MAKE) all tests fuzz contrib
 	BUILD=$(BUILD) BIN=$(BIN) tests/run.sh
 
 check-asan: deps
@@ -135,6 +144,7 @@ install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/man/man1
 	install -m 0755 $(BIN)/ferry $(DESTDIR)$(PREFIX)/bin/ferry
 	install -m 0755 $(BIN)/ferryd $(DESTDIR)$(PREFIX)/bin/ferryd
+	[ ! -e $(BIN)/ferry-snapshotter ] || install -m 0755 $(BIN)/ferry-snapshotter $(DESTDIR)$(PREFIX)/bin/ferry-snapshotter
 	install -m 0644 docs/man/ferry.1 $(DESTDIR)$(PREFIX)/share/man/man1/ferry.1
 	install -d $(DESTDIR)$(PREFIX)/share/man/man8
 	install -m 0644 docs/man/ferryd.8 $(DESTDIR)$(PREFIX)/share/man/man8/ferryd.8

@@ -11,6 +11,9 @@ pkgs=(
 	fuse3 erofs-utils attr acl libcap2-bin tar gzip zstd xz-utils python3
 	mmdebstrap umoci skopeo rsync docker-registry apache2-utils openssl
 	python3-prometheus-client systemd
+	# containerd snapshotter (contrib/containerd): Go sources, runtime, ctr-remote
+	golang-go golang-github-containerd-containerd-dev
+	golang-github-containerd-stargz-snapshotter-dev containerd runc stargz-snapshotter
 	# VM tests (tests/vm): kernel source and build tools, guest userland, QEMU
 	linux-source-6.12 bc flex bison libelf-dev cpio busybox-static
 	qemu-system-x86 e2fsprogs
