@@ -19,7 +19,7 @@ if check "go test -c (offline, GOPATH mode)" "$GO" test -c -o "$SCRATCH/snapshot
 	expect "Go tests pass (exit $rc)" [ "$rc" -eq 0 ]
 	failed=$(grep -cE '^\s*--- FAIL' "$LOG")
 	expect "... $passed passed (conformance suite included), $failed failed" \
-		[ "$passed" -ge 20 ] && [ "$failed" -eq 0 ]
+		test "$passed" -ge 20 -a "$failed" -eq 0
 	[ "$rc" -eq 0 ] || grep -E -- '--- FAIL|_test.go' "$LOG" | head -20 | sed 's/^/    /'
 	expect "the suite's Prepare/Commit/View/Remove/Walk/Update tests are among them" \
 		grep -qE -- '--- PASS: TestConformance/(Basic|Walk|Update|Remove)' "$LOG"
