@@ -70,17 +70,19 @@ func loadConfig(path string) (config, error) {
 	return c, nil
 }
 
-// serve runs the snapshotter on a listening socket until ctx ends.
-func serve(ctx context.Context, c config, noRestore bool) error {
-	var opts []snapshot.Opt
-	if noRestore {
-		opts = append(opts, snapshot.NoRestore)
-	}
-	sn, err := snapshot.NewSnapshotter(ctx, c.Root, newFerryFS(c), opts...)
+// serve runs the snapshotter on a listening socket until ctx ends. With
+// @closeAtEnd its state is closed then, which (stargz's Close) unmounts and
+// deletes every snapshot: for tests. The daemon leaves its snapshots and
+// ferryd's mounts alone when it stops, so that containers keep running and
+// a restart mounts the remote snapshots again.
+func serve(ctx context.Context, c config, closeAtEnd bool) error {
+	sn, err := snapshot.NewSnapshotter(ctx, c.Root, newFerryFS(c))
 	if err != nil {
 		return fmt.Errorf("snapshotter in %s: %w", c.Root, err)
 	}
-	defer sn.Close()
+	if closeAtEnd {
+		defer sn.Close()
+	}
 	l, err := listen(c.Address)
 	if err != nil {
 		return err

@@ -30,7 +30,7 @@ func proxied(ctx context.Context, root string, ferryd string) (snapshots.Snapsho
 	c.CacheDir = filepath.Join(root, "cache")
 	sctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
-	go func() { done <- serve(sctx, c, false) }()
+	go func() { done <- serve(sctx, c, true) }()
 	for i := 0; i < 500; i++ { // up to 5 s for the socket
 		if _, err := os.Stat(c.Address); err == nil {
 			break

@@ -1,0 +1,223 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# containerd end to end (docs/containerd.md): containerd 1.6 from a scratch
+# config (root, state and sockets under $SCRATCH, namespace of its own)
+# with ferry-snapshotter as proxy plugin "ferry" and a ferryd. The
+# two-layer Debian fixture (pkgs) converted to the loopback registry is
+# pulled lazily with the CRI labels (tests/tools/cripull, as CRI pulls) and
+# with ctr-remote image rpull: the registry sees no data-blob GET during
+# either pull. `ctr run --snapshotter ferry` reads files of both layers
+# (hashes as umoci unpacks them), writes to its rootfs (the file lands in
+# the container's upper directory), runs a setgid binary as another user
+# (chage reading /etc/shadow as nobody). FUSE and fanotify modes; after restarting
+# the snapshotter and ferryd the image runs again; `ctr image rm --sync`
+# leaves no ferry mount; an ordinary gzip image runs through the fallback.
+# Every process is stopped by PID, runc's state for our namespace removed.
+. "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/oci_lib.sh"
+. "$(dirname "$0")/registry_lib.sh"
+. "$(dirname "$0")/lazy_lib.sh"
+need_ferryd
+need_cmds containerd ctr runc ctr-remote go
+oci_fixtures
+lazy_use ctd
+
+GO=$TOP/contrib/containerd/go.sh
+SNAP=$SCRATCH/ferry-snapshotter
+CRIPULL=$SCRATCH/cripull
+CTD=$SCRATCH/ctd
+NS=ferry-e2e-$$
+SNROOT=$CTD/snapshotter
+CTD_PID=
+SN_PID=
+had_run_containerd=0
+[ -d /run/containerd ] && had_run_containerd=1
+
+ctr_() { timeout -k 5 180 ctr --address "$CTD/containerd.sock" -n "$NS" "$@" </dev/null; }
+
+# ctr's progress output is not for the log.
+ctr_quiet() {
+	local rc
+	ctr_ "$@" >"$SCRATCH/ctr.out" 2>&1
+	rc=$?
+	[ "$rc" -eq 0 ] || tail -3 "$SCRATCH/ctr.out"
+	return "$rc"
+}
+
+stop_pid() { # PID: SIGTERM, then SIGKILL after 10 s
+	[ -n "$1" ] || return 0
+	kill -TERM "$1" 2>/dev/null || return 0
+	wait_gone 10 "$1" || { kill -KILL "$1" 2>/dev/null; wait_gone 5 "$1"; }
+}
+
+ctd_stop_all() {
+	local c
+	trap '' INT TERM
+	if [ -n "$CTD_PID" ] && kill -0 "$CTD_PID" 2>/dev/null; then
+		for c in $(ctr_ tasks ls -q 2>/dev/null); do
+			ctr_ tasks kill -s KILL "$c" >/dev/null 2>&1
+			ctr_ tasks rm -f "$c" >/dev/null 2>&1
+		done
+	fi
+	stop_pid "$CTD_PID"
+	stop_pid "$SN_PID"
+	# runc's state lives at a fixed path per namespace.
+	rm -rf "/run/containerd/runc/$NS"
+	if [ "$had_run_containerd" = 0 ]; then
+		rmdir /run/containerd/runc /run/containerd/s /run/containerd/fifo \
+			/run/containerd 2>/dev/null
+	fi
+}
+eval "_ctd_prev_exit=$(trap -p EXIT | sed -e 's/^trap -- //' -e 's/ EXIT$//')"
+trap 'ctd_stop_all; '"$_ctd_prev_exit" EXIT
+
+check "build ferry-snapshotter (offline, GOPATH mode)" "$GO" build -o "$SNAP" || { e2e_done; exit 1; }
+check "build cripull" "$GO" --pkg tests/tools/cripull build -o "$CRIPULL" || { e2e_done; exit 1; }
+
+# The registry, a logging proxy in front of it that containerd and ferryd
+# pull through, and the images: the Debian fixture converted, and as is.
+reg_start anon || { notok "docker-registry"; e2e_done; exit 1; }
+fp_start || { notok "faultproxy"; e2e_done; exit 1; }
+check "convert the two-layer Debian image to the registry" \
+	"$FERRY" convert -q "oci:$FIX:pkgs" "docker://$REG/deb:ferry"
+check "push the gzip source image as is" reg_push_oci "$FIX:pkgs" "$REG/deb:gzip"
+IMG=$PROXY/deb:ferry
+# The data blobs (every layer but the last, the bootstrap).
+DATA_BLOBS=$(skopeo inspect --raw --tls-verify=false "docker://$REG/deb:ferry" |
+	python3 -c 'import json,sys; print(" ".join(l["digest"] for l in json.load(sys.stdin)["layers"][:-1]))')
+expect "the image has data blobs" [ -n "$DATA_BLOBS" ]
+
+# Reference hashes: a file of the first layer, one only the second adds.
+REF=$(umoci_ref "$FIX:pkgs" "$SCRATCH/bundle") || { notok "umoci unpack"; e2e_done; exit 1; }
+FILES="usr/bin/bash usr/bin/less"
+# shellcheck disable=SC2086
+WANT=$(cd "$REF" && sha256sum $FILES)
+expect "the reference has both files" [ "$(echo "$WANT" | wc -l)" -eq 2 ]
+
+wait_sock() { # SOCKET PID SECS
+	local i
+	for i in $(seq $(($3 * 10))); do
+		[ -S "$1" ] && return 0
+		kill -0 "$2" 2>/dev/null || return 1
+		sleep 0.1
+	done
+	return 1
+}
+
+start_ferryd() { "$FERRYD" --socket "$FSOCK" --persistent; }
+
+start_snapshotter() { # MODE
+	cat >"$CTD/snapshotter.json" <<JSON
+{"address": "$CTD/snapshotter.sock", "root": "$SNROOT", "ferrydSocket": "$FSOCK",
+ "cacheDir": "$FCACHE", "mode": "$1"}
+JSON
+	rm -f "$CTD/snapshotter.sock"
+	"$SNAP" -config "$CTD/snapshotter.json" >>"$CTD/snapshotter.log" 2>&1 &
+	SN_PID=$!
+	wait_sock "$CTD/snapshotter.sock" "$SN_PID" 20 && return 0
+	kill -0 "$SN_PID" 2>/dev/null || { wait "$SN_PID"; echo "exit status $?"; }
+	tail -5 "$CTD/snapshotter.log"
+	return 1
+}
+
+start_containerd() {
+	cat >"$CTD/config.toml" <<TOML
+version = 2
+root = "$CTD/root"
+state = "$CTD/state"
+disabled_plugins = ["io.containerd.grpc.v1.cri"]
+[grpc]
+  address = "$CTD/containerd.sock"
+[ttrpc]
+  address = "$CTD/containerd.sock.ttrpc"
+[proxy_plugins.ferry]
+  type = "snapshot"
+  address = "$CTD/snapshotter.sock"
+TOML
+	containerd --config "$CTD/config.toml" >>"$CTD/containerd.log" 2>&1 &
+	CTD_PID=$!
+	wait_sock "$CTD/containerd.sock" "$CTD_PID" 30 && ctr_ version >/dev/null ||
+		{ tail -5 "$CTD/containerd.log"; return 1; }
+}
+
+# No data blob was requested since the last fp_reset.
+no_data_get() {
+	local d rc=0
+	fp_log >"$SCRATCH/fp.log" || return 1
+	for d in $DATA_BLOBS; do
+		if grep -E "^GET .*/blobs/$d" "$SCRATCH/fp.log" >&2; then
+			echo "    data blob $d fetched during the pull" >&2
+			rc=1
+		fi
+	done
+	grep -qE "^GET .*/manifests/" "$SCRATCH/fp.log" ||
+		{ echo "    no manifest GET seen: the log is not the pull's" >&2; rc=1; }
+	return $rc
+}
+
+ferry_mounts() { findmnt -rn -o TARGET | grep -F "$SNROOT/" ; }
+
+# ctr run, checked: hashes of both layers' files, a write to the rootfs
+# landing in the upper directory, a setgid binary honoured.
+run_checks() { # NOTE IMAGE
+	local note=$1 img=$2 id=c$RANDOM out up
+	out=$(ctr_ run --snapshotter ferry "$img" "$id" sh -c \
+		"cd / && sha256sum $FILES && echo written-by-ferry-e2e >/ferry-written && cat /ferry-written" 2>&1)
+	expect "ctr run ($note): both layers' files have the right hashes" \
+		[ "$(echo "$out" | grep -E '^[0-9a-f]{64} ')" = "$WANT" ]
+	[ "$(echo "$out" | grep -E '^[0-9a-f]{64} ')" = "$WANT" ] || echo "$out" | head -20 | sed 's/^/    /'
+	expect "... writes to its rootfs" grep -qx written-by-ferry-e2e <<<"$out"
+	up=$(find "$SNROOT/snapshots" -maxdepth 3 -path "*/fs/ferry-written" 2>/dev/null | head -1)
+	expect "... which lands in the container's upper directory" [ -n "$up" ]
+	check "... remove the container" ctr_ containers rm "$id"
+	out=$(ctr_ run --rm --allow-new-privs --snapshotter ferry "$img" "$id" \
+		setpriv --reuid=65534 --regid=65534 --clear-groups chage -l nobody 2>&1)
+	expect "... a setgid binary (chage as nobody reads /etc/shadow)" \
+		grep -q "Last password change" <<<"$out"
+	grep -q "Last password change" <<<"$out" || echo "$out" | head -5 | sed 's/^/    /'
+}
+
+mkdir -p "$CTD"
+check "ferryd starts" start_ferryd
+for mode in fuse fanotify; do
+	check "ferry-snapshotter starts (mode $mode)" start_snapshotter $mode || break
+	if [ -z "$CTD_PID" ]; then
+		check "containerd 1.6 starts from a scratch config" start_containerd || break
+	fi
+	fp_reset
+	check "pull with the CRI labels ($mode)" timeout -k 5 180 "$CRIPULL" -address "$CTD/containerd.sock" \
+		-namespace "$NS" -snapshotter ferry -plain-http "$IMG"
+	check "... no data-blob GET during the pull" no_data_get
+	expect "... the bootstrap is mounted by ferryd ($mode)" [ -n "$(ferry_mounts)" ]
+	run_checks "$mode, CRI labels" "$IMG"
+	check "ctr image rm --sync" ctr_ images rm --sync "$IMG"
+	expect "... leaves no ferry mount" [ -z "$(ferry_mounts)" ]
+	ferry_mounts | sed 's/^/    left: /'
+
+	fp_reset
+	check "ctr-remote image rpull ($mode)" timeout -k 5 180 ctr-remote --address "$CTD/containerd.sock" \
+		-n "$NS" image rpull --plain-http --snapshotter ferry "$IMG"
+	check "... no data-blob GET during the pull" no_data_get
+	run_checks "$mode, ctr-remote" "$IMG"
+
+	# Restart both daemons: the snapshotter mounts its snapshots again.
+	stop_pid "$SN_PID"
+	ferryd_stop $(daemon_pids "$FSOCK")
+	check "ferryd restarts" start_ferryd
+	check "ferry-snapshotter restarts ($mode)" start_snapshotter $mode
+	expect "... the image's bootstrap is mounted again" [ -n "$(ferry_mounts)" ]
+	run_checks "$mode, after restarting ferryd and the snapshotter" "$IMG"
+	check "ctr image rm --sync ($mode)" ctr_ images rm --sync "$IMG"
+	expect "... leaves no ferry mount" [ -z "$(ferry_mounts)" ]
+	stop_pid "$SN_PID"
+done
+
+# An ordinary image: layers are unpacked into plain overlay snapshots.
+check "ferry-snapshotter starts (for the fallback)" start_snapshotter fuse
+check "ctr pull of the gzip image with --snapshotter ferry (fallback)" \
+	ctr_quiet images pull --plain-http --snapshotter ferry "$PROXY/deb:gzip"
+out=$(ctr_ run --rm --snapshotter ferry "$PROXY/deb:gzip" g1 sh -c "cd / && sha256sum $FILES" 2>&1)
+expect "ctr run of the gzip image through the fallback: right hashes" [ "$out" = "$WANT" ]
+expect "... and no ferry mount" [ -z "$(ferry_mounts)" ]
+check "ctr image rm --sync (gzip)" ctr_ images rm --sync "$PROXY/deb:gzip"
+e2e_done
