@@ -152,6 +152,8 @@ install: all
 	install -m 0644 contrib/systemd/ferryd.socket $(DESTDIR)$(PREFIX)/lib/systemd/system/ferryd.socket
 	sed 's|@BINDIR@|$(PREFIX)/bin|' contrib/systemd/ferryd.service.in > $(DESTDIR)$(PREFIX)/lib/systemd/system/ferryd.service
 	chmod 0644 $(DESTDIR)$(PREFIX)/lib/systemd/system/ferryd.service
+	sed 's|@BINDIR@|$(PREFIX)/bin|' contrib/systemd/ferry-snapshotter.service.in > $(DESTDIR)$(PREFIX)/lib/systemd/system/ferry-snapshotter.service
+	chmod 0644 $(DESTDIR)$(PREFIX)/lib/systemd/system/ferry-snapshotter.service
 
 clean:
 	rm -rf build build-asan bin
