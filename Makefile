@@ -136,6 +136,7 @@ bench: deps all
 	BIN=$(BIN) bench/memory.sh
 	BIN=$(BIN) bench/wan.sh $(BIN)
 	BIN=$(BIN) bench/vm_cachefiles.sh
+	BIN=$(BIN) bench/containerd.sh
 
 demo: deps all
 	BIN=$(BIN) tests/demo.sh

@@ -768,7 +768,7 @@ int image_out_upgrade(struct image_out *o, const struct oci_image *src,
 	int ret = 0;
 
 	if (o->transport != IMAGE_OCI || !oci_is_old_ferry(src)) {
-		ferry_err("%s: only a ferry image of the old format converts to oci: or docker:, as an upgrade",
+		ferry_err("%s: a ferry image of format 1 is upgraded only into oci: or docker://; choose such a destination",
 			  src->where);
 		return -EINVAL;
 	}
