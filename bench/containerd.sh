@@ -24,7 +24,8 @@ mode=${FERRY_FERRYD_MODE:-fuse}
 bench_workdir containerd
 ctd=$work/ctd
 ns=ferry-bench
-ctd_pid= sn_pid= fd_sock=$work/ferryd.sock
+ctd_pid= sn_pid= fd_sock=$work/ferryd.sock had_run=0
+[ -d /run/containerd ] && had_run=1
 mkdir -p "$ctd"
 
 ctr_() { ctr --address "$ctd/containerd.sock" -n "$ns" "$@" </dev/null; }
@@ -48,6 +49,8 @@ cleanup() {
 	stop_pid "$sn_pid"
 	[ -S "$fd_sock" ] && stop_pid "$(ferryd_pid)"
 	rm -rf "/run/containerd/runc/$ns"
+	[ "$had_run" = 1 ] || rmdir /run/containerd/runc /run/containerd/s \
+		/run/containerd/fifo /run/containerd 2>/dev/null || true
 	bench_cleanup
 }
 trap cleanup EXIT
