@@ -11,7 +11,9 @@
 # the container's upper directory), runs a setgid binary as another user
 # (chage reading /etc/shadow as nobody). FUSE and fanotify modes; after restarting
 # the snapshotter and ferryd the image runs again; `ctr image rm --sync`
-# leaves no ferry mount; an ordinary gzip image runs through the fallback.
+# leaves no ferry mount; an ordinary gzip image runs through the fallback;
+# a format-1 ferry image upgraded by `ferry convert` docker:// to docker://
+# runs too.
 # Every process is stopped by PID, runc's state for our namespace removed.
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/oci_lib.sh"
@@ -81,6 +83,12 @@ fp_start || { notok "faultproxy"; e2e_done; exit 1; }
 check "convert the two-layer Debian image to the registry" \
 	"$FERRY" convert -q "oci:$FIX:pkgs" "docker://$REG/deb:ferry"
 check "push the gzip source image as is" reg_push_oci "$FIX:pkgs" "$REG/deb:gzip"
+# A format-1 ferry image (docs/FORMAT.md), upgraded registry to registry.
+check "convert to an oci: layout" "$FERRY" convert -q "oci:$FIX:pkgs" "oci:$SCRATCH/lay:pkgs"
+check "make it format 1" oci_downgrade "$SCRATCH/lay" pkgs "$SCRATCH/old"
+check "push the format-1 image" reg_push_oci "$SCRATCH/old:old" "$REG/deb:old"
+check "ferry convert docker://…:old docker://…:upgraded upgrades it" \
+	"$FERRY" convert -q "docker://$REG/deb:old" "docker://$REG/deb:upgraded"
 IMG=$PROXY/deb:ferry
 # The data blobs (every layer but the last, the bootstrap).
 DATA_BLOBS=$(skopeo inspect --raw --tls-verify=false "docker://$REG/deb:ferry" |
@@ -114,7 +122,8 @@ JSON
 	rm -f "$CTD/snapshotter.sock"
 	"$SNAP" -config "$CTD/snapshotter.json" >>"$CTD/snapshotter.log" 2>&1 &
 	SN_PID=$!
-	wait_sock "$CTD/snapshotter.sock" "$SN_PID" 20 && return 0
+	# A running containerd must reach it again.
+	wait_sock "$CTD/snapshotter.sock" "$SN_PID" 20 && { [ -z "$CTD_PID" ] || reachable; } && return 0
 	kill -0 "$SN_PID" 2>/dev/null || { wait "$SN_PID"; echo "exit status $?"; }
 	tail -5 "$CTD/snapshotter.log"
 	return 1
@@ -155,6 +164,17 @@ no_data_get() {
 	return $rc
 }
 
+# containerd's gRPC connection to a restarted snapshotter is back (it
+# redials with a backoff): at most 30 s.
+reachable() {
+	local i
+	for i in $(seq 60); do
+		ctr_ snapshots --snapshotter ferry ls >/dev/null 2>&1 && return 0
+		sleep 0.5
+	done
+	ctr_ snapshots --snapshotter ferry ls
+}
+
 ferry_mounts() { findmnt -rn -o TARGET | grep -F "$SNROOT/" ; }
 
 # ctr run, checked: hashes of both layers' files, a write to the rootfs
@@ -162,12 +182,12 @@ ferry_mounts() { findmnt -rn -o TARGET | grep -F "$SNROOT/" ; }
 run_checks() { # NOTE IMAGE
 	local note=$1 img=$2 id=c$RANDOM out up
 	out=$(ctr_ run --snapshotter ferry "$img" "$id" sh -c \
-		"cd / && sha256sum $FILES && echo written-by-ferry-e2e >/ferry-written && cat /ferry-written" 2>&1)
+		"cd / && sha256sum $FILES && echo written-by-ferry-e2e >/ferry-$id && cat /ferry-$id" 2>&1)
 	expect "ctr run ($note): both layers' files have the right hashes" \
 		[ "$(echo "$out" | grep -E '^[0-9a-f]{64} ')" = "$WANT" ]
 	[ "$(echo "$out" | grep -E '^[0-9a-f]{64} ')" = "$WANT" ] || echo "$out" | head -20 | sed 's/^/    /'
 	expect "... writes to its rootfs" grep -qx written-by-ferry-e2e <<<"$out"
-	up=$(find "$SNROOT/snapshots" -maxdepth 3 -path "*/fs/ferry-written" 2>/dev/null | head -1)
+	up=$(find "$SNROOT/snapshots" -maxdepth 3 -path "*/fs/ferry-$id" 2>/dev/null | head -1)
 	expect "... which lands in the container's upper directory" [ -n "$up" ]
 	check "... remove the container" ctr_ containers rm "$id"
 	out=$(ctr_ run --rm --allow-new-privs --snapshotter ferry "$img" "$id" \
@@ -212,8 +232,13 @@ for mode in fuse fanotify; do
 	stop_pid "$SN_PID"
 done
 
+check "ferry-snapshotter starts (fuse)" start_snapshotter fuse
+check "pull the upgraded format-1 image with the CRI labels" timeout -k 5 180 "$CRIPULL" \
+	-address "$CTD/containerd.sock" -namespace "$NS" -snapshotter ferry -plain-http "$PROXY/deb:upgraded"
+run_checks "upgraded format-1 image" "$PROXY/deb:upgraded"
+check "ctr image rm --sync (upgraded)" ctr_ images rm --sync "$PROXY/deb:upgraded"
+
 # An ordinary image: layers are unpacked into plain overlay snapshots.
-check "ferry-snapshotter starts (for the fallback)" start_snapshotter fuse
 check "ctr pull of the gzip image with --snapshotter ferry (fallback)" \
 	ctr_quiet images pull --plain-http --snapshotter ferry "$PROXY/deb:gzip"
 out=$(ctr_ run --rm --snapshotter ferry "$PROXY/deb:gzip" g1 sh -c "cd / && sha256sum $FILES" 2>&1)

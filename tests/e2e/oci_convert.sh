@@ -119,35 +119,10 @@ check "three data blobs in the edit image (each layer adds chunks)" \
 	test "$(index_get "$SCRATCH/dir-edit" 'len(j["blobs"])')" = 3
 check "no stray or missing blobs in the output layout" oci_no_strays "$OUTL"
 
-# An image of the format before containerd's layer types (made from the
-# pkgs conversion by undoing the change) still mounts, and converting it
+# An image of format 1, before containerd's layer types (made from the pkgs
+# conversion by oci_downgrade), still mounts, and converting it
 # upgrades it to the current format with the same blobs.
-python3 - "$OUTL" pkgs "$SCRATCH/old" <<'EOF'
-import hashlib, json, os, shutil, sys
-src, tag, out = sys.argv[1:]
-def blob(l, d): return open(os.path.join(l, "blobs", *d.split(":")), "rb").read()
-def put(data):
-    d = "sha256:" + hashlib.sha256(data).hexdigest()
-    open(os.path.join(out, "blobs", "sha256", d[7:]), "wb").write(data)
-    return d
-shutil.copytree(src, out)
-idx = json.load(open(os.path.join(src, "index.json")))
-desc = [d for d in idx["manifests"] if d["annotations"]["org.opencontainers.image.ref.name"] == tag][0]
-m = json.loads(blob(src, desc["digest"]))
-for l in m["layers"]:
-    l["mediaType"] = l["mediaType"].replace("vnd.oci.image.layer.ferry.", "vnd.ferry.")
-    for k in ("containerd.io/snapshot/ferry.blob", "containerd.io/snapshot/ferry.bootstrap"):
-        l["annotations"].pop(k, None)
-m["annotations"]["dev.ferry.version"] = "1"
-cfg = json.loads(blob(src, m["config"]["digest"]))
-cfg["rootfs"]["diff_ids"] = ["sha256:" + "0" * 64]  # the source's, not one per layer
-raw = json.dumps(cfg).encode()
-m["config"].update(digest=put(raw), size=len(raw))
-raw = json.dumps(m).encode()
-idx["manifests"] = [{"mediaType": desc["mediaType"], "digest": put(raw), "size": len(raw),
-                     "annotations": {"org.opencontainers.image.ref.name": "old"}}]
-json.dump(idx, open(os.path.join(out, "index.json"), "w"))
-EOF
+oci_downgrade "$OUTL" pkgs "$SCRATCH/old"
 check "an old-format ferry image still checks" "$FERRY" check "oci:$SCRATCH/old:old"
 if check "... and mounts" mount_image "oci:$SCRATCH/old:old" "$SCRATCH/mnt-old"; then
 	if check "(the current-format image mounts)" mount_image "oci:$OUTL:pkgs" "$SCRATCH/mnt-new"; then

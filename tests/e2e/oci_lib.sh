@@ -317,3 +317,35 @@ for b in bad[:20]:
 sys.exit(1 if bad else 0)
 EOF
 }
+
+# A copy of LAYOUT at OUT whose tag "old" is the ferry image of TAG turned
+# back into format 1 (docs/FORMAT.md 1a): the old layer types, no snapshot
+# labels, version "1", and a config whose diff_ids are not one per layer.
+oci_downgrade() { # LAYOUT TAG OUT
+	python3 - "$@" <<'EOF'
+import hashlib, json, os, shutil, sys
+src, tag, out = sys.argv[1:]
+def blob(l, d): return open(os.path.join(l, "blobs", *d.split(":")), "rb").read()
+def put(data):
+    d = "sha256:" + hashlib.sha256(data).hexdigest()
+    open(os.path.join(out, "blobs", "sha256", d[7:]), "wb").write(data)
+    return d
+shutil.copytree(src, out)
+idx = json.load(open(os.path.join(src, "index.json")))
+desc = [d for d in idx["manifests"] if d["annotations"]["org.opencontainers.image.ref.name"] == tag][0]
+m = json.loads(blob(src, desc["digest"]))
+for l in m["layers"]:
+    l["mediaType"] = l["mediaType"].replace("vnd.oci.image.layer.ferry.", "vnd.ferry.")
+    for k in ("containerd.io/snapshot/ferry.blob", "containerd.io/snapshot/ferry.bootstrap"):
+        l["annotations"].pop(k, None)
+m["annotations"]["dev.ferry.version"] = "1"
+cfg = json.loads(blob(src, m["config"]["digest"]))
+cfg["rootfs"]["diff_ids"] = ["sha256:" + "0" * 64]  # the source's, not one per layer
+raw = json.dumps(cfg).encode()
+m["config"].update(digest=put(raw), size=len(raw))
+raw = json.dumps(m).encode()
+idx["manifests"] = [{"mediaType": desc["mediaType"], "digest": put(raw), "size": len(raw),
+                     "annotations": {"org.opencontainers.image.ref.name": "old"}}]
+json.dump(idx, open(os.path.join(out, "index.json"), "w"))
+EOF
+}
