@@ -79,9 +79,9 @@ func (f *ferryFS) Mount(ctx context.Context, mountpoint string, labels map[strin
 	req := map[string]interface{}{
 		"op": "mount", "image": image, "mountpoint": mountpoint,
 		"cacheDir": f.c.CacheDir, "mode": f.c.Mode,
-		// As an overlay snapshot would: setuid binaries and device nodes
-		// work inside the container.
-		"suid": true, "dev": true,
+		// Setuid binaries work inside the container, as on an overlay
+		// snapshot; device nodes come from the runtime (docs/SECURITY.md).
+		"suid": true, "dev": false,
 	}
 	if len(f.c.Fetch) > 0 {
 		req["fetch"] = f.c.Fetch

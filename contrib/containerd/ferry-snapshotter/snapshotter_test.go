@@ -143,7 +143,7 @@ func TestRemoteLayers(t *testing.T) {
 	<-reqs // the umount of a stale mount
 	mount := <-reqs
 	if mount["op"] != "mount" || mount["image"] != "docker://127.0.0.1:5001/deb@sha256:ab" ||
-		mount["suid"] != true || mount["mode"] != "auto" {
+		mount["suid"] != true || mount["dev"] != false || mount["mode"] != "auto" {
 		t.Fatalf("mount request %v", mount)
 	}
 	info, err := sn.Stat(ctx, "chain2")
