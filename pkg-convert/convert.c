@@ -466,6 +466,7 @@ int convert_run(const char *source, const char *dest,
 	}
 	if (oci_is_old_ferry(&src_img)) {
 		/* Converted already, in the format before containerd's layer types. */
+		stats->upgraded = true;
 		ret = image_out_open(&dst, opts->replace, &out);
 		if (!ret)
 			ret = image_out_upgrade(out, &src_img, opts->fetch, &c.progress,

@@ -70,6 +70,7 @@ struct convert_stats {
 	char manifest_digest[72]; /* oci: and docker: destinations */
 	uint64_t manifest_size;
 	double seconds;
+	bool upgraded;            /* a format-1 ferry image rewritten, nothing converted */
 };
 
 /* Free what convert_run allocated in @stats. */

@@ -121,6 +121,11 @@ static void print_summary(const struct convert_stats *s)
 {
 	uint32_t i;
 
+	if (s->upgraded) {
+		fprintf(stderr, "upgraded a ferry image of format 1 (same blobs)\n  manifest %s\n",
+			s->manifest_digest);
+		return;
+	}
 	fprintf(stderr,
 		"converted %llu entries (%llu files, %llu dirs, %llu symlinks) in %.2f s\n"
 		"  file data %llu bytes: %llu inline, %llu zero, %llu new unique in %llu chunks\n"
