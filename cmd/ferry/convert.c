@@ -30,7 +30,10 @@ static void convert_help(void)
 	       "                        latest): data blobs, bootstrap, config, manifest\n"
 	       "        docker://HOST[:PORT]/REPO[:TAG]\n"
 	       "                        pushes that image to a registry (staged in\n"
-	       "                        $TMPDIR, default /var/tmp, then removed)\n\n"
+	       "                        $TMPDIR, default /var/tmp, then removed)\n"
+	       "A ferry image of format 1 (written by earlier versions) as an oci: or\n"
+	       "docker:// SOURCE is upgraded into an oci: or docker:// DEST: the same\n"
+	       "blobs with containerd's layer types and diff_ids (docs/FORMAT.md).\n\n"
 	       "Options:\n"
 	       "  --chunk-size N     chunk size, power of two, 4K..64M (default 1M)\n"
 	       "  --compress SPEC    none | lz4[:1-12] | zstd[:1-22] | lzma[:1-9]\n"
@@ -93,6 +96,7 @@ static void print_json(const struct convert_stats *s, const struct convert_opts 
 				       json_object_new_boolean(s->blobs[i].from_dict));
 		json_object_array_add(blobs, b);
 	}
+	json_object_object_add(root, "upgraded", json_object_new_boolean(s->upgraded));
 	if (s->manifest_digest[0])
 		json_object_object_add(root, "manifestDigest",
 				       json_object_new_string(s->manifest_digest));
