@@ -20,37 +20,21 @@
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 . "$top/bench/lib.sh"
+. "$top/tests/tools/ctd_lib.sh"
 mode=${FERRY_FERRYD_MODE:-fuse}
 bench_workdir containerd
 ctd=$work/ctd
 ns=ferry-bench
-ctd_pid= sn_pid= fd_sock=$work/ferryd.sock had_run=0
-[ -d /run/containerd ] && had_run=1
+ctd_pid= sn_pid= fd_sock=$work/ferryd.sock
 mkdir -p "$ctd"
 
 ctr_() { ctr --address "$ctd/containerd.sock" -n "$ns" "$@" </dev/null; }
-wait_sock() { # SOCKET PID
-	for _ in $(seq 300); do
-		[ -S "$1" ] && return 0
-		kill -0 "$2" 2>/dev/null || return 1
-		sleep 0.1
-	done
-	return 1
-}
-stop_pid() {
-	[ -n "$1" ] || return 0
-	kill -TERM "$1" 2>/dev/null || return 0
-	for _ in $(seq 100); do kill -0 "$1" 2>/dev/null || return 0; sleep 0.1; done
-	kill -KILL "$1" 2>/dev/null || true
-}
 ferryd_pid() { "$ferry" mount --list --json --socket "$fd_sock" | python3 -c 'import json,sys; print(json.load(sys.stdin)["pid"])'; }
 cleanup() {
-	stop_pid "$ctd_pid"
-	stop_pid "$sn_pid"
-	[ -S "$fd_sock" ] && stop_pid "$(ferryd_pid)"
-	rm -rf "/run/containerd/runc/$ns"
-	[ "$had_run" = 1 ] || rmdir /run/containerd/runc /run/containerd/s \
-		/run/containerd/fifo /run/containerd 2>/dev/null || true
+	ctd_stop "$ctd_pid"
+	ctd_stop "$sn_pid"
+	[ -S "$fd_sock" ] && ctd_stop "$(ferryd_pid)"
+	ctd_clean_run "$ns"
 	bench_cleanup
 }
 trap cleanup EXIT
@@ -60,29 +44,13 @@ bench_image big
 "$top/contrib/containerd/go.sh" build -o "$work/ferry-snapshotter"
 "$top/contrib/containerd/go.sh" --pkg tests/tools/cripull build -o "$work/cripull"
 
-cat >"$ctd/config.toml" <<TOML
-version = 2
-root = "$ctd/root"
-state = "$ctd/state"
-disabled_plugins = ["io.containerd.grpc.v1.cri"]
-[grpc]
-  address = "$ctd/containerd.sock"
-[ttrpc]
-  address = "$ctd/containerd.sock.ttrpc"
-[proxy_plugins.ferry]
-  type = "snapshot"
-  address = "$ctd/snapshotter.sock"
-TOML
-cat >"$ctd/snapshotter.json" <<JSON
-{"address": "$ctd/snapshotter.sock", "root": "$ctd/snapshotter", "ferrydSocket": "$fd_sock",
- "cacheDir": "$work/cache", "mode": "$mode"}
-JSON
+ctd_configs "$ctd" "$ctd/snapshotter" "$fd_sock" "$work/cache" "$mode"
 containerd --config "$ctd/config.toml" >"$ctd/containerd.log" 2>&1 &
 ctd_pid=$!
-wait_sock "$ctd/containerd.sock" "$ctd_pid"
+ctd_wait_sock "$ctd/containerd.sock" "$ctd_pid" 30
 "$work/ferry-snapshotter" -config "$ctd/snapshotter.json" >"$ctd/snapshotter.log" 2>&1 &
 sn_pid=$!
-wait_sock "$ctd/snapshotter.sock" "$sn_pid"
+ctd_wait_sock "$ctd/snapshotter.sock" "$sn_pid" 30
 
 src=$reg/src/big:1
 fer=${image#docker://}
@@ -98,7 +66,7 @@ run_ferry() {
 	ctr_ run --rm --snapshotter ferry "$fer" f1 /usr/bin/python3 -c 'print(1)' | grep -qx 1
 	t1=$(now)
 	ctr_ images rm --sync "$fer" >/dev/null
-	stop_pid "$(ferryd_pid)"
+	ctd_stop "$(ferryd_pid)"
 	awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }'
 }
 run_overlay() {

@@ -19,6 +19,7 @@
 . "$(dirname "$0")/oci_lib.sh"
 . "$(dirname "$0")/registry_lib.sh"
 . "$(dirname "$0")/lazy_lib.sh"
+. "$(dirname "$0")/../tools/ctd_lib.sh"
 need_ferryd
 need_cmds containerd ctr runc ctr-remote go
 oci_fixtures
@@ -32,8 +33,6 @@ NS=ferry-e2e-$$
 SNROOT=$CTD/snapshotter
 CTD_PID=
 SN_PID=
-had_run_containerd=0
-[ -d /run/containerd ] && had_run_containerd=1
 
 ctr_() { timeout -k 5 180 ctr --address "$CTD/containerd.sock" -n "$NS" "$@" </dev/null; }
 
@@ -46,12 +45,6 @@ ctr_quiet() {
 	return "$rc"
 }
 
-stop_pid() { # PID: SIGTERM, then SIGKILL after 10 s
-	[ -n "$1" ] || return 0
-	kill -TERM "$1" 2>/dev/null || return 0
-	wait_gone 10 "$1" || { kill -KILL "$1" 2>/dev/null; wait_gone 5 "$1"; }
-}
-
 ctd_stop_all() {
 	local c
 	trap '' INT TERM
@@ -61,14 +54,9 @@ ctd_stop_all() {
 			ctr_ tasks rm -f "$c" >/dev/null 2>&1
 		done
 	fi
-	stop_pid "$CTD_PID"
-	stop_pid "$SN_PID"
-	# runc's state lives at a fixed path per namespace.
-	rm -rf "/run/containerd/runc/$NS"
-	if [ "$had_run_containerd" = 0 ]; then
-		rmdir /run/containerd/runc /run/containerd/s /run/containerd/fifo \
-			/run/containerd 2>/dev/null
-	fi
+	ctd_stop "$CTD_PID"
+	ctd_stop "$SN_PID"
+	ctd_clean_run "$NS"
 }
 eval "_ctd_prev_exit=$(trap -p EXIT | sed -e 's/^trap -- //' -e 's/ EXIT$//')"
 trap 'ctd_stop_all; '"$_ctd_prev_exit" EXIT
@@ -102,50 +90,24 @@ FILES="usr/bin/bash usr/bin/less"
 WANT=$(cd "$REF" && sha256sum $FILES)
 expect "the reference has both files" [ "$(echo "$WANT" | wc -l)" -eq 2 ]
 
-wait_sock() { # SOCKET PID SECS
-	local i
-	for i in $(seq $(($3 * 10))); do
-		[ -S "$1" ] && return 0
-		kill -0 "$2" 2>/dev/null || return 1
-		sleep 0.1
-	done
-	return 1
-}
-
 start_ferryd() { "$FERRYD" --socket "$FSOCK" --persistent; }
 
 start_snapshotter() { # MODE
-	cat >"$CTD/snapshotter.json" <<JSON
-{"address": "$CTD/snapshotter.sock", "root": "$SNROOT", "ferrydSocket": "$FSOCK",
- "cacheDir": "$FCACHE", "mode": "$1"}
-JSON
+	ctd_configs "$CTD" "$SNROOT" "$FSOCK" "$FCACHE" "$1"
 	rm -f "$CTD/snapshotter.sock"
 	"$SNAP" -config "$CTD/snapshotter.json" >>"$CTD/snapshotter.log" 2>&1 &
 	SN_PID=$!
 	# A running containerd must reach it again.
-	wait_sock "$CTD/snapshotter.sock" "$SN_PID" 20 && { [ -z "$CTD_PID" ] || reachable; } && return 0
+	ctd_wait_sock "$CTD/snapshotter.sock" "$SN_PID" 20 && { [ -z "$CTD_PID" ] || reachable; } && return 0
 	kill -0 "$SN_PID" 2>/dev/null || { wait "$SN_PID"; echo "exit status $?"; }
 	tail -5 "$CTD/snapshotter.log"
 	return 1
 }
 
 start_containerd() {
-	cat >"$CTD/config.toml" <<TOML
-version = 2
-root = "$CTD/root"
-state = "$CTD/state"
-disabled_plugins = ["io.containerd.grpc.v1.cri"]
-[grpc]
-  address = "$CTD/containerd.sock"
-[ttrpc]
-  address = "$CTD/containerd.sock.ttrpc"
-[proxy_plugins.ferry]
-  type = "snapshot"
-  address = "$CTD/snapshotter.sock"
-TOML
 	containerd --config "$CTD/config.toml" >>"$CTD/containerd.log" 2>&1 &
 	CTD_PID=$!
-	wait_sock "$CTD/containerd.sock" "$CTD_PID" 30 && ctr_ version >/dev/null ||
+	ctd_wait_sock "$CTD/containerd.sock" "$CTD_PID" 30 && ctr_ version >/dev/null ||
 		{ tail -5 "$CTD/containerd.log"; return 1; }
 }
 
@@ -221,7 +183,7 @@ for mode in fuse fanotify; do
 	run_checks "$mode, ctr-remote" "$IMG"
 
 	# Restart both daemons: the snapshotter mounts its snapshots again.
-	stop_pid "$SN_PID"
+	ctd_stop "$SN_PID"
 	ferryd_stop $(daemon_pids "$FSOCK")
 	check "ferryd restarts" start_ferryd
 	check "ferry-snapshotter restarts ($mode)" start_snapshotter $mode
@@ -229,7 +191,7 @@ for mode in fuse fanotify; do
 	run_checks "$mode, after restarting ferryd and the snapshotter" "$IMG"
 	check "ctr image rm --sync ($mode)" ctr_ images rm --sync "$IMG"
 	expect "... leaves no ferry mount" [ -z "$(ferry_mounts)" ]
-	stop_pid "$SN_PID"
+	ctd_stop "$SN_PID"
 done
 
 check "ferry-snapshotter starts (fuse)" start_snapshotter fuse
