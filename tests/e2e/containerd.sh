@@ -8,8 +8,8 @@
 # with ctr-remote image rpull: the registry sees no data-blob GET during
 # either pull. `ctr run --snapshotter ferry` reads files of both layers
 # (hashes as umoci unpacks them), writes to its rootfs (the file lands in
-# the container's upper directory), runs a setgid binary as another user
-# (chage reading /etc/shadow as nobody). FUSE and fanotify modes; after restarting
+# the container's upper directory), runs a setuid and a setgid binary as
+# nobody (passwd -S and chage -l, which read /etc/shadow). FUSE and fanotify modes; after restarting
 # the snapshotter and ferryd the image runs again; `ctr image rm --sync`
 # leaves no ferry mount; an ordinary gzip image runs through the fallback;
 # a format-1 ferry image upgraded by `ferry convert` docker:// to docker://
@@ -140,7 +140,7 @@ reachable() {
 ferry_mounts() { findmnt -rn -o TARGET | grep -F "$SNROOT/" ; }
 
 # ctr run, checked: hashes of both layers' files, a write to the rootfs
-# landing in the upper directory, a setgid binary honoured.
+# landing in the upper directory, setuid and setgid bits honoured.
 run_checks() { # NOTE IMAGE
 	local note=$1 img=$2 id=c$RANDOM out up
 	out=$(ctr_ run --snapshotter ferry "$img" "$id" sh -c \
@@ -153,10 +153,13 @@ run_checks() { # NOTE IMAGE
 	expect "... which lands in the container's upper directory" [ -n "$up" ]
 	check "... remove the container" ctr_ containers rm "$id"
 	out=$(ctr_ run --rm --allow-new-privs --snapshotter ferry "$img" "$id" \
-		setpriv --reuid=65534 --regid=65534 --clear-groups chage -l nobody 2>&1)
-	expect "... a setgid binary (chage as nobody reads /etc/shadow)" \
+		setpriv --reuid=65534 --regid=65534 --clear-groups \
+		sh -c 'chage -l nobody; passwd -S nobody' 2>&1)
+	expect "... a setuid binary (passwd -S as nobody reads /etc/shadow)" \
+		grep -qE "^nobody [LPN]" <<<"$out"
+	expect "... a setgid binary (chage -l as nobody reads /etc/shadow)" \
 		grep -q "Last password change" <<<"$out"
-	grep -q "Last password change" <<<"$out" || echo "$out" | head -5 | sed 's/^/    /'
+	grep -qE "^nobody [LPN]" <<<"$out" || echo "$out" | head -5 | sed 's/^/    /'
 }
 
 mkdir -p "$CTD"
