@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: MIT
 """Time shell commands in interleaved rounds and print a markdown table.
 
-    interleave.py RUNS PREPARE NAME=COMMAND...
+    interleave.py [--base NAME] RUNS PREPARE NAME=COMMAND...
 
 Each round runs PREPARE and then one command, for every command in turn,
 so background load that comes and goes hits all of them alike (hyperfine
@@ -12,8 +12,11 @@ the same one: what a run leaves behind can slow the next (on the project
 VM, memory freed by the previous run costs host faults; bench/prepare.sh
 is the PREPARE that evens that out). One warm-up round is not counted.
 Columns: mean ± standard deviation, median, min, max, and the median
-relative to the fastest median. A command that fails stops the benchmark
-with its exit status.
+relative to the fastest median. With --base NAME, a last column gives each
+command's time divided by NAME's in the same round: the median of those
+ratios and their range, which holds up better under changing load than a
+ratio of medians. A command that fails stops the benchmark with its exit
+status.
 """
 import random
 import statistics
@@ -27,10 +30,15 @@ def run(cmd):
 
 
 def main():
-    if len(sys.argv) < 4:
-        sys.exit("usage: interleave.py RUNS PREPARE NAME=COMMAND...")
-    runs, prepare = int(sys.argv[1]), sys.argv[2]
-    cmds = [arg.split("=", 1) for arg in sys.argv[3:]]
+    args, base = sys.argv[1:], None
+    if args[:1] == ["--base"] and len(args) > 1:
+        base, args = args[1], args[2:]
+    if len(args) < 3:
+        sys.exit("usage: interleave.py [--base NAME] RUNS PREPARE NAME=COMMAND...")
+    runs, prepare = int(args[0]), args[1]
+    cmds = [arg.split("=", 1) for arg in args[2:]]
+    if base is not None and base not in [name for name, _ in cmds]:
+        sys.exit("interleave.py: --base %s names no command" % base)
     times = {name: [] for name, _ in cmds}
     try:
         order = random.Random(1)
@@ -44,14 +52,23 @@ def main():
     except subprocess.CalledProcessError as e:
         sys.exit("interleave.py: %s failed (%d)" % (e.cmd[-1], e.returncode))
     best = min(statistics.median(t) for t in times.values())
-    print("| Command | Mean [ms] | Median [ms] | Min [ms] | Max [ms] | Relative (median) |")
-    print("|:---|---:|---:|---:|---:|---:|")
+    head = "| Command | Mean [ms] | Median [ms] | Min [ms] | Max [ms] | Relative (median) |"
+    rule = "|:---|---:|---:|---:|---:|---:|"
+    if base is not None:
+        head += " vs `%s`, same round: median [min, max] |" % base
+        rule += "---:|"
+    print(head)
+    print(rule)
     for name, _ in cmds:
         t = [x * 1000 for x in times[name]]
         sd = statistics.stdev(t) if len(t) > 1 else 0.0
-        print("| `%s` | %.1f ± %.1f | %.1f | %.1f | %.1f | %.2f |" %
-              (name, statistics.mean(t), sd, statistics.median(t), min(t), max(t),
-               statistics.median(t) / 1000 / best))
+        row = "| `%s` | %.1f ± %.1f | %.1f | %.1f | %.1f | %.2f |" % (
+            name, statistics.mean(t), sd, statistics.median(t), min(t), max(t),
+            statistics.median(t) / 1000 / best)
+        if base is not None:
+            r = [a / b for a, b in zip(times[name], times[base])]
+            row += " %.2f [%.2f, %.2f] |" % (statistics.median(r), min(r), max(r))
+        print(row)
 
 
 main()

@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # ferry benchmarks (`make bench`). Ratios compare commands measured in the
-# same hyperfine run, since the machine is noisy. Prints markdown; the
-# numbers in docs/PERFORMANCE.md come from this script.
+# same interleaved rounds (bench/interleave.py), since the machine is
+# noisy. Prints markdown; the numbers in docs/PERFORMANCE.md come from
+# this script.
 #
 # Data: Debian bookworm rootfs tars built once with mmdebstrap and cached in
 # $FERRY_BENCH_DIR (default /var/tmp/ferry-bench): "minbase" and "big"
 # (minbase + python3, perl, gcc). Env: FERRY_BENCH_RUNS (default 5),
-# FERRY_BENCH_SETS (default "minbase big"), MKFS_EROFS (an erofs-utils >= 1.8
-# mkfs.erofs to also time `--tar=f --ungzip`). The zlib row shows what the
-# gzip inflater (`ferry --version`) is worth.
+# FERRY_BENCH_SETS (default "minbase big"; the 1 GiB layer always runs),
+# MKFS_EROFS (an erofs-utils >= 1.8 mkfs.erofs to also time `--tar=f
+# --ungzip`, chunked with a blobdev and with -zzstd). The zlib row shows
+# what the gzip inflater (`ferry --version`) is worth.
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 sets=${FERRY_BENCH_SETS:-minbase big}
@@ -17,30 +19,34 @@ mkdir -p "$data"
 work=$(mktemp -d "$data/run.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 
+# mkfs.erofs >= 1.8 converts a tar.gz itself (Debian 12's 1.5 cannot):
+# the rows for $1, when $MKFS_EROFS names one.
+erofs_tar_rows() {
+	[ -n "${MKFS_EROFS:-}" ] || return 0
+	printf '%s\0' \
+		"mkfs.erofs tar.gz, 1M chunks + blobdev=$MKFS_EROFS --quiet --tar=f --ungzip --chunksize=1048576 --blobdev=$work/t.blob $work/t.img $1" \
+		"mkfs.erofs tar.gz -zzstd=$MKFS_EROFS --quiet --tar=f --ungzip -zzstd $work/t.img $1"
+}
+[ -n "${MKFS_EROFS:-}" ] ||
+	printf '(no mkfs.erofs --tar rows: set MKFS_EROFS to an erofs-utils >= 1.8 mkfs.erofs)\n\n'
+clean="rm -rf $work/out $work/m.img $work/m.blob $work/t.img $work/t.blob"
+
 for set in $sets; do
 	dataset "$set"
 	tar=$data/$set.tar gz=$data/$set.tar.gz ref=$data/$set.ref
 	echo "## $set: $(stat -c %s "$gz") bytes tar.gz, $(stat -c %s "$tar") bytes tar, $(nproc) CPUs"
 	echo
-	extra=()
-	if [ -n "${MKFS_EROFS:-}" ]; then
-		extra=(-n "mkfs.erofs --tar=f --ungzip ($MKFS_EROFS)"
-		       "$MKFS_EROFS -b4096 --quiet --tar=f --ungzip $work/t.img $gz")
-	fi
-	hyperfine --runs "$runs" --warmup 1 --export-markdown "$work/convert.md" \
-		--prepare "rm -rf $work/out $work/m.img $work/m.blob $work/t.img" \
-		-n "gzip -dc (floor)" "gzip -dc $gz > /dev/null" \
-		-n "ferry convert tar: (zstd)" "$ferry convert -q tar:$gz dir:$work/out" \
-		-n "ferry convert tar: (zstd, --jobs 1)" "$ferry convert -q --jobs 1 tar:$gz dir:$work/out" \
-		-n "ferry convert tar: (zstd, FERRY_INFLATE=zlib)" \
-		   "FERRY_INFLATE=zlib $ferry convert -q tar:$gz dir:$work/out" \
-		-n "ferry convert tar: (zstd:3)" "$ferry convert -q --compress zstd:3 tar:$gz dir:$work/out" \
-		-n "ferry convert tar: (lz4)" "$ferry convert -q --compress lz4 tar:$gz dir:$work/out" \
-		-n "ferry convert dir: (zstd)" "$ferry convert -q dir:$ref dir:$work/out" \
-		-n "mkfs.erofs 1.5 dir, 1M chunks + blobdev" \
-		   "mkfs.erofs --quiet --chunksize=1048576 --blobdev=$work/m.blob $work/m.img $ref" \
-		"${extra[@]}" >/dev/null 2>&1
-	cat "$work/convert.md"
+	mapfile -d '' erofs < <(erofs_tar_rows "$gz")
+	python3 "$top/bench/interleave.py" --base gzip "$runs" "$clean" \
+		"gzip=gzip -dc $gz > /dev/null" \
+		"ferry --jobs 2=$ferry convert -q --jobs 2 tar:$gz dir:$work/out" \
+		"ferry --jobs 1=$ferry convert -q --jobs 1 tar:$gz dir:$work/out" \
+		"ferry, zlib inflate=FERRY_INFLATE=zlib $ferry convert -q --jobs 2 tar:$gz dir:$work/out" \
+		"ferry zstd:3=$ferry convert -q --compress zstd:3 tar:$gz dir:$work/out" \
+		"ferry lz4=$ferry convert -q --compress lz4 tar:$gz dir:$work/out" \
+		"ferry dir: (zstd)=$ferry convert -q dir:$ref dir:$work/out" \
+		"mkfs.erofs 1.5 dir, 1M chunks + blobdev=mkfs.erofs --quiet --chunksize=1048576 --blobdev=$work/m.blob $work/m.img $ref" \
+		${erofs[@]+"${erofs[@]}"}
 	echo
 
 	echo "| peak RSS of | KiB |"
@@ -89,12 +95,23 @@ PY
 	echo
 done
 
-# The peak-RSS goal (<= 256 MiB for a 1 GiB layer), on gib.tar.gz (lib.sh).
+# The 1 GiB layer (gib.tar.gz, lib.sh): time against gzip -dc, and the
+# peak-RSS goal (<= 64 MiB).
 gib_layer
-rm -rf "$work/out"
-read -r rss secs < <(/usr/bin/time -f "%M %e" "$ferry" convert -q "tar:$data/gib.tar.gz" \
-	"dir:$work/out" 2>&1 >/dev/null | tail -1)
+gz=$data/gib.tar.gz
 # gzip -l reads the size from the trailer (modulo 4 GiB: this one is 1 GiB).
-read -r gzbytes tarbytes < <(gzip -l "$data/gib.tar.gz" | awk 'NR == 2 { print $1, $2 }')
-echo "1 GiB layer ($tarbytes bytes tar, $gzbytes bytes tar.gz): ferry convert tar: (default) peak RSS $rss KiB, $secs s"
+read -r gzbytes tarbytes < <(gzip -l "$gz" | awk 'NR == 2 { print $1, $2 }')
+echo "## gib: $gzbytes bytes tar.gz, $tarbytes bytes tar"
+echo
+mapfile -d '' erofs < <(erofs_tar_rows "$gz")
+python3 "$top/bench/interleave.py" --base gzip "$runs" "$clean" \
+	"gzip=gzip -dc $gz > /dev/null" \
+	"ferry --jobs 2=$ferry convert -q --jobs 2 tar:$gz dir:$work/out" \
+	"ferry --jobs 1=$ferry convert -q --jobs 1 tar:$gz dir:$work/out" \
+	${erofs[@]+"${erofs[@]}"}
+echo
+rm -rf "$work/out"
+read -r rss secs < <(/usr/bin/time -f "%M %e" "$ferry" convert -q "tar:$gz" \
+	"dir:$work/out" 2>&1 >/dev/null | tail -1)
+echo "1 GiB layer: ferry convert tar: (default) peak RSS $rss KiB, $secs s"
 echo

@@ -145,8 +145,8 @@ struct blob_writer;
  * batched chunk means fetching and decoding its whole frame, hence the
  * modest size; writer.c has the measurements behind both values.
  */
-#define BLOB_BATCH_SMALL (128u << 10)
-#define BLOB_BATCH_MAX (512u << 10)
+#define BLOB_BATCH_SMALL (256u << 10)
+#define BLOB_BATCH_MAX (1024u << 10)
 #define BLOB_WRITER_JOBS_MAX 256u
 
 /*

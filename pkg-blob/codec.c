@@ -43,10 +43,11 @@
 
 /*
  * The default zstd parameters. Measured with ferry's frames (1 MiB
- * chunks, files under 128 KiB batched into 512 KiB frames) on the "big"
- * Debian layer (minbase + python3, perl, gcc; 142.5 MB tar.gz, 384 MB of
- * unique file data, 43% of it ELF code): blob bytes / tar.gz bytes, and
- * the CPU seconds of `ferry convert --jobs 1` (1.7 s with no codec):
+ * chunks, files under 128 KiB batched into 512 KiB frames at the time) on
+ * the "big" Debian layer (minbase + python3, perl, gcc; 142.5 MB tar.gz,
+ * 384 MB of unique file data, 43% of it ELF code): blob bytes / tar.gz
+ * bytes, and the CPU seconds of `ferry convert --jobs 1` (1.7 s with no
+ * codec, zlib inflating):
  *
  *   level 3 (ZSTD_CLEVEL_DEFAULT, dfast)           0.974  3.2 s
  *   level 4 (dfast)                                0.967  3.9 s
@@ -60,12 +61,15 @@
  * smaller frames, and the two settings below override them too.) Machine
  * code is full of 4-byte matches that zstd's default minimum of 5 for
  * these levels skips, and 16 attempts instead of 8 find the longer ones
- * at little cost. With 2 CPUs a conversion takes about half its total
- * CPU time, against ~2.0 s for `gzip -dc` of that layer: level 6 would
- * pass 1.25x of gunzip, this choice stays near 1.1x with the image
- * (bootstrap included) under 0.95x of the tar.gz; docs/PERFORMANCE.md.
- * Decoding its output is ~10% slower than level 3's (~1.1 GB/s per
- * core), negligible next to fetching.
+ * at little cost. Re-measured with today's frames (256 KiB / 1 MiB,
+ * writer.c) in OCI layouts, minbase and big: this choice 0.882 and 0.926
+ * of the tar.gz; level 3 with minMatch 4 0.912 and 0.957 at ~55% of the
+ * compression CPU; level 5 for batch frames and level 3 for the big
+ * chunks' frames 0.896 and 0.946 at ~75%. Neither reaches 0.90 on big,
+ * and the cheaper ones give up the size that inflating with ISA-L paid
+ * for; docs/PERFORMANCE.md has the conversion times. Decoding this
+ * output is ~10% slower than level 3's (~1.1 GB/s per core), negligible
+ * next to fetching.
  */
 #define ZSTD_DEFAULT_LEVEL 5
 #define ZSTD_DEFAULT_MIN_MATCH 4
