@@ -38,8 +38,8 @@ static ssize_t stream_read(void *ctx, void *buf, size_t len)
 }
 
 /* A registry layer, streamed: the stream checks size and digest. */
-static int apply_remote_layer(struct converter *c, const struct oci_image *img,
-			      const struct oci_descriptor *d, const char *name)
+int convert_apply_remote_layer(struct converter *c, const struct oci_image *img,
+			       const struct oci_descriptor *d, const char *name)
 {
 	struct fetch_stream *fs = NULL;
 	struct input_stream *in = NULL;
@@ -72,7 +72,7 @@ static int convert_oci_layers(struct converter *c, const struct oci_image *img)
 		if (ret)
 			break;
 		if (img->remote) {
-			ret = apply_remote_layer(c, img, d, name);
+			ret = convert_apply_remote_layer(c, img, d, name);
 		} else {
 			ret = oci_blob_path(img->layout, d->digest, &path);
 			if (!ret)
@@ -320,9 +320,11 @@ int convert_check_args(const char *source, const char *dest,
 
 	if (ret)
 		return ret;
+	if (opts->format == CONVERT_FORMAT_EROFS_LAYERS)
+		ret = native_check_refs(&src, &dst);
 	image_ref_free(&src);
 	image_ref_free(&dst);
-	return validate_opts(opts);
+	return ret ? ret : validate_opts(opts);
 }
 
 void convert_stats_free(struct convert_stats *stats)
@@ -452,6 +454,8 @@ int convert_run(const char *source, const char *dest,
 	uint64_t start = ferry_now_ns();
 	int ret;
 
+	if (opts->format == CONVERT_FORMAT_EROFS_LAYERS)
+		return convert_run_erofs_layers(source, dest, opts, stats);
 	memset(stats, 0, sizeof(*stats));
 	ret = parse_refs(source, dest, &src, &dst);
 	if (ret)

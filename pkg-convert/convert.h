@@ -31,7 +31,19 @@
 #define CONVERT_DEFAULT_CHUNK_SIZE (1u << 20)
 #define CONVERT_DEFAULT_INLINE_MAX 256u
 
+enum convert_format {
+	CONVERT_FORMAT_FERRY,       /* bootstrap + chunk blobs (the default) */
+	/*
+	 * One standalone EROFS image per OCI layer, whiteouts in overlayfs
+	 * form, media type EROFS_LAYER_MEDIA_TYPE: containerd's native EROFS
+	 * layers (pkg-convert/erofslayers.c). oci:/docker:/tar: sources,
+	 * oci:/docker: destinations; chunk options do not apply.
+	 */
+	CONVERT_FORMAT_EROFS_LAYERS,
+};
+
 struct convert_opts {
+	enum convert_format format;
 	uint32_t chunk_size;   /* power of two, 4 KiB .. 64 MiB */
 	uint32_t inline_max;   /* regular files up to this size live in the bootstrap */
 	struct blob_compress compress;

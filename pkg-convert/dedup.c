@@ -135,6 +135,8 @@ int convert_ingest_file(struct converter *c, struct meta_inode *inode,
 	uint64_t nr_chunks, i;
 	int ret;
 
+	if (c->native)
+		return native_ingest_file(c, inode, size, src, path);
 	inode->size = size;
 	c->stats->bytes_in += size;
 	ferry_progress_add(&c->progress, size);

@@ -85,6 +85,7 @@ struct converter {
 	struct image *dict;         /* --chunk-dict image, or NULL */
 	char **prefetch;            /* --prefetch-files paths */
 	uint32_t nr_prefetch;
+	struct native_state *native; /* CONVERT_FORMAT_EROFS_LAYERS, else NULL */
 };
 
 /* -ECANCELED once the caller asked to stop (convert_opts.cancel), else 0. */
@@ -136,5 +137,42 @@ int convert_apply_tar(struct converter *c, const char *path,
 struct input_stream;
 int convert_apply_input(struct converter *c, struct input_stream *in,
 			uint64_t size, const char *name);
+
+/* A registry layer, streamed into convert_apply_input (convert.c). */
+struct oci_image;
+struct oci_descriptor;
+int convert_apply_remote_layer(struct converter *c, const struct oci_image *img,
+			       const struct oci_descriptor *d, const char *name);
+
+/* The parent directory of @path in c->tree, created as tar extraction does. */
+int convert_parent_dir(struct converter *c, char *path,
+		       struct meta_inode **dir, const char **name);
+
+/*
+ * Native EROFS layers (erofslayers.c). native_entry turns a whiteout or
+ * opaque marker into its overlayfs form (1: handled), refuses what
+ * overlayfs cannot carry, and escapes trusted.overlay.* xattrs (0: go on).
+ * native_lower_link copies a hardlink target that a lower layer holds
+ * (*out NULL when none does). native_ingest_file stores a regular file in
+ * the layer's embedded data.
+ */
+struct tar_entry;
+int native_entry(struct converter *c, struct tar_entry *e, char *path);
+int native_lower_link(struct converter *c, const char *path,
+		      struct meta_inode **out);
+/*
+ * A directory this layer implies (an entry below it, no entry of its own)
+ * takes the attributes it has in the layers below, as in the merged view.
+ */
+int native_implicit_dir(struct converter *c, const char *path,
+			struct meta_inode *dir);
+int native_ingest_file(struct converter *c, struct meta_inode *inode,
+		       uint64_t size, const struct file_source *src,
+		       const char *path);
+/* -EINVAL (logged) for transports native layers do not support. */
+int native_check_refs(const struct image_ref *src, const struct image_ref *dst);
+int convert_run_erofs_layers(const char *source, const char *dest,
+			     const struct convert_opts *opts,
+			     struct convert_stats *stats);
 
 #endif

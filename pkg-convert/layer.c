@@ -211,6 +211,11 @@ static int tar_parent_dir(struct converter *c, char *path, bool create,
 				return 0;
 			}
 			ret = meta_inode_new(c->tree, S_IFDIR | 0755, &child);
+			if (!ret && c->native) {
+				*slash = '\0';
+				ret = native_implicit_dir(c, path, child);
+				*slash = '/';
+			}
 			if (!ret)
 				ret = meta_dir_link(c->tree, dir, comp, len, child);
 			if (!ret && c->layered) {
@@ -227,6 +232,12 @@ static int tar_parent_dir(struct converter *c, char *path, bool create,
 	*dir_out = dir;
 	*name_out = comp;
 	return 0;
+}
+
+int convert_parent_dir(struct converter *c, char *path,
+		       struct meta_inode **dir, const char **name)
+{
+	return tar_parent_dir(c, path, true, dir, name);
 }
 
 static int tar_apply_attrs(struct meta_inode *inode, const struct tar_entry *e)
@@ -327,8 +338,9 @@ static int tar_add_entry(struct converter *c, struct tar_reader *tar,
 		}
 		return tar_apply_attrs(c->tree->root, e);
 	}
-	if (c->layered) {
-		ret = apply_whiteout(c, e, path);
+	if (c->layered || c->native) {
+		ret = c->native ? native_entry(c, e, path) :
+				  apply_whiteout(c, e, path);
 		if (ret)
 			return ret < 0 ? ret : 0;
 	}
@@ -372,6 +384,11 @@ static int tar_add_entry(struct converter *c, struct tar_reader *tar,
 			return ret;
 		inode = target_dir ? meta_dir_lookup(target_dir, target_name,
 						     strlen(target_name)) : NULL;
+		if (!inode && c->native) {
+			ret = native_lower_link(c, e->linkname, &inode);
+			if (ret)
+				return ret;
+		}
 		if (!inode || S_ISDIR(inode->mode)) {
 			ferry_err("tar entry \"%s\": hardlink target \"%s\" %s",
 				  e->path, e->linkname,

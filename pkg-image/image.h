@@ -389,6 +389,40 @@ int image_out_finish(struct image_out *o, const struct image_out_desc *d,
 int image_out_upgrade(struct image_out *o, const struct oci_image *src,
 		      const struct fetch_opts *fopts, struct ferry_progress *progress,
 		      char manifest_digest[DIGEST_STRING_SIZE], uint64_t *manifest_size);
+
+/*
+ * Native EROFS layers (containerd's application/vnd.erofs.layer.v1): one
+ * standalone EROFS image per layer, already in image_out_blobs_dir under
+ * its sha256, which is also its diff_id.
+ */
+#define EROFS_LAYER_MEDIA_TYPE "application/vnd.erofs.layer.v1"
+
+struct image_out_layer {
+	uint8_t digest[32];
+	uint64_t size;
+	const uint8_t *source; /* digest of the OCI layer it came from, or NULL */
+};
+
+struct image_out_layers_desc {
+	const char *media_type;             /* of every layer */
+	const struct image_out_layer *layers; /* bottom first */
+	uint32_t nr_layers;
+	/* Its config is kept with rootfs.diff_ids replaced and "erofs" in
+	 * os.features; NULL: a minimal config for the host's platform. */
+	const struct oci_image *source;
+	const struct fetch_opts *fetch;
+	struct ferry_progress *progress;
+};
+
+/*
+ * Write config, manifest and tag of a native-layer image (oci:, docker:
+ * pushed as image_out_finish does); dir: destinations are -EINVAL.
+ */
+int image_out_finish_layers(struct image_out *o,
+			    const struct image_out_layers_desc *d,
+			    char manifest_digest[DIGEST_STRING_SIZE],
+			    uint64_t *manifest_size);
+
 /*
  * Release @o. A staging directory that was not renamed into place is
  * removed; with @failed, so is an oci: layout that image_out_open created.

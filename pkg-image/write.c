@@ -836,3 +836,131 @@ int image_out_finish(struct image_out *o, const struct image_out_desc *d,
 			       d->fetch, d->progress);
 	return ret;
 }
+
+/* ------------------------------------------------------------------ */
+/* Native EROFS layers                                                 */
+/* ------------------------------------------------------------------ */
+
+/*
+ * The config of a native-layer image: the source's (or a minimal one)
+ * with rootfs.diff_ids naming the EROFS layers and "erofs" among
+ * os.features, as containerd's EROFS converter marks its images.
+ */
+static int put_layers_config(const char *layout,
+			     const struct image_out_layers_desc *d,
+			     struct oci_descriptor *config)
+{
+	struct json_object *cfg = NULL, *rootfs, *ids, *features, *f;
+	char dstr[DIGEST_STRING_SIZE], platform[64], *slash;
+	bool has_erofs = false;
+	const char *text;
+	int ret;
+
+	if (d->source) {
+		ret = json_parse_object((const char *)d->source->config_data,
+					d->source->config_len, &cfg);
+		if (ret) {
+			ferry_err("%s: the image config: not a JSON object",
+				  d->source->where);
+			return ret;
+		}
+	} else {
+		oci_host_platform(platform, sizeof(platform));
+		slash = strchr(platform, '/');
+		*slash = '\0';
+		cfg = json_object_new_object();
+		json_object_object_add(cfg, "architecture",
+				       json_object_new_string(slash + 1));
+		json_object_object_add(cfg, "os", json_object_new_string(platform));
+	}
+	rootfs = json_object_new_object();
+	ids = json_object_new_array();
+	for (uint32_t i = 0; i < d->nr_layers; i++) {
+		digest_format(d->layers[i].digest, dstr);
+		json_object_array_add(ids, json_object_new_string(dstr));
+	}
+	json_object_object_add(rootfs, "type", json_object_new_string("layers"));
+	json_object_object_add(rootfs, "diff_ids", ids);
+	json_object_object_add(cfg, "rootfs", rootfs);
+	if (!json_object_object_get_ex(cfg, "os.features", &features) ||
+	    !json_object_is_type(features, json_type_array)) {
+		features = json_object_new_array();
+		json_object_object_add(cfg, "os.features", features);
+	}
+	for (size_t i = 0; i < json_object_array_length(features); i++) {
+		f = json_object_array_get_idx(features, i);
+		has_erofs |= json_object_is_type(f, json_type_string) &&
+			     !strcmp(json_object_get_string(f), "erofs");
+	}
+	if (!has_erofs)
+		json_object_array_add(features, json_object_new_string("erofs"));
+	text = json_object_to_json_string_ext(cfg, JSON_C_TO_STRING_PLAIN |
+						   JSON_C_TO_STRING_NOSLASHESCAPE);
+	config->size = strlen(text);
+	snprintf(config->media_type, sizeof(config->media_type), "%s",
+		 OCI_CONFIG_TYPE);
+	ret = oci_put_blob(layout, text, config->size, config->digest);
+	json_object_put(cfg);
+	return ret;
+}
+
+int image_out_finish_layers(struct image_out *o,
+			    const struct image_out_layers_desc *d,
+			    char manifest_digest[DIGEST_STRING_SIZE],
+			    uint64_t *manifest_size)
+{
+	struct json_object *manifest = NULL, *layers, *desc;
+	struct oci_descriptor config;
+	char dstr[DIGEST_STRING_SIZE];
+	uint8_t digest[32];
+	const char *text;
+	int ret;
+
+	if (o->transport == IMAGE_DIR) {
+		ferry_err("%s: native EROFS layers are written to oci: or docker:// images, not dir:",
+			  o->final);
+		return -EINVAL;
+	}
+	ret = put_layers_config(o->dir, d, &config);
+	if (ret)
+		return ret;
+	manifest = json_object_new_object();
+	json_object_object_add(manifest, "schemaVersion", json_object_new_int(2));
+	json_object_object_add(manifest, "mediaType",
+			       json_object_new_string(FETCH_OCI_MANIFEST));
+	json_object_object_add(manifest, "config",
+			       descriptor_json(OCI_CONFIG_TYPE, config.digest,
+					       config.size));
+	layers = json_object_new_array();
+	for (uint32_t i = 0; i < d->nr_layers; i++) {
+		desc = descriptor_json(d->media_type, d->layers[i].digest,
+				       d->layers[i].size);
+		if (d->layers[i].source) {
+			digest_format(d->layers[i].source, dstr);
+			annotate(desc, "dev.ferry.layer.source", dstr);
+		}
+		json_object_array_add(layers, desc);
+	}
+	json_object_object_add(manifest, "layers", layers);
+	if (d->source) {
+		ret = annotate_source(manifest, d->source);
+		if (ret)
+			goto out;
+	}
+	text = json_object_to_json_string_ext(manifest, JSON_C_TO_STRING_PLAIN |
+							JSON_C_TO_STRING_NOSLASHESCAPE);
+	*manifest_size = strlen(text);
+	ret = oci_put_blob(o->dir, text, *manifest_size, digest);
+	if (!ret)
+		ret = oci_tag_manifest(o->dir, o->tag ? o->tag : "latest", digest,
+				       *manifest_size, FETCH_OCI_MANIFEST);
+	if (ret)
+		goto out;
+	digest_format(digest, manifest_digest);
+	if (o->push_ref)
+		ret = oci_push(o->dir, digest, *manifest_size, o->push_ref,
+			       d->fetch, d->progress);
+out:
+	json_object_put(manifest);
+	return ret;
+}

@@ -74,6 +74,15 @@ struct meta_inode {
 	struct meta_chunk *chunks;
 
 	/*
+	 * Regular file whose bytes are in the image itself: DIV_ROUND_UP(size,
+	 * 4096) blocks from block @embedded_blkaddr of the embedded data
+	 * (meta_write_opts.embedded), written FLAT_PLAIN. data and chunks
+	 * must be NULL.
+	 */
+	bool embedded;
+	uint32_t embedded_blkaddr;
+
+	/*
 	 * Directories: children (owned dentries) in insertion order, except
 	 * that unlink moves the last child into the freed slot (O(1)).
 	 */
@@ -142,12 +151,27 @@ struct meta_device {
 	uint32_t blocks; /* device size in 4 KiB blocks */
 };
 
+/* File data stored in the image: @blocks blocks read from @fd at offset 0. */
+struct meta_embedded {
+	int fd;
+	uint32_t blocks;
+};
+
 struct meta_write_opts {
 	const struct meta_device *devices; /* device_id i+1 = devices[i] */
 	uint32_t nr_devices;
 	const void *ext;   /* ferry extension payload, may be NULL */
 	size_t ext_len;
 	const char *volume_name; /* <= 15 bytes; NULL = "ferry" */
+	/*
+	 * A plain EROFS image for other readers (a native container layer):
+	 * no ferry preamble and no extension payload (ext must be NULL).
+	 */
+	bool standalone;
+	/* Data of the inodes marked embedded, copied in after the metadata. */
+	const struct meta_embedded *embedded;
+	/* The superblock uuid; NULL = derived from a hash of the image. */
+	const uint8_t *uuid; /* 16 bytes */
 };
 
 struct meta_write_stats {

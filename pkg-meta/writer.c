@@ -13,7 +13,10 @@
  *                   crosses a block boundary.
  *   xattr_blkaddr   shared xattr entries (only if some pair is shared)
  *   data area       full blocks of directories and bootstrap-stored files
+ *   embedded data   the caller's file data (meta_write_opts.embedded),
+ *                   copied as given: files there are FLAT_PLAIN
  *   ext region      ferry extension payload, block aligned, zero padded
+ * A standalone image (native container layers) has no preamble and no ext.
  *
  * Choices a reader relies on (docs/FORMAT.md):
  * - An inline (FLAT_INLINE) tail is placed so that inode, xattrs and tail
@@ -76,6 +79,7 @@ struct wr_inode {
 	uint32_t i_u;
 	uint8_t kind, layout, nr_shared;
 	bool extended;
+	bool embedded; /* FLAT_PLAIN in the embedded data */
 };
 
 struct wr_xattr {
@@ -106,7 +110,8 @@ struct writer {
 	uint64_t epoch;
 	uint32_t fixed_nsec;
 	bool chunked;
-	uint32_t xattr_blkaddr, data_blkaddr, ext_blkaddr, total_blocks;
+	uint32_t xattr_blkaddr, data_blkaddr, embed_blkaddr, ext_blkaddr;
+	uint32_t total_blocks;
 
 	uint8_t *meta; /* bytes [0, data_blkaddr * BLK) */
 	uint8_t block[BLK];
@@ -373,6 +378,24 @@ static int wr_check_chunks(struct writer *w, struct wr_inode *wi)
 	return 0;
 }
 
+static int wr_check_embedded(struct writer *w, struct wr_inode *wi)
+{
+	const struct meta_inode *in = wi->inode;
+	const struct meta_embedded *e = w->opts->embedded;
+	uint64_t blocks = DIV_ROUND_UP(in->size, BLK);
+
+	if (in->data || in->chunks)
+		return wr_fail(w, wi, -EINVAL,
+			       "has embedded data and inline data or chunks");
+	if (!e || (uint64_t)in->embedded_blkaddr + blocks > e->blocks)
+		return wr_fail(w, wi, -EINVAL,
+			       "embedded blocks %u+%llu outside the %u given",
+			       in->embedded_blkaddr, (unsigned long long)blocks,
+			       e ? e->blocks : 0);
+	wi->embedded = true;
+	return 0;
+}
+
 static int wr_classify(struct writer *w, struct wr_inode *wi)
 {
 	const struct meta_inode *in = wi->inode;
@@ -394,6 +417,8 @@ static int wr_classify(struct writer *w, struct wr_inode *wi)
 			return wr_fail(w, wi, -EINVAL, "size %llu too large",
 				       (unsigned long long)in->size);
 		wi->size = in->size;
+		if (in->embedded)
+			return wr_check_embedded(w, wi);
 		if (in->chunks)
 			return wr_check_chunks(w, wi);
 		if (in->size && !in->data)
@@ -708,6 +733,8 @@ static int wr_place(struct writer *w)
 		if (wi->kind == KIND_CHUNKED) {
 			meta = chunk_table_off(wi) +
 			       wi->nr_chunks * EROFS_CHUNK_INDEX_SIZE;
+		} else if (wi->kind == KIND_FLAT && wi->embedded) {
+			wi->layout = EROFS_INODE_FLAT_PLAIN;
 		} else if (wi->kind == KIND_FLAT) {
 			uint32_t tail = (uint32_t)(wi->size % BLK);
 
@@ -743,6 +770,21 @@ static int wr_place(struct writer *w)
 			return wr_fail(w, wi, -EFBIG, "data area exceeds 2^32 blocks");
 		wi->i_u = wi->nr_blocks ? (uint32_t)blk : EROFS_NULL_ADDR;
 		blk += wi->nr_blocks;
+	}
+	w->embed_blkaddr = (uint32_t)blk;
+	if (o->embedded)
+		blk += o->embedded->blocks;
+	if (blk > UINT32_MAX) {
+		ferry_err("meta: embedded data ends past 2^32 blocks");
+		return -EFBIG;
+	}
+	for (uint32_t i = 0; i < w->nr_inodes; i++) {
+		struct wr_inode *wi = &w->inodes[i];
+
+		if (wi->embedded)
+			wi->i_u = wi->size ? w->embed_blkaddr +
+					     wi->inode->embedded_blkaddr :
+					     EROFS_NULL_ADDR;
 	}
 	w->ext_blkaddr = (uint32_t)blk;
 	end = blk + DIV_ROUND_UP(o->ext_len, BLK);
@@ -882,7 +924,8 @@ static int wr_render_meta(struct writer *w)
 	w->meta = calloc((size_t)w->data_blkaddr, BLK);
 	if (!w->meta)
 		return -ENOMEM;
-	put_preamble(w, w->meta);
+	if (!o->standalone)
+		put_preamble(w, w->meta);
 	put_super(w, w->meta + EROFS_SUPER_OFFSET);
 	for (uint32_t d = 0; d < o->nr_devices; d++) {
 		uint8_t *slot = w->meta + DEVT_OFFSET + d * EROFS_DEVT_SLOT_SIZE;
@@ -982,6 +1025,47 @@ static int dir_data_fn(struct writer *w, struct wr_inode *wi, uint64_t blk,
 	return stream_put(w, w->block, BLK);
 }
 
+/*
+ * Copy the embedded data in. Its bytes join the uuid hash only when the
+ * caller gave no uuid.
+ */
+static int stream_embedded(struct writer *w)
+{
+	const struct meta_embedded *e = w->opts->embedded;
+	uint64_t off = 0, len = (uint64_t)e->blocks * BLK;
+	int ret = stream_flush(w);
+
+	while (!ret && off < len) {
+		size_t n = (size_t)MIN(len - off, (uint64_t)STREAM_BUF);
+		ssize_t got = pread(e->fd, w->buf, n, (off_t)off);
+
+		if (got < 0 && errno == EINTR)
+			continue;
+		if (got <= 0) {
+			/* A short data file reads as zeros (its sparse tail). */
+			if (got < 0) {
+				ret = -errno;
+				ferry_err("meta: reading embedded data: %s",
+					  ferry_strerror(ret));
+				break;
+			}
+			memset(w->buf, 0, n);
+			got = (ssize_t)n;
+		}
+		if (!w->opts->uuid && !EVP_DigestUpdate(w->sha, w->buf, (size_t)got))
+			ret = -ENOMEM;
+		if (!ret)
+			ret = pwrite_full(w->fd, w->buf, (size_t)got, w->buf_off);
+		if (ret) {
+			ferry_err("meta: writing the image: %s", ferry_strerror(ret));
+			break;
+		}
+		off += (uint64_t)got;
+		w->buf_off += (uint64_t)got;
+	}
+	return ret;
+}
+
 static int wr_stream(struct writer *w)
 {
 	const struct meta_write_opts *o = w->opts;
@@ -1008,6 +1092,8 @@ static int wr_stream(struct writer *w)
 				ret = stream_put(w, NULL, bytes - len);
 		}
 	}
+	if (!ret && o->embedded)
+		ret = stream_embedded(w);
 	if (!ret && o->ext_len)
 		ret = stream_put(w, o->ext, o->ext_len);
 	if (!ret)
@@ -1030,6 +1116,10 @@ static int wr_check_opts(const struct meta_write_opts *o)
 	}
 	if (o->nr_devices && !o->devices) {
 		ferry_err("meta: %u devices but no device table", o->nr_devices);
+		return -EINVAL;
+	}
+	if (o->standalone && (o->ext || o->ext_len)) {
+		ferry_err("meta: a standalone image carries no extension payload");
 		return -EINVAL;
 	}
 	if (o->ext_len && !o->ext) {
@@ -1057,7 +1147,7 @@ static int wr_finish(struct writer *w)
 		return -ENOMEM;
 	digest[6] = (uint8_t)((digest[6] & 0x0f) | 0x80); /* version 8 */
 	digest[8] = (uint8_t)((digest[8] & 0x3f) | 0x80); /* RFC variant */
-	memcpy(sb + EROFS_SB_UUID, digest, 16);
+	memcpy(sb + EROFS_SB_UUID, w->opts->uuid ? w->opts->uuid : digest, 16);
 	put_le32(sb + EROFS_SB_CHECKSUM,
 		 erofs_crc32c(~0u, sb, BLK - EROFS_SUPER_OFFSET));
 	ret = pwrite_full(w->fd, w->meta, (size_t)w->data_blkaddr * BLK, 0);

@@ -35,6 +35,13 @@ static void convert_help(void)
 	       "docker:// SOURCE is upgraded into an oci: or docker:// DEST: the same\n"
 	       "blobs with containerd's layer types and diff_ids (docs/FORMAT.md).\n\n"
 	       "Options:\n"
+	       "  --format F         ferry (default): the image above; erofs-layers:\n"
+	       "                     every layer of a tar:, oci: or docker:// SOURCE\n"
+	       "                     becomes one standalone EROFS image (whiteouts\n"
+	       "                     in overlayfs form) in an oci: or docker://\n"
+	       "                     DEST, media type application/vnd.erofs.layer.v1\n"
+	       "                     (containerd's native EROFS layers); the chunk,\n"
+	       "                     compression and prefetch options do not apply\n"
 	       "  --chunk-size N     chunk size, power of two, 4K..64M (default 1M)\n"
 	       "  --compress SPEC    none | lz4[:1-12] | zstd[:1-22] | lzma[:1-9]\n"
 	       "                     (default zstd: level 5 with a 4-byte minimum\n"
@@ -151,6 +158,7 @@ static void print_summary(const struct convert_stats *s)
 int cmd_convert(int argc, char **argv)
 {
 	static const struct option longopts[] = {
+		{ "format", required_argument, NULL, 'F' },
 		{ "chunk-size", required_argument, NULL, 'c' },
 		{ "compress", required_argument, NULL, 'z' },
 		{ "inline-max", required_argument, NULL, 'i' },
@@ -187,6 +195,13 @@ int cmd_convert(int argc, char **argv)
 		if (ret)
 			continue;
 		switch (c) {
+		case 'F':
+			if (!strcmp(optarg, "erofs-layers"))
+				opts.format = CONVERT_FORMAT_EROFS_LAYERS;
+			else if (strcmp(optarg, "ferry"))
+				return usage_error("convert", "bad --format \"%s\" (ferry or erofs-layers)",
+						   optarg);
+			break;
 		case 'c':
 			if (parse_size(optarg, &v) || v > UINT32_MAX)
 				return usage_error("convert", "bad --chunk-size \"%s\"", optarg);

@@ -1,0 +1,584 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Native EROFS layers (convert --format erofs-layers): every OCI layer
+ * becomes one standalone EROFS image that the kernel mounts by itself and
+ * overlayfs stacks, the layer format containerd's EROFS snapshotter pulls
+ * as application/vnd.erofs.layer.v1 (docs/FORMAT.md, "Native EROFS
+ * layers").
+ *
+ * Each layer is read by layer.c into a tree of its own, with these hooks:
+ *  - ".wh.NAME" becomes NAME as a 0:0 character device (an overlayfs
+ *    whiteout), unless this layer itself has NAME: whiteouts only hide
+ *    lower layers, as in the merged conversion;
+ *  - ".wh..wh..opq" marks its directory trusted.overlay.opaque=y, set
+ *    when the layer ends (a later entry of the directory would reset its
+ *    xattrs);
+ *  - a 0:0 character device in the archive is refused: overlayfs would
+ *    take it for a whiteout;
+ *  - trusted.overlay.* xattrs from the archive are stored escaped
+ *    (trusted.overlay.overlay.*), which overlayfs (Linux 6.7+) shows
+ *    unescaped and never interprets;
+ *  - a hardlink to a file of a lower layer becomes a copy of it (its
+ *    attributes and bytes): overlayfs cannot link across layers;
+ *  - file bytes go to a temporary data file, each file contiguous and
+ *    block-aligned, which meta_write embeds after the metadata (files
+ *    FLAT_PLAIN, nothing inline: what containerd's differ builds with
+ *    -Enoinline_data).
+ * The image is named by its sha256, which is also its diff_id.
+ */
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "internal.h"
+#include "tar.h"
+
+#define WHITEOUT_PREFIX ".wh."
+#define WHITEOUT_OPAQUE ".wh..wh..opq"
+#define OVL_PREFIX "trusted.overlay."
+#define OVL_ESCAPED "trusted.overlay.overlay."
+#define OVL_OPAQUE "trusted.overlay.opaque"
+#define COPY_BUF (1u << 20)
+
+struct native_layer {
+	struct meta_tree *tree;
+	int data_fd;
+	uint8_t digest[32]; /* of the EROFS image */
+	uint64_t size;
+	const uint8_t *source; /* the OCI layer's digest, or NULL (tar:) */
+};
+
+struct native_state {
+	struct native_layer *layers; /* converted so far, bottom first */
+	uint32_t nr_layers;
+	size_t layers_cap;
+	int data_fd;          /* the current layer's data */
+	uint32_t data_blocks;
+	char **opaque;        /* directories marked opaque in this layer */
+	size_t nr_opaque, opaque_cap;
+	char **escaped;       /* xattr names this layer's entries borrow */
+	size_t nr_escaped, escaped_cap;
+};
+
+int native_check_refs(const struct image_ref *src, const struct image_ref *dst)
+{
+	if (src->transport == IMAGE_DIR) {
+		ferry_err("source dir:%s: --format erofs-layers converts layers: give a tar:, oci: or docker:// source",
+			  src->path);
+		return -EINVAL;
+	}
+	if (dst->transport == IMAGE_DIR) {
+		ferry_err("destination dir:%s: --format erofs-layers writes an OCI image: give an oci: or docker:// destination",
+			  dst->path);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+static bool is_whiteout(const struct meta_inode *inode)
+{
+	return S_ISCHR(inode->mode) && !inode->rdev_major && !inode->rdev_minor;
+}
+
+static int push_string(char ***arr, size_t *nr, size_t *cap, char *s)
+{
+	if (!s || array_reserve(arr, cap, *nr + 1, sizeof(**arr), 16)) {
+		free(s);
+		return -ENOMEM;
+	}
+	(*arr)[(*nr)++] = s;
+	return 0;
+}
+
+static void free_strings(char ***arr, size_t *nr, size_t *cap)
+{
+	for (size_t i = 0; i < *nr; i++)
+		free((*arr)[i]);
+	free(*arr);
+	*arr = NULL;
+	*nr = *cap = 0;
+}
+
+/* trusted.overlay.X of the archive is stored as trusted.overlay.overlay.X. */
+static int escape_overlay_xattrs(struct native_state *n, struct tar_entry *e)
+{
+	for (uint32_t i = 0; i < e->nr_xattrs; i++) {
+		char *name;
+		int ret;
+
+		if (strncmp(e->xattrs[i].name, OVL_PREFIX, strlen(OVL_PREFIX)))
+			continue;
+		if (asprintf(&name, "%s%s", OVL_ESCAPED,
+			     e->xattrs[i].name + strlen(OVL_PREFIX)) < 0)
+			return -ENOMEM;
+		ret = push_string(&n->escaped, &n->nr_escaped, &n->escaped_cap, name);
+		if (ret)
+			return ret;
+		/* The entry's array is the reader's copy: its names stay owned there. */
+		e->xattrs[i].name = name;
+	}
+	return 0;
+}
+
+static int add_whiteout(struct converter *c, struct tar_entry *e, char *path,
+			char *base)
+{
+	const char *target = base + strlen(WHITEOUT_PREFIX), *name;
+	struct meta_inode *dir, *old, *wh;
+	int ret;
+
+	if (!*target || !strcmp(target, ".") || !strcmp(target, "..")) {
+		ferry_err("tar entry \"%s\": invalid whiteout", e->path);
+		return -EFSCORRUPTED;
+	}
+	/* "dir/.wh.x" → "dir/x": the whiteout takes the name it hides. */
+	memmove(base, target, strlen(target) + 1);
+	ret = convert_parent_dir(c, path, &dir, &name);
+	if (ret)
+		return ret;
+	old = meta_dir_lookup(dir, name, strlen(name));
+	if (old && !is_whiteout(old))
+		return 1; /* this layer's own entry stays */
+	ret = meta_inode_new(c->tree, S_IFCHR, &wh);
+	if (ret)
+		return ret;
+	wh->uid = e->uid;
+	wh->gid = e->gid;
+	wh->mtime = e->mtime;
+	wh->mtime_nsec = e->mtime_nsec;
+	ret = meta_dir_link(c->tree, dir, name, strlen(name), wh);
+	return ret ? ret : 1;
+}
+
+int native_entry(struct converter *c, struct tar_entry *e, char *path)
+{
+	struct native_state *n = c->native;
+	char *base = strrchr(path, '/');
+
+	base = base ? base + 1 : path;
+	if (!strcmp(base, WHITEOUT_OPAQUE)) {
+		char *dir = strndup(path, (size_t)(base - path));
+		struct meta_inode *parent;
+		const char *name;
+		int ret = push_string(&n->opaque, &n->nr_opaque, &n->opaque_cap,
+				      dir);
+
+		if (ret)
+			return ret;
+		/* The directory exists in this layer, even if only implied. */
+		ret = convert_parent_dir(c, path, &parent, &name);
+		return ret ? ret : 1;
+	}
+	if (!strncmp(base, WHITEOUT_PREFIX, strlen(WHITEOUT_PREFIX)))
+		return add_whiteout(c, e, path, base);
+	if (e->type == TAR_CHR && !e->dev_major && !e->dev_minor) {
+		ferry_err("tar entry \"%s\": a 0:0 character device is an overlayfs whiteout and cannot be carried in a native EROFS layer; convert without --format erofs-layers",
+			  e->path);
+		return -EINVAL;
+	}
+	return escape_overlay_xattrs(n, e);
+}
+
+/* @path ("a/b") in @t, or NULL. */
+static struct meta_inode *tree_lookup(struct meta_tree *t, const char *path)
+{
+	struct meta_inode *inode = t->root;
+	const char *comp = path;
+
+	while (inode && *comp) {
+		const char *slash = strchr(comp, '/');
+		size_t len = slash ? (size_t)(slash - comp) : strlen(comp);
+
+		if (!S_ISDIR(inode->mode))
+			return NULL;
+		inode = meta_dir_lookup(inode, comp, len);
+		comp += len + (slash ? 1 : 0);
+	}
+	return inode;
+}
+
+/* The topmost lower-layer entry at @path, and its layer; NULL if none. */
+static struct meta_inode *lower_lookup(struct native_state *n, const char *path,
+				       struct native_layer **layer)
+{
+	for (uint32_t i = n->nr_layers; i-- > 0;) {
+		struct meta_inode *inode = tree_lookup(n->layers[i].tree, path);
+
+		if (inode) {
+			*layer = &n->layers[i];
+			return inode;
+		}
+	}
+	return NULL;
+}
+
+static int copy_attrs(struct meta_inode *to, const struct meta_inode *from)
+{
+	int ret = 0;
+
+	to->mode = from->mode;
+	to->uid = from->uid;
+	to->gid = from->gid;
+	to->mtime = from->mtime;
+	to->mtime_nsec = from->mtime_nsec;
+	to->rdev_major = from->rdev_major;
+	to->rdev_minor = from->rdev_minor;
+	for (uint32_t k = 0; k < from->nr_xattrs && !ret; k++) {
+		/* Opacity belongs to the lower layer's own directory. */
+		if (!strcmp(from->xattrs[k].name, OVL_OPAQUE))
+			continue;
+		ret = meta_inode_set_xattr(to, from->xattrs[k].name,
+					   from->xattrs[k].value,
+					   from->xattrs[k].value_len);
+	}
+	return ret;
+}
+
+int native_implicit_dir(struct converter *c, const char *path,
+			struct meta_inode *dir)
+{
+	struct native_layer *l;
+	const struct meta_inode *lower = lower_lookup(c->native, path, &l);
+
+	return lower && S_ISDIR(lower->mode) ? copy_attrs(dir, lower) : 0;
+}
+
+/* Append @len bytes at @off of @fd to the current layer's data. */
+static int copy_data(struct converter *c, int fd, uint64_t off, uint64_t len)
+{
+	struct native_state *n = c->native;
+	uint64_t dst = (uint64_t)n->data_blocks * META_BLOCK_SIZE, done = 0;
+	int ret = 0;
+
+	while (!ret && done < len) {
+		size_t k = (size_t)MIN(len - done, (uint64_t)COPY_BUF);
+
+		ret = pread_full(fd, c->buf, k, off + done);
+		if (!ret)
+			ret = pwrite_full(n->data_fd, c->buf, k, dst + done);
+		done += k;
+	}
+	return ret;
+}
+
+/* Reserve the blocks of a @size-byte file in the layer's data. */
+static int reserve_blocks(struct converter *c, struct meta_inode *inode,
+			  uint64_t size, const char *path)
+{
+	struct native_state *n = c->native;
+	uint64_t blocks = DIV_ROUND_UP(size, META_BLOCK_SIZE);
+
+	if (n->data_blocks + blocks > UINT32_MAX / 2) {
+		ferry_err("%s: the layer's data exceeds 8 TiB, more than a native EROFS layer holds",
+			  path);
+		return -EFBIG;
+	}
+	inode->size = size;
+	inode->embedded = true;
+	inode->embedded_blkaddr = n->data_blocks;
+	return 0;
+}
+
+int native_lower_link(struct converter *c, const char *path,
+		      struct meta_inode **out)
+{
+	struct native_state *n = c->native;
+	struct meta_inode *lower = NULL, *copy;
+	struct native_layer *l = NULL;
+	int ret;
+
+	*out = NULL;
+	lower = lower_lookup(n, path, &l);
+	if (!lower || is_whiteout(lower) || S_ISDIR(lower->mode))
+		return 0;
+	ret = meta_inode_new(c->tree, lower->mode, &copy);
+	if (!ret)
+		ret = copy_attrs(copy, lower);
+	if (ret)
+		return ret;
+	if (S_ISLNK(lower->mode)) {
+		copy->size = lower->size;
+		copy->data = malloc(lower->size);
+		if (!copy->data)
+			return -ENOMEM;
+		memcpy(copy->data, lower->data, lower->size);
+	} else if (S_ISREG(lower->mode)) {
+		ret = reserve_blocks(c, copy, lower->size, path);
+		if (!ret)
+			ret = copy_data(c, l->data_fd,
+					(uint64_t)lower->embedded_blkaddr * META_BLOCK_SIZE,
+					lower->size);
+		if (ret)
+			return ret;
+		n->data_blocks += (uint32_t)DIV_ROUND_UP(lower->size, META_BLOCK_SIZE);
+	}
+	c->stats->files += S_ISREG(lower->mode);
+	*out = copy;
+	return 0;
+}
+
+int native_ingest_file(struct converter *c, struct meta_inode *inode,
+		       uint64_t size, const struct file_source *src,
+		       const char *path)
+{
+	struct native_state *n = c->native;
+	uint64_t off = (uint64_t)n->data_blocks * META_BLOCK_SIZE, done = 0;
+	int ret = reserve_blocks(c, inode, size, path);
+
+	c->stats->bytes_in += size;
+	ferry_progress_add(&c->progress, size);
+	while (!ret && done < size) {
+		size_t k = (size_t)MIN(size - done, (uint64_t)COPY_BUF);
+
+		ret = convert_cancelled(c);
+		if (!ret)
+			ret = src->read(src->ctx, c->buf, k);
+		if (!ret)
+			ret = pwrite_full(n->data_fd, c->buf, k, off + done);
+		done += k;
+	}
+	if (ret) {
+		ferry_err("%s: %s", path, ferry_strerror(ret));
+		return ret;
+	}
+	n->data_blocks += (uint32_t)DIV_ROUND_UP(size, META_BLOCK_SIZE);
+	return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* One layer                                                           */
+/* ------------------------------------------------------------------ */
+
+static int mark_opaque(struct converter *c)
+{
+	struct native_state *n = c->native;
+	int ret = 0;
+
+	for (size_t i = 0; i < n->nr_opaque && !ret; i++) {
+		char *p = n->opaque[i];
+		struct meta_inode *dir;
+
+		/* "a/b/" as recorded: drop the slash for the lookup. */
+		if (*p)
+			p[strlen(p) - 1] = '\0';
+		dir = tree_lookup(c->tree, p);
+		/* A later entry may have replaced the directory: nothing to mark. */
+		if (dir && S_ISDIR(dir->mode))
+			ret = meta_inode_set_xattr(dir, OVL_OPAQUE, "y", 1);
+	}
+	return ret;
+}
+
+static int hash_file(struct converter *c, int fd, uint64_t size,
+		     uint8_t digest[32])
+{
+	struct sha256_hasher *h;
+	uint64_t off = 0;
+	int ret = sha256_hasher_new(&h);
+
+	while (!ret && off < size) {
+		size_t k = (size_t)MIN(size - off, (uint64_t)COPY_BUF);
+
+		ret = pread_full(fd, c->buf, k, off);
+		if (!ret)
+			sha256_hasher_update(h, c->buf, k);
+		off += k;
+	}
+	if (!ret)
+		sha256_hasher_final(h, digest);
+	sha256_hasher_free(h);
+	return ret;
+}
+
+/* The tree and data of the layer just read → blobs/sha256/<digest>. */
+static int write_layer(struct converter *c, const char *blobs_dir,
+		       struct native_layer *l)
+{
+	struct native_state *n = c->native;
+	struct meta_embedded emb = { n->data_fd, n->data_blocks };
+	struct meta_write_opts wo = {
+		.volume_name = "ferry-layer", .standalone = true, .embedded = &emb,
+	};
+	struct atomic_file af = { .fd = -1, .dir_fd = -1 };
+	struct meta_write_stats ws;
+	char hex[65];
+	int ret = mark_opaque(c);
+
+	if (!ret)
+		ret = atomic_file_create(&af, blobs_dir, "erofs-layer", 0644);
+	if (!ret)
+		ret = meta_write(c->tree, &wo, af.fd, &ws);
+	if (!ret)
+		ret = hash_file(c, af.fd, ws.bytes, l->digest);
+	if (!ret) {
+		hex_encode(l->digest, 32, hex);
+		ret = atomic_file_commit(&af, hex);
+	}
+	if (ret) {
+		atomic_file_discard(&af);
+		return ret;
+	}
+	l->size = ws.bytes;
+	return 0;
+}
+
+static int convert_layer(struct converter *c, const struct oci_image *img,
+			 const struct image_ref *src, uint32_t index,
+			 const char *blobs_dir)
+{
+	struct native_state *n = c->native;
+	struct native_layer *l;
+	char name[96] = "layer ";
+	char *path = NULL;
+	int ret;
+
+	if (array_reserve(&n->layers, &n->layers_cap, n->nr_layers + 1,
+			  sizeof(*n->layers), 16))
+		return -ENOMEM;
+	l = &n->layers[n->nr_layers];
+	memset(l, 0, sizeof(*l));
+	l->data_fd = -1;
+	n->data_blocks = 0;
+	/* Unnamed and gone when closed: the data lives only until written. */
+	n->data_fd = open(blobs_dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+	if (n->data_fd < 0) {
+		ret = -errno;
+		ferry_err("%s: cannot create a temporary file: %s (a file system with O_TMPFILE is needed)",
+			  blobs_dir, ferry_strerror(ret));
+		return ret;
+	}
+	ret = meta_tree_new(&c->tree);
+	/* Overlayfs shows the top root: without "./" keep the one below. */
+	if (!ret && n->nr_layers)
+		ret = copy_attrs(c->tree->root, n->layers[n->nr_layers - 1].tree->root);
+	if (ret)
+		goto out;
+	if (!img) {
+		ret = convert_apply_tar(c, src->path, NULL, src->path);
+	} else {
+		const struct oci_descriptor *d = &img->layers[index];
+
+		digest_format(d->digest, name + 6);
+		l->source = d->digest;
+		if (img->remote) {
+			ret = convert_apply_remote_layer(c, img, d, name);
+		} else {
+			ret = oci_blob_path(img->layout, d->digest, &path);
+			if (!ret)
+				ret = convert_apply_tar(c, path, d->digest, name);
+		}
+	}
+	if (!ret)
+		ret = write_layer(c, blobs_dir, l);
+out:
+	free(path);
+	free_strings(&n->opaque, &n->nr_opaque, &n->opaque_cap);
+	free_strings(&n->escaped, &n->nr_escaped, &n->escaped_cap);
+	/* Kept (the tree and its data) for hardlinks of upper layers. */
+	l->tree = c->tree;
+	l->data_fd = n->data_fd;
+	c->tree = NULL;
+	n->data_fd = -1;
+	n->nr_layers++;
+	return ret;
+}
+
+static int fill_stats(struct converter *c, struct convert_stats *s)
+{
+	struct native_state *n = c->native;
+
+	s->blobs = calloc(n->nr_layers + 1, sizeof(*s->blobs));
+	if (!s->blobs)
+		return -ENOMEM;
+	s->nr_blobs = n->nr_layers;
+	for (uint32_t i = 0; i < n->nr_layers; i++) {
+		digest_format(n->layers[i].digest, s->blobs[i].digest);
+		s->blobs[i].size = n->layers[i].size;
+		s->blobs[i].uncompressed_size = n->layers[i].size;
+	}
+	return 0;
+}
+
+static int finish(struct converter *c, struct image_out *out,
+		  const struct oci_image *img)
+{
+	struct native_state *n = c->native;
+	struct image_out_layer *layers = calloc(n->nr_layers + 1, sizeof(*layers));
+	struct image_out_layers_desc d = {
+		.media_type = EROFS_LAYER_MEDIA_TYPE, .layers = layers,
+		.nr_layers = n->nr_layers, .source = img,
+		.fetch = c->opts->fetch, .progress = &c->progress,
+	};
+	int ret;
+
+	if (!layers)
+		return -ENOMEM;
+	for (uint32_t i = 0; i < n->nr_layers; i++) {
+		memcpy(layers[i].digest, n->layers[i].digest, 32);
+		layers[i].size = n->layers[i].size;
+		layers[i].source = n->layers[i].source;
+	}
+	ret = image_out_finish_layers(out, &d, c->stats->manifest_digest,
+				      &c->stats->manifest_size);
+	free(layers);
+	return ret;
+}
+
+#define SOURCES (IMAGE_ACCEPT(IMAGE_TAR) | IMAGE_ACCEPT(IMAGE_OCI) | \
+		 IMAGE_ACCEPT(IMAGE_DOCKER) | IMAGE_ACCEPT(IMAGE_DIR))
+#define DESTS (IMAGE_ACCEPT(IMAGE_OCI) | IMAGE_ACCEPT(IMAGE_DOCKER) | \
+	       IMAGE_ACCEPT(IMAGE_DIR))
+
+int convert_run_erofs_layers(const char *source, const char *dest,
+			     const struct convert_opts *opts,
+			     struct convert_stats *stats)
+{
+	struct native_state n = { .data_fd = -1 };
+	struct converter c = { .opts = opts, .stats = stats, .native = &n };
+	struct image_ref src = { 0 }, dst = { 0 };
+	struct oci_image img = { 0 };
+	struct image_out *out = NULL;
+	uint64_t start = ferry_now_ns();
+	uint32_t nr = 1;
+	int ret;
+
+	memset(stats, 0, sizeof(*stats));
+	ret = image_ref_parse(source, SOURCES, "source", &src);
+	if (!ret)
+		ret = image_ref_parse(dest, DESTS, "destination", &dst);
+	if (!ret)
+		ret = native_check_refs(&src, &dst);
+	if (!ret && src.transport != IMAGE_TAR) {
+		ret = oci_image_open(&src, opts->platform, opts->fetch, &img);
+		nr = img.nr_layers;
+	}
+	if (!ret)
+		ret = image_out_open(&dst, opts->replace, &out);
+	if (!ret && !(c.buf = malloc(COPY_BUF)))
+		ret = -ENOMEM;
+	for (uint32_t i = 0; !ret && i < nr; i++)
+		ret = convert_layer(&c, img.manifest ? &img : NULL, &src, i,
+				    image_out_blobs_dir(out));
+	if (!ret)
+		ret = fill_stats(&c, stats);
+	if (!ret)
+		ret = finish(&c, out, img.manifest ? &img : NULL);
+	stats->seconds = (double)(ferry_now_ns() - start) / 1e9;
+	image_out_close(out, ret != 0);
+	if (ret)
+		convert_stats_free(stats);
+	for (uint32_t i = 0; i < n.nr_layers; i++) {
+		meta_tree_free(n.layers[i].tree);
+		if (n.layers[i].data_fd >= 0)
+			close(n.layers[i].data_fd);
+	}
+	free(n.layers);
+	free(c.buf);
+	oci_image_free(&img);
+	image_ref_free(&src);
+	image_ref_free(&dst);
+	return ret;
+}
