@@ -1190,7 +1190,7 @@ bool image_fstype_is_ferry(const char *fstype)
 }
 
 /* Refuse to stack a mount on a ferry mount: the one below would be hidden. */
-static int check_not_mounted(const char *target)
+int image_check_not_mounted(const char *target)
 {
 	struct mount_entry mi;
 
@@ -1271,7 +1271,7 @@ int image_mount_local(struct image *img, const char *cache_dir,
 		free(target);
 		return -ENOTDIR;
 	}
-	ret = check_not_mounted(target);
+	ret = image_check_not_mounted(target);
 	/* The kernel parses what ferry walked, never more (image.h). */
 	if (!ret)
 		ret = image_validate_metadata(img);

@@ -626,6 +626,20 @@ int image_mount_local(struct image *img, const char *cache_dir,
 		      const char *mountpoint, unsigned long flags);
 
 /*
+ * Native EROFS layers (image_out_finish_layers' images): mount each layer
+ * file-backed (digest-checked, walked by pkg-meta first) as a detached
+ * mount and stack them read-only with overlayfs on @mountpoint (source
+ * IMAGE_LAYERS_SOURCE), as containerd's EROFS snapshotter does; one layer
+ * is attached directly. docker:// layers are downloaded whole into
+ * @cache_dir/erofs-layers first. Returns 1, touching nothing, when @ref
+ * is not such an image (a ferry image: use image_mount_local).
+ */
+#define IMAGE_LAYERS_SOURCE "ferry-erofs-layers"
+int image_mount_erofs_layers(const char *ref, const struct fetch_opts *fopts,
+			     const char *cache_dir, const char *mountpoint,
+			     unsigned long flags);
+
+/*
  * The cachefiles mode's kernel cache, @cache_dir/fscache: ferryd binds it
  * to /dev/cachefiles and the kernel owns what is inside (cache/I<volume>/
  * @<hash>/D<cookie>: volume "erofs,<fsid or domain>", cookie a blob's

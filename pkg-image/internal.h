@@ -123,4 +123,7 @@ int oci_tag_manifest(const char *layout, const char *tag,
  */
 int image_dir_remove(const char *dir);
 
+/* -EBUSY (logged) when @target holds a ferry mount already (cache.c). */
+int image_check_not_mounted(const char *target);
+
 #endif

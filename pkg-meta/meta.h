@@ -333,6 +333,18 @@ int meta_kernel_mount(const char *bootstrap, const char *const *devices,
 		      unsigned long flags);
 
 /*
+ * A detached read-only file-backed EROFS mount of the standalone image
+ * @image (no devices), not attached anywhere (fsopen/fsmount): its
+ * descriptor in *@mnt_fd, usable as a path ("/proc/self/fd/N", e.g. an
+ * overlayfs lowerdir) or attached with meta_mount_attach. @flags as for
+ * meta_kernel_mount.
+ */
+int meta_kernel_mount_detached(const char *image, unsigned long flags,
+			       int *mnt_fd);
+/* Attach the detached mount @mnt_fd on @target (move_mount). */
+int meta_mount_attach(int mnt_fd, const char *target);
+
+/*
  * mount(2) an EROFS over fscache (cachefiles on-demand, Linux 5.19 to 7.1)
  * read-only on @target: the kernel asks the daemon holding /dev/cachefiles
  * for the primary blob @fsid (the bootstrap) and for each device by its

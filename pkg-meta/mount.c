@@ -159,12 +159,13 @@ static void log_fs_messages(int fsfd, const char *bootstrap)
 	}
 }
 
-static int mount_fsconfig(const struct mount_args *a)
+/* A detached mount of @a's image and devices in *@mfd (not yet attached). */
+static int fsmount_erofs(const struct mount_args *a, int *mfd)
 {
 	unsigned int attr = MOUNT_ATTR_RDONLY |
 			    (a->flags & MS_NOSUID ? MOUNT_ATTR_NOSUID : 0) |
 			    (a->flags & MS_NODEV ? MOUNT_ATTR_NODEV : 0);
-	int fsfd, mfd = -1, ret = 0;
+	int fsfd, ret = 0;
 	uint32_t i;
 
 	fsfd = (int)syscall(SYS_fsopen, "erofs", FSOPEN_CLOEXEC);
@@ -180,19 +181,55 @@ static int mount_fsconfig(const struct mount_args *a)
 	if (syscall(SYS_fsconfig, fsfd, FSCONFIG_SET_FLAG, "ro", NULL, 0) < 0 ||
 	    syscall(SYS_fsconfig, fsfd, FSCONFIG_CMD_CREATE, NULL, NULL, 0) < 0)
 		goto fail;
-	mfd = (int)syscall(SYS_fsmount, fsfd, FSMOUNT_CLOEXEC, attr);
-	if (mfd < 0 || syscall(SYS_move_mount, mfd, "", AT_FDCWD, a->target,
-			       MOVE_MOUNT_F_EMPTY_PATH) < 0)
+	*mfd = (int)syscall(SYS_fsmount, fsfd, FSMOUNT_CLOEXEC, attr);
+	if (*mfd < 0)
 		goto fail;
 	goto out;
 fail:
 	ret = -errno;
 	log_fs_messages(fsfd, a->bootstrap);
 out:
-	if (mfd >= 0)
-		close(mfd);
 	close(fsfd);
 	return ret;
+}
+
+static int mount_fsconfig(const struct mount_args *a)
+{
+	int mfd = -1, ret = fsmount_erofs(a, &mfd);
+
+	if (!ret && syscall(SYS_move_mount, mfd, "", AT_FDCWD, a->target,
+			    MOVE_MOUNT_F_EMPTY_PATH) < 0)
+		ret = -errno;
+	if (mfd >= 0)
+		close(mfd);
+	return ret;
+}
+
+int meta_kernel_mount_detached(const char *image, unsigned long flags,
+			       int *mnt_fd)
+{
+	struct mount_args a = { .flags = flags & (MS_NOSUID | MS_NODEV) };
+	int ret = real_path(image, "image", true, &a.bootstrap);
+
+	*mnt_fd = -1;
+	if (!ret)
+		ret = fsmount_erofs(&a, mnt_fd);
+	if (ret)
+		ferry_err("mount: erofs %s: %s", image, strerror(-ret));
+	mount_args_free(&a);
+	return ret;
+}
+
+int meta_mount_attach(int mnt_fd, const char *target)
+{
+	if (syscall(SYS_move_mount, mnt_fd, "", AT_FDCWD, target,
+		    MOVE_MOUNT_F_EMPTY_PATH) < 0) {
+		int ret = -errno;
+
+		ferry_err("mount: attaching on %s: %s", target, strerror(-ret));
+		return ret;
+	}
+	return 0;
 }
 
 /* A likely cause for the common failures, to save a trip to dmesg. */

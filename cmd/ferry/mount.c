@@ -393,6 +393,13 @@ static int mount_local(const char *ref, const char *target, const char *cache_di
 	struct image *img;
 	int ret;
 
+	ret = image_mount_erofs_layers(ref, &ro->fetch, cache_dir, target, flags);
+	if (ret <= 0) {
+		if (ret)
+			ferry_err("mount %s on %s failed: %s", ref, target,
+				  ferry_strerror(ret));
+		return ret ? EXIT_FAIL : EXIT_OK;
+	}
 	ret = image_open(ref, &(struct image_opts){ .fetch = &ro->fetch }, &img);
 	if (ret)
 		return ret == -EINVAL ? EXIT_USAGE : EXIT_FAIL;
@@ -640,6 +647,10 @@ int cmd_umount(int argc, char **argv)
 		goto out;
 	}
 	fuse = !strcmp(mi.fstype, CTL_FUSE_FSTYPE);
+	if (!strcmp(mi.fstype, "overlay") && !strcmp(mi.source, IMAGE_LAYERS_SOURCE)) {
+		rc = umount_direct(mp, req.lazy, false); /* erofs-layers, local */
+		goto out;
+	}
 	if (!fuse && strcmp(mi.fstype, "erofs")) {
 		ferry_err("umount %s: not a ferry mount (%s %s)", argv[optind], mi.fstype,
 			  mi.source);
