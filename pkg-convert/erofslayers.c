@@ -61,6 +61,8 @@ struct native_state {
 	size_t nr_opaque, opaque_cap;
 	char **escaped;       /* xattr names this layer's entries borrow */
 	size_t nr_escaped, escaped_cap;
+	bool lz4;             /* --compress lz4: compressed files */
+	uint64_t zfiles, zsaved; /* files stored compressed, blocks saved */
 };
 
 int native_check_refs(const struct image_ref *src, const struct image_ref *dst)
@@ -306,17 +308,80 @@ int native_lower_link(struct converter *c, const char *path,
 			return -ENOMEM;
 		memcpy(copy->data, lower->data, lower->size);
 	} else if (S_ISREG(lower->mode)) {
+		/* Compressed: its pclusters (consecutive blocks) as they are. */
+		uint32_t nr = lower->zextents ? lower->nr_zextents :
+			(uint32_t)DIV_ROUND_UP(lower->size, META_BLOCK_SIZE);
+		uint32_t from = lower->zextents ? lower->zextents[0].blkaddr :
+						  lower->embedded_blkaddr;
+
 		ret = reserve_blocks(c, copy, lower->size, path);
 		if (!ret)
-			ret = copy_data(c, l->data_fd,
-					(uint64_t)lower->embedded_blkaddr * META_BLOCK_SIZE,
-					lower->size);
+			ret = copy_data(c, l->data_fd, (uint64_t)from * META_BLOCK_SIZE,
+					lower->zextents ? (uint64_t)nr * META_BLOCK_SIZE :
+							  lower->size);
+		if (!ret && lower->zextents) {
+			copy->zextents = calloc(nr, sizeof(*copy->zextents));
+			if (!copy->zextents)
+				return -ENOMEM;
+			copy->nr_zextents = nr;
+			for (uint32_t k = 0; k < nr; k++) {
+				copy->zextents[k] = lower->zextents[k];
+				copy->zextents[k].blkaddr = n->data_blocks + k;
+			}
+		}
 		if (ret)
 			return ret;
-		n->data_blocks += (uint32_t)DIV_ROUND_UP(lower->size, META_BLOCK_SIZE);
+		n->data_blocks += nr;
 	}
 	c->stats->files += S_ISREG(lower->mode);
 	*out = copy;
+	return 0;
+}
+
+/*
+ * The file just stored raw at inode->embedded_blkaddr, packed in place
+ * into LZ4 pclusters a piece at a time (meta_zpack never writes past what
+ * it has read). Kept raw when that saves no block: then every extent was
+ * plain and the blocks hold the raw bytes as before.
+ */
+static int compress_file(struct converter *c, struct meta_inode *inode,
+			 uint64_t size, const char *path)
+{
+	struct native_state *n = c->native;
+	uint64_t raw = DIV_ROUND_UP(size, META_BLOCK_SIZE), off = 0;
+	uint32_t start = n->data_blocks, out = 0;
+	struct meta_zextent *ext = calloc(raw, sizeof(*ext));
+	int ret = ext ? 0 : -ENOMEM;
+
+	while (!ret && off < size) {
+		size_t k = (size_t)MIN(size - off, (uint64_t)COPY_BUF);
+		uint32_t got;
+
+		ret = pread_full(n->data_fd, c->buf, k,
+				 (uint64_t)start * META_BLOCK_SIZE + off);
+		if (ret)
+			break;
+		meta_zpack(c->buf, k, (uint32_t)(off / META_BLOCK_SIZE),
+			   start + out, c->buf, ext + out, &got);
+		ret = pwrite_full(n->data_fd, c->buf, (size_t)got * META_BLOCK_SIZE,
+				  (uint64_t)(start + out) * META_BLOCK_SIZE);
+		out += got;
+		off += k;
+	}
+	if (ret) {
+		ferry_err("%s: compressing: %s", path, ferry_strerror(ret));
+		free(ext);
+		return ret;
+	}
+	if (out < raw) {
+		inode->zextents = ext;
+		inode->nr_zextents = out;
+		n->zfiles++;
+		n->zsaved += raw - out;
+	} else {
+		free(ext);
+	}
+	n->data_blocks += out;
 	return 0;
 }
 
@@ -340,6 +405,8 @@ int native_ingest_file(struct converter *c, struct meta_inode *inode,
 			ret = pwrite_full(n->data_fd, c->buf, k, off + done);
 		done += k;
 	}
+	if (!ret && n->lz4 && size > META_BLOCK_SIZE)
+		return compress_file(c, inode, size, path);
 	if (ret) {
 		ferry_err("%s: %s", path, ferry_strerror(ret));
 		return ret;
@@ -538,6 +605,7 @@ int convert_run_erofs_layers(const char *source, const char *dest,
 {
 	struct native_state n = { .data_fd = -1 };
 	struct converter c = { .opts = opts, .stats = stats, .native = &n };
+	enum blob_codec codec = opts->compress.codec;
 	struct image_ref src = { 0 }, dst = { 0 };
 	struct oci_image img = { 0 };
 	struct image_out *out = NULL;
@@ -546,6 +614,12 @@ int convert_run_erofs_layers(const char *source, const char *dest,
 	int ret;
 
 	memset(stats, 0, sizeof(*stats));
+	if (codec != BLOB_CODEC_NONE && codec != BLOB_CODEC_LZ4) {
+		ferry_err("--format erofs-layers compresses with lz4 or not at all (--compress lz4|none), not %s",
+			  blob_codec_name(codec));
+		return -EINVAL;
+	}
+	n.lz4 = codec == BLOB_CODEC_LZ4;
 	ret = image_ref_parse(source, SOURCES, "source", &src);
 	if (!ret)
 		ret = image_ref_parse(dest, DESTS, "destination", &dst);

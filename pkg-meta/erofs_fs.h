@@ -24,11 +24,14 @@
 
 #define EROFS_FEATURE_COMPAT_SB_CHKSUM 0x00000001u
 #define EROFS_FEATURE_COMPAT_MTIME 0x00000002u
+/* Compressed data right-aligned in its pcluster (leading zeros skipped). */
+#define EROFS_FEATURE_INCOMPAT_ZERO_PADDING 0x00000001u
 #define EROFS_FEATURE_INCOMPAT_CHUNKED_FILE 0x00000004u
 #define EROFS_FEATURE_INCOMPAT_DEVICE_TABLE 0x00000008u
 /* The only incompat bits ferry writes or accepts. */
 #define EROFS_FEATURE_INCOMPAT_FERRY                                           \
-	(EROFS_FEATURE_INCOMPAT_CHUNKED_FILE | EROFS_FEATURE_INCOMPAT_DEVICE_TABLE)
+	(EROFS_FEATURE_INCOMPAT_CHUNKED_FILE | EROFS_FEATURE_INCOMPAT_DEVICE_TABLE | \
+	 EROFS_FEATURE_INCOMPAT_ZERO_PADDING)
 
 /* Superblock: 128 bytes at byte 1024 of the primary device. */
 struct erofs_super_block {
@@ -101,6 +104,7 @@ _Static_assert(sizeof(struct erofs_deviceslot) == 128, "erofs devslot size");
 
 enum erofs_datalayout {
 	EROFS_INODE_FLAT_PLAIN = 0,
+	EROFS_INODE_COMPRESSED_FULL = 1, /* i_u: compressed blocks */
 	EROFS_INODE_FLAT_INLINE = 2,
 	EROFS_INODE_CHUNK_BASED = 4,
 };
@@ -175,6 +179,46 @@ _Static_assert(sizeof(struct erofs_inode_chunk_index) == 8, "chunk index");
 #define EROFS_CHUNK_INDEX_DEVICE_ID 0x02
 #define EROFS_CHUNK_INDEX_STARTBLK 0x04
 #define EROFS_NULL_ADDR 0xFFFFFFFFu
+
+/*
+ * Compressed files (fixed-size output: each extent of the file compresses
+ * into one pcluster). The 8-byte map header sits at ALIGN(inode + inline
+ * xattrs, 8); full indexes follow it after 8 reserved bytes, one per
+ * lcluster (2^(blkszbits + h_clusterbits) bytes of the file).
+ */
+struct z_erofs_map_header {
+	uint32_t h_fragmentoff;  /* 0x00 0 without fragments */
+	uint16_t h_advise;       /* 0x04 Z_EROFS_ADVISE_*: 0 = 1-block pclusters */
+	uint8_t h_algorithmtype; /* 0x06 HEAD1 algorithm (low nibble), HEAD2 (high) */
+	uint8_t h_clusterbits;   /* 0x07 lclusterbits - blkszbits (bits 0-2) */
+} __attribute__((packed));
+_Static_assert(sizeof(struct z_erofs_map_header) == 8, "z map header");
+#define Z_EROFS_MAP_HEADER_SIZE 8
+#define Z_EROFS_FULL_INDEX_PAD 8 /* after the map header */
+#define Z_EROFS_MAP_H_ALGORITHMTYPE 0x06
+#define Z_EROFS_COMPRESSION_LZ4 0
+
+/* Full lcluster index: di_advise type bits, clusterofs, blkaddr or deltas. */
+struct z_erofs_lcluster_index {
+	uint16_t di_advise;     /* 0x00 bits 0-1: Z_EROFS_LCLUSTER_TYPE_* */
+	uint16_t di_clusterofs; /* 0x02 where the extent starts in a HEAD lcluster */
+	union {
+		uint32_t blkaddr;   /* 0x04 HEAD / PLAIN: the pcluster */
+		uint16_t delta[2];  /* 0x04 NONHEAD: lclusters back to the head, on to the next */
+	} di_u;
+} __attribute__((packed));
+_Static_assert(sizeof(struct z_erofs_lcluster_index) == 8, "lcluster index");
+#define Z_EROFS_LCLUSTER_INDEX_SIZE 8
+#define Z_EROFS_LI_ADVISE 0x00
+#define Z_EROFS_LI_CLUSTEROFS 0x02
+#define Z_EROFS_LI_BLKADDR 0x04
+#define Z_EROFS_LI_DELTA0 0x04
+#define Z_EROFS_LI_DELTA1 0x06
+enum {
+	Z_EROFS_LCLUSTER_TYPE_PLAIN = 0,   /* pcluster stored uncompressed */
+	Z_EROFS_LCLUSTER_TYPE_HEAD1 = 1,   /* extent starts here, algorithm 1 */
+	Z_EROFS_LCLUSTER_TYPE_NONHEAD = 2, /* inside an extent */
+};
 
 /* Inline xattr region: 12-byte header, shared ids, then entries. */
 struct erofs_xattr_ibody_header {

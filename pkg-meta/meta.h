@@ -39,6 +39,13 @@ struct meta_xattr {
 	uint32_t value_len;
 };
 
+/* One extent of a compressed file (meta_inode.zextents). */
+struct meta_zextent {
+	uint32_t lcn;     /* first 4 KiB logical cluster */
+	uint32_t blkaddr; /* its block in the embedded data */
+	bool plain;       /* stored uncompressed (at most 4 KiB of data) */
+};
+
 /* Where one chunk of a chunk-based regular file lives. */
 struct meta_chunk {
 	uint16_t device_id; /* 1..nr_devices; 0 only for holes */
@@ -81,6 +88,15 @@ struct meta_inode {
 	 */
 	bool embedded;
 	uint32_t embedded_blkaddr;
+	/*
+	 * An embedded file stored compressed (LZ4, EROFS fixed-size output):
+	 * extent k covers lclusters [zextents[k].lcn, zextents[k + 1].lcn)
+	 * (the last to the end of the file), compressed into the one block
+	 * zextents[k].blkaddr of the embedded data, or stored there as is
+	 * when plain. zextents[0].lcn is 0; NULL = not compressed.
+	 */
+	struct meta_zextent *zextents;
+	uint32_t nr_zextents;
 
 	/*
 	 * Directories: children (owned dentries) in insertion order, except
@@ -191,6 +207,17 @@ struct meta_write_stats {
  */
 int meta_write(struct meta_tree *t, const struct meta_write_opts *opts, int fd,
 	       struct meta_write_stats *stats);
+
+/*
+ * Compress @len bytes of a file, starting at its lcluster @lcn (a 4 KiB
+ * multiple of the file; @len a multiple of 4096 except at the file's
+ * end, and at most 65535 lclusters), into LZ4 pclusters: block k of @out
+ * becomes embedded data block @blkaddr + k and @ext[k] its extent (room
+ * for DIV_ROUND_UP(len, 4096) of each). *@nr_ext extents are made, never
+ * more blocks than the input has; @out may be @in (packed in place).
+ */
+void meta_zpack(const uint8_t *in, size_t len, uint32_t lcn, uint32_t blkaddr,
+		uint8_t *out, struct meta_zextent *ext, uint32_t *nr_ext);
 
 /* ------------------------------------------------------------------ */
 /* Reader                                                              */

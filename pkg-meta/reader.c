@@ -359,6 +359,53 @@ static int inode_corrupt(const struct meta_image *img, uint64_t nid,
 	return corrupt(img, "inode nid %llu: %s (%llu)", ull(nid), what, ull(val));
 }
 
+static bool layout_flat(uint8_t layout)
+{
+	return layout == EROFS_INODE_FLAT_PLAIN || layout == EROFS_INODE_FLAT_INLINE;
+}
+
+/*
+ * A compressed file as ferry writes it (native layers): LZ4 only, 4 KiB
+ * lclusters, 1-block pclusters, full indexes in the image, an extent
+ * head first, heads naming blocks inside the image, deltas pointing back
+ * inside the file. The data itself is the kernel's to decompress.
+ */
+static int check_zfull(const struct meta_image *img, const struct rinode *ri)
+{
+	uint64_t hdr = ROUND_UP(ri->tail_pos, 8u);
+	uint64_t idx = hdr + Z_EROFS_MAP_HEADER_SIZE + Z_EROFS_FULL_INDEX_PAD;
+	uint64_t nr = DIV_ROUND_UP(ri->size, EROFS_BLKSIZ);
+	const uint8_t *h;
+
+	if (!S_ISREG(ri->mode))
+		return inode_corrupt(img, ri->nid, "compressed non-regular file, mode",
+				     ri->mode);
+	if (!in_image(img, hdr, Z_EROFS_MAP_HEADER_SIZE) ||
+	    nr > (img->len - MIN(idx, img->len)) / Z_EROFS_LCLUSTER_INDEX_SIZE)
+		return inode_corrupt(img, ri->nid, "compression map outside the image, at",
+				     hdr);
+	h = img->buf + hdr;
+	if (get_le32(h) || get_le16(h + 4) || h[Z_EROFS_MAP_H_ALGORITHMTYPE] || h[7])
+		return inode_corrupt(img, ri->nid,
+				     "unsupported compression (ferry reads LZ4 with 4 KiB clusters), header",
+				     get_le64(h));
+	for (uint64_t l = 0; l < nr; l++) {
+		const uint8_t *d = img->buf + idx + l * Z_EROFS_LCLUSTER_INDEX_SIZE;
+		uint16_t type = get_le16(d + Z_EROFS_LI_ADVISE);
+
+		if (type == Z_EROFS_LCLUSTER_TYPE_NONHEAD && l &&
+		    get_le16(d + Z_EROFS_LI_DELTA0) >= 1 &&
+		    get_le16(d + Z_EROFS_LI_DELTA0) <= l)
+			continue;
+		if ((type != Z_EROFS_LCLUSTER_TYPE_PLAIN &&
+		     type != Z_EROFS_LCLUSTER_TYPE_HEAD1) ||
+		    get_le16(d + Z_EROFS_LI_CLUSTEROFS) >= EROFS_BLKSIZ ||
+		    get_le32(d + Z_EROFS_LI_BLKADDR) >= img->len / EROFS_BLKSIZ)
+			return inode_corrupt(img, ri->nid, "bad lcluster index", l);
+	}
+	return 0;
+}
+
 /* Where the data of a FLAT_PLAIN / FLAT_INLINE inode lives; checked here. */
 static int check_flat(const struct meta_image *img, struct rinode *ri)
 {
@@ -435,7 +482,8 @@ static int load_inode(const struct meta_image *img, uint64_t nid,
 	ri->layout = (format >> EROFS_I_DATALAYOUT_SHIFT) & EROFS_I_DATALAYOUT_MASK;
 	if (ri->layout != EROFS_INODE_FLAT_PLAIN &&
 	    ri->layout != EROFS_INODE_FLAT_INLINE &&
-	    ri->layout != EROFS_INODE_CHUNK_BASED)
+	    ri->layout != EROFS_INODE_CHUNK_BASED &&
+	    ri->layout != EROFS_INODE_COMPRESSED_FULL)
 		return inode_corrupt(img, nid, "unsupported data layout", ri->layout);
 	isize = ri->extended ? EROFS_INODE_EXTENDED_SIZE : EROFS_INODE_COMPACT_SIZE;
 	if (!in_image(img, pos, isize))
@@ -487,8 +535,8 @@ static int load_inode(const struct meta_image *img, uint64_t nid,
 			return inode_corrupt(img, nid, "symlink too long", ri->size);
 		/* fall through */
 	case S_IFDIR:
-		if (ri->layout == EROFS_INODE_CHUNK_BASED)
-			return inode_corrupt(img, nid, "chunk-based directory or symlink, mode",
+		if (!layout_flat(ri->layout))
+			return inode_corrupt(img, nid, "chunk-based or compressed directory or symlink, mode",
 					     ri->mode);
 		break;
 	case S_IFCHR:
@@ -498,7 +546,7 @@ static int load_inode(const struct meta_image *img, uint64_t nid,
 		/* fall through */
 	case S_IFIFO:
 	case S_IFSOCK:
-		if (ri->size || ri->layout == EROFS_INODE_CHUNK_BASED)
+		if (ri->size || !layout_flat(ri->layout))
 			return inode_corrupt(img, nid, "special file with data, size",
 					     ri->size);
 		return 0;
@@ -508,6 +556,8 @@ static int load_inode(const struct meta_image *img, uint64_t nid,
 
 	if (ri->layout == EROFS_INODE_CHUNK_BASED)
 		return check_chunked(img, ri, get_le16(p + EROFS_I_U));
+	if (ri->layout == EROFS_INODE_COMPRESSED_FULL)
+		return check_zfull(img, ri);
 	ri->startblk = get_le32(p + EROFS_I_U);
 	return check_flat(img, ri);
 }
@@ -586,7 +636,7 @@ ssize_t meta_read(const struct meta_image *img, uint64_t nid, uint64_t off,
 
 	if (ret)
 		return ret;
-	if (ri.layout == EROFS_INODE_CHUNK_BASED)
+	if (!layout_flat(ri.layout))
 		return -EINVAL;
 	return (ssize_t)read_flat(img, &ri, off, buf, MIN(len, (size_t)SSIZE_MAX));
 }

@@ -160,6 +160,7 @@ static void inode_free(struct meta_inode *inode)
 	free(inode->child_index);
 	free(inode->data);
 	free(inode->chunks);
+	free(inode->zextents);
 	free(inode);
 }
 

@@ -80,6 +80,7 @@ struct wr_inode {
 	uint8_t kind, layout, nr_shared;
 	bool extended;
 	bool embedded; /* FLAT_PLAIN in the embedded data */
+	bool compressed; /* embedded, COMPRESSED_FULL */
 };
 
 struct wr_xattr {
@@ -109,7 +110,7 @@ struct writer {
 
 	uint64_t epoch;
 	uint32_t fixed_nsec;
-	bool chunked;
+	bool chunked, compressed;
 	uint32_t xattr_blkaddr, data_blkaddr, embed_blkaddr, ext_blkaddr;
 	uint32_t total_blocks;
 
@@ -378,6 +379,30 @@ static int wr_check_chunks(struct writer *w, struct wr_inode *wi)
 	return 0;
 }
 
+/* Extents in order from lcluster 0, each a valid pcluster of the data. */
+static int wr_check_zextents(struct writer *w, struct wr_inode *wi)
+{
+	const struct meta_inode *in = wi->inode;
+	uint64_t nr_lcl = DIV_ROUND_UP(in->size, BLK);
+
+	for (uint32_t k = 0; k < in->nr_zextents; k++) {
+		const struct meta_zextent *z = &in->zextents[k];
+		uint64_t end = k + 1 < in->nr_zextents ? z[1].lcn : nr_lcl;
+
+		if ((k ? z->lcn <= z[-1].lcn : z->lcn != 0) || end <= z->lcn ||
+		    end - z->lcn > UINT16_MAX || (z->plain && end - z->lcn != 1) ||
+		    z->blkaddr >= w->opts->embedded->blocks)
+			return wr_fail(w, wi, -EINVAL,
+				       "compressed extent %u (lcluster %u, block %u) is out of order or range",
+				       k, z->lcn, z->blkaddr);
+	}
+	if (!in->nr_zextents || !in->size)
+		return wr_fail(w, wi, -EINVAL, "compressed without extents");
+	wi->compressed = true;
+	w->compressed = true;
+	return 0;
+}
+
 static int wr_check_embedded(struct writer *w, struct wr_inode *wi)
 {
 	const struct meta_inode *in = wi->inode;
@@ -387,13 +412,14 @@ static int wr_check_embedded(struct writer *w, struct wr_inode *wi)
 	if (in->data || in->chunks)
 		return wr_fail(w, wi, -EINVAL,
 			       "has embedded data and inline data or chunks");
-	if (!e || (uint64_t)in->embedded_blkaddr + blocks > e->blocks)
+	if (!e || (!in->zextents &&
+		   (uint64_t)in->embedded_blkaddr + blocks > e->blocks))
 		return wr_fail(w, wi, -EINVAL,
 			       "embedded blocks %u+%llu outside the %u given",
 			       in->embedded_blkaddr, (unsigned long long)blocks,
 			       e ? e->blocks : 0);
 	wi->embedded = true;
-	return 0;
+	return in->zextents ? wr_check_zextents(w, wi) : 0;
 }
 
 static int wr_classify(struct writer *w, struct wr_inode *wi)
@@ -716,6 +742,12 @@ static uint32_t chunk_table_off(const struct wr_inode *wi)
 	return ROUND_UP(inode_isize(wi) + wi->xattr_size, 8u);
 }
 
+/* Where a compressed file's map header starts, relative to the inode. */
+static uint32_t zmap_off(const struct wr_inode *wi)
+{
+	return ROUND_UP(inode_isize(wi) + wi->xattr_size, 8u);
+}
+
 static int wr_place(struct writer *w)
 {
 	const struct meta_write_opts *o = w->opts;
@@ -733,6 +765,11 @@ static int wr_place(struct writer *w)
 		if (wi->kind == KIND_CHUNKED) {
 			meta = chunk_table_off(wi) +
 			       wi->nr_chunks * EROFS_CHUNK_INDEX_SIZE;
+		} else if (wi->compressed) {
+			wi->layout = EROFS_INODE_COMPRESSED_FULL;
+			meta = zmap_off(wi) + Z_EROFS_MAP_HEADER_SIZE +
+			       Z_EROFS_FULL_INDEX_PAD +
+			       DIV_ROUND_UP(wi->size, BLK) * Z_EROFS_LCLUSTER_INDEX_SIZE;
 		} else if (wi->kind == KIND_FLAT && wi->embedded) {
 			wi->layout = EROFS_INODE_FLAT_PLAIN;
 		} else if (wi->kind == KIND_FLAT) {
@@ -781,7 +818,9 @@ static int wr_place(struct writer *w)
 	for (uint32_t i = 0; i < w->nr_inodes; i++) {
 		struct wr_inode *wi = &w->inodes[i];
 
-		if (wi->embedded)
+		if (wi->compressed)
+			wi->i_u = wi->inode->nr_zextents; /* compressed blocks */
+		else if (wi->embedded)
 			wi->i_u = wi->size ? w->embed_blkaddr +
 					     wi->inode->embedded_blkaddr :
 					     EROFS_NULL_ADDR;
@@ -866,6 +905,36 @@ static void put_chunk_indexes(const struct wr_inode *wi, uint8_t *p)
 	}
 }
 
+/*
+ * Map header (LZ4 HEAD1, 4 KiB lclusters, 1-block pclusters) and one full
+ * index per lcluster: the head of each extent names its pcluster, the
+ * others how far back the head is and how far on the next one.
+ */
+static void put_zmap(const struct writer *w, const struct wr_inode *wi,
+		     uint8_t *p)
+{
+	const struct meta_inode *in = wi->inode;
+	uint32_t nr_lcl = (uint32_t)DIV_ROUND_UP(wi->size, BLK);
+	uint8_t *idx = p + Z_EROFS_MAP_HEADER_SIZE + Z_EROFS_FULL_INDEX_PAD;
+
+	p[Z_EROFS_MAP_H_ALGORITHMTYPE] = Z_EROFS_COMPRESSION_LZ4;
+	for (uint32_t k = 0; k < in->nr_zextents; k++) {
+		const struct meta_zextent *z = &in->zextents[k];
+		uint32_t end = k + 1 < in->nr_zextents ? z[1].lcn : nr_lcl;
+		uint8_t *d = idx + (size_t)z->lcn * Z_EROFS_LCLUSTER_INDEX_SIZE;
+
+		put_le16(d + Z_EROFS_LI_ADVISE, z->plain ? Z_EROFS_LCLUSTER_TYPE_PLAIN :
+							   Z_EROFS_LCLUSTER_TYPE_HEAD1);
+		put_le32(d + Z_EROFS_LI_BLKADDR, w->embed_blkaddr + z->blkaddr);
+		for (uint32_t l = z->lcn + 1; l < end; l++) {
+			d = idx + (size_t)l * Z_EROFS_LCLUSTER_INDEX_SIZE;
+			put_le16(d + Z_EROFS_LI_ADVISE, Z_EROFS_LCLUSTER_TYPE_NONHEAD);
+			put_le16(d + Z_EROFS_LI_DELTA0, (uint16_t)(l - z->lcn));
+			put_le16(d + Z_EROFS_LI_DELTA1, (uint16_t)(end - l));
+		}
+	}
+}
+
 static int dir_tail_fn(struct writer *w, struct wr_inode *wi, uint64_t blk,
 		       size_t first, size_t count, uint32_t used)
 {
@@ -885,6 +954,8 @@ static void put_super(const struct writer *w, uint8_t *sb)
 
 	if (w->chunked)
 		incompat |= EROFS_FEATURE_INCOMPAT_CHUNKED_FILE;
+	if (w->compressed)
+		incompat |= EROFS_FEATURE_INCOMPAT_ZERO_PADDING;
 	if (o->nr_devices)
 		incompat |= EROFS_FEATURE_INCOMPAT_DEVICE_TABLE;
 	put_le32(sb + EROFS_SB_MAGIC, EROFS_SUPER_MAGIC);
@@ -950,6 +1021,8 @@ static int wr_render_meta(struct writer *w)
 			put_inode_xattrs(w, wi, p + inode_isize(wi));
 		if (wi->kind == KIND_CHUNKED)
 			put_chunk_indexes(wi, p + chunk_table_off(wi));
+		if (wi->compressed)
+			put_zmap(w, wi, p + zmap_off(wi));
 		if (!wi->tail)
 			continue;
 		if (S_ISDIR(in->mode)) {

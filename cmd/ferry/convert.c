@@ -40,8 +40,10 @@ static void convert_help(void)
 	       "                     becomes one standalone EROFS image (whiteouts\n"
 	       "                     in overlayfs form) in an oci: or docker://\n"
 	       "                     DEST, media type application/vnd.erofs.layer.v1\n"
-	       "                     (containerd's native EROFS layers); the chunk,\n"
-	       "                     compression and prefetch options do not apply\n"
+	       "                     (containerd's native EROFS layers); uncompressed,\n"
+	       "                     or with --compress lz4 EROFS-compressed files\n"
+	       "                     (4 KiB LZ4 pclusters, raw where that saves no\n"
+	       "                     block); the chunk and prefetch options do not apply\n"
 	       "  --chunk-size N     chunk size, power of two, 4K..64M (default 1M)\n"
 	       "  --compress SPEC    none | lz4[:1-12] | zstd[:1-22] | lzma[:1-9]\n"
 	       "                     (default zstd: level 5 with a 4-byte minimum\n"
@@ -183,7 +185,7 @@ int cmd_convert(int argc, char **argv)
 	};
 	struct sigaction sa = { .sa_handler = on_interrupt, .sa_flags = SA_RESTART };
 	struct convert_stats stats;
-	bool json = false, quiet = false;
+	bool json = false, quiet = false, compress_set = false;
 	uint64_t v;
 	int c, ret;
 
@@ -210,6 +212,7 @@ int cmd_convert(int argc, char **argv)
 		case 'z':
 			if (blob_compress_parse(optarg, &opts.compress))
 				return usage_error("convert", "bad --compress \"%s\"", optarg);
+			compress_set = true;
 			break;
 		case 'i':
 			if (parse_size(optarg, &v) || v > UINT32_MAX)
@@ -251,6 +254,9 @@ int cmd_convert(int argc, char **argv)
 	}
 	if (argc - optind != 2)
 		return usage_error("convert", "expected SOURCE and DEST");
+	/* Native layers are uncompressed unless asked (lz4 is all they take). */
+	if (opts.format == CONVERT_FORMAT_EROFS_LAYERS && !compress_set)
+		opts.compress.codec = BLOB_CODEC_NONE;
 	ret = regopts_finish(&ro);
 	if (ret)
 		return ret;
