@@ -32,8 +32,8 @@ static int verify_fd(int fd, const struct oci_descriptor *d, const char *name)
 
 	if (!ret && (fstat(fd, &st) || !S_ISREG(st.st_mode) ||
 		     (uint64_t)st.st_size != d->size)) {
-		ferry_err("layer %s: not a regular file of %llu bytes", name,
-			  (unsigned long long)d->size);
+		ferry_err("layer %s: not a regular file of the %llu bytes the manifest says: the layout or cache is corrupt; pull or convert the image again",
+			  name, (unsigned long long)d->size);
 		ret = -EFSCORRUPTED;
 	}
 	while (!ret && off < d->size) {
@@ -131,13 +131,14 @@ static int mount_layer(struct oci_image *img, uint32_t i, const char *cache_dir,
 	if (!ret)
 		ret = verify_fd(fd, d, name);
 	snprintf(fdpath, sizeof(fdpath), "/proc/self/fd/%d", fd);
-	if (!ret)
+	if (!ret) {
 		ret = meta_image_open(fdpath, &mi);
-	if (!ret)
-		ret = meta_walk(mi, walk_nothing, NULL);
-	if (ret == -EFSCORRUPTED || ret == -EOPNOTSUPP)
-		ferry_err("layer %s: refused: ferry mounts only the EROFS layouts it reads (uncompressed)",
-			  name);
+		if (!ret)
+			ret = meta_walk(mi, walk_nothing, NULL);
+		if (ret)
+			ferry_err("layer %s: refused before the kernel sees it: ferry mounts the EROFS layouts it reads (plain, or LZ4 with 4 KiB clusters as ferry writes them)",
+				  name);
+	}
 	if (!ret)
 		ret = meta_kernel_mount_detached(fdpath, flags, mfd);
 	meta_image_close(mi);
