@@ -161,6 +161,9 @@ int native_entry(struct converter *c, struct tar_entry *e, char *path)
 	char *base = strrchr(path, '/');
 
 	base = base ? base + 1 : path;
+	/* Nothing below the first layer: its markers hide nothing. */
+	if (!n->nr_layers && !strncmp(base, WHITEOUT_PREFIX, strlen(WHITEOUT_PREFIX)))
+		return 1;
 	if (!strcmp(base, WHITEOUT_OPAQUE)) {
 		char *dir = strndup(path, (size_t)(base - path));
 		struct meta_inode *parent;

@@ -9,7 +9,9 @@
 # type changes within one tar, symlinks pointing anywhere, a tar without
 # its end-of-archive blocks are accepted and mount as expected. Whiteouts
 # and opaque markers, alone or after same-layer entries, on one layer and
-# over a lower layer, never show and hide only lower-layer entries.
+# over a lower layer, never show and hide only lower-layer entries. Every
+# accepted image also converts to native EROFS layers (--format
+# erofs-layers) whose overlayfs stack shows the same tree.
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/oci_lib.sh"
 need_root
@@ -66,6 +68,16 @@ accept() { # DESC IMAGE
 	check "$desc: the tree" tree_expect "$mnt" <<<"$spec"
 	check "$desc: no whiteout names" no_whiteouts "$mnt"
 	check "$desc: umount" ferry_umount "$mnt"
+	# The same as native EROFS layers stacked by overlayfs (erofs_layers.sh).
+	rm -rf "$SCRATCH/native"
+	check "$desc: converts to erofs-layers" "$FERRY" convert -q --format erofs-layers \
+		"$img" "oci:$SCRATCH/native:t" || return 1
+	check "$desc: erofs-layers mount" mount_image "oci:$SCRATCH/native:t" "$mnt" || return 1
+	# Overlayfs cannot link across layers: a lower hardlink target is copied.
+	check "$desc: erofs-layers tree (hardlinks across layers aside)" tree_expect "$mnt" \
+		< <(python3 -c 'import json, sys; print(json.dumps([{k: v for k, v in e.items() if k != "same_as"} for e in json.load(sys.stdin)]))' <<<"$spec")
+	check "$desc: erofs-layers: no whiteout names" no_whiteouts "$mnt"
+	check "$desc: erofs-layers umount" ferry_umount "$mnt"
 }
 
 # --- refused ----------------------------------------------------------
