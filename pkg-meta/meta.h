@@ -4,10 +4,12 @@
  * writer that serialises it into an image the Linux kernel mounts, the
  * reader that serves it back, and the kernel mount call.
  *
- * No network, no codecs. File data lives either inside the bootstrap
+ * No network; one codec, LZ4, for the compressed files of standalone
+ * images (meta_zpack). File data lives either inside the bootstrap
  * (directories, symlinks, small "inline" regular files) or in external
  * devices (blobs) addressed by chunk indexes; this module only records the
- * (device_id, block) pairs it is given. ferry's own per-image data (the
+ * (device_id, block) pairs it is given. A standalone image (a native
+ * container layer) embeds its files' data instead. ferry's own per-image data (the
  * blob tables, see pkg-blob) travels in the bootstrap as an opaque
  * "extension" payload that the kernel never reads.
  *
