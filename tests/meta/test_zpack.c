@@ -1,0 +1,202 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Native-layer pieces of pkg-meta: meta_zpack's LZ4 pclusters decode back
+ * to the input (apart or packed in place), and a standalone image with
+ * embedded plain and compressed files reads back through the reader,
+ * which refuses a compression map that does not start with a head.
+ */
+#include "../test.h"
+
+#include <fcntl.h>
+#include <lz4.h>
+#include <stdint.h>
+#include <unistd.h>
+
+#include "../../pkg-base/base.h"
+#include "../../pkg-meta/erofs_fs.h"
+#include "../../pkg-meta/internal.h"
+#include "../../pkg-meta/meta.h"
+
+#define BLK META_BLOCK_SIZE
+
+static uint64_t rng = 88172645463325252ull;
+
+static uint8_t next_byte(void)
+{
+	rng ^= rng << 13;
+	rng ^= rng >> 7;
+	rng ^= rng << 17;
+	return (uint8_t)rng;
+}
+
+/* Decode @nr extents of @out back over @len bytes and compare with @want. */
+static int unpack_cmp(const uint8_t *out, const struct meta_zextent *ext,
+		      uint32_t nr, const uint8_t *want, size_t len)
+{
+	uint8_t *got = malloc(len + BLK);
+	int bad = 0;
+
+	for (uint32_t k = 0; k < nr && !bad; k++) {
+		size_t start = (size_t)ext[k].lcn * BLK;
+		size_t end = k + 1 < nr ? (size_t)ext[k + 1].lcn * BLK : len;
+		const uint8_t *b = out + (size_t)k * BLK;
+		size_t skip = 0;
+
+		if (ext[k].blkaddr != 100 + k || end <= start)
+			bad = 1;
+		else if (ext[k].plain)
+			bad = end - start > BLK || (memcpy(got + start, b, end - start), 0);
+		else {
+			while (skip < BLK && !b[skip])
+				skip++;
+			bad = LZ4_decompress_safe((const char *)b + skip,
+						  (char *)got + start, (int)(BLK - skip),
+						  (int)(end - start)) != (int)(end - start);
+		}
+	}
+	if (!bad)
+		bad = memcmp(got, want, len) != 0;
+	free(got);
+	return bad;
+}
+
+static void check_pack(const uint8_t *in, size_t len, bool expect_smaller)
+{
+	size_t nblk = (len + BLK - 1) / BLK;
+	struct meta_zextent *ext = calloc(nblk, sizeof(*ext)), *ext2 = calloc(nblk, sizeof(*ext2));
+	uint8_t *out = malloc(nblk * BLK), *inplace = malloc(nblk * BLK);
+	uint32_t nr = 0, nr2 = 0;
+
+	meta_zpack(in, len, 0, 100, out, ext, &nr);
+	CHECK(nr >= 1 && nr <= nblk);
+	CHECK(!expect_smaller || nr < nblk);
+	CHECK(ext[0].lcn == 0);
+	for (uint32_t k = 1; k < nr; k++)
+		CHECK(ext[k].lcn > ext[k - 1].lcn);
+	CHECK(!unpack_cmp(out, ext, nr, in, len));
+	/* Packed over its own input: the same blocks. */
+	memcpy(inplace, in, len);
+	meta_zpack(inplace, len, 0, 100, inplace, ext2, &nr2);
+	CHECK_EQ(nr2, nr);
+	CHECK(!memcmp(inplace, out, (size_t)nr * BLK));
+	CHECK(!memcmp(ext, ext2, nr * sizeof(*ext)));
+	free(ext);
+	free(ext2);
+	free(out);
+	free(inplace);
+}
+
+static void test_zpack_roundtrip(void)
+{
+	size_t len = 300 * 1024 + 123;
+	uint8_t *buf = malloc(1u << 20);
+
+	for (size_t i = 0; i < len; i++) /* text-like */
+		buf[i] = (uint8_t)("line of a compressible text\n"[i % 28] + (i / 4096 % 3));
+	check_pack(buf, len, true);
+	for (size_t i = 0; i < len; i++) /* incompressible: all plain */
+		buf[i] = next_byte();
+	check_pack(buf, len, false);
+	for (size_t i = 0; i < len; i++) /* halves of both */
+		buf[i] = i % 16384 < 8192 ? next_byte() : (uint8_t)(i % 7);
+	check_pack(buf, len, true);
+	memset(buf, 0, 1u << 20); /* one MiB of zeros: few extents */
+	check_pack(buf, 1u << 20, true);
+	check_pack(buf, 100, false); /* a tail alone */
+	free(buf);
+}
+
+/* The superblock checksum covers the rest of block 0 (inodes included). */
+static void fix_sb_checksum(int fd)
+{
+	uint8_t b[BLK];
+
+	CHECK(pread(fd, b, BLK, 0) == BLK);
+	put_le32(b + 1024 + EROFS_SB_CHECKSUM, 0);
+	put_le32(b + 1024 + EROFS_SB_CHECKSUM, erofs_crc32c(~0u, b + 1024, BLK - 1024));
+	CHECK(pwrite(fd, b, BLK, 0) == BLK);
+}
+
+static void test_standalone_compressed(void)
+{
+	char path[] = "/tmp/ferry-test-zpack.XXXXXX";
+	char dpath[] = "/tmp/ferry-test-zdata.XXXXXX";
+	struct meta_tree *t = NULL;
+	struct meta_inode *plain, *z;
+	struct meta_image *img = NULL;
+	size_t len = 64 * 1024;
+	uint8_t *data = malloc(len), *out = malloc(len);
+	struct meta_zextent *ext = calloc(len / BLK, sizeof(*ext));
+	uint32_t nr = 0;
+	int fd = mkstemp(path), dfd = mkstemp(dpath);
+	struct meta_stat st;
+	uint64_t nid;
+
+	for (size_t i = 0; i < len; i++)
+		data[i] = (uint8_t)(i % 61);
+	/* Block 0 of the data: the plain file; then the pclusters. */
+	CHECK(pwrite(dfd, "plain\n", 6, 0) == 6);
+	meta_zpack(data, len, 0, 1, out, ext, &nr);
+	CHECK(nr > 0 && nr < len / BLK);
+	CHECK(pwrite(dfd, out, (size_t)nr * BLK, BLK) == (ssize_t)(nr * BLK));
+	CHECK(!meta_tree_new(&t));
+	CHECK(!meta_inode_new(t, S_IFREG | 0644, &plain));
+	plain->size = 6;
+	plain->embedded = true;
+	CHECK(!meta_dir_link(t, t->root, "plain", 5, plain));
+	CHECK(!meta_inode_new(t, S_IFREG | 0644, &z));
+	z->size = len;
+	z->embedded = true;
+	z->zextents = ext;
+	z->nr_zextents = nr;
+	CHECK(!meta_dir_link(t, t->root, "z", 1, z));
+	struct meta_embedded emb = { dfd, 1 + nr };
+	struct meta_write_opts wo = { .standalone = true, .embedded = &emb };
+	CHECK(!meta_write(t, &wo, fd, NULL));
+	CHECK(!meta_image_open(path, &img));
+	CHECK(!meta_resolve(img, "/z", &nid));
+	CHECK(!meta_getattr(img, nid, &st));
+	CHECK_EQ(st.layout, EROFS_INODE_COMPRESSED_FULL);
+	CHECK_EQ(st.size, len);
+	CHECK(meta_read(img, nid, 0, out, 16) == -EINVAL); /* the kernel's to decode */
+	CHECK(!meta_resolve(img, "/plain", &nid));
+	CHECK(meta_read(img, nid, 0, out, 16) == 6 && !memcmp(out, "plain\n", 6));
+	meta_image_close(img);
+	img = NULL;
+
+	/* lcluster 0 as NONHEAD: no head to start from. */
+	{
+		struct meta_super sb;
+		uint64_t zi, pos;
+		uint8_t two[2] = { Z_EROFS_LCLUSTER_TYPE_NONHEAD, 0 };
+
+		CHECK(!meta_image_open(path, &img));
+		CHECK(!meta_resolve(img, "/z", &zi));
+		meta_get_super(img, &sb);
+		CHECK(!meta_getattr(img, zi, &st));
+		meta_image_close(img);
+		img = NULL;
+		pos = zi * 32 + (st.extended ? 64 : 32);
+		pos = (pos + 7) / 8 * 8 + 16;
+		CHECK(pwrite(fd, two, 2, (off_t)pos) == 2);
+		fix_sb_checksum(fd);
+		CHECK(!meta_image_open(path, &img));
+		if (img)
+			CHECK(meta_getattr(img, zi, &st) == -EFSCORRUPTED);
+		meta_image_close(img);
+	}
+	meta_tree_free(t);
+	close(fd);
+	close(dfd);
+	unlink(path);
+	unlink(dpath);
+	free(data);
+	free(out);
+}
+
+int main(void)
+{
+	RUN_TEST(test_zpack_roundtrip);
+	RUN_TEST(test_standalone_compressed);
+	TEST_MAIN_END();
+}
