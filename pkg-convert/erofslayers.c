@@ -187,35 +187,65 @@ int native_entry(struct converter *c, struct tar_entry *e, char *path)
 	return escape_overlay_xattrs(n, e);
 }
 
-/* @path ("a/b") in @t, or NULL. */
-static struct meta_inode *tree_lookup(struct meta_tree *t, const char *path)
+static bool is_opaque(const struct meta_inode *dir)
 {
-	struct meta_inode *inode = t->root;
-	const char *comp = path;
+	for (uint32_t k = 0; k < dir->nr_xattrs; k++)
+		if (!strcmp(dir->xattrs[k].name, OVL_OPAQUE))
+			return true;
+	return false;
+}
 
-	while (inode && *comp) {
+/*
+ * @path ("a/b") in @t, or NULL; with @hides, whether @t also hides the
+ * path from the layers below (as overlayfs would): a non-directory (a
+ * whiteout among them) on the way, or an opaque directory that lacks the
+ * rest.
+ */
+static struct meta_inode *tree_lookup(struct meta_tree *t, const char *path,
+				      bool *hides)
+{
+	struct meta_inode *inode = t->root, *next;
+	const char *comp = path;
+	bool stop = false;
+
+	while (*comp) {
 		const char *slash = strchr(comp, '/');
 		size_t len = slash ? (size_t)(slash - comp) : strlen(comp);
 
-		if (!S_ISDIR(inode->mode))
-			return NULL;
-		inode = meta_dir_lookup(inode, comp, len);
+		if (!S_ISDIR(inode->mode)) {
+			stop = true;
+			inode = NULL;
+			break;
+		}
+		next = meta_dir_lookup(inode, comp, len);
+		if (!next) {
+			stop = is_opaque(inode);
+			inode = NULL;
+			break;
+		}
+		inode = next;
 		comp += len + (slash ? 1 : 0);
 	}
+	if (hides)
+		*hides = stop;
 	return inode;
 }
 
-/* The topmost lower-layer entry at @path, and its layer; NULL if none. */
+/* The topmost visible lower-layer entry at @path, and its layer; or NULL. */
 static struct meta_inode *lower_lookup(struct native_state *n, const char *path,
 				       struct native_layer **layer)
 {
 	for (uint32_t i = n->nr_layers; i-- > 0;) {
-		struct meta_inode *inode = tree_lookup(n->layers[i].tree, path);
+		bool hides;
+		struct meta_inode *inode = tree_lookup(n->layers[i].tree, path,
+						       &hides);
 
 		if (inode) {
 			*layer = &n->layers[i];
 			return inode;
 		}
+		if (hides)
+			break;
 	}
 	return NULL;
 }
@@ -434,7 +464,7 @@ static int mark_opaque(struct converter *c)
 		/* "a/b/" as recorded: drop the slash for the lookup. */
 		if (*p)
 			p[strlen(p) - 1] = '\0';
-		dir = tree_lookup(c->tree, p);
+		dir = tree_lookup(c->tree, p, NULL);
 		/* A later entry may have replaced the directory: nothing to mark. */
 		if (dir && S_ISDIR(dir->mode))
 			ret = meta_inode_set_xattr(dir, OVL_OPAQUE, "y", 1);

@@ -135,6 +135,15 @@ J
 	check "umount" ferry_umount "$SCRATCH/mnt-wh"
 fi
 
+# A hardlink to a lower file that an opaque directory in between hides:
+# no such target, as in the merged view.
+"${MKLAYER[@]}" tar "$SCRATCH/l3.tar" - <<'J'
+[{"name": "hl", "type": "hardlink", "link": "d/p"}]
+J
+"${MKLAYER[@]}" add-layer "$L" t t3 "$SCRATCH/l3.tar" >/dev/null
+check_fails "a hardlink to a lower file hidden by an opaque dir is refused" "does not exist" \
+	"$FERRY" convert -q --format erofs-layers "oci:$L:t3" "oci:$OUTL:t3"
+
 "${MKLAYER[@]}" tar "$SCRATCH/c0.tar" - <<'J'
 [{"name": "dev0", "type": "char", "major": 0, "minor": 0}]
 J
