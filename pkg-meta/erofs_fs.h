@@ -28,10 +28,12 @@
 #define EROFS_FEATURE_INCOMPAT_ZERO_PADDING 0x00000001u
 #define EROFS_FEATURE_INCOMPAT_CHUNKED_FILE 0x00000004u
 #define EROFS_FEATURE_INCOMPAT_DEVICE_TABLE 0x00000008u
-/* The only incompat bits ferry writes or accepts. */
+/* The incompat bits of ferry's images (bootstraps)... */
 #define EROFS_FEATURE_INCOMPAT_FERRY                                           \
-	(EROFS_FEATURE_INCOMPAT_CHUNKED_FILE | EROFS_FEATURE_INCOMPAT_DEVICE_TABLE | \
-	 EROFS_FEATURE_INCOMPAT_ZERO_PADDING)
+	(EROFS_FEATURE_INCOMPAT_CHUNKED_FILE | EROFS_FEATURE_INCOMPAT_DEVICE_TABLE)
+/* ...and the only ones its reader accepts (native layers compress). */
+#define EROFS_FEATURE_INCOMPAT_READ                                            \
+	(EROFS_FEATURE_INCOMPAT_FERRY | EROFS_FEATURE_INCOMPAT_ZERO_PADDING)
 
 /* Superblock: 128 bytes at byte 1024 of the primary device. */
 struct erofs_super_block {

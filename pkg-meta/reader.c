@@ -130,9 +130,9 @@ static int check_super(struct meta_image *img)
 			return corrupt(img, "superblock checksum %#x, expected %#x",
 				       get_le32(sb + EROFS_SB_CHECKSUM), v);
 	}
-	if (s->feature_incompat & ~EROFS_FEATURE_INCOMPAT_FERRY)
+	if (s->feature_incompat & ~EROFS_FEATURE_INCOMPAT_READ)
 		return corrupt(img, "unsupported incompat features %#x",
-			       s->feature_incompat & ~EROFS_FEATURE_INCOMPAT_FERRY);
+			       s->feature_incompat & ~EROFS_FEATURE_INCOMPAT_READ);
 	if (sb[EROFS_SB_EXTSLOTS] || get_le16(sb + EROFS_SB_U1) ||
 	    sb[EROFS_SB_DIRBLKBITS])
 		return corrupt(img, "unsupported superblock (extslots %u, u1 %u, dirblkbits %u)",
