@@ -45,7 +45,8 @@
 
 struct native_layer {
 	struct meta_tree *tree;
-	int data_fd;
+	int image_fd;        /* the written layer, read-only */
+	uint64_t data_off;   /* where its embedded data starts */
 	uint8_t digest[32]; /* of the EROFS image */
 	uint64_t size;
 	const uint8_t *source; /* the OCI layer's digest, or NULL (tar:) */
@@ -349,7 +350,8 @@ int native_lower_link(struct converter *c, const char *path,
 
 		ret = reserve_blocks(c, copy, lower->size, path);
 		if (!ret)
-			ret = copy_data(c, l->data_fd, (uint64_t)from * META_BLOCK_SIZE,
+			ret = copy_data(c, l->image_fd,
+					l->data_off + (uint64_t)from * META_BLOCK_SIZE,
 					lower->zextents ? (uint64_t)nr * META_BLOCK_SIZE :
 							  lower->size);
 		if (!ret && lower->zextents) {
@@ -504,7 +506,7 @@ static int write_layer(struct converter *c, const char *blobs_dir,
 	};
 	struct atomic_file af = { .fd = -1, .dir_fd = -1 };
 	struct meta_write_stats ws;
-	char hex[65];
+	char hex[65], *path;
 	int ret = mark_opaque(c);
 
 	if (!ret)
@@ -522,7 +524,17 @@ static int write_layer(struct converter *c, const char *blobs_dir,
 		return ret;
 	}
 	l->size = ws.bytes;
-	return 0;
+	l->data_off = (uint64_t)ws.embedded_blkaddr * META_BLOCK_SIZE;
+	/* Upper layers' hardlinks copy from it (the data file goes). */
+	if (asprintf(&path, "%s/%s", blobs_dir, hex) < 0)
+		return -ENOMEM;
+	l->image_fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+	if (l->image_fd < 0) {
+		ret = -errno;
+		ferry_err("%s: %s", path, ferry_strerror(ret));
+	}
+	free(path);
+	return ret;
 }
 
 static int convert_layer(struct converter *c, const struct oci_image *img,
@@ -540,7 +552,7 @@ static int convert_layer(struct converter *c, const struct oci_image *img,
 		return -ENOMEM;
 	l = &n->layers[n->nr_layers];
 	memset(l, 0, sizeof(*l));
-	l->data_fd = -1;
+	l->image_fd = -1;
 	n->data_blocks = 0;
 	/* Unnamed and gone when closed: the data lives only until written. */
 	n->data_fd = open(blobs_dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
@@ -577,10 +589,10 @@ out:
 	free(path);
 	free_strings(&n->opaque, &n->nr_opaque, &n->opaque_cap);
 	free_strings(&n->escaped, &n->nr_escaped, &n->escaped_cap);
-	/* Kept (the tree and its data) for hardlinks of upper layers. */
+	/* The tree is kept for upper layers' lookups. */
 	l->tree = c->tree;
-	l->data_fd = n->data_fd;
 	c->tree = NULL;
+	close(n->data_fd);
 	n->data_fd = -1;
 	n->nr_layers++;
 	return ret;
@@ -679,8 +691,8 @@ int convert_run_erofs_layers(const char *source, const char *dest,
 		convert_stats_free(stats);
 	for (uint32_t i = 0; i < n.nr_layers; i++) {
 		meta_tree_free(n.layers[i].tree);
-		if (n.layers[i].data_fd >= 0)
-			close(n.layers[i].data_fd);
+		if (n.layers[i].image_fd >= 0)
+			close(n.layers[i].image_fd);
 	}
 	free(n.layers);
 	free(c.buf);

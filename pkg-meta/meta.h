@@ -198,6 +198,7 @@ struct meta_write_stats {
 	uint64_t compact_inodes;
 	uint64_t extended_inodes;
 	uint64_t shared_xattrs;
+	uint32_t embedded_blkaddr; /* where the embedded data starts */
 };
 
 /*

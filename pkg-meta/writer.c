@@ -1293,6 +1293,7 @@ int meta_write(struct meta_tree *t, const struct meta_write_opts *opts, int fd,
 			stats->extended_inodes += w->inodes[i].extended;
 		stats->compact_inodes = w->nr_inodes - stats->extended_inodes;
 		stats->shared_xattrs = w->nr_shared;
+		stats->embedded_blkaddr = w->embed_blkaddr;
 	}
 
 	for (uint32_t i = 0; i < w->nr_inodes; i++)
