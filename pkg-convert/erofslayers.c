@@ -63,7 +63,6 @@ struct native_state {
 	char **escaped;       /* xattr names this layer's entries borrow */
 	size_t nr_escaped, escaped_cap;
 	bool lz4;             /* --compress lz4: compressed files */
-	uint64_t zfiles, zsaved; /* files stored compressed, blocks saved */
 };
 
 int native_check_refs(const struct image_ref *src, const struct image_ref *dst)
@@ -411,8 +410,6 @@ static int compress_file(struct converter *c, struct meta_inode *inode,
 	if (out < raw) {
 		inode->zextents = ext;
 		inode->nr_zextents = out;
-		n->zfiles++;
-		n->zsaved += raw - out;
 	} else {
 		free(ext);
 	}
