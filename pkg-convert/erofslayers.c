@@ -42,6 +42,9 @@
 #define OVL_ESCAPED "trusted.overlay.overlay."
 #define OVL_OPAQUE "trusted.overlay.opaque"
 #define COPY_BUF (1u << 20)
+/* Input per compressed extent: a pcluster covers at most this (a 1 MiB
+ * piece holds whole extents); what a read of one byte decompresses. */
+#define NATIVE_EXTENT (128u << 10)
 
 struct native_layer {
 	struct meta_tree *tree;
@@ -62,7 +65,9 @@ struct native_state {
 	size_t nr_opaque, opaque_cap;
 	char **escaped;       /* xattr names this layer's entries borrow */
 	size_t nr_escaped, escaped_cap;
-	bool lz4;             /* --compress lz4: compressed files */
+	bool compress;        /* --compress lz4|zstd: compressed files */
+	enum meta_zalgorithm zalgorithm;
+	int zlevel;
 };
 
 int native_check_refs(const struct image_ref *src, const struct image_ref *dst)
@@ -342,25 +347,26 @@ int native_lower_link(struct converter *c, const char *path,
 		memcpy(copy->data, lower->data, lower->size);
 	} else if (S_ISREG(lower->mode)) {
 		/* Compressed: its pclusters (consecutive blocks) as they are. */
-		uint32_t nr = lower->zextents ? lower->nr_zextents :
-			(uint32_t)DIV_ROUND_UP(lower->size, META_BLOCK_SIZE);
-		uint32_t from = lower->zextents ? lower->zextents[0].blkaddr :
-						  lower->embedded_blkaddr;
+		const struct meta_zextent *z = lower->zextents;
+		uint32_t nz = lower->nr_zextents, from, nr;
 
+		from = z ? z[0].blkaddr : lower->embedded_blkaddr;
+		nr = z ? z[nz - 1].blkaddr + z[nz - 1].blocks - from :
+			 (uint32_t)DIV_ROUND_UP(lower->size, META_BLOCK_SIZE);
 		ret = reserve_blocks(c, copy, lower->size, path);
 		if (!ret)
 			ret = copy_data(c, l->image_fd,
 					l->data_off + (uint64_t)from * META_BLOCK_SIZE,
-					lower->zextents ? (uint64_t)nr * META_BLOCK_SIZE :
-							  lower->size);
-		if (!ret && lower->zextents) {
-			copy->zextents = calloc(nr, sizeof(*copy->zextents));
+					z ? (uint64_t)nr * META_BLOCK_SIZE : lower->size);
+		if (!ret && z) {
+			copy->zextents = calloc(nz, sizeof(*copy->zextents));
 			if (!copy->zextents)
 				return -ENOMEM;
-			copy->nr_zextents = nr;
-			for (uint32_t k = 0; k < nr; k++) {
-				copy->zextents[k] = lower->zextents[k];
-				copy->zextents[k].blkaddr = n->data_blocks + k;
+			copy->nr_zextents = nz;
+			copy->zalgorithm = lower->zalgorithm;
+			for (uint32_t k = 0; k < nz; k++) {
+				copy->zextents[k] = z[k];
+				copy->zextents[k].blkaddr = n->data_blocks + (z[k].blkaddr - from);
 			}
 		}
 		if (ret)
@@ -374,32 +380,39 @@ int native_lower_link(struct converter *c, const char *path,
 
 /*
  * The file just stored raw at inode->embedded_blkaddr, packed in place
- * into LZ4 pclusters a piece at a time (meta_zpack never writes past what
- * it has read). Kept raw when that saves no block: then every extent was
- * plain and the blocks hold the raw bytes as before.
+ * into pclusters a MiB at a time (meta_zpack never writes past what it
+ * has read; a MiB is a whole number of extents). Kept raw when that saves
+ * no block: then every extent was plain and the blocks hold the raw bytes
+ * as before.
  */
 static int compress_file(struct converter *c, struct meta_inode *inode,
 			 uint64_t size, const char *path)
 {
 	struct native_state *n = c->native;
 	uint64_t raw = DIV_ROUND_UP(size, META_BLOCK_SIZE), off = 0;
-	uint32_t start = n->data_blocks, out = 0;
+	uint32_t start = n->data_blocks, out = 0, nr = 0;
 	struct meta_zextent *ext = calloc(raw, sizeof(*ext));
 	int ret = ext ? 0 : -ENOMEM;
 
 	while (!ret && off < size) {
 		size_t k = (size_t)MIN(size - off, (uint64_t)COPY_BUF);
-		uint32_t got;
+		uint32_t got_ext, got_blk;
 
 		ret = pread_full(n->data_fd, c->buf, k,
 				 (uint64_t)start * META_BLOCK_SIZE + off);
+		if (!ret)
+			ret = meta_zpack(n->zalgorithm, n->zlevel, NATIVE_EXTENT,
+					 c->buf, k, (uint32_t)(off / META_BLOCK_SIZE),
+					 start + out, c->buf, ext + nr, &got_ext,
+					 &got_blk);
+		if (!ret)
+			ret = pwrite_full(n->data_fd, c->buf,
+					  (size_t)got_blk * META_BLOCK_SIZE,
+					  (uint64_t)(start + out) * META_BLOCK_SIZE);
 		if (ret)
 			break;
-		meta_zpack(c->buf, k, (uint32_t)(off / META_BLOCK_SIZE),
-			   start + out, c->buf, ext + out, &got);
-		ret = pwrite_full(n->data_fd, c->buf, (size_t)got * META_BLOCK_SIZE,
-				  (uint64_t)(start + out) * META_BLOCK_SIZE);
-		out += got;
+		out += got_blk;
+		nr += got_ext;
 		off += k;
 	}
 	if (ret) {
@@ -409,7 +422,8 @@ static int compress_file(struct converter *c, struct meta_inode *inode,
 	}
 	if (out < raw) {
 		inode->zextents = ext;
-		inode->nr_zextents = out;
+		inode->nr_zextents = nr;
+		inode->zalgorithm = (uint8_t)n->zalgorithm;
 	} else {
 		free(ext);
 	}
@@ -437,7 +451,7 @@ int native_ingest_file(struct converter *c, struct meta_inode *inode,
 			ret = pwrite_full(n->data_fd, c->buf, k, off + done);
 		done += k;
 	}
-	if (!ret && n->lz4 && size > META_BLOCK_SIZE)
+	if (!ret && n->compress && size > META_BLOCK_SIZE)
 		return compress_file(c, inode, size, path);
 	if (ret) {
 		ferry_err("%s: %s", path, ferry_strerror(ret));
@@ -656,12 +670,15 @@ int convert_run_erofs_layers(const char *source, const char *dest,
 	int ret;
 
 	memset(stats, 0, sizeof(*stats));
-	if (codec != BLOB_CODEC_NONE && codec != BLOB_CODEC_LZ4) {
-		ferry_err("--format erofs-layers compresses with lz4 or not at all (--compress lz4|none), not %s",
+	if (codec != BLOB_CODEC_NONE && codec != BLOB_CODEC_LZ4 &&
+	    codec != BLOB_CODEC_ZSTD) {
+		ferry_err("--format erofs-layers compresses with lz4 or zstd or not at all (--compress lz4|zstd[:N]|none), not %s",
 			  blob_codec_name(codec));
 		return -EINVAL;
 	}
-	n.lz4 = codec == BLOB_CODEC_LZ4;
+	n.compress = codec != BLOB_CODEC_NONE;
+	n.zalgorithm = codec == BLOB_CODEC_ZSTD ? META_Z_ZSTD : META_Z_LZ4;
+	n.zlevel = codec == BLOB_CODEC_ZSTD ? opts->compress.level : 0;
 	ret = image_ref_parse(source, SOURCES, "source", &src);
 	if (!ret)
 		ret = image_ref_parse(dest, DESTS, "destination", &dst);

@@ -26,6 +26,9 @@
 #define EROFS_FEATURE_COMPAT_MTIME 0x00000002u
 /* Compressed data right-aligned in its pcluster (leading zeros skipped). */
 #define EROFS_FEATURE_INCOMPAT_ZERO_PADDING 0x00000001u
+/* Per-algorithm configs after the superblock, u1 = the algorithms' bitmap;
+ * also big (multi-block) pclusters. */
+#define EROFS_FEATURE_INCOMPAT_COMPR_CFGS 0x00000002u
 #define EROFS_FEATURE_INCOMPAT_CHUNKED_FILE 0x00000004u
 #define EROFS_FEATURE_INCOMPAT_DEVICE_TABLE 0x00000008u
 /* The incompat bits of ferry's images (bootstraps)... */
@@ -33,7 +36,8 @@
 	(EROFS_FEATURE_INCOMPAT_CHUNKED_FILE | EROFS_FEATURE_INCOMPAT_DEVICE_TABLE)
 /* ...and the only ones its reader accepts (native layers compress). */
 #define EROFS_FEATURE_INCOMPAT_READ                                            \
-	(EROFS_FEATURE_INCOMPAT_FERRY | EROFS_FEATURE_INCOMPAT_ZERO_PADDING)
+	(EROFS_FEATURE_INCOMPAT_FERRY | EROFS_FEATURE_INCOMPAT_ZERO_PADDING | \
+	 EROFS_FEATURE_INCOMPAT_COMPR_CFGS)
 
 /* Superblock: 128 bytes at byte 1024 of the primary device. */
 struct erofs_super_block {
@@ -197,8 +201,25 @@ struct z_erofs_map_header {
 _Static_assert(sizeof(struct z_erofs_map_header) == 8, "z map header");
 #define Z_EROFS_MAP_HEADER_SIZE 8
 #define Z_EROFS_FULL_INDEX_PAD 8 /* after the map header */
+#define Z_EROFS_MAP_H_ADVISE 0x04
 #define Z_EROFS_MAP_H_ALGORITHMTYPE 0x06
+/* Both set: pclusters of several blocks, counted on the first NONHEAD. */
+#define Z_EROFS_ADVISE_BIG_PCLUSTER_1 0x0002
+#define Z_EROFS_ADVISE_BIG_PCLUSTER_2 0x0004
 #define Z_EROFS_COMPRESSION_LZ4 0
+#define Z_EROFS_COMPRESSION_ZSTD 3
+#define Z_EROFS_PCLUSTER_MAX_BLOCKS 256 /* 1 MiB */
+
+/*
+ * COMPR_CFGS records, from byte 1024 + 128 (4-aligned): le16 length, then
+ * one record per algorithm of the u1 bitmap in ascending order.
+ * lz4: le16 max_distance (0 = 64 KiB), le16 max_pclusterblks, 10 reserved;
+ * zstd: u8 format (0), u8 windowlog - 10, 4 reserved.
+ */
+#define Z_EROFS_LZ4_CFGS_SIZE 14
+#define Z_EROFS_LZ4_CFGS_MAX_PCLUSTERBLKS 2
+#define Z_EROFS_ZSTD_CFGS_SIZE 6
+#define Z_EROFS_ZSTD_CFGS_WINDOWLOG 1
 
 /* Full lcluster index: di_advise type bits, clusterofs, blkaddr or deltas. */
 struct z_erofs_lcluster_index {
@@ -216,6 +237,7 @@ _Static_assert(sizeof(struct z_erofs_lcluster_index) == 8, "lcluster index");
 #define Z_EROFS_LI_BLKADDR 0x04
 #define Z_EROFS_LI_DELTA0 0x04
 #define Z_EROFS_LI_DELTA1 0x06
+#define Z_EROFS_LI_D0_CBLKCNT (1u << 11) /* first NONHEAD: pcluster blocks */
 enum {
 	Z_EROFS_LCLUSTER_TYPE_PLAIN = 0,   /* pcluster stored uncompressed */
 	Z_EROFS_LCLUSTER_TYPE_HEAD1 = 1,   /* extent starts here, algorithm 1 */

@@ -44,9 +44,17 @@ struct meta_xattr {
 /* One extent of a compressed file (meta_inode.zextents). */
 struct meta_zextent {
 	uint32_t lcn;     /* first 4 KiB logical cluster */
-	uint32_t blkaddr; /* its block in the embedded data */
+	uint32_t blkaddr; /* its first block in the embedded data */
+	uint16_t blocks;  /* its pcluster's blocks (1 when plain) */
 	bool plain;       /* stored uncompressed (at most 4 KiB of data) */
 };
+
+/* How meta_zpack compresses. */
+enum meta_zalgorithm {
+	META_Z_LZ4 = 0,  /* EROFS algorithm numbers */
+	META_Z_ZSTD = 3,
+};
+#define META_ZPACK_EXTENT_MAX (1u << 20) /* input per extent */
 
 /* Where one chunk of a chunk-based regular file lives. */
 struct meta_chunk {
@@ -99,6 +107,7 @@ struct meta_inode {
 	 */
 	struct meta_zextent *zextents;
 	uint32_t nr_zextents;
+	uint8_t zalgorithm; /* enum meta_zalgorithm */
 
 	/*
 	 * Directories: children (owned dentries) in insertion order, except
@@ -212,15 +221,21 @@ int meta_write(struct meta_tree *t, const struct meta_write_opts *opts, int fd,
 	       struct meta_write_stats *stats);
 
 /*
- * Compress @len bytes of a file, starting at its lcluster @lcn (a 4 KiB
- * multiple of the file; @len a multiple of 4096 except at the file's
- * end, and at most 65535 lclusters), into LZ4 pclusters: block k of @out
- * becomes embedded data block @blkaddr + k and @ext[k] its extent (room
- * for DIV_ROUND_UP(len, 4096) of each). *@nr_ext extents are made, never
- * more blocks than the input has; @out may be @in (packed in place).
+ * Compress @len bytes of a file, starting at its lcluster @lcn (@len a
+ * multiple of 4096 except at the file's end, at most 65535 lclusters),
+ * with @algorithm at @level (0: the library's default) in extents of
+ * @extent bytes of input (a 4 KiB multiple, at most META_ZPACK_EXTENT_MAX)
+ * into pclusters from embedded data block @blkaddr on, written to @out;
+ * the extents go to @ext (room for DIV_ROUND_UP(len, 4096) of each) and
+ * their count to *@nr_ext, the blocks used to *@nr_blocks, never more
+ * than the input's; @out may be @in (packed in place). An extent that
+ * would not save a block is stored plain, one lcluster each. 0, -ENOMEM,
+ * or -EIO (logged) when the library fails.
  */
-void meta_zpack(const uint8_t *in, size_t len, uint32_t lcn, uint32_t blkaddr,
-		uint8_t *out, struct meta_zextent *ext, uint32_t *nr_ext);
+int meta_zpack(enum meta_zalgorithm algorithm, int level, uint32_t extent,
+	       const uint8_t *in, size_t len, uint32_t lcn, uint32_t blkaddr,
+	       uint8_t *out, struct meta_zextent *ext, uint32_t *nr_ext,
+	       uint32_t *nr_blocks);
 
 /* ------------------------------------------------------------------ */
 /* Reader                                                              */

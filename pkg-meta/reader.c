@@ -133,8 +133,13 @@ static int check_super(struct meta_image *img)
 	if (s->feature_incompat & ~EROFS_FEATURE_INCOMPAT_READ)
 		return corrupt(img, "unsupported incompat features %#x",
 			       s->feature_incompat & ~EROFS_FEATURE_INCOMPAT_READ);
-	if (sb[EROFS_SB_EXTSLOTS] || get_le16(sb + EROFS_SB_U1) ||
-	    sb[EROFS_SB_DIRBLKBITS])
+	/* u1: without COMPR_CFGS LZ4's distance (0: default), with it the
+	 * algorithms (LZ4, zstd) whose records the kernel checks. */
+	if (sb[EROFS_SB_EXTSLOTS] || sb[EROFS_SB_DIRBLKBITS] ||
+	    (s->feature_incompat & EROFS_FEATURE_INCOMPAT_COMPR_CFGS ?
+		     get_le16(sb + EROFS_SB_U1) & ~(1u << Z_EROFS_COMPRESSION_LZ4 |
+						    1u << Z_EROFS_COMPRESSION_ZSTD) :
+		     get_le16(sb + EROFS_SB_U1)))
 		return corrupt(img, "unsupported superblock (extslots %u, u1 %u, dirblkbits %u)",
 			       sb[EROFS_SB_EXTSLOTS], get_le16(sb + EROFS_SB_U1),
 			       sb[EROFS_SB_DIRBLKBITS]);
@@ -375,6 +380,8 @@ static int check_zfull(const struct meta_image *img, const struct rinode *ri)
 	uint64_t hdr = ROUND_UP(ri->tail_pos, 8u);
 	uint64_t idx = hdr + Z_EROFS_MAP_HEADER_SIZE + Z_EROFS_FULL_INDEX_PAD;
 	uint64_t nr = DIV_ROUND_UP(ri->size, EROFS_BLKSIZ);
+	uint64_t head_blk = 0, blocks = img->len / EROFS_BLKSIZ;
+	uint16_t advise;
 	const uint8_t *h;
 
 	if (!S_ISREG(ri->mode))
@@ -385,22 +392,34 @@ static int check_zfull(const struct meta_image *img, const struct rinode *ri)
 		return inode_corrupt(img, ri->nid, "compression map outside the image, at",
 				     hdr);
 	h = img->buf + hdr;
-	if (get_le32(h) || get_le16(h + 4) || h[Z_EROFS_MAP_H_ALGORITHMTYPE] || h[7])
+	advise = get_le16(h + Z_EROFS_MAP_H_ADVISE);
+	if (get_le32(h) || h[7] ||
+	    (advise && advise != (Z_EROFS_ADVISE_BIG_PCLUSTER_1 |
+				  Z_EROFS_ADVISE_BIG_PCLUSTER_2)) ||
+	    (h[Z_EROFS_MAP_H_ALGORITHMTYPE] != Z_EROFS_COMPRESSION_LZ4 &&
+	     h[Z_EROFS_MAP_H_ALGORITHMTYPE] != Z_EROFS_COMPRESSION_ZSTD))
 		return inode_corrupt(img, ri->nid,
-				     "unsupported compression (ferry reads LZ4 with 4 KiB clusters), header",
+				     "unsupported compression (ferry reads LZ4 or zstd, 4 KiB clusters), header",
 				     get_le64(h));
 	for (uint64_t l = 0; l < nr; l++) {
 		const uint8_t *d = img->buf + idx + l * Z_EROFS_LCLUSTER_INDEX_SIZE;
 		uint16_t type = get_le16(d + Z_EROFS_LI_ADVISE);
+		uint16_t d0 = get_le16(d + Z_EROFS_LI_DELTA0);
 
-		if (type == Z_EROFS_LCLUSTER_TYPE_NONHEAD && l &&
-		    get_le16(d + Z_EROFS_LI_DELTA0) >= 1 &&
-		    get_le16(d + Z_EROFS_LI_DELTA0) <= l)
-			continue;
+		if (type == Z_EROFS_LCLUSTER_TYPE_NONHEAD && l) {
+			/* A big pcluster's block count: inside the image. */
+			if (advise && (d0 & Z_EROFS_LI_D0_CBLKCNT) &&
+			    (d0 & ~Z_EROFS_LI_D0_CBLKCNT) >= 1 &&
+			    head_blk + (d0 & ~Z_EROFS_LI_D0_CBLKCNT) <= blocks)
+				continue;
+			if (!(d0 & Z_EROFS_LI_D0_CBLKCNT) && d0 >= 1 && d0 <= l)
+				continue;
+		}
+		head_blk = get_le32(d + Z_EROFS_LI_BLKADDR);
 		if ((type != Z_EROFS_LCLUSTER_TYPE_PLAIN &&
 		     type != Z_EROFS_LCLUSTER_TYPE_HEAD1) ||
 		    get_le16(d + Z_EROFS_LI_CLUSTEROFS) >= EROFS_BLKSIZ ||
-		    get_le32(d + Z_EROFS_LI_BLKADDR) >= img->len / EROFS_BLKSIZ)
+		    head_blk >= blocks)
 			return inode_corrupt(img, ri->nid, "bad lcluster index", l);
 	}
 	return 0;

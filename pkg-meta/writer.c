@@ -81,6 +81,7 @@ struct wr_inode {
 	bool extended;
 	bool embedded; /* FLAT_PLAIN in the embedded data */
 	bool compressed; /* embedded, COMPRESSED_FULL */
+	uint32_t zblocks; /* compressed: its pclusters' blocks (i_u) */
 };
 
 struct wr_xattr {
@@ -111,6 +112,9 @@ struct writer {
 	uint64_t epoch;
 	uint32_t fixed_nsec;
 	bool chunked, compressed;
+	uint16_t zalgs;          /* bitmap of compression algorithms used */
+	uint16_t max_pclusterblks;
+	uint32_t zcfgs_size;     /* COMPR_CFGS records after the superblock */
 	uint32_t xattr_blkaddr, data_blkaddr, embed_blkaddr, ext_blkaddr;
 	uint32_t total_blocks;
 
@@ -385,19 +389,29 @@ static int wr_check_zextents(struct writer *w, struct wr_inode *wi)
 	const struct meta_inode *in = wi->inode;
 	uint64_t nr_lcl = DIV_ROUND_UP(in->size, BLK);
 
+	if (in->zalgorithm != META_Z_LZ4 && in->zalgorithm != META_Z_ZSTD)
+		return wr_fail(w, wi, -EINVAL, "compression algorithm %u",
+			       in->zalgorithm);
 	for (uint32_t k = 0; k < in->nr_zextents; k++) {
 		const struct meta_zextent *z = &in->zextents[k];
 		uint64_t end = k + 1 < in->nr_zextents ? z[1].lcn : nr_lcl;
 
+		/* A compressed extent needs a second lcluster for its CBLKCNT. */
 		if ((k ? z->lcn <= z[-1].lcn : z->lcn != 0) || end <= z->lcn ||
-		    end - z->lcn > UINT16_MAX || (z->plain && end - z->lcn != 1) ||
-		    z->blkaddr >= w->opts->embedded->blocks)
+		    end - z->lcn > UINT16_MAX || !z->blocks ||
+		    z->blocks > Z_EROFS_PCLUSTER_MAX_BLOCKS ||
+		    (z->plain ? end - z->lcn != 1 || z->blocks != 1 :
+				end - z->lcn < 2) ||
+		    (uint64_t)z->blkaddr + z->blocks > w->opts->embedded->blocks)
 			return wr_fail(w, wi, -EINVAL,
 				       "compressed extent %u (lcluster %u, block %u) is out of order or range",
 				       k, z->lcn, z->blkaddr);
+		w->max_pclusterblks = MAX(w->max_pclusterblks, z->blocks);
+		wi->zblocks += z->blocks;
 	}
 	if (!in->nr_zextents || !in->size)
 		return wr_fail(w, wi, -EINVAL, "compressed without extents");
+	w->zalgs |= (uint16_t)(1u << in->zalgorithm);
 	wi->compressed = true;
 	w->compressed = true;
 	return 0;
@@ -751,8 +765,20 @@ static uint32_t zmap_off(const struct wr_inode *wi)
 static int wr_place(struct writer *w)
 {
 	const struct meta_write_opts *o = w->opts;
-	uint64_t pos = DEVT_OFFSET + (uint64_t)o->nr_devices * EROFS_DEVT_SLOT_SIZE;
-	uint64_t blk, end;
+	uint64_t pos, blk, end;
+
+	/* COMPR_CFGS records follow the superblock (standalone images have
+	 * no device table there). */
+	if (w->zalgs & (1u << META_Z_LZ4))
+		w->zcfgs_size += ROUND_UP(2u + Z_EROFS_LZ4_CFGS_SIZE, 4u);
+	if (w->zalgs & (1u << META_Z_ZSTD))
+		w->zcfgs_size += ROUND_UP(2u + Z_EROFS_ZSTD_CFGS_SIZE, 4u);
+	if (w->zcfgs_size && o->nr_devices) {
+		ferry_err("meta: compressed files and a device table together");
+		return -EINVAL;
+	}
+	pos = ROUND_UP(DEVT_OFFSET + (uint64_t)o->nr_devices * EROFS_DEVT_SLOT_SIZE +
+		       w->zcfgs_size, (uint64_t)EROFS_SLOT_SIZE);
 
 	for (uint32_t i = 0; i < w->nr_inodes; i++) {
 		struct wr_inode *wi = &w->inodes[i];
@@ -819,7 +845,7 @@ static int wr_place(struct writer *w)
 		struct wr_inode *wi = &w->inodes[i];
 
 		if (wi->compressed)
-			wi->i_u = wi->inode->nr_zextents; /* compressed blocks */
+			wi->i_u = wi->zblocks;
 		else if (wi->embedded)
 			wi->i_u = wi->size ? w->embed_blkaddr +
 					     wi->inode->embedded_blkaddr :
@@ -917,7 +943,9 @@ static void put_zmap(const struct writer *w, const struct wr_inode *wi,
 	uint32_t nr_lcl = (uint32_t)DIV_ROUND_UP(wi->size, BLK);
 	uint8_t *idx = p + Z_EROFS_MAP_HEADER_SIZE + Z_EROFS_FULL_INDEX_PAD;
 
-	p[Z_EROFS_MAP_H_ALGORITHMTYPE] = Z_EROFS_COMPRESSION_LZ4;
+	put_le16(p + Z_EROFS_MAP_H_ADVISE,
+		 Z_EROFS_ADVISE_BIG_PCLUSTER_1 | Z_EROFS_ADVISE_BIG_PCLUSTER_2);
+	p[Z_EROFS_MAP_H_ALGORITHMTYPE] = in->zalgorithm;
 	for (uint32_t k = 0; k < in->nr_zextents; k++) {
 		const struct meta_zextent *z = &in->zextents[k];
 		uint32_t end = k + 1 < in->nr_zextents ? z[1].lcn : nr_lcl;
@@ -929,7 +957,10 @@ static void put_zmap(const struct writer *w, const struct wr_inode *wi,
 		for (uint32_t l = z->lcn + 1; l < end; l++) {
 			d = idx + (size_t)l * Z_EROFS_LCLUSTER_INDEX_SIZE;
 			put_le16(d + Z_EROFS_LI_ADVISE, Z_EROFS_LCLUSTER_TYPE_NONHEAD);
-			put_le16(d + Z_EROFS_LI_DELTA0, (uint16_t)(l - z->lcn));
+			/* The first NONHEAD counts the pcluster's blocks. */
+			put_le16(d + Z_EROFS_LI_DELTA0, l == z->lcn + 1 ?
+				 (uint16_t)(Z_EROFS_LI_D0_CBLKCNT | z->blocks) :
+				 (uint16_t)(l - z->lcn));
 			put_le16(d + Z_EROFS_LI_DELTA1, (uint16_t)(end - l));
 		}
 	}
@@ -955,7 +986,8 @@ static void put_super(const struct writer *w, uint8_t *sb)
 	if (w->chunked)
 		incompat |= EROFS_FEATURE_INCOMPAT_CHUNKED_FILE;
 	if (w->compressed)
-		incompat |= EROFS_FEATURE_INCOMPAT_ZERO_PADDING;
+		incompat |= EROFS_FEATURE_INCOMPAT_ZERO_PADDING |
+			    EROFS_FEATURE_INCOMPAT_COMPR_CFGS;
 	if (o->nr_devices)
 		incompat |= EROFS_FEATURE_INCOMPAT_DEVICE_TABLE;
 	put_le32(sb + EROFS_SB_MAGIC, EROFS_SUPER_MAGIC);
@@ -973,6 +1005,22 @@ static void put_super(const struct writer *w, uint8_t *sb)
 	put_le32(sb + EROFS_SB_FEATURE_INCOMPAT, incompat);
 	put_le16(sb + EROFS_SB_EXTRA_DEVICES, (uint16_t)o->nr_devices);
 	put_le16(sb + EROFS_SB_DEVT_SLOTOFF, o->nr_devices ? DEVT_SLOTOFF : 0);
+	put_le16(sb + EROFS_SB_U1, w->zalgs);
+}
+
+/* One COMPR_CFGS record per algorithm used, ascending, each 4-aligned. */
+static void put_zcfgs(const struct writer *w, uint8_t *p)
+{
+	if (w->zalgs & (1u << META_Z_LZ4)) {
+		put_le16(p, Z_EROFS_LZ4_CFGS_SIZE);
+		put_le16(p + 2 + Z_EROFS_LZ4_CFGS_MAX_PCLUSTERBLKS, w->max_pclusterblks);
+		p += ROUND_UP(2u + Z_EROFS_LZ4_CFGS_SIZE, 4u);
+	}
+	if (w->zalgs & (1u << META_Z_ZSTD)) {
+		put_le16(p, Z_EROFS_ZSTD_CFGS_SIZE);
+		/* Windows up to 1 MiB: the largest extent meta_zpack makes. */
+		p[2 + Z_EROFS_ZSTD_CFGS_WINDOWLOG] = 20 - 10;
+	}
 }
 
 static void put_preamble(const struct writer *w, uint8_t *p)
@@ -998,6 +1046,7 @@ static int wr_render_meta(struct writer *w)
 	if (!o->standalone)
 		put_preamble(w, w->meta);
 	put_super(w, w->meta + EROFS_SUPER_OFFSET);
+	put_zcfgs(w, w->meta + DEVT_OFFSET);
 	for (uint32_t d = 0; d < o->nr_devices; d++) {
 		uint8_t *slot = w->meta + DEVT_OFFSET + d * EROFS_DEVT_SLOT_SIZE;
 		uint64_t uniaddr = w->total_blocks;

@@ -11,6 +11,7 @@
 #include <lz4.h>
 #include <stdint.h>
 #include <unistd.h>
+#include <zstd.h>
 
 #include "../../pkg-base/base.h"
 #include "../../pkg-meta/erofs_fs.h"
@@ -30,29 +31,40 @@ static uint8_t next_byte(void)
 }
 
 /* Decode @nr extents of @out back over @len bytes and compare with @want. */
-static int unpack_cmp(const uint8_t *out, const struct meta_zextent *ext,
-		      uint32_t nr, const uint8_t *want, size_t len)
+static int unpack_cmp(enum meta_zalgorithm alg, const uint8_t *out,
+		      const struct meta_zextent *ext, uint32_t nr,
+		      const uint8_t *want, size_t len)
 {
 	uint8_t *got = malloc(len + BLK);
+	uint32_t blk = 100;
 	int bad = 0;
 
 	for (uint32_t k = 0; k < nr && !bad; k++) {
 		size_t start = (size_t)ext[k].lcn * BLK;
 		size_t end = k + 1 < nr ? (size_t)ext[k + 1].lcn * BLK : len;
-		const uint8_t *b = out + (size_t)k * BLK;
-		size_t skip = 0;
+		size_t psize = (size_t)ext[k].blocks * BLK, skip = 0;
+		const uint8_t *b = out + (size_t)(ext[k].blkaddr - 100) * BLK;
 
-		if (ext[k].blkaddr != 100 + k || end <= start)
+		/* Consecutive pclusters, each smaller than its input. */
+		if (ext[k].blkaddr != blk || end <= start || !ext[k].blocks ||
+		    psize >= ROUND_UP(end - start, BLK) + (ext[k].plain ? BLK : 0)) {
 			bad = 1;
-		else if (ext[k].plain)
-			bad = end - start > BLK || (memcpy(got + start, b, end - start), 0);
-		else {
-			while (skip < BLK && !b[skip])
-				skip++;
-			bad = LZ4_decompress_safe((const char *)b + skip,
-						  (char *)got + start, (int)(BLK - skip),
-						  (int)(end - start)) != (int)(end - start);
+			break;
 		}
+		blk += ext[k].blocks;
+		if (ext[k].plain) {
+			bad = end - start > BLK || (memcpy(got + start, b, end - start), 0);
+			continue;
+		}
+		while (skip < BLK && !b[skip])
+			skip++;
+		if (alg == META_Z_LZ4)
+			bad = LZ4_decompress_safe((const char *)b + skip,
+						  (char *)got + start, (int)(psize - skip),
+						  (int)(end - start)) != (int)(end - start);
+		else
+			bad = ZSTD_decompress(got + start, end - start, b + skip,
+					      psize - skip) != end - start;
 	}
 	if (!bad)
 		bad = memcmp(got, want, len) != 0;
@@ -60,30 +72,40 @@ static int unpack_cmp(const uint8_t *out, const struct meta_zextent *ext,
 	return bad;
 }
 
-static void check_pack(const uint8_t *in, size_t len, bool expect_smaller)
+static void check_pack_with(enum meta_zalgorithm alg, uint32_t extent,
+			    const uint8_t *in, size_t len, bool expect_smaller)
 {
 	size_t nblk = (len + BLK - 1) / BLK;
 	struct meta_zextent *ext = calloc(nblk, sizeof(*ext)), *ext2 = calloc(nblk, sizeof(*ext2));
 	uint8_t *out = malloc(nblk * BLK), *inplace = malloc(nblk * BLK);
-	uint32_t nr = 0, nr2 = 0;
+	uint32_t nr = 0, nr2 = 0, blocks = 0, blocks2 = 0;
 
-	meta_zpack(in, len, 0, 100, out, ext, &nr);
-	CHECK(nr >= 1 && nr <= nblk);
-	CHECK(!expect_smaller || nr < nblk);
+	CHECK(!meta_zpack(alg, 0, extent, in, len, 0, 100, out, ext, &nr, &blocks));
+	CHECK(nr >= 1 && nr <= nblk && blocks <= nblk);
+	CHECK(!expect_smaller || blocks < nblk);
 	CHECK(ext[0].lcn == 0);
 	for (uint32_t k = 1; k < nr; k++)
 		CHECK(ext[k].lcn > ext[k - 1].lcn);
-	CHECK(!unpack_cmp(out, ext, nr, in, len));
+	CHECK(!unpack_cmp(alg, out, ext, nr, in, len));
 	/* Packed over its own input: the same blocks. */
 	memcpy(inplace, in, len);
-	meta_zpack(inplace, len, 0, 100, inplace, ext2, &nr2);
+	CHECK(!meta_zpack(alg, 0, extent, inplace, len, 0, 100, inplace, ext2,
+			  &nr2, &blocks2));
 	CHECK_EQ(nr2, nr);
-	CHECK(!memcmp(inplace, out, (size_t)nr * BLK));
+	CHECK_EQ(blocks2, blocks);
+	CHECK(!memcmp(inplace, out, (size_t)blocks * BLK));
 	CHECK(!memcmp(ext, ext2, nr * sizeof(*ext)));
 	free(ext);
 	free(ext2);
 	free(out);
 	free(inplace);
+}
+
+static void check_pack(const uint8_t *in, size_t len, bool expect_smaller)
+{
+	check_pack_with(META_Z_LZ4, 128 << 10, in, len, expect_smaller);
+	check_pack_with(META_Z_LZ4, BLK * 2, in, len, expect_smaller);
+	check_pack_with(META_Z_ZSTD, 1 << 20, in, len, expect_smaller);
 }
 
 static void test_zpack_roundtrip(void)
@@ -127,7 +149,7 @@ static void test_standalone_compressed(void)
 	size_t len = 64 * 1024;
 	uint8_t *data = malloc(len), *out = malloc(len);
 	struct meta_zextent *ext = calloc(len / BLK, sizeof(*ext));
-	uint32_t nr = 0;
+	uint32_t nr = 0, blocks = 0;
 	int fd = mkstemp(path), dfd = mkstemp(dpath);
 	struct meta_stat st;
 	uint64_t nid;
@@ -136,9 +158,10 @@ static void test_standalone_compressed(void)
 		data[i] = (uint8_t)(i % 61);
 	/* Block 0 of the data: the plain file; then the pclusters. */
 	CHECK(pwrite(dfd, "plain\n", 6, 0) == 6);
-	meta_zpack(data, len, 0, 1, out, ext, &nr);
-	CHECK(nr > 0 && nr < len / BLK);
-	CHECK(pwrite(dfd, out, (size_t)nr * BLK, BLK) == (ssize_t)(nr * BLK));
+	CHECK(!meta_zpack(META_Z_ZSTD, 0, 4 * BLK, data, len, 0, 1, out, ext,
+			  &nr, &blocks));
+	CHECK(nr > 1 && blocks < len / BLK);
+	CHECK(pwrite(dfd, out, (size_t)blocks * BLK, BLK) == (ssize_t)(blocks * BLK));
 	CHECK(!meta_tree_new(&t));
 	CHECK(!meta_inode_new(t, S_IFREG | 0644, &plain));
 	plain->size = 6;
@@ -149,8 +172,9 @@ static void test_standalone_compressed(void)
 	z->embedded = true;
 	z->zextents = ext;
 	z->nr_zextents = nr;
+	z->zalgorithm = META_Z_ZSTD;
 	CHECK(!meta_dir_link(t, t->root, "z", 1, z));
-	struct meta_embedded emb = { dfd, 1 + nr };
+	struct meta_embedded emb = { dfd, 1 + blocks };
 	struct meta_write_opts wo = { .standalone = true, .embedded = &emb };
 	CHECK(!meta_write(t, &wo, fd, NULL));
 	CHECK(!meta_image_open(path, &img));
