@@ -136,7 +136,7 @@ static int mount_layer(struct oci_image *img, uint32_t i, const char *cache_dir,
 		if (!ret)
 			ret = meta_walk(mi, walk_nothing, NULL);
 		if (ret)
-			ferry_err("layer %s: refused before the kernel sees it: ferry mounts the EROFS layouts it reads (plain, or LZ4 with 4 KiB clusters as ferry writes them)",
+			ferry_err("layer %s: refused before the kernel sees it: ferry mounts the EROFS layouts it reads (plain, or LZ4 / zstd as ferry writes them)",
 				  name);
 	}
 	if (!ret)

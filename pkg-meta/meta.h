@@ -4,7 +4,7 @@
  * writer that serialises it into an image the Linux kernel mounts, the
  * reader that serves it back, and the kernel mount call.
  *
- * No network; one codec, LZ4, for the compressed files of standalone
+ * No network; LZ4 and zstd only for the compressed files of standalone
  * images (meta_zpack). File data lives either inside the bootstrap
  * (directories, symlinks, small "inline" regular files) or in external
  * devices (blobs) addressed by chunk indexes; this module only records the

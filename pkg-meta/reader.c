@@ -370,10 +370,10 @@ static bool layout_flat(uint8_t layout)
 }
 
 /*
- * A compressed file as ferry writes it (native layers): LZ4 only, 4 KiB
- * lclusters, 1-block pclusters, full indexes in the image, an extent
- * head first, heads naming blocks inside the image, deltas pointing back
- * inside the file. The data itself is the kernel's to decompress.
+ * A compressed file as ferry writes it (native layers): LZ4 or zstd, 4 KiB
+ * lclusters, full indexes in the image, an extent head first, heads and
+ * their big pclusters inside the image, deltas pointing back inside the
+ * file. The data itself is the kernel's to decompress.
  */
 static int check_zfull(const struct meta_image *img, const struct rinode *ri)
 {
