@@ -688,6 +688,16 @@ int convert_run_erofs_layers(const char *source, const char *dest,
 		ret = oci_image_open(&src, opts->platform, opts->fetch, &img);
 		nr = img.nr_layers;
 	}
+	for (uint32_t i = 0; !ret && img.manifest && i < nr; i++) {
+		const char *mt = img.layers[i].media_type;
+
+		if (!strcmp(mt, EROFS_LAYER_MEDIA_TYPE) || oci_is_ferry_blob(mt) ||
+		    oci_is_ferry_bootstrap(mt)) {
+			ferry_err("source %s is converted already (layer %u is %s): convert the container image it came from",
+				  source, i + 1, mt);
+			ret = -EINVAL;
+		}
+	}
 	if (!ret)
 		ret = image_out_open(&dst, opts->replace, &out);
 	if (!ret && !(c.buf = malloc(COPY_BUF)))

@@ -157,6 +157,8 @@ check_fails "a hardlink to a lower file hidden by an opaque dir is refused" "doe
 J
 check_fails "a 0:0 character device in a layer is refused" "whiteout" \
 	"$FERRY" convert -q --format erofs-layers "tar:$SCRATCH/c0.tar" "oci:$SCRATCH/c0:t"
+check_fails "a native-layer image as the source is refused" "converted already" \
+	"$FERRY" convert -q --format erofs-layers "oci:$OUTL:base" "oci:$SCRATCH/again:t"
 check_exit "a dir: destination is a usage error" 2 \
 	"$FERRY" convert -q --format erofs-layers "oci:$L:t" "dir:$SCRATCH/d"
 expect "  naming what to give instead" grep -q "oci: or docker://" "$LOG"
