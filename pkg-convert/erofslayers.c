@@ -322,15 +322,20 @@ static int reserve_blocks(struct converter *c, struct meta_inode *inode,
 	return 0;
 }
 
-int native_lower_link(struct converter *c, const char *path,
-		      struct meta_inode **out)
+int native_link_target(struct converter *c, const char *path,
+		       struct meta_inode **target)
 {
 	struct native_state *n = c->native;
 	struct meta_inode *lower = NULL, *copy;
 	struct native_layer *l = NULL;
 	int ret;
 
-	*out = NULL;
+	if (*target) {
+		/* Whited out by this very layer: gone, as in the merged view. */
+		if (is_whiteout(*target))
+			*target = NULL;
+		return 0;
+	}
 	lower = lower_lookup(n, path, &l);
 	if (!lower || is_whiteout(lower) || S_ISDIR(lower->mode))
 		return 0;
@@ -374,7 +379,7 @@ int native_lower_link(struct converter *c, const char *path,
 		n->data_blocks += nr;
 	}
 	c->stats->files += S_ISREG(lower->mode);
-	*out = copy;
+	*target = copy;
 	return 0;
 }
 

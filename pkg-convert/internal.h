@@ -152,14 +152,15 @@ int convert_parent_dir(struct converter *c, char *path,
  * Native EROFS layers (erofslayers.c). native_entry turns a whiteout or
  * opaque marker into its overlayfs form (1: handled), refuses what
  * overlayfs cannot carry, and escapes trusted.overlay.* xattrs (0: go on).
- * native_lower_link copies a hardlink target that a lower layer holds
- * (*out NULL when none does). native_ingest_file stores a regular file in
+ * native_link_target settles a hardlink's target *@target as this layer
+ * found it: a whiteout of this layer is no target (NULL), and a target
+ * only a lower layer holds is copied into this one (NULL when none does). native_ingest_file stores a regular file in
  * the layer's embedded data.
  */
 struct tar_entry;
 int native_entry(struct converter *c, struct tar_entry *e, char *path);
-int native_lower_link(struct converter *c, const char *path,
-		      struct meta_inode **out);
+int native_link_target(struct converter *c, const char *path,
+		       struct meta_inode **target);
 /*
  * A directory this layer implies (an entry below it, no entry of its own)
  * takes the attributes it has in the layers below, as in the merged view.

@@ -384,8 +384,8 @@ static int tar_add_entry(struct converter *c, struct tar_reader *tar,
 			return ret;
 		inode = target_dir ? meta_dir_lookup(target_dir, target_name,
 						     strlen(target_name)) : NULL;
-		if (!inode && c->native) {
-			ret = native_lower_link(c, e->linkname, &inode);
+		if (c->native) {
+			ret = native_link_target(c, e->linkname, &inode);
 			if (ret)
 				return ret;
 		}

@@ -270,6 +270,8 @@ EOF
 mkimage hlgone "$T/lower.tar" "$T/upper-hl-gone.tar"
 check_fails "oci: a hardlink to a lower path whited out in its own layer is refused" "hl-to-gone" \
 	"$FERRY" convert "oci:$SCRATCH/oci-hlgone:t" "dir:$SCRATCH/refused" -q
+check_fails "oci: the same, to erofs-layers" "hl-to-gone" \
+	"$FERRY" convert --format erofs-layers "oci:$SCRATCH/oci-hlgone:t" "oci:$SCRATCH/refused:t" -q
 
 check_kernel_log
 e2e_done
