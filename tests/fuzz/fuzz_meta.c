@@ -169,6 +169,13 @@ static void walk_data(struct walker *w, const struct meta_stat *st)
 				walk_bad(w, "chunk device", st->nid, c.device_id);
 		return;
 	}
+	/* Compressed (native layers): the kernel's to decode, never ours. */
+	if (st->layout == EROFS_INODE_COMPRESSED_FULL) {
+		n = meta_read(w->img, st->nid, 0, w->buf, sizeof(w->buf));
+		if (n != -EINVAL)
+			walk_bad(w, "read of a compressed file", st->nid, n);
+		return;
+	}
 	n = meta_read(w->img, st->nid, 0, w->buf, sizeof(w->buf));
 	if (walk_ok(w, "read", st->nid, n) &&
 	    (uint64_t)n != MIN(st->size, (uint64_t)sizeof(w->buf)))
