@@ -175,6 +175,56 @@ int keeper_hello(int sock);
  */
 int keeper_wait(int sock, char *msg, size_t len);
 
+/*
+ * A mount's keeper (fuse.c, fanotify.c): "ferryd HOW FD ARGS... SOCKET
+ * OPTION..." (ARGS NULL-terminated; SOCKET and OPTION: ferryd's socket
+ * and a successor's options, from @o), then the mount's request as a
+ * successor is to get it (keeper_handover). 0 or -errno (no keeper).
+ */
+int keeper_start_mount(const char *how, int fd, const struct fmount *m,
+		       const struct serve_opts *o, const char *const *args, int *sock,
+		       int *pid);
+/*
+ * A mount's keeper, kept: a thread starts it (spawning takes a while, the
+ * mount need not wait) and another one whenever it dies; stop says "bye"
+ * and waits until it has let the descriptor go.
+ */
+struct keeper_guard {
+	const char *how;
+	int fd;
+	const struct fmount *m;
+	const struct serve_opts *o;
+	int stop[2];
+	pthread_t thread;
+	bool started;
+	_Atomic int pid; /* the keeper now, 0: none */
+};
+int keeper_guard_start(struct keeper_guard *g, const char *how, int fd,
+		       const struct fmount *m, const struct serve_opts *o);
+void keeper_guard_stop(struct keeper_guard *g);
+/* Tell a mount's keeper to let go, and wait until it has: *@sock closed. */
+int keeper_bye(int *sock);
+/*
+ * In a mount's keeper: listen to ferryd until "bye" (0), until ferryd is
+ * gone (1), or until @watch (>= 0) reports an error (3: the kernel ended
+ * the mount's connection). The request goes into *@req; other messages
+ * to @note.
+ */
+int keeper_listen(int sock, int watch, char **req,
+		  void (*note)(void *ctx, const char *msg), void *ctx);
+/*
+ * In a mount's keeper, ferryd gone: hand @req_text and descriptor @fd to
+ * the ferryd on @socket_path, starting one (with @opts) when none answers
+ * (a ferryd's lock decides between racing keepers). 0 once it serves the
+ * mount, or -errno.
+ */
+int keeper_handover(const char *socket_path, const char *req_text, int fd,
+		    const char *const *opts);
+/* ferryd --fuse-keeper FD SOCK SOCKET [OPTION...]. */
+int fuse_keeper_main(int argc, char **argv);
+/* This ferryd's binary: the installed path, also once replaced on disk. */
+int ferryd_exe(char *buf, size_t len);
+
 /* ------------------------------------------------------------------ */
 /* daemon.c                                                            */
 /* ------------------------------------------------------------------ */

@@ -172,6 +172,9 @@ int main(int argc, char **argv)
 	/* Started by ferryd for a fanotify mount (fanotify.c). */
 	if (argc > 1 && !strcmp(argv[1], "--keeper"))
 		return keeper_main(argc, argv);
+	/* Started by ferryd for a FUSE mount (fuse.c). */
+	if (argc > 1 && !strcmp(argv[1], "--fuse-keeper"))
+		return fuse_keeper_main(argc, argv);
 	/* Started by ferryd for /dev/cachefiles (cachefiles.c). */
 	if (argc > 1 && !strcmp(argv[1], "--cachefiles-keeper"))
 		return cachefiles_keeper_main(argc, argv);
