@@ -15,15 +15,29 @@
  * the kernel allows every pending event and later reads see holes as
  * zeros. So each mount has a keeper process (keeper.c) that holds a second
  * descriptor of the group and does nothing while ferryd lives. If ferryd
- * dies, the keeper answers EIO to every event still pending and to every
+ * dies, the keeper hands the group to a new ferryd (keeper_handover),
+ * whose fan_start takes the mount over (no mount(2)); only if none takes
+ * it does the keeper answer EIO to every event still pending and to every
  * later one until the superblock is gone. If the keeper dies, this side
  * starts a new one. Either way no reader is ever allowed onto a hole.
+ *
+ * The kernel matches an answer to an event by the descriptor number the
+ * reader got, and keeps events a dead ferryd had read (and not answered)
+ * until the group closes: nothing else identifies them. So every
+ * pre-content event read is journaled, by descriptor number, in a shared
+ * file next to the control socket (struct fan_slot: blob and range) until
+ * it is answered. A successor fills each journaled range and answers its
+ * number before it reads any event itself; an entry of an event already
+ * answered gets ENOENT (a number is reused only after its answer, and a
+ * new event overwrites the entry). Numbers without an entry (an event
+ * read in the instant before its entry was written) are answered EIO.
  *
  * Threads of a mount: the loop thread (fan_serve) reads events, answers
  * present ranges at once and queues the rest to worker threads.
  */
 #include <dirent.h>
 #include <fcntl.h>
+#include <libgen.h>
 #include <limits.h>
 #include <poll.h>
 #include <signal.h>
@@ -32,6 +46,7 @@
 #include <string.h>
 #include <sys/fanotify.h>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -57,9 +72,22 @@ struct fs_sysfs_path_arg {
 #define FS_IOC_GETFSSYSFSPATH _IOR(0x15, 1, struct fs_sysfs_path_arg)
 #endif
 
+/*
+ * The journal's entry for descriptor number N (see the top): written when
+ * the event is read, cleared once answered. Little-endian, host-local.
+ */
+struct fan_slot {
+	_Atomic uint32_t used;
+	uint32_t device;   /* 1-based; 0: an event allowed at once */
+	uint64_t off, len;
+};
+_Static_assert(sizeof(struct fan_slot) == 24, "journal entry layout");
+#define FAN_JOURNAL_SLOTS 65536u
+
 struct fan_job {
 	struct fan_job *next;
 	int fd;            /* the event's descriptor: the answer names it */
+	bool foreign;      /* a dead ferryd's number (journal): not ours to close */
 	uint32_t device;   /* 1-based */
 	uint64_t off, len;
 };
@@ -83,6 +111,9 @@ struct fan {
 	uint32_t nr_blobs;
 	struct fan_blob *blobs;
 	struct ferry_exes exes;     /* fills, never readers */
+	struct fan_slot *journal;   /* FAN_JOURNAL_SLOTS, shared with successors */
+	const struct serve_opts *opts;
+	unsigned int replaying;     /* lock: a dead ferryd's events being answered */
 	_Atomic bool stop;
 	bool mounted;
 	uint64_t evbuf[4096];       /* read(): aligned for the metadata */
@@ -99,7 +130,21 @@ struct fan {
 /* Answers                                                             */
 /* ------------------------------------------------------------------ */
 
-static void answer(struct fan *f, int fd, bool allow)
+static void journal_put(struct fan *f, int fd, uint32_t device, uint64_t off,
+			uint64_t len)
+{
+	struct fan_slot *s;
+
+	if (!f->journal || fd < 0 || (unsigned int)fd >= FAN_JOURNAL_SLOTS)
+		return;
+	s = &f->journal[fd];
+	s->device = device;
+	s->off = off;
+	s->len = len;
+	atomic_store_explicit(&s->used, 1, memory_order_release);
+}
+
+static void respond(struct fan *f, int fd, bool allow)
 {
 	struct fanotify_response r = {
 		.fd = fd,
@@ -110,6 +155,14 @@ static void answer(struct fan *f, int fd, bool allow)
 	if (write(f->group, &r, sizeof(r)) != sizeof(r) && errno != ENOENT)
 		ferry_warn("%s: answering a fanotify event: %s", f->m->mountpoint,
 			   strerror(errno));
+}
+
+/* Answer, forget the entry, then free the number (see the top). */
+static void answer(struct fan *f, int fd, bool allow)
+{
+	respond(f, fd, allow);
+	if (f->journal && (unsigned int)fd < FAN_JOURNAL_SLOTS)
+		atomic_store_explicit(&f->journal[fd].used, 0, memory_order_release);
 	close(fd);
 }
 
@@ -188,7 +241,15 @@ static void *worker_main(void *arg)
 			ferry_err("%s: reading blob %u bytes %llu+%llu for the kernel: %s",
 				  f->m->req.image, j->device, (unsigned long long)j->off,
 				  (unsigned long long)j->len, ferry_strerror(ret));
-		answer(f, j->fd, !ret);
+		if (j->foreign) {
+			respond(f, j->fd, !ret);
+			pthread_mutex_lock(&f->lock);
+			if (!--f->replaying)
+				pthread_cond_broadcast(&f->cond);
+			pthread_mutex_unlock(&f->lock);
+		} else {
+			answer(f, j->fd, !ret);
+		}
 		if (!ret)
 			unmark_if_complete(f, j->device);
 		free(j);
@@ -196,14 +257,16 @@ static void *worker_main(void *arg)
 }
 
 static int queue_job(struct fan *f, int fd, uint32_t device, uint64_t off,
-		     uint64_t len)
+		     uint64_t len, bool foreign)
 {
 	struct fan_job *j = malloc(sizeof(*j));
 
 	if (!j)
 		return -ENOMEM;
-	*j = (struct fan_job){ .fd = fd, .device = device, .off = off, .len = len };
+	*j = (struct fan_job){ .fd = fd, .device = device, .off = off, .len = len,
+			       .foreign = foreign };
 	pthread_mutex_lock(&f->lock);
+	f->replaying += foreign;
 	*f->tail = j;
 	f->tail = &j->next;
 	pthread_cond_signal(&f->cond);
@@ -380,6 +443,7 @@ static int handle_event(struct fan *f, const struct fanotify_event_metadata *met
 	}
 	device = blob_of(f, meta->fd);
 	if (!device || meta->pid == getpid()) {
+		journal_put(f, meta->fd, 0, 0, 0);
 		answer(f, meta->fd, true);
 		return 0;
 	}
@@ -390,12 +454,13 @@ static int handle_event(struct fan *f, const struct fanotify_event_metadata *met
 	}
 	off = MIN(off, size);
 	len = MIN(len, size - off);
+	journal_put(f, meta->fd, device, off, len);
 	if (image_cache_present(f->m->ic, device, off, len) ||
 	    fan_fill_process(&f->exes, meta->pid, meta->fd)) {
 		answer(f, meta->fd, true);
 		return 0;
 	}
-	if (queue_job(f, meta->fd, device, off, len)) {
+	if (queue_job(f, meta->fd, device, off, len, false)) {
 		answer(f, meta->fd, false);
 		return -ENOMEM;
 	}
@@ -448,7 +513,8 @@ static int fan_keeper_start(struct fan *f)
 	int keeper_pid, ret;
 
 	snprintf(sweep, sizeof(sweep), "%u", f->sweep_max);
-	ret = keeper_spawn("--keeper", f->group, args, &f->keeper_sock, &keeper_pid);
+	ret = keeper_start_mount("--keeper", f->group, f->m, f->opts, args, &f->keeper_sock,
+				 &keeper_pid);
 	if (ret)
 		return ret;
 	atomic_store(&f->keeper_pid, keeper_pid);
@@ -569,6 +635,72 @@ static bool sb_alive(const struct fan *f)
 	return f->sysfs[0] && !access(f->sysfs, F_OK);
 }
 
+/*
+ * The mount's journal (see the top), next to the control socket, named by
+ * the mount point: cleared for a new mount, kept for a takeover.
+ */
+static int journal_open(struct fan *f, bool keep)
+{
+	uint8_t d[SHA256_SIZE];
+	char hex[2 * SHA256_SIZE + 1], *dir = strdup(f->opts->socket_path), *path = NULL;
+	size_t size = FAN_JOURNAL_SLOTS * sizeof(struct fan_slot);
+	void *p = MAP_FAILED;
+	int fd = -1, ret = 0;
+
+	sha256_buf(f->m->mountpoint, strlen(f->m->mountpoint), d);
+	hex_encode(d, 8, hex);
+	if (!dir || asprintf(&path, "%s/fanotify-%s.journal", dirname(dir), hex) < 0) {
+		ret = -ENOMEM;
+		goto out;
+	}
+	fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+	if (fd < 0 || (!keep && ftruncate(fd, 0)) || ftruncate(fd, (off_t)size))
+		ret = -errno;
+	if (!ret)
+		p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (!ret && p == MAP_FAILED)
+		ret = -errno;
+	if (!ret)
+		f->journal = p;
+	else
+		ferry_warn("%s: the journal of pending reads %s: %s; if ferryd dies, reads in flight then fail with EIO",
+			   f->m->mountpoint, path ? path : "", ferry_strerror(ret));
+out:
+	if (fd >= 0)
+		close(fd);
+	free(path);
+	free(dir);
+	return ret;
+}
+
+/*
+ * A takeover: queue the dead ferryd's journaled events for the fill
+ * threads (fan_serve waits for them before reading events itself).
+ */
+static void journal_replay(struct fan *f)
+{
+	unsigned int fd, n = 0;
+
+	for (fd = 0; f->journal && fd < FAN_JOURNAL_SLOTS; fd++) {
+		struct fan_slot *s = &f->journal[fd];
+
+		if (!atomic_load_explicit(&s->used, memory_order_acquire))
+			continue;
+		atomic_store(&s->used, 0);
+		n++;
+		if (!s->device || s->device > f->nr_blobs ||
+		    s->off > f->blobs[s->device - 1].size ||
+		    s->len > f->blobs[s->device - 1].size - s->off) {
+			respond(f, (int)fd, !s->device);
+			continue;
+		}
+		if (queue_job(f, (int)fd, s->device, s->off, s->len, true))
+			respond(f, (int)fd, false);
+	}
+	if (n)
+		ferry_info("%s: answering %u reads the dead ferryd had taken", f->m->mountpoint, n);
+}
+
 static void fan_free(struct fan *f)
 {
 	unsigned int i;
@@ -587,10 +719,31 @@ static void fan_free(struct fan *f)
 		close(f->wake[0]);
 		close(f->wake[1]);
 	}
+	if (f->journal)
+		munmap(f->journal, FAN_JOURNAL_SLOTS * sizeof(struct fan_slot));
 	pthread_mutex_destroy(&f->lock);
 	pthread_cond_destroy(&f->cond);
 	free(f->blobs);
 	free(f);
+}
+
+/* The descriptor handed over is a fanotify group: ours now. */
+static int fan_adopt_group(struct fan *f, char *err, size_t errlen)
+{
+	char path[64], link[64] = "";
+	int fd = f->m->req.adopt_fd;
+	ssize_t n;
+
+	f->m->req.adopt_fd = -1;
+	f->group = fd;
+	snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+	n = readlink(path, link, sizeof(link) - 1);
+	if (fd < 0 || n <= 0 || strncmp(link, "anon_inode:[fanotify]", (size_t)n)) {
+		snprintf(err, errlen, "%s: a fanotify mount is taken over with its group's descriptor",
+			 f->m->mountpoint);
+		return -EINVAL;
+	}
+	return fcntl(fd, F_SETFL, O_NONBLOCK) ? -errno : 0;
 }
 
 /*
@@ -601,6 +754,7 @@ static void fan_free(struct fan *f)
 static int fan_start(struct fmount *m, const struct serve_opts *o, void **state,
 		     char *err, size_t errlen)
 {
+	bool adopt = m->req.adopt;
 	struct fan *f = calloc(1, sizeof(*f));
 	unsigned int i;
 	uint32_t n = m->img->blobs.nr_blobs;
@@ -612,6 +766,7 @@ static int fan_start(struct fmount *m, const struct serve_opts *o, void **state,
 		return -ENOMEM;
 	}
 	f->m = m;
+	f->opts = o;
 	f->nr_blobs = n;
 	f->group = f->keeper_sock = f->wake[0] = f->wake[1] = -1;
 	f->tail = &f->head;
@@ -633,8 +788,14 @@ static int fan_start(struct fmount *m, const struct serve_opts *o, void **state,
 		snprintf(err, errlen, "pipe: %s", strerror(-ret));
 		goto fail;
 	}
-	f->group = fanotify_init(FAN_CLASS_PRE_CONTENT | FAN_CLOEXEC | FAN_NONBLOCK |
-				 FAN_UNLIMITED_QUEUE, O_RDONLY | O_LARGEFILE | O_CLOEXEC);
+	if (adopt) {
+		ret = fan_adopt_group(f, err, errlen);
+		if (ret)
+			goto fail;
+	} else {
+		f->group = fanotify_init(FAN_CLASS_PRE_CONTENT | FAN_CLOEXEC | FAN_NONBLOCK |
+					 FAN_UNLIMITED_QUEUE, O_RDONLY | O_LARGEFILE | O_CLOEXEC);
+	}
 	if (f->group < 0) {
 		ret = -errno;
 		snprintf(err, errlen, "fanotify_init (pre-content class): %s%s", strerror(-ret),
@@ -645,6 +806,7 @@ static int fan_start(struct fmount *m, const struct serve_opts *o, void **state,
 	ret = mark_blobs(f, err, errlen);
 	if (ret)
 		goto fail;
+	journal_open(f, adopt);
 	/* Before the mount: from now on a descriptor of the group outlives us. */
 	ret = fan_keeper_start(f);
 	if (ret) {
@@ -652,14 +814,15 @@ static int fan_start(struct fmount *m, const struct serve_opts *o, void **state,
 		goto fail;
 	}
 	image_cache_kernel_reads(m->ic);
-	ret = image_cache_kernel_mount(m->ic, m->req.cache_dir, m->mountpoint,
-				       image_mount_flags(m->req.suid, m->req.dev));
+	/* A takeover finds the dead ferryd's mount there. */
+	ret = adopt ? 0 : image_cache_kernel_mount(m->ic, m->req.cache_dir, m->mountpoint,
+						   image_mount_flags(m->req.suid, m->req.dev));
 	if (ret) {
 		snprintf(err, errlen, "kernel mount of %s on %s failed (see above)",
 			 m->img->bootstrap_path, m->mountpoint);
 		goto fail;
 	}
-	f->mounted = true;
+	f->mounted = !adopt;
 	ret = find_sysfs(f, err, errlen);
 	if (!ret) {
 		char msg[sizeof(f->sysfs) + 8];
@@ -678,6 +841,8 @@ static int fan_start(struct fmount *m, const struct serve_opts *o, void **state,
 	}
 	if (ret)
 		goto fail;
+	if (adopt)
+		journal_replay(f);
 	*state = f;
 	mount_ready(m);
 	return 0;
@@ -701,7 +866,18 @@ static int fan_serve(void *state)
 {
 	struct fan *f = state;
 	uint64_t next_check = 0;
+	unsigned int fd;
 	int ret = 0;
+
+	if (f->m->req.adopt) {
+		/* Before any number of ours could name an event. */
+		pthread_mutex_lock(&f->lock);
+		while (f->replaying)
+			pthread_cond_wait(&f->cond, &f->lock);
+		pthread_mutex_unlock(&f->lock);
+		for (fd = 0; fd < f->sweep_max; fd++)
+			respond(f, (int)fd, false);
+	}
 
 	while (!atomic_load(&f->stop)) {
 		struct pollfd p[3] = {

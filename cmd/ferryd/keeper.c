@@ -1,8 +1,16 @@
 // SPDX-License-Identifier: MIT
 /*
- * The fanotify keeper: ferryd --keeper GROUP_FD SOCK_FD MOUNTPOINT
- * SOURCE SWEEP_MAX, started by fanotify.c for one mount (SOURCE: the
- * mount's source in mountinfo).
+ * The keepers of mounts: processes that hold a mount's kernel descriptor
+ * so that it outlives ferryd, and hand it to a successor ferryd
+ * (keeper_handover: the mount's request and the descriptor over the
+ * control socket, SCM_RIGHTS; a ferryd started when none answers).
+ * ferryd --fuse-keeper FD SOCK SOCKET [OPTION...] holds a /dev/fuse
+ * connection (fuse.c); ferryd --keeper GROUP_FD SOCK_FD MOUNTPOINT
+ * SOURCE SWEEP_MAX SOCKET [OPTION...] a fanotify group (fanotify.c;
+ * SOURCE: the mount's source in mountinfo). The cachefiles keeper is in
+ * cachefiles.c.
+ *
+ * The fanotify keeper:
  *
  * It holds a descriptor of the mount's fanotify group so that the group
  * outlives ferryd: were the last descriptor closed, the kernel would
@@ -10,7 +18,8 @@
  * files' holes as zeros. While ferryd lives the keeper only listens on
  * its socket: "sysfs PATH" names the superblock's sysfs directory, "bye"
  * (the superblock is gone) ends it. When the socket closes without "bye",
- * ferryd is gone: the keeper denies with EIO every event ferryd had read
+ * ferryd is gone: the keeper hands the group over; only when no ferryd
+ * takes it does it deny with EIO every event ferryd had read
  * but not answered (the kernel matches answers by descriptor number, so
  * it answers every number below ferryd's descriptor limit). From then on
  * until the superblock is gone — unmounting it (ferry umount) ends the
@@ -507,16 +516,13 @@ static void handle_event(struct keeper *k, const struct fanotify_event_metadata 
 	close(meta->fd);
 }
 
-/* Listen to ferryd until "bye" (0) or until it is gone (1). */
-static int listen_to_ferryd(struct keeper *k)
+/* "sysfs PATH": the superblock's sysfs directory. */
+static void note_sysfs(void *ctx, const char *msg)
 {
-	char msg[sizeof(k->sysfs) + 6];
-	int ret;
+	struct keeper *k = ctx;
 
-	while ((ret = keeper_wait(k->sock, msg, sizeof(msg))) == 2)
-		if (!strncmp(msg, "sysfs ", 6))
-			snprintf(k->sysfs, sizeof(k->sysfs), "%s", msg + 6);
-	return ret;
+	if (!strncmp(msg, "sysfs ", 6))
+		snprintf(k->sysfs, sizeof(k->sysfs), "%s", msg + 6);
 }
 
 /* Our superblock, if ferryd died before it could name it. */
@@ -566,9 +572,11 @@ int keeper_main(int argc, char **argv)
 {
 	struct keeper k = { 0 };
 	unsigned int gfd, sfd;
+	char *req = NULL;
+	int ret;
 
-	if (argc != 7 || parse_uint(argv[2], &gfd) || parse_uint(argv[3], &sfd) ||
-	    parse_uint(argv[6], &k.sweep_max)) {
+	if (argc < 8 || parse_uint(argv[2], &gfd) || parse_uint(argv[3], &sfd) ||
+	    parse_uint(argv[6], &k.sweep_max) || argv[7][0] != '/') {
 		fprintf(stderr, "ferryd --keeper: started by ferryd only\n");
 		return 2;
 	}
@@ -579,7 +587,19 @@ int keeper_main(int argc, char **argv)
 	fcntl(k.group, F_SETFD, FD_CLOEXEC);
 	if (keeper_hello(k.sock))
 		return 1;
-	if (listen_to_ferryd(&k))
-		serve_alone(&k);
+	ret = keeper_listen(k.sock, -1, &req, note_sysfs, &k);
+	if (ret == 1) {
+		ferry_warn("fanotify keeper of %s: ferryd is gone; handing the mount over to a new ferryd on %s",
+			   k.mountpoint, argv[7]);
+		ret = keeper_handover(argv[7], req, k.group, (const char *const *)argv + 8);
+		if (ret) {
+			ferry_err("fanotify keeper of %s: no ferryd took the mount over (%s)",
+				  k.mountpoint, ferry_strerror(ret));
+			serve_alone(&k);
+		} else {
+			ferry_info("fanotify keeper of %s: the mount is served again", k.mountpoint);
+		}
+	}
+	free(req);
 	return 0;
 }
