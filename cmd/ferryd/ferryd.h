@@ -14,11 +14,13 @@
  *   prefetch.c the per-mount prefetch thread
  *   metrics.c  Prometheus text of the mounts' statistics, HTTP endpoint
  *   fuse.c     FUSE mode: the FUSE low-level operations over pkg-meta /
- *              image_cache, session and mount (fusefs.h)
+ *              image_cache, session and mount, takeover (fusefs.h)
+ *   fuse_shim.c  FUSE takeover steps libfuse lacks: INIT, RESEND
  *   readahead.c  FUSE mode: stores the next files of a directory being
  *              read in order in the page cache
  *   fanotify.c fanotify mode: marks, mount(2), event loop, fill threads
- *   keeper.c   the process that keeps a fanotify group open (fanotify.h)
+ *   keeper.c   mounts' keepers: hold a FUSE connection or fanotify group
+ *              when ferryd dies and hand it to a successor
  *   cachefiles.c  cachefiles mode: /dev/cachefiles, mount(2), OPEN/READ/
  *              CLOSE requests
  *   log.c      log lines (timestamps in the log file) and per-thread
@@ -154,6 +156,7 @@ void log_capture_end(struct log_capture *c);
 
 /* ------------------------------------------------------------------ */
 /* keeper.c: processes that keep a descriptor open when ferryd dies    */
+/* and hand it to a successor                                          */
 /* ------------------------------------------------------------------ */
 
 /*
