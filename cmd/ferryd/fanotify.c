@@ -908,6 +908,7 @@ static int fan_serve(void *state)
 				   f->m->mountpoint, atomic_load(&f->keeper_pid));
 			close(f->keeper_sock);
 			f->keeper_sock = -1;
+			atomic_fetch_add(&keeper_restarts, 1);
 			ret = fan_keeper_start(f);
 			if (ret) {
 				ferry_err("%s: no fanotify keeper: unmounting", f->m->mountpoint);
@@ -959,6 +960,8 @@ static void fan_close(void *state, int ret)
 	} else {
 		/* Still in use (a busy mount at shutdown, a fatal error):
 		 * the keeper answers EIO from now on, never zeros. */
+		if (f->keeper_sock >= 0)
+			keeper_send(f, "alone");
 		ferry_warn("%s: still mounted and in use; its fanotify keeper (pid %d) answers EIO to reads of missing data until it is unmounted",
 			   f->m->mountpoint, atomic_load(&f->keeper_pid));
 	}

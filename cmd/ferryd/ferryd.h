@@ -96,6 +96,14 @@ int mounts_umount(const char *mountpoint, bool lazy, char *err, size_t errlen);
 int mounts_list(struct ctl_mount_stats **mounts, size_t *nr);
 size_t mounts_count(void);
 /*
+ * Failover counters of this ferryd (metrics): mounts of @mode it took
+ * over from a dead or replaced ferryd, and keepers it started again after
+ * one died.
+ */
+void mounts_note_takeover(const char *mode);
+unsigned int mounts_takeovers(const char *mode);
+extern _Atomic unsigned int keeper_restarts;
+/*
  * Unmount everything (detach what is busy) and end every session,
  * waiting a few seconds at most: the mounts whose session is still
  * running (a worker inside a stalled fetch) are returned; the caller
@@ -189,8 +197,9 @@ int keeper_start_mount(const char *how, int fd, const struct fmount *m,
 		       int *pid);
 /*
  * A mount's keeper, kept: a thread starts it (spawning takes a while, the
- * mount need not wait) and another one whenever it dies; stop says "bye"
- * and waits until it has let the descriptor go.
+ * mount need not wait) and another one whenever it dies; stop (any
+ * thread, once or more) says "bye" and waits until it has let the
+ * descriptor go.
  */
 struct keeper_guard {
 	const char *how;
@@ -199,7 +208,7 @@ struct keeper_guard {
 	const struct serve_opts *o;
 	int stop[2];
 	pthread_t thread;
-	bool started;
+	_Atomic bool started;
 	_Atomic int pid; /* the keeper now, 0: none */
 };
 int keeper_guard_start(struct keeper_guard *g, const char *how, int fd,
@@ -209,8 +218,9 @@ void keeper_guard_stop(struct keeper_guard *g);
 int keeper_bye(int *sock);
 /*
  * In a mount's keeper: listen to ferryd until "bye" (0), until ferryd is
- * gone (1), or until @watch (>= 0) reports an error (3: the kernel ended
- * the mount's connection). The request goes into *@req; other messages
+ * gone (1), "alone" (2: ferryd shut down leaving the mount in use), or
+ * until @watch (>= 0) reports an error (3: the kernel ended the mount's
+ * connection). The request goes into *@req; other messages
  * to @note.
  */
 int keeper_listen(int sock, int watch, char **req,

@@ -926,6 +926,9 @@ static void fuse_stop(void *state)
 
 	fuse_session_exit(fs->se);
 	pthread_kill(fs->m->loop_thread, SIGUSR2);
+	/* Ending on purpose: should a worker keep ferryd from a clean exit,
+	 * no successor must take the mount over. */
+	keeper_guard_stop(&fs->keeper);
 }
 
 /*

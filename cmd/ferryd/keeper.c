@@ -56,6 +56,8 @@
 #define HANDOVER_RESPAWN_MS 5000 /* between starts */
 #define HANDOVER_POLL_MS 50
 
+_Atomic unsigned int keeper_restarts;
+
 int keeper_spawn(const char *how, int fd, const char *const *args, int *sock,
 		 int *pid)
 {
@@ -229,6 +231,7 @@ static void *guard_main(void *arg)
 		if (sock >= 0 && p[1].revents) {
 			ferry_warn("%s: its keeper (pid %d) is gone; starting a new one",
 				   g->m->mountpoint, pid);
+			atomic_fetch_add(&keeper_restarts, 1);
 			close(sock);
 			sock = -1;
 		}
@@ -260,7 +263,7 @@ int keeper_guard_start(struct keeper_guard *g, const char *how, int fd,
 
 void keeper_guard_stop(struct keeper_guard *g)
 {
-	if (!g->started)
+	if (!atomic_exchange(&g->started, false))
 		return;
 	if (write(g->stop[1], "x", 1) != 1)
 		ferry_warn("%s: stopping the keeper's guard: %s", g->m->mountpoint,
@@ -268,7 +271,6 @@ void keeper_guard_stop(struct keeper_guard *g)
 	pthread_join(g->thread, NULL);
 	close(g->stop[0]);
 	close(g->stop[1]);
-	g->started = false;
 }
 
 int keeper_hello(int sock)
@@ -333,6 +335,8 @@ int keeper_listen(int sock, int watch, char **req,
 		msg[n] = '\0';
 		if (!strcmp(msg, "bye"))
 			ret = 0;
+		else if (!strcmp(msg, "alone"))
+			ret = 2;
 		else if (!strncmp(msg, "req ", 4) && req) {
 			free(*req);
 			*req = strdup(msg + 4);
@@ -371,7 +375,10 @@ static void spawn_successor(const char *socket_path, const char *const *opts)
 		waitpid(child, &status, 0);
 }
 
-/* One attempt: 0, -ENOENT/-ECONNREFUSED (no ferryd there), or the refusal. */
+/*
+ * One attempt: 0, 1 (ferryd refused the mount: logged), or -errno
+ * (-ENOENT, -ECONNREFUSED: no ferryd there).
+ */
 static int handover_once(const char *socket_path, struct json_object *req, int fd)
 {
 	struct json_object *resp = NULL;
@@ -389,8 +396,8 @@ static int handover_once(const char *socket_path, struct json_object *req, int f
 	if (ret == 1)
 		ret = -ECONNREFUSED; /* it went away: try again */
 	if (!ret && !(ret = ctl_reply_parse(resp, &r, err, sizeof(err))) && r.err) {
-		ret = r.err;
-		ferry_err("keeper: the successor refused the mount: %s", r.error);
+		ret = 1;
+		ferry_err("keeper: the new ferryd refused the mount: %s", r.error);
 	}
 	json_object_put(resp);
 	jsonl_reader_free(&rd);
@@ -411,6 +418,8 @@ int keeper_handover(const char *socket_path, const char *req_text, int fd,
 	}
 	for (;;) {
 		ret = handover_once(socket_path, req, fd);
+		if (ret == 1)
+			ret = -EPERM;
 		if (ret != -ENOENT && ret != -ECONNREFUSED)
 			break;
 		now = ferry_now_ns();
@@ -588,7 +597,11 @@ int keeper_main(int argc, char **argv)
 	if (keeper_hello(k.sock))
 		return 1;
 	ret = keeper_listen(k.sock, -1, &req, note_sysfs, &k);
-	if (ret == 1) {
+	if (ret == 2) {
+		/* ferryd shut down, the mount still in use: no successor. */
+		k.sweep_max = 0; /* ferryd answered what it had read */
+		serve_alone(&k);
+	} else if (ret == 1) {
 		ferry_warn("fanotify keeper of %s: ferryd is gone; handing the mount over to a new ferryd on %s",
 			   k.mountpoint, argv[7]);
 		ret = keeper_handover(argv[7], req, k.group, (const char *const *)argv + 8);

@@ -518,6 +518,30 @@ static int wait_ready(struct fmount *m)
 	return ret;
 }
 
+static _Atomic unsigned int takeovers[3]; /* fuse, fanotify, cachefiles */
+
+static _Atomic unsigned int *takeover_counter(const char *mode)
+{
+	return !strcmp(mode, fuse_mode.name)	 ? &takeovers[0] :
+	       !strcmp(mode, fanotify_mode.name) ? &takeovers[1] :
+	       !strcmp(mode, cachefiles_mode.name) ? &takeovers[2] : NULL;
+}
+
+void mounts_note_takeover(const char *mode)
+{
+	_Atomic unsigned int *c = takeover_counter(mode);
+
+	if (c)
+		atomic_fetch_add(c, 1);
+}
+
+unsigned int mounts_takeovers(const char *mode)
+{
+	_Atomic unsigned int *c = takeover_counter(mode);
+
+	return c ? atomic_load(c) : 0;
+}
+
 int mounts_mount(struct ctl_mount_req *req, char *err, size_t errlen)
 {
 	struct fmount *m;
@@ -575,6 +599,8 @@ int mounts_mount(struct ctl_mount_req *req, char *err, size_t errlen)
 			   m->mountpoint, m->mode->name, blobs, (unsigned long long)bytes,
 			   atomic_load(&m->pstate) == PF_RUNNING ? "prefetching" :
 								  "no prefetch");
+		if (m->req.adopt)
+			mounts_note_takeover(m->mode->name);
 	}
 	mount_put(m);
 	if (!ret)
