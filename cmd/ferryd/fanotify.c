@@ -26,11 +26,12 @@
  * until the group closes: nothing else identifies them. So every
  * pre-content event read is journaled, by descriptor number, in a shared
  * file next to the control socket (struct fan_slot: blob and range) until
- * it is answered. A successor fills each journaled range and answers its
- * number before it reads any event itself; an entry of an event already
- * answered gets ENOENT (a number is reused only after its answer, and a
- * new event overwrites the entry). Numbers without an entry (an event
- * read in the instant before its entry was written) are answered EIO.
+ * it is answered. A successor holds each journaled number (so no event
+ * of its own gets it), fills the range and answers the number; an entry
+ * of an event already answered gets ENOENT (a number is reused only after
+ * its answer, and a new event overwrites the entry). Numbers without an
+ * entry (an event read in the instant before its entry was written) are
+ * answered EIO before the successor reads any event (journal_replay).
  *
  * Threads of a mount: the loop thread (fan_serve) reads events, answers
  * present ranges at once and queues the rest to worker threads.
@@ -87,7 +88,6 @@ _Static_assert(sizeof(struct fan_slot) == 24, "journal entry layout");
 struct fan_job {
 	struct fan_job *next;
 	int fd;            /* the event's descriptor: the answer names it */
-	bool foreign;      /* a dead ferryd's number (journal): not ours to close */
 	uint32_t device;   /* 1-based */
 	uint64_t off, len;
 };
@@ -113,7 +113,6 @@ struct fan {
 	struct ferry_exes exes;     /* fills, never readers */
 	struct fan_slot *journal;   /* FAN_JOURNAL_SLOTS, shared with successors */
 	const struct serve_opts *opts;
-	unsigned int replaying;     /* lock: a dead ferryd's events being answered */
 	_Atomic bool stop;
 	bool mounted;
 	uint64_t evbuf[4096];       /* read(): aligned for the metadata */
@@ -241,15 +240,7 @@ static void *worker_main(void *arg)
 			ferry_err("%s: reading blob %u bytes %llu+%llu for the kernel: %s",
 				  f->m->req.image, j->device, (unsigned long long)j->off,
 				  (unsigned long long)j->len, ferry_strerror(ret));
-		if (j->foreign) {
-			respond(f, j->fd, !ret);
-			pthread_mutex_lock(&f->lock);
-			if (!--f->replaying)
-				pthread_cond_broadcast(&f->cond);
-			pthread_mutex_unlock(&f->lock);
-		} else {
-			answer(f, j->fd, !ret);
-		}
+		answer(f, j->fd, !ret);
 		if (!ret)
 			unmark_if_complete(f, j->device);
 		free(j);
@@ -257,16 +248,14 @@ static void *worker_main(void *arg)
 }
 
 static int queue_job(struct fan *f, int fd, uint32_t device, uint64_t off,
-		     uint64_t len, bool foreign)
+		     uint64_t len)
 {
 	struct fan_job *j = malloc(sizeof(*j));
 
 	if (!j)
 		return -ENOMEM;
-	*j = (struct fan_job){ .fd = fd, .device = device, .off = off, .len = len,
-			       .foreign = foreign };
+	*j = (struct fan_job){ .fd = fd, .device = device, .off = off, .len = len };
 	pthread_mutex_lock(&f->lock);
-	f->replaying += foreign;
 	*f->tail = j;
 	f->tail = &j->next;
 	pthread_cond_signal(&f->cond);
@@ -460,7 +449,7 @@ static int handle_event(struct fan *f, const struct fanotify_event_metadata *met
 		answer(f, meta->fd, true);
 		return 0;
 	}
-	if (queue_job(f, meta->fd, device, off, len, false)) {
+	if (queue_job(f, meta->fd, device, off, len)) {
 		answer(f, meta->fd, false);
 		return -ENOMEM;
 	}
@@ -674,31 +663,55 @@ out:
 }
 
 /*
- * A takeover: queue the dead ferryd's journaled events for the fill
- * threads (fan_serve waits for them before reading events itself).
+ * A takeover, before the loop reads any event: the dead ferryd's
+ * journaled events go to the fill threads, each under its own number,
+ * which we hold (a /dev/null descriptor) until it is answered, so that no
+ * event of ours gets it meanwhile; the loop runs at once (our own fills
+ * raise events too). Every other number below the descriptor limit is
+ * denied first: only an event read in the instant before its entry was
+ * written can still be pending under one.
  */
 static void journal_replay(struct fan *f)
 {
-	unsigned int fd, n = 0;
+	uint8_t *held = calloc(FAN_JOURNAL_SLOTS, 1);
+	int null = open("/dev/null", O_RDONLY | O_CLOEXEC);
+	unsigned int fd, n = 0, denied = 0;
 
 	for (fd = 0; f->journal && fd < FAN_JOURNAL_SLOTS; fd++) {
 		struct fan_slot *s = &f->journal[fd];
+		bool valid;
 
 		if (!atomic_load_explicit(&s->used, memory_order_acquire))
 			continue;
 		atomic_store(&s->used, 0);
 		n++;
-		if (!s->device || s->device > f->nr_blobs ||
-		    s->off > f->blobs[s->device - 1].size ||
-		    s->len > f->blobs[s->device - 1].size - s->off) {
+		valid = s->device && s->device <= f->nr_blobs &&
+			s->off <= f->blobs[s->device - 1].size &&
+			s->len <= f->blobs[s->device - 1].size - s->off;
+		/* A number we use already cannot be held: deny it. */
+		if (!valid || !held || null < 0 || fcntl((int)fd, F_GETFD) >= 0 ||
+		    dup3(null, (int)fd, O_CLOEXEC) != (int)fd) {
 			respond(f, (int)fd, !s->device);
+			denied += !!s->device;
 			continue;
 		}
-		if (queue_job(f, (int)fd, s->device, s->off, s->len, true))
-			respond(f, (int)fd, false);
+		held[fd] = 1;
 	}
-	if (n)
-		ferry_info("%s: answering %u reads the dead ferryd had taken", f->m->mountpoint, n);
+	for (fd = 0; fd < f->sweep_max; fd++)
+		if (fd >= FAN_JOURNAL_SLOTS || !held || !held[fd])
+			respond(f, (int)fd, false);
+	for (fd = 0; held && fd < FAN_JOURNAL_SLOTS; fd++) {
+		struct fan_slot *s = &f->journal[fd];
+
+		if (held[fd] && queue_job(f, (int)fd, s->device, s->off, s->len))
+			answer(f, (int)fd, false);
+	}
+	ferry_info("%s: fanotify group taken over; answering %u reads the dead ferryd had taken%s%s",
+		   f->m->mountpoint, n - denied, denied ? " (some denied: see the log)" : "",
+		   f->journal ? "" : " (no journal: its reads get EIO)");
+	if (null >= 0)
+		close(null);
+	free(held);
 }
 
 static void fan_free(struct fan *f)
@@ -866,18 +879,8 @@ static int fan_serve(void *state)
 {
 	struct fan *f = state;
 	uint64_t next_check = 0;
-	unsigned int fd;
 	int ret = 0;
 
-	if (f->m->req.adopt) {
-		/* Before any number of ours could name an event. */
-		pthread_mutex_lock(&f->lock);
-		while (f->replaying)
-			pthread_cond_wait(&f->cond, &f->lock);
-		pthread_mutex_unlock(&f->lock);
-		for (fd = 0; fd < f->sweep_max; fd++)
-			respond(f, (int)fd, false);
-	}
 
 	while (!atomic_load(&f->stop)) {
 		struct pollfd p[3] = {
