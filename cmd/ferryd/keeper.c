@@ -179,7 +179,8 @@ int keeper_start_mount(const char *how, int fd, const struct fmount *m,
 	free(msg);
 	json_object_put(j);
 	if (ret) {
-		/* It exits when its socket closes without a request. */
+		/* Without a request it finds no successor: it lets go (a
+		 * fanotify keeper serves alone while the mount lives). */
 		close(*sock);
 		*sock = -1;
 	}
