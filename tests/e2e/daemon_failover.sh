@@ -221,4 +221,7 @@ fp_set none
 for m in "${MNTS[@]}"; do
 	check "ferry umount $(fstype "$m")" fumount "$m"
 done
+# Failover must not hide a crash: the daemons' stderr is this log.
+expect "no sanitizer report and no crash in the log of the ferryds" \
+	bash -c '! grep -E "Sanitizer|runtime error|SIGSEGV|SIGABRT" "$1"' _ "$FLOG"
 e2e_done
