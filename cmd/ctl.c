@@ -187,13 +187,14 @@ static void fetch_free_lists(struct fetch_opts *f)
 static const char *const op_names[] = {
 	[CTL_OP_MOUNT] = "mount",   [CTL_OP_UMOUNT] = "umount", [CTL_OP_LIST] = "list",
 	[CTL_OP_PING] = "ping",     [CTL_OP_SHUTDOWN] = "shutdown",
-	[CTL_OP_METRICS] = "metrics",
+	[CTL_OP_METRICS] = "metrics", [CTL_OP_UPGRADE] = "upgrade",
 };
 
 void ctl_mount_req_init(struct ctl_mount_req *r)
 {
 	memset(r, 0, sizeof(*r));
 	r->cache_min_free = -1;
+	r->adopt_fd = -1;
 	fetch_opts_init(&r->fetch);
 }
 
@@ -329,7 +330,7 @@ int ctl_request_parse(struct json_object *o, struct ctl_request *req,
 	ret = json_read_str(o, "op", 64, true, &op, err, errlen);
 	if (ret)
 		return json_bad(err, errlen, "request without \"op\"");
-	for (req->op = CTL_OP_MOUNT; req->op <= CTL_OP_METRICS; req->op++)
+	for (req->op = CTL_OP_MOUNT; req->op <= CTL_OP_UPGRADE; req->op++)
 		if (!strcmp(op, op_names[req->op]))
 			break;
 	switch (req->op) {
@@ -343,6 +344,7 @@ int ctl_request_parse(struct json_object *o, struct ctl_request *req,
 	case CTL_OP_PING:
 	case CTL_OP_SHUTDOWN:
 	case CTL_OP_METRICS:
+	case CTL_OP_UPGRADE:
 		return 0;
 	default:
 		return json_bad(err, errlen, "unknown op \"%s\"", op);

@@ -131,7 +131,7 @@ extern const struct ctl_fetch_opt ctl_fetch_opts[CTL_NR_FETCH_OPTS];
 
 enum ctl_op {
 	CTL_OP_MOUNT = 1, CTL_OP_UMOUNT, CTL_OP_LIST, CTL_OP_PING, CTL_OP_SHUTDOWN,
-	CTL_OP_METRICS,
+	CTL_OP_METRICS, CTL_OP_UPGRADE,
 };
 
 /*
@@ -148,7 +148,11 @@ struct ctl_mount_req {
 	const char *domain;        /* cachefiles: EROFS domain_id, or NULL */
 	const char *record;        /* fuse: write the files read here, or NULL */
 	bool adopt;                /* ferryd only, never sent: take over the
-				    * mount already there (cachefiles failover) */
+				    * mount already there (failover) */
+	int adopt_fd;              /* with adopt: the mount's kernel descriptor
+				    * a keeper passed (fuse: /dev/fuse,
+				    * fanotify: the group), the mount's to
+				    * close; -1 (cachefiles: the device) */
 	uint64_t prefetch_bwlimit; /* bytes per second, 0 = unlimited */
 	uint64_t cache_max_size;   /* the cache's limit, 0 = ferryd's */
 	int64_t cache_min_free;    /* % of the file system kept free, -1 = ferryd's */
@@ -173,7 +177,7 @@ struct json_object *ctl_umount_req_to_json(const struct ctl_umount_req *r);
 int ctl_umount_req_parse(struct json_object *o, struct ctl_umount_req *r,
 			 char *err, size_t errlen);
 
-/* list, ping, shutdown and metrics carry nothing but their op. */
+/* list, ping, shutdown, metrics and upgrade carry nothing but their op. */
 struct json_object *ctl_op_req_to_json(enum ctl_op op);
 
 /* Any request, as ferryd receives it. */
@@ -290,6 +294,8 @@ int ctl_client_ping(const char *socket_path, struct ctl_ping_reply *rep,
 		    char *msg, size_t msglen);
 /* Shutdown (as SIGTERM): ferryd unmounts everything and exits. */
 int ctl_client_shutdown(const char *socket_path, char *msg, size_t msglen);
+/* Upgrade: ferryd leaves its mounts to a new ferryd of the installed binary. */
+int ctl_client_upgrade(const char *socket_path, char *msg, size_t msglen);
 /* *@text: the Prometheus text, malloc'ed. */
 int ctl_client_metrics(const char *socket_path, char **text, char *msg,
 		       size_t msglen);

@@ -267,6 +267,17 @@ int ctl_client_shutdown(const char *socket_path, char *msg, size_t msglen)
 	return ret;
 }
 
+int ctl_client_upgrade(const char *socket_path, char *msg, size_t msglen)
+{
+	struct json_object *resp;
+	int ret;
+
+	ret = call(socket_path, false, ctl_op_req_to_json(CTL_OP_UPGRADE), CTL_TIMEOUT_MS,
+		   &resp, msg, msglen);
+	json_object_put(resp);
+	return ret;
+}
+
 int ctl_client_metrics(const char *socket_path, char **text, char *msg,
 		       size_t msglen)
 {

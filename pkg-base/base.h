@@ -349,10 +349,13 @@ int unix_listen(const char *path, int *fd, ino_t *ino);
 
 /* Write @msg as one line of at most @max bytes (-EMSGSIZE), no SIGPIPE. */
 int jsonl_send(int fd, struct json_object *msg, size_t max);
+/* The same, passing the descriptor @pass along (SCM_RIGHTS) unless < 0. */
+int jsonl_send_fd(int fd, struct json_object *msg, size_t max, int pass);
 
 /* Buffered reader of lines of at most @max bytes from a socket. */
 struct jsonl_reader {
 	int fd;
+	int passed; /* a descriptor the peer passed (SCM_RIGHTS), or -1 */
 	char *buf;
 	size_t len, cap, max;
 };
@@ -365,5 +368,10 @@ void jsonl_reader_free(struct jsonl_reader *r);
  * line without its newline counts.
  */
 int jsonl_recv(struct jsonl_reader *r, int timeout_ms, struct json_object **out);
+/*
+ * The descriptor the peer passed with what was read so far (the caller's
+ * now, CLOEXEC), or -1. One not taken is closed by jsonl_reader_free.
+ */
+int jsonl_take_fd(struct jsonl_reader *r);
 
 #endif

@@ -77,11 +77,18 @@ fail:
 	return ret;
 }
 
-int jsonl_send(int fd, struct json_object *msg, size_t max)
+int jsonl_send_fd(int fd, struct json_object *msg, size_t max, int pass)
 {
 	const char *s = json_object_to_json_string_ext(msg, JSON_C_TO_STRING_PLAIN |
 						       JSON_C_TO_STRING_NOSLASHESCAPE);
 	size_t len = strlen(s), off = 0;
+	union {
+		char buf[CMSG_SPACE(sizeof(int))];
+		struct cmsghdr align;
+	} ctl;
+	struct iovec iov;
+	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1 };
+	struct cmsghdr *c;
 	char nl = '\n';
 	ssize_t n;
 
@@ -89,7 +96,22 @@ int jsonl_send(int fd, struct json_object *msg, size_t max)
 		return -EMSGSIZE;
 	/* Plain JSON never holds a raw newline: strings escape it. */
 	while (off < len) {
-		n = send(fd, s + off, len - off, MSG_NOSIGNAL);
+		iov = (struct iovec){ .iov_base = (char *)s + off, .iov_len = len - off };
+		if (pass >= 0 && !off) {
+			/* With the line's first bytes. */
+			memset(&ctl, 0, sizeof(ctl));
+			mh.msg_control = ctl.buf;
+			mh.msg_controllen = sizeof(ctl.buf);
+			c = CMSG_FIRSTHDR(&mh);
+			c->cmsg_level = SOL_SOCKET;
+			c->cmsg_type = SCM_RIGHTS;
+			c->cmsg_len = CMSG_LEN(sizeof(int));
+			memcpy(CMSG_DATA(c), &pass, sizeof(int));
+		} else {
+			mh.msg_control = NULL;
+			mh.msg_controllen = 0;
+		}
+		n = sendmsg(fd, &mh, MSG_NOSIGNAL);
 		if (n < 0 && errno == EINTR)
 			continue;
 		if (n < 0)
@@ -101,15 +123,24 @@ int jsonl_send(int fd, struct json_object *msg, size_t max)
 	return n < 0 ? -errno : 0;
 }
 
+int jsonl_send(int fd, struct json_object *msg, size_t max)
+{
+	return jsonl_send_fd(fd, msg, max, -1);
+}
+
 void jsonl_reader_init(struct jsonl_reader *r, int fd, size_t max)
 {
 	memset(r, 0, sizeof(*r));
 	r->fd = fd;
 	r->max = max;
+	r->passed = -1;
 }
 
 void jsonl_reader_free(struct jsonl_reader *r)
 {
+	if (r->passed >= 0)
+		close(r->passed);
+	r->passed = -1;
 	free(r->buf);
 	r->buf = NULL;
 	r->len = r->cap = 0;
@@ -127,6 +158,46 @@ static int parse_line(struct jsonl_reader *r, size_t nl, struct json_object **ou
 	memmove(r->buf, r->buf + consumed, r->len - consumed);
 	r->len -= consumed;
 	return ret;
+}
+
+/*
+ * recv(2) that keeps a descriptor passed along (SCM_RIGHTS) in r->passed,
+ * the newest one: a sender passes at most one per request.
+ */
+static ssize_t recv_fd(struct jsonl_reader *r, char *buf, size_t len)
+{
+	union {
+		char buf[CMSG_SPACE(4 * sizeof(int))];
+		struct cmsghdr align;
+	} ctl;
+	struct iovec iov = { .iov_base = buf, .iov_len = len };
+	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1,
+			     .msg_control = ctl.buf, .msg_controllen = sizeof(ctl.buf) };
+	struct cmsghdr *c;
+	ssize_t n = recvmsg(r->fd, &mh, MSG_CMSG_CLOEXEC);
+	size_t i, nr;
+	int fd;
+
+	for (c = n < 0 ? NULL : CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
+		if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+			continue;
+		nr = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+		for (i = 0; i < nr; i++) {
+			memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+			if (r->passed >= 0)
+				close(r->passed);
+			r->passed = fd;
+		}
+	}
+	return n;
+}
+
+int jsonl_take_fd(struct jsonl_reader *r)
+{
+	int fd = r->passed;
+
+	r->passed = -1;
+	return fd;
 }
 
 /* Wait until @r->fd is readable: 0, -ETIMEDOUT or -errno (-EINTR: again). */
@@ -172,7 +243,7 @@ int jsonl_recv(struct jsonl_reader *r, int timeout_ms, struct json_object **out)
 			continue;
 		if (ret)
 			return ret;
-		n = recv(r->fd, r->buf + r->len, r->cap - r->len - 1, 0);
+		n = recv_fd(r, r->buf + r->len, r->cap - r->len - 1);
 		if (n < 0 && errno == EINTR)
 			continue;
 		if (n < 0)

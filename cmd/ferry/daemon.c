@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 /*
- * ferry daemon status|stop, and ferry metrics: the operator's view of the
+ * ferry daemon status|stop|upgrade, and ferry metrics: the operator's view of the
  * ferryd on a control socket (cmd/ctl.h).
  */
 #include <getopt.h>
@@ -20,18 +20,22 @@
 static void daemon_help(void)
 {
 	printf("Usage: ferry daemon status [--json] [--socket PATH]\n"
-	       "       ferry daemon stop [--force] [--timeout S] [--socket PATH]\n\n"
+	       "       ferry daemon stop [--force] [--timeout S] [--socket PATH]\n"
+	       "       ferry daemon upgrade [--timeout S] [--socket PATH]\n\n"
 	       "status  says whether a ferryd serves the control socket: its pid,\n"
 	       "        version, uptime, memory, idle timeout and mounts by mode.\n"
 	       "        Exit status 0 when one runs, 3 when none does.\n"
 	       "stop    asks it to exit and waits until it has. A ferryd with lazy\n"
 	       "        mounts is not stopped without --force: stopping it unmounts\n"
-	       "        them (busy ones are detached and fail their reads).\n\n"
+	       "        them (busy ones are detached and fail their reads).\n"
+	       "upgrade replaces it with the ferryd binary installed now, keeping\n"
+	       "        every mount: their keepers hand them to the new ferryd, and\n"
+	       "        readers only wait. Waits until the new one serves them all.\n\n"
 	       "Options:\n"
 	       "  --socket PATH  ferryd's control socket (default $%s or %s)\n"
 	       "  --json         status: the daemon and its mounts as JSON on stdout\n"
 	       "  --force        stop: even with mounts\n"
-	       "  --timeout S    stop: wait at most S seconds (default %d)\n"
+	       "  --timeout S    stop, upgrade: wait at most S seconds (default %d)\n"
 	       "  -h, --help     this help\n\n" EXIT_CODES_HELP,
 	       CTL_SOCKET_ENV, CTL_DEFAULT_SOCKET, STOP_WAIT_DEFAULT_S);
 }
@@ -155,6 +159,63 @@ static int stop(const char *socket_path, bool force, unsigned int timeout_s)
 	return EXIT_FAIL;
 }
 
+/*
+ * Whether the ferryd answering on @socket_path is not @old_pid and lists
+ * @nr mounts, each with its keeper again (ready for the next upgrade):
+ * 1, 0 (not yet), -errno.
+ */
+static int upgraded(const char *socket_path, int old_pid, size_t nr, int *pid)
+{
+	struct ctl_list_reply lr = { 0 };
+	char msg[CTL_MSG_MAX];
+	int ret = ctl_client_list(socket_path, &lr, msg, sizeof(msg));
+	size_t i;
+
+	if (ret)
+		return ctl_no_daemon(ret) || ret == -ECONNRESET ? 0 : ret;
+	*pid = lr.daemon.pid;
+	ret = lr.daemon.pid != old_pid && lr.nr_mounts >= nr;
+	for (i = 0; i < lr.nr_mounts; i++)
+		ret &= lr.mounts[i].keeper_pid > 0;
+	ctl_list_reply_free(&lr);
+	return ret;
+}
+
+static int upgrade(const char *socket_path, unsigned int timeout_s)
+{
+	struct ctl_list_reply lr = { 0 };
+	char msg[CTL_MSG_MAX] = "";
+	unsigned int waited_ms;
+	int ret = ctl_client_list(socket_path, &lr, msg, sizeof(msg)), pid, new_pid = 0;
+	size_t nr;
+
+	if (ret) {
+		ferry_err("ferryd (%s): %s", socket_path, msg[0] ? msg : ferry_strerror(ret));
+		return EXIT_FAIL;
+	}
+	pid = lr.daemon.pid;
+	nr = lr.nr_mounts;
+	ctl_list_reply_free(&lr);
+	ret = ctl_client_upgrade(socket_path, msg, sizeof(msg));
+	if (ret) {
+		ferry_err("ferryd %d (%s): upgrade refused: %s", pid, socket_path,
+			  msg[0] ? msg : ferry_strerror(ret));
+		return EXIT_FAIL;
+	}
+	for (waited_ms = 0; waited_ms < timeout_s * 1000u; waited_ms += 50) {
+		ret = upgraded(socket_path, pid, nr, &new_pid);
+		if (ret > 0) {
+			printf("ferryd %d replaced by ferryd %d, serving %zu mount%s\n", pid,
+			       new_pid, nr, nr == 1 ? "" : "s");
+			return EXIT_OK;
+		}
+		nanosleep(&(struct timespec){ 0, 50000000 }, NULL);
+	}
+	ferry_err("ferryd on %s: no new ferryd serves the %zu mount%s of ferryd %d after %u s (see its log)",
+		  socket_path, nr, nr == 1 ? "" : "s", pid, timeout_s);
+	return EXIT_FAIL;
+}
+
 int cmd_daemon(int argc, char **argv)
 {
 	static const struct option longopts[] = {
@@ -196,7 +257,7 @@ int cmd_daemon(int argc, char **argv)
 		}
 	}
 	if (optind + 1 != argc)
-		return usage_error("daemon", "expected one of status, stop");
+		return usage_error("daemon", "expected one of status, stop, upgrade");
 	what = argv[optind];
 	if (socket_path[0] != '/')
 		return usage_error("daemon", "--socket %s: expected an absolute path", socket_path);
@@ -210,7 +271,12 @@ int cmd_daemon(int argc, char **argv)
 			return usage_error("daemon", "--json is for status");
 		return stop(socket_path, force, timeout_s);
 	}
-	return usage_error("daemon", "unknown action \"%s\": expected status or stop", what);
+	if (!strcmp(what, "upgrade")) {
+		if (json || force)
+			return usage_error("daemon", "--json is for status, --force for stop");
+		return upgrade(socket_path, timeout_s);
+	}
+	return usage_error("daemon", "unknown action \"%s\": expected status, stop or upgrade", what);
 }
 
 int cmd_metrics(int argc, char **argv)

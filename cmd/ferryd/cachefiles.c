@@ -1127,7 +1127,6 @@ int cachefiles_keeper_main(int argc, char **argv)
 	unsigned long devfd, sock;
 	char *end1, *end2;
 	int ret, i, n_args = 3;
-	ssize_t n;
 
 	if (argc < 5 || argc > KEEPER_ARGS_MAX + 4 ||
 	    (devfd = strtoul(argv[2], &end1, 10)) > INT_MAX || *end1 ||
@@ -1145,8 +1144,9 @@ int cachefiles_keeper_main(int argc, char **argv)
 	/* ferryd is gone: become its successor, the device in hand. */
 	ferry_warn("cachefiles keeper: ferryd is gone; starting a new ferryd on %s to take over %s and its mounts",
 		   argv[4], CF_DEVICE);
-	n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-	exe[n > 0 ? n : 0] = '\0';
+	/* The installed binary: after ferry daemon upgrade, the new one. */
+	if (ferryd_exe(exe, sizeof(exe)))
+		snprintf(exe, sizeof(exe), "/proc/self/exe");
 	fcntl((int)devfd, F_SETFD, 0);
 	close((int)sock);
 	/* The dead ferryd's options (successor_args in daemon.c). */
@@ -1155,7 +1155,7 @@ int cachefiles_keeper_main(int argc, char **argv)
 	succ[n_args++] = "--cachefiles-adopt";
 	succ[n_args++] = argv[2];
 	succ[n_args] = NULL;
-	execv("/proc/self/exe", (char *const *)succ);
+	execv(exe, (char *const *)succ);
 	ferry_err("cachefiles keeper: starting %s: %s; reads of missing data on its mounts fail with EIO",
 		  exe, strerror(errno));
 	return 1;

@@ -21,6 +21,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -32,6 +33,7 @@
 
 static int wake_fd = -1;
 static atomic_bool stop_requested;
+static atomic_bool upgrade_requested;
 static atomic_uint nr_conns;
 static const struct daemon_opts *opts;
 static int64_t started_at;
@@ -65,7 +67,41 @@ unsigned int daemon_connections(void)
 	return atomic_load(&nr_conns);
 }
 
-static struct json_object *handle(struct json_object *o, bool *shutdown)
+/*
+ * @passed: a descriptor the client passed with @o (ours to close), or -1:
+ * a keeper handing its mount over (keeper_handover), as a mount request.
+ */
+/*
+ * Whether an upgrade can go ahead: the installed binary is there, and
+ * every mount has a keeper to hand it over (else it would die with us).
+ */
+static int upgrade_check(char *err, size_t errlen)
+{
+	struct ctl_list_reply list = { 0 };
+	char exe[PATH_MAX];
+	size_t i;
+	int ret = ferryd_exe(exe, sizeof(exe));
+
+	if (!ret && access(exe, X_OK))
+		ret = -errno;
+	if (ret) {
+		snprintf(err, errlen, "the installed ferryd (%.1024s): %s; nothing was changed",
+			 exe, ferry_strerror(ret));
+		return ret;
+	}
+	ret = mounts_list(&list.mounts, &list.nr_mounts);
+	for (i = 0; !ret && i < list.nr_mounts; i++) {
+		if (!list.mounts[i].keeper_pid) {
+			snprintf(err, errlen, "%s (%s) has no keeper to hand it over (see the log); unmount it first or try again",
+				 list.mounts[i].mountpoint, list.mounts[i].mode);
+			ret = -EBUSY;
+		}
+	}
+	ctl_list_reply_free(&list);
+	return ret;
+}
+
+static struct json_object *handle(struct json_object *o, int passed, bool *shutdown)
 {
 	struct ctl_ping_reply ping;
 	struct ctl_list_reply list = { 0 };
@@ -81,8 +117,20 @@ static struct json_object *handle(struct json_object *o, bool *shutdown)
 		resp = reply(ret, err);
 		goto out;
 	}
+	if (passed >= 0 && req.op != CTL_OP_MOUNT) {
+		ret = -EINVAL;
+		resp = reply(ret, "a descriptor comes with a keeper's mount request only");
+		goto out;
+	}
 	switch (req.op) {
 	case CTL_OP_MOUNT:
+		if (passed >= 0) {
+			ferry_info("a keeper hands over %s on %s", req.mount.image,
+				   req.mount.mountpoint);
+			req.mount.adopt = true;
+			req.mount.adopt_fd = passed;
+			passed = -1;
+		}
 		ret = mounts_mount(&req.mount, err, sizeof(err));
 		resp = ret ? reply(ret, err) :
 			     ctl_mount_reply_to_json(&(struct ctl_mount_reply){ .pid = getpid() });
@@ -107,6 +155,15 @@ static struct json_object *handle(struct json_object *o, bool *shutdown)
 		*shutdown = true;
 		resp = reply(0, NULL);
 		break;
+	case CTL_OP_UPGRADE:
+		ret = upgrade_check(err, sizeof(err));
+		if (!ret) {
+			ferry_info("upgrade requested over the control socket");
+			atomic_store(&upgrade_requested, true);
+			*shutdown = true;
+		}
+		resp = reply(ret, err);
+		break;
 	case CTL_OP_METRICS:
 		ret = metrics_text(&text);
 		resp = ret ? reply(ret, "cannot gather the metrics") :
@@ -115,6 +172,8 @@ static struct json_object *handle(struct json_object *o, bool *shutdown)
 		break;
 	}
 out:
+	if (passed >= 0)
+		close(passed);
 	ctl_request_free(&req);
 	return resp;
 }
@@ -144,7 +203,7 @@ static void *conn_main(void *arg)
 		goto out;
 	}
 	while (!shutdown && !(ret = jsonl_recv(&rd, CONN_IDLE_MS, &req))) {
-		resp = handle(req, &shutdown);
+		resp = handle(req, jsonl_take_fd(&rd), &shutdown);
 		json_object_put(req);
 		if (!resp)
 			resp = reply(-ENOMEM, "out of memory");
@@ -391,6 +450,72 @@ static const char *const *successor_args(const struct daemon_opts *o)
 	return a;
 }
 
+/* Whether a cachefiles mount is served (its keeper starts the successor). */
+static bool serving_cachefiles(void)
+{
+	struct ctl_list_reply list = { 0 };
+	bool found = false;
+	size_t i;
+
+	if (mounts_list(&list.mounts, &list.nr_mounts))
+		return true; /* unknown: leave it to the keepers */
+	for (i = 0; i < list.nr_mounts; i++)
+		found |= !strcmp(list.mounts[i].mode, cachefiles_mode.name);
+	ctl_list_reply_free(&list);
+	return found;
+}
+
+/*
+ * ferry daemon upgrade: the installed binary takes over. We start it
+ * (daemonized, as ferry would) once our lock and socket are let go, and
+ * exit as if killed, unmounting nothing: each mount's keeper hands its
+ * mount to the new ferryd (keeper_handover). With a cachefiles mount the
+ * device's keeper starts the successor (it must hold the device), so we
+ * only exit. Returns only if the new ferryd could not be started (then
+ * the keepers start one).
+ */
+static void upgrade(const struct daemon_opts *o, int *lock_fd, int *lfd)
+{
+	const char *const *succ = successor_args(o);
+	const char *argv[64] = { NULL, "--socket", o->socket_path };
+	char exe[PATH_MAX];
+	unsigned int n = 3;
+	int status;
+	pid_t child;
+
+	if (serving_cachefiles()) {
+		ferry_info("upgrade: the cachefiles keeper starts the new ferryd; exiting");
+		fflush(stderr);
+		_exit(EXIT_SUCCESS);
+	}
+	if (ferryd_exe(exe, sizeof(exe)))
+		return;
+	argv[0] = exe;
+	while (*succ && n < ARRAY_SIZE(argv) - 1)
+		argv[n++] = *succ++;
+	argv[n] = NULL;
+	ferry_info("upgrade: starting %s; the mounts' keepers hand them over", exe);
+	fflush(stderr);
+	close(*lfd);
+	close(*lock_fd);
+	*lfd = *lock_fd = -1;
+	child = fork();
+	if (!child) {
+		setsid();
+		execv(exe, (char *const *)argv);
+		_exit(127);
+	}
+	/* Its first process exits once the new daemon listens. */
+	if (child > 0 && waitpid(child, &status, 0) == child && WIFEXITED(status) &&
+	    !WEXITSTATUS(status)) {
+		fflush(stderr);
+		_exit(EXIT_SUCCESS);
+	}
+	ferry_err("upgrade: starting %s failed; the mounts' keepers start one when we exit",
+		  exe);
+	fflush(stderr);
+}
+
 int daemon_run(const struct daemon_opts *o)
 {
 	struct pollfd pfd[3];
@@ -553,6 +678,10 @@ int daemon_run(const struct daemon_opts *o)
 		}
 	}
 
+	if (atomic_load(&upgrade_requested)) {
+		upgrade(o, &lock_fd, &lfd);
+		_exit(EXIT_FAILURE); /* never unmount: the keepers carry on */
+	}
 close_listener:
 	/* No new clients; remove the socket only if it is still ours. */
 	if (lfd >= 0)

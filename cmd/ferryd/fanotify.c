@@ -15,15 +15,30 @@
  * the kernel allows every pending event and later reads see holes as
  * zeros. So each mount has a keeper process (keeper.c) that holds a second
  * descriptor of the group and does nothing while ferryd lives. If ferryd
- * dies, the keeper answers EIO to every event still pending and to every
+ * dies, the keeper hands the group to a new ferryd (keeper_handover),
+ * whose fan_start takes the mount over (no mount(2)); only if none takes
+ * it does the keeper answer EIO to every event still pending and to every
  * later one until the superblock is gone. If the keeper dies, this side
  * starts a new one. Either way no reader is ever allowed onto a hole.
+ *
+ * The kernel matches an answer to an event by the descriptor number the
+ * reader got, and keeps events a dead ferryd had read (and not answered)
+ * until the group closes: nothing else identifies them. So every
+ * pre-content event read is journaled, by descriptor number, in a shared
+ * file next to the control socket (struct fan_slot: blob and range) until
+ * it is answered. A successor holds each journaled number (so no event
+ * of its own gets it), fills the range and answers the number; an entry
+ * of an event already answered gets ENOENT (a number is reused only after
+ * its answer, and a new event overwrites the entry). Numbers without an
+ * entry (an event read in the instant before its entry was written) are
+ * answered EIO before the successor reads any event (journal_replay).
  *
  * Threads of a mount: the loop thread (fan_serve) reads events, answers
  * present ranges at once and queues the rest to worker threads.
  */
 #include <dirent.h>
 #include <fcntl.h>
+#include <libgen.h>
 #include <limits.h>
 #include <poll.h>
 #include <signal.h>
@@ -32,6 +47,7 @@
 #include <string.h>
 #include <sys/fanotify.h>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -56,6 +72,18 @@ struct fs_sysfs_path_arg {
 #ifndef FS_IOC_GETFSSYSFSPATH
 #define FS_IOC_GETFSSYSFSPATH _IOR(0x15, 1, struct fs_sysfs_path_arg)
 #endif
+
+/*
+ * The journal's entry for descriptor number N (see the top): written when
+ * the event is read, cleared once answered. Little-endian, host-local.
+ */
+struct fan_slot {
+	_Atomic uint32_t used;
+	uint32_t device;   /* 1-based; 0: an event allowed at once */
+	uint64_t off, len;
+};
+_Static_assert(sizeof(struct fan_slot) == 24, "journal entry layout");
+#define FAN_JOURNAL_SLOTS 65536u
 
 struct fan_job {
 	struct fan_job *next;
@@ -83,6 +111,8 @@ struct fan {
 	uint32_t nr_blobs;
 	struct fan_blob *blobs;
 	struct ferry_exes exes;     /* fills, never readers */
+	struct fan_slot *journal;   /* FAN_JOURNAL_SLOTS, shared with successors */
+	const struct serve_opts *opts;
 	_Atomic bool stop;
 	bool mounted;
 	uint64_t evbuf[4096];       /* read(): aligned for the metadata */
@@ -99,7 +129,21 @@ struct fan {
 /* Answers                                                             */
 /* ------------------------------------------------------------------ */
 
-static void answer(struct fan *f, int fd, bool allow)
+static void journal_put(struct fan *f, int fd, uint32_t device, uint64_t off,
+			uint64_t len)
+{
+	struct fan_slot *s;
+
+	if (!f->journal || fd < 0 || (unsigned int)fd >= FAN_JOURNAL_SLOTS)
+		return;
+	s = &f->journal[fd];
+	s->device = device;
+	s->off = off;
+	s->len = len;
+	atomic_store_explicit(&s->used, 1, memory_order_release);
+}
+
+static void respond(struct fan *f, int fd, bool allow)
 {
 	struct fanotify_response r = {
 		.fd = fd,
@@ -110,6 +154,14 @@ static void answer(struct fan *f, int fd, bool allow)
 	if (write(f->group, &r, sizeof(r)) != sizeof(r) && errno != ENOENT)
 		ferry_warn("%s: answering a fanotify event: %s", f->m->mountpoint,
 			   strerror(errno));
+}
+
+/* Answer, forget the entry, then free the number (see the top). */
+static void answer(struct fan *f, int fd, bool allow)
+{
+	respond(f, fd, allow);
+	if (f->journal && (unsigned int)fd < FAN_JOURNAL_SLOTS)
+		atomic_store_explicit(&f->journal[fd].used, 0, memory_order_release);
 	close(fd);
 }
 
@@ -380,6 +432,7 @@ static int handle_event(struct fan *f, const struct fanotify_event_metadata *met
 	}
 	device = blob_of(f, meta->fd);
 	if (!device || meta->pid == getpid()) {
+		journal_put(f, meta->fd, 0, 0, 0);
 		answer(f, meta->fd, true);
 		return 0;
 	}
@@ -390,6 +443,7 @@ static int handle_event(struct fan *f, const struct fanotify_event_metadata *met
 	}
 	off = MIN(off, size);
 	len = MIN(len, size - off);
+	journal_put(f, meta->fd, device, off, len);
 	if (image_cache_present(f->m->ic, device, off, len) ||
 	    fan_fill_process(&f->exes, meta->pid, meta->fd)) {
 		answer(f, meta->fd, true);
@@ -448,7 +502,8 @@ static int fan_keeper_start(struct fan *f)
 	int keeper_pid, ret;
 
 	snprintf(sweep, sizeof(sweep), "%u", f->sweep_max);
-	ret = keeper_spawn("--keeper", f->group, args, &f->keeper_sock, &keeper_pid);
+	ret = keeper_start_mount("--keeper", f->group, f->m, f->opts, args, &f->keeper_sock,
+				 &keeper_pid);
 	if (ret)
 		return ret;
 	atomic_store(&f->keeper_pid, keeper_pid);
@@ -569,6 +624,96 @@ static bool sb_alive(const struct fan *f)
 	return f->sysfs[0] && !access(f->sysfs, F_OK);
 }
 
+/*
+ * The mount's journal (see the top), next to the control socket, named by
+ * the mount point: cleared for a new mount, kept for a takeover.
+ */
+static int journal_open(struct fan *f, bool keep)
+{
+	uint8_t d[SHA256_SIZE];
+	char hex[2 * SHA256_SIZE + 1], *dir = strdup(f->opts->socket_path), *path = NULL;
+	size_t size = FAN_JOURNAL_SLOTS * sizeof(struct fan_slot);
+	void *p = MAP_FAILED;
+	int fd = -1, ret = 0;
+
+	sha256_buf(f->m->mountpoint, strlen(f->m->mountpoint), d);
+	hex_encode(d, 8, hex);
+	if (!dir || asprintf(&path, "%s/fanotify-%s.journal", dirname(dir), hex) < 0) {
+		ret = -ENOMEM;
+		goto out;
+	}
+	fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+	if (fd < 0 || (!keep && ftruncate(fd, 0)) || ftruncate(fd, (off_t)size))
+		ret = -errno;
+	if (!ret)
+		p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (!ret && p == MAP_FAILED)
+		ret = -errno;
+	if (!ret)
+		f->journal = p;
+	else
+		ferry_warn("%s: the journal of pending reads %s: %s; if ferryd dies, reads in flight then fail with EIO",
+			   f->m->mountpoint, path ? path : "", ferry_strerror(ret));
+out:
+	if (fd >= 0)
+		close(fd);
+	free(path);
+	free(dir);
+	return ret;
+}
+
+/*
+ * A takeover, before the loop reads any event: the dead ferryd's
+ * journaled events go to the fill threads, each under its own number,
+ * which we hold (a /dev/null descriptor) until it is answered, so that no
+ * event of ours gets it meanwhile; the loop runs at once (our own fills
+ * raise events too). Every other number below the descriptor limit is
+ * denied first: only an event read in the instant before its entry was
+ * written can still be pending under one.
+ */
+static void journal_replay(struct fan *f)
+{
+	uint8_t *held = calloc(FAN_JOURNAL_SLOTS, 1);
+	int null = open("/dev/null", O_RDONLY | O_CLOEXEC);
+	unsigned int fd, n = 0, denied = 0;
+
+	for (fd = 0; f->journal && fd < FAN_JOURNAL_SLOTS; fd++) {
+		struct fan_slot *s = &f->journal[fd];
+		bool valid;
+
+		if (!atomic_load_explicit(&s->used, memory_order_acquire))
+			continue;
+		atomic_store(&s->used, 0);
+		n++;
+		valid = s->device && s->device <= f->nr_blobs &&
+			s->off <= f->blobs[s->device - 1].size &&
+			s->len <= f->blobs[s->device - 1].size - s->off;
+		/* A number we use already cannot be held: deny it. */
+		if (!valid || !held || null < 0 || fcntl((int)fd, F_GETFD) >= 0 ||
+		    dup3(null, (int)fd, O_CLOEXEC) != (int)fd) {
+			respond(f, (int)fd, !s->device);
+			denied += !!s->device;
+			continue;
+		}
+		held[fd] = 1;
+	}
+	for (fd = 0; fd < f->sweep_max; fd++)
+		if (fd >= FAN_JOURNAL_SLOTS || !held || !held[fd])
+			respond(f, (int)fd, false);
+	for (fd = 0; held && fd < FAN_JOURNAL_SLOTS; fd++) {
+		struct fan_slot *s = &f->journal[fd];
+
+		if (held[fd] && queue_job(f, (int)fd, s->device, s->off, s->len))
+			answer(f, (int)fd, false);
+	}
+	ferry_info("%s: fanotify group taken over; answering %u reads the dead ferryd had taken%s%s",
+		   f->m->mountpoint, n - denied, denied ? " (some denied: see the log)" : "",
+		   f->journal ? "" : " (no journal: its reads get EIO)");
+	if (null >= 0)
+		close(null);
+	free(held);
+}
+
 static void fan_free(struct fan *f)
 {
 	unsigned int i;
@@ -587,10 +732,31 @@ static void fan_free(struct fan *f)
 		close(f->wake[0]);
 		close(f->wake[1]);
 	}
+	if (f->journal)
+		munmap(f->journal, FAN_JOURNAL_SLOTS * sizeof(struct fan_slot));
 	pthread_mutex_destroy(&f->lock);
 	pthread_cond_destroy(&f->cond);
 	free(f->blobs);
 	free(f);
+}
+
+/* The descriptor handed over is a fanotify group: ours now. */
+static int fan_adopt_group(struct fan *f, char *err, size_t errlen)
+{
+	char path[64], link[64] = "";
+	int fd = f->m->req.adopt_fd;
+	ssize_t n;
+
+	f->m->req.adopt_fd = -1;
+	f->group = fd;
+	snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+	n = readlink(path, link, sizeof(link) - 1);
+	if (fd < 0 || n <= 0 || strncmp(link, "anon_inode:[fanotify]", (size_t)n)) {
+		snprintf(err, errlen, "%s: a fanotify mount is taken over with its group's descriptor",
+			 f->m->mountpoint);
+		return -EINVAL;
+	}
+	return fcntl(fd, F_SETFL, O_NONBLOCK) ? -errno : 0;
 }
 
 /*
@@ -601,6 +767,7 @@ static void fan_free(struct fan *f)
 static int fan_start(struct fmount *m, const struct serve_opts *o, void **state,
 		     char *err, size_t errlen)
 {
+	bool adopt = m->req.adopt;
 	struct fan *f = calloc(1, sizeof(*f));
 	unsigned int i;
 	uint32_t n = m->img->blobs.nr_blobs;
@@ -612,6 +779,7 @@ static int fan_start(struct fmount *m, const struct serve_opts *o, void **state,
 		return -ENOMEM;
 	}
 	f->m = m;
+	f->opts = o;
 	f->nr_blobs = n;
 	f->group = f->keeper_sock = f->wake[0] = f->wake[1] = -1;
 	f->tail = &f->head;
@@ -633,8 +801,14 @@ static int fan_start(struct fmount *m, const struct serve_opts *o, void **state,
 		snprintf(err, errlen, "pipe: %s", strerror(-ret));
 		goto fail;
 	}
-	f->group = fanotify_init(FAN_CLASS_PRE_CONTENT | FAN_CLOEXEC | FAN_NONBLOCK |
-				 FAN_UNLIMITED_QUEUE, O_RDONLY | O_LARGEFILE | O_CLOEXEC);
+	if (adopt) {
+		ret = fan_adopt_group(f, err, errlen);
+		if (ret)
+			goto fail;
+	} else {
+		f->group = fanotify_init(FAN_CLASS_PRE_CONTENT | FAN_CLOEXEC | FAN_NONBLOCK |
+					 FAN_UNLIMITED_QUEUE, O_RDONLY | O_LARGEFILE | O_CLOEXEC);
+	}
 	if (f->group < 0) {
 		ret = -errno;
 		snprintf(err, errlen, "fanotify_init (pre-content class): %s%s", strerror(-ret),
@@ -645,6 +819,7 @@ static int fan_start(struct fmount *m, const struct serve_opts *o, void **state,
 	ret = mark_blobs(f, err, errlen);
 	if (ret)
 		goto fail;
+	journal_open(f, adopt);
 	/* Before the mount: from now on a descriptor of the group outlives us. */
 	ret = fan_keeper_start(f);
 	if (ret) {
@@ -652,14 +827,15 @@ static int fan_start(struct fmount *m, const struct serve_opts *o, void **state,
 		goto fail;
 	}
 	image_cache_kernel_reads(m->ic);
-	ret = image_cache_kernel_mount(m->ic, m->req.cache_dir, m->mountpoint,
-				       image_mount_flags(m->req.suid, m->req.dev));
+	/* A takeover finds the dead ferryd's mount there. */
+	ret = adopt ? 0 : image_cache_kernel_mount(m->ic, m->req.cache_dir, m->mountpoint,
+						   image_mount_flags(m->req.suid, m->req.dev));
 	if (ret) {
 		snprintf(err, errlen, "kernel mount of %s on %s failed (see above)",
 			 m->img->bootstrap_path, m->mountpoint);
 		goto fail;
 	}
-	f->mounted = true;
+	f->mounted = !adopt;
 	ret = find_sysfs(f, err, errlen);
 	if (!ret) {
 		char msg[sizeof(f->sysfs) + 8];
@@ -678,6 +854,8 @@ static int fan_start(struct fmount *m, const struct serve_opts *o, void **state,
 	}
 	if (ret)
 		goto fail;
+	if (adopt)
+		journal_replay(f);
 	*state = f;
 	mount_ready(m);
 	return 0;
@@ -702,6 +880,7 @@ static int fan_serve(void *state)
 	struct fan *f = state;
 	uint64_t next_check = 0;
 	int ret = 0;
+
 
 	while (!atomic_load(&f->stop)) {
 		struct pollfd p[3] = {
@@ -732,6 +911,7 @@ static int fan_serve(void *state)
 				   f->m->mountpoint, atomic_load(&f->keeper_pid));
 			close(f->keeper_sock);
 			f->keeper_sock = -1;
+			atomic_fetch_add(&keeper_restarts, 1);
 			ret = fan_keeper_start(f);
 			if (ret) {
 				ferry_err("%s: no fanotify keeper: unmounting", f->m->mountpoint);
@@ -783,6 +963,8 @@ static void fan_close(void *state, int ret)
 	} else {
 		/* Still in use (a busy mount at shutdown, a fatal error):
 		 * the keeper answers EIO from now on, never zeros. */
+		if (f->keeper_sock >= 0)
+			keeper_send(f, "alone");
 		ferry_warn("%s: still mounted and in use; its fanotify keeper (pid %d) answers EIO to reads of missing data until it is unmounted",
 			   f->m->mountpoint, atomic_load(&f->keeper_pid));
 	}

@@ -14,11 +14,13 @@
  *   prefetch.c the per-mount prefetch thread
  *   metrics.c  Prometheus text of the mounts' statistics, HTTP endpoint
  *   fuse.c     FUSE mode: the FUSE low-level operations over pkg-meta /
- *              image_cache, session and mount (fusefs.h)
+ *              image_cache, session and mount, takeover (fusefs.h)
+ *   fuse_shim.c  FUSE takeover steps libfuse lacks: INIT, RESEND
  *   readahead.c  FUSE mode: stores the next files of a directory being
  *              read in order in the page cache
  *   fanotify.c fanotify mode: marks, mount(2), event loop, fill threads
- *   keeper.c   the process that keeps a fanotify group open (fanotify.h)
+ *   keeper.c   mounts' keepers: hold a FUSE connection or fanotify group
+ *              when ferryd dies and hand it to a successor
  *   cachefiles.c  cachefiles mode: /dev/cachefiles, mount(2), OPEN/READ/
  *              CLOSE requests
  *   log.c      log lines (timestamps in the log file) and per-thread
@@ -94,6 +96,14 @@ int mounts_umount(const char *mountpoint, bool lazy, char *err, size_t errlen);
 int mounts_list(struct ctl_mount_stats **mounts, size_t *nr);
 size_t mounts_count(void);
 /*
+ * Failover counters of this ferryd (metrics): mounts of @mode it took
+ * over from a dead or replaced ferryd, and keepers it started again after
+ * one died.
+ */
+void mounts_note_takeover(const char *mode);
+unsigned int mounts_takeovers(const char *mode);
+extern _Atomic unsigned int keeper_restarts;
+/*
  * Unmount everything (detach what is busy) and end every session,
  * waiting a few seconds at most: the mounts whose session is still
  * running (a worker inside a stalled fetch) are returned; the caller
@@ -154,6 +164,7 @@ void log_capture_end(struct log_capture *c);
 
 /* ------------------------------------------------------------------ */
 /* keeper.c: processes that keep a descriptor open when ferryd dies    */
+/* and hand it to a successor                                          */
 /* ------------------------------------------------------------------ */
 
 /*
@@ -174,6 +185,58 @@ int keeper_hello(int sock);
  * gone).
  */
 int keeper_wait(int sock, char *msg, size_t len);
+
+/*
+ * A mount's keeper (fuse.c, fanotify.c): "ferryd HOW FD ARGS... SOCKET
+ * OPTION..." (ARGS NULL-terminated; SOCKET and OPTION: ferryd's socket
+ * and a successor's options, from @o), then the mount's request as a
+ * successor is to get it (keeper_handover). 0 or -errno (no keeper).
+ */
+int keeper_start_mount(const char *how, int fd, const struct fmount *m,
+		       const struct serve_opts *o, const char *const *args, int *sock,
+		       int *pid);
+/*
+ * A mount's keeper, kept: a thread starts it (spawning takes a while, the
+ * mount need not wait) and another one whenever it dies; stop (any
+ * thread, once or more) says "bye" and waits until it has let the
+ * descriptor go.
+ */
+struct keeper_guard {
+	const char *how;
+	int fd;
+	const struct fmount *m;
+	const struct serve_opts *o;
+	int stop[2];
+	pthread_t thread;
+	_Atomic bool started;
+	_Atomic int pid; /* the keeper now, 0: none */
+};
+int keeper_guard_start(struct keeper_guard *g, const char *how, int fd,
+		       const struct fmount *m, const struct serve_opts *o);
+void keeper_guard_stop(struct keeper_guard *g);
+/* Tell a mount's keeper to let go, and wait until it has: *@sock closed. */
+int keeper_bye(int *sock);
+/*
+ * In a mount's keeper: listen to ferryd until "bye" (0), until ferryd is
+ * gone (1), "alone" (2: ferryd shut down leaving the mount in use), or
+ * until @watch (>= 0) reports an error (3: the kernel ended the mount's
+ * connection). The request goes into *@req; other messages
+ * to @note.
+ */
+int keeper_listen(int sock, int watch, char **req,
+		  void (*note)(void *ctx, const char *msg), void *ctx);
+/*
+ * In a mount's keeper, ferryd gone: hand @req_text and descriptor @fd to
+ * the ferryd on @socket_path, starting one (with @opts) when none answers
+ * (a ferryd's lock decides between racing keepers). 0 once it serves the
+ * mount, or -errno.
+ */
+int keeper_handover(const char *socket_path, const char *req_text, int fd,
+		    const char *const *opts);
+/* ferryd --fuse-keeper FD SOCK SOCKET [OPTION...]. */
+int fuse_keeper_main(int argc, char **argv);
+/* This ferryd's binary: the installed path, also once replaced on disk. */
+int ferryd_exe(char *buf, size_t len);
 
 /* ------------------------------------------------------------------ */
 /* daemon.c                                                            */

@@ -9,6 +9,11 @@
  * number. The image never changes, so the kernel may cache everything
  * forever: entries, negative entries, attributes, pages, directories,
  * symlinks.
+ *
+ * Failover: a keeper (ferryd --fuse-keeper, keeper.c) holds the mount's
+ * /dev/fuse descriptor, so the connection outlives ferryd. When ferryd
+ * dies it hands descriptor and request to a successor (keeper_handover),
+ * whose fuse_start takes the mount over (fs_adopt) instead of mounting.
  */
 #include <float.h>
 #include <limits.h>
@@ -772,6 +777,40 @@ out:
 	return ret;
 }
 
+/*
+ * Take over the live connection @fd (a keeper's, now ours) of the mount
+ * on fs->m->mountpoint: a session on it, the INIT it missed, and the
+ * requests the dead ferryd had read sent again (fuse_shim.c).
+ */
+static int fs_adopt(struct fs *fs, int fd)
+{
+	struct fuse_buf buf = { 0 };
+	char devfd[32], init[256];
+	struct stat st;
+	int ret;
+
+	if (fstat(fd, &st) || !S_ISCHR(st.st_mode) || st.st_rdev != makedev(10, 229)) {
+		ferry_err("%s: the descriptor handed over is not /dev/fuse", fs->m->mountpoint);
+		close(fd);
+		return -EINVAL;
+	}
+	snprintf(devfd, sizeof(devfd), "/dev/fd/%d", fd);
+	if (fuse_session_mount(fs->se, devfd)) {
+		close(fd);
+		return -EIO;
+	}
+	buf.mem = init;
+	buf.size = fuse_shim_init(init, sizeof(init));
+	fuse_session_process_buf(fs->se, &buf);
+	ret = fuse_shim_resend(fd);
+	if (ret)
+		ferry_warn("%s: FUSE_NOTIFY_RESEND: %s; requests the dead ferryd had read stay unanswered (Linux 6.9+ sends them again); later ones are served",
+			   fs->m->mountpoint, ferry_strerror(ret));
+	ferry_info("%s: FUSE mount taken over%s", fs->m->mountpoint,
+		   ret ? "" : "; its requests in flight are sent again");
+	return 0;
+}
+
 /* ------------------------------------------------------------------ */
 /* The mode                                                            */
 /* ------------------------------------------------------------------ */
@@ -829,16 +868,28 @@ static int fuse_start(struct fmount *m, const struct serve_opts *o, void **state
 		fs_free(fs);
 		return ret;
 	}
-	ret = fs_session_new(fs);
-	if (!ret) {
-		ret = fs_mount(fs, &m->req, m->mountpoint);
-		if (ret)
-			fs_session_destroy(fs);
+	if (m->req.adopt && m->req.adopt_fd < 0) {
+		snprintf(why, whylen, "a FUSE mount is taken over with its /dev/fuse descriptor");
+		fs_free(fs);
+		return -EINVAL;
 	}
+	ret = fs_session_new(fs);
+	if (!ret && m->req.adopt) {
+		ret = fs_adopt(fs, m->req.adopt_fd);
+		m->req.adopt_fd = -1;
+	} else if (!ret) {
+		ret = fs_mount(fs, &m->req, m->mountpoint);
+	}
+	if (ret && fs->se)
+		fs_session_destroy(fs);
 	if (ret) {
 		fs_free(fs);
 		return ret;
 	}
+	ret = keeper_guard_start(&fs->keeper, "--fuse-keeper", fuse_session_fd(fs->se), m, o);
+	if (ret)
+		ferry_warn("%s: no FUSE keeper (%s): if ferryd dies, the mount is dead (ENOTCONN)",
+			   m->mountpoint, ferry_strerror(ret));
 	*state = fs;
 	return 0;
 }
@@ -856,7 +907,8 @@ static int fuse_serve(void *state)
 		return -ENOMEM;
 	}
 	fuse_loop_cfg_set_max_threads(cfg, fs->threads);
-	fuse_loop_cfg_set_clone_fd(cfg, 1);
+	/* One descriptor, the keeper's too: a clone's requests die with it. */
+	fuse_loop_cfg_set_clone_fd(cfg, 0);
 	/* Only this thread (and its workers) takes SIGUSR2, fuse_stop's. */
 	sigemptyset(&set);
 	sigaddset(&set, SIGUSR2);
@@ -874,6 +926,9 @@ static void fuse_stop(void *state)
 
 	fuse_session_exit(fs->se);
 	pthread_kill(fs->m->loop_thread, SIGUSR2);
+	/* Ending on purpose: should a worker keep ferryd from a clean exit,
+	 * no successor must take the mount over. */
+	keeper_guard_stop(&fs->keeper);
 }
 
 /*
@@ -918,6 +973,8 @@ static void fuse_close(void *state, int ret)
 
 	if (!conn_dead(fs->se))
 		mount_detach(fs->m);
+	/* The keeper's descriptor would keep the connection alive. */
+	keeper_guard_stop(&fs->keeper);
 	fs_session_destroy(fs);
 	fs_free(fs);
 }
@@ -926,6 +983,7 @@ static void fuse_stats(void *state, struct ctl_mount_stats *s)
 {
 	struct fs *fs = state;
 
+	s->keeper_pid = atomic_load(&fs->keeper.pid);
 	s->readahead_files = atomic_load(&fs->ra_files);
 	s->readahead_bytes = atomic_load(&fs->ra_bytes);
 }

@@ -31,7 +31,18 @@ struct fs {
 	struct dra *dra;         /* readahead.c, while the session lives */
 	_Atomic uint64_t ra_files, ra_bytes; /* stored by readahead */
 	struct recorder *rec;    /* record.c: --record; NULL: not recording */
+	struct keeper_guard keeper; /* holds /dev/fuse for a successor */
 };
+
+/*
+ * fuse_shim.c: a takeover's steps libfuse has no API for (see there).
+ * fuse_shim_init: a FUSE_INIT request into @buf for
+ * fuse_session_process_buf, its size (0: @len too small).
+ * fuse_shim_resend: FUSE_NOTIFY_RESEND on @fd; 0 or -errno (-EINVAL:
+ * a kernel before 6.9).
+ */
+size_t fuse_shim_init(void *buf, size_t len);
+int fuse_shim_resend(int fd);
 
 /* The FUSE inode number of nid @nid. */
 fuse_ino_t fs_ino(const struct fs *fs, uint64_t nid);

@@ -1,8 +1,16 @@
 // SPDX-License-Identifier: MIT
 /*
- * The fanotify keeper: ferryd --keeper GROUP_FD SOCK_FD MOUNTPOINT
- * SOURCE SWEEP_MAX, started by fanotify.c for one mount (SOURCE: the
- * mount's source in mountinfo).
+ * The keepers of mounts: processes that hold a mount's kernel descriptor
+ * so that it outlives ferryd, and hand it to a successor ferryd
+ * (keeper_handover: the mount's request and the descriptor over the
+ * control socket, SCM_RIGHTS; a ferryd started when none answers).
+ * ferryd --fuse-keeper FD SOCK SOCKET [OPTION...] holds a /dev/fuse
+ * connection (fuse.c); ferryd --keeper GROUP_FD SOCK_FD MOUNTPOINT
+ * SOURCE SWEEP_MAX SOCKET [OPTION...] a fanotify group (fanotify.c;
+ * SOURCE: the mount's source in mountinfo). The cachefiles keeper is in
+ * cachefiles.c.
+ *
+ * The fanotify keeper:
  *
  * It holds a descriptor of the mount's fanotify group so that the group
  * outlives ferryd: were the last descriptor closed, the kernel would
@@ -10,7 +18,8 @@
  * files' holes as zeros. While ferryd lives the keeper only listens on
  * its socket: "sysfs PATH" names the superblock's sysfs directory, "bye"
  * (the superblock is gone) ends it. When the socket closes without "bye",
- * ferryd is gone: the keeper denies with EIO every event ferryd had read
+ * ferryd is gone: the keeper hands the group over; only when no ferryd
+ * takes it does it deny with EIO every event ferryd had read
  * but not answered (the kernel matches answers by descriptor number, so
  * it answers every number below ferryd's descriptor limit). From then on
  * until the superblock is gone — unmounting it (ferry umount) ends the
@@ -41,6 +50,13 @@
 
 #define KEEPER_CHECK_MS 1000 /* how often a serving keeper checks the superblock */
 #define KEEPER_START_MS 30000 /* a new keeper to say hello */
+#define KEEPER_MSG_MAX (192u << 10) /* a message from ferryd: the mount request */
+#define HANDOVER_MS 60000     /* to find a successor and hand a mount over */
+#define HANDOVER_SPAWN_MS 300 /* before starting one: another may be coming */
+#define HANDOVER_RESPAWN_MS 5000 /* between starts */
+#define HANDOVER_POLL_MS 50
+
+_Atomic unsigned int keeper_restarts;
 
 int keeper_spawn(const char *how, int fd, const char *const *args, int *sock,
 		 int *pid)
@@ -99,6 +115,165 @@ int keeper_spawn(const char *how, int fd, const char *const *args, int *sock,
 	return 0;
 }
 
+static int parse_uint(const char *s, unsigned int *out)
+{
+	char *end;
+	unsigned long v;
+
+	errno = 0;
+	v = strtoul(s, &end, 10);
+	if (errno || end == s || *end || v > 1u << 20)
+		return -EINVAL;
+	*out = (unsigned int)v;
+	return 0;
+}
+
+int ferryd_exe(char *buf, size_t len)
+{
+	static const char deleted[] = " (deleted)";
+	ssize_t n = readlink("/proc/self/exe", buf, len - 1);
+	size_t l;
+
+	if (n <= 0)
+		return -errno;
+	buf[n] = '\0';
+	/* Replaced on disk (an upgrade): the path names the new binary. */
+	l = (size_t)n;
+	if (l > sizeof(deleted) - 1 && !strcmp(buf + l - (sizeof(deleted) - 1), deleted))
+		buf[l - (sizeof(deleted) - 1)] = '\0';
+	return 0;
+}
+
+int keeper_start_mount(const char *how, int fd, const struct fmount *m,
+		       const struct serve_opts *o, const char *const *args, int *sock,
+		       int *pid)
+{
+	const char *all[KEEPER_ARGS_MAX + 1];
+	struct ctl_mount_req req = m->req;
+	struct json_object *j;
+	const char *text;
+	unsigned int n = 0;
+	char *msg = NULL;
+	int ret;
+
+	while (args && *args && n < KEEPER_ARGS_MAX - 1)
+		all[n++] = *args++;
+	all[n++] = o->socket_path;
+	for (args = o->successor_args; args && *args && n < KEEPER_ARGS_MAX; args++)
+		all[n++] = *args;
+	all[n] = NULL;
+	ret = keeper_spawn(how, fd, all, sock, pid);
+	if (ret)
+		return ret;
+	/* What it is now, whatever "auto" chose; a successor records nothing. */
+	req.mountpoint = m->mountpoint;
+	req.mode = m->mode->name;
+	req.record = NULL;
+	j = ctl_mount_req_to_json(&req);
+	text = j ? json_object_to_json_string_ext(j, JSON_C_TO_STRING_PLAIN) : NULL;
+	ret = text && asprintf(&msg, "req %s", text) > 0 ? 0 : -ENOMEM;
+	if (!ret && strlen(msg) >= KEEPER_MSG_MAX)
+		ret = -EMSGSIZE;
+	if (!ret && send(*sock, msg, strlen(msg), MSG_NOSIGNAL) < 0)
+		ret = -errno;
+	free(msg);
+	json_object_put(j);
+	if (ret) {
+		/* Without a request it finds no successor: it lets go (a
+		 * fanotify keeper serves alone while the mount lives). */
+		close(*sock);
+		*sock = -1;
+	}
+	return ret;
+}
+
+int keeper_bye(int *sock)
+{
+	struct pollfd p = { .fd = *sock, .events = POLLIN };
+	char c;
+	int ret = 0;
+
+	if (*sock < 0)
+		return 0;
+	if (send(*sock, "bye", 3, MSG_NOSIGNAL) < 0)
+		ret = -errno;
+	/* Its end closes when it has let the descriptor go. */
+	while (!ret && poll(&p, 1, KEEPER_START_MS) == 1 && recv(*sock, &c, 1, 0) > 0)
+		;
+	close(*sock);
+	*sock = -1;
+	return ret;
+}
+
+/*
+ * The guard's thread: a keeper for the mount, another whenever one dies
+ * (it never speaks after hello: readable means gone), until told to stop.
+ */
+static void *guard_main(void *arg)
+{
+	struct keeper_guard *g = arg;
+	struct pollfd p[2] = { { .fd = g->stop[0], .events = POLLIN },
+			       { .fd = -1, .events = POLLIN } };
+	int sock = -1, pid = 0, ret;
+
+	for (;;) {
+		if (sock < 0) {
+			ret = keeper_start_mount(g->how, g->fd, g->m, g->o, NULL, &sock, &pid);
+			if (ret)
+				ferry_warn("%s: no keeper (%s): if ferryd dies, the mount is not taken over; trying again",
+					   g->m->mountpoint, ferry_strerror(ret));
+			atomic_store(&g->pid, ret ? 0 : pid);
+		}
+		p[1].fd = sock;
+		if (poll(p, 2, sock < 0 ? KEEPER_CHECK_MS : -1) < 0 && errno != EINTR)
+			break;
+		if (p[0].revents)
+			break;
+		if (sock >= 0 && p[1].revents) {
+			ferry_warn("%s: its keeper (pid %d) is gone; starting a new one",
+				   g->m->mountpoint, pid);
+			atomic_fetch_add(&keeper_restarts, 1);
+			close(sock);
+			sock = -1;
+		}
+	}
+	if (keeper_bye(&sock))
+		ferry_warn("%s: telling the keeper to let go: %s", g->m->mountpoint,
+			   strerror(errno));
+	atomic_store(&g->pid, 0);
+	return NULL;
+}
+
+int keeper_guard_start(struct keeper_guard *g, const char *how, int fd,
+		       const struct fmount *m, const struct serve_opts *o)
+{
+	int ret;
+
+	*g = (struct keeper_guard){ .how = how, .fd = fd, .m = m, .o = o };
+	if (pipe2(g->stop, O_CLOEXEC))
+		return -errno;
+	ret = -pthread_create(&g->thread, NULL, guard_main, g);
+	if (ret) {
+		close(g->stop[0]);
+		close(g->stop[1]);
+		return ret;
+	}
+	g->started = true;
+	return 0;
+}
+
+void keeper_guard_stop(struct keeper_guard *g)
+{
+	if (!atomic_exchange(&g->started, false))
+		return;
+	if (write(g->stop[1], "x", 1) != 1)
+		ferry_warn("%s: stopping the keeper's guard: %s", g->m->mountpoint,
+			   strerror(errno));
+	pthread_join(g->thread, NULL);
+	close(g->stop[0]);
+	close(g->stop[1]);
+}
+
 int keeper_hello(int sock)
 {
 	char hello[32];
@@ -128,6 +303,180 @@ int keeper_wait(int sock, char *msg, size_t len)
 	}
 }
 
+int keeper_listen(int sock, int watch, char **req,
+		  void (*note)(void *ctx, const char *msg), void *ctx)
+{
+	char *msg = malloc(KEEPER_MSG_MAX);
+	struct pollfd p[2] = { { .fd = sock, .events = POLLIN },
+			       { .fd = watch, .events = 0 } };
+	int ret = -1;
+	ssize_t n;
+
+	if (!msg)
+		return 1;
+	while (ret < 0) {
+		if (poll(p, watch >= 0 ? 2 : 1, -1) < 0) {
+			if (errno != EINTR)
+				ret = 1;
+			continue;
+		}
+		if (p[1].revents & (POLLERR | POLLHUP)) {
+			ret = 3;
+			continue;
+		}
+		if (!(p[0].revents & (POLLIN | POLLHUP | POLLERR)))
+			continue;
+		n = recv(sock, msg, KEEPER_MSG_MAX - 1, 0);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0) {
+			ret = 1;
+			continue;
+		}
+		msg[n] = '\0';
+		if (!strcmp(msg, "bye"))
+			ret = 0;
+		else if (!strcmp(msg, "alone"))
+			ret = 2;
+		else if (!strncmp(msg, "req ", 4) && req) {
+			free(*req);
+			*req = strdup(msg + 4);
+		} else if (note) {
+			note(ctx, msg);
+		}
+	}
+	free(msg);
+	return ret;
+}
+
+/* Start a ferryd on @socket_path (it daemonizes; a second one exits). */
+static void spawn_successor(const char *socket_path, const char *const *opts)
+{
+	char exe[PATH_MAX];
+	const char *argv[KEEPER_ARGS_MAX + 6] = { exe, "--socket", socket_path };
+	int n = 3, status;
+	pid_t child;
+
+	if (ferryd_exe(exe, sizeof(exe)))
+		return;
+	while (opts && *opts && n < (int)ARRAY_SIZE(argv) - 2)
+		argv[n++] = *opts++;
+	argv[n++] = "--exist-ok";
+	argv[n] = NULL;
+	ferry_info("keeper: starting %s on %s", exe, socket_path);
+	child = fork();
+	if (!child) {
+		setsid();
+		close_range(3, ~0u, CLOSE_RANGE_CLOEXEC);
+		execv(exe, (char *const *)argv);
+		_exit(127);
+	}
+	/* ferryd's first process exits once the daemon listens. */
+	if (child > 0)
+		waitpid(child, &status, 0);
+}
+
+/*
+ * One attempt: 0, 1 (ferryd refused the mount: logged), or -errno
+ * (-ENOENT, -ECONNREFUSED: no ferryd there).
+ */
+static int handover_once(const char *socket_path, struct json_object *req, int fd)
+{
+	struct json_object *resp = NULL;
+	struct jsonl_reader rd;
+	struct ctl_reply r;
+	char err[256];
+	int c, ret = unix_connect(socket_path, &c);
+
+	if (ret)
+		return ret;
+	jsonl_reader_init(&rd, c, CTL_LINE_MAX);
+	ret = jsonl_send_fd(c, req, CTL_LINE_MAX, fd);
+	if (!ret)
+		ret = jsonl_recv(&rd, HANDOVER_MS, &resp);
+	if (ret == 1)
+		ret = -ECONNREFUSED; /* it went away: try again */
+	if (!ret && !(ret = ctl_reply_parse(resp, &r, err, sizeof(err))) && r.err) {
+		ret = 1;
+		ferry_err("keeper: the new ferryd refused the mount: %s", r.error);
+	}
+	json_object_put(resp);
+	jsonl_reader_free(&rd);
+	close(c);
+	return ret;
+}
+
+int keeper_handover(const char *socket_path, const char *req_text, int fd,
+		    const char *const *opts)
+{
+	uint64_t start = ferry_now_ns(), spawned = 0, now;
+	struct json_object *req = NULL;
+	int ret;
+
+	if (!req_text || json_parse_object(req_text, strlen(req_text), &req)) {
+		ferry_err("keeper: ferryd never sent the mount's request: no successor");
+		return -EINVAL;
+	}
+	for (;;) {
+		ret = handover_once(socket_path, req, fd);
+		if (ret == 1)
+			ret = -EPERM;
+		if (ret != -ENOENT && ret != -ECONNREFUSED)
+			break;
+		now = ferry_now_ns();
+		if (now - start >= HANDOVER_MS * 1000000ull) {
+			ret = -ETIMEDOUT;
+			break;
+		}
+		if (now - start >= HANDOVER_SPAWN_MS * 1000000ull &&
+		    (!spawned || now - spawned >= HANDOVER_RESPAWN_MS * 1000000ull)) {
+			spawn_successor(socket_path, opts);
+			spawned = ferry_now_ns();
+			continue;
+		}
+		nanosleep(&(struct timespec){ 0, HANDOVER_POLL_MS * 1000000L }, NULL);
+	}
+	json_object_put(req);
+	return ret;
+}
+
+/*
+ * ferryd --fuse-keeper FD SOCK SOCKET [OPTION...]: holds the mount's
+ * /dev/fuse descriptor (fuse.c). The kernel keeps the connection while a
+ * descriptor of it is open, and what ferryd had read stays in the
+ * connection's processing queue for a successor to have resent.
+ */
+int fuse_keeper_main(int argc, char **argv)
+{
+	unsigned int fd, sock;
+	char *req = NULL;
+	int ret;
+
+	if (argc < 5 || parse_uint(argv[2], &fd) || parse_uint(argv[3], &sock) ||
+	    argv[4][0] != '/') {
+		fprintf(stderr, "ferryd --fuse-keeper: started by ferryd only\n");
+		return 2;
+	}
+	fcntl((int)fd, F_SETFD, FD_CLOEXEC);
+	if (keeper_hello((int)sock))
+		return 1;
+	ret = keeper_listen((int)sock, (int)fd, &req, NULL, NULL);
+	if (ret == 1) {
+		ferry_warn("FUSE keeper: ferryd is gone; handing the mount over to a new ferryd on %s",
+			   argv[4]);
+		ret = keeper_handover(argv[4], req, (int)fd, (const char *const *)argv + 5);
+		if (ret)
+			ferry_err("FUSE keeper: no ferryd took the mount over (%s); its readers get ENOTCONN",
+				  ferry_strerror(ret));
+		else
+			ferry_info("FUSE keeper: the mount is served again");
+		free(req);
+		return ret ? 1 : 0;
+	}
+	free(req);
+	return 0;
+}
+
 struct keeper {
 	int group, sock;
 	const char *mountpoint, *source;
@@ -135,19 +484,6 @@ struct keeper {
 	char sysfs[160];
 	struct ferry_exes exes;
 };
-
-static int parse_uint(const char *s, unsigned int *out)
-{
-	char *end;
-	unsigned long v;
-
-	errno = 0;
-	v = strtoul(s, &end, 10);
-	if (errno || end == s || *end || v > 1u << 20)
-		return -EINVAL;
-	*out = (unsigned int)v;
-	return 0;
-}
 
 static void respond(int group, int fd, bool allow)
 {
@@ -190,16 +526,13 @@ static void handle_event(struct keeper *k, const struct fanotify_event_metadata 
 	close(meta->fd);
 }
 
-/* Listen to ferryd until "bye" (0) or until it is gone (1). */
-static int listen_to_ferryd(struct keeper *k)
+/* "sysfs PATH": the superblock's sysfs directory. */
+static void note_sysfs(void *ctx, const char *msg)
 {
-	char msg[sizeof(k->sysfs) + 6];
-	int ret;
+	struct keeper *k = ctx;
 
-	while ((ret = keeper_wait(k->sock, msg, sizeof(msg))) == 2)
-		if (!strncmp(msg, "sysfs ", 6))
-			snprintf(k->sysfs, sizeof(k->sysfs), "%s", msg + 6);
-	return ret;
+	if (!strncmp(msg, "sysfs ", 6))
+		snprintf(k->sysfs, sizeof(k->sysfs), "%s", msg + 6);
 }
 
 /* Our superblock, if ferryd died before it could name it. */
@@ -249,9 +582,11 @@ int keeper_main(int argc, char **argv)
 {
 	struct keeper k = { 0 };
 	unsigned int gfd, sfd;
+	char *req = NULL;
+	int ret;
 
-	if (argc != 7 || parse_uint(argv[2], &gfd) || parse_uint(argv[3], &sfd) ||
-	    parse_uint(argv[6], &k.sweep_max)) {
+	if (argc < 8 || parse_uint(argv[2], &gfd) || parse_uint(argv[3], &sfd) ||
+	    parse_uint(argv[6], &k.sweep_max) || argv[7][0] != '/') {
 		fprintf(stderr, "ferryd --keeper: started by ferryd only\n");
 		return 2;
 	}
@@ -262,7 +597,23 @@ int keeper_main(int argc, char **argv)
 	fcntl(k.group, F_SETFD, FD_CLOEXEC);
 	if (keeper_hello(k.sock))
 		return 1;
-	if (listen_to_ferryd(&k))
+	ret = keeper_listen(k.sock, -1, &req, note_sysfs, &k);
+	if (ret == 2) {
+		/* ferryd shut down, the mount still in use: no successor. */
+		k.sweep_max = 0; /* ferryd answered what it had read */
 		serve_alone(&k);
+	} else if (ret == 1) {
+		ferry_warn("fanotify keeper of %s: ferryd is gone; handing the mount over to a new ferryd on %s",
+			   k.mountpoint, argv[7]);
+		ret = keeper_handover(argv[7], req, k.group, (const char *const *)argv + 8);
+		if (ret) {
+			ferry_err("fanotify keeper of %s: no ferryd took the mount over (%s)",
+				  k.mountpoint, ferry_strerror(ret));
+			serve_alone(&k);
+		} else {
+			ferry_info("fanotify keeper of %s: the mount is served again", k.mountpoint);
+		}
+	}
+	free(req);
 	return 0;
 }

@@ -27,14 +27,17 @@ static void help(void)
 	       "file data is fetched chunk by chunk when first read and kept in the\n"
 	       "chunk cache. One ferryd hosts any number of mounts of any mode;\n"
 	       "'ferry mount' talks to it over its control socket and starts it when\n"
-	       "needed. Each fanotify mount has a keeper process (ferryd --keeper)\n"
-	       "that holds its fanotify group: if ferryd dies, reads of data not yet\n"
-	       "cached fail with EIO, never zeros, until the mount is unmounted. The\n"
-	       "cachefiles mounts share one (ferryd --cachefiles-keeper) that holds\n"
+	       "needed. Each FUSE and fanotify mount has a keeper process (ferryd\n"
+	       "--fuse-keeper, ferryd --keeper) that holds its /dev/fuse connection\n"
+	       "or fanotify group: if ferryd dies (or 'ferry daemon upgrade' replaces\n"
+	       "it) the keeper hands the mount to a new ferryd on the same socket,\n"
+	       "starting one with the same options (log file and level, serving,\n"
+	       "cache and metrics options) when none answers; readers only wait.\n"
+	       "A fanotify mount no ferryd takes fails reads of data not yet cached\n"
+	       "with EIO, never zeros, until it is unmounted. The cachefiles mounts\n"
+	       "share one keeper (ferryd --cachefiles-keeper) that holds\n"
 	       "/dev/cachefiles: if ferryd dies it becomes a new ferryd on the same\n"
-	       "socket (--cachefiles-adopt FD) with the same options (log file and\n"
-	       "level, serving, cache and metrics options), which takes those mounts\n"
-	       "over.\n\n"
+	       "socket (--cachefiles-adopt FD), which takes those mounts over.\n\n"
 	       "Options:\n"
 	       "  -f, --foreground   stay in the foreground, log to stderr\n"
 	       "  --socket PATH      control socket (default $%s or\n"
@@ -172,6 +175,9 @@ int main(int argc, char **argv)
 	/* Started by ferryd for a fanotify mount (fanotify.c). */
 	if (argc > 1 && !strcmp(argv[1], "--keeper"))
 		return keeper_main(argc, argv);
+	/* Started by ferryd for a FUSE mount (fuse.c). */
+	if (argc > 1 && !strcmp(argv[1], "--fuse-keeper"))
+		return fuse_keeper_main(argc, argv);
 	/* Started by ferryd for /dev/cachefiles (cachefiles.c). */
 	if (argc > 1 && !strcmp(argv[1], "--cachefiles-keeper"))
 		return cachefiles_keeper_main(argc, argv);

@@ -153,6 +153,14 @@ int metrics_text(char **out)
 			n += !strcmp(ms[i].mode, modes[j]);
 		fprintf(f, "ferryd_mounts{mode=\"%s\"} %zu\n", modes[j], n);
 	}
+	family(f, "ferryd_takeovers_total", "counter",
+	       "Mounts this ferryd took over from a dead or replaced ferryd, by mode.");
+	for (j = 0; j < ARRAY_SIZE(modes); j++)
+		fprintf(f, "ferryd_takeovers_total{mode=\"%s\"} %u\n", modes[j],
+			mounts_takeovers(modes[j]));
+	family(f, "ferryd_keeper_restarts_total", "counter",
+	       "Keepers this ferryd started again after one died.");
+	fprintf(f, "ferryd_keeper_restarts_total %u\n", atomic_load(&keeper_restarts));
 #define M(name, type, help, field) \
 	per_mount(f, ms, nr, name, type, help, offsetof(struct ctl_mount_stats, field))
 	M("ferryd_read_bytes_total", "counter", "File bytes read through the mount.", bytes_read);

@@ -68,6 +68,8 @@ static void mount_put_locked_n(struct fmount *m, unsigned int n)
 	m->refs -= n;
 	if (m->refs)
 		return;
+	if (m->req.adopt_fd >= 0)
+		close(m->req.adopt_fd);
 	ctl_mount_req_free(&m->req);
 	free(m->mountpoint);
 	pthread_mutex_destroy(&m->lock);
@@ -284,6 +286,19 @@ static int check_mountpoint(const char *path, bool adopt, char **canon, char *er
 	struct mount_entry mi;
 	struct stat st;
 
+	if (adopt) {
+		/*
+		 * The dead ferryd's canonical path, not resolved again: a
+		 * lookup on a FUSE mount would wait for the answer we are
+		 * about to give.
+		 */
+		*canon = path[0] == '/' ? strdup(path) : NULL;
+		if (!*canon || mountinfo_find(*canon, &mi) || !image_fstype_is_ferry(mi.fstype)) {
+			snprintf(err, errlen, "%s: no ferry mount there to take over", path);
+			return -ENOENT;
+		}
+		return 0;
+	}
 	*canon = realpath(path, NULL);
 	if (!*canon) {
 		int e = errno;
@@ -299,7 +314,7 @@ static int check_mountpoint(const char *path, bool adopt, char **canon, char *er
 		snprintf(err, errlen, "mount point %s: not a directory", path);
 		return -ENOTDIR;
 	}
-	if (!adopt && !mountinfo_find(*canon, &mi) &&
+	if (!mountinfo_find(*canon, &mi) &&
 	    image_fstype_is_ferry(mi.fstype)) {
 		snprintf(err, errlen, "%s is already a ferry mount (%s); ferry umount it first",
 			 *canon, mi.source);
@@ -330,6 +345,8 @@ static int mount_new(struct ctl_mount_req *req, struct fmount **out, char *err,
 	int ret = 0;
 
 	if (!m) {
+		if (req->adopt_fd >= 0)
+			close(req->adopt_fd);
 		ctl_mount_req_free(req);
 		snprintf(err, errlen, "out of memory");
 		return -ENOMEM;
@@ -501,6 +518,30 @@ static int wait_ready(struct fmount *m)
 	return ret;
 }
 
+static _Atomic unsigned int takeovers[3]; /* fuse, fanotify, cachefiles */
+
+static _Atomic unsigned int *takeover_counter(const char *mode)
+{
+	return !strcmp(mode, fuse_mode.name)	 ? &takeovers[0] :
+	       !strcmp(mode, fanotify_mode.name) ? &takeovers[1] :
+	       !strcmp(mode, cachefiles_mode.name) ? &takeovers[2] : NULL;
+}
+
+void mounts_note_takeover(const char *mode)
+{
+	_Atomic unsigned int *c = takeover_counter(mode);
+
+	if (c)
+		atomic_fetch_add(c, 1);
+}
+
+unsigned int mounts_takeovers(const char *mode)
+{
+	_Atomic unsigned int *c = takeover_counter(mode);
+
+	return c ? atomic_load(c) : 0;
+}
+
 int mounts_mount(struct ctl_mount_req *req, char *err, size_t errlen)
 {
 	struct fmount *m;
@@ -558,6 +599,8 @@ int mounts_mount(struct ctl_mount_req *req, char *err, size_t errlen)
 			   m->mountpoint, m->mode->name, blobs, (unsigned long long)bytes,
 			   atomic_load(&m->pstate) == PF_RUNNING ? "prefetching" :
 								  "no prefetch");
+		if (m->req.adopt)
+			mounts_note_takeover(m->mode->name);
 	}
 	mount_put(m);
 	if (!ret)

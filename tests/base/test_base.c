@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 /* Unit tests for pkg-base: sha256, base64, mkdir -p, atomic files, zero test, JSON lines. */
 #include <dirent.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <json-c/json.h>
 #include <stdlib.h>
@@ -266,6 +267,50 @@ static void test_json_lines(void)
 	close(sv[1]);
 }
 
+/*
+ * A descriptor passed with a line (SCM_RIGHTS) is the receiver's, CLOEXEC,
+ * the same open file; one not taken is closed with the reader.
+ */
+static void test_json_lines_fd(void)
+{
+	struct json_object *msg = json_object_new_object(), *o = NULL;
+	struct jsonl_reader rd;
+	struct stat a, b;
+	int sv[2], p[2], fd;
+
+	CHECK_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+	CHECK_EQ(pipe(p), 0);
+	json_object_object_add(msg, "k", json_object_new_int(1));
+	CHECK_EQ(jsonl_send_fd(sv[0], msg, 64, p[0]), 0);
+	CHECK_EQ(jsonl_send(sv[0], msg, 64), 0);
+	jsonl_reader_init(&rd, sv[1], 64);
+	CHECK_EQ(jsonl_take_fd(&rd), -1);
+	CHECK_EQ(jsonl_recv(&rd, 1000, &o), 0);
+	json_object_put(o);
+	fd = jsonl_take_fd(&rd);
+	CHECK(fd >= 0 && fd != p[0]);
+	CHECK(!fstat(fd, &a) && !fstat(p[0], &b) && a.st_ino == b.st_ino);
+	CHECK(fcntl(fd, F_GETFD) == FD_CLOEXEC);
+	CHECK_EQ(jsonl_take_fd(&rd), -1);
+	CHECK_EQ(jsonl_recv(&rd, 1000, &o), 0); /* the second line passed none */
+	json_object_put(o);
+	CHECK_EQ(jsonl_take_fd(&rd), -1);
+	close(fd);
+	/* Not taken: closed by jsonl_reader_free. */
+	CHECK_EQ(jsonl_send_fd(sv[0], msg, 64, p[0]), 0);
+	CHECK_EQ(jsonl_recv(&rd, 1000, &o), 0);
+	json_object_put(o);
+	fd = rd.passed;
+	CHECK(fd >= 0);
+	jsonl_reader_free(&rd);
+	CHECK(fcntl(fd, F_GETFD) == -1 && errno == EBADF);
+	json_object_put(msg);
+	close(p[0]);
+	close(p[1]);
+	close(sv[0]);
+	close(sv[1]);
+}
+
 /* A listening socket is 0600 from the start; connecting to none fails cleanly. */
 static void test_unix_sockets(void)
 {
@@ -298,6 +343,7 @@ static void test_unix_sockets(void)
 int main(void)
 {
 	RUN_TEST(test_sha256);
+	RUN_TEST(test_json_lines_fd);
 	RUN_TEST(test_base64_vectors);
 	RUN_TEST(test_base64_round_trip);
 	RUN_TEST(test_mem_is_zero);

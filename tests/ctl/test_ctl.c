@@ -440,7 +440,7 @@ static void test_other_requests_roundtrip(void)
 	CHECK(str_eq(req.umount.mountpoint, u.mountpoint) && req.umount.lazy);
 	ctl_request_free(&req);
 	json_object_put(o);
-	for (op = CTL_OP_LIST; op <= CTL_OP_METRICS; op++) {
+	for (op = CTL_OP_LIST; op <= CTL_OP_UPGRADE; op++) {
 		o = wire(ctl_op_req_to_json(op));
 		CHECK_EQ(ctl_request_parse(o, &req, err, sizeof(err)), 0);
 		CHECK_EQ(req.op, op);

@@ -11,20 +11,24 @@
 #     file fail with EIO and never deliver wrong bytes or zeros, the rest
 #     of that file and every other file read right, and once the registry
 #     is repaired the file reads right (nothing bad was cached)
-#   - ferryd killed with SIGKILL while readers go over the tree: they end
-#     (no hang) with EIO or right bytes, never wrong ones or zeros; the
-#     mount stays, cached files read right, uncached ones fail with EIO;
-#     ferry umount works without a daemon, the keeper then exits, and a
-#     new mount over the same cache reads the whole tree right
+#   - ferryd killed with SIGKILL while readers go over the tree and the
+#     registry refuses everything (through tests/tools/faultproxy.py), so
+#     that no new ferryd can take the mount over (daemon_failover.sh shows
+#     the takeover): the readers end (no hang) with EIO or right bytes,
+#     never wrong ones or zeros; the mount stays, cached files read right,
+#     uncached ones fail with EIO; ferry umount works without a daemon,
+#     the keeper then exits, and a new mount over the same cache reads
+#     the whole tree right
 #   - the keeper killed with SIGKILL during reads: ferryd starts a new one
 #     within ~2 s, the reads all succeed and are right; the new keeper
-#     stands in for ferryd when that is killed in turn
+#     stands in for ferryd when that is killed in turn (the registry
+#     refusing a successor again)
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/oci_lib.sh"
 . "$(dirname "$0")/registry_lib.sh"
 . "$(dirname "$0")/lazy_lib.sh"
 
-lazy_setup
+lazy_setup proxy
 # The readers below go over /usr; /opt/c/big.bin has a blob of its own, so
 # none of them makes it present.
 if ! hashtree "$ref/usr" sorted 0 >"$SCRATCH/usr.sums" 2>"$LOG"; then
@@ -75,7 +79,7 @@ mid_read() {
 }
 lazy_use kill
 M=$SCRATCH/m-kill
-if check "mount --mode fanotify (to be killed)" fnmount "$IMG" "$M"; then
+if check "mount --mode fanotify (to be killed)" fnmount "$PIMG" "$M"; then
 	check "a file read before the kill reads right" read_check "$M/$CACHED" "$ref/$CACHED"
 	dpid=$(daemon_pids | head -n 1)
 	kpid=$(keeper_pid "$M" 2>&1)
@@ -88,6 +92,8 @@ if check "mount --mode fanotify (to be killed)" fnmount "$IMG" "$M"; then
 	else
 		busy=0
 		for p in "${RD_PIDS[@]}"; do kill -0 "$p" 2>/dev/null && busy=$((busy + 1)); done
+		# No successor can open the image: the keeper serves alone.
+		fp_set 404 count=-1
 		kill -KILL "$dpid"
 		t0=$(now_ms)
 		expect_sh "ferryd $dpid killed with SIGKILL while $busy of 4 readers are busy" \
@@ -114,6 +120,7 @@ if check "mount --mode fanotify (to be killed)" fnmount "$IMG" "$M"; then
 		ms=$(($(now_ms) - t0))
 		expect_sh "the keeper $kpid exits by itself after the umount ($ms ms, < 5 s)" \
 			'! kill -0 "$kpid" 2>/dev/null && [ "$ms" -lt 5000 ]'
+		fp_set none
 		if check "mount again over the same cache (a new ferryd)" fnmount "$IMG" "$M"; then
 			npid=$(daemon_pids | head -n 1)
 			nkpid=$(keeper_pid "$M" 2>&1)
@@ -130,7 +137,7 @@ fi
 lazy_use keeper
 M=$SCRATCH/m-keeper
 new_keeper() { k2=$(keeper_pid "$M" 2>/dev/null) && [ "$k2" != "$kpid" ] && is_keeper "$k2"; }
-if check "mount --mode fanotify (its keeper to be killed)" fnmount "$IMG" "$M"; then
+if check "mount --mode fanotify (its keeper to be killed)" fnmount "$PIMG" "$M"; then
 	check "a file read before the kill reads right" read_check "$M/$CACHED" "$ref/$CACHED"
 	dpid=$(daemon_pids | head -n 1)
 	kpid=$(keeper_pid "$M" 2>&1)
@@ -157,6 +164,7 @@ if check "mount --mode fanotify (its keeper to be killed)" fnmount "$IMG" "$M"; 
 	expect_sh "the same ferryd still serves ($n, was $dpid)" '[ "$n" = "$dpid" ]'
 	# The new keeper stands in for ferryd as the first one would.
 	if [ -n "$dpid" ] && is_keeper "${k2:-none}"; then
+		fp_set 404 count=-1
 		kill -KILL "$dpid"
 		expect_sh "then ferryd $dpid killed with SIGKILL" 'wait_gone 5 "$dpid"'
 		check "with ferryd dead the new keeper lets a cached file read right" reread "$CACHED"
@@ -165,6 +173,7 @@ if check "mount --mode fanotify (its keeper to be killed)" fnmount "$IMG" "$M"; 
 		check "ferry umount with no ferryd running" fumount "$M"
 		expect_sh "the new keeper $k2 exits by itself after the umount (within 5 s)" \
 			'wait_gone 5 "$k2"'
+		fp_set none
 	else
 		check "ferry umount (keeper)" fumount "$M"
 	fi

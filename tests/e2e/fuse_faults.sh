@@ -9,7 +9,8 @@
 #     repaired the file reads right (nothing bad was cached)
 #   - the same under directory readahead: a directory read in order with
 #     one file damaged fails that file only, and readahead never stores it
-#   - ferryd killed with SIGKILL during reads: readers fail instead of
+#   - ferryd and its keeper killed with SIGKILL during reads (no successor:
+#     daemon_failover.sh shows one): readers fail instead of
 #     hanging, ferry umount removes the dead mount, a new mount (a new
 #     daemon) over the same cache reads the whole tree right, and the
 #     cache the dead daemon left is right as the kernel reads it
@@ -88,9 +89,11 @@ if check "mount --mode fuse (to be killed)" fmount "$IMG" "$M"; then
 		notok "find ferryd to kill"
 	else
 		kill -0 "$rpid" 2>/dev/null && busy=busy || busy="done already"
-		kill -KILL "$dpid"
-		expect_sh "ferryd $dpid killed with SIGKILL during a read (reader $busy)" \
-			'wait_gone 5 "$dpid"'
+		# With its keeper: no successor (daemon_failover.sh shows one).
+		kpid=$(keeper_pid "$M" 2>/dev/null)
+		kill -KILL "$dpid" ${kpid:+"$kpid"}
+		expect_sh "ferryd $dpid and its keeper ${kpid:-none} killed with SIGKILL during a read (reader $busy)" \
+			'wait_gone 5 "$dpid" && [ -n "$kpid" ]'
 		t0=$(now_ms)
 		wait_gone 30 "$rpid"
 		wait "$rpid"

@@ -113,13 +113,14 @@ fumount() { # MNT
 fstype() { findmnt -n -o FSTYPE --mountpoint "$1" 2>/dev/null; }
 is_fuse() { case $(fstype "$1") in fuse*) return 0 ;; esac; return 1; }
 
-# PID runs the ferryd binary as a fanotify keeper (ferryd --keeper ...).
+# PID runs the ferryd binary as a mount's keeper (ferryd --keeper or
+# --fuse-keeper ...).
 is_keeper() { # PID
 	local exe
 	exe=$(readlink "/proc/$1/exe" 2>/dev/null) || return 1
 	exe=${exe% (deleted)}
 	[ "${exe##*/}" = ferryd ] &&
-		tr '\0' '\n' <"/proc/$1/cmdline" 2>/dev/null | grep -qE -e '^--keeper(=|$)'
+		tr '\0' '\n' <"/proc/$1/cmdline" 2>/dev/null | grep -qE -e '^--(fuse-)?keeper(=|$)'
 }
 
 # Processes of the ferryd binary whose command line or environment names

@@ -1,0 +1,227 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# shellcheck disable=SC2016,SC2034 # expect_sh evaluates its quoted condition
+# ferryd failover and hot upgrade (issue 17) of lazy FUSE and fanotify
+# mounts of the Debian fixture, served through a slow registry (the fault
+# proxy delays every blob request, so reads are in flight at each kill):
+#   - kill -9 of ferryd while 8 readers per mount read the whole tree: the
+#     keepers hand the mounts to a new ferryd; every reader finishes with
+#     the reference digests, no error, the mounts never leave
+#     /proc/mounts, and a new ferryd's pid serves them
+#   - ferry daemon upgrade, 5 times in a row while readers run: the same
+#   - kill -9 of a keeper: ferryd starts another, and a kill -9 of ferryd
+#     after that is survived too
+#   - the stall: a probe per mount reads one cached file again and again
+#     (its pages dropped each time, so each read reaches ferryd or the
+#     kernel's fanotify check) and reports the longest wait across each
+#     kill -9 and upgrade (printed; the issue's goal is 1 s, checked < 10 s
+#     here, where other test suites share 2 cores)
+. "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/oci_lib.sh"
+. "$(dirname "$0")/registry_lib.sh"
+. "$(dirname "$0")/lazy_lib.sh"
+
+lazy_setup proxy "(failover)"
+lazy_use failover
+F=$SCRATCH/m-fuse
+N=$SCRATCH/m-fan
+HAVE_FAN=
+check "ferryd" "$FERRYD" --socket "$FSOCK" --persistent || e2e_done
+check "FUSE mount" fmount "$PIMG" "$F" || e2e_done
+if [ -z "${FAILOVER_FUSE_ONLY:-}" ] && fnmount "$PIMG" "$N" 2>"$LOG"; then
+	HAVE_FAN=1
+	ok "fanotify mount"
+else
+	echo "# no fanotify mount here (needs pre-content events): FUSE only"
+	diag "$LOG" 3
+fi
+MNTS=("$F")
+[ -n "$HAVE_FAN" ] && MNTS+=("$N")
+
+# Every blob request waits DELAY s at the proxy: reads stay in flight.
+slow() { fp_set slow "delay=$1" count=-1 "method=^GET$" path=/blobs/; }
+
+# Both mounts are in /proc/mounts (checked in a loop while readers run).
+mounts_watch_start() {
+	(
+		while :; do
+			for m in "${MNTS[@]}"; do
+				grep -q " $m " /proc/mounts || echo "$m left /proc/mounts at $(date +%s.%N)"
+			done
+			sleep 0.05
+		done
+	) >"$SCRATCH/watch.out" 2>&1 &
+	WATCH=$!
+}
+mounts_watch_stop() {
+	kill "$WATCH" 2>/dev/null
+	wait "$WATCH" 2>/dev/null
+	expect "the mounts never left /proc/mounts" test ! -s "$SCRATCH/watch.out"
+	[ -s "$SCRATCH/watch.out" ] && diag "$SCRATCH/watch.out" 3
+}
+
+# 8 readers per mount in different orders; pages dropped first so that
+# the kernel asks ferryd again.
+readers_go() { # TAG
+	local m modes=()
+	sync
+	echo 3 >/proc/sys/vm/drop_caches
+	for m in "${MNTS[@]}"; do
+		modes=(sorted reverse shuffle pread sorted reverse shuffle pread)
+		readers_start "$1-${m##*/}" "$m" 240 "${modes[@]}"
+		ALL_PIDS+=("${RD_PIDS[@]}")
+		ALL_TAGS+=("$1-${m##*/}")
+	done
+}
+readers_judge() { # DESC
+	local tag i=0 m
+	for m in "${MNTS[@]}"; do
+		RD_TAG=${ALL_TAGS[$i]}
+		RD_PIDS=("${ALL_PIDS[@]:$((i * 8)):8}")
+		RD_MODES=(sorted reverse shuffle pread sorted reverse shuffle pread)
+		readers_wait
+		readers_agree "$1 ($(fstype "$m")): 8 readers, the reference digests, no error" \
+			"$SCRATCH/ref.sums"
+		i=$((i + 1))
+	done
+	ALL_PIDS=()
+	ALL_TAGS=()
+}
+
+# The ferryd serving FSOCK now (its pid from a ping), waiting up to 20 s.
+serving_pid() {
+	local i pid
+	for i in $(seq 100); do
+		pid=$("$FERRY" daemon status --socket "$FSOCK" --json 2>/dev/null |
+			python3 -c 'import json,sys; print(json.load(sys.stdin)["pid"])' 2>/dev/null) &&
+			[ -n "$pid" ] && { echo "$pid"; return 0; }
+		sleep 0.2
+	done
+	return 1
+}
+# Every mount is listed by the ferryd on FSOCK (taken over).
+all_listed() {
+	local m
+	for m in "${MNTS[@]}"; do
+		mount_field "$m" state >/dev/null 2>&1 || return 1
+	done
+}
+wait_listed() { local i; for i in $(seq 100); do all_listed && return 0; sleep 0.2; done; return 1; }
+
+# The stall probe: reads FILE (pages dropped each time) until stopped and
+# prints the longest gap between two reads' ends, in ms.
+PROBE_PY='
+import os, sys, time
+path, out = sys.argv[1], sys.argv[2]
+last, worst, n = time.monotonic(), 0.0, 0
+while not os.path.exists(out + ".stop"):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.pread(fd, 4096, 0)
+    finally:
+        os.close(fd)
+    now = time.monotonic()
+    worst, last, n = max(worst, now - last), now, n + 1
+    time.sleep(0.005)
+open(out, "w").write("%d %d\n" % (worst * 1000, n))
+'
+probes_start() { # TAG
+	local m
+	PROBES=()
+	for m in "${MNTS[@]}"; do
+		cat "$m/etc/os-release" >/dev/null
+		rm -f "$SCRATCH/probe-$1-${m##*/}" "$SCRATCH/probe-$1-${m##*/}.stop"
+		timeout -k 5 300 python3 -c "$PROBE_PY" "$m/etc/os-release" \
+			"$SCRATCH/probe-$1-${m##*/}" 2>"$SCRATCH/probe-$1-${m##*/}.err" &
+		PROBES+=($!)
+	done
+}
+probes_stop() { # TAG WHAT
+	local m worst n i=0
+	for m in "${MNTS[@]}"; do
+		touch "$SCRATCH/probe-$1-${m##*/}.stop"
+		wait "${PROBES[$i]}"
+		i=$((i + 1))
+		read -r worst n <"$SCRATCH/probe-$1-${m##*/}" 2>/dev/null
+		echo "# stall: $2, $(fstype "$m"): longest wait ${worst:-?} ms over ${n:-?} reads"
+		expect "$2 ($(fstype "$m")): the probe never failed and never waited 10 s" \
+			test -n "$worst" -a "${worst:-99999}" -lt 10000 -a ! -s "$SCRATCH/probe-$1-${m##*/}.err"
+	done
+}
+
+ALL_PIDS=()
+ALL_TAGS=()
+
+# --- kill -9 of ferryd during cold reads ---------------------------------------------
+slow 0.3
+old=$(serving_pid)
+mounts_watch_start
+probes_start kill
+readers_go kill
+sleep 2
+for m in "${MNTS[@]}"; do echo "# before the kill: $(fstype "$m") reads in flight $(mount_field "$m" inFlight)"; done
+kill -9 "$old"
+check "a new ferryd serves the socket after kill -9" wait_listed
+new=$(serving_pid)
+expect "it is another process (pid $old -> $new)" test "$new" != "$old"
+readers_judge "kill -9 during cold reads"
+probes_stop kill "kill -9"
+mounts_watch_stop
+expect "the FUSE requests the dead ferryd had read were sent again (FUSE_NOTIFY_RESEND)" \
+	grep -q "requests in flight are sent again" "$FLOG"
+if [ -n "$HAVE_FAN" ]; then
+	n=$(grep -o "answering [0-9]* reads the dead ferryd had taken" "$FLOG" | head -n 1 | cut -d' ' -f2)
+	expect "the new ferryd answered the fanotify reads the dead one had taken (${n:-none})" \
+		test "${n:-0}" -gt 0 ||
+		grep -E "journal|taken over|fanotify keeper|answering" "$FLOG" | head -n 20 | sed 's/^/    /'
+fi
+m=$("$FERRY" metrics --socket "$FSOCK" 2>/dev/null | grep '^ferryd_takeovers_total{mode="fuse"}' | cut -d' ' -f2)
+expect "metrics: the new ferryd counts its FUSE takeover (${m:-none})" test "${m:-0}" -eq 1
+fp_set none
+
+# --- ferry daemon upgrade, 5 times while readers run ----------------------------------
+slow 0.1
+mounts_watch_start
+probes_start upgrade
+readers_go upgrade
+fails=0
+pids=("$(serving_pid)")
+for i in 1 2 3 4 5; do
+	sleep 1
+	"$FERRY" daemon upgrade --socket "$FSOCK" >"$LOG" 2>&1 || { fails=$((fails + 1)); diag "$LOG" 3; }
+	wait_listed || fails=$((fails + 1))
+	pids+=("$(serving_pid)")
+done
+expect "5 upgrades: each succeeded and the mounts were listed again" test "$fails" -eq 0
+expect "each upgrade started a new ferryd (${pids[*]})" \
+	test "$(printf '%s\n' "${pids[@]}" | sort -u | wc -l)" -eq 6
+readers_judge "5 upgrades during reads"
+probes_stop upgrade "5 upgrades"
+mounts_watch_stop
+fp_set none
+
+# --- kill -9 of a keeper, then of ferryd ---------------------------------------------
+kp=$(mount_field "$F" keeperPid)
+expect "the FUSE mount has a keeper (pid $kp)" test "${kp:-0}" -gt 0
+kill -9 "$kp" 2>/dev/null
+ok_keeper() { local k; k=$(mount_field "$F" keeperPid) && [ "$k" -gt 0 ] && [ "$k" != "$kp" ] && kill -0 "$k"; }
+expect_sh "ferryd starts another keeper when it dies" \
+	'for i in $(seq 50); do ok_keeper && break; sleep 0.2; done; ok_keeper'
+slow 0.3
+mounts_watch_start
+readers_go keeper
+sleep 1
+kill -9 "$(serving_pid)"
+check "after a keeper's death, kill -9 of ferryd is survived" wait_listed
+readers_judge "kill -9 after a keeper was replaced"
+mounts_watch_stop
+fp_set none
+
+for m in "${MNTS[@]}"; do
+	check "ferry umount $(fstype "$m")" fumount "$m"
+done
+# Failover must not hide a crash: the daemons' stderr is this log.
+expect "no sanitizer report and no crash in the log of the ferryds" \
+	bash -c '! grep -E "Sanitizer|runtime error|SIGSEGV|SIGABRT" "$1"' _ "$FLOG"
+e2e_done
