@@ -256,26 +256,26 @@ int ctl_client_ping(const char *socket_path, struct ctl_ping_reply *rep,
 	return parsed(ret, why, msg, msglen);
 }
 
-int ctl_client_shutdown(const char *socket_path, char *msg, size_t msglen)
+/* A request that is only its op, answered with ok or an error. */
+static int call_op(const char *socket_path, enum ctl_op op, char *msg, size_t msglen)
 {
 	struct json_object *resp;
 	int ret;
 
-	ret = call(socket_path, false, ctl_op_req_to_json(CTL_OP_SHUTDOWN), CTL_TIMEOUT_MS,
+	ret = call(socket_path, false, ctl_op_req_to_json(op), CTL_TIMEOUT_MS,
 		   &resp, msg, msglen);
 	json_object_put(resp);
 	return ret;
 }
 
+int ctl_client_shutdown(const char *socket_path, char *msg, size_t msglen)
+{
+	return call_op(socket_path, CTL_OP_SHUTDOWN, msg, msglen);
+}
+
 int ctl_client_upgrade(const char *socket_path, char *msg, size_t msglen)
 {
-	struct json_object *resp;
-	int ret;
-
-	ret = call(socket_path, false, ctl_op_req_to_json(CTL_OP_UPGRADE), CTL_TIMEOUT_MS,
-		   &resp, msg, msglen);
-	json_object_put(resp);
-	return ret;
+	return call_op(socket_path, CTL_OP_UPGRADE, msg, msglen);
 }
 
 int ctl_client_metrics(const char *socket_path, char **text, char *msg,

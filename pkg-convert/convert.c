@@ -38,8 +38,8 @@ static ssize_t stream_read(void *ctx, void *buf, size_t len)
 }
 
 /* A registry layer, streamed: the stream checks size and digest. */
-int convert_apply_remote_layer(struct converter *c, const struct oci_image *img,
-			       const struct oci_descriptor *d, const char *name)
+static int apply_remote_layer(struct converter *c, const struct oci_image *img,
+			      const struct oci_descriptor *d, const char *name)
 {
 	struct fetch_stream *fs = NULL;
 	struct input_stream *in = NULL;
@@ -56,6 +56,21 @@ int convert_apply_remote_layer(struct converter *c, const struct oci_image *img,
 	return ret;
 }
 
+int convert_apply_oci_layer(struct converter *c, const struct oci_image *img,
+			    const struct oci_descriptor *d, const char *name)
+{
+	char *path = NULL;
+	int ret;
+
+	if (img->remote)
+		return apply_remote_layer(c, img, d, name);
+	ret = oci_blob_path(img->layout, d->digest, &path);
+	if (!ret)
+		ret = convert_apply_tar(c, path, d->digest, name);
+	free(path);
+	return ret;
+}
+
 static int convert_oci_layers(struct converter *c, const struct oci_image *img)
 {
 	uint32_t i;
@@ -64,21 +79,14 @@ static int convert_oci_layers(struct converter *c, const struct oci_image *img)
 	c->layered = true;
 	for (i = 0; i < img->nr_layers && !ret; i++) {
 		const struct oci_descriptor *d = &img->layers[i];
-		char *path = NULL, name[96];
+		char name[96];
 
 		digest_format(d->digest, name + 6);
 		memcpy(name, "layer ", 6);
 		ret = convert_layer_begin(c, name + 6);
 		if (ret)
 			break;
-		if (img->remote) {
-			ret = convert_apply_remote_layer(c, img, d, name);
-		} else {
-			ret = oci_blob_path(img->layout, d->digest, &path);
-			if (!ret)
-				ret = convert_apply_tar(c, path, d->digest, name);
-			free(path);
-		}
+		ret = convert_apply_oci_layer(c, img, d, name);
 		if (!ret)
 			ret = convert_layer_end(c);
 	}

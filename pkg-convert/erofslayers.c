@@ -560,7 +560,6 @@ static int convert_layer(struct converter *c, const struct oci_image *img,
 	struct native_state *n = c->native;
 	struct native_layer *l;
 	char name[96] = "layer ";
-	char *path = NULL;
 	int ret;
 
 	if (array_reserve(&n->layers, &n->layers_cap, n->nr_layers + 1,
@@ -591,18 +590,11 @@ static int convert_layer(struct converter *c, const struct oci_image *img,
 
 		digest_format(d->digest, name + 6);
 		l->source = d->digest;
-		if (img->remote) {
-			ret = convert_apply_remote_layer(c, img, d, name);
-		} else {
-			ret = oci_blob_path(img->layout, d->digest, &path);
-			if (!ret)
-				ret = convert_apply_tar(c, path, d->digest, name);
-		}
+		ret = convert_apply_oci_layer(c, img, d, name);
 	}
 	if (!ret)
 		ret = write_layer(c, blobs_dir, l);
 out:
-	free(path);
 	free_strings(&n->opaque, &n->nr_opaque, &n->opaque_cap);
 	free_strings(&n->escaped, &n->nr_escaped, &n->escaped_cap);
 	/* The tree is kept for upper layers' lookups. */

@@ -138,11 +138,14 @@ struct input_stream;
 int convert_apply_input(struct converter *c, struct input_stream *in,
 			uint64_t size, const char *name);
 
-/* A registry layer, streamed into convert_apply_input (convert.c). */
+/*
+ * Layer @d of @img: its blob file in an OCI layout, or streamed from the
+ * registry into convert_apply_input (convert.c).
+ */
 struct oci_image;
 struct oci_descriptor;
-int convert_apply_remote_layer(struct converter *c, const struct oci_image *img,
-			       const struct oci_descriptor *d, const char *name);
+int convert_apply_oci_layer(struct converter *c, const struct oci_image *img,
+			    const struct oci_descriptor *d, const char *name);
 
 /* The parent directory of @path in c->tree, created as tar extraction does. */
 int convert_parent_dir(struct converter *c, char *path,
