@@ -207,6 +207,7 @@ struct keeper_guard {
 	const struct fmount *m;
 	const struct serve_opts *o;
 	int stop[2];
+	int sock; /* the first keeper's, for the guard's thread */
 	pthread_t thread;
 	_Atomic bool started;
 	_Atomic int pid; /* the keeper now, 0: none */

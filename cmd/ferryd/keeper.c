@@ -214,7 +214,7 @@ static void *guard_main(void *arg)
 	struct keeper_guard *g = arg;
 	struct pollfd p[2] = { { .fd = g->stop[0], .events = POLLIN },
 			       { .fd = -1, .events = POLLIN } };
-	int sock = -1, pid = 0, ret;
+	int sock = g->sock, pid = atomic_load(&g->pid), ret;
 
 	for (;;) {
 		if (sock < 0) {
@@ -249,11 +249,26 @@ int keeper_guard_start(struct keeper_guard *g, const char *how, int fd,
 {
 	int ret;
 
-	*g = (struct keeper_guard){ .how = how, .fd = fd, .m = m, .o = o };
+	int pid = 0;
+
+	*g = (struct keeper_guard){ .how = how, .fd = fd, .m = m, .o = o, .sock = -1 };
 	if (pipe2(g->stop, O_CLOEXEC))
 		return -errno;
+	/*
+	 * The first keeper before the mount is answered: a kill -9 right
+	 * after `ferry mount` returns must find the descriptor held.
+	 */
+	ret = keeper_start_mount(how, fd, m, o, NULL, &g->sock, &pid);
+	if (ret) /* the guard's thread tries again */
+		ferry_warn("%s: no keeper yet (%s): until one starts, if ferryd dies the mount is not taken over",
+			   m->mountpoint, ferry_strerror(ret));
+	else
+		atomic_store(&g->pid, pid);
 	ret = -pthread_create(&g->thread, NULL, guard_main, g);
 	if (ret) {
+		if (g->sock >= 0 && keeper_bye(&g->sock))
+			ferry_warn("%s: telling the keeper to let go: %s", m->mountpoint,
+				   strerror(errno));
 		close(g->stop[0]);
 		close(g->stop[1]);
 		return ret;
@@ -421,7 +436,10 @@ int keeper_handover(const char *socket_path, const char *req_text, int fd,
 		ret = handover_once(socket_path, req, fd);
 		if (ret == 1)
 			ret = -EPERM;
-		if (ret != -ENOENT && ret != -ECONNREFUSED)
+		/* No ferryd yet, or one that went away under us (a successor
+		 * that lost the race for the socket to another keeper's). */
+		if (ret != -ENOENT && ret != -ECONNREFUSED && ret != -ECONNRESET &&
+		    ret != -EPIPE)
 			break;
 		now = ferry_now_ns();
 		if (now - start >= HANDOVER_MS * 1000000ull) {
