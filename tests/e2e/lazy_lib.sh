@@ -603,6 +603,15 @@ with open(sys.argv[1], "r+b") as f:
     f.write(bytes([b[0] ^ 0x5a]))
 PY
 	echo "# damaged byte $((coff + csz / 2)) of $DMG_BLOB (chunk 0 of /${2#/}: [$coff, +$csz))"
+	DMG_DEV=$dev DMG_COFF=$coff
+}
+# Whether PATH's first chunk is in the frame reg_damage_chunk damaged
+# (small files share frames: a damaged frame fails all of them).
+in_damaged_frame() { # IMAGE PATH
+	"$FERRY" inspect --json "$1" "/${2#/}" </dev/null | python3 -c '
+import json, sys
+c = json.load(sys.stdin)["chunks"]
+sys.exit(0 if c and (c[0]["deviceId"], c[0]["compressedOffset"]) == (int(sys.argv[1]), int(sys.argv[2])) else 1)' "$DMG_DEV" "$DMG_COFF"
 }
 reg_repair_chunk() { cp "$SCRATCH/blob.orig" "$DMG_STORED"; }
 
