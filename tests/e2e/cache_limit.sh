@@ -193,7 +193,9 @@ for delay in 1.5 2.0 2.6 3.2 3.9; do
 	sleep "$delay"
 	e=$(mount_field "$MF" bytesEvicted 2>/dev/null)
 	[ "${e:-0}" -gt 0 ] && evicted=$((evicted + 1))
-	mapfile -t dp < <(daemon_pids)
+	# With its keeper: a successor would take the mount over and the
+	# reader would read on (failover is daemon_failover.sh's).
+	mapfile -t dp < <(daemon_pids; keeper_pids)
 	kill -9 "${dp[@]}" 2>/dev/null
 	wait "$reader" 2>/dev/null
 	timeout -k 5 60 "$FERRY" umount "$MF" </dev/null >/dev/null 2>&1
