@@ -214,6 +214,8 @@ struct json_object *ctl_mount_req_to_json(const struct ctl_mount_req *r)
 		ok &= json_add_str(o, "domain", r->domain);
 	if (r->record)
 		ok &= json_add_str(o, "record", r->record);
+	if (r->image_digest)
+		ok &= json_add_str(o, "imageDigest", r->image_digest);
 	ok &= json_add(o, "prefetchFiles", json_str_array(r->prefetch_files, r->nr_prefetch_files));
 	ok &= json_add(o, "prefetchAll", json_object_new_boolean(r->prefetch_all));
 	ok &= json_add(o, "prefetchBwlimit",
@@ -250,6 +252,11 @@ int ctl_mount_req_parse(struct json_object *o, struct ctl_mount_req *r,
 		ret = get_token(o, "mode", false, &r->mode, err, errlen);
 	if (!ret && json_field(o, "record"))
 		ret = json_read_abspath(o, "record", &r->record, err, errlen);
+	if (!ret)
+		ret = json_read_str(o, "imageDigest", DIGEST_STRING_SIZE - 1, false,
+				    &r->image_digest, err, errlen);
+	if (!ret && r->image_digest && digest_parse(r->image_digest, (uint8_t[32]){ 0 }))
+		ret = json_bad(err, errlen, "\"imageDigest\" is not a sha256 digest");
 	if (!ret)
 		ret = json_read_str(o, "domain", META_FSCACHE_ID_MAX, false, &r->domain, err,
 				    errlen);

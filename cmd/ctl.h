@@ -147,6 +147,9 @@ struct ctl_mount_req {
 	const char *mode;          /* serving mode's name; parsed: never NULL */
 	const char *domain;        /* cachefiles: EROFS domain_id, or NULL */
 	const char *record;        /* fuse: write the files read here, or NULL */
+	const char *image_digest;  /* "sha256:<hex>": serve this image only (a
+				    * takeover pins the one it was served;
+				    * image_open's digest), or NULL */
 	bool adopt;                /* ferryd only, never sent: take over the
 				    * mount already there (failover) */
 	int adopt_fd;              /* with adopt: the mount's kernel descriptor

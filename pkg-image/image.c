@@ -156,7 +156,8 @@ static int locate_manifest(struct image *img, const struct image_ref *r,
 	struct oci_image oci;
 	int ret;
 
-	ret = oci_image_open(r, opts->platform, opts->fetch, &oci);
+	ret = r->transport == IMAGE_DOCKER ? oci_remote_open(r->path, opts, &oci) :
+					     oci_image_open(r, opts->platform, opts->fetch, &oci);
 	if (ret)
 		return ret;
 	ret = image_expect_manifest(img, &oci, e);
@@ -253,14 +254,27 @@ static int load_compressed(struct image *img, const struct image_expect *e,
 	return ret;
 }
 
-/* Load the bootstrap's bytes; they must hash to the digest the index promises. */
-static int load_bootstrap(struct image *img, const struct image_expect *e)
+/*
+ * Load the bootstrap's bytes; they must hash to the digest the index
+ * promises. A registry's is kept raw in @cache_dir (if any) and taken
+ * from there the next time.
+ */
+static int load_bootstrap(struct image *img, const struct image_expect *e,
+			  const char *cache_dir)
 {
 	const char *name = e->compressed_path ? e->compressed_path :
 			   img->bootstrap_path ? img->bootstrap_path : img->ref;
 	uint8_t actual[BLOB_DIGEST_SIZE];
 	int ret;
 
+	if (!img->remote)
+		cache_dir = NULL;
+	if (cache_dir && !image_cached_read(cache_dir, IMAGE_BOOTSTRAPS_DIR, e->bootstrap,
+					    FERRY_BOOTSTRAP_MAX, &img->bootstrap,
+					    &img->bootstrap_len)) {
+		memcpy(img->bootstrap_digest, e->bootstrap, sizeof(actual));
+		return 0;
+	}
 	if (e->compressed_bootstrap) {
 		ret = load_compressed(img, e, name, &img->bootstrap, &img->bootstrap_len);
 	} else {
@@ -282,6 +296,9 @@ static int load_bootstrap(struct image *img, const struct image_expect *e)
 	memcpy(img->bootstrap_digest, actual, sizeof(actual));
 	if (!e->compressed_bootstrap)
 		memcpy(img->image_digest, actual, sizeof(actual));
+	if (cache_dir)
+		image_cached_keep(cache_dir, IMAGE_BOOTSTRAPS_DIR, actual, img->bootstrap,
+				  img->bootstrap_len);
 	return 0;
 }
 
@@ -362,8 +379,22 @@ int image_open(const char *ref, const struct image_opts *opts,
 		}
 		ret = locate_dir(img, &expect);
 	}
+	/* A takeover must serve the image the kernel was served (dir: the
+	 * image digest is the bootstrap's). */
+	if (!ret && r.transport == IMAGE_DIR)
+		memcpy(img->image_digest, expect.bootstrap, BLOB_DIGEST_SIZE);
+	if (!ret && opts->digest &&
+	    memcmp(opts->digest, img->image_digest, BLOB_DIGEST_SIZE)) {
+		char was[DIGEST_STRING_SIZE], now[DIGEST_STRING_SIZE];
+
+		digest_format(opts->digest, was);
+		digest_format(img->image_digest, now);
+		ferry_err("%s is now %s, not %s: the image changed since it was mounted",
+			  ref, now, was);
+		ret = -ESTALE;
+	}
 	if (!ret)
-		ret = load_bootstrap(img, &expect);
+		ret = load_bootstrap(img, &expect, opts->cache_dir);
 	if (ret)
 		goto fail;
 	ret = meta_image_open_mem(img->bootstrap, img->bootstrap_len, &img->meta);
@@ -523,6 +554,78 @@ static int open_verified(const struct image *img, int dir_fd, const char *name,
 	return ret;
 }
 
+int image_cached_read(const char *cache_dir, const char *sub,
+		      const uint8_t digest[32], size_t max, uint8_t **data,
+		      size_t *len)
+{
+	char hex[2 * BLOB_DIGEST_SIZE + 1];
+	uint8_t got[BLOB_DIGEST_SIZE], *buf = NULL;
+	int dir_fd = -1, fd = -1, ret;
+	struct stat st;
+
+	hex_encode(digest, BLOB_DIGEST_SIZE, hex);
+	/* Only a directory root alone can write; no link, FIFO or device. */
+	ret = blob_cache_dir(cache_dir, sub, false, &dir_fd);
+	if (!ret) {
+		fd = openat(dir_fd, hex, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+		ret = fd < 0 ? -errno : fstat(fd, &st) ? -errno : 0;
+	}
+	if (!ret && (!S_ISREG(st.st_mode) || (uint64_t)st.st_size > max))
+		ret = -EFSCORRUPTED;
+	if (!ret && !(buf = malloc((size_t)st.st_size + 1)))
+		ret = -ENOMEM;
+	if (!ret)
+		ret = pread_full(fd, buf, (size_t)st.st_size, 0);
+	if (!ret) {
+		sha256_buf(buf, (size_t)st.st_size, got);
+		if (memcmp(got, digest, BLOB_DIGEST_SIZE))
+			ret = -EFSCORRUPTED;
+	}
+	if (ret == -EFSCORRUPTED) {
+		ferry_warn("%s/%s/%s does not hold sha256:%s; fetching it again", cache_dir,
+			   sub, hex, hex);
+		unlinkat(dir_fd, hex, 0);
+	}
+	if (!ret) {
+		buf[st.st_size] = '\0';
+		*data = buf;
+		*len = (size_t)st.st_size;
+		buf = NULL;
+	} else if (ret != -EFSCORRUPTED && ret != -ENOMEM) {
+		ret = -ENOENT;
+	}
+	free(buf);
+	if (fd >= 0)
+		close(fd);
+	if (dir_fd >= 0)
+		close(dir_fd);
+	return ret;
+}
+
+void image_cached_keep(const char *cache_dir, const char *sub,
+		       const uint8_t digest[32], const void *data, size_t len)
+{
+	char hex[2 * BLOB_DIGEST_SIZE + 1], *dir = NULL;
+	int dir_fd = -1, ret;
+
+	hex_encode(digest, BLOB_DIGEST_SIZE, hex);
+	ret = blob_cache_dir(cache_dir, sub, true, &dir_fd);
+	/* Content-addressed: one there is this (a wrong one was removed). */
+	if (!ret && !faccessat(dir_fd, hex, F_OK, AT_SYMLINK_NOFOLLOW))
+		goto out;
+	if (!ret)
+		ret = asprintf(&dir, "%s/%s", cache_dir, sub) < 0 ? -ENOMEM : 0;
+	if (!ret)
+		ret = write_file_atomic(dir, hex, data, len, 0600);
+	if (ret)
+		ferry_warn("%s/%s/%s: cannot keep a copy (%s); it will be fetched again next time",
+			   cache_dir, sub, hex, ferry_strerror(ret));
+out:
+	free(dir);
+	if (dir_fd >= 0)
+		close(dir_fd);
+}
+
 /*
  * The kernel mounts a file: the image's own bootstrap (dir:), or for an
  * oci: or docker: image, whose bootstrap is stored compressed, its raw
@@ -549,13 +652,13 @@ int image_bootstrap_file(struct image *img, const char *cache_dir)
 		return ret;
 	}
 	hex_encode(img->bootstrap_digest, BLOB_DIGEST_SIZE, hex);
-	if (asprintf(&dir, "%s/bootstraps", cache_dir) < 0 ||
+	if (asprintf(&dir, "%s/" IMAGE_BOOTSTRAPS_DIR, cache_dir) < 0 ||
 	    asprintf(&img->bootstrap_path, "%s/%s", dir, hex) < 0) {
 		free(dir);
 		img->bootstrap_path = NULL;
 		return -ENOMEM;
 	}
-	ret = blob_cache_dir(cache_dir, "bootstraps", true, &dir_fd);
+	ret = blob_cache_dir(cache_dir, IMAGE_BOOTSTRAPS_DIR, true, &dir_fd);
 	for (attempt = 0; !ret; attempt++) {
 		ret = open_verified(img, dir_fd, hex, &img->bootstrap_fd);
 		if (!ret || attempt || (ret != -ENOENT && ret != -EFSCORRUPTED))

@@ -171,6 +171,19 @@ struct image {
 struct image_opts {
 	const struct fetch_opts *fetch; /* docker: client options; NULL = defaults */
 	const char *platform;           /* image indexes; NULL = the host's */
+	/*
+	 * docker: a chunk cache whose CACHE/meta/<sha256> (manifests,
+	 * indexes, configs) and CACHE/bootstraps/<sha256> hold local copies,
+	 * each checked against its digest before use and kept after each
+	 * fetch: a reference by digest opens without the registry. NULL: none.
+	 */
+	const char *cache_dir;
+	/*
+	 * The image must be this one (its image_digest): a docker: reference
+	 * is resolved by this digest instead of its tag, any other is refused
+	 * with -ESTALE when it now holds another image. NULL: any.
+	 */
+	const uint8_t *digest;
 };
 
 /* @ref: dir:, oci:, docker:// or a bare path; @opts may be NULL. */

@@ -88,10 +88,28 @@ int oci_layout_open(const char *path, const char *tag, const char *platform,
 		    struct oci_image *img);
 /*
  * The same for "HOST[:PORT]/REPO[:TAG|@DIGEST]" in a registry (remote.c);
- * img->remote stays open for reading blobs.
+ * img->remote stays open for reading blobs. @opts: fetch, platform, and
+ * cache_dir / digest as image_open takes them (NULL: none).
  */
-int oci_remote_open(const char *ref, const char *platform,
-		    const struct fetch_opts *fopts, struct oci_image *img);
+int oci_remote_open(const char *ref, const struct image_opts *opts,
+		    struct oci_image *img);
+
+/*
+ * Local copies of content-addressed bytes under a chunk cache,
+ * CACHE/@sub/<hex> (CACHE/meta: registry documents; CACHE/bootstraps: raw
+ * bootstraps). image_cached_read: the copy of @digest, at most @max bytes,
+ * checked against it; -ENOENT when there is none (or the directory is
+ * not one root can trust: blob_cache_dir), -EFSCORRUPTED (warned) when it
+ * holds other bytes: fetch them again. image_cached_keep: store a copy
+ * (already checked by the caller), warning when it cannot.
+ */
+#define IMAGE_META_DIR "meta"
+#define IMAGE_BOOTSTRAPS_DIR "bootstraps"
+int image_cached_read(const char *cache_dir, const char *sub,
+		      const uint8_t digest[32], size_t max, uint8_t **data,
+		      size_t *len);
+void image_cached_keep(const char *cache_dir, const char *sub,
+		       const uint8_t digest[32], const void *data, size_t len);
 /*
  * Push the image whose manifest is blob @manifest_digest of @layout to
  * @dest ("HOST[:PORT]/REPO[:TAG]"): every layer and the config (skipping

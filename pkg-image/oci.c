@@ -388,7 +388,9 @@ int oci_image_open(const struct image_ref *ref, const char *platform,
 		   const struct fetch_opts *fopts, struct oci_image *img)
 {
 	if (ref->transport == IMAGE_DOCKER)
-		return oci_remote_open(ref->path, platform, fopts, img);
+		return oci_remote_open(ref->path,
+				       &(struct image_opts){ .fetch = fopts, .platform = platform },
+				       img);
 	if (ref->transport == IMAGE_OCI)
 		return oci_layout_open(ref->path, ref->tag, platform, img);
 	memset(img, 0, sizeof(*img));

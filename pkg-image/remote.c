@@ -13,9 +13,13 @@
 
 #include "internal.h"
 
-/* The document the reference named, kept so it is not fetched twice. */
+/*
+ * The document the reference named, kept so it is not fetched twice, and
+ * the chunk cache whose copies of documents come before the registry's.
+ */
 struct remote_loader {
 	struct registry *reg;
+	const char *cache_dir;
 	struct fetch_buf top;
 	uint8_t top_digest[32];
 };
@@ -29,22 +33,28 @@ static int remote_load(void *ctx, const struct oci_descriptor *d,
 	uint8_t digest[32];
 	int ret;
 
-	digest_format(d->digest, dstr);
-	if (!manifest) {
-		ret = registry_get_blob(l->reg, d->digest, d->size, OCI_JSON_MAX,
-					&body);
-	} else if (l->top.data && !memcmp(d->digest, l->top_digest, 32)) {
+	if (l->top.data && !memcmp(d->digest, l->top_digest, 32)) {
 		body = l->top;
 		l->top = (struct fetch_buf){ 0 };
-		ret = 0;
-	} else {
-		/* By digest: pkg-fetch checks the bytes against it. */
-		ret = registry_get_manifest(l->reg, dstr, &body, type, sizeof(type),
-					    digest);
+		goto check;
 	}
+	if (l->cache_dir &&
+	    !image_cached_read(l->cache_dir, IMAGE_META_DIR, d->digest, OCI_JSON_MAX,
+			       &body.data, &body.len))
+		goto check;
+	digest_format(d->digest, dstr);
+	/* By digest: pkg-fetch checks the bytes against it. */
+	ret = manifest ? registry_get_manifest(l->reg, dstr, &body, type, sizeof(type),
+					       digest) :
+			 registry_get_blob(l->reg, d->digest, d->size, OCI_JSON_MAX, &body);
 	if (ret)
 		return ret;
+	if (l->cache_dir)
+		image_cached_keep(l->cache_dir, IMAGE_META_DIR, d->digest, body.data,
+				  body.len);
+check:
 	if (body.len != d->size) {
+		digest_format(d->digest, dstr);
 		ferry_err("%s: %s is %zu bytes, its descriptor says %llu",
 			  registry_name(l->reg), dstr, body.len,
 			  (unsigned long long)d->size);
@@ -56,12 +66,13 @@ static int remote_load(void *ctx, const struct oci_descriptor *d,
 	return 0;
 }
 
-int oci_remote_open(const char *ref, const char *platform,
-		    const struct fetch_opts *fopts, struct oci_image *img)
+int oci_remote_open(const char *ref, const struct image_opts *opts,
+		    struct oci_image *img)
 {
-	struct remote_loader l = { 0 };
+	struct remote_loader l = { .cache_dir = opts ? opts->cache_dir : NULL };
 	struct fetch_ref fref = { 0 };
 	struct oci_descriptor top = { 0 };
+	char pinned[DIGEST_STRING_SIZE];
 	const char *reference;
 	int ret;
 
@@ -69,7 +80,7 @@ int oci_remote_open(const char *ref, const char *platform,
 	ret = fetch_parse_ref(ref, &fref);
 	if (ret)
 		return ret;
-	ret = registry_open(&fref, fopts, FETCH_PULL, &img->remote);
+	ret = registry_open(&fref, opts ? opts->fetch : NULL, FETCH_PULL, &img->remote);
 	if (ret)
 		goto out;
 	img->where = strdup(ref);
@@ -79,13 +90,32 @@ int oci_remote_open(const char *ref, const char *platform,
 	}
 	l.reg = img->remote;
 	reference = fref.digest ? fref.digest : fref.tag ? fref.tag : "latest";
-	ret = registry_get_manifest(l.reg, reference, &l.top, top.media_type,
-				    sizeof(top.media_type), l.top_digest);
+	if (opts && opts->digest) {
+		digest_format(opts->digest, pinned);
+		reference = pinned;
+	}
+	/*
+	 * By digest, the document may be here already; by tag, the registry
+	 * says what it names now. Either way resolve takes the media type
+	 * from the document when it has one.
+	 */
+	if (!strncmp(reference, "sha256:", 7) && !digest_parse(reference, l.top_digest) &&
+	    l.cache_dir &&
+	    !image_cached_read(l.cache_dir, IMAGE_META_DIR, l.top_digest, OCI_JSON_MAX,
+			       &l.top.data, &l.top.len)) {
+		ret = 0;
+	} else {
+		ret = registry_get_manifest(l.reg, reference, &l.top, top.media_type,
+					    sizeof(top.media_type), l.top_digest);
+		if (!ret && l.cache_dir)
+			image_cached_keep(l.cache_dir, IMAGE_META_DIR, l.top_digest,
+					  l.top.data, l.top.len);
+	}
 	if (ret)
 		goto out;
 	memcpy(top.digest, l.top_digest, 32);
 	top.size = l.top.len;
-	ret = oci_image_resolve(img, &top, platform,
+	ret = oci_image_resolve(img, &top, opts ? opts->platform : NULL,
 				&(struct oci_loader){ remote_load, &l });
 out:
 	fetch_buf_free(&l.top);

@@ -1161,21 +1161,46 @@ int cachefiles_keeper_main(int argc, char **argv)
 	return 1;
 }
 
+/* The mounts recorded next to @socket_path: {"mounts":[REQUEST...]}, each
+ * as the control socket takes it. */
+static int recorded_mounts(const char *socket_path, char *path, size_t path_len,
+			   struct json_object **top, struct json_object **mounts)
+{
+	char *text = NULL, *copy = strdup(socket_path);
+	size_t len;
+	int ret;
+
+	*top = *mounts = NULL;
+	snprintf(path, path_len, "%s/%s", copy ? dirname(copy) : ".", CF_STATE);
+	free(copy);
+	ret = read_file_max(path, CF_STATE_MAX, &text, &len);
+	if (!ret)
+		ret = json_parse_object(text, len, top);
+	if (!ret && !json_object_is_type(*mounts = json_field(*top, "mounts"), json_type_array))
+		ret = -EPROTO;
+	free(text);
+	return ret;
+}
+
+bool cachefiles_recorded(const char *socket_path)
+{
+	struct json_object *top, *a;
+	char path[PATH_MAX];
+	bool any = !recorded_mounts(socket_path, path, sizeof(path), &top, &a) &&
+		   json_object_array_length(a);
+
+	json_object_put(top);
+	return any;
+}
+
 void cachefiles_adopt(int devfd, const char *socket_path)
 {
 	struct json_object *top = NULL, *a = NULL;
-	char *text = NULL, *copy = strdup(socket_path), path[PATH_MAX], err[4096];
-	size_t len, i, nr = 0, ok = 0;
+	char path[PATH_MAX], err[4096];
+	size_t i, nr = 0, ok = 0;
 	int ret;
 
-	snprintf(path, sizeof(path), "%s/%s", copy ? dirname(copy) : ".", CF_STATE);
-	free(copy);
-	ret = read_file_max(path, CF_STATE_MAX, &text, &len);
-	/* {"mounts":[REQUEST...]}, each as the control socket takes it. */
-	if (!ret)
-		ret = json_parse_object(text, len, &top);
-	if (!ret && !json_object_is_type(a = json_field(top, "mounts"), json_type_array))
-		ret = -EPROTO;
+	ret = recorded_mounts(socket_path, path, sizeof(path), &top, &a);
 	if (ret)
 		ferry_err("cachefiles: the dead ferryd's mounts (%s): %s", path, ferry_strerror(ret));
 	else
@@ -1221,7 +1246,6 @@ void cachefiles_adopt(int devfd, const char *socket_path)
 	}
 	pthread_mutex_unlock(&dev.life);
 	json_object_put(top);
-	free(text);
 }
 
 const struct serve_mode cachefiles_mode = {

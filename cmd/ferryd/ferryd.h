@@ -73,6 +73,7 @@ struct fmount {
 	void *mode_state;               /* the mode's; NULL (table lock) once closed */
 	unsigned int dev_major, dev_minor;
 	int64_t mounted_at;             /* unix seconds */
+	char image_digest[DIGEST_STRING_SIZE]; /* the image served: req.image_digest */
 
 	pthread_mutex_t lock;
 	pthread_cond_t cond;
@@ -291,6 +292,11 @@ int metrics_start(const char *addr);
  * file and level, serving and cache options) and hands it the descriptor.
  */
 int cachefiles_keeper_main(int argc, char **argv);
+/*
+ * Whether a ferryd on @socket_path recorded cachefiles mounts: then its
+ * cachefiles keeper starts the successor, and other keepers leave it time.
+ */
+bool cachefiles_recorded(const char *socket_path);
 /*
  * The successor: take over /dev/cachefiles (@devfd) and the cachefiles
  * mounts the dead ferryd recorded next to the socket, then have the

@@ -52,7 +52,7 @@
 #define KEEPER_START_MS 30000 /* a new keeper to say hello */
 #define KEEPER_MSG_MAX (192u << 10) /* a message from ferryd: the mount request */
 #define HANDOVER_MS 60000     /* to find a successor and hand a mount over */
-#define HANDOVER_SPAWN_MS 300 /* before starting one: another may be coming */
+#define HANDOVER_SPAWN_MS 300 /* before starting one beside a cachefiles keeper */
 #define HANDOVER_RESPAWN_MS 5000 /* between starts */
 #define HANDOVER_POLL_MS 50
 
@@ -425,6 +425,10 @@ int keeper_handover(const char *socket_path, const char *req_text, int fd,
 		    const char *const *opts)
 {
 	uint64_t start = ferry_now_ns(), spawned = 0, now;
+	/* A cachefiles keeper starts the successor itself: it must win the
+	 * socket, as only it holds /dev/cachefiles. Else no need to wait. */
+	uint64_t spawn_after = cachefiles_recorded(socket_path) ?
+			       HANDOVER_SPAWN_MS * 1000000ull : 0;
 	struct json_object *req = NULL;
 	int ret;
 
@@ -446,7 +450,7 @@ int keeper_handover(const char *socket_path, const char *req_text, int fd,
 			ret = -ETIMEDOUT;
 			break;
 		}
-		if (now - start >= HANDOVER_SPAWN_MS * 1000000ull &&
+		if (now - start >= spawn_after &&
 		    (!spawned || now - spawned >= HANDOVER_RESPAWN_MS * 1000000ull)) {
 			spawn_successor(socket_path, opts);
 			spawned = ferry_now_ns();

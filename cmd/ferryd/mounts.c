@@ -414,6 +414,8 @@ fail:
 static int mount_setup(struct fmount *m, const char *what, char *err,
 		       size_t errlen)
 {
+	struct image_opts opts = { .fetch = &m->req.fetch, .cache_dir = m->req.cache_dir };
+	uint8_t pin[BLOB_DIGEST_SIZE];
 	struct log_capture cap;
 	char why[1024] = "";
 	struct mount_entry mi;
@@ -421,8 +423,15 @@ static int mount_setup(struct fmount *m, const char *what, char *err,
 
 	log_capture_begin(&cap);
 	m->req.fetch.cancel = &m->fetch_cancel;
-	ret = image_open(m->req.image, &(struct image_opts){ .fetch = &m->req.fetch },
-			 &m->img);
+	if (m->req.image_digest && !digest_parse(m->req.image_digest, pin))
+		opts.digest = pin;
+	ret = image_open(m->req.image, &opts, &m->img);
+	/* Whoever takes this mount over serves this very image, even if a
+	 * tag moved meanwhile, and finds its metadata in the cache. */
+	if (!ret) {
+		digest_format(m->img->image_digest, m->image_digest);
+		m->req.image_digest = m->image_digest;
+	}
 	/* Before the kernel or FUSE sees it, and prefetch walks it. */
 	if (!ret)
 		ret = image_validate_metadata(m->img);

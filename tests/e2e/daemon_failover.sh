@@ -4,13 +4,16 @@
 # ferryd failover and hot upgrade (issue 17) of lazy FUSE and fanotify
 # mounts of the Debian fixture, served through a slow registry (the fault
 # proxy delays every blob request, so reads are in flight at each kill):
-#   - kill -9 of ferryd while 8 readers per mount read the whole tree: the
+#   - kill -9 of ferryd while 16 readers per mount read the whole tree: the
 #     keepers hand the mounts to a new ferryd; every reader finishes with
 #     the reference digests, no error, the mounts never leave
 #     /proc/mounts, and a new ferryd's pid serves them
-#   - ferry daemon upgrade, 5 times in a row while readers run: the same
+#   - ferry daemon upgrade, 10 times in a row while readers run: the same
 #   - kill -9 of a keeper: ferryd starts another, and a kill -9 of ferryd
 #     after that is survived too
+#   - kill -9 with the registry down: the successor takes the mounts over
+#     from the cache alone (image pinned by digest; manifest, config and
+#     bootstrap kept in the cache) and serves the whole tree
 #   - the stall: a probe per mount reads one cached file again and again
 #     (its pages dropped each time, so each read reaches ferryd or the
 #     kernel's fanotify check) and reports the longest wait across each
@@ -60,15 +63,18 @@ mounts_watch_stop() {
 	[ -s "$SCRATCH/watch.out" ] && diag "$SCRATCH/watch.out" 3
 }
 
-# 8 readers per mount in different orders; pages dropped first so that
+# 16 readers per mount in different orders; pages dropped first so that
 # the kernel asks ferryd again.
+READER_MODES=(sorted reverse shuffle pread sorted reverse shuffle pread
+	sorted reverse shuffle pread sorted reverse shuffle pread)
+NR=${#READER_MODES[@]}
+UPGRADES=10
 readers_go() { # TAG
-	local m modes=()
+	local m
 	sync
 	echo 3 >/proc/sys/vm/drop_caches
 	for m in "${MNTS[@]}"; do
-		modes=(sorted reverse shuffle pread sorted reverse shuffle pread)
-		readers_start "$1-${m##*/}" "$m" 240 "${modes[@]}"
+		readers_start "$1-${m##*/}" "$m" 240 "${READER_MODES[@]}"
 		ALL_PIDS+=("${RD_PIDS[@]}")
 		ALL_TAGS+=("$1-${m##*/}")
 	done
@@ -77,10 +83,10 @@ readers_judge() { # DESC
 	local tag i=0 m
 	for m in "${MNTS[@]}"; do
 		RD_TAG=${ALL_TAGS[$i]}
-		RD_PIDS=("${ALL_PIDS[@]:$((i * 8)):8}")
-		RD_MODES=(sorted reverse shuffle pread sorted reverse shuffle pread)
+		RD_PIDS=("${ALL_PIDS[@]:$((i * NR)):NR}")
+		RD_MODES=("${READER_MODES[@]}")
 		readers_wait
-		readers_agree "$1 ($(fstype "$m")): 8 readers, the reference digests, no error" \
+		readers_agree "$1 ($(fstype "$m")): $NR readers, the reference digests, no error" \
 			"$SCRATCH/ref.sums"
 		i=$((i + 1))
 	done
@@ -182,24 +188,24 @@ m=$("$FERRY" metrics --socket "$FSOCK" 2>/dev/null | grep '^ferryd_takeovers_tot
 expect "metrics: the new ferryd counts its FUSE takeover (${m:-none})" test "${m:-0}" -eq 1
 fp_set none
 
-# --- ferry daemon upgrade, 5 times while readers run ----------------------------------
+# --- ferry daemon upgrade, 10 times while readers run ---------------------------------
 slow 0.1
 mounts_watch_start
 probes_start upgrade
 readers_go upgrade
 fails=0
 pids=("$(serving_pid)")
-for i in 1 2 3 4 5; do
+for i in $(seq $UPGRADES); do
 	sleep 1
 	"$FERRY" daemon upgrade --socket "$FSOCK" >"$LOG" 2>&1 || { fails=$((fails + 1)); diag "$LOG" 3; }
 	wait_listed || fails=$((fails + 1))
 	pids+=("$(serving_pid)")
 done
-expect "5 upgrades: each succeeded and the mounts were listed again" test "$fails" -eq 0
+expect "$UPGRADES upgrades: each succeeded and the mounts were listed again" test "$fails" -eq 0
 expect "each upgrade started a new ferryd (${pids[*]})" \
-	test "$(printf '%s\n' "${pids[@]}" | sort -u | wc -l)" -eq 6
-readers_judge "5 upgrades during reads"
-probes_stop upgrade "5 upgrades"
+	test "$(printf '%s\n' "${pids[@]}" | sort -u | wc -l)" -eq $((UPGRADES + 1))
+readers_judge "$UPGRADES upgrades during reads"
+probes_stop upgrade "$UPGRADES upgrades"
 mounts_watch_stop
 fp_set none
 
@@ -218,6 +224,24 @@ kill -9 "$(serving_pid)"
 check "after a keeper's death, kill -9 of ferryd is survived" wait_listed
 readers_judge "kill -9 after a keeper was replaced"
 mounts_watch_stop
+fp_set none
+
+# --- kill -9 while the registry is down ---------------------------------------------
+# Everything was read above, so the cache holds the whole tree: the
+# successor must take the mounts over from the cache alone (the image
+# pinned by digest, its manifest, config and bootstrap kept in the cache)
+# and serve every file right, without one request reaching the registry.
+fp_reset
+fp_set 503 count=-1
+mounts_watch_start
+readers_go down
+kill -9 "$(serving_pid)"
+check "with the registry down, a new ferryd takes the mounts over" wait_listed
+readers_judge "kill -9 with the registry down"
+mounts_watch_stop
+n=$(fp_log | grep -c . || true)
+expect "no request reached the registry while it was down (${n:-?})" test "${n:-1}" -eq 0 ||
+	fp_log | head -n 5 | sed 's/^/    /'
 fp_set none
 
 for m in "${MNTS[@]}"; do

@@ -3,7 +3,9 @@
  * Tests for opening images (image.c), ferry check (check.c) and prefetch
  * lists (prefetch.c): dir: and oci: images converted here through the
  * library, opened and checked, then copies with a corrupted bootstrap,
- * blob index or index file, each refused with the right errno.
+ * blob index or index file, each refused with the right errno; an image
+ * pinned by digest, and the local copies a registry image's documents and
+ * bootstrap are kept as (CACHE/meta, CACHE/bootstraps).
  */
 #include "../test.h"
 
@@ -11,6 +13,7 @@
 #include <sys/stat.h>
 
 #include "fixture.h"
+#include "../../pkg-image/internal.h"
 
 static char dir_img[128], oci_img[160], oci_dir[128];
 
@@ -318,6 +321,78 @@ static void test_prefetch_lists(void)
 	CHECK_EQ(image_prefetch_list_load("/nonexistent/list", &paths, &nr), -ENOENT);
 }
 
+/* image_opts.digest: the image must be that one (a takeover's pin). */
+static void test_pinned(void)
+{
+	struct image *img = NULL;
+	uint8_t right[32], wrong[32];
+	const char *refs[] = { dir_img, oci_img };
+	size_t i;
+
+	for (i = 0; i < ARRAY_SIZE(refs); i++) {
+		CHECK_EQ(open_img(refs[i], &img), 0);
+		if (!img)
+			return;
+		memcpy(right, img->image_digest, 32);
+		image_close(img);
+		memcpy(wrong, right, 32);
+		wrong[7] ^= 1;
+		img = NULL;
+		CHECK_EQ(image_open(refs[i], &(struct image_opts){ .digest = right }, &img), 0);
+		CHECK(img && !memcmp(img->image_digest, right, 32));
+		image_close(img);
+		img = NULL;
+		CHECK_EQ(image_open(refs[i], &(struct image_opts){ .digest = wrong }, &img),
+			 -ESTALE);
+		CHECK(!img);
+	}
+}
+
+/* CACHE/SUB/<hex>: used only when the bytes hash to the name. */
+static void test_cached_copies(void)
+{
+	static const char doc[] = "{\"schemaVersion\":2}";
+	char cache[160], path[256], hex[65];
+	uint8_t digest[32], *data = NULL;
+	size_t len = 0;
+
+	snprintf(cache, sizeof(cache), "%s/cc", tmpdir);
+	sha256_buf(doc, strlen(doc), digest);
+	hex_encode(digest, 32, hex);
+	snprintf(path, sizeof(path), "%s/meta/%s", cache, hex);
+	CHECK_EQ(image_cached_read(cache, IMAGE_META_DIR, digest, 1 << 20, &data, &len),
+		 -ENOENT);
+	image_cached_keep(cache, IMAGE_META_DIR, digest, doc, strlen(doc));
+	CHECK_EQ(image_cached_read(cache, IMAGE_META_DIR, digest, 1 << 20, &data, &len), 0);
+	CHECK(data && len == strlen(doc) && !memcmp(data, doc, len) && !data[len]);
+	free(data);
+	data = NULL;
+	/* Larger than the caller takes: not read. */
+	CHECK(image_cached_read(cache, IMAGE_META_DIR, digest, 4, &data, &len) < 0);
+	/* Other bytes under the name: refused and removed, then kept anew. */
+	CHECK_EQ(sh("printf '{\"schemaVersion\":3}' >%s", path), 0);
+	CHECK_EQ(image_cached_read(cache, IMAGE_META_DIR, digest, 1 << 20, &data, &len),
+		 -EFSCORRUPTED);
+	CHECK(access(path, F_OK) && errno == ENOENT);
+	image_cached_keep(cache, IMAGE_META_DIR, digest, doc, strlen(doc));
+	CHECK_EQ(image_cached_read(cache, IMAGE_META_DIR, digest, 1 << 20, &data, &len), 0);
+	free(data);
+	data = NULL;
+	/* A link or a FIFO in its place is never followed or read from. */
+	CHECK_EQ(sh("rm -f %s && ln -s /etc/passwd %s", path, path), 0);
+	CHECK_EQ(image_cached_read(cache, IMAGE_META_DIR, digest, 1 << 20, &data, &len),
+		 -ENOENT);
+	CHECK_EQ(sh("rm -f %s && mkfifo %s", path, path), 0);
+	CHECK(image_cached_read(cache, IMAGE_META_DIR, digest, 1 << 20, &data, &len) < 0);
+	CHECK(!data);
+	/* A directory others may write is not trusted at all. */
+	CHECK_EQ(sh("rm -f %s && chmod 777 %s/meta", path, cache), 0);
+	image_cached_keep(cache, IMAGE_META_DIR, digest, doc, strlen(doc));
+	CHECK(access(path, F_OK));
+	CHECK_EQ(image_cached_read(cache, IMAGE_META_DIR, digest, 1 << 20, &data, &len),
+		 -ENOENT);
+}
+
 int main(void)
 {
 	ferry_log_level = getenv("TEST_LOG") ? FERRY_LOG_DEBUG : -1;
@@ -335,6 +410,8 @@ int main(void)
 	RUN_TEST(test_corrupt_dir);
 	RUN_TEST(test_corrupt_oci);
 	RUN_TEST(test_prefetch_lists);
+	RUN_TEST(test_pinned);
+	RUN_TEST(test_cached_copies);
 	sh("rm -rf %s", tmpdir);
 	TEST_MAIN_END();
 }
