@@ -136,10 +136,11 @@ check-asan: deps
 	BUILD=build-asan BIN=build-asan/bin ASAN_OPTIONS=detect_leaks=1 \
 		FERRY_TESTS_SKIP="$(ASAN_SKIP)" tests/run.sh
 
-bench: deps all
+bench: deps all tests
 	BIN=$(BIN) bench/run.sh
 	BIN=$(BIN) bench/lazy.sh
 	BIN=$(BIN) bench/memory.sh
+	BIN=$(BIN) BUILD=$(BUILD) bench/failover.sh
 	BIN=$(BIN) bench/wan.sh $(BIN)
 	BIN=$(BIN) bench/vm_cachefiles.sh
 	BIN=$(BIN) bench/containerd.sh

@@ -87,7 +87,8 @@ readers_judge() { # DESC
 		RD_MODES=("${READER_MODES[@]}")
 		readers_wait
 		readers_agree "$1 ($(fstype "$m")): $NR readers, the reference digests, no error" \
-			"$SCRATCH/ref.sums"
+			"$SCRATCH/ref.sums" ||
+			grep -E "error|warn" "$FLOG" | tail -n 15 | sed 's/^/    /'
 		i=$((i + 1))
 	done
 	ALL_PIDS=()
@@ -154,7 +155,9 @@ probes_stop() { # TAG WHAT
 		[ -s "$SCRATCH/probe-$1-${m##*/}" ] && read -r worst n <"$SCRATCH/probe-$1-${m##*/}"
 		echo "# stall: $2, $(fstype "$m"): longest wait ${worst:-?} ms over ${n:-?} reads"
 		expect "$2 ($(fstype "$m")): the probe never failed and never waited 10 s" \
-			test -n "$worst" -a "${worst:-99999}" -lt 10000 -a ! -s "$SCRATCH/probe-$1-${m##*/}.err"
+			test -n "$worst" -a "${worst:-99999}" -lt 10000 -a ! -s "$SCRATCH/probe-$1-${m##*/}.err" ||
+			{ diag "$SCRATCH/probe-$1-${m##*/}.err" 3
+			  grep -E "error|warn" "$FLOG" | tail -n 15 | sed 's/^/    /'; }
 	done
 }
 
@@ -167,7 +170,15 @@ old=$(serving_pid)
 mounts_watch_start
 probes_start kill
 readers_go kill
-sleep 2
+# The kill must find reads in flight on every mount (bounded wait).
+in_flight_all() {
+	local m n
+	for m in "${MNTS[@]}"; do
+		n=$(mount_field "$m" inFlight 2>/dev/null) && [ "${n:-0}" -gt 0 ] || return 1
+	done
+}
+sleep 1
+for i in $(seq 50); do in_flight_all && break; sleep 0.2; done
 for m in "${MNTS[@]}"; do echo "# before the kill: $(fstype "$m") reads in flight $(mount_field "$m" inFlight)"; done
 kill -9 "$old"
 check "a new ferryd serves the socket after kill -9" wait_listed

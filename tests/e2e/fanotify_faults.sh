@@ -92,8 +92,11 @@ if check "mount --mode fanotify (to be killed)" fnmount "$PIMG" "$M"; then
 	else
 		busy=0
 		for p in "${RD_PIDS[@]}"; do kill -0 "$p" 2>/dev/null && busy=$((busy + 1)); done
-		# No successor can open the image: the keeper serves alone.
+		# No successor can open the image (the registry answers 404 and
+		# the cache lost the manifest and bootstrap ferryd keeps for
+		# takeovers): the keeper serves alone.
 		fp_set 404 count=-1
+		rm -rf "$FCACHE/meta" "$FCACHE/bootstraps"
 		kill -KILL "$dpid"
 		t0=$(now_ms)
 		expect_sh "ferryd $dpid killed with SIGKILL while $busy of 4 readers are busy" \

@@ -254,6 +254,38 @@ vm_check "the successor logs to the dead ferryd's --log-file, at its level (-v)"
 	grep -q "took over /dev/cachefiles" "$1" && grep -q "cachefiles: OPEN" "$1" &&
 	! grep -q "took over" /run/ferry/ferryd.log' sh "$LOG"
 
+# --- ferry daemon upgrade, 10 times while readers run ------------------------------
+# The same image again in a domain of its own: new cache files, so the
+# readers' data goes through ferryd's READ answers across the upgrades.
+U=/mnt/up
+if vm_check "mount deb:base again in its own domain (a cold kernel cache)" cfmount deb:base $U --domain up; then
+	t=$(date +%s)
+	i=0 pids=''
+	for order in sort "sort -r" shuf shuf; do
+		timeout 300 sh -c 'cd "$1" && $2 "$3" | xargs sha256sum | sort -k 2' sh "$U" "$order" \
+			/tmp/usrbin.files >/tmp/up.$i 2>&1 &
+		pids="$pids $!"
+		i=$((i + 1))
+	done
+	fails=0 seen=" $(field $M pid)"
+	for i in 1 2 3 4 5 6 7 8 9 10; do
+		timeout 120 ferry daemon upgrade >/tmp/up.log 2>&1 || { fails=$((fails + 1)); vm_diag_stdin </tmp/up.log; }
+		seen="$seen $(field $M pid)"
+	done
+	# shellcheck disable=SC2086
+	wait $pids
+	vm_diag "10 upgrades while 4 readers read usr/bin: $(($(date +%s) - t)) s; ferryds:$seen"
+	vm_check "10 upgrades: each succeeded" [ "$fails" -eq 0 ]
+	vm_check "each upgrade started a new ferryd" sh -c \
+		'[ "$(echo $1 | tr " " "\n" | sort -u | wc -l)" -eq 11 ]' sh "$seen"
+	vm_check "the 4 readers across the upgrades all read the reference bytes" sh -c '
+		for i in 0 1 2 3; do cmp /tmp/usrbin.expect /tmp/up.$i || exit 1; done' || diagnose
+	vm_check "both mounts are still served, in mode cachefiles" \
+		[ "$(field $M mode)/$(field $U mode)" = cachefiles/cachefiles ]
+	vm_check "ferry umount of the upgrade test's mount" ferry umount $U
+	npid=$(field $M pid)
+fi
+
 # --- no successor: ferryd and its keeper killed: errors in bounded time ----------
 kpid=$(field $M keeperPid)
 # The kernel withdraws the cache: what is not in the page cache fails, EIO
