@@ -30,6 +30,7 @@
 #define MAX_CONNS 64
 #define CONN_IDLE_MS 60000  /* a client that sends nothing is dropped */
 #define DRAIN_WAIT_MS 2000  /* connections still busy at exit */
+#define UPGRADE_QUIESCE_MS 500 /* requests being answered, before exiting */
 
 static int wake_fd = -1;
 static atomic_bool stop_requested;
@@ -508,6 +509,7 @@ static void upgrade(const struct daemon_opts *o, int *lock_fd, int *lfd)
 	/* Its first process exits once the new daemon listens. */
 	if (child > 0 && waitpid(child, &status, 0) == child && WIFEXITED(status) &&
 	    !WEXITSTATUS(status)) {
+		mounts_quiesce(UPGRADE_QUIESCE_MS);
 		fflush(stderr);
 		_exit(EXIT_SUCCESS);
 	}

@@ -81,6 +81,7 @@ struct fmount {
 	bool ready, loop_ended, prefetch_started; /* lock */
 
 	volatile bool stop;             /* prefetch stops when set */
+	_Atomic bool quiesced;          /* mounts_quiesce: the session keeps all */
 	_Atomic bool fetch_cancel;      /* ends its fetches (req.fetch.cancel) */
 	_Atomic int pstate;             /* enum prefetch_state */
 	_Atomic uint64_t prefetch_ns;   /* duration once finished */
@@ -112,6 +113,13 @@ extern _Atomic unsigned int keeper_restarts;
  * connections; fanotify mounts stay with their keepers).
  */
 size_t mounts_shutdown(void);
+/*
+ * Before exiting for an upgrade (the new ferryd listens already): each
+ * live mount whose mode can (serve_mode.quiesce) stops taking requests,
+ * keeping its mount and keeper, and its session ends without tearing
+ * anything down; returns once they ended or @wait_ms passed.
+ */
+void mounts_quiesce(unsigned int wait_ms);
 
 /*
  * Before eviction in @cache_dir: each mount of it whose mode has an

@@ -932,6 +932,20 @@ static void fuse_stop(void *state)
 }
 
 /*
+ * ferryd exits for an upgrade: the loop cancels its workers where they
+ * wait for a request, so none is killed while the kernel copies one to
+ * it (that request would fail with EIO); what is pending or half
+ * answered the successor gets (FUSE_NOTIFY_RESEND). Mount and keeper stay.
+ */
+static void fuse_quiesce(void *state)
+{
+	struct fs *fs = state;
+
+	fuse_session_exit(fs->se);
+	pthread_kill(fs->m->loop_thread, SIGUSR2);
+}
+
+/*
  * Make the FUSE bdi's readahead match chunk-sized reads (the kernel offers
  * 128 KiB): fewer, larger FUSE requests. After INIT, whose answer would
  * lower it again.
@@ -1005,5 +1019,6 @@ const struct serve_mode fuse_mode = {
 	.stop = fuse_stop,
 	.live = fuse_live,
 	.close = fuse_close,
+	.quiesce = fuse_quiesce,
 	.stats = fuse_stats,
 };

@@ -72,6 +72,9 @@ struct serve_mode {
 	void (*stop)(void *state);
 	void (*live)(void *state);
 	void (*close)(void *state, int ret);
+	/* Optional: make serve return soon without ending the mount or its
+	 * keeper (mounts_quiesce), no request left half taken. */
+	void (*quiesce)(void *state);
 	void (*stats)(void *state, struct ctl_mount_stats *s);
 	int (*evicting)(void *state);
 	int (*probe)(const struct ctl_mount_req *req, char *why, size_t len);

@@ -195,6 +195,9 @@ static void *session_main(void *arg)
 	m->loop_ended = true;
 	pthread_cond_broadcast(&m->cond);
 	pthread_mutex_unlock(&m->lock);
+	/* ferryd exits for an upgrade: the mount and its keeper stay. */
+	if (atomic_load(&m->quiesced))
+		return NULL;
 	if (ret)
 		ferry_warn("%s on %s: %s loop: %s", m->req.image, m->mountpoint,
 			   m->mode->name, ret < 0 ? ferry_strerror(ret) : "stopped");
@@ -878,6 +881,39 @@ size_t mounts_count(void)
 		n++;
 	pthread_mutex_unlock(&tbl_lock);
 	return n;
+}
+
+void mounts_quiesce(unsigned int wait_ms)
+{
+	struct fmount *m, **list = NULL;
+	size_t nr = 0, cap = 0, i, busy = 0;
+	uint64_t t0 = ferry_now_ns();
+	struct timespec ts;
+
+	pthread_mutex_lock(&tbl_lock);
+	for (m = mounts; m; m = m->next) {
+		if (m->state != MS_LIVE || m->session_closed || !m->mode->quiesce ||
+		    array_reserve(&list, &cap, nr + 1, sizeof(*list), 8))
+			continue;
+		/* A quiesced mount is never unlinked or freed: no reference. */
+		atomic_store(&m->quiesced, true);
+		m->mode->quiesce(m->mode_state);
+		list[nr++] = m;
+	}
+	pthread_mutex_unlock(&tbl_lock);
+	deadline_ts(&ts, wait_ms);
+	for (i = 0; i < nr; i++) {
+		pthread_mutex_lock(&list[i]->lock);
+		while (!list[i]->loop_ended &&
+		       pthread_cond_timedwait(&list[i]->cond, &list[i]->lock, &ts) != ETIMEDOUT)
+			;
+		busy += !list[i]->loop_ended;
+		pthread_mutex_unlock(&list[i]->lock);
+	}
+	ferry_info("%zu mounts stopped taking requests in %llu ms%s", nr - busy,
+		   (unsigned long long)((ferry_now_ns() - t0) / 1000000),
+		   busy ? "; the others still answer one (their successor resends it)" : "");
+	free(list);
 }
 
 size_t mounts_shutdown(void)

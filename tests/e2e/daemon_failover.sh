@@ -88,7 +88,7 @@ readers_judge() { # DESC
 		readers_wait
 		readers_agree "$1 ($(fstype "$m")): $NR readers, the reference digests, no error" \
 			"$SCRATCH/ref.sums" ||
-			grep -E "error|warn" "$FLOG" | tail -n 15 | sed 's/^/    /'
+			grep -E "error|EIO|Input/output" "$FLOG" | tail -n 15 | sed 's/^/    /'
 		i=$((i + 1))
 	done
 	ALL_PIDS=()
@@ -157,7 +157,7 @@ probes_stop() { # TAG WHAT
 		expect "$2 ($(fstype "$m")): the probe never failed and never waited 10 s" \
 			test -n "$worst" -a "${worst:-99999}" -lt 10000 -a ! -s "$SCRATCH/probe-$1-${m##*/}.err" ||
 			{ diag "$SCRATCH/probe-$1-${m##*/}.err" 3
-			  grep -E "error|warn" "$FLOG" | tail -n 15 | sed 's/^/    /'; }
+			  grep -E "error|EIO|Input/output" "$FLOG" | tail -n 15 | sed 's/^/    /'; }
 	done
 }
 
@@ -215,6 +215,9 @@ done
 expect "$UPGRADES upgrades: each succeeded and the mounts were listed again" test "$fails" -eq 0
 expect "each upgrade started a new ferryd (${pids[*]})" \
 	test "$(printf '%s\n' "${pids[@]}" | sort -u | wc -l)" -eq $((UPGRADES + 1))
+n=$(grep -c "mounts stopped taking requests" "$FLOG" || true)
+expect "each old ferryd stopped taking FUSE requests before it exited ($n of $UPGRADES)" \
+	test "${n:-0}" -ge "$UPGRADES"
 readers_judge "$UPGRADES upgrades during reads"
 probes_stop upgrade "$UPGRADES upgrades"
 mounts_watch_stop
