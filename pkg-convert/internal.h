@@ -85,7 +85,7 @@ struct converter {
 	struct image *dict;         /* --chunk-dict image, or NULL */
 	char **prefetch;            /* --prefetch-files paths */
 	uint32_t nr_prefetch;
-	const char **prefetch_sorted; /* the same, sorted, for convert_listed */
+	const char **prefetch_sorted; /* the same, sorted, for convert_ingest_file */
 	bool writer_listed;         /* the writer's open frame holds listed files */
 	size_t dir_root_len;        /* convert_dir: the source path's length */
 	struct native_state *native; /* CONVERT_FORMAT_EROFS_LAYERS, else NULL */
