@@ -13,17 +13,19 @@
 # 200 Mbit/s, 50 ms RTT at 100 Mbit/s). The image is bench/lib.sh's "big"
 # (FERRY_LAZY_SET), one gzip layer in the registry, converted by NEW_BIN's
 # ferry. Per build and mode (fuse, fanotify), on a fresh cache and ferryd:
-# from `ferry mount` to the end of the workload = read os-release, find
-# /usr, chroot sh -c true and env true, then a Python import of large
-# standard packages (asyncio, email, unittest, http, xml, sqlite3, ctypes,
-# multiprocessing...). The full pull is skopeo copy + umoci unpack through
-# the same proxy, then the workload. Reports medians of time, requests (the
-# proxy's count), ferry's bytes fetched and read, and for NEW the requests
-# made by readahead (off the readers' path: fetchesAhead).
-# "-list" runs mount a second conversion of the same image whose prefetch
-# list was recorded by NEW_BIN (`ferry mount --record` of the workload on
-# loopback, then `ferry convert --prefetch-files`): issue 17's recorded
-# prefetch against none.
+# from `ferry mount` to the end of the workload = the startup workload
+# (read os-release, find /usr, chroot sh -c true and env true), then a
+# Python import. Issue 21's rows import large standard packages (asyncio,
+# email, unittest, http, xml, sqlite3, ctypes, multiprocessing...); issue
+# 17's import json, email and http.client, without a prefetch list ("-py")
+# and with one ("-list": a second conversion of the same image whose list
+# NEW_BIN recorded, `ferry mount --record` of that workload on loopback,
+# then `ferry convert --prefetch-files`). The full pull is skopeo copy +
+# umoci unpack through the same proxy, then issue 17's workload ("pull-py")
+# and then issue 21's ("pull": the unpack's time plus its own). Reports
+# medians of time, requests (the proxy's count), ferry's bytes fetched and
+# read, and for NEW the requests made by readahead (off the readers' path:
+# fetchesAhead).
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 . "$top/bench/lib.sh"
@@ -46,13 +48,16 @@ trap '[ -z "$wp_pid" ] || kill "$wp_pid" 2>/dev/null; bench_cleanup' EXIT
 now() { date +%s.%N; }
 bench_image "$set_name"
 
-PYIMPORT='import asyncio, email.mime.multipart, http.client, json, xml.etree.ElementTree, decimal, unittest, urllib.request, logging.handlers, multiprocessing, concurrent.futures, sqlite3, ctypes'
-workload() { # ROOT
+PYIMPORT21='import asyncio, email.mime.multipart, http.client, json, xml.etree.ElementTree, decimal, unittest, urllib.request, logging.handlers, multiprocessing, concurrent.futures, sqlite3, ctypes'
+PYIMPORT17='import json, email, http.client'
+workload() { # ROOT 17|21
+	local py=$PYIMPORT21
+	[ "$2" = 17 ] && py=$PYIMPORT17
 	cat "$1/etc/os-release" >/dev/null
 	find "$1/usr" >/dev/null
 	chroot "$1" /bin/sh -c true
 	chroot "$1" /usr/bin/env true
-	chroot "$1" /usr/bin/python3 -c "$PYIMPORT"
+	chroot "$1" /usr/bin/python3 -c "$py"
 }
 wstat() { # KEY, or reset: a counter of the WAN proxy (reset zeroes them)
 	if [ "$1" = reset ]; then
@@ -66,10 +71,11 @@ mstat() { # BIN SOCK KEY: a statistic of the one mount (0 when the build lacks i
 import json, sys
 print(sum(x.get(sys.argv[1], 0) for x in json.load(sys.stdin)["mounts"]))' "$3"
 }
-cold() { # LINK BUILD BIN MODE [TAG]: one cold start, a line into $work/results
-	local link=$1 b=$2 bin=$3 mode=$4 tag=${5:-1} sock=$work/$2-$4.sock cache=$work/cache-$2-$4
+cold() { # LINK BUILD BIN MODE [WORKLOAD [TAG]]: one cold start, a line into $work/results
+	local link=$1 b=$2 bin=$3 mode=$4 wl=${5:-21} tag=${6:-1} sock=$work/$2-$4.sock cache=$work/cache-$2-$4
 	local mnt=$work/mnt-$2-$4 t0 t1 what=$2-$4
 	[ "$tag" = 1 ] || what=$what-$tag
+	[ "$wl" = 21 ] || [ "$tag" != 1 ] || what=$what-py
 	rm -rf "$cache"
 	mkdir -p "$mnt"
 	"$top/bench/prepare.sh"
@@ -77,24 +83,29 @@ cold() { # LINK BUILD BIN MODE [TAG]: one cold start, a line into $work/results
 	t0=$(now)
 	"$bin/ferry" mount --mode "$mode" --socket "$sock" --cache-dir "$cache" \
 		"docker://$wan/ferry/$set_name:$tag" "$mnt"
-	workload "$mnt"
+	workload "$mnt" "$wl"
 	t1=$(now)
 	echo "$link $what $(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }') $(wstat requests) $(mstat "$bin" "$sock" bytesFetched) $(mstat "$bin" "$sock" bytesRead) $(mstat "$bin" "$sock" fetchesAhead) $(wstat max_inflight)" >>"$work/results"
 	"$bin/ferry" umount --socket "$sock" "$mnt"
 	pkill -f "ferryd.*$sock" 2>/dev/null || true
 	for _ in $(seq 50); do pgrep -f "ferryd.*$sock" >/dev/null || break; sleep 0.1; done
 }
-pull() { # LINK
-	local t0 t1
+pull() { # LINK: the unpack, then issue 17's workload, then issue 21's
+	local t0 t1 t2 t3 tail
 	rm -rf "$work/pull" "$work/bundle"
 	"$top/bench/prepare.sh"
 	wstat reset >/dev/null
 	t0=$(now)
 	skopeo copy --quiet --src-tls-verify=false "docker://$wan/src/$set_name:1" "oci:$work/pull:1"
 	umoci unpack --image "$work/pull:1" "$work/bundle" >/dev/null
-	workload "$work/bundle/rootfs"
 	t1=$(now)
-	echo "$1 pull $(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }') $(wstat requests) $(stat -c %s "$gz") 0 0 $(wstat max_inflight)" >>"$work/results"
+	workload "$work/bundle/rootfs" 17
+	t2=$(now)
+	workload "$work/bundle/rootfs" 21
+	t3=$(now)
+	tail="$(wstat requests) $(stat -c %s "$gz") 0 0 $(wstat max_inflight)"
+	echo "$1 pull-py $(awk -v a="$t0" -v b="$t1" -v c="$t2" 'BEGIN { printf "%.3f", c - a }') $tail" >>"$work/results"
+	echo "$1 pull $(awk -v a="$t0" -v b="$t1" -v c="$t2" -v d="$t3" 'BEGIN { printf "%.3f", b - a + d - c }') $tail" >>"$work/results"
 }
 
 # The recorded prefetch list: the workload once through a --record mount.
@@ -103,7 +114,7 @@ record_list() {
 	mkdir -p "$mnt"
 	"$ferry" mount --record "$work/prefetch.list" --socket "$sock" \
 		--cache-dir "$work/cache-record" "$image" "$mnt"
-	workload "$mnt"
+	workload "$mnt" 17
 	"$ferry" umount --socket "$sock" "$mnt"
 	pkill -f "ferryd.*$sock" 2>/dev/null || true
 	"$ferry" convert -q --prefetch-files "$work/prefetch.list" \
@@ -124,7 +135,8 @@ for link in $links; do
 		for mode in fuse fanotify; do
 			[ -z "$old" ] || cold "$link" old "$old" "$mode"
 			cold "$link" new "$new" "$mode"
-			cold "$link" new "$new" "$mode" list
+			cold "$link" new "$new" "$mode" 17
+			cold "$link" new "$new" "$mode" 17 list
 		done
 		pull "$link"
 	done
@@ -148,15 +160,22 @@ def med(link, what, col):
 links = list(dict.fromkeys(k[0] for k in rows))
 print("| link (one-way delay ms : Mbit/s) | run | workload done (s) | x full pull | requests | readahead requests | critical-path requests | bytes fetched | bytes read | fetched/read | most requests in flight |")
 print("|---|---|---|---|---|---|---|---|---|---|---|")
-for link in links:
-    pull = med(link, "pull", 0)
-    for what in ("old-fuse", "new-fuse", "new-fuse-list", "old-fanotify",
-                 "new-fanotify", "new-fanotify-list", "pull"):
-        if (link, what) not in rows:
-            continue
-        t, req, fetched, read, ahead, infl = (med(link, what, c) for c in range(6))
-        ratio = "%.2f" % (fetched / read) if read else "-"
-        print("| %s | %s | %.2f | %.3f | %d | %d | %d | %d | %s | %s | %d |" % (
-            link, what, t, t / pull, req, ahead, req - ahead, fetched,
-            "%d" % read if read else "-", ratio, infl))
+def table(runs, pull_what):
+    for link in links:
+        pull = med(link, pull_what, 0)
+        for what in runs:
+            if (link, what) not in rows:
+                continue
+            t, req, fetched, read, ahead, infl = (med(link, what, c) for c in range(6))
+            ratio = "%.2f" % (fetched / read) if read else "-"
+            print("| %s | %s | %.2f | %.3f | %d | %d | %d | %d | %s | %s | %d |" % (
+                link, what, t, t / pull, req, ahead, req - ahead, fetched,
+                "%d" % read if read else "-", ratio, infl))
+table(("old-fuse", "new-fuse", "old-fanotify", "new-fanotify", "pull"), "pull")
+print()
+print("Issue 17: startup workload + python3 -c 'import json, email, http.client', without and with the recorded list")
+print()
+print("| link | run | workload done (s) | x full pull | requests | readahead requests | critical-path requests | bytes fetched | bytes read | fetched/read | most requests in flight |")
+print("|---|---|---|---|---|---|---|---|---|---|---|")
+table(("new-fuse-py", "new-fuse-list", "new-fanotify-py", "new-fanotify-list", "pull-py"), "pull-py")
 PY

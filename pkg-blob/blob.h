@@ -171,6 +171,14 @@ int blob_writer_add(struct blob_writer *w, const void *data, uint32_t len,
 		    const uint8_t sha256[BLOB_DIGEST_SIZE], uint64_t *uoff);
 
 /*
+ * Close the open batch frame, if any: the next chunk starts a new frame.
+ * Chunks read together (a prefetch list's files) then share no frame with
+ * chunks that are not, and fetching them fetches nothing else. The file
+ * stays a function of the sequence of adds and cuts.
+ */
+int blob_writer_cut(struct blob_writer *w);
+
+/*
  * Write the outstanding frames, the chunk table and the footer, fill
  * @info (chunks ownership moves to @info) and free the writer.
  * blob_writer_abort stops the workers and frees without finishing.

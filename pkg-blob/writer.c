@@ -406,6 +406,11 @@ int blob_writer_add(struct blob_writer *w, const void *data, uint32_t len,
 	return small ? 0 : frame_submit(w);
 }
 
+int blob_writer_cut(struct blob_writer *w)
+{
+	return w->filling ? frame_submit(w) : writer_error(w);
+}
+
 int blob_writer_set_batching(struct blob_writer *w, uint32_t small,
 			     uint32_t max)
 {

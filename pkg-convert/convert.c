@@ -506,6 +506,8 @@ int convert_run(const char *source, const char *dest,
 		ret = image_prefetch_list_load(opts->prefetch_files, &c.prefetch,
 					       &c.nr_prefetch);
 	if (!ret)
+		ret = convert_prefetch_index(&c);
+	if (!ret)
 		ret = convert_source(&c, &src, &src_img);
 	if (!ret)
 		ret = assign_devices(&c);
@@ -530,6 +532,7 @@ out:
 	free(used);
 	image_close(c.dict);
 	image_prefetch_list_free(c.prefetch, c.nr_prefetch);
+	free(c.prefetch_sorted);
 	oci_image_free(&src_img);
 	meta_tree_free(c.tree);
 	free(c.chunks.slots);

@@ -123,16 +123,49 @@ static int remember_chunk(struct converter *c, const struct blob_chunk *bc,
 	return 0;
 }
 
+static int cmp_str(const void *a, const void *b)
+{
+	return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+int convert_prefetch_index(struct converter *c)
+{
+	uint32_t i;
+
+	if (!c->nr_prefetch)
+		return 0;
+	c->prefetch_sorted = malloc(c->nr_prefetch * sizeof(*c->prefetch_sorted));
+	if (!c->prefetch_sorted)
+		return -ENOMEM;
+	/* Stored as "/a/b" (image_prefetch_list_load), compared as "a/b". */
+	for (i = 0; i < c->nr_prefetch; i++)
+		c->prefetch_sorted[i] = c->prefetch[i] + 1;
+	qsort(c->prefetch_sorted, c->nr_prefetch, sizeof(*c->prefetch_sorted), cmp_str);
+	return 0;
+}
+
+static bool listed(const struct converter *c, const char *image_path)
+{
+	return c->prefetch_sorted &&
+	       bsearch(&image_path, c->prefetch_sorted, c->nr_prefetch,
+		       sizeof(*c->prefetch_sorted), cmp_str);
+}
+
 /*
  * Fill @inode (a regular file of @size bytes) from @read: inline in the
- * bootstrap when small, else as chunks.
+ * bootstrap when small, else as chunks. The files of the prefetch list
+ * share batch frames only with each other: the mount fetches them first,
+ * and a frame shared with unlisted files would bring those along (on
+ * "big" with a recorded Python list, 12.3 MB fetched for 7.3 MB of listed
+ * data compressed).
  */
 int convert_ingest_file(struct converter *c, struct meta_inode *inode,
 			uint64_t size, const struct file_source *src,
-			const char *path)
+			const char *path, const char *image_path)
 {
 	uint32_t chunk_size = c->opts->chunk_size;
 	uint64_t nr_chunks, i;
+	bool is_listed;
 	int ret;
 
 	if (c->native)
@@ -149,6 +182,13 @@ int convert_ingest_file(struct converter *c, struct meta_inode *inode,
 			return -ENOMEM;
 		ret = src->read(src->ctx, inode->data, size);
 		goto out;
+	}
+	is_listed = listed(c, image_path);
+	if (is_listed != c->writer_listed) {
+		ret = blob_writer_cut(c->writer);
+		if (ret)
+			goto out;
+		c->writer_listed = is_listed;
 	}
 	nr_chunks = DIV_ROUND_UP(size, chunk_size);
 	inode->chunk_bits = (uint8_t)(__builtin_ctz(chunk_size) - 12);

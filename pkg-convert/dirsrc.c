@@ -224,7 +224,8 @@ static int add_dir_entry(struct converter *c, struct meta_inode *dir,
 			ferry_err("%s: %s", path, strerror(errno));
 			return ret;
 		}
-		ret = convert_ingest_file(c, inode, (uint64_t)st.st_size, &src, path);
+		ret = convert_ingest_file(c, inode, (uint64_t)st.st_size, &src, path,
+					  path + c->dir_root_len + 1);
 		close(reader.fd);
 		break;
 	case S_IFLNK: {
@@ -314,6 +315,7 @@ int convert_dir(struct converter *c, const char *path)
 		ferry_err("%s: not a directory", path);
 		return -ENOTDIR;
 	}
+	c->dir_root_len = strlen(path);
 	set_attrs(c->tree->root, &st);
 	ret = copy_xattrs(c->tree->root, path);
 	if (ret)

@@ -85,6 +85,9 @@ struct converter {
 	struct image *dict;         /* --chunk-dict image, or NULL */
 	char **prefetch;            /* --prefetch-files paths */
 	uint32_t nr_prefetch;
+	const char **prefetch_sorted; /* the same, sorted, for convert_ingest_file */
+	bool writer_listed;         /* the writer's open frame holds listed files */
+	size_t dir_root_len;        /* convert_dir: the source path's length */
 	struct native_state *native; /* CONVERT_FORMAT_EROFS_LAYERS, else NULL */
 };
 
@@ -104,10 +107,16 @@ struct file_source {
 	void *ctx;
 };
 
-/* Fill a regular file @inode of @size bytes: inline when small, else chunks. */
+/*
+ * Fill a regular file @inode of @size bytes: inline when small, else
+ * chunks. @path names it in messages; @image_path ("a/b") is its place
+ * in the image, for the prefetch list.
+ */
 int convert_ingest_file(struct converter *c, struct meta_inode *inode,
 			uint64_t size, const struct file_source *src,
-			const char *path);
+			const char *path, const char *image_path);
+/* Index the prefetch list (c->prefetch) for convert_ingest_file. */
+int convert_prefetch_index(struct converter *c);
 
 /*
  * Start / end the blob of one source layer (dedup.c; @source_layer may be

@@ -407,7 +407,8 @@ static int tar_add_entry(struct converter *c, struct tar_reader *tar,
 			break;
 		if (e->type == TAR_REG) {
 			c->stats->files++;
-			ret = convert_ingest_file(c, inode, e->size, &src, e->path);
+			ret = convert_ingest_file(c, inode, e->size, &src, e->path,
+						  e->path);
 		} else if (e->type == TAR_SYMLINK) {
 			c->stats->symlinks++;
 			inode->size = strlen(e->linkname);

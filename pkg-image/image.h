@@ -543,11 +543,12 @@ int image_cache_prefetch_blobs(struct image_cache *ic,
  * a tree and each is visited once). It returns the files added, -ENOENT
  * when there is no such path, or -errno; each call is one list position.
  * image_cache_prefetch_plan then makes the plan's chunks present: ranges
- * of one blob less than 128 KiB apart fetched as one (up to 4 MiB), four
+ * of one blob less than 128 KiB apart fetched as one (up to 2 MiB), eight
  * fetches at a time, the ranges of the first-listed paths first. It does
  * not wait for demand reads — the list names what readers are about to
  * want, and a reader waiting for a range being fetched gets it with that
- * fetch — but keeps to the bandwidth limit. A range that fails does not
+ * fetch; while it runs, a demand miss inside a planned range queues no
+ * readahead — but keeps to the bandwidth limit. A range that fails does not
  * stop the others; stops early when *@stop becomes true. 0 or the first
  * -errno.
  */

@@ -860,7 +860,12 @@ static int fuse_start(struct fmount *m, const struct serve_opts *o, void **state
 	fs->total_bytes = mount_bytes(m);
 	fs->threads = o->threads;
 	fs->readahead_kb = o->readahead_kb;
-	fs->dra_window_max = o->dir_readahead_kb << 10;
+	/*
+	 * A recording mount stores no files ahead: a file that directory
+	 * readahead put in the page cache is read without a READ, and would
+	 * be missing from the list (20 of the 85 files of a Python import).
+	 */
+	fs->dra_window_max = m->req.record ? 0 : o->dir_readahead_kb << 10;
 	pthread_mutex_init(&fs->fail_lock, NULL);
 	ret = m->req.record ? record_start(fs, m->req.record, &fs->rec) : 0;
 	if (ret) {

@@ -656,6 +656,41 @@ static void test_writer_errors(void)
 	close(fd);
 }
 
+/* blob_writer_cut: the next small chunk starts a frame; idle cuts do nothing. */
+static void test_writer_cut(void)
+{
+	struct blob_compress c = { .codec = BLOB_CODEC_ZSTD };
+	uint8_t sha[32], data[1000];
+	struct blob_writer *w;
+	struct blob_info info;
+	uint64_t uoff;
+	int i, fd = open(tmp_path("cut.blob"), O_RDWR | O_CREAT | O_TRUNC, 0644);
+
+	CHECK(fd >= 0);
+	memset(data, 7, sizeof(data));
+	sha256_buf(data, sizeof(data), sha);
+	CHECK_EQ(blob_writer_new(fd, &c, 1, &w), 0);
+	CHECK_EQ(blob_writer_cut(w), 0); /* nothing open */
+	for (i = 0; i < 5; i++) {
+		if (i == 2) {
+			CHECK_EQ(blob_writer_cut(w), 0);
+			CHECK_EQ(blob_writer_cut(w), 0); /* twice: one frame ends */
+		}
+		CHECK_EQ(blob_writer_add(w, data, sizeof(data), sha, &uoff), 0);
+	}
+	CHECK_EQ(blob_writer_finish(w, &info), 0);
+	CHECK_EQ(info.nr_chunks, 5);
+	/* Frames [0, 1] and [2, 3, 4]: frame_off 0 starts a frame. */
+	CHECK_EQ(info.chunks[0].frame_off, 0);
+	CHECK(info.chunks[1].frame_off > 0);
+	CHECK_EQ(info.chunks[2].frame_off, 0);
+	CHECK(info.chunks[3].frame_off > 0 && info.chunks[4].frame_off > 0);
+	CHECK_EQ(info.chunks[2].coff, info.chunks[4].coff);
+	CHECK(info.chunks[0].coff != info.chunks[2].coff);
+	blob_info_free_chunks(&info);
+	close(fd);
+}
+
 /*
  * Add 64 KiB chunks (each a frame) to a writer on @fd until an add fails
  * (writes happen in the background); the error must stick and fail
@@ -1658,6 +1693,7 @@ int main(void)
 	RUN_TEST(test_decompress_trailing);
 	RUN_TEST(test_writer_layout);
 	RUN_TEST(test_writer_errors);
+	RUN_TEST(test_writer_cut);
 	RUN_TEST(test_writer_write_errors);
 	RUN_TEST(test_writer_abort_in_flight);
 	RUN_TEST(test_empty_blob);

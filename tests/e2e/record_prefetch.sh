@@ -23,9 +23,26 @@ workload() { # ROOT
 		chroot "$1" /bin/sh -c 'true'
 }
 
+# A directory of small files read one after another in directory order:
+# the pattern FUSE directory readahead serves from the page cache without
+# a READ; a recording mount must still see (and list) every one of them.
+DRA_DIR=$(cd "$ref" && find usr -type f -size +1k -size -64k -printf '%h\n' |
+	sort | uniq -c | sort -rn | awk '$1 >= 8 && $1 <= 40 { print $2; exit }')
+read_dir_in_order() { # MNT: every small file of DRA_DIR, in readdir order
+	local f
+	for f in $(ls -U "$1/$DRA_DIR"); do
+		[ -f "$1/$DRA_DIR/$f" ] && [ ! -L "$1/$DRA_DIR/$f" ] || continue
+		[ "$(stat -c %s "$1/$DRA_DIR/$f")" -gt 256 ] || continue
+		cat "$1/$DRA_DIR/$f" >/dev/null && echo "/$DRA_DIR/$f"
+	done
+}
+
 check "ferry mount --record (mode fuse implied)" fmount "$IMG" "$M" --record "$L"
 # fmount passes --mode fuse; the implication is checked below without it.
 check "the startup workload" workload "$M"
+expect "a directory of small files to read in order ($DRA_DIR)" [ -n "$DRA_DIR" ]
+read_dir_in_order "$M" >"$SCRATCH/dra.read"
+echo "# read $(wc -l <"$SCRATCH/dra.read") files of /$DRA_DIR in directory order"
 check "umount" fumount "$M"
 expect "the list exists" [ -s "$L" ]
 sed 's/^/# recorded: /' "$L" | head -20
@@ -36,6 +53,8 @@ expect "the shell chroot ran (dash) is there" grep -qx /usr/bin/dash "$L"
 expect "so is the C library it loaded" grep -qx /usr/lib/x86_64-linux-gnu/libc.so.6 "$L"
 expect "a file only stat'ed is not" bash -c '! grep -qx /usr/bin/perl "$0"' "$L"
 expect "small inline files are not (no fetch to save)" bash -c '! grep -qx /etc/os-release "$0"' "$L"
+expect "every file read in directory order is listed (directory readahead stores none ahead)" \
+	bash -c '[ -s "$0" ] && ! grep -vxF -f "$1" "$0"' "$SCRATCH/dra.read" "$L"
 expect "every line names a regular file of the image" bash -c '
 	while read -r p; do [ -f "$0$p" ] && [ ! -L "$0$p" ] || { echo "not a file: $p"; exit 1; }; done <"$1"' "$ref" "$L"
 
@@ -71,6 +90,31 @@ expect "nothing is mounted" bash -c '! mountpoint -q "$0"' "$M2"
 RIMG=docker://$REG/ferry/debian:recorded
 check "ferry convert --prefetch-files LIST" "$FERRY" convert -q --prefetch-files "$L" \
 	"oci:$FIX:edit" "$RIMG"
+# Listed files share no frame with unlisted ones (blob_writer_cut): a
+# frame, named by its compressed offset, holds chunks of listed files only
+# or of unlisted files only. Checked over the directories of listed files.
+frames_apart() {
+	python3 - "$FERRY" "$RIMG" "$L" "$ref" <<'PY'
+import json, os, subprocess, sys
+ferry, img, lst, ref = sys.argv[1:]
+listed = {l.strip() for l in open(lst) if l.strip()}
+dirs = {os.path.dirname(p) for p in listed}
+frames = {}  # compressed offset -> set of "listed"/"unlisted"
+for d in sorted(dirs):
+    for name in sorted(os.listdir(ref + d)):
+        p = d + "/" + name
+        if os.path.islink(ref + p) or not os.path.isfile(ref + p) or os.path.getsize(ref + p) <= 256:
+            continue
+        out = subprocess.run([ferry, "inspect", "--json", img, p], capture_output=True, text=True, check=True).stdout
+        for c in json.loads(out).get("chunks", []):
+            frames.setdefault(c["compressedOffset"], set()).add(p in listed)
+mixed = [off for off, kinds in frames.items() if len(kinds) > 1]
+print("# %d frames in the listed files' directories, %d mixed" % (len(frames), len(mixed)))
+sys.exit(1 if mixed or True not in {k for v in frames.values() for k in v} else 0)
+PY
+}
+expect "listed and unlisted files share no frame" frames_apart
+
 lazy_use replay
 M3=$SCRATCH/m-replay
 check "mount the image with the list (fresh cache)" fmount "$RIMG" "$M3"
