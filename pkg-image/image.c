@@ -294,8 +294,6 @@ static int load_bootstrap(struct image *img, const struct image_expect *e,
 		return -EFSCORRUPTED;
 	}
 	memcpy(img->bootstrap_digest, actual, sizeof(actual));
-	if (!e->compressed_bootstrap)
-		memcpy(img->image_digest, actual, sizeof(actual));
 	if (cache_dir)
 		image_cached_keep(cache_dir, IMAGE_BOOTSTRAPS_DIR, actual, img->bootstrap,
 				  img->bootstrap_len);
@@ -379,8 +377,9 @@ int image_open(const char *ref, const struct image_opts *opts,
 		}
 		ret = locate_dir(img, &expect);
 	}
-	/* A takeover must serve the image the kernel was served (dir: the
-	 * image digest is the bootstrap's). */
+	/* A dir: image is named by its bootstrap's digest (load_bootstrap
+	 * checks the bytes). A takeover must serve the image the kernel
+	 * was served. */
 	if (!ret && r.transport == IMAGE_DIR)
 		memcpy(img->image_digest, expect.bootstrap, BLOB_DIGEST_SIZE);
 	if (!ret && opts->digest &&

@@ -99,8 +99,7 @@ int oci_remote_open(const char *ref, const struct image_opts *opts,
 	 * says what it names now. Either way resolve takes the media type
 	 * from the document when it has one.
 	 */
-	if (!strncmp(reference, "sha256:", 7) && !digest_parse(reference, l.top_digest) &&
-	    l.cache_dir &&
+	if (l.cache_dir && !digest_parse(reference, l.top_digest) &&
 	    !image_cached_read(l.cache_dir, IMAGE_META_DIR, l.top_digest, OCI_JSON_MAX,
 			       &l.top.data, &l.top.len)) {
 		ret = 0;
