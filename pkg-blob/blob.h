@@ -171,19 +171,29 @@ int blob_writer_add(struct blob_writer *w, const void *data, uint32_t len,
 		    const uint8_t sha256[BLOB_DIGEST_SIZE], uint64_t *uoff);
 
 /*
- * Close the open batch frame, if any: the next chunk starts a new frame.
- * Chunks read together (a prefetch list's files) then share no frame with
- * chunks that are not, and fetching them fetches nothing else. The file
- * stays a function of the sequence of adds and cuts.
+ * The hot group: chunks read together first (a prefetch list's files),
+ * placed behind every other chunk in one contiguous run, in the file and
+ * in the uncompressed space, so a mount fetches them with a few large
+ * requests and nothing else. blob_writer_set_hot_stage gives it an empty
+ * read-write scratch file (before the first add; the caller removes it
+ * after finish), where its frames wait until blob_writer_finish copies
+ * them in. After blob_writer_hot(w, true) added chunks join the hot group
+ * until blob_writer_hot(w, false); a switch closes the open batch frame,
+ * so no frame mixes groups. blob_writer_add returns a hot chunk's uoff
+ * relative to the hot run, which starts at *@hot_uoff of finish. The file
+ * stays a function of the sequence of adds and switches.
  */
-int blob_writer_cut(struct blob_writer *w);
+int blob_writer_set_hot_stage(struct blob_writer *w, int stage_fd);
+int blob_writer_hot(struct blob_writer *w, bool hot);
 
 /*
- * Write the outstanding frames, the chunk table and the footer, fill
- * @info (chunks ownership moves to @info) and free the writer.
+ * Write the outstanding frames (then the hot group's), the chunk table and
+ * the footer, fill @info (chunks ownership moves to @info), set *@hot_uoff
+ * (unless NULL) to where the hot run starts, and free the writer.
  * blob_writer_abort stops the workers and frees without finishing.
  */
-int blob_writer_finish(struct blob_writer *w, struct blob_info *info);
+int blob_writer_finish(struct blob_writer *w, struct blob_info *info,
+		       uint64_t *hot_uoff);
 void blob_writer_abort(struct blob_writer *w);
 
 /* ------------------------------------------------------------------ */
@@ -443,17 +453,16 @@ int blob_cache_enforce(const char *cache_dir, const struct blob_cache_limit *lim
 /*
  * Record that the image with manifest (or bootstrap) digest @image_digest,
  * known to users as @ref (NULL: recorded as ""), uses the blobs @digests:
- * gc keeps them until the record is forgotten. A record for the same
- * @image_digest is replaced.
+ * gc keeps them until the record is forgotten. @keep names other files the
+ * image needs (its registry documents and bootstrap, which pkg-image keeps
+ * in the cache): blob_cache_kept lists them for pkg-image's gc. A record
+ * for the same @image_digest is replaced.
  */
 int blob_cache_add_image(const char *cache_dir, const char *ref,
 			 const uint8_t image_digest[BLOB_DIGEST_SIZE],
 			 const uint8_t (*digests)[BLOB_DIGEST_SIZE],
-			 uint32_t nr_digests);
-/*
- * Forget one image record (by digest; -ENOENT when there is none), or
- * every one with @image_digest NULL.
- */
+			 uint32_t nr_digests, const uint8_t (*keep)[BLOB_DIGEST_SIZE],
+			 uint32_t nr_keep);
 /*
  * Pin the blobs @digests for the kernel mount @mount_id on @mountpoint (a
  * --mode local mount: the kernel holds the files, no process does): gc
@@ -465,6 +474,10 @@ int blob_cache_pin_mount(const char *cache_dir, const char *mountpoint,
 			 uint64_t mount_id, const uint8_t (*digests)[BLOB_DIGEST_SIZE],
 			 uint32_t nr_digests);
 
+/*
+ * Forget one image record (by digest; -ENOENT when there is none), or
+ * every one with @image_digest NULL.
+ */
 int blob_cache_forget_image(const char *cache_dir,
 			    const uint8_t *image_digest);
 
@@ -508,6 +521,9 @@ void blob_cache_list_free(struct blob_cache_list *l);
  */
 int blob_cache_named(const char *cache_dir, uint8_t (**out)[BLOB_DIGEST_SIZE],
 		     uint32_t *nr);
+/* The same for the other files image records keep (@keep above). */
+int blob_cache_kept(const char *cache_dir, uint8_t (**out)[BLOB_DIGEST_SIZE],
+		    uint32_t *nr);
 
 /*
  * Remove the files of every blob no image record names and nobody has

@@ -100,8 +100,8 @@ static int convert_oci_layers(struct converter *c, const struct oci_image *img)
 /*
  * Give every blob the tree references a device id (written blobs first,
  * in layer order, then chunk-dict blobs), and rewrite the provisional ids
- * in the chunk indexes. Hardlinked inodes are reached more than once, so
- * the rewrite only touches provisional ids.
+ * (and hot-run addresses) in the chunk indexes. Hardlinked inodes are
+ * reached more than once, so the rewrite only touches provisional ids.
  */
 static int assign_devices(struct converter *c)
 {
@@ -139,11 +139,14 @@ static int assign_devices(struct converter *c)
 
 					if (!(mc->device_id & PROVISIONAL_DEVICE))
 						continue;
-					b = &c->blobs[mc->device_id & ~PROVISIONAL_DEVICE];
-					if (pass == 0)
+					b = &c->blobs[mc->device_id & PROVISIONAL_BLOB_MASK];
+					if (pass == 0) {
 						b->refs++;
-					else
-						mc->device_id = b->device_id;
+						continue;
+					}
+					if (mc->device_id & PROVISIONAL_HOT)
+						mc->blkaddr += b->hot_blkaddr;
+					mc->device_id = b->device_id;
 				}
 			}
 			if (array_reserve(&stack, &cap, depth + inode->nr_children,
@@ -453,7 +456,12 @@ static int finish(struct converter *c, struct image_out *out,
 int convert_run(const char *source, const char *dest,
 		const struct convert_opts *opts, struct convert_stats *stats)
 {
-	struct converter c = { .opts = opts, .stats = stats, .writer_file = { .fd = -1, .dir_fd = -1 } };
+	struct converter c = {
+		.opts = opts,
+		.stats = stats,
+		.writer_file = { .fd = -1, .dir_fd = -1 },
+		.hot_file = { .fd = -1, .dir_fd = -1 },
+	};
 	struct image_ref src = { 0 }, dst = { 0 };
 	struct oci_image src_img = { 0 };
 	struct image_out *out = NULL;

@@ -17,6 +17,7 @@ struct chunk_slot {
 	uint8_t sha256[BLOB_DIGEST_SIZE];
 	uint32_t usize;
 	uint16_t blob; /* index into converter.blobs + 1; 0 = empty table slot */
+	bool hot;      /* blkaddr is relative to the blob's hot run */
 	uint32_t blkaddr;
 };
 
@@ -36,13 +37,20 @@ struct out_blob {
 	uint32_t dict_index; /* from_dict: the blob's index in converter.dict */
 	uint64_t refs;      /* chunk references from the final tree */
 	uint16_t device_id; /* assigned at the end; 0 = not used */
+	uint32_t hot_blkaddr; /* where its hot run (blob_writer_hot) starts */
 };
 
 /*
  * While converting, chunk indexes name blobs provisionally (this bit |
- * blob index); the final device ids are assigned once every blob is known.
+ * blob index, with PROVISIONAL_HOT when the block address is relative to
+ * the blob's hot run); the final device ids and hot addresses are set once
+ * every blob is known.
  */
 #define PROVISIONAL_DEVICE 0x8000u
+#define PROVISIONAL_HOT 0x4000u
+#define PROVISIONAL_BLOB_MASK 0x3fffu
+_Static_assert(META_MAX_DEVICES <= PROVISIONAL_BLOB_MASK,
+	       "provisional device ids must hold every blob index");
 
 struct hardlink {
 	dev_t dev;
@@ -74,6 +82,8 @@ struct converter {
 	const char *blobs_dir;      /* the destination's blobs/sha256 */
 	struct blob_writer *writer; /* the current layer's blob */
 	struct atomic_file writer_file; /* the blob, until named by its digest */
+	struct atomic_file hot_file; /* the writer's hot stage (prefetch list) */
+	bool writer_hot;            /* adds go to the writer's hot run */
 	uint32_t writer_blob;       /* its index in blobs */
 	uint64_t writer_chunks;
 	uint8_t *buf;               /* one chunk */
@@ -86,7 +96,6 @@ struct converter {
 	char **prefetch;            /* --prefetch-files paths */
 	uint32_t nr_prefetch;
 	const char **prefetch_sorted; /* the same, sorted, for convert_ingest_file */
-	bool writer_listed;         /* the writer's open frame holds listed files */
 	size_t dir_root_len;        /* convert_dir: the source path's length */
 	struct native_state *native; /* CONVERT_FORMAT_EROFS_LAYERS, else NULL */
 };

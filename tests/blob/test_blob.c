@@ -173,7 +173,7 @@ static int make_blob_opts(const char *path, const char *spec,
 		close(fd);
 		return ret;
 	}
-	ret = blob_writer_finish(w, &tb->info);
+	ret = blob_writer_finish(w, &tb->info, NULL);
 	close(fd);
 	return ret;
 }
@@ -656,38 +656,135 @@ static void test_writer_errors(void)
 	close(fd);
 }
 
-/* blob_writer_cut: the next small chunk starts a frame; idle cuts do nothing. */
-static void test_writer_cut(void)
+/*
+ * One blob with a hot group: chunks 0..7, of which 2, 3 (small) and 5
+ * (a frame of its own) are hot; the switches close batch frames. Returns
+ * the digest in @digest and the chunks' returned uoffs in @uoff.
+ */
+static void write_hot_blob(const char *path, unsigned int jobs,
+			   uint8_t *const *data, const uint32_t *len,
+			   uint64_t *uoff, struct blob_info *info,
+			   uint64_t *hot_uoff)
+{
+	static const bool hot[8] = { 0, 0, 1, 1, 0, 1, 0, 0 };
+	struct blob_compress c = { .codec = BLOB_CODEC_ZSTD };
+	int fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0644);
+	int stage = open(tmp_path("hot.stage"), O_RDWR | O_CREAT | O_TRUNC, 0600);
+	struct blob_writer *w;
+	int i;
+
+	CHECK(fd >= 0 && stage >= 0);
+	CHECK_EQ(blob_writer_new(fd, &c, jobs, &w), 0);
+	CHECK_EQ(blob_writer_hot(w, true), -EINVAL); /* no stage yet */
+	CHECK_EQ(blob_writer_set_hot_stage(w, -1), -EINVAL);
+	CHECK_EQ(blob_writer_set_hot_stage(w, stage), 0);
+	CHECK_EQ(blob_writer_set_hot_stage(w, stage), -EBUSY);
+	CHECK_EQ(blob_writer_hot(w, false), 0); /* already cold */
+	for (i = 0; i < 8; i++) {
+		uint8_t sha[BLOB_DIGEST_SIZE];
+
+		CHECK_EQ(blob_writer_hot(w, hot[i]), 0);
+		CHECK_EQ(blob_writer_hot(w, hot[i]), 0); /* no second cut */
+		sha256_buf(data[i], len[i], sha);
+		CHECK_EQ(blob_writer_add(w, data[i], len[i], sha, &uoff[i]), 0);
+	}
+	CHECK_EQ(blob_writer_finish(w, info, hot_uoff), 0);
+	close(stage);
+	close(fd);
+}
+
+/*
+ * blob_writer_hot: hot chunks form one run behind the others, in the file
+ * and in the uncompressed space; no frame mixes groups; the blob verifies
+ * and does not depend on the number of jobs.
+ */
+static void test_writer_hot(void)
+{
+	static const uint32_t len[8] = { 1000, 3000, 2000, 5000,
+					 7000, 300 << 10, 4000, 100 };
+	static const uint32_t hot_at[3] = { 2, 3, 5 }, cold_at[5] = { 0, 1, 4, 6, 7 };
+	uint8_t *data[8], digest1[BLOB_DIGEST_SIZE];
+	uint64_t uoff[8], uoff3[8], hot_uoff, hot_uoff3, cold_cend = 0;
+	struct blob_info info, info3;
+	uint32_t i;
+
+	for (i = 0; i < 8; i++)
+		data[i] = alloc_fill(len[i], i == 5 ? DATA_RANDOM : DATA_TEXT);
+	write_hot_blob(tmp_path("hot1.blob"), 1, data, len, uoff, &info, &hot_uoff);
+	CHECK_EQ(info.nr_chunks, 8);
+	/* Returned uoffs: each group from 0 in its own order (4 KiB slots). */
+	CHECK_EQ(uoff[0], 0);
+	CHECK_EQ(uoff[1], 4096);
+	CHECK_EQ(uoff[4], 8192);
+	CHECK_EQ(uoff[6], 16384);
+	CHECK_EQ(uoff[7], 20480);
+	CHECK_EQ(uoff[2], 0);
+	CHECK_EQ(uoff[3], 4096);
+	CHECK_EQ(uoff[5], 12288);
+	CHECK_EQ(hot_uoff, 24576);
+	/* The table: the cold chunks in add order, then the hot ones. */
+	for (i = 0; i < 5; i++) {
+		const struct blob_chunk *ch = &info.chunks[i];
+
+		CHECK_EQ(ch->uoff, uoff[cold_at[i]]);
+		CHECK_EQ(ch->usize, len[cold_at[i]]);
+		cold_cend = ch->coff + ch->csize;
+	}
+	for (i = 0; i < 3; i++) {
+		const struct blob_chunk *ch = &info.chunks[5 + i];
+
+		CHECK_EQ(ch->uoff, hot_uoff + uoff[hot_at[i]]);
+		CHECK_EQ(ch->usize, len[hot_at[i]]);
+		CHECK(ch->coff >= cold_cend);
+	}
+	CHECK_EQ(info.uncompressed_size, hot_uoff + 12288 + (300 << 10));
+	/* Frames: [0 1] [4] [6 7] cold, [2 3] [5] hot: a switch cuts. */
+	CHECK_EQ(info.chunks[0].coff, info.chunks[1].coff);
+	CHECK_EQ(info.chunks[2].frame_off, 0);
+	CHECK(info.chunks[2].coff != info.chunks[1].coff);
+	CHECK(info.chunks[3].coff != info.chunks[2].coff);
+	CHECK_EQ(info.chunks[3].coff, info.chunks[4].coff);
+	CHECK_EQ(info.chunks[5].coff, cold_cend);
+	CHECK_EQ(info.chunks[5].coff, info.chunks[6].coff);
+	CHECK_EQ(info.chunks[7].coff, info.chunks[6].coff + info.chunks[6].csize);
+	CHECK_EQ(info.table_offset, info.chunks[7].coff + info.chunks[7].csize);
+	/* Every chunk's bytes and the file's digest check out. */
+	CHECK_EQ(blob_verify_file(tmp_path("hot1.blob"), &info, NULL), 0);
+	memcpy(digest1, info.digest, sizeof(digest1));
+	write_hot_blob(tmp_path("hot3.blob"), 3, data, len, uoff3, &info3, &hot_uoff3);
+	CHECK_EQ(memcmp(info3.digest, digest1, sizeof(digest1)), 0);
+	CHECK_EQ(memcmp(uoff3, uoff, sizeof(uoff)), 0);
+	CHECK_EQ(hot_uoff3, hot_uoff);
+	blob_info_free_chunks(&info);
+	blob_info_free_chunks(&info3);
+	for (i = 0; i < 8; i++)
+		free(data[i]);
+}
+
+/* A staging file that cannot be written fails the blob, and it sticks. */
+static void test_writer_hot_stage_error(void)
 {
 	struct blob_compress c = { .codec = BLOB_CODEC_ZSTD };
-	uint8_t sha[32], data[1000];
+	uint8_t sha[BLOB_DIGEST_SIZE], data[1000];
+	int fd = open(tmp_path("hoterr.blob"), O_RDWR | O_CREAT | O_TRUNC, 0644);
+	int stage = open(tmp_path("hoterr.blob"), O_RDONLY);
 	struct blob_writer *w;
 	struct blob_info info;
 	uint64_t uoff;
-	int i, fd = open(tmp_path("cut.blob"), O_RDWR | O_CREAT | O_TRUNC, 0644);
 
-	CHECK(fd >= 0);
-	memset(data, 7, sizeof(data));
+	CHECK(fd >= 0 && stage >= 0);
+	memset(data, 3, sizeof(data));
 	sha256_buf(data, sizeof(data), sha);
 	CHECK_EQ(blob_writer_new(fd, &c, 1, &w), 0);
-	CHECK_EQ(blob_writer_cut(w), 0); /* nothing open */
-	for (i = 0; i < 5; i++) {
-		if (i == 2) {
-			CHECK_EQ(blob_writer_cut(w), 0);
-			CHECK_EQ(blob_writer_cut(w), 0); /* twice: one frame ends */
-		}
-		CHECK_EQ(blob_writer_add(w, data, sizeof(data), sha, &uoff), 0);
-	}
-	CHECK_EQ(blob_writer_finish(w, &info), 0);
-	CHECK_EQ(info.nr_chunks, 5);
-	/* Frames [0, 1] and [2, 3, 4]: frame_off 0 starts a frame. */
-	CHECK_EQ(info.chunks[0].frame_off, 0);
-	CHECK(info.chunks[1].frame_off > 0);
-	CHECK_EQ(info.chunks[2].frame_off, 0);
-	CHECK(info.chunks[3].frame_off > 0 && info.chunks[4].frame_off > 0);
-	CHECK_EQ(info.chunks[2].coff, info.chunks[4].coff);
-	CHECK(info.chunks[0].coff != info.chunks[2].coff);
-	blob_info_free_chunks(&info);
+	CHECK_EQ(blob_writer_set_hot_stage(w, stage), 0);
+	CHECK_EQ(blob_writer_add(w, data, sizeof(data), sha, &uoff), 0);
+	CHECK_EQ(blob_writer_hot(w, true), 0);
+	CHECK_EQ(blob_writer_add(w, data, sizeof(data), sha, &uoff), 0);
+	/* With one job the hot frame is written at the switch back. */
+	CHECK_EQ(blob_writer_hot(w, false), -EBADF);
+	CHECK_EQ(blob_writer_add(w, data, sizeof(data), sha, &uoff), -EBADF);
+	CHECK_EQ(blob_writer_finish(w, &info, NULL), -EBADF);
+	close(stage);
 	close(fd);
 }
 
@@ -712,9 +809,9 @@ static int add_until_error(int fd, unsigned int jobs)
 		ret = blob_writer_add(w, data, 64 << 10, sha, &uoff);
 	if (ret) {
 		CHECK_EQ(blob_writer_add(w, data, 1, sha, &uoff), ret);
-		CHECK_EQ(blob_writer_finish(w, &info), ret);
+		CHECK_EQ(blob_writer_finish(w, &info, NULL), ret);
 	} else {
-		ret = blob_writer_finish(w, &info);
+		ret = blob_writer_finish(w, &info, NULL);
 		if (!ret)
 			blob_info_free_chunks(&info);
 	}
@@ -1693,7 +1790,8 @@ int main(void)
 	RUN_TEST(test_decompress_trailing);
 	RUN_TEST(test_writer_layout);
 	RUN_TEST(test_writer_errors);
-	RUN_TEST(test_writer_cut);
+	RUN_TEST(test_writer_hot);
+	RUN_TEST(test_writer_hot_stage_error);
 	RUN_TEST(test_writer_write_errors);
 	RUN_TEST(test_writer_abort_in_flight);
 	RUN_TEST(test_empty_blob);

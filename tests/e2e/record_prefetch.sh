@@ -90,16 +90,20 @@ expect "nothing is mounted" bash -c '! mountpoint -q "$0"' "$M2"
 RIMG=docker://$REG/ferry/debian:recorded
 check "ferry convert --prefetch-files LIST" "$FERRY" convert -q --prefetch-files "$L" \
 	"oci:$FIX:edit" "$RIMG"
-# Listed files share no frame with unlisted ones (blob_writer_cut): a
-# frame, named by its compressed offset, holds chunks of listed files only
-# or of unlisted files only. Checked over the directories of listed files.
-frames_apart() {
+# The listed files' new chunks form the blob's hot run (blob_writer_hot):
+# one contiguous range of frames behind every unlisted file's, so a mount
+# fetches them with a few large requests and nothing else. Checked over
+# the listed files and their directories' other files. (The run may hold
+# frames no file uses any more: a lower layer's version of a listed file
+# that an upper layer replaced, which is why runs are counted, not
+# required to be one.)
+hot_run() {
 	python3 - "$FERRY" "$RIMG" "$L" "$ref" <<'PY'
 import json, os, subprocess, sys
 ferry, img, lst, ref = sys.argv[1:]
 listed = {l.strip() for l in open(lst) if l.strip()}
 dirs = {os.path.dirname(p) for p in listed}
-frames = {}  # compressed offset -> set of "listed"/"unlisted"
+frames = {}  # (device, compressed offset) -> [size, set of listed?]
 for d in sorted(dirs):
     for name in sorted(os.listdir(ref + d)):
         p = d + "/" + name
@@ -107,13 +111,26 @@ for d in sorted(dirs):
             continue
         out = subprocess.run([ferry, "inspect", "--json", img, p], capture_output=True, text=True, check=True).stdout
         for c in json.loads(out).get("chunks", []):
-            frames.setdefault(c["compressedOffset"], set()).add(p in listed)
-mixed = [off for off, kinds in frames.items() if len(kinds) > 1]
+            if "compressedOffset" in c:
+                f = frames.setdefault((c["deviceId"], c["compressedOffset"]), [c["compressedSize"], set()])
+                f[1].add(p in listed)
+mixed = [k for k, f in frames.items() if len(f[1]) > 1]
+bad = len(mixed)
+for dev in sorted({k[0] for k in frames}):
+    hot = sorted((k[1], f[0]) for k, f in frames.items() if k[0] == dev and f[1] == {True})
+    cold = [k[1] for k, f in frames.items() if k[0] == dev and f[1] == {False}]
+    if not hot:
+        continue
+    gaps = sum(1 for a, b in zip(hot, hot[1:]) if a[0] + a[1] != b[0])
+    behind = sum(1 for off in cold if off > hot[0][0])
+    print("# device %d: %d listed frames in %d runs, %d unlisted frames, %d of them behind the first listed one"
+          % (dev, len(hot), gaps + 1, len(cold), behind))
+    bad += behind
 print("# %d frames in the listed files' directories, %d mixed" % (len(frames), len(mixed)))
-sys.exit(1 if mixed or True not in {k for v in frames.values() for k in v} else 0)
+sys.exit(1 if bad or not any(f[1] == {True} for f in frames.values()) else 0)
 PY
 }
-expect "listed and unlisted files share no frame" frames_apart
+expect "listed files share no frame with unlisted ones, and form one run at the end" hot_run
 
 lazy_use replay
 M3=$SCRATCH/m-replay
@@ -126,6 +143,8 @@ read -r _ after _ _ _ < <(mount_stats "$M3")
 echo "# fetched before the workload $before bytes, during it $((after - before))"
 expect "the workload fetches nothing: the list covered it" [ "$after" -eq "$before" ]
 expect "and prefetch fetched something" [ "$before" -gt 0 ]
+check "the replayed image's tree is the reference's (hot-run addresses)" \
+	python3 "$TREECMP" "$ref" "$M3"
 check "umount" fumount "$M3"
 
 e2e_done
