@@ -55,6 +55,7 @@
 #define HANDOVER_SPAWN_MS 300 /* before starting one beside a cachefiles keeper */
 #define HANDOVER_RESPAWN_MS 5000 /* between starts */
 #define HANDOVER_POLL_MS 50
+#define KEEPER_ENDED "ended" /* a FUSE keeper's last word: the connection ended */
 
 _Atomic unsigned int keeper_restarts;
 
@@ -206,8 +207,10 @@ int keeper_bye(int *sock)
 }
 
 /*
- * The guard's thread: a keeper for the mount, another whenever one dies
- * (it never speaks after hello: readable means gone), until told to stop.
+ * The guard's thread: a keeper for the mount, another whenever one dies,
+ * until told to stop. A keeper speaks once after hello, KEEPER_ENDED,
+ * when the connection it holds ended (the mount is going away): then
+ * there is nothing left to keep. Readable without that means gone.
  */
 static void *guard_main(void *arg)
 {
@@ -215,9 +218,10 @@ static void *guard_main(void *arg)
 	struct pollfd p[2] = { { .fd = g->stop[0], .events = POLLIN },
 			       { .fd = -1, .events = POLLIN } };
 	int sock = g->sock, pid = atomic_load(&g->pid), ret;
+	bool ended = false;
 
 	for (;;) {
-		if (sock < 0) {
+		if (sock < 0 && !ended) {
 			ret = keeper_start_mount(g->how, g->fd, g->m, g->o, NULL, &sock, &pid);
 			if (ret)
 				ferry_warn("%s: no keeper (%s): if ferryd dies, the mount is not taken over; trying again",
@@ -225,14 +229,25 @@ static void *guard_main(void *arg)
 			atomic_store(&g->pid, ret ? 0 : pid);
 		}
 		p[1].fd = sock;
-		if (poll(p, 2, sock < 0 ? KEEPER_CHECK_MS : -1) < 0 && errno != EINTR)
+		if (poll(p, 2, sock < 0 && !ended ? KEEPER_CHECK_MS : -1) < 0 &&
+		    errno != EINTR)
 			break;
 		if (p[0].revents)
 			break;
 		if (sock >= 0 && p[1].revents) {
-			ferry_warn("%s: its keeper (pid %d) is gone; starting a new one",
-				   g->m->mountpoint, pid);
-			atomic_fetch_add(&keeper_restarts, 1);
+			char msg[sizeof(KEEPER_ENDED)];
+			ssize_t n = recv(sock, msg, sizeof(msg), MSG_DONTWAIT);
+
+			ended = n == (ssize_t)strlen(KEEPER_ENDED) &&
+				!memcmp(msg, KEEPER_ENDED, (size_t)n);
+			if (ended) {
+				ferry_dbg("%s: the mount's connection ended; its keeper (pid %d) let go",
+					    g->m->mountpoint, pid);
+			} else {
+				ferry_warn("%s: its keeper (pid %d) is gone; starting a new one",
+					   g->m->mountpoint, pid);
+				atomic_fetch_add(&keeper_restarts, 1);
+			}
 			close(sock);
 			sock = -1;
 		}
@@ -483,6 +498,9 @@ int fuse_keeper_main(int argc, char **argv)
 	if (keeper_hello((int)sock))
 		return 1;
 	ret = keeper_listen((int)sock, (int)fd, &req, NULL, NULL);
+	/* Unmounted: say so, or the guard would start another keeper. */
+	if (ret == 3)
+		(void)!send((int)sock, KEEPER_ENDED, strlen(KEEPER_ENDED), MSG_NOSIGNAL);
 	if (ret == 1) {
 		ferry_warn("FUSE keeper: ferryd is gone; handing the mount over to a new ferryd on %s",
 			   argv[4]);

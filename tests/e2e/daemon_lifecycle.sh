@@ -254,5 +254,11 @@ check_exit "--metrics-listen with a malformed address fails at start" 1 \
 expect "  ... naming the address and the expected forms" grep -q "nohost.*unix:/PATH or HOST:PORT" "$LOG"
 check "umount fuse" fumount "$M"
 check "umount fanotify" fumount "$N"
+# An unmount ends the FUSE keeper's connection: that is no keeper dying
+# (it said so), so nothing restarts it and the counter stays 0.
+sleep 0.5
+"$FERRY" metrics --socket "$FSOCK" >"$SCRATCH/m3.txt"
+expect "no keeper restarts counted after the umounts" \
+	grep -q '^ferryd_keeper_restarts_total 0$' "$SCRATCH/m3.txt"
 
 e2e_done
