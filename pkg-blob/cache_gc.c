@@ -95,6 +95,8 @@ struct cache_record {
 	uint64_t mount_id;                  /* a pin: the mount's id */
 	uint8_t (*blobs)[BLOB_DIGEST_SIZE]; /* sorted, no duplicates */
 	uint32_t nr_blobs;
+	uint8_t (*keep)[BLOB_DIGEST_SIZE];  /* other files it needs, as given */
+	uint32_t nr_keep;
 };
 
 struct cache_records {
@@ -110,6 +112,7 @@ static void records_free(struct cache_records *rs)
 	for (i = 0; i < rs->nr; i++) {
 		free(rs->r[i].ref);
 		free(rs->r[i].blobs);
+		free(rs->r[i].keep);
 	}
 	free(rs->r);
 	memset(rs, 0, sizeof(*rs));
@@ -135,14 +138,43 @@ static int name_digest(const char *name, const char *suffix,
 	return hex_decode(hex, out, BLOB_DIGEST_SIZE);
 }
 
+/*
+ * The array of "sha256:…" strings @list into *@out (malloc'ed, at least
+ * one slot) and *@nr; -EFSCORRUPTED if it is anything else.
+ */
+static int digests_parse(struct json_object *list,
+			 uint8_t (**out)[BLOB_DIGEST_SIZE], uint32_t *nr)
+{
+	size_t i, n;
+
+	if (!json_object_is_type(list, json_type_array))
+		return -EFSCORRUPTED;
+	n = json_object_array_length(list);
+	if (n > UINT32_MAX)
+		return -EFSCORRUPTED;
+	*out = malloc(MAX(n, (size_t)1) * BLOB_DIGEST_SIZE);
+	if (!*out)
+		return -ENOMEM;
+	for (i = 0; i < n; i++) {
+		struct json_object *v = json_object_array_get_idx(list, i);
+
+		if (!json_object_is_type(v, json_type_string) ||
+		    digest_parse(json_object_get_string(v), (*out)[i]))
+			return -EFSCORRUPTED;
+	}
+	*nr = (uint32_t)n;
+	return 0;
+}
+
 /* Parse record file @path (named after @digest) into @r. */
 static int record_parse(const char *path, const uint8_t digest[BLOB_DIGEST_SIZE],
 			struct cache_record *r, const char **why)
 {
-	struct json_object *root = NULL, *v, *m = NULL, *blobs;
+	struct json_object *root = NULL, *v, *m = NULL, *blobs, *keep;
 	uint8_t d[BLOB_DIGEST_SIZE];
 	char *text = NULL;
-	size_t len = 0, i, n;
+	size_t len = 0;
+	uint32_t i, n = 0;
 	int ret;
 
 	memset(r, 0, sizeof(*r));
@@ -173,23 +205,22 @@ static int record_parse(const char *path, const uint8_t digest[BLOB_DIGEST_SIZE]
 	    (!json_object_is_type(m, json_type_int) || json_object_get_int64(m) < 0))
 		goto out;
 	r->mount_id = m ? (uint64_t)json_object_get_int64(m) : 0;
-	*why = "\"blobs\" missing or not an array of sha256 digests";
-	if (!json_object_object_get_ex(root, "blobs", &blobs) ||
-	    !json_object_is_type(blobs, json_type_array))
-		goto out;
-	n = json_object_array_length(blobs);
-	if (n > UINT32_MAX)
-		goto out;
 	r->ref = strdup(json_object_get_string(v));
-	r->blobs = malloc(MAX(n, (size_t)1) * BLOB_DIGEST_SIZE);
-	if (!r->ref || !r->blobs) {
+	if (!r->ref) {
 		ret = -ENOMEM;
 		goto out;
 	}
-	for (i = 0; i < n; i++) {
-		v = json_object_array_get_idx(blobs, i);
-		if (!json_object_is_type(v, json_type_string) ||
-		    digest_parse(json_object_get_string(v), r->blobs[i]))
+	*why = "\"blobs\" missing or not an array of sha256 digests";
+	if (!json_object_object_get_ex(root, "blobs", &blobs))
+		goto out;
+	ret = digests_parse(blobs, &r->blobs, &n);
+	if (ret)
+		goto out;
+	/* "keep" came later: older records have none. */
+	*why = "\"keep\" not an array of sha256 digests";
+	if (json_object_object_get_ex(root, "keep", &keep)) {
+		ret = digests_parse(keep, &r->keep, &r->nr_keep);
+		if (ret)
 			goto out;
 	}
 	qsort(r->blobs, n, BLOB_DIGEST_SIZE, digest_cmp);
@@ -204,6 +235,7 @@ out:
 	if (ret) {
 		free(r->ref);
 		free(r->blobs);
+		free(r->keep);
 		memset(r, 0, sizeof(*r));
 	}
 	json_object_put(root);
@@ -309,39 +341,50 @@ static uint32_t records_naming(const struct cache_records *rs,
 	return n;
 }
 
-/*
- * Write the record @sub/<hex of @name>.json: @ref, the blobs @digests and,
- * for a pin, @mount_id (0: none).
- */
-static int record_write(const char *cache_dir, const char *sub,
-			const uint8_t name[BLOB_DIGEST_SIZE], const char *ref,
-			uint64_t mount_id, const uint8_t (*digests)[BLOB_DIGEST_SIZE],
-			uint32_t nr_digests)
+/* @digests as an array of "sha256:…" strings, or NULL (no memory). */
+static struct json_object *digests_json(const uint8_t (*digests)[BLOB_DIGEST_SIZE],
+					uint32_t nr)
 {
-	char dig[DIGEST_STRING_SIZE], file[80], dir[PATH_MAX];
-	struct json_object *root = json_object_new_object(), *list = json_object_new_array();
-	const char *text;
+	struct json_object *list = json_object_new_array();
+	char dig[DIGEST_STRING_SIZE];
 	uint32_t i;
-	bool ok;
-	int ret = -ENOMEM;
 
-	if (path_join(dir, cache_dir, sub, "")) {
-		json_object_put(root);
-		json_object_put(list);
-		return -ENAMETOOLONG;
-	}
-	digest_format(name, dig);
-	snprintf(file, sizeof(file), "%s.json", dig + 7);
-	for (i = 0; list && i < nr_digests; i++) {
+	for (i = 0; list && i < nr; i++) {
 		digest_format(digests[i], dig);
 		if (json_object_array_add(list, json_object_new_string(dig))) {
 			json_object_put(list);
 			list = NULL;
 		}
 	}
+	return list;
+}
+
+/*
+ * Write the record @sub/<hex of @name>.json: @ref, the blobs @digests,
+ * the other files @keep and, for a pin, @mount_id (0: none).
+ */
+static int record_write(const char *cache_dir, const char *sub,
+			const uint8_t name[BLOB_DIGEST_SIZE], const char *ref,
+			uint64_t mount_id, const uint8_t (*digests)[BLOB_DIGEST_SIZE],
+			uint32_t nr_digests, const uint8_t (*keep)[BLOB_DIGEST_SIZE],
+			uint32_t nr_keep)
+{
+	char dig[DIGEST_STRING_SIZE], file[80], dir[PATH_MAX];
+	struct json_object *root;
+	const char *text;
+	bool ok;
+	int ret = -ENOMEM;
+
+	if (path_join(dir, cache_dir, sub, ""))
+		return -ENAMETOOLONG;
 	digest_format(name, dig);
+	snprintf(file, sizeof(file), "%s.json", dig + 7);
+	root = json_object_new_object();
 	ok = root && json_add_str(root, "ref", ref ? ref : "") &&
-	     json_add_str(root, "digest", dig) && json_add(root, "blobs", list);
+	     json_add_str(root, "digest", dig) &&
+	     json_add(root, "blobs", digests_json(digests, nr_digests));
+	if (ok && nr_keep)
+		ok = json_add(root, "keep", digests_json(keep, nr_keep));
 	if (ok && mount_id)
 		ok = json_add(root, "mountId", json_object_new_int64((int64_t)mount_id));
 	ok = ok && json_add(root, "updated", json_object_new_int64((int64_t)time(NULL)));
@@ -360,10 +403,11 @@ static int record_write(const char *cache_dir, const char *sub,
 int blob_cache_add_image(const char *cache_dir, const char *ref,
 			 const uint8_t image_digest[BLOB_DIGEST_SIZE],
 			 const uint8_t (*digests)[BLOB_DIGEST_SIZE],
-			 uint32_t nr_digests)
+			 uint32_t nr_digests, const uint8_t (*keep)[BLOB_DIGEST_SIZE],
+			 uint32_t nr_keep)
 {
 	return record_write(cache_dir, CACHE_IMAGES_DIR, image_digest, ref, 0,
-			    digests, nr_digests);
+			    digests, nr_digests, keep, nr_keep);
 }
 
 int blob_cache_pin_mount(const char *cache_dir, const char *mountpoint,
@@ -380,7 +424,7 @@ int blob_cache_pin_mount(const char *cache_dir, const char *mountpoint,
 	sha256_buf(key, strlen(key), name);
 	free(key);
 	ret = record_write(cache_dir, CACHE_PINS_DIR, name, mountpoint, mount_id,
-			   digests, nr_digests);
+			   digests, nr_digests, NULL, 0);
 	if (ret)
 		ferry_err("chunk cache %s: cannot record the mount on %s: %s (gc may remove its blobs while it is mounted)",
 			  cache_dir, mountpoint, ferry_strerror(ret));
@@ -410,8 +454,9 @@ static int pins_read(const char *cache_dir, struct cache_records *pins)
 	return ret;
 }
 
-int blob_cache_named(const char *cache_dir, uint8_t (**out)[BLOB_DIGEST_SIZE],
-		     uint32_t *nr)
+/* blob_cache_named (@keep false) and blob_cache_kept (@keep true). */
+static int records_union(const char *cache_dir, bool keep,
+			 uint8_t (**out)[BLOB_DIGEST_SIZE], uint32_t *nr)
 {
 	struct cache_records rs[2] = { { 0 }, { 0 } };
 	uint8_t (*d)[BLOB_DIGEST_SIZE] = NULL;
@@ -423,9 +468,13 @@ int blob_cache_named(const char *cache_dir, uint8_t (**out)[BLOB_DIGEST_SIZE],
 		ret = pins_read(cache_dir, &rs[1]);
 	for (k = 0; !ret && k < 2; k++)
 		for (i = 0; !ret && i < rs[k].nr; i++) {
-			ret = array_reserve(&d, &cap, n + rs[k].r[i].nr_blobs, sizeof(*d), 64);
-			for (j = 0; !ret && j < rs[k].r[i].nr_blobs; j++)
-				memcpy(d[n++], rs[k].r[i].blobs[j], BLOB_DIGEST_SIZE);
+			const struct cache_record *r = &rs[k].r[i];
+			uint32_t m = keep ? r->nr_keep : r->nr_blobs;
+
+			ret = array_reserve(&d, &cap, n + m, sizeof(*d), 64);
+			for (j = 0; !ret && j < m; j++)
+				memcpy(d[n++], keep ? r->keep[j] : r->blobs[j],
+				       BLOB_DIGEST_SIZE);
 		}
 	records_free(&rs[0]);
 	records_free(&rs[1]);
@@ -442,6 +491,18 @@ int blob_cache_named(const char *cache_dir, uint8_t (**out)[BLOB_DIGEST_SIZE],
 	*out = d;
 	*nr = j;
 	return 0;
+}
+
+int blob_cache_named(const char *cache_dir, uint8_t (**out)[BLOB_DIGEST_SIZE],
+		     uint32_t *nr)
+{
+	return records_union(cache_dir, false, out, nr);
+}
+
+int blob_cache_kept(const char *cache_dir, uint8_t (**out)[BLOB_DIGEST_SIZE],
+		    uint32_t *nr)
+{
+	return records_union(cache_dir, true, out, nr);
 }
 
 int blob_cache_forget_image(const char *cache_dir,

@@ -403,7 +403,7 @@ out:
 int image_cache_open(struct image *img, const char *cache_dir,
 		     struct image_cache **out)
 {
-	uint8_t (*digests)[BLOB_DIGEST_SIZE] = NULL;
+	uint8_t (*digests)[BLOB_DIGEST_SIZE] = NULL, keep[3][BLOB_DIGEST_SIZE];
 	struct image_cache *ic = calloc(1, sizeof(*ic));
 	uint32_t i, n = img->blobs.nr_blobs;
 	int ret = -ENOMEM;
@@ -426,9 +426,16 @@ int image_cache_open(struct image *img, const char *cache_dir,
 		goto fail;
 	for (i = 0; i < n; i++)
 		memcpy(digests[i], img->blobs.blobs[i].digest, BLOB_DIGEST_SIZE);
-	/* Recorded first, so a concurrent gc keeps what is being filled. */
+	/* Recorded first, so a concurrent gc keeps what is being filled,
+	 * with the documents and bootstrap a takeover reads back (meta/,
+	 * bootstraps/: image_meta_gc). */
+	memcpy(keep[0], img->image_digest, BLOB_DIGEST_SIZE);
+	memcpy(keep[1], img->bootstrap_digest, BLOB_DIGEST_SIZE);
+	memcpy(keep[2], img->config_digest, BLOB_DIGEST_SIZE);
 	ret = blob_cache_add_image(cache_dir, img->ref, img->image_digest,
-				   (const uint8_t (*)[BLOB_DIGEST_SIZE])digests, n);
+				   (const uint8_t (*)[BLOB_DIGEST_SIZE])digests, n,
+				   (const uint8_t (*)[BLOB_DIGEST_SIZE])keep,
+				   img->remote ? 3 : 0);
 	for (i = 0; !ret && i < n; i++) {
 		ret = image_blob_source(img, i, &ic->tsrcs[i].inner);
 		ic->tsrcs[i].ic = ic;

@@ -105,6 +105,7 @@ int image_expect_manifest(struct image *img, const struct oci_image *oci,
 
 	json_object_object_get_ex(oci->manifest, "layers", &layers);
 	memcpy(img->image_digest, oci->manifest_desc.digest, BLOB_DIGEST_SIZE);
+	memcpy(img->config_digest, oci->config.digest, BLOB_DIGEST_SIZE);
 	if (!oci->nr_layers ||
 	    !oci_is_ferry_bootstrap(oci->layers[oci->nr_layers - 1].media_type)) {
 		ferry_err("%s: not a ferry image (its last layer is not of type %s)", ref,

@@ -157,6 +157,7 @@ struct image {
 	uint8_t bootstrap_digest[BLOB_DIGEST_SIZE]; /* of the raw bytes */
 	/* The manifest's digest (oci:, docker:) or the bootstrap's (dir:). */
 	uint8_t image_digest[BLOB_DIGEST_SIZE];
+	uint8_t config_digest[BLOB_DIGEST_SIZE]; /* oci:, docker:; else zero */
 	struct meta_image *meta;
 	struct blob_index blobs; /* blob i is device_id i + 1 */
 	char **blob_paths;       /* local blob files; NULL entries for docker: */
@@ -677,5 +678,14 @@ struct image_fscache_usage {
 int image_fscache_usage(const char *cache_dir, struct image_fscache_usage *u);
 int image_fscache_gc(const char *cache_dir, uint64_t *freed, uint32_t *removed,
 		     struct image_fscache_usage *u);
+
+/*
+ * Remove the registry documents and bootstraps kept in @cache_dir (meta/,
+ * bootstraps/: see image_open's cache_dir) that no image record keeps
+ * (blob_cache_kept), and leftover temporary files, once older than a
+ * minute: a mount that is opening its image writes them before its
+ * record. *@freed / *@removed (may be NULL): bytes and files removed.
+ */
+int image_meta_gc(const char *cache_dir, uint64_t *freed, uint32_t *removed);
 
 #endif

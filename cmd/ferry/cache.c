@@ -28,9 +28,11 @@ static void cache_help(void)
 	       "          mode's kernel cache (DIR/fscache: files, disk usage,\n"
 	       "          the process holding /dev/cachefiles)\n"
 	       "  gc      remove blobs that no image record names and no process\n"
-	       "          has open; in DIR/fscache, unless /dev/cachefiles is\n"
-	       "          held (the kernel culls a bound cache itself), the\n"
-	       "          cache files of blobs no record names\n"
+	       "          has open; registry documents and bootstraps kept for\n"
+	       "          images (DIR/meta, DIR/bootstraps) that no record names,\n"
+	       "          once a minute old; in DIR/fscache, unless\n"
+	       "          /dev/cachefiles is held (the kernel culls a bound cache\n"
+	       "          itself), the cache files of blobs no record names\n"
 	       "  prune   forget the image records named (by reference as listed\n"
 	       "          or by sha256:DIGEST), or all with --all, then gc\n"
 	       "  verify  re-hash every chunk marked present; one that does not\n"
@@ -269,6 +271,11 @@ int cmd_cache(int argc, char **argv)
 		if (!ret)
 			printf("removed %u blobs, freed %llu bytes\n", removed,
 			       (unsigned long long)freed);
+		if (!ret)
+			ret = image_meta_gc(dir, &freed, &removed);
+		if (!ret)
+			printf("removed %u image documents and bootstraps, freed %llu bytes\n",
+			       removed, (unsigned long long)freed);
 		if (!ret)
 			ret = image_fscache_gc(dir, &freed, &removed, &fu);
 		if (!ret && fu.holder)

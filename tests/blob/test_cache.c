@@ -147,7 +147,7 @@ static int tblob_make(struct tblob *tb, const char *name, const char *spec,
 		close(fd);
 		return ret;
 	}
-	ret = blob_writer_finish(w, &tb->info);
+	ret = blob_writer_finish(w, &tb->info, NULL);
 	close(fd);
 	if (ret)
 		return ret;
@@ -1173,8 +1173,8 @@ static void test_images_gc(void)
 	sha256_buf("image two", 9, img2);
 	memcpy(names[0], t[0].info.digest, BLOB_DIGEST_SIZE);
 	memcpy(names[1], t[0].info.digest, BLOB_DIGEST_SIZE);
-	MUST(blob_cache_add_image(dir, "registry.local/app:1", img1, names, 2));
-	MUST(blob_cache_add_image(dir, NULL, img2, NULL, 0));
+	MUST(blob_cache_add_image(dir, "registry.local/app:1", img1, names, 2, NULL, 0));
+	MUST(blob_cache_add_image(dir, NULL, img2, NULL, 0, NULL, 0));
 
 	MUST(blob_cache_list(dir, &l));
 	CHECK_EQ(l.nr_blobs, 3);
@@ -1262,7 +1262,7 @@ static void test_images_gc(void)
 	blob_cache_close(b);
 
 	/* Forget everything. */
-	MUST(blob_cache_add_image(dir, "x", img1, names, 1));
+	MUST(blob_cache_add_image(dir, "x", img1, names, 1, NULL, 0));
 	MUST(blob_cache_forget_image(dir, NULL));
 	MUST(blob_cache_list(dir, &l));
 	CHECK_EQ(l.nr_images, 0);
@@ -1271,6 +1271,60 @@ static void test_images_gc(void)
 		close(s[i].fd);
 		tblob_free(&t[i]);
 	}
+}
+
+/*
+ * Records keep other files by digest ("keep"): blob_cache_kept is the
+ * union over every record, apart from the blobs; a record without "keep"
+ * (an older ferry's) still counts, one with a damaged "keep" is ignored.
+ */
+static void test_records_keep(void)
+{
+	const char *dir = cache_path("c-keep");
+	uint8_t img[3][BLOB_DIGEST_SIZE], k[3][BLOB_DIGEST_SIZE], blob[BLOB_DIGEST_SIZE];
+	uint8_t (*got)[BLOB_DIGEST_SIZE] = NULL;
+	char path[320], hex[2 * BLOB_DIGEST_SIZE + 1];
+	uint32_t nr = 0, i;
+	FILE *f;
+
+	for (i = 0; i < 3; i++) {
+		sha256_buf(&i, sizeof(i), img[i]);
+		memset(k[i], 0x10 * (i + 1), BLOB_DIGEST_SIZE); /* sorted: k0 < k1 < k2 */
+	}
+	memset(blob, 0xee, sizeof(blob));
+	MUST(blob_cache_add_image(dir, "a", img[0], (const uint8_t (*)[BLOB_DIGEST_SIZE])blob, 1,
+				  (const uint8_t (*)[BLOB_DIGEST_SIZE])k, 2));
+	MUST(blob_cache_add_image(dir, "b", img[1], NULL, 0,
+				  (const uint8_t (*)[BLOB_DIGEST_SIZE])k[1], 2));
+	MUST(blob_cache_kept(dir, &got, &nr));
+	CHECK_EQ(nr, 3);
+	for (i = 0; i < 3 && nr == 3; i++)
+		CHECK(!memcmp(got[i], k[i], BLOB_DIGEST_SIZE));
+	free(got);
+	MUST(blob_cache_named(dir, &got, &nr));
+	CHECK(nr == 1 && !memcmp(got[0], blob, BLOB_DIGEST_SIZE));
+	free(got);
+
+	/* A damaged "keep": the whole record is ignored (warned). */
+	hex_encode(img[2], BLOB_DIGEST_SIZE, hex);
+	snprintf(path, sizeof(path), "%s/images/%s.json", dir, hex);
+	f = fopen(path, "w");
+	CHECK(f != NULL);
+	if (f) {
+		fprintf(f, "{\"ref\":\"c\",\"digest\":\"sha256:%s\",\"blobs\":[],\"keep\":[7]}", hex);
+		fclose(f);
+	}
+	fprintf(stderr, "  (a warning about a broken record is expected)\n");
+	MUST(blob_cache_forget_image(dir, img[0]));
+	MUST(blob_cache_kept(dir, &got, &nr));
+	CHECK_EQ(nr, 2);
+	CHECK(nr == 2 && !memcmp(got[0], k[1], BLOB_DIGEST_SIZE) &&
+	      !memcmp(got[1], k[2], BLOB_DIGEST_SIZE));
+	free(got);
+	MUST(blob_cache_forget_image(dir, NULL));
+	MUST(blob_cache_kept(dir, &got, &nr));
+	CHECK_EQ(nr, 0);
+	free(got);
 }
 
 /* ------------------------------------------------------------------ */
@@ -1478,7 +1532,7 @@ static void test_evict(void)
 	MUST(src_open(&s, &tb, &bs));
 	/* An image names it, so gc keeps it. */
 	MUST(blob_cache_add_image(dir, "evict", image_digest,
-				  (const uint8_t (*)[BLOB_DIGEST_SIZE])tb.info.digest, 1));
+				  (const uint8_t (*)[BLOB_DIGEST_SIZE])tb.info.digest, 1, NULL, 0));
 	MUST(blob_cache_open(dir, &tb.info, &b));
 	CHECK_EQ(blob_cache_ensure(b, 0, tb.info.uncompressed_size, &bs, NULL), 0);
 	full = blobs_allocated(dir, &tb);
@@ -1644,6 +1698,7 @@ int main(void)
 	RUN_TEST(test_concurrent);
 	RUN_TEST(test_crash);
 	RUN_TEST(test_images_gc);
+	RUN_TEST(test_records_keep);
 	RUN_TEST(test_trust_dirs);
 	RUN_TEST(test_verify);
 	RUN_TEST(test_evict);

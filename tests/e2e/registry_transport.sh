@@ -92,9 +92,17 @@ else
 fi
 check "cache gc keeps blobs an image record names" bash -c \
 	'"$1" cache --cache-dir "$2" gc | grep -q "removed 0 blobs"' _ "$FERRY" "$CACHE"
+# The bootstrap the kernel mounted stays while the record keeps it, even
+# when old; once the record is gone, gc removes it (after a minute: aged).
+expect "the mounted bootstrap is kept in the cache" [ -n "$(ls "$CACHE/bootstraps")" ]
+touch -h -d '-2 min' "$CACHE"/bootstraps/*
+check "cache gc keeps the bootstrap an image record keeps" bash -c \
+	'"$1" cache --cache-dir "$2" gc | grep -q "removed 0 image documents" &&
+	 [ -n "$(ls "$2/bootstraps")" ]' _ "$FERRY" "$CACHE"
 check "cache prune --all removes every blob" bash -c \
 	'"$1" cache --cache-dir "$2" prune --all >/dev/null &&
 	 [ -z "$(ls "$2/blobs/sha256")" ]' _ "$FERRY" "$CACHE"
+expect "  ... and the bootstrap no record keeps" [ -z "$(ls "$CACHE/bootstraps")" ]
 check_fails "cache prune of an unknown image fails" "no image record" \
 	"$FERRY" cache --cache-dir "$CACHE" prune docker://nowhere/x:y
 

@@ -393,6 +393,47 @@ static void test_cached_copies(void)
 		 -ENOENT);
 }
 
+/*
+ * image_meta_gc: documents and bootstraps no image record keeps go once a
+ * minute old, leftovers and planted links too (never followed); what a
+ * record keeps, and anything written just now, stays.
+ */
+static void test_meta_gc(void)
+{
+	static const char *const docs[3] = { "{\"a\":1}", "{\"b\":2}", "{\"c\":3}" };
+	char cache[160], hex[3][65];
+	uint8_t d[3][32], img[32];
+	uint64_t freed = 0;
+	uint32_t removed = 0;
+	int i;
+
+	snprintf(cache, sizeof(cache), "%s/mg", tmpdir);
+	for (i = 0; i < 3; i++) {
+		sha256_buf(docs[i], strlen(docs[i]), d[i]);
+		hex_encode(d[i], 32, hex[i]);
+		image_cached_keep(cache, IMAGE_META_DIR, d[i], docs[i], strlen(docs[i]));
+	}
+	image_cached_keep(cache, IMAGE_BOOTSTRAPS_DIR, d[0], docs[0], strlen(docs[0]));
+	sha256_buf("img", 3, img);
+	CHECK_EQ(blob_cache_add_image(cache, "r", img, NULL, 0,
+				      (const uint8_t (*)[32])d[0], 1), 0);
+	CHECK_EQ(sh("cd %s && echo x >meta/.tmp-left && ln -s /etc/hostname meta/%064x && "
+		    "touch -h -d '-2 min' meta/* meta/.tmp-left bootstraps/* && touch meta/%s",
+		    cache, 0, hex[2]), 0);
+	CHECK_EQ(image_meta_gc(cache, &freed, &removed), 0);
+	CHECK_EQ(removed, 3); /* doc 1, the leftover, the link */
+	CHECK(freed > 0);
+	CHECK_EQ(sh("cd %s && test -f meta/%s && test -f bootstraps/%s && ! test -e meta/%s && "
+		    "test -f meta/%s && ! test -e meta/.tmp-left && ! test -L meta/%064x && "
+		    "test -s /etc/hostname", cache, hex[0], hex[0], hex[1], hex[2], 0), 0);
+	/* Forgotten: the rest goes once old. */
+	CHECK_EQ(blob_cache_forget_image(cache, NULL), 0);
+	CHECK_EQ(sh("touch -d '-2 min' %s/meta/* %s/bootstraps/*", cache, cache), 0);
+	CHECK_EQ(image_meta_gc(cache, &freed, &removed), 0);
+	CHECK_EQ(removed, 3);
+	CHECK_EQ(sh("test -z \"$(find %s/meta %s/bootstraps -mindepth 1)\"", cache, cache), 0);
+}
+
 int main(void)
 {
 	ferry_log_level = getenv("TEST_LOG") ? FERRY_LOG_DEBUG : -1;
@@ -412,6 +453,7 @@ int main(void)
 	RUN_TEST(test_prefetch_lists);
 	RUN_TEST(test_pinned);
 	RUN_TEST(test_cached_copies);
+	RUN_TEST(test_meta_gc);
 	sh("rm -rf %s", tmpdir);
 	TEST_MAIN_END();
 }
