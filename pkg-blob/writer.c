@@ -135,8 +135,8 @@ struct blob_writer {
 	bool filling;              /* frame next_seq - 1 takes chunks */
 	uint8_t group;             /* the group adds join */
 	uint64_t next_seq;
-	/* Entries are appended under the lock (the writing thread fills in
-	 * the frame fields of written frames). */
+	/* The caller appends entries, the writing thread fills in the frame
+	 * fields of written frames; grow_chunks reallocates under the lock. */
 	struct group groups[NR_GROUPS];
 
 	pthread_mutex_t lock;
