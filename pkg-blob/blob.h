@@ -177,7 +177,8 @@ int blob_writer_add(struct blob_writer *w, const void *data, uint32_t len,
  * requests and nothing else. blob_writer_set_hot_stage gives it an empty
  * read-write scratch file (before the first add; the caller removes it
  * after finish), where its frames wait until blob_writer_finish copies
- * them in. After blob_writer_hot(w, true) added chunks join the hot group
+ * them in; its frames are compressed harder (zstd 18, lz4 HC 12: writer.c,
+ * codec.c). After blob_writer_hot(w, true) added chunks join the hot group
  * until blob_writer_hot(w, false); a switch closes the open batch frame,
  * so no frame mixes groups. blob_writer_add returns a hot chunk's uoff
  * relative to the hot run, which starts at *@hot_uoff of finish. The file

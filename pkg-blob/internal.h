@@ -26,6 +26,8 @@ struct blob_codec_ctx {
 
 /* Known codec and a level it supports (0 = its default). */
 bool blob_compress_valid(const struct blob_compress *c);
+/* @c at the level the writer's hot run is compressed with (codec.c). */
+struct blob_compress blob_compress_hot(const struct blob_compress *c);
 
 void blob_codec_ctx_release(struct blob_codec_ctx *ctx);
 

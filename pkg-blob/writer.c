@@ -16,10 +16,11 @@
  * context reset per frame, and the frames are written in order. Thread
  * count and timing cannot change it.
  *
- * Hot group (blob_writer_hot): its frames are written to a staging file as
- * they complete and copied behind the others by blob_writer_finish, with
- * their slots after every other slot; the table stays sorted by uoff and
- * the frames consecutive (format.c), so readers see an ordinary blob.
+ * Hot group (blob_writer_hot): its frames are compressed at the codec's
+ * densest practical level (blob_compress_hot), written to a staging file
+ * as they complete and copied behind the others by blob_writer_finish,
+ * with their slots after every other slot; the table stays sorted by uoff
+ * and the frames consecutive (format.c), so readers see an ordinary blob.
  *
  * Frame policy (BLOB_BATCH_SMALL / BLOB_BATCH_MAX), measured on a Debian
  * minbase rootfs (170 MB tar, 60.5 MB tar.gz; its files > 256 bytes in tar
@@ -122,7 +123,7 @@ struct group {
 };
 
 struct blob_writer {
-	struct blob_compress c;
+	struct blob_compress c, hot_c; /* cold and hot frames' */
 	uint32_t batch_small, batch_max;
 	struct blob_codec_ctx ctx; /* compresses inline when nr_workers is 0 */
 	struct frame *frames;      /* the window */
@@ -240,8 +241,8 @@ static void write_ready(struct blob_writer *w)
 static int frame_compress(struct blob_writer *w, struct blob_codec_ctx *ctx,
 			  struct frame *f)
 {
-	return blob_codec_compress(ctx, &w->c, f->in, f->in_len, f->out,
-				   &f->out_len, &f->codec);
+	return blob_codec_compress(ctx, f->group == GROUP_HOT ? &w->hot_c : &w->c,
+				   f->in, f->in_len, f->out, &f->out_len, &f->codec);
 }
 
 /* Called with the lock held, by whoever compressed @f. */
@@ -435,6 +436,7 @@ int blob_writer_set_hot_stage(struct blob_writer *w, int stage_fd)
 	if (w->groups[GROUP_HOT].fd >= 0 || w->next_seq)
 		return -EBUSY;
 	w->groups[GROUP_HOT].fd = stage_fd;
+	w->hot_c = blob_compress_hot(&w->c);
 	return 0;
 }
 

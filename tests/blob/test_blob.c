@@ -761,6 +761,26 @@ static void test_writer_hot(void)
 		free(data[i]);
 }
 
+/* The hot run's level: denser within the chosen codec, never another. */
+static void test_compress_hot(void)
+{
+	static const struct { struct blob_compress in; int level; } cases[] = {
+		{ { BLOB_CODEC_ZSTD, 0 }, 18 },  { { BLOB_CODEC_ZSTD, 3 }, 18 },
+		{ { BLOB_CODEC_ZSTD, 22 }, 22 }, { { BLOB_CODEC_LZ4, 0 }, 12 },
+		{ { BLOB_CODEC_LZ4, 4 }, 12 },   { { BLOB_CODEC_LZMA, 6 }, 6 },
+		{ { BLOB_CODEC_NONE, 0 }, 0 },
+	};
+	size_t i;
+
+	for (i = 0; i < ARRAY_SIZE(cases); i++) {
+		struct blob_compress hot = blob_compress_hot(&cases[i].in);
+
+		CHECK_EQ(hot.codec, cases[i].in.codec);
+		CHECK_EQ(hot.level, cases[i].level);
+		CHECK(blob_compress_valid(&hot));
+	}
+}
+
 /* A staging file that cannot be written fails the blob, and it sticks. */
 static void test_writer_hot_stage_error(void)
 {
@@ -1792,6 +1812,7 @@ int main(void)
 	RUN_TEST(test_writer_errors);
 	RUN_TEST(test_writer_hot);
 	RUN_TEST(test_writer_hot_stage_error);
+	RUN_TEST(test_compress_hot);
 	RUN_TEST(test_writer_write_errors);
 	RUN_TEST(test_writer_abort_in_flight);
 	RUN_TEST(test_empty_blob);
