@@ -18,7 +18,7 @@
 #   one copy on disk (the kernel's cache files, not the chunk cache);
 #   ferry cache ls/gc/prune of CACHE/fscache, bound and not; kill -9 of
 #   ferryd: the keeper's successor (same --log-file) takes over; 10
-#   ferry daemon upgrades while 4 readers read a cold mount; ferryd
+#   ferry daemon upgrades while 16 readers read a cold mount; ferryd
 #   and keeper killed: EIO, and ferry umount works; --prefetch-all fills
 #   the kernel's cache files; cachefiles over a FUSE-filled chunk cache
 #   fetches nothing
