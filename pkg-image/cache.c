@@ -428,15 +428,15 @@ int image_cache_open(struct image *img, const char *cache_dir,
 	for (i = 0; i < n; i++)
 		memcpy(digests[i], img->blobs.blobs[i].digest, BLOB_DIGEST_SIZE);
 	/* Recorded first, so a concurrent gc keeps what is being filled,
-	 * with the documents and bootstrap a takeover reads back (meta/,
-	 * bootstraps/: image_meta_gc). */
+	 * with the documents and the bootstrap file the cache may hold for
+	 * it (meta/, bootstraps/: image_meta_gc); a dir: image has no config. */
 	memcpy(keep[0], img->image_digest, BLOB_DIGEST_SIZE);
 	memcpy(keep[1], img->bootstrap_digest, BLOB_DIGEST_SIZE);
 	memcpy(keep[2], img->config_digest, BLOB_DIGEST_SIZE);
 	ret = blob_cache_add_image(cache_dir, img->ref, img->image_digest,
 				   (const uint8_t (*)[BLOB_DIGEST_SIZE])digests, n,
 				   (const uint8_t (*)[BLOB_DIGEST_SIZE])keep,
-				   img->remote ? 3 : 0);
+				   mem_is_zero(keep[2], BLOB_DIGEST_SIZE) ? 2 : 3);
 	for (i = 0; !ret && i < n; i++) {
 		ret = image_blob_source(img, i, &ic->tsrcs[i].inner);
 		ic->tsrcs[i].ic = ic;
