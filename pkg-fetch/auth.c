@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MIT
 /*
  * Authentication (distribution docs spec/auth/{token,oauth,scope}.md):
- * the first request pings /v2/; a 401 names the scheme. Basic sends the
+ * a 401 names the scheme, to the /v2/ ping where there is one (see
+ * registry_open), else to the first request. Basic sends the
  * credentials on every request. Bearer trades them (or nothing, for
  * anonymous pulls) at the realm for a token per scope list — GET with
  * Basic auth, or an OAuth2 refresh_token POST for identity tokens,
@@ -379,13 +380,6 @@ static int ping_locked(struct registry *r)
 		r->auth_kind = REG_AUTH_NONE;
 	} else if (resp.status == 401) {
 		err = learn_challenge(r, &resp, &changed, &insufficient);
-	} else if (resp.status == 400 && !strncmp(r->base, "http://", 7) &&
-		   resp.body && strcasestr((const char *)resp.body, "https")) {
-		/* Go and nginx answer plain http on a TLS port this way. */
-		ferry_err("%s: %s: HTTP 400, the registry speaks https only "
-			  "(plain http was used: %s)", r->name, q.what,
-			  r->plain_why ? r->plain_why : "");
-		err = -EPROTO;
 	} else {
 		err = http_status_error(r, q.what, &resp);
 	}
@@ -661,7 +655,8 @@ int auth_rejected(struct registry *r, const struct reg_scope *sc,
 	err = learn_challenge(r, resp, &changed, &insufficient);
 	if (err)
 		goto out;
-	if (changed)
+	/* Sent before any challenge was known (no ping): answer it now. */
+	if (changed || (!used && r->auth_kind != REG_AUTH_NONE))
 		goto retry;
 	if (r->auth_kind == REG_AUTH_BEARER && used) {
 		/* Forget the refused token: the next attempt fetches anew. */

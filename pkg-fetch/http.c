@@ -808,10 +808,14 @@ void http_try_backoff(struct http_try *t, int err,
 
 bool http_try_next(struct http_try *t, int err, const struct http_resp *resp)
 {
-	switch (http_judge(err, resp, t->scope && !t->reauthed)) {
+	bool *answered = t->auth ? &t->reauthed : &t->challenged;
+
+	switch (http_judge(err, resp, t->scope && !*answered)) {
 	case HTTP_REAUTH:
-		/* Once: a second 401 means the new credentials failed too. */
-		t->reauthed = true;
+		/* Once each: the challenge to a request sent before any was
+		 * known, and a refusal of credentials (a second means the
+		 * new credentials failed too). */
+		*answered = true;
 		return !auth_rejected(t->r, t->scope, resp, t->auth);
 	case HTTP_RETRY:
 		if (http_try_last(t))
@@ -923,6 +927,13 @@ int http_status_error(struct registry *r, const char *what,
 		err = -ERANGE;
 		ferry_err("%s: %s: range not satisfiable%s", r->name, what,
 			  detail);
+	} else if (st == 400 && !strncmp(r->base, "http://", 7) && resp->body &&
+		   strcasestr((const char *)resp->body, "https")) {
+		/* Go and nginx answer plain http on a TLS port this way. */
+		err = -EPROTO;
+		ferry_err("%s: %s: HTTP 400, the registry speaks https only "
+			  "(plain http was used: %s)", r->name, what,
+			  r->plain_why ? r->plain_why : "");
 	} else {
 		err = -EPROTO;
 		ferry_err("%s: %s: unexpected HTTP status %ld%s", r->name, what,

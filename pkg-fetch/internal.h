@@ -382,7 +382,9 @@ struct http_try {
 	const struct reg_scope *scope; /* registry credentials, or NULL */
 	bool once;          /* no retries (a 401 is still answered) */
 	unsigned int attempt; /* retries so far */
-	bool reauthed;      /* a 401 was answered already */
+	bool challenged;    /* a 401 to a request without credentials
+			     * (none known yet) was answered already */
+	bool reauthed;      /* a 401 to credentials was answered already */
 	char *auth;         /* the Authorization line of this attempt */
 };
 
@@ -401,7 +403,7 @@ bool http_cancelled(const struct registry *r);
  */
 bool http_cleartext_ok(const char *const *insecure, const char *url);
 
-/* Ping /v2/ and set t->auth for t->scope (NULL without one). */
+/* Ping /v2/ if due and set t->auth for t->scope (NULL without one). */
 int http_try_auth(struct http_try *t);
 /* No retry is left (the budget, the deadline, or a cancel). */
 bool http_try_last(const struct http_try *t);

@@ -198,6 +198,14 @@ int registry_open(const struct fetch_ref *ref, const struct fetch_opts *opts,
 		plain = false;
 	if (asprintf(&r->base, "%s://%s", plain ? "http" : "https", r->host) < 0)
 		goto fail;
+	/*
+	 * A pull skips the /v2/ ping where it would decide nothing: the first
+	 * request's 401 teaches the challenge as the ping's would, and every
+	 * cold mount saves a round trip. It stays where https without
+	 * verification may fall back to http, and for pushes, which learn
+	 * the challenge before they send a body.
+	 */
+	r->pinged = access == FETCH_PULL && (plain || !r->tls_noverify);
 	err = find_mirror(r);
 	if (!err)
 		err = load_resolve(r);

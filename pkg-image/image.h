@@ -185,6 +185,9 @@ struct image_opts {
 	 * with -ESTALE when it now holds another image. NULL: any.
 	 */
 	const uint8_t *digest;
+	/* docker: leave the image's config unfetched (a mount never reads
+	 * it): one round trip less before a lazy mount is served. */
+	bool no_config;
 };
 
 /* @ref: dir:, oci:, docker:// or a bare path; @opts may be NULL. */

@@ -58,6 +58,9 @@ struct oci_loader {
 	int (*load)(void *ctx, const struct oci_descriptor *d, bool manifest,
 		    uint8_t **data, size_t *len);
 	void *ctx;
+	/* The caller never reads the config (a mount): not loaded, one
+	 * round trip less to a registry; img->config is still parsed. */
+	bool skip_config;
 };
 
 /* A loader over the blobs of the layout @ctx (a PATH string). */
@@ -89,10 +92,11 @@ int oci_layout_open(const char *path, const char *tag, const char *platform,
 /*
  * The same for "HOST[:PORT]/REPO[:TAG|@DIGEST]" in a registry (remote.c);
  * img->remote stays open for reading blobs. @opts: fetch, platform, and
- * cache_dir / digest as image_open takes them (NULL: none).
+ * cache_dir / digest as image_open takes them (NULL: none); the config is
+ * loaded only @with_config.
  */
 int oci_remote_open(const char *ref, const struct image_opts *opts,
-		    struct oci_image *img);
+		    bool with_config, struct oci_image *img);
 
 /*
  * Local copies of content-addressed bytes under a chunk cache,

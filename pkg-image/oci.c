@@ -325,11 +325,13 @@ int oci_image_resolve(struct oci_image *img, const struct oci_descriptor *top,
 		return -EFSCORRUPTED;
 	}
 	/* Converted images carry the config along: load and check it now. */
-	ret = load_json(img, l, &img->config, false, &doc_config,
-			&img->config_data, &img->config_len);
-	if (ret)
-		return ret;
-	json_object_put(doc_config);
+	if (!l->skip_config) {
+		ret = load_json(img, l, &img->config, false, &doc_config,
+				&img->config_data, &img->config_len);
+		if (ret)
+			return ret;
+		json_object_put(doc_config);
+	}
 	if (!json_object_object_get_ex(img->manifest, "layers", &layers) ||
 	    !json_object_is_type(layers, json_type_array)) {
 		ferry_err("%s: manifest has no layers array", img->where);
@@ -375,7 +377,7 @@ int oci_layout_open(const char *path, const char *tag, const char *platform,
 	ret = oci_index_pick(index, path, tag, &d);
 	if (!ret)
 		ret = oci_image_resolve(img, &d, platform,
-					&(struct oci_loader){ oci_layout_load, img->layout });
+					&(struct oci_loader){ .load = oci_layout_load, .ctx = img->layout });
 out:
 	json_object_put(index);
 	free(index_path);
@@ -390,7 +392,7 @@ int oci_image_open(const struct image_ref *ref, const char *platform,
 	if (ref->transport == IMAGE_DOCKER)
 		return oci_remote_open(ref->path,
 				       &(struct image_opts){ .fetch = fopts, .platform = platform },
-				       img);
+				       true, img);
 	if (ref->transport == IMAGE_OCI)
 		return oci_layout_open(ref->path, ref->tag, platform, img);
 	memset(img, 0, sizeof(*img));

@@ -67,7 +67,7 @@ check:
 }
 
 int oci_remote_open(const char *ref, const struct image_opts *opts,
-		    struct oci_image *img)
+		    bool with_config, struct oci_image *img)
 {
 	struct remote_loader l = { .cache_dir = opts ? opts->cache_dir : NULL };
 	struct fetch_ref fref = { 0 };
@@ -115,7 +115,8 @@ int oci_remote_open(const char *ref, const struct image_opts *opts,
 	memcpy(top.digest, l.top_digest, 32);
 	top.size = l.top.len;
 	ret = oci_image_resolve(img, &top, opts ? opts->platform : NULL,
-				&(struct oci_loader){ remote_load, &l });
+				&(struct oci_loader){ .load = remote_load, .ctx = &l,
+						      .skip_config = !with_config });
 out:
 	fetch_buf_free(&l.top);
 	fetch_ref_free(&fref);
@@ -194,7 +195,7 @@ int oci_push(const char *layout, const uint8_t manifest_digest[32],
 		goto out;
 	}
 	ret = oci_image_resolve(&img, &top, NULL,
-				&(struct oci_loader){ oci_layout_load, img.layout });
+				&(struct oci_loader){ .load = oci_layout_load, .ctx = img.layout });
 	if (ret)
 		goto out;
 	ret = registry_open(&ref, fopts, FETCH_PUSH, &reg);

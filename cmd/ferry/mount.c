@@ -400,7 +400,8 @@ static int mount_local(const char *ref, const char *target, const char *cache_di
 				  ferry_strerror(ret));
 		return ret ? EXIT_FAIL : EXIT_OK;
 	}
-	ret = image_open(ref, &(struct image_opts){ .fetch = &ro->fetch }, &img);
+	ret = image_open(ref, &(struct image_opts){ .fetch = &ro->fetch, .no_config = true },
+			 &img);
 	if (ret)
 		return ret == -EINVAL ? EXIT_USAGE : EXIT_FAIL;
 	ret = image_mount_local(img, cache_dir, target, flags);

@@ -417,7 +417,11 @@ fail:
 static int mount_setup(struct fmount *m, const char *what, char *err,
 		       size_t errlen)
 {
-	struct image_opts opts = { .fetch = &m->req.fetch, .cache_dir = m->req.cache_dir };
+	struct image_opts opts = {
+		.fetch = &m->req.fetch,
+		.cache_dir = m->req.cache_dir,
+		.no_config = true,
+	};
 	uint8_t pin[BLOB_DIGEST_SIZE];
 	struct log_capture cap;
 	char why[1024] = "";

@@ -149,6 +149,17 @@ for mode in fuse fanotify; do
 	expect_sh "$mode: default retries: the 503 was served ($(fp_stat faults))" \
 		'[ "$(fp_stat faults)" -eq 1 ]'
 
+	# --- what a cold mount asks before it is served ------------------------------
+	fp_reset
+	if check "$mode: a cold mount through the proxy" rmount $mode "$PIMG"; then
+		# No /v2/ ping and no config: the manifest and the bootstrap only.
+		expect_sh "$mode: a cold mount: the manifest and one blob, nothing else" \
+			'[ "$(fp_log | grep -cE "^GET /v2/t/x/manifests/1 .*-> 200")" = 1 ] &&
+			 [ "$(fp_log | grep -cE "^GET /v2/t/x/blobs/sha256:[0-9a-f]{64} .*-> 200")" = 1 ] &&
+			 [ "$(fp_log | wc -l)" = 2 ]' || fp_log | sed 's/^/    /'
+		check "$mode: a cold mount: umount" fumount "$M"
+	fi
+
 	# --- --stall-timeout: every blob GET stalls mid-body ---------------------------
 	fp_set stall count=-1 "method=^GET$" path=/blobs/ delay=3
 	mount_fails $mode "--stall-timeout 1, 3 s stalls" 'timeout was reached|timed out|too slow' \

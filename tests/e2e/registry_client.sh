@@ -194,6 +194,11 @@ suite() { # MODE
 		rc "$m-range-$3" "${C[@]}" range "$R" "$BIG_D" "$1" "$2"
 		rc_expect "$m: range at the $3 ($1+$2)" rc_out_is "$SCRATCH/want"
 	done
+	# A pull sends no /v2/ ping: 16 first requests at once on one client
+	# each meet the challenge, and every one must still get through.
+	reg_slice "$IMG/big.tar" 4096 65536 >"$SCRATCH/want"
+	rc "$m-range-parallel" "${C[@]}" --parallel 16 range "$R" "$BIG_D" 4096 65536
+	rc_expect "$m: 16 concurrent first range reads on one client" rc_out_is "$SCRATCH/want"
 	rc "$m-range-416" "${C[@]}" range "$R" "$BIG_D" $((BIG_S + 10)) 10
 	rc_expect "$m: range beyond the blob (416) fails" rc_failed
 	rc "$m-range-past" "${C[@]}" range "$R" "$BIG_D" $((BIG_S - 10)) 20

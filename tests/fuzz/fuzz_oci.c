@@ -127,7 +127,7 @@ static void fuzz_resolve(struct docs *docs)
 	if (!oci.where)
 		return;
 	if (!oci_image_resolve(&oci, &top, "linux/amd64",
-			       &(struct oci_loader){ fuzz_load, docs })) {
+			       &(struct oci_loader){ .load = fuzz_load, .ctx = docs })) {
 		check_oci(&oci);
 		if (!image_expect_manifest(&img, &oci, &e))
 			check_image(&img, &e, oci.nr_layers - 1);

@@ -17,6 +17,7 @@
  */
 #include <fcntl.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,6 +38,7 @@ static void usage(void)
 		"         --tls-verify=false  --ca-file FILE  --mirror HOST[:PORT]=URL\n"
 		"         --resolve HOST:PORT:ADDR  --retries N  --connect-ms N\n"
 		"         --stall-ms N  --request-ms N  --stats  --debug\n"
+		"         --parallel N (range: N threads at once, 1..32)\n"
 		"commands: manifest REF | exists REF DIGEST | blob REF DIGEST SIZE\n"
 		"          getblob REF DIGEST SIZE | range REF DIGEST OFF LEN\n"
 		"          push-blob REF FILE [MOUNT_FROM_REPO]\n"
@@ -139,24 +141,68 @@ static int cmd_getblob(struct registry *r, const uint8_t d[FETCH_DIGEST_SIZE],
 	return err;
 }
 
-static int cmd_range(struct registry *r, const uint8_t d[FETCH_DIGEST_SIZE],
-		     uint64_t off, uint64_t len)
-{
+#define PARALLEL_MAX 32
+
+struct range_get {
+	struct registry *r;
+	const uint8_t *d;
+	uint64_t off, len;
 	uint8_t *buf;
 	int err;
+};
+
+static void *range_get(void *arg)
+{
+	struct range_get *g = arg;
+
+	g->err = registry_get_range(g->r, g->d, g->off, g->len, g->buf);
+	return NULL;
+}
+
+/*
+ * The range @parallel times at once through the one client (its first
+ * requests race each other: authentication must hold for all); every
+ * copy must be the same bytes.
+ */
+static int cmd_range(struct registry *r, const uint8_t d[FETCH_DIGEST_SIZE],
+		     uint64_t off, uint64_t len, unsigned int parallel)
+{
+	struct range_get g[PARALLEL_MAX] = { 0 };
+	pthread_t th[PARALLEL_MAX];
+	unsigned int i, started = 0;
+	int err = 0;
 
 	if (len > (1ull << 32)) {
 		ferry_err("range of %" PRIu64 " bytes is too large for this tool",
 			  len);
 		return -EFBIG;
 	}
-	buf = malloc(len ? (size_t)len : 1);
-	if (!buf)
-		return -ENOMEM;
-	err = registry_get_range(r, d, off, len, buf);
+	for (i = 0; i < parallel; i++) {
+		g[i] = (struct range_get){ r, d, off, len, malloc(len ? (size_t)len : 1), 0 };
+		if (!g[i].buf) {
+			err = -ENOMEM;
+			goto out;
+		}
+	}
+	for (; started < parallel; started++)
+		if (pthread_create(&th[started], NULL, range_get, &g[started])) {
+			err = -EAGAIN;
+			break;
+		}
+	for (i = 0; i < started; i++)
+		pthread_join(th[i], NULL);
+	for (i = 0; !err && i < parallel; i++) {
+		err = g[i].err;
+		if (!err && memcmp(g[i].buf, g[0].buf, (size_t)len)) {
+			ferry_err("parallel range read %u got other bytes", i);
+			err = -EIO;
+		}
+	}
 	if (!err)
-		err = out_write(buf, (size_t)len);
-	free(buf);
+		err = out_write(g[0].buf, (size_t)len);
+out:
+	for (i = 0; i < parallel; i++)
+		free(g[i].buf);
 	return err;
 }
 
@@ -297,6 +343,7 @@ int main(int argc, char **argv)
 	struct registry *r = NULL;
 	enum fetch_access access = FETCH_PULL;
 	bool stats = false;
+	unsigned int parallel = 1;
 	const char *cmd;
 	uint8_t d[FETCH_DIGEST_SIZE];
 	uint64_t a = 0, b = 0;
@@ -337,6 +384,11 @@ int main(int argc, char **argv)
 			if (fetch_check_resolve(v))
 				return 2;
 			resolve[nr_resolve++] = v;
+			i++;
+		} else if (!strcmp(o, "--parallel")) {
+			if (parse_uint_arg(v, &parallel) || !parallel ||
+			    parallel > PARALLEL_MAX)
+				goto bad_usage;
 			i++;
 		} else if (!strcmp(o, "--retries")) {
 			if (parse_uint_arg(v, &opts.retries))
@@ -414,7 +466,7 @@ int main(int argc, char **argv)
 	} else if (!strcmp(cmd, "getblob")) {
 		err = cmd_getblob(r, d, a);
 	} else if (!strcmp(cmd, "range")) {
-		err = cmd_range(r, d, a, b);
+		err = cmd_range(r, d, a, b, parallel);
 	} else if (!strcmp(cmd, "push-blob")) {
 		err = cmd_push_blob(r, argv[i + 2], nargs == 2 ? argv[i + 3] : NULL);
 	} else if (!strcmp(cmd, "push-manifest")) {
