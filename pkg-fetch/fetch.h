@@ -180,7 +180,8 @@ enum fetch_access {
  * A client for one repository of one registry. Does no I/O yet: the
  * first request negotiates authentication (anonymous Bearer tokens
  * included), after a /v2/ ping for pushes and for https without
- * verification, which may fall back to plain http. @opts and its strings must outlive the client.
+ * verification (which may fall back to plain http). @opts and its
+ * strings must outlive the client.
  * HTTP(S) proxies come from the usual environment variables
  * (https_proxy, http_proxy, no_proxy), as libcurl reads them.
  */

@@ -157,7 +157,7 @@ static int locate_manifest(struct image *img, const struct image_ref *r,
 	struct oci_image oci;
 	int ret;
 
-	ret = r->transport == IMAGE_DOCKER ? oci_remote_open(r->path, opts, !opts->no_config, &oci) :
+	ret = r->transport == IMAGE_DOCKER ? oci_remote_open(r->path, opts, &oci) :
 					     oci_image_open(r, opts->platform, opts->fetch, &oci);
 	if (ret)
 		return ret;

@@ -92,11 +92,10 @@ int oci_layout_open(const char *path, const char *tag, const char *platform,
 /*
  * The same for "HOST[:PORT]/REPO[:TAG|@DIGEST]" in a registry (remote.c);
  * img->remote stays open for reading blobs. @opts: fetch, platform, and
- * cache_dir / digest as image_open takes them (NULL: none); the config is
- * loaded only @with_config.
+ * cache_dir / digest / no_config as image_open takes them (NULL: none).
  */
 int oci_remote_open(const char *ref, const struct image_opts *opts,
-		    bool with_config, struct oci_image *img);
+		    struct oci_image *img);
 
 /*
  * Local copies of content-addressed bytes under a chunk cache,

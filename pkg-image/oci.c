@@ -392,7 +392,7 @@ int oci_image_open(const struct image_ref *ref, const char *platform,
 	if (ref->transport == IMAGE_DOCKER)
 		return oci_remote_open(ref->path,
 				       &(struct image_opts){ .fetch = fopts, .platform = platform },
-				       true, img);
+				       img);
 	if (ref->transport == IMAGE_OCI)
 		return oci_layout_open(ref->path, ref->tag, platform, img);
 	memset(img, 0, sizeof(*img));

@@ -67,7 +67,7 @@ check:
 }
 
 int oci_remote_open(const char *ref, const struct image_opts *opts,
-		    bool with_config, struct oci_image *img)
+		    struct oci_image *img)
 {
 	struct remote_loader l = { .cache_dir = opts ? opts->cache_dir : NULL };
 	struct fetch_ref fref = { 0 };
@@ -116,7 +116,7 @@ int oci_remote_open(const char *ref, const struct image_opts *opts,
 	top.size = l.top.len;
 	ret = oci_image_resolve(img, &top, opts ? opts->platform : NULL,
 				&(struct oci_loader){ .load = remote_load, .ctx = &l,
-						      .skip_config = !with_config });
+						      .skip_config = opts && opts->no_config });
 out:
 	fetch_buf_free(&l.top);
 	fetch_ref_free(&fref);
