@@ -65,11 +65,15 @@
  * Directory prediction: a miss in a file of at most RA_DIR_FILE bytes
  * (one chunk) in directory D queues, once per D, D's other such files
  * within RA_DIR_SPAN blob bytes around it, and the first such file of up
- * to RA_DIR_SIBLINGS of D's sibling directories.
+ * to RA_DIR_SIBLINGS of D's sibling directories; only for a D at least
+ * RA_DIR_DEPTH deep (/usr/lib/python3.11 is 3): the directories nearer
+ * the root (/etc, /usr/bin, /usr/lib) hold unrelated programs' files,
+ * and predicting them took the link from the next stalls of a startup.
  */
 #define RA_DIR_FILE (256u << 10)
 #define RA_DIR_SPAN (4u << 20)
 #define RA_DIR_SIBLINGS 32
+#define RA_DIR_DEPTH 3
 /*
  * Only when a fetch's latency is at least this: below it a stall costs
  * less than the predicted frames' decoding and verifying (a registry on
@@ -105,6 +109,7 @@ struct ra_nidx {
 struct ra_dir {
 	uint32_t parent, first, nr;
 	uint32_t kids, nr_kids; /* its subdirectories: kids[kids, kids + nr_kids) */
+	uint32_t depth;         /* path components: / is 0, /usr/lib 2 */
 	bool done;              /* predicted already */
 };
 
@@ -265,7 +270,9 @@ static int dir_add(struct image_cache *ic, const char *path,
 		    array_reserve(&ic->walk_stack, &ic->walk_depth_cap, depth + 1,
 				  sizeof(*ic->walk_stack), 32))
 			return -ENOMEM;
-		ic->dirs[ic->nr_dirs] = (struct ra_dir){ .parent = parent };
+		ic->dirs[ic->nr_dirs] = (struct ra_dir){
+			.parent = parent, .depth = (uint32_t)depth,
+		};
 		ic->walk_stack[depth] = (uint32_t)ic->nr_dirs++;
 		return 0;
 	}
@@ -749,12 +756,12 @@ static void ra_dir(struct image_cache *ic, uint64_t nid)
 	if (!atomic_load(&ic->owners_ready) || ic->rtt_s < RA_DIR_RTT_MIN)
 		return;
 	f = dfile_find(ic, nid);
-	if (!f || ic->dirs[f->dir].done)
+	if (!f || ic->dirs[f->dir].done || ic->dirs[f->dir].depth < RA_DIR_DEPTH)
 		return;
 	d = &ic->dirs[f->dir];
 	d->done = true;
 	p = &ic->dirs[d->parent];
-	for (i = 0; f->dir && i < p->nr_kids && nr_sibs < RA_DIR_SIBLINGS; i++) {
+	for (i = 0; i < p->nr_kids && nr_sibs < RA_DIR_SIBLINGS; i++) {
 		const struct ra_dir *s = &ic->dirs[ic->kids[p->kids + i]];
 
 		if (s != d && s->nr)
