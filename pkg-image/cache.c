@@ -15,8 +15,10 @@
  * per fault. The window is a few bandwidth-delay products of the link,
  * measured on the fetches themselves; it starts small and doubles while
  * a reader keeps reaching it, so a sequential reader stays ahead and a
- * random one wastes little. The background fetches go through
- * blob_cache_ensure like any other: verified, one per frame.
+ * random one wastes little. A miss in a small file also predicts the
+ * rest of its directory and the packages beside it (ra_dir). The
+ * background fetches go through blob_cache_ensure like any other:
+ * verified, one per frame.
  */
 #include <fcntl.h>
 #include <pthread.h>
@@ -59,6 +61,25 @@
 #define RA_BDP_FACTOR 4
 /* Fetches this large or larger also measure the bandwidth. */
 #define RA_BW_SAMPLE (128u << 10)
+/*
+ * Directory prediction: a miss in a file of at most RA_DIR_FILE bytes
+ * (one chunk) in directory D queues, once per D, D's other such files
+ * within RA_DIR_SPAN blob bytes around it, and the first such file of up
+ * to RA_DIR_SIBLINGS of D's sibling directories; only for a D at least
+ * RA_DIR_DEPTH deep (/usr/lib/python3.11 is 3): the directories nearer
+ * the root (/etc, /usr/bin, /usr/lib) hold unrelated programs' files,
+ * and predicting them took the link from the next stalls of a startup.
+ */
+#define RA_DIR_FILE (256u << 10)
+#define RA_DIR_SPAN (4u << 20)
+#define RA_DIR_SIBLINGS 32
+#define RA_DIR_DEPTH 3
+/*
+ * Only when a fetch's latency is at least this: below it a stall costs
+ * less than the predicted frames' decoding and verifying (a registry on
+ * loopback measures 5-20 ms, most of it the registry's own).
+ */
+#define RA_DIR_RTT_MIN 0.025
 
 struct ra_job {
 	uint32_t index;
@@ -70,6 +91,26 @@ struct ra_owner {
 	uint32_t index;
 	uint32_t len;
 	uint64_t uoff, nid;
+};
+
+/* A one-chunk small file, by directory (for directory prediction). */
+struct ra_dfile {
+	uint64_t nid, uoff;
+	uint32_t dir, index, len;
+};
+
+/* Where a small file is in dfiles, by inode. */
+struct ra_nidx {
+	uint64_t nid;
+	uint32_t i;
+};
+
+/* A directory: its small files dfiles[first, first + nr), its parent. */
+struct ra_dir {
+	uint32_t parent, first, nr;
+	uint32_t kids, nr_kids; /* its subdirectories: kids[kids, kids + nr_kids) */
+	uint32_t depth;         /* path components: / is 0, /usr/lib 2 */
+	bool done;              /* predicted already */
 };
 
 /* A source read that is timed, to estimate the link. */
@@ -114,6 +155,14 @@ struct image_cache {
 	/* Sorted by (index, uoff), set once by the first readahead thread. */
 	struct ra_owner *owners;
 	size_t nr_owners, owners_cap;
+	/* Directory prediction's map, built with the owners. */
+	struct ra_dfile *dfiles;
+	struct ra_nidx *dfile_by_nid;
+	struct ra_dir *dirs;
+	uint32_t *kids;
+	size_t nr_dfiles, dfiles_cap, nr_dirs, dirs_cap;
+	uint32_t *walk_stack; /* the walk's directories by depth */
+	size_t walk_depth_cap;
 	atomic_bool owners_claimed, owners_ready;
 	double rtt_s, bw_Bps; /* link estimates, 0 = none yet */
 	struct image_prefetch_sink sink; /* put: prefetch goes there */
@@ -147,6 +196,10 @@ void image_cache_close(struct image_cache *ic)
 	free(ic->tsrcs);
 	free(ic->ra_win);
 	free(ic->owners);
+	free(ic->dfiles);
+	free(ic->dfile_by_nid);
+	free(ic->kids);
+	free(ic->dirs);
 	free(ic->planned);
 	free(ic);
 }
@@ -194,6 +247,56 @@ static uint64_t ra_budget(struct image_cache *ic)
 static int ensure(struct image_cache *ic, uint32_t index, uint64_t uoff,
 		  uint64_t len, bool demand);
 
+/*
+ * The walk's directory tree: @path's depth names its parent on the
+ * stack (meta_walk visits a directory before its entries, depth first).
+ * Files of one chunk of at most RA_DIR_FILE bytes go into dfiles.
+ */
+static int dir_add(struct image_cache *ic, const char *path,
+		   const struct meta_stat *st)
+{
+	struct meta_chunk mc;
+	size_t depth = 0;
+	uint32_t parent;
+	const char *p;
+	int ret;
+
+	for (p = path; *p && path[1]; p++)
+		depth += *p == '/';
+	parent = depth ? ic->walk_stack[depth - 1] : 0;
+	if (S_ISDIR(st->mode)) {
+		if (array_reserve(&ic->dirs, &ic->dirs_cap, ic->nr_dirs + 1,
+				  sizeof(*ic->dirs), 256) ||
+		    array_reserve(&ic->walk_stack, &ic->walk_depth_cap, depth + 1,
+				  sizeof(*ic->walk_stack), 32))
+			return -ENOMEM;
+		ic->dirs[ic->nr_dirs] = (struct ra_dir){
+			.parent = parent, .depth = (uint32_t)depth,
+		};
+		ic->walk_stack[depth] = (uint32_t)ic->nr_dirs++;
+		return 0;
+	}
+	if (!depth || !S_ISREG(st->mode) || st->nr_chunks != 1 ||
+	    !st->size || st->size > RA_DIR_FILE)
+		return 0;
+	ret = meta_get_chunk(ic->img->meta, st->nid, 0, &mc);
+	if (ret)
+		return ret;
+	if (mc.blkaddr == META_CHUNK_HOLE)
+		return 0;
+	if (mc.device_id < 1 || mc.device_id > ic->nr_blobs)
+		return -EFSCORRUPTED;
+	if (array_reserve(&ic->dfiles, &ic->dfiles_cap, ic->nr_dfiles + 1,
+			  sizeof(*ic->dfiles), 256))
+		return -ENOMEM;
+	ic->dfiles[ic->nr_dfiles++] = (struct ra_dfile){
+		.nid = st->nid, .dir = parent, .index = mc.device_id - 1u,
+		.uoff = (uint64_t)mc.blkaddr * META_BLOCK_SIZE,
+		.len = (uint32_t)st->size,
+	};
+	return 0;
+}
+
 static int owner_add(void *ctx, const char *path, const struct meta_stat *st)
 {
 	struct image_cache *ic = ctx;
@@ -201,7 +304,9 @@ static int owner_add(void *ctx, const char *path, const struct meta_stat *st)
 	uint64_t c;
 	int ret;
 
-	(void)path;
+	ret = dir_add(ic, path, st);
+	if (ret)
+		return ret;
 	if (!S_ISREG(st->mode) || !st->nr_chunks || st->size > RA_FILE_MAX)
 		return 0;
 	for (c = 0; c < st->nr_chunks && c * st->chunk_size < st->size; c++) {
@@ -235,15 +340,73 @@ static int owner_cmp(const void *a, const void *b)
 	return x->uoff < y->uoff ? -1 : x->uoff > y->uoff;
 }
 
+static int dfile_cmp(const void *a, const void *b)
+{
+	const struct ra_dfile *x = a, *y = b;
+
+	if (x->dir != y->dir)
+		return x->dir < y->dir ? -1 : 1;
+	if (x->index != y->index)
+		return x->index < y->index ? -1 : 1;
+	return x->uoff < y->uoff ? -1 : x->uoff > y->uoff;
+}
+
+static int nidx_cmp(const void *a, const void *b)
+{
+	const struct ra_nidx *x = a, *y = b;
+
+	return x->nid < y->nid ? -1 : x->nid > y->nid;
+}
+
+/* Directories' file ranges and subdirectory lists, from the walk's tables. */
+static int dirs_index(struct image_cache *ic)
+{
+	size_t i, n = ic->nr_dfiles;
+	uint32_t d, k;
+
+	ic->dfile_by_nid = malloc(MAX(n, (size_t)1) * sizeof(*ic->dfile_by_nid));
+	ic->kids = malloc(MAX(ic->nr_dirs, (size_t)1) * sizeof(*ic->kids));
+	if (!ic->dfile_by_nid || !ic->kids)
+		return -ENOMEM;
+	qsort(ic->dfiles, n, sizeof(*ic->dfiles), dfile_cmp);
+	for (i = 0; i < n; i++) {
+		struct ra_dir *dir = &ic->dirs[ic->dfiles[i].dir];
+
+		if (!dir->nr++)
+			dir->first = (uint32_t)i;
+		ic->dfile_by_nid[i] = (struct ra_nidx){ ic->dfiles[i].nid, (uint32_t)i };
+	}
+	qsort(ic->dfile_by_nid, n, sizeof(*ic->dfile_by_nid), nidx_cmp);
+	/* Preorder: a directory's subdirectories come after it, in order. */
+	for (d = 1; d < ic->nr_dirs; d++)
+		ic->dirs[ic->dirs[d].parent].nr_kids++;
+	for (d = 0, k = 0; d < ic->nr_dirs; d++) {
+		ic->dirs[d].kids = k;
+		k += ic->dirs[d].nr_kids;
+		ic->dirs[d].nr_kids = 0;
+	}
+	for (d = 1; d < ic->nr_dirs; d++) {
+		struct ra_dir *p = &ic->dirs[ic->dirs[d].parent];
+
+		ic->kids[p->kids + p->nr_kids++] = d;
+	}
+	return 0;
+}
+
 /*
  * The owners of every chunk of the files readahead may fetch whole, for
- * misses that name a blob range only (fanotify, cachefiles). Built in the
- * background: until it is there, such misses get the window alone.
+ * misses that name a blob range only (fanotify, cachefiles), and the
+ * directory tree of small files. Built in the background: until it is
+ * there, such misses get the window alone.
  */
 static void owners_build(struct image_cache *ic)
 {
 	int ret = meta_walk(ic->img->meta, owner_add, ic);
 
+	free(ic->walk_stack);
+	ic->walk_stack = NULL;
+	if (!ret)
+		ret = dirs_index(ic);
 	if (ret) {
 		ferry_dbg("%s: readahead: no map of files to blob ranges: %s",
 			  ic->img->ref, ferry_strerror(ret));
@@ -550,6 +713,86 @@ static void ra_file(struct image_cache *ic, const struct meta_stat *st)
 	pthread_mutex_unlock(&ic->ra_lock);
 }
 
+/* The small file @nid in the directory map, or NULL. */
+static const struct ra_dfile *dfile_find(const struct image_cache *ic, uint64_t nid)
+{
+	size_t lo = 0, hi = ic->nr_dfiles;
+
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		const struct ra_nidx *x = &ic->dfile_by_nid[mid];
+
+		if (x->nid == nid)
+			return &ic->dfiles[x->i];
+		if (x->nid < nid)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return NULL;
+}
+
+/*
+ * Directory prediction, after a miss in the small file @nid: a program
+ * that loads modules (a Python import, a dynamic linker's libraries,
+ * locale and gconv files) reads many small files of one directory, and
+ * goes on into the packages beside it, each its own stall as it faults
+ * in one new file after another. So, once per directory D, queue D's
+ * small files within RA_DIR_SPAN blob bytes around the miss (the window
+ * only goes forward) and the first small file of each of D's sibling
+ * directories (a package's __init__, usually in the frame of the rest of
+ * it). The threads take the newest job first: the siblings are queued
+ * last one first, then D's files, so that D goes first, then the
+ * siblings in directory order, all after the file's own pieces (which
+ * demand_ensure queues next). Under ra_lock.
+ */
+static void ra_dir(struct image_cache *ic, uint64_t nid)
+{
+	const struct ra_dfile *f, *g, *sibs[RA_DIR_SIBLINGS];
+	uint64_t lo, hi, run_off = 0, run_end = 0;
+	uint32_t i, run_index = 0, nr_sibs = 0;
+	struct ra_dir *d, *p;
+
+	if (!atomic_load(&ic->owners_ready) || ic->rtt_s < RA_DIR_RTT_MIN)
+		return;
+	f = dfile_find(ic, nid);
+	if (!f || ic->dirs[f->dir].done || ic->dirs[f->dir].depth < RA_DIR_DEPTH)
+		return;
+	d = &ic->dirs[f->dir];
+	d->done = true;
+	p = &ic->dirs[d->parent];
+	for (i = 0; i < p->nr_kids && nr_sibs < RA_DIR_SIBLINGS; i++) {
+		const struct ra_dir *s = &ic->dirs[ic->kids[p->kids + i]];
+
+		if (s != d && s->nr)
+			sibs[nr_sibs++] = &ic->dfiles[s->first];
+	}
+	while (nr_sibs--) {
+		g = sibs[nr_sibs];
+		if (!blob_cache_range_present(ic->blobs[g->index], g->uoff, g->len))
+			ra_push(ic, g->index, g->uoff, g->len);
+	}
+	lo = f->uoff > RA_DIR_SPAN / 2 ? f->uoff - RA_DIR_SPAN / 2 : 0;
+	hi = f->uoff + RA_DIR_SPAN / 2;
+	/* D's files, in runs of at most RA_STEP blob bytes. */
+	for (i = d->first; i < d->first + d->nr; i++) {
+		g = &ic->dfiles[i];
+		if (g->index != f->index || g->uoff + g->len <= lo || g->uoff >= hi)
+			continue;
+		if (run_end && g->index == run_index && g->uoff + g->len - run_off <= RA_STEP) {
+			run_end = MAX(run_end, g->uoff + g->len);
+			continue;
+		}
+		if (run_end)
+			ra_push(ic, run_index, run_off, run_end - run_off);
+		run_index = g->index;
+		run_off = g->uoff;
+		run_end = g->uoff + g->len;
+	}
+	if (run_end)
+		ra_push(ic, run_index, run_off, run_end - run_off);
+}
+
 static bool planned(struct image_cache *ic, uint32_t index, uint64_t uoff,
 		    uint64_t len);
 
@@ -584,6 +827,11 @@ static int demand_ensure(struct image_cache *ic, const struct meta_stat *st,
 		ra_queue(ic, index, uoff, len, true);
 		if (!st && !owner_find(ic, index, uoff, &owner))
 			st = &owner;
+		if (st && st->size <= RA_DIR_FILE && ic->ra_on) {
+			pthread_mutex_lock(&ic->ra_lock);
+			ra_dir(ic, st->nid);
+			pthread_mutex_unlock(&ic->ra_lock);
+		}
 		if (st)
 			ra_file(ic, st);
 	}

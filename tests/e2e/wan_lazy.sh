@@ -11,6 +11,10 @@
 #   - one reader alone, reading files one after another, still has more
 #     than one request in flight (readahead fetches ahead of it), most of
 #     them readahead's (fetchesAhead), and reads the reference bytes
+#   - directory prediction (through a second proxy, 15 ms each way: it
+#     needs 25 ms round trips): after a miss in a small file of a
+#     directory, the first small file of a sibling directory that lies
+#     before it in the blob (where no window reaches) reads without a fetch
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/oci_lib.sh"
 . "$(dirname "$0")/registry_lib.sh"
@@ -69,8 +73,92 @@ one_reader() { # MODE
 	check "ferry umount ($mode, one reader)" fumount "$m"
 }
 
+# Directory prediction's pair: A, a small file in the 32nd (or last) of
+# the subdirectories of one directory that hold small files, and B, the
+# small file of the first such subdirectory that comes first in the blob,
+# in a frame before A's ("PATH UOFF COFF" lines, A first).
+dir_pair() {
+	local w p
+	python3 - "$ref" <<'EOF' >"$SCRATCH/dirpair.paths" || return 1
+import os, sys
+ref = sys.argv[1]
+def small(d):
+    return [os.path.join(d, n) for n in sorted(os.listdir(d))
+            if os.path.isfile(os.path.join(d, n)) and not os.path.islink(os.path.join(d, n))
+            and 0 < os.path.getsize(os.path.join(d, n)) <= 65536]
+for top in ("usr/share/doc", "usr/share", "usr/lib", "etc"):
+    d = os.path.join(ref, top)
+    if not os.path.isdir(d):
+        continue
+    subs = [s for s in sorted(os.listdir(d))
+            if os.path.isdir(os.path.join(d, s)) and not os.path.islink(os.path.join(d, s))
+            and small(os.path.join(d, s))]
+    if len(subs) < 4:
+        continue
+    # The last subdirectory whose siblings, the first 32, include subs[0].
+    for p in small(os.path.join(d, subs[min(len(subs), 32) - 1])):
+        print("A", os.path.relpath(p, ref))
+    for p in small(os.path.join(d, subs[0])):
+        print("B", os.path.relpath(p, ref))
+    sys.exit(0)
+sys.exit(1)
+EOF
+	# Files stored in the bootstrap (no chunks) are never fetched: skipped.
+	while read -r w p; do
+		"$FERRY" inspect --json "$IMG" "/$p" | python3 -c '
+import json, sys
+c = json.load(sys.stdin).get("chunks", [])
+if len(c) == 1:
+    print(sys.argv[1], sys.argv[2], c[0]["uncompressedOffset"], c[0]["compressedOffset"])' "$w" "$p" ||
+			return 1
+	done <"$SCRATCH/dirpair.paths" >"$SCRATCH/dirpair.all"
+	# The first A, then the B with the lowest blob offset, if its frame
+	# is before A's.
+	awk '$1 == "A" && !a { a = $2 " " $3 " " $4; ac = $4 }
+	     $1 == "B" && (!b || $3 < bu) { b = $2 " " $3 " " $4; bu = $3; bc = $4 }
+	     END { if (a && b && bc < ac) { print a; print b } else exit 1 }' \
+		"$SCRATCH/dirpair.all"
+}
+
+dir_predict() { # MODE
+	local mode=$1 m=$SCRATCH/m-wandir-$1 a b big before after
+	read -r a _ < <(sed -n 1p "$SCRATCH/dirpair.txt")
+	read -r b _ < <(sed -n 2p "$SCRATCH/dirpair.txt")
+	lazy_use "wandir-$mode"
+	check "mount --mode $mode through the WAN proxy (fresh cache, directory prediction)" \
+		ferryd_mount "$mode" "$WIMG" "$m" || return 1
+	# A first miss starts the readahead threads, which map the tree (a
+	# large file: small ones may be stored in the bootstrap).
+	big=$(find "$ref/usr/bin" -type f -printf '%s %P\n' | sort -n | tail -1 | cut -d' ' -f2)
+	check "$mode: a first read (/usr/bin/$big)" cmp "$ref/usr/bin/$big" "$m/usr/bin/$big"
+	fetch_settle "$m"
+	check "$mode: read /$a (a miss in its directory)" cmp "$ref/$a" "$m/$a"
+	fetch_settle "$m"
+	# Not cacheMisses: a miss that waits for a readahead thread's fetch
+	# of its frame counts as a hit.
+	before=$(mount_field "$m" fetches)
+	check "$mode: /$b reads the reference bytes" cmp "$ref/$b" "$m/$b"
+	after=$(mount_field "$m" fetches)
+	expect_sh "$mode: /$b (a sibling directory's, before /$a in the blob) was there: no fetch ($before fetches before reading it, $after after)" \
+		'[ -n "$before" ] && [ "$before" = "$after" ]'
+	check "ferry umount ($mode, directory prediction)" fumount "$m"
+}
+
 wan_checks fuse
 wan_checks fanotify
 one_reader fuse
 one_reader fanotify
+# Directory prediction needs a round trip of 25 ms or more: 15 ms each way.
+if ! wp_start 15 200 2>"$LOG"; then
+	notok "start the WAN proxy (wanproxy.py, 15 ms each way)"
+	diag "$LOG"
+elif dir_pair >"$SCRATCH/dirpair.txt" 2>"$LOG"; then
+	WIMG=docker://$WAN/ferry/debian:edit
+	echo "# directory prediction: A, B: $(tr '\n' ' ' <"$SCRATCH/dirpair.txt")"
+	dir_predict fuse
+	dir_predict fanotify
+else
+	notok "two sibling directories of small files in the reference tree"
+	diag "$LOG"
+fi
 e2e_done
