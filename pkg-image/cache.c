@@ -246,6 +246,8 @@ static uint64_t ra_budget(struct image_cache *ic)
 
 static int ensure(struct image_cache *ic, uint32_t index, uint64_t uoff,
 		  uint64_t len, bool demand);
+static int locate(const struct image_cache *ic, const struct meta_stat *st,
+		  uint64_t pos, uint32_t *index, uint64_t *uoff);
 
 /*
  * The walk's directory tree: @path's depth names its parent on the
@@ -255,10 +257,10 @@ static int ensure(struct image_cache *ic, uint32_t index, uint64_t uoff,
 static int dir_add(struct image_cache *ic, const char *path,
 		   const struct meta_stat *st)
 {
-	struct meta_chunk mc;
 	size_t depth = 0;
-	uint32_t parent;
+	uint32_t parent, index;
 	const char *p;
+	uint64_t uoff;
 	int ret;
 
 	for (p = path; *p && path[1]; p++)
@@ -279,19 +281,14 @@ static int dir_add(struct image_cache *ic, const char *path,
 	if (!depth || !S_ISREG(st->mode) || st->nr_chunks != 1 ||
 	    !st->size || st->size > RA_DIR_FILE)
 		return 0;
-	ret = meta_get_chunk(ic->img->meta, st->nid, 0, &mc);
+	ret = locate(ic, st, 0, &index, &uoff);
 	if (ret)
-		return ret;
-	if (mc.blkaddr == META_CHUNK_HOLE)
-		return 0;
-	if (mc.device_id < 1 || mc.device_id > ic->nr_blobs)
-		return -EFSCORRUPTED;
+		return ret < 0 ? ret : 0; /* a hole */
 	if (array_reserve(&ic->dfiles, &ic->dfiles_cap, ic->nr_dfiles + 1,
 			  sizeof(*ic->dfiles), 256))
 		return -ENOMEM;
 	ic->dfiles[ic->nr_dfiles++] = (struct ra_dfile){
-		.nid = st->nid, .dir = parent, .index = mc.device_id - 1u,
-		.uoff = (uint64_t)mc.blkaddr * META_BLOCK_SIZE,
+		.nid = st->nid, .dir = parent, .index = index, .uoff = uoff,
 		.len = (uint32_t)st->size,
 	};
 	return 0;
@@ -300,8 +297,8 @@ static int dir_add(struct image_cache *ic, const char *path,
 static int owner_add(void *ctx, const char *path, const struct meta_stat *st)
 {
 	struct image_cache *ic = ctx;
-	struct meta_chunk mc;
-	uint64_t c;
+	uint64_t c, uoff;
+	uint32_t index;
 	int ret;
 
 	ret = dir_add(ic, path, st);
@@ -310,21 +307,19 @@ static int owner_add(void *ctx, const char *path, const struct meta_stat *st)
 	if (!S_ISREG(st->mode) || !st->nr_chunks || st->size > RA_FILE_MAX)
 		return 0;
 	for (c = 0; c < st->nr_chunks && c * st->chunk_size < st->size; c++) {
-		ret = meta_get_chunk(ic->img->meta, st->nid, c, &mc);
-		if (ret)
+		ret = locate(ic, st, c * st->chunk_size, &index, &uoff);
+		if (ret < 0)
 			return ret;
-		if (mc.blkaddr == META_CHUNK_HOLE)
-			continue;
-		if (mc.device_id < 1 || mc.device_id > ic->nr_blobs)
-			return -EFSCORRUPTED;
+		if (ret)
+			continue; /* a hole */
 		if (array_reserve(&ic->owners, &ic->owners_cap, ic->nr_owners + 1,
 				  sizeof(*ic->owners), 256))
 			return -ENOMEM;
 		ic->owners[ic->nr_owners++] = (struct ra_owner){
-			.index = mc.device_id - 1u,
+			.index = index,
 			.len = (uint32_t)MIN((uint64_t)st->chunk_size,
 					     st->size - c * st->chunk_size),
-			.uoff = (uint64_t)mc.blkaddr * META_BLOCK_SIZE,
+			.uoff = uoff,
 			.nid = st->nid,
 		};
 	}
@@ -665,9 +660,6 @@ static int ensure(struct image_cache *ic, uint32_t index, uint64_t uoff,
 		count_demand(ic, ret, fetched, start);
 	return ret;
 }
-
-static int locate(const struct image_cache *ic, const struct meta_stat *st,
-		  uint64_t pos, uint32_t *index, uint64_t *uoff);
 
 /*
  * The first miss in a regular file of at most RA_FILE_MAX bytes queues
