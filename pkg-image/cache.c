@@ -363,7 +363,8 @@ static int dirs_index(struct image_cache *ic)
 	ic->kids = malloc(MAX(ic->nr_dirs, (size_t)1) * sizeof(*ic->kids));
 	if (!ic->dfile_by_nid || !ic->kids)
 		return -ENOMEM;
-	qsort(ic->dfiles, n, sizeof(*ic->dfiles), dfile_cmp);
+	if (n) /* no small file: dfiles is NULL, which qsort must not get */
+		qsort(ic->dfiles, n, sizeof(*ic->dfiles), dfile_cmp);
 	for (i = 0; i < n; i++) {
 		struct ra_dir *dir = &ic->dirs[ic->dfiles[i].dir];
 
@@ -407,7 +408,8 @@ static void owners_build(struct image_cache *ic)
 			  ic->img->ref, ferry_strerror(ret));
 		return;
 	}
-	qsort(ic->owners, ic->nr_owners, sizeof(*ic->owners), owner_cmp);
+	if (ic->nr_owners)
+		qsort(ic->owners, ic->nr_owners, sizeof(*ic->owners), owner_cmp);
 	atomic_store(&ic->owners_ready, true);
 }
 
