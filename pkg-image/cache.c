@@ -710,20 +710,10 @@ static void ra_file(struct image_cache *ic, const struct meta_stat *st)
 /* The small file @nid in the directory map, or NULL. */
 static const struct ra_dfile *dfile_find(const struct image_cache *ic, uint64_t nid)
 {
-	size_t lo = 0, hi = ic->nr_dfiles;
+	const struct ra_nidx key = { .nid = nid }, *x;
 
-	while (lo < hi) {
-		size_t mid = lo + (hi - lo) / 2;
-		const struct ra_nidx *x = &ic->dfile_by_nid[mid];
-
-		if (x->nid == nid)
-			return &ic->dfiles[x->i];
-		if (x->nid < nid)
-			lo = mid + 1;
-		else
-			hi = mid;
-	}
-	return NULL;
+	x = bsearch(&key, ic->dfile_by_nid, ic->nr_dfiles, sizeof(key), nidx_cmp);
+	return x ? &ic->dfiles[x->i] : NULL;
 }
 
 /*
