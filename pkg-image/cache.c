@@ -80,10 +80,18 @@
  * loopback measures 5-20 ms, most of it the registry's own).
  */
 #define RA_DIR_RTT_MIN 0.025
+/*
+ * ELF prediction: the files inspected or queued as a program's
+ * dependencies, at most this many per mount, and the DT_RUNPATH
+ * directories searched before the standard ones.
+ */
+#define ELF_SEEN_MAX 1024
+#define ELF_RUNPATH_DIRS 8
 
 struct ra_job {
 	uint32_t index;
 	uint64_t uoff, len;
+	uint64_t elf; /* or nid + 1 of a file to inspect as a program (elf_predict) */
 };
 
 /* Which file a piece of a blob belongs to (for misses that name no file). */
@@ -111,6 +119,7 @@ struct ra_dir {
 	uint32_t kids, nr_kids; /* its subdirectories: kids[kids, kids + nr_kids) */
 	uint32_t depth;         /* path components: / is 0, /usr/lib 2 */
 	bool done;              /* predicted already */
+	bool kids_done;         /* its subdirectories predicted already */
 };
 
 /* A source read that is timed, to estimate the link. */
@@ -169,6 +178,9 @@ struct image_cache {
 	/* A running prefetch plan's ranges, sorted by place, under ra_lock. */
 	struct plan_range *planned;
 	size_t nr_planned;
+	/* ELF prediction's files so far, under ra_lock. */
+	uint64_t elf_seen[ELF_SEEN_MAX];
+	uint32_t nr_elf_seen;
 };
 
 /* Set in the readahead threads: their fetches are not on a reader's path. */
@@ -440,6 +452,8 @@ static int owner_find(struct image_cache *ic, uint32_t index, uint64_t uoff,
 	return meta_getattr(ic->img->meta, o->nid, st);
 }
 
+static void elf_predict(struct image_cache *ic, uint64_t nid);
+
 static void *ra_main(void *arg)
 {
 	struct image_cache *ic = arg;
@@ -459,6 +473,8 @@ static void *ra_main(void *arg)
 		/* Newest first: the window a reader has just reached. */
 		j = ic->ra_q[(ic->ra_head + --ic->ra_nr) % RA_QUEUE];
 		pthread_mutex_unlock(&ic->ra_lock);
+		if (j.elf)
+			elf_predict(ic, j.elf - 1);
 		for (pos = j.uoff; pos < j.uoff + j.len; pos += step) {
 			step = MIN(j.uoff + j.len - pos, (uint64_t)RA_STEP);
 			if (atomic_load(&ic->ra_quit))
@@ -495,11 +511,10 @@ static void ra_start(struct image_cache *ic)
 }
 
 /*
- * Queue [@uoff, @uoff + @len) of blob @index; under ra_lock. The threads
- * start with the first job: a mount that never misses has none.
+ * Queue @j; under ra_lock. The threads start with the first job: a mount
+ * that never misses has none.
  */
-static void ra_push(struct image_cache *ic, uint32_t index, uint64_t uoff,
-		    uint64_t len)
+static void ra_push_job(struct image_cache *ic, struct ra_job j)
 {
 	if (!ic->ra_started) {
 		ic->ra_started = true;
@@ -509,9 +524,15 @@ static void ra_push(struct image_cache *ic, uint32_t index, uint64_t uoff,
 		ic->ra_head = (ic->ra_head + 1) % RA_QUEUE;
 		ic->ra_nr--;
 	}
-	ic->ra_q[(ic->ra_head + ic->ra_nr++) % RA_QUEUE] =
-		(struct ra_job){ index, uoff, len };
+	ic->ra_q[(ic->ra_head + ic->ra_nr++) % RA_QUEUE] = j;
 	pthread_cond_signal(&ic->ra_cond);
+}
+
+/* Queue [@uoff, @uoff + @len) of blob @index; under ra_lock. */
+static void ra_push(struct image_cache *ic, uint32_t index, uint64_t uoff,
+		    uint64_t len)
+{
+	ra_push_job(ic, (struct ra_job){ .index = index, .uoff = uoff, .len = len });
 }
 
 /*
@@ -667,11 +688,17 @@ static int ensure(struct image_cache *ic, uint32_t index, uint64_t uoff,
  * The first miss in a regular file of at most RA_FILE_MAX bytes queues
  * the whole file, in pieces of at most RA_STEP contiguous blob bytes that
  * the threads share: a file is usually read whole once opened, and a
- * mapped library faults all over it.
+ * mapped library faults all over it. The threads take the newest piece
+ * first: with @start_first the pieces are queued from the file's end, so
+ * that its start comes first (a predicted program's reader wants its
+ * header next); else from its start, so that a reader's own miss is not
+ * inside the first step a thread fetches (it would wait for the whole
+ * step instead of its frame).
  */
-static void ra_file(struct image_cache *ic, const struct meta_stat *st)
+static void ra_file(struct image_cache *ic, const struct meta_stat *st,
+		    bool start_first)
 {
-	uint64_t pos, n, uoff = 0, run_off = 0, run_len = 0;
+	uint64_t c, nr, pos, n, uoff = 0, run_off = 0, run_len = 0;
 	uint32_t index = 0, run_index = 0;
 	uint64_t *slot = &ic->ra_files[st->nid % RA_FILES];
 
@@ -683,16 +710,20 @@ static void ra_file(struct image_cache *ic, const struct meta_stat *st)
 		return;
 	}
 	*slot = st->nid + 1;
-	for (pos = 0; pos < st->size; pos += n) {
-		int ret = locate(ic, st, pos, &index, &uoff);
+	nr = DIV_ROUND_UP(st->size, st->chunk_size);
+	for (c = 0; c < nr; c++) {
+		int ret;
 
-		n = MIN(st->size - pos, (uint64_t)st->chunk_size - pos % st->chunk_size);
+		pos = (start_first ? nr - 1 - c : c) * st->chunk_size;
+		n = MIN(st->size - pos, (uint64_t)st->chunk_size);
+		ret = locate(ic, st, pos, &index, &uoff);
 		if (ret < 0)
 			break; /* the reader's own read reports it */
 		if (ret)
 			continue; /* a hole */
-		if (run_len && index == run_index && run_off + run_len == uoff &&
-		    run_len + n <= RA_STEP) {
+		if (run_len && index == run_index && run_len + n <= RA_STEP &&
+		    (start_first ? uoff + n == run_off : run_off + run_len == uoff)) {
+			run_off = MIN(run_off, uoff);
 			run_len += n;
 			continue;
 		}
@@ -735,7 +766,7 @@ static void ra_dir(struct image_cache *ic, uint64_t nid)
 	const struct ra_dfile *f, *g, *sibs[RA_DIR_SIBLINGS];
 	uint64_t lo, hi, run_off = 0, run_end = 0;
 	uint32_t i, run_index = 0, nr_sibs = 0;
-	struct ra_dir *d, *p;
+	struct ra_dir *d, *p, *on_path;
 
 	if (!atomic_load(&ic->owners_ready) || ic->rtt_s < RA_DIR_RTT_MIN)
 		return;
@@ -744,12 +775,22 @@ static void ra_dir(struct image_cache *ic, uint64_t nid)
 		return;
 	d = &ic->dirs[f->dir];
 	d->done = true;
-	p = &ic->dirs[d->parent];
-	for (i = 0; i < p->nr_kids && nr_sibs < RA_DIR_SIBLINGS; i++) {
-		const struct ra_dir *s = &ic->dirs[ic->kids[p->kids + i]];
+	/*
+	 * D's siblings, or where none has small files (D is a package's
+	 * __pycache__) those of D's parent, one level up: the other packages.
+	 */
+	for (on_path = d, p = &ic->dirs[d->parent];
+	     !nr_sibs && !p->kids_done && p->depth + 1 >= RA_DIR_DEPTH;
+	     on_path = p, p = &ic->dirs[p->parent]) {
+		p->kids_done = true;
+		for (i = 0; i < p->nr_kids && nr_sibs < RA_DIR_SIBLINGS; i++) {
+			const struct ra_dir *s = &ic->dirs[ic->kids[p->kids + i]];
 
-		if (s != d && s->nr)
-			sibs[nr_sibs++] = &ic->dfiles[s->first];
+			if (s != on_path && s->nr)
+				sibs[nr_sibs++] = &ic->dfiles[s->first];
+		}
+		if (on_path != d)
+			break; /* one level up at most */
 	}
 	while (nr_sibs--) {
 		g = sibs[nr_sibs];
@@ -777,6 +818,184 @@ static void ra_dir(struct image_cache *ic, uint64_t nid)
 		ra_push(ic, run_index, run_off, run_end - run_off);
 }
 
+/*
+ * ELF prediction. A program's start is read first (by execve, or by the
+ * loader's dlopen), and then the dynamic loader opens one file after
+ * another, each its own stall: the interpreter, /etc/ld.so.cache, the
+ * program's DT_NEEDED libraries, theirs in turn. Once the miss at a
+ * program's start has its header, a readahead thread reads its
+ * dependencies (elf.c; the bytes it needs, such as the dynamic section
+ * at the end of a large program, are fetched as readahead), finds them
+ * in the image as the loader would (DT_RUNPATH or DT_RPATH directories
+ * without $ORIGIN, then the standard and multiarch directories; ld.so's
+ * cache is not read), and queues each whole (ra_file) with, for a
+ * library, its own inspection. Each file once per mount (elf_seen).
+ */
+
+/* Under ra_lock: true the first time @nid comes here. */
+static bool elf_first(struct image_cache *ic, uint64_t nid)
+{
+	uint32_t i;
+
+	for (i = 0; i < ic->nr_elf_seen; i++)
+		if (ic->elf_seen[i] == nid)
+			return false;
+	if (ic->nr_elf_seen == ELF_SEEN_MAX)
+		return false;
+	ic->elf_seen[ic->nr_elf_seen++] = nid;
+	return true;
+}
+
+/* After a miss in @st made [@uoff, @uoff + @len) of blob @index present. */
+static void elf_check(struct image_cache *ic, const struct meta_stat *st,
+		      uint32_t index, uint64_t uoff, uint64_t len)
+{
+	uint8_t magic[4];
+	uint64_t start;
+	uint32_t first;
+
+	if (!ic->ra_on || st->size < 52 || !st->nr_chunks ||
+	    locate(ic, st, 0, &first, &start) || first != index ||
+	    start < uoff || start - uoff >= len)
+		return; /* not the miss at the file's start */
+	if (image_cache_read_cached(ic, st, 0, magic, sizeof(magic)) != sizeof(magic) ||
+	    memcmp(magic, "\177ELF", 4))
+		return;
+	pthread_mutex_lock(&ic->ra_lock);
+	if (elf_first(ic, st->nid))
+		ra_push_job(ic, (struct ra_job){ .elf = st->nid + 1 });
+	pthread_mutex_unlock(&ic->ra_lock);
+}
+
+struct elf_src {
+	struct image_cache *ic;
+	const struct meta_stat *st;
+};
+
+/* elf.c's reads: the bytes are fetched as readahead, then read. */
+static int elf_src_read(void *ctx, uint64_t off, void *buf, size_t len)
+{
+	const struct elf_src *s = ctx;
+	uint64_t pos, n, uoff;
+	uint32_t index;
+	ssize_t got;
+	int ret;
+
+	for (pos = off; pos < off + len; pos += n) {
+		n = MIN(off + len - pos,
+			(uint64_t)s->st->chunk_size - pos % s->st->chunk_size);
+		ret = locate(s->ic, s->st, pos, &index, &uoff);
+		if (!ret)
+			ret = ensure(s->ic, index, uoff, n, false);
+		if (ret < 0)
+			return ret;
+	}
+	got = image_cache_read_cached(s->ic, s->st, off, buf, len);
+	if (got < 0)
+		return (int)got;
+	return (size_t)got == len ? 0 : -EIO;
+}
+
+/* The file at @path (links followed), if it has chunks to fetch. */
+static int elf_find(struct image_cache *ic, const char *path, struct meta_stat *st)
+{
+	uint64_t nid;
+	int ret = meta_resolve_follow(ic->img->meta, path, &nid);
+
+	if (!ret)
+		ret = meta_getattr(ic->img->meta, nid, st);
+	if (!ret && (!S_ISREG(st->mode) || !st->nr_chunks))
+		ret = -ENOENT;
+	return ret;
+}
+
+/* Queue @st whole, and with @inspect its own dependencies after it. */
+static void elf_queue(struct image_cache *ic, const struct meta_stat *st,
+		      bool inspect)
+{
+	bool first;
+
+	pthread_mutex_lock(&ic->ra_lock);
+	first = elf_first(ic, st->nid);
+	if (first && inspect)
+		ra_push_job(ic, (struct ra_job){ .elf = st->nid + 1 });
+	pthread_mutex_unlock(&ic->ra_lock);
+	if (first)
+		ra_file(ic, st, true);
+}
+
+/* Debian's multiarch directory for the machine, or NULL. */
+static const char *elf_triplet(const struct elf_deps *d)
+{
+	switch (d->machine) {
+	case 62: /* EM_X86_64 */
+		return d->is64 ? "x86_64-linux-gnu" : NULL;
+	case 3: /* EM_386 */
+		return "i386-linux-gnu";
+	case 183: /* EM_AARCH64 */
+		return "aarch64-linux-gnu";
+	case 40: /* EM_ARM */
+		return "arm-linux-gnueabihf";
+	case 21: /* EM_PPC64, little-endian: elf.c reads no other */
+		return "powerpc64le-linux-gnu";
+	case 243: /* EM_RISCV */
+		return d->is64 ? "riscv64-linux-gnu" : NULL;
+	default:
+		return NULL;
+	}
+}
+
+static void elf_predict(struct image_cache *ic, uint64_t nid)
+{
+	static const char *const std_dirs[] = { "/lib64", "/usr/lib64", "/lib", "/usr/lib" };
+	const char *dirs[ELF_RUNPATH_DIRS + 2 + ARRAY_SIZE(std_dirs)];
+	char multi[2][64], path[4096], *save = NULL, *dir;
+	struct meta_stat st, lib;
+	struct elf_src src = { ic, &st };
+	struct elf_deps d;
+	const char *triplet;
+	size_t nr_dirs = 0, i, k;
+
+	if (meta_getattr(ic->img->meta, nid, &st) || !S_ISREG(st.mode) ||
+	    !st.nr_chunks || elf_deps_read(elf_src_read, &src, st.size, &d))
+		return;
+	for (dir = d.runpath ? strtok_r(d.runpath, ":", &save) : NULL;
+	     dir && nr_dirs < ELF_RUNPATH_DIRS; dir = strtok_r(NULL, ":", &save))
+		if (dir[0] == '/' && !strchr(dir, '$'))
+			dirs[nr_dirs++] = dir;
+	triplet = elf_triplet(&d);
+	if (triplet) {
+		snprintf(multi[0], sizeof(multi[0]), "/lib/%s", triplet);
+		snprintf(multi[1], sizeof(multi[1]), "/usr/lib/%s", triplet);
+		dirs[nr_dirs++] = multi[0];
+		dirs[nr_dirs++] = multi[1];
+	}
+	for (k = 0; k < ARRAY_SIZE(std_dirs); k++)
+		dirs[nr_dirs++] = std_dirs[k];
+	/*
+	 * The threads take the newest job first: the libraries last one
+	 * first, then the loader's cache, then the interpreter, which the
+	 * kernel loads at once.
+	 */
+	for (i = d.nr_needed; i-- > 0;) {
+		if (strchr(d.needed[i], '/'))
+			continue;
+		for (k = 0; k < nr_dirs; k++) {
+			if ((size_t)snprintf(path, sizeof(path), "%s/%s", dirs[k],
+					     d.needed[i]) < sizeof(path) &&
+			    !elf_find(ic, path, &lib)) {
+				elf_queue(ic, &lib, true);
+				break;
+			}
+		}
+	}
+	if (d.interp && !elf_find(ic, "/etc/ld.so.cache", &lib))
+		elf_queue(ic, &lib, false);
+	if (d.interp && !elf_find(ic, d.interp, &lib))
+		elf_queue(ic, &lib, false);
+	elf_deps_free(&d);
+}
+
 static bool planned(struct image_cache *ic, uint32_t index, uint64_t uoff,
 		    uint64_t len);
 
@@ -786,6 +1005,7 @@ static int demand_ensure(struct image_cache *ic, const struct meta_stat *st,
 {
 	uint64_t size = ic->img->blobs.blobs[index].uncompressed_size;
 	struct meta_stat owner;
+	int ret;
 
 	if (blob_cache_range_present(ic->blobs[index], uoff, len)) {
 		/*
@@ -817,9 +1037,12 @@ static int demand_ensure(struct image_cache *ic, const struct meta_stat *st,
 			pthread_mutex_unlock(&ic->ra_lock);
 		}
 		if (st)
-			ra_file(ic, st);
+			ra_file(ic, st, false);
 	}
-	return ensure(ic, index, uoff, len, true);
+	ret = ensure(ic, index, uoff, len, true);
+	if (!ret && st)
+		elf_check(ic, st, index, uoff, len);
+	return ret;
 }
 
 int image_cache_ensure(struct image_cache *ic, uint32_t device_id,

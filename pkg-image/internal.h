@@ -20,6 +20,32 @@ int prefetch_section_decode(const void *buf, size_t len, char ***paths,
 			    uint32_t *nr);
 
 /* ------------------------------------------------------------------ */
+/* What a dynamic loader opens after an ELF file (elf.c)              */
+/* ------------------------------------------------------------------ */
+
+#define ELF_NEEDED_MAX 64
+
+struct elf_deps {
+	char *interp;                   /* PT_INTERP, or NULL */
+	char *needed[ELF_NEEDED_MAX];   /* DT_NEEDED names, in order */
+	uint32_t nr_needed;
+	char *runpath;                  /* DT_RUNPATH, else DT_RPATH, or NULL */
+	uint16_t machine;               /* e_machine */
+	bool is64;
+};
+
+/* Read exactly @len bytes at @off of the file: 0 or -errno. */
+typedef int (*elf_read_fn)(void *ctx, uint64_t off, void *buf, size_t len);
+/*
+ * The dependencies of the @size-byte file that @read reads: 0 and *@d
+ * (free with elf_deps_free), 1 when it is not a little-endian ELF file
+ * with an interpreter or libraries that this parser understands (nothing
+ * to predict), or -errno from @read or allocation.
+ */
+int elf_deps_read(elf_read_fn read, void *ctx, uint64_t size, struct elf_deps *d);
+void elf_deps_free(struct elf_deps *d);
+
+/* ------------------------------------------------------------------ */
 /* What an image's index promises (image.c)                            */
 /* ------------------------------------------------------------------ */
 

@@ -15,6 +15,9 @@
 #     needs 25 ms round trips): after a miss in a small file of a
 #     directory, the first small file of a sibling directory that lies
 #     before it in the blob (where no window reaches) reads without a fetch
+#   - ELF prediction: once a program's first bytes are read (as execve
+#     reads them), its interpreter, DT_NEEDED libraries (theirs too) and
+#     /etc/ld.so.cache read without a fetch
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/oci_lib.sh"
 . "$(dirname "$0")/registry_lib.sh"
@@ -144,10 +147,69 @@ dir_predict() { # MODE
 	check "ferry umount ($mode, directory prediction)" fumount "$m"
 }
 
+# A program in usr/bin with two or more libraries, then its interpreter
+# and libraries, as paths of regular files in the reference tree (found
+# by name in usr/lib: the tree's links are absolute, meant for a chroot).
+elf_set() {
+	local p lib name found
+	lib_file() { # NAME: a relative link resolves inside the tree
+		local f
+		f=$(find "$ref/usr/lib" -maxdepth 2 -name "$1" | head -1)
+		[ -n "$f" ] && f=$(realpath -e "$f") || return 0
+		case $f in "$ref"/*) [ -f "$f" ] && echo "${f#"$ref"/}" ;; esac
+	}
+	for p in $(find "$ref/usr/bin" -maxdepth 1 -type f -size +16k | sort); do
+		name=$(readelf -lW "$p" 2>/dev/null | sed -n 's/.*Requesting program interpreter: \(.*\)\]/\1/p')
+		[ -n "$name" ] || continue
+		found=()
+		for lib in "${name##*/}" $(readelf -dW "$p" | sed -n 's/.*Shared library: \[\(.*\)\]/\1/p'); do
+			name=$(lib_file "$lib")
+			[ -n "$name" ] && found+=("$name")
+		done
+		[ -f "$ref/etc/ld.so.cache" ] && found+=(etc/ld.so.cache)
+		if [ "${#found[@]}" -ge 4 ]; then
+			echo "${p#"$ref"/}" "${found[@]}"
+			return 0
+		fi
+	done
+	return 1
+}
+
+elf_predict() { # MODE
+	local mode=$1 m=$SCRATCH/m-wanelf-$1 prog deps d before after big
+	read -r prog deps <"$SCRATCH/elfset.txt"
+	lazy_use "wanelf-$mode"
+	check "mount --mode $mode through the WAN proxy (fresh cache, ELF prediction)" \
+		ferryd_mount "$mode" "$WIMG" "$m" || return 1
+	# A first miss starts the readahead threads and their map of files.
+	big=$(find "$ref/usr/share" -type f -size +300k -printf '%P\n' | sort | head -1)
+	check "$mode: a first read (/usr/share/$big)" cmp "$ref/usr/share/$big" "$m/usr/share/$big"
+	fetch_settle "$m"
+	check "$mode: the first 64 bytes of /$prog" \
+		cmp -n 64 "$ref/$prog" "$m/$prog"
+	fetch_settle "$m"
+	before=$(mount_field "$m" fetches)
+	for d in $deps; do
+		check "$mode: /$d reads the reference bytes" cmp "$ref/$d" "$m/$d"
+	done
+	after=$(mount_field "$m" fetches)
+	expect_sh "$mode: /$prog's interpreter and libraries were there: no fetch ($before fetches before reading them, $after after)" \
+		'[ -n "$before" ] && [ "$before" = "$after" ]'
+	check "ferry umount ($mode, ELF prediction)" fumount "$m"
+}
+
 wan_checks fuse
 wan_checks fanotify
 one_reader fuse
 one_reader fanotify
+if elf_set >"$SCRATCH/elfset.txt" 2>"$LOG"; then
+	echo "# ELF prediction: $(cat "$SCRATCH/elfset.txt")"
+	elf_predict fuse
+	elf_predict fanotify
+else
+	notok "a program with an interpreter and two libraries in the reference tree's usr/bin, and etc/ld.so.cache"
+	diag "$LOG"
+fi
 # Directory prediction needs a round trip of 25 ms or more: 15 ms each way.
 if ! wp_start 15 200 2>"$LOG"; then
 	notok "start the WAN proxy (wanproxy.py, 15 ms each way)"

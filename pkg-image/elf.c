@@ -1,0 +1,246 @@
+// SPDX-License-Identifier: MIT
+/*
+ * What a dynamic loader opens right after an ELF file: its interpreter
+ * (PT_INTERP), its DT_NEEDED libraries and where it says to look for them
+ * (DT_RUNPATH, else DT_RPATH). Readahead uses it to fetch a program's
+ * libraries while the loader still waits for the program (cache.c). The
+ * file comes from an image, so everything is untrusted: every offset and
+ * size is checked against the file and bounded before a byte is read, and
+ * anything unusual is "nothing to predict", never a guess.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+#define EHDR_MAX 64          /* ELF64 header; ELF32's is 52 */
+#define PHNUM_MAX 512
+#define DYNAMIC_MAX (64u << 10)
+#define INTERP_MAX 4096
+#define NAME_MAX_LEN 255     /* a DT_NEEDED name, as the loaders allow */
+
+enum {
+	PT_LOAD = 1, PT_DYNAMIC = 2, PT_INTERP = 3,
+	DT_NULL = 0, DT_NEEDED = 1, DT_STRTAB = 5, DT_STRSZ = 10,
+	DT_RPATH = 15, DT_RUNPATH = 29,
+};
+
+struct elf_file {
+	elf_read_fn read;
+	void *ctx;
+	uint64_t size;
+	bool is64;
+	uint8_t *ph;            /* the program headers */
+	uint32_t phnum, phentsize;
+};
+
+/* Read [@off, @off + @len) of the file: 1 where it is not all in the file. */
+static int elf_read(const struct elf_file *f, uint64_t off, void *buf, size_t len)
+{
+	if (off > f->size || len > f->size - off)
+		return 1;
+	return f->read(f->ctx, off, buf, len);
+}
+
+static uint64_t field(const struct elf_file *f, const uint8_t *p, size_t off64,
+		      size_t off32)
+{
+	return f->is64 ? get_le64(p + off64) : get_le32(p + off32);
+}
+
+/* Program header @i: type, file offset, virtual address, size in the file. */
+static void phdr(const struct elf_file *f, uint32_t i, uint32_t *type,
+		 uint64_t *offset, uint64_t *vaddr, uint64_t *filesz)
+{
+	const uint8_t *p = f->ph + (size_t)i * f->phentsize;
+
+	*type = get_le32(p);
+	*offset = field(f, p, 8, 4);
+	*vaddr = field(f, p, 16, 8);
+	*filesz = field(f, p, 32, 16);
+}
+
+/* The file offset of @len bytes at virtual address @vaddr, or 1. */
+static int vaddr_to_off(const struct elf_file *f, uint64_t vaddr, uint64_t len,
+			uint64_t *off)
+{
+	uint64_t o, v, sz;
+	uint32_t i, type;
+
+	for (i = 0; i < f->phnum; i++) {
+		phdr(f, i, &type, &o, &v, &sz);
+		if (type != PT_LOAD || vaddr < v || vaddr - v > sz ||
+		    len > sz - (vaddr - v))
+			continue;
+		if (__builtin_add_overflow(o, vaddr - v, off))
+			return 1;
+		return 0;
+	}
+	return 1;
+}
+
+/* A NUL-terminated string of 1..@max bytes at @off, no further than @end. */
+static int read_string(const struct elf_file *f, uint64_t off, uint64_t end,
+		       size_t max, char **out)
+{
+	size_t len = (size_t)MIN((uint64_t)max + 1, end > off ? end - off : 0);
+	char *s, *nul;
+	int ret;
+
+	/* A string that ends the file ends its window there too. */
+	if (off < f->size)
+		len = (size_t)MIN((uint64_t)len, f->size - off);
+	if (!len)
+		return 1;
+	s = malloc(len);
+	if (!s)
+		return -ENOMEM;
+	ret = elf_read(f, off, s, len);
+	nul = ret ? NULL : memchr(s, '\0', len);
+	if (!ret && (!nul || nul == s))
+		ret = 1;
+	if (ret) {
+		free(s);
+		return ret;
+	}
+	*out = s;
+	return 0;
+}
+
+static int read_interp(struct elf_file *f, uint64_t off, uint64_t sz,
+		       struct elf_deps *d)
+{
+	if (sz < 2 || sz > INTERP_MAX || off > UINT64_MAX - sz)
+		return 1;
+	return read_string(f, off, off + sz, (size_t)sz - 1, &d->interp);
+}
+
+/* DT_NEEDED names and the run path from the dynamic section at @off. */
+static int read_dynamic(struct elf_file *f, uint64_t off, uint64_t sz,
+			struct elf_deps *d)
+{
+	size_t ent = f->is64 ? 16 : 8, n, i;
+	uint64_t needed[ELF_NEEDED_MAX], strtab = 0, strsz = 0, str_off, path = 0;
+	uint32_t nr_needed = 0;
+	bool have_strtab = false, have_path = false;
+	uint8_t *dyn;
+	int ret;
+
+	n = (size_t)MIN(sz, (uint64_t)DYNAMIC_MAX) / ent;
+	if (!n)
+		return 1;
+	dyn = malloc(n * ent);
+	if (!dyn)
+		return -ENOMEM;
+	ret = elf_read(f, off, dyn, n * ent);
+	for (i = 0; !ret && i < n; i++) {
+		uint64_t tag = field(f, dyn + i * ent, 0, 0);
+		uint64_t val = field(f, dyn + i * ent, 8, 4);
+
+		if (tag == DT_NULL)
+			break;
+		switch (tag) {
+		case DT_NEEDED:
+			if (nr_needed < ELF_NEEDED_MAX)
+				needed[nr_needed++] = val;
+			break;
+		case DT_STRTAB:
+			strtab = val;
+			have_strtab = true;
+			break;
+		case DT_STRSZ:
+			strsz = val;
+			break;
+		case DT_RPATH: /* DT_RUNPATH wins, as in the loader */
+		case DT_RUNPATH:
+			if (!have_path || tag == DT_RUNPATH)
+				path = val;
+			have_path = true;
+			break;
+		}
+	}
+	free(dyn);
+	if (ret || (!nr_needed && !have_path))
+		return ret;
+	if (!have_strtab || !strsz || vaddr_to_off(f, strtab, strsz, &str_off))
+		return 1;
+	/* A name the table does not hold is skipped, not the whole file. */
+	for (i = 0; i < nr_needed; i++) {
+		if (needed[i] >= strsz)
+			continue;
+		ret = read_string(f, str_off + needed[i], str_off + strsz,
+				  NAME_MAX_LEN, &d->needed[d->nr_needed]);
+		if (ret < 0)
+			return ret;
+		if (!ret)
+			d->nr_needed++;
+	}
+	if (have_path && path < strsz) {
+		ret = read_string(f, str_off + path, str_off + strsz, INTERP_MAX,
+				  &d->runpath);
+		if (ret < 0)
+			return ret;
+	}
+	return 0;
+}
+
+int elf_deps_read(elf_read_fn read, void *ctx, uint64_t size, struct elf_deps *d)
+{
+	struct elf_file f = { .read = read, .ctx = ctx, .size = size };
+	uint8_t eh[EHDR_MAX];
+	uint64_t phoff, off, vaddr, sz;
+	uint32_t i, type;
+	int ret;
+
+	memset(d, 0, sizeof(*d));
+	if (size < 52)
+		return 1;
+	ret = elf_read(&f, 0, eh, (size_t)MIN(size, (uint64_t)EHDR_MAX));
+	if (ret)
+		return ret;
+	/* Little-endian ELF32 or ELF64, version 1. */
+	if (memcmp(eh, "\177ELF", 4) || (eh[4] != 1 && eh[4] != 2) || eh[5] != 1 ||
+	    eh[6] != 1 || (eh[4] == 2 && size < EHDR_MAX))
+		return 1;
+	f.is64 = eh[4] == 2;
+	d->is64 = f.is64;
+	d->machine = get_le16(eh + 18);
+	phoff = field(&f, eh, 32, 28);
+	f.phentsize = get_le16(eh + (f.is64 ? 54 : 42));
+	f.phnum = get_le16(eh + (f.is64 ? 56 : 44));
+	if (!f.phnum || f.phnum > PHNUM_MAX || f.phentsize < (f.is64 ? 56u : 32u))
+		return 1;
+	f.ph = malloc((size_t)f.phnum * f.phentsize);
+	if (!f.ph)
+		return -ENOMEM;
+	ret = elf_read(&f, phoff, f.ph, (size_t)f.phnum * f.phentsize);
+	for (i = 0; !ret && i < f.phnum; i++) {
+		phdr(&f, i, &type, &off, &vaddr, &sz);
+		if (type == PT_INTERP && !d->interp)
+			ret = read_interp(&f, off, sz, d);
+	}
+	for (i = 0; !ret && i < f.phnum; i++) {
+		phdr(&f, i, &type, &off, &vaddr, &sz);
+		if (type == PT_DYNAMIC) {
+			ret = read_dynamic(&f, off, sz, d);
+			break;
+		}
+	}
+	free(f.ph);
+	if (ret || (!d->interp && !d->nr_needed)) {
+		elf_deps_free(d);
+		return ret < 0 ? ret : 1;
+	}
+	return 0;
+}
+
+void elf_deps_free(struct elf_deps *d)
+{
+	uint32_t i;
+
+	free(d->interp);
+	for (i = 0; i < d->nr_needed; i++)
+		free(d->needed[i]);
+	free(d->runpath);
+	memset(d, 0, sizeof(*d));
+}
