@@ -854,7 +854,7 @@ static void elf_check(struct image_cache *ic, const struct meta_stat *st,
 	uint64_t start;
 	uint32_t first;
 
-	if (!ic->ra_on || st->size < 52 || !st->nr_chunks ||
+	if (!ic->ra_on || !st->nr_chunks ||
 	    locate(ic, st, 0, &first, &start) || first != index ||
 	    start < uoff || start - uoff >= len)
 		return; /* not the miss at the file's start */
@@ -881,6 +881,8 @@ static int elf_src_read(void *ctx, uint64_t off, void *buf, size_t len)
 	ssize_t got;
 	int ret;
 
+	if (atomic_load(&s->ic->ra_quit))
+		return -ECANCELED; /* unmounting */
 	for (pos = off; pos < off + len; pos += n) {
 		n = MIN(off + len - pos,
 			(uint64_t)s->st->chunk_size - pos % s->st->chunk_size);
