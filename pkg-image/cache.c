@@ -316,9 +316,11 @@ static int owner_add(void *ctx, const char *path, const struct meta_stat *st)
 	ret = dir_add(ic, path, st);
 	if (ret)
 		return ret;
-	if (!S_ISREG(st->mode) || !st->nr_chunks || st->size > RA_FILE_MAX)
+	if (!S_ISREG(st->mode) || !st->nr_chunks)
 		return 0;
-	for (c = 0; c < st->nr_chunks && c * st->chunk_size < st->size; c++) {
+	/* A larger file's first chunk only: a miss there may be an exec. */
+	for (c = 0; c < (st->size > RA_FILE_MAX ? 1 : st->nr_chunks) &&
+		    c * st->chunk_size < st->size; c++) {
 		ret = locate(ic, st, c * st->chunk_size, &index, &uoff);
 		if (ret < 0)
 			return ret;
@@ -402,9 +404,10 @@ static int dirs_index(struct image_cache *ic)
 }
 
 /*
- * The owners of every chunk of the files readahead may fetch whole, for
- * misses that name a blob range only (fanotify, cachefiles), and the
- * directory tree of small files. Built in the background: until it is
+ * The owners of every chunk of the files readahead may fetch whole and of
+ * the first chunk of larger ones (for ELF prediction), for misses that
+ * name a blob range only (fanotify, cachefiles), and the directory tree of
+ * small files. Built in the background: until it is
  * there, such misses get the window alone.
  */
 static void owners_build(struct image_cache *ic)
