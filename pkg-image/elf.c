@@ -162,7 +162,8 @@ static int read_dynamic(struct elf_file *f, uint64_t off, uint64_t sz,
 	free(dyn);
 	if (ret || (!nr_needed && !have_path))
 		return ret;
-	if (!have_strtab || !strsz || vaddr_to_off(f, strtab, strsz, &str_off))
+	if (!have_strtab || !strsz || vaddr_to_off(f, strtab, strsz, &str_off) ||
+	    str_off > UINT64_MAX - strsz)
 		return 1;
 	/* A name the table does not hold is skipped, not the whole file. */
 	for (i = 0; i < nr_needed; i++) {
