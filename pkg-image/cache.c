@@ -751,6 +751,29 @@ static const struct ra_dfile *dfile_find(const struct image_cache *ic, uint64_t 
 }
 
 /*
+ * The first small file of each of @p's first RA_DIR_SIBLINGS subdirectories
+ * that have some, but @skip, into @out; once per @p, and none for a @p
+ * whose subdirectories are nearer the root than RA_DIR_DEPTH. Under ra_lock.
+ */
+static uint32_t kids_first_files(struct image_cache *ic, struct ra_dir *p,
+				 const struct ra_dir *skip,
+				 const struct ra_dfile **out)
+{
+	uint32_t i, n = 0;
+
+	if (p->kids_done || p->depth + 1 < RA_DIR_DEPTH)
+		return 0;
+	p->kids_done = true;
+	for (i = 0; i < p->nr_kids && n < RA_DIR_SIBLINGS; i++) {
+		const struct ra_dir *s = &ic->dirs[ic->kids[p->kids + i]];
+
+		if (s != skip && s->nr)
+			out[n++] = &ic->dfiles[s->first];
+	}
+	return n;
+}
+
+/*
  * Directory prediction, after a miss in the small file @nid: a program
  * that loads modules (a Python import, a dynamic linker's libraries,
  * locale and gconv files) reads many small files of one directory, and
@@ -759,7 +782,8 @@ static const struct ra_dfile *dfile_find(const struct image_cache *ic, uint64_t 
  * small files within RA_DIR_SPAN blob bytes around the miss (the window
  * only goes forward) and the first small file of each of D's sibling
  * directories (a package's __init__, usually in the frame of the rest of
- * it). The threads take the newest job first: the siblings are queued
+ * it), once per parent, or of its parent's siblings where D's have none.
+ * The threads take the newest job first: the siblings are queued
  * last one first, then D's files, so that D goes first, then the
  * siblings in directory order, all after the file's own pieces (which
  * demand_ensure queues next). Under ra_lock.
@@ -769,7 +793,7 @@ static void ra_dir(struct image_cache *ic, uint64_t nid)
 	const struct ra_dfile *f, *g, *sibs[RA_DIR_SIBLINGS];
 	uint64_t lo, hi, run_off = 0, run_end = 0;
 	uint32_t i, run_index = 0, nr_sibs = 0;
-	struct ra_dir *d, *p, *on_path;
+	struct ra_dir *d, *p;
 
 	if (!atomic_load(&ic->owners_ready) || ic->rtt_s < RA_DIR_RTT_MIN)
 		return;
@@ -778,22 +802,13 @@ static void ra_dir(struct image_cache *ic, uint64_t nid)
 		return;
 	d = &ic->dirs[f->dir];
 	d->done = true;
-	/*
-	 * D's siblings, or where none has small files (D is a package's
-	 * __pycache__) those of D's parent, one level up: the other packages.
-	 */
-	for (on_path = d, p = &ic->dirs[d->parent];
-	     !nr_sibs && !p->kids_done && p->depth + 1 >= RA_DIR_DEPTH;
-	     on_path = p, p = &ic->dirs[p->parent]) {
-		p->kids_done = true;
-		for (i = 0; i < p->nr_kids && nr_sibs < RA_DIR_SIBLINGS; i++) {
-			const struct ra_dir *s = &ic->dirs[ic->kids[p->kids + i]];
-
-			if (s != on_path && s->nr)
-				sibs[nr_sibs++] = &ic->dfiles[s->first];
-		}
-		if (on_path != d)
-			break; /* one level up at most */
+	p = &ic->dirs[d->parent];
+	if (!p->kids_done) {
+		nr_sibs = kids_first_files(ic, p, d, sibs);
+		/* None has small files (D is a package's __pycache__): the
+		 * siblings of D's parent, the other packages. */
+		if (!nr_sibs)
+			nr_sibs = kids_first_files(ic, &ic->dirs[p->parent], p, sibs);
 	}
 	while (nr_sibs--) {
 		g = sibs[nr_sibs];
