@@ -92,6 +92,7 @@ struct ra_job {
 	uint32_t index;
 	uint64_t uoff, len;
 	uint64_t elf; /* or nid + 1 of a file to inspect as a program (elf_predict) */
+	bool modules; /* predicted small files: inspect the programs among them */
 };
 
 /* Which file a piece of a blob belongs to (for misses that name no file). */
@@ -456,6 +457,7 @@ static int owner_find(struct image_cache *ic, uint32_t index, uint64_t uoff,
 }
 
 static void elf_predict(struct image_cache *ic, uint64_t nid);
+static void elf_scan(struct image_cache *ic, const struct ra_job *j);
 
 static void *ra_main(void *arg)
 {
@@ -492,6 +494,8 @@ static void *ra_main(void *arg)
 			}
 			atomic_fetch_add(&ic->bytes_ahead, step);
 		}
+		if (j.modules && pos >= j.uoff + j.len)
+			elf_scan(ic, &j);
 		pthread_mutex_lock(&ic->ra_lock);
 	}
 	pthread_mutex_unlock(&ic->ra_lock);
@@ -536,6 +540,14 @@ static void ra_push(struct image_cache *ic, uint32_t index, uint64_t uoff,
 		    uint64_t len)
 {
 	ra_push_job(ic, (struct ra_job){ .index = index, .uoff = uoff, .len = len });
+}
+
+/* The same for small files that directory prediction chose. */
+static void ra_push_modules(struct image_cache *ic, uint32_t index,
+			    uint64_t uoff, uint64_t len)
+{
+	ra_push_job(ic, (struct ra_job){ .index = index, .uoff = uoff, .len = len,
+					 .modules = true });
 }
 
 /*
@@ -813,7 +825,7 @@ static void ra_dir(struct image_cache *ic, uint64_t nid)
 	while (nr_sibs--) {
 		g = sibs[nr_sibs];
 		if (!blob_cache_range_present(ic->blobs[g->index], g->uoff, g->len))
-			ra_push(ic, g->index, g->uoff, g->len);
+			ra_push_modules(ic, g->index, g->uoff, g->len);
 	}
 	lo = f->uoff > RA_DIR_SPAN / 2 ? f->uoff - RA_DIR_SPAN / 2 : 0;
 	hi = f->uoff + RA_DIR_SPAN / 2;
@@ -827,13 +839,13 @@ static void ra_dir(struct image_cache *ic, uint64_t nid)
 			continue;
 		}
 		if (run_end)
-			ra_push(ic, run_index, run_off, run_end - run_off);
+			ra_push_modules(ic, run_index, run_off, run_end - run_off);
 		run_index = g->index;
 		run_off = g->uoff;
 		run_end = g->uoff + g->len;
 	}
 	if (run_end)
-		ra_push(ic, run_index, run_off, run_end - run_off);
+		ra_push_modules(ic, run_index, run_off, run_end - run_off);
 }
 
 /*
@@ -965,6 +977,23 @@ static const char *elf_triplet(const struct elf_deps *d)
 	}
 }
 
+/*
+ * A dynamic program's interpreter and the loader's cache, queued as soon
+ * as the program's header names the interpreter: the kernel maps the
+ * interpreter right after the header, while the libraries' names wait
+ * for the dynamic section (at the end of dash: another round trip).
+ */
+static void elf_interp(void *ctx, const char *interp)
+{
+	const struct elf_src *s = ctx;
+	struct meta_stat lib;
+
+	if (!elf_find(s->ic, "/etc/ld.so.cache", &lib))
+		elf_queue(s->ic, &lib, false);
+	if (!elf_find(s->ic, interp, &lib))
+		elf_queue(s->ic, &lib, false);
+}
+
 static void elf_predict(struct image_cache *ic, uint64_t nid)
 {
 	static const char *const std_dirs[] = { "/lib64", "/usr/lib64", "/lib", "/usr/lib" };
@@ -977,7 +1006,7 @@ static void elf_predict(struct image_cache *ic, uint64_t nid)
 	size_t nr_dirs = 0, i, k;
 
 	if (meta_getattr(ic->img->meta, nid, &st) || !S_ISREG(st.mode) ||
-	    !st.nr_chunks || elf_deps_read(elf_src_read, &src, st.size, &d))
+	    !st.nr_chunks || elf_deps_read(elf_src_read, elf_interp, &src, st.size, &d))
 		return;
 	for (dir = d.runpath ? strtok_r(d.runpath, ":", &save) : NULL;
 	     dir && nr_dirs < ELF_RUNPATH_DIRS; dir = strtok_r(NULL, ":", &save))
@@ -994,8 +1023,8 @@ static void elf_predict(struct image_cache *ic, uint64_t nid)
 		dirs[nr_dirs++] = std_dirs[k];
 	/*
 	 * The threads take the newest job first: the libraries last one
-	 * first, then the loader's cache, then the interpreter, which the
-	 * kernel loads at once.
+	 * first (the interpreter and the loader's cache went when the
+	 * header named them: elf_interp).
 	 */
 	for (i = d.nr_needed; i-- > 0;) {
 		if (strchr(d.needed[i], '/'))
@@ -1009,11 +1038,49 @@ static void elf_predict(struct image_cache *ic, uint64_t nid)
 			}
 		}
 	}
-	if (d.interp && !elf_find(ic, "/etc/ld.so.cache", &lib))
-		elf_queue(ic, &lib, false);
-	if (d.interp && !elf_find(ic, d.interp, &lib))
-		elf_queue(ic, &lib, false);
 	elf_deps_free(&d);
+}
+
+/*
+ * After directory prediction fetched @j: the programs among its files
+ * are inspected as a miss at their start would be. A directory of
+ * modules (Python's lib-dynload) is fetched before they are loaded, so
+ * their loading misses only in the libraries they need (libssl,
+ * libsqlite3...), each a stall that nothing predicted.
+ */
+static void elf_scan(struct image_cache *ic, const struct ra_job *j)
+{
+	size_t lo = 0, hi = ic->nr_owners;
+	const struct ra_owner *o;
+	struct meta_stat st;
+	uint8_t magic[4];
+	bool first;
+
+	/* The first owner that ends after the job's start. */
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+
+		o = &ic->owners[mid];
+		if (o->index < j->index ||
+		    (o->index == j->index && o->uoff + o->len <= j->uoff))
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	for (; lo < ic->nr_owners && !atomic_load(&ic->ra_quit); lo++) {
+		o = &ic->owners[lo];
+		if (o->index != j->index || o->uoff >= j->uoff + j->len)
+			break;
+		if (meta_getattr(ic->img->meta, o->nid, &st) ||
+		    image_cache_read_cached(ic, &st, 0, magic, sizeof(magic)) != sizeof(magic) ||
+		    memcmp(magic, "\177ELF", 4))
+			continue;
+		pthread_mutex_lock(&ic->ra_lock);
+		first = elf_first(ic, st.nid);
+		pthread_mutex_unlock(&ic->ra_lock);
+		if (first)
+			elf_predict(ic, st.nid);
+	}
 }
 
 static bool planned(struct image_cache *ic, uint32_t index, uint64_t uoff,

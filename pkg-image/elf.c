@@ -185,7 +185,8 @@ static int read_dynamic(struct elf_file *f, uint64_t off, uint64_t sz,
 	return 0;
 }
 
-int elf_deps_read(elf_read_fn read, void *ctx, uint64_t size, struct elf_deps *d)
+int elf_deps_read(elf_read_fn read, elf_interp_fn interp, void *ctx,
+		  uint64_t size, struct elf_deps *d)
 {
 	struct elf_file f = { .read = read, .ctx = ctx, .size = size };
 	uint8_t eh[EHDR_MAX];
@@ -220,6 +221,8 @@ int elf_deps_read(elf_read_fn read, void *ctx, uint64_t size, struct elf_deps *d
 		if (type == PT_INTERP && !d->interp)
 			ret = read_interp(&f, off, sz, d);
 	}
+	if (!ret && d->interp && interp)
+		interp(ctx, d->interp);
 	for (i = 0; !ret && i < f.phnum; i++) {
 		phdr(&f, i, &type, &off, &vaddr, &sz);
 		if (type == PT_DYNAMIC) {

@@ -36,13 +36,18 @@ struct elf_deps {
 
 /* Read exactly @len bytes at @off of the file: 0 or -errno. */
 typedef int (*elf_read_fn)(void *ctx, uint64_t off, void *buf, size_t len);
+/* Told the interpreter as soon as it is known (it is in d->interp too). */
+typedef void (*elf_interp_fn)(void *ctx, const char *interp);
 /*
  * The dependencies of the @size-byte file that @read reads: 0 and *@d
  * (free with elf_deps_free), 1 when it is not a little-endian ELF file
  * with an interpreter or libraries that this parser understands (nothing
- * to predict), or -errno from @read or allocation.
+ * to predict), or -errno from @read or allocation. @interp, if not NULL,
+ * is called before the dynamic section is read, which in a large program
+ * is far from its header and may cost a fetch of its own.
  */
-int elf_deps_read(elf_read_fn read, void *ctx, uint64_t size, struct elf_deps *d);
+int elf_deps_read(elf_read_fn read, elf_interp_fn interp, void *ctx,
+		  uint64_t size, struct elf_deps *d);
 void elf_deps_free(struct elf_deps *d);
 
 /* ------------------------------------------------------------------ */

@@ -201,13 +201,16 @@ elf_predict() { # MODE
 
 # A program larger than 8 MiB (the elf_set program padded with zeros),
 # its interpreter at /lib64 and its libraries under their DT_NEEDED
-# names, and a file to read first: a dir: tree converted into the
-# registry as ferry/bigelf:1.
+# names, a file to read first, and a directory of modules (a text file
+# and the program as mod.so): a dir: tree converted into the registry as
+# ferry/bigelf:1.
 big_elf_image() {
 	local prog=$1 d=$SCRATCH/bigelf lib
 	rm -rf "$d"
-	mkdir -p "$d/usr/bin" "$d/lib64" "$d/usr/lib/x86_64-linux-gnu" "$d/usr/share" || return 1
+	mkdir -p "$d/usr/bin" "$d/lib64" "$d/usr/lib/x86_64-linux-gnu" "$d/usr/share" \
+		"$d/usr/lib/mods" || return 1
 	cp "$ref/$prog" "$d/usr/bin/big" && truncate -s 9M "$d/usr/bin/big" || return 1
+	seq 2000 >"$d/usr/lib/mods/a.txt" && cp "$ref/$prog" "$d/usr/lib/mods/mod.so" || return 1
 	cp -L "$ref/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2" "$d/lib64/" || return 1
 	for lib in $(readelf -dW "$ref/$prog" | sed -n 's/.*Shared library: \[\(.*\)\]/\1/p'); do
 		cp -L "$ref/usr/lib/x86_64-linux-gnu/$lib" "$d/usr/lib/x86_64-linux-gnu/$lib" || return 1
@@ -238,6 +241,28 @@ elf_big() { # MODE
 	check "ferry umount ($mode, program > 8 MiB)" fumount "$m"
 }
 
+# A directory that directory prediction fetches (a miss in its text file)
+# holds a module: its interpreter and libraries come too, with no miss
+# of the module's own to inspect (Python's lib-dynload and libssl).
+elf_modules() { # MODE
+	local mode=$1 m=$SCRATCH/m-wanmod-$1 d=$SCRATCH/bigelf f before after
+	lazy_use "wanmod-$mode"
+	check "mount --mode $mode through the WAN proxy (fresh cache, modules)" \
+		ferryd_mount "$mode" "docker://$WAN/ferry/bigelf:1" "$m" || return 1
+	check "$mode: a first read (/usr/share/first)" cmp "$d/usr/share/first" "$m/usr/share/first"
+	fetch_settle "$m"
+	check "$mode: /usr/lib/mods/a.txt reads the reference bytes" cmp "$d/usr/lib/mods/a.txt" "$m/usr/lib/mods/a.txt"
+	fetch_settle "$m"
+	before=$(mount_field "$m" fetches)
+	for f in lib64/ld-linux-x86-64.so.2 $(cd "$d" && echo usr/lib/x86_64-linux-gnu/*); do
+		check "$mode: /$f reads the reference bytes" cmp "$d/$f" "$m/$f"
+	done
+	after=$(mount_field "$m" fetches)
+	expect_sh "$mode: the predicted module's interpreter and libraries were there: no fetch ($before fetches before reading them, $after after)" \
+		'[ -n "$before" ] && [ "$before" = "$after" ]'
+	check "ferry umount ($mode, modules)" fumount "$m"
+}
+
 wan_checks fuse
 wan_checks fanotify
 one_reader fuse
@@ -250,6 +275,8 @@ if elf_set >"$SCRATCH/elfset.txt" 2>"$LOG"; then
 	if big_elf_image "$prog" >"$LOG" 2>&1; then
 		elf_big fuse
 		elf_big fanotify
+		elf_modules fuse
+		elf_modules fanotify
 	else
 		notok "a dir: image with a 9 MiB program and its libraries in the registry"
 		diag "$LOG"

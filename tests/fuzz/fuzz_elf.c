@@ -29,13 +29,21 @@ static int input_read(void *ctx, uint64_t off, void *buf, size_t len)
 	return 0;
 }
 
+/* Called with what d.interp will hold: a name, never an empty or huge one. */
+static void check_interp(void *ctx, const char *interp)
+{
+	(void)ctx;
+	if (!*interp || strlen(interp) >= 4096)
+		abort();
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	struct input in = { data, size };
 	struct elf_deps d;
 	uint32_t i;
 
-	if (elf_deps_read(input_read, &in, size, &d))
+	if (elf_deps_read(input_read, check_interp, &in, size, &d))
 		return 0;
 	if ((!d.interp && !d.nr_needed) || d.nr_needed > ELF_NEEDED_MAX ||
 	    (d.interp && (!*d.interp || strlen(d.interp) >= 4096)))

@@ -19,6 +19,8 @@ struct mem {
 	uint64_t size;
 	int fail;        /* -errno to return from every read */
 	unsigned int reads;
+	uint64_t read_end; /* the end of the furthest read so far */
+	unsigned int interp_calls;
 };
 
 static int mem_read(void *ctx, uint64_t off, void *buf, size_t len)
@@ -33,7 +35,18 @@ static int mem_read(void *ctx, uint64_t off, void *buf, size_t len)
 	if (off > m->size || len > m->size - off)
 		return -EINVAL;
 	memcpy(buf, m->buf + off, len);
+	m->read_end = MAX(m->read_end, off + len);
 	return 0;
+}
+
+/* The interpreter is told before the dynamic section (at 0x300) is read. */
+static void mem_interp(void *ctx, const char *interp)
+{
+	struct mem *m = ctx;
+
+	m->interp_calls++;
+	CHECK(!strcmp(interp, INTERP));
+	CHECK(m->read_end <= 0x300);
 }
 
 static const char dynstr[] = "\0libm.so.6\0libc.so.6\0/opt/lib:$ORIGIN/x";
@@ -82,7 +95,9 @@ static void test_elf64(void)
 	struct mem m;
 
 	elf64(&m);
-	CHECK_EQ(elf_deps_read(mem_read, &m, m.size, &d), 0);
+	CHECK_EQ(elf_deps_read(mem_read, mem_interp, &m, m.size, &d), 0);
+	CHECK_EQ(m.interp_calls, 1);
+	CHECK(m.read_end > 0x300);
 	CHECK(d.interp && !strcmp(d.interp, INTERP));
 	CHECK_EQ(d.nr_needed, 2);
 	CHECK(d.nr_needed == 2 && !strcmp(d.needed[0], "libm.so.6") &&
@@ -95,7 +110,7 @@ static void test_elf64(void)
 	/* Errors of the reader reach the caller. */
 	elf64(&m);
 	m.fail = -EIO;
-	CHECK_EQ(elf_deps_read(mem_read, &m, m.size, &d), -EIO);
+	CHECK_EQ(elf_deps_read(mem_read, NULL, &m, m.size, &d), -EIO);
 }
 
 static void test_elf32(void)
@@ -127,7 +142,7 @@ static void test_elf32(void)
 	put_le32(b + 0x310, 10);
 	put_le32(b + 0x314, STRSZ);
 	memcpy(b + 0x400, dynstr, STRSZ);
-	CHECK_EQ(elf_deps_read(mem_read, &m, m.size, &d), 0);
+	CHECK_EQ(elf_deps_read(mem_read, NULL, &m, m.size, &d), 0);
 	CHECK(!d.interp && !d.runpath && !d.is64);
 	CHECK(d.nr_needed == 1 && !strcmp(d.needed[0], "libc.so.6"));
 	elf_deps_free(&d);
@@ -143,51 +158,51 @@ static void test_hostile(void)
 	/* Not ELF, big-endian, too short. */
 	elf64(&m);
 	m.buf[0] = 'x';
-	CHECK_EQ(elf_deps_read(mem_read, &m, m.size, &d), 1);
+	CHECK_EQ(elf_deps_read(mem_read, NULL, &m, m.size, &d), 1);
 	elf64(&m);
 	m.buf[5] = 2;
-	CHECK_EQ(elf_deps_read(mem_read, &m, m.size, &d), 1);
+	CHECK_EQ(elf_deps_read(mem_read, NULL, &m, m.size, &d), 1);
 	elf64(&m);
-	CHECK_EQ(elf_deps_read(mem_read, &m, 51, &d), 1);
-	CHECK_EQ(elf_deps_read(mem_read, &m, 63, &d), 1);
+	CHECK_EQ(elf_deps_read(mem_read, NULL, &m, 51, &d), 1);
+	CHECK_EQ(elf_deps_read(mem_read, NULL, &m, 63, &d), 1);
 	/* Program headers past the end, too many, too small, none. */
 	elf64(&m);
-	CHECK_EQ(elf_deps_read(mem_read, &m, 64 + 56 * 2, &d), 1);
+	CHECK_EQ(elf_deps_read(mem_read, NULL, &m, 64 + 56 * 2, &d), 1);
 	elf64(&m);
 	put_le64(m.buf + 32, UINT64_MAX - 8);
-	CHECK_EQ(elf_deps_read(mem_read, &m, m.size, &d), 1);
+	CHECK_EQ(elf_deps_read(mem_read, NULL, &m, m.size, &d), 1);
 	elf64(&m);
 	put_le16(m.buf + 56, 0xffff);
-	CHECK_EQ(elf_deps_read(mem_read, &m, m.size, &d), 1);
+	CHECK_EQ(elf_deps_read(mem_read, NULL, &m, m.size, &d), 1);
 	elf64(&m);
 	put_le16(m.buf + 54, 32);
-	CHECK_EQ(elf_deps_read(mem_read, &m, m.size, &d), 1);
+	CHECK_EQ(elf_deps_read(mem_read, NULL, &m, m.size, &d), 1);
 	elf64(&m);
 	put_le16(m.buf + 56, 0);
-	CHECK_EQ(elf_deps_read(mem_read, &m, m.size, &d), 1);
+	CHECK_EQ(elf_deps_read(mem_read, NULL, &m, m.size, &d), 1);
 	/* An interpreter without its NUL, empty, or of absurd size. */
 	elf64(&m);
 	m.buf[0x200 + sizeof(INTERP) - 1] = 'x';
-	CHECK_EQ(elf_deps_read(mem_read, &m, m.size, &d), 1);
+	CHECK_EQ(elf_deps_read(mem_read, NULL, &m, m.size, &d), 1);
 	elf64(&m);
 	m.buf[0x200] = '\0';
-	CHECK_EQ(elf_deps_read(mem_read, &m, m.size, &d), 1);
+	CHECK_EQ(elf_deps_read(mem_read, NULL, &m, m.size, &d), 1);
 	elf64(&m);
 	put_le64(m.buf + 64 + 32, UINT64_MAX);
-	CHECK_EQ(elf_deps_read(mem_read, &m, m.size, &d), 1);
+	CHECK_EQ(elf_deps_read(mem_read, NULL, &m, m.size, &d), 1);
 	/* A string table outside every PT_LOAD, or larger than it. */
 	elf64(&m);
 	put_le64(m.buf + 0x300 + 3 * 16 + 8, 0x10);
-	CHECK_EQ(elf_deps_read(mem_read, &m, m.size, &d), 1);
+	CHECK_EQ(elf_deps_read(mem_read, NULL, &m, m.size, &d), 1);
 	elf64(&m);
 	put_le64(m.buf + 0x300 + 4 * 16 + 8, UINT64_MAX);
-	CHECK_EQ(elf_deps_read(mem_read, &m, m.size, &d), 1);
+	CHECK_EQ(elf_deps_read(mem_read, NULL, &m, m.size, &d), 1);
 	/* A PT_LOAD that claims more than the file: reads stay inside. */
 	elf64(&m);
 	put_le64(m.buf + 64 + 56 + 32, UINT64_MAX / 2);
 	put_le64(m.buf + 0x300 + 3 * 16 + 8, VADDR + FILE_SIZE - 4);
 	put_le64(m.buf + 0x300 + 4 * 16 + 8, 1u << 20);
-	ret = elf_deps_read(mem_read, &m, m.size, &d);
+	ret = elf_deps_read(mem_read, NULL, &m, m.size, &d);
 	CHECK(ret == 0 || ret == 1);
 	if (!ret) {
 		CHECK_EQ(d.nr_needed, 0);
@@ -196,19 +211,19 @@ static void test_hostile(void)
 	/* A name the table does not hold, or unterminated: that name only. */
 	elf64(&m);
 	put_le64(m.buf + 0x300 + 8, STRSZ + 5);
-	CHECK_EQ(elf_deps_read(mem_read, &m, m.size, &d), 0);
+	CHECK_EQ(elf_deps_read(mem_read, NULL, &m, m.size, &d), 0);
 	CHECK(d.nr_needed == 1 && !strcmp(d.needed[0], "libc.so.6"));
 	elf_deps_free(&d);
 	elf64(&m);
 	memset(m.buf + 0x400 + 11, 'a', STRSZ - 11);
 	put_le64(m.buf + 0x300 + 2 * 16, 0x7fffffff); /* no run path */
-	CHECK_EQ(elf_deps_read(mem_read, &m, m.size, &d), 0);
+	CHECK_EQ(elf_deps_read(mem_read, NULL, &m, m.size, &d), 0);
 	CHECK(d.nr_needed == 1 && !strcmp(d.needed[0], "libm.so.6") && !d.runpath);
 	elf_deps_free(&d);
 	/* A dynamic section running off the end of the file. */
 	elf64(&m);
 	put_le64(m.buf + 64 + 2 * 56 + 32, 1u << 30);
-	CHECK_EQ(elf_deps_read(mem_read, &m, m.size, &d), 1);
+	CHECK_EQ(elf_deps_read(mem_read, NULL, &m, m.size, &d), 1);
 }
 
 int main(void)
