@@ -219,49 +219,37 @@ big_elf_image() {
 	"$FERRY" convert -q "dir:$d" "docker://$REG/ferry/bigelf:1"
 }
 
-# ELF prediction of a program too large to be fetched whole: fanotify
-# misses name a blob range, and the map that names their file must cover
-# the start of such a program too.
-elf_big() { # MODE
-	local mode=$1 m=$SCRATCH/m-wanbig-$1 d=$SCRATCH/bigelf f before after
-	lazy_use "wanbig-$mode"
-	check "mount --mode $mode of a program > 8 MiB through the WAN proxy (fresh cache)" \
+# In a fresh mount of ferry/bigelf:1, after a first read: COMMAND (a cmp)
+# of PATH in the reference and in the mount must bring the interpreter and the
+# libraries, so that reading them fetches nothing.
+#  - elf_big: the first 64 bytes of a program too large to be fetched
+#    whole: fanotify misses name a blob range, and the map that names
+#    their file must cover the start of such a program too;
+#  - elf_modules: a text file whose directory (which directory prediction
+#    fetches) also holds a program: it is inspected with no miss of its
+#    own (Python's lib-dynload and libssl).
+bigelf_check() { # MODE NAME WHAT COMMAND... PATH
+	local mode=$1 name=$2 what=$3 m=$SCRATCH/m-$2-$1 d=$SCRATCH/bigelf f before after path
+	shift 3
+	path=${*: -1}
+	lazy_use "$name-$mode"
+	check "mount --mode $mode through the WAN proxy (fresh cache, $what)" \
 		ferryd_mount "$mode" "docker://$WAN/ferry/bigelf:1" "$m" || return 1
 	check "$mode: a first read (/usr/share/first)" cmp "$d/usr/share/first" "$m/usr/share/first"
 	fetch_settle "$m"
-	check "$mode: the first 64 bytes of /usr/bin/big (9 MiB)" cmp -n 64 "$d/usr/bin/big" "$m/usr/bin/big"
+	check "$mode: $what: $* reads the reference bytes" "${@:1:$#-1}" "$d$path" "$m$path"
 	fetch_settle "$m"
 	before=$(mount_field "$m" fetches)
 	for f in lib64/ld-linux-x86-64.so.2 $(cd "$d" && echo usr/lib/x86_64-linux-gnu/*); do
 		check "$mode: /$f reads the reference bytes" cmp "$d/$f" "$m/$f"
 	done
 	after=$(mount_field "$m" fetches)
-	expect_sh "$mode: the 9 MiB program's interpreter and libraries were there: no fetch ($before fetches before reading them, $after after)" \
+	expect_sh "$mode: $what: the interpreter and libraries were there: no fetch ($before fetches before reading them, $after after)" \
 		'[ -n "$before" ] && [ "$before" = "$after" ]'
-	check "ferry umount ($mode, program > 8 MiB)" fumount "$m"
+	check "ferry umount ($mode, $what)" fumount "$m"
 }
-
-# A directory that directory prediction fetches (a miss in its text file)
-# holds a module: its interpreter and libraries come too, with no miss
-# of the module's own to inspect (Python's lib-dynload and libssl).
-elf_modules() { # MODE
-	local mode=$1 m=$SCRATCH/m-wanmod-$1 d=$SCRATCH/bigelf f before after
-	lazy_use "wanmod-$mode"
-	check "mount --mode $mode through the WAN proxy (fresh cache, modules)" \
-		ferryd_mount "$mode" "docker://$WAN/ferry/bigelf:1" "$m" || return 1
-	check "$mode: a first read (/usr/share/first)" cmp "$d/usr/share/first" "$m/usr/share/first"
-	fetch_settle "$m"
-	check "$mode: /usr/lib/mods/a.txt reads the reference bytes" cmp "$d/usr/lib/mods/a.txt" "$m/usr/lib/mods/a.txt"
-	fetch_settle "$m"
-	before=$(mount_field "$m" fetches)
-	for f in lib64/ld-linux-x86-64.so.2 $(cd "$d" && echo usr/lib/x86_64-linux-gnu/*); do
-		check "$mode: /$f reads the reference bytes" cmp "$d/$f" "$m/$f"
-	done
-	after=$(mount_field "$m" fetches)
-	expect_sh "$mode: the predicted module's interpreter and libraries were there: no fetch ($before fetches before reading them, $after after)" \
-		'[ -n "$before" ] && [ "$before" = "$after" ]'
-	check "ferry umount ($mode, modules)" fumount "$m"
-}
+elf_big() { bigelf_check "$1" wanbig "a program > 8 MiB" cmp -n 64 /usr/bin/big; }
+elf_modules() { bigelf_check "$1" wanmod "a directory of modules" cmp /usr/lib/mods/a.txt; }
 
 wan_checks fuse
 wan_checks fanotify
