@@ -8,8 +8,9 @@
 #
 # OLD_BIN and NEW_BIN hold ferry and ferryd (e.g. a worktree of the base
 # commit built with make, and bin/ of this one). The image is the "big"
-# Debian tree of bench/lib.sh, converted to dir: by NEW_BIN's ferry; each
-# build mounts it with its own ferryd and cache, every file is read once
+# Debian tree of bench/lib.sh, converted to dir: by each build's own ferry
+# (the format may differ between them); each build mounts its own with its
+# own ferryd and cache, every file is read once
 # (warm), then each round runs sequential read, 500 random small files and
 # a metadata walk on both mounts. Prints the tables and NEW/OLD ratios of
 # the medians. Root; FERRY_BENCH_DIR as bench/lib.sh.
@@ -33,13 +34,13 @@ cleanup() {
 }
 trap cleanup EXIT
 
-"$new/ferry" convert -q "dir:$ref" "dir:$work/img"
 for b in old new; do
 	bin=$old
 	[ $b = new ] && bin=$new
 	mkdir -p "$work/mnt-$b"
+	"$bin/ferry" convert -q "dir:$ref" "dir:$work/img-$b"
 	"$bin/ferry" mount --mode fuse --socket "$work/$b.sock" --cache-dir "$work/cache-$b" \
-		"dir:$work/img" "$work/mnt-$b" >/dev/null
+		"dir:$work/img-$b" "$work/mnt-$b" >/dev/null
 	tar cf - -C "$work/mnt-$b" . | cat >/dev/null
 done
 

@@ -47,6 +47,10 @@ wp_pid=
 trap '[ -z "$wp_pid" ] || kill "$wp_pid" 2>/dev/null; bench_cleanup' EXIT
 now() { date +%s.%N; }
 bench_image "$set_name"
+# Each build serves what its own `ferry convert` makes of the image (builds
+# before the loader dependencies section, FORMAT.md 2.6, refuse it).
+[ -z "$old" ] || "$old/ferry" convert -q "docker://$reg/src/$set_name:1" \
+	"docker://$reg/ferry/$set_name:old"
 
 PYIMPORT21='import asyncio, email.mime.multipart, http.client, json, xml.etree.ElementTree, decimal, unittest, urllib.request, logging.handlers, multiprocessing, concurrent.futures, sqlite3, ctypes'
 PYIMPORT17='import json, email, http.client'
@@ -73,8 +77,9 @@ print(sum(x.get(sys.argv[1], 0) for x in json.load(sys.stdin)["mounts"]))' "$3"
 }
 cold() { # LINK BUILD BIN MODE [WORKLOAD [TAG]]: one cold start, a line into $work/results
 	local link=$1 b=$2 bin=$3 mode=$4 wl=${5:-21} tag=${6:-1} sock=$work/$2-$4.sock cache=$work/cache-$2-$4
-	local mnt=$work/mnt-$2-$4 t0 t1 what=$2-$4
+	local mnt=$work/mnt-$2-$4 t0 t1 what=$2-$4 ref_tag=$tag
 	[ "$tag" = 1 ] || what=$what-$tag
+	[ "$b" != old ] || [ "$tag" != 1 ] || ref_tag=old
 	[ "$wl" = 21 ] || [ "$tag" != 1 ] || what=$what-py
 	rm -rf "$cache"
 	mkdir -p "$mnt"
@@ -82,7 +87,7 @@ cold() { # LINK BUILD BIN MODE [WORKLOAD [TAG]]: one cold start, a line into $wo
 	wstat reset >/dev/null
 	t0=$(now)
 	"$bin/ferry" mount --mode "$mode" --socket "$sock" --cache-dir "$cache" \
-		"docker://$wan/ferry/$set_name:$tag" "$mnt"
+		"docker://$wan/ferry/$set_name:$ref_tag" "$mnt"
 	workload "$mnt" "$wl"
 	t1=$(now)
 	echo "$link $what $(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }') $(wstat requests) $(mstat "$bin" "$sock" bytesFetched) $(mstat "$bin" "$sock" bytesRead) $(mstat "$bin" "$sock" fetchesAhead) $(wstat max_inflight)" >>"$work/results"

@@ -234,8 +234,10 @@ static int write_bootstrap(struct converter *c, struct out_blob **blobs,
 					       META_BLOCK_SIZE);
 		infos[i] = blobs[i]->info;
 	}
-	ret = image_ext_encode(infos, nr, c->prefetch, c->nr_prefetch, &ext,
-			       &ext_len);
+	ret = convert_elf_collect(c);
+	if (!ret)
+		ret = image_ext_encode(infos, nr, c->prefetch, c->nr_prefetch,
+				       c->elf, c->nr_elf, &ext, &ext_len);
 	if (ret)
 		goto out;
 	wopts.devices = devices;
@@ -508,6 +510,8 @@ int convert_run(const char *source, const char *dest,
 		goto out;
 	}
 	ret = meta_tree_new(&c.tree);
+	if (!ret)
+		ret = convert_elf_init(&c);
 	if (!ret && opts->chunk_dict)
 		ret = convert_load_chunk_dict(&c, opts->chunk_dict);
 	if (!ret && opts->prefetch_files)
@@ -541,6 +545,7 @@ out:
 	image_close(c.dict);
 	image_prefetch_list_free(c.prefetch, c.nr_prefetch);
 	free(c.prefetch_sorted);
+	convert_elf_free(&c);
 	oci_image_free(&src_img);
 	meta_tree_free(c.tree);
 	free(c.chunks.slots);

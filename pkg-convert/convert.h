@@ -55,6 +55,8 @@ struct convert_opts {
 	 * first; kept in the bootstrap. NULL = none. */
 	const char *prefetch_files;
 	bool replace;          /* an existing dir: image or oci: tag may be replaced */
+	/* No loader dependencies section (FORMAT.md 2.6): for ferryd before it. */
+	bool no_loader_deps;
 	/* While *@cancel is true the conversion stops (-ECANCELED) and
 	 * leaves the destination as it was; NULL = never. */
 	const _Atomic bool *cancel;

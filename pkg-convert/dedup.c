@@ -215,13 +215,14 @@ int convert_ingest_file(struct converter *c, struct meta_inode *inode,
 			continue;
 		}
 		ret = src->read(src->ctx, c->buf, len);
-		if (ret)
-			goto out;
-		ret = store_chunk(c, c->buf, len, &inode->chunks[i]);
+		if (!ret)
+			ret = convert_elf_chunk(c, i * chunk_size, c->buf, len, size);
+		if (!ret)
+			ret = store_chunk(c, c->buf, len, &inode->chunks[i]);
 		if (ret)
 			goto out;
 	}
-	ret = 0;
+	ret = convert_elf_file_end(c, inode, image_path);
 out:
 	if (ret)
 		ferry_err("%s: %s", path, ferry_strerror(ret));

@@ -98,6 +98,11 @@ struct converter {
 	const char **prefetch_sorted; /* the same, sorted, for convert_ingest_file */
 	size_t dir_root_len;        /* convert_dir: the source path's length */
 	struct native_state *native; /* CONVERT_FORMAT_EROFS_LAYERS, else NULL */
+	struct elf_capture *elf_cap; /* the ELF file being ingested (elfdeps.c) */
+	struct elf_record *elf_records; /* every ELF file ingested */
+	size_t nr_elf_records, elf_records_cap;
+	struct image_elf_entry *elf; /* those in the final tree, by path */
+	uint32_t nr_elf;
 };
 
 /* -ECANCELED once the caller asked to stop (convert_opts.cancel), else 0. */
@@ -164,6 +169,15 @@ struct oci_image;
 struct oci_descriptor;
 int convert_apply_oci_layer(struct converter *c, const struct oci_image *img,
 			    const struct oci_descriptor *d, const char *name);
+
+/* Loader dependencies of the ELF files ingested (elfdeps.c, FORMAT.md 2.6) */
+int convert_elf_init(struct converter *c);
+int convert_elf_chunk(struct converter *c, uint64_t off, const uint8_t *data,
+		      uint32_t len, uint64_t size);
+int convert_elf_file_end(struct converter *c, const struct meta_inode *inode,
+			 const char *image_path);
+int convert_elf_collect(struct converter *c);
+void convert_elf_free(struct converter *c);
 
 /* The parent directory of @path in c->tree, created as tar extraction does. */
 int convert_parent_dir(struct converter *c, char *path,

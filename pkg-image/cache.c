@@ -149,6 +149,7 @@ struct image_cache {
 	atomic_uint_fast64_t hits, misses, fetch_errors, miss_ns_total;
 	atomic_uint_fast64_t miss_ms[IMAGE_LATENCY_BUCKETS];
 	atomic_uint_fast64_t fetches, fetches_ahead, bytes_ahead;
+	atomic_uint_fast64_t programs_recorded, programs_read;
 	uint64_t bwlimit; /* prefetch bytes per second, 0 = unlimited */
 	atomic_uint_fast64_t bw_start_ns, bw_bytes;
 
@@ -168,6 +169,8 @@ struct image_cache {
 	/* Directory prediction's map, built with the owners. */
 	struct ra_dfile *dfiles;
 	struct ra_nidx *dfile_by_nid;
+	struct ra_nidx *elf_by_nid; /* the image's loader dependencies, by inode */
+	size_t nr_elf_by_nid, elf_by_nid_cap;
 	struct ra_dir *dirs;
 	uint32_t *kids;
 	size_t nr_dfiles, dfiles_cap, nr_dirs, dirs_cap;
@@ -211,6 +214,7 @@ void image_cache_close(struct image_cache *ic)
 	free(ic->owners);
 	free(ic->dfiles);
 	free(ic->dfile_by_nid);
+	free(ic->elf_by_nid);
 	free(ic->kids);
 	free(ic->dirs);
 	free(ic->planned);
@@ -307,6 +311,29 @@ static int dir_add(struct image_cache *ic, const char *path,
 	return 0;
 }
 
+static int elf_entry_cmp(const void *key, const void *e)
+{
+	return strcmp(key, ((const struct image_elf_entry *)e)->path);
+}
+
+/* The walk also maps the loader dependencies' paths to inodes. */
+static int elf_entry_add(struct image_cache *ic, const char *path,
+			 const struct meta_stat *st)
+{
+	const struct image_elf_entry *e;
+
+	e = bsearch(path, ic->img->elf, ic->img->nr_elf, sizeof(*e), elf_entry_cmp);
+	if (!e)
+		return 0;
+	if (array_reserve(&ic->elf_by_nid, &ic->elf_by_nid_cap, ic->nr_elf_by_nid + 1,
+			  sizeof(*ic->elf_by_nid), 64))
+		return -ENOMEM;
+	ic->elf_by_nid[ic->nr_elf_by_nid++] = (struct ra_nidx){
+		st->nid, (uint32_t)(e - ic->img->elf)
+	};
+	return 0;
+}
+
 static int owner_add(void *ctx, const char *path, const struct meta_stat *st)
 {
 	struct image_cache *ic = ctx;
@@ -319,6 +346,9 @@ static int owner_add(void *ctx, const char *path, const struct meta_stat *st)
 		return ret;
 	if (!S_ISREG(st->mode) || !st->nr_chunks)
 		return 0;
+	ret = elf_entry_add(ic, path, st);
+	if (ret)
+		return ret;
 	/* A larger file's first chunk only: a miss there may be an exec. */
 	for (c = 0; c < (st->size > RA_FILE_MAX ? 1 : st->nr_chunks) &&
 		    c * st->chunk_size < st->size; c++) {
@@ -426,6 +456,9 @@ static void owners_build(struct image_cache *ic)
 	}
 	if (ic->nr_owners)
 		qsort(ic->owners, ic->nr_owners, sizeof(*ic->owners), owner_cmp);
+	if (ic->nr_elf_by_nid)
+		qsort(ic->elf_by_nid, ic->nr_elf_by_nid, sizeof(*ic->elf_by_nid),
+		      nidx_cmp);
 	atomic_store(&ic->owners_ready, true);
 }
 
@@ -876,25 +909,34 @@ static bool elf_first(struct image_cache *ic, uint64_t nid)
 	return true;
 }
 
-/* After a miss in @st made [@uoff, @uoff + @len) of blob @index present. */
-static void elf_check(struct image_cache *ic, const struct meta_stat *st,
-		      uint32_t index, uint64_t uoff, uint64_t len)
+/* Whether [@uoff, @uoff + @len) of blob @index holds @st's first byte. */
+static bool miss_at_start(struct image_cache *ic, const struct meta_stat *st,
+			  uint32_t index, uint64_t uoff, uint64_t len)
 {
-	uint8_t magic[4];
 	uint64_t start;
 	uint32_t first;
 
-	if (!ic->ra_on || !st->nr_chunks ||
-	    locate(ic, st, 0, &first, &start) || first != index ||
-	    start < uoff || start - uoff >= len)
-		return; /* not the miss at the file's start */
-	if (image_cache_read_cached(ic, st, 0, magic, sizeof(magic)) != sizeof(magic) ||
-	    memcmp(magic, "\177ELF", 4))
-		return;
+	return ic->ra_on && st->nr_chunks && !locate(ic, st, 0, &first, &start) &&
+	       first == index && start >= uoff && start - uoff < len;
+}
+
+/* Queue @nid's inspection, once per mount. */
+static void elf_push(struct image_cache *ic, uint64_t nid)
+{
 	pthread_mutex_lock(&ic->ra_lock);
-	if (elf_first(ic, st->nid))
-		ra_push_job(ic, (struct ra_job){ .elf = st->nid + 1 });
+	if (elf_first(ic, nid))
+		ra_push_job(ic, (struct ra_job){ .elf = nid + 1 });
 	pthread_mutex_unlock(&ic->ra_lock);
+}
+
+/* After the miss at @st's start made it present: is it a program? */
+static void elf_check(struct image_cache *ic, const struct meta_stat *st)
+{
+	uint8_t magic[4];
+
+	if (image_cache_read_cached(ic, st, 0, magic, sizeof(magic)) == sizeof(magic) &&
+	    !memcmp(magic, "\177ELF", 4))
+		elf_push(ic, st->nid);
 }
 
 struct elf_src {
@@ -977,42 +1019,47 @@ static const char *elf_triplet(const struct elf_deps *d)
 	}
 }
 
+/* The interpreter and the loader's cache of a dynamic program. */
+static void elf_queue_loader(struct image_cache *ic, const char *interp)
+{
+	struct meta_stat lib;
+
+	if (!elf_find(ic, "/etc/ld.so.cache", &lib))
+		elf_queue(ic, &lib, false);
+	if (!elf_find(ic, interp, &lib))
+		elf_queue(ic, &lib, false);
+}
+
 /*
- * A dynamic program's interpreter and the loader's cache, queued as soon
- * as the program's header names the interpreter: the kernel maps the
- * interpreter right after the header, while the libraries' names wait
- * for the dynamic section (at the end of dash: another round trip).
+ * Queued as soon as a program's header names the interpreter: the kernel
+ * maps the interpreter right after the header, while the libraries'
+ * names wait for the dynamic section (at the end of dash: another round
+ * trip).
  */
 static void elf_interp(void *ctx, const char *interp)
 {
 	const struct elf_src *s = ctx;
-	struct meta_stat lib;
 
-	if (!elf_find(s->ic, "/etc/ld.so.cache", &lib))
-		elf_queue(s->ic, &lib, false);
-	if (!elf_find(s->ic, interp, &lib))
-		elf_queue(s->ic, &lib, false);
+	elf_queue_loader(s->ic, interp);
 }
 
-static void elf_predict(struct image_cache *ic, uint64_t nid)
+/* @d's DT_NEEDED libraries, found as the loader would, last one first. */
+static void elf_queue_libs(struct image_cache *ic, const struct elf_deps *d)
 {
 	static const char *const std_dirs[] = { "/lib64", "/usr/lib64", "/lib", "/usr/lib" };
 	const char *dirs[ELF_RUNPATH_DIRS + 2 + ARRAY_SIZE(std_dirs)];
-	char multi[2][64], path[4096], *save = NULL, *dir;
-	struct meta_stat st, lib;
-	struct elf_src src = { ic, &st };
-	struct elf_deps d;
+	char multi[2][64], path[4096], runpath[4097], *save = NULL, *dir;
+	struct meta_stat lib;
 	const char *triplet;
 	size_t nr_dirs = 0, i, k;
 
-	if (meta_getattr(ic->img->meta, nid, &st) || !S_ISREG(st.mode) ||
-	    !st.nr_chunks || elf_deps_read(elf_src_read, elf_interp, &src, st.size, &d))
-		return;
-	for (dir = d.runpath ? strtok_r(d.runpath, ":", &save) : NULL;
+	/* A copy to cut up: at most 4096 bytes (elf.c's and FORMAT.md's limit). */
+	snprintf(runpath, sizeof(runpath), "%s", d->runpath ? d->runpath : "");
+	for (dir = strtok_r(runpath, ":", &save);
 	     dir && nr_dirs < ELF_RUNPATH_DIRS; dir = strtok_r(NULL, ":", &save))
 		if (dir[0] == '/' && !strchr(dir, '$'))
 			dirs[nr_dirs++] = dir;
-	triplet = elf_triplet(&d);
+	triplet = elf_triplet(d);
 	if (triplet) {
 		snprintf(multi[0], sizeof(multi[0]), "/lib/%s", triplet);
 		snprintf(multi[1], sizeof(multi[1]), "/usr/lib/%s", triplet);
@@ -1021,23 +1068,57 @@ static void elf_predict(struct image_cache *ic, uint64_t nid)
 	}
 	for (k = 0; k < ARRAY_SIZE(std_dirs); k++)
 		dirs[nr_dirs++] = std_dirs[k];
-	/*
-	 * The threads take the newest job first: the libraries last one
-	 * first (the interpreter and the loader's cache went when the
-	 * header named them: elf_interp).
-	 */
-	for (i = d.nr_needed; i-- > 0;) {
-		if (strchr(d.needed[i], '/'))
+	for (i = d->nr_needed; i-- > 0;) {
+		if (strchr(d->needed[i], '/'))
 			continue;
 		for (k = 0; k < nr_dirs; k++) {
 			if ((size_t)snprintf(path, sizeof(path), "%s/%s", dirs[k],
-					     d.needed[i]) < sizeof(path) &&
+					     d->needed[i]) < sizeof(path) &&
 			    !elf_find(ic, path, &lib)) {
 				elf_queue(ic, &lib, true);
 				break;
 			}
 		}
 	}
+}
+
+/* What `ferry convert` recorded of @nid (FORMAT.md 2.6), or NULL. */
+static const struct elf_deps *elf_recorded(struct image_cache *ic, uint64_t nid)
+{
+	const struct ra_nidx key = { .nid = nid }, *x;
+
+	if (!ic->img->nr_elf || !atomic_load(&ic->owners_ready))
+		return NULL;
+	x = bsearch(&key, ic->elf_by_nid, ic->nr_elf_by_nid, sizeof(key), nidx_cmp);
+	return x ? &ic->img->elf[x->i].deps : NULL;
+}
+
+/*
+ * The dependencies of @nid: those the image records, at once, or else
+ * read from its header. The threads take the newest job first: the
+ * libraries last one first, then the interpreter (with a recorded one,
+ * queued last; a read one went when the header named it: elf_interp).
+ */
+static void elf_predict(struct image_cache *ic, uint64_t nid)
+{
+	const struct elf_deps *rec = elf_recorded(ic, nid);
+	struct meta_stat st;
+	struct elf_src src = { ic, &st };
+	struct elf_deps d;
+
+	if (rec) {
+		atomic_fetch_add(&ic->programs_recorded, 1);
+		elf_queue_libs(ic, rec);
+		if (rec->interp)
+			elf_queue_loader(ic, rec->interp);
+		return;
+	}
+	if (meta_getattr(ic->img->meta, nid, &st) || !S_ISREG(st.mode) || !st.nr_chunks)
+		return;
+	atomic_fetch_add(&ic->programs_read, 1);
+	if (elf_deps_read(elf_src_read, elf_interp, &src, st.size, &d))
+		return;
+	elf_queue_libs(ic, &d);
 	elf_deps_free(&d);
 }
 
@@ -1071,15 +1152,16 @@ static void elf_scan(struct image_cache *ic, const struct ra_job *j)
 		o = &ic->owners[lo];
 		if (o->index != j->index || o->uoff >= j->uoff + j->len)
 			break;
-		if (meta_getattr(ic->img->meta, o->nid, &st) ||
-		    image_cache_read_cached(ic, &st, 0, magic, sizeof(magic)) != sizeof(magic) ||
-		    memcmp(magic, "\177ELF", 4))
+		if (!elf_recorded(ic, o->nid) &&
+		    (meta_getattr(ic->img->meta, o->nid, &st) ||
+		     image_cache_read_cached(ic, &st, 0, magic, sizeof(magic)) != sizeof(magic) ||
+		     memcmp(magic, "\177ELF", 4)))
 			continue;
 		pthread_mutex_lock(&ic->ra_lock);
-		first = elf_first(ic, st.nid);
+		first = elf_first(ic, o->nid);
 		pthread_mutex_unlock(&ic->ra_lock);
 		if (first)
-			elf_predict(ic, st.nid);
+			elf_predict(ic, o->nid);
 	}
 }
 
@@ -1092,6 +1174,7 @@ static int demand_ensure(struct image_cache *ic, const struct meta_stat *st,
 {
 	uint64_t size = ic->img->blobs.blobs[index].uncompressed_size;
 	struct meta_stat owner;
+	bool at_start;
 	int ret;
 
 	if (blob_cache_range_present(ic->blobs[index], uoff, len)) {
@@ -1126,9 +1209,17 @@ static int demand_ensure(struct image_cache *ic, const struct meta_stat *st,
 		if (st)
 			ra_file(ic, st, false);
 	}
+	/*
+	 * A program the image records the dependencies of has them queued
+	 * now, while its own start is fetched; another is inspected once
+	 * its header is in.
+	 */
+	at_start = st && miss_at_start(ic, st, index, uoff, len);
+	if (at_start && elf_recorded(ic, st->nid))
+		elf_push(ic, st->nid);
 	ret = ensure(ic, index, uoff, len, true);
-	if (!ret && st)
-		elf_check(ic, st, index, uoff, len);
+	if (!ret && at_start)
+		elf_check(ic, st);
 	return ret;
 }
 
@@ -1791,6 +1882,8 @@ void image_cache_get_stats(struct image_cache *ic, struct image_cache_stats *s)
 	s->bytes_ahead = atomic_load(&ic->bytes_ahead);
 	s->fetches = atomic_load(&ic->fetches);
 	s->fetches_ahead = atomic_load(&ic->fetches_ahead);
+	s->programs_recorded = atomic_load(&ic->programs_recorded);
+	s->programs_read = atomic_load(&ic->programs_read);
 	for (i = 0; i < ic->nr_blobs; i++) {
 		blob_cache_usage(ic->blobs[i], &chunks, &bytes);
 		s->chunks_present += chunks;

@@ -80,6 +80,7 @@ static struct json_object *image_json(struct image *img,
 	for (i = 0; i < img->nr_prefetch; i++)
 		json_object_array_add(prefetch, json_object_new_string(img->prefetch[i]));
 	json_object_object_add(o, "prefetch", prefetch);
+	json_object_object_add(o, "loaderDeps", U64(img->nr_elf));
 	json_object_object_add(tree, "files", U64(t->files));
 	json_object_object_add(tree, "directories", U64(t->dirs));
 	json_object_object_add(tree, "symlinks", U64(t->symlinks));
@@ -103,6 +104,39 @@ static const char *type_name(uint32_t mode)
 	case S_IFSOCK: return "socket";
 	default: return "unknown";
 	}
+}
+
+static int entry_cmp(const void *key, const void *e)
+{
+	return strcmp(key, ((const struct image_elf_entry *)e)->path);
+}
+
+/* What the image records of @path's loader dependencies, if anything. */
+static void loader_deps(const struct image *img, const char *path,
+			struct json_object *o)
+{
+	const struct image_elf_entry *e;
+	struct json_object *d, *needed;
+	char *norm;
+	uint32_t i;
+
+	if (image_path_normalize(path, strlen(path), &norm))
+		return;
+	e = bsearch(norm, img->elf, img->nr_elf, sizeof(*e), entry_cmp);
+	free(norm);
+	if (!e)
+		return;
+	d = json_object_new_object();
+	if (e->deps.interp)
+		json_object_object_add(d, "interpreter", json_object_new_string(e->deps.interp));
+	needed = json_object_new_array();
+	for (i = 0; i < e->deps.nr_needed; i++)
+		json_object_array_add(needed, json_object_new_string(e->deps.needed[i]));
+	json_object_object_add(d, "needed", needed);
+	if (e->deps.runpath)
+		json_object_object_add(d, "runpath", json_object_new_string(e->deps.runpath));
+	json_object_object_add(d, "machine", U64(e->deps.machine));
+	json_object_object_add(o, "loaderDeps", d);
 }
 
 int image_describe_file(struct image *img, const char *path,
@@ -149,6 +183,7 @@ int image_describe_file(struct image *img, const char *path,
 	for (name = names; n > 0 && name < names + n; name += strlen(name) + 1)
 		json_object_array_add(xattrs, json_object_new_string(name));
 	json_object_object_add(o, "xattrs", xattrs);
+	loader_deps(img, path, o);
 	if (!st.nr_chunks) {
 		json_object_object_add(o, "data", json_object_new_string(
 			S_ISREG(st.mode) || S_ISLNK(st.mode) || S_ISDIR(st.mode) ?

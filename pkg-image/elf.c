@@ -248,3 +248,197 @@ void elf_deps_free(struct elf_deps *d)
 	free(d->runpath);
 	memset(d, 0, sizeof(*d));
 }
+
+/*
+ * The loader dependencies section (docs/FORMAT.md 2.6): what elf_deps_read
+ * found in each ELF file at conversion, by path. Header: magic, version,
+ * count; then per file: u16 path length and path, u16 e_machine, u8 flags
+ * (bit 0: ELF64), u8 number of DT_NEEDED names, u16 length and bytes of
+ * the interpreter and of the run path (0: none), then each name as a u8
+ * length and bytes.
+ */
+#define SECTION_MAGIC "FERRYLD1"
+#define SECTION_VERSION 1
+#define SECTION_HEADER 16
+#define FLAG_ELF64 1u
+
+void image_elf_entries_free(struct image_elf_entry *e, uint32_t nr)
+{
+	uint32_t i;
+
+	for (i = 0; e && i < nr; i++) {
+		free(e[i].path);
+		elf_deps_free(&e[i].deps);
+	}
+	free(e);
+}
+
+static size_t opt_len(const char *s)
+{
+	return s ? strlen(s) : 0;
+}
+
+static uint8_t *put_str16(uint8_t *p, const char *s)
+{
+	size_t l = opt_len(s);
+
+	put_le16(p, (uint16_t)l);
+	memcpy(p + 2, s ? s : "", l);
+	return p + 2 + l;
+}
+
+int elf_section_encode(const struct image_elf_entry *e, uint32_t nr,
+		       uint8_t **buf, size_t *len)
+{
+	size_t total = SECTION_HEADER;
+	uint32_t i, k;
+	uint8_t *p;
+
+	for (i = 0; i < nr; i++) {
+		const struct elf_deps *d = &e[i].deps;
+
+		total += 2 + strlen(e[i].path) + 4 + 2 + opt_len(d->interp) +
+			 2 + opt_len(d->runpath);
+		for (k = 0; k < d->nr_needed; k++)
+			total += 1 + strlen(d->needed[k]);
+	}
+	*buf = p = calloc(1, total);
+	if (!p)
+		return -ENOMEM;
+	memcpy(p, SECTION_MAGIC, 8);
+	put_le32(p + 8, SECTION_VERSION);
+	put_le32(p + 12, nr);
+	p += SECTION_HEADER;
+	for (i = 0; i < nr; i++) {
+		const struct elf_deps *d = &e[i].deps;
+
+		p = put_str16(p, e[i].path);
+		put_le16(p, d->machine);
+		p[2] = d->is64 ? FLAG_ELF64 : 0;
+		p[3] = (uint8_t)d->nr_needed;
+		p = put_str16(p + 4, d->interp);
+		p = put_str16(p, d->runpath);
+		for (k = 0; k < d->nr_needed; k++) {
+			size_t l = strlen(d->needed[k]);
+
+			*p = (uint8_t)l;
+			memcpy(p + 1, d->needed[k], l);
+			p += 1 + l;
+		}
+	}
+	*len = total;
+	return 0;
+}
+
+/* A string of @len bytes at @p without NUL, copied; NULL for an empty one. */
+static int get_str(const uint8_t *p, size_t len, size_t max, char **out)
+{
+	*out = NULL;
+	if (len > max || memchr(p, '\0', len))
+		return -EFSCORRUPTED;
+	if (!len)
+		return 0;
+	*out = strndup((const char *)p, len);
+	return *out ? 0 : -ENOMEM;
+}
+
+/* One entry at @p of the @left bytes that remain: its size, or -errno. */
+static ssize_t decode_entry(const uint8_t *p, size_t left,
+			    struct image_elf_entry *e)
+{
+	const uint8_t *start = p, *end = p + left;
+	struct elf_deps *d = &e->deps;
+	size_t l;
+	uint32_t k, nr;
+	int ret;
+
+	if (end - p < 2 || (l = get_le16(p)) > (size_t)(end - p) - 2 || !l)
+		return -EFSCORRUPTED;
+	/* Stored normalised: anything else was not written by ferry. */
+	ret = memchr(p + 2, '\0', l) ? -EINVAL : image_path_normalize((const char *)p + 2, l, &e->path);
+	if (!ret && (strlen(e->path) != l || memcmp(e->path, p + 2, l)))
+		ret = -EINVAL;
+	if (ret)
+		return ret == -ENOMEM ? ret : -EFSCORRUPTED;
+	p += 2 + l;
+	if (end - p < 6 || (p[2] & ~FLAG_ELF64) || p[3] > ELF_NEEDED_MAX)
+		return -EFSCORRUPTED;
+	d->machine = get_le16(p);
+	d->is64 = p[2] & FLAG_ELF64;
+	nr = p[3];
+	p += 4;
+	if ((l = get_le16(p)) > (size_t)(end - p) - 2)
+		return -EFSCORRUPTED;
+	ret = get_str(p + 2, l, INTERP_MAX - 1, &d->interp);
+	if (ret)
+		return ret;
+	p += 2 + l;
+	if (end - p < 2 || (l = get_le16(p)) > (size_t)(end - p) - 2)
+		return -EFSCORRUPTED;
+	ret = get_str(p + 2, l, INTERP_MAX, &d->runpath); /* as read_dynamic reads it */
+	if (ret)
+		return ret;
+	p += 2 + l;
+	for (k = 0; k < nr; k++) {
+		if (end - p < 1 || !(l = *p) || l > (size_t)(end - p) - 1)
+			return -EFSCORRUPTED;
+		ret = get_str(p + 1, l, NAME_MAX_LEN, &d->needed[k]);
+		if (ret)
+			return ret;
+		d->nr_needed++;
+		p += 1 + l;
+	}
+	/* What elf_deps_read returns 1 for is not recorded. */
+	if (!d->interp && !d->nr_needed)
+		return -EFSCORRUPTED;
+	return p - start;
+}
+
+int elf_section_decode(const void *buf, size_t len,
+		       struct image_elf_entry **out, uint32_t *nr_out)
+{
+	const uint8_t *p = buf;
+	struct image_elf_entry *e = NULL;
+	size_t off = SECTION_HEADER;
+	uint32_t nr, i = 0;
+	ssize_t n = 0;
+
+	*out = NULL;
+	*nr_out = 0;
+	if (len < SECTION_HEADER || memcmp(p, SECTION_MAGIC, 8) ||
+	    get_le32(p + 8) != SECTION_VERSION) {
+		ferry_err("loader dependencies: bad header (%zu bytes)", len);
+		return -EFSCORRUPTED;
+	}
+	nr = get_le32(p + 12);
+	/* Each entry takes 11 bytes at least: no count the bytes cannot hold. */
+	if (nr > IMAGE_ELF_MAX_FILES || nr > (len - off) / 11) {
+		ferry_err("loader dependencies: %u files in %zu bytes (limit %u)",
+			  nr, len, IMAGE_ELF_MAX_FILES);
+		return -EFSCORRUPTED;
+	}
+	e = calloc(nr + 1, sizeof(*e));
+	if (!e)
+		return -ENOMEM;
+	for (i = 0; i < nr; i++) {
+		n = decode_entry(p + off, len - off, &e[i]);
+		if (n < 0)
+			break;
+		if (i && strcmp(e[i - 1].path, e[i].path) >= 0) {
+			n = -EFSCORRUPTED; /* sorted and unique, for bsearch */
+			break;
+		}
+		off += (size_t)n;
+	}
+	if (n >= 0 && off != len)
+		n = -EFSCORRUPTED;
+	if (n < 0) {
+		if (n != -ENOMEM)
+			ferry_err("loader dependencies: entry %u is malformed", i);
+		image_elf_entries_free(e, nr);
+		return (int)n;
+	}
+	*out = e;
+	*nr_out = nr;
+	return 0;
+}

@@ -410,16 +410,24 @@ int image_open(const char *ref, const struct image_opts *opts,
 			  ferry_strerror(ret));
 		goto fail;
 	}
-	/* What follows the blob index can only be a prefetch list. */
-	if (used < ext_len) {
+	/* What may follow the blob index: a prefetch list, then the loader
+	 * dependencies (docs/FORMAT.md 2.5, 2.6). */
+	if (used < ext_len && ext_len - used >= 8 &&
+	    !memcmp((const uint8_t *)ext + used, PREFETCH_MAGIC, 8)) {
+		size_t n = 0;
+
 		ret = prefetch_section_decode((const uint8_t *)ext + used,
 					      ext_len - used, &img->prefetch,
-					      &img->nr_prefetch);
-		if (ret) {
-			ferry_err("%s: the bootstrap's extension payload is corrupt",
-				  img->ref);
-			goto fail;
-		}
+					      &img->nr_prefetch, &n);
+		used += n;
+	}
+	if (!ret && used < ext_len)
+		ret = elf_section_decode((const uint8_t *)ext + used,
+					 ext_len - used, &img->elf, &img->nr_elf);
+	if (ret) {
+		ferry_err("%s: the bootstrap's extension payload is corrupt",
+			  img->ref);
+		goto fail;
 	}
 	img->blob_paths = calloc(img->blobs.nr_blobs + 1, sizeof(char *));
 	img->blob_srcs = calloc(img->blobs.nr_blobs + 1, sizeof(*img->blob_srcs));
@@ -457,6 +465,7 @@ void image_close(struct image *img)
 	free(img->blob_paths);
 	free(img->blob_srcs);
 	image_prefetch_list_free(img->prefetch, img->nr_prefetch);
+	image_elf_entries_free(img->elf, img->nr_elf);
 	if (img->remote)
 		registry_close(img->remote);
 	blob_index_free(&img->blobs);

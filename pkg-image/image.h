@@ -166,6 +166,8 @@ struct image {
 	char compression[32];
 	char **prefetch;      /* the embedded prefetch list ("/a/b"), or NULL */
 	uint32_t nr_prefetch;
+	struct image_elf_entry *elf; /* the loader dependencies, or NULL */
+	uint32_t nr_elf;
 	bool has_posix_acls;  /* set by image_validate_metadata */
 };
 
@@ -272,6 +274,50 @@ int image_describe_file(struct image *img, const char *path,
 			struct json_object **out);
 
 /* ------------------------------------------------------------------ */
+/* What a dynamic loader opens after an ELF file (elf.c, FORMAT.md 2.6) */
+/* ------------------------------------------------------------------ */
+
+#define ELF_NEEDED_MAX 64
+
+struct elf_deps {
+	char *interp;                   /* PT_INTERP, or NULL */
+	char *needed[ELF_NEEDED_MAX];   /* DT_NEEDED names, in order */
+	uint32_t nr_needed;
+	char *runpath;                  /* DT_RUNPATH, else DT_RPATH, or NULL */
+	uint16_t machine;               /* e_machine */
+	bool is64;
+};
+
+/* Read exactly @len bytes at @off of the file: 0 or -errno. */
+typedef int (*elf_read_fn)(void *ctx, uint64_t off, void *buf, size_t len);
+/* Told the interpreter as soon as it is known (it is in d->interp too). */
+typedef void (*elf_interp_fn)(void *ctx, const char *interp);
+/*
+ * The dependencies of the @size-byte file that @read reads: 0 and *@d
+ * (free with elf_deps_free), 1 when it is not a little-endian ELF file
+ * with an interpreter or libraries that this parser understands (nothing
+ * to predict), or -errno from @read or allocation. @interp, if not NULL,
+ * is called before the dynamic section is read, which in a large program
+ * is far from its header and may cost a fetch of its own.
+ */
+int elf_deps_read(elf_read_fn read, elf_interp_fn interp, void *ctx,
+		  uint64_t size, struct elf_deps *d);
+void elf_deps_free(struct elf_deps *d);
+
+/*
+ * One ELF file's dependencies as `ferry convert` recorded them in the
+ * bootstrap (the loader dependencies section), so that a lazy mount
+ * queues them at the file's first miss instead of after its header.
+ * image.elf is sorted by path, paths unique.
+ */
+#define IMAGE_ELF_MAX_FILES 65536u
+struct image_elf_entry {
+	char *path; /* "/a/b" */
+	struct elf_deps deps;
+};
+void image_elf_entries_free(struct image_elf_entry *e, uint32_t nr);
+
+/* ------------------------------------------------------------------ */
 /* Prefetch lists (prefetch.c, docs/FORMAT.md 2.5)                     */
 /* ------------------------------------------------------------------ */
 
@@ -285,16 +331,24 @@ int image_describe_file(struct image *img, const char *path,
  * -errno with a message naming the file and line.
  */
 int image_prefetch_list_load(const char *file, char ***paths, uint32_t *nr);
+/*
+ * "/a/b" (malloc'ed) from an archive-style path of @len bytes: the form
+ * the bootstrap's path sections store; -EINVAL for "..", "" or a path
+ * longer than IMAGE_PREFETCH_PATH_MAX.
+ */
+int image_path_normalize(const char *in, size_t len, char **out);
 void image_prefetch_list_free(char **paths, uint32_t nr);
 
 /*
  * The bootstrap's extension payload: the blob index of @blobs (device
- * order), then the prefetch list when @nr_prefetch > 0. image_open
+ * order), then the prefetch list when @nr_prefetch > 0, then the loader
+ * dependencies when @nr_elf > 0 (@elf sorted by path, unique). image_open
  * decodes it. *@ext is malloc'ed.
  */
 int image_ext_encode(const struct blob_info *blobs, uint32_t nr_blobs,
-		     char *const *prefetch, uint32_t nr_prefetch, void **ext,
-		     size_t *ext_len);
+		     char *const *prefetch, uint32_t nr_prefetch,
+		     const struct image_elf_entry *elf, uint32_t nr_elf,
+		     void **ext, size_t *ext_len);
 
 /* ------------------------------------------------------------------ */
 /* OCI images as conversion sources (oci.c, remote.c)                  */
@@ -594,6 +648,9 @@ struct image_cache_stats {
 	uint64_t bytes_ahead;      /* uncompressed bytes readahead covered */
 	uint64_t fetches;          /* reads from the sources (registry requests) */
 	uint64_t fetches_ahead;    /* of those, by readahead: off readers' paths */
+	/* Programs whose libraries were predicted from the image's record of
+	 * them (FORMAT.md 2.6), and from their headers read in the mount. */
+	uint64_t programs_recorded, programs_read;
 	uint64_t chunks_present, chunks_total, bytes_present;
 	/* Demand reads: served from present chunks, or after fetching. */
 	uint64_t hits, misses, fetch_errors, inflight;

@@ -16,39 +16,16 @@
 
 int prefetch_section_encode(char *const *paths, uint32_t nr, uint8_t **buf,
 			    size_t *len);
+#define PREFETCH_MAGIC "FERRYPF1"
+/* With @used, the section may end before @len: *@used is its size. */
 int prefetch_section_decode(const void *buf, size_t len, char ***paths,
-			    uint32_t *nr);
+			    uint32_t *nr, size_t *used);
 
-/* ------------------------------------------------------------------ */
-/* What a dynamic loader opens after an ELF file (elf.c)              */
-/* ------------------------------------------------------------------ */
-
-#define ELF_NEEDED_MAX 64
-
-struct elf_deps {
-	char *interp;                   /* PT_INTERP, or NULL */
-	char *needed[ELF_NEEDED_MAX];   /* DT_NEEDED names, in order */
-	uint32_t nr_needed;
-	char *runpath;                  /* DT_RUNPATH, else DT_RPATH, or NULL */
-	uint16_t machine;               /* e_machine */
-	bool is64;
-};
-
-/* Read exactly @len bytes at @off of the file: 0 or -errno. */
-typedef int (*elf_read_fn)(void *ctx, uint64_t off, void *buf, size_t len);
-/* Told the interpreter as soon as it is known (it is in d->interp too). */
-typedef void (*elf_interp_fn)(void *ctx, const char *interp);
-/*
- * The dependencies of the @size-byte file that @read reads: 0 and *@d
- * (free with elf_deps_free), 1 when it is not a little-endian ELF file
- * with an interpreter or libraries that this parser understands (nothing
- * to predict), or -errno from @read or allocation. @interp, if not NULL,
- * is called before the dynamic section is read, which in a large program
- * is far from its header and may cost a fetch of its own.
- */
-int elf_deps_read(elf_read_fn read, elf_interp_fn interp, void *ctx,
-		  uint64_t size, struct elf_deps *d);
-void elf_deps_free(struct elf_deps *d);
+/* The loader dependencies section (elf.c), after the prefetch list */
+int elf_section_encode(const struct image_elf_entry *e, uint32_t nr,
+		       uint8_t **buf, size_t *len);
+int elf_section_decode(const void *buf, size_t len,
+		       struct image_elf_entry **e, uint32_t *nr);
 
 /* ------------------------------------------------------------------ */
 /* What an image's index promises (image.c)                            */

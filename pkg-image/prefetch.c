@@ -12,7 +12,6 @@
 
 #include "internal.h"
 
-#define PREFETCH_MAGIC "FERRYPF1"
 #define PREFETCH_HEADER_SIZE 16u
 #define PREFETCH_VERSION 1u
 
@@ -25,8 +24,7 @@ void image_prefetch_list_free(char **paths, uint32_t nr)
 	free(paths);
 }
 
-/* "/a/b" from an archive-style path; -EINVAL for "..", "" or a bad length. */
-static int prefetch_path(const char *in, size_t len, char **out)
+int image_path_normalize(const char *in, size_t len, char **out)
 {
 	char *copy = strndup(in, len), *norm = NULL;
 	int ret;
@@ -81,7 +79,7 @@ int image_prefetch_list_load(const char *file, char ***paths, uint32_t *nr)
 			line[--n] = '\0';
 		if (!n || line[0] == '#')
 			continue;
-		ret = prefetch_path(line, (size_t)n, &p);
+		ret = image_path_normalize(line, (size_t)n, &p);
 		if (ret) {
 			ferry_err("prefetch list %s:%lu: \"%s\" is not a path inside the image",
 				  file, lineno, line);
@@ -133,36 +131,50 @@ int prefetch_section_encode(char *const *paths, uint32_t nr, uint8_t **buf,
 	return 0;
 }
 
-int image_ext_encode(const struct blob_info *blobs, uint32_t nr_blobs,
-		     char *const *prefetch, uint32_t nr_prefetch, void **ext,
-		     size_t *ext_len)
+/* Append the section @sec of @len bytes (consumed) to *@ext. */
+static int ext_append(void **ext, size_t *ext_len, uint8_t *sec, size_t len)
 {
-	uint8_t *sec = NULL;
-	size_t len = 0;
-	void *both;
-	int ret;
+	void *both = realloc(*ext, *ext_len + len);
 
-	ret = blob_index_encode(blobs, nr_blobs, ext, ext_len);
-	if (ret || !nr_prefetch)
-		return ret;
-	/* The prefetch section follows the blob index. */
-	ret = prefetch_section_encode(prefetch, nr_prefetch, &sec, &len);
-	both = ret ? NULL : realloc(*ext, *ext_len + len);
 	if (both) {
 		memcpy((uint8_t *)both + *ext_len, sec, len);
 		*ext = both;
 		*ext_len += len;
-	} else {
-		free(*ext);
-		*ext = NULL;
-		ret = ret ? ret : -ENOMEM;
 	}
 	free(sec);
+	return both ? 0 : -ENOMEM;
+}
+
+int image_ext_encode(const struct blob_info *blobs, uint32_t nr_blobs,
+		     char *const *prefetch, uint32_t nr_prefetch,
+		     const struct image_elf_entry *elf, uint32_t nr_elf,
+		     void **ext, size_t *ext_len)
+{
+	uint8_t *sec;
+	size_t len;
+	int ret;
+
+	ret = blob_index_encode(blobs, nr_blobs, ext, ext_len);
+	/* The optional sections follow the blob index, in this order. */
+	if (!ret && nr_prefetch) {
+		ret = prefetch_section_encode(prefetch, nr_prefetch, &sec, &len);
+		if (!ret)
+			ret = ext_append(ext, ext_len, sec, len);
+	}
+	if (!ret && nr_elf) {
+		ret = elf_section_encode(elf, nr_elf, &sec, &len);
+		if (!ret)
+			ret = ext_append(ext, ext_len, sec, len);
+	}
+	if (ret) {
+		free(*ext);
+		*ext = NULL;
+	}
 	return ret;
 }
 
 int prefetch_section_decode(const void *buf, size_t len, char ***paths,
-			    uint32_t *nr)
+			    uint32_t *nr, size_t *used)
 {
 	const uint8_t *p = buf;
 	size_t off = PREFETCH_HEADER_SIZE, cap = 0;
@@ -192,7 +204,7 @@ int prefetch_section_decode(const void *buf, size_t len, char ***paths,
 			break;
 		}
 		/* Stored normalised: anything else was not written by ferry. */
-		ret = prefetch_path((const char *)p + off + 2, l, &path);
+		ret = image_path_normalize((const char *)p + off + 2, l, &path);
 		if (!ret && (strlen(path) != l ||
 			     memcmp(path, p + off + 2, l))) {
 			free(path);
@@ -204,8 +216,10 @@ int prefetch_section_decode(const void *buf, size_t len, char ***paths,
 			ret = -EFSCORRUPTED;
 		off += 2 + l;
 	}
-	if (!ret && off != len)
+	if (!ret && off != len && !used)
 		ret = -EFSCORRUPTED;
+	if (!ret && used)
+		*used = off;
 	if (ret) {
 		ferry_err("prefetch list: entry %u is malformed", i);
 		image_prefetch_list_free(*paths, *nr);

@@ -63,6 +63,11 @@ static void convert_help(void)
 	       "                     that lazy mounts fetch first, in that order;\n"
 	       "                     kept in the bootstrap; their data gets frames\n"
 	       "                     of its own\n"
+	       "  --no-loader-deps   leave out what each program's dynamic loader\n"
+	       "                     opens (kept in the bootstrap by default, so that\n"
+	       "                     lazy mounts fetch a program's libraries with it);\n"
+	       "                     ferryd from before 2026-12-05 refuses images\n"
+	       "                     that have it\n"
 	       "  --force            replace an existing dir: image or oci: tag (the\n"
 	       "                     old one stays intact until the new one is complete)\n"
 	       "  --json             print a JSON summary on stdout\n"
@@ -170,6 +175,7 @@ int cmd_convert(int argc, char **argv)
 		{ "platform", required_argument, NULL, 'p' },
 		{ "chunk-dict", required_argument, NULL, 'D' },
 		{ "prefetch-files", required_argument, NULL, 'P' },
+		{ "no-loader-deps", no_argument, NULL, 'L' },
 		{ "force", no_argument, NULL, 'f' },
 		{ "json", no_argument, NULL, 'j' },
 		{ "quiet", no_argument, NULL, 'q' },
@@ -237,6 +243,9 @@ int cmd_convert(int argc, char **argv)
 			break;
 		case 'P':
 			opts.prefetch_files = optarg;
+			break;
+		case 'L':
+			opts.no_loader_deps = true;
 			break;
 		case 'f':
 			opts.replace = true;

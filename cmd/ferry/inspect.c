@@ -52,6 +52,9 @@ static void print_image_text(struct json_object *o)
 	if (json_object_array_length(prefetch))
 		printf("prefetch:     %zu paths, first %s\n", json_object_array_length(prefetch),
 		       json_object_get_string(json_object_array_get_idx(prefetch, 0)));
+	if (jint(o, "loaderDeps"))
+		printf("loader deps:  %" PRId64 " ELF files (interpreter, libraries)\n",
+		       jint(o, "loaderDeps"));
 	printf("tree:         %" PRId64 " files (%" PRId64 " bytes; %" PRId64 " chunked, %"
 	       PRId64 " inline), %" PRId64 " directories, %" PRId64 " symlinks, %"
 	       PRId64 " other\n", jint(tree, "files"), jint(tree, "fileBytes"),
@@ -61,7 +64,7 @@ static void print_image_text(struct json_object *o)
 
 static void print_file_text(struct json_object *o)
 {
-	struct json_object *chunks, *xattrs;
+	struct json_object *chunks, *xattrs, *deps, *needed;
 	size_t i;
 
 	printf("%s: %s, nid %" PRId64 " (%s inode)\n", jstr(o, "path"), jstr(o, "type"),
@@ -76,6 +79,15 @@ static void print_file_text(struct json_object *o)
 		for (i = 0; i < json_object_array_length(xattrs); i++)
 			printf("  xattr %s\n",
 			       json_object_get_string(json_object_array_get_idx(xattrs, i)));
+	if (json_object_object_get_ex(o, "loaderDeps", &deps)) {
+		json_object_object_get_ex(deps, "needed", &needed);
+		printf("  loader deps: interpreter %s, runpath %s, needs",
+		       *jstr(deps, "interpreter") ? jstr(deps, "interpreter") : "none",
+		       *jstr(deps, "runpath") ? jstr(deps, "runpath") : "none");
+		for (i = 0; i < json_object_array_length(needed); i++)
+			printf(" %s", json_object_get_string(json_object_array_get_idx(needed, i)));
+		printf("%s\n", json_object_array_length(needed) ? "" : " nothing");
+	}
 	if (!json_object_object_get_ex(o, "chunks", &chunks)) {
 		printf("  data: %s\n", jstr(o, "data"));
 		return;

@@ -122,7 +122,8 @@ static void mount_help(void)
 	       "                    \"bytesPrefetched\",\"chunksPresent\",\"chunksTotal\",\n"
 	       "                    \"bytesPresent\",\"bytesEvicted\",\"prefetch\",\"prefetchFiles\",\n"
 	       "                    \"prefetchSeconds\",\"readaheadFiles\",\"readaheadBytes\",\n"
-	       "                    \"fetches\",\"fetchesAhead\",\"bytesAhead\"}]};\n"
+	       "                    \"fetches\",\"fetchesAhead\",\"bytesAhead\",\n"
+	       "                    \"programsRecorded\",\"programsRead\"}]};\n"
 	       "                    no ferryd running: no mounts\n"
 	       "  -h, --help        this help\n\n"
 	       "Unmount any mode with 'ferry umount MOUNTPOINT'.\n\n%s\n" EXIT_CODES_HELP,

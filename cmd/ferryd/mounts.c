@@ -844,6 +844,8 @@ int mounts_list(struct ctl_mount_stats **out, size_t *nr)
 		e->bytes_evicted = s.bytes_evicted;
 		e->fetches = s.fetches;
 		e->fetches_ahead = s.fetches_ahead;
+		e->programs_recorded = s.programs_recorded;
+		e->programs_read = s.programs_read;
 		e->bytes_ahead = s.bytes_ahead;
 		snprintf(e->prefetch, sizeof(e->prefetch), "%s",
 			 prefetch_name(atomic_load(&m->pstate)));

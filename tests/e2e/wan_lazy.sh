@@ -221,16 +221,18 @@ big_elf_image() {
 
 # In a fresh mount of ferry/bigelf:1, after a first read: COMMAND (a cmp)
 # of PATH in the reference and in the mount must bring the interpreter and the
-# libraries, so that reading them fetches nothing.
+# libraries, so that reading them fetches nothing, predicted from the
+# image's record of them with at most READ_MAX headers read in the mount.
 #  - elf_big: the first 64 bytes of a program too large to be fetched
 #    whole: fanotify misses name a blob range, and the map that names
 #    their file must cover the start of such a program too;
 #  - elf_modules: a text file whose directory (which directory prediction
 #    fetches) also holds a program: it is inspected with no miss of its
 #    own (Python's lib-dynload and libssl).
-bigelf_check() { # MODE NAME WHAT COMMAND... PATH
-	local mode=$1 name=$2 what=$3 m=$SCRATCH/m-$2-$1 d=$SCRATCH/bigelf f before after path
-	shift 3
+bigelf_check() { # MODE NAME WHAT READ_MAX COMMAND... PATH
+	local mode=$1 name=$2 what=$3 read_max=$4 m=$SCRATCH/m-$2-$1 d=$SCRATCH/bigelf
+	local f before after path recorded read
+	shift 4
 	path=${*: -1}
 	lazy_use "$name-$mode"
 	check "mount --mode $mode through the WAN proxy (fresh cache, $what)" \
@@ -246,10 +248,42 @@ bigelf_check() { # MODE NAME WHAT COMMAND... PATH
 	after=$(mount_field "$m" fetches)
 	expect_sh "$mode: $what: the interpreter and libraries were there: no fetch ($before fetches before reading them, $after after)" \
 		'[ -n "$before" ] && [ "$before" = "$after" ]'
+	# Directory prediction also inspects the interpreter it fetched
+	# (nothing recorded: it needs nothing), unless queued first.
+	recorded=$(mount_field "$m" programsRecorded)
+	read=$(mount_field "$m" programsRead)
+	expect_sh "$mode: $what: predicted from the image's loader dependencies, at most $read_max header(s) read in the mount (programsRecorded $recorded, programsRead $read)" \
+		'[ "${recorded:-0}" -ge 1 ] && [ -n "$read" ] && [ "$read" -le "$read_max" ]'
 	check "ferry umount ($mode, $what)" fumount "$m"
 }
-elf_big() { bigelf_check "$1" wanbig "a program > 8 MiB" cmp -n 64 /usr/bin/big; }
-elf_modules() { bigelf_check "$1" wanmod "a directory of modules" cmp /usr/lib/mods/a.txt; }
+# ferry convert records each program's loader dependencies (FORMAT.md
+# 2.6) as the stream passes: with 4 KiB chunks mod.so's dynamic section
+# lies chunks after its first, which is all that is kept of it.
+loader_deps_recorded() {
+	local d=$SCRATCH/bigelf o=$SCRATCH/bigelf-4k f=/usr/lib/mods/mod.so want got
+	want="$(readelf -lW "$d$f" | sed -n 's/.*Requesting program interpreter: \(.*\)\]/\1/p') $(readelf -dW "$d$f" | sed -n 's/.*Shared library: \[\(.*\)\]/\1/p' | tr '\n' ' ')"
+	rm -rf "$o"
+	check "convert dir:bigelf with 4 KiB chunks" "$FERRY" convert -q --chunk-size 4096 "dir:$d" "dir:$o" || return 1
+	got=$("$FERRY" inspect --json "dir:$o" "$f" | /usr/bin/python3 -c '
+import json, sys
+d = json.load(sys.stdin).get("loaderDeps", {})
+print(d.get("interpreter", "-"), " ".join(d.get("needed", [])) + " ")')
+	expect_sh "ferry inspect $f: the interpreter and DT_NEEDED names readelf shows ($got)" '[ "$got" = "$want" ]'
+	got=$("$FERRY" inspect --json "dir:$o" /usr/lib/mods/a.txt | /usr/bin/python3 -c '
+import json, sys
+print("loaderDeps" in json.load(sys.stdin))')
+	expect_sh "ferry inspect /usr/lib/mods/a.txt: no loader dependencies ($got)" '[ "$got" = False ]'
+	rm -rf "$o-none"
+	check "convert dir:bigelf --no-loader-deps" \
+		"$FERRY" convert -q --no-loader-deps --chunk-size 4096 "dir:$d" "dir:$o-none" || return 1
+	got=$("$FERRY" inspect --json "dir:$o-none" | /usr/bin/python3 -c '
+import json, sys
+print(json.load(sys.stdin)["loaderDeps"])')
+	expect_sh "ferry inspect: --no-loader-deps records none ($got)" '[ "$got" = 0 ]'
+}
+
+elf_big() { bigelf_check "$1" wanbig "a program > 8 MiB" 0 cmp -n 64 /usr/bin/big; }
+elf_modules() { bigelf_check "$1" wanmod "a directory of modules" 1 cmp /usr/lib/mods/a.txt; }
 
 wan_checks fuse
 wan_checks fanotify
@@ -261,6 +295,7 @@ if elf_set >"$SCRATCH/elfset.txt" 2>"$LOG"; then
 	elf_predict fanotify
 	read -r prog _ <"$SCRATCH/elfset.txt"
 	if big_elf_image "$prog" >"$LOG" 2>&1; then
+		loader_deps_recorded
 		elf_big fuse
 		elf_big fanotify
 		elf_modules fuse

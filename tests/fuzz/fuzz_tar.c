@@ -91,7 +91,7 @@ static void fuzz_prefetch(const uint8_t *data, size_t size)
 	uint32_t nr;
 	size_t len;
 
-	if (prefetch_section_decode(data, size, &paths, &nr))
+	if (prefetch_section_decode(data, size, &paths, &nr, NULL))
 		return;
 	if (prefetch_section_encode(paths, nr, &again, &len) ||
 	    len != size || memcmp(again, data, size))

@@ -226,10 +226,108 @@ static void test_hostile(void)
 	CHECK_EQ(elf_deps_read(mem_read, NULL, &m, m.size, &d), 1);
 }
 
+/* Two entries: a program (interpreter, two libraries, run path) and a library. */
+static void section_entries(struct image_elf_entry e[2])
+{
+	memset(e, 0, 2 * sizeof(*e));
+	e[0].path = strdup("/usr/bin/prog");
+	e[0].deps.interp = strdup(INTERP);
+	e[0].deps.needed[0] = strdup("libm.so.6");
+	e[0].deps.needed[1] = strdup("libc.so.6");
+	e[0].deps.nr_needed = 2;
+	e[0].deps.runpath = strdup("/opt/lib");
+	e[0].deps.machine = 62;
+	e[0].deps.is64 = true;
+	e[1].path = strdup("/usr/lib/libm.so.6");
+	e[1].deps.needed[0] = strdup("libc.so.6");
+	e[1].deps.nr_needed = 1;
+	e[1].deps.machine = 3;
+}
+
+/* @buf with byte @at set to @v decodes to -EFSCORRUPTED. */
+static void section_bad(const uint8_t *buf, size_t len, size_t at, uint8_t v)
+{
+	uint8_t *copy = malloc(len);
+	struct image_elf_entry *e;
+	uint32_t nr;
+
+	memcpy(copy, buf, len);
+	copy[at] = v;
+	CHECK_EQ(elf_section_decode(copy, len, &e, &nr), -EFSCORRUPTED);
+	CHECK(!e && !nr);
+	free(copy);
+}
+
+static void test_section(void)
+{
+	struct image_elf_entry e[2], *got;
+	uint8_t *buf, *again;
+	size_t len, len2, i;
+	uint32_t nr;
+
+	section_entries(e);
+	CHECK_EQ(elf_section_encode(e, 2, &buf, &len), 0);
+	CHECK_EQ(elf_section_decode(buf, len, &got, &nr), 0);
+	CHECK_EQ(nr, 2);
+	CHECK(!strcmp(got[0].path, "/usr/bin/prog") && !strcmp(got[0].deps.interp, INTERP) &&
+	      got[0].deps.nr_needed == 2 && !strcmp(got[0].deps.needed[1], "libc.so.6") &&
+	      !strcmp(got[0].deps.runpath, "/opt/lib") && got[0].deps.machine == 62 &&
+	      got[0].deps.is64);
+	CHECK(!strcmp(got[1].path, "/usr/lib/libm.so.6") && !got[1].deps.interp &&
+	      !got[1].deps.runpath && got[1].deps.nr_needed == 1 &&
+	      got[1].deps.machine == 3 && !got[1].deps.is64);
+	/* One form per content: encoding what was decoded gives the bytes back. */
+	CHECK_EQ(elf_section_encode(got, nr, &again, &len2), 0);
+	CHECK(len2 == len && !memcmp(again, buf, len));
+	free(again);
+	image_elf_entries_free(got, nr);
+
+	/* Every truncation, and one byte too many, is refused. */
+	for (i = 0; i < len; i++) {
+		CHECK_EQ(elf_section_decode(buf, i, &got, &nr), -EFSCORRUPTED);
+		CHECK(!got && !nr);
+	}
+	again = calloc(1, len + 1);
+	memcpy(again, buf, len);
+	CHECK_EQ(elf_section_decode(again, len + 1, &got, &nr), -EFSCORRUPTED);
+	free(again);
+	section_bad(buf, len, 0, 'X');          /* magic */
+	section_bad(buf, len, 8, 2);            /* version */
+	section_bad(buf, len, 12, 3);           /* count */
+	section_bad(buf, len, 16 + 2, 'u');     /* "uusr/bin/prog": not absolute */
+	section_bad(buf, len, 16 + 2 + 5, '/'); /* "/usr//in/prog" */
+	section_bad(buf, len, 16 + 2 + 13 + 2, 2); /* a flag bit ferry does not set */
+	section_bad(buf, len, 16 + 2 + 13 + 3, ELF_NEEDED_MAX + 1);
+	section_bad(buf, len, 16 + 2 + 13 + 4 + 2 + 3, 0); /* NUL in the interpreter */
+	/* The second path sorted before the first. */
+	section_bad(buf, len, 16 + 2 + 13 + 4 + 2 + sizeof(INTERP) - 1 + 2 + 8 +
+			      1 + 9 + 1 + 9 + 2 + 5, 'a');
+	free(buf);
+
+	/* Unsorted or duplicate paths cannot be bsearched: refused. */
+	free(e[1].path);
+	e[1].path = strdup("/usr/bin/prog");
+	CHECK_EQ(elf_section_encode(e, 2, &buf, &len), 0);
+	CHECK_EQ(elf_section_decode(buf, len, &got, &nr), -EFSCORRUPTED);
+	free(buf);
+	/* An entry with neither interpreter nor library records nothing. */
+	elf_deps_free(&e[1].deps);
+	free(e[1].path);
+	e[1].path = strdup("/z");
+	CHECK_EQ(elf_section_encode(e, 2, &buf, &len), 0);
+	CHECK_EQ(elf_section_decode(buf, len, &got, &nr), -EFSCORRUPTED);
+	free(buf);
+	for (i = 0; i < 2; i++) {
+		free(e[i].path);
+		elf_deps_free(&e[i].deps);
+	}
+}
+
 int main(void)
 {
 	RUN_TEST(test_elf64);
 	RUN_TEST(test_elf32);
 	RUN_TEST(test_hostile);
+	RUN_TEST(test_section);
 	TEST_MAIN_END();
 }
