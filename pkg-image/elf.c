@@ -405,12 +405,9 @@ int elf_section_decode(const void *buf, size_t len,
 
 	*out = NULL;
 	*nr_out = 0;
-	if (len < SECTION_HEADER || memcmp(p, SECTION_MAGIC, 8) ||
-	    get_le32(p + 8) != SECTION_VERSION) {
-		ferry_err("loader dependencies: bad header (%zu bytes)", len);
+	if (ext_section_header(buf, len, SECTION_MAGIC, SECTION_VERSION,
+			       "loader dependencies", &nr))
 		return -EFSCORRUPTED;
-	}
-	nr = get_le32(p + 12);
 	/* Each entry takes 11 bytes at least: no count the bytes cannot hold. */
 	if (nr > IMAGE_ELF_MAX_FILES || nr > (len - off) / 11) {
 		ferry_err("loader dependencies: %u files in %zu bytes (limit %u)",

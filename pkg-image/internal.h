@@ -17,6 +17,13 @@
 int prefetch_section_encode(char *const *paths, uint32_t nr, uint8_t **buf,
 			    size_t *len);
 #define PREFETCH_MAGIC "FERRYPF1"
+/*
+ * The 16-byte header the optional sections share: @magic (8 bytes), u32
+ * @version, u32 count (into *@count). -EFSCORRUPTED with a message naming
+ * @what otherwise.
+ */
+int ext_section_header(const void *buf, size_t len, const char *magic,
+		       uint32_t version, const char *what, uint32_t *count);
 /* With @used, the section may end before @len: *@used is its size. */
 int prefetch_section_decode(const void *buf, size_t len, char ***paths,
 			    uint32_t *nr, size_t *used);

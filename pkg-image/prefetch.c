@@ -173,6 +173,20 @@ int image_ext_encode(const struct blob_info *blobs, uint32_t nr_blobs,
 	return ret;
 }
 
+int ext_section_header(const void *buf, size_t len, const char *magic,
+		       uint32_t version, const char *what, uint32_t *count)
+{
+	const uint8_t *p = buf;
+
+	if (len < PREFETCH_HEADER_SIZE || memcmp(p, magic, 8) ||
+	    get_le32(p + 8) != version) {
+		ferry_err("%s: bad header (%zu bytes)", what, len);
+		return -EFSCORRUPTED;
+	}
+	*count = get_le32(p + 12);
+	return 0;
+}
+
 int prefetch_section_decode(const void *buf, size_t len, char ***paths,
 			    uint32_t *nr, size_t *used)
 {
@@ -184,12 +198,9 @@ int prefetch_section_decode(const void *buf, size_t len, char ***paths,
 
 	*paths = NULL;
 	*nr = 0;
-	if (len < PREFETCH_HEADER_SIZE || memcmp(p, PREFETCH_MAGIC, 8) ||
-	    get_le32(p + 8) != PREFETCH_VERSION) {
-		ferry_err("prefetch list: bad header (%zu bytes)", len);
+	if (ext_section_header(buf, len, PREFETCH_MAGIC, PREFETCH_VERSION,
+			       "prefetch list", &count))
 		return -EFSCORRUPTED;
-	}
-	count = get_le32(p + 12);
 	if (count > IMAGE_PREFETCH_MAX_PATHS) {
 		ferry_err("prefetch list: %u paths (limit %u)", count,
 			  IMAGE_PREFETCH_MAX_PATHS);
