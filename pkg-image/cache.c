@@ -322,6 +322,8 @@ static int elf_entry_add(struct image_cache *ic, const char *path,
 {
 	const struct image_elf_entry *e;
 
+	if (!ic->img->nr_elf)
+		return 0; /* bsearch wants a base even for no elements */
 	e = bsearch(path, ic->img->elf, ic->img->nr_elf, sizeof(*e), elf_entry_cmp);
 	if (!e)
 		return 0;
@@ -1087,7 +1089,7 @@ static const struct elf_deps *elf_recorded(struct image_cache *ic, uint64_t nid)
 {
 	const struct ra_nidx key = { .nid = nid }, *x;
 
-	if (!ic->img->nr_elf || !atomic_load(&ic->owners_ready))
+	if (!atomic_load(&ic->owners_ready) || !ic->nr_elf_by_nid)
 		return NULL;
 	x = bsearch(&key, ic->elf_by_nid, ic->nr_elf_by_nid, sizeof(key), nidx_cmp);
 	return x ? &ic->img->elf[x->i].deps : NULL;

@@ -120,7 +120,7 @@ static void loader_deps(const struct image *img, const char *path,
 	char *norm;
 	uint32_t i;
 
-	if (image_path_normalize(path, strlen(path), &norm))
+	if (!img->nr_elf || image_path_normalize(path, strlen(path), &norm))
 		return;
 	e = bsearch(norm, img->elf, img->nr_elf, sizeof(*e), entry_cmp);
 	free(norm);
