@@ -244,7 +244,7 @@ static int record_cmp(const void *a, const void *b)
 	int d = strcmp(x->path, y->path);
 
 	/* The later of two records of one path last: it is the one kept. */
-	return d ? d : (x->seq < y->seq ? -1 : 1);
+	return d ? d : (x->seq > y->seq) - (x->seq < y->seq);
 }
 
 /*
