@@ -311,20 +311,12 @@ static int dir_add(struct image_cache *ic, const char *path,
 	return 0;
 }
 
-static int elf_entry_cmp(const void *key, const void *e)
-{
-	return strcmp(key, ((const struct image_elf_entry *)e)->path);
-}
-
 /* The walk also maps the loader dependencies' paths to inodes. */
 static int elf_entry_add(struct image_cache *ic, const char *path,
 			 const struct meta_stat *st)
 {
-	const struct image_elf_entry *e;
+	const struct image_elf_entry *e = image_elf_find(ic->img, path);
 
-	if (!ic->img->nr_elf)
-		return 0; /* bsearch wants a base even for no elements */
-	e = bsearch(path, ic->img->elf, ic->img->nr_elf, sizeof(*e), elf_entry_cmp);
 	if (!e)
 		return 0;
 	if (array_reserve(&ic->elf_by_nid, &ic->elf_by_nid_cap, ic->nr_elf_by_nid + 1,

@@ -106,11 +106,6 @@ static const char *type_name(uint32_t mode)
 	}
 }
 
-static int entry_cmp(const void *key, const void *e)
-{
-	return strcmp(key, ((const struct image_elf_entry *)e)->path);
-}
-
 /* What the image records of @path's loader dependencies, if anything. */
 static void loader_deps(const struct image *img, const char *path,
 			struct json_object *o)
@@ -122,7 +117,7 @@ static void loader_deps(const struct image *img, const char *path,
 
 	if (!img->nr_elf || image_path_normalize(path, strlen(path), &norm))
 		return;
-	e = bsearch(norm, img->elf, img->nr_elf, sizeof(*e), entry_cmp);
+	e = image_elf_find(img, norm);
 	free(norm);
 	if (!e)
 		return;

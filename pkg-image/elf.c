@@ -262,6 +262,19 @@ void elf_deps_free(struct elf_deps *d)
 #define SECTION_HEADER 16
 #define FLAG_ELF64 1u
 
+static int entry_cmp(const void *key, const void *e)
+{
+	return strcmp(key, ((const struct image_elf_entry *)e)->path);
+}
+
+const struct image_elf_entry *image_elf_find(const struct image *img,
+					     const char *path)
+{
+	if (!img->nr_elf)
+		return NULL; /* bsearch wants a base even for no elements */
+	return bsearch(path, img->elf, img->nr_elf, sizeof(*img->elf), entry_cmp);
+}
+
 void image_elf_entries_free(struct image_elf_entry *e, uint32_t nr)
 {
 	uint32_t i;

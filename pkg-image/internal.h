@@ -33,6 +33,9 @@ int elf_section_encode(const struct image_elf_entry *e, uint32_t nr,
 		       uint8_t **buf, size_t *len);
 int elf_section_decode(const void *buf, size_t len,
 		       struct image_elf_entry **e, uint32_t *nr);
+/* @img's loader dependencies entry for @path ("/a/b"), or NULL. */
+const struct image_elf_entry *image_elf_find(const struct image *img,
+					     const char *path);
 
 /* ------------------------------------------------------------------ */
 /* What an image's index promises (image.c)                            */
