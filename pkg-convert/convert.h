@@ -57,6 +57,9 @@ struct convert_opts {
 	bool replace;          /* an existing dir: image or oci: tag may be replaced */
 	/* No loader dependencies section (FORMAT.md 2.6): for ferryd before it. */
 	bool no_loader_deps;
+	/* --format erofs-layers: no fragments (EROFS FRAGMENTS needs Linux
+	 * 6.1 and erofs-utils 1.6 to read). */
+	bool no_fragments;
 	/* While *@cancel is true the conversion stops (-ECANCELED) and
 	 * leaves the destination as it was; NULL = never. */
 	const _Atomic bool *cancel;

@@ -31,13 +31,15 @@
 #define EROFS_FEATURE_INCOMPAT_COMPR_CFGS 0x00000002u
 #define EROFS_FEATURE_INCOMPAT_CHUNKED_FILE 0x00000004u
 #define EROFS_FEATURE_INCOMPAT_DEVICE_TABLE 0x00000008u
+/* Whole files or tails stored in the packed inode (packed_nid), 6.1+. */
+#define EROFS_FEATURE_INCOMPAT_FRAGMENTS 0x00000020u
 /* The incompat bits of ferry's images (bootstraps)... */
 #define EROFS_FEATURE_INCOMPAT_FERRY                                           \
 	(EROFS_FEATURE_INCOMPAT_CHUNKED_FILE | EROFS_FEATURE_INCOMPAT_DEVICE_TABLE)
 /* ...and the only ones its reader accepts (native layers compress). */
 #define EROFS_FEATURE_INCOMPAT_READ                                            \
 	(EROFS_FEATURE_INCOMPAT_FERRY | EROFS_FEATURE_INCOMPAT_ZERO_PADDING | \
-	 EROFS_FEATURE_INCOMPAT_COMPR_CFGS)
+	 EROFS_FEATURE_INCOMPAT_COMPR_CFGS | EROFS_FEATURE_INCOMPAT_FRAGMENTS)
 
 /* Superblock: 128 bytes at byte 1024 of the primary device. */
 struct erofs_super_block {
@@ -60,7 +62,10 @@ struct erofs_super_block {
 	uint16_t extra_devices;    /* 0x56 */
 	uint16_t devt_slotoff;     /* 0x58 device table at devt_slotoff * 128 */
 	uint8_t dirblkbits;        /* 0x5A must be 0 */
-	uint8_t reserved[37];      /* 0x5B */
+	uint8_t xattr_prefix_count; /* 0x5B 0: no long xattr prefixes */
+	uint32_t xattr_prefix_start; /* 0x5C */
+	uint64_t packed_nid;       /* 0x60 the packed inode, with FRAGMENTS */
+	uint8_t reserved[24];      /* 0x68 */
 } __attribute__((packed));
 _Static_assert(sizeof(struct erofs_super_block) == 128, "erofs sb size");
 
@@ -83,6 +88,7 @@ _Static_assert(sizeof(struct erofs_super_block) == 128, "erofs sb size");
 #define EROFS_SB_EXTRA_DEVICES 0x56
 #define EROFS_SB_DEVT_SLOTOFF 0x58
 #define EROFS_SB_DIRBLKBITS 0x5A
+#define EROFS_SB_PACKED_NID 0x60
 #define EROFS_SB_SIZE 128
 
 /* Device table slot: 128 bytes, slot i describes device_id i + 1. */
@@ -203,6 +209,13 @@ _Static_assert(sizeof(struct z_erofs_map_header) == 8, "z map header");
 #define Z_EROFS_FULL_INDEX_PAD 8 /* after the map header */
 #define Z_EROFS_MAP_H_ADVISE 0x04
 #define Z_EROFS_MAP_H_ALGORITHMTYPE 0x06
+#define Z_EROFS_MAP_H_CLUSTERBITS 0x07
+/*
+ * A file stored whole in the packed inode: the header read as le64 has
+ * bit 63 set (h_clusterbits bit 7) and the file's offset in the packed
+ * inode's data below it; no indexes are read.
+ */
+#define Z_EROFS_FRAGMENT_INODE (1ull << 63)
 /* Both set: pclusters of several blocks, counted on the first NONHEAD. */
 #define Z_EROFS_ADVISE_BIG_PCLUSTER_1 0x0002
 #define Z_EROFS_ADVISE_BIG_PCLUSTER_2 0x0004

@@ -108,6 +108,13 @@ struct meta_inode {
 	struct meta_zextent *zextents;
 	uint32_t nr_zextents;
 	uint8_t zalgorithm; /* enum meta_zalgorithm */
+	/*
+	 * A regular file stored whole as a fragment: its size bytes at
+	 * @fragment_off of the packed inode's data (meta_write_opts.packed;
+	 * EROFS FRAGMENTS, Linux 6.1+). data, chunks and embedded unset.
+	 */
+	bool fragment;
+	uint64_t fragment_off;
 
 	/*
 	 * Directories: children (owned dentries) in insertion order, except
@@ -199,6 +206,12 @@ struct meta_write_opts {
 	const struct meta_embedded *embedded;
 	/* The superblock uuid; NULL = derived from a hash of the image. */
 	const uint8_t *uuid; /* 16 bytes */
+	/*
+	 * The packed inode holding the fragments (a regular file of the tree
+	 * made by meta_inode_new but linked nowhere, embedded, usually
+	 * compressed); required when an inode is a fragment.
+	 */
+	struct meta_inode *packed;
 };
 
 struct meta_write_stats {

@@ -37,6 +37,9 @@ struct meta_image {
 	const uint8_t *ext;
 	size_t ext_len;
 	bool has_ext;
+	uint64_t packed_nid;  /* FRAGMENTS: the inode holding them */
+	uint64_t packed_size; /* its bytes; fragments lie inside */
+	bool has_packed;
 	struct meta_super sb;
 };
 
@@ -231,6 +234,17 @@ static int image_init(struct meta_image *img)
 	ret = check_super(img);
 	if (!ret)
 		ret = check_preamble(img);
+	/* Before any fragment is checked against it; it is none itself. */
+	if (!ret && (img->sb.feature_incompat & EROFS_FEATURE_INCOMPAT_FRAGMENTS)) {
+		img->packed_nid = get_le64(img->buf + EROFS_SUPER_OFFSET +
+					   EROFS_SB_PACKED_NID);
+		ret = load_inode(img, img->packed_nid, &root);
+		if (!ret && !S_ISREG(root.mode))
+			ret = corrupt(img, "packed nid %llu is not a regular file",
+				      ull(img->packed_nid));
+		img->packed_size = root.size;
+		img->has_packed = !ret;
+	}
 	if (!ret)
 		ret = load_inode(img, img->sb.root_nid, &root);
 	if (!ret && !S_ISDIR(root.mode))
@@ -373,7 +387,8 @@ static bool layout_flat(uint8_t layout)
  * A compressed file as ferry writes it (native layers): LZ4 or zstd, 4 KiB
  * lclusters, full indexes in the image, an extent head first, heads and
  * their big pclusters inside the image, deltas pointing back inside the
- * file. The data itself is the kernel's to decompress.
+ * file; or a whole file in the packed inode, inside its bytes. The data
+ * itself is the kernel's to decompress.
  */
 static int check_zfull(const struct meta_image *img, const struct rinode *ri)
 {
@@ -387,11 +402,24 @@ static int check_zfull(const struct meta_image *img, const struct rinode *ri)
 	if (!S_ISREG(ri->mode))
 		return inode_corrupt(img, ri->nid, "compressed non-regular file, mode",
 				     ri->mode);
-	if (!in_image(img, hdr, Z_EROFS_MAP_HEADER_SIZE) ||
-	    nr > (img->len - MIN(idx, img->len)) / Z_EROFS_LCLUSTER_INDEX_SIZE)
+	if (!in_image(img, hdr, Z_EROFS_MAP_HEADER_SIZE))
 		return inode_corrupt(img, ri->nid, "compression map outside the image, at",
 				     hdr);
 	h = img->buf + hdr;
+	if (h[Z_EROFS_MAP_H_CLUSTERBITS] & 0x80) {
+		/* Whole in the packed inode, which is not a fragment itself. */
+		uint64_t off = get_le64(h) & ~Z_EROFS_FRAGMENT_INODE;
+
+		if (!img->has_packed || ri->nid == img->packed_nid ||
+		    off > img->packed_size || ri->size > img->packed_size - off)
+			return inode_corrupt(img, ri->nid,
+					     "fragment outside the packed inode, at",
+					     off);
+		return 0;
+	}
+	if (nr > (img->len - MIN(idx, img->len)) / Z_EROFS_LCLUSTER_INDEX_SIZE)
+		return inode_corrupt(img, ri->nid, "compression map outside the image, at",
+				     hdr);
 	advise = get_le16(h + Z_EROFS_MAP_H_ADVISE);
 	if (get_le32(h) || h[7] ||
 	    (advise && advise != (Z_EROFS_ADVISE_BIG_PCLUSTER_1 |

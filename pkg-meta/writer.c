@@ -81,6 +81,7 @@ struct wr_inode {
 	bool extended;
 	bool embedded; /* FLAT_PLAIN in the embedded data */
 	bool compressed; /* embedded, COMPRESSED_FULL */
+	bool fragment;   /* whole in the packed inode: map header only */
 	uint32_t zblocks; /* compressed: its pclusters' blocks (i_u) */
 };
 
@@ -111,7 +112,7 @@ struct writer {
 
 	uint64_t epoch;
 	uint32_t fixed_nsec;
-	bool chunked, compressed;
+	bool chunked, compressed, fragments;
 	uint16_t zalgs;          /* bitmap of compression algorithms used */
 	uint16_t max_pclusterblks;
 	uint32_t zcfgs_size;     /* COMPR_CFGS records after the superblock */
@@ -134,6 +135,8 @@ static const char *wr_path(const struct writer *w, const struct wr_inode *wi,
 	char *p = buf + size - 1;
 
 	*p = '\0';
+	if (wi->inode == w->opts->packed)
+		return "(the packed inode)";
 	if (!wi->name)
 		return "/";
 	while (wi->name) {
@@ -259,11 +262,22 @@ static int wr_collect_dir(struct writer *w, uint32_t idx)
 
 static int wr_collect(struct writer *w, struct meta_tree *t)
 {
+	struct meta_inode *packed = w->opts->packed;
 	int ret = wr_add_inode(w, t->root, 0, NULL);
 
 	for (uint32_t i = 0; !ret && i < w->nr_inodes; i++)
 		if (S_ISDIR(w->inodes[i].inode->mode))
 			ret = wr_collect_dir(w, i);
+	if (ret || !packed)
+		return ret;
+	/* Last, linked nowhere: no directory lists it. */
+	if (packed->wpriv == w || !S_ISREG(packed->mode) || packed->fragment) {
+		ferry_err("meta: the packed inode must be a regular file outside the tree");
+		return -EINVAL;
+	}
+	ret = wr_add_inode(w, packed, 0, NULL);
+	if (!ret)
+		w->inodes[w->nr_inodes - 1].nlink = 1;
 	return ret;
 }
 
@@ -436,6 +450,29 @@ static int wr_check_embedded(struct writer *w, struct wr_inode *wi)
 	return in->zextents ? wr_check_zextents(w, wi) : 0;
 }
 
+static int wr_check_fragment(struct writer *w, struct wr_inode *wi)
+{
+	const struct meta_inode *in = wi->inode, *packed = w->opts->packed;
+
+	if (in->data || in->chunks || in->embedded || !in->size)
+		return wr_fail(w, wi, -EINVAL,
+			       "a fragment of %llu bytes with data, chunks or embedded blocks",
+			       (unsigned long long)in->size);
+	if (!packed)
+		return wr_fail(w, wi, -EINVAL, "a fragment but no packed inode");
+	if (in->fragment_off > packed->size ||
+	    in->size > packed->size - in->fragment_off ||
+	    in->fragment_off >= Z_EROFS_FRAGMENT_INODE)
+		return wr_fail(w, wi, -EINVAL,
+			       "fragment %llu+%llu outside the packed inode's %llu bytes",
+			       (unsigned long long)in->fragment_off,
+			       (unsigned long long)in->size,
+			       (unsigned long long)packed->size);
+	wi->fragment = true;
+	w->fragments = true;
+	return 0;
+}
+
 static int wr_classify(struct writer *w, struct wr_inode *wi)
 {
 	const struct meta_inode *in = wi->inode;
@@ -457,6 +494,8 @@ static int wr_classify(struct writer *w, struct wr_inode *wi)
 			return wr_fail(w, wi, -EINVAL, "size %llu too large",
 				       (unsigned long long)in->size);
 		wi->size = in->size;
+		if (in->fragment)
+			return wr_check_fragment(w, wi);
 		if (in->embedded)
 			return wr_check_embedded(w, wi);
 		if (in->chunks)
@@ -767,6 +806,10 @@ static int wr_place(struct writer *w)
 	const struct meta_write_opts *o = w->opts;
 	uint64_t pos, blk, end;
 
+	if (o->packed && !w->fragments) {
+		ferry_err("meta: a packed inode but no fragment in it");
+		return -EINVAL;
+	}
 	/* COMPR_CFGS records follow the superblock (standalone images have
 	 * no device table there). */
 	if (w->zalgs & (1u << META_Z_LZ4))
@@ -796,6 +839,11 @@ static int wr_place(struct writer *w)
 			meta = zmap_off(wi) + Z_EROFS_MAP_HEADER_SIZE +
 			       Z_EROFS_FULL_INDEX_PAD +
 			       DIV_ROUND_UP(wi->size, BLK) * Z_EROFS_LCLUSTER_INDEX_SIZE;
+		} else if (wi->fragment) {
+			/* The header and the pad of full indexes, as mkfs.erofs. */
+			wi->layout = EROFS_INODE_COMPRESSED_FULL;
+			meta = zmap_off(wi) + Z_EROFS_MAP_HEADER_SIZE +
+			       Z_EROFS_FULL_INDEX_PAD;
 		} else if (wi->kind == KIND_FLAT && wi->embedded) {
 			wi->layout = EROFS_INODE_FLAT_PLAIN;
 		} else if (wi->kind == KIND_FLAT) {
@@ -990,6 +1038,13 @@ static void put_super(const struct writer *w, uint8_t *sb)
 			    EROFS_FEATURE_INCOMPAT_COMPR_CFGS;
 	if (o->nr_devices)
 		incompat |= EROFS_FEATURE_INCOMPAT_DEVICE_TABLE;
+	/* Without a fragment the packed inode would only cost a lookup. */
+	if (w->fragments) {
+		incompat |= EROFS_FEATURE_INCOMPAT_FRAGMENTS;
+		/* wr_collect added it last. */
+		put_le64(sb + EROFS_SB_PACKED_NID,
+			 w->inodes[w->nr_inodes - 1].pos / EROFS_SLOT_SIZE);
+	}
 	put_le32(sb + EROFS_SB_MAGIC, EROFS_SUPER_MAGIC);
 	put_le32(sb + EROFS_SB_FEATURE_COMPAT,
 		 EROFS_FEATURE_COMPAT_SB_CHKSUM | EROFS_FEATURE_COMPAT_MTIME);
@@ -1072,6 +1127,9 @@ static int wr_render_meta(struct writer *w)
 			put_chunk_indexes(wi, p + chunk_table_off(wi));
 		if (wi->compressed)
 			put_zmap(w, wi, p + zmap_off(wi));
+		if (wi->fragment)
+			put_le64(p + zmap_off(wi),
+				 in->fragment_off | Z_EROFS_FRAGMENT_INODE);
 		if (!wi->tail)
 			continue;
 		if (S_ISDIR(in->mode)) {

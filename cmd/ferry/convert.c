@@ -42,9 +42,11 @@ static void convert_help(void)
 	       "                     DEST, media type application/vnd.erofs.layer.v1\n"
 	       "                     (containerd's native EROFS layers); uncompressed,\n"
 	       "                     or with --compress lz4|zstd[:N] EROFS-compressed\n"
-	       "                     files (128 KiB extents in big pclusters, raw where\n"
-	       "                     that saves no block; zstd needs Linux 6.10); the\n"
-	       "                     chunk and prefetch options do not apply\n"
+	       "                     files (1 MiB extents in big pclusters, raw where\n"
+	       "                     that saves no block; files up to 64 KiB packed\n"
+	       "                     together as EROFS fragments, Linux 6.1; zstd\n"
+	       "                     needs Linux 6.10); the chunk and prefetch\n"
+	       "                     options do not apply\n"
 	       "  --chunk-size N     chunk size, power of two, 4K..64M (default 1M)\n"
 	       "  --compress SPEC    none | lz4[:1-12] | zstd[:1-22] | lzma[:1-9]\n"
 	       "                     (default zstd: level 5 with a 4-byte minimum\n"
@@ -68,6 +70,8 @@ static void convert_help(void)
 	       "                     lazy mounts fetch a program's libraries with it);\n"
 	       "                     ferryd from before 2026-12-05 refuses images\n"
 	       "                     that have it\n"
+	       "  --no-fragments     erofs-layers: every file in blocks of its own\n"
+	       "                     (larger; for readers older than erofs-utils 1.6)\n"
 	       "  --force            replace an existing dir: image or oci: tag (the\n"
 	       "                     old one stays intact until the new one is complete)\n"
 	       "  --json             print a JSON summary on stdout\n"
@@ -176,6 +180,7 @@ int cmd_convert(int argc, char **argv)
 		{ "chunk-dict", required_argument, NULL, 'D' },
 		{ "prefetch-files", required_argument, NULL, 'P' },
 		{ "no-loader-deps", no_argument, NULL, 'L' },
+		{ "no-fragments", no_argument, NULL, 'G' },
 		{ "force", no_argument, NULL, 'f' },
 		{ "json", no_argument, NULL, 'j' },
 		{ "quiet", no_argument, NULL, 'q' },
@@ -247,6 +252,9 @@ int cmd_convert(int argc, char **argv)
 		case 'L':
 			opts.no_loader_deps = true;
 			break;
+		case 'G':
+			opts.no_fragments = true;
+			break;
 		case 'f':
 			opts.replace = true;
 			break;
@@ -268,6 +276,8 @@ int cmd_convert(int argc, char **argv)
 	/* Native layers are uncompressed unless asked (lz4 is all they take). */
 	if (opts.format == CONVERT_FORMAT_EROFS_LAYERS && !compress_set)
 		opts.compress.codec = BLOB_CODEC_NONE;
+	if (opts.no_fragments && opts.format != CONVERT_FORMAT_EROFS_LAYERS)
+		return usage_error("convert", "--no-fragments is for --format erofs-layers");
 	ret = regopts_finish(&ro);
 	if (ret)
 		return ret;

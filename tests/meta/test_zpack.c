@@ -3,7 +3,9 @@
  * Native-layer pieces of pkg-meta: meta_zpack's LZ4 pclusters decode back
  * to the input (apart or packed in place), and a standalone image with
  * embedded plain and compressed files reads back through the reader,
- * which refuses a compression map that does not start with a head.
+ * which refuses a compression map that does not start with a head; files
+ * stored whole as fragments of a packed inode are placed inside it, and
+ * the reader refuses fragments outside it.
  */
 #include "../test.h"
 
@@ -218,9 +220,131 @@ static void test_standalone_compressed(void)
 	free(out);
 }
 
+/* Patch 8 bytes of @fd at @pos and fix the superblock checksum. */
+static void patch_le64(int fd, uint64_t pos, uint64_t v)
+{
+	uint8_t b[8];
+
+	put_le64(b, v);
+	CHECK(pwrite(fd, b, 8, (off_t)pos) == 8);
+	fix_sb_checksum(fd);
+}
+
+/* Byte offset of @path's map header in the image at @img_path. */
+static uint64_t zmap_pos(const char *img_path, const char *path, uint64_t *nid)
+{
+	struct meta_image *img = NULL;
+	struct meta_stat st = { 0 };
+
+	CHECK(!meta_image_open(img_path, &img));
+	if (!img)
+		return 0;
+	CHECK(!meta_resolve(img, path, nid));
+	CHECK(!meta_getattr(img, *nid, &st));
+	meta_image_close(img);
+	return (*nid * 32 + (st.extended ? 64 : 32) + 7) / 8 * 8;
+}
+
+static void test_fragments(void)
+{
+	char path[] = "/tmp/ferry-test-zfrag.XXXXXX";
+	char dpath[] = "/tmp/ferry-test-zfdata.XXXXXX";
+	struct meta_tree *t = NULL;
+	struct meta_inode *a, *b, *packed;
+	struct meta_image *img = NULL;
+	struct meta_write_stats ws;
+	struct meta_super sb;
+	struct meta_stat st;
+	uint8_t raw[3 * BLK];
+	int fd = mkstemp(path), dfd = mkstemp(dpath);
+	uint64_t nid, pos;
+
+	/* The packed inode: 3 blocks of raw data holding "a" and "b". */
+	for (size_t i = 0; i < sizeof(raw); i++)
+		raw[i] = (uint8_t)(i * 7);
+	CHECK(pwrite(dfd, raw, sizeof(raw), 0) == (ssize_t)sizeof(raw));
+	CHECK(!meta_tree_new(&t));
+	CHECK(!meta_inode_new(t, S_IFREG | 0644, &a));
+	a->size = 5000;
+	a->fragment = true;
+	a->fragment_off = 100;
+	CHECK(!meta_dir_link(t, t->root, "a", 1, a));
+	CHECK(!meta_inode_new(t, S_IFREG | 0600, &b));
+	b->size = 3;
+	b->fragment = true;
+	b->fragment_off = sizeof(raw) - 3;
+	CHECK(!meta_dir_link(t, t->root, "b", 1, b));
+	CHECK(!meta_inode_new(t, S_IFREG | 0600, &packed));
+	packed->size = sizeof(raw);
+	packed->embedded = true;
+	struct meta_embedded emb = { dfd, 3 };
+	struct meta_write_opts wo = { .standalone = true, .embedded = &emb };
+
+	/* A fragment needs a packed inode that holds it... */
+	CHECK(meta_write(t, &wo, fd, NULL) == -EINVAL);
+	wo.packed = packed;
+	b->fragment_off = sizeof(raw) - 2;
+	CHECK(meta_write(t, &wo, fd, NULL) == -EINVAL);
+	b->fragment_off = sizeof(raw) - 3;
+	/* ...and is not in the tree itself. */
+	CHECK(!meta_dir_link(t, t->root, "p", 1, packed));
+	CHECK(meta_write(t, &wo, fd, NULL) == -EINVAL);
+	CHECK(!meta_dir_unlink(t, t->root, "p", 1));
+	CHECK(!meta_write(t, &wo, fd, &ws));
+	CHECK(!meta_image_open(path, &img));
+	if (img) {
+		meta_get_super(img, &sb);
+		CHECK(sb.feature_incompat & EROFS_FEATURE_INCOMPAT_FRAGMENTS);
+		CHECK_EQ(sb.inos, 4); /* root, a, b, the packed inode */
+		CHECK(!meta_resolve(img, "/a", &nid));
+		CHECK(!meta_getattr(img, nid, &st));
+		CHECK_EQ(st.layout, EROFS_INODE_COMPRESSED_FULL);
+		CHECK_EQ(st.size, 5000);
+		CHECK(meta_read(img, nid, 0, raw, 16) == -EINVAL);
+		meta_image_close(img);
+		img = NULL;
+	}
+	/* The header names the fragment: bit 63 and its offset. */
+	pos = zmap_pos(path, "/a", &nid);
+	{
+		uint8_t h[8];
+
+		CHECK(pread(fd, h, 8, (off_t)pos) == 8);
+		CHECK_EQ(get_le64(h), 100 | 1ull << 63);
+	}
+	/* An offset past the packed inode's end is refused. */
+	patch_le64(fd, pos, (sizeof(raw) - 4999) | 1ull << 63);
+	CHECK(!meta_image_open(path, &img));
+	if (img)
+		CHECK(meta_getattr(img, nid, &st) == -EFSCORRUPTED);
+	meta_image_close(img);
+	img = NULL;
+	patch_le64(fd, pos, UINT64_MAX);
+	CHECK(!meta_image_open(path, &img));
+	if (img)
+		CHECK(meta_getattr(img, nid, &st) == -EFSCORRUPTED);
+	meta_image_close(img);
+	img = NULL;
+	/* packed_nid naming the root (a directory) is refused at open. */
+	{
+		uint8_t root[2];
+
+		CHECK(pread(fd, root, 2, 1024 + EROFS_SB_ROOT_NID) == 2);
+		patch_le64(fd, 1024 + EROFS_SB_PACKED_NID, get_le16(root));
+		CHECK(meta_image_open(path, &img) == -EFSCORRUPTED);
+		CHECK(!img);
+	}
+	meta_tree_free(t);
+	close(fd);
+	close(dfd);
+	unlink(path);
+	unlink(dpath);
+}
+
 int main(void)
 {
 	RUN_TEST(test_zpack_roundtrip);
 	RUN_TEST(test_standalone_compressed);
+	RUN_TEST(test_fragments);
 	TEST_MAIN_END();
 }
