@@ -255,6 +255,13 @@ uint64_t ferry_now_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+unsigned int online_cpus(unsigned int max)
+{
+	long n = sysconf(_SC_NPROCESSORS_ONLN);
+
+	return n < 1 ? 1 : (unsigned int)MIN((unsigned long)n, (unsigned long)max);
+}
+
 static void progress_draw(struct ferry_progress *p)
 {
 	if (p->total)

@@ -223,6 +223,8 @@ void ferry_progress_end(struct ferry_progress *p);
 
 /* CLOCK_MONOTONIC in nanoseconds. */
 uint64_t ferry_now_ns(void);
+/* Online CPUs, between 1 and @max: the default count of worker threads. */
+unsigned int online_cpus(unsigned int max);
 
 /* True when all @len bytes at @p are zero. */
 bool mem_is_zero(const void *p, size_t len);

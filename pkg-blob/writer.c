@@ -504,14 +504,6 @@ static void writer_free(struct blob_writer *w)
 	free(w);
 }
 
-static unsigned int online_cpus(void)
-{
-	long n = sysconf(_SC_NPROCESSORS_ONLN);
-
-	return n < 1 ? 1 : (unsigned int)MIN((unsigned long)n,
-					     BLOB_WRITER_JOBS_MAX);
-}
-
 int blob_writer_new(int fd, const struct blob_compress *c, unsigned int jobs,
 		    struct blob_writer **out)
 {
@@ -521,7 +513,7 @@ int blob_writer_new(int fd, const struct blob_compress *c, unsigned int jobs,
 	if (!blob_compress_valid(c) || jobs > BLOB_WRITER_JOBS_MAX)
 		return -EINVAL;
 	if (!jobs)
-		jobs = online_cpus();
+		jobs = online_cpus(BLOB_WRITER_JOBS_MAX);
 	w = calloc(1, sizeof(*w));
 	if (!w)
 		return -ENOMEM;

@@ -74,15 +74,14 @@ struct native_state {
 	uint32_t nr_layers;
 	size_t layers_cap;
 	int data_fd;          /* the current layer's data */
-	uint32_t data_blocks;
+	struct zpipe *zp;     /* lays it out, compressing */
 	char **opaque;        /* directories marked opaque in this layer */
 	size_t nr_opaque, opaque_cap;
 	char **escaped;       /* xattr names this layer's entries borrow */
 	size_t nr_escaped, escaped_cap;
 	bool compress;        /* --compress lz4|zstd: compressed files */
+	struct blob_compress codec;
 	bool fragments;       /* small files into the packed inode */
-	enum meta_zalgorithm zalgorithm;
-	int zlevel;
 	int packed_fd;        /* the current layer's fragments, or -1 */
 	uint64_t packed_len;
 };
@@ -330,24 +329,6 @@ static void reserve_fragment(struct converter *c, struct meta_inode *inode,
 	inode->fragment_off = c->native->packed_len;
 }
 
-/* Reserve the blocks of a @size-byte file in the layer's data. */
-static int reserve_blocks(struct converter *c, struct meta_inode *inode,
-			  uint64_t size, const char *path)
-{
-	struct native_state *n = c->native;
-	uint64_t blocks = DIV_ROUND_UP(size, META_BLOCK_SIZE);
-
-	if (n->data_blocks + blocks > UINT32_MAX / 2) {
-		ferry_err("%s: the layer's data exceeds 8 TiB, more than a native EROFS layer holds",
-			  path);
-		return -EFBIG;
-	}
-	inode->size = size;
-	inode->embedded = true;
-	inode->embedded_blkaddr = n->data_blocks;
-	return 0;
-}
-
 int native_link_target(struct converter *c, const char *path,
 		       struct meta_inode **target)
 {
@@ -386,19 +367,23 @@ int native_link_target(struct converter *c, const char *path,
 	} else if (S_ISREG(lower->mode)) {
 		/* Compressed: its pclusters (consecutive blocks) as they are. */
 		const struct meta_zextent *z = lower->zextents;
-		uint32_t nz = lower->nr_zextents, from, nr;
+		uint32_t nz = lower->nr_zextents, from, nr, start;
 
 		from = z ? z[0].blkaddr : lower->embedded_blkaddr;
 		nr = z ? z[nz - 1].blkaddr + z[nz - 1].blocks - from :
 			 (uint32_t)DIV_ROUND_UP(lower->size, META_BLOCK_SIZE);
-		ret = reserve_blocks(c, copy, lower->size, path);
+		ret = zpipe_reserve(n->zp, nr, &start);
 		if (!ret)
 			ret = copy_data(c, l->image_fd,
 					l->data_off + (uint64_t)from * META_BLOCK_SIZE,
-					n->data_fd,
-					(uint64_t)n->data_blocks * META_BLOCK_SIZE,
+					n->data_fd, (uint64_t)start * META_BLOCK_SIZE,
 					z ? (uint64_t)nr * META_BLOCK_SIZE : lower->size);
-		if (!ret && z) {
+		if (ret)
+			return ret;
+		copy->size = lower->size;
+		copy->embedded = true;
+		copy->embedded_blkaddr = start;
+		if (z) {
 			copy->zextents = calloc(nz, sizeof(*copy->zextents));
 			if (!copy->zextents)
 				return -ENOMEM;
@@ -406,69 +391,26 @@ int native_link_target(struct converter *c, const char *path,
 			copy->zalgorithm = lower->zalgorithm;
 			for (uint32_t k = 0; k < nz; k++) {
 				copy->zextents[k] = z[k];
-				copy->zextents[k].blkaddr = n->data_blocks + (z[k].blkaddr - from);
+				copy->zextents[k].blkaddr = start + (z[k].blkaddr - from);
 			}
 		}
-		if (ret)
-			return ret;
-		n->data_blocks += nr;
 	}
 	c->stats->files += S_ISREG(lower->mode);
 	*target = copy;
 	return 0;
 }
 
-/*
- * The file just stored raw at inode->embedded_blkaddr, packed in place
- * into pclusters a MiB at a time (meta_zpack never writes past what it
- * has read; a MiB is a whole number of extents). Kept raw when that saves
- * no block: then every extent was plain and the blocks hold the raw bytes
- * as before.
- */
-static int compress_file(struct converter *c, struct meta_inode *inode,
-			 uint64_t size, const char *path)
+struct cancellable {
+	struct converter *c;
+	const struct file_source *src;
+};
+
+static int cancellable_read(void *ctx, void *buf, size_t len)
 {
-	struct native_state *n = c->native;
-	uint64_t raw = DIV_ROUND_UP(size, META_BLOCK_SIZE), off = 0;
-	uint32_t start = n->data_blocks, out = 0, nr = 0;
-	struct meta_zextent *ext = calloc(raw, sizeof(*ext));
-	int ret = ext ? 0 : -ENOMEM;
+	struct cancellable *k = ctx;
+	int ret = convert_cancelled(k->c);
 
-	while (!ret && off < size) {
-		size_t k = (size_t)MIN(size - off, (uint64_t)COPY_BUF);
-		uint32_t got_ext, got_blk;
-
-		ret = pread_full(n->data_fd, c->buf, k,
-				 (uint64_t)start * META_BLOCK_SIZE + off);
-		if (!ret)
-			ret = meta_zpack(n->zalgorithm, n->zlevel, NATIVE_EXTENT,
-					 c->buf, k, (uint32_t)(off / META_BLOCK_SIZE),
-					 start + out, c->buf, ext + nr, &got_ext,
-					 &got_blk);
-		if (!ret)
-			ret = pwrite_full(n->data_fd, c->buf,
-					  (size_t)got_blk * META_BLOCK_SIZE,
-					  (uint64_t)(start + out) * META_BLOCK_SIZE);
-		if (ret)
-			break;
-		out += got_blk;
-		nr += got_ext;
-		off += k;
-	}
-	if (ret) {
-		ferry_err("%s: compressing: %s", path, ferry_strerror(ret));
-		free(ext);
-		return ret;
-	}
-	if (out < raw) {
-		inode->zextents = ext;
-		inode->nr_zextents = nr;
-		inode->zalgorithm = (uint8_t)n->zalgorithm;
-	} else {
-		free(ext);
-	}
-	n->data_blocks += out;
-	return 0;
+	return ret ? ret : k->src->read(k->src->ctx, buf, len);
 }
 
 int native_ingest_file(struct converter *c, struct meta_inode *inode,
@@ -476,41 +418,49 @@ int native_ingest_file(struct converter *c, struct meta_inode *inode,
 		       const char *path)
 {
 	struct native_state *n = c->native;
-	bool fragment = n->fragments && size && size <= FRAGMENT_MAX;
-	int fd = fragment ? n->packed_fd : n->data_fd;
-	uint64_t off = fragment ? n->packed_len :
-				  (uint64_t)n->data_blocks * META_BLOCK_SIZE;
+	struct cancellable k = { c, src };
+	struct file_source checked = { .read = cancellable_read, .ctx = &k };
 	uint64_t done = 0;
 	int ret = 0;
 
-	if (fragment)
-		reserve_fragment(c, inode, size);
-	else
-		ret = reserve_blocks(c, inode, size, path);
 	c->stats->bytes_in += size;
 	ferry_progress_add(&c->progress, size);
+	if (!n->fragments || !size || size > FRAGMENT_MAX) {
+		ret = zpipe_add(n->zp, inode, size, n->compress, &checked, path);
+		if (ret)
+			ferry_err("%s: %s", path, ferry_strerror(ret));
+		return ret;
+	}
+	reserve_fragment(c, inode, size);
 	while (!ret && done < size) {
-		size_t k = (size_t)MIN(size - done, (uint64_t)COPY_BUF);
+		size_t len = (size_t)MIN(size - done, (uint64_t)COPY_BUF);
 
-		ret = convert_cancelled(c);
+		ret = checked.read(checked.ctx, c->buf, len);
 		if (!ret)
-			ret = src->read(src->ctx, c->buf, k);
-		if (!ret)
-			ret = pwrite_full(fd, c->buf, k, off + done);
-		done += k;
+			ret = pwrite_full(n->packed_fd, c->buf, len,
+					  n->packed_len + done);
+		done += len;
 	}
-	if (!ret && fragment) {
-		n->packed_len += size;
-		return 0;
-	}
-	if (!ret && n->compress && size > META_BLOCK_SIZE)
-		return compress_file(c, inode, size, path);
 	if (ret) {
 		ferry_err("%s: %s", path, ferry_strerror(ret));
 		return ret;
 	}
-	n->data_blocks += (uint32_t)DIV_ROUND_UP(size, META_BLOCK_SIZE);
+	n->packed_len += size;
 	return 0;
+}
+
+struct fd_reader {
+	int fd;
+	uint64_t off;
+};
+
+static int fd_read(void *ctx, void *buf, size_t len)
+{
+	struct fd_reader *r = ctx;
+	int ret = pread_full(r->fd, buf, len, r->off);
+
+	r->off += len;
+	return ret;
 }
 
 /* The layer's fragments as its packed inode, compressed like a file. */
@@ -518,21 +468,19 @@ static int pack_fragments(struct converter *c, struct meta_inode **packed)
 {
 	static const char name[] = "the layer's packed inode";
 	struct native_state *n = c->native;
+	struct fd_reader r = { n->packed_fd, 0 };
+	struct file_source src = { .read = fd_read, .ctx = &r };
 	struct meta_inode *p = NULL;
 	int ret = meta_inode_new(c->tree, S_IFREG | 0600, &p);
 
 	if (!ret)
-		ret = reserve_blocks(c, p, n->packed_len, name);
-	if (ret)
-		return ret;
-	ret = copy_data(c, n->packed_fd, 0, n->data_fd,
-			(uint64_t)n->data_blocks * META_BLOCK_SIZE, n->packed_len);
+		ret = zpipe_add(n->zp, p, n->packed_len, true, &src, name);
 	if (ret) {
 		ferry_err("%s: %s", name, ferry_strerror(ret));
 		return ret;
 	}
 	*packed = p;
-	return compress_file(c, p, n->packed_len, name);
+	return 0;
 }
 
 /* ------------------------------------------------------------------ */
@@ -596,7 +544,8 @@ static int write_layer(struct converter *c, const char *blobs_dir,
 
 	if (!ret && n->packed_len)
 		ret = pack_fragments(c, &wo.packed);
-	emb.blocks = n->data_blocks;
+	if (!ret)
+		ret = zpipe_flush(n->zp, &emb.blocks);
 	if (!ret)
 		ret = atomic_file_create(&af, blobs_dir, "erofs-layer", 0644);
 	if (!ret)
@@ -641,7 +590,6 @@ static int convert_layer(struct converter *c, const struct oci_image *img,
 	memset(l, 0, sizeof(*l));
 	l->image_fd = -1;
 	l->packed_fd = -1;
-	n->data_blocks = 0;
 	n->packed_len = 0;
 	/*
 	 * Unnamed and gone when closed: the data lives only until written,
@@ -649,20 +597,17 @@ static int convert_layer(struct converter *c, const struct oci_image *img,
 	 * copy from them).
 	 */
 	n->data_fd = open(blobs_dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
-	if (n->data_fd >= 0 && n->fragments) {
+	if (n->data_fd >= 0 && n->fragments)
 		n->packed_fd = open(blobs_dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
-		if (n->packed_fd < 0) {
-			close(n->data_fd);
-			n->data_fd = -1;
-		}
-	}
-	if (n->data_fd < 0) {
+	if (n->data_fd < 0 || (n->fragments && n->packed_fd < 0)) {
 		ret = -errno;
 		ferry_err("%s: cannot create a temporary file: %s (a file system with O_TMPFILE is needed)",
 			  blobs_dir, ferry_strerror(ret));
-		return ret;
+		goto out;
 	}
-	ret = meta_tree_new(&c->tree);
+	ret = zpipe_new(&n->codec, c->opts->jobs, n->data_fd, &n->zp);
+	if (!ret)
+		ret = meta_tree_new(&c->tree);
 	/* Overlayfs shows the top root: without "./" keep the one below. */
 	if (!ret && n->nr_layers)
 		ret = copy_attrs(c->tree->root, n->layers[n->nr_layers - 1].tree->root);
@@ -685,7 +630,10 @@ out:
 	/* The tree is kept for upper layers' lookups. */
 	l->tree = c->tree;
 	c->tree = NULL;
-	close(n->data_fd);
+	zpipe_free(n->zp);
+	n->zp = NULL;
+	if (n->data_fd >= 0)
+		close(n->data_fd);
 	n->data_fd = -1;
 	l->packed_fd = n->packed_fd;
 	n->packed_fd = -1;
@@ -762,8 +710,7 @@ int convert_run_erofs_layers(const char *source, const char *dest,
 	}
 	n.compress = codec != BLOB_CODEC_NONE;
 	n.fragments = n.compress && !opts->no_fragments;
-	n.zalgorithm = codec == BLOB_CODEC_ZSTD ? META_Z_ZSTD : META_Z_LZ4;
-	n.zlevel = codec == BLOB_CODEC_ZSTD ? opts->compress.level : 0;
+	n.codec = opts->compress;
 	ret = image_ref_parse(source, SOURCES, "source", &src);
 	if (!ret)
 		ret = image_ref_parse(dest, DESTS, "destination", &dst);

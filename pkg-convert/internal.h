@@ -207,6 +207,24 @@ int native_ingest_file(struct converter *c, struct meta_inode *inode,
 		       const char *path);
 /* -EINVAL (logged) for transports native layers do not support. */
 int native_check_refs(const struct image_ref *src, const struct image_ref *dst);
+
+/*
+ * A native layer's file data laid out in order, compressed by @jobs
+ * threads (0: one per CPU) with @codec (lz4 or zstd) into @fd (zpipe.c).
+ * zpipe_add reads a file through @src and gives @inode its size and
+ * embedded blocks (extents if compressing saves a block) once laid out;
+ * zpipe_flush lays out everything added and says how many blocks the
+ * data has; zpipe_reserve flushes and keeps @nr blocks at *@start for
+ * the caller to write. All return 0 or -errno.
+ */
+struct zpipe;
+int zpipe_new(const struct blob_compress *codec, unsigned int jobs, int fd,
+	      struct zpipe **out);
+void zpipe_free(struct zpipe *zp);
+int zpipe_add(struct zpipe *zp, struct meta_inode *inode, uint64_t size,
+	      bool compress, const struct file_source *src, const char *path);
+int zpipe_flush(struct zpipe *zp, uint32_t *blocks);
+int zpipe_reserve(struct zpipe *zp, uint32_t nr, uint32_t *start);
 int convert_run_erofs_layers(const char *source, const char *dest,
 			     const struct convert_opts *opts,
 			     struct convert_stats *stats);

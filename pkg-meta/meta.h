@@ -4,8 +4,8 @@
  * writer that serialises it into an image the Linux kernel mounts, the
  * reader that serves it back, and the kernel mount call.
  *
- * No network; LZ4 and zstd only for the compressed files of standalone
- * images (meta_zpack). File data lives either inside the bootstrap
+ * No network, no codec: the compressed files of standalone images come
+ * compressed (meta_zextent_put lays them out). File data lives either inside the bootstrap
  * (directories, symlinks, small "inline" regular files) or in external
  * devices (blobs) addressed by chunk indexes; this module only records the
  * (device_id, block) pairs it is given. A standalone image (a native
@@ -49,12 +49,12 @@ struct meta_zextent {
 	bool plain;       /* stored uncompressed (at most 4 KiB of data) */
 };
 
-/* How meta_zpack compresses. */
+/* The kernel's numbers for the algorithms of compressed files. */
 enum meta_zalgorithm {
 	META_Z_LZ4 = 0,  /* EROFS algorithm numbers */
 	META_Z_ZSTD = 3,
 };
-#define META_ZPACK_EXTENT_MAX (1u << 20) /* input per extent */
+#define META_ZPACK_EXTENT_MAX (1u << 20) /* input per extent: 1 pcluster */
 
 /* Where one chunk of a chunk-based regular file lives. */
 struct meta_chunk {
@@ -234,21 +234,19 @@ int meta_write(struct meta_tree *t, const struct meta_write_opts *opts, int fd,
 	       struct meta_write_stats *stats);
 
 /*
- * Compress @len bytes of a file, starting at its lcluster @lcn (@len a
- * multiple of 4096 except at the file's end, at most 65535 lclusters),
- * with @algorithm at @level (0: the library's default) in extents of
- * @extent bytes of input (a 4 KiB multiple, at most META_ZPACK_EXTENT_MAX)
- * into pclusters from embedded data block @blkaddr on, written to @out;
- * the extents go to @ext (room for DIV_ROUND_UP(len, 4096) of each) and
- * their count to *@nr_ext, the blocks used to *@nr_blocks, never more
- * than the input's; @out may be @in (packed in place). An extent that
- * would not save a block is stored plain, one lcluster each. 0, -ENOMEM,
- * or -EIO (logged) when the library fails.
+ * Lay out one extent of a compressed file: @len bytes of it at @raw (its
+ * lclusters from @lcn on; a multiple of 4096 except at the file's end, at
+ * most META_ZPACK_EXTENT_MAX) and their compressed form, @z bytes at
+ * @zdata (0: none), as the blocks from embedded data block @blkaddr on,
+ * written to @out (room for the input's blocks; @out may be @raw): one
+ * pcluster when that saves a block, else the input plain, one lcluster
+ * per block. The extents go to @ext (room for one per lcluster) and their
+ * count to *@nr_ext; returns the blocks used.
  */
-int meta_zpack(enum meta_zalgorithm algorithm, int level, uint32_t extent,
-	       const uint8_t *in, size_t len, uint32_t lcn, uint32_t blkaddr,
-	       uint8_t *out, struct meta_zextent *ext, uint32_t *nr_ext,
-	       uint32_t *nr_blocks);
+uint32_t meta_zextent_put(const uint8_t *raw, size_t len, const uint8_t *zdata,
+			  size_t z, uint32_t lcn, uint32_t blkaddr,
+			  uint8_t *out, struct meta_zextent *ext,
+			  uint32_t *nr_ext);
 
 /* ------------------------------------------------------------------ */
 /* Reader                                                              */

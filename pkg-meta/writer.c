@@ -412,7 +412,7 @@ static int wr_check_zextents(struct writer *w, struct wr_inode *wi)
 
 		/* A compressed extent needs a second lcluster for its CBLKCNT. */
 		if ((k ? z->lcn <= z[-1].lcn : z->lcn != 0) || end <= z->lcn ||
-		    end - z->lcn > UINT16_MAX || !z->blocks ||
+		    end - z->lcn > META_ZPACK_EXTENT_MAX / BLK || !z->blocks ||
 		    z->blocks > Z_EROFS_PCLUSTER_MAX_BLOCKS ||
 		    (z->plain ? end - z->lcn != 1 || z->blocks != 1 :
 				end - z->lcn < 2) ||
@@ -1073,7 +1073,7 @@ static void put_zcfgs(const struct writer *w, uint8_t *p)
 	}
 	if (w->zalgs & (1u << META_Z_ZSTD)) {
 		put_le16(p, Z_EROFS_ZSTD_CFGS_SIZE);
-		/* Windows up to 1 MiB: the largest extent meta_zpack makes. */
+		/* Windows up to 1 MiB: the largest extent wr_check_zextents takes. */
 		p[2 + Z_EROFS_ZSTD_CFGS_WINDOWLOG] = 20 - 10;
 	}
 }

@@ -40,13 +40,14 @@ static void convert_help(void)
 	       "                     becomes one standalone EROFS image (whiteouts\n"
 	       "                     in overlayfs form) in an oci: or docker://\n"
 	       "                     DEST, media type application/vnd.erofs.layer.v1\n"
-	       "                     (containerd's native EROFS layers); uncompressed,\n"
-	       "                     or with --compress lz4|zstd[:N] EROFS-compressed\n"
-	       "                     files (1 MiB extents in big pclusters, raw where\n"
-	       "                     that saves no block; files up to 64 KiB packed\n"
-	       "                     together as EROFS fragments, Linux 6.1; zstd\n"
-	       "                     needs Linux 6.10); the chunk and prefetch\n"
-	       "                     options do not apply\n"
+	       "                     (containerd's native EROFS layers), files\n"
+	       "                     EROFS-compressed (zstd by default: Linux 6.10;\n"
+	       "                     --compress lz4: 5.13; 1 MiB extents in big\n"
+	       "                     pclusters, raw where that saves no block, files\n"
+	       "                     up to 64 KiB packed together as fragments: 6.1)\n"
+	       "                     or not (--compress none); --jobs threads\n"
+	       "                     compress; the chunk and prefetch options do\n"
+	       "                     not apply\n"
 	       "  --chunk-size N     chunk size, power of two, 4K..64M (default 1M)\n"
 	       "  --compress SPEC    none | lz4[:1-12] | zstd[:1-22] | lzma[:1-9]\n"
 	       "                     (default zstd: level 5 with a 4-byte minimum\n"
@@ -198,7 +199,7 @@ int cmd_convert(int argc, char **argv)
 	};
 	struct sigaction sa = { .sa_handler = on_interrupt, .sa_flags = SA_RESTART };
 	struct convert_stats stats;
-	bool json = false, quiet = false, compress_set = false;
+	bool json = false, quiet = false;
 	uint64_t v;
 	int c, ret;
 
@@ -225,7 +226,6 @@ int cmd_convert(int argc, char **argv)
 		case 'z':
 			if (blob_compress_parse(optarg, &opts.compress))
 				return usage_error("convert", "bad --compress \"%s\"", optarg);
-			compress_set = true;
 			break;
 		case 'i':
 			if (parse_size(optarg, &v) || v > UINT32_MAX)
@@ -273,9 +273,6 @@ int cmd_convert(int argc, char **argv)
 	}
 	if (argc - optind != 2)
 		return usage_error("convert", "expected SOURCE and DEST");
-	/* Native layers are uncompressed unless asked (lz4 is all they take). */
-	if (opts.format == CONVERT_FORMAT_EROFS_LAYERS && !compress_set)
-		opts.compress.codec = BLOB_CODEC_NONE;
 	if (opts.no_fragments && opts.format != CONVERT_FORMAT_EROFS_LAYERS)
 		return usage_error("convert", "--no-fragments is for --format erofs-layers");
 	ret = regopts_finish(&ro);

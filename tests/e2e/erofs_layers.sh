@@ -51,9 +51,12 @@ if cfg["rootfs"]["diff_ids"] != [l["digest"] for l in man["layers"]]: bad.append
 if "erofs" not in cfg.get("os.features", []): bad.append("os.features")
 print("\n".join("    " + b for b in bad))
 for l in man["layers"]: open(os.path.join(lay, "layers-" + tag), "a").write(blob(l["digest"]) + "\n")
-frag = [l for l in man["layers"]
-        if int.from_bytes(open(blob(l["digest"]), "rb").read(1024 + 0x54)[1024 + 0x50:], "little") & 0x20]
-open(os.path.join(lay, "fragments-" + tag), "w").write("%d\n" % len(frag))
+# Layers with incompat FRAGMENTS (0x20), with zstd (COMPR_CFGS, u1 bit 3).
+sbs = [open(blob(l["digest"]), "rb").read(1024 + 0x56)[1024:] for l in man["layers"]]
+inc = [int.from_bytes(sb[0x50:0x54], "little") for sb in sbs]
+frag = sum(1 for i in inc if i & 0x20)
+zstd = sum(1 for i, sb in zip(inc, sbs) if i & 2 and int.from_bytes(sb[0x54:0x56], "little") & 8)
+open(os.path.join(lay, "features-" + tag), "w").write("%d %d\n" % (frag, zstd))
 sys.exit(1 if bad else 0)
 PY
 	local f rc=0
@@ -74,10 +77,10 @@ convert_tag() { # TAG NLAYERS [--compress CODEC [--no-fragments]] [treecmp args]
 	shift 2
 	[ "${1:-}" = --compress ] && { z=("$1" "$2"); shift 2; }
 	[ "${1:-}" = --no-fragments ] && { z+=("$1"); shift; }
-	# Debian's fsck.erofs 1.5 reads neither zstd nor fragments (on by
-	# default when compressing).
+	# Debian's fsck.erofs 1.5 reads neither zstd (the default) nor
+	# fragments (on by default when compressing).
 	case "${z[*]}" in
-	"" | "--compress none"* | "--compress lz4 --no-fragments") ;;
+	"--compress none"* | "--compress lz4 --no-fragments") ;;
 	*) fsck=nofsck ;;
 	esac
 	check "convert --format erofs-layers ${z[*]} oci:debian:$tag" \
@@ -94,19 +97,30 @@ convert_tag() { # TAG NLAYERS [--compress CODEC [--no-fragments]] [treecmp args]
 	fi
 }
 
-convert_tag base 1
+convert_tag base-raw 1 --compress none
 # Overlayfs cannot link across layers: a hardlink to a lower file is a copy
 # (and a lower pair keeps its nlink when the edit replaces one name).
-convert_tag edit 3 --ignore nlink,links
+convert_tag edit-raw 3 --compress none --ignore nlink,links
 # Compressed: the same trees, fewer bytes. The edit layers' hardlinks to
 # small lower files copy fragments from layer to layer.
 convert_tag edit-lz4 3 --compress lz4 --no-fragments --ignore nlink,links
 convert_tag edit-lz4f 3 --compress lz4 --ignore nlink,links
 check "edit-lz4f: each layer packs its small files as fragments" \
-	test "$(cat "$OUTL/fragments-edit-lz4f")" = 3
+	test "$(cat "$OUTL/features-edit-lz4f")" = "3 0"
 check "edit-lz4: none does with --no-fragments" \
-	test "$(cat "$OUTL/fragments-edit-lz4")" = 0
-convert_tag edit-zstd 3 --compress zstd --ignore nlink,links
+	test "$(cat "$OUTL/features-edit-lz4")" = "0 0"
+check "edit-raw: nor uncompressed" test "$(cat "$OUTL/features-edit-raw")" = "0 0"
+# The default: zstd, with fragments.
+convert_tag edit-zstd 3 --ignore nlink,links
+check "edit-zstd (the default): zstd and fragments in each layer" \
+	test "$(cat "$OUTL/features-edit-zstd")" = "3 3"
+# The threads compress, the caller lays out in order: the same bytes.
+for j in 1 3; do
+	check "convert --jobs $j" "$FERRY" convert -q --jobs $j --format erofs-layers \
+		"oci:$FIX:edit" "oci:$SCRATCH/jobs$j:t"
+done
+check "--jobs 1 and --jobs 3 write the same blobs" \
+	diff <(ls "$SCRATCH/jobs1/blobs/sha256") <(ls "$SCRATCH/jobs3/blobs/sha256")
 
 # Through a registry: pushed, then mounted from it (layers downloaded
 # whole into the cache, digest-checked).
@@ -128,9 +142,9 @@ else
 fi
 rm -rf "$SCRATCH"/bundle-*
 layer_bytes() { du -bc $(cat "$OUTL/layers-$1") | tail -n 1 | cut -f1; }
-echo "# edit layers: $(layer_bytes edit) bytes uncompressed, $(layer_bytes edit-lz4) with lz4 and no fragments, $(layer_bytes edit-lz4f) with fragments, $(layer_bytes edit-zstd) with zstd"
+echo "# edit layers: $(layer_bytes edit-raw) bytes uncompressed, $(layer_bytes edit-lz4) with lz4 and no fragments, $(layer_bytes edit-lz4f) with fragments, $(layer_bytes edit-zstd) with zstd"
 check "lz4 layers are at least a third smaller" \
-	test "$(layer_bytes edit-lz4)" -lt "$(($(layer_bytes edit) * 2 / 3))"
+	test "$(layer_bytes edit-lz4)" -lt "$(($(layer_bytes edit-raw) * 2 / 3))"
 check "fragments save at least a tenth more" \
 	test "$(layer_bytes edit-lz4f)" -lt "$(($(layer_bytes edit-lz4) * 9 / 10))"
 check "zstd layers are smaller than lz4 ones" \
@@ -178,7 +192,7 @@ J
 check_fails "a 0:0 character device in a layer is refused" "whiteout" \
 	"$FERRY" convert -q --format erofs-layers "tar:$SCRATCH/c0.tar" "oci:$SCRATCH/c0:t"
 check_fails "a native-layer image as the source is refused" "converted already" \
-	"$FERRY" convert -q --format erofs-layers "oci:$OUTL:base" "oci:$SCRATCH/again:t"
+	"$FERRY" convert -q --format erofs-layers "oci:$OUTL:base-raw" "oci:$SCRATCH/again:t"
 check_exit "a dir: destination is a usage error" 2 \
 	"$FERRY" convert -q --format erofs-layers "oci:$L:t" "dir:$SCRATCH/d"
 expect "  naming what to give instead" grep -q "oci: or docker://" "$LOG"

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MIT
 /*
- * Native-layer pieces of pkg-meta: meta_zpack's LZ4 pclusters decode back
- * to the input (apart or packed in place), and a standalone image with
+ * Native-layer pieces of pkg-meta: extents laid out by meta_zextent_put
+ * (LZ4 or zstd, compressed here) decode back to the input, apart or
+ * packed in place, and a standalone image with
  * embedded plain and compressed files reads back through the reader,
  * which refuses a compression map that does not start with a head; files
  * stored whole as fragments of a packed inode are placed inside it, and
@@ -30,6 +31,40 @@ static uint8_t next_byte(void)
 	rng ^= rng >> 7;
 	rng ^= rng << 17;
 	return (uint8_t)rng;
+}
+
+/*
+ * What a converter does: each @extent-byte piece compressed (nothing for a
+ * one-lcluster piece) and laid out from block @blkaddr into @out.
+ */
+static int zpack(enum meta_zalgorithm alg, uint32_t extent, const uint8_t *in,
+		 size_t len, uint32_t blkaddr, uint8_t *out,
+		 struct meta_zextent *ext, uint32_t *nr_ext, uint32_t *nr_blocks)
+{
+	uint8_t *z = malloc(extent);
+	uint32_t n = 0, blk = 0;
+
+	for (size_t pos = 0; z && pos < len; pos += extent) {
+		size_t take = len - pos < extent ? len - pos : extent, zlen = 0;
+		uint32_t got;
+
+		if (take > BLK && alg == META_Z_LZ4) {
+			int r = LZ4_compress_default((const char *)in + pos, (char *)z,
+						     (int)take, (int)extent);
+			zlen = r > 0 ? (size_t)r : 0;
+		} else if (take > BLK) {
+			zlen = ZSTD_compress(z, extent, in + pos, take, 3);
+			zlen = ZSTD_isError(zlen) ? 0 : zlen;
+		}
+		blk += meta_zextent_put(in + pos, take, z, zlen,
+					(uint32_t)(pos / BLK), blkaddr + blk,
+					out + (size_t)blk * BLK, ext + n, &got);
+		n += got;
+	}
+	*nr_ext = n;
+	*nr_blocks = blk;
+	free(z);
+	return z ? 0 : -ENOMEM;
 }
 
 /* Decode @nr extents of @out back over @len bytes and compare with @want. */
@@ -82,7 +117,7 @@ static void check_pack_with(enum meta_zalgorithm alg, uint32_t extent,
 	uint8_t *out = malloc(nblk * BLK), *inplace = malloc(nblk * BLK);
 	uint32_t nr = 0, nr2 = 0, blocks = 0, blocks2 = 0;
 
-	CHECK(!meta_zpack(alg, 0, extent, in, len, 0, 100, out, ext, &nr, &blocks));
+	CHECK(!zpack(alg, extent, in, len, 100, out, ext, &nr, &blocks));
 	CHECK(nr >= 1 && nr <= nblk && blocks <= nblk);
 	CHECK(!expect_smaller || blocks < nblk);
 	CHECK(ext[0].lcn == 0);
@@ -91,8 +126,8 @@ static void check_pack_with(enum meta_zalgorithm alg, uint32_t extent,
 	CHECK(!unpack_cmp(alg, out, ext, nr, in, len));
 	/* Packed over its own input: the same blocks. */
 	memcpy(inplace, in, len);
-	CHECK(!meta_zpack(alg, 0, extent, inplace, len, 0, 100, inplace, ext2,
-			  &nr2, &blocks2));
+	CHECK(!zpack(alg, extent, inplace, len, 100, inplace, ext2, &nr2,
+		     &blocks2));
 	CHECK_EQ(nr2, nr);
 	CHECK_EQ(blocks2, blocks);
 	CHECK(!memcmp(inplace, out, (size_t)blocks * BLK));
@@ -124,6 +159,20 @@ static void test_zpack_roundtrip(void)
 	for (size_t i = 0; i < len; i++) /* halves of both */
 		buf[i] = i % 16384 < 8192 ? next_byte() : (uint8_t)(i % 7);
 	check_pack(buf, len, true);
+	/* Compressed bytes starting with a zero would read as padding. */
+	{
+		uint8_t z[16] = { 0, 1, 2 }, out[2 * BLK];
+		struct meta_zextent e[2];
+		uint32_t n = 0;
+
+		CHECK_EQ(meta_zextent_put(buf, 2 * BLK, z, sizeof(z), 0, 7, out, e, &n), 2);
+		CHECK(n == 2 && e[0].plain && e[1].plain && e[1].blkaddr == 8);
+		CHECK(!memcmp(out, buf, sizeof(out)));
+		z[0] = 0x28;
+		CHECK_EQ(meta_zextent_put(buf, 2 * BLK, z, sizeof(z), 0, 7, out, e, &n), 1);
+		CHECK(n == 1 && !e[0].plain && e[0].blocks == 1);
+		CHECK(!memcmp(out + BLK - sizeof(z), z, sizeof(z)));
+	}
 	memset(buf, 0, 1u << 20); /* one MiB of zeros: few extents */
 	check_pack(buf, 1u << 20, true);
 	check_pack(buf, 100, false); /* a tail alone */
@@ -160,8 +209,7 @@ static void test_standalone_compressed(void)
 		data[i] = (uint8_t)(i % 61);
 	/* Block 0 of the data: the plain file; then the pclusters. */
 	CHECK(pwrite(dfd, "plain\n", 6, 0) == 6);
-	CHECK(!meta_zpack(META_Z_ZSTD, 0, 4 * BLK, data, len, 0, 1, out, ext,
-			  &nr, &blocks));
+	CHECK(!zpack(META_Z_ZSTD, 4 * BLK, data, len, 1, out, ext, &nr, &blocks));
 	CHECK(nr > 1 && blocks < len / BLK);
 	CHECK(pwrite(dfd, out, (size_t)blocks * BLK, BLK) == (ssize_t)(blocks * BLK));
 	CHECK(!meta_tree_new(&t));
