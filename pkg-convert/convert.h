@@ -60,6 +60,9 @@ struct convert_opts {
 	/* --format erofs-layers: no fragments (EROFS FRAGMENTS needs Linux
 	 * 6.1 and erofs-utils 1.6 to read). */
 	bool no_fragments;
+	/* --format erofs-layers: raw deflate at this level (1..9; Linux 6.6)
+	 * instead of compress; 0 = compress says. */
+	int deflate_level;
 	/* While *@cancel is true the conversion stops (-ECANCELED) and
 	 * leaves the destination as it was; NULL = never. */
 	const _Atomic bool *cancel;

@@ -80,7 +80,8 @@ struct native_state {
 	char **escaped;       /* xattr names this layer's entries borrow */
 	size_t nr_escaped, escaped_cap;
 	bool compress;        /* --compress lz4|zstd: compressed files */
-	struct blob_compress codec;
+	enum meta_zalgorithm zalgorithm;
+	int zlevel;           /* 0: the codec's default */
 	bool fragments;       /* small files into the packed inode */
 	int packed_fd;        /* the current layer's fragments, or -1 */
 	uint64_t packed_len;
@@ -605,7 +606,8 @@ static int convert_layer(struct converter *c, const struct oci_image *img,
 			  blobs_dir, ferry_strerror(ret));
 		goto out;
 	}
-	ret = zpipe_new(&n->codec, c->opts->jobs, n->data_fd, &n->zp);
+	ret = zpipe_new(n->zalgorithm, n->zlevel, c->opts->jobs, n->data_fd,
+			&n->zp);
 	if (!ret)
 		ret = meta_tree_new(&c->tree);
 	/* Overlayfs shows the top root: without "./" keep the one below. */
@@ -702,15 +704,16 @@ int convert_run_erofs_layers(const char *source, const char *dest,
 	int ret;
 
 	memset(stats, 0, sizeof(*stats));
-	if (codec != BLOB_CODEC_NONE && codec != BLOB_CODEC_LZ4 &&
-	    codec != BLOB_CODEC_ZSTD) {
-		ferry_err("--format erofs-layers compresses with lz4 or zstd or not at all (--compress lz4|zstd[:N]|none), not %s",
-			  blob_codec_name(codec));
-		return -EINVAL;
+	/* The kernel's numbers; lzma is MicroLZMA here, not an .xz stream. */
+	n.zalgorithm = codec == BLOB_CODEC_LZ4 ? META_Z_LZ4 :
+		       codec == BLOB_CODEC_LZMA ? META_Z_LZMA : META_Z_ZSTD;
+	n.zlevel = opts->compress.level;
+	if (opts->deflate_level) {
+		n.zalgorithm = META_Z_DEFLATE;
+		n.zlevel = opts->deflate_level;
 	}
-	n.compress = codec != BLOB_CODEC_NONE;
+	n.compress = codec != BLOB_CODEC_NONE || opts->deflate_level;
 	n.fragments = n.compress && !opts->no_fragments;
-	n.codec = opts->compress;
 	ret = image_ref_parse(source, SOURCES, "source", &src);
 	if (!ret)
 		ret = image_ref_parse(dest, DESTS, "destination", &dst);

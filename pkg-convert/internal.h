@@ -210,7 +210,8 @@ int native_check_refs(const struct image_ref *src, const struct image_ref *dst);
 
 /*
  * A native layer's file data laid out in order, compressed by @jobs
- * threads (0: one per CPU) with @codec (lz4 or zstd) into @fd (zpipe.c).
+ * threads (0: one per CPU) with @algorithm at @level (0: the codec's
+ * default) into @fd (zpipe.c).
  * zpipe_add reads a file through @src and gives @inode its size and
  * embedded blocks (extents if compressing saves a block) once laid out;
  * zpipe_flush lays out everything added and says how many blocks the
@@ -218,8 +219,8 @@ int native_check_refs(const struct image_ref *src, const struct image_ref *dst);
  * the caller to write. All return 0 or -errno.
  */
 struct zpipe;
-int zpipe_new(const struct blob_compress *codec, unsigned int jobs, int fd,
-	      struct zpipe **out);
+int zpipe_new(enum meta_zalgorithm algorithm, int level, unsigned int jobs,
+	      int fd, struct zpipe **out);
 void zpipe_free(struct zpipe *zp);
 int zpipe_add(struct zpipe *zp, struct meta_inode *inode, uint64_t size,
 	      bool compress, const struct file_source *src, const char *path);

@@ -3,8 +3,10 @@
  * The file data of a native EROFS layer (erofslayers.c), laid out in the
  * order the files arrive: each file a run of blocks after the previous
  * one, read an extent (1 MiB) at a time. Extents are compressed on worker
- * threads, each on its own (a codec context reset per extent), and laid
- * out strictly in submission order on the caller's thread
+ * threads, each on its own (a codec context reset per extent: LZ4 and
+ * zstd through pkg-blob's codec with its tuned defaults, MicroLZMA through
+ * liblzma, raw deflate through zlib, the formats the kernel decodes), and
+ * laid out strictly in submission order on the caller's thread
  * (meta_zextent_put, then one pwrite), so block addresses, and so the
  * layer, do not depend on the number of threads or their timing.
  *
@@ -17,9 +19,11 @@
  * zpipe_flush every file added is complete. Unfinished files wait in a
  * queue, oldest first: the order in which they finish.
  */
+#include <lzma.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <zlib.h>
 
 #include "internal.h"
 
@@ -47,9 +51,18 @@ struct zp_slot {
 	int state, err;
 };
 
+/* A compressing thread's liblzma and zlib streams, set up on first use. */
+struct zp_worker {
+	struct zpipe *zp;
+	pthread_t thread;
+	lzma_stream lzma;
+	z_stream zlib;
+	bool zlib_ready;
+};
+
 struct zpipe {
-	struct blob_compress codec;
-	uint8_t zalgorithm;
+	uint8_t zalgorithm; /* enum meta_zalgorithm */
+	int level;          /* 0: the codec's default */
 	int fd;
 	uint32_t blocks;    /* laid out */
 	uint64_t reserved;  /* blocks plus the raw blocks of extents in flight */
@@ -61,13 +74,69 @@ struct zpipe {
 	struct meta_zextent plain_ext[EXTENT / BLK];
 	pthread_mutex_t lock;
 	pthread_cond_t work, finished;
-	pthread_t *threads;
+	struct zp_worker *workers; /* [0] compresses inline without threads */
 	uint32_t nr_threads;
 	bool stop;
 };
 
-static void zp_compress(const struct zpipe *zp, struct zp_slot *s)
+/* MicroLZMA: as much of the input as fits in @cap; all of it, or nothing. */
+static int zp_lzma(struct zp_worker *wk, const struct zp_slot *s, size_t cap,
+		   size_t *zlen)
 {
+	lzma_options_lzma opt;
+	lzma_ret r;
+
+	if (lzma_lzma_preset(&opt, (uint32_t)(wk->zp->level ? wk->zp->level : 6)))
+		return -EINVAL;
+	opt.dict_size = EXTENT;
+	r = lzma_microlzma_encoder(&wk->lzma, &opt);
+	if (r == LZMA_OK) {
+		wk->lzma.next_in = s->raw;
+		wk->lzma.avail_in = s->len;
+		wk->lzma.next_out = s->z;
+		wk->lzma.avail_out = cap;
+		r = lzma_code(&wk->lzma, LZMA_FINISH);
+	}
+	if (r == LZMA_MEM_ERROR)
+		return -ENOMEM;
+	if (r != LZMA_STREAM_END) {
+		ferry_err("lzma: MicroLZMA encoder error %d", (int)r);
+		return -EIO;
+	}
+	*zlen = wk->lzma.avail_in ? 0 : cap - wk->lzma.avail_out;
+	return 0;
+}
+
+/* Raw deflate (no zlib header), 32 KiB window, into at most @cap bytes. */
+static int zp_deflate(struct zp_worker *wk, const struct zp_slot *s, size_t cap,
+		      size_t *zlen)
+{
+	z_stream *z = &wk->zlib;
+	int r;
+
+	if (!wk->zlib_ready) {
+		r = deflateInit2(z, wk->zp->level ? wk->zp->level : Z_DEFAULT_COMPRESSION,
+				 Z_DEFLATED, -MAX_WBITS, 8, Z_DEFAULT_STRATEGY);
+		if (r != Z_OK)
+			return r == Z_MEM_ERROR ? -ENOMEM : -EINVAL;
+		wk->zlib_ready = true;
+	}
+	z->next_in = (Bytef *)s->raw;
+	z->avail_in = (uInt)s->len;
+	z->next_out = s->z;
+	z->avail_out = (uInt)cap;
+	r = deflate(z, Z_FINISH);
+	*zlen = r == Z_STREAM_END ? cap - z->avail_out : 0;
+	return deflateReset(z) == Z_OK ? 0 : -EIO;
+}
+
+static void zp_compress(struct zp_worker *wk, struct zp_slot *s)
+{
+	const struct zpipe *zp = wk->zp;
+	/* What would save a block; LZ4 and zstd take room for the input. */
+	size_t cap = ROUND_UP(s->len, BLK) - BLK;
+	struct blob_compress c = { zp->zalgorithm == META_Z_LZ4 ? BLOB_CODEC_LZ4 :
+				   BLOB_CODEC_ZSTD, zp->level };
 	enum blob_codec used;
 	int ret;
 
@@ -75,17 +144,24 @@ static void zp_compress(const struct zpipe *zp, struct zp_slot *s)
 	/* One lcluster cannot be compressed (no room for its CBLKCNT). */
 	if (!s->file->ext || s->len <= BLK)
 		return;
-	ret = blob_compress(&zp->codec, s->raw, s->len, s->z, EXTENT, &s->zlen,
-			    &used);
+	if (zp->zalgorithm == META_Z_LZMA) {
+		ret = zp_lzma(wk, s, cap, &s->zlen);
+	} else if (zp->zalgorithm == META_Z_DEFLATE) {
+		ret = zp_deflate(wk, s, cap, &s->zlen);
+	} else {
+		ret = blob_compress(&c, s->raw, s->len, s->z, EXTENT, &s->zlen,
+				    &used);
+		if (!ret && used == BLOB_CODEC_NONE)
+			s->zlen = 0;
+	}
 	if (ret < 0)
 		s->err = ret;
-	else if (used == BLOB_CODEC_NONE)
-		s->zlen = 0;
 }
 
 static void *zp_worker(void *arg)
 {
-	struct zpipe *zp = arg;
+	struct zp_worker *wk = arg;
+	struct zpipe *zp = wk->zp;
 
 	pthread_mutex_lock(&zp->lock);
 	for (;;) {
@@ -97,7 +173,7 @@ static void *zp_worker(void *arg)
 			break;
 		s = &zp->slots[zp->handed++ % zp->nr_slots];
 		pthread_mutex_unlock(&zp->lock);
-		zp_compress(zp, s);
+		zp_compress(wk, s);
 		pthread_mutex_lock(&zp->lock);
 		s->state = SLOT_DONE;
 		pthread_cond_broadcast(&zp->finished);
@@ -191,7 +267,7 @@ static void zp_submit(struct zpipe *zp, struct zp_slot *s)
 	if (!zp->nr_threads) {
 		zp->submitted++;
 		zp->handed++;
-		zp_compress(zp, s);
+		zp_compress(&zp->workers[0], s);
 		s->state = SLOT_DONE;
 		return;
 	}
@@ -279,8 +355,8 @@ int zpipe_reserve(struct zpipe *zp, uint32_t nr, uint32_t *start)
 	return ret;
 }
 
-int zpipe_new(const struct blob_compress *codec, unsigned int jobs, int fd,
-	      struct zpipe **out)
+int zpipe_new(enum meta_zalgorithm algorithm, int level, unsigned int jobs,
+	      int fd, struct zpipe **out)
 {
 	struct zpipe *zp = calloc(1, sizeof(*zp));
 	int ret = 0;
@@ -290,8 +366,8 @@ int zpipe_new(const struct blob_compress *codec, unsigned int jobs, int fd,
 	pthread_mutex_init(&zp->lock, NULL);
 	pthread_cond_init(&zp->work, NULL);
 	pthread_cond_init(&zp->finished, NULL);
-	zp->codec = *codec;
-	zp->zalgorithm = codec->codec == BLOB_CODEC_ZSTD ? META_Z_ZSTD : META_Z_LZ4;
+	zp->zalgorithm = (uint8_t)algorithm;
+	zp->level = level;
 	zp->fd = fd;
 	zp->tail = &zp->head;
 	if (!jobs)
@@ -299,13 +375,18 @@ int zpipe_new(const struct blob_compress *codec, unsigned int jobs, int fd,
 	/* With one job, the caller's thread compresses: no workers. */
 	zp->nr_slots = jobs > 1 ? SLOTS_PER_JOB * jobs : 1;
 	zp->slots = calloc(zp->nr_slots, sizeof(*zp->slots));
-	zp->threads = calloc(jobs, sizeof(*zp->threads));
+	zp->workers = calloc(jobs, sizeof(*zp->workers));
 	zp->out = malloc(EXTENT);
-	if (!zp->slots || !zp->threads || !zp->out)
+	if (!zp->slots || !zp->workers || !zp->out)
 		ret = -ENOMEM;
+	for (uint32_t i = 0; !ret && i < jobs; i++) {
+		zp->workers[i].zp = zp;
+		zp->workers[i].lzma = (lzma_stream)LZMA_STREAM_INIT;
+	}
 	while (!ret && jobs > 1 && zp->nr_threads < jobs) {
-		ret = -pthread_create(&zp->threads[zp->nr_threads], NULL,
-				      zp_worker, zp);
+		struct zp_worker *wk = &zp->workers[zp->nr_threads];
+
+		ret = -pthread_create(&wk->thread, NULL, zp_worker, wk);
 		if (!ret)
 			zp->nr_threads++;
 	}
@@ -328,7 +409,12 @@ void zpipe_free(struct zpipe *zp)
 	pthread_cond_broadcast(&zp->work);
 	pthread_mutex_unlock(&zp->lock);
 	for (uint32_t i = 0; i < zp->nr_threads; i++)
-		pthread_join(zp->threads[i], NULL);
+		pthread_join(zp->workers[i].thread, NULL);
+	for (uint32_t i = 0; zp->workers && i < MAX(zp->nr_threads, 1u); i++) {
+		lzma_end(&zp->workers[i].lzma);
+		if (zp->workers[i].zlib_ready)
+			deflateEnd(&zp->workers[i].zlib);
+	}
 	while (zp->head) {
 		struct zp_file *f = zp->head;
 
@@ -343,7 +429,7 @@ void zpipe_free(struct zpipe *zp)
 	pthread_cond_destroy(&zp->work);
 	pthread_cond_destroy(&zp->finished);
 	pthread_mutex_destroy(&zp->lock);
-	free(zp->threads);
+	free(zp->workers);
 	free(zp->slots);
 	free(zp->out);
 	free(zp);

@@ -220,6 +220,8 @@ _Static_assert(sizeof(struct z_erofs_map_header) == 8, "z map header");
 #define Z_EROFS_ADVISE_BIG_PCLUSTER_1 0x0002
 #define Z_EROFS_ADVISE_BIG_PCLUSTER_2 0x0004
 #define Z_EROFS_COMPRESSION_LZ4 0
+#define Z_EROFS_COMPRESSION_LZMA 1    /* MicroLZMA, Linux 5.16 */
+#define Z_EROFS_COMPRESSION_DEFLATE 2 /* raw deflate, Linux 6.6 */
 #define Z_EROFS_COMPRESSION_ZSTD 3
 #define Z_EROFS_PCLUSTER_MAX_BLOCKS 256 /* 1 MiB */
 
@@ -227,10 +229,16 @@ _Static_assert(sizeof(struct z_erofs_map_header) == 8, "z map header");
  * COMPR_CFGS records, from byte 1024 + 128 (4-aligned): le16 length, then
  * one record per algorithm of the u1 bitmap in ascending order.
  * lz4: le16 max_distance (0 = 64 KiB), le16 max_pclusterblks, 10 reserved;
+ * lzma: le32 dict_size (4 KiB..8 MiB), le16 format (0), 8 reserved;
+ * deflate: u8 windowbits (8..15), 5 reserved;
  * zstd: u8 format (0), u8 windowlog - 10, 4 reserved.
  */
 #define Z_EROFS_LZ4_CFGS_SIZE 14
 #define Z_EROFS_LZ4_CFGS_MAX_PCLUSTERBLKS 2
+#define Z_EROFS_LZMA_CFGS_SIZE 14
+#define Z_EROFS_LZMA_CFGS_DICT_SIZE 0
+#define Z_EROFS_DEFLATE_CFGS_SIZE 6
+#define Z_EROFS_DEFLATE_CFGS_WINDOWBITS 0
 #define Z_EROFS_ZSTD_CFGS_SIZE 6
 #define Z_EROFS_ZSTD_CFGS_WINDOWLOG 1
 

@@ -51,7 +51,9 @@ struct meta_zextent {
 
 /* The kernel's numbers for the algorithms of compressed files. */
 enum meta_zalgorithm {
-	META_Z_LZ4 = 0,  /* EROFS algorithm numbers */
+	META_Z_LZ4 = 0,
+	META_Z_LZMA = 1,    /* MicroLZMA, dictionary META_ZPACK_EXTENT_MAX */
+	META_Z_DEFLATE = 2, /* raw deflate, 32 KiB window */
 	META_Z_ZSTD = 3,
 };
 #define META_ZPACK_EXTENT_MAX (1u << 20) /* input per extent: 1 pcluster */

@@ -37,6 +37,7 @@ struct meta_image {
 	const uint8_t *ext;
 	size_t ext_len;
 	bool has_ext;
+	uint16_t zalgs;       /* compression algorithms files may use */
 	uint64_t packed_nid;  /* FRAGMENTS: the inode holding them */
 	uint64_t packed_size; /* its bytes; fragments lie inside */
 	bool has_packed;
@@ -137,16 +138,18 @@ static int check_super(struct meta_image *img)
 		return corrupt(img, "unsupported incompat features %#x",
 			       s->feature_incompat & ~EROFS_FEATURE_INCOMPAT_READ);
 	/* u1: without COMPR_CFGS LZ4's distance (0: default), with it the
-	 * algorithms (LZ4, zstd) whose records the kernel checks. */
+	 * algorithms (LZ4, MicroLZMA, deflate, zstd) whose records the
+	 * kernel checks. */
 	if (sb[EROFS_SB_EXTSLOTS] || sb[EROFS_SB_DIRBLKBITS] ||
 	    (s->feature_incompat & EROFS_FEATURE_INCOMPAT_COMPR_CFGS ?
-		     get_le16(sb + EROFS_SB_U1) & ~(1u << Z_EROFS_COMPRESSION_LZ4 |
-						    1u << Z_EROFS_COMPRESSION_ZSTD) :
+		     get_le16(sb + EROFS_SB_U1) & ~0xfu :
 		     get_le16(sb + EROFS_SB_U1)))
 		return corrupt(img, "unsupported superblock (extslots %u, u1 %u, dirblkbits %u)",
 			       sb[EROFS_SB_EXTSLOTS], get_le16(sb + EROFS_SB_U1),
 			       sb[EROFS_SB_DIRBLKBITS]);
 
+	img->zalgs = s->feature_incompat & EROFS_FEATURE_INCOMPAT_COMPR_CFGS ?
+		     get_le16(sb + EROFS_SB_U1) : 1u << Z_EROFS_COMPRESSION_LZ4;
 	img->meta_base = (uint64_t)get_le32(sb + EROFS_SB_META_BLKADDR) * EROFS_BLKSIZ;
 	if (img->meta_base >= img->len)
 		return corrupt(img, "inode area at %llu is outside the image",
@@ -384,7 +387,7 @@ static bool layout_flat(uint8_t layout)
 }
 
 /*
- * A compressed file as ferry writes it (native layers): LZ4 or zstd, 4 KiB
+ * A compressed file as ferry writes it (native layers): one algorithm, 4 KiB
  * lclusters, full indexes in the image, an extent head first, heads and
  * their big pclusters inside the image, deltas pointing back inside the
  * file; or a whole file in the packed inode, inside its bytes. The data
@@ -424,10 +427,10 @@ static int check_zfull(const struct meta_image *img, const struct rinode *ri)
 	if (get_le32(h) || h[7] ||
 	    (advise && advise != (Z_EROFS_ADVISE_BIG_PCLUSTER_1 |
 				  Z_EROFS_ADVISE_BIG_PCLUSTER_2)) ||
-	    (h[Z_EROFS_MAP_H_ALGORITHMTYPE] != Z_EROFS_COMPRESSION_LZ4 &&
-	     h[Z_EROFS_MAP_H_ALGORITHMTYPE] != Z_EROFS_COMPRESSION_ZSTD))
+	    h[Z_EROFS_MAP_H_ALGORITHMTYPE] > Z_EROFS_COMPRESSION_ZSTD ||
+	    !(img->zalgs & 1u << h[Z_EROFS_MAP_H_ALGORITHMTYPE]))
 		return inode_corrupt(img, ri->nid,
-				     "unsupported compression (ferry reads LZ4 or zstd, 4 KiB clusters), header",
+				     "unsupported compression (ferry reads the superblock's algorithms, one per file, 4 KiB clusters), header",
 				     get_le64(h));
 	for (uint64_t l = 0; l < nr; l++) {
 		const uint8_t *d = img->buf + idx + l * Z_EROFS_LCLUSTER_INDEX_SIZE;

@@ -403,7 +403,7 @@ static int wr_check_zextents(struct writer *w, struct wr_inode *wi)
 	const struct meta_inode *in = wi->inode;
 	uint64_t nr_lcl = DIV_ROUND_UP(in->size, BLK);
 
-	if (in->zalgorithm != META_Z_LZ4 && in->zalgorithm != META_Z_ZSTD)
+	if (in->zalgorithm > META_Z_ZSTD)
 		return wr_fail(w, wi, -EINVAL, "compression algorithm %u",
 			       in->zalgorithm);
 	for (uint32_t k = 0; k < in->nr_zextents; k++) {
@@ -814,6 +814,10 @@ static int wr_place(struct writer *w)
 	 * no device table there). */
 	if (w->zalgs & (1u << META_Z_LZ4))
 		w->zcfgs_size += ROUND_UP(2u + Z_EROFS_LZ4_CFGS_SIZE, 4u);
+	if (w->zalgs & (1u << META_Z_LZMA))
+		w->zcfgs_size += ROUND_UP(2u + Z_EROFS_LZMA_CFGS_SIZE, 4u);
+	if (w->zalgs & (1u << META_Z_DEFLATE))
+		w->zcfgs_size += ROUND_UP(2u + Z_EROFS_DEFLATE_CFGS_SIZE, 4u);
 	if (w->zalgs & (1u << META_Z_ZSTD))
 		w->zcfgs_size += ROUND_UP(2u + Z_EROFS_ZSTD_CFGS_SIZE, 4u);
 	if (w->zcfgs_size && o->nr_devices) {
@@ -1070,6 +1074,17 @@ static void put_zcfgs(const struct writer *w, uint8_t *p)
 		put_le16(p, Z_EROFS_LZ4_CFGS_SIZE);
 		put_le16(p + 2 + Z_EROFS_LZ4_CFGS_MAX_PCLUSTERBLKS, w->max_pclusterblks);
 		p += ROUND_UP(2u + Z_EROFS_LZ4_CFGS_SIZE, 4u);
+	}
+	if (w->zalgs & (1u << META_Z_LZMA)) {
+		/* The dictionary of one extent's stream (format 0: MicroLZMA). */
+		put_le16(p, Z_EROFS_LZMA_CFGS_SIZE);
+		put_le32(p + 2 + Z_EROFS_LZMA_CFGS_DICT_SIZE, META_ZPACK_EXTENT_MAX);
+		p += ROUND_UP(2u + Z_EROFS_LZMA_CFGS_SIZE, 4u);
+	}
+	if (w->zalgs & (1u << META_Z_DEFLATE)) {
+		put_le16(p, Z_EROFS_DEFLATE_CFGS_SIZE);
+		p[2 + Z_EROFS_DEFLATE_CFGS_WINDOWBITS] = 15;
+		p += ROUND_UP(2u + Z_EROFS_DEFLATE_CFGS_SIZE, 4u);
 	}
 	if (w->zalgs & (1u << META_Z_ZSTD)) {
 		put_le16(p, Z_EROFS_ZSTD_CFGS_SIZE);

@@ -51,7 +51,9 @@ static void convert_help(void)
 	       "  --chunk-size N     chunk size, power of two, 4K..64M (default 1M)\n"
 	       "  --compress SPEC    none | lz4[:1-12] | zstd[:1-22] | lzma[:1-9]\n"
 	       "                     (default zstd: level 5 with a 4-byte minimum\n"
-	       "                     match, tuned for executables)\n"
+	       "                     match, tuned for executables); erofs-layers\n"
+	       "                     also deflate[:1-9] (Linux 6.6), and its lzma is\n"
+	       "                     EROFS's MicroLZMA (Linux 5.16)\n"
 	       "  --inline-max N     keep regular files up to N bytes inside the\n"
 	       "                     bootstrap (default %u, at most 3072)\n"
 	       "  --jobs N           compression threads (default: CPU count); the\n"
@@ -224,8 +226,19 @@ int cmd_convert(int argc, char **argv)
 			opts.chunk_size = (uint32_t)v;
 			break;
 		case 'z':
-			if (blob_compress_parse(optarg, &opts.compress))
+			/* Raw deflate is for native layers: EROFS decodes it. */
+			opts.deflate_level = 0;
+			if (!strncmp(optarg, "deflate", 7)) {
+				opts.deflate_level = 6;
+				if (optarg[7] && (optarg[7] != ':' || parse_size(optarg + 8, &v) ||
+						  v < 1 || v > 9))
+					return usage_error("convert", "bad --compress \"%s\" (deflate[:1-9])",
+							   optarg);
+				if (optarg[7])
+					opts.deflate_level = (int)v;
+			} else if (blob_compress_parse(optarg, &opts.compress)) {
 				return usage_error("convert", "bad --compress \"%s\"", optarg);
+			}
 			break;
 		case 'i':
 			if (parse_size(optarg, &v) || v > UINT32_MAX)
@@ -275,6 +288,8 @@ int cmd_convert(int argc, char **argv)
 		return usage_error("convert", "expected SOURCE and DEST");
 	if (opts.no_fragments && opts.format != CONVERT_FORMAT_EROFS_LAYERS)
 		return usage_error("convert", "--no-fragments is for --format erofs-layers");
+	if (opts.deflate_level && opts.format != CONVERT_FORMAT_EROFS_LAYERS)
+		return usage_error("convert", "--compress deflate is for --format erofs-layers");
 	ret = regopts_finish(&ro);
 	if (ret)
 		return ret;

@@ -114,6 +114,10 @@ check "edit-raw: nor uncompressed" test "$(cat "$OUTL/features-edit-raw")" = "0 
 convert_tag edit-zstd 3 --ignore nlink,links
 check "edit-zstd (the default): zstd and fragments in each layer" \
 	test "$(cat "$OUTL/features-edit-zstd")" = "3 3"
+# MicroLZMA and deflate (fast levels: the codecs, not the ratio), packed
+# inodes included.
+convert_tag base-lzma 1 --compress lzma:1
+convert_tag edit-deflate 3 --compress deflate:1 --ignore nlink,links
 # The threads compress, the caller lays out in order: the same bytes.
 for j in 1 3; do
 	check "convert --jobs $j" "$FERRY" convert -q --jobs $j --format erofs-layers \
@@ -237,6 +241,31 @@ fi
 cp "$SCRATCH/z.erofs" "$zl"
 check_fails "  ferry mount refuses the corrupted layer (digest)" "digest" \
 	"$FERRY" mount --mode local "oci:$OUTL:z" "$SCRATCH/zm" --cache-dir "$CACHE"
+
+# Every codec the kernel decodes (MicroLZMA 5.16, deflate 6.6, zstd 6.10;
+# lz4 above): the text reads back. EROFS keeps no checksum of file data,
+# and a raw deflate stream has none either: corrupted, it can decode into
+# other bytes without an error (seen on 6.18), so what keeps them out is the
+# layer's digest, which ferry checks before the kernel mounts it.
+for codec in lzma:1 deflate:1 zstd; do
+	rm -rf "$SCRATCH/zc"
+	check "$codec: the one-file layer converts" \
+		"$FERRY" convert -q --format erofs-layers --compress $codec "tar:$SCRATCH/z.tar" "oci:$SCRATCH/zc:t"
+	f=$(ls -S "$SCRATCH"/zc/blobs/sha256/* | head -n 1) # the layer
+	alg=$(python3 -c 'import sys; d = open(sys.argv[1], "rb").read(1200); print(int.from_bytes(d[1024 + 0x54:1024 + 0x56], "little"))' "$f")
+	check "  $codec: the superblock names it (u1 $alg)" \
+		test "$alg" = "$(case $codec in lzma*) echo 2 ;; deflate*) echo 4 ;; zstd) echo 8 ;; esac)"
+	cp "$f" "$SCRATCH/zc.erofs"
+	if check "  $codec: mount(2)" "$EROFS_MOUNT" "$SCRATCH/zc.erofs" "$SCRATCH/zm"; then
+		check "  $codec: same bytes, fewer blocks" \
+			bash -c "cmp '$SCRATCH/text' '$SCRATCH/zm/text' && test \$(stat -c %s '$SCRATCH/zc.erofs') -lt \$(stat -c %s '$SCRATCH/text')"
+		umount "$SCRATCH/zm"
+	fi
+	# The last block: the end of the right-aligned compressed bytes.
+	python3 -c 'import os, sys; f = open(sys.argv[1], "r+b"); f.seek(os.path.getsize(sys.argv[1]) - 4096); f.write(b"\xa5" * 4096)' "$f"
+	check_fails "  $codec: ferry mount refuses the corrupted layer (digest)" "digest" \
+		"$FERRY" mount --mode local "oci:$SCRATCH/zc:t" "$SCRATCH/zm" --cache-dir "$CACHE"
+done
 
 # Small files share the packed inode's pcluster, the last blocks of a
 # layer that has nothing else: corrupted, each of them fails to read.

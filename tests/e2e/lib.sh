@@ -203,7 +203,7 @@ dmesg_erofs_errors() {
 	dmesg 2>/dev/null | awk -v m="$E2E_DMESG_MARK" '
 		match($0, /^\[ *[0-9.]+\]/) {
 			t = substr($0, 2, RLENGTH - 2) + 0
-			if (t > m + 0 && /erofs/ && !/mounted with root inode|unmounted for|extra devices don.t match|cannot find valid erofs superblock|failed to read superblock/)
+			if (t > m + 0 && /erofs/ && !/mounted with root inode|unmounted for|extra devices don.t match|cannot find valid erofs superblock|failed to read superblock|EXPERIMENTAL [A-Z]+ feature in use/)
 				print
 		}'
 }

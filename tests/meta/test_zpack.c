@@ -190,6 +190,31 @@ static void fix_sb_checksum(int fd)
 	CHECK(pwrite(fd, b, BLK, 0) == BLK);
 }
 
+/* Patch 8 bytes of @fd at @pos and fix the superblock checksum. */
+static void patch_le64(int fd, uint64_t pos, uint64_t v)
+{
+	uint8_t b[8];
+
+	put_le64(b, v);
+	CHECK(pwrite(fd, b, 8, (off_t)pos) == 8);
+	fix_sb_checksum(fd);
+}
+
+/* Byte offset of @path's map header in the image at @img_path. */
+static uint64_t zmap_pos(const char *img_path, const char *path, uint64_t *nid)
+{
+	struct meta_image *img = NULL;
+	struct meta_stat st = { 0 };
+
+	CHECK(!meta_image_open(img_path, &img));
+	if (!img)
+		return 0;
+	CHECK(!meta_resolve(img, path, nid));
+	CHECK(!meta_getattr(img, *nid, &st));
+	meta_image_close(img);
+	return (*nid * 32 + (st.extended ? 64 : 32) + 7) / 8 * 8;
+}
+
 static void test_standalone_compressed(void)
 {
 	char path[] = "/tmp/ferry-test-zpack.XXXXXX";
@@ -238,6 +263,22 @@ static void test_standalone_compressed(void)
 	meta_image_close(img);
 	img = NULL;
 
+	/* A file's algorithm must be one the superblock declares (zstd). */
+	{
+		uint64_t zi, pos = zmap_pos(path, "/z", &zi);
+		uint8_t alg = Z_EROFS_COMPRESSION_LZMA;
+
+		CHECK(pwrite(fd, &alg, 1, (off_t)pos + Z_EROFS_MAP_H_ALGORITHMTYPE) == 1);
+		fix_sb_checksum(fd);
+		CHECK(!meta_image_open(path, &img));
+		if (img)
+			CHECK(meta_getattr(img, zi, &st) == -EFSCORRUPTED);
+		meta_image_close(img);
+		img = NULL;
+		alg = Z_EROFS_COMPRESSION_ZSTD;
+		CHECK(pwrite(fd, &alg, 1, (off_t)pos + Z_EROFS_MAP_H_ALGORITHMTYPE) == 1);
+		fix_sb_checksum(fd);
+	}
 	/* lcluster 0 as NONHEAD: no head to start from. */
 	{
 		struct meta_super sb;
@@ -266,31 +307,6 @@ static void test_standalone_compressed(void)
 	unlink(dpath);
 	free(data);
 	free(out);
-}
-
-/* Patch 8 bytes of @fd at @pos and fix the superblock checksum. */
-static void patch_le64(int fd, uint64_t pos, uint64_t v)
-{
-	uint8_t b[8];
-
-	put_le64(b, v);
-	CHECK(pwrite(fd, b, 8, (off_t)pos) == 8);
-	fix_sb_checksum(fd);
-}
-
-/* Byte offset of @path's map header in the image at @img_path. */
-static uint64_t zmap_pos(const char *img_path, const char *path, uint64_t *nid)
-{
-	struct meta_image *img = NULL;
-	struct meta_stat st = { 0 };
-
-	CHECK(!meta_image_open(img_path, &img));
-	if (!img)
-		return 0;
-	CHECK(!meta_resolve(img, path, nid));
-	CHECK(!meta_getattr(img, *nid, &st));
-	meta_image_close(img);
-	return (*nid * 32 + (st.extended ? 64 : 32) + 7) / 8 * 8;
 }
 
 static void test_fragments(void)
