@@ -83,6 +83,8 @@ for set in $sets; do
 	read_all() { echo "cd $1 && find . -type f -print0 | xargs -0 cat > /dev/null"; }
 	sh -c "$(read_all "$work/mn")"
 	sh -c "$(read_all "$work/mf")"
+	echo "Warm reads of every file (find | xargs cat), page cache filled:"
+	echo
 	python3 "$top/bench/interleave.py" --base "ferry format" "$runs" true \
 		"ferry format=$(read_all "$work/mf")" \
 		"native layers (overlay)=$(read_all "$work/mn")"
