@@ -79,7 +79,7 @@ struct native_state {
 	size_t nr_opaque, opaque_cap;
 	char **escaped;       /* xattr names this layer's entries borrow */
 	size_t nr_escaped, escaped_cap;
-	bool compress;        /* --compress lz4|zstd: compressed files */
+	bool compress;        /* compressed files (not --compress none) */
 	enum meta_zalgorithm zalgorithm;
 	int zlevel;           /* 0: the codec's default */
 	bool fragments;       /* small files into the packed inode */
@@ -303,7 +303,7 @@ int native_implicit_dir(struct converter *c, const char *path,
 	return lower && S_ISDIR(lower->mode) ? copy_attrs(dir, lower) : 0;
 }
 
-/* Append @len bytes at @off of @fd to the current layer's data. */
+/* Copy @len bytes at @off of @fd to @dst of @dst_fd. */
 static int copy_data(struct converter *c, int fd, uint64_t off, int dst_fd,
 		     uint64_t dst, uint64_t len)
 {
