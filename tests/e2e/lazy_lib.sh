@@ -774,6 +774,19 @@ startup_mount() { # MODE MNT
 	echo "# mount returned after $(($(now_ms) - t0)) ms"
 }
 
+# Readahead (ELF and directory prediction) may still be fetching when a
+# workload ends: wait, at most ~10 s, until neither the proxy nor ferry
+# counts more, so that the two are compared at rest.
+settle_fetches() { # MNT
+	local prev= cur i
+	for i in $(seq 40); do
+		cur="$(fp_data_bytes) $(mount_stats "$1" 2>/dev/null)"
+		[ "$cur" = "$prev" ] && return 0
+		prev=$cur
+		sleep 0.2
+	done
+}
+
 # The startup workload on MNT (startup_mount on a fresh cache) and its
 # checks: the mount fetched no file data; os-release, find /usr, chroot sh
 # and env work; ferry's stats agree with the proxy's count; the workload
@@ -789,6 +802,7 @@ startup_workload() { # MODE MNT
 		'diff <(cd "$1" && find usr | sort) <(cd "$2" && timeout 60 find usr | sort)' _ "$ref" "$m"
 	check "startup: chroot MNT /bin/sh -c true" timeout 60 chroot "$m" /bin/sh -c true
 	check "startup: chroot MNT /usr/bin/env true" timeout 60 chroot "$m" /usr/bin/env true
+	settle_fetches "$m"
 	fetched=$(fp_data_bytes)
 	stats=$(mount_stats "$m" 2>"$SCRATCH/stats.err") || stats=
 	read -r present chunks disk < <(fcache_sum) || present=
