@@ -111,6 +111,15 @@ struct blob_info {
 
 void blob_info_free_chunks(struct blob_info *info);
 
+/*
+ * For a chunk table that comes from elsewhere (a native layer's range
+ * table): set @info's table_sha256 and size from its table_offset and
+ * chunks as a ferry blob holding them would have them, the form the chunk
+ * cache records and checks. Nothing may read such a blob past its
+ * table_offset.
+ */
+int blob_info_as_table(struct blob_info *info);
+
 /* Chunk whose slot starts at @uoff, or NULL (binary search). */
 const struct blob_chunk *blob_find_chunk(const struct blob_info *info,
 					 uint64_t uoff);

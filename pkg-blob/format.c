@@ -180,6 +180,20 @@ static bool table_len(uint32_t nr, size_t *len)
 				       len);
 }
 
+int blob_info_as_table(struct blob_info *info)
+{
+	size_t len;
+	uint8_t *table;
+
+	if (!table_len(info->nr_chunks, &len) || !(table = malloc(MAX(len, 1))))
+		return -ENOMEM;
+	blob_table_encode(info->chunks, info->nr_chunks, table);
+	sha256_buf(table, len, info->table_sha256);
+	free(table);
+	info->size = info->table_offset + len + BLOB_FOOTER_SIZE;
+	return 0;
+}
+
 /* The size rules shared by blob footers and blob index records. */
 static int check_sizes(const struct blob_info *info, const char *what)
 {

@@ -63,8 +63,10 @@ struct native_layer {
 	struct meta_tree *tree;
 	int image_fd;        /* the written layer, read-only */
 	uint64_t data_off;   /* where its embedded data starts */
-	uint8_t digest[32]; /* of the EROFS image */
-	uint64_t size;
+	uint8_t digest[32]; /* of the layer */
+	uint64_t size;       /* the layer's: image and range table */
+	uint64_t ranges_offset; /* the range table's, == the image's bytes */
+	uint8_t ranges_digest[32];
 	const uint8_t *source; /* the OCI layer's digest, or NULL (tar:) */
 	int packed_fd;       /* its fragments uncompressed, or -1 */
 };
@@ -508,24 +510,45 @@ static int mark_opaque(struct converter *c)
 	return ret;
 }
 
-static int hash_file(struct converter *c, int fd, uint64_t size,
-		     uint8_t digest[32])
+/*
+ * Append the range table of the @size-byte image in @fd (its metadata the
+ * first l->data_off bytes) and name the layer: l->digest, size and where
+ * the table is, with its digest (image.h, FORMAT.md 1d).
+ */
+static int seal_layer(struct converter *c, int fd, uint64_t size,
+		      struct native_layer *l)
 {
-	struct sha256_hasher *h;
-	uint64_t off = 0;
-	int ret = sha256_hasher_new(&h);
+	uint64_t nr = DIV_ROUND_UP(size, LAYER_RANGE_SIZE), off = 0;
+	uint8_t (*ranges)[32] = calloc(nr + 1, sizeof(*ranges)), *table = NULL;
+	struct sha256_hasher *h = NULL;
+	size_t len = 0;
+	int ret = ranges ? sha256_hasher_new(&h) : -ENOMEM;
 
-	while (!ret && off < size) {
-		size_t k = (size_t)MIN(size - off, (uint64_t)COPY_BUF);
+	_Static_assert(COPY_BUF >= LAYER_RANGE_SIZE, "a range fits the buffer");
+	for (uint64_t i = 0; !ret && i < nr; i++, off += LAYER_RANGE_SIZE) {
+		size_t k = (size_t)MIN(size - off, (uint64_t)LAYER_RANGE_SIZE);
 
 		ret = pread_full(fd, c->buf, k, off);
-		if (!ret)
+		if (!ret) {
 			sha256_hasher_update(h, c->buf, k);
-		off += k;
+			sha256_buf(c->buf, k, ranges[i]);
+		}
 	}
 	if (!ret)
-		sha256_hasher_final(h, digest);
+		ret = image_layer_ranges_encode(size, l->data_off,
+						(const uint8_t (*)[32])ranges, &table, &len);
+	if (!ret)
+		ret = pwrite_full(fd, table, len, size);
+	if (!ret) {
+		sha256_hasher_update(h, table, len);
+		sha256_hasher_final(h, l->digest);
+		sha256_buf(table, len, l->ranges_digest);
+		l->ranges_offset = size;
+		l->size = size + len;
+	}
 	sha256_hasher_free(h);
+	free(table);
+	free(ranges);
 	return ret;
 }
 
@@ -551,8 +574,9 @@ static int write_layer(struct converter *c, const char *blobs_dir,
 		ret = atomic_file_create(&af, blobs_dir, "erofs-layer", 0644);
 	if (!ret)
 		ret = meta_write(c->tree, &wo, af.fd, &ws);
+	l->data_off = (uint64_t)ws.embedded_blkaddr * META_BLOCK_SIZE;
 	if (!ret)
-		ret = hash_file(c, af.fd, ws.bytes, l->digest);
+		ret = seal_layer(c, af.fd, ws.bytes, l);
 	if (!ret) {
 		hex_encode(l->digest, 32, hex);
 		ret = atomic_file_commit(&af, hex);
@@ -561,8 +585,6 @@ static int write_layer(struct converter *c, const char *blobs_dir,
 		atomic_file_discard(&af);
 		return ret;
 	}
-	l->size = ws.bytes;
-	l->data_off = (uint64_t)ws.embedded_blkaddr * META_BLOCK_SIZE;
 	/* Upper layers' hardlinks copy from it (the data file goes). */
 	if (asprintf(&path, "%s/%s", blobs_dir, hex) < 0)
 		return -ENOMEM;
@@ -677,6 +699,8 @@ static int finish(struct converter *c, struct image_out *out,
 		memcpy(layers[i].digest, n->layers[i].digest, 32);
 		layers[i].size = n->layers[i].size;
 		layers[i].source = n->layers[i].source;
+		layers[i].ranges_offset = n->layers[i].ranges_offset;
+		memcpy(layers[i].ranges_digest, n->layers[i].ranges_digest, 32);
 	}
 	ret = image_out_finish_layers(out, &d, c->stats->manifest_digest,
 				      &c->stats->manifest_size);

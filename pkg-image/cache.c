@@ -671,7 +671,7 @@ int image_cache_open(struct image *img, const char *cache_dir,
 	if (ret)
 		goto fail;
 	/* Local blob files answer at once: nothing to hide. */
-	ic->ra_on = img->remote != NULL;
+	ic->ra_on = img->remote != NULL && !img->erofs_layers; /* no file map */
 	free(digests);
 	*out = ic;
 	return 0;
@@ -684,6 +684,16 @@ fail:
 const char *image_cache_data_path(const struct image_cache *ic, uint32_t index)
 {
 	return blob_cache_data_path(ic->blobs[index]);
+}
+
+int image_cache_data_fd(const struct image_cache *ic, uint32_t index)
+{
+	return blob_cache_data_fd(ic->blobs[index]);
+}
+
+struct image *image_cache_img(const struct image_cache *ic)
+{
+	return ic->img;
 }
 
 static void count_miss(struct image_cache *ic, uint64_t ns)
@@ -1938,11 +1948,16 @@ int image_cache_kernel_mount(struct image_cache *ic, const char *cache_dir,
 			     const char *target, unsigned long flags)
 {
 	struct image *img = ic->img;
-	char (*devs)[32] = calloc(ic->nr_blobs + 1, sizeof(*devs)), boot[32];
-	const char **devp = calloc(ic->nr_blobs + 1, sizeof(*devp));
+	char (*devs)[32] = NULL, boot[32];
+	const char **devp = NULL;
 	uint32_t i;
-	int ret = devs && devp ? image_bootstrap_file(img, cache_dir) : -ENOMEM;
+	int ret;
 
+	if (img->erofs_layers)
+		return image_layers_kernel_mount(ic, target, flags);
+	devs = calloc(ic->nr_blobs + 1, sizeof(*devs));
+	devp = calloc(ic->nr_blobs + 1, sizeof(*devp));
+	ret = devs && devp ? image_bootstrap_file(img, cache_dir) : -ENOMEM;
 	if (ret)
 		goto out;
 	/*

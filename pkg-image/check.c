@@ -132,7 +132,12 @@ int image_validate_metadata(struct image *img)
 {
 	struct image_check_report report = { 0 };
 	uint64_t t0 = ferry_now_ns();
-	int ret = walk_metadata(img, &report);
+	int ret;
+
+	/* Their metadata is fetched first: image_cache_walk_layers. */
+	if (img->erofs_layers)
+		return 0;
+	ret = walk_metadata(img, &report);
 
 	img->has_posix_acls = report.posix_acls > 0;
 

@@ -161,6 +161,11 @@ static int locate_manifest(struct image *img, const struct image_ref *r,
 					     oci_image_open(r, opts->platform, opts->fetch, &oci);
 	if (ret)
 		return ret;
+	if (opts->erofs_layers && oci_is_layers_image(&oci)) {
+		ret = image_open_layers(img, &oci);
+		oci_image_free(&oci);
+		return ret;
+	}
 	ret = image_expect_manifest(img, &oci, e);
 	if (!ret) {
 		img->remote = oci.remote; /* kept for blob reads */
@@ -393,6 +398,8 @@ int image_open(const char *ref, const struct image_opts *opts,
 			  ref, now, was);
 		ret = -ESTALE;
 	}
+	if (!ret && img->erofs_layers)
+		goto blob_sources;
 	if (!ret)
 		ret = load_bootstrap(img, &expect, opts->cache_dir);
 	if (ret)
@@ -430,6 +437,7 @@ int image_open(const char *ref, const struct image_opts *opts,
 		goto fail;
 	}
 	img->blob_paths = calloc(img->blobs.nr_blobs + 1, sizeof(char *));
+blob_sources:
 	img->blob_srcs = calloc(img->blobs.nr_blobs + 1, sizeof(*img->blob_srcs));
 	if (!img->blob_paths || !img->blob_srcs) {
 		ret = -ENOMEM;
@@ -437,7 +445,7 @@ int image_open(const char *ref, const struct image_opts *opts,
 	}
 	for (i = 0; i < img->blobs.nr_blobs; i++)
 		img->blob_srcs[i] = (struct image_blob){ img, i, -1 };
-	ret = image_match_devices(img, &expect);
+	ret = img->erofs_layers ? 0 : image_match_devices(img, &expect);
 	if (ret)
 		goto fail;
 	image_expect_free(&expect);
@@ -464,6 +472,7 @@ void image_close(struct image *img)
 			close(img->blob_srcs[i].fd);
 	free(img->blob_paths);
 	free(img->blob_srcs);
+	free(img->layer_meta);
 	image_prefetch_list_free(img->prefetch, img->nr_prefetch);
 	image_elf_entries_free(img->elf, img->nr_elf);
 	if (img->remote)

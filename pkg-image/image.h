@@ -169,6 +169,15 @@ struct image {
 	struct image_elf_entry *elf; /* the loader dependencies, or NULL */
 	uint32_t nr_elf;
 	bool has_posix_acls;  /* set by image_validate_metadata */
+	/*
+	 * Native EROFS layers served lazily (image_opts.erofs_layers): no
+	 * bootstrap and no meta; blob i is layer i (bottom first), its
+	 * chunks the ranges of its range table, its "uncompressed" space the
+	 * layer's EROFS image; the metadata is its first layer_meta[i] bytes.
+	 */
+	bool erofs_layers;
+	uint64_t *layer_meta;
+	char layers_sysfs[160]; /* the bottom layer's superblock, once mounted */
 };
 
 struct image_opts {
@@ -190,6 +199,9 @@ struct image_opts {
 	/* docker: leave the image's config unfetched (a mount never reads
 	 * it): one round trip less before a lazy mount is served. */
 	bool no_config;
+	/* Accept an image of native EROFS layers that carry range tables
+	 * (img->erofs_layers; only a lazy kernel mount serves them). */
+	bool erofs_layers;
 };
 
 /* @ref: dir:, oci:, docker:// or a bare path; @opts may be NULL. */
@@ -468,10 +480,44 @@ int image_out_upgrade(struct image_out *o, const struct oci_image *src,
  */
 #define EROFS_LAYER_MEDIA_TYPE "application/vnd.erofs.layer.v1"
 
+/*
+ * A native layer's range table (docs/FORMAT.md 1d): appended to the layer
+ * after its EROFS image and named by two annotations of its descriptor
+ * (where it starts, its sha256), so a lazy mount verifies every range of
+ * the image it fetches. Little-endian: magic, u32 range size, u32 ranges,
+ * u64 image bytes (== the table's offset), u64 metadata bytes (the
+ * image's head that holds every metadata structure), then one sha256 per
+ * range, the last range short.
+ */
+#define LAYER_RANGES_MAGIC "FERRYRT1"
+#define LAYER_RANGES_HEADER 32u
+#define LAYER_RANGE_SIZE (128u << 10)
+#define LAYER_RANGES_MAX (64u << 20) /* table bytes a reader accepts */
+#define LAYER_RANGES_OFFSET_ANNOTATION "dev.ferry.erofs.range-table.offset"
+#define LAYER_RANGES_DIGEST_ANNOTATION "dev.ferry.erofs.range-table.digest"
+/* The table of an image of @image_bytes whose metadata is its first
+ * @meta_bytes, from the sha256 of each LAYER_RANGE_SIZE range. */
+int image_layer_ranges_encode(uint64_t image_bytes, uint64_t meta_bytes,
+			      const uint8_t (*range_sha256)[32], uint8_t **buf,
+			      size_t *len);
+/*
+ * The table @table (@len bytes, at @offset of the layer @digest names;
+ * its sha256 checked by the caller) as the chunk table of blob @b: one
+ * uncompressed chunk per range, each its own frame, at the same offset in
+ * the layer and in its cache data file (the layer's EROFS image), @b's
+ * size and table_sha256 as blob_info_as_table sets them; the metadata
+ * bytes into *@meta_bytes. -EFSCORRUPTED (logged) for a malformed table.
+ */
+int image_layer_ranges_decode(const void *table, size_t len, uint64_t offset,
+			      const uint8_t digest[32], struct blob_info *b,
+			      uint64_t *meta_bytes);
+
 struct image_out_layer {
 	uint8_t digest[32];
 	uint64_t size;
 	const uint8_t *source; /* digest of the OCI layer it came from, or NULL */
+	uint64_t ranges_offset;    /* its range table; 0: none */
+	uint8_t ranges_digest[32];
 };
 
 struct image_out_layers_desc {
@@ -682,6 +728,15 @@ unsigned long image_mount_flags(bool suid, bool dev);
 #define IMAGE_FD_SOURCE "/proc/self/fd/"
 int image_cache_kernel_mount(struct image_cache *ic, const char *cache_dir,
 			     const char *target, unsigned long flags);
+/*
+ * Native layers (img->erofs_layers): make each layer's metadata present
+ * and walk it (pkg-meta), before anything marks or mounts the cache
+ * files. image_cache_kernel_mount then mounts each layer file-backed
+ * over its cache data file, detached, and stacks them with overlayfs on
+ * @target (source IMAGE_LAYERS_SOURCE; one layer is attached directly),
+ * and sets img->layers_sysfs.
+ */
+int image_cache_walk_layers(struct image_cache *ic);
 
 /* The fstype of a ferry FUSE mount (fuse.<subtype>). */
 #define IMAGE_FUSE_FSTYPE "fuse.ferry"

@@ -63,6 +63,15 @@ int image_expect_dir(struct image *img, struct json_object *root,
 int image_expect_manifest(struct image *img, const struct oci_image *oci,
 			  struct image_expect *e);
 
+/* Native layers (layers.c): is @oci one; open it lazily into @img (which
+ * takes oci->remote); @img's cache data file @index; their kernel mount. */
+bool oci_is_layers_image(const struct oci_image *oci);
+int image_open_layers(struct image *img, struct oci_image *oci);
+int image_cache_data_fd(const struct image_cache *ic, uint32_t index);
+struct image *image_cache_img(const struct image_cache *ic);
+int image_layers_kernel_mount(struct image_cache *ic, const char *target,
+			      unsigned long flags);
+
 /* ------------------------------------------------------------------ */
 /* OCI image layouts (oci.c) and registries (remote.c)                 */
 /* ------------------------------------------------------------------ */

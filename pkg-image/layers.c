@@ -11,6 +11,7 @@
  * has one mount to remove.
  */
 #include <fcntl.h>
+#include <json-c/json.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/mount.h>
@@ -118,6 +119,7 @@ static int mount_layer(struct oci_image *img, uint32_t i, const char *cache_dir,
 	struct meta_image *mi = NULL;
 	int fd = -1, ret;
 
+	*mfd = -1;
 	digest_format(d->digest, name);
 	ret = img->remote ? download(img, d, cache_dir, name + 7, &path) :
 			    oci_blob_path(img->layout, d->digest, &path);
@@ -148,7 +150,7 @@ static int mount_layer(struct oci_image *img, uint32_t i, const char *cache_dir,
 	return ret;
 }
 
-static bool is_layers_image(const struct oci_image *img)
+bool oci_is_layers_image(const struct oci_image *img)
 {
 	if (!img->nr_layers)
 		return false;
@@ -156,6 +158,205 @@ static bool is_layers_image(const struct oci_image *img)
 		if (strcmp(img->layers[i].media_type, EROFS_LAYER_MEDIA_TYPE))
 			return false;
 	return true;
+}
+
+/* ------------------------------------------------------------------ */
+/* Range tables (image.h, docs/FORMAT.md 1d)                           */
+/* ------------------------------------------------------------------ */
+
+int image_layer_ranges_encode(uint64_t image_bytes, uint64_t meta_bytes,
+			      const uint8_t (*range_sha256)[32], uint8_t **buf,
+			      size_t *len)
+{
+	uint64_t nr = DIV_ROUND_UP(image_bytes, LAYER_RANGE_SIZE);
+	uint8_t *p;
+
+	if (nr > (LAYER_RANGES_MAX - LAYER_RANGES_HEADER) / 32)
+		return -EFBIG;
+	*len = LAYER_RANGES_HEADER + (size_t)nr * 32;
+	p = *buf = calloc(1, *len);
+	if (!p)
+		return -ENOMEM;
+	memcpy(p, LAYER_RANGES_MAGIC, 8);
+	put_le32(p + 8, LAYER_RANGE_SIZE);
+	put_le32(p + 12, (uint32_t)nr);
+	put_le64(p + 16, image_bytes);
+	put_le64(p + 24, meta_bytes);
+	memcpy(p + LAYER_RANGES_HEADER, range_sha256, (size_t)nr * 32);
+	return 0;
+}
+
+int image_layer_ranges_decode(const void *table, size_t len, uint64_t offset,
+			      const uint8_t digest[32], struct blob_info *b,
+			      uint64_t *meta_bytes)
+{
+	const uint8_t *buf = table;
+	char name[DIGEST_STRING_SIZE];
+	uint32_t range = len >= LAYER_RANGES_HEADER ? get_le32(buf + 8) : 0;
+	uint32_t nr = len >= LAYER_RANGES_HEADER ? get_le32(buf + 12) : 0;
+	uint64_t image_bytes = len >= LAYER_RANGES_HEADER ? get_le64(buf + 16) : 0;
+
+	*meta_bytes = len >= LAYER_RANGES_HEADER ? get_le64(buf + 24) : 0;
+	digest_format(digest, name);
+	if (len < LAYER_RANGES_HEADER || memcmp(buf, LAYER_RANGES_MAGIC, 8) ||
+	    range < META_BLOCK_SIZE || range > BLOB_CHUNK_MAX || (range & (range - 1)) ||
+	    image_bytes != offset || !image_bytes || image_bytes % META_BLOCK_SIZE ||
+	    nr != DIV_ROUND_UP(image_bytes, range) ||
+	    len != LAYER_RANGES_HEADER + (size_t)nr * 32 ||
+	    *meta_bytes < META_BLOCK_SIZE || *meta_bytes > image_bytes ||
+	    *meta_bytes % META_BLOCK_SIZE || *meta_bytes > SIZE_MAX) {
+		ferry_err("layer %s: its range table is malformed: the image is corrupt; convert it again",
+			  name);
+		return -EFSCORRUPTED;
+	}
+	b->chunks = calloc(nr, sizeof(*b->chunks));
+	if (!b->chunks)
+		return -ENOMEM;
+	memcpy(b->digest, digest, 32);
+	b->uncompressed_size = image_bytes;
+	b->table_offset = image_bytes;
+	b->nr_chunks = nr;
+	for (uint32_t i = 0; i < nr; i++) {
+		struct blob_chunk *c = &b->chunks[i];
+
+		c->uoff = c->coff = (uint64_t)i * range;
+		c->usize = c->csize = c->frame_usize =
+			(uint32_t)MIN((uint64_t)range, image_bytes - c->uoff);
+		c->codec = BLOB_CODEC_NONE;
+		memcpy(c->sha256, buf + LAYER_RANGES_HEADER + (size_t)i * 32, 32);
+	}
+	/* Recorded in the chunk cache as ferry's blob index records blobs:
+	 * its size there is not the layer's (the descriptor has that). */
+	return blob_info_as_table(b);
+}
+
+static int parse_offset(const char *s, uint64_t *out)
+{
+	char *end;
+
+	if (!s || *s < '0' || *s > '9')
+		return -EINVAL;
+	errno = 0;
+	*out = strtoull(s, &end, 10);
+	return errno || *end ? -EINVAL : 0;
+}
+
+/* Layer @i's range table: fetched or read, checked, decoded into blob @i. */
+static int load_ranges(struct image *img, const struct oci_image *oci,
+		       struct json_object *desc, uint32_t i)
+{
+	const struct oci_descriptor *d = &oci->layers[i];
+	const char *off_s = oci_annotation(desc, LAYER_RANGES_OFFSET_ANNOTATION);
+	const char *dig_s = oci_annotation(desc, LAYER_RANGES_DIGEST_ANNOTATION);
+	char name[DIGEST_STRING_SIZE], *path = NULL;
+	uint8_t want[32], got[32], *buf = NULL;
+	uint64_t off = 0;
+	size_t len = 0;
+	int fd = -1, ret = 0;
+
+	digest_format(d->digest, name);
+	if (!off_s && !dig_s) {
+		ferry_err("%s: layer %u (%s) has no range table (written by another tool or an older ferry), so it cannot be verified piece by piece: mount it with --mode local, or convert the image again with ferry",
+			  img->ref, i, name);
+		return -EOPNOTSUPP;
+	}
+	if (parse_offset(off_s, &off) || !dig_s || digest_parse(dig_s, want) ||
+	    off >= d->size || d->size - off > LAYER_RANGES_MAX) {
+		ferry_err("%s: layer %u (%s): malformed range table annotations", img->ref,
+			  i, name);
+		return -EFSCORRUPTED;
+	}
+	len = (size_t)(d->size - off);
+	buf = malloc(len);
+	if (!buf)
+		return -ENOMEM;
+	if (img->remote) {
+		ret = registry_get_range(img->remote, d->digest, off, len, buf);
+	} else {
+		ret = oci_blob_path(oci->layout, d->digest, &path);
+		if (!ret) {
+			fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+			ret = fd < 0 ? -errno : pread_full(fd, buf, len, off);
+		}
+		if (ret)
+			ferry_err("layer %s: %s: %s", name, path ? path : "?",
+				  ferry_strerror(ret));
+	}
+	if (!ret) {
+		sha256_buf(buf, len, got);
+		if (memcmp(got, want, 32)) {
+			ferry_err("layer %s: its range table does not match the manifest's digest: the layer is corrupt",
+				  name);
+			ret = -EFSCORRUPTED;
+		}
+	}
+	if (!ret)
+		ret = image_layer_ranges_decode(buf, len, off, d->digest,
+						&img->blobs.blobs[i], &img->layer_meta[i]);
+	if (fd >= 0)
+		close(fd);
+	free(path);
+	free(buf);
+	return ret;
+}
+
+int image_open_layers(struct image *img, struct oci_image *oci)
+{
+	uint32_t n = oci->nr_layers;
+	struct json_object *layers = NULL;
+	int ret = 0;
+
+	img->erofs_layers = true;
+	memcpy(img->image_digest, oci->manifest_desc.digest, BLOB_DIGEST_SIZE);
+	memcpy(img->config_digest, oci->config.digest, BLOB_DIGEST_SIZE);
+	snprintf(img->compression, sizeof(img->compression), "erofs-layers");
+	img->remote = oci->remote;
+	oci->remote = NULL;
+	img->blobs.blobs = calloc(n + 1, sizeof(*img->blobs.blobs));
+	img->layer_meta = calloc(n + 1, sizeof(*img->layer_meta));
+	img->blob_paths = calloc(n + 1, sizeof(char *));
+	if (!img->blobs.blobs || !img->layer_meta || !img->blob_paths ||
+	    (oci->layout && !(img->dir = strdup(oci->layout))))
+		return -ENOMEM;
+	img->blobs.nr_blobs = n;
+	json_object_object_get_ex(oci->manifest, "layers", &layers);
+	for (uint32_t i = 0; !ret && i < n; i++) {
+		ret = load_ranges(img, oci, json_object_array_get_idx(layers, i), i);
+		if (!ret && oci->layout)
+			ret = oci_blob_path(oci->layout, oci->layers[i].digest,
+					    &img->blob_paths[i]);
+	}
+	return ret;
+}
+
+int image_cache_walk_layers(struct image_cache *ic)
+{
+	struct image *img = image_cache_img(ic);
+	int ret = 0;
+
+	for (uint32_t i = 0; !ret && i < img->blobs.nr_blobs; i++) {
+		const struct blob_info *b = &img->blobs.blobs[i];
+		size_t head = (size_t)img->layer_meta[i];
+		struct meta_image *mi = NULL;
+		uint8_t *buf = malloc(head);
+		char name[DIGEST_STRING_SIZE];
+
+		digest_format(b->digest, name);
+		ret = buf ? image_cache_ensure(ic, i + 1, 0, head) : -ENOMEM;
+		if (!ret)
+			ret = pread_full(image_cache_data_fd(ic, i), buf, head, 0);
+		if (!ret) {
+			ret = meta_image_open_head(buf, head, b->uncompressed_size, &mi);
+			if (!ret)
+				ret = meta_walk(mi, walk_nothing, NULL);
+			if (ret)
+				ferry_err("layer %s: refused before the kernel sees it: its metadata is invalid or not in the first %zu bytes its range table names",
+					  name, head);
+		}
+		meta_image_close(mi);
+		free(buf);
+	}
+	return ret;
 }
 
 /* lowerdir=top:…:bottom of the detached mounts, by descriptor. */
@@ -200,7 +401,7 @@ int image_mount_erofs_layers(const char *ref, const struct fetch_opts *fopts,
 			    NULL, &r))
 		return 1;
 	ret = oci_image_open(&r, NULL, fopts, &img);
-	if (ret || !is_layers_image(&img)) {
+	if (ret || !oci_is_layers_image(&img)) {
 		/* Not ours: image_open names whatever is wrong with it. */
 		ret = 1;
 		goto out;
@@ -227,5 +428,37 @@ out:
 	free(target);
 	oci_image_free(&img);
 	image_ref_free(&r);
+	return ret;
+}
+
+int image_layers_kernel_mount(struct image_cache *ic, const char *target,
+			      unsigned long flags)
+{
+	struct image *img = image_cache_img(ic);
+	uint32_t n = img->blobs.nr_blobs, nr = 0;
+	int *mfds = calloc(n + 1, sizeof(*mfds)), ret = mfds ? 0 : -ENOMEM;
+	char fdpath[32];
+
+	/* The kernel reads exactly the files filled here, through our
+	 * descriptors; the metadata it parses is what walk_layers walked. */
+	for (; !ret && nr < n; nr++) {
+		snprintf(fdpath, sizeof(fdpath), "/proc/self/fd/%d",
+			 image_cache_data_fd(ic, nr));
+		ret = meta_kernel_mount_detached(fdpath, flags, &mfds[nr]);
+	}
+	if (!ret) {
+		snprintf(fdpath, sizeof(fdpath), "/proc/self/fd/%d", mfds[0]);
+		ret = meta_sysfs_path(fdpath, img->layers_sysfs, sizeof(img->layers_sysfs));
+		if (ret)
+			ferry_err("layer mount: cannot identify its EROFS superblock (FS_IOC_GETFSSYSFSPATH): %s",
+				  ferry_strerror(ret));
+	}
+	if (!ret)
+		ret = n == 1 ? meta_mount_attach(mfds[0], target) :
+			       overlay_mount(mfds, n, target, flags);
+	for (uint32_t i = 0; i < nr; i++)
+		if (mfds[i] >= 0)
+			close(mfds[i]);
+	free(mfds);
 	return ret;
 }

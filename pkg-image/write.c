@@ -939,6 +939,15 @@ int image_out_finish_layers(struct image_out *o,
 			digest_format(d->layers[i].source, dstr);
 			annotate(desc, "dev.ferry.layer.source", dstr);
 		}
+		if (d->layers[i].ranges_offset) {
+			char off[24];
+
+			snprintf(off, sizeof(off), "%llu",
+				 (unsigned long long)d->layers[i].ranges_offset);
+			annotate(desc, LAYER_RANGES_OFFSET_ANNOTATION, off);
+			digest_format(d->layers[i].ranges_digest, dstr);
+			annotate(desc, LAYER_RANGES_DIGEST_ANNOTATION, dstr);
+		}
 		json_object_array_add(layers, desc);
 	}
 	json_object_object_add(manifest, "layers", layers);

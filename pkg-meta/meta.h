@@ -263,6 +263,13 @@ struct meta_image;
  */
 int meta_image_open(const char *path, struct meta_image **out);
 int meta_image_open_mem(const void *buf, size_t len, struct meta_image **out);
+/*
+ * The first @len bytes of an image of @image_len bytes (a lazily fetched
+ * layer's metadata): every metadata structure must lie in them (one
+ * beyond is corrupt, never read), data blocks within @image_len.
+ */
+int meta_image_open_head(const void *buf, size_t len, uint64_t image_len,
+			 struct meta_image **out);
 void meta_image_close(struct meta_image *img);
 
 struct meta_super {
@@ -401,6 +408,14 @@ int meta_kernel_mount_detached(const char *image, unsigned long flags,
 			       int *mnt_fd);
 /* Attach the detached mount @mnt_fd on @target (move_mount). */
 int meta_mount_attach(int mnt_fd, const char *target);
+
+/*
+ * The sysfs directory of the file system mounted on @path (a mount point,
+ * or "/proc/self/fd/N" of a detached mount): "/sys/fs/erofs/NAME". It
+ * exists exactly while that superblock lives, also after a lazy unmount.
+ * 0 or -errno.
+ */
+int meta_sysfs_path(const char *path, char *out, size_t len);
 
 /*
  * mount(2) an EROFS over fscache (cachefiles on-demand, Linux 5.19 to 7.1)

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -342,5 +343,31 @@ int meta_kernel_mount_fscache(const char *fsid, const char *domain,
 	}
 	ferry_err("mount: erofs over fscache %s on %s: %s%s", opts, target, strerror(-ret),
 		  hint);
+	return ret;
+}
+
+/* The kernel's mount-side view of a file system (Linux 6.8+). */
+struct fs_sysfs_path_arg {
+	uint8_t len;
+	uint8_t name[128];
+};
+#ifndef FS_IOC_GETFSSYSFSPATH
+#define FS_IOC_GETFSSYSFSPATH _IOR(0x15, 1, struct fs_sysfs_path_arg)
+#endif
+
+int meta_sysfs_path(const char *path, char *out, size_t len)
+{
+	struct fs_sysfs_path_arg p = { 0 };
+	int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC), ret = 0;
+
+	if (fd < 0)
+		return -errno;
+	if (ioctl(fd, FS_IOC_GETFSSYSFSPATH, &p))
+		ret = -errno;
+	else if (!p.len || p.len >= sizeof(p.name))
+		ret = -EPROTO;
+	else
+		snprintf(out, len, "/sys/fs/%.*s", (int)p.len, (const char *)p.name);
+	close(fd);
 	return ret;
 }

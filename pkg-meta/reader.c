@@ -28,7 +28,8 @@
 
 struct meta_image {
 	const uint8_t *buf;
-	size_t len;
+	size_t len;          /* bytes at buf: metadata is read within them */
+	uint64_t data_len;   /* the image's bytes: data blocks lie within them */
 	bool mapped;
 	char *name;          /* for log lines */
 	uint64_t meta_base;  /* byte offset of NID 0 */
@@ -180,11 +181,11 @@ static int check_super(struct meta_image *img)
 	memcpy(s->uuid, sb + EROFS_SB_UUID, sizeof(s->uuid));
 	memcpy(s->volume_name, sb + EROFS_SB_VOLUME_NAME, 16);
 	s->volume_name[16] = '\0';
-	s->image_bytes = img->len;
+	s->image_bytes = img->data_len;
 	/* The kernel would read the missing blocks as I/O errors later. */
-	if ((uint64_t)s->blocks * EROFS_BLKSIZ > img->len)
-		return corrupt(img, "superblock says %u blocks but the image has %zu bytes (truncated?)",
-			       s->blocks, img->len);
+	if ((uint64_t)s->blocks * EROFS_BLKSIZ > img->data_len)
+		return corrupt(img, "superblock says %u blocks but the image has %llu bytes (truncated?)",
+			       s->blocks, ull(img->data_len));
 	if (s->fixed_nsec >= 1000000000u)
 		return corrupt(img, "superblock fixed_nsec %u out of range",
 			       s->fixed_nsec);
@@ -256,7 +257,8 @@ static int image_init(struct meta_image *img)
 	return ret;
 }
 
-int meta_image_open_mem(const void *buf, size_t len, struct meta_image **out)
+int meta_image_open_head(const void *buf, size_t len, uint64_t image_len,
+			 struct meta_image **out)
 {
 	struct meta_image *img = calloc(1, sizeof(*img));
 	int ret;
@@ -265,6 +267,7 @@ int meta_image_open_mem(const void *buf, size_t len, struct meta_image **out)
 		return -ENOMEM;
 	img->buf = buf;
 	img->len = len;
+	img->data_len = MAX((uint64_t)len, image_len);
 	img->name = strdup("(memory)");
 	if (!img->name) {
 		free(img);
@@ -277,6 +280,11 @@ int meta_image_open_mem(const void *buf, size_t len, struct meta_image **out)
 	}
 	*out = img;
 	return 0;
+}
+
+int meta_image_open_mem(const void *buf, size_t len, struct meta_image **out)
+{
+	return meta_image_open_head(buf, len, len, out);
 }
 
 int meta_image_open(const char *path, struct meta_image **out)
@@ -318,6 +326,7 @@ int meta_image_open(const char *path, struct meta_image **out)
 	}
 	img->buf = map;
 	img->len = (size_t)st.st_size;
+	img->data_len = img->len;
 	img->mapped = true;
 	ret = image_init(img);
 out:
@@ -398,7 +407,7 @@ static int check_zfull(const struct meta_image *img, const struct rinode *ri)
 	uint64_t hdr = ROUND_UP(ri->tail_pos, 8u);
 	uint64_t idx = hdr + Z_EROFS_MAP_HEADER_SIZE + Z_EROFS_FULL_INDEX_PAD;
 	uint64_t nr = DIV_ROUND_UP(ri->size, EROFS_BLKSIZ);
-	uint64_t head_blk = 0, blocks = img->len / EROFS_BLKSIZ;
+	uint64_t head_blk = 0, blocks = img->data_len / EROFS_BLKSIZ;
 	uint16_t advise;
 	const uint8_t *h;
 
@@ -474,7 +483,7 @@ static int check_flat(const struct meta_image *img, struct rinode *ri)
 					     "inline data outside the image, at",
 					     ri->tail_pos);
 	}
-	if (nblocks && ri->startblk + nblocks > img->len / EROFS_BLKSIZ)
+	if (nblocks && ri->startblk + nblocks > img->data_len / EROFS_BLKSIZ)
 		return inode_corrupt(img, ri->nid,
 				     "data blocks outside the image, start",
 				     ri->startblk);
@@ -498,7 +507,7 @@ static int check_chunked(const struct meta_image *img, struct rinode *ri,
 			 EROFS_CHUNK_INDEX_SIZE : 4;
 	ri->nr_chunks = ri->size ? ((ri->size - 1) >> ri->chunk_bits) + 1 : 0;
 	ri->chunk_pos = ROUND_UP(ri->xattr_pos + ri->xattr_size, ri->chunk_unit);
-	if (ri->nr_chunks > img->len / ri->chunk_unit)
+	if (ri->nr_chunks > img->data_len / ri->chunk_unit)
 		return inode_corrupt(img, ri->nid, "chunk table larger than the image, chunks",
 				     ri->nr_chunks);
 	table = ri->nr_chunks * ri->chunk_unit;
@@ -624,10 +633,13 @@ static const uint8_t *flat_data(const struct meta_image *img,
 	uint64_t blk = pos / EROFS_BLKSIZ, in_blk = pos % EROFS_BLKSIZ;
 	uint64_t last = (ri->size - 1) / EROFS_BLKSIZ;
 
+	uint64_t at = ri->layout == EROFS_INODE_FLAT_INLINE && blk == last ?
+			      ri->tail_pos + in_blk :
+			      (ri->startblk + blk) * EROFS_BLKSIZ + in_blk;
+
 	*avail = (size_t)MIN(EROFS_BLKSIZ - in_blk, ri->size - pos);
-	if (ri->layout == EROFS_INODE_FLAT_INLINE && blk == last)
-		return img->buf + ri->tail_pos + in_blk;
-	return img->buf + (ri->startblk + blk) * EROFS_BLKSIZ + in_blk;
+	/* check_flat put it inside the image; a head holds less of it. */
+	return in_image(img, at, *avail) ? img->buf + at : NULL;
 }
 
 int meta_getattr(const struct meta_image *img, uint64_t nid,
@@ -660,8 +672,8 @@ int meta_getattr(const struct meta_image *img, uint64_t nid,
 }
 
 /* Copy data of a FLAT inode; short at EOF. */
-static size_t read_flat(const struct meta_image *img, const struct rinode *ri,
-			uint64_t off, uint8_t *buf, size_t len)
+static ssize_t read_flat(const struct meta_image *img, const struct rinode *ri,
+			 uint64_t off, uint8_t *buf, size_t len)
 {
 	size_t done = 0, avail;
 
@@ -671,6 +683,9 @@ static size_t read_flat(const struct meta_image *img, const struct rinode *ri,
 	while (done < len) {
 		const uint8_t *p = flat_data(img, ri, off + done, &avail);
 
+		if (!p)
+			return inode_corrupt(img, ri->nid, "data outside the bytes at hand, at",
+					     off + done);
 		avail = MIN(avail, len - done);
 		memcpy(buf + done, p, avail);
 		done += avail;
@@ -688,14 +703,14 @@ ssize_t meta_read(const struct meta_image *img, uint64_t nid, uint64_t off,
 		return ret;
 	if (!layout_flat(ri.layout))
 		return -EINVAL;
-	return (ssize_t)read_flat(img, &ri, off, buf, MIN(len, (size_t)SSIZE_MAX));
+	return read_flat(img, &ri, off, buf, MIN(len, (size_t)SSIZE_MAX));
 }
 
 ssize_t meta_readlink(const struct meta_image *img, uint64_t nid, char *buf,
 		      size_t size)
 {
 	struct rinode ri;
-	size_t n;
+	ssize_t n;
 	int ret = load_inode(img, nid, &ri);
 
 	if (ret)
@@ -705,7 +720,9 @@ ssize_t meta_readlink(const struct meta_image *img, uint64_t nid, char *buf,
 	if (ri.size >= size)
 		return -ERANGE;
 	n = read_flat(img, &ri, 0, (uint8_t *)buf, (size_t)ri.size);
-	if (memchr(buf, '\0', n))
+	if (n < 0)
+		return n;
+	if (memchr(buf, '\0', (size_t)n))
 		return inode_corrupt(img, nid, "NUL in symlink target, length", n);
 	buf[n] = '\0';
 	return (ssize_t)n;
@@ -982,6 +999,9 @@ static int dir_block(const struct meta_image *img, const struct rinode *dir,
 
 	db->index = index;
 	db->p = flat_data(img, dir, index * EROFS_BLKSIZ, &avail);
+	if (!db->p)
+		return dir_corrupt(img, dir, index, "block outside the bytes at hand, at",
+				   index);
 	db->len = (uint32_t)avail;
 	if (db->len < EROFS_DIRENT_SIZE)
 		return dir_corrupt(img, dir, index, "block too short", db->len);

@@ -616,7 +616,7 @@ int cmd_umount(int argc, char **argv)
 	const char *socket_path = ctl_default_socket();
 	struct ctl_umount_req req = { 0 };
 	struct mount_entry mi;
-	bool fuse;
+	bool fuse, layers;
 	char *mp = NULL, msg[CTL_MSG_MAX + 64];
 	int c, ret, rc = EXIT_FAIL;
 
@@ -652,11 +652,8 @@ int cmd_umount(int argc, char **argv)
 		goto out;
 	}
 	fuse = !strcmp(mi.fstype, CTL_FUSE_FSTYPE);
-	if (!strcmp(mi.fstype, "overlay") && !strcmp(mi.source, IMAGE_LAYERS_SOURCE)) {
-		rc = umount_direct(mp, req.lazy, false); /* erofs-layers, local */
-		goto out;
-	}
-	if (!fuse && strcmp(mi.fstype, "erofs")) {
+	layers = !strcmp(mi.fstype, "overlay") && !strcmp(mi.source, IMAGE_LAYERS_SOURCE);
+	if (!fuse && !layers && strcmp(mi.fstype, "erofs")) {
 		ferry_err("umount %s: not a ferry mount (%s %s)", argv[optind], mi.fstype,
 			  mi.source);
 		goto out;
@@ -667,7 +664,8 @@ int cmd_umount(int argc, char **argv)
 		rc = EXIT_OK;
 	} else if (ctl_no_daemon(ret)) {
 		/* No ferryd here, or another one's mount, or a kernel mount
-		 * (local mode, or fanotify of a dead ferryd): the kernel's turn. */
+		 * (local mode, native layers' too, or fanotify of a dead
+		 * ferryd): the kernel's turn. */
 		rc = umount_direct(mp, req.lazy, fuse);
 	} else if (msg[0]) {
 		ferry_err("umount %s: %s", argv[optind], msg);

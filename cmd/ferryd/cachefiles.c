@@ -62,7 +62,7 @@
 #include <linux/cachefiles.h>
 
 #include "ferryd.h"
-#include "fanotify.h" /* fan_sysfs_path */
+#include "fanotify.h"
 
 #define CF_DEVICE "/dev/cachefiles"
 #define CF_TAG "ferry"
@@ -1008,7 +1008,7 @@ static int cf_start(struct fmount *m, const struct serve_opts *o, void **state,
 			 m->mountpoint);
 		goto fail;
 	}
-	ret = fan_sysfs_path(m->mountpoint, cm->sysfs, sizeof(cm->sysfs));
+	ret = meta_sysfs_path(m->mountpoint, cm->sysfs, sizeof(cm->sysfs));
 	if (!ret && m->req.adopt && !sysfs_is(cm))
 		ret = -ENOENT;
 	if (ret && m->req.adopt) {

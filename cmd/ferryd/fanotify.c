@@ -64,15 +64,6 @@
 #define FAN_NOFILE_WANT 65536u   /* every pending event holds a descriptor */
 #define SB_CHECK_MS 200          /* how often the loop looks for the superblock */
 
-/* The kernel's mount-side view of a file system (Linux 6.8+). */
-struct fs_sysfs_path_arg {
-	uint8_t len;
-	uint8_t name[128];
-};
-#ifndef FS_IOC_GETFSSYSFSPATH
-#define FS_IOC_GETFSSYSFSPATH _IOR(0x15, 1, struct fs_sysfs_path_arg)
-#endif
-
 /*
  * The journal's entry for descriptor number N (see the top): written when
  * the event is read, cleared once answered. Little-endian, host-local.
@@ -592,26 +583,9 @@ static int mark_blobs(struct fan *f, char *err, size_t errlen)
 	return 0;
 }
 
-int fan_sysfs_path(const char *mountpoint, char *out, size_t len)
-{
-	struct fs_sysfs_path_arg p = { 0 };
-	int fd = open(mountpoint, O_RDONLY | O_DIRECTORY | O_CLOEXEC), ret = 0;
-
-	if (fd < 0)
-		return -errno;
-	if (ioctl(fd, FS_IOC_GETFSSYSFSPATH, &p))
-		ret = -errno;
-	else if (!p.len || p.len >= sizeof(p.name))
-		ret = -EPROTO;
-	else
-		snprintf(out, len, "/sys/fs/%.*s", (int)p.len, (const char *)p.name);
-	close(fd);
-	return ret;
-}
-
 static int find_sysfs(struct fan *f, char *err, size_t errlen)
 {
-	int ret = fan_sysfs_path(f->m->mountpoint, f->sysfs, sizeof(f->sysfs));
+	int ret = meta_sysfs_path(f->m->mountpoint, f->sysfs, sizeof(f->sysfs));
 
 	if (ret)
 		snprintf(err, errlen, "%s: cannot identify the mounted EROFS superblock (FS_IOC_GETFSSYSFSPATH): %s",
@@ -788,14 +762,19 @@ static int fan_start(struct fmount *m, const struct serve_opts *o, void **state,
 	ferry_exes_find(&f->exes);
 	raise_nofile(f);
 
-	ret = image_bootstrap_file(m->img, m->req.cache_dir);
+	/* Native layers have no bootstrap: their files hold the metadata. */
+	ret = m->img->erofs_layers ? 0 : image_bootstrap_file(m->img, m->req.cache_dir);
 	if (ret) {
 		snprintf(err, errlen, "writing the bootstrap into %s/bootstraps: %s",
 			 m->req.cache_dir, ferry_strerror(ret));
 		goto fail;
 	}
 	/* What image_cache_kernel_mount names it: the keeper looks for it. */
-	snprintf(f->source, sizeof(f->source), IMAGE_FD_SOURCE "%d", m->img->bootstrap_fd);
+	if (m->img->erofs_layers)
+		snprintf(f->source, sizeof(f->source), "%s", IMAGE_LAYERS_SOURCE);
+	else
+		snprintf(f->source, sizeof(f->source), IMAGE_FD_SOURCE "%d",
+			 m->img->bootstrap_fd);
 	if (pipe2(f->wake, O_CLOEXEC | O_NONBLOCK)) {
 		ret = -errno;
 		snprintf(err, errlen, "pipe: %s", strerror(-ret));
@@ -832,11 +811,17 @@ static int fan_start(struct fmount *m, const struct serve_opts *o, void **state,
 						   image_mount_flags(m->req.suid, m->req.dev));
 	if (ret) {
 		snprintf(err, errlen, "kernel mount of %s on %s failed (see above)",
-			 m->img->bootstrap_path, m->mountpoint);
+			 m->img->erofs_layers ? m->req.image : m->img->bootstrap_path,
+			 m->mountpoint);
 		goto fail;
 	}
 	f->mounted = !adopt;
-	ret = find_sysfs(f, err, errlen);
+	/* An overlay has no sysfs directory: the bottom layer's superblock
+	 * lives exactly as long as the stack. */
+	if (m->img->erofs_layers)
+		snprintf(f->sysfs, sizeof(f->sysfs), "%s", m->img->layers_sysfs);
+	else
+		ret = find_sysfs(f, err, errlen);
 	if (!ret) {
 		char msg[sizeof(f->sysfs) + 8];
 

@@ -55,13 +55,6 @@ void ferry_exes_find(struct ferry_exes *e);
  */
 bool fan_fill_process(const struct ferry_exes *e, pid_t pid, int fd);
 
-/*
- * The sysfs directory of the file system mounted on @mountpoint
- * ("/sys/fs/erofs/erofs-N"): it exists exactly while that superblock
- * lives, also after a lazy unmount. 0 or -errno.
- */
-int fan_sysfs_path(const char *mountpoint, char *out, size_t len);
-
 /* The RANGE record of event @meta: 0 and the range, or -ENOENT. */
 int fan_event_range(const struct fanotify_event_metadata *meta, uint64_t *off,
 		    uint64_t *count);

@@ -72,6 +72,7 @@ struct fmount {
 	char mode_why[CTL_REASON_MAX];  /* "auto": why this mode */
 	void *mode_state;               /* the mode's; NULL (table lock) once closed */
 	unsigned int dev_major, dev_minor;
+	char fstype[64];       /* its type there: the mode's, or overlay */
 	int64_t mounted_at;             /* unix seconds */
 	char image_digest[DIGEST_STRING_SIZE]; /* the image served: req.image_digest */
 

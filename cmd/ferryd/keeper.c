@@ -583,7 +583,7 @@ static void find_sb(struct keeper *k)
 	if (k->sysfs[0] || mountinfo_find(k->mountpoint, &mi) ||
 	    strcmp(mi.fstype, "erofs") || strcmp(mi.source, k->source))
 		return;
-	fan_sysfs_path(k->mountpoint, k->sysfs, sizeof(k->sysfs));
+	meta_sysfs_path(k->mountpoint, k->sysfs, sizeof(k->sysfs));
 }
 
 static void serve_alone(struct keeper *k)

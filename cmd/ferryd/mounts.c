@@ -134,7 +134,7 @@ static bool on_top(const struct fmount *m)
 	struct mount_entry mi;
 
 	return !mountinfo_find(m->mountpoint, &mi) && mi.major == m->dev_major &&
-	       mi.minor == m->dev_minor && !strcmp(mi.fstype, m->mode->fstype);
+	       mi.minor == m->dev_minor && !strcmp(mi.fstype, m->fstype);
 }
 
 void mount_detach(const struct fmount *m)
@@ -413,6 +413,32 @@ fail:
 	return ret;
 }
 
+/*
+ * Native EROFS layers are one kernel EROFS per layer under overlayfs: only
+ * fanotify serves such a stack lazily (FUSE and cachefiles serve one EROFS
+ * image), and there is no merged tree to take --prefetch-files from.
+ */
+static int layers_supported(const struct fmount *m, char *err, size_t errlen)
+{
+	if (m->mode != &fanotify_mode) {
+		snprintf(err, errlen, "%s is an image of native EROFS layers: ferryd serves those lazily in fanotify mode only (Linux 6.14+, cache on ext4, xfs or btrfs), not %s%s%s; --mode local mounts them fully fetched",
+			 m->req.image, m->mode->name, m->mode_why[0] ? ": " : "",
+			 m->mode_why);
+		return -EOPNOTSUPP;
+	}
+	if (m->req.nr_prefetch_files) {
+		snprintf(err, errlen, "%s is an image of native EROFS layers: --prefetch-files needs ferry's format (one tree); --prefetch-all works",
+			 m->req.image);
+		return -EOPNOTSUPP;
+	}
+	if (m->req.adopt) {
+		snprintf(err, errlen, "%s on %s: a mount of native EROFS layers cannot be taken over yet; its keeper answers EIO for data not cached until it is unmounted",
+			 m->req.image, m->mountpoint);
+		return -EOPNOTSUPP;
+	}
+	return 0;
+}
+
 /* Open the image and its chunk cache, and start the mode (mount(2)). */
 static int mount_setup(struct fmount *m, const char *what, char *err,
 		       size_t errlen)
@@ -421,6 +447,7 @@ static int mount_setup(struct fmount *m, const char *what, char *err,
 		.fetch = &m->req.fetch,
 		.cache_dir = m->req.cache_dir,
 		.no_config = true,
+		.erofs_layers = true,
 	};
 	uint8_t pin[BLOB_DIGEST_SIZE];
 	struct log_capture cap;
@@ -439,6 +466,11 @@ static int mount_setup(struct fmount *m, const char *what, char *err,
 		digest_format(m->img->image_digest, m->image_digest);
 		m->req.image_digest = m->image_digest;
 	}
+	if (!ret && m->img->erofs_layers) {
+		ret = layers_supported(m, err, errlen);
+		if (ret)
+			goto out;
+	}
 	/* Before the kernel or FUSE sees it, and prefetch walks it. */
 	if (!ret)
 		ret = image_validate_metadata(m->img);
@@ -447,6 +479,9 @@ static int mount_setup(struct fmount *m, const char *what, char *err,
 		goto out;
 	}
 	ret = image_cache_open(m->img, m->req.cache_dir, &m->ic);
+	/* Native layers: before the mode marks or mounts their files. */
+	if (!ret && m->img->erofs_layers)
+		ret = image_cache_walk_layers(m->ic);
 	if (!ret)
 		ret = evict_register(&m->req);
 	if (ret) {
@@ -466,6 +501,7 @@ static int mount_setup(struct fmount *m, const char *what, char *err,
 	if (!mountinfo_find(m->mountpoint, &mi)) {
 		m->dev_major = mi.major;
 		m->dev_minor = mi.minor;
+		snprintf(m->fstype, sizeof(m->fstype), "%s", mi.fstype);
 	}
 	m->mounted_at = (int64_t)time(NULL);
 out:

@@ -309,6 +309,71 @@ static void test_standalone_compressed(void)
 	free(out);
 }
 
+static int walk_count(void *ctx, const char *path, const struct meta_stat *st)
+{
+	(void)path;
+	(void)st;
+	++*(int *)ctx;
+	return 0;
+}
+
+/*
+ * A lazily fetched layer is walked from its head: the metadata in the
+ * first bytes, data blocks only checked against the image's size and
+ * never read (plain data beyond the head is refused, not zeros).
+ */
+static void test_open_head(void)
+{
+	char path[] = "/tmp/ferry-test-head.XXXXXX";
+	char dpath[] = "/tmp/ferry-test-hdata.XXXXXX";
+	struct meta_tree *t = NULL;
+	struct meta_inode *plain;
+	struct meta_image *img = NULL;
+	struct meta_write_stats ws;
+	int fd = mkstemp(path), dfd = mkstemp(dpath), n = 0;
+	uint8_t *buf = malloc(1 << 20), out[16];
+	uint64_t nid, head;
+	ssize_t size;
+
+	CHECK(pwrite(dfd, "plain\n", 6, 0) == 6);
+	CHECK(!meta_tree_new(&t));
+	CHECK(!meta_inode_new(t, S_IFREG | 0644, &plain));
+	plain->size = 6;
+	plain->embedded = true;
+	CHECK(!meta_dir_link(t, t->root, "plain", 5, plain));
+	struct meta_embedded emb = { dfd, 1 };
+	struct meta_write_opts wo = { .standalone = true, .embedded = &emb };
+	CHECK(!meta_write(t, &wo, fd, &ws));
+	size = pread(fd, buf, 1 << 20, 0);
+	head = (uint64_t)ws.embedded_blkaddr * BLK;
+	CHECK(size > 0 && head > 0 && head < (uint64_t)size);
+	CHECK(!meta_image_open_head(buf, head, (uint64_t)size, &img));
+	if (img) {
+		CHECK(!meta_walk(img, walk_count, &n));
+		CHECK(n >= 2);
+		CHECK(!meta_resolve(img, "/plain", &nid));
+		CHECK(meta_read(img, nid, 0, out, sizeof(out)) == -EFSCORRUPTED);
+	}
+	meta_image_close(img);
+	img = NULL;
+	/* The whole image: the same file reads. */
+	CHECK(!meta_image_open_head(buf, (size_t)size, (uint64_t)size, &img));
+	if (img) {
+		CHECK(!meta_resolve(img, "/plain", &nid));
+		CHECK(meta_read(img, nid, 0, out, sizeof(out)) == 6);
+	}
+	meta_image_close(img);
+	img = NULL;
+	/* An image size below what the superblock counts is refused. */
+	CHECK(meta_image_open_head(buf, head, head, &img) == -EFSCORRUPTED);
+	meta_tree_free(t);
+	close(fd);
+	close(dfd);
+	unlink(path);
+	unlink(dpath);
+	free(buf);
+}
+
 static void test_fragments(void)
 {
 	char path[] = "/tmp/ferry-test-zfrag.XXXXXX";
@@ -409,6 +474,7 @@ int main(void)
 {
 	RUN_TEST(test_zpack_roundtrip);
 	RUN_TEST(test_standalone_compressed);
+	RUN_TEST(test_open_head);
 	RUN_TEST(test_fragments);
 	TEST_MAIN_END();
 }
