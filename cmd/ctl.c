@@ -216,6 +216,8 @@ struct json_object *ctl_mount_req_to_json(const struct ctl_mount_req *r)
 		ok &= json_add_str(o, "record", r->record);
 	if (r->image_digest)
 		ok &= json_add_str(o, "imageDigest", r->image_digest);
+	if (r->sysfs)
+		ok &= json_add_str(o, "sysfs", r->sysfs);
 	ok &= json_add(o, "prefetchFiles", json_str_array(r->prefetch_files, r->nr_prefetch_files));
 	ok &= json_add(o, "prefetchAll", json_object_new_boolean(r->prefetch_all));
 	ok &= json_add(o, "prefetchBwlimit",
@@ -260,6 +262,8 @@ int ctl_mount_req_parse(struct json_object *o, struct ctl_mount_req *r,
 	if (!ret)
 		ret = json_read_str(o, "domain", META_FSCACHE_ID_MAX, false, &r->domain, err,
 				    errlen);
+	if (!ret)
+		ret = json_read_str(o, "sysfs", 159, false, &r->sysfs, err, errlen);
 	if (!ret)
 		ret = json_read_strs(o, "prefetchFiles", CTL_PREFETCH_FILES_MAX,
 				     PATH_MAX - 1, &r->prefetch_files,

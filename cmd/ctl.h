@@ -152,6 +152,8 @@ struct ctl_mount_req {
 				    * image_open's digest), or NULL */
 	bool adopt;                /* ferryd only, never sent: take over the
 				    * mount already there (failover) */
+	const char *sysfs;         /* a keeper's handover of native layers
+				    * (fanotify): the superblock it was told */
 	int adopt_fd;              /* with adopt: the mount's kernel descriptor
 				    * a keeper passed (fuse: /dev/fuse,
 				    * fanotify: the group), the mount's to

@@ -141,6 +141,8 @@ struct ra_window {
 struct image_cache {
 	struct image *img;
 	uint32_t nr_blobs;
+	void (*sb_noted)(void *ctx, const char *sysfs); /* image_cache_set_sb_note */
+	void *sb_noted_ctx;
 	struct blob_cache_blob **blobs;
 	struct blob_source *srcs;
 	struct timed_source *tsrcs;
@@ -694,6 +696,19 @@ int image_cache_data_fd(const struct image_cache *ic, uint32_t index)
 struct image *image_cache_img(const struct image_cache *ic)
 {
 	return ic->img;
+}
+
+void image_cache_set_sb_note(struct image_cache *ic,
+			     void (*noted)(void *ctx, const char *sysfs), void *ctx)
+{
+	ic->sb_noted = noted;
+	ic->sb_noted_ctx = ctx;
+}
+
+void image_cache_note_sb(const struct image_cache *ic, const char *sysfs)
+{
+	if (ic->sb_noted)
+		ic->sb_noted(ic->sb_noted_ctx, sysfs);
 }
 
 static void count_miss(struct image_cache *ic, uint64_t ns)
@@ -1901,9 +1916,10 @@ void image_cache_get_stats(struct image_cache *ic, struct image_cache_stats *s)
 /* Local mode                                                          */
 /* ------------------------------------------------------------------ */
 
-bool image_fstype_is_ferry(const char *fstype)
+bool image_mount_is_ferry(const struct mount_entry *mi)
 {
-	return !strcmp(fstype, "erofs") || !strcmp(fstype, IMAGE_FUSE_FSTYPE);
+	return !strcmp(mi->fstype, "erofs") || !strcmp(mi->fstype, IMAGE_FUSE_FSTYPE) ||
+	       (!strcmp(mi->fstype, "overlay") && !strcmp(mi->source, IMAGE_LAYERS_SOURCE));
 }
 
 /* Refuse to stack a mount on a ferry mount: the one below would be hidden. */
@@ -1911,7 +1927,7 @@ int image_check_not_mounted(const char *target)
 {
 	struct mount_entry mi;
 
-	if (mountinfo_find(target, &mi) || !image_fstype_is_ferry(mi.fstype))
+	if (mountinfo_find(target, &mi) || !image_mount_is_ferry(&mi))
 		return 0;
 	ferry_err("mount point %s already holds a ferry mount (%s): ferry umount it first",
 		  target, mi.fstype);

@@ -737,11 +737,21 @@ int image_cache_kernel_mount(struct image_cache *ic, const char *cache_dir,
  * and sets img->layers_sysfs.
  */
 int image_cache_walk_layers(struct image_cache *ic);
+/*
+ * Native layers: image_cache_kernel_mount calls @noted with
+ * img->layers_sysfs once the layers are mounted and before the stack is
+ * attached on its mount point, so a keeper knows the superblock before
+ * any reader can reach it.
+ */
+void image_cache_set_sb_note(struct image_cache *ic,
+			     void (*noted)(void *ctx, const char *sysfs), void *ctx);
 
 /* The fstype of a ferry FUSE mount (fuse.<subtype>). */
 #define IMAGE_FUSE_FSTYPE "fuse.ferry"
-/* A mount ferry made (kernel EROFS or ferry's FUSE): never stacked over. */
-bool image_fstype_is_ferry(const char *fstype);
+/* A mount ferry made (kernel EROFS, ferry's FUSE, or the overlay of
+ * native layers): never stacked over. */
+struct mount_entry;
+bool image_mount_is_ferry(const struct mount_entry *mi);
 
 /*
  * Open the image in the chunk cache @cache_dir, make every chunk of every

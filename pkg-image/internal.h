@@ -69,6 +69,7 @@ bool oci_is_layers_image(const struct oci_image *oci);
 int image_open_layers(struct image *img, struct oci_image *oci);
 int image_cache_data_fd(const struct image_cache *ic, uint32_t index);
 struct image *image_cache_img(const struct image_cache *ic);
+void image_cache_note_sb(const struct image_cache *ic, const char *sysfs);
 int image_layers_kernel_mount(struct image_cache *ic, const char *target,
 			      unsigned long flags);
 

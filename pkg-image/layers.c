@@ -452,6 +452,8 @@ int image_layers_kernel_mount(struct image_cache *ic, const char *target,
 		if (ret)
 			ferry_err("layer mount: cannot identify its EROFS superblock (FS_IOC_GETFSSYSFSPATH): %s",
 				  ferry_strerror(ret));
+		else
+			image_cache_note_sb(ic, img->layers_sysfs);
 	}
 	if (!ret)
 		ret = n == 1 ? meta_mount_attach(mfds[0], target) :

@@ -593,6 +593,36 @@ static int find_sysfs(struct fan *f, char *err, size_t errlen)
 	return ret;
 }
 
+/* Native layers: the bottom layer's superblock, told the keeper before
+ * any reader can reach the stack (image_cache_set_sb_note). */
+static void note_layers_sb(void *ctx, const char *sysfs)
+{
+	struct fan *f = ctx;
+	char msg[sizeof(f->sysfs) + 8];
+
+	snprintf(f->sysfs, sizeof(f->sysfs), "%s", sysfs);
+	snprintf(msg, sizeof(msg), "sysfs %s", f->sysfs);
+	if (keeper_send(f, msg))
+		ferry_warn("%s: the fanotify keeper is gone before the mount was attached",
+			   f->m->mountpoint);
+}
+
+/* A takeover of native layers: the superblock the keeper was told (the
+ * new keeper hears it in its hello). */
+static int layers_sysfs_adopt(struct fan *f, char *err, size_t errlen)
+{
+	const char *s = f->m->req.sysfs;
+
+	if (!s || strncmp(s, "/sys/fs/erofs/", 14) || strstr(s, "/..") ||
+	    strlen(s) >= sizeof(f->sysfs)) {
+		snprintf(err, errlen, "%s: taking over native layers needs the superblock their keeper was told",
+			 f->m->mountpoint);
+		return -EINVAL;
+	}
+	snprintf(f->sysfs, sizeof(f->sysfs), "%s", s);
+	return 0;
+}
+
 static bool sb_alive(const struct fan *f)
 {
 	return f->sysfs[0] && !access(f->sysfs, F_OK);
@@ -782,6 +812,8 @@ static int fan_start(struct fmount *m, const struct serve_opts *o, void **state,
 	}
 	if (adopt) {
 		ret = fan_adopt_group(f, err, errlen);
+		if (!ret && m->img->erofs_layers)
+			ret = layers_sysfs_adopt(f, err, errlen);
 		if (ret)
 			goto fail;
 	} else {
@@ -806,6 +838,8 @@ static int fan_start(struct fmount *m, const struct serve_opts *o, void **state,
 		goto fail;
 	}
 	image_cache_kernel_reads(m->ic);
+	if (m->img->erofs_layers)
+		image_cache_set_sb_note(m->ic, note_layers_sb, f);
 	/* A takeover finds the dead ferryd's mount there. */
 	ret = adopt ? 0 : image_cache_kernel_mount(m->ic, m->req.cache_dir, m->mountpoint,
 						   image_mount_flags(m->req.suid, m->req.dev));
@@ -816,13 +850,13 @@ static int fan_start(struct fmount *m, const struct serve_opts *o, void **state,
 		goto fail;
 	}
 	f->mounted = !adopt;
-	/* An overlay has no sysfs directory: the bottom layer's superblock
-	 * lives exactly as long as the stack. */
-	if (m->img->erofs_layers)
-		snprintf(f->sysfs, sizeof(f->sysfs), "%s", m->img->layers_sysfs);
-	else
+	image_cache_set_sb_note(m->ic, NULL, NULL);
+	/* An overlay has no sysfs directory: the bottom layer's superblock,
+	 * which lives exactly as long as the stack, was noted before the
+	 * stack was attached (or, taken over, named by the keeper). */
+	if (!m->img->erofs_layers)
 		ret = find_sysfs(f, err, errlen);
-	if (!ret) {
+	if (!ret && !m->img->erofs_layers) {
 		char msg[sizeof(f->sysfs) + 8];
 
 		snprintf(msg, sizeof(msg), "sysfs %s", f->sysfs);

@@ -239,11 +239,12 @@ int keeper_listen(int sock, int watch, char **req,
 /*
  * In a mount's keeper, ferryd gone: hand @req_text and descriptor @fd to
  * the ferryd on @socket_path, starting one (with @opts) when none answers
- * (a ferryd's lock decides between racing keepers). 0 once it serves the
- * mount, or -errno.
+ * (a ferryd's lock decides between racing keepers); @sysfs (or NULL): the
+ * superblock ferryd named, added to the request (native layers' overlay
+ * has none a successor could find). 0 once it serves the mount, or -errno.
  */
 int keeper_handover(const char *socket_path, const char *req_text, int fd,
-		    const char *const *opts);
+		    const char *sysfs, const char *const *opts);
 /* ferryd --fuse-keeper FD SOCK SOCKET [OPTION...]. */
 int fuse_keeper_main(int argc, char **argv);
 /* This ferryd's binary: the installed path, also once replaced on disk. */

@@ -437,7 +437,7 @@ static int handover_once(const char *socket_path, struct json_object *req, int f
 }
 
 int keeper_handover(const char *socket_path, const char *req_text, int fd,
-		    const char *const *opts)
+		    const char *sysfs, const char *const *opts)
 {
 	uint64_t start = ferry_now_ns(), spawned = 0, now;
 	/* A cachefiles keeper starts the successor itself: it must win the
@@ -450,6 +450,10 @@ int keeper_handover(const char *socket_path, const char *req_text, int fd,
 	if (!req_text || json_parse_object(req_text, strlen(req_text), &req)) {
 		ferry_err("keeper: ferryd never sent the mount's request: no successor");
 		return -EINVAL;
+	}
+	if (sysfs && sysfs[0] && !json_add_str(req, "sysfs", sysfs)) {
+		json_object_put(req);
+		return -ENOMEM;
 	}
 	for (;;) {
 		ret = handover_once(socket_path, req, fd);
@@ -504,7 +508,7 @@ int fuse_keeper_main(int argc, char **argv)
 	if (ret == 1) {
 		ferry_warn("FUSE keeper: ferryd is gone; handing the mount over to a new ferryd on %s",
 			   argv[4]);
-		ret = keeper_handover(argv[4], req, (int)fd, (const char *const *)argv + 5);
+		ret = keeper_handover(argv[4], req, (int)fd, NULL, (const char *const *)argv + 5);
 		if (ret)
 			ferry_err("FUSE keeper: no ferryd took the mount over (%s); its readers get ENOTCONN",
 				  ferry_strerror(ret));
@@ -645,7 +649,8 @@ int keeper_main(int argc, char **argv)
 	} else if (ret == 1) {
 		ferry_warn("fanotify keeper of %s: ferryd is gone; handing the mount over to a new ferryd on %s",
 			   k.mountpoint, argv[7]);
-		ret = keeper_handover(argv[7], req, k.group, (const char *const *)argv + 8);
+		ret = keeper_handover(argv[7], req, k.group, k.sysfs,
+				      (const char *const *)argv + 8);
 		if (ret) {
 			ferry_err("fanotify keeper of %s: no ferryd took the mount over (%s)",
 				  k.mountpoint, ferry_strerror(ret));

@@ -296,7 +296,7 @@ static int check_mountpoint(const char *path, bool adopt, char **canon, char *er
 		 * about to give.
 		 */
 		*canon = path[0] == '/' ? strdup(path) : NULL;
-		if (!*canon || mountinfo_find(*canon, &mi) || !image_fstype_is_ferry(mi.fstype)) {
+		if (!*canon || mountinfo_find(*canon, &mi) || !image_mount_is_ferry(&mi)) {
 			snprintf(err, errlen, "%s: no ferry mount there to take over", path);
 			return -ENOENT;
 		}
@@ -318,7 +318,7 @@ static int check_mountpoint(const char *path, bool adopt, char **canon, char *er
 		return -ENOTDIR;
 	}
 	if (!mountinfo_find(*canon, &mi) &&
-	    image_fstype_is_ferry(mi.fstype)) {
+	    image_mount_is_ferry(&mi)) {
 		snprintf(err, errlen, "%s is already a ferry mount (%s); ferry umount it first",
 			 *canon, mi.source);
 		return -EBUSY;
@@ -415,8 +415,10 @@ fail:
 
 /*
  * Native EROFS layers are one kernel EROFS per layer under overlayfs: only
- * fanotify serves such a stack lazily (FUSE and cachefiles serve one EROFS
- * image), and there is no merged tree to take --prefetch-files from.
+ * fanotify serves such a stack lazily. FUSE serves one merged tree, and
+ * EROFS over fscache allows one live mount per primary blob (fsid) on a
+ * host, so a layer two mounted images share could not be served. There
+ * is no merged tree to take --prefetch-files from either.
  */
 static int layers_supported(const struct fmount *m, char *err, size_t errlen)
 {
@@ -429,11 +431,6 @@ static int layers_supported(const struct fmount *m, char *err, size_t errlen)
 	if (m->req.nr_prefetch_files) {
 		snprintf(err, errlen, "%s is an image of native EROFS layers: --prefetch-files needs ferry's format (one tree); --prefetch-all works",
 			 m->req.image);
-		return -EOPNOTSUPP;
-	}
-	if (m->req.adopt) {
-		snprintf(err, errlen, "%s on %s: a mount of native EROFS layers cannot be taken over yet; its keeper answers EIO for data not cached until it is unmounted",
-			 m->req.image, m->mountpoint);
 		return -EOPNOTSUPP;
 	}
 	return 0;
@@ -479,8 +476,10 @@ static int mount_setup(struct fmount *m, const char *what, char *err,
 		goto out;
 	}
 	ret = image_cache_open(m->img, m->req.cache_dir, &m->ic);
-	/* Native layers: before the mode marks or mounts their files. */
-	if (!ret && m->img->erofs_layers)
+	/* Native layers: before the mode marks or mounts their files (a
+	 * takeover's are mounted, and marked: a read here would wait for
+	 * an answer only this ferryd can give, once it serves). */
+	if (!ret && m->img->erofs_layers && !m->req.adopt)
 		ret = image_cache_walk_layers(m->ic);
 	if (!ret)
 		ret = evict_register(&m->req);
