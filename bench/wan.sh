@@ -25,7 +25,9 @@
 # and then issue 21's ("pull": the unpack's time plus its own). Reports
 # medians of time, requests (the proxy's count), ferry's bytes fetched and
 # read, and for NEW the requests made by readahead (off the readers' path:
-# fetchesAhead).
+# fetchesAhead). "new-fanotify-native": the same image converted by NEW_BIN
+# to native EROFS layers (--format erofs-layers), fanotify mode, issue 21's
+# workload.
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 . "$top/bench/lib.sh"
@@ -127,6 +129,9 @@ record_list() {
 	echo "bench: recorded prefetch list: $(wc -l <"$work/prefetch.list") files" >&2
 }
 record_list
+# Native EROFS layers (FORMAT.md 1c, 1d), served lazily in fanotify mode.
+"$ferry" convert -q --format erofs-layers "docker://$reg/src/$set_name:1" \
+	"docker://$reg/ferry/$set_name:native"
 
 : >"$work/results"
 for link in $links; do
@@ -143,6 +148,7 @@ for link in $links; do
 			cold "$link" new "$new" "$mode" 17
 			cold "$link" new "$new" "$mode" 17 list
 		done
+		cold "$link" new "$new" fanotify 21 native
 		pull "$link"
 	done
 	kill "$wp_pid"
@@ -176,7 +182,7 @@ def table(runs, pull_what):
             print("| %s | %s | %.2f | %.3f | %d | %d | %d | %d | %s | %s | %d |" % (
                 link, what, t, t / pull, req, ahead, req - ahead, fetched,
                 "%d" % read if read else "-", ratio, infl))
-table(("old-fuse", "new-fuse", "old-fanotify", "new-fanotify", "pull"), "pull")
+table(("old-fuse", "new-fuse", "old-fanotify", "new-fanotify", "new-fanotify-native", "pull"), "pull")
 print()
 print("Issue 17: startup workload + python3 -c 'import json, email, http.client', without and with the recorded list")
 print()
