@@ -435,11 +435,16 @@ static int dirs_index(struct image_cache *ic)
  * the first chunk of larger ones (for ELF prediction), for misses that
  * name a blob range only (fanotify, cachefiles), and the directory tree of
  * small files. Built in the background: until it is
- * there, such misses get the window alone.
+ * there, such misses get the window alone, as they always do in native
+ * layers (no merged tree to map).
  */
 static void owners_build(struct image_cache *ic)
 {
-	int ret = meta_walk(ic->img->meta, owner_add, ic);
+	int ret;
+
+	if (ic->img->erofs_layers)
+		return;
+	ret = meta_walk(ic->img->meta, owner_add, ic);
 
 	free(ic->walk_stack);
 	ic->walk_stack = NULL;
@@ -673,7 +678,7 @@ int image_cache_open(struct image *img, const char *cache_dir,
 	if (ret)
 		goto fail;
 	/* Local blob files answer at once: nothing to hide. */
-	ic->ra_on = img->remote != NULL && !img->erofs_layers; /* no file map */
+	ic->ra_on = img->remote != NULL;
 	free(digests);
 	*out = ic;
 	return 0;
@@ -696,6 +701,12 @@ int image_cache_data_fd(const struct image_cache *ic, uint32_t index)
 struct image *image_cache_img(const struct image_cache *ic)
 {
 	return ic->img;
+}
+
+int image_cache_fill(struct image_cache *ic, uint32_t index, uint64_t uoff,
+		     uint64_t len)
+{
+	return ensure(ic, index, uoff, len, false);
 }
 
 void image_cache_set_sb_note(struct image_cache *ic,

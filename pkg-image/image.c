@@ -342,6 +342,69 @@ static int image_match_devices(struct image *img, const struct image_expect *e)
 	return 0;
 }
 
+/* One source per blob (image_blob_source opens local files on first use). */
+static int blob_sources_init(struct image *img)
+{
+	img->blob_srcs = calloc(img->blobs.nr_blobs + 1, sizeof(*img->blob_srcs));
+	if (!img->blob_srcs)
+		return -ENOMEM;
+	for (uint32_t i = 0; i < img->blobs.nr_blobs; i++)
+		img->blob_srcs[i] = (struct image_blob){ img, i, -1 };
+	return 0;
+}
+
+/*
+ * A ferry image: its bootstrap loaded and checked against @e, opened, its
+ * blob index and the sections after it decoded, the devices matched.
+ */
+static int open_bootstrap(struct image *img, const struct image_expect *e,
+			  const char *cache_dir)
+{
+	const void *ext;
+	size_t ext_len, used;
+	int ret = load_bootstrap(img, e, cache_dir);
+
+	if (ret)
+		return ret;
+	ret = meta_image_open_mem(img->bootstrap, img->bootstrap_len, &img->meta);
+	if (ret) {
+		ferry_err("%s: cannot open bootstrap: %s", img->ref, ferry_strerror(ret));
+		return ret;
+	}
+	ret = meta_get_ext(img->meta, &ext, &ext_len);
+	if (!ret)
+		ret = blob_index_decode_prefix(ext, ext_len, &img->blobs, &used);
+	if (ret) {
+		ferry_err("%s: no valid ferry blob index in the bootstrap: %s", img->ref,
+			  ferry_strerror(ret));
+		return ret;
+	}
+	/* What may follow the blob index: a prefetch list, then the loader
+	 * dependencies (docs/FORMAT.md 2.5, 2.6). */
+	if (used < ext_len && ext_len - used >= 8 &&
+	    !memcmp((const uint8_t *)ext + used, PREFETCH_MAGIC, 8)) {
+		size_t n = 0;
+
+		ret = prefetch_section_decode((const uint8_t *)ext + used,
+					      ext_len - used, &img->prefetch,
+					      &img->nr_prefetch, &n);
+		used += n;
+	}
+	if (!ret && used < ext_len)
+		ret = elf_section_decode((const uint8_t *)ext + used,
+					 ext_len - used, &img->elf, &img->nr_elf);
+	if (ret) {
+		ferry_err("%s: the bootstrap's extension payload is corrupt",
+			  img->ref);
+		return ret;
+	}
+	img->blob_paths = calloc(img->blobs.nr_blobs + 1, sizeof(char *));
+	if (!img->blob_paths)
+		return -ENOMEM;
+	ret = blob_sources_init(img);
+	return ret ? ret : image_match_devices(img, e);
+}
+
 int image_open(const char *ref, const struct image_opts *opts,
 	       struct image **out)
 {
@@ -349,10 +412,7 @@ int image_open(const char *ref, const struct image_opts *opts,
 	struct image *img = calloc(1, sizeof(*img));
 	struct image_expect expect = { 0 };
 	struct image_ref r = { 0 };
-	const void *ext;
-	size_t ext_len, used;
 	struct stat st;
-	uint32_t i;
 	int ret;
 
 	if (!img)
@@ -398,54 +458,9 @@ int image_open(const char *ref, const struct image_opts *opts,
 			  ref, now, was);
 		ret = -ESTALE;
 	}
-	if (!ret && img->erofs_layers)
-		goto blob_sources;
 	if (!ret)
-		ret = load_bootstrap(img, &expect, opts->cache_dir);
-	if (ret)
-		goto fail;
-	ret = meta_image_open_mem(img->bootstrap, img->bootstrap_len, &img->meta);
-	if (ret) {
-		ferry_err("%s: cannot open bootstrap: %s", img->ref, ferry_strerror(ret));
-		goto fail;
-	}
-	ret = meta_get_ext(img->meta, &ext, &ext_len);
-	if (!ret)
-		ret = blob_index_decode_prefix(ext, ext_len, &img->blobs, &used);
-	if (ret) {
-		ferry_err("%s: no valid ferry blob index in the bootstrap: %s", img->ref,
-			  ferry_strerror(ret));
-		goto fail;
-	}
-	/* What may follow the blob index: a prefetch list, then the loader
-	 * dependencies (docs/FORMAT.md 2.5, 2.6). */
-	if (used < ext_len && ext_len - used >= 8 &&
-	    !memcmp((const uint8_t *)ext + used, PREFETCH_MAGIC, 8)) {
-		size_t n = 0;
-
-		ret = prefetch_section_decode((const uint8_t *)ext + used,
-					      ext_len - used, &img->prefetch,
-					      &img->nr_prefetch, &n);
-		used += n;
-	}
-	if (!ret && used < ext_len)
-		ret = elf_section_decode((const uint8_t *)ext + used,
-					 ext_len - used, &img->elf, &img->nr_elf);
-	if (ret) {
-		ferry_err("%s: the bootstrap's extension payload is corrupt",
-			  img->ref);
-		goto fail;
-	}
-	img->blob_paths = calloc(img->blobs.nr_blobs + 1, sizeof(char *));
-blob_sources:
-	img->blob_srcs = calloc(img->blobs.nr_blobs + 1, sizeof(*img->blob_srcs));
-	if (!img->blob_paths || !img->blob_srcs) {
-		ret = -ENOMEM;
-		goto fail;
-	}
-	for (i = 0; i < img->blobs.nr_blobs; i++)
-		img->blob_srcs[i] = (struct image_blob){ img, i, -1 };
-	ret = img->erofs_layers ? 0 : image_match_devices(img, &expect);
+		ret = img->erofs_layers ? blob_sources_init(img) :
+					  open_bootstrap(img, &expect, opts->cache_dir);
 	if (ret)
 		goto fail;
 	image_expect_free(&expect);

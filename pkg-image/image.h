@@ -486,8 +486,9 @@ int image_out_upgrade(struct image_out *o, const struct oci_image *src,
  * (where it starts, its sha256), so a lazy mount verifies every range of
  * the image it fetches. Little-endian: magic, u32 range size, u32 ranges,
  * u64 image bytes (== the table's offset), u64 metadata bytes (the
- * image's head that holds every metadata structure), then one sha256 per
- * range, the last range short.
+ * image's head that holds every metadata structure, read into memory at
+ * mount: at most FERRY_BOOTSTRAP_MAX), then one sha256 per range, the
+ * last range short.
  */
 #define LAYER_RANGES_MAGIC "FERRYRT1"
 #define LAYER_RANGES_HEADER 32u

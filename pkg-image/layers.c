@@ -204,7 +204,7 @@ int image_layer_ranges_decode(const void *table, size_t len, uint64_t offset,
 	    nr != DIV_ROUND_UP(image_bytes, range) ||
 	    len != LAYER_RANGES_HEADER + (size_t)nr * 32 ||
 	    *meta_bytes < META_BLOCK_SIZE || *meta_bytes > image_bytes ||
-	    *meta_bytes % META_BLOCK_SIZE || *meta_bytes > SIZE_MAX) {
+	    *meta_bytes % META_BLOCK_SIZE || *meta_bytes > FERRY_BOOTSTRAP_MAX) {
 		ferry_err("layer %s: its range table is malformed: the image is corrupt; convert it again",
 			  name);
 		return -EFSCORRUPTED;
@@ -342,7 +342,7 @@ int image_cache_walk_layers(struct image_cache *ic)
 		char name[DIGEST_STRING_SIZE];
 
 		digest_format(b->digest, name);
-		ret = buf ? image_cache_ensure(ic, i + 1, 0, head) : -ENOMEM;
+		ret = buf ? image_cache_fill(ic, i, 0, head) : -ENOMEM;
 		if (!ret)
 			ret = pread_full(image_cache_data_fd(ic, i), buf, head, 0);
 		if (!ret) {

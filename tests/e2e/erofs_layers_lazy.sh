@@ -9,8 +9,9 @@
 # (tests/tools/faultproxy.py):
 #   - every layer carries a range table its annotations name (offset,
 #     sha256), behind the EROFS image;
-#   - the mount is an overlay of kernel EROFS mounts, listed as mode
-#     fanotify, and fetched only the layers' metadata;
+#   - the mount is an overlay of kernel EROFS mounts (a one-layer image
+#     the layer's EROFS itself), listed as mode fanotify, and fetched only
+#     the layers' metadata;
 #   - a startup workload fetches a small part of the layers;
 #   - the whole tree equals umoci's unpack; a remount with the same cache
 #     fetches nothing; --prefetch-all makes every range present;
@@ -146,6 +147,21 @@ if check "mount --mode fanotify --prefetch-all" fnmount "$PIMG" "$M" --prefetch-
 	f=$(fp_data_bytes)
 	expect_sh "reading everything after --prefetch-all fetched nothing ($f B)" '[ "$f" -eq 0 ]'
 	check "ferry umount (prefetch-all)" fumount "$M"
+fi
+
+# --- one layer: attached directly, no overlay ----------------------------------------
+lazy_use one
+M=$SCRATCH/m-one
+if check "convert oci:base (one layer) -> docker:// --format erofs-layers" \
+	"$FERRY" convert -q --format erofs-layers "oci:$FIX:base" "docker://$REG/ferry/native:base" &&
+	refbase=$(umoci_ref "$FIX:base" "$SCRATCH/bundle-base" 2>"$LOG") &&
+	check "mount --mode fanotify (one layer)" fnmount "docker://$REG/ferry/native:base" "$M"; then
+	t=$(fstype "$M")
+	expect_sh "a one-layer image is the layer's kernel EROFS itself (${t:-not mounted})" \
+		'[ "$t" = erofs ]'
+	check "treecmp umoci unpack == lazy one-layer mount" \
+		timeout 180 python3 "$TREECMP" "$refbase" "$M"
+	check "ferry umount (one layer)" fumount "$M"
 fi
 
 # --- a damaged range --------------------------------------------------------------

@@ -117,10 +117,29 @@ static void test_malformed_refused(void)
 	free(buf);
 }
 
+/* A metadata head is read into memory at mount: at most 1 GiB. */
+static void test_head_bound(void)
+{
+	uint64_t image = FERRY_BOOTSTRAP_MAX + 8192, nr = DIV_ROUND_UP(image, LAYER_RANGE_SIZE);
+	uint8_t (*sha)[32] = calloc(nr, 32), *buf = NULL;
+	size_t len = 0;
+
+	CHECK(!image_layer_ranges_encode(image, FERRY_BOOTSTRAP_MAX + 4096,
+					 (const uint8_t (*)[32])sha, &buf, &len));
+	CHECK_EQ(decode(buf, len, image), -EFSCORRUPTED);
+	free(buf);
+	CHECK(!image_layer_ranges_encode(image, FERRY_BOOTSTRAP_MAX,
+					 (const uint8_t (*)[32])sha, &buf, &len));
+	CHECK(!decode(buf, len, image));
+	free(buf);
+	free(sha);
+}
+
 int main(void)
 {
 	ferry_log_level = -1;
 	RUN_TEST(test_roundtrip);
 	RUN_TEST(test_malformed_refused);
+	RUN_TEST(test_head_bound);
 	TEST_MAIN_END();
 }
