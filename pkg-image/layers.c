@@ -387,6 +387,23 @@ static int overlay_mount(const int *mfds, uint32_t nr, const char *target,
 	return ret;
 }
 
+/*
+ * With @ret 0 (all @nr layer mounts made), put them on @target: one
+ * attached directly, more stacked with overlayfs. Then close our
+ * descriptors (the overlay holds its own clones): @ret, or the attach's.
+ */
+static int attach_layers(const int *mfds, uint32_t nr, int ret, const char *target,
+			 unsigned long flags)
+{
+	if (!ret)
+		ret = nr == 1 ? meta_mount_attach(mfds[0], target) :
+				overlay_mount(mfds, nr, target, flags);
+	for (uint32_t i = 0; i < nr; i++)
+		if (mfds[i] >= 0)
+			close(mfds[i]);
+	return ret;
+}
+
 int image_mount_erofs_layers(const char *ref, const struct fetch_opts *fopts,
 			     const char *cache_dir, const char *mountpoint,
 			     unsigned long flags)
@@ -417,12 +434,7 @@ int image_mount_erofs_layers(const char *ref, const struct fetch_opts *fopts,
 		ret = -ENOMEM;
 	for (; !ret && nr < img.nr_layers; nr++)
 		ret = mount_layer(&img, nr, cache_dir, flags, &mfds[nr]);
-	if (!ret)
-		ret = nr == 1 ? meta_mount_attach(mfds[0], target) :
-				overlay_mount(mfds, nr, target, flags);
-	for (uint32_t i = 0; i < nr; i++)
-		if (mfds[i] >= 0)
-			close(mfds[i]);
+	ret = attach_layers(mfds, nr, ret, target, flags);
 out:
 	free(mfds);
 	free(target);
@@ -455,12 +467,7 @@ int image_layers_kernel_mount(struct image_cache *ic, const char *target,
 		else
 			image_cache_note_sb(ic, img->layers_sysfs);
 	}
-	if (!ret)
-		ret = n == 1 ? meta_mount_attach(mfds[0], target) :
-			       overlay_mount(mfds, n, target, flags);
-	for (uint32_t i = 0; i < nr; i++)
-		if (mfds[i] >= 0)
-			close(mfds[i]);
+	ret = attach_layers(mfds, nr, ret, target, flags);
 	free(mfds);
 	return ret;
 }

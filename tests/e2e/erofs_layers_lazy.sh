@@ -109,6 +109,16 @@ if check "mount --mode fanotify (through the proxy, fresh cache)" fnmount "$PIMG
 	check "ferry umount" fumount "$M"
 fi
 
+# Two checks on $M, whose ranges are all cached: the tree equals the
+# reference, and reading it fetched nothing.
+read_all_cached() { # WHAT
+	local f
+	fp_mark
+	check "treecmp after $1" timeout 180 python3 "$TREECMP" --ignore nlink,links "$ref" "$M"
+	f=$(fp_data_bytes)
+	expect_sh "after $1, reading everything fetched nothing ($f B)" '[ "$f" -eq 0 ]'
+}
+
 # --- the whole tree, a remount, prefetch ----------------------------------------
 lazy_use tree
 M=$SCRATCH/m-tree
@@ -128,10 +138,7 @@ if check "mount --mode fanotify (fresh cache)" fnmount "$PIMG" "$M"; then
 	check "ferry cache gc keeps the recorded image's layers" \
 		"$FERRY" cache --cache-dir "$FCACHE" gc
 	check "mount again with the same cache" fnmount "$PIMG" "$M"
-	fp_mark
-	check "treecmp after the remount" timeout 180 python3 "$TREECMP" --ignore nlink,links "$ref" "$M"
-	f=$(fp_data_bytes)
-	expect_sh "remount: reading everything fetched nothing ($f B)" '[ "$f" -eq 0 ]'
+	read_all_cached "the remount"
 	check "ferry umount (remount)" fumount "$M"
 fi
 lazy_use pfall
@@ -142,10 +149,7 @@ if check "mount --mode fanotify --prefetch-all" fnmount "$PIMG" "$M" --prefetch-
 	else
 		notok "--prefetch-all: every range present without reads (waited 60 s)"
 	fi
-	fp_mark
-	check "treecmp after --prefetch-all" timeout 180 python3 "$TREECMP" --ignore nlink,links "$ref" "$M"
-	f=$(fp_data_bytes)
-	expect_sh "reading everything after --prefetch-all fetched nothing ($f B)" '[ "$f" -eq 0 ]'
+	read_all_cached "--prefetch-all"
 	check "ferry umount (prefetch-all)" fumount "$M"
 fi
 
