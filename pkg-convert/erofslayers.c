@@ -574,9 +574,10 @@ static int write_layer(struct converter *c, const char *blobs_dir,
 		ret = atomic_file_create(&af, blobs_dir, "erofs-layer", 0644);
 	if (!ret)
 		ret = meta_write(c->tree, &wo, af.fd, &ws);
-	l->data_off = (uint64_t)ws.embedded_blkaddr * META_BLOCK_SIZE;
-	if (!ret)
+	if (!ret) {
+		l->data_off = (uint64_t)ws.embedded_blkaddr * META_BLOCK_SIZE;
 		ret = seal_layer(c, af.fd, ws.bytes, l);
+	}
 	if (!ret) {
 		hex_encode(l->digest, 32, hex);
 		ret = atomic_file_commit(&af, hex);

@@ -632,7 +632,6 @@ static const uint8_t *flat_data(const struct meta_image *img,
 {
 	uint64_t blk = pos / EROFS_BLKSIZ, in_blk = pos % EROFS_BLKSIZ;
 	uint64_t last = (ri->size - 1) / EROFS_BLKSIZ;
-
 	uint64_t at = ri->layout == EROFS_INODE_FLAT_INLINE && blk == last ?
 			      ri->tail_pos + in_blk :
 			      (ri->startblk + blk) * EROFS_BLKSIZ + in_blk;
