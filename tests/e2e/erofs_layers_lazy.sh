@@ -11,7 +11,8 @@
 #     sha256), behind the EROFS image;
 #   - the mount is an overlay of kernel EROFS mounts (a one-layer image
 #     the layer's EROFS itself), listed as mode fanotify, and fetched only
-#     the layers' metadata;
+#     the layers' metadata; two images sharing a layer are served side by
+#     side from one cache file;
 #   - a startup workload fetches a small part of the layers;
 #   - the whole tree equals umoci's unpack; a remount with the same cache
 #     fetches nothing; --prefetch-all makes every range present;
@@ -165,6 +166,19 @@ if check "convert oci:base (one layer) -> docker:// --format erofs-layers" \
 		'[ "$t" = erofs ]'
 	check "treecmp umoci unpack == lazy one-layer mount" \
 		timeout 180 python3 "$TREECMP" "$refbase" "$M"
+	# The edit image's bottom layer is this very layer (same bytes, same
+	# digest): one cache file, marked by both mounts' groups, mounted by
+	# both stacks.
+	M2=$SCRATCH/m-one-edit
+	if check "mount the edit image beside it (they share the base layer)" fnmount "$PIMG" "$M2"; then
+		readers_start shared "$M2" 170 sorted shuffle
+		check "treecmp base again, while the edit image is read" \
+			timeout 180 python3 "$TREECMP" "$refbase" "$M"
+		readers_wait
+		readers_agree "the edit image's readers, beside it: every digest equals the reference" \
+			"$SCRATCH/ref.sums"
+		check "ferry umount (edit, beside base)" fumount "$M2"
+	fi
 	check "ferry umount (one layer)" fumount "$M"
 fi
 
