@@ -342,8 +342,7 @@ static int image_match_devices(struct image *img, const struct image_expect *e)
 	return 0;
 }
 
-/* One source per blob (image_blob_source opens local files on first use). */
-static int blob_sources_init(struct image *img)
+int image_blob_sources_init(struct image *img)
 {
 	img->blob_srcs = calloc(img->blobs.nr_blobs + 1, sizeof(*img->blob_srcs));
 	if (!img->blob_srcs)
@@ -401,7 +400,7 @@ static int open_bootstrap(struct image *img, const struct image_expect *e,
 	img->blob_paths = calloc(img->blobs.nr_blobs + 1, sizeof(char *));
 	if (!img->blob_paths)
 		return -ENOMEM;
-	ret = blob_sources_init(img);
+	ret = image_blob_sources_init(img);
 	return ret ? ret : image_match_devices(img, e);
 }
 
@@ -459,8 +458,7 @@ int image_open(const char *ref, const struct image_opts *opts,
 		ret = -ESTALE;
 	}
 	if (!ret)
-		ret = img->erofs_layers ? blob_sources_init(img) :
-					  open_bootstrap(img, &expect, opts->cache_dir);
+		ret = img->erofs_layers ? 0 : open_bootstrap(img, &expect, opts->cache_dir);
 	if (ret)
 		goto fail;
 	image_expect_free(&expect);

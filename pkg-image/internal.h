@@ -66,6 +66,9 @@ int image_expect_manifest(struct image *img, const struct oci_image *oci,
 /* Native layers (layers.c): is @oci one; open it lazily into @img (which
  * takes oci->remote); @img's cache data file @index; their kernel mount. */
 bool oci_is_layers_image(const struct oci_image *oci);
+/* One source per blob of @img (image_blob_source: local files are opened
+ * on first use), once its blobs' digests and local paths are set. */
+int image_blob_sources_init(struct image *img);
 int image_open_layers(struct image *img, struct oci_image *oci);
 int image_cache_data_fd(const struct image_cache *ic, uint32_t index);
 struct image *image_cache_img(const struct image_cache *ic);

@@ -241,18 +241,19 @@ static int parse_offset(const char *s, uint64_t *out)
 	return errno || *end ? -EINVAL : 0;
 }
 
-/* Layer @i's range table: fetched or read, checked, decoded into blob @i. */
+/* Layer @i's range table: read where the layer is, checked, decoded into blob @i. */
 static int load_ranges(struct image *img, const struct oci_image *oci,
 		       struct json_object *desc, uint32_t i)
 {
 	const struct oci_descriptor *d = &oci->layers[i];
 	const char *off_s = oci_annotation(desc, LAYER_RANGES_OFFSET_ANNOTATION);
 	const char *dig_s = oci_annotation(desc, LAYER_RANGES_DIGEST_ANNOTATION);
-	char name[DIGEST_STRING_SIZE], *path = NULL;
+	char name[DIGEST_STRING_SIZE];
 	uint8_t want[32], got[32], *buf = NULL;
+	struct blob_source src;
 	uint64_t off = 0;
 	size_t len = 0;
-	int fd = -1, ret = 0;
+	int ret;
 
 	digest_format(d->digest, name);
 	if (!off_s && !dig_s) {
@@ -268,18 +269,11 @@ static int load_ranges(struct image *img, const struct oci_image *oci,
 	}
 	len = (size_t)(d->size - off);
 	buf = malloc(len);
-	if (!buf)
-		return -ENOMEM;
-	if (img->remote) {
-		ret = registry_get_range(img->remote, d->digest, off, len, buf);
-	} else {
-		ret = oci_blob_path(oci->layout, d->digest, &path);
-		if (!ret) {
-			fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-			ret = fd < 0 ? -errno : pread_full(fd, buf, len, off);
-		}
+	ret = buf ? image_blob_source(img, i, &src) : -ENOMEM;
+	if (!ret) {
+		ret = src.read(src.ctx, off, buf, len);
 		if (ret)
-			ferry_err("layer %s: %s: %s", name, path ? path : "?",
+			ferry_err("layer %s: cannot read its range table: %s", name,
 				  ferry_strerror(ret));
 	}
 	if (!ret) {
@@ -293,9 +287,6 @@ static int load_ranges(struct image *img, const struct oci_image *oci,
 	if (!ret)
 		ret = image_layer_ranges_decode(buf, len, off, d->digest,
 						&img->blobs.blobs[i], &img->layer_meta[i]);
-	if (fd >= 0)
-		close(fd);
-	free(path);
 	free(buf);
 	return ret;
 }
@@ -319,13 +310,18 @@ int image_open_layers(struct image *img, struct oci_image *oci)
 	    (oci->layout && !(img->dir = strdup(oci->layout))))
 		return -ENOMEM;
 	img->blobs.nr_blobs = n;
-	json_object_object_get_ex(oci->manifest, "layers", &layers);
+	/* Each blob is read where its layer is, by digest and path. */
 	for (uint32_t i = 0; !ret && i < n; i++) {
-		ret = load_ranges(img, oci, json_object_array_get_idx(layers, i), i);
-		if (!ret && oci->layout)
+		memcpy(img->blobs.blobs[i].digest, oci->layers[i].digest, 32);
+		if (oci->layout)
 			ret = oci_blob_path(oci->layout, oci->layers[i].digest,
 					    &img->blob_paths[i]);
 	}
+	if (!ret)
+		ret = image_blob_sources_init(img);
+	json_object_object_get_ex(oci->manifest, "layers", &layers);
+	for (uint32_t i = 0; !ret && i < n; i++)
+		ret = load_ranges(img, oci, json_object_array_get_idx(layers, i), i);
 	return ret;
 }
 
