@@ -177,7 +177,6 @@ struct image {
 	 */
 	bool erofs_layers;
 	uint64_t *layer_meta;
-	char layers_sysfs[160]; /* the bottom layer's superblock, once mounted */
 };
 
 struct image_opts {
@@ -734,15 +733,15 @@ int image_cache_kernel_mount(struct image_cache *ic, const char *cache_dir,
  * and walk it (pkg-meta), before anything marks or mounts the cache
  * files. image_cache_kernel_mount then mounts each layer file-backed
  * over its cache data file, detached, and stacks them with overlayfs on
- * @target (source IMAGE_LAYERS_SOURCE; one layer is attached directly),
- * and sets img->layers_sysfs.
+ * @target (source IMAGE_LAYERS_SOURCE; one layer is attached directly).
  */
 int image_cache_walk_layers(struct image_cache *ic);
 /*
- * Native layers: image_cache_kernel_mount calls @noted with
- * img->layers_sysfs once the layers are mounted and before the stack is
- * attached on its mount point, so a keeper knows the superblock before
- * any reader can reach it.
+ * Native layers: image_cache_kernel_mount calls @noted with the bottom
+ * layer's sysfs directory (meta_sysfs_path: the superblock that lives as
+ * long as the stack) once the layers are mounted and before the stack is
+ * attached on its mount point, so a keeper knows it before any reader can
+ * reach the mount.
  */
 void image_cache_set_sb_note(struct image_cache *ic,
 			     void (*noted)(void *ctx, const char *sysfs), void *ctx);

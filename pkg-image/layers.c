@@ -445,7 +445,7 @@ int image_layers_kernel_mount(struct image_cache *ic, const char *target,
 	struct image *img = image_cache_img(ic);
 	uint32_t n = img->blobs.nr_blobs, nr = 0;
 	int *mfds = calloc(n + 1, sizeof(*mfds)), ret = mfds ? 0 : -ENOMEM;
-	char fdpath[32];
+	char fdpath[32], sysfs[160];
 
 	/* The kernel reads exactly the files filled here, through our
 	 * descriptors; the metadata it parses is what walk_layers walked. */
@@ -456,12 +456,12 @@ int image_layers_kernel_mount(struct image_cache *ic, const char *target,
 	}
 	if (!ret) {
 		snprintf(fdpath, sizeof(fdpath), "/proc/self/fd/%d", mfds[0]);
-		ret = meta_sysfs_path(fdpath, img->layers_sysfs, sizeof(img->layers_sysfs));
+		ret = meta_sysfs_path(fdpath, sysfs, sizeof(sysfs));
 		if (ret)
 			ferry_err("layer mount: cannot identify its EROFS superblock (FS_IOC_GETFSSYSFSPATH): %s",
 				  ferry_strerror(ret));
 		else
-			image_cache_note_sb(ic, img->layers_sysfs);
+			image_cache_note_sb(ic, sysfs);
 	}
 	ret = attach_layers(mfds, nr, ret, target, flags);
 	free(mfds);
