@@ -8,7 +8,8 @@
  *
  * ferry emits only what Linux >= 5.16 mounts: incompat CHUNKED_FILE and
  * DEVICE_TABLE, 4 KiB blocks, compact and extended inodes, layouts
- * FLAT_PLAIN, FLAT_INLINE and CHUNK_BASED with 8-byte chunk indexes.
+ * FLAT_PLAIN, FLAT_INLINE and CHUNK_BASED with 8-byte chunk indexes;
+ * native layers also COMPRESSED_COMPACT and COMPRESSED_FULL.
  */
 #ifndef FERRY_EROFS_FS_H
 #define FERRY_EROFS_FS_H
@@ -118,6 +119,7 @@ enum erofs_datalayout {
 	EROFS_INODE_FLAT_PLAIN = 0,
 	EROFS_INODE_COMPRESSED_FULL = 1, /* i_u: compressed blocks */
 	EROFS_INODE_FLAT_INLINE = 2,
+	EROFS_INODE_COMPRESSED_COMPACT = 3, /* i_u: compressed blocks */
 	EROFS_INODE_CHUNK_BASED = 4,
 };
 
@@ -196,7 +198,8 @@ _Static_assert(sizeof(struct erofs_inode_chunk_index) == 8, "chunk index");
  * Compressed files (fixed-size output: each extent of the file compresses
  * into one pcluster). The 8-byte map header sits at ALIGN(inode + inline
  * xattrs, 8); full indexes follow it after 8 reserved bytes, one per
- * lcluster (2^(blkszbits + h_clusterbits) bytes of the file).
+ * lcluster (2^(blkszbits + h_clusterbits) bytes of the file); compact
+ * indexes follow it directly (see Z_EROFS_COMPACT_*).
  */
 struct z_erofs_map_header {
 	uint32_t h_fragmentoff;  /* 0x00 0 without fragments */
@@ -216,6 +219,8 @@ _Static_assert(sizeof(struct z_erofs_map_header) == 8, "z map header");
  * inode's data below it; no indexes are read.
  */
 #define Z_EROFS_FRAGMENT_INODE (1ull << 63)
+/* Compact indexes: 2-byte packs of 16 lclusters in the middle. */
+#define Z_EROFS_ADVISE_COMPACTED_2B 0x0001
 /* Both set: pclusters of several blocks, counted on the first NONHEAD. */
 #define Z_EROFS_ADVISE_BIG_PCLUSTER_1 0x0002
 #define Z_EROFS_ADVISE_BIG_PCLUSTER_2 0x0004
@@ -264,6 +269,26 @@ enum {
 	Z_EROFS_LCLUSTER_TYPE_HEAD1 = 1,   /* extent starts here, algorithm 1 */
 	Z_EROFS_LCLUSTER_TYPE_NONHEAD = 2, /* inside an extent */
 };
+
+/*
+ * Compact indexes (COMPRESSED_COMPACT, Linux fs/erofs/zmap.c
+ * z_erofs_load_compact_lcluster), from ebase = the end of the map header:
+ * packs of 2 lclusters in 4 bytes each up to a 32-byte boundary
+ * (((32 - ebase % 32) / 4) & 7 lclusters), then, with COMPACTED_2B, packs
+ * of 16 in 2 bytes each for as many whole packs as the rest fills, then
+ * packs of 2 again (a lone last lcluster padded with a zero entry). A pack
+ * is vcnt entries of (size - 4) * 8 / vcnt bits from bit 0 up, each the
+ * lcluster type << 12 | 12 bits: clusterofs of a head, delta[0] or CBLKCNT
+ * of a NONHEAD, but delta[1] for a NONHEAD ending the pack; then a le32
+ * block address: a head's pcluster is there plus the blocks the entries
+ * before it in the pack count (a PLAIN head 1, a CBLKCNT its blocks and
+ * its head none, a pcluster whose CBLKCNT lies before the pack none).
+ */
+#define Z_EROFS_COMPACT_LOBITS 12
+#define Z_EROFS_COMPACT_4B_VCNT 2
+#define Z_EROFS_COMPACT_4B_SIZE 8
+#define Z_EROFS_COMPACT_2B_VCNT 16
+#define Z_EROFS_COMPACT_2B_SIZE 32
 
 /* Inline xattr region: 12-byte header, shared ids, then entries. */
 struct erofs_xattr_ibody_header {

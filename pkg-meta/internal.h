@@ -31,6 +31,55 @@ static const struct erofs_xattr_prefix erofs_xattr_prefixes[] = {
 	{ EROFS_XATTR_INDEX_SECURITY, "security.", 9 },
 };
 
+/* One pack of compact lcluster indexes (erofs_fs.h, Z_EROFS_COMPACT_*). */
+struct z_erofs_cpack {
+	uint64_t off;   /* byte offset from ebase */
+	uint64_t first; /* its first lcluster */
+	uint32_t vcnt;  /* lclusters a whole pack holds */
+	uint32_t size;  /* bytes, the le32 block address last */
+	uint32_t bits;  /* per entry */
+};
+
+/*
+ * The pack holding lcluster @lcn of a file of @nr lclusters whose compact
+ * indexes (COMPACTED_2B) start at image byte @ebase, 8-aligned: the split
+ * z_erofs_load_compact_lcluster() makes.
+ */
+static inline struct z_erofs_cpack z_erofs_compact_pack(uint64_t ebase,
+							 uint64_t nr,
+							 uint64_t lcn)
+{
+	uint64_t initial = ((32 - ebase % 32) / 4) & 7;
+	uint64_t nr_2b = initial < nr ? (nr - initial) / Z_EROFS_COMPACT_2B_VCNT *
+						Z_EROFS_COMPACT_2B_VCNT : 0;
+	uint64_t from = 0, from_off = 0;
+	struct z_erofs_cpack pk = { .vcnt = Z_EROFS_COMPACT_4B_VCNT,
+				    .size = Z_EROFS_COMPACT_4B_SIZE };
+
+	if (lcn >= initial && lcn - initial < nr_2b) {
+		pk.vcnt = Z_EROFS_COMPACT_2B_VCNT;
+		pk.size = Z_EROFS_COMPACT_2B_SIZE;
+		from = initial;
+		from_off = initial * (Z_EROFS_COMPACT_4B_SIZE / Z_EROFS_COMPACT_4B_VCNT);
+	} else if (lcn >= initial) {
+		from = initial + nr_2b;
+		from_off = initial * (Z_EROFS_COMPACT_4B_SIZE / Z_EROFS_COMPACT_4B_VCNT) +
+			   nr_2b * (Z_EROFS_COMPACT_2B_SIZE / Z_EROFS_COMPACT_2B_VCNT);
+	}
+	pk.first = from + (lcn - from) / pk.vcnt * pk.vcnt;
+	pk.off = from_off + (pk.first - from) / pk.vcnt * pk.size;
+	pk.bits = (pk.size - 4) * 8 / pk.vcnt;
+	return pk;
+}
+
+/* Bytes of the compact indexes of @nr (>= 1) lclusters from @ebase. */
+static inline uint64_t z_erofs_compact_size(uint64_t ebase, uint64_t nr)
+{
+	struct z_erofs_cpack last = z_erofs_compact_pack(ebase, nr, nr - 1);
+
+	return last.off + last.size;
+}
+
 /* EROFS file_type for an S_IFMT mode (EROFS_FT_UNKNOWN if none). */
 static inline uint8_t erofs_ftype_of_mode(uint32_t mode)
 {

@@ -395,19 +395,138 @@ static bool layout_flat(uint8_t layout)
 	return layout == EROFS_INODE_FLAT_PLAIN || layout == EROFS_INODE_FLAT_INLINE;
 }
 
+/* Full indexes from @idx: each head and @big pcluster inside the image. */
+static int check_zfull(const struct meta_image *img, const struct rinode *ri,
+		       uint64_t idx, uint64_t nr, bool big)
+{
+	uint64_t head_blk = 0, blocks = img->data_len / EROFS_BLKSIZ;
+
+	for (uint64_t l = 0; l < nr; l++) {
+		const uint8_t *d = img->buf + idx + l * Z_EROFS_LCLUSTER_INDEX_SIZE;
+		uint16_t type = get_le16(d + Z_EROFS_LI_ADVISE);
+		uint16_t d0 = get_le16(d + Z_EROFS_LI_DELTA0);
+
+		if (type == Z_EROFS_LCLUSTER_TYPE_NONHEAD && l) {
+			/* A big pcluster's block count: inside the image. */
+			if (big && (d0 & Z_EROFS_LI_D0_CBLKCNT) &&
+			    (d0 & ~Z_EROFS_LI_D0_CBLKCNT) >= 1 &&
+			    head_blk + (d0 & ~Z_EROFS_LI_D0_CBLKCNT) <= blocks)
+				continue;
+			if (!(d0 & Z_EROFS_LI_D0_CBLKCNT) && d0 >= 1 && d0 <= l)
+				continue;
+		}
+		head_blk = get_le32(d + Z_EROFS_LI_BLKADDR);
+		if ((type != Z_EROFS_LCLUSTER_TYPE_PLAIN &&
+		     type != Z_EROFS_LCLUSTER_TYPE_HEAD1) ||
+		    get_le16(d + Z_EROFS_LI_CLUSTEROFS) >= EROFS_BLKSIZ ||
+		    head_blk >= blocks)
+			return inode_corrupt(img, ri->nid, "bad lcluster index", l);
+	}
+	return 0;
+}
+
+/* Entry @i of a compact pack: its type, and its low bits returned. */
+static uint32_t zc_entry(const uint8_t *pack, const struct z_erofs_cpack *pk,
+			 uint32_t i, uint8_t *type)
+{
+	uint32_t bit = pk->bits * i;
+	uint32_t v = get_le32(pack + bit / 8) >> bit % 8;
+
+	*type = v >> Z_EROFS_COMPACT_LOBITS & 3;
+	return v & ((1u << Z_EROFS_COMPACT_LOBITS) - 1);
+}
+
+/*
+ * The block of the head at entry @i of a compact pack, counted as Linux
+ * does with big pclusters (z_erofs_load_compact_lcluster); -1 where it
+ * finds the pack corrupt.
+ */
+static int64_t zc_head_blk(const uint8_t *pack, const struct z_erofs_cpack *pk,
+			   int64_t i)
+{
+	uint64_t nblk = 0;
+	uint32_t lo;
+	uint8_t type;
+
+	while (i > 0) {
+		lo = zc_entry(pack, pk, (uint32_t)--i, &type);
+		if (type != Z_EROFS_LCLUSTER_TYPE_NONHEAD) {
+			nblk++;
+		} else if (lo & Z_EROFS_LI_D0_CBLKCNT) {
+			i--; /* the head of the pcluster it counts */
+			nblk += lo & ~Z_EROFS_LI_D0_CBLKCNT;
+		} else if (lo <= 1) {
+			return -1;
+		} else {
+			i -= lo - 2; /* on to the CBLKCNT of its pcluster */
+		}
+	}
+	return (int64_t)(get_le32(pack + pk->size - 4) + nblk);
+}
+
+/*
+ * Compact indexes from @ebase, decoded as Linux does: each head and big
+ * pcluster inside the image, delta[0] back inside the file, a pack's last
+ * delta[1] on inside it; a lone last lcluster's pack padded with zero.
+ */
+static int check_zcompact(const struct meta_image *img,
+			  const struct rinode *ri, uint64_t ebase, uint64_t nr)
+{
+	uint64_t head_blk = 0, blocks = img->data_len / EROFS_BLKSIZ;
+	struct z_erofs_cpack pk = z_erofs_compact_pack(ebase, nr, nr - 1);
+	const uint8_t *pack = img->buf + ebase + pk.off;
+	uint8_t type;
+
+	if (nr - pk.first < pk.vcnt &&
+	    (zc_entry(pack, &pk, pk.vcnt - 1, &type) || type))
+		return inode_corrupt(img, ri->nid, "bad lcluster index", nr);
+	for (uint64_t l = 0; l < nr; l++) {
+		uint32_t i, lo;
+		int64_t blk;
+
+		pk = z_erofs_compact_pack(ebase, nr, l);
+		pack = img->buf + ebase + pk.off;
+		i = (uint32_t)(l - pk.first);
+		lo = zc_entry(pack, &pk, i, &type);
+		if (type == Z_EROFS_LCLUSTER_TYPE_NONHEAD && l) {
+			if (lo & Z_EROFS_LI_D0_CBLKCNT) {
+				if ((lo & ~Z_EROFS_LI_D0_CBLKCNT) >= 1 &&
+				    head_blk + (lo & ~Z_EROFS_LI_D0_CBLKCNT) <= blocks)
+					continue;
+			} else if (i + 1 < pk.vcnt) {
+				if (lo >= 1 && lo <= l)
+					continue;
+			} else if (lo >= 1 && lo <= nr - l) {
+				/* delta[0] follows from the entry before. */
+				continue;
+			}
+		} else if (type == Z_EROFS_LCLUSTER_TYPE_PLAIN ||
+			   type == Z_EROFS_LCLUSTER_TYPE_HEAD1) {
+			blk = zc_head_blk(pack, &pk, i);
+			if (blk >= 0 && (uint64_t)blk < blocks) {
+				head_blk = (uint64_t)blk;
+				continue;
+			}
+		}
+		return inode_corrupt(img, ri->nid, "bad lcluster index", l);
+	}
+	return 0;
+}
+
 /*
  * A compressed file as ferry writes it (native layers): one algorithm, 4 KiB
- * lclusters, full indexes in the image, an extent head first, heads and
- * their big pclusters inside the image, deltas pointing back inside the
- * file; or a whole file in the packed inode, inside its bytes. The data
+ * lclusters, compact indexes (big pclusters, 2-byte packs) or full ones
+ * in the image, an extent head first, heads and their big pclusters inside
+ * the image, deltas pointing inside the file; or a whole file in the
+ * packed inode, inside its bytes (a map header only). The data
  * itself is the kernel's to decompress.
  */
-static int check_zfull(const struct meta_image *img, const struct rinode *ri)
+static int check_zmap(const struct meta_image *img, const struct rinode *ri)
 {
 	uint64_t hdr = ROUND_UP(ri->tail_pos, 8u);
-	uint64_t idx = hdr + Z_EROFS_MAP_HEADER_SIZE + Z_EROFS_FULL_INDEX_PAD;
+	uint64_t ebase = hdr + Z_EROFS_MAP_HEADER_SIZE;
 	uint64_t nr = DIV_ROUND_UP(ri->size, EROFS_BLKSIZ);
-	uint64_t head_blk = 0, blocks = img->data_len / EROFS_BLKSIZ;
+	bool compact = ri->layout == EROFS_INODE_COMPRESSED_COMPACT;
 	uint16_t advise;
 	const uint8_t *h;
 
@@ -429,40 +548,26 @@ static int check_zfull(const struct meta_image *img, const struct rinode *ri)
 					     off);
 		return 0;
 	}
-	if (nr > (img->len - MIN(idx, img->len)) / Z_EROFS_LCLUSTER_INDEX_SIZE)
+	if (compact ? !nr || !in_image(img, ebase, z_erofs_compact_size(ebase, nr)) :
+		      nr > (img->len - MIN(ebase + Z_EROFS_FULL_INDEX_PAD, img->len)) /
+				   Z_EROFS_LCLUSTER_INDEX_SIZE)
 		return inode_corrupt(img, ri->nid, "compression map outside the image, at",
 				     hdr);
 	advise = get_le16(h + Z_EROFS_MAP_H_ADVISE);
 	if (get_le32(h) || h[7] ||
-	    (advise && advise != (Z_EROFS_ADVISE_BIG_PCLUSTER_1 |
-				  Z_EROFS_ADVISE_BIG_PCLUSTER_2)) ||
+	    (compact ? advise != (Z_EROFS_ADVISE_BIG_PCLUSTER_1 |
+				  Z_EROFS_ADVISE_BIG_PCLUSTER_2 |
+				  Z_EROFS_ADVISE_COMPACTED_2B) :
+		       advise && advise != (Z_EROFS_ADVISE_BIG_PCLUSTER_1 |
+					    Z_EROFS_ADVISE_BIG_PCLUSTER_2)) ||
 	    h[Z_EROFS_MAP_H_ALGORITHMTYPE] > Z_EROFS_COMPRESSION_ZSTD ||
 	    !(img->zalgs & 1u << h[Z_EROFS_MAP_H_ALGORITHMTYPE]))
 		return inode_corrupt(img, ri->nid,
 				     "unsupported compression (ferry reads the superblock's algorithms, one per file, 4 KiB clusters), header",
 				     get_le64(h));
-	for (uint64_t l = 0; l < nr; l++) {
-		const uint8_t *d = img->buf + idx + l * Z_EROFS_LCLUSTER_INDEX_SIZE;
-		uint16_t type = get_le16(d + Z_EROFS_LI_ADVISE);
-		uint16_t d0 = get_le16(d + Z_EROFS_LI_DELTA0);
-
-		if (type == Z_EROFS_LCLUSTER_TYPE_NONHEAD && l) {
-			/* A big pcluster's block count: inside the image. */
-			if (advise && (d0 & Z_EROFS_LI_D0_CBLKCNT) &&
-			    (d0 & ~Z_EROFS_LI_D0_CBLKCNT) >= 1 &&
-			    head_blk + (d0 & ~Z_EROFS_LI_D0_CBLKCNT) <= blocks)
-				continue;
-			if (!(d0 & Z_EROFS_LI_D0_CBLKCNT) && d0 >= 1 && d0 <= l)
-				continue;
-		}
-		head_blk = get_le32(d + Z_EROFS_LI_BLKADDR);
-		if ((type != Z_EROFS_LCLUSTER_TYPE_PLAIN &&
-		     type != Z_EROFS_LCLUSTER_TYPE_HEAD1) ||
-		    get_le16(d + Z_EROFS_LI_CLUSTEROFS) >= EROFS_BLKSIZ ||
-		    head_blk >= blocks)
-			return inode_corrupt(img, ri->nid, "bad lcluster index", l);
-	}
-	return 0;
+	if (compact)
+		return check_zcompact(img, ri, ebase, nr);
+	return check_zfull(img, ri, ebase + Z_EROFS_FULL_INDEX_PAD, nr, advise);
 }
 
 /* Where the data of a FLAT_PLAIN / FLAT_INLINE inode lives; checked here. */
@@ -542,7 +647,8 @@ static int load_inode(const struct meta_image *img, uint64_t nid,
 	if (ri->layout != EROFS_INODE_FLAT_PLAIN &&
 	    ri->layout != EROFS_INODE_FLAT_INLINE &&
 	    ri->layout != EROFS_INODE_CHUNK_BASED &&
-	    ri->layout != EROFS_INODE_COMPRESSED_FULL)
+	    ri->layout != EROFS_INODE_COMPRESSED_FULL &&
+	    ri->layout != EROFS_INODE_COMPRESSED_COMPACT)
 		return inode_corrupt(img, nid, "unsupported data layout", ri->layout);
 	isize = ri->extended ? EROFS_INODE_EXTENDED_SIZE : EROFS_INODE_COMPACT_SIZE;
 	if (!in_image(img, pos, isize))
@@ -615,8 +721,9 @@ static int load_inode(const struct meta_image *img, uint64_t nid,
 
 	if (ri->layout == EROFS_INODE_CHUNK_BASED)
 		return check_chunked(img, ri, get_le16(p + EROFS_I_U));
-	if (ri->layout == EROFS_INODE_COMPRESSED_FULL)
-		return check_zfull(img, ri);
+	if (ri->layout == EROFS_INODE_COMPRESSED_FULL ||
+	    ri->layout == EROFS_INODE_COMPRESSED_COMPACT)
+		return check_zmap(img, ri);
 	ri->startblk = get_le32(p + EROFS_I_U);
 	return check_flat(img, ri);
 }

@@ -26,6 +26,11 @@
  * - Files with no bytes in the data area (empty files, tail-only inline
  *   files) have startblk EROFS_NULL_ADDR; empty files are FLAT_PLAIN.
  * - Chunk holes are device_id 0 + startblk EROFS_NULL_ADDR.
+ * - A compressed file whose pclusters follow each other in the embedded
+ *   data, in file order, has compact indexes (COMPRESSED_COMPACT, 2-byte
+ *   packs): a pack's one block address then locates all its heads. Any
+ *   other has full ones; a file whole in the packed inode is
+ *   COMPRESSED_FULL with the map header only, as mkfs.erofs writes it.
  * - The superblock epoch/fixed_nsec is the most common (mtime, nsec) pair
  *   with mtime >= 0 (earliest on ties); inodes with exactly that mtime and
  *   small ids/size/nlink are compact with i_mtime 0, others extended.
@@ -80,7 +85,7 @@ struct wr_inode {
 	uint8_t kind, layout, nr_shared;
 	bool extended;
 	bool embedded; /* FLAT_PLAIN in the embedded data */
-	bool compressed; /* embedded, COMPRESSED_FULL */
+	bool compressed; /* embedded, COMPRESSED_COMPACT or _FULL */
 	bool fragment;   /* whole in the packed inode: map header only */
 	uint32_t zblocks; /* compressed: its pclusters' blocks (i_u) */
 };
@@ -397,7 +402,10 @@ static int wr_check_chunks(struct writer *w, struct wr_inode *wi)
 	return 0;
 }
 
-/* Extents in order from lcluster 0, each a valid pcluster of the data. */
+/*
+ * Extents in order from lcluster 0, each a valid pcluster of the data.
+ * Compact indexes need the pclusters back to back (erofs_fs.h).
+ */
 static int wr_check_zextents(struct writer *w, struct wr_inode *wi)
 {
 	const struct meta_inode *in = wi->inode;
@@ -425,6 +433,11 @@ static int wr_check_zextents(struct writer *w, struct wr_inode *wi)
 	}
 	if (!in->nr_zextents || !in->size)
 		return wr_fail(w, wi, -EINVAL, "compressed without extents");
+	wi->layout = EROFS_INODE_COMPRESSED_COMPACT;
+	for (uint32_t k = 1; k < in->nr_zextents; k++)
+		if (in->zextents[k].blkaddr !=
+		    in->zextents[k - 1].blkaddr + in->zextents[k - 1].blocks)
+			wi->layout = EROFS_INODE_COMPRESSED_FULL;
 	w->zalgs |= (uint16_t)(1u << in->zalgorithm);
 	wi->compressed = true;
 	w->compressed = true;
@@ -801,6 +814,18 @@ static uint32_t zmap_off(const struct wr_inode *wi)
 	return ROUND_UP(inode_isize(wi) + wi->xattr_size, 8u);
 }
 
+/* Bytes of a compressed file's map header and indexes, the inode at @pos. */
+static uint64_t zmap_size(const struct wr_inode *wi, uint64_t pos)
+{
+	uint64_t nr = DIV_ROUND_UP(wi->size, BLK);
+	uint64_t ebase = pos + zmap_off(wi) + Z_EROFS_MAP_HEADER_SIZE;
+
+	if (wi->layout == EROFS_INODE_COMPRESSED_COMPACT)
+		return Z_EROFS_MAP_HEADER_SIZE + z_erofs_compact_size(ebase, nr);
+	return Z_EROFS_MAP_HEADER_SIZE + Z_EROFS_FULL_INDEX_PAD +
+	       nr * Z_EROFS_LCLUSTER_INDEX_SIZE;
+}
+
 static int wr_place(struct writer *w)
 {
 	const struct meta_write_opts *o = w->opts;
@@ -839,10 +864,7 @@ static int wr_place(struct writer *w)
 			meta = chunk_table_off(wi) +
 			       wi->nr_chunks * EROFS_CHUNK_INDEX_SIZE;
 		} else if (wi->compressed) {
-			wi->layout = EROFS_INODE_COMPRESSED_FULL;
-			meta = zmap_off(wi) + Z_EROFS_MAP_HEADER_SIZE +
-			       Z_EROFS_FULL_INDEX_PAD +
-			       DIV_ROUND_UP(wi->size, BLK) * Z_EROFS_LCLUSTER_INDEX_SIZE;
+			meta = zmap_off(wi) + zmap_size(wi, pos);
 		} else if (wi->fragment) {
 			/* The header and the pad of full indexes, as mkfs.erofs. */
 			wi->layout = EROFS_INODE_COMPRESSED_FULL;
@@ -983,37 +1005,90 @@ static void put_chunk_indexes(const struct wr_inode *wi, uint8_t *p)
 	}
 }
 
+/* Delta[0] and delta[1] fit in 11 bits: bit 11 marks CBLKCNT. */
+_Static_assert(META_ZPACK_EXTENT_MAX / BLK < Z_EROFS_LI_D0_CBLKCNT &&
+		       Z_EROFS_PCLUSTER_MAX_BLOCKS < Z_EROFS_LI_D0_CBLKCNT,
+	       "lcluster deltas and CBLKCNT overflow 11 bits");
+
+/* Set entry @i of the compact pack at @pack to @type and @lo. */
+static void put_zcompact(uint8_t *pack, const struct z_erofs_cpack *pk,
+			 uint32_t i, uint16_t type, uint16_t lo)
+{
+	uint32_t bit = pk->bits * i;
+	uint8_t *q = pack + bit / 8;
+
+	/* The le32 stays in the pack (the last entries' may cover some of
+	 * the block address, adding no bits to it). */
+	put_le32(q, get_le32(q) |
+		    (uint32_t)(type << Z_EROFS_COMPACT_LOBITS | lo) << bit % 8);
+}
+
 /*
- * Map header (LZ4 HEAD1, 4 KiB lclusters, 1-block pclusters) and one full
- * index per lcluster: the head of each extent names its pcluster, the
- * others how far back the head is and how far on the next one.
+ * Map header (big pclusters, 4 KiB lclusters) and the index of each
+ * lcluster: an extent's head names its pcluster, its first NONHEAD counts
+ * the pcluster's blocks, the others say how far back the head is and how
+ * far on the next one. Full indexes say all of it; compact ones
+ * (erofs_fs.h) say the head's block once per pack, which is right as
+ * pclusters follow each other (wr_check_zextents), and only delta[1] in
+ * a pack's last entry.
  */
 static void put_zmap(const struct writer *w, const struct wr_inode *wi,
 		     uint8_t *p)
 {
 	const struct meta_inode *in = wi->inode;
+	bool compact = wi->layout == EROFS_INODE_COMPRESSED_COMPACT;
+	uint64_t ebase = wi->pos + zmap_off(wi) + Z_EROFS_MAP_HEADER_SIZE;
 	uint32_t nr_lcl = (uint32_t)DIV_ROUND_UP(wi->size, BLK);
-	uint8_t *idx = p + Z_EROFS_MAP_HEADER_SIZE + Z_EROFS_FULL_INDEX_PAD;
+	uint8_t *idx = p + Z_EROFS_MAP_HEADER_SIZE;
 
 	put_le16(p + Z_EROFS_MAP_H_ADVISE,
-		 Z_EROFS_ADVISE_BIG_PCLUSTER_1 | Z_EROFS_ADVISE_BIG_PCLUSTER_2);
+		 Z_EROFS_ADVISE_BIG_PCLUSTER_1 | Z_EROFS_ADVISE_BIG_PCLUSTER_2 |
+		 (compact ? Z_EROFS_ADVISE_COMPACTED_2B : 0));
 	p[Z_EROFS_MAP_H_ALGORITHMTYPE] = in->zalgorithm;
+	if (!compact)
+		idx += Z_EROFS_FULL_INDEX_PAD;
 	for (uint32_t k = 0; k < in->nr_zextents; k++) {
 		const struct meta_zextent *z = &in->zextents[k];
 		uint32_t end = k + 1 < in->nr_zextents ? z[1].lcn : nr_lcl;
-		uint8_t *d = idx + (size_t)z->lcn * Z_EROFS_LCLUSTER_INDEX_SIZE;
+		uint32_t blkaddr = w->embed_blkaddr + z->blkaddr;
 
-		put_le16(d + Z_EROFS_LI_ADVISE, z->plain ? Z_EROFS_LCLUSTER_TYPE_PLAIN :
-							   Z_EROFS_LCLUSTER_TYPE_HEAD1);
-		put_le32(d + Z_EROFS_LI_BLKADDR, w->embed_blkaddr + z->blkaddr);
-		for (uint32_t l = z->lcn + 1; l < end; l++) {
-			d = idx + (size_t)l * Z_EROFS_LCLUSTER_INDEX_SIZE;
-			put_le16(d + Z_EROFS_LI_ADVISE, Z_EROFS_LCLUSTER_TYPE_NONHEAD);
-			/* The first NONHEAD counts the pcluster's blocks. */
-			put_le16(d + Z_EROFS_LI_DELTA0, l == z->lcn + 1 ?
-				 (uint16_t)(Z_EROFS_LI_D0_CBLKCNT | z->blocks) :
-				 (uint16_t)(l - z->lcn));
-			put_le16(d + Z_EROFS_LI_DELTA1, (uint16_t)(end - l));
+		for (uint32_t l = z->lcn; l < end; l++) {
+			uint16_t type = Z_EROFS_LCLUSTER_TYPE_NONHEAD;
+			uint16_t lo = (uint16_t)(l - z->lcn); /* delta[0] */
+			struct z_erofs_cpack pk;
+			uint8_t *d;
+
+			if (l == z->lcn) /* clusterofs 0 */
+				type = z->plain ? Z_EROFS_LCLUSTER_TYPE_PLAIN :
+						  Z_EROFS_LCLUSTER_TYPE_HEAD1;
+			else if (l == z->lcn + 1)
+				lo = (uint16_t)(Z_EROFS_LI_D0_CBLKCNT | z->blocks);
+			if (!compact) {
+				d = idx + (size_t)l * Z_EROFS_LCLUSTER_INDEX_SIZE;
+				put_le16(d + Z_EROFS_LI_ADVISE, type);
+				if (type == Z_EROFS_LCLUSTER_TYPE_NONHEAD) {
+					put_le16(d + Z_EROFS_LI_DELTA0, lo);
+					put_le16(d + Z_EROFS_LI_DELTA1, (uint16_t)(end - l));
+				} else {
+					put_le32(d + Z_EROFS_LI_BLKADDR, blkaddr);
+				}
+				continue;
+			}
+			pk = z_erofs_compact_pack(ebase, nr_lcl, l);
+			d = idx + pk.off;
+			/*
+			 * The pack's block address: this pcluster's when the
+			 * decoder counts it in the pack (from its head or
+			 * CBLKCNT there), else the next one's.
+			 */
+			if (l == pk.first)
+				put_le32(d + pk.size - 4,
+					 l <= z->lcn + 1 ? blkaddr : blkaddr + z->blocks);
+			if (type == Z_EROFS_LCLUSTER_TYPE_NONHEAD &&
+			    l - pk.first + 1 == pk.vcnt &&
+			    !(lo & Z_EROFS_LI_D0_CBLKCNT))
+				lo = (uint16_t)(end - l); /* delta[1] */
+			put_zcompact(d, &pk, (uint32_t)(l - pk.first), type, lo);
 		}
 	}
 }

@@ -170,7 +170,8 @@ static void walk_data(struct walker *w, const struct meta_stat *st)
 		return;
 	}
 	/* Compressed (native layers): the kernel's to decode, never ours. */
-	if (st->layout == EROFS_INODE_COMPRESSED_FULL) {
+	if (st->layout == EROFS_INODE_COMPRESSED_FULL ||
+	    st->layout == EROFS_INODE_COMPRESSED_COMPACT) {
 		n = meta_read(w->img, st->nid, 0, w->buf, sizeof(w->buf));
 		if (n != -EINVAL)
 			walk_bad(w, "read of a compressed file", st->nid, n);

@@ -6,13 +6,23 @@
  * embedded plain and compressed files reads back through the reader,
  * which refuses a compression map that does not start with a head; files
  * stored whole as fragments of a packed inode are placed inside it, and
- * the reader refuses fragments outside it.
+ * the reader refuses fragments outside it. Compact indexes of files of
+ * every shape (pack boundaries, alignments, big and plain pclusters), and
+ * full ones where pclusters are not back to back, read back through
+ * fsck.erofs --extract and the kernel (bytes and FIEMAP extents); the
+ * reader refuses each kind of corrupt compact index.
  */
 #include "../test.h"
 
 #include <fcntl.h>
+#include <linux/fiemap.h>
+#include <linux/fs.h>
 #include <lz4.h>
+#include <stdarg.h>
 #include <stdint.h>
+#include <sys/ioctl.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <zstd.h>
 
@@ -205,14 +215,57 @@ static uint64_t zmap_pos(const char *img_path, const char *path, uint64_t *nid)
 {
 	struct meta_image *img = NULL;
 	struct meta_stat st = { 0 };
+	uint8_t icount[2] = { 0 };
+	int fd = open(img_path, O_RDONLY);
 
 	CHECK(!meta_image_open(img_path, &img));
-	if (!img)
+	if (!img || fd < 0) {
+		meta_image_close(img);
+		if (fd >= 0)
+			close(fd);
 		return 0;
+	}
 	CHECK(!meta_resolve(img, path, nid));
 	CHECK(!meta_getattr(img, *nid, &st));
 	meta_image_close(img);
-	return (*nid * 32 + (st.extended ? 64 : 32) + 7) / 8 * 8;
+	CHECK(pread(fd, icount, 2, (off_t)(*nid * 32 + EROFS_I_XATTR_ICOUNT)) == 2);
+	close(fd);
+	return ROUND_UP(*nid * 32 + (st.extended ? 64 : 32) +
+			EROFS_XATTR_IBODY_SIZE(get_le16(icount)), 8u);
+}
+
+/*
+ * Compact index of lcluster @l (of @nr, from image byte @ebase): its type
+ * and low bits, read and rewritten in place (superblock checksum fixed).
+ */
+static void zc_get(int fd, uint64_t ebase, uint64_t nr, uint64_t l,
+		   uint32_t *type, uint32_t *lo)
+{
+	struct z_erofs_cpack pk = z_erofs_compact_pack(ebase, nr, l);
+	uint32_t bit = pk.bits * (uint32_t)(l - pk.first);
+	uint8_t b[4] = { 0 };
+	uint32_t v;
+
+	CHECK(pread(fd, b, 4, (off_t)(ebase + pk.off + bit / 8)) == 4);
+	v = get_le32(b) >> bit % 8;
+	*type = v >> Z_EROFS_COMPACT_LOBITS & 3;
+	*lo = v & ((1u << Z_EROFS_COMPACT_LOBITS) - 1);
+}
+
+static void zc_set(int fd, uint64_t ebase, uint64_t nr, uint64_t l,
+		   uint32_t type, uint32_t lo)
+{
+	struct z_erofs_cpack pk = z_erofs_compact_pack(ebase, nr, l);
+	uint32_t bit = pk.bits * (uint32_t)(l - pk.first);
+	uint32_t mask = ((1u << (Z_EROFS_COMPACT_LOBITS + 2)) - 1) << bit % 8;
+	off_t at = (off_t)(ebase + pk.off + bit / 8);
+	uint8_t b[4] = { 0 };
+
+	CHECK(pread(fd, b, 4, at) == 4);
+	put_le32(b, (get_le32(b) & ~mask) |
+		    (type << Z_EROFS_COMPACT_LOBITS | lo) << bit % 8);
+	CHECK(pwrite(fd, b, 4, at) == 4);
+	fix_sb_checksum(fd);
 }
 
 static void test_standalone_compressed(void)
@@ -255,7 +308,7 @@ static void test_standalone_compressed(void)
 	CHECK(!meta_image_open(path, &img));
 	CHECK(!meta_resolve(img, "/z", &nid));
 	CHECK(!meta_getattr(img, nid, &st));
-	CHECK_EQ(st.layout, EROFS_INODE_COMPRESSED_FULL);
+	CHECK_EQ(st.layout, EROFS_INODE_COMPRESSED_COMPACT);
 	CHECK_EQ(st.size, len);
 	CHECK(meta_read(img, nid, 0, out, 16) == -EINVAL); /* the kernel's to decode */
 	CHECK(!meta_resolve(img, "/plain", &nid));
@@ -281,20 +334,10 @@ static void test_standalone_compressed(void)
 	}
 	/* lcluster 0 as NONHEAD: no head to start from. */
 	{
-		struct meta_super sb;
-		uint64_t zi, pos;
-		uint8_t two[2] = { Z_EROFS_LCLUSTER_TYPE_NONHEAD, 0 };
+		uint64_t zi, pos = zmap_pos(path, "/z", &zi);
 
-		CHECK(!meta_image_open(path, &img));
-		CHECK(!meta_resolve(img, "/z", &zi));
-		meta_get_super(img, &sb);
-		CHECK(!meta_getattr(img, zi, &st));
-		meta_image_close(img);
-		img = NULL;
-		pos = zi * 32 + (st.extended ? 64 : 32);
-		pos = (pos + 7) / 8 * 8 + 16;
-		CHECK(pwrite(fd, two, 2, (off_t)pos) == 2);
-		fix_sb_checksum(fd);
+		zc_set(fd, pos + Z_EROFS_MAP_HEADER_SIZE, len / BLK, 0,
+		       Z_EROFS_LCLUSTER_TYPE_NONHEAD, 2);
 		CHECK(!meta_image_open(path, &img));
 		if (img)
 			CHECK(meta_getattr(img, zi, &st) == -EFSCORRUPTED);
@@ -470,11 +513,379 @@ static void test_fragments(void)
 	unlink(dpath);
 }
 
+/* Run a shell command, its output to /dev/null; its exit status. */
+static int run(const char *fmt, ...)
+{
+	char cmd[1024];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(cmd, sizeof(cmd) - 32, fmt, ap);
+	va_end(ap);
+	strcat(cmd, " >/dev/null 2>&1");
+	return system(cmd);
+}
+
+/* Whole blocks of text, and about one in four of random bytes. */
+static void mixed_data(uint8_t *p, size_t len)
+{
+	for (size_t b = 0; b * BLK < len; b++) {
+		bool random = next_byte() < 64;
+
+		for (size_t i = b * BLK; i < len && i < (b + 1) * BLK; i++)
+			p[i] = random ? next_byte() :
+					(uint8_t)("compact indexes\n"[i % 16] + b % 5);
+	}
+}
+
+/* A compressed file of the shapes test and what it should read back as. */
+struct zfile {
+	char name[32];
+	uint8_t *data;
+	size_t len;
+	struct meta_zextent *ext;
+	uint32_t nr;
+	bool gap; /* a block between its last two pclusters: full indexes */
+};
+
+/*
+ * Compress @f's data in extents of @extent_lcl lclusters (LZ4) into @dfd
+ * from block *@blk on, leaving a block out before the last pcluster
+ * with @f->gap.
+ */
+static void zfile_pack(struct zfile *f, uint32_t extent_lcl, int dfd,
+		       uint32_t *blk)
+{
+	size_t nblk = DIV_ROUND_UP(f->len, BLK);
+	uint8_t *out = malloc(nblk * BLK);
+	uint32_t blocks = 0;
+
+	f->ext = calloc(nblk, sizeof(*f->ext));
+	CHECK(!zpack(META_Z_LZ4, extent_lcl * BLK, f->data, f->len, *blk, out,
+		     f->ext, &f->nr, &blocks));
+	CHECK(pwrite(dfd, out, (size_t)blocks * BLK, (off_t)*blk * BLK) ==
+	      (ssize_t)blocks * BLK);
+	if (f->gap && f->nr > 1) {
+		struct meta_zextent *last = &f->ext[f->nr - 1];
+		size_t at = (size_t)(last->blkaddr - *blk) * BLK;
+
+		CHECK(pwrite(dfd, out + at, (size_t)last->blocks * BLK,
+			     (off_t)(last->blkaddr + 1) * BLK) ==
+		      (ssize_t)last->blocks * BLK);
+		last->blkaddr++;
+		blocks++;
+	}
+	*blk += blocks;
+	free(out);
+}
+
+static bool erofs_mountable(void)
+{
+	char line[128];
+	bool ok = false;
+	FILE *f = geteuid() ? NULL : fopen("/proc/filesystems", "r");
+
+	while (f && !ok && fgets(line, sizeof(line), f))
+		ok = !strcmp(line, "\terofs\n");
+	if (f)
+		fclose(f);
+	if (!ok)
+		printf("# kernel mount skipped: not root or no erofs\n");
+	return ok;
+}
+
+/* @f's bytes and FIEMAP extents (one per pcluster) in the kernel's view. */
+static void check_kernel_file(const char *mnt, const struct zfile *f,
+			      uint32_t embed_blkaddr)
+{
+	char p[640];
+	size_t got_len = 0;
+	uint8_t *got;
+	struct fiemap *fm = calloc(1, sizeof(*fm) + (f->nr + 1) *
+					      sizeof(struct fiemap_extent));
+	int fd;
+
+	snprintf(p, sizeof(p), "%s/%s", mnt, f->name);
+	got = malloc(f->len + 1);
+	fd = open(p, O_RDONLY);
+	CHECK(fd >= 0);
+	if (fd < 0 || !fm || !got)
+		goto out;
+	got_len = (size_t)read(fd, got, f->len + 1);
+	CHECK(got_len == f->len && !memcmp(got, f->data, f->len));
+	fm->fm_length = FIEMAP_MAX_OFFSET;
+	fm->fm_extent_count = f->nr + 1;
+	CHECK_EQ(ioctl(fd, FS_IOC_FIEMAP, fm), 0);
+	CHECK_EQ(fm->fm_mapped_extents, f->nr);
+	for (uint32_t k = 0; k < f->nr && k < fm->fm_mapped_extents; k++) {
+		const struct meta_zextent *z = &f->ext[k];
+		uint64_t end = k + 1 < f->nr ? (uint64_t)z[1].lcn * BLK : f->len;
+
+		CHECK_EQ(fm->fm_extents[k].fe_logical, (uint64_t)z->lcn * BLK);
+		CHECK_EQ(fm->fm_extents[k].fe_length, end - (uint64_t)z->lcn * BLK);
+		CHECK_EQ(fm->fm_extents[k].fe_physical,
+			 (uint64_t)(embed_blkaddr + z->blkaddr) * BLK);
+	}
+out:
+	if (fd >= 0)
+		close(fd);
+	free(got);
+	free(fm);
+}
+
+/*
+ * Files of 1 to 5000 lclusters, ending at and inside a pack, in extents
+ * of 2 to 256 lclusters (big, one-block and plain pclusters mixed), their
+ * compact indexes starting at each 8-byte step of 32 (inline xattrs,
+ * extended inodes); one with a gap between pclusters gets full indexes.
+ * fsck.erofs --extract and the kernel read every byte back; FIEMAP shows
+ * each pcluster where it was put, which takes every head's block address
+ * and the deltas the kernel looks ahead with.
+ */
+static void test_compact_shapes(void)
+{
+	static const uint32_t lcls[] = { 1, 2, 15, 16, 17, 33, 41 };
+	static const uint32_t extents[] = { 2, 5, 32 };
+	enum { NR = 7 * 3 * 4 + 3 };
+	char path[] = "/tmp/ferry-test-zshape.XXXXXX";
+	char dpath[] = "/tmp/ferry-test-zsdata.XXXXXX";
+	char dir[] = "/tmp/ferry-test-zsdir.XXXXXX";
+	char p[600];
+	struct zfile *files = calloc(NR, sizeof(*files));
+	struct meta_tree *t = NULL;
+	struct meta_image *img = NULL;
+	struct meta_write_stats ws;
+	int fd = mkstemp(path), dfd = mkstemp(dpath);
+	uint32_t blk = 0, n = 0, aligns = 0;
+
+	CHECK(mkdtemp(dir) != NULL);
+	CHECK(!meta_tree_new(&t));
+	for (uint32_t a = 0; a < 7; a++)
+		for (uint32_t e = 0; e < 3; e++)
+			for (uint32_t v = 0; v < 4; v++, n++) {
+				struct zfile *f = &files[n];
+
+				snprintf(f->name, sizeof(f->name), "f%u-e%u-v%u",
+					 lcls[a], extents[e], v);
+				/* Odd ones end inside their last lcluster. */
+				f->len = (size_t)lcls[a] * BLK - (lcls[a] % 2) * 1000;
+			}
+	/* Many packs: 5000 lclusters; 1 MiB extents; a gap. */
+	snprintf(files[n].name, sizeof(files[n].name), "big-e5");
+	files[n++].len = 5000u * BLK - 7;
+	snprintf(files[n].name, sizeof(files[n].name), "big-e256");
+	files[n++].len = 700u * BLK;
+	snprintf(files[n].name, sizeof(files[n].name), "gap");
+	files[n].gap = true;
+	files[n++].len = 33u * BLK;
+	for (uint32_t i = 0; i < NR; i++) {
+		struct zfile *f = &files[i];
+		uint32_t extent = i < NR - 3 ? extents[i / 4 % 3] :
+				  i == NR - 2 ? 256 : 5;
+		struct meta_inode *in;
+		char value[32];
+
+		f->data = malloc(f->len);
+		mixed_data(f->data, f->len);
+		zfile_pack(f, extent, dfd, &blk);
+		CHECK(!meta_inode_new(t, S_IFREG | 0644, &in));
+		in->size = f->len;
+		in->embedded = true;
+		in->zextents = f->ext;
+		in->nr_zextents = f->nr;
+		in->zalgorithm = META_Z_LZ4;
+		/*
+		 * Map header ends at 8, 0, 24 and 16 mod 32: no xattrs,
+		 * inline ones of 20 and 44 bytes, an extended inode (not
+		 * the epoch's mtime) with 36. Distinct values: none shared.
+		 */
+		if (i % 4) {
+			static const uint32_t vlen[] = { 0, 3, 27, 19 };
+
+			snprintf(value, sizeof(value), "%031u", i);
+			CHECK(!meta_inode_set_xattr(in, "user.x",
+						    value + 31 - vlen[i % 4],
+						    vlen[i % 4]));
+		}
+		if (i % 4 == 3)
+			in->mtime = 1000 + i;
+		CHECK(!meta_dir_link(t, t->root, f->name, strlen(f->name), in));
+	}
+	struct meta_embedded emb = { dfd, blk };
+	struct meta_write_opts wo = { .standalone = true, .embedded = &emb };
+	CHECK(!meta_write(t, &wo, fd, &ws));
+
+	CHECK(!meta_image_open(path, &img));
+	for (uint32_t i = 0; img && i < NR; i++) {
+		struct meta_stat st;
+		uint64_t nid, pos;
+
+		snprintf(p, sizeof(p), "/%s", files[i].name);
+		CHECK(!meta_resolve(img, p, &nid));
+		CHECK(!meta_getattr(img, nid, &st));
+		CHECK_EQ(st.layout, files[i].gap ? EROFS_INODE_COMPRESSED_FULL :
+						   EROFS_INODE_COMPRESSED_COMPACT);
+		pos = zmap_pos(path, p, &nid);
+		if (!files[i].gap)
+			aligns |= 1u << (pos + Z_EROFS_MAP_HEADER_SIZE) % 32 / 8;
+	}
+	CHECK_EQ(aligns, 0xF);
+	meta_image_close(img);
+
+	CHECK_EQ(run("fsck.erofs --extract=%s/x %s", dir, path), 0);
+	for (uint32_t i = 0; i < NR; i++) {
+		size_t len = 0;
+		uint8_t *got;
+		int xfd;
+
+		snprintf(p, sizeof(p), "%s/x/%s", dir, files[i].name);
+		xfd = open(p, O_RDONLY);
+		got = malloc(files[i].len + 1);
+		if (xfd >= 0 && got)
+			len = (size_t)read(xfd, got, files[i].len + 1);
+		CHECK(len == files[i].len && !memcmp(got, files[i].data, len));
+		if (xfd >= 0)
+			close(xfd);
+		free(got);
+	}
+	if (erofs_mountable()) {
+		snprintf(p, sizeof(p), "%s/mnt", dir);
+		CHECK_EQ(mkdir(p, 0755), 0);
+		CHECK_EQ(meta_kernel_mount(path, NULL, 0, p, 0), 0);
+		for (uint32_t i = 0; i < NR; i++)
+			check_kernel_file(p, &files[i], ws.embedded_blkaddr);
+		CHECK_EQ(umount2(p, 0), 0);
+	}
+	CHECK_EQ(run("rm -rf %s", dir), 0);
+	for (uint32_t i = 0; i < NR; i++)
+		free(files[i].data);
+	free(files);
+	meta_tree_free(t); /* frees the extents */
+	close(fd);
+	close(dfd);
+	unlink(path);
+	unlink(dpath);
+}
+
+/*
+ * Each way a compact index can lie, in a file of 41 lclusters in extents
+ * of 5 (packs of 2 to lcluster 6, of 16 to 38, of 2 after, the last one
+ * padded): the reader refuses it, as the kernel would misread it.
+ */
+static void test_compact_corrupt(void)
+{
+	char path[] = "/tmp/ferry-test-zcorrupt.XXXXXX";
+	char dpath[] = "/tmp/ferry-test-zcdata.XXXXXX";
+	struct zfile f = { .len = 41 * BLK };
+	struct meta_tree *t = NULL;
+	struct meta_inode *in;
+	struct meta_image *img = NULL;
+	struct meta_stat st;
+	int fd = mkstemp(path), dfd = mkstemp(dpath);
+	uint32_t blk = 0, type, lo;
+	uint64_t nid, ebase;
+	uint8_t *good, *h;
+	size_t size;
+
+	f.data = malloc(f.len);
+	for (size_t i = 0; i < f.len; i++)
+		f.data[i] = (uint8_t)("compact\n"[i % 8]);
+	zfile_pack(&f, 5, dfd, &blk);
+	CHECK(!meta_tree_new(&t));
+	CHECK(!meta_inode_new(t, S_IFREG | 0644, &in));
+	in->size = f.len;
+	in->embedded = true;
+	in->zextents = f.ext;
+	in->nr_zextents = f.nr;
+	in->zalgorithm = META_Z_LZ4;
+	CHECK(!meta_dir_link(t, t->root, "c", 1, in));
+	struct meta_embedded emb = { dfd, blk };
+	struct meta_write_opts wo = { .standalone = true, .embedded = &emb };
+	CHECK(!meta_write(t, &wo, fd, NULL));
+	ebase = zmap_pos(path, "/c", &nid) + Z_EROFS_MAP_HEADER_SIZE;
+	CHECK_EQ(ebase % 32, 8);
+	size = (size_t)lseek(fd, 0, SEEK_END);
+	good = malloc(size);
+	CHECK(pread(fd, good, size, 0) == (ssize_t)size);
+
+	/* Extents 0-4, 5-9, ..., 35-39 compressed, 40 plain. */
+	zc_get(fd, ebase, 41, 37, &type, &lo);
+	CHECK(type == Z_EROFS_LCLUSTER_TYPE_NONHEAD && lo == 3); /* delta[1] */
+	zc_get(fd, ebase, 41, 36, &type, &lo);
+	CHECK(type == Z_EROFS_LCLUSTER_TYPE_NONHEAD &&
+	      lo == (Z_EROFS_LI_D0_CBLKCNT | 1));
+	zc_get(fd, ebase, 41, 40, &type, &lo);
+	CHECK(type == Z_EROFS_LCLUSTER_TYPE_PLAIN && !lo);
+
+	static const struct {
+		uint32_t l, type, lo;
+		const char *what;
+	} bad[] = {
+		{ 0, Z_EROFS_LCLUSTER_TYPE_NONHEAD, 2, "no head first" },
+		{ 10, 3, 0, "HEAD2 of no algorithm" },
+		{ 11, Z_EROFS_LCLUSTER_TYPE_NONHEAD, Z_EROFS_LI_D0_CBLKCNT, "CBLKCNT 0" },
+		{ 11, Z_EROFS_LCLUSTER_TYPE_NONHEAD, Z_EROFS_LI_D0_CBLKCNT | 2000,
+		  "a pcluster past the image" },
+		{ 13, Z_EROFS_LCLUSTER_TYPE_NONHEAD, 0, "delta[0] 0" },
+		{ 8, Z_EROFS_LCLUSTER_TYPE_NONHEAD, 9, "delta[0] before the file" },
+		{ 14, Z_EROFS_LCLUSTER_TYPE_NONHEAD, 1, "delta[0] 1 walked back over" },
+		{ 37, Z_EROFS_LCLUSTER_TYPE_NONHEAD, 0, "delta[1] 0" },
+		{ 37, Z_EROFS_LCLUSTER_TYPE_NONHEAD, 5, "delta[1] past the file" },
+		{ 41, Z_EROFS_LCLUSTER_TYPE_HEAD1, 0, "padding not zero" },
+	};
+	for (size_t k = 0; k < sizeof(bad) / sizeof(bad[0]); k++) {
+		CHECK(pwrite(fd, good, size, 0) == (ssize_t)size);
+		zc_set(fd, ebase, 41, bad[k].l, bad[k].type, bad[k].lo);
+		CHECK(!meta_image_open(path, &img));
+		if (img && meta_getattr(img, nid, &st) != -EFSCORRUPTED) {
+			fprintf(stderr, "  accepted: %s\n", bad[k].what);
+			CHECK(0);
+		}
+		meta_image_close(img);
+		img = NULL;
+	}
+	/* A pack's block address past the image; advise without 2B packs. */
+	h = malloc(size);
+	for (int k = 0; h && k < 2; k++) {
+		struct z_erofs_cpack pk = z_erofs_compact_pack(ebase, 41, 24);
+
+		memcpy(h, good, size);
+		if (k)
+			h[ebase - Z_EROFS_MAP_HEADER_SIZE + Z_EROFS_MAP_H_ADVISE] &=
+				(uint8_t)~Z_EROFS_ADVISE_COMPACTED_2B;
+		else
+			put_le32(h + ebase + pk.off + pk.size - 4, blk + 1000);
+		CHECK(pwrite(fd, h, size, 0) == (ssize_t)size);
+		fix_sb_checksum(fd);
+		CHECK(!meta_image_open(path, &img));
+		if (img)
+			CHECK(meta_getattr(img, nid, &st) == -EFSCORRUPTED);
+		meta_image_close(img);
+		img = NULL;
+	}
+	/* The good image again: read as before. */
+	CHECK(pwrite(fd, good, size, 0) == (ssize_t)size);
+	CHECK(!meta_image_open(path, &img));
+	if (img)
+		CHECK(!meta_getattr(img, nid, &st));
+	meta_image_close(img);
+	free(h);
+	free(good);
+	free(f.data);
+	meta_tree_free(t);
+	close(fd);
+	close(dfd);
+	unlink(path);
+	unlink(dpath);
+}
+
 int main(void)
 {
 	RUN_TEST(test_zpack_roundtrip);
 	RUN_TEST(test_standalone_compressed);
 	RUN_TEST(test_open_head);
 	RUN_TEST(test_fragments);
+	RUN_TEST(test_compact_shapes);
+	RUN_TEST(test_compact_corrupt);
 	TEST_MAIN_END();
 }
