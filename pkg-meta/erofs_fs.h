@@ -273,10 +273,10 @@ enum {
 /*
  * Compact indexes (COMPRESSED_COMPACT, Linux fs/erofs/zmap.c
  * z_erofs_load_compact_lcluster), from ebase = the end of the map header:
- * packs of 2 lclusters in 4 bytes each up to a 32-byte boundary
+ * packs of 2 lclusters in 8 bytes up to a 32-byte boundary
  * (((32 - ebase % 32) / 4) & 7 lclusters), then, with COMPACTED_2B, packs
- * of 16 in 2 bytes each for as many whole packs as the rest fills, then
- * packs of 2 again (a lone last lcluster padded with a zero entry). A pack
+ * of 16 in 32 bytes for as many whole packs as the rest fills, then packs
+ * of 2 again (a lone last lcluster padded with a zero entry). A pack
  * is vcnt entries of (size - 4) * 8 / vcnt bits from bit 0 up, each the
  * lcluster type << 12 | 12 bits: clusterofs of a head, delta[0] or CBLKCNT
  * of a NONHEAD, but delta[1] for a NONHEAD ending the pack; then a le32
@@ -289,6 +289,16 @@ enum {
 #define Z_EROFS_COMPACT_4B_SIZE 8
 #define Z_EROFS_COMPACT_2B_VCNT 16
 #define Z_EROFS_COMPACT_2B_SIZE 32
+/* With 4 KiB lclusters an entry's low bits are the 12 a CBLKCNT needs... */
+_Static_assert(Z_EROFS_LI_D0_CBLKCNT == 1u << (Z_EROFS_COMPACT_LOBITS - 1) &&
+		       EROFS_BLKSIZ_BITS <= Z_EROFS_COMPACT_LOBITS,
+	       "compact lobits");
+/* ...and the type above them fits in both kinds of pack. */
+_Static_assert((Z_EROFS_COMPACT_2B_SIZE - 4) * 8 / Z_EROFS_COMPACT_2B_VCNT >=
+			       Z_EROFS_COMPACT_LOBITS + 2 &&
+		       (Z_EROFS_COMPACT_4B_SIZE - 4) * 8 / Z_EROFS_COMPACT_4B_VCNT >=
+			       Z_EROFS_COMPACT_LOBITS + 2,
+	       "compact entry bits");
 
 /* Inline xattr region: 12-byte header, shared ids, then entries. */
 struct erofs_xattr_ibody_header {

@@ -229,8 +229,8 @@ cp "$zl" "$SCRATCH/z.erofs"
 mkdir -p "$SCRATCH/zm"
 if check "  it mounts with mount(2) and reads back" "$EROFS_MOUNT" "$SCRATCH/z.erofs" "$SCRATCH/zm"; then
 	check "  same bytes" cmp "$SCRATCH/text" "$SCRATCH/zm/text"
-	check "  stored compressed (layout 1, fewer blocks)" \
-		bash -c "dump.erofs --path=/text '$SCRATCH/z.erofs' | grep -q 'Layout: 1'"
+	check "  stored compressed with compact indexes (layout 3)" \
+		bash -c "dump.erofs --path=/text '$SCRATCH/z.erofs' | grep -q 'Layout: 3'"
 	umount "$SCRATCH/zm"
 fi
 off=$(dump.erofs --path=/text -e "$SCRATCH/z.erofs" | awk '$1 == "0:" {print $7; exit}' | cut -d. -f1)

@@ -656,7 +656,7 @@ static void test_compact_shapes(void)
 	struct meta_image *img = NULL;
 	struct meta_write_stats ws;
 	int fd = mkstemp(path), dfd = mkstemp(dpath);
-	uint32_t blk = 0, n = 0, aligns = 0;
+	uint32_t blk = 0, n = 0, aligns = 0, kinds = 0;
 
 	CHECK(mkdtemp(dir) != NULL);
 	CHECK(!meta_tree_new(&t));
@@ -711,6 +711,12 @@ static void test_compact_shapes(void)
 			in->mtime = 1000 + i;
 		CHECK(!meta_dir_link(t, t->root, f->name, strlen(f->name), in));
 	}
+	/* Plain, one-block and big pclusters all occur. */
+	for (uint32_t i = 0; i < NR; i++)
+		for (uint32_t k = 0; k < files[i].nr; k++)
+			kinds |= files[i].ext[k].plain ? 1 :
+				 files[i].ext[k].blocks == 1 ? 2 : 4;
+	CHECK_EQ(kinds, 7);
 	struct meta_embedded emb = { dfd, blk };
 	struct meta_write_opts wo = { .standalone = true, .embedded = &emb };
 	CHECK(!meta_write(t, &wo, fd, &ws));
