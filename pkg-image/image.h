@@ -734,8 +734,9 @@ int image_cache_kernel_mount(struct image_cache *ic, const char *cache_dir,
  * files. image_cache_kernel_mount then mounts each layer file-backed
  * over its cache data file, detached, and stacks them with overlayfs on
  * @target (source IMAGE_LAYERS_SOURCE; one layer is attached directly).
+ * *@compressed: how many of the layers' files are EROFS-compressed.
  */
-int image_cache_walk_layers(struct image_cache *ic);
+int image_cache_walk_layers(struct image_cache *ic, uint64_t *compressed);
 /*
  * Native layers: image_cache_kernel_mount calls @noted with the bottom
  * layer's sysfs directory (meta_sysfs_path: the superblock that lives as
@@ -778,12 +779,23 @@ int image_mount_local(struct image *img, const char *cache_dir,
 int image_mount_erofs_layers(const char *ref, const struct fetch_opts *fopts,
 			     const char *cache_dir, const char *mountpoint,
 			     unsigned long flags);
+/*
+ * Put the @nr detached layer mounts @mfds (bottom first) on @target as
+ * image_mount_erofs_layers does: one attached directly, more stacked
+ * read-only with overlayfs. Our descriptors stay open (the caller
+ * closes them; the overlay holds its own). For modes that mount the
+ * layers themselves (EROFS over fscache).
+ */
+int image_layers_attach(const int *mfds, uint32_t nr, const char *target,
+			unsigned long flags);
 
 /*
  * The cachefiles mode's kernel cache, @cache_dir/fscache: ferryd binds it
  * to /dev/cachefiles and the kernel owns what is inside (cache/I<volume>/
  * @<hash>/D<cookie>: volume "erofs,<fsid or domain>", cookie a blob's
- * sha256 or a bootstrap's fsid, both hex; graveyard/ what it culled).
+ * sha256 or a bootstrap's fsid, both hex, or a native layer's (its
+ * sha256, or a second copy's "kk-" + 61 hex digits); graveyard/ what it
+ * culled).
  * image_fscache_usage: its files and allocated bytes (zeros when there is
  * none); *@holder: the pid holding /dev/cachefiles (0: none, the cache is
  * not bound; root sees every holder). The files of objects in use are

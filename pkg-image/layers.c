@@ -325,11 +325,21 @@ int image_open_layers(struct image *img, struct oci_image *oci)
 	return ret;
 }
 
-int image_cache_walk_layers(struct image_cache *ic)
+/* Counts the files the kernel decompresses. */
+static int count_compressed(void *ctx, const char *path, const struct meta_stat *st)
+{
+	(void)path;
+	if (st->compressed)
+		++*(uint64_t *)ctx;
+	return 0;
+}
+
+int image_cache_walk_layers(struct image_cache *ic, uint64_t *compressed)
 {
 	struct image *img = image_cache_img(ic);
 	int ret = 0;
 
+	*compressed = 0;
 	for (uint32_t i = 0; !ret && i < img->blobs.nr_blobs; i++) {
 		const struct blob_info *b = &img->blobs.blobs[i];
 		size_t head = (size_t)img->layer_meta[i];
@@ -344,7 +354,7 @@ int image_cache_walk_layers(struct image_cache *ic)
 		if (!ret) {
 			ret = meta_image_open_head(buf, head, b->uncompressed_size, &mi);
 			if (!ret)
-				ret = meta_walk(mi, walk_nothing, NULL);
+				ret = meta_walk(mi, count_compressed, compressed);
 			if (ret)
 				ferry_err("layer %s: refused before the kernel sees it: its metadata is invalid or not in the first %zu bytes its range table names",
 					  name, head);
@@ -355,9 +365,12 @@ int image_cache_walk_layers(struct image_cache *ic)
 	return ret;
 }
 
-/* lowerdir=top:…:bottom of the detached mounts, by descriptor. */
-static int overlay_mount(const int *mfds, uint32_t nr, const char *target,
-			 unsigned long flags)
+/*
+ * overlayfs over the @nr layers, lowerdir=top:…:bottom: each the detached
+ * mount by descriptor, or (@dir) attached at @dir/I. -errno, not logged.
+ */
+static int overlay_mount(const char *dir, const int *mfds, uint32_t nr,
+			 const char *target, unsigned long flags)
 {
 	char *opts = NULL;
 	size_t len = 0;
@@ -367,33 +380,86 @@ static int overlay_mount(const int *mfds, uint32_t nr, const char *target,
 	if (!f)
 		return -ENOMEM;
 	fputs("lowerdir=", f);
-	for (uint32_t i = nr; i-- > 0;)
-		fprintf(f, "/proc/self/fd/%d%s", mfds[i], i ? ":" : "");
+	for (uint32_t i = nr; i-- > 0;) {
+		if (dir)
+			fprintf(f, "%s/%u%s", dir, i, i ? ":" : "");
+		else
+			fprintf(f, "/proc/self/fd/%d%s", mfds[i], i ? ":" : "");
+	}
 	if (fclose(f) || !opts) {
 		free(opts);
 		return -ENOMEM;
 	}
 	if (mount(IMAGE_LAYERS_SOURCE, target, "overlay",
-		  MS_RDONLY | (flags & (MS_NOSUID | MS_NODEV)), opts) < 0) {
+		  MS_RDONLY | (flags & (MS_NOSUID | MS_NODEV)), opts) < 0)
 		ret = -errno;
-		ferry_err("mount: overlay of %u EROFS layers on %s: %s", nr,
-			  target, ferry_strerror(ret));
-	}
 	free(opts);
 	return ret;
 }
 
 /*
- * With @ret 0 (all @nr layer mounts made), put them on @target: one
- * attached directly, more stacked with overlayfs. Then close our
- * descriptors (the overlay holds its own clones): @ret, or the attach's.
+ * overlayfs takes a private clone of each layer's mount. Linux 6.18
+ * clones a detached mount; 6.12 (the VM tests' kernel) clones only mounts
+ * of the caller's namespace and fails the overlay with EINVAL ("failed to
+ * clone lowerpath" in dmesg). There the layers are attached under a
+ * fresh 0700 directory (mkdtemp: nothing planted there can be followed)
+ * just for the overlay's mount(2), and detached again at once: the
+ * overlay keeps its clones.
+ */
+static int overlay_mount_staged(const int *mfds, uint32_t nr, const char *target,
+				unsigned long flags)
+{
+	char dir[] = "/run/ferry-layers.XXXXXX", path[sizeof(dir) + 12];
+	uint32_t i, attached = 0;
+	int ret = 0;
+
+	if (!mkdtemp(dir))
+		return -errno;
+	for (i = 0; !ret && i < nr; i++) {
+		snprintf(path, sizeof(path), "%s/%u", dir, i);
+		ret = mkdir(path, 0700) ? -errno : meta_mount_attach(mfds[i], path);
+		if (!ret)
+			attached++;
+	}
+	if (!ret)
+		ret = overlay_mount(dir, mfds, nr, target, flags);
+	for (i = 0; i < nr; i++) {
+		snprintf(path, sizeof(path), "%s/%u", dir, i);
+		if (i < attached && umount2(path, MNT_DETACH))
+			ferry_warn("%s: detaching the staged layer: %s", path, strerror(errno));
+		rmdir(path);
+	}
+	if (rmdir(dir))
+		ferry_warn("%s: %s", dir, strerror(errno));
+	return ret;
+}
+
+int image_layers_attach(const int *mfds, uint32_t nr, const char *target,
+			unsigned long flags)
+{
+	int ret;
+
+	if (nr == 1)
+		return meta_mount_attach(mfds[0], target);
+	ret = overlay_mount(NULL, mfds, nr, target, flags);
+	if (ret == -EINVAL)
+		ret = overlay_mount_staged(mfds, nr, target, flags);
+	if (ret)
+		ferry_err("mount: overlay of %u EROFS layers on %s: %s", nr, target,
+			  ferry_strerror(ret));
+	return ret;
+}
+
+/*
+ * With @ret 0 (all @nr layer mounts made), put them on @target. Then
+ * close our descriptors (the overlay holds its own clones): @ret, or the
+ * attach's.
  */
 static int attach_layers(const int *mfds, uint32_t nr, int ret, const char *target,
 			 unsigned long flags)
 {
 	if (!ret)
-		ret = nr == 1 ? meta_mount_attach(mfds[0], target) :
-				overlay_mount(mfds, nr, target, flags);
+		ret = image_layers_attach(mfds, nr, target, flags);
 	for (uint32_t i = 0; i < nr; i++)
 		if (mfds[i] >= 0)
 			close(mfds[i]);

@@ -307,6 +307,7 @@ struct meta_stat {
 	uint32_t rdev_major, rdev_minor;
 	uint32_t ino;   /* on-disk i_ino */
 	uint8_t layout; /* enum erofs_datalayout */
+	bool compressed; /* a compressed layout: the kernel decompresses it */
 	bool extended;
 	uint32_t chunk_size; /* chunk-based files */
 	uint64_t nr_chunks;
@@ -430,5 +431,13 @@ int meta_sysfs_path(const char *path, char *out, size_t len);
 #define META_FSCACHE_ID_MAX 64u
 int meta_kernel_mount_fscache(const char *fsid, const char *domain,
 			      const char *target, unsigned long flags);
+/*
+ * The same, no domain, as a detached mount (meta_kernel_mount_detached):
+ * a standalone image that is its own primary blob. -EBUSY (not logged)
+ * when a superblock of @fsid lives on this host: fscache allows one
+ * volume per name, so mount the same blob again under another fsid.
+ */
+int meta_kernel_mount_fscache_detached(const char *fsid, unsigned long flags,
+				       int *mnt_fd);
 
 #endif

@@ -56,6 +56,7 @@
 
 struct mount_args {
 	char *bootstrap;
+	const char *fsid; /* over fscache: the primary blob's name, no source */
 	char *target;
 	char **devices;
 	uint32_t nr_devices;
@@ -172,8 +173,9 @@ static int fsmount_erofs(const struct mount_args *a, int *mfd)
 	fsfd = (int)syscall(SYS_fsopen, "erofs", FSOPEN_CLOEXEC);
 	if (fsfd < 0)
 		return -errno;
-	if (syscall(SYS_fsconfig, fsfd, FSCONFIG_SET_STRING, "source",
-		    a->bootstrap, 0) < 0)
+	if (syscall(SYS_fsconfig, fsfd, FSCONFIG_SET_STRING,
+		    a->fsid ? "fsid" : "source", a->fsid ? a->fsid : a->bootstrap,
+		    0) < 0)
 		goto fail;
 	for (i = 0; i < a->nr_devices; i++)
 		if (syscall(SYS_fsconfig, fsfd, FSCONFIG_SET_STRING, "device",
@@ -188,7 +190,7 @@ static int fsmount_erofs(const struct mount_args *a, int *mfd)
 	goto out;
 fail:
 	ret = -errno;
-	log_fs_messages(fsfd, a->bootstrap);
+	log_fs_messages(fsfd, a->fsid ? a->fsid : a->bootstrap);
 out:
 	close(fsfd);
 	return ret;
@@ -304,45 +306,68 @@ static bool fscache_id_ok(const char *s)
 	       strspn(s, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-") == n;
 }
 
+/* Why an EROFS over fscache did not mount, most likely. */
+static const char *fscache_hint(int err)
+{
+	switch (err) {
+	case -EINVAL:
+		return " (a kernel without EROFS over fscache: CONFIG_EROFS_FS_ONDEMAND; see dmesg)";
+	case -ENOBUFS:
+	case -EIO:
+		return " (the cachefiles daemon refused the image or could not read its superblock; see its log and dmesg)";
+	case -EEXIST:
+	case -EBUSY:
+		return " (this bootstrap is mounted already: mount it again only in a domain)";
+	case -EOPNOTSUPP:
+		return " (no cachefiles cache is bound)";
+	case -EPERM:
+		return " (needs CAP_SYS_ADMIN in the initial user namespace)";
+	default:
+		return "";
+	}
+}
+
+static int fscache_ids_ok(const char *fsid, const char *domain)
+{
+	if (fscache_id_ok(fsid) && (!domain || fscache_id_ok(domain)))
+		return 0;
+	ferry_err("mount: fsid \"%s\" or domain \"%s\": expected 1..%u of A-Z a-z 0-9 . _ -",
+		  fsid, domain ? domain : "", META_FSCACHE_ID_MAX);
+	return -EINVAL;
+}
+
 int meta_kernel_mount_fscache(const char *fsid, const char *domain,
 			      const char *target, unsigned long flags)
 {
 	char opts[2 * META_FSCACHE_ID_MAX + 32];
-	const char *hint = "";
-	int ret = 0;
+	int ret = fscache_ids_ok(fsid, domain);
 
-	if (!fscache_id_ok(fsid) || (domain && !fscache_id_ok(domain))) {
-		ferry_err("mount: fsid \"%s\" or domain \"%s\": expected 1..%u of A-Z a-z 0-9 . _ -",
-			  fsid, domain ? domain : "", META_FSCACHE_ID_MAX);
-		return -EINVAL;
-	}
+	if (ret)
+		return ret;
 	snprintf(opts, sizeof(opts), "fsid=%s%s%s", fsid, domain ? ",domain_id=" : "",
 		 domain ? domain : "");
-	if (mount(fsid, target, "erofs", MS_RDONLY | flags, opts) < 0)
-		ret = -errno;
-	switch (ret) {
-	case 0:
+	if (!mount(fsid, target, "erofs", MS_RDONLY | flags, opts))
 		return 0;
-	case -EINVAL:
-		hint = " (a kernel without EROFS over fscache: CONFIG_EROFS_FS_ONDEMAND; see dmesg)";
-		break;
-	case -ENOBUFS:
-	case -EIO:
-		hint = " (the cachefiles daemon refused the image or could not read its superblock; see its log and dmesg)";
-		break;
-	case -EEXIST:
-	case -EBUSY:
-		hint = " (this bootstrap is mounted already: mount it again only in a domain)";
-		break;
-	case -EOPNOTSUPP:
-		hint = " (no cachefiles cache is bound)";
-		break;
-	case -EPERM:
-		hint = " (needs CAP_SYS_ADMIN in the initial user namespace)";
-		break;
-	}
+	ret = -errno;
 	ferry_err("mount: erofs over fscache %s on %s: %s%s", opts, target, strerror(-ret),
-		  hint);
+		  fscache_hint(ret));
+	return ret;
+}
+
+int meta_kernel_mount_fscache_detached(const char *fsid, unsigned long flags,
+				       int *mnt_fd)
+{
+	struct mount_args a = { .fsid = fsid, .flags = flags & (MS_NOSUID | MS_NODEV) };
+	int ret = fscache_ids_ok(fsid, NULL);
+
+	*mnt_fd = -1;
+	if (ret)
+		return ret;
+	ret = fsmount_erofs(&a, mnt_fd);
+	/* EBUSY: a superblock of this fsid lives; the caller picks another. */
+	if (ret && ret != -EBUSY)
+		ferry_err("mount: erofs over fscache fsid=%s: %s%s", fsid, strerror(-ret),
+			  fscache_hint(ret));
 	return ret;
 }
 

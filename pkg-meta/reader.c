@@ -769,6 +769,8 @@ int meta_getattr(const struct meta_image *img, uint64_t nid,
 	st->rdev_minor = ri.rdev_minor;
 	st->ino = ri.ino;
 	st->layout = ri.layout;
+	st->compressed = ri.layout == EROFS_INODE_COMPRESSED_FULL ||
+			 ri.layout == EROFS_INODE_COMPRESSED_COMPACT;
 	st->extended = ri.extended;
 	if (ri.layout == EROFS_INODE_CHUNK_BASED) {
 		st->chunk_size = 1u << ri.chunk_bits;

@@ -45,6 +45,7 @@
  * data not yet in the cache files fail with EIO, and the mount stays
  * unmountable.
  */
+#include <ctype.h>
 #include <dirent.h>
 #include <fcntl.h>
 #include <libgen.h>
@@ -72,6 +73,7 @@
 #define SB_CHECK_MS 200            /* how often a mount looks for its superblock */
 #define VOLUME_MAX (6 + META_FSCACHE_ID_MAX + 1) /* "erofs," + id + NUL */
 #define FSID_LEN (2 * BLOB_DIGEST_SIZE)
+#define LAYER_COPIES 100u          /* fsids one native layer can be mounted under */
 #define CF_STATE "ferryd.cachefiles.json" /* {"mounts":[...]}, next to the socket */
 #define CF_STATE_MAX (16u << 20)
 
@@ -97,7 +99,8 @@ struct cf_mount {
 	struct fmount *m;
 	char volume[VOLUME_MAX];
 	char fsid[FSID_LEN + 1];
-	char (*tags)[FSID_LEN + 1]; /* device i + 1's tag */
+	char (*tags)[FSID_LEN + 1]; /* device i + 1's tag; native: layer i's fsid */
+	bool layers;                /* native EROFS layers: no bootstrap */
 	unsigned int busy;          /* READs using it (dev lock) */
 	bool registered;
 	bool live;                  /* mounted: recorded for a successor (dev lock) */
@@ -175,9 +178,49 @@ static void object_unlink_locked(struct cf_object *o)
 }
 
 /*
+ * A native layer is its own primary blob, and fscache allows one live
+ * superblock per fsid (volume "erofs,FSID"), so a layer that two mounted
+ * images share is mounted a second time under another fsid: copy 0 is
+ * the hex of its digest, copy k "kk-" and the first 61 hex digits. The
+ * copy number leads because the kernel names the superblock's sysfs
+ * directory after the fsid's first 36 bytes, which must differ too.
+ */
+static void layer_fsid(const char *hex, unsigned int k, char out[FSID_LEN + 1])
+{
+	if (k)
+		snprintf(out, FSID_LEN + 1, "%02u-%.61s", k, hex);
+	else
+		snprintf(out, FSID_LEN + 1, "%s", hex);
+}
+
+/* Are the @n bytes at @s the start of one of layer_fsid(@hex)'s names? */
+static bool layer_fsid_prefix(const char *s, size_t n, const char *hex)
+{
+	if (n >= 3 && isdigit((unsigned char)s[0]) && isdigit((unsigned char)s[1]) &&
+	    s[2] == '-')
+		return n - 3 <= 61 && !strncmp(s + 3, hex, n - 3);
+	return n <= FSID_LEN && !strncmp(s, hex, n);
+}
+
+/*
+ * Is @cookie in @volume a copy of @cm's layer @i? Any copy: its bytes are
+ * the layer's whichever mount serves them, and a successor knows the
+ * layers of the mounts it takes over, not which copies they were.
+ */
+static bool layer_object(const struct cf_mount *cm, uint32_t i, const char *volume,
+			 const char *cookie)
+{
+	char hex[FSID_LEN + 1];
+
+	hex_encode(cm->m->img->blobs.blobs[i].digest, BLOB_DIGEST_SIZE, hex);
+	return !strncmp(volume, "erofs,", 6) && !strcmp(volume + 6, cookie) &&
+	       strlen(cookie) == FSID_LEN && layer_fsid_prefix(cookie, FSID_LEN, hex);
+}
+
+/*
  * The mount serving @cookie in @volume and the device it names there (0:
  * the bootstrap), or NULL. In a domain several mounts may have the blob:
- * any of them serves it.
+ * any of them serves it, as any mount of a native layer serves its copies.
  */
 static struct cf_mount *resolve_locked(const char *volume, const char *cookie,
 				       uint32_t *device)
@@ -186,7 +229,13 @@ static struct cf_mount *resolve_locked(const char *volume, const char *cookie,
 	uint32_t i;
 
 	for (cm = dev.mounts; cm; cm = cm->next) {
-		if (strcmp(cm->volume, volume))
+		for (i = 0; cm->layers && i < cm->m->img->blobs.nr_blobs; i++) {
+			if (layer_object(cm, i, volume, cookie)) {
+				*device = i + 1;
+				return cm;
+			}
+		}
+		if (cm->layers || strcmp(cm->volume, volume))
 			continue;
 		if (!strcmp(cm->fsid, cookie)) {
 			*device = 0;
@@ -500,27 +549,44 @@ static int fill(struct cf_mount *cm, uint32_t device, const struct cf_job *j,
 #define CF_OPEN_WAIT_MS 5000 /* for the kernel to OPEN a blob after mount */
 
 /*
+ * Is @o the cache file of @cm's device @device? A native layer's is the
+ * copy this mount made; taken over, any copy of the layer (which one the
+ * dead ferryd mounted is not recorded).
+ */
+static bool object_is(const struct cf_mount *cm, uint32_t device, const struct cf_object *o)
+{
+	if (cm->layers && !cm->tags[device - 1][0])
+		return layer_object(cm, device - 1, o->volume, o->cookie);
+	if (cm->layers)
+		return !strcmp(o->cookie, cm->tags[device - 1]) &&
+		       !strncmp(o->volume, "erofs,", 6) && !strcmp(o->volume + 6, o->cookie);
+	return !strcmp(o->volume, cm->volume) && !strcmp(o->cookie, cm->tags[device - 1]);
+}
+
+/*
  * The object of device @device of @m's image, referenced, or NULL when
- * the kernel has not opened it (in @CF_OPEN_WAIT_MS). By @m, not its
- * cf_mount: the prefetch thread outlives the mode's state.
+ * the kernel has not opened it (in @CF_OPEN_WAIT_MS) or the mount is
+ * gone. By @m, its cf_mount looked up under the lock each time: the
+ * prefetch thread outlives the mode's state.
  */
 static struct cf_object *prefetch_object(struct fmount *m, uint32_t device)
 {
-	char volume[VOLUME_MAX], cookie[FSID_LEN + 1], fsid[FSID_LEN + 1];
 	struct cf_object *o = NULL;
+	struct cf_mount *cm;
 	unsigned int waited;
 
-	hex_encode(m->img->bootstrap_digest, BLOB_DIGEST_SIZE, fsid);
-	hex_encode(m->img->blobs.blobs[device - 1].digest, BLOB_DIGEST_SIZE, cookie);
-	snprintf(volume, sizeof(volume), "erofs,%s", m->req.domain ? m->req.domain : fsid);
 	for (waited = 0; !o && waited < CF_OPEN_WAIT_MS && !m->stop; waited += 10) {
 		pthread_mutex_lock(&dev.lock);
-		for (o = dev.objects; o; o = o->next)
-			if (!strcmp(o->volume, volume) && !strcmp(o->cookie, cookie))
+		for (cm = dev.mounts; cm && cm->m != m; cm = cm->next)
+			;
+		for (o = cm ? dev.objects : NULL; o; o = o->next)
+			if (object_is(cm, device, o))
 				break;
 		if (o)
 			o->refs++;
 		pthread_mutex_unlock(&dev.lock);
+		if (!cm)
+			break;
 		if (!o)
 			usleep(10000);
 	}
@@ -651,6 +717,9 @@ static void state_save(void)
 		/* What it is now, whatever "auto" chose. */
 		req.mountpoint = cm->m->mountpoint;
 		req.mode = cachefiles_mode.name;
+		/* The bottom layer's superblock: an overlay has no sysfs name. */
+		if (cm->layers)
+			req.sysfs = cm->sysfs;
 		o = ctl_mount_req_to_json(&req);
 		if (!o || json_object_array_add(a, o)) {
 			json_object_put(o);
@@ -952,16 +1021,24 @@ static int cf_register(struct cf_mount *cm, const struct serve_opts *o, char *er
 
 /*
  * The superblock at cm->sysfs is this image's: the kernel names it
- * "[DOMAIN,]FSID", cut to 36 bytes (the superblock's s_sysfs_name).
+ * "[DOMAIN,]FSID", cut to 36 bytes (the superblock's s_sysfs_name); for
+ * native layers, the bottom layer's.
  */
 static bool sysfs_is(const struct cf_mount *cm)
 {
 	const char *base = strrchr(cm->sysfs, '/');
 	char name[VOLUME_MAX + FSID_LEN + 2];
 
+	if (!base || !base[1] || strncmp(cm->sysfs, "/sys/fs/erofs/", 14) ||
+	    strstr(cm->sysfs, "/.."))
+		return false;
+	if (cm->layers) {
+		hex_encode(cm->m->img->blobs.blobs[0].digest, BLOB_DIGEST_SIZE, name);
+		return layer_fsid_prefix(base + 1, strlen(base + 1), name);
+	}
 	snprintf(name, sizeof(name), "%s%s%s", cm->m->req.domain ? cm->m->req.domain : "",
 		 cm->m->req.domain ? "," : "", cm->fsid);
-	return base && base[1] && !strncmp(name, base + 1, strlen(base + 1));
+	return !strncmp(name, base + 1, strlen(base + 1));
 }
 
 static bool sb_alive(const struct cf_mount *cm)
@@ -970,9 +1047,108 @@ static bool sb_alive(const struct cf_mount *cm)
 }
 
 /*
+ * mount(2) the bootstrap (fsid) with the blobs (tags): the kernel OPENs
+ * them and READs the superblock before mount(2) returns. A takeover
+ * finds the dead ferryd's mount there instead.
+ */
+static int bootstrap_mount(struct cf_mount *cm, char *err, size_t errlen)
+{
+	struct fmount *m = cm->m;
+	const char *domain = m->req.domain;
+	int ret;
+
+	ret = m->req.adopt ? 0 :
+			     meta_kernel_mount_fscache(cm->fsid, domain, m->mountpoint,
+						       image_mount_flags(m->req.suid, m->req.dev));
+	if (ret) {
+		snprintf(err, errlen, "kernel mount (EROFS over fscache, fsid %s%s%s) on %s failed (see above)",
+			 cm->fsid, domain ? ", domain " : "", domain ? domain : "",
+			 m->mountpoint);
+		return ret;
+	}
+	ret = meta_sysfs_path(m->mountpoint, cm->sysfs, sizeof(cm->sysfs));
+	if (!ret && m->req.adopt && !sysfs_is(cm))
+		ret = -ENOENT;
+	if (ret && m->req.adopt) {
+		snprintf(err, errlen, "%s: the dead ferryd's mount of fsid %s is not there any more (%s)",
+			 m->mountpoint, cm->fsid, ferry_strerror(ret));
+	} else if (ret) {
+		snprintf(err, errlen, "%s: cannot identify the mounted EROFS superblock (FS_IOC_GETFSSYSFSPATH): %s",
+			 m->mountpoint, ferry_strerror(ret));
+		if (umount2(m->mountpoint, MNT_DETACH))
+			ferry_warn("%s: detaching: %s", m->mountpoint, strerror(errno));
+	}
+	return ret;
+}
+
+/*
+ * Native layers: each layer an EROFS over fscache of its own (its fsid
+ * the layer, or a copy of it when another mount has that one), detached,
+ * stacked with overlayfs as in the other modes (image_layers_attach).
+ * The bottom layer's superblock lives exactly as long as the stack: its
+ * sysfs directory says when the stack is gone, and is recorded for a
+ * successor (an overlay has none). A takeover finds the stack mounted.
+ */
+static int layers_mount(struct cf_mount *cm, char *err, size_t errlen)
+{
+	struct fmount *m = cm->m;
+	unsigned long flags = image_mount_flags(m->req.suid, m->req.dev);
+	uint32_t n = m->img->blobs.nr_blobs, nr = 0;
+	char hex[FSID_LEN + 1], fsid[FSID_LEN + 1], fdpath[32];
+	int *mfds, ret;
+	unsigned int k;
+
+	if (m->req.adopt) {
+		snprintf(cm->sysfs, sizeof(cm->sysfs), "%s", m->req.sysfs ? m->req.sysfs : "");
+		if (sysfs_is(cm) && sb_alive(cm))
+			return 0;
+		snprintf(err, errlen, "%s: the dead ferryd's native layers are not mounted any more (bottom layer's superblock \"%s\")",
+			 m->mountpoint, cm->sysfs);
+		return -ENOENT;
+	}
+	mfds = calloc(n, sizeof(*mfds));
+	ret = mfds ? 0 : -ENOMEM;
+	for (; !ret && nr < n; nr++) {
+		hex_encode(m->img->blobs.blobs[nr].digest, BLOB_DIGEST_SIZE, hex);
+		ret = -EBUSY;
+		for (k = 0; ret == -EBUSY && k < LAYER_COPIES; k++) {
+			layer_fsid(hex, k, fsid);
+			pthread_mutex_lock(&dev.lock);
+			memcpy(cm->tags[nr], fsid, sizeof(fsid));
+			pthread_mutex_unlock(&dev.lock);
+			ret = meta_kernel_mount_fscache_detached(fsid, flags, &mfds[nr]);
+		}
+		if (ret == -EBUSY)
+			snprintf(err, errlen, "layer sha256:%s is mounted under all its %u fsids already; unmount an image that has it",
+				 hex, LAYER_COPIES);
+		else if (ret)
+			snprintf(err, errlen, "kernel mount of layer %u of %u (EROFS over fscache, fsid %s) failed (see above)",
+				 nr + 1, n, fsid);
+	}
+	if (!ret) {
+		snprintf(fdpath, sizeof(fdpath), "/proc/self/fd/%d", mfds[0]);
+		ret = meta_sysfs_path(fdpath, cm->sysfs, sizeof(cm->sysfs));
+		if (ret)
+			snprintf(err, errlen, "cannot identify the bottom layer's EROFS superblock (FS_IOC_GETFSSYSFSPATH): %s",
+				 ferry_strerror(ret));
+	}
+	if (!ret) {
+		ret = image_layers_attach(mfds, n, m->mountpoint, flags);
+		if (ret)
+			snprintf(err, errlen, "stacking %u layers on %s failed (see above)", n,
+				 m->mountpoint);
+	}
+	/* The stack holds its own references; ours go (and, failed, the layers). */
+	for (uint32_t i = 0; mfds && i < nr; i++)
+		if (mfds[i] >= 0)
+			close(mfds[i]);
+	free(mfds);
+	return ret;
+}
+
+/*
  * Register the image with the device (opened and bound by the first
- * mount), then mount(2): the kernel OPENs the bootstrap and every blob
- * and READs the superblock before mount(2) returns. Live at once.
+ * mount), then mount: live at once.
  */
 static int cf_start(struct fmount *m, const struct serve_opts *o, void **state,
 		    char *err, size_t errlen)
@@ -990,39 +1166,22 @@ static int cf_start(struct fmount *m, const struct serve_opts *o, void **state,
 	cm->m = m;
 	pthread_mutex_init(&cm->lock, NULL);
 	pthread_cond_init(&cm->cond, NULL);
-	hex_encode(m->img->bootstrap_digest, BLOB_DIGEST_SIZE, cm->fsid);
-	for (i = 0; i < n; i++)
-		hex_encode(m->img->blobs.blobs[i].digest, BLOB_DIGEST_SIZE, cm->tags[i]);
-	snprintf(cm->volume, sizeof(cm->volume), "erofs,%s", domain ? domain : cm->fsid);
+	/* Native layers' fsids are chosen as they are mounted. */
+	cm->layers = m->img->erofs_layers;
+	if (!cm->layers) {
+		hex_encode(m->img->bootstrap_digest, BLOB_DIGEST_SIZE, cm->fsid);
+		for (i = 0; i < n; i++)
+			hex_encode(m->img->blobs.blobs[i].digest, BLOB_DIGEST_SIZE,
+				   cm->tags[i]);
+		snprintf(cm->volume, sizeof(cm->volume), "erofs,%s",
+			 domain ? domain : cm->fsid);
+	}
 
 	ret = cf_register(cm, o, err, errlen);
+	if (!ret)
+		ret = cm->layers ? layers_mount(cm, err, errlen) : bootstrap_mount(cm, err, errlen);
 	if (ret)
 		goto fail;
-	/* A takeover finds the dead ferryd's mount there. */
-	ret = m->req.adopt ? 0 :
-			     meta_kernel_mount_fscache(cm->fsid, domain, m->mountpoint,
-						       image_mount_flags(m->req.suid, m->req.dev));
-	if (ret) {
-		snprintf(err, errlen, "kernel mount (EROFS over fscache, fsid %s%s%s) on %s failed (see above)",
-			 cm->fsid, domain ? ", domain " : "", domain ? domain : "",
-			 m->mountpoint);
-		goto fail;
-	}
-	ret = meta_sysfs_path(m->mountpoint, cm->sysfs, sizeof(cm->sysfs));
-	if (!ret && m->req.adopt && !sysfs_is(cm))
-		ret = -ENOENT;
-	if (ret && m->req.adopt) {
-		snprintf(err, errlen, "%s: the dead ferryd's mount of fsid %s is not there any more (%s)",
-			 m->mountpoint, cm->fsid, ferry_strerror(ret));
-		goto fail;
-	}
-	if (ret) {
-		snprintf(err, errlen, "%s: cannot identify the mounted EROFS superblock (FS_IOC_GETFSSYSFSPATH): %s",
-			 m->mountpoint, ferry_strerror(ret));
-		if (umount2(m->mountpoint, MNT_DETACH))
-			ferry_warn("%s: detaching: %s", m->mountpoint, strerror(errno));
-		goto fail;
-	}
 	pthread_mutex_lock(&dev.lock);
 	cm->live = true;
 	pthread_mutex_unlock(&dev.lock);

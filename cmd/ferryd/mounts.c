@@ -414,19 +414,23 @@ fail:
 }
 
 /*
- * Native EROFS layers are one kernel EROFS per layer under overlayfs: only
- * fanotify serves such a stack lazily. FUSE serves one merged tree, and
- * EROFS over fscache allows one live mount per primary blob (fsid) on a
- * host, so a layer two mounted images share could not be served. There
- * is no merged tree to take --prefetch-files from either.
+ * Native EROFS layers are one kernel EROFS per layer under overlayfs:
+ * fanotify and cachefiles serve such a stack lazily, FUSE serves one
+ * merged tree. Nothing is shared through a device table (no --domain),
+ * and there is no merged tree to take --prefetch-files from.
  */
 static int layers_supported(const struct fmount *m, char *err, size_t errlen)
 {
-	if (m->mode != &fanotify_mode) {
-		snprintf(err, errlen, "%s is an image of native EROFS layers: ferryd serves those lazily in fanotify mode only (Linux 6.14+, cache on ext4, xfs or btrfs), not %s%s%s; --mode local mounts them fully fetched",
+	if (m->mode != &fanotify_mode && m->mode != &cachefiles_mode) {
+		snprintf(err, errlen, "%s is an image of native EROFS layers: ferryd serves those lazily in fanotify (Linux 6.14+, cache on ext4, xfs or btrfs) and cachefiles modes, not %s%s%s; --mode local mounts them fully fetched",
 			 m->req.image, m->mode->name, m->mode_why[0] ? ": " : "",
 			 m->mode_why);
 		return -EOPNOTSUPP;
+	}
+	if (m->req.domain) {
+		snprintf(err, errlen, "%s is an image of native EROFS layers: --domain shares the blobs of ferry's format through the EROFS device table, and native layers have none; mount without --domain",
+			 m->req.image);
+		return -EINVAL;
 	}
 	if (m->req.nr_prefetch_files) {
 		snprintf(err, errlen, "%s is an image of native EROFS layers: --prefetch-files needs ferry's format (one tree); --prefetch-all works",
@@ -447,6 +451,7 @@ static int mount_setup(struct fmount *m, const char *what, char *err,
 		.erofs_layers = true,
 	};
 	uint8_t pin[BLOB_DIGEST_SIZE];
+	uint64_t zfiles = 0;
 	struct log_capture cap;
 	char why[1024] = "";
 	struct mount_entry mi;
@@ -480,13 +485,27 @@ static int mount_setup(struct fmount *m, const char *what, char *err,
 	 * takeover's are mounted, and marked: a read here would wait for
 	 * an answer only this ferryd can give, once it serves). */
 	if (!ret && m->img->erofs_layers && !m->req.adopt)
-		ret = image_cache_walk_layers(m->ic);
+		ret = image_cache_walk_layers(m->ic, &zfiles);
 	if (!ret)
 		ret = evict_register(&m->req);
 	if (ret) {
 		snprintf(why, sizeof(why), "%s: chunk cache %s", m->req.image,
 			 m->req.cache_dir);
 		set_err(err, errlen, &cap, ret, why);
+		goto out;
+	}
+	/*
+	 * EROFS over fscache reads a compressed pcluster with one bio, but
+	 * completes that bio when the first part of it comes from the cache
+	 * file (Linux 6.12, erofs_fscache_bio_endio): a pcluster partly
+	 * there is decompressed before the rest arrives. Seen in the VM
+	 * test as zstd errors and readers hung in D state; lz4 can decode
+	 * such input into wrong bytes.
+	 */
+	if (zfiles && m->mode == &cachefiles_mode) {
+		snprintf(err, errlen, "%s: %llu files of its native EROFS layers are EROFS-compressed, which EROFS over fscache misreads (a compressed extent partly in its cache file is decompressed before the rest is read: Linux 6.12); use --mode fanotify (Linux 6.14+) or --mode local, or convert with --compress none to serve it in cachefiles mode",
+			 m->req.image, (unsigned long long)zfiles);
+		ret = -EOPNOTSUPP;
 		goto out;
 	}
 	ret = m->mode->start(m, &serve_opts, &m->mode_state, why, sizeof(why));

@@ -242,7 +242,7 @@ cp "$SCRATCH/layer.orig" "$DMG_STORED"
 
 # --- refusals ------------------------------------------------------------------------
 lazy_use refuse
-check_fails "--mode fuse is refused, naming fanotify and local" "fanotify mode only" \
+check_fails "--mode fuse is refused, naming fanotify, cachefiles and local" "in fanotify (Linux 6.14+, cache on ext4, xfs or btrfs) and cachefiles modes" \
 	ferryd_mount fuse "$IMG" "$SCRATCH/m-fuse"
 printf '/etc/os-release\n' >"$SCRATCH/pf.list"
 check_fails "--prefetch-files is refused" "prefetch-files needs ferry's format" \

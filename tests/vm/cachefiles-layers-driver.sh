@@ -1,0 +1,180 @@
+#!/bin/sh
+# SPDX-License-Identifier: MIT
+# Guest test driver of tests/e2e/vm_cachefiles_layers.sh (busybox sh, run
+# by the VM's /init): ferry mount --mode cachefiles of images of native
+# EROFS layers (convert --format erofs-layers) served by docker-registry
+# on the guest's 127.0.0.1: each layer an EROFS over fscache of its own,
+# stacked with overlayfs. nat:base and nat:edit are uncompressed; nat:zedit
+# is nat:edit zstd-compressed (refused in cachefiles mode, mounted with
+# --mode local). Payload /payload/nat, made on the host:
+#   nat.env       LAYERS_BYTES (nat:edit's layer bytes), BASE_FSID (the
+#                 hex digest of the layer nat:base and nat:edit share),
+#                 BASE_OSREL (sha256 of nat:base's etc/os-release)
+#   base.list, edit.list  treelist -n of the reference trees (umoci
+#                 unpack), NLINK and LINKS cut (overlayfs counts links
+#                 per layer)
+#   usrbin.sha256, fo.sha256  sha256sum of nat:edit's usr/bin files and
+#                 of the 40 largest under usr/lib (the failover's readers)
+# shellcheck disable=SC2016 # sh -c scripts expand in the guest's sh
+# shellcheck source=tests/vm/lib.sh
+. "$VM_LIB"
+P=$VM_PAYLOAD/nat
+# shellcheck source=/dev/null
+. "$P/nat.env"
+C=/cf/cache
+LOG=/run/ferry/ferryd.log
+T0=$(date +%s)
+
+field() { # MNT KEY: a field of MNT's entry in ferry mount --list --json
+	ferry mount --list --json "$1" 2>/dev/null |
+		sed -n "s/^ *\"$2\": *\"\{0,1\}\([^\",]*\)\"\{0,1\},\{0,1\}$/\1/p" | head -n 1
+}
+cfmount() { # IMAGE MNT [ARGS]
+	_img=$1 _mnt=$2
+	shift 2
+	mkdir -p "$_mnt" && timeout 120 ferry mount --mode cachefiles "$@" \
+		--cache-dir "$C" "docker://$VM_REGISTRY/$_img" "$_mnt"
+}
+fstype() { awk -v m="$1" '$2 == m { t = $3 } END { print t }' /proc/mounts; }
+elapsed() { echo "$(($(date +%s) - T0)) s"; }
+diagnose() {
+	vm_diag "-- ferryd's log ($LOG), last 60 lines:"
+	tail -n 60 "$LOG" 2>/dev/null | vm_diag_stdin
+	vm_diag "-- kernel messages about erofs, overlayfs, cachefiles, fscache:"
+	dmesg | grep -iE "erofs|overlay|cachefiles|fscache|blocked|hung" | tail -n 20 | vm_diag_stdin
+}
+
+vm_check "a fresh ext4 (extents) for the caches" vm_mkext4 /tmp/cf.ext4 /cf 900 || exit 1
+vm_check "docker-registry answers on the guest's 127.0.0.1" vm_registry_start 5000 || exit 1
+vm_check "ferryd -v starts on the default socket" ferryd -v
+
+# --- one layer: its EROFS over fscache, attached directly -------------------------
+B=/mnt/base
+if ! vm_check "ferry mount --mode cachefiles nat:base (one native layer)" cfmount nat:base $B; then
+	diagnose
+	exit 1
+fi
+vm_check "the mount is an EROFS over fscache named after the layer (fsid=$BASE_FSID)" sh -c '
+	grep " /mnt/base erofs " /proc/mounts | grep -q "fsid=$1"' sh "$BASE_FSID"
+vm_check "ferry mount --list says mode cachefiles" [ "$(field $B mode)" = cachefiles ]
+f=$(field $B bytesFetched)
+vm_check "the mount fetched the layer's metadata only (${f:-?} of $LAYERS_BYTES B)" \
+	sh -c '[ "${1:-0}" -gt 0 ] && [ "$1" -lt $(($2 / 4)) ]' sh "$f" "$LAYERS_BYTES"
+vm_check "nat:base: every entry's type, mode, owner, size, mtime, target, xattrs" sh -c '
+	treelist -n /mnt/base | cut -d"|" -f1-9,12 >/tmp/base.list && diff "$1/base.list" /tmp/base.list' sh "$P"
+
+# --- several layers under overlayfs; the shared layer mounted a second time -------
+E=/mnt/edit
+if vm_check "ferry mount --mode cachefiles nat:edit (native layers, one shared with nat:base)" \
+	cfmount nat:edit $E; then
+	vm_check "the mount is an overlay of the layers" [ "$(fstype $E)" = overlay ]
+	vm_check "the shared layer is mounted a second time under the fsid of its copy 01" sh -c '
+		ls /sys/fs/erofs | grep -q "^01-$(echo "$1" | cut -c1-33)"' sh "$BASE_FSID"
+	f=$(field $E bytesFetched)
+	vm_check "nat:edit fetched its layers' metadata only (${f:-?} of $LAYERS_BYTES B)" \
+		sh -c '[ "${1:-0}" -gt 0 ] && [ "$1" -lt $(($2 / 4)) ]' sh "$f" "$LAYERS_BYTES"
+	vm_check "nat:edit: every entry's type, mode, owner, size, mtime, target, xattrs (whiteouts applied)" \
+		sh -c 'treelist -n /mnt/edit | cut -d"|" -f1-9,12 >/tmp/edit.list &&
+			diff "$1/edit.list" /tmp/edit.list' sh "$P"
+	sort -k 2 "$P/usrbin.sha256" >/tmp/usrbin.expect
+	sed 's/^[0-9a-f]*  //' /tmp/usrbin.expect >/tmp/usrbin.files
+	i=0 pids=''
+	for order in sort "sort -r" shuf sort; do
+		timeout 150 sh -c 'cd "$1" && $2 "$3" | xargs sha256sum | sort -k 2' sh "$E" "$order" \
+			/tmp/usrbin.files >/tmp/rd.$i 2>&1 &
+		pids="$pids $!"
+		i=$((i + 1))
+	done
+	# shellcheck disable=SC2086 # not a bare wait: docker-registry is a child too
+	wait $pids
+	vm_check "4 concurrent readers of usr/bin all read the reference bytes" sh -c '
+		for i in 0 1 2 3; do cmp /tmp/usrbin.expect /tmp/rd.$i || exit 1; done' || diagnose
+	vm_check "nat:base still reads right beside it (etc/os-release)" sh -c \
+		'[ "$(sha256sum </mnt/base/etc/os-release)" = "$1  -" ]' sh "$BASE_OSREL"
+	vm_diag "nat:edit read at $(elapsed)"
+fi
+
+# --- refused with a reason --------------------------------------------------------
+vm_check "--domain is refused for native layers, naming the reason" sh -c '
+	mkdir -p /mnt/dom && ! timeout 60 ferry mount --mode cachefiles --domain d \
+		--cache-dir "$1" "docker://$2/nat:base" /mnt/dom >/tmp/dom.out 2>&1 &&
+	grep -q "device table" /tmp/dom.out && ! grep -q " /mnt/dom " /proc/mounts' sh "$C" "$VM_REGISTRY"
+vm_check "compressed layers are refused, naming the flaw and --mode fanotify, local, --compress none" sh -c '
+	mkdir -p /mnt/z && ! timeout 60 ferry mount --mode cachefiles \
+		--cache-dir "$1" "docker://$2/nat:zedit" /mnt/z >/tmp/z.out 2>&1 &&
+	grep -q "EROFS over fscache misreads" /tmp/z.out && grep -q -- "--mode fanotify" /tmp/z.out &&
+	grep -q -- "--mode local" /tmp/z.out && grep -q -- "--compress none" /tmp/z.out &&
+	! grep -q " /mnt/z " /proc/mounts' sh "$C" "$VM_REGISTRY"
+
+# --- failover: kill -9 of ferryd under readers of data not fetched yet --------------
+pid=$(field $E pid)
+kpid=$(field $E keeperPid)
+if [ "$(fstype $E)" = overlay ] &&
+	vm_check "nat:edit has a cachefiles keeper (pid ${kpid:-none})" \
+		sh -c '[ -n "$1" ] && [ "$1" != "$2" ] && kill -0 "$1"' sh "$kpid" "$pid"; then
+	sort -k 2 "$P/fo.sha256" >/tmp/fo.expect
+	sed 's/^[0-9a-f]*  //' /tmp/fo.expect >/tmp/fo.files
+	i=0 pids=''
+	for order in sort "sort -r" shuf sort; do
+		timeout 200 sh -c 'cd "$1" && $2 "$3" | xargs sha256sum | sort -k 2' sh "$E" "$order" \
+			/tmp/fo.files >/tmp/fo.$i 2>&1 &
+		pids="$pids $!"
+		i=$((i + 1))
+	done
+	sleep 1
+	vm_check "kill -9 ferryd (pid ${pid:-?}) while 4 readers read $(wc -l </tmp/fo.files) cold files" \
+		sh -c '[ "${1:-0}" -gt 1 ] && kill -9 "$1"' sh "$pid"
+	t=$(date +%s)
+	# shellcheck disable=SC2086
+	wait $pids
+	vm_diag "failover: readers done $(($(date +%s) - t)) s after the kill"
+	vm_check "every reader got the reference bytes, none an error" sh -c '
+		for i in 0 1 2 3; do cmp /tmp/fo.expect /tmp/fo.$i || exit 1; done' || diagnose
+	npid=$(field $E pid)
+	vm_check "a new ferryd (pid ${npid:-none}) serves nat:edit and nat:base" sh -c '
+		[ -n "$1" ] && [ "$1" != "$2" ] && [ "$3" = "$1" ]' sh "$npid" "$pid" "$(field $B pid)"
+	vm_check "the overlay never left the mount table" [ "$(fstype $E)" = overlay ]
+	vm_check "after the takeover, files not read yet still read right (usr/bin again, cold cache dropped)" \
+		sh -c 'echo 3 >/proc/sys/vm/drop_caches && cd /mnt/edit &&
+			xargs sha256sum </tmp/usrbin.files | sort -k 2 | cmp - /tmp/usrbin.expect'
+fi
+
+# --- unmount: the layers' superblocks go with the stack ------------------------------
+vm_check "ferry umount of both" sh -c 'ferry umount /mnt/edit && ferry umount /mnt/base'
+vm_check "no layer superblock is left (/sys/fs/erofs empty)" vm_wait 20 sh -c \
+	'[ -z "$(ls /sys/fs/erofs 2>/dev/null | grep -v "^features$")" ]'
+
+# --- prefetch-all fills the kernel's cache files ---------------------------------
+pf_done() { [ "$(field /mnt/pf prefetch)" = "done" ]; }
+if vm_check "mount nat:edit --prefetch-all over a fresh cache" sh -c '
+	mkdir -p /mnt/pf && timeout 120 ferry mount --mode cachefiles --prefetch-all \
+		--cache-dir /cf/pf "docker://$1/nat:edit" /mnt/pf' sh "$VM_REGISTRY"; then
+	vm_check "the prefetch is done" vm_wait 120 pf_done
+	f=$(field /mnt/pf bytesFetched)
+	vm_check "usr/bin reads the reference bytes after the prefetch" sh -c \
+		'cd /mnt/pf && xargs sha256sum </tmp/usrbin.files | sort -k 2 | cmp - /tmp/usrbin.expect'
+	f2=$(field /mnt/pf bytesFetched)
+	vm_check "the reads fetched nothing more (${f:-?} B, then ${f2:-?} B)" \
+		sh -c '[ "${1:-0}" -gt 0 ] && [ "$1" = "$2" ]' sh "$f" "$f2"
+	vm_check "ferry umount of the prefetched mount" ferry umount /mnt/pf
+fi
+
+# --- --mode local on this kernel: compressed layers, downloaded -----------------
+# Linux 6.12 stacks only attached mounts: the layers are staged for overlayfs.
+if vm_check "ferry mount --mode local nat:zedit (compressed layers downloaded, file-backed)" sh -c '
+	mkdir -p /mnt/loc && timeout 120 ferry mount --mode local --cache-dir /cf/loc \
+		"docker://$1/nat:zedit" /mnt/loc' sh "$VM_REGISTRY"; then
+	vm_check "local: an overlay, every entry as the reference's" sh -c '
+		[ "$(awk "\$2 == \"/mnt/loc\" { print \$3 }" /proc/mounts)" = overlay ] &&
+		treelist -n /mnt/loc | cut -d"|" -f1-9,12 >/tmp/loc.list && diff "$1/edit.list" /tmp/loc.list' sh "$P"
+	vm_check "local: usr/bin reads the reference bytes" sh -c \
+		'cd /mnt/loc && xargs sha256sum </tmp/usrbin.files | sort -k 2 | cmp - /tmp/usrbin.expect'
+	vm_check "local: no staging mount or directory is left behind" sh -c \
+		'! awk "\$2 ~ /ferry-layers/" /proc/mounts | grep -q . && ! ls -d /run/ferry-layers.* 2>/dev/null'
+	vm_check "ferry umount of the local mount" ferry umount /mnt/loc
+fi
+
+vm_diag "guest driver done at $(elapsed)"
+[ "$VM_FAIL" -gt 0 ] && diagnose
+echo "# guest driver: $VM_PASS ok, $VM_FAIL not ok"
+[ "$VM_FAIL" -eq 0 ]
