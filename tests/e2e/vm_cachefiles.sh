@@ -71,13 +71,7 @@ vm_kernel
 oci_fixtures
 P=$SCRATCH/payload/cf FX=$SCRATCH/fx
 mkdir -p "$P"
-if ! out=$(bash "$TOP/tests/tools/start-registry.sh" "$SCRATCH/reg" 2>"$LOG"); then
-	notok "start a host docker-registry"
-	diag "$LOG"
-	e2e_done
-fi
-read -r port regpid <<<"$out"
-HREG=127.0.0.1:$port
+vm_host_registry
 check "convert oci:base and oci:pkgs to the host registry" bash -c '
 	"$1" convert -q "oci:$2:base" "docker://$3/deb:base" &&
 	"$1" convert -q "oci:$2:pkgs" "docker://$3/deb:pkgs"' _ "$FERRY" "$FIX" "$HREG" || e2e_done
@@ -156,15 +150,6 @@ EOF
 }
 check "reference listings, digests and the chunk to damage (host)" prep || e2e_done
 sed 's/^/# /' "$LOG"
-kill "$regpid" 2>/dev/null
-wait "$regpid" 2>/dev/null
 
 # --- initramfs and boot ---------------------------------------------------------------
-check "pack the initramfs (tests/vm/mkinitramfs.sh)" \
-	"$VM/mkinitramfs.sh" -o "$SCRATCH/initrd.gz" -d "$VM/cachefiles-driver.sh" \
-	-p "$P" -r "$SCRATCH/reg/storage" -x "$TREELIST" -c 0 || e2e_done
-sed 's/^/# /' "$LOG"
-
-vm_boot "$SCRATCH/initrd.gz" 420 -m 2048
-echo "# whole test: $(($(date +%s) - t0)) s"
-e2e_done
+vm_run "$VM/cachefiles-driver.sh" 420 2048 -p "$P" -r "$SCRATCH/reg/storage" -x "$TREELIST" -c 0

@@ -44,13 +44,7 @@ vm_kernel
 oci_fixtures
 P=$SCRATCH/payload/nat
 mkdir -p "$P"
-if ! out=$(bash "$TOP/tests/tools/start-registry.sh" "$SCRATCH/reg" 2>"$LOG"); then
-	notok "start a host docker-registry"
-	diag "$LOG"
-	e2e_done
-fi
-read -r port regpid <<<"$out"
-HREG=127.0.0.1:$port
+vm_host_registry
 # Uncompressed layers for cachefiles (EROFS over fscache misreads
 # compressed extents on 6.12: cachefiles mode refuses them), compressed
 # ones for that refusal and for --mode local.
@@ -99,14 +93,5 @@ with open(os.path.join(out, "nat.env"), "w") as f:
 PY
 }
 check "reference listings and digests (host)" prep || e2e_done
-kill "$regpid" 2>/dev/null
-wait "$regpid" 2>/dev/null
-
-check "pack the initramfs (tests/vm/mkinitramfs.sh)" \
-	"$VM/mkinitramfs.sh" -o "$SCRATCH/initrd.gz" -d "$VM/cachefiles-layers-driver.sh" \
-	-p "$P" -r "$SCRATCH/reg/storage" -x "$TREELIST" -c 0 || e2e_done
-sed 's/^/# /' "$LOG"
-
-vm_boot "$SCRATCH/initrd.gz" 420 -m 2048
-echo "# whole test: $(($(date +%s) - t0)) s"
-e2e_done
+vm_run "$VM/cachefiles-layers-driver.sh" 420 2048 -p "$P" -r "$SCRATCH/reg/storage" \
+	-x "$TREELIST" -c 0

@@ -1,8 +1,8 @@
 # shellcheck shell=bash
 # SPDX-License-Identifier: MIT
 # Helpers for the e2e tests that run in the QEMU/TCG guest of tests/vm/
-# (vm_smoke.sh, vm_cachefiles.sh), sourced after lib.sh (run directly it
-# does nothing). docs/TESTING.md describes the harness.
+# (vm_smoke.sh, vm_cachefiles.sh, vm_cachefiles_layers.sh), sourced after
+# lib.sh (run directly it does nothing). docs/TESTING.md describes the harness.
 #
 #   vm_requirements WHAT   ok # SKIP (and exit) when QEMU, the kernel source
 #                          or busybox-static is missing; then the commands
@@ -13,6 +13,14 @@
 #   vm_boot INITRD SECS [run-vm.sh options]
 #                          boot it (tests/vm/run-vm.sh, logs kept in
 #                          $SCRATCH/vm) and count the guest's results
+#   vm_run DRIVER SECS MB [mkinitramfs.sh options]
+#                          stop the host registry, pack the initramfs with
+#                          the guest driver DRIVER, boot it with MB of
+#                          memory for SECS (vm_boot), end the test
+#   vm_host_registry       a docker-registry on the host (storage in
+#                          $SCRATCH/reg, preloaded into the guest's): HREG
+#                          (127.0.0.1:PORT) and REGPID; ends the test when
+#                          it does not start
 
 [ "${BASH_SOURCE[0]}" = "$0" ] && exit 0
 
@@ -70,4 +78,28 @@ vm_boot() { # INITRD SECS [run-vm.sh options]
 		notok "vm: tests/vm/run-vm.sh failed (exit $rc)"
 	fi
 	echo "# VM boot + guest tests: $(($(date +%s) - t1)) s"
+}
+
+vm_host_registry() {
+	local out port
+	if ! out=$(bash "$TOP/tests/tools/start-registry.sh" "$SCRATCH/reg" 2>"$LOG"); then
+		notok "start a host docker-registry"
+		diag "$LOG"
+		e2e_done
+	fi
+	read -r port REGPID <<<"$out"
+	# shellcheck disable=SC2034 # the caller's
+	HREG=127.0.0.1:$port
+}
+
+vm_run() {
+	local driver=$1 secs=$2 mem=$3
+	shift 3
+	[ -z "${REGPID:-}" ] || kill "$REGPID" 2>/dev/null
+	check "pack the initramfs (tests/vm/mkinitramfs.sh)" \
+		"$VM/mkinitramfs.sh" -o "$SCRATCH/initrd.gz" -d "$driver" "$@" || e2e_done
+	sed 's/^/# /' "$LOG"
+	vm_boot "$SCRATCH/initrd.gz" "$secs" -m "$mem"
+	echo "# whole test: $(($(date +%s) - t0)) s"
+	e2e_done
 }

@@ -30,18 +30,8 @@ C=/cf/cache
 LOG=/run/ferry/ferryd.log
 T0=$(date +%s)
 
-# A field of MNT's entry in ferry mount --list --json (numbers, strings).
-field() { # MNT KEY
-	ferry mount --list --json "$1" 2>/dev/null |
-		sed -n "s/^ *\"$2\": *\"\{0,1\}\([^\",]*\)\"\{0,1\},\{0,1\}$/\1/p" | head -n 1
-}
-# ferry mount --mode cachefiles IMAGE on MNT with the chunk cache on ext4.
-cfmount() { # IMAGE MNT [ARGS]
-	_img=$1 _mnt=$2
-	shift 2
-	mkdir -p "$_mnt" && timeout 120 ferry mount --mode cachefiles "$@" \
-		--cache-dir "$C" "docker://$VM_REGISTRY/$_img" "$_mnt"
-}
+field() { vm_field "$@"; } # MNT KEY
+cfmount() { vm_cfmount "$C" "$@"; } # IMAGE MNT [ARGS]: the chunk cache on ext4
 # sha256sum of FILES under ROOT in ORDER (a command: sort, sort -r, shuf),
 # listed by path.
 hashfiles() { # ROOT ORDER LIST
@@ -104,16 +94,9 @@ vm_check "every entry's type, mode, owner, size, mtime, target, xattrs, links (t
 sort -k 2 "$P/usrbin.sha256" >/tmp/usrbin.expect
 sed 's/^[0-9a-f]*  //' /tmp/usrbin.expect >/tmp/usrbin.files
 t=$(date +%s)
-i=0 pids=''
-for order in sort "sort -r" shuf sort "sort -r" shuf sort shuf; do
-	timeout 150 sh -c 'cd "$1" && $2 "$3" | xargs sha256sum | sort -k 2' sh "$M" "$order" \
-		/tmp/usrbin.files >/tmp/rd.$i 2>&1 &
-	pids="$pids $!"
-	i=$((i + 1))
-done
-# Not a bare wait: docker-registry is a child of this shell too.
+vm_readers "$M" /tmp/usrbin.files /tmp/rd 150 sort "sort -r" shuf sort "sort -r" shuf sort shuf
 # shellcheck disable=SC2086
-wait $pids
+wait $VM_READERS
 vm_diag "8 readers of usr/bin ($(wc -l </tmp/usrbin.files) files) took $(($(date +%s) - t)) s"
 vm_check "8 concurrent readers all read the reference bytes" sh -c '
 	for i in 0 1 2 3 4 5 6 7; do cmp /tmp/usrbin.expect /tmp/rd.$i || exit 1; done' ||
@@ -260,21 +243,15 @@ vm_check "the successor logs to the dead ferryd's --log-file, at its level (-v)"
 U=/mnt/up
 if vm_check "mount deb:base again in its own domain (a cold kernel cache)" cfmount deb:base $U --domain up; then
 	t=$(date +%s)
-	i=0 pids=''
-	for order in sort "sort -r" shuf shuf sort "sort -r" shuf shuf \
-		sort "sort -r" shuf shuf sort "sort -r" shuf shuf; do
-		timeout 300 sh -c 'cd "$1" && $2 "$3" | xargs sha256sum | sort -k 2' sh "$U" "$order" \
-			/tmp/usrbin.files >/tmp/up.$i 2>&1 &
-		pids="$pids $!"
-		i=$((i + 1))
-	done
+	vm_readers "$U" /tmp/usrbin.files /tmp/up 300 sort "sort -r" shuf shuf sort "sort -r" \
+		shuf shuf sort "sort -r" shuf shuf sort "sort -r" shuf shuf
 	fails=0 seen=" $(field $M pid)"
-	for i in 1 2 3 4 5 6 7 8 9 10; do
+	for _ in 1 2 3 4 5 6 7 8 9 10; do
 		timeout 120 ferry daemon upgrade >/tmp/up.log 2>&1 || { fails=$((fails + 1)); vm_diag_stdin </tmp/up.log; }
 		seen="$seen $(field $M pid)"
 	done
 	# shellcheck disable=SC2086
-	wait $pids
+	wait $VM_READERS
 	vm_diag "10 upgrades while 16 readers read usr/bin: $(($(date +%s) - t)) s; ferryds:$seen"
 	vm_check "10 upgrades: each succeeded" [ "$fails" -eq 0 ]
 	vm_check "each upgrade started a new ferryd" sh -c \

@@ -25,16 +25,8 @@ C=/cf/cache
 LOG=/run/ferry/ferryd.log
 T0=$(date +%s)
 
-field() { # MNT KEY: a field of MNT's entry in ferry mount --list --json
-	ferry mount --list --json "$1" 2>/dev/null |
-		sed -n "s/^ *\"$2\": *\"\{0,1\}\([^\",]*\)\"\{0,1\},\{0,1\}$/\1/p" | head -n 1
-}
-cfmount() { # IMAGE MNT [ARGS]
-	_img=$1 _mnt=$2
-	shift 2
-	mkdir -p "$_mnt" && timeout 120 ferry mount --mode cachefiles "$@" \
-		--cache-dir "$C" "docker://$VM_REGISTRY/$_img" "$_mnt"
-}
+field() { vm_field "$@"; } # MNT KEY
+cfmount() { vm_cfmount "$C" "$@"; } # IMAGE MNT [ARGS]
 fstype() { awk -v m="$1" '$2 == m { t = $3 } END { print t }' /proc/mounts; }
 elapsed() { echo "$(($(date +%s) - T0)) s"; }
 diagnose() {
@@ -78,15 +70,9 @@ if vm_check "ferry mount --mode cachefiles nat:edit (native layers, one shared w
 			diff "$1/edit.list" /tmp/edit.list' sh "$P"
 	sort -k 2 "$P/usrbin.sha256" >/tmp/usrbin.expect
 	sed 's/^[0-9a-f]*  //' /tmp/usrbin.expect >/tmp/usrbin.files
-	i=0 pids=''
-	for order in sort "sort -r" shuf sort; do
-		timeout 150 sh -c 'cd "$1" && $2 "$3" | xargs sha256sum | sort -k 2' sh "$E" "$order" \
-			/tmp/usrbin.files >/tmp/rd.$i 2>&1 &
-		pids="$pids $!"
-		i=$((i + 1))
-	done
-	# shellcheck disable=SC2086 # not a bare wait: docker-registry is a child too
-	wait $pids
+	vm_readers "$E" /tmp/usrbin.files /tmp/rd 150 sort "sort -r" shuf sort
+	# shellcheck disable=SC2086
+	wait $VM_READERS
 	vm_check "4 concurrent readers of usr/bin all read the reference bytes" sh -c '
 		for i in 0 1 2 3; do cmp /tmp/usrbin.expect /tmp/rd.$i || exit 1; done' || diagnose
 	vm_check "nat:base still reads right beside it (etc/os-release)" sh -c \
@@ -114,19 +100,13 @@ if [ "$(fstype $E)" = overlay ] &&
 		sh -c '[ -n "$1" ] && [ "$1" != "$2" ] && kill -0 "$1"' sh "$kpid" "$pid"; then
 	sort -k 2 "$P/fo.sha256" >/tmp/fo.expect
 	sed 's/^[0-9a-f]*  //' /tmp/fo.expect >/tmp/fo.files
-	i=0 pids=''
-	for order in sort "sort -r" shuf sort; do
-		timeout 200 sh -c 'cd "$1" && $2 "$3" | xargs sha256sum | sort -k 2' sh "$E" "$order" \
-			/tmp/fo.files >/tmp/fo.$i 2>&1 &
-		pids="$pids $!"
-		i=$((i + 1))
-	done
+	vm_readers "$E" /tmp/fo.files /tmp/fo 200 sort "sort -r" shuf sort
 	sleep 1
 	vm_check "kill -9 ferryd (pid ${pid:-?}) while 4 readers read $(wc -l </tmp/fo.files) cold files" \
 		sh -c '[ "${1:-0}" -gt 1 ] && kill -9 "$1"' sh "$pid"
 	t=$(date +%s)
 	# shellcheck disable=SC2086
-	wait $pids
+	wait $VM_READERS
 	vm_diag "failover: readers done $(($(date +%s) - t)) s after the kill"
 	vm_check "every reader got the reference bytes, none an error" sh -c '
 		for i in 0 1 2 3; do cmp /tmp/fo.expect /tmp/fo.$i || exit 1; done' || diagnose

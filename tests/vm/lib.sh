@@ -23,6 +23,20 @@
 #                                   tests that need a cold cachefiles cache)
 #   vm_wait SECONDS CMD...          retry CMD every 0.2 s until it succeeds
 #                                   or SECONDS pass
+#   vm_field MNT KEY                a field of MNT's entry in ferry mount
+#                                   --list --json (numbers, strings)
+#   vm_cfmount CACHE IMAGE MNT [ARGS]
+#                                   ferry mount --mode cachefiles of IMAGE
+#                                   from the guest's registry on MNT (made),
+#                                   chunk cache CACHE, bounded by 120 s
+#   vm_readers ROOT LIST OUT SECS ORDER...
+#                                   one reader per ORDER (sort, sort -r,
+#                                   shuf) in the background: sha256sum of
+#                                   LIST's files under ROOT in that order,
+#                                   sorted by path, into OUT.0, OUT.1, ...
+#                                   (each bounded by SECS); their pids in
+#                                   VM_READERS, for wait (not a bare wait:
+#                                   docker-registry is a child too)
 # Busybox 1.35's `wget -T SECS` segfaults: bound wget with `timeout` instead.
 VM_PASS=0
 VM_FAIL=0
@@ -103,4 +117,29 @@ vm_mkext4() {
 	mkfs.ext4 -q -F -T default -b 4096 -E root_owner=0:0 "$_img" "${_mb}M" &&
 		mkdir -p "$_mnt" &&
 		mount -t ext4 -o loop "$_img" "$_mnt"
+}
+
+vm_field() {
+	ferry mount --list --json "$1" 2>/dev/null |
+		sed -n "s/^ *\"$2\": *\"\{0,1\}\([^\",]*\)\"\{0,1\},\{0,1\}$/\1/p" | head -n 1
+}
+
+vm_cfmount() {
+	_cache=$1 _img=$2 _mnt=$3
+	shift 3
+	mkdir -p "$_mnt" && timeout 120 ferry mount --mode cachefiles "$@" \
+		--cache-dir "$_cache" "docker://$VM_REGISTRY/$_img" "$_mnt"
+}
+
+vm_readers() {
+	_root=$1 _list=$2 _out=$3 _secs=$4
+	shift 4
+	VM_READERS='' _n=0
+	for _order; do
+		# shellcheck disable=SC2016 # the reader's sh expands them
+		timeout "$_secs" sh -c 'cd "$1" && $2 "$3" | xargs sha256sum | sort -k 2' sh \
+			"$_root" "$_order" "$_list" >"$_out.$_n" 2>&1 &
+		VM_READERS="$VM_READERS $!"
+		_n=$((_n + 1))
+	done
 }
