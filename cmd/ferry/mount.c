@@ -80,7 +80,8 @@ static void mount_help(void)
 	       "                    default: fanotify where the kernel has pre-content\n"
 	       "                    events and the cache is on ext4, xfs or btrfs, else\n"
 	       "                    cachefiles where /dev/cachefiles is there, else\n"
-	       "                    fuse; --list says which and why)\n"
+	       "                    fuse; --list says which and why; native EROFS\n"
+	       "                    layers that mode cannot serve: local, saying so)\n"
 	       "  --cache-dir DIR   the chunk cache (default $FERRY_CACHE_DIR or\n"
 	       "                    %s); see ferry cache\n"
 	       "  --suid, --dev     honour the image's setuid/setgid bits, its device\n"
@@ -176,8 +177,12 @@ struct fuse_args_in {
 	uint64_t bwlimit;
 	uint64_t max_size; /* 0: ferryd's */
 	int64_t min_free;  /* -1: ferryd's */
+	bool local_fallback; /* --mode auto, no lazy-only option */
 	struct regopts *ro;
 };
+
+/* mount_fuse's answer when no lazy mode serves the image: mount it locally. */
+#define MOUNT_LOCAL_INSTEAD (-1)
 
 static int mount_fuse(const struct fuse_args_in *a)
 {
@@ -246,6 +251,14 @@ static int mount_fuse(const struct fuse_args_in *a)
 		goto out;
 	}
 	ret = ctl_client_mount(a->socket_path, &r, &rep, msg, sizeof(msg));
+	/* ferryd's modes cannot serve it (native layers on a host whose lazy
+	 * mode refuses them): auto means a mount, so a local one. */
+	if (ret == -EMEDIUMTYPE && a->local_fallback) {
+		ferry_info("%s", msg);
+		ferry_info("mounting %s fully fetched instead (--mode local)", a->image);
+		rc = MOUNT_LOCAL_INSTEAD;
+		goto out;
+	}
 	if (ret && msg[0]) {
 		ferry_err("%s", msg);
 		goto out;
@@ -556,9 +569,14 @@ int cmd_mount(int argc, char **argv)
 	a.image = argv[optind];
 	a.mountpoint = argv[optind + 1];
 	a.mode = mode;
+	a.local_fallback = !strcmp(mode, "auto") && !fuse_only;
 	if (!strcmp(mode, "fuse") || !strcmp(mode, "fanotify") || !strcmp(mode, "cachefiles") ||
-	    !strcmp(mode, "auto"))
-		return mount_fuse(&a);
+	    !strcmp(mode, "auto")) {
+		ret = mount_fuse(&a);
+		if (ret != MOUNT_LOCAL_INSTEAD)
+			return ret;
+		mode = "local";
+	}
 	if (strcmp(mode, "local"))
 		return usage_error("mount", "unknown mode \"%s\" (local, fuse, fanotify, cachefiles or auto)",
 				   mode);

@@ -417,7 +417,9 @@ fail:
  * Native EROFS layers are one kernel EROFS per layer under overlayfs:
  * fanotify and cachefiles serve such a stack lazily, FUSE serves one
  * merged tree. Nothing is shared through a device table (no --domain),
- * and there is no merged tree to take --prefetch-files from.
+ * and there is no merged tree to take --prefetch-files from. A mode that
+ * cannot serve the image answers -EMEDIUMTYPE: ferry mount's auto mode
+ * then mounts it fully fetched (--mode local).
  */
 static int layers_supported(const struct fmount *m, char *err, size_t errlen)
 {
@@ -425,7 +427,7 @@ static int layers_supported(const struct fmount *m, char *err, size_t errlen)
 		snprintf(err, errlen, "%s is an image of native EROFS layers: ferryd serves those lazily in fanotify (Linux 6.14+, cache on ext4, xfs or btrfs) and cachefiles modes, not %s%s%s; --mode local mounts them fully fetched",
 			 m->req.image, m->mode->name, m->mode_why[0] ? ": " : "",
 			 m->mode_why);
-		return -EOPNOTSUPP;
+		return -EMEDIUMTYPE;
 	}
 	if (m->req.domain) {
 		snprintf(err, errlen, "%s is an image of native EROFS layers: --domain shares the blobs of ferry's format through the EROFS device table, and native layers have none; mount without --domain",
@@ -505,7 +507,7 @@ static int mount_setup(struct fmount *m, const char *what, char *err,
 	if (zfiles && m->mode == &cachefiles_mode) {
 		snprintf(err, errlen, "%s: %llu files of its native EROFS layers are EROFS-compressed, which EROFS over fscache misreads (a compressed extent partly in its cache file is decompressed before the rest is read: Linux 6.12); use --mode fanotify (Linux 6.14+) or --mode local, or convert with --compress none to serve it in cachefiles mode",
 			 m->req.image, (unsigned long long)zfiles);
-		ret = -EOPNOTSUPP;
+		ret = -EMEDIUMTYPE; /* layers_supported */
 		goto out;
 	}
 	ret = m->mode->start(m, &serve_opts, &m->mode_state, why, sizeof(why));

@@ -21,8 +21,9 @@
 #   superblocks go with ferry umount; --prefetch-all fills the kernel's
 #   cache files (reads fetch nothing more); the compressed image is
 #   refused in cachefiles mode, naming the kernel's flaw and the ways out,
-#   and --mode local stacks its downloaded layers on this kernel (6.12
-#   takes only attached mounts as overlayfs layers: staged).
+#   and ferry mount's auto mode then mounts it locally, stacking its
+#   downloaded layers on this kernel (6.12 takes only attached mounts as
+#   overlayfs layers: staged).
 # Skips (ok # SKIP) only when QEMU or the kernel source is not installed.
 E2E_TIMEOUT=$((${E2E_TIMEOUT:-0} > 3000 ? E2E_TIMEOUT : 3000))
 . "$(dirname "$0")/lib.sh"

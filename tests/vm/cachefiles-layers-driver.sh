@@ -5,8 +5,8 @@
 # EROFS layers (convert --format erofs-layers) served by docker-registry
 # on the guest's 127.0.0.1: each layer an EROFS over fscache of its own,
 # stacked with overlayfs. nat:base and nat:edit are uncompressed; nat:zedit
-# is nat:edit zstd-compressed (refused in cachefiles mode, mounted with
-# --mode local). Payload /payload/nat, made on the host:
+# is nat:edit zstd-compressed (refused in cachefiles mode, so --mode auto
+# mounts it locally). Payload /payload/nat, made on the host:
 #   nat.env       LAYERS_BYTES (nat:edit's layer bytes), BASE_FSID (the
 #                 hex digest of the layer nat:base and nat:edit share),
 #                 BASE_OSREL (sha256 of nat:base's etc/os-release)
@@ -139,11 +139,12 @@ if vm_check "mount nat:edit --prefetch-all over a fresh cache" sh -c '
 	vm_check "ferry umount of the prefetched mount" ferry umount /mnt/pf
 fi
 
-# --- --mode local on this kernel: compressed layers, downloaded -----------------
+# --- --mode auto: no lazy mode serves the compressed layers, so a local mount ----
 # Linux 6.12 stacks only attached mounts: the layers are staged for overlayfs.
-if vm_check "ferry mount --mode local nat:zedit (compressed layers downloaded, file-backed)" sh -c '
-	mkdir -p /mnt/loc && timeout 120 ferry mount --mode local --cache-dir /cf/loc \
-		"docker://$1/nat:zedit" /mnt/loc' sh "$VM_REGISTRY"; then
+if vm_check "ferry mount nat:zedit (auto: cachefiles refuses it, so --mode local, saying so)" sh -c '
+	mkdir -p /mnt/loc && timeout 120 ferry mount --cache-dir /cf/loc \
+		"docker://$1/nat:zedit" /mnt/loc >/tmp/auto.out 2>&1 &&
+	grep -q "fully fetched instead (--mode local)" /tmp/auto.out' sh "$VM_REGISTRY"; then
 	vm_check "local: an overlay, every entry as the reference's" sh -c '
 		[ "$(awk "\$2 == \"/mnt/loc\" { print \$3 }" /proc/mounts)" = overlay ] &&
 		treelist -n /mnt/loc | cut -d"|" -f1-9,12 >/tmp/loc.list && diff "$1/edit.list" /tmp/loc.list' sh "$P"
