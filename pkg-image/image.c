@@ -486,6 +486,10 @@ void image_close(struct image *img)
 	free(img->blob_paths);
 	free(img->blob_srcs);
 	free(img->layer_meta);
+	for (i = 0; img->layer_units && i < img->blobs.nr_blobs; i++)
+		free(img->layer_units[i]);
+	free(img->layer_units);
+	free(img->nr_layer_units);
 	image_prefetch_list_free(img->prefetch, img->nr_prefetch);
 	image_elf_entries_free(img->elf, img->nr_elf);
 	if (img->remote)

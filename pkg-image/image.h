@@ -146,6 +146,11 @@ struct image_blob {
 	int fd; /* local blob file, opened on first use; -1 */
 };
 
+/* Bytes [off, off + len) of a blob's uncompressed space. */
+struct image_span {
+	uint64_t off, len;
+};
+
 struct image {
 	char *ref;            /* as given, for messages */
 	char *dir;            /* OUT or PATH; NULL for a registry image */
@@ -177,6 +182,14 @@ struct image {
 	 */
 	bool erofs_layers;
 	uint64_t *layer_meta;
+	/*
+	 * image_cache_walk_layers: per layer, the byte ranges its compressed
+	 * files' pclusters span (each file's, overlapping ones merged),
+	 * sorted. EROFS over fscache must find each of them wholly in its
+	 * cache file or not at all (cachefiles.c).
+	 */
+	struct image_span **layer_units;
+	uint32_t *nr_layer_units;
 };
 
 struct image_opts {
@@ -734,9 +747,9 @@ int image_cache_kernel_mount(struct image_cache *ic, const char *cache_dir,
  * files. image_cache_kernel_mount then mounts each layer file-backed
  * over its cache data file, detached, and stacks them with overlayfs on
  * @target (source IMAGE_LAYERS_SOURCE; one layer is attached directly).
- * *@compressed: how many of the layers' files are EROFS-compressed.
+ * It sets img->layer_units (the spans of compressed files' pclusters).
  */
-int image_cache_walk_layers(struct image_cache *ic, uint64_t *compressed);
+int image_cache_walk_layers(struct image_cache *ic);
 /*
  * Native layers: image_cache_kernel_mount calls @noted with the bottom
  * layer's sysfs directory (meta_sysfs_path: the superblock that lives as

@@ -325,27 +325,78 @@ int image_open_layers(struct image *img, struct oci_image *oci)
 	return ret;
 }
 
-/* Counts the files the kernel decompresses. */
-static int count_compressed(void *ctx, const char *path, const struct meta_stat *st)
+struct units {
+	struct image_span *v;
+	uint32_t n, cap;
+};
+
+/* Notes the span of the pclusters of a file the kernel decompresses. */
+static int note_unit(void *ctx, const char *path, const struct meta_stat *st)
 {
+	struct units *u = ctx;
+	struct image_span *v;
+
 	(void)path;
-	if (st->compressed)
-		++*(uint64_t *)ctx;
+	if (!st->compressed || st->zblk_end <= st->zblk_first)
+		return 0; /* (a fragment: the packed inode's span holds it) */
+	if (u->n == u->cap) {
+		v = reallocarray(u->v, u->cap ? 2 * u->cap : 64, sizeof(*v));
+		if (!v)
+			return -ENOMEM;
+		u->v = v;
+		u->cap = u->cap ? 2 * u->cap : 64;
+	}
+	u->v[u->n++] = (struct image_span){ (uint64_t)st->zblk_first * META_BLOCK_SIZE,
+					    (uint64_t)(st->zblk_end - st->zblk_first) *
+						    META_BLOCK_SIZE };
 	return 0;
 }
 
-int image_cache_walk_layers(struct image_cache *ic, uint64_t *compressed)
+static int span_cmp(const void *a, const void *b)
+{
+	const struct image_span *x = a, *y = b;
+
+	return x->off < y->off ? -1 : x->off > y->off;
+}
+
+/* Sorted, overlapping spans merged (a file with full indexes may
+ * interleave its pclusters with another's: then they are one unit). */
+static uint32_t units_merge(struct image_span *v, uint32_t n)
+{
+	uint32_t k = 0;
+
+	qsort(v, n, sizeof(*v), span_cmp);
+	for (uint32_t i = 0; i < n; i++) {
+		if (k && v[i].off < v[k - 1].off + v[k - 1].len)
+			v[k - 1].len = MAX(v[k - 1].off + v[k - 1].len,
+					   v[i].off + v[i].len) - v[k - 1].off;
+		else
+			v[k++] = v[i];
+	}
+	return k;
+}
+
+int image_cache_walk_layers(struct image_cache *ic)
 {
 	struct image *img = image_cache_img(ic);
+	uint32_t n = img->blobs.nr_blobs;
 	int ret = 0;
 
-	*compressed = 0;
+	if (!img->layer_units) {
+		img->layer_units = calloc(n + 1, sizeof(*img->layer_units));
+		img->nr_layer_units = calloc(n + 1, sizeof(*img->nr_layer_units));
+		if (!img->layer_units || !img->nr_layer_units)
+			return -ENOMEM;
+	}
 	for (uint32_t i = 0; !ret && i < img->blobs.nr_blobs; i++) {
 		const struct blob_info *b = &img->blobs.blobs[i];
 		size_t head = (size_t)img->layer_meta[i];
 		struct meta_image *mi = NULL;
 		uint8_t *buf = malloc(head);
 		char name[DIGEST_STRING_SIZE];
+		struct units u = { 0 };
+		struct meta_super sb;
+		struct meta_stat st;
 
 		digest_format(b->digest, name);
 		ret = buf ? image_cache_fill(ic, i, 0, head) : -ENOMEM;
@@ -354,13 +405,23 @@ int image_cache_walk_layers(struct image_cache *ic, uint64_t *compressed)
 		if (!ret) {
 			ret = meta_image_open_head(buf, head, b->uncompressed_size, &mi);
 			if (!ret)
-				ret = meta_walk(mi, count_compressed, compressed);
+				ret = meta_walk(mi, note_unit, &u);
+			/* Fragments are read through the packed inode's pclusters. */
+			if (!ret)
+				meta_get_super(mi, &sb);
+			if (!ret && sb.packed_nid)
+				ret = meta_getattr(mi, sb.packed_nid, &st);
+			if (!ret && sb.packed_nid)
+				ret = note_unit(&u, NULL, &st);
 			if (ret)
 				ferry_err("layer %s: refused before the kernel sees it: its metadata is invalid or not in the first %zu bytes its range table names",
 					  name, head);
 		}
 		meta_image_close(mi);
 		free(buf);
+		free(img->layer_units[i]);
+		img->layer_units[i] = u.v;
+		img->nr_layer_units[i] = ret ? 0 : units_merge(u.v, u.n);
 	}
 	return ret;
 }

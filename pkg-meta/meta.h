@@ -283,6 +283,7 @@ struct meta_super {
 	uint8_t uuid[16];
 	char volume_name[17];
 	uint64_t image_bytes;
+	uint64_t packed_nid; /* the inode holding fragments (meta_getattr), 0: none */
 };
 void meta_get_super(const struct meta_image *img, struct meta_super *sb);
 
@@ -308,6 +309,8 @@ struct meta_stat {
 	uint32_t ino;   /* on-disk i_ino */
 	uint8_t layout; /* enum erofs_datalayout */
 	bool compressed; /* a compressed layout: the kernel decompresses it */
+	/* Compressed, not a fragment: the blocks its pclusters span. */
+	uint32_t zblk_first, zblk_end;
 	bool extended;
 	uint32_t chunk_size; /* chunk-based files */
 	uint64_t nr_chunks;

@@ -63,7 +63,15 @@ struct rinode {
 	uint64_t nr_chunks;
 	uint8_t chunk_bits;  /* log2 of the chunk size in bytes */
 	uint8_t chunk_unit;  /* 8 with indexes, 4 for a plain block map */
+	uint32_t zfirst, zend; /* compressed: the blocks its pclusters span */
 };
+
+/* A compressed file's pcluster of @blocks at @blk: widen its span. */
+static void zspan(struct rinode *ri, uint64_t blk, uint64_t blocks)
+{
+	ri->zfirst = (uint32_t)MIN((uint64_t)ri->zfirst, blk);
+	ri->zend = (uint32_t)MAX((uint64_t)ri->zend, blk + blocks);
+}
 
 static void log_corrupt(const struct meta_image *img, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
@@ -248,6 +256,7 @@ static int image_init(struct meta_image *img)
 				      ull(img->packed_nid));
 		img->packed_size = root.size;
 		img->has_packed = !ret;
+		img->sb.packed_nid = ret ? 0 : img->packed_nid;
 	}
 	if (!ret)
 		ret = load_inode(img, img->sb.root_nid, &root);
@@ -396,7 +405,7 @@ static bool layout_flat(uint8_t layout)
 }
 
 /* Full indexes from @idx: each head and @big pcluster inside the image. */
-static int check_zfull(const struct meta_image *img, const struct rinode *ri,
+static int check_zfull(const struct meta_image *img, struct rinode *ri,
 		       uint64_t idx, uint64_t nr, bool big)
 {
 	uint64_t head_blk = 0, blocks = img->data_len / EROFS_BLKSIZ;
@@ -410,8 +419,10 @@ static int check_zfull(const struct meta_image *img, const struct rinode *ri,
 			/* A big pcluster's block count: inside the image. */
 			if (big && (d0 & Z_EROFS_LI_D0_CBLKCNT) &&
 			    (d0 & ~Z_EROFS_LI_D0_CBLKCNT) >= 1 &&
-			    head_blk + (d0 & ~Z_EROFS_LI_D0_CBLKCNT) <= blocks)
+			    head_blk + (d0 & ~Z_EROFS_LI_D0_CBLKCNT) <= blocks) {
+				zspan(ri, head_blk, d0 & ~Z_EROFS_LI_D0_CBLKCNT);
 				continue;
+			}
 			if (!(d0 & Z_EROFS_LI_D0_CBLKCNT) && d0 >= 1 && d0 <= l)
 				continue;
 		}
@@ -421,6 +432,7 @@ static int check_zfull(const struct meta_image *img, const struct rinode *ri,
 		    get_le16(d + Z_EROFS_LI_CLUSTEROFS) >= EROFS_BLKSIZ ||
 		    head_blk >= blocks)
 			return inode_corrupt(img, ri->nid, "bad lcluster index", l);
+		zspan(ri, head_blk, 1);
 	}
 	return 0;
 }
@@ -470,7 +482,7 @@ static int64_t zc_head_blk(const uint8_t *pack, const struct z_erofs_cpack *pk,
  * delta[1] on inside it; a lone last lcluster's pack padded with zero.
  */
 static int check_zcompact(const struct meta_image *img,
-			  const struct rinode *ri, uint64_t ebase, uint64_t nr)
+			  struct rinode *ri, uint64_t ebase, uint64_t nr)
 {
 	uint64_t head_blk = 0, blocks = img->data_len / EROFS_BLKSIZ;
 	struct z_erofs_cpack pk = z_erofs_compact_pack(ebase, nr, nr - 1);
@@ -491,8 +503,10 @@ static int check_zcompact(const struct meta_image *img,
 		if (type == Z_EROFS_LCLUSTER_TYPE_NONHEAD && l) {
 			if (lo & Z_EROFS_LI_D0_CBLKCNT) {
 				if ((lo & ~Z_EROFS_LI_D0_CBLKCNT) >= 1 &&
-				    head_blk + (lo & ~Z_EROFS_LI_D0_CBLKCNT) <= blocks)
+				    head_blk + (lo & ~Z_EROFS_LI_D0_CBLKCNT) <= blocks) {
+					zspan(ri, head_blk, lo & ~Z_EROFS_LI_D0_CBLKCNT);
 					continue;
+				}
 			} else if (i + 1 < pk.vcnt) {
 				if (lo >= 1 && lo <= l)
 					continue;
@@ -505,6 +519,7 @@ static int check_zcompact(const struct meta_image *img,
 			blk = zc_head_blk(pack, &pk, i);
 			if (blk >= 0 && (uint64_t)blk < blocks) {
 				head_blk = (uint64_t)blk;
+				zspan(ri, head_blk, 1);
 				continue;
 			}
 		}
@@ -521,7 +536,7 @@ static int check_zcompact(const struct meta_image *img,
  * packed inode, inside its bytes (a map header only). The data
  * itself is the kernel's to decompress.
  */
-static int check_zmap(const struct meta_image *img, const struct rinode *ri)
+static int check_zmap(const struct meta_image *img, struct rinode *ri)
 {
 	uint64_t hdr = ROUND_UP(ri->tail_pos, 8u);
 	uint64_t ebase = hdr + Z_EROFS_MAP_HEADER_SIZE;
@@ -565,6 +580,7 @@ static int check_zmap(const struct meta_image *img, const struct rinode *ri)
 		return inode_corrupt(img, ri->nid,
 				     "unsupported compression (ferry reads the superblock's algorithms, one per file, 4 KiB clusters), header",
 				     get_le64(h));
+	ri->zfirst = UINT32_MAX;
 	if (compact)
 		return check_zcompact(img, ri, ebase, nr);
 	return check_zfull(img, ri, ebase + Z_EROFS_FULL_INDEX_PAD, nr, advise);
@@ -771,6 +787,10 @@ int meta_getattr(const struct meta_image *img, uint64_t nid,
 	st->layout = ri.layout;
 	st->compressed = ri.layout == EROFS_INODE_COMPRESSED_FULL ||
 			 ri.layout == EROFS_INODE_COMPRESSED_COMPACT;
+	if (ri.zend) {
+		st->zblk_first = ri.zfirst;
+		st->zblk_end = ri.zend;
+	}
 	st->extended = ri.extended;
 	if (ri.layout == EROFS_INODE_CHUNK_BASED) {
 		st->chunk_size = 1u << ri.chunk_bits;

@@ -443,22 +443,126 @@ static void *reader_main(void *arg)
 	}
 }
 
+/*
+ * Native layers with compressed files: EROFS over fscache reads a
+ * pcluster with one bio, and Linux 6.12 completes that bio when its first
+ * part comes from the cache file (erofs_fscache_bio_endio runs for every
+ * fscache_read, one per stretch present or fetched), decompressing the
+ * pcluster before the rest is read: zstd and lz4 errors and readers
+ * stuck in D state in the VM test. A bio stays inside one file's
+ * pclusters, so each compressed file's span (a "unit",
+ * image_cache_walk_layers) must be in the cache file wholly or not at
+ * all: a READ inside a unit writes the whole unit, from its end
+ * backwards, each piece whole in memory before it is written (a failure
+ * leaves a missing head and a present tail: a bio starting in the head
+ * asks for the rest, one starting in the tail finds it all), and every
+ * other write (frames around metadata, prefetch) leaves units out.
+ */
+static const struct image_span *units_of(const struct image *img, uint32_t device,
+					 uint32_t *nr)
+{
+	*nr = img->nr_layer_units ? img->nr_layer_units[device - 1] : 0;
+	return *nr ? img->layer_units[device - 1] : NULL;
+}
+
+/* The first unit ending after @off. */
+static uint32_t unit_after(const struct image_span *u, uint32_t nr, uint64_t off)
+{
+	uint32_t lo = 0, hi = nr;
+
+	while (lo < hi) {
+		uint32_t mid = lo + (hi - lo) / 2;
+
+		if (u[mid].off + u[mid].len <= off)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo;
+}
+
+/* Write @len bytes at @off into @fd, leaving out every unit. */
+static int write_outside_units(int fd, const struct image_span *u, uint32_t nr,
+			       uint64_t off, const uint8_t *buf, size_t len)
+{
+	uint64_t end = off + len, pos = off;
+	uint32_t i = unit_after(u, nr, off);
+	int ret = 0;
+
+	while (!ret && pos < end) {
+		uint64_t stop = i < nr ? MIN(end, MAX(pos, u[i].off)) : end;
+
+		if (stop > pos)
+			ret = pwrite_full(fd, buf + (pos - off), stop - pos, pos);
+		pos = i < nr ? MAX(stop, u[i].off + u[i].len) : end;
+		i++;
+	}
+	return ret;
+}
+
 /* Where a READ's bytes go: the object's cache file, and how far they got. */
 struct cf_sink {
 	const struct cf_job *j;
 	const char *image;
 	uint64_t pos;       /* written (or skipped past) up to here */
 	const uint8_t *zeros; /* CF_BUF zero bytes, aligned */
+	const struct image_span *units; /* left out (written whole elsewhere) */
+	uint32_t nr_units;
 };
 
 static int sink_write(struct cf_sink *s, uint64_t off, const void *buf, size_t len)
 {
-	int ret = pwrite_full(s->j->obj->fd, buf, len, off);
+	int ret = write_outside_units(s->j->obj->fd, s->units, s->nr_units, off, buf, len);
 
 	if (ret)
 		ferry_err("%s: writing %zu bytes at %llu into the cache file of %s: %s",
 			  s->image, len, (unsigned long long)off, s->j->obj->cookie,
 			  ferry_strerror(ret));
+	return ret;
+}
+
+/* A unit being filled: the piece [from, to) gathered in memory. */
+struct cf_piece {
+	uint8_t *buf;
+	uint64_t from, to;
+};
+
+static int piece_frame(void *ctx, uint64_t off, const void *buf, size_t len)
+{
+	struct cf_piece *p = ctx;
+	uint64_t a = MAX(off, p->from), b = MIN(off + len, p->to);
+
+	if (a < b)
+		memcpy(p->buf + (a - p->from), (const uint8_t *)buf + (a - off), b - a);
+	return 0;
+}
+
+/* The whole unit @u into the cache file, unless it is there already. */
+static int fill_unit(struct cf_mount *cm, uint32_t device, const struct cf_job *j,
+		     const struct image_span *u)
+{
+	struct cf_piece p = { .to = u->off + u->len };
+	off_t hole = lseek(j->obj->fd, (off_t)u->off, SEEK_HOLE);
+	int ret = 0;
+
+	if (hole >= 0 && (uint64_t)hole >= u->off + u->len)
+		return 0;
+	p.buf = aligned_alloc(CF_ALIGN, CF_BUF);
+	if (!p.buf)
+		return -ENOMEM;
+	while (!ret && p.to > u->off) {
+		p.from = MAX(u->off, (p.to - 1) / CF_BUF * CF_BUF);
+		ret = image_cache_read_frames(cm->m->ic, device, p.from, p.to - p.from,
+					      piece_frame, &p);
+		if (!ret)
+			ret = pwrite_full(j->obj->fd, p.buf, p.to - p.from, p.from);
+		if (ret)
+			ferry_err("%s: layer %u bytes %llu+%llu (a compressed file's pclusters) for the kernel: %s",
+				  cm->m->req.image, device, (unsigned long long)p.from,
+				  (unsigned long long)(p.to - p.from), ferry_strerror(ret));
+		p.to = p.from;
+	}
+	free(p.buf);
 	return ret;
 }
 
@@ -512,8 +616,22 @@ static int fill(struct cf_mount *cm, uint32_t device, const struct cf_job *j,
 	}
 	if (device) {
 		uint64_t have = j->off < size ? MIN(j->len, size - j->off) : 0;
+		uint32_t i;
 
+		s.units = units_of(cm->m->img, device, &s.nr_units);
+		i = unit_after(s.units, s.nr_units, j->off);
+		for (; !ret && i < s.nr_units && s.units[i].off < j->off + have; i++)
+			ret = fill_unit(cm, device, j, &s.units[i]);
+		if (ret)
+			return ret;
 		memset(buf, 0, CF_BUF);
+		/* A bio's READ lies inside one unit: nothing more to fetch. */
+		i = unit_after(s.units, s.nr_units, j->off);
+		if (i < s.nr_units && s.units[i].off <= j->off &&
+		    s.units[i].off + s.units[i].len >= j->off + have) {
+			s.pos = j->off + have;
+			return sink_zeros(&s, end);
+		}
 		ret = image_cache_read_frames(cm->m->ic, device, j->off, have, sink_frame, &s);
 		if (ret)
 			ferry_err("%s: reading blob %u bytes %llu+%llu for the kernel: %s",
@@ -618,6 +736,8 @@ static int prefetch_put(void *ctx, uint32_t device, uint64_t uoff, const void *b
 {
 	struct fmount *m = ctx;
 	struct cf_object *o = prefetch_object(m, device);
+	const struct image_span *units;
+	uint32_t nr_units;
 	int ret;
 
 	if (!o) {
@@ -625,7 +745,9 @@ static int prefetch_put(void *ctx, uint32_t device, uint64_t uoff, const void *b
 			   m->req.image, device);
 		return -ENOENT;
 	}
-	ret = pwrite_full(o->fd, buf, len, uoff);
+	/* Compressed files' units only on demand (fill_unit): whole or not at all. */
+	units = units_of(m->img, device, &nr_units);
+	ret = write_outside_units(o->fd, units, nr_units, uoff, buf, len);
 	if (ret)
 		ferry_err("%s: prefetch: writing %zu bytes at %llu into the cache file of %s: %s",
 			  m->req.image, len, (unsigned long long)uoff, o->cookie,

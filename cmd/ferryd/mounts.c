@@ -453,7 +453,6 @@ static int mount_setup(struct fmount *m, const char *what, char *err,
 		.erofs_layers = true,
 	};
 	uint8_t pin[BLOB_DIGEST_SIZE];
-	uint64_t zfiles = 0;
 	struct log_capture cap;
 	char why[1024] = "";
 	struct mount_entry mi;
@@ -484,30 +483,18 @@ static int mount_setup(struct fmount *m, const char *what, char *err,
 	}
 	ret = image_cache_open(m->img, m->req.cache_dir, &m->ic);
 	/* Native layers: before the mode marks or mounts their files (a
-	 * takeover's are mounted, and marked: a read here would wait for
-	 * an answer only this ferryd can give, once it serves). */
-	if (!ret && m->img->erofs_layers && !m->req.adopt)
-		ret = image_cache_walk_layers(m->ic, &zfiles);
+	 * fanotify takeover's are mounted, and marked: a read here would
+	 * wait for an answer only this ferryd can give, once it serves;
+	 * cachefiles reads no cache file the kernel watches, and needs the
+	 * walk's units). */
+	if (!ret && m->img->erofs_layers && (!m->req.adopt || m->mode == &cachefiles_mode))
+		ret = image_cache_walk_layers(m->ic);
 	if (!ret)
 		ret = evict_register(&m->req);
 	if (ret) {
 		snprintf(why, sizeof(why), "%s: chunk cache %s", m->req.image,
 			 m->req.cache_dir);
 		set_err(err, errlen, &cap, ret, why);
-		goto out;
-	}
-	/*
-	 * EROFS over fscache reads a compressed pcluster with one bio, but
-	 * completes that bio when the first part of it comes from the cache
-	 * file (Linux 6.12, erofs_fscache_bio_endio): a pcluster partly
-	 * there is decompressed before the rest arrives. Seen in the VM
-	 * test as zstd errors and readers hung in D state; lz4 can decode
-	 * such input into wrong bytes.
-	 */
-	if (zfiles && m->mode == &cachefiles_mode) {
-		snprintf(err, errlen, "%s: %llu files of its native EROFS layers are EROFS-compressed, which EROFS over fscache misreads (a compressed extent partly in its cache file is decompressed before the rest is read: Linux 6.12); use --mode fanotify (Linux 6.14+) or --mode local, or convert with --compress none to serve it in cachefiles mode",
-			 m->req.image, (unsigned long long)zfiles);
-		ret = -EMEDIUMTYPE; /* layers_supported */
 		goto out;
 	}
 	ret = m->mode->start(m, &serve_opts, &m->mode_state, why, sizeof(why));

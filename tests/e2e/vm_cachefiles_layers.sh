@@ -15,15 +15,17 @@
 #   once, the shared layer a second time under its copy's fsid; each
 #   fetched only the layers' metadata; every entry equals the reference
 #   (type, mode, owner, size, mtime, target, xattrs); 4 concurrent
-#   readers of usr/bin; --domain refused with its reason; kill -9 of
-#   ferryd under 4 readers of cold files: the keeper's successor takes
-#   both mounts over, every reader gets the reference bytes; the layers'
-#   superblocks go with ferry umount; --prefetch-all fills the kernel's
-#   cache files (reads fetch nothing more); the compressed image is
-#   refused in cachefiles mode, naming the kernel's flaw and the ways out,
-#   and ferry mount's auto mode then mounts it locally, stacking its
-#   downloaded layers on this kernel (6.12 takes only attached mounts as
-#   overlayfs layers: staged).
+#   readers of usr/bin; --domain refused with its reason; the compressed
+#   image beside them: metadata-only fetch, the reference listing, 4
+#   readers, no decompression error (ferryd fills each compressed file's
+#   pclusters whole: Linux 6.12 misreads partly cached ones); kill -9 of
+#   ferryd under 8 readers of cold files of both three-layer images: the
+#   keeper's successor takes all mounts over, every reader gets the
+#   reference bytes; the layers' superblocks go with ferry umount;
+#   --prefetch-all fills the kernel's cache files (reads fetch nothing
+#   more); --mode local of the compressed image stacks its downloaded
+#   layers on this kernel (6.12 takes only attached mounts as overlayfs
+#   layers: staged).
 # Skips (ok # SKIP) only when QEMU or the kernel source is not installed.
 E2E_TIMEOUT=$((${E2E_TIMEOUT:-0} > 3000 ? E2E_TIMEOUT : 3000))
 . "$(dirname "$0")/lib.sh"
@@ -46,9 +48,8 @@ oci_fixtures
 P=$SCRATCH/payload/nat
 mkdir -p "$P"
 vm_host_registry
-# Uncompressed layers for cachefiles (EROFS over fscache misreads
-# compressed extents on 6.12: cachefiles mode refuses them), compressed
-# ones for that refusal and for --mode local.
+# Uncompressed layers, and compressed ones (EROFS over fscache misreads
+# partly cached compressed extents on 6.12: ferryd fills them whole).
 check "convert oci:base and oci:edit --format erofs-layers (--compress none, and zstd) to the host registry" bash -c '
 	"$1" convert -q --format erofs-layers --compress none "oci:$2:base" "docker://$3/nat:base" &&
 	"$1" convert -q --format erofs-layers --compress none "oci:$2:edit" "docker://$3/nat:edit" &&

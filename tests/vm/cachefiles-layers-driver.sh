@@ -4,9 +4,8 @@
 # by the VM's /init): ferry mount --mode cachefiles of images of native
 # EROFS layers (convert --format erofs-layers) served by docker-registry
 # on the guest's 127.0.0.1: each layer an EROFS over fscache of its own,
-# stacked with overlayfs. nat:base and nat:edit are uncompressed; nat:zedit
-# is nat:edit zstd-compressed (refused in cachefiles mode, so --mode auto
-# mounts it locally). Payload /payload/nat, made on the host:
+# stacked with overlayfs. nat:base and nat:edit are uncompressed, nat:zedit
+# is nat:edit zstd-compressed. Payload /payload/nat, made on the host:
 #   nat.env       LAYERS_BYTES (nat:edit's layer bytes), BASE_FSID (the
 #                 hex digest of the layer nat:base and nat:edit share),
 #                 BASE_OSREL (sha256 of nat:base's etc/os-release)
@@ -85,12 +84,24 @@ vm_check "--domain is refused for native layers, naming the reason" sh -c '
 	mkdir -p /mnt/dom && ! timeout 60 ferry mount --mode cachefiles --domain d \
 		--cache-dir "$1" "docker://$2/nat:base" /mnt/dom >/tmp/dom.out 2>&1 &&
 	grep -q "device table" /tmp/dom.out && ! grep -q " /mnt/dom " /proc/mounts' sh "$C" "$VM_REGISTRY"
-vm_check "compressed layers are refused, naming the flaw and --mode fanotify, local, --compress none" sh -c '
-	mkdir -p /mnt/z && ! timeout 60 ferry mount --mode cachefiles \
-		--cache-dir "$1" "docker://$2/nat:zedit" /mnt/z >/tmp/z.out 2>&1 &&
-	grep -q "EROFS over fscache misreads" /tmp/z.out && grep -q -- "--mode fanotify" /tmp/z.out &&
-	grep -q -- "--mode local" /tmp/z.out && grep -q -- "--compress none" /tmp/z.out &&
-	! grep -q " /mnt/z " /proc/mounts' sh "$C" "$VM_REGISTRY"
+
+# --- compressed layers: each compressed file's pclusters fetched whole ---------------
+Z=/mnt/z
+if vm_check "ferry mount --mode cachefiles nat:zedit (zstd-compressed layers)" cfmount nat:zedit $Z; then
+	f=$(field $Z bytesFetched)
+	vm_check "nat:zedit fetched its layers' metadata only (${f:-?} B)" \
+		sh -c '[ "${1:-0}" -gt 0 ] && [ "$1" -lt $(($2 / 8)) ]' sh "$f" "$LAYERS_BYTES"
+	vm_check "nat:zedit: every entry as the reference's" sh -c '
+		treelist -n /mnt/z | cut -d"|" -f1-9,12 >/tmp/z.list && diff "$1/edit.list" /tmp/z.list' sh "$P"
+	vm_readers "$Z" /tmp/usrbin.files /tmp/zr 150 sort "sort -r" shuf sort
+	# shellcheck disable=SC2086
+	wait $VM_READERS
+	vm_check "4 concurrent readers of its usr/bin all read the reference bytes" sh -c '
+		for i in 0 1 2 3; do cmp /tmp/usrbin.expect /tmp/zr.$i || exit 1; done' || diagnose
+	vm_check "no EROFS decompression error in the kernel log" sh -c \
+		'! dmesg | grep -iE "decompress|read error"'
+	vm_diag "nat:zedit: usr/bin read with $(field $Z bytesFetched) B fetched (whole compressed files)"
+fi
 
 # --- failover: kill -9 of ferryd under readers of data not fetched yet --------------
 pid=$(field $E pid)
@@ -101,15 +112,19 @@ if [ "$(fstype $E)" = overlay ] &&
 	sort -k 2 "$P/fo.sha256" >/tmp/fo.expect
 	sed 's/^[0-9a-f]*  //' /tmp/fo.expect >/tmp/fo.files
 	vm_readers "$E" /tmp/fo.files /tmp/fo 200 sort "sort -r" shuf sort
+	readers=$VM_READERS
+	vm_readers "$Z" /tmp/fo.files /tmp/zfo 200 sort "sort -r" shuf sort
+	readers="$readers $VM_READERS"
 	sleep 1
-	vm_check "kill -9 ferryd (pid ${pid:-?}) while 4 readers read $(wc -l </tmp/fo.files) cold files" \
+	vm_check "kill -9 ferryd (pid ${pid:-?}) while 8 readers read $(wc -l </tmp/fo.files) cold files of nat:edit and nat:zedit" \
 		sh -c '[ "${1:-0}" -gt 1 ] && kill -9 "$1"' sh "$pid"
 	t=$(date +%s)
 	# shellcheck disable=SC2086
-	wait $VM_READERS
+	wait $readers
 	vm_diag "failover: readers done $(($(date +%s) - t)) s after the kill"
 	vm_check "every reader got the reference bytes, none an error" sh -c '
-		for i in 0 1 2 3; do cmp /tmp/fo.expect /tmp/fo.$i || exit 1; done' || diagnose
+		for i in 0 1 2 3; do cmp /tmp/fo.expect /tmp/fo.$i && cmp /tmp/fo.expect /tmp/zfo.$i || exit 1; done' ||
+		diagnose
 	npid=$(field $E pid)
 	vm_check "a new ferryd (pid ${npid:-none}) serves nat:edit and nat:base" sh -c '
 		[ -n "$1" ] && [ "$1" != "$2" ] && [ "$3" = "$1" ]' sh "$npid" "$pid" "$(field $B pid)"
@@ -119,8 +134,30 @@ if [ "$(fstype $E)" = overlay ] &&
 			xargs sha256sum </tmp/usrbin.files | sort -k 2 | cmp - /tmp/usrbin.expect'
 fi
 
+# --- --mode auto where only FUSE is left: a local mount, staged on 6.12 -------------
+# A second ferryd cannot have /dev/cachefiles (the first holds it), so its
+# auto mode is FUSE, which refuses native layers: ferry mount then mounts
+# the image fully fetched. Linux 6.12 stacks only attached mounts: the
+# layers are staged for overlayfs.
+if vm_check "a second ferryd: ferry mount nat:zedit there (auto: FUSE refuses it, so --mode local, saying so)" sh -c '
+	mkdir -p /mnt/loc /run/ferry2 && ferryd --socket /run/ferry2/ferryd.sock \
+		--log-file /run/ferry2/ferryd.log &&
+	timeout 120 ferry mount --socket /run/ferry2/ferryd.sock --cache-dir /cf/loc \
+		"docker://$1/nat:zedit" /mnt/loc >/tmp/auto.out 2>&1 &&
+	grep -q "fully fetched instead (--mode local)" /tmp/auto.out' sh "$VM_REGISTRY"; then
+	vm_check "local: an overlay, every entry as the reference's" sh -c '
+		[ "$(awk "\$2 == \"/mnt/loc\" { print \$3 }" /proc/mounts)" = overlay ] &&
+		treelist -n /mnt/loc | cut -d"|" -f1-9,12 >/tmp/loc.list && diff "$1/edit.list" /tmp/loc.list' sh "$P"
+	vm_check "local: usr/bin reads the reference bytes" sh -c \
+		'cd /mnt/loc && xargs sha256sum </tmp/usrbin.files | sort -k 2 | cmp - /tmp/usrbin.expect'
+	vm_check "local: no staging mount or directory is left behind" sh -c \
+		'! awk "\$2 ~ /ferry-layers/" /proc/mounts | grep -q . && ! ls -d /run/ferry-layers.* 2>/dev/null'
+	vm_check "ferry umount of the local mount; the second ferryd stops" sh -c \
+		'ferry umount /mnt/loc && timeout 60 ferry daemon stop --socket /run/ferry2/ferryd.sock'
+fi
+
 # --- unmount: the layers' superblocks go with the stack ------------------------------
-vm_check "ferry umount of both" sh -c 'ferry umount /mnt/edit && ferry umount /mnt/base'
+vm_check "ferry umount of all three" sh -c 'ferry umount /mnt/z && ferry umount /mnt/edit && ferry umount /mnt/base'
 vm_check "no layer superblock is left (/sys/fs/erofs empty)" vm_wait 20 sh -c \
 	'[ -z "$(ls /sys/fs/erofs 2>/dev/null | grep -v "^features$")" ]'
 
@@ -137,22 +174,6 @@ if vm_check "mount nat:edit --prefetch-all over a fresh cache" sh -c '
 	vm_check "the reads fetched nothing more (${f:-?} B, then ${f2:-?} B)" \
 		sh -c '[ "${1:-0}" -gt 0 ] && [ "$1" = "$2" ]' sh "$f" "$f2"
 	vm_check "ferry umount of the prefetched mount" ferry umount /mnt/pf
-fi
-
-# --- --mode auto: no lazy mode serves the compressed layers, so a local mount ----
-# Linux 6.12 stacks only attached mounts: the layers are staged for overlayfs.
-if vm_check "ferry mount nat:zedit (auto: cachefiles refuses it, so --mode local, saying so)" sh -c '
-	mkdir -p /mnt/loc && timeout 120 ferry mount --cache-dir /cf/loc \
-		"docker://$1/nat:zedit" /mnt/loc >/tmp/auto.out 2>&1 &&
-	grep -q "fully fetched instead (--mode local)" /tmp/auto.out' sh "$VM_REGISTRY"; then
-	vm_check "local: an overlay, every entry as the reference's" sh -c '
-		[ "$(awk "\$2 == \"/mnt/loc\" { print \$3 }" /proc/mounts)" = overlay ] &&
-		treelist -n /mnt/loc | cut -d"|" -f1-9,12 >/tmp/loc.list && diff "$1/edit.list" /tmp/loc.list' sh "$P"
-	vm_check "local: usr/bin reads the reference bytes" sh -c \
-		'cd /mnt/loc && xargs sha256sum </tmp/usrbin.files | sort -k 2 | cmp - /tmp/usrbin.expect'
-	vm_check "local: no staging mount or directory is left behind" sh -c \
-		'! awk "\$2 ~ /ferry-layers/" /proc/mounts | grep -q . && ! ls -d /run/ferry-layers.* 2>/dev/null'
-	vm_check "ferry umount of the local mount" ferry umount /mnt/loc
 fi
 
 vm_diag "guest driver done at $(elapsed)"
