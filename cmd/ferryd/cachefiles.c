@@ -525,6 +525,7 @@ static int sink_write(struct cf_sink *s, uint64_t off, const void *buf, size_t l
 struct cf_piece {
 	uint8_t *buf;
 	uint64_t from, to;
+	uint64_t got; /* bytes of it the frames brought */
 };
 
 static int piece_frame(void *ctx, uint64_t off, const void *buf, size_t len)
@@ -532,8 +533,10 @@ static int piece_frame(void *ctx, uint64_t off, const void *buf, size_t len)
 	struct cf_piece *p = ctx;
 	uint64_t a = MAX(off, p->from), b = MIN(off + len, p->to);
 
-	if (a < b)
+	if (a < b) {
 		memcpy(p->buf + (a - p->from), (const uint8_t *)buf + (a - off), b - a);
+		p->got += b - a;
+	}
 	return 0;
 }
 
@@ -552,8 +555,12 @@ static int fill_unit(struct cf_mount *cm, uint32_t device, const struct cf_job *
 		return -ENOMEM;
 	while (!ret && p.to > u->off) {
 		p.from = MAX(u->off, (p.to - 1) / CF_BUF * CF_BUF);
+		p.got = 0;
 		ret = image_cache_read_frames(cm->m->ic, device, p.from, p.to - p.from,
 					      piece_frame, &p);
+		/* Frames are disjoint: anything short is a piece not covered. */
+		if (!ret && p.got != p.to - p.from)
+			ret = -EIO;
 		if (!ret)
 			ret = pwrite_full(j->obj->fd, p.buf, p.to - p.from, p.from);
 		if (ret)
@@ -718,17 +725,32 @@ static void prefetch_object_put(struct cf_object *o)
 	pthread_mutex_unlock(&dev.lock);
 }
 
-/* Does the kernel's cache file hold [uoff, uoff + len) (no hole there)? */
+/*
+ * Does the kernel's cache file hold [uoff, uoff + len) (no hole there)?
+ * Units do not count: prefetch leaves them to fill_unit, so a range of
+ * units only is not fetched for nothing.
+ */
 static bool prefetch_has(void *ctx, uint32_t device, uint64_t uoff, uint64_t len)
 {
-	struct cf_object *o = prefetch_object(ctx, device);
+	struct fmount *m = ctx;
+	struct cf_object *o = prefetch_object(m, device);
+	const struct image_span *u;
+	uint64_t pos = uoff, end = uoff + len, stop;
+	uint32_t nr, i;
+	bool has = true;
 	off_t hole;
 
 	if (!o)
 		return false;
-	hole = lseek(o->fd, (off_t)uoff, SEEK_HOLE);
+	u = units_of(m->img, device, &nr);
+	for (i = unit_after(u, nr, uoff); has && pos < end; i++) {
+		stop = i < nr ? MIN(end, MAX(pos, u[i].off)) : end;
+		hole = stop > pos ? lseek(o->fd, (off_t)pos, SEEK_HOLE) : (off_t)stop;
+		has = hole >= 0 && (uint64_t)hole >= stop;
+		pos = i < nr ? MAX(stop, u[i].off + u[i].len) : end;
+	}
 	prefetch_object_put(o);
-	return hole >= 0 && (uint64_t)hole >= uoff + len;
+	return has;
 }
 
 static int prefetch_put(void *ctx, uint32_t device, uint64_t uoff, const void *buf,

@@ -23,7 +23,8 @@
 #   keeper's successor takes all mounts over, every reader gets the
 #   reference bytes; the layers' superblocks go with ferry umount;
 #   --prefetch-all fills the kernel's cache files (reads fetch nothing
-#   more); --mode local of the compressed image stacks its downloaded
+#   more; of the compressed image, what lies outside compressed files,
+#   fetching less than half of it); --mode local of the compressed image stacks its downloaded
 #   layers on this kernel (6.12 takes only attached mounts as overlayfs
 #   layers: staged).
 # Skips (ok # SKIP) only when QEMU or the kernel source is not installed.
@@ -67,11 +68,12 @@ prep() {
 		"$TREELIST" -n "$redit" | cut -d'|' -f1-9,12 >"$P/edit.list" &&
 		(cd "$redit" && find usr/bin -type f | sort | xargs sha256sum) >"$P/usrbin.sha256" &&
 		skopeo inspect --raw --tls-verify=false "docker://$HREG/nat:base" >"$SCRATCH/base.json" &&
-		skopeo inspect --raw --tls-verify=false "docker://$HREG/nat:edit" >"$SCRATCH/edit.json" ||
+		skopeo inspect --raw --tls-verify=false "docker://$HREG/nat:edit" >"$SCRATCH/edit.json" &&
+		skopeo inspect --raw --tls-verify=false "docker://$HREG/nat:zedit" >"$SCRATCH/zedit.json" ||
 		return 1
-	/usr/bin/python3 - "$SCRATCH/base.json" "$SCRATCH/edit.json" "$redit" "$rbase" "$P" <<'PY'
+	/usr/bin/python3 - "$SCRATCH/base.json" "$SCRATCH/edit.json" "$SCRATCH/zedit.json" "$redit" "$rbase" "$P" <<'PY'
 import hashlib, json, os, subprocess, sys
-base, edit, ref, rbase, out = sys.argv[1:]
+base, edit, zedit, ref, rbase, out = sys.argv[1:]
 bl = [l["digest"] for l in json.load(open(base))["layers"]]
 el = json.load(open(edit))["layers"]
 if len(bl) != 1 or len(el) < 2 or el[0]["digest"] != bl[0]:
@@ -89,6 +91,7 @@ sums = subprocess.check_output(["sha256sum", *pick], cwd=ref)
 open(os.path.join(out, "fo.sha256"), "wb").write(sums)
 with open(os.path.join(out, "nat.env"), "w") as f:
     f.write("LAYERS_BYTES=%d\n" % sum(l["size"] for l in el))
+    f.write("ZLAYERS_BYTES=%d\n" % sum(l["size"] for l in json.load(open(zedit))["layers"]))
     f.write("BASE_FSID=%s\n" % bl[0].split(":", 1)[1])
     f.write("BASE_OSREL=%s\n" % hashlib.sha256(
         open(os.path.join(rbase, "etc/os-release"), "rb").read()).hexdigest())

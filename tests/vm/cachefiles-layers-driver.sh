@@ -8,7 +8,8 @@
 # is nat:edit zstd-compressed. Payload /payload/nat, made on the host:
 #   nat.env       LAYERS_BYTES (nat:edit's layer bytes), BASE_FSID (the
 #                 hex digest of the layer nat:base and nat:edit share),
-#                 BASE_OSREL (sha256 of nat:base's etc/os-release)
+#                 BASE_OSREL (sha256 of nat:base's etc/os-release),
+#                 ZLAYERS_BYTES (nat:zedit's layer bytes)
 #   base.list, edit.list  treelist -n of the reference trees (umoci
 #                 unpack), NLINK and LINKS cut (overlayfs counts links
 #                 per layer)
@@ -174,6 +175,20 @@ if vm_check "mount nat:edit --prefetch-all over a fresh cache" sh -c '
 	vm_check "the reads fetched nothing more (${f:-?} B, then ${f2:-?} B)" \
 		sh -c '[ "${1:-0}" -gt 0 ] && [ "$1" = "$2" ]' sh "$f" "$f2"
 	vm_check "ferry umount of the prefetched mount" ferry umount /mnt/pf
+fi
+# Compressed: prefetch fills what lies outside compressed files' units and
+# fetches no range that holds units only; the units come on demand.
+pfz_done() { [ "$(field /mnt/pfz prefetch)" = "done" ]; }
+if vm_check "mount nat:zedit --prefetch-all over a fresh cache" sh -c '
+	mkdir -p /mnt/pfz && timeout 120 ferry mount --mode cachefiles --prefetch-all \
+		--cache-dir /cf/pfz "docker://$1/nat:zedit" /mnt/pfz' sh "$VM_REGISTRY"; then
+	vm_check "the prefetch is done" vm_wait 120 pfz_done
+	f=$(field /mnt/pfz bytesFetched)
+	vm_check "it fetched less than half of the layers (${f:-?} of $ZLAYERS_BYTES B)" \
+		sh -c '[ "${1:-0}" -gt 0 ] && [ "$1" -lt $(($2 / 2)) ]' sh "$f" "$ZLAYERS_BYTES"
+	vm_check "usr/bin reads the reference bytes after it" sh -c \
+		'cd /mnt/pfz && xargs sha256sum </tmp/usrbin.files | sort -k 2 | cmp - /tmp/usrbin.expect'
+	vm_check "ferry umount of the prefetched compressed mount" ferry umount /mnt/pfz
 fi
 
 vm_diag "guest driver done at $(elapsed)"
