@@ -365,6 +365,8 @@ static uint32_t units_merge(struct image_span *v, uint32_t n)
 {
 	uint32_t k = 0;
 
+	if (!n)
+		return 0; /* v is NULL: qsort must not see it */
 	qsort(v, n, sizeof(*v), span_cmp);
 	for (uint32_t i = 0; i < n; i++) {
 		if (k && v[i].off < v[k - 1].off + v[k - 1].len)
