@@ -623,19 +623,18 @@ static int fill(struct cf_mount *cm, uint32_t device, const struct cf_job *j,
 	}
 	if (device) {
 		uint64_t have = j->off < size ? MIN(j->len, size - j->off) : 0;
-		uint32_t i;
+		uint32_t first, i;
 
 		s.units = units_of(cm->m->img, device, &s.nr_units);
-		i = unit_after(s.units, s.nr_units, j->off);
-		for (; !ret && i < s.nr_units && s.units[i].off < j->off + have; i++)
+		first = unit_after(s.units, s.nr_units, j->off);
+		for (i = first; !ret && i < s.nr_units && s.units[i].off < j->off + have; i++)
 			ret = fill_unit(cm, device, j, &s.units[i]);
 		if (ret)
 			return ret;
 		memset(buf, 0, CF_BUF);
 		/* A bio's READ lies inside one unit: nothing more to fetch. */
-		i = unit_after(s.units, s.nr_units, j->off);
-		if (i < s.nr_units && s.units[i].off <= j->off &&
-		    s.units[i].off + s.units[i].len >= j->off + have) {
+		if (first < s.nr_units && s.units[first].off <= j->off &&
+		    s.units[first].off + s.units[first].len >= j->off + have) {
 			s.pos = j->off + have;
 			return sink_zeros(&s, end);
 		}

@@ -163,11 +163,15 @@ vm_check "no layer superblock is left (/sys/fs/erofs empty)" vm_wait 20 sh -c \
 	'[ -z "$(ls /sys/fs/erofs 2>/dev/null | grep -v "^features$")" ]'
 
 # --- prefetch-all fills the kernel's cache files ---------------------------------
-pf_done() { [ "$(field /mnt/pf prefetch)" = "done" ]; }
-if vm_check "mount nat:edit --prefetch-all over a fresh cache" sh -c '
-	mkdir -p /mnt/pf && timeout 120 ferry mount --mode cachefiles --prefetch-all \
-		--cache-dir /cf/pf "docker://$1/nat:edit" /mnt/pf' sh "$VM_REGISTRY"; then
-	vm_check "the prefetch is done" vm_wait 120 pf_done
+pf_done() { [ "$(field "$1" prefetch)" = "done" ]; } # MNT
+# Mount IMAGE --prefetch-all on /mnt/NAME over a fresh cache /cf/NAME, and
+# wait for the prefetch to be done.
+pfmount() { # IMAGE NAME
+	vm_check "mount $1 --prefetch-all over a fresh cache" \
+		vm_cfmount "/cf/$2" "$1" "/mnt/$2" --prefetch-all &&
+		vm_check "the prefetch is done" vm_wait 120 pf_done "/mnt/$2"
+}
+if pfmount nat:edit pf; then
 	f=$(field /mnt/pf bytesFetched)
 	vm_check "usr/bin reads the reference bytes after the prefetch" sh -c \
 		'cd /mnt/pf && xargs sha256sum </tmp/usrbin.files | sort -k 2 | cmp - /tmp/usrbin.expect'
@@ -178,11 +182,7 @@ if vm_check "mount nat:edit --prefetch-all over a fresh cache" sh -c '
 fi
 # Compressed: prefetch fills what lies outside compressed files' units and
 # fetches no range that holds units only; the units come on demand.
-pfz_done() { [ "$(field /mnt/pfz prefetch)" = "done" ]; }
-if vm_check "mount nat:zedit --prefetch-all over a fresh cache" sh -c '
-	mkdir -p /mnt/pfz && timeout 120 ferry mount --mode cachefiles --prefetch-all \
-		--cache-dir /cf/pfz "docker://$1/nat:zedit" /mnt/pfz' sh "$VM_REGISTRY"; then
-	vm_check "the prefetch is done" vm_wait 120 pfz_done
+if pfmount nat:zedit pfz; then
 	f=$(field /mnt/pfz bytesFetched)
 	vm_check "it fetched less than half of the layers (${f:-?} of $ZLAYERS_BYTES B)" \
 		sh -c '[ "${1:-0}" -gt 0 ] && [ "$1" -lt $(($2 / 2)) ]' sh "$f" "$ZLAYERS_BYTES"
