@@ -35,8 +35,13 @@ LIB := $(BUILD)/libferry.a
 # cmd/ctl_client.c: its client side (connecting, starting ferryd).
 FERRY_SRCS := $(wildcard cmd/ferry/*.c) cmd/ctl.c cmd/ctl_client.c
 FERRY_OBJS := $(FERRY_SRCS:%.c=$(BUILD)/%.o)
-FERRYD_SRCS := $(wildcard cmd/ferryd/*.c) cmd/ctl.c
+# The mounts' keepers: a small program of their own (cmd/ferryd/keeper.h)
+# that shares a few of ferryd's files and none of its libraries but json-c.
+KEEPER_SRCS := cmd/ferryd/keeper_main.c cmd/ferryd/log.c cmd/ferryd/succession.c \
+	       cmd/ferryd/fanfill.c cmd/ctl.c
+FERRYD_SRCS := $(filter-out cmd/ferryd/keeper_main.c,$(wildcard cmd/ferryd/*.c)) cmd/ctl.c
 FERRYD_OBJS := $(FERRYD_SRCS:%.c=$(BUILD)/%.o)
+KEEPER_OBJS := $(KEEPER_SRCS:%.c=$(BUILD)/%.o)
 
 TEST_SRCS := $(wildcard tests/*/test_*.c)
 TEST_BINS := $(TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
@@ -51,7 +56,7 @@ Q := $(if $(V),,@)
 
 .PHONY: all check check-asan check-run tests fuzz fuzz-run bench demo deps install clean vm-kernel contrib
 
-all: $(BIN)/ferry $(BIN)/ferryd
+all: $(BIN)/ferry $(BIN)/ferryd $(BIN)/ferryd-keeper
 
 # The containerd snapshotter (Go, built offline from Debian's Go sources:
 # contrib/containerd/go.sh, docs/containerd.md).
@@ -77,6 +82,11 @@ $(BIN)/ferry: $(FERRY_OBJS) $(LIB)
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 $(BIN)/ferryd: $(FERRYD_OBJS) $(LIB)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BIN)/ferryd-keeper: $(KEEPER_OBJS) $(LIB)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
@@ -153,6 +163,7 @@ install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/man/man1
 	install -m 0755 $(BIN)/ferry $(DESTDIR)$(PREFIX)/bin/ferry
 	install -m 0755 $(BIN)/ferryd $(DESTDIR)$(PREFIX)/bin/ferryd
+	install -m 0755 $(BIN)/ferryd-keeper $(DESTDIR)$(PREFIX)/bin/ferryd-keeper
 	[ ! -e $(BIN)/ferry-snapshotter ] || install -m 0755 $(BIN)/ferry-snapshotter $(DESTDIR)$(PREFIX)/bin/ferry-snapshotter
 	install -m 0644 docs/man/ferry.1 $(DESTDIR)$(PREFIX)/share/man/man1/ferry.1
 	install -d $(DESTDIR)$(PREFIX)/share/man/man8

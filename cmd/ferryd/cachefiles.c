@@ -31,7 +31,7 @@
  * is resolved to a mount at each READ by its volume and cookie, so a blob
  * shared in a domain is served as long as any mount of that domain has it.
  *
- * Failover: a keeper process (ferryd --cachefiles-keeper) holds a second
+ * Failover: a keeper process (ferryd-keeper cachefiles) holds a second
  * descriptor of the device, so the cache stays bound when ferryd dies,
  * and ferryd records its cachefiles mounts (their requests) next to the
  * control socket. When ferryd dies, the kernel closes the objects whose
@@ -74,8 +74,6 @@
 #define VOLUME_MAX (6 + META_FSCACHE_ID_MAX + 1) /* "erofs," + id + NUL */
 #define FSID_LEN (2 * BLOB_DIGEST_SIZE)
 #define LAYER_COPIES 100u          /* fsids one native layer can be mounted under */
-#define CF_STATE "ferryd.cachefiles.json" /* {"mounts":[...]}, next to the socket */
-#define CF_STATE_MAX (16u << 20)
 
 /* A cache file the kernel opened for us: the anon fd and what it holds. */
 struct cf_object {
@@ -896,7 +894,7 @@ static void keeper_start(const struct serve_opts *o)
 		n++;
 	}
 
-	ret = keeper_spawn("--cachefiles-keeper", dev.fd, args, &dev.keeper_sock, &pid);
+	ret = keeper_spawn("cachefiles", dev.fd, args, &dev.keeper_sock, &pid);
 	if (ret)
 		ferry_warn("cachefiles: no keeper for %s (%s): if ferryd dies, its mounts fail reads of missing data with EIO",
 			   CF_DEVICE, ferry_strerror(ret));
@@ -905,7 +903,7 @@ static void keeper_start(const struct serve_opts *o)
 
 /*
  * The keeper starts beside the first mount, not before it: spawning it
- * (an exec of ferryd) is most of a cold cachefiles mount's time on a slow
+ * (an exec, if a small one) costs a cold cachefiles mount's time on a slow
  * machine, and the mount does not need it; failover does, from the moment
  * it said hello. Not at a lower priority: on a busy host that would leave
  * the mounts without failover for as long as the keeper waits for a CPU.
@@ -1422,79 +1420,6 @@ static void cf_stats(void *state, struct ctl_mount_stats *s)
 /* Failover                                                            */
 /* ------------------------------------------------------------------ */
 
-int cachefiles_keeper_main(int argc, char **argv)
-{
-	char exe[PATH_MAX], msg[64];
-	const char *succ[KEEPER_ARGS_MAX + 8] = { exe, "--socket", argv[4] };
-	unsigned long devfd, sock;
-	char *end1, *end2;
-	int ret, i, n_args = 3;
-
-	if (argc < 5 || argc > KEEPER_ARGS_MAX + 4 ||
-	    (devfd = strtoul(argv[2], &end1, 10)) > INT_MAX || *end1 ||
-	    (sock = strtoul(argv[3], &end2, 10)) > INT_MAX || *end2 || argv[4][0] != '/') {
-		fprintf(stderr, "ferryd --cachefiles-keeper: started by ferryd only\n");
-		return 2;
-	}
-	fcntl((int)devfd, F_SETFD, FD_CLOEXEC);
-	if (keeper_hello((int)sock))
-		return 1;
-	while ((ret = keeper_wait((int)sock, msg, sizeof(msg))) == 2)
-		;
-	if (!ret)
-		return 0; /* ferryd let the device go */
-	/* ferryd is gone: become its successor, the device in hand. */
-	ferry_warn("cachefiles keeper: ferryd is gone; starting a new ferryd on %s to take over %s and its mounts",
-		   argv[4], CF_DEVICE);
-	/* The installed binary: after ferry daemon upgrade, the new one. */
-	if (ferryd_exe(exe, sizeof(exe)))
-		snprintf(exe, sizeof(exe), "/proc/self/exe");
-	fcntl((int)devfd, F_SETFD, 0);
-	close((int)sock);
-	/* The dead ferryd's options (successor_args in daemon.c). */
-	for (i = 5; i < argc; i++)
-		succ[n_args++] = argv[i];
-	succ[n_args++] = "--cachefiles-adopt";
-	succ[n_args++] = argv[2];
-	succ[n_args] = NULL;
-	execv(exe, (char *const *)succ);
-	ferry_err("cachefiles keeper: starting %s: %s; reads of missing data on its mounts fail with EIO",
-		  exe, strerror(errno));
-	return 1;
-}
-
-/* The mounts recorded next to @socket_path: {"mounts":[REQUEST...]}, each
- * as the control socket takes it. */
-static int recorded_mounts(const char *socket_path, char *path, size_t path_len,
-			   struct json_object **top, struct json_object **mounts)
-{
-	char *text = NULL, *copy = strdup(socket_path);
-	size_t len;
-	int ret;
-
-	*top = *mounts = NULL;
-	snprintf(path, path_len, "%s/%s", copy ? dirname(copy) : ".", CF_STATE);
-	free(copy);
-	ret = read_file_max(path, CF_STATE_MAX, &text, &len);
-	if (!ret)
-		ret = json_parse_object(text, len, top);
-	if (!ret && !json_object_is_type(*mounts = json_field(*top, "mounts"), json_type_array))
-		ret = -EPROTO;
-	free(text);
-	return ret;
-}
-
-bool cachefiles_recorded(const char *socket_path)
-{
-	struct json_object *top, *a;
-	char path[PATH_MAX];
-	bool any = !recorded_mounts(socket_path, path, sizeof(path), &top, &a) &&
-		   json_object_array_length(a);
-
-	json_object_put(top);
-	return any;
-}
-
 void cachefiles_adopt(int devfd, const char *socket_path)
 {
 	struct json_object *top = NULL, *a = NULL;
@@ -1502,7 +1427,7 @@ void cachefiles_adopt(int devfd, const char *socket_path)
 	size_t i, nr = 0, ok = 0;
 	int ret;
 
-	ret = recorded_mounts(socket_path, path, sizeof(path), &top, &a);
+	ret = cf_recorded_mounts(socket_path, path, sizeof(path), &top, &a);
 	if (ret)
 		ferry_err("cachefiles: the dead ferryd's mounts (%s): %s", path, ferry_strerror(ret));
 	else

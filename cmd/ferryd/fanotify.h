@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * Fanotify mode of ferryd (fanotify.c, the serving side: fanotify_mode,
- * mode.h; keeper.c, the process that keeps the group open) and the kernel
+ * mode.h; ferryd-keeper, the process that keeps the group open; fanfill.c,
+ * what both need of an event) and the kernel
  * constants that Debian 12's <linux/fanotify.h> predates (pre-content
  * events, Linux 6.14; values from the kernel's uapi header).
  */
@@ -34,16 +35,18 @@ _Static_assert(sizeof(struct fanotify_event_info_range) == 24,
 	       "fanotify range record is 24 bytes");
 
 /*
- * The ferryd and ferry binaries (ferry next to ferryd). A fill — a write
+ * ferry's binaries: this process's own and the ferryd and ferry next to
+ * it (fanfill.c). A fill — a write
  * into a data file by another ferry process, through a descriptor that
  * sees events because a mount marked the file before it was opened —
  * holds the chunks' map lock that our own fill of the range would wait
  * for, so it is allowed at once. Readers are never exempt: a read of a
  * hole allowed through the mount would leave zeros in the page cache.
  */
+#define FERRY_EXES 3
 struct ferry_exes {
-	dev_t dev[2];
-	ino_t ino[2];
+	dev_t dev[FERRY_EXES];
+	ino_t ino[FERRY_EXES];
 };
 void ferry_exes_find(struct ferry_exes *e);
 /*
@@ -58,8 +61,5 @@ bool fan_fill_process(const struct ferry_exes *e, pid_t pid, int fd);
 /* The RANGE record of event @meta: 0 and the range, or -ENOENT. */
 int fan_event_range(const struct fanotify_event_metadata *meta, uint64_t *off,
 		    uint64_t *count);
-
-/* ferryd --keeper ...: the keeper process (keeper.c). */
-int keeper_main(int argc, char **argv);
 
 #endif

@@ -19,8 +19,13 @@
  *   readahead.c  FUSE mode: stores the next files of a directory being
  *              read in order in the page cache
  *   fanotify.c fanotify mode: marks, mount(2), event loop, fill threads
- *   keeper.c   mounts' keepers: hold a FUSE connection or fanotify group
- *              when ferryd dies and hand it to a successor
+ *   keeper.c   starting and stopping mounts' keepers (ferryd-keeper,
+ *              keeper.h), which hold a FUSE connection, fanotify group
+ *              or /dev/cachefiles when ferryd dies and hand it to a
+ *              successor
+ *   keeper_main.c  the keepers' program, ferryd-keeper (its own binary)
+ *   succession.c  what ferryd and ferryd-keeper share (keeper.h)
+ *   fanfill.c  fanotify events: range, ferry's own fills (fanotify.h)
  *   cachefiles.c  cachefiles mode: /dev/cachefiles, mount(2), OPEN/READ/
  *              CLOSE requests
  *   log.c      log lines (timestamps in the log file) and per-thread
@@ -38,6 +43,7 @@
 #include "../../pkg-base/base.h"
 #include "../../pkg-image/image.h"
 #include "../ctl.h"
+#include "keeper.h"
 #include "mode.h"
 
 #define FERRYD_VERSION FERRY_VERSION
@@ -178,26 +184,17 @@ void log_capture_end(struct log_capture *c);
 /* ------------------------------------------------------------------ */
 
 /*
- * Start "ferryd HOW FD SOCK ARGS..." (ARGS NULL-terminated): double-forked
- * in a session of its own (init reaps it; a terminal's ^C is for ferryd)
- * with descriptor @fd and one end of a SOCK_SEQPACKET pair; 0 once it
- * said hello (keeper_hello): *@sock our end, *@pid its pid. At most
- * KEEPER_ARGS_MAX ARGS.
+ * Start "ferryd-keeper HOW FD SOCK ARGS..." (keeper.h; ARGS
+ * NULL-terminated): double-forked in a session of its own (init reaps
+ * it; a terminal's ^C is for ferryd) with descriptor @fd and one end of a
+ * SOCK_SEQPACKET pair; 0 once it said hello: *@sock our end, *@pid its
+ * pid. At most KEEPER_ARGS_MAX ARGS.
  */
-#define KEEPER_ARGS_MAX 32
 int keeper_spawn(const char *how, int fd, const char *const *args, int *sock,
 		 int *pid);
-/* In the keeper: signals, log, and hello on @sock. 0 or -errno. */
-int keeper_hello(int sock);
-/*
- * In the keeper: the next message from ferryd into @msg: 2 (a message),
- * 0 ("bye": ferryd let go on purpose) or 1 (the socket closed: ferryd is
- * gone).
- */
-int keeper_wait(int sock, char *msg, size_t len);
 
 /*
- * A mount's keeper (fuse.c, fanotify.c): "ferryd HOW FD ARGS... SOCKET
+ * A mount's keeper (fuse.c, fanotify.c): "ferryd-keeper HOW FD ARGS... SOCKET
  * OPTION..." (ARGS NULL-terminated; SOCKET and OPTION: ferryd's socket
  * and a successor's options, from @o), then the mount's request as a
  * successor is to get it (keeper_handover). 0 or -errno (no keeper).
@@ -227,28 +224,6 @@ int keeper_guard_start(struct keeper_guard *g, const char *how, int fd,
 void keeper_guard_stop(struct keeper_guard *g);
 /* Tell a mount's keeper to let go, and wait until it has: *@sock closed. */
 int keeper_bye(int *sock);
-/*
- * In a mount's keeper: listen to ferryd until "bye" (0), until ferryd is
- * gone (1), "alone" (2: ferryd shut down leaving the mount in use), or
- * until @watch (>= 0) reports an error (3: the kernel ended the mount's
- * connection). The request goes into *@req; other messages
- * to @note.
- */
-int keeper_listen(int sock, int watch, char **req,
-		  void (*note)(void *ctx, const char *msg), void *ctx);
-/*
- * In a mount's keeper, ferryd gone: hand @req_text and descriptor @fd to
- * the ferryd on @socket_path, starting one (with @opts) when none answers
- * (a ferryd's lock decides between racing keepers); @sysfs (or NULL): the
- * superblock ferryd named, added to the request (native layers' overlay
- * has none a successor could find). 0 once it serves the mount, or -errno.
- */
-int keeper_handover(const char *socket_path, const char *req_text, int fd,
-		    const char *sysfs, const char *const *opts);
-/* ferryd --fuse-keeper FD SOCK SOCKET [OPTION...]. */
-int fuse_keeper_main(int argc, char **argv);
-/* This ferryd's binary: the installed path, also once replaced on disk. */
-int ferryd_exe(char *buf, size_t len);
 
 /* ------------------------------------------------------------------ */
 /* daemon.c                                                            */
@@ -295,18 +270,6 @@ int metrics_start(const char *addr);
 /* cachefiles.c: failover                                              */
 /* ------------------------------------------------------------------ */
 
-/*
- * ferryd --cachefiles-keeper DEVFD SOCK SOCKET [OPTION...]: holds
- * /dev/cachefiles; when ferryd dies, starts "ferryd --socket SOCKET
- * OPTION... --cachefiles-adopt DEVFD" (the dead one's options: its log
- * file and level, serving and cache options) and hands it the descriptor.
- */
-int cachefiles_keeper_main(int argc, char **argv);
-/*
- * Whether a ferryd on @socket_path recorded cachefiles mounts: then its
- * cachefiles keeper starts the successor, and other keepers leave it time.
- */
-bool cachefiles_recorded(const char *socket_path);
 /*
  * The successor: take over /dev/cachefiles (@devfd) and the cachefiles
  * mounts the dead ferryd recorded next to the socket, then have the

@@ -10,12 +10,13 @@
  * forever: entries, negative entries, attributes, pages, directories,
  * symlinks.
  *
- * Failover: a keeper (ferryd --fuse-keeper, keeper.c) holds the mount's
+ * Failover: a keeper (ferryd-keeper fuse, keeper.h) holds the mount's
  * /dev/fuse descriptor, so the connection outlives ferryd. When ferryd
  * dies it hands descriptor and request to a successor (keeper_handover),
  * whose fuse_start takes the mount over (fs_adopt) instead of mounting.
  */
 #include <float.h>
+#include <stdarg.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,6 +29,7 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 #include <sys/sysmacros.h>
+#include <fuse_log.h>
 
 #include "fusefs.h"
 
@@ -675,6 +677,23 @@ static const struct fuse_lowlevel_ops fs_ops = {
 /* Session and mount                                                   */
 /* ------------------------------------------------------------------ */
 
+/* libfuse's messages as ferryd's log lines. */
+static void fuse_log_fn(enum fuse_log_level level, const char *fmt, va_list ap)
+{
+	char line[1024];
+	size_t n;
+	int lvl = level <= FUSE_LOG_ERR ? FERRY_LOG_ERR :
+		  level == FUSE_LOG_WARNING ? FERRY_LOG_WARN :
+		  level <= FUSE_LOG_INFO ? FERRY_LOG_INFO : FERRY_LOG_DEBUG;
+
+	vsnprintf(line, sizeof(line), fmt, ap);
+	n = strlen(line);
+	while (n && line[n - 1] == '\n')
+		line[--n] = '\0';
+	if (n)
+		ferry_log(lvl, "libfuse: %s", line);
+}
+
 /*
  * A session serving @fs (not mounted yet), with directory readahead when
  * fs->dra_window_max is set; -EIO after a log line.
@@ -685,6 +704,7 @@ static int fs_session_new(struct fs *fs)
 	struct fuse_args args = FUSE_ARGS_INIT(1, argv);
 	int ret;
 
+	fuse_set_log_func(fuse_log_fn);
 	fs->se = fuse_session_new(&args, &fs_ops, sizeof(fs_ops), fs);
 	fuse_opt_free_args(&args);
 	if (!fs->se) {
@@ -891,7 +911,7 @@ static int fuse_start(struct fmount *m, const struct serve_opts *o, void **state
 		fs_free(fs);
 		return ret;
 	}
-	ret = keeper_guard_start(&fs->keeper, "--fuse-keeper", fuse_session_fd(fs->se), m, o);
+	ret = keeper_guard_start(&fs->keeper, "fuse", fuse_session_fd(fs->se), m, o);
 	if (ret)
 		ferry_warn("%s: no FUSE keeper (%s): if ferryd dies, the mount is dead (ENOTCONN)",
 			   m->mountpoint, ferry_strerror(ret));

@@ -16,7 +16,6 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
-#include <fuse_log.h>
 
 #include "ferryd.h"
 
@@ -125,22 +124,6 @@ static ssize_t log_write(void *cookie, const char *buf, size_t size)
 	return (ssize_t)size;
 }
 
-static void fuse_log_fn(enum fuse_log_level level, const char *fmt, va_list ap)
-{
-	char line[1024];
-	size_t n;
-	int lvl = level <= FUSE_LOG_ERR ? FERRY_LOG_ERR :
-		  level == FUSE_LOG_WARNING ? FERRY_LOG_WARN :
-		  level <= FUSE_LOG_INFO ? FERRY_LOG_INFO : FERRY_LOG_DEBUG;
-
-	vsnprintf(line, sizeof(line), fmt, ap);
-	n = strlen(line);
-	while (n && line[n - 1] == '\n')
-		line[--n] = '\0';
-	if (n)
-		ferry_log(lvl, "libfuse: %s", line);
-}
-
 int log_init(bool timestamps)
 {
 	static const cookie_io_functions_t fns = { .write = log_write };
@@ -153,7 +136,6 @@ int log_init(bool timestamps)
 	log_stamps = timestamps;
 	log_journal = stderr_is_journal();
 	stderr = f;
-	fuse_set_log_func(fuse_log_fn);
 	return 0;
 }
 

@@ -11,7 +11,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "fanotify.h"
 #include "ferryd.h"
 
 #define READY_WAIT_MS 60000
@@ -27,15 +26,15 @@ static void help(void)
 	       "file data is fetched chunk by chunk when first read and kept in the\n"
 	       "chunk cache. One ferryd hosts any number of mounts of any mode;\n"
 	       "'ferry mount' talks to it over its control socket and starts it when\n"
-	       "needed. Each FUSE and fanotify mount has a keeper process (ferryd\n"
-	       "--fuse-keeper, ferryd --keeper) that holds its /dev/fuse connection\n"
-	       "or fanotify group: if ferryd dies (or 'ferry daemon upgrade' replaces\n"
+	       "needed. Each FUSE and fanotify mount has a keeper process\n"
+	       "(ferryd-keeper, a small program installed next to ferryd) that holds\n"
+	       "its /dev/fuse connection or fanotify group: if ferryd dies (or 'ferry daemon upgrade' replaces\n"
 	       "it) the keeper hands the mount to a new ferryd on the same socket,\n"
 	       "starting one with the same options (log file and level, serving,\n"
 	       "cache and metrics options) when none answers; readers only wait.\n"
 	       "A fanotify mount no ferryd takes fails reads of data not yet cached\n"
 	       "with EIO, never zeros, until it is unmounted. The cachefiles mounts\n"
-	       "share one keeper (ferryd --cachefiles-keeper) that holds\n"
+	       "share one keeper (ferryd-keeper cachefiles) that holds\n"
 	       "/dev/cachefiles: if ferryd dies it becomes a new ferryd on the same\n"
 	       "socket (--cachefiles-adopt FD), which takes those mounts over.\n\n"
 	       "Options:\n"
@@ -172,15 +171,6 @@ int main(int argc, char **argv)
 	 */
 	mallopt(M_ARENA_MAX, 2);
 	mallopt(M_MMAP_THRESHOLD, 256 << 10);
-	/* Started by ferryd for a fanotify mount (fanotify.c). */
-	if (argc > 1 && !strcmp(argv[1], "--keeper"))
-		return keeper_main(argc, argv);
-	/* Started by ferryd for a FUSE mount (fuse.c). */
-	if (argc > 1 && !strcmp(argv[1], "--fuse-keeper"))
-		return fuse_keeper_main(argc, argv);
-	/* Started by ferryd for /dev/cachefiles (cachefiles.c). */
-	if (argc > 1 && !strcmp(argv[1], "--cachefiles-keeper"))
-		return cachefiles_keeper_main(argc, argv);
 
 	static const struct option longopts[] = {
 		{ "foreground", no_argument, NULL, 'f' },

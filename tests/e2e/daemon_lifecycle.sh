@@ -6,7 +6,11 @@
 # contrib/systemd (systemd-analyze verify), 'ferry daemon status|stop',
 # and the metrics ('ferry metrics', --metrics-listen over a unix socket
 # and TCP), parsed with the Prometheus text-format parser of Debian's
-# python3-prometheus-client, whose counters must move as reads happen.
+# python3-prometheus-client, whose counters must move as reads happen;
+# the keepers' own program (ferryd-keeper): small (no libcurl, OpenSSL,
+# libfuse or codec library; a FUSE mount's keeper under 4 MiB resident),
+# its usage, and a ferryd installed without it (mounts work and say that
+# they have no failover; ferry daemon upgrade refuses).
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/oci_lib.sh"
 . "$(dirname "$0")/registry_lib.sh"
@@ -260,5 +264,46 @@ sleep 0.5
 "$FERRY" metrics --socket "$FSOCK" >"$SCRATCH/m3.txt"
 expect "no keeper restarts counted after the umounts" \
 	grep -q '^ferryd_keeper_restarts_total 0$' "$SCRATCH/m3.txt"
+
+# ---- the keepers' program ---------------------------------------------
+KEEPER=$(dirname "$FERRYD")/ferryd-keeper
+check "ferryd-keeper --help" "$KEEPER" --help
+expect "  ... says ferryd starts it" grep -q "started by ferryd only" "$LOG"
+check_exit "ferryd-keeper without a kind: usage error" 2 "$KEEPER"
+check_exit "ferryd-keeper fuse with bad arguments: usage error" 2 "$KEEPER" fuse x y
+expect "  ... naming the kind" grep -q "ferryd-keeper fuse: started by ferryd only" "$LOG"
+# What makes it cheap to start on each mount's path: none of ferryd's
+# heavier libraries (sanitizer builds add their runtimes only).
+ldd "$KEEPER" >"$SCRATCH/keeper.ldd" 2>&1
+expect "ferryd-keeper links no libcurl, OpenSSL, libfuse or codec library" \
+	bash -c '! grep -E "libcurl|libssl|libcrypto|libfuse|liblz4|libzstd|liblzma|libisal|libz\\." "$0"' \
+	"$SCRATCH/keeper.ldd" || diag "$SCRATCH/keeper.ldd"
+lazy_use keeper
+M=$SCRATCH/m-keeper
+check "ferryd starts" "$FERRYD" --socket "$FSOCK" --persistent
+check "fuse mount" fmount "$IMG" "$M"
+kpid=$(mount_field "$M" keeperPid)
+expect "the mount's keeper (pid ${kpid:-none}) runs ferryd-keeper fuse" is_keeper "${kpid:-none}"
+if grep -q libasan "$SCRATCH/keeper.ldd"; then
+	echo "# keeper RSS bound skipped: a sanitizer build"
+else
+	rss=$(awk '/^VmRSS:/ { print $2 }' "/proc/$kpid/status" 2>/dev/null)
+	expect "its resident memory is under 4 MiB (${rss:-?} KiB)" [ "${rss:-99999}" -lt 4096 ]
+fi
+check "umount" fumount "$M"
+check "ferry daemon stop" "$FERRY" daemon stop --socket "$FSOCK"
+# ferry and ferryd copied without ferryd-keeper next to them.
+mkdir -p "$SCRATCH/nokeeper"
+cp "$FERRY" "$FERRYD" "$SCRATCH/nokeeper/"
+lazy_use nokeeper
+check "a ferryd without ferryd-keeper starts" "$SCRATCH/nokeeper/ferryd" --socket "$FSOCK" --persistent
+FERRY=$SCRATCH/nokeeper/ferry check "a FUSE mount through it works" fmount "$IMG" "$M"
+expect "  ... and reads" cmp "$M/$F" "$ref/$F"
+expect "ferryd's log names the missing keeper program" grep -q "nokeeper/ferryd-keeper: No such file" "$FLOG"
+expect "  ... and says the mount has no failover" grep -q "no keeper yet.*if ferryd dies the mount is not taken over" "$FLOG"
+check_exit "ferry daemon upgrade refuses while a mount has no keeper" 1 \
+	"$SCRATCH/nokeeper/ferry" daemon upgrade --socket "$FSOCK"
+check "umount" fumount "$M"
+check "ferry daemon stop" "$SCRATCH/nokeeper/ferry" daemon stop --socket "$FSOCK"
 
 e2e_done

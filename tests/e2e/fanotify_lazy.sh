@@ -38,7 +38,7 @@ if startup_mount fanotify "$M"; then
 	expect_sh "ferry mount --list --json says mode fanotify ($mode)" '[ "$mode" = fanotify ]'
 	dpid=$(daemon_pids | head -n 1)
 	kpid=$(keeper_pid "$M" 2>&1)
-	expect_sh "its keeperPid ($kpid) is a running ferryd --keeper, not ferryd ${dpid:-none} itself" \
+	expect_sh "its keeperPid ($kpid) is a running ferryd-keeper, not ferryd ${dpid:-none} itself" \
 		'is_keeper "$kpid" && [ "$kpid" != "$dpid" ]'
 	ferryd_detached
 	startup_workload fanotify "$M"

@@ -15,7 +15,7 @@
 #   fnmount IMAGE MNT [ARGS] the same with --mode fanotify
 #   fumount MNT             ferry umount (bounded)
 #   daemon_pids [SOCK]      ferryd processes serving SOCK (default FSOCK)
-#   keeper_pids [SOCK]      their fanotify keepers (ferryd --keeper)
+#   keeper_pids [SOCK]      their mounts' keepers (ferryd-keeper)
 #   keeper_pid MNT          the keeperPid ferry mount --list gives for MNT
 #   mount_field MNT KEY     a field of MNT's entry in ferry mount --list --json
 #   mount_stats MNT         "READ FETCHED PRESENT TOTAL PREFETCHED" of a mount
@@ -113,32 +113,34 @@ fumount() { # MNT
 fstype() { findmnt -n -o FSTYPE --mountpoint "$1" 2>/dev/null; }
 is_fuse() { case $(fstype "$1") in fuse*) return 0 ;; esac; return 1; }
 
-# PID runs the ferryd binary as a mount's keeper (ferryd --keeper or
-# --fuse-keeper ...).
+# PID runs ferryd-keeper as a FUSE or fanotify mount's keeper
+# (ferryd-keeper fuse|fanotify ...).
 is_keeper() { # PID
 	local exe
 	exe=$(readlink "/proc/$1/exe" 2>/dev/null) || return 1
 	exe=${exe% (deleted)}
-	[ "${exe##*/}" = ferryd ] &&
-		tr '\0' '\n' <"/proc/$1/cmdline" 2>/dev/null | grep -qE -e '^--(fuse-)?keeper(=|$)'
+	[ "${exe##*/}" = ferryd-keeper ] &&
+		tr '\0' '\n' <"/proc/$1/cmdline" 2>/dev/null | sed -n 2p | grep -qxE 'fuse|fanotify'
 }
 
-# Processes of the ferryd binary whose command line or environment names
-# the socket (how ferry tells the daemon it starts which socket to use);
-# KIND daemon: the servers, keeper: the fanotify keepers (which inherit
-# the daemon's environment).
+# Processes of ferryd and ferryd-keeper whose command line or environment
+# names the socket (how ferry tells the daemon it starts which socket to
+# use); KIND daemon: the servers (ferryd), keeper: the mounts' keepers
+# (ferryd-keeper, which inherit the daemon's environment).
 ferryd_pids() { # KIND SOCK
 	local kind=$1 sock=$2 p exe k
 	for p in /proc/[0-9]*; do
 		exe=$(readlink "$p/exe" 2>/dev/null) || continue
 		exe=${exe% (deleted)}
-		[ "${exe##*/}" = ferryd ] || continue
+		case ${exe##*/} in
+		ferryd) k=daemon ;;
+		ferryd-keeper) k=keeper ;;
+		*) continue ;;
+		esac
 		if tr '\0' '\n' <"$p/cmdline" 2>/dev/null |
 			grep -qxF -e "$sock" -e "--socket=$sock" ||
 			tr '\0' '\n' <"$p/environ" 2>/dev/null |
 			grep -qxF -e "FERRYD_SOCKET=$sock"; then
-			k=daemon
-			is_keeper "${p#/proc/}" && k=keeper
 			[ "$k" = "$kind" ] && echo "${p#/proc/}"
 		fi
 	done

@@ -9,7 +9,8 @@
 #   /vm/cache.ext4         an ext4 image made here with mkfs.ext4 (extents,
 #                          4 KiB blocks), loop-mounted on /cache by /init
 #   /bin, /sbin, /usr/...  busybox-static with every applet as a link
-#   /usr/bin/ferry, ferryd from $BIN (ferry finds ferryd next to itself)
+#   /usr/bin/ferry, ferryd, ferryd-keeper from $BIN (each finds the
+#   others next to itself)
 #   /usr/bin/docker-registry  unless --no-registry
 #   /sbin/mke2fs, mkfs.ext4   for fresh cache file systems in the guest
 #   /var/lib/registry      registry storage preloaded with -r
@@ -29,7 +30,8 @@
 #                  /usr/bin, with its libraries (repeatable)
 #   -c MB          size of the ext4 cache image (default 64; 0: none)
 #   --no-registry  leave docker-registry out (saves ~20 MB)
-# Env: BIN (directory of ferry and ferryd; default the repository's bin/).
+# Env: BIN (directory of ferry, ferryd and ferryd-keeper; default the
+# repository's bin/).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -66,7 +68,7 @@ if [ -z "$driver" ] || [ ! -r "$driver" ]; then
 	die "-d DRIVER is required and must be readable"
 fi
 case $cache_mb in '' | *[!0-9]*) die "-c: expected a size in MiB" ;; esac
-for f in "$BIN/ferry" "$BIN/ferryd"; do
+for f in "$BIN/ferry" "$BIN/ferryd" "$BIN/ferryd-keeper"; do
 	[ -x "$f" ] || die "$f is missing (make all)"
 done
 busybox=/bin/busybox
@@ -108,6 +110,7 @@ add_prog() { # PATH DEST
 }
 add_prog "$BIN/ferry" /usr/bin/ferry
 add_prog "$BIN/ferryd" /usr/bin/ferryd
+add_prog "$BIN/ferryd-keeper" /usr/bin/ferryd-keeper
 # glibc dlopens libgcc_s for pthread_cancel's unwinding (libfuse's
 # multithreaded loop cancels its workers when a mount ends); ldd does not
 # list it.
