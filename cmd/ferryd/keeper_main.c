@@ -101,34 +101,48 @@ static int keeper_wait(int sock, char *msg, size_t len)
 	}
 }
 
+/* @fd reports an error or hang-up now (a poll that does not wait). */
+static bool descriptor_failed(int fd)
+{
+	struct pollfd w = { .fd = fd };
+
+	return poll(&w, 1, 0) == 1 && (w.revents & (POLLERR | POLLHUP));
+}
+
 /*
  * A mount's keeper: listen to ferryd until "bye" (0), until ferryd is
  * gone (1), "alone" (2: ferryd shut down leaving the mount in use), or
  * until @watch (>= 0) reports an error (3: the kernel ended the mount's
- * connection). The request goes into *@req; other messages to @note.
+ * connection; seen within KEEPER_CHECK_MS). The request goes into *@req; other messages to @note.
  */
 static int keeper_listen(int sock, int watch, char **req,
 			 void (*note)(void *ctx, const char *msg), void *ctx)
 {
 	char *msg = malloc(KEEPER_MSG_MAX);
-	struct pollfd p[2] = { { .fd = sock, .events = POLLIN },
-			       { .fd = watch, .events = 0 } };
-	int ret = -1;
+	struct pollfd p = { .fd = sock, .events = POLLIN };
+	int ret = -1, ready;
 	ssize_t n;
 
 	if (!msg)
 		return 1;
 	while (ret < 0) {
-		if (poll(p, watch >= 0 ? 2 : 1, -1) < 0) {
+		/*
+		 * @watch is looked at, never waited on: a poll waiting on
+		 * /dev/fuse would wake this process at every request the
+		 * mount gets (the kernel wakes the device's pollers as it
+		 * queues one), a context switch more per request.
+		 */
+		ready = poll(&p, 1, watch >= 0 ? KEEPER_CHECK_MS : -1);
+		if (ready < 0) {
 			if (errno != EINTR)
 				ret = 1;
 			continue;
 		}
-		if (p[1].revents & (POLLERR | POLLHUP)) {
+		if (watch >= 0 && descriptor_failed(watch)) {
 			ret = 3;
 			continue;
 		}
-		if (!(p[0].revents & (POLLIN | POLLHUP | POLLERR)))
+		if (!ready)
 			continue;
 		n = recv(sock, msg, KEEPER_MSG_MAX - 1, 0);
 		if (n < 0 && errno == EINTR)
