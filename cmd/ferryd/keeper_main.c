@@ -113,7 +113,8 @@ static bool descriptor_failed(int fd)
  * A mount's keeper: listen to ferryd until "bye" (0), until ferryd is
  * gone (1), "alone" (2: ferryd shut down leaving the mount in use), or
  * until @watch (>= 0) reports an error (3: the kernel ended the mount's
- * connection; seen within KEEPER_CHECK_MS). The request goes into *@req; other messages to @note.
+ * connection; seen within KEEPER_CHECK_MS). The request goes into *@req;
+ * other messages to @note.
  */
 static int keeper_listen(int sock, int watch, char **req,
 			 void (*note)(void *ctx, const char *msg), void *ctx)
