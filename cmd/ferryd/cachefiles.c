@@ -65,7 +65,6 @@
 #include "ferryd.h"
 #include "fanotify.h"
 
-#define CF_DEVICE "/dev/cachefiles"
 #define CF_TAG "ferry"
 #define CF_WORKERS 8u              /* READs in flight */
 #define CF_BUF (1u << 20)          /* a worker's write buffer */

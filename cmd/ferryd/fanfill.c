@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "../../pkg-base/base.h"
 #include "keeper.h"
 #include "fanotify.h"
 
@@ -29,7 +30,7 @@ void ferry_exes_find(struct ferry_exes *e)
 		e->dev[0] = st.st_dev;
 		e->ino[0] = st.st_ino;
 	}
-	for (i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+	for (i = 0; i < ARRAY_SIZE(names); i++) {
 		if (!sibling_exe(names[i], path, sizeof(path)) && !stat(path, &st)) {
 			e->dev[i + 1] = st.st_dev;
 			e->ino[i + 1] = st.st_ino;

@@ -30,6 +30,8 @@
 #define KEEPER_MSG_MAX (192u << 10) /* a message from ferryd: the mount request */
 #define KEEPER_ENDED "ended"        /* a FUSE keeper's last word */
 
+#define CF_DEVICE "/dev/cachefiles"
+
 /* The cachefiles mounts a ferryd records for its successor, next to its
  * socket: {"mounts":[REQUEST...]}, each as the control socket takes it. */
 #define CF_STATE "ferryd.cachefiles.json"

@@ -52,7 +52,6 @@
 #define HANDOVER_SPAWN_MS 300 /* before starting one beside a cachefiles keeper */
 #define HANDOVER_RESPAWN_MS 5000 /* between starts */
 #define HANDOVER_POLL_MS 50
-#define CF_DEVICE "/dev/cachefiles"
 
 static int parse_uint(const char *s, unsigned int *out)
 {
