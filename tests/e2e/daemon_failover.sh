@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
+# ferry-test: alone (drops the page cache; times the stall across each kill)
 # shellcheck disable=SC2016,SC2034 # expect_sh evaluates its quoted condition
 # ferryd failover and hot upgrade (issue 17) of lazy FUSE and fanotify
 # mounts of the Debian fixture, served through a slow registry (the fault
@@ -179,8 +180,15 @@ in_flight_all() {
 }
 sleep 1
 for i in $(seq 50); do in_flight_all && break; sleep 0.2; done
+# A read seen in flight under the 0.3 s delay may end in the instant
+# before the kill: hold new blob requests for 10 s, let the held ones
+# pass, and kill only once every mount has reads waiting on held requests.
+slow 10
+sleep 0.6
+for i in $(seq 50); do in_flight_all && break; sleep 0.2; done
 for m in "${MNTS[@]}"; do echo "# before the kill: $(fstype "$m") reads in flight $(mount_field "$m" inFlight)"; done
 kill -9 "$old"
+slow 0.3
 check "a new ferryd serves the socket after kill -9" wait_listed
 new=$(serving_pid)
 expect "it is another process (pid $old -> $new)" test "$new" != "$old"
