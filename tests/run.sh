@@ -3,8 +3,19 @@
 # end-to-end scripts (real kernel mounts, fsck.erofs). Each test prints
 # "ok - NAME" or "not ok - NAME"; this script counts them and ends with
 # "N passed, N failed". Env: BUILD (build dir), BIN (where ferry is),
-# FERRY_TESTS_SKIP (names of tests not to run, e.g. "e2e/wan_lazy").
+# FERRY_TESTS_SKIP (names of tests not to run, e.g. "e2e/wan_lazy"),
+# FERRY_TEST_JOBS (end-to-end tests run at once; default 2).
+#
+# Most e2e tests wait on their peers as much as they compute (registries,
+# proxies with injected delays, timeouts; 30-60% of 2 CPUs each), so they
+# run FERRY_TEST_JOBS at a time, each with its own TMPDIR, its output
+# printed whole when it ends. A test whose file says "# ferry-test: alone"
+# (it measures time or drops the page cache) runs with nothing beside it.
 set -u
+# Debian's tools, not the caller's: a python3 early on PATH may be a
+# pyenv shim (0.3 s of bash per start, measured: a fifth of a lazy test's
+# CPU) without the python3-* modules `make deps` installs.
+export PATH=/usr/sbin:/usr/bin:/sbin:/bin
 top=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${BUILD:-build}
 BIN=${BIN:-bin}
@@ -12,47 +23,101 @@ case $BUILD in /*) ;; *) BUILD=$top/$BUILD ;; esac
 case $BIN in /*) ;; *) BIN=$top/$BIN ;; esac
 export FERRY=$BIN/ferry BUILD TOP=$top
 only=${1:-}
+jobs=${FERRY_TEST_JOBS:-2}
+case $jobs in '' | *[!0-9]* | 0) echo "FERRY_TEST_JOBS must be a positive number, not '$jobs'" >&2; exit 2 ;; esac
 
-log=$(mktemp)
-one=$(mktemp)
-times=$(mktemp)
-trap 'rm -f "$log" "$one" "$times"' EXIT
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+log=$work/log
+times=$work/times
+: >"$log"
+: >"$times"
 status=0
+declare -A job_name job_start
 
-run_one() { # name, command...
-	local name=$1; shift
-	case $name in *"$only"*) ;; *) return 0 ;; esac
-	case " ${FERRY_TESTS_SKIP:-} " in *" $name "*)
-		echo "# $name skipped (FERRY_TESTS_SKIP)"
-		return 0 ;;
+selected() { # NAME: passes the filter and is not skipped
+	case $1 in *"$only"*) ;; *) return 1 ;; esac
+	case " ${FERRY_TESTS_SKIP:-} " in *" $1 "*)
+		echo "# $1 skipped (FERRY_TESTS_SKIP)"
+		return 1 ;;
 	esac
+}
+
+# Starts NAME in the background, its output to a file of its own.
+start_one() { # NAME command...
+	local name=$1 id
+	shift
+	id=${name//\//_}
+	mkdir -p "$work/$id.tmp"
+	(TMPDIR=$work/$id.tmp exec "$@" >"$work/$id.out" 2>&1)&
+	job_name[$!]=$name
+	job_start[$!]=$SECONDS
+}
+
+# Waits for one started test (the given pid, or any) and reports it.
+finish_one() { # [PID]
+	local pid rc name id
+	if [ -n "${1:-}" ]; then
+		pid=$1
+		wait "$pid"
+	else
+		wait -n -p pid
+	fi
+	rc=$?
+	name=${job_name[$pid]}
+	id=${name//\//_}
 	echo "== $name"
-	local start=$SECONDS
-	"$@" 2>&1 | tee "$one"
-	local rc=${PIPESTATUS[0]}
+	cat "$work/$id.out"
 	# Per-test wall time, so the CI budget can be watched test by test.
-	echo "# $name took $((SECONDS - start)) s"
-	echo "$((SECONDS - start)) $name" >> "$times"
-	cat "$one" >> "$log"
+	echo "# $name took $((SECONDS - job_start[$pid])) s"
+	echo "$((SECONDS - job_start[$pid])) $name" >>"$times"
+	cat "$work/$id.out" >>"$log"
 	if [ "$rc" -ne 0 ]; then
 		status=1
 		# A runner that failed without reporting counts as one failure.
-		grep -q "^not ok" "$one" || echo "not ok - $name (exit $rc)" | tee -a "$log"
+		grep -q "^not ok" "$work/$id.out" || echo "not ok - $name (exit $rc)" | tee -a "$log"
 	fi
+	# A test that failed may leave a mount in its TMPDIR: never cross it.
+	rm -rf --one-file-system "$work/$id.tmp"
+	unset "job_name[$pid]" "job_start[$pid]"
 }
+
+run_alone() { # NAME command...
+	selected "$1" || return 0
+	start_one "$@"
+	finish_one $!
+}
+
+run_shared() { # NAME command...
+	selected "$1" || return 0
+	while [ "${#job_name[@]}" -ge "$jobs" ]; do finish_one; done
+	echo "# $1 started"
+	start_one "$@"
+}
+
+drain() { while [ "${#job_name[@]}" -gt 0 ]; do finish_one; done; }
 
 for t in "$BUILD"/tests/*/test_*; do
 	[ -x "$t" ] || continue
-	run_one "unit/$(basename "$(dirname "$t")")/$(basename "$t")" "$t"
+	run_alone "unit/$(basename "$(dirname "$t")")/$(basename "$t")" "$t"
 done
 # The module table of docs/ARCHITECTURE.md against every #include.
-run_one layers /usr/bin/python3 "$top/tests/tools/check_layers.py" "$top"
+run_alone layers /usr/bin/python3 "$top/tests/tools/check_layers.py" "$top"
 if ls "$BUILD"/fuzz/fuzz_* >/dev/null 2>&1; then
-	run_one fuzz "$top/tests/fuzz/run.sh" "$BUILD"/fuzz/fuzz_*
+	run_alone fuzz "$top/tests/fuzz/run.sh" "$BUILD"/fuzz/fuzz_*
 fi
+alone=()
 for t in "$top"/tests/e2e/*.sh; do
 	case $(basename "$t") in *lib.sh) continue ;; esac # sourced helpers
-	run_one "e2e/$(basename "$t" .sh)" bash "$t"
+	if grep -q '^# ferry-test: alone' "$t"; then
+		alone+=("$t")
+	else
+		run_shared "e2e/$(basename "$t" .sh)" bash "$t"
+	fi
+done
+drain
+for t in "${alone[@]}"; do
+	run_alone "e2e/$(basename "$t" .sh)" bash "$t"
 done
 
 passed=$(grep -c '^ok ' "$log")

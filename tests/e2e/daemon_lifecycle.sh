@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
+# ferry-test: alone (times the idle exit)
 # ferryd's lifecycle and what an operator sees of it: the idle exit (and
 # --persistent), systemd socket activation (systemd-socket-activate hands
 # the socket over as systemd does, LISTEN_FDS), the units in

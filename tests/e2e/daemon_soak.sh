@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
+# ferry-test: alone (measures memory and latency under load)
 # Soak: one ferryd serves a FUSE and a fanotify mount of the Debian image
 # with a cold cache, through a flaky registry (tests/tools/faultproxy.py:
 # bursts of 503s and connections cut mid-body, which the fetcher retries,

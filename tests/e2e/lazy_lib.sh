@@ -128,11 +128,12 @@ is_keeper() { # PID
 # use); KIND daemon: the servers (ferryd), keeper: the mounts' keepers
 # (ferryd-keeper, which inherit the daemon's environment).
 ferryd_pids() { # KIND SOCK
-	local kind=$1 sock=$2 p exe k
+	local kind=$1 sock=$2 p comm k
 	for p in /proc/[0-9]*; do
-		exe=$(readlink "$p/exe" 2>/dev/null) || continue
-		exe=${exe% (deleted)}
-		case ${exe##*/} in
+		# comm, read without a fork: this runs in polling loops, over
+		# every process of the machine.
+		read -r comm 2>/dev/null <"$p/comm" || continue
+		case $comm in
 		ferryd) k=daemon ;;
 		ferryd-keeper) k=keeper ;;
 		*) continue ;;

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
+# ferry-test: alone (times cold starts through the delaying proxy)
 # shellcheck disable=SC2016 # expect_sh evaluates its quoted condition
 # Lazy mounts across a slow network: docker-registry on 127.0.0.1 behind
 # tests/tools/wanproxy.py (5 ms each way, 200 Mbit/s), for --mode fuse and
