@@ -2,6 +2,11 @@
 # Shared by bench/*.sh (sourced after setting $top): the binaries, the run
 # count and the datasets, cached in $data.
 
+# Debian's tools, not the caller's: a python3 early on PATH may be a pyenv
+# shim (0.3 s of bash per start) running another interpreter than the one
+# `make deps` gives its python3-* modules; the WAN proxy is one of them.
+export PATH=/usr/sbin:/usr/bin:/sbin:/bin
+
 BIN=${BIN:-$top/bin}
 case $BIN in /*) ;; *) BIN=$top/$BIN ;; esac
 ferry=$BIN/ferry
