@@ -10,8 +10,8 @@
 # proxies with injected delays, timeouts; 30-80% of 2 CPUs each), so they
 # run FERRY_TEST_JOBS at a time, each with its own TMPDIR, its output
 # printed whole when it ends. A test whose file says "# ferry-test: alone"
-# (it measures time or drops the page cache) runs with nothing beside it;
-# the tests that check the kernel log run beside one another only.
+# (it measures time or drops the page cache) or that checks the kernel
+# log runs with nothing beside it.
 set -u
 # Debian's tools, not the caller's: a python3 early on PATH may be a
 # pyenv shim (0.3 s of bash per start, measured: a fifth of a lazy test's
@@ -107,23 +107,18 @@ run_alone layers /usr/bin/python3 "$top/tests/tools/check_layers.py" "$top"
 if ls "$BUILD"/fuzz/fuzz_* >/dev/null 2>&1; then
 	run_alone fuzz "$top/tests/fuzz/run.sh" "$BUILD"/fuzz/fuzz_*
 fi
-klog=() others=() alone=()
+# The kernel log is the machine's, and every file-backed EROFS mount logs
+# as "device erofs": a test that checks it for EROFS errors cannot tell
+# its own from those another test provokes on purpose, so it runs alone.
+alone=()
 for t in "$top"/tests/e2e/*.sh; do
 	case $(basename "$t") in *lib.sh) continue ;; esac # sourced helpers
-	if grep -q '^# ferry-test: alone' "$t"; then
+	if grep -q -e '^# ferry-test: alone' -e 'check_kernel_log' "$t"; then
 		alone+=("$t")
-	elif grep -q 'check_kernel_log' "$t"; then
-		klog+=("$t")
 	else
-		others+=("$t")
+		run_shared "e2e/$(basename "$t" .sh)" bash "$t"
 	fi
 done
-# The kernel log is the machine's: a test that finds no EROFS error in it
-# runs beside another such test only, never beside one that makes the
-# kernel read corrupt data on purpose.
-for t in "${klog[@]}"; do run_shared "e2e/$(basename "$t" .sh)" bash "$t"; done
-drain
-for t in "${others[@]}"; do run_shared "e2e/$(basename "$t" .sh)" bash "$t"; done
 drain
 for t in "${alone[@]}"; do run_alone "e2e/$(basename "$t" .sh)" bash "$t"; done
 
