@@ -13,10 +13,7 @@
 # (it measures time or drops the page cache) or that checks the kernel
 # log runs with nothing beside it.
 set -u
-# Debian's tools, not the caller's: a python3 early on PATH may be a
-# pyenv shim (0.3 s of bash per start, measured: a fifth of a lazy test's
-# CPU) without the python3-* modules `make deps` installs.
-export PATH=/usr/sbin:/usr/bin:/sbin:/bin
+export PATH=/usr/sbin:/usr/bin:/sbin:/bin # Debian's tools (tests/e2e/lib.sh says why)
 top=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${BUILD:-build}
 BIN=${BIN:-bin}
@@ -24,8 +21,8 @@ case $BUILD in /*) ;; *) BUILD=$top/$BUILD ;; esac
 case $BIN in /*) ;; *) BIN=$top/$BIN ;; esac
 export FERRY=$BIN/ferry BUILD TOP=$top
 only=${1:-}
-jobs=${FERRY_TEST_JOBS:-2}
-case $jobs in '' | *[!0-9]* | 0) echo "FERRY_TEST_JOBS must be a positive number, not '$jobs'" >&2; exit 2 ;; esac
+max_jobs=${FERRY_TEST_JOBS:-2}
+case $max_jobs in '' | *[!0-9]* | 0) echo "FERRY_TEST_JOBS must be a positive number, not '$max_jobs'" >&2; exit 2 ;; esac
 
 work=$(mktemp -d)
 trap 'rm -rf --one-file-system "$work"' EXIT
@@ -34,7 +31,7 @@ times=$work/times
 : >"$log"
 : >"$times"
 status=0
-declare -A job_name job_start
+declare -A job_name=() job_start=() # set -u: empty, not unset
 
 selected() { # NAME: passes the filter and is not skipped
 	case $1 in *"$only"*) ;; *) return 1 ;; esac
@@ -91,7 +88,7 @@ run_alone() { # NAME command...
 
 run_shared() { # NAME command...
 	selected "$1" || return 0
-	while [ "${#job_name[@]}" -ge "$jobs" ]; do finish_one; done
+	while [ "${#job_name[@]}" -ge "$max_jobs" ]; do finish_one; done
 	echo "# $1 started"
 	start_one "$@"
 }
