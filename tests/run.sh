@@ -10,8 +10,9 @@
 # proxies with injected delays, timeouts; 30-80% of 2 CPUs each), so they
 # run FERRY_TEST_JOBS at a time, each with its own TMPDIR, its output
 # printed whole when it ends. A test whose file says "# ferry-test: alone"
-# (it measures time or drops the page cache) or that checks the kernel
-# log runs with nothing beside it.
+# (it measures time or drops the page cache) runs with nothing beside it;
+# one that says "# ferry-test: group NAME" (or checks the kernel log: group
+# kernel-log) runs beside tests of its group only.
 set -u
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin # Debian's tools (tests/e2e/lib.sh says why)
 top=$(cd "$(dirname "$0")/.." && pwd)
@@ -104,19 +105,37 @@ run_alone layers /usr/bin/python3 "$top/tests/tools/check_layers.py" "$top"
 if ls "$BUILD"/fuzz/fuzz_* >/dev/null 2>&1; then
 	run_alone fuzz "$top/tests/fuzz/run.sh" "$BUILD"/fuzz/fuzz_*
 fi
-# The kernel log is the machine's, and every file-backed EROFS mount logs
-# as "device erofs": a test that checks it for EROFS errors cannot tell
-# its own from those another test provokes on purpose, so it runs alone.
+# Where each e2e test may run (docs/TESTING.md): beside any other test; in
+# a group, beside tests of its group only; or alone. The kernel log is the
+# machine's, and every file-backed EROFS mount logs as "device erofs": a
+# test that checks it for EROFS errors cannot tell its own from those
+# another test provokes on purpose, so the checkers form a group, and a
+# checker that provokes errors says alone.
+lane() { # FILE: alone, a group's name, or nothing
+	local line
+	line=$(grep -m1 '^# ferry-test: ' "$1")
+	case $line in
+	'# ferry-test: alone'*) echo alone ;;
+	'# ferry-test: group '*) line=${line#'# ferry-test: group '}; echo "${line%% *}" ;;
+	*) grep -q check_kernel_log "$1" && echo kernel-log ;;
+	esac
+}
 alone=()
+declare -A group=()
 for t in "$top"/tests/e2e/*.sh; do
 	case $(basename "$t") in *lib.sh) continue ;; esac # sourced helpers
-	if grep -q -e '^# ferry-test: alone' -e 'check_kernel_log' "$t"; then
-		alone+=("$t")
-	else
-		run_shared "e2e/$(basename "$t" .sh)" bash "$t"
-	fi
+	l=$(lane "$t")
+	case $l in
+	'') run_shared "e2e/$(basename "$t" .sh)" bash "$t" ;;
+	alone) alone+=("$t") ;;
+	*) group[$l]+="$t " ;;
+	esac
 done
 drain
+for l in $(printf '%s\n' "${!group[@]}" | sort); do
+	for t in ${group[$l]}; do run_shared "e2e/$(basename "$t" .sh)" bash "$t"; done
+	drain
+done
 for t in "${alone[@]}"; do run_alone "e2e/$(basename "$t" .sh)" bash "$t"; done
 
 passed=$(grep -c '^ok ' "$log")

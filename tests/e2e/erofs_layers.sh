@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
+# ferry-test: alone (its damaged images put EROFS errors in the kernel log)
 # convert --format erofs-layers: the Debian fixture images (one and
 # three layers; the third full of whiteouts, opaque dirs, type changes and
 # hardlinks into lower layers) and a small hand-made image become one

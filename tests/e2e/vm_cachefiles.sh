@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
-# ferry-test: alone (a TCG guest takes a whole CPU)
+# ferry-test: group vm (a TCG guest takes a whole CPU: two guests, one per CPU)
 # shellcheck disable=SC2016 # bash -c scripts take their arguments
 # ferry mount --mode cachefiles (EROFS over fscache, /dev/cachefiles owned
 # by ferryd) in the QEMU/TCG guest of tests/vm/, whose 6.12 kernel has

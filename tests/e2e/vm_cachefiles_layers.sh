@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
-# ferry-test: alone (a TCG guest takes a whole CPU)
+# ferry-test: group vm (a TCG guest takes a whole CPU: two guests, one per CPU)
 # shellcheck disable=SC2016 # bash -c scripts take their arguments
 # ferry mount --mode cachefiles of images of native EROFS layers (convert
 # --format erofs-layers) in the QEMU/TCG guest of tests/vm/ (a 6.12 kernel

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
-# ferry-test: alone (a TCG guest takes a whole CPU)
+# ferry-test: group vm (a TCG guest takes a whole CPU: two guests, one per CPU)
 # The QEMU/TCG VM harness (tests/vm/) end to end, on a kernel with EROFS
 # over fscache (cachefiles on-demand), which the development host lacks:
 #   - builds the VM kernel once per machine (cached under
