@@ -275,12 +275,15 @@ int mkdir_p(const char *path, mode_t mode);
  * directory; atomic_file_discard removes it (nothing after a commit;
  * safe to call twice). Temporary names start with ATOMIC_TMP_PREFIX so
  * that leftovers of a crash can be recognised and reclaimed. Errors are
- * 0 or -errno, logged naming the file.
+ * 0 or -errno, logged naming the file. A caller that checks the file
+ * whenever it reads it (a copy lost or torn by a crash is made again)
+ * sets af->unsynced after the create: the commit then only renames.
  */
 #define ATOMIC_TMP_PREFIX ".tmp-"
 struct atomic_file {
 	int fd;
 	int dir_fd;
+	bool unsynced;
 	const char *dir; /* borrowed, for messages */
 	char tmp[NAME_MAX + 1];
 };

@@ -50,6 +50,7 @@ int atomic_file_create(struct atomic_file *af, const char *dir,
 
 	af->fd = -1;
 	af->tmp[0] = '\0';
+	af->unsynced = false;
 	af->dir = dir;
 	af->dir_fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	if (af->dir_fd < 0) {
@@ -88,7 +89,7 @@ int atomic_file_commit(struct atomic_file *af, const char *name)
 {
 	int ret = 0;
 
-	if (fsync(af->fd))
+	if (!af->unsynced && fsync(af->fd))
 		ret = -errno;
 	if (close(af->fd) && !ret)
 		ret = -errno;
@@ -98,7 +99,7 @@ int atomic_file_commit(struct atomic_file *af, const char *name)
 	if (!ret) {
 		af->tmp[0] = '\0';
 		/* The rename is durable only once the directory is. */
-		if (fsync(af->dir_fd))
+		if (!af->unsynced && fsync(af->dir_fd))
 			ret = -errno;
 	}
 	if (ret)

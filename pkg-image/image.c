@@ -175,17 +175,55 @@ static int locate_manifest(struct image *img, const struct image_ref *r,
 	return ret;
 }
 
+/*
+ * One frame that says its size (what ferry writes): decoded in one call
+ * into a buffer of that size, without the stream's window buffer and its
+ * second copy. 1 when the input is not such a frame.
+ */
+static int bootstrap_decompress_frame(const uint8_t *z, size_t zlen, const char *name,
+				      uint8_t **data, size_t *len)
+{
+	unsigned long long size = ZSTD_getFrameContentSize(z, zlen);
+	size_t n;
+
+	if (size == ZSTD_CONTENTSIZE_UNKNOWN || size == ZSTD_CONTENTSIZE_ERROR ||
+	    ZSTD_findFrameCompressedSize(z, zlen) != zlen)
+		return 1;
+	if (size > FERRY_BOOTSTRAP_MAX) {
+		ferry_err("%s: bootstrap larger than %llu bytes", name,
+			  (unsigned long long)FERRY_BOOTSTRAP_MAX);
+		return -EFBIG;
+	}
+	*data = malloc(size ? (size_t)size : 1);
+	if (!*data)
+		return -ENOMEM;
+	n = ZSTD_decompress(*data, (size_t)size, z, zlen);
+	if (ZSTD_isError(n)) {
+		ferry_err("%s: zstd: %s", name, ZSTD_getErrorName(n));
+		free(*data);
+		*data = NULL;
+		return -EFSCORRUPTED;
+	}
+	*len = n;
+	return 0;
+}
+
 /* One or more zstd frames, decoded to at most FERRY_BOOTSTRAP_MAX bytes. */
 static int bootstrap_decompress(const uint8_t *z, size_t zlen, const char *name,
 				uint8_t **data, size_t *len)
 {
-	ZSTD_DStream *ds = ZSTD_createDStream();
+	ZSTD_DStream *ds;
 	ZSTD_inBuffer in = { z, zlen, 0 };
 	size_t cap = 0, left;
-	int ret = 0;
+	int ret;
 
 	*data = NULL;
 	*len = 0;
+	ret = bootstrap_decompress_frame(z, zlen, name, data, len);
+	if (ret <= 0)
+		return ret;
+	ret = 0;
+	ds = ZSTD_createDStream();
 	if (!ds)
 		return -ENOMEM;
 	for (;;) {
@@ -260,6 +298,36 @@ static int load_compressed(struct image *img, const struct image_expect *e,
 	return ret;
 }
 
+/* CACHE/bootstraps/<sha256 of the raw bootstrap>, in img->bootstrap_path. */
+static int bootstrap_cache_path(struct image *img, const char *cache_dir)
+{
+	char hex[2 * BLOB_DIGEST_SIZE + 1];
+
+	hex_encode(img->bootstrap_digest, BLOB_DIGEST_SIZE, hex);
+	if (asprintf(&img->bootstrap_path, "%s/" IMAGE_BOOTSTRAPS_DIR "/%s", cache_dir,
+		     hex) < 0) {
+		img->bootstrap_path = NULL;
+		return -ENOMEM;
+	}
+	return 0;
+}
+
+/*
+ * @fd (-1: none) is that file, just read and checked or just written from
+ * the checked bytes: what image_bootstrap_file gives the kernel, without
+ * reading it again.
+ */
+static void bootstrap_file_known(struct image *img, const char *cache_dir, int fd)
+{
+	if (fd < 0)
+		return;
+	if (bootstrap_cache_path(img, cache_dir)) {
+		close(fd);
+		return;
+	}
+	img->bootstrap_fd = fd;
+}
+
 /*
  * Load the bootstrap's bytes; they must hash to the digest the index
  * promises. A registry's is kept raw in @cache_dir (if any) and taken
@@ -271,14 +339,15 @@ static int load_bootstrap(struct image *img, const struct image_expect *e,
 	const char *name = e->compressed_path ? e->compressed_path :
 			   img->bootstrap_path ? img->bootstrap_path : img->ref;
 	uint8_t actual[BLOB_DIGEST_SIZE];
-	int ret;
+	int ret, fd;
 
 	if (!img->remote)
 		cache_dir = NULL;
 	if (cache_dir && !image_cached_read(cache_dir, IMAGE_BOOTSTRAPS_DIR, e->bootstrap,
 					    FERRY_BOOTSTRAP_MAX, &img->bootstrap,
-					    &img->bootstrap_len)) {
+					    &img->bootstrap_len, &fd)) {
 		memcpy(img->bootstrap_digest, e->bootstrap, sizeof(actual));
+		bootstrap_file_known(img, cache_dir, fd);
 		return 0;
 	}
 	if (e->compressed_bootstrap) {
@@ -300,9 +369,11 @@ static int load_bootstrap(struct image *img, const struct image_expect *e,
 		return -EFSCORRUPTED;
 	}
 	memcpy(img->bootstrap_digest, actual, sizeof(actual));
-	if (cache_dir)
+	if (cache_dir) {
 		image_cached_keep(cache_dir, IMAGE_BOOTSTRAPS_DIR, actual, img->bootstrap,
-				  img->bootstrap_len);
+				  img->bootstrap_len, &fd);
+		bootstrap_file_known(img, cache_dir, fd);
+	}
 	return 0;
 }
 
@@ -591,7 +662,7 @@ static int open_verified(const struct image *img, int dir_fd, const char *name,
 
 int image_cached_read(const char *cache_dir, const char *sub,
 		      const uint8_t digest[32], size_t max, uint8_t **data,
-		      size_t *len)
+		      size_t *len, int *fd_out)
 {
 	char hex[2 * BLOB_DIGEST_SIZE + 1];
 	uint8_t got[BLOB_DIGEST_SIZE], *buf = NULL;
@@ -626,6 +697,10 @@ int image_cached_read(const char *cache_dir, const char *sub,
 		*data = buf;
 		*len = (size_t)st.st_size;
 		buf = NULL;
+		if (fd_out) {
+			*fd_out = fd;
+			fd = -1;
+		}
 	} else if (ret != -EFSCORRUPTED && ret != -ENOMEM) {
 		ret = -ENOENT;
 	}
@@ -638,10 +713,12 @@ int image_cached_read(const char *cache_dir, const char *sub,
 }
 
 void image_cached_keep(const char *cache_dir, const char *sub,
-		       const uint8_t digest[32], const void *data, size_t len)
+		       const uint8_t digest[32], const void *data, size_t len,
+		       int *fd_out)
 {
+	struct atomic_file af = { .fd = -1, .dir_fd = -1 };
 	char hex[2 * BLOB_DIGEST_SIZE + 1], *dir = NULL;
-	int dir_fd = -1, ret;
+	int dir_fd = -1, fd = -1, ret;
 
 	hex_encode(digest, BLOB_DIGEST_SIZE, hex);
 	ret = blob_cache_dir(cache_dir, sub, true, &dir_fd);
@@ -651,11 +728,28 @@ void image_cached_keep(const char *cache_dir, const char *sub,
 	if (!ret)
 		ret = asprintf(&dir, "%s/%s", cache_dir, sub) < 0 ? -ENOMEM : 0;
 	if (!ret)
-		ret = write_file_atomic(dir, hex, data, len, 0600);
+		ret = atomic_file_create(&af, dir, hex, 0600);
+	if (!ret) {
+		af.unsynced = true;
+		ret = write_full(af.fd, data, len);
+	}
+	/* The file just written, read-only (O_EXCL made it ours). */
+	if (!ret && fd_out &&
+	    (fd = openat(af.dir_fd, af.tmp, O_RDONLY | O_NOFOLLOW | O_CLOEXEC)) < 0)
+		ret = -errno;
+	if (!ret)
+		ret = atomic_file_commit(&af, hex);
 	if (ret)
 		ferry_warn("%s/%s/%s: cannot keep a copy (%s); it will be fetched again next time",
 			   cache_dir, sub, hex, ferry_strerror(ret));
 out:
+	atomic_file_discard(&af);
+	if (ret && fd >= 0) {
+		close(fd);
+		fd = -1;
+	}
+	if (fd_out)
+		*fd_out = fd;
 	free(dir);
 	if (dir_fd >= 0)
 		close(dir_fd);
@@ -666,9 +760,11 @@ out:
  * oci: or docker: image, whose bootstrap is stored compressed, its raw
  * bytes in CACHE/bootstraps/<sha256> (content-addressed, reused). Either
  * way the file is opened once and checked, and mounted through that
- * descriptor. A cached copy lives in a directory only root can write
- * (blob_cache_dir), so nobody else can plant or change one; it is
- * checked anyway, as a disk or a bug can still damage it.
+ * descriptor; a cached copy the image was loaded from or written to
+ * (load_bootstrap) was checked then, through the descriptor kept. A
+ * cached copy lives in a directory only root can write (blob_cache_dir),
+ * so nobody else can plant or change one; it is checked anyway, as a
+ * disk or a bug can still damage it.
  */
 int image_bootstrap_file(struct image *img, const char *cache_dir)
 {
@@ -687,10 +783,10 @@ int image_bootstrap_file(struct image *img, const char *cache_dir)
 		return ret;
 	}
 	hex_encode(img->bootstrap_digest, BLOB_DIGEST_SIZE, hex);
-	if (asprintf(&dir, "%s/" IMAGE_BOOTSTRAPS_DIR, cache_dir) < 0 ||
-	    asprintf(&img->bootstrap_path, "%s/%s", dir, hex) < 0) {
+	if (asprintf(&dir, "%s/" IMAGE_BOOTSTRAPS_DIR, cache_dir) < 0)
+		return -ENOMEM;
+	if (bootstrap_cache_path(img, cache_dir)) {
 		free(dir);
-		img->bootstrap_path = NULL;
 		return -ENOMEM;
 	}
 	ret = blob_cache_dir(cache_dir, IMAGE_BOOTSTRAPS_DIR, true, &dir_fd);

@@ -241,7 +241,9 @@ int image_copy_blob(struct image *img, uint32_t index, const char *dir);
  * the image's own (dir:), else CACHE/bootstraps/<sha256>, written once —
  * and img->bootstrap_fd to it opened read-only, its bytes checked equal
  * to the verified img->bootstrap (a cached copy that differs, e.g. one
- * planted, is replaced with a warning). Mount through the descriptor
+ * planted, is replaced with a warning); a registry image opened with a
+ * cache has them already, from the copy it was loaded from or kept in.
+ * Mount through the descriptor
  * (/proc/self/fd/N) so the kernel reads exactly the checked bytes.
  */
 int image_bootstrap_file(struct image *img, const char *cache_dir);

@@ -139,15 +139,18 @@ int oci_remote_open(const char *ref, const struct image_opts *opts,
  * checked against it; -ENOENT when there is none (or the directory is
  * not one root can trust: blob_cache_dir), -EFSCORRUPTED (warned) when it
  * holds other bytes: fetch them again. image_cached_keep: store a copy
- * (already checked by the caller), warning when it cannot.
+ * (already checked by the caller), warning when it cannot; not synced to
+ * disk, as every read checks it. With @fd, each also gives the file it
+ * read or wrote, open read-only (-1 when the copy could not be made).
  */
 #define IMAGE_META_DIR "meta"
 #define IMAGE_BOOTSTRAPS_DIR "bootstraps"
 int image_cached_read(const char *cache_dir, const char *sub,
 		      const uint8_t digest[32], size_t max, uint8_t **data,
-		      size_t *len);
+		      size_t *len, int *fd);
 void image_cached_keep(const char *cache_dir, const char *sub,
-		       const uint8_t digest[32], const void *data, size_t len);
+		       const uint8_t digest[32], const void *data, size_t len,
+		       int *fd);
 /*
  * Push the image whose manifest is blob @manifest_digest of @layout to
  * @dest ("HOST[:PORT]/REPO[:TAG]"): every layer and the config (skipping

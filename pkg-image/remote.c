@@ -40,7 +40,7 @@ static int remote_load(void *ctx, const struct oci_descriptor *d,
 	}
 	if (l->cache_dir &&
 	    !image_cached_read(l->cache_dir, IMAGE_META_DIR, d->digest, OCI_JSON_MAX,
-			       &body.data, &body.len))
+			       &body.data, &body.len, NULL))
 		goto check;
 	digest_format(d->digest, dstr);
 	/* By digest: pkg-fetch checks the bytes against it. */
@@ -51,7 +51,7 @@ static int remote_load(void *ctx, const struct oci_descriptor *d,
 		return ret;
 	if (l->cache_dir)
 		image_cached_keep(l->cache_dir, IMAGE_META_DIR, d->digest, body.data,
-				  body.len);
+				  body.len, NULL);
 check:
 	if (body.len != d->size) {
 		digest_format(d->digest, dstr);
@@ -101,14 +101,14 @@ int oci_remote_open(const char *ref, const struct image_opts *opts,
 	 */
 	if (l.cache_dir && !digest_parse(reference, l.top_digest) &&
 	    !image_cached_read(l.cache_dir, IMAGE_META_DIR, l.top_digest, OCI_JSON_MAX,
-			       &l.top.data, &l.top.len)) {
+			       &l.top.data, &l.top.len, NULL)) {
 		ret = 0;
 	} else {
 		ret = registry_get_manifest(l.reg, reference, &l.top, top.media_type,
 					    sizeof(top.media_type), l.top_digest);
 		if (!ret && l.cache_dir)
 			image_cached_keep(l.cache_dir, IMAGE_META_DIR, l.top_digest,
-					  l.top.data, l.top.len);
+					  l.top.data, l.top.len, NULL);
 	}
 	if (ret)
 		goto out;

@@ -265,6 +265,52 @@ static void test_corrupt_oci(void)
 	CHECK_EQ(open_img(ref, &img), -EFSCORRUPTED);
 }
 
+/*
+ * Bootstraps that are not ferry's one frame with its size in the header
+ * still open, through the streaming decoder: a frame without a content
+ * size (a streaming compressor), and two frames (a concatenation).
+ */
+static void test_bootstrap_frames(void)
+{
+	static const char *const modes[] = { "nosize", "frames" };
+	struct image *img = NULL, *other = NULL;
+	char ref[160];
+	const char *c;
+	size_t i;
+
+	CHECK_EQ(open_img(oci_img, &img), 0);
+	if (!img)
+		return;
+	for (i = 0; i < ARRAY_SIZE(modes); i++) {
+		c = scratch(oci_dir);
+		CHECK_EQ(sh("/usr/bin/python3 -c '\n"
+			    "import hashlib, json, subprocess, sys\n"
+			    "p, mode = sys.argv[1], sys.argv[2]\n"
+			    "b = p + \"/blobs/sha256/\"\n"
+			    "def put(d):\n"
+			    "    h = hashlib.sha256(d).hexdigest(); open(b + h, \"wb\").write(d); return h\n"
+			    "def z(d, *o):\n"
+			    "    return subprocess.run([\"zstd\", \"-qc\", *o], input=d, capture_output=True, check=True).stdout\n"
+			    "i = json.load(open(p + \"/index.json\"))\n"
+			    "m = json.load(open(b + i[\"manifests\"][0][\"digest\"][7:]))\n"
+			    "l = m[\"layers\"][-1]\n"
+			    "raw = subprocess.run([\"zstd\", \"-dc\", b + l[\"digest\"][7:]], capture_output=True, check=True).stdout\n"
+			    "h = len(raw) // 2\n"
+			    "new = z(raw) if mode == \"nosize\" else z(raw[:h], \"--stream-size=%%d\" %% h) + z(raw[h:])\n"
+			    "l[\"digest\"] = \"sha256:\" + put(new); l[\"size\"] = len(new)\n"
+			    "mb = json.dumps(m).encode()\n"
+			    "i[\"manifests\"][0][\"digest\"] = \"sha256:\" + put(mb); i[\"manifests\"][0][\"size\"] = len(mb)\n"
+			    "json.dump(i, open(p + \"/index.json\", \"w\"))' %s %s",
+			    c, modes[i]), 0);
+		snprintf(ref, sizeof(ref), "oci:%s:v1", c);
+		CHECK_EQ(open_img(ref, &other), 0);
+		CHECK(other && !memcmp(other->bootstrap_digest, img->bootstrap_digest, 32));
+		image_close(other);
+		other = NULL;
+	}
+	image_close(img);
+}
+
 static void test_prefetch_lists(void)
 {
 	char file[128], dest[160], *bad[] = {
@@ -349,47 +395,69 @@ static void test_pinned(void)
 }
 
 /* CACHE/SUB/<hex>: used only when the bytes hash to the name. */
+/* Is @fd the file at @path? */
+static bool same_file(int fd, const char *path)
+{
+	struct stat a, b;
+
+	return !fstat(fd, &a) && !stat(path, &b) && a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+}
+
 static void test_cached_copies(void)
 {
 	static const char doc[] = "{\"schemaVersion\":2}";
 	char cache[160], path[256], hex[65];
 	uint8_t digest[32], *data = NULL;
 	size_t len = 0;
+	int fd = -1;
 
 	snprintf(cache, sizeof(cache), "%s/cc", tmpdir);
 	sha256_buf(doc, strlen(doc), digest);
 	hex_encode(digest, 32, hex);
 	snprintf(path, sizeof(path), "%s/meta/%s", cache, hex);
-	CHECK_EQ(image_cached_read(cache, IMAGE_META_DIR, digest, 1 << 20, &data, &len),
+	CHECK_EQ(image_cached_read(cache, IMAGE_META_DIR, digest, 1 << 20, &data, &len, NULL),
 		 -ENOENT);
-	image_cached_keep(cache, IMAGE_META_DIR, digest, doc, strlen(doc));
-	CHECK_EQ(image_cached_read(cache, IMAGE_META_DIR, digest, 1 << 20, &data, &len), 0);
+	image_cached_keep(cache, IMAGE_META_DIR, digest, doc, strlen(doc), NULL);
+	CHECK_EQ(image_cached_read(cache, IMAGE_META_DIR, digest, 1 << 20, &data, &len, NULL), 0);
 	CHECK(data && len == strlen(doc) && !memcmp(data, doc, len) && !data[len]);
 	free(data);
 	data = NULL;
 	/* Larger than the caller takes: not read. */
-	CHECK(image_cached_read(cache, IMAGE_META_DIR, digest, 4, &data, &len) < 0);
+	CHECK(image_cached_read(cache, IMAGE_META_DIR, digest, 4, &data, &len, NULL) < 0);
 	/* Other bytes under the name: refused and removed, then kept anew. */
 	CHECK_EQ(sh("printf '{\"schemaVersion\":3}' >%s", path), 0);
-	CHECK_EQ(image_cached_read(cache, IMAGE_META_DIR, digest, 1 << 20, &data, &len),
+	CHECK_EQ(image_cached_read(cache, IMAGE_META_DIR, digest, 1 << 20, &data, &len, NULL),
 		 -EFSCORRUPTED);
 	CHECK(access(path, F_OK) && errno == ENOENT);
-	image_cached_keep(cache, IMAGE_META_DIR, digest, doc, strlen(doc));
-	CHECK_EQ(image_cached_read(cache, IMAGE_META_DIR, digest, 1 << 20, &data, &len), 0);
+	image_cached_keep(cache, IMAGE_META_DIR, digest, doc, strlen(doc), NULL);
+	CHECK_EQ(image_cached_read(cache, IMAGE_META_DIR, digest, 1 << 20, &data, &len, NULL), 0);
+	free(data);
+	data = NULL;
+	/* With a descriptor: the very file written, or read and checked, read-only. */
+	CHECK_EQ(sh("rm %s", path), 0);
+	image_cached_keep(cache, IMAGE_META_DIR, digest, doc, strlen(doc), &fd);
+	CHECK(fd >= 0 && same_file(fd, path) && (fcntl(fd, F_GETFL) & O_ACCMODE) == O_RDONLY);
+	if (fd >= 0)
+		close(fd);
+	fd = -1;
+	CHECK_EQ(image_cached_read(cache, IMAGE_META_DIR, digest, 1 << 20, &data, &len, &fd), 0);
+	CHECK(fd >= 0 && same_file(fd, path) && (fcntl(fd, F_GETFL) & O_ACCMODE) == O_RDONLY);
+	if (fd >= 0)
+		close(fd);
 	free(data);
 	data = NULL;
 	/* A link or a FIFO in its place is never followed or read from. */
 	CHECK_EQ(sh("rm -f %s && ln -s /etc/passwd %s", path, path), 0);
-	CHECK_EQ(image_cached_read(cache, IMAGE_META_DIR, digest, 1 << 20, &data, &len),
+	CHECK_EQ(image_cached_read(cache, IMAGE_META_DIR, digest, 1 << 20, &data, &len, NULL),
 		 -ENOENT);
 	CHECK_EQ(sh("rm -f %s && mkfifo %s", path, path), 0);
-	CHECK(image_cached_read(cache, IMAGE_META_DIR, digest, 1 << 20, &data, &len) < 0);
+	CHECK(image_cached_read(cache, IMAGE_META_DIR, digest, 1 << 20, &data, &len, NULL) < 0);
 	CHECK(!data);
 	/* A directory others may write is not trusted at all. */
 	CHECK_EQ(sh("rm -f %s && chmod 777 %s/meta", path, cache), 0);
-	image_cached_keep(cache, IMAGE_META_DIR, digest, doc, strlen(doc));
-	CHECK(access(path, F_OK));
-	CHECK_EQ(image_cached_read(cache, IMAGE_META_DIR, digest, 1 << 20, &data, &len),
+	image_cached_keep(cache, IMAGE_META_DIR, digest, doc, strlen(doc), &fd);
+	CHECK(access(path, F_OK) && fd == -1);
+	CHECK_EQ(image_cached_read(cache, IMAGE_META_DIR, digest, 1 << 20, &data, &len, NULL),
 		 -ENOENT);
 }
 
@@ -411,9 +479,9 @@ static void test_meta_gc(void)
 	for (i = 0; i < 3; i++) {
 		sha256_buf(docs[i], strlen(docs[i]), d[i]);
 		hex_encode(d[i], 32, hex[i]);
-		image_cached_keep(cache, IMAGE_META_DIR, d[i], docs[i], strlen(docs[i]));
+		image_cached_keep(cache, IMAGE_META_DIR, d[i], docs[i], strlen(docs[i]), NULL);
 	}
-	image_cached_keep(cache, IMAGE_BOOTSTRAPS_DIR, d[0], docs[0], strlen(docs[0]));
+	image_cached_keep(cache, IMAGE_BOOTSTRAPS_DIR, d[0], docs[0], strlen(docs[0]), NULL);
 	sha256_buf("img", 3, img);
 	CHECK_EQ(blob_cache_add_image(cache, "r", img, NULL, 0,
 				      (const uint8_t (*)[32])d[0], 1), 0);
@@ -450,6 +518,7 @@ int main(void)
 	RUN_TEST(test_open_oci);
 	RUN_TEST(test_corrupt_dir);
 	RUN_TEST(test_corrupt_oci);
+	RUN_TEST(test_bootstrap_frames);
 	RUN_TEST(test_prefetch_lists);
 	RUN_TEST(test_pinned);
 	RUN_TEST(test_cached_copies);
