@@ -969,7 +969,7 @@ static int fill_run(struct blob_cache_blob *b, struct fill *f, uint32_t fa,
 	bool wrote = false;
 	int ret, err = 0;
 
-	ret = blob_buf_reserve(&f->run, &f->run_cap, len);
+	ret = blob_buf_reserve_fresh(&f->run, &f->run_cap, len);
 	if (ret)
 		return ret;
 	ret = f->src->read(f->src->ctx, coff0, f->run, len);
@@ -992,8 +992,8 @@ static int fill_run(struct blob_cache_blob *b, struct fill *f, uint32_t fa,
 		const uint8_t *bytes = cdata;
 
 		if (c->codec != BLOB_CODEC_NONE || c->csize != c->frame_usize) {
-			ret = blob_buf_reserve(&f->frame, &f->frame_cap,
-					       c->frame_usize);
+			ret = blob_buf_reserve_fresh(&f->frame, &f->frame_cap,
+						     c->frame_usize);
 			if (ret)
 				return ret;
 			ret = blob_frame_decode(c, cdata, f->frame);
@@ -1629,7 +1629,7 @@ int blob_cache_read_frames(struct blob_cache_blob *b, uint64_t uoff, uint64_t le
 		n = i;
 		clen = chunks[b->frames[fa + n - 1].first].coff +
 		       chunks[b->frames[fa + n - 1].first].csize - coff0;
-		ret = blob_buf_reserve(&run, &run_cap, clen);
+		ret = blob_buf_reserve_fresh(&run, &run_cap, clen);
 		if (!ret)
 			ret = src->read(src->ctx, coff0, run, clen);
 		if (ret) {
@@ -1648,7 +1648,7 @@ int blob_cache_read_frames(struct blob_cache_blob *b, uint64_t uoff, uint64_t le
 			start = c->uoff;
 			end = frame_end(b, fr);
 			if (c->codec != BLOB_CODEC_NONE || c->csize != c->frame_usize) {
-				ret = blob_buf_reserve(&frame, &frame_cap, c->frame_usize);
+				ret = blob_buf_reserve_fresh(&frame, &frame_cap, c->frame_usize);
 				if (!ret && blob_frame_decode(c, bytes, frame)) {
 					ferry_err("blob sha256:%s: chunk %u: its frame does not decode",
 						  b->hex, b->frames[fr].first);

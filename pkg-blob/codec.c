@@ -34,6 +34,7 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <zstd.h>
 #include <zstd_errors.h>
 
@@ -208,6 +209,38 @@ int blob_buf_reserve(uint8_t **buf, size_t *cap, size_t len)
 	*buf = malloc(len);
 	*cap = *buf ? len : 0;
 	return *buf ? 0 : -ENOMEM;
+}
+
+/*
+ * Aligned to 2 MiB and a multiple of it, a buffer gets transparent huge
+ * pages where the kernel gives them on request (THP "madvise", Debian's
+ * default): one page fault per 2 MiB instead of 512. A fresh 2 MiB
+ * buffer's 4 KiB faults cost 5.5 ms on the project's PVM guest, its huge
+ * page's 0.1 ms.
+ */
+#define BUF_HUGE (2u << 20)
+#define BUF_HUGE_MIN (1u << 20)
+
+int blob_buf_reserve_fresh(uint8_t **buf, size_t *cap, size_t len)
+{
+	void *p = NULL;
+
+	if (*cap >= len)
+		return 0;
+	if (len < BUF_HUGE_MIN)
+		return blob_buf_reserve(buf, cap, len);
+	free(*buf);
+	*buf = NULL;
+	*cap = 0;
+	if (len > SIZE_MAX - BUF_HUGE)
+		return -ENOMEM;
+	len = (len + BUF_HUGE - 1) & ~(size_t)(BUF_HUGE - 1);
+	if (posix_memalign(&p, BUF_HUGE, len))
+		return -ENOMEM;
+	madvise(p, len, MADV_HUGEPAGE); /* a hint: refused is fine */
+	*buf = p;
+	*cap = len;
+	return 0;
 }
 
 static pthread_key_t thread_ctx_key;

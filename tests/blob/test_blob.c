@@ -530,6 +530,33 @@ static void test_decompress_garbage(void)
 }
 
 /* Trailing bytes after a valid stream are corrupt for zstd and lzma. */
+/*
+ * The fill buffers: from 1 MiB up, 2 MiB-aligned multiples of 2 MiB (huge
+ * pages); smaller ones as asked; never reallocated when big enough.
+ */
+static void test_buf_reserve_fresh(void)
+{
+	uint8_t *buf = NULL, *was;
+	size_t cap = 0;
+
+	CHECK_EQ(blob_buf_reserve_fresh(&buf, &cap, 100 << 10), 0);
+	CHECK(buf && cap == 100 << 10);
+	CHECK_EQ(blob_buf_reserve_fresh(&buf, &cap, (3 << 20) / 2), 0);
+	CHECK(buf && cap == 2 << 20 && !((uintptr_t)buf & ((2 << 20) - 1)));
+	if (buf)
+		memset(buf, 0xa5, cap);
+	was = buf;
+	CHECK_EQ(blob_buf_reserve_fresh(&buf, &cap, 2 << 20), 0);
+	CHECK(buf == was && cap == 2 << 20);
+	CHECK_EQ(blob_buf_reserve_fresh(&buf, &cap, (4 << 20) + 1), 0);
+	CHECK(buf && cap == 6 << 20 && !((uintptr_t)buf & ((2 << 20) - 1)));
+	if (buf)
+		memset(buf, 0x5a, cap);
+	CHECK_EQ(blob_buf_reserve_fresh(&buf, &cap, SIZE_MAX - 1), -ENOMEM);
+	CHECK(!buf && !cap);
+	free(buf);
+}
+
 static void test_decompress_trailing(void)
 {
 	static const char *const specs[] = { "zstd", "lzma" };
@@ -1808,6 +1835,7 @@ int main(void)
 	RUN_TEST(test_compress_errors);
 	RUN_TEST(test_decompress_garbage);
 	RUN_TEST(test_decompress_trailing);
+	RUN_TEST(test_buf_reserve_fresh);
 	RUN_TEST(test_writer_layout);
 	RUN_TEST(test_writer_errors);
 	RUN_TEST(test_writer_hot);
