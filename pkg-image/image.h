@@ -243,8 +243,8 @@ int image_copy_blob(struct image *img, uint32_t index, const char *dir);
  * to the verified img->bootstrap (a cached copy that differs, e.g. one
  * planted, is replaced with a warning); a registry image opened with a
  * cache has them already, from the copy it was loaded from or kept in.
- * Mount through the descriptor
- * (/proc/self/fd/N) so the kernel reads exactly the checked bytes.
+ * Mount through the descriptor (/proc/self/fd/N) so the kernel reads
+ * exactly the checked bytes.
  */
 int image_bootstrap_file(struct image *img, const char *cache_dir);
 
