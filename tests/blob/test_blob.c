@@ -529,7 +529,6 @@ static void test_decompress_garbage(void)
 		 -EFSCORRUPTED);
 }
 
-/* Trailing bytes after a valid stream are corrupt for zstd and lzma. */
 /*
  * The fill buffers: from 1 MiB up, 2 MiB-aligned multiples of 2 MiB (huge
  * pages); smaller ones as asked; never reallocated when big enough.
@@ -557,6 +556,7 @@ static void test_buf_reserve_fresh(void)
 	free(buf);
 }
 
+/* Trailing bytes after a valid stream are corrupt for zstd and lzma. */
 static void test_decompress_trailing(void)
 {
 	static const char *const specs[] = { "zstd", "lzma" };

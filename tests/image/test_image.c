@@ -394,7 +394,6 @@ static void test_pinned(void)
 	}
 }
 
-/* CACHE/SUB/<hex>: used only when the bytes hash to the name. */
 /* Is @fd the file at @path? */
 static bool same_file(int fd, const char *path)
 {
@@ -403,6 +402,7 @@ static bool same_file(int fd, const char *path)
 	return !fstat(fd, &a) && !stat(path, &b) && a.st_dev == b.st_dev && a.st_ino == b.st_ino;
 }
 
+/* CACHE/SUB/<hex>: used only when the bytes hash to the name. */
 static void test_cached_copies(void)
 {
 	static const char doc[] = "{\"schemaVersion\":2}";
