@@ -138,9 +138,9 @@ ferryd_pids() { # KIND SOCK
 		ferryd-keeper) k=keeper ;;
 		*) continue ;;
 		esac
-		if tr '\0' '\n' <"$p/cmdline" 2>/dev/null |
+		if tr '\0' '\n' 2>/dev/null <"$p/cmdline" |
 			grep -qxF -e "$sock" -e "--socket=$sock" ||
-			tr '\0' '\n' <"$p/environ" 2>/dev/null |
+			tr '\0' '\n' 2>/dev/null <"$p/environ" |
 			grep -qxF -e "FERRYD_SOCKET=$sock"; then
 			[ "$k" = "$kind" ] && echo "${p#/proc/}"
 		fi
