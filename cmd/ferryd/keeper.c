@@ -12,6 +12,7 @@
 #include <limits.h>
 #include <poll.h>
 #include <signal.h>
+#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,13 +29,31 @@
 _Atomic unsigned int keeper_restarts;
 static _Atomic bool told_missing;
 
+/*
+ * The descriptors a keeper starts with: the one it keeps and its socket.
+ * Fixed numbers, so that spawning can place them without one clobbering
+ * the other and close everything above.
+ */
+#define KEEPER_FD 3
+#define KEEPER_SOCK_FD 4
+
+/*
+ * Start a keeper: posix_spawn, which shares ferryd's memory until the exec
+ * (a fork of ferryd copied its page tables and made each of its pages
+ * fault on its next write: 7-8 ms on a mount's path). The keeper then
+ * forks once itself (keeper_main.c), so that ferryd reaps only that first
+ * process and the keeper is nobody's child.
+ */
 int keeper_spawn(const char *how, int fd, const char *const *args, int *sock,
 		 int *pid)
 {
-	char exe[PATH_MAX] = KEEPER_BINARY, sfd[16], fds[16], hello[64];
-	const char *argv[KEEPER_ARGS_MAX + 5] = { exe, how, fds, sfd };
+	char exe[PATH_MAX] = KEEPER_BINARY, kfd_arg[16], ksock_arg[16], hello[64];
+	const char *argv[KEEPER_ARGS_MAX + 5] = { exe, how, kfd_arg, ksock_arg };
+	posix_spawn_file_actions_t actions;
+	posix_spawnattr_t attr;
+	sigset_t none;
 	struct pollfd p;
-	int sv[2], status, n_args = 4, ret;
+	int sv[2] = { -1, -1 }, kfd = -1, ksock = -1, status, n_args = 4, ret;
 	ssize_t n;
 	pid_t child;
 
@@ -50,43 +69,56 @@ int keeper_spawn(const char *how, int fd, const char *const *args, int *sock,
 				  exe, ferry_strerror(ret));
 		return ret;
 	}
-	if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv))
-		return -errno;
-	snprintf(fds, sizeof(fds), "%d", fd);
-	snprintf(sfd, sizeof(sfd), "%d", sv[1]);
-	child = fork();
-	if (child < 0) {
-		close(sv[0]);
-		close(sv[1]);
-		return -errno;
+	snprintf(kfd_arg, sizeof(kfd_arg), "%d", KEEPER_FD);
+	snprintf(ksock_arg, sizeof(ksock_arg), "%d", KEEPER_SOCK_FD);
+	/* Copies above KEEPER_SOCK_FD: placing one cannot clobber the other. */
+	if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) ||
+	    (kfd = fcntl(fd, F_DUPFD_CLOEXEC, KEEPER_SOCK_FD + 1)) < 0 ||
+	    (ksock = fcntl(sv[1], F_DUPFD_CLOEXEC, KEEPER_SOCK_FD + 1)) < 0) {
+		ret = -errno;
+		goto out;
 	}
-	if (!child) {
-		sigset_t none;
-
-		/* Only async-signal-safe calls until exec. ferryd's threads
-		 * block signals the keeper must still receive. */
-		sigemptyset(&none);
-		sigprocmask(SIG_SETMASK, &none, NULL);
-		setsid();
-		if (fork())
-			_exit(0);
-		close_range(3, ~0u, CLOSE_RANGE_CLOEXEC);
-		fcntl(fd, F_SETFD, 0);
-		fcntl(sv[1], F_SETFD, 0);
-		execv(exe, (char *const *)argv);
-		_exit(127);
-	}
+	/* ferryd's threads block signals the keeper must still receive. */
+	sigemptyset(&none);
+	posix_spawnattr_init(&attr);
+	posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSID);
+	posix_spawnattr_setsigmask(&attr, &none);
+	posix_spawn_file_actions_init(&actions);
+	posix_spawn_file_actions_adddup2(&actions, kfd, KEEPER_FD);
+	posix_spawn_file_actions_adddup2(&actions, ksock, KEEPER_SOCK_FD);
+	posix_spawn_file_actions_addclosefrom_np(&actions, KEEPER_SOCK_FD + 1);
+	ret = -posix_spawn(&child, exe, &actions, &attr, (char *const *)argv, environ);
+	posix_spawn_file_actions_destroy(&actions);
+	posix_spawnattr_destroy(&attr);
+	/* Only the keeper's copies stay: its dying before the hello ends the poll. */
+	close(kfd);
+	close(ksock);
 	close(sv[1]);
+	kfd = ksock = sv[1] = -1;
+	if (ret) {
+		ferry_err("cannot start the keeper %s: %s", exe, ferry_strerror(ret));
+		goto out;
+	}
 	waitpid(child, &status, 0);
 	p = (struct pollfd){ .fd = sv[0], .events = POLLIN };
 	n = poll(&p, 1, KEEPER_START_MS) == 1 ? recv(sv[0], hello, sizeof(hello) - 1, 0) : -1;
 	if (n <= 0 || (hello[n] = '\0', sscanf(hello, "pid %d", pid) != 1)) {
 		ferry_err("the keeper (%s %s) did not start", exe, how);
-		close(sv[0]);
-		return -ECHILD;
+		ret = -ECHILD;
+		goto out;
 	}
 	*sock = sv[0];
-	return 0;
+	sv[0] = -1;
+out:
+	if (sv[0] >= 0)
+		close(sv[0]);
+	if (sv[1] >= 0)
+		close(sv[1]);
+	if (kfd >= 0)
+		close(kfd);
+	if (ksock >= 0)
+		close(ksock);
+	return ret;
 }
 
 int keeper_start_mount(const char *how, int fd, const struct fmount *m,

@@ -13,7 +13,8 @@
  *
  * FD/GROUP_FD/DEVFD: the descriptor it keeps; SOCK: its end of a
  * SOCK_SEQPACKET pair with ferryd; SOCKET: ferryd's control socket;
- * OPTION: a successor ferryd's options. It answers "pid N" first; then
+ * OPTION: a successor ferryd's options. It forks, its first process
+ * exits (ferryd waits for that one), and the second answers "pid N"; then
  * ferryd sends "req JSON" (the mount's request, for a successor), "sysfs
  * PATH" (fanotify), "bye" (let go), "alone" (fanotify: ferryd shut down,
  * the mount in use). A FUSE keeper's one word, KEEPER_ENDED, says the

@@ -66,11 +66,19 @@ static int parse_uint(const char *s, unsigned int *out)
 	return 0;
 }
 
-/* Signals, log, and hello on @sock. 0 or -errno. */
+/*
+ * Leave ferryd (it waits for the process it started, then reaps nothing
+ * more), then signals, log, and hello on @sock. 0 or -errno.
+ */
 static int keeper_hello(int sock)
 {
 	char hello[32];
+	pid_t child = fork();
 
+	if (child < 0)
+		return -errno;
+	if (child)
+		_exit(0);
 	fcntl(sock, F_SETFD, FD_CLOEXEC);
 	signal(SIGPIPE, SIG_IGN);
 	signal(SIGINT, SIG_IGN);
