@@ -291,6 +291,15 @@ else
 	rss=$(awk '/^VmRSS:/ { print $2 }' "/proc/$kpid/status" 2>/dev/null)
 	expect "its resident memory is under 4 MiB (${rss:-?} KiB)" [ "${rss:-99999}" -lt 4096 ]
 fi
+# Started by posix_spawn, then forked by itself (keeper.c): it holds the
+# connection and its socket to ferryd and nothing else of ferryd's, and is
+# not ferryd's child.
+kfds=$(ls "/proc/$kpid/fd" 2>/dev/null | sort -n | tr '\n' ' ')
+expect "the keeper holds descriptors 0-4 only (${kfds:-none})" [ "$kfds" = "0 1 2 3 4 " ]
+expect "  ... /dev/fuse at 3" [ "$(readlink "/proc/$kpid/fd/3")" = /dev/fuse ]
+kppid=$(awk '/^PPid:/ { print $2 }' "/proc/$kpid/status" 2>/dev/null)
+expect "  ... and its parent (${kppid:-none}) is no ferryd" \
+	bash -c '[ -n "$0" ] && ! grep -qx "$0" <<<"$1"' "$kppid" "$(ferryd_pids daemon "$FSOCK")"
 check "umount" fumount "$M"
 check "ferry daemon stop" "$FERRY" daemon stop --socket "$FSOCK"
 # ferry and ferryd copied without ferryd-keeper next to them.
