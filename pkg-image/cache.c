@@ -1821,13 +1821,16 @@ static void *plan_worker(void *arg)
 
 	while ((r = plan_take(run))) {
 		prefetch_bwlimit(ic, r->len, run->stop);
-		ret = plan_stopped(run) ? 0 : prefetch_step(ic, r->index, r->uoff, r->len);
-		if (ret) { /* the rest may still come: go on, report the first */
-			int none = 0;
+		/* Stopped meanwhile: the next plan_take says so. */
+		if (!plan_stopped(run)) {
+			ret = prefetch_step(ic, r->index, r->uoff, r->len);
+			if (ret) { /* the rest may still come: go on, report the first */
+				int none = 0;
 
-			atomic_compare_exchange_strong(&run->err, &none, ret);
-		} else if (!plan_stopped(run)) {
-			atomic_fetch_add(&ic->prefetched, r->len);
+				atomic_compare_exchange_strong(&run->err, &none, ret);
+			} else {
+				atomic_fetch_add(&ic->prefetched, r->len);
+			}
 		}
 		plan_done(run, r);
 	}
