@@ -1580,15 +1580,17 @@ static int prefetch_step(struct image_cache *ic, uint32_t index, uint64_t uoff,
  * 7.4 MB) took 0.59-0.64 s with 4 threads and 4 MiB ranges, 0.43-0.59 s
  * with 8 and 2 MiB (the same worst-case buffers: one range per thread).
  * Ranges of PLAN_LARGE or more (a hot run's, a big file's) go at most
- * PLAN_LARGE_IN_FLIGHT at once: a cold start with a hot-run list 0-10%
- * faster in four A/B runs (loopback, 20 ms RTT), with scattered ranges
- * unchanged (PERFORMANCE.md).
+ * PLAN_LARGE_IN_FLIGHT at once: with all in flight a hot-run list arrives
+ * in one lump, its first-listed files last. Three, not two: two started
+ * together end together and leave the link idle for the next pair's round
+ * trip (a cold start at 50 ms RTT 5% faster, loopback and 20 ms RTT within
+ * noise; four was slower at 20 ms; PERFORMANCE.md).
  */
 #define PLAN_THREADS 8
 #define PLAN_GAP (128u << 10)
 #define PLAN_RANGE_MAX (2u << 20)
 #define PLAN_LARGE (1u << 20)
-#define PLAN_LARGE_IN_FLIGHT 2u
+#define PLAN_LARGE_IN_FLIGHT 3u
 
 struct plan_range {
 	uint32_t index;
