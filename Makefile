@@ -105,14 +105,24 @@ $(BUILD)/tests/ctl/%: tests/ctl/%.c tests/test.h $(CTL_TEST_OBJS) $(LIB)
 
 tests: $(TEST_BINS) $(TOOL_BINS)
 
-# libFuzzer targets for every parser of untrusted input (clang only).
-FUZZ_CFLAGS := -g -O1 -std=c11 -D_GNU_SOURCE -D_FILE_OFFSET_BITS=64 -pthread \
-	       -fsanitize=fuzzer,address,undefined $(PKG_CFLAGS) \
-	       $(if $(ISAL),-DFERRY_HAVE_ISAL)
-$(BUILD)/fuzz/%: tests/fuzz/%.c $(LIB_SRCS) $(wildcard */*.h)
+# libFuzzer targets for every parser of untrusted input (clang only). The
+# libraries are compiled once, instrumented, into one archive the targets
+# link (each target compiling them all took 26 s, 3.5 min for 8).
+FUZZ_COMMON := -g -O1 -std=c11 -D_GNU_SOURCE -D_FILE_OFFSET_BITS=64 -pthread \
+	       $(PKG_CFLAGS) $(if $(ISAL),-DFERRY_HAVE_ISAL)
+FUZZ_LIB := $(BUILD)/fuzz/libferry-fuzz.a
+FUZZ_LIB_OBJS := $(LIB_SRCS:%.c=$(BUILD)/fuzz/obj/%.o)
+$(BUILD)/fuzz/obj/%.o: %.c $(wildcard */*.h) Makefile
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  FUZZCC  $<")
+	$(Q)clang $(FUZZ_COMMON) -fsanitize=fuzzer-no-link,address,undefined -c -o $@ $<
+$(FUZZ_LIB): $(FUZZ_LIB_OBJS)
+	$(Q)rm -f $@ && ar rcs $@ $^
+$(BUILD)/fuzz/%: tests/fuzz/%.c $(FUZZ_LIB) $(wildcard */*.h)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  FUZZ    $@")
-	$(Q)clang $(FUZZ_CFLAGS) -o $@ $< $(FUZZ_EXTRA) $(LIB_SRCS) $(PKG_LIBS)
+	$(Q)clang $(FUZZ_COMMON) -fsanitize=fuzzer,address,undefined -o $@ $< $(FUZZ_EXTRA) \
+		$(FUZZ_LIB) $(PKG_LIBS)
 
 # The control-socket parsers live outside the libraries.
 $(BUILD)/fuzz/fuzz_ctl: FUZZ_EXTRA := cmd/ctl.c
@@ -132,8 +142,11 @@ deps:
 vm-kernel: deps
 	tests/vm/build-kernel.sh
 
+# The test targets build with every CPU (CI calls plain `make check`).
+JOBS ?= $(shell nproc 2>/dev/null || echo 1)
+
 check: deps
-	$(MAKE) all tests fuzz contrib
+	$(MAKE) -j$(JOBS) all tests fuzz contrib
 	BUILD=$(BUILD) BIN=$(BIN) tests/run.sh
 
 # Not under the sanitizers (CI time; docs/TESTING.md): tests whose ferry
@@ -142,7 +155,7 @@ check: deps
 ASAN_SKIP = e2e/containerd e2e/snapshotter e2e/wan_lazy
 
 check-asan: deps
-	$(MAKE) BUILD=build-asan BIN=build-asan/bin SAN=1 all tests
+	$(MAKE) -j$(JOBS) BUILD=build-asan BIN=build-asan/bin SAN=1 all tests
 	BUILD=build-asan BIN=build-asan/bin ASAN_OPTIONS=detect_leaks=1 \
 		FERRY_TESTS_SKIP="$(ASAN_SKIP)" tests/run.sh
 
