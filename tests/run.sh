@@ -96,14 +96,18 @@ run_shared() { # NAME command...
 
 drain() { while [ "${#job_name[@]}" -gt 0 ]; do finish_one; done; }
 
+# The e2e tests have watchdogs of their own (tests/e2e/lib.sh); these do
+# not, and take seconds (the fuzz runs ~90 s): a hung one fails here, with
+# the suite's log, instead of stalling it until CI's limit kills it all.
+bounded=(timeout --kill-after=30 "${FERRY_UNIT_TIMEOUT:-600}")
 for t in "$BUILD"/tests/*/test_*; do
 	[ -x "$t" ] || continue
-	run_alone "unit/$(basename "$(dirname "$t")")/$(basename "$t")" "$t"
+	run_alone "unit/$(basename "$(dirname "$t")")/$(basename "$t")" "${bounded[@]}" "$t"
 done
 # The module table of docs/ARCHITECTURE.md against every #include.
-run_alone layers /usr/bin/python3 "$top/tests/tools/check_layers.py" "$top"
+run_alone layers "${bounded[@]}" /usr/bin/python3 "$top/tests/tools/check_layers.py" "$top"
 if ls "$BUILD"/fuzz/fuzz_* >/dev/null 2>&1; then
-	run_alone fuzz "$top/tests/fuzz/run.sh" "$BUILD"/fuzz/fuzz_*
+	run_alone fuzz "${bounded[@]}" "$top/tests/fuzz/run.sh" "$BUILD"/fuzz/fuzz_*
 fi
 # Where each e2e test may run (docs/TESTING.md): beside any other test; in
 # a group, beside tests of its group only; or alone. The kernel log is the
