@@ -4,7 +4,8 @@
 # "ok - NAME" or "not ok - NAME"; this script counts them and ends with
 # "N passed, N failed". Env: BUILD (build dir), BIN (where ferry is),
 # FERRY_TESTS_SKIP (names of tests not to run, e.g. "e2e/wan_lazy"),
-# FERRY_TEST_JOBS (end-to-end tests run at once; default 2).
+# FERRY_TEST_JOBS (end-to-end tests run at once; default 2),
+# FERRY_UNIT_TIMEOUT (seconds a unit test or the fuzz runs may take; 600).
 #
 # Most e2e tests wait on their peers as much as they compute (registries,
 # proxies with injected delays, timeouts; 30-80% of 2 CPUs each), so they
@@ -24,6 +25,8 @@ export FERRY=$BIN/ferry BUILD TOP=$top
 only=${1:-}
 max_jobs=${FERRY_TEST_JOBS:-2}
 case $max_jobs in '' | *[!0-9]* | 0) echo "FERRY_TEST_JOBS must be a positive number, not '$max_jobs'" >&2; exit 2 ;; esac
+unit_timeout=${FERRY_UNIT_TIMEOUT:-600}
+case $unit_timeout in '' | *[!0-9]* | 0) echo "FERRY_UNIT_TIMEOUT must be a positive number of seconds, not '$unit_timeout'" >&2; exit 2 ;; esac
 
 work=$(mktemp -d)
 trap 'rm -rf --one-file-system "$work"' EXIT
@@ -99,7 +102,7 @@ drain() { while [ "${#job_name[@]}" -gt 0 ]; do finish_one; done; }
 # The e2e tests have watchdogs of their own (tests/e2e/lib.sh); these do
 # not, and take seconds (the fuzz runs ~90 s): a hung one fails here, with
 # the suite's log, instead of stalling it until CI's limit kills it all.
-bounded=(timeout --kill-after=30 "${FERRY_UNIT_TIMEOUT:-600}")
+bounded=(timeout --kill-after=30 "$unit_timeout")
 for t in "$BUILD"/tests/*/test_*; do
 	[ -x "$t" ] || continue
 	run_alone "unit/$(basename "$(dirname "$t")")/$(basename "$t")" "${bounded[@]}" "$t"
