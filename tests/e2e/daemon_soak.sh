@@ -3,8 +3,11 @@
 # ferry-test: alone (measures memory and latency under load)
 # Soak: one ferryd serves a FUSE and a fanotify mount of the Debian image
 # with a cold cache, through a flaky registry (tests/tools/faultproxy.py:
-# bursts of 503s and connections cut mid-body, which the fetcher retries,
-# and windows in which every blob request is reset, "registry down"),
+# bursts of 503s and 429s and connections cut mid-body, which the fetcher
+# retries, and windows in which every blob request is reset, "registry
+# down") behind a slow link (tests/tools/wanproxy.py, FERRY_SOAK_MBIT,
+# default 8 Mbit/s: the cold fill takes about a minute, so the faults meet
+# fetches all along),
 # while 64 readers (32 per mount) read random files for FERRY_SOAK_SECS
 # (default 60) seconds. Every file read whole must have the reference's
 # bytes; the only errors allowed are EIO for reads that overlapped a down
@@ -33,13 +36,22 @@ rss_ok() {
 	fi
 }
 
+# A slow link (8 Mbit/s) between ferryd and the flaky registry, so the
+# cold fill lasts the whole soak and every fault cycle meets fetches.
+if ! REG=$PROXY wp_start 1 "${FERRY_SOAK_MBIT:-8}" 2>"$LOG"; then
+	notok "start the WAN proxy (wanproxy.py) in front of the fault proxy"
+	diag "$LOG"
+	e2e_done
+fi
+SIMG=docker://$WAN/ferry/debian:edit
 check "ferryd (persistent)" "$FERRYD" --socket "$FSOCK" --persistent
 M=$SCRATCH/m-fuse
 N=$SCRATCH/m-fan
-# Retries enough to ride out the 503 bursts and cut bodies, not the
-# down windows.
-check "fuse mount through the flaky proxy" fmount "$PIMG" "$M" --retries 4
-check "fanotify mount through the flaky proxy" fnmount "$PIMG" "$N" --retries 4
+# Attempts enough to ride out the 503 bursts and cut bodies, not the
+# down windows: one request may meet every fault of a cycle (7, below),
+# since the others wait on its chunks, so it gets 8 attempts.
+check "fuse mount through the flaky proxy" fmount "$SIMG" "$M" --retries 8
+check "fanotify mount through the flaky proxy" fnmount "$SIMG" "$N" --retries 8
 
 # The readers: THREADS threads over ROOT until DEADLINE (unix time), each
 # picking random files of the reference list, dropping their pages first
@@ -93,11 +105,11 @@ peak_rss=0
 cycle=0
 while [ "$(date +%s)" -lt "$deadline" ]; do
 	cycle=$((cycle + 1))
-	fp_ctl /__fault mode=503 count=6 method=GET 'path=/blobs/' >/dev/null
+	fp_ctl /__fault mode=503 count=3 method=GET 'path=/blobs/' >/dev/null
 	sleep 3
-	fp_ctl /__fault mode=reset_mid count=4 method=GET 'path=/blobs/' frac=0.3 >/dev/null
+	fp_ctl /__fault mode=reset_mid count=2 method=GET 'path=/blobs/' frac=0.3 >/dev/null
 	sleep 3
-	fp_ctl /__fault mode=429 count=3 method=GET 'path=/blobs/' retry_after=1 >/dev/null
+	fp_ctl /__fault mode=429 count=2 method=GET 'path=/blobs/' retry_after=1 >/dev/null
 	sleep 3
 	t0=$(date +%s.%N)
 	fp_ctl /__fault mode=reset count=-1 method=GET 'path=/blobs/' >/dev/null
@@ -115,10 +127,18 @@ wait "$r2"
 rc2=$?
 expect "the FUSE readers ran to the end" [ "$rc1" -eq 0 ]
 expect "the fanotify readers ran to the end" [ "$rc2" -eq 0 ]
-echo "# $cycle fault cycles; fault proxy: $(fp_ctl /__stats | $PY -c '
+fp_ctl /__stats >"$SCRATCH/fp-stats.json"
+echo "# $cycle fault cycles; fault proxy: $($PY -c '
 import json, sys
-c = json.load(sys.stdin)["counters"]
-print(", ".join("%s %s" % kv for kv in sorted(c.items())))')"
+c = json.load(open(sys.argv[1]))["counters"]
+print(", ".join("%s %s" % kv for kv in sorted(c.items())))' "$SCRATCH/fp-stats.json")"
+# Otherwise the verdicts below would say nothing about the faults.
+expect "every kind of fault met a request (the fill outlasted the cycles' faults)" \
+	$PY -c '
+import json, sys
+c = json.load(open(sys.argv[1]))["counters"]
+sys.exit(0 if all(c.get("fault_" + k, 0) > 0 for k in ("503", "reset_mid", "429", "reset")) else 1)' \
+	"$SCRATCH/fp-stats.json"
 
 # judge LOG MODE: the reads' verdicts against the down windows (a read
 # may fail only if it overlapped a window, widened by 10 s for the retry
