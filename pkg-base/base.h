@@ -223,6 +223,9 @@ void ferry_progress_end(struct ferry_progress *p);
 
 /* CLOCK_MONOTONIC in nanoseconds. */
 uint64_t ferry_now_ns(void);
+struct timespec;
+/* @ts = @ms from now on CLOCK_REALTIME, as pthread_cond_timedwait wants. */
+void ferry_deadline_ts(struct timespec *ts, unsigned int ms);
 /* Online CPUs, between 1 and @max: the default count of worker threads. */
 unsigned int online_cpus(unsigned int max);
 

@@ -1349,12 +1349,7 @@ static int cf_serve(void *state)
 
 	pthread_mutex_lock(&cm->lock);
 	while (!cm->stop && sb_alive(cm)) {
-		clock_gettime(CLOCK_REALTIME, &ts);
-		ts.tv_nsec += SB_CHECK_MS * 1000000L;
-		if (ts.tv_nsec >= 1000000000L) {
-			ts.tv_sec++;
-			ts.tv_nsec -= 1000000000L;
-		}
+		ferry_deadline_ts(&ts, SB_CHECK_MS);
 		pthread_cond_timedwait(&cm->cond, &cm->lock, &ts);
 	}
 	pthread_mutex_unlock(&cm->lock);

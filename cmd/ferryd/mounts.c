@@ -51,17 +51,6 @@ void mounts_init(unsigned int threads, unsigned int ra_kb, unsigned int dir_ra_k
 	changed_cb = on_change;
 }
 
-static void deadline_ts(struct timespec *ts, unsigned int ms)
-{
-	clock_gettime(CLOCK_REALTIME, ts);
-	ts->tv_sec += ms / 1000;
-	ts->tv_nsec += (long)(ms % 1000) * 1000000;
-	if (ts->tv_nsec >= 1000000000) {
-		ts->tv_sec++;
-		ts->tv_nsec -= 1000000000;
-	}
-}
-
 /* Drop @n references; the last one frees. */
 static void mount_put_locked_n(struct fmount *m, unsigned int n)
 {
@@ -263,7 +252,7 @@ static void force_end(struct fmount *m, unsigned int ms)
 	atomic_store(&m->fetch_cancel, true);
 	for (waited = 0; !poke(m) && waited < ms; waited += 20) {
 		pthread_mutex_lock(&m->lock);
-		deadline_ts(&ts, 20);
+		ferry_deadline_ts(&ts, 20);
 		if (!m->loop_ended)
 			pthread_cond_timedwait(&m->cond, &m->lock, &ts);
 		pthread_mutex_unlock(&m->lock);
@@ -275,7 +264,7 @@ static bool wait_session_locked(struct fmount *m, unsigned int ms)
 {
 	struct timespec ts;
 
-	deadline_ts(&ts, ms);
+	ferry_deadline_ts(&ts, ms);
 	while (!m->session_closed && !m->removed)
 		if (pthread_cond_timedwait(&tbl_cond, &tbl_lock, &ts) == ETIMEDOUT)
 			break;
@@ -562,7 +551,7 @@ static int wait_ready(struct fmount *m)
 	struct timespec ts;
 	int ret;
 
-	deadline_ts(&ts, READY_TIMEOUT_MS);
+	ferry_deadline_ts(&ts, READY_TIMEOUT_MS);
 	pthread_mutex_lock(&m->lock);
 	while (!m->ready && !m->loop_ended)
 		if (pthread_cond_timedwait(&m->cond, &m->lock, &ts) == ETIMEDOUT)
@@ -950,7 +939,7 @@ void mounts_quiesce(unsigned int wait_ms)
 		list[nr++] = m;
 	}
 	pthread_mutex_unlock(&tbl_lock);
-	deadline_ts(&ts, wait_ms);
+	ferry_deadline_ts(&ts, wait_ms);
 	for (i = 0; i < nr; i++) {
 		pthread_mutex_lock(&list[i]->lock);
 		while (!list[i]->loop_ended &&
@@ -1025,7 +1014,7 @@ size_t mounts_shutdown(void)
 		for (m = mounts; m; m = m->next)
 			pending |= m->state == MS_MOUNTING;
 		if (pending && ferry_now_ns() < deadline) {
-			deadline_ts(&ts, 20);
+			ferry_deadline_ts(&ts, 20);
 			pthread_cond_timedwait(&tbl_cond, &tbl_lock, &ts);
 		}
 		pthread_mutex_unlock(&tbl_lock);
