@@ -1529,6 +1529,51 @@ static void prefetch_pace(struct image_cache *ic, uint64_t step_bytes,
 	prefetch_bwlimit(ic, step_bytes, stop);
 }
 
+/*
+ * Whole-blob prefetch steps in flight in the process, over all mounts. A
+ * step holds its fill's buffers (a run of up to 4 MiB of compressed bytes,
+ * huge pages, and the frames decoded from it) until it ends, so without a
+ * bound ferryd's memory grew with the mounts prefetching at once (three of
+ * the big image: a peak of 29.6-33.7 MiB; PERFORMANCE.md). Two keep both
+ * CPUs decoding on a fast link. Demand reads never wait here.
+ */
+#define PREFETCH_STEPS_IN_FLIGHT 2u
+
+static struct {
+	pthread_mutex_t lock;
+	pthread_cond_t freed;
+	unsigned int used;
+} prefetch_slots = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0 };
+
+/* Take a step's slot; false when *@stop was set first. */
+static bool prefetch_slot_take(const volatile bool *stop)
+{
+	struct timespec ts;
+	bool took = false;
+
+	pthread_mutex_lock(&prefetch_slots.lock);
+	while (!(stop && *stop)) {
+		if (prefetch_slots.used < PREFETCH_STEPS_IN_FLIGHT) {
+			prefetch_slots.used++;
+			took = true;
+			break;
+		}
+		/* Nobody signals a stop: look at it every 100 ms. */
+		ferry_deadline_ts(&ts, 100);
+		pthread_cond_timedwait(&prefetch_slots.freed, &prefetch_slots.lock, &ts);
+	}
+	pthread_mutex_unlock(&prefetch_slots.lock);
+	return took;
+}
+
+static void prefetch_slot_give(void)
+{
+	pthread_mutex_lock(&prefetch_slots.lock);
+	prefetch_slots.used--;
+	pthread_cond_signal(&prefetch_slots.freed);
+	pthread_mutex_unlock(&prefetch_slots.lock);
+}
+
 void image_cache_set_bwlimit(struct image_cache *ic, uint64_t bytes_per_sec)
 {
 	ic->bwlimit = bytes_per_sec;
@@ -1926,9 +1971,10 @@ int image_cache_prefetch_blobs(struct image_cache *ic,
 		for (pos = 0; pos < b->uncompressed_size && !(stop && *stop); pos += step) {
 			step = MIN(b->uncompressed_size - pos, (uint64_t)PREFETCH_STEP);
 			prefetch_pace(ic, step, stop);
-			if (stop && *stop)
+			if (!prefetch_slot_take(stop))
 				break;
 			ret = prefetch_step(ic, i, pos, step);
+			prefetch_slot_give();
 			if (ret)
 				return ret;
 			atomic_fetch_add(&ic->prefetched, step);

@@ -8,7 +8,10 @@
 #include "../test.h"
 
 #include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
+#include <time.h>
 #include <unistd.h>
 #include <sys/stat.h>
 
@@ -278,6 +281,81 @@ out:
 	close_cache(&oc);
 }
 
+/*
+ * Whole-blob prefetch of four images at once takes at most two steps at
+ * a time in the process (each holds its fill's buffers): the sinks count
+ * the steps inside put. Each put waits (up to 2 s) for a second step to
+ * come in, then stays a while longer, time enough for a third to show.
+ */
+struct slot_sink {
+	atomic_uint *inside, *most;
+};
+
+static bool slot_has(void *ctx, uint32_t device_id, uint64_t uoff, uint64_t len)
+{
+	(void)ctx, (void)device_id, (void)uoff, (void)len;
+	return false;
+}
+
+static int slot_put(void *ctx, uint32_t device_id, uint64_t uoff, const void *buf,
+		    size_t len)
+{
+	struct slot_sink *k = ctx;
+	struct timespec ts = { 0, 10 * 1000 * 1000 };
+	unsigned int waited, now, most;
+
+	(void)device_id, (void)uoff, (void)buf, (void)len;
+	atomic_fetch_add(k->inside, 1);
+	for (waited = 0; waited < 200 && atomic_load(k->inside) < 2; waited++)
+		nanosleep(&ts, NULL);
+	for (waited = 0; waited < 5; waited++) {
+		now = atomic_load(k->inside);
+		most = atomic_load(k->most);
+		while (now > most && !atomic_compare_exchange_weak(k->most, &most, now))
+			;
+		nanosleep(&ts, NULL);
+	}
+	atomic_fetch_sub(k->inside, 1);
+	return 0;
+}
+
+static void *slot_prefetch(void *arg)
+{
+	return (void *)(intptr_t)image_cache_prefetch_blobs(arg, NULL, NULL);
+}
+
+static void test_prefetch_slots(void)
+{
+	enum { N = 4 };
+	atomic_uint inside = 0, most = 0;
+	struct slot_sink k = { &inside, &most };
+	struct image_prefetch_sink sink = { .has = slot_has, .put = slot_put, .ctx = &k };
+	struct open_cache oc[N] = { 0 };
+	pthread_t t[N];
+	void *ret;
+	int i, started = 0;
+
+	for (i = 0; i < N; i++) {
+		CHECK_EQ(open_cache(image_ref, &oc[i]), 0);
+		if (!oc[i].ic)
+			goto out;
+		image_cache_set_prefetch_sink(oc[i].ic, &sink);
+	}
+	for (started = 0; started < N; started++)
+		if (pthread_create(&t[started], NULL, slot_prefetch, oc[started].ic))
+			break;
+	CHECK_EQ(started, N);
+	for (i = 0; i < started; i++) {
+		pthread_join(t[i], &ret);
+		CHECK_EQ((intptr_t)ret, 0);
+	}
+	CHECK_EQ(atomic_load(&most), 2);
+out:
+	for (i = 0; i < N; i++)
+		if (oc[i].img)
+			close_cache(&oc[i]);
+}
+
 /* ferry cache gc of CACHE/fscache: what no record names goes. */
 static void test_fscache_gc(void)
 {
@@ -380,6 +458,7 @@ int main(void)
 	RUN_TEST(test_prefetch);
 	RUN_TEST(test_corrupt_chunk);
 	RUN_TEST(test_prefetch_sink);
+	RUN_TEST(test_prefetch_slots);
 	RUN_TEST(test_fscache_gc);
 	sh("rm -rf %s", tmpdir);
 	TEST_MAIN_END();
