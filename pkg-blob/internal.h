@@ -39,10 +39,10 @@ int blob_buf_reserve(uint8_t **buf, size_t *cap, size_t len);
 /*
  * The same for a buffer that is filled whole soon after and freed after
  * one use (the chunk cache's fetch and decode buffers, mapped afresh for
- * each fill: ferryd's fixed mmap threshold): from 1 MiB up, rounded up to
- * 2 MiB and backed by huge pages where the kernel has them. Long-lived
- * buffers (the writer's) stay on blob_buf_reserve: there the rounding
- * only costs memory.
+ * each fill: ferryd's fixed mmap threshold): from 2 MiB up, rounded up to
+ * a multiple of 2 MiB and backed by huge pages where the kernel has them.
+ * Long-lived buffers (the writer's) stay on blob_buf_reserve: there the
+ * rounding only costs memory.
  */
 int blob_buf_reserve_fresh(uint8_t **buf, size_t *cap, size_t len);
 /* This thread's context (freed at thread exit), or NULL on ENOMEM. */

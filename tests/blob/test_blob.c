@@ -530,7 +530,7 @@ static void test_decompress_garbage(void)
 }
 
 /*
- * The fill buffers: from 1 MiB up, 2 MiB-aligned multiples of 2 MiB (huge
+ * The fill buffers: from 2 MiB up, 2 MiB-aligned multiples of 2 MiB (huge
  * pages); smaller ones as asked; never reallocated when big enough.
  */
 static void test_buf_reserve_fresh(void)
@@ -541,11 +541,13 @@ static void test_buf_reserve_fresh(void)
 	CHECK_EQ(blob_buf_reserve_fresh(&buf, &cap, 100 << 10), 0);
 	CHECK(buf && cap == 100 << 10);
 	CHECK_EQ(blob_buf_reserve_fresh(&buf, &cap, (3 << 20) / 2), 0);
+	CHECK(buf && cap == (3 << 20) / 2);
+	CHECK_EQ(blob_buf_reserve_fresh(&buf, &cap, 2 << 20), 0);
 	CHECK(buf && cap == 2 << 20 && !((uintptr_t)buf & ((2 << 20) - 1)));
 	if (buf)
 		memset(buf, 0xa5, cap);
 	was = buf;
-	CHECK_EQ(blob_buf_reserve_fresh(&buf, &cap, 2 << 20), 0);
+	CHECK_EQ(blob_buf_reserve_fresh(&buf, &cap, (2 << 20) - 100), 0);
 	CHECK(buf == was && cap == 2 << 20);
 	CHECK_EQ(blob_buf_reserve_fresh(&buf, &cap, (4 << 20) + 1), 0);
 	CHECK(buf && cap == 6 << 20 && !((uintptr_t)buf & ((2 << 20) - 1)));
