@@ -1531,11 +1531,11 @@ static void prefetch_pace(struct image_cache *ic, uint64_t step_bytes,
 
 /*
  * Whole-blob prefetch steps in flight in the process, over all mounts. A
- * step holds its fill's buffers (a run of up to 4 MiB of compressed bytes,
- * huge pages, and the frames decoded from it) until it ends, so without a
- * bound ferryd's memory grew with the mounts prefetching at once (three of
- * the big image: a peak of 29.6-33.7 MiB; PERFORMANCE.md). Two keep both
- * CPUs decoding on a fast link. Demand reads never wait here.
+ * step holds its fill's buffers (a run of up to 4 MiB of compressed bytes
+ * and the frame decoded from it) until it ends, so without a bound
+ * ferryd's memory grew with the mounts prefetching at once (six mounts of
+ * the big image: a peak of 56-60 MiB, 46 MiB with it; PERFORMANCE.md).
+ * Two keep both CPUs decoding on a fast link. Demand reads never wait.
  */
 #define PREFETCH_STEPS_IN_FLIGHT 2u
 
