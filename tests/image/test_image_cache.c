@@ -285,10 +285,12 @@ out:
  * Whole-blob prefetch of four images at once takes at most two steps at
  * a time in the process (each holds its fill's buffers): the sinks count
  * the steps inside put. Each put waits (up to 2 s) for a second step to
- * come in, then stays a while longer, time enough for a third to show.
+ * come in, then stays a while longer, time enough for a third to show;
+ * with *hold set it stays until that is cleared (at most 5 s).
  */
 struct slot_sink {
 	atomic_uint *inside, *most;
+	atomic_bool *hold;
 };
 
 static bool slot_has(void *ctx, uint32_t device_id, uint64_t uoff, uint64_t len)
@@ -315,43 +317,124 @@ static int slot_put(void *ctx, uint32_t device_id, uint64_t uoff, const void *bu
 			;
 		nanosleep(&ts, NULL);
 	}
+	for (waited = 0; k->hold && atomic_load(k->hold) && waited < 500; waited++)
+		nanosleep(&ts, NULL);
 	atomic_fetch_sub(k->inside, 1);
 	return 0;
 }
 
+struct slot_run {
+	struct image_cache *ic;
+	const volatile bool *stop;
+	atomic_bool done;
+	int ret;
+};
+
 static void *slot_prefetch(void *arg)
 {
-	return (void *)(intptr_t)image_cache_prefetch_blobs(arg, NULL, NULL);
+	struct slot_run *r = arg;
+
+	r->ret = image_cache_prefetch_blobs(r->ic, NULL, r->stop);
+	atomic_store(&r->done, true);
+	return NULL;
+}
+
+/* Open @n caches of the image, each with @sink; false on failure. */
+static bool slot_caches(struct open_cache *oc, struct slot_run *runs, int n,
+			const struct image_prefetch_sink *sink)
+{
+	int i;
+
+	for (i = 0; i < n; i++) {
+		CHECK_EQ(open_cache(image_ref, &oc[i]), 0);
+		if (!oc[i].ic)
+			return false;
+		image_cache_set_prefetch_sink(oc[i].ic, &sink[i]);
+		runs[i].ic = oc[i].ic;
+	}
+	return true;
 }
 
 static void test_prefetch_slots(void)
 {
 	enum { N = 4 };
 	atomic_uint inside = 0, most = 0;
-	struct slot_sink k = { &inside, &most };
-	struct image_prefetch_sink sink = { .has = slot_has, .put = slot_put, .ctx = &k };
+	struct slot_sink k = { &inside, &most, NULL };
+	struct image_prefetch_sink sinks[N];
 	struct open_cache oc[N] = { 0 };
+	struct slot_run runs[N] = { 0 };
 	pthread_t t[N];
-	void *ret;
 	int i, started = 0;
 
-	for (i = 0; i < N; i++) {
-		CHECK_EQ(open_cache(image_ref, &oc[i]), 0);
-		if (!oc[i].ic)
-			goto out;
-		image_cache_set_prefetch_sink(oc[i].ic, &sink);
-	}
+	for (i = 0; i < N; i++)
+		sinks[i] = (struct image_prefetch_sink){ slot_has, slot_put, &k };
+	if (!slot_caches(oc, runs, N, sinks))
+		goto out;
 	for (started = 0; started < N; started++)
-		if (pthread_create(&t[started], NULL, slot_prefetch, oc[started].ic))
+		if (pthread_create(&t[started], NULL, slot_prefetch, &runs[started]))
 			break;
 	CHECK_EQ(started, N);
 	for (i = 0; i < started; i++) {
-		pthread_join(t[i], &ret);
-		CHECK_EQ((intptr_t)ret, 0);
+		pthread_join(t[i], NULL);
+		CHECK_EQ(runs[i].ret, 0);
 	}
 	CHECK_EQ(atomic_load(&most), 2);
 out:
 	for (i = 0; i < N; i++)
+		if (oc[i].img)
+			close_cache(&oc[i]);
+}
+
+/*
+ * A prefetch waiting for a slot ends soon after its stop flag is set (an
+ * unmount does not wait for other mounts' steps), without a step.
+ */
+static void test_prefetch_slot_stop(void)
+{
+	struct timespec ts = { 0, 10 * 1000 * 1000 };
+	atomic_uint inside = 0, most = 0, inside3 = 0, most3 = 0;
+	atomic_bool hold = true;
+	struct slot_sink k = { &inside, &most, &hold }, k3 = { &inside3, &most3, NULL };
+	struct image_prefetch_sink sinks[3] = {
+		{ slot_has, slot_put, &k }, { slot_has, slot_put, &k }, { slot_has, slot_put, &k3 },
+	};
+	struct open_cache oc[3] = { 0 };
+	struct slot_run runs[3] = { 0 };
+	volatile bool stop = false;
+	pthread_t t[3];
+	int i, started = 0, waited;
+
+	runs[2].stop = &stop;
+	if (!slot_caches(oc, runs, 3, sinks))
+		goto out;
+	/* Two steps hold both slots. */
+	for (; started < 2; started++)
+		if (pthread_create(&t[started], NULL, slot_prefetch, &runs[started]))
+			goto release;
+	for (waited = 0; waited < 200 && atomic_load(&inside) < 2; waited++)
+		nanosleep(&ts, NULL);
+	CHECK_EQ(atomic_load(&inside), 2);
+	if (pthread_create(&t[started], NULL, slot_prefetch, &runs[started]))
+		goto release;
+	started++;
+	for (waited = 0; waited < 10; waited++)
+		nanosleep(&ts, NULL);
+	CHECK(!atomic_load(&runs[2].done));
+	stop = true;
+	for (waited = 0; waited < 100 && !atomic_load(&runs[2].done); waited++)
+		nanosleep(&ts, NULL);
+	CHECK(atomic_load(&runs[2].done));
+	CHECK_EQ(atomic_load(&most3), 0);
+	CHECK_EQ(atomic_load(&inside), 2); /* the two still hold theirs */
+release:
+	atomic_store(&hold, false);
+	for (i = 0; i < started; i++) {
+		pthread_join(t[i], NULL);
+		CHECK_EQ(runs[i].ret, 0);
+	}
+	CHECK_EQ(started, 3);
+out:
+	for (i = 0; i < 3; i++)
 		if (oc[i].img)
 			close_cache(&oc[i]);
 }
@@ -459,6 +542,7 @@ int main(void)
 	RUN_TEST(test_corrupt_chunk);
 	RUN_TEST(test_prefetch_sink);
 	RUN_TEST(test_prefetch_slots);
+	RUN_TEST(test_prefetch_slot_stop);
 	RUN_TEST(test_fscache_gc);
 	sh("rm -rf %s", tmpdir);
 	TEST_MAIN_END();
