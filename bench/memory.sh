@@ -32,7 +32,7 @@ mounts=(fuse "$work/mnt-fuse" "$work/cache" fanotify "$work/mnt-fan" "$work/cach
 for ((i = 2; i <= nr_mounts - 1; i++)); do
 	mounts+=(fuse "$work/mnt-fuse$i" "$work/cache$i")
 done
-each_mount() { # CMD: runs CMD MODE MNT CACHE for each of the three mounts
+each_mount() { # CMD: runs CMD MODE MNT CACHE for each mount
 	local i
 	for ((i = 0; i < ${#mounts[@]}; i += 3)); do
 		"$@" "${mounts[i]}" "${mounts[i + 1]}" "${mounts[i + 2]}"

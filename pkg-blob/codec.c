@@ -216,7 +216,7 @@ int blob_buf_reserve(uint8_t **buf, size_t *cap, size_t len)
  * pages where the kernel gives them on request (THP "madvise", Debian's
  * default): one page fault per 2 MiB instead of 512. A fresh 2 MiB
  * buffer's 4 KiB faults cost 5.5 ms on the project's PVM guest, its huge
- * page's 0.1 ms (on the Firecracker guest 0.7 ms against almost nothing).
+ * page's 0.1 ms (the 4 KiB faults: 0.7 ms on the Firecracker guest).
  * Only from 2 MiB up: a 1 MiB frame in a huge page holds 2 MiB, which put
  * ferryd's peak over its goal (PERFORMANCE.md, "ferryd memory").
  */
