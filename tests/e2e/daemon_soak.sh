@@ -38,7 +38,7 @@ rss_ok() {
 
 # A slow link (8 Mbit/s) between ferryd and the flaky registry, so the
 # cold fill lasts the whole soak and every fault cycle meets fetches.
-if ! REG=$PROXY wp_start 1 "${FERRY_SOAK_MBIT:-8}" 2>"$LOG"; then
+if ! wp_start 1 "${FERRY_SOAK_MBIT:-8}" "$PROXY" 2>"$LOG"; then
 	notok "start the WAN proxy (wanproxy.py) in front of the fault proxy"
 	diag "$LOG"
 	e2e_done

@@ -22,9 +22,9 @@
 #   fp_start / fp_set MODE [k=v..] / fp_redirect [k=v..] / fp_reset /
 #   fp_stat COUNTER / fp_log          tests/tools/faultproxy.py in front of
 #       $REG, at $PROXY.
-#   wp_start DELAY RATE / wp_stat KEY [reset]
+#   wp_start DELAY RATE [UPSTREAM] / wp_stat KEY [reset]
 #       tests/tools/wanproxy.py (a delay line: DELAY ms each way, RATE
-#       Mbit/s) in front of $REG, at $WAN; its counters.
+#       Mbit/s) in front of $REG (or UPSTREAM), at $WAN; its counters.
 #   rc NAME ARGS... / rc_expect DESC CMD... / rc_stat KEY
 #       Run regclient, check its outcome, read its --stats line.
 # Background servers are stopped on exit (chained before lib.sh's trap).
@@ -356,13 +356,13 @@ fp_start() { # [faultproxy args]
 	export PROXY
 }
 
-# The WAN proxy (tests/tools/wanproxy.py) in front of the registry: DELAY
-# ms each way, RATE Mbit/s; sets WAN (host:port) and WAN_STATS (its
-# statistics port).
-wp_start() { # DELAY RATE
+# The WAN proxy (tests/tools/wanproxy.py) in front of the registry (or of
+# UPSTREAM, host:port): DELAY ms each way, RATE Mbit/s; sets WAN
+# (host:port) and WAN_STATS (its statistics port).
+wp_start() { # DELAY RATE [UPSTREAM]
 	local d=$SCRATCH/wp$REG_N.$RANDOM
 	mkdir -p "$d"
-	reg_spawn "$d/wanproxy.out" python3 "$WANPROXY" --upstream "$REG" \
+	reg_spawn "$d/wanproxy.out" python3 "$WANPROXY" --upstream "${3:-$REG}" \
 		--port-file "$d/port" --stats-port-file "$d/stats" \
 		--delay-ms "$1" --rate-mbit "$2"
 	if ! reg_wait_file "$d/port" "$REG_PID" 10; then

@@ -284,9 +284,10 @@ out:
 /*
  * Whole-blob prefetch of four images at once takes at most two steps at
  * a time in the process (each holds its fill's buffers): the sinks count
- * the steps inside put. Each put waits (up to 2 s) for a second step to
- * come in, then stays a while longer, time enough for a third to show;
- * with *hold set it stays until that is cleared (at most 5 s).
+ * the steps inside put, each noting the most it found on coming in. Each
+ * put waits (up to 2 s) for a second step to come in, then stays 50 ms
+ * longer, time enough for a third to show; with *hold set it stays until
+ * that is cleared (at most 5 s).
  */
 struct slot_sink {
 	atomic_uint *inside, *most;
@@ -303,20 +304,16 @@ static int slot_put(void *ctx, uint32_t device_id, uint64_t uoff, const void *bu
 		    size_t len)
 {
 	struct slot_sink *k = ctx;
-	struct timespec ts = { 0, 10 * 1000 * 1000 };
-	unsigned int waited, now, most;
+	struct timespec ts = { 0, 10 * 1000 * 1000 }, stay = { 0, 50 * 1000 * 1000 };
+	unsigned int waited, now = atomic_fetch_add(k->inside, 1) + 1;
+	unsigned int most = atomic_load(k->most);
 
 	(void)device_id, (void)uoff, (void)buf, (void)len;
-	atomic_fetch_add(k->inside, 1);
+	while (now > most && !atomic_compare_exchange_weak(k->most, &most, now))
+		;
 	for (waited = 0; waited < 200 && atomic_load(k->inside) < 2; waited++)
 		nanosleep(&ts, NULL);
-	for (waited = 0; waited < 5; waited++) {
-		now = atomic_load(k->inside);
-		most = atomic_load(k->most);
-		while (now > most && !atomic_compare_exchange_weak(k->most, &most, now))
-			;
-		nanosleep(&ts, NULL);
-	}
+	nanosleep(&stay, NULL);
 	for (waited = 0; k->hold && atomic_load(k->hold) && waited < 500; waited++)
 		nanosleep(&ts, NULL);
 	atomic_fetch_sub(k->inside, 1);
