@@ -496,6 +496,8 @@ static void upgrade(const struct daemon_opts *o, int *lock_fd, int *lfd)
 		argv[n++] = *succ++;
 	argv[n] = NULL;
 	ferry_info("upgrade: starting %s; the mounts' keepers hand them over", exe);
+	/* Whatever happens next we exit: the keepers carry the mounts on. */
+	mounts_quiesce(true, UPGRADE_QUIESCE_MS);
 	fflush(stderr);
 	close(*lfd);
 	close(*lock_fd);
@@ -509,7 +511,7 @@ static void upgrade(const struct daemon_opts *o, int *lock_fd, int *lfd)
 	/* Its first process exits once the new daemon listens. */
 	if (child > 0 && waitpid(child, &status, 0) == child && WIFEXITED(status) &&
 	    !WEXITSTATUS(status)) {
-		mounts_quiesce(UPGRADE_QUIESCE_MS);
+		mounts_quiesce(false, UPGRADE_QUIESCE_MS);
 		fflush(stderr);
 		_exit(EXIT_SUCCESS);
 	}
@@ -615,6 +617,11 @@ int daemon_run(const struct daemon_opts *o)
 		write_full(o->ready_fd, "OK\n", 3);
 		close(o->ready_fd);
 	}
+	/*
+	 * A successor's, before its first takeover: what we hold now, the
+	 * dead ferryd held too (started alike), the ready pipe aside.
+	 */
+	mounts_startup();
 
 	ret = EXIT_SUCCESS;
 	if (o->adopt_fd >= 0)

@@ -26,12 +26,16 @@
  * until the group closes: nothing else identifies them. So every
  * pre-content event read is journaled, by descriptor number, in a shared
  * file next to the control socket (struct fan_slot: blob and range) until
- * it is answered. A successor holds each journaled number (so no event
- * of its own gets it), fills the range and answers the number; an entry
- * of an event already answered gets ENOENT (a number is reused only after
- * its answer, and a new event overwrites the entry). Numbers without an
- * entry (an event read in the instant before its entry was written) are
- * answered EIO before the successor reads any event (journal_replay).
+ * it is answered. A successor holds each journaled number, so that no
+ * event of its own gets it (taken at its start, fan_startup, before the
+ * takeovers of other mounts open files that would get it; an upgrade
+ * stops reading events before it starts the successor, so the journal
+ * found then is the last), fills the range and answers the number; an
+ * entry of an event already answered gets ENOENT (a number is reused only
+ * after its answer, and a new event overwrites the entry). Numbers
+ * without an entry (an event read in the instant before its entry was
+ * written) are answered EIO before the successor reads any event
+ * (journal_replay).
  *
  * Threads of a mount: the loop thread (fan_serve) reads events, answers
  * present ranges at once and queues the rest to worker threads.
@@ -63,6 +67,7 @@
 #define FAN_WORKERS 8u           /* fills in flight per mount */
 #define FAN_NOFILE_WANT 65536u   /* every pending event holds a descriptor */
 #define SB_CHECK_MS 200          /* how often the loop looks for the superblock */
+#define FAN_RESERVE_S 30         /* a successor's reserved numbers, unclaimed */
 
 /*
  * The journal's entry for descriptor number N (see the top): written when
@@ -378,18 +383,18 @@ static int fan_keeper_start(struct fan *f)
 /* Setup and teardown                                                  */
 /* ------------------------------------------------------------------ */
 
-/* Every pending event holds a descriptor in this process. */
-static void raise_nofile(struct fan *f)
+/* Every pending event holds a descriptor in this process: our limit. */
+static unsigned int nofile_raise(void)
 {
 	struct rlimit rl;
 
 	if (getrlimit(RLIMIT_NOFILE, &rl))
-		return;
+		return 0;
 	if (rl.rlim_cur < FAN_NOFILE_WANT && rl.rlim_max > rl.rlim_cur) {
 		rl.rlim_cur = MIN(rl.rlim_max, (rlim_t)FAN_NOFILE_WANT);
 		setrlimit(RLIMIT_NOFILE, &rl);
 	}
-	f->sweep_max = (unsigned int)MIN(rl.rlim_cur, (rlim_t)1 << 20);
+	return (unsigned int)MIN(rl.rlim_cur, (rlim_t)1 << 20);
 }
 
 /* Only these file systems take pre-content marks (SB_I_ALLOW_HSM). */
@@ -497,6 +502,146 @@ static bool sb_alive(const struct fan *f)
 	return f->sysfs[0] && !access(f->sysfs, F_OK);
 }
 
+/* ------------------------------------------------------------------ */
+/* A successor's reserved numbers                                      */
+/* ------------------------------------------------------------------ */
+
+/*
+ * The numbers of the dead ferryd's pending reads (every fanotify journal
+ * next to the socket), taken at our start, before the takeovers of other
+ * mounts open files that would get them; journal_replay claims them and
+ * reserve_expire closes the rest. A number we use by then already could
+ * only be denied (see journal_replay).
+ */
+static pthread_mutex_t reserve_lock = PTHREAD_MUTEX_INITIALIZER;
+static uint8_t *reserved;             /* FAN_JOURNAL_SLOTS; reserve_lock */
+
+/* Mark in @want the pending numbers of journal @name in directory @dir. */
+static unsigned int journal_numbers(int dir, const char *name, uint8_t *want,
+				    unsigned int limit)
+{
+	size_t size = FAN_JOURNAL_SLOTS * sizeof(struct fan_slot);
+	int fd = openat(dir, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+	const struct fan_slot *s = MAP_FAILED;
+	unsigned int n, found = 0;
+	struct stat st;
+
+	/* Ours only: a journal is ferryd's file, 0600. */
+	if (fd >= 0 && !fstat(fd, &st) && S_ISREG(st.st_mode) && st.st_uid == geteuid() &&
+	    (uint64_t)st.st_size == size)
+		s = mmap(NULL, size, PROT_READ, MAP_SHARED, fd, 0);
+	if (fd >= 0)
+		close(fd);
+	if (s == MAP_FAILED)
+		return 0;
+	for (n = STDERR_FILENO + 1; n < MIN(limit, FAN_JOURNAL_SLOTS); n++) {
+		if (atomic_load_explicit(&s[n].used, memory_order_acquire) && s[n].device) {
+			want[n] = 1;
+			found++;
+		}
+	}
+	munmap((void *)s, size);
+	return found;
+}
+
+static void reserve_release(void)
+{
+	unsigned int fd, n = 0;
+
+	pthread_mutex_lock(&reserve_lock);
+	for (fd = 0; fd < FAN_JOURNAL_SLOTS; fd++) {
+		if (reserved[fd]) {
+			close((int)fd);
+			n++;
+		}
+	}
+	free(reserved);
+	reserved = NULL;
+	pthread_mutex_unlock(&reserve_lock);
+	if (n)
+		ferry_info("%u descriptor numbers kept for the reads of a dead ferryd were not needed: released",
+			   n);
+}
+
+static void *reserve_expire(void *arg)
+{
+	(void)arg;
+	nanosleep(&(struct timespec){ FAN_RESERVE_S, 0 }, NULL);
+	reserve_release();
+	return NULL;
+}
+
+static void fan_startup(const struct serve_opts *o)
+{
+	char *copy = strdup(o->socket_path);
+	unsigned int limit = nofile_raise(), fd, wanted = 0, held = 0, busy = 0;
+	uint8_t *want = calloc(FAN_JOURNAL_SLOTS, 1);
+	DIR *dir = copy ? opendir(dirname(copy)) : NULL;
+	struct dirent *e;
+	pthread_t t;
+	int null;
+
+	while (dir && want && (e = readdir(dir))) {
+		size_t len = strlen(e->d_name);
+
+		if (!strncmp(e->d_name, "fanotify-", 9) && len > 8 &&
+		    !strcmp(e->d_name + len - 8, ".journal"))
+			wanted += journal_numbers(dirfd(dir), e->d_name, want, limit);
+	}
+	if (dir)
+		closedir(dir);
+	free(copy);
+	if (!wanted) {
+		free(want);
+		return;
+	}
+	/* A /dev/null on each number; one opened onto a wanted number is
+	 * its reservation already. */
+	while ((null = open("/dev/null", O_RDONLY | O_CLOEXEC)) >= 0 &&
+	       (unsigned int)null < FAN_JOURNAL_SLOTS && want[null]) {
+		want[null] = 2;
+		held++;
+	}
+	for (fd = 0; fd < FAN_JOURNAL_SLOTS; fd++) {
+		if (want[fd] != 1)
+			continue;
+		if (null < 0 || fcntl((int)fd, F_GETFD) >= 0 ||
+		    dup3(null, (int)fd, O_CLOEXEC) != (int)fd) {
+			want[fd] = 0;
+			busy++;
+			continue;
+		}
+		want[fd] = 2;
+		held++;
+	}
+	if (null >= 0)
+		close(null);
+	for (fd = 0; fd < FAN_JOURNAL_SLOTS; fd++)
+		want[fd] = want[fd] == 2;
+	pthread_mutex_lock(&reserve_lock);
+	reserved = want;
+	pthread_mutex_unlock(&reserve_lock);
+	ferry_info("kept %u descriptor numbers for the fanotify reads a dead ferryd had taken%s",
+		   held, busy ? " (some were in use: see the takeovers)" : "");
+	if (pthread_create(&t, NULL, reserve_expire, NULL))
+		reserve_release(); /* no thread to wait: give them up now */
+	else
+		pthread_detach(t);
+}
+
+/* @fd is one of fan_startup's numbers: ours now (a /dev/null). */
+static bool reserved_claim(unsigned int fd)
+{
+	bool ours;
+
+	pthread_mutex_lock(&reserve_lock);
+	ours = reserved && fd < FAN_JOURNAL_SLOTS && reserved[fd];
+	if (ours)
+		reserved[fd] = 0;
+	pthread_mutex_unlock(&reserve_lock);
+	return ours;
+}
+
 /*
  * The mount's journal (see the top), next to the control socket, named by
  * the mount point: cleared for a new mount, kept for a takeover.
@@ -552,6 +697,7 @@ static void journal_replay(struct fan *f)
 
 	for (fd = 0; f->journal && fd < FAN_JOURNAL_SLOTS; fd++) {
 		struct fan_slot *s = &f->journal[fd];
+		const char *why;
 		bool valid;
 
 		if (!atomic_load_explicit(&s->used, memory_order_acquire))
@@ -561,10 +707,21 @@ static void journal_replay(struct fan *f)
 		valid = s->device && s->device <= f->nr_blobs &&
 			s->off <= f->blobs[s->device - 1].size &&
 			s->len <= f->blobs[s->device - 1].size - s->off;
+		if (valid && held && reserved_claim(fd)) {
+			held[fd] = 1;
+			continue;
+		}
 		/* A number we use already cannot be held: deny it. */
-		if (!valid || !held || null < 0 || fcntl((int)fd, F_GETFD) >= 0 ||
-		    dup3(null, (int)fd, O_CLOEXEC) != (int)fd) {
+		why = !valid ? "not a range of this image" : !held || null < 0 ? "out of memory" :
+		      fcntl((int)fd, F_GETFD) >= 0 ? "its number is in use here" : NULL;
+		if (!why && dup3(null, (int)fd, O_CLOEXEC) != (int)fd)
+			why = strerror(errno);
+		if (why) {
 			respond(f, (int)fd, !s->device);
+			if (s->device)
+				ferry_warn("%s: a read the dead ferryd had taken (descriptor %u, blob %u bytes %llu+%llu) is answered EIO: %s",
+					   f->m->mountpoint, fd, s->device,
+					   (unsigned long long)s->off, (unsigned long long)s->len, why);
 			denied += !!s->device;
 			continue;
 		}
@@ -580,7 +737,7 @@ static void journal_replay(struct fan *f)
 			answer(f, (int)fd, false);
 	}
 	ferry_info("%s: fanotify group taken over; answering %u reads the dead ferryd had taken%s%s",
-		   f->m->mountpoint, n - denied, denied ? " (some denied: see the log)" : "",
+		   f->m->mountpoint, n - denied, denied ? " (some denied: see above)" : "",
 		   f->journal ? "" : " (no journal: its reads get EIO)");
 	if (null >= 0)
 		close(null);
@@ -659,7 +816,7 @@ static int fan_start(struct fmount *m, const struct serve_opts *o, void **state,
 	pthread_mutex_init(&f->lock, NULL);
 	pthread_cond_init(&f->cond, NULL);
 	ferry_exes_find(&f->exes);
-	raise_nofile(f);
+	f->sweep_max = nofile_raise();
 
 	/* Native layers have no bootstrap: their files hold the metadata. */
 	ret = m->img->erofs_layers ? 0 : image_bootstrap_file(m->img, m->req.cache_dir);
@@ -903,6 +1060,9 @@ const struct serve_mode fanotify_mode = {
 	.stop = fan_stop,
 	.close = fan_close,
 	.stats = fan_stats,
+	.quiesce = fan_stop,
+	.quiesce_early = true,
 	.evicting = fan_evicting,
 	.probe = fan_probe,
+	.startup = fan_startup,
 };

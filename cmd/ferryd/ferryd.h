@@ -120,13 +120,17 @@ extern _Atomic unsigned int keeper_restarts;
  * connections; fanotify mounts stay with their keepers).
  */
 size_t mounts_shutdown(void);
+/* The modes' startup ops (mode.h), with the options mounts_init got. */
+void mounts_startup(void);
 /*
- * Before exiting for an upgrade (the new ferryd listens already): each
- * live mount whose mode can (serve_mode.quiesce) stops taking requests,
- * keeping its mount and keeper, and its session ends without tearing
- * anything down; returns once they ended or @wait_ms passed.
+ * Before exiting for an upgrade: each live mount whose mode can
+ * (serve_mode.quiesce) stops taking requests, keeping its mount and
+ * keeper, and its session ends without tearing anything down; returns
+ * once they ended or @wait_ms passed. @early: only the modes that must
+ * quiesce before the new ferryd starts (serve_mode.quiesce_early); else
+ * the rest, once it listens.
  */
-void mounts_quiesce(unsigned int wait_ms);
+void mounts_quiesce(bool early, unsigned int wait_ms);
 
 /*
  * Before eviction in @cache_dir: each mount of it whose mode has an

@@ -58,3 +58,12 @@ void serve_mode_names(char *buf, size_t len)
 	if (n < len)
 		snprintf(buf + n, len - n, "auto");
 }
+
+void serve_modes_startup(const struct serve_opts *o)
+{
+	size_t i;
+
+	for (i = 0; i < ARRAY_SIZE(modes); i++)
+		if (modes[i]->startup)
+			modes[i]->startup(o);
+}

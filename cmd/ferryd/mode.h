@@ -41,12 +41,19 @@
  *          serve @req on this host? 0, or -errno; @why says what was
  *          found either way ("fanotify pre-content events on ext4").
  *
+ * Not of a mount (optional): startup, once ferryd listens and before it
+ * serves a request: what a successor must take before its takeovers
+ * open descriptors. quiesce_early: on ferryd's exit for an upgrade,
+ * quiesce before the successor starts, so that its startup finds what
+ * the mount left (fanotify: the journal of reads in flight).
+ *
  * mounts.c calls stop, live, stats and evicting only while @state exists (it
  * serialises them with close); the prefetch thread needs no mode.
  */
 #ifndef FERRYD_MODE_H
 #define FERRYD_MODE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -75,9 +82,11 @@ struct serve_mode {
 	/* Optional: make serve return soon without ending the mount or its
 	 * keeper (mounts_quiesce), no request left half taken. */
 	void (*quiesce)(void *state);
+	bool quiesce_early;
 	void (*stats)(void *state, struct ctl_mount_stats *s);
 	int (*evicting)(void *state);
 	int (*probe)(const struct ctl_mount_req *req, char *why, size_t len);
+	void (*startup)(const struct serve_opts *o);
 };
 
 extern const struct serve_mode fuse_mode, fanotify_mode, cachefiles_mode;
@@ -91,6 +100,8 @@ const struct serve_mode *serve_mode_pick(const struct ctl_mount_req *req, char *
 					 size_t len);
 /* The modes' names, ", "-separated, for error messages. */
 void serve_mode_names(char *buf, size_t len);
+/* Every mode's startup op (see the top). */
+void serve_modes_startup(const struct serve_opts *o);
 
 /*
  * mounts.c, for the modes. mount_ready: the kernel serves @m now.

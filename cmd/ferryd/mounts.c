@@ -51,6 +51,11 @@ void mounts_init(unsigned int threads, unsigned int ra_kb, unsigned int dir_ra_k
 	changed_cb = on_change;
 }
 
+void mounts_startup(void)
+{
+	serve_modes_startup(&serve_opts);
+}
+
 /* Drop @n references; the last one frees. */
 static void mount_put_locked_n(struct fmount *m, unsigned int n)
 {
@@ -921,7 +926,7 @@ size_t mounts_count(void)
 	return n;
 }
 
-void mounts_quiesce(unsigned int wait_ms)
+void mounts_quiesce(bool early, unsigned int wait_ms)
 {
 	struct fmount *m, **list = NULL;
 	size_t nr = 0, cap = 0, i, busy = 0;
@@ -931,6 +936,7 @@ void mounts_quiesce(unsigned int wait_ms)
 	pthread_mutex_lock(&tbl_lock);
 	for (m = mounts; m; m = m->next) {
 		if (m->state != MS_LIVE || m->session_closed || !m->mode->quiesce ||
+		    atomic_load(&m->quiesced) || (early && !m->mode->quiesce_early) ||
 		    array_reserve(&list, &cap, nr + 1, sizeof(*list), 8))
 			continue;
 		/* A quiesced mount is never unlinked or freed: no reference. */
@@ -948,9 +954,13 @@ void mounts_quiesce(unsigned int wait_ms)
 		busy += !list[i]->loop_ended;
 		pthread_mutex_unlock(&list[i]->lock);
 	}
-	ferry_info("%zu mounts stopped taking requests in %llu ms%s", nr - busy,
-		   (unsigned long long)((ferry_now_ns() - t0) / 1000000),
-		   busy ? "; the others still answer one (their successor resends it)" : "");
+	if (early && nr)
+		ferry_info("%zu mounts stopped reading requests before the new ferryd starts (%llu ms)",
+			   nr - busy, (unsigned long long)((ferry_now_ns() - t0) / 1000000));
+	else if (!early)
+		ferry_info("%zu mounts stopped taking requests in %llu ms%s", nr - busy,
+			   (unsigned long long)((ferry_now_ns() - t0) / 1000000),
+			   busy ? "; the others still answer one (their successor resends it)" : "");
 	free(list);
 }
 

@@ -9,7 +9,11 @@
 #     keepers hand the mounts to a new ferryd; every reader finishes with
 #     the reference digests, no error, the mounts never leave
 #     /proc/mounts, and a new ferryd's pid serves them
-#   - ferry daemon upgrade, 10 times in a row while readers run: the same
+#   - the fanotify reads the dead ferryd had taken: the new one answers
+#     them all, none denied (their descriptor numbers are kept for it)
+#   - ferry daemon upgrade, 10 times in a row while readers run: the same,
+#     with a third mount (fanotify, an empty cache) so that fanotify reads
+#     are in flight at each upgrade
 #   - kill -9 of a keeper: ferryd starts another, and a kill -9 of ferryd
 #     after that is survived too
 #   - kill -9 with the registry down: the successor takes the mounts over
@@ -41,6 +45,9 @@ else
 fi
 MNTS=("$F")
 [ -n "$HAVE_FAN" ] && MNTS+=("$N")
+NC=
+# A mount's name in the checks: its type, and for the cold one that.
+mname() { if [ "$1" = "$NC" ]; then echo "$(fstype "$1"), cold cache"; else fstype "$1"; fi; }
 
 # Every blob request waits DELAY s at the proxy: reads stay in flight.
 slow() { fp_set slow "delay=$1" count=-1 "method=^GET$" path=/blobs/; }
@@ -87,7 +94,7 @@ readers_judge() { # DESC
 		RD_PIDS=("${ALL_PIDS[@]:$((i * NR)):NR}")
 		RD_MODES=("${READER_MODES[@]}")
 		readers_wait
-		readers_agree "$1 ($(fstype "$m")): $NR readers, the reference digests, no error" \
+		readers_agree "$1 ($(mname "$m")): $NR readers, the reference digests, no error" \
 			"$SCRATCH/ref.sums" ||
 			grep -E "error|EIO|Input/output" "$FLOG" | tail -n 15 | sed 's/^/    /'
 		i=$((i + 1))
@@ -154,8 +161,8 @@ probes_stop() { # TAG WHAT
 		# A probe that died early wrote nothing: say so, do not abort.
 		worst='' n=''
 		[ -s "$SCRATCH/probe-$1-${m##*/}" ] && read -r worst n <"$SCRATCH/probe-$1-${m##*/}"
-		echo "# stall: $2, $(fstype "$m"): longest wait ${worst:-?} ms over ${n:-?} reads"
-		expect "$2 ($(fstype "$m")): the probe never failed and never waited 10 s" \
+		echo "# stall: $2, $(mname "$m"): longest wait ${worst:-?} ms over ${n:-?} reads"
+		expect "$2 ($(mname "$m")): the probe never failed and never waited 10 s" \
 			test -n "$worst" -a "${worst:-99999}" -lt 10000 -a ! -s "$SCRATCH/probe-$1-${m##*/}.err" ||
 			{ diag "$SCRATCH/probe-$1-${m##*/}.err" 3
 			  grep -E "error|EIO|Input/output" "$FLOG" | tail -n 15 | sed 's/^/    /'; }
@@ -185,7 +192,7 @@ sleep 1
 slow 10
 sleep 0.6
 for i in $(seq 50); do in_flight_all && break; sleep 0.2; done
-for m in "${MNTS[@]}"; do echo "# before the kill: $(fstype "$m") reads in flight $(mount_field "$m" inFlight)"; done
+for m in "${MNTS[@]}"; do echo "# before the kill: $(mname "$m") reads in flight $(mount_field "$m" inFlight)"; done
 kill -9 "$old"
 slow 0.3
 check "a new ferryd serves the socket after kill -9" wait_listed
@@ -196,17 +203,36 @@ probes_stop kill "kill -9"
 mounts_watch_stop
 expect "the FUSE requests the dead ferryd had read were sent again (FUSE_NOTIFY_RESEND)" \
 	grep -q "requests in flight are sent again" "$FLOG"
-if [ -n "$HAVE_FAN" ]; then
-	n=$(grep -o "answering [0-9]* reads the dead ferryd had taken" "$FLOG" | head -n 1 | cut -d' ' -f2)
-	expect "the new ferryd answered the fanotify reads the dead one had taken (${n:-none})" \
+# Its fanotify reads in flight: every one answered by the new ferryd
+# (FLOG from line $1 on), none denied (their numbers held since its start).
+fan_taken_over() { # FROM-LINE WHAT
+	local n
+	n=$(tail -n "+$1" "$FLOG" | grep -o "answering [0-9]* reads the dead ferryd had taken" |
+		awk '{ s += $2 } END { print s + 0 }')
+	expect "$2: the new ferryd answered the fanotify reads the dead one had taken ($n)" \
 		test "${n:-0}" -gt 0 ||
 		grep -E "journal|taken over|fanotify keeper|answering" "$FLOG" | head -n 20 | sed 's/^/    /'
-fi
+	expect "$2: none of them was denied" \
+		bash -c '! tail -n "+$1" "$2" | grep -E "answered EIO|some denied"' _ "$1" "$FLOG" ||
+		tail -n "+$1" "$FLOG" | grep -E "answered EIO|some denied|descriptor numbers" | head -n 10 | sed 's/^/    /'
+}
+[ -n "$HAVE_FAN" ] && fan_taken_over 1 "kill -9"
 m=$("$FERRY" metrics --socket "$FSOCK" 2>/dev/null | grep '^ferryd_takeovers_total{mode="fuse"}' | cut -d' ' -f2)
 expect "metrics: the new ferryd counts its FUSE takeover (${m:-none})" test "${m:-0}" -eq 1
 fp_set none
 
 # --- ferry daemon upgrade, 10 times while readers run ---------------------------------
+# Everything is cached by now: a fanotify mount over a cache of its own
+# has reads in flight at the upgrades (its old ferryd stops reading
+# events before the new one starts, which holds their numbers).
+if [ -n "$HAVE_FAN" ]; then
+	NC=$SCRATCH/m-fan-cold
+	mkdir -p "$NC"
+	check "a fanotify mount over an empty cache" \
+		timeout -k 5 90 "$FERRY" mount --mode fanotify "${FERRYD_SOCK_OPT[@]}" "$PIMG" "$NC" \
+		--cache-dir "$SCRATCH/cache-cold" </dev/null && MNTS+=("$NC")
+fi
+up_from=$(($(wc -l <"$FLOG") + 1))
 slow 0.1
 mounts_watch_start
 probes_start upgrade
@@ -222,11 +248,12 @@ done
 expect "$UPGRADES upgrades: each succeeded and the mounts were listed again" test "$fails" -eq 0
 expect "each upgrade started a new ferryd (${pids[*]})" \
 	test "$(printf '%s\n' "${pids[@]}" | sort -u | wc -l)" -eq $((UPGRADES + 1))
-n=$(grep -c "mounts stopped taking requests" "$FLOG" || true)
+n=$(grep -c "mounts stopped taking requests in" "$FLOG" || true)
 expect "each old ferryd stopped taking FUSE requests before it exited ($n of $UPGRADES)" \
 	test "${n:-0}" -ge "$UPGRADES"
 readers_judge "$UPGRADES upgrades during reads"
 probes_stop upgrade "$UPGRADES upgrades"
+[ -n "$HAVE_FAN" ] && fan_taken_over "$up_from" "$UPGRADES upgrades"
 mounts_watch_stop
 fp_set none
 
@@ -266,7 +293,7 @@ expect "no request reached the registry while it was down (${n:-?})" test "${n:-
 fp_set none
 
 for m in "${MNTS[@]}"; do
-	check "ferry umount $(fstype "$m")" fumount "$m"
+	check "ferry umount $(mname "$m")" fumount "$m"
 done
 # Failover must not hide a crash: the daemons' stderr is this log.
 expect "no sanitizer report and no crash in the log of the ferryds" \
