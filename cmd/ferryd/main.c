@@ -354,10 +354,16 @@ int main(int argc, char **argv)
 		close(p[0]);
 		setsid();
 		/* Keep no descriptor of whoever started us (pipes of a shell
-		 * or test harness would never see EOF). */
+		 * or test harness would never see EOF), and the ready pipe on
+		 * 3: every daemon then numbers its own descriptors alike, which
+		 * a fanotify takeover relies on (fan_startup). */
 		if (p[1] > 3)
 			close_range(3, (unsigned int)p[1] - 1, 0);
 		close_range((unsigned int)p[1] + 1, ~0u, 0);
+		if (p[1] > 3 && dup3(p[1], 3, O_CLOEXEC) == 3) {
+			close(p[1]);
+			p[1] = 3;
+		}
 		o.ready_fd = p[1];
 	}
 	c = daemon_run(&o);

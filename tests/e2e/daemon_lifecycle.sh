@@ -65,6 +65,36 @@ grew() { # OLD NEW NAME MNT
 		$PY -c 'import sys; sys.exit(not float(sys.argv[2]) > float(sys.argv[1]))' "$a" "$b"
 }
 
+# ---- descriptor numbers ------------------------------------------------
+# A daemon numbers its own descriptors alike whatever it inherited: a
+# successor keeps the numbers of the fanotify reads a dead ferryd had
+# taken (ARCHITECTURE.md "Fanotify takeover"), and its own startup must
+# not hold one of them. What 3-8 are, by kind.
+fd_kinds() { # PID
+	local n t
+	for n in 3 4 5 6 7 8; do
+		t=$(readlink "/proc/$1/fd/$n" 2>/dev/null) || t=-
+		case $t in
+		*.lock) t=lock ;;
+		socket:*) t=socket ;;
+		anon_inode:*) t=${t#anon_inode:} ;;
+		esac
+		printf '%s ' "$n=$t"
+	done
+}
+mkdir -p "$SCRATCH/fd-clean" "$SCRATCH/fd-inherit"
+check "ferryd starts (nothing inherited)" "$FERRYD" --socket "$SCRATCH/fd-clean/s.sock" --persistent
+check "ferryd starts with descriptors 3-7 inherited" bash -c \
+	'exec 3</dev/null 4</dev/null 5</dev/null 7</dev/null; exec "$@"' _ \
+	"$FERRYD" --socket "$SCRATCH/fd-inherit/s.sock" --persistent
+a=$(fd_kinds "$(daemon_pids "$SCRATCH/fd-clean/s.sock")")
+b=$(fd_kinds "$(daemon_pids "$SCRATCH/fd-inherit/s.sock")")
+expect "both number their descriptors alike ($a)" test "$a" = "$b" ||
+	echo "#   with descriptors inherited: $b"
+for s in fd-clean fd-inherit; do
+	check "ferry daemon stop ($s)" "$FERRY" daemon stop --socket "$SCRATCH/$s/s.sock"
+done
+
 # ---- idle exit -------------------------------------------------------
 lazy_use idle
 check "ferryd --idle-timeout 2 starts" "$FERRYD" --socket "$FSOCK" --idle-timeout 2
