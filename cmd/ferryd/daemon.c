@@ -619,7 +619,7 @@ int daemon_run(const struct daemon_opts *o)
 	}
 	/*
 	 * A successor's, before its first takeover: what we hold now, the
-	 * dead ferryd held too (started alike), the ready pipe aside.
+	 * dead ferryd held too (daemons number their own alike: main.c).
 	 */
 	mounts_startup();
 
