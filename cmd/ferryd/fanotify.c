@@ -700,9 +700,10 @@ static void journal_replay(struct fan *f)
 		const char *why;
 		bool valid;
 
+		/* The entry stays until answered: should we die first, our
+		 * successor replays it again. */
 		if (!atomic_load_explicit(&s->used, memory_order_acquire))
 			continue;
-		atomic_store(&s->used, 0);
 		n++;
 		valid = s->device && s->device <= f->nr_blobs &&
 			s->off <= f->blobs[s->device - 1].size &&
@@ -718,6 +719,7 @@ static void journal_replay(struct fan *f)
 			why = strerror(errno);
 		if (why) {
 			respond(f, (int)fd, !s->device);
+			atomic_store_explicit(&s->used, 0, memory_order_release);
 			if (s->device)
 				ferry_warn("%s: a read the dead ferryd had taken (descriptor %u, blob %u bytes %llu+%llu) is answered EIO: %s",
 					   f->m->mountpoint, fd, s->device,

@@ -10,7 +10,8 @@
 #     the reference digests, no error, the mounts never leave
 #     /proc/mounts, and a new ferryd's pid serves them
 #   - the fanotify reads the dead ferryd had taken: the new one answers
-#     them all, none denied (their descriptor numbers are kept for it)
+#     them all, none denied (their descriptor numbers are kept for it);
+#     killed in turn at once, the third answers them again
 #   - ferry daemon upgrade, 10 times in a row while readers run: the same,
 #     with a third mount (fanotify, an empty cache) so that fanotify reads
 #     are in flight at each upgrade
@@ -194,21 +195,34 @@ sleep 0.6
 for i in $(seq 50); do in_flight_all && break; sleep 0.2; done
 for m in "${MNTS[@]}"; do echo "# before the kill: $(mname "$m") reads in flight $(mount_field "$m" inFlight)"; done
 kill -9 "$old"
-slow 0.3
 check "a new ferryd serves the socket after kill -9" wait_listed
 new=$(serving_pid)
 expect "it is another process (pid $old -> $new)" test "$new" != "$old"
+# Killed in turn at once, while the fills of the reads it took over still
+# wait at the proxy: those reads stay in the journal until answered, so
+# the third ferryd answers them.
+from2=$(($(wc -l <"$FLOG") + 1))
+kill -9 "$new"
+slow 0.3
+check "a third ferryd serves the socket after a second kill -9 at once" wait_listed
+third=$(serving_pid)
+expect "it is yet another process (pid $new -> $third)" test "$third" != "$new"
 readers_judge "kill -9 during cold reads"
 probes_stop kill "kill -9"
 mounts_watch_stop
 expect "the FUSE requests the dead ferryd had read were sent again (FUSE_NOTIFY_RESEND)" \
 	grep -q "requests in flight are sent again" "$FLOG"
+# The fanotify reads the successors said they answered in FLOG's lines
+# FROM to TO ($: the end).
+answered() { # FROM TO
+	sed -n "$1,$2p" "$FLOG" | grep -o "answering [0-9]* reads the dead ferryd had taken" |
+		awk '{ s += $2 } END { print s + 0 }'
+}
 # Its fanotify reads in flight: every one answered by the new ferryd
 # (FLOG from line $1 on), none denied (their numbers held since its start).
 fan_taken_over() { # FROM-LINE WHAT
 	local n
-	n=$(tail -n "+$1" "$FLOG" | grep -o "answering [0-9]* reads the dead ferryd had taken" |
-		awk '{ s += $2 } END { print s + 0 }')
+	n=$(answered "$1" '$')
 	expect "$2: the new ferryd answered the fanotify reads the dead one had taken ($n)" \
 		test "${n:-0}" -gt 0 ||
 		grep -E "journal|taken over|fanotify keeper|answering" "$FLOG" | head -n 20 | sed 's/^/    /'
@@ -216,7 +230,13 @@ fan_taken_over() { # FROM-LINE WHAT
 		bash -c '! tail -n "+$1" "$2" | grep -E "answered EIO|some denied"' _ "$1" "$FLOG" ||
 		tail -n "+$1" "$FLOG" | grep -E "answered EIO|some denied|descriptor numbers" | head -n 10 | sed 's/^/    /'
 }
-[ -n "$HAVE_FAN" ] && fan_taken_over 1 "kill -9"
+if [ -n "$HAVE_FAN" ]; then
+	fan_taken_over 1 "two kill -9"
+	n1=$(answered 1 $((from2 - 1)))
+	n2=$(answered "$from2" '$')
+	expect "the third ferryd answered what the second took over and had not answered ($n1 -> $n2)" \
+		test "$n1" -gt 0 -a "$n2" -ge "$n1"
+fi
 m=$("$FERRY" metrics --socket "$FSOCK" 2>/dev/null | grep '^ferryd_takeovers_total{mode="fuse"}' | cut -d' ' -f2)
 expect "metrics: the new ferryd counts its FUSE takeover (${m:-none})" test "${m:-0}" -eq 1
 fp_set none
