@@ -514,7 +514,7 @@ static bool sb_alive(const struct fan *f)
  * only be denied (see journal_replay).
  */
 static pthread_mutex_t reserve_lock = PTHREAD_MUTEX_INITIALIZER;
-static uint8_t *reserved;             /* FAN_JOURNAL_SLOTS; reserve_lock */
+static uint8_t *reserved; /* FAN_JOURNAL_SLOTS, non-zero: ours; reserve_lock */
 
 /* Mark in @want the pending numbers of journal @name in directory @dir. */
 static unsigned int journal_numbers(int dir, const char *name, uint8_t *want,
@@ -595,8 +595,8 @@ static void fan_startup(const struct serve_opts *o)
 		free(want);
 		return;
 	}
-	/* A /dev/null on each number; one opened onto a wanted number is
-	 * its reservation already. */
+	/* A /dev/null on each number (2: held; a 1 left is 0, in use); one
+	 * opened onto a wanted number is its reservation already. */
 	while ((null = open("/dev/null", O_RDONLY | O_CLOEXEC)) >= 0 &&
 	       (unsigned int)null < FAN_JOURNAL_SLOTS && want[null]) {
 		want[null] = 2;
@@ -616,8 +616,6 @@ static void fan_startup(const struct serve_opts *o)
 	}
 	if (null >= 0)
 		close(null);
-	for (fd = 0; fd < FAN_JOURNAL_SLOTS; fd++)
-		want[fd] = want[fd] == 2;
 	pthread_mutex_lock(&reserve_lock);
 	reserved = want;
 	pthread_mutex_unlock(&reserve_lock);
