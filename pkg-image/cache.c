@@ -1392,23 +1392,27 @@ ssize_t image_cache_map(struct image_cache *ic, const struct meta_stat *st,
 	if (!S_ISREG(st->mode) || !st->nr_chunks)
 		return -EINVAL;
 	atomic_fetch_add(&ic->demand_inflight, 1);
-	/* Fetch without the readers lock, then check under it. */
+	/*
+	 * Fetch without the readers lock, then check under it (eviction may
+	 * take a fetched chunk back in between); the last try fetches under
+	 * it. The lock is held exactly when nr >= 0 leaves the loop.
+	 */
 	for (;;) {
 		bool last = ++tries == EVICTED_RETRIES;
 
-		if (last)
-			blob_cache_read_begin();
-		nr = map_chunked(ic, st, off, len, ext, max, true);
-		if (nr < 0 || last)
-			break;
+		if (!last) {
+			nr = map_chunked(ic, st, off, len, ext, max, true);
+			if (nr < 0)
+				break;
+		}
 		blob_cache_read_begin();
-		nr = map_chunked(ic, st, off, len, ext, max, false);
-		if (nr != -EAGAIN)
+		nr = map_chunked(ic, st, off, len, ext, max, last);
+		if (nr >= 0)
 			break;
 		blob_cache_read_end();
+		if (nr != -EAGAIN || last)
+			break;
 	}
-	if (nr < 0)
-		blob_cache_read_end();
 	atomic_fetch_sub(&ic->demand_inflight, 1);
 	for (i = 0; nr > 0 && i < (size_t)nr; i++)
 		atomic_fetch_add(&ic->bytes_read, ext[i].len);
