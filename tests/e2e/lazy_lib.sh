@@ -714,21 +714,23 @@ readers_agree() {
 	return 1
 }
 
-# readers_no_wrong_bytes DESC REF: one check: every reader ended by itself
-# (not by its timeout), every digest it printed is REF's for that file
-# (a file read whole but wrong, zeros included, fails) and every error it
-# reported is EIO. Counts the files read and failed in RD_OK / RD_EIO.
+# readers_no_wrong_bytes DESC REF [ERRNOS]: one check: every reader ended
+# by itself (not by its timeout), every digest it printed is REF's for that
+# file (a file read whole but wrong, zeros included, fails) and every
+# error it reported is EIO (or one of ERRNOS, numbers separated by
+# spaces). Counts the files read and failed in RD_OK / RD_EIO.
 readers_no_wrong_bytes() {
-	local i out rc=0 lines=()
+	local i out rc=0 lines=() errnos=${3:-5}
 	RD_OK=0
 	RD_EIO=0
 	for i in "${!RD_PIDS[@]}"; do
 		if [ "${RD_RC[$i]}" -gt 1 ]; then
 			out="exit ${RD_RC[$i]} (killed or crashed)"
 			rc=1
-		elif ! out=$(python3 - "$2" "$SCRATCH/$RD_TAG-$i.sums" "$SCRATCH/$RD_TAG-$i.err" <<'PY'
+		elif ! out=$(python3 - "$2" "$SCRATCH/$RD_TAG-$i.sums" "$SCRATCH/$RD_TAG-$i.err" "$errnos" <<'PY'
 import sys
 ref = {l[66:].rstrip("\n"): l[:64] for l in open(sys.argv[1])}
+ok_errs = ["[Errno %s]" % e for e in sys.argv[4].split()]
 bad, n = [], 0
 for l in open(sys.argv[2]):
     n += 1
@@ -736,8 +738,8 @@ for l in open(sys.argv[2]):
     if ref.get(name) != h:
         bad.append("WRONG BYTES: %s (digest %s, want %s)" % (name, h, ref.get(name)))
 for l in open(sys.argv[3]):
-    if l.startswith("ERROR ") and "[Errno 5]" not in l:
-        bad.append("not EIO: " + l.strip())
+    if l.startswith("ERROR ") and not any(e in l for e in ok_errs):
+        bad.append("not errno %s: %s" % (sys.argv[4], l.strip()))
 print("%d read right, %d failed" % (n, len(ref) - n) if not bad else "; ".join(bad[:10]))
 sys.exit(1 if bad else 0)
 PY
