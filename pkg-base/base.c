@@ -79,13 +79,17 @@ int pread_full(int fd, void *buf, size_t len, uint64_t off)
 	return 0;
 }
 
-int read_file_max(const char *path, size_t max, char **data, size_t *len)
+/*
+ * The regular file open at @fd, at most @max bytes, as read_file_max says;
+ * closes @fd. Its size is taken once: a file growing meanwhile (or a
+ * device, refused anyway) cannot make the read unbounded.
+ */
+static int read_fd_max(int fd, size_t max, char **data, size_t *len)
 {
 	struct stat st;
 	char *buf = NULL;
-	int fd, ret;
+	int ret;
 
-	fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
 		return -errno;
 	if (fstat(fd, &st)) {
@@ -112,6 +116,18 @@ out:
 	free(buf);
 	close(fd);
 	return ret;
+}
+
+/* O_NONBLOCK: opening a FIFO planted there must not wait for a writer. */
+int read_file_max(const char *path, size_t max, char **data, size_t *len)
+{
+	return read_fd_max(open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC), max, data, len);
+}
+
+int read_file_nofollow(const char *path, size_t max, char **data, size_t *len)
+{
+	return read_fd_max(open(path, O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC),
+			   max, data, len);
 }
 
 int write_full(int fd, const void *buf, size_t len)

@@ -106,10 +106,14 @@ int read_full(int fd, void *buf, size_t len);
 int pread_full(int fd, void *buf, size_t len, uint64_t off);
 /*
  * Read the whole regular file @path, at most @max bytes (else -EFBIG; not a
- * regular file: -EINVAL), into a malloc'ed buffer with a NUL after the last
- * byte. 0 or -errno; no log.
+ * regular file, a FIFO or a device included: -EINVAL, without waiting or
+ * reading), into a malloc'ed buffer with a NUL after the last byte. 0 or
+ * -errno; no log. read_file_nofollow also refuses a symbolic link as
+ * @path's last component (-ELOOP): for files inside images, layouts and
+ * caches, which must not lead elsewhere.
  */
 int read_file_max(const char *path, size_t max, char **data, size_t *len);
+int read_file_nofollow(const char *path, size_t max, char **data, size_t *len);
 
 /* OCI digests: "sha256:<64 lowercase hex>" and its 32 bytes. */
 #define DIGEST_STRING_SIZE 72 /* with the NUL */
@@ -127,6 +131,14 @@ struct json_object;
  * blanks after it and nothing else: 0 and *@out, -ENOMEM or -EPROTO.
  */
 int json_parse_object(const char *text, size_t len, struct json_object **out);
+/*
+ * The JSON object in the file @path (read_file_nofollow, at most @max
+ * bytes, then json_parse_object): 0 and *@out, or its -errno (-ENOENT,
+ * -ELOOP, -EINVAL, -EFBIG, -EPROTO, ...); no log.
+ */
+int json_read_file(const char *path, size_t max, struct json_object **out);
+/* What json_read_file's error @ret says of a file, for a message. */
+const char *json_read_file_error(int ret);
 
 /* The string member @key of the JSON object @o, or NULL. */
 const char *json_get_string(struct json_object *o, const char *key);

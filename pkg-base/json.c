@@ -42,6 +42,37 @@ int json_parse_object(const char *text, size_t len, struct json_object **out)
 	return 0;
 }
 
+int json_read_file(const char *path, size_t max, struct json_object **out)
+{
+	char *text;
+	size_t len;
+	int ret = read_file_nofollow(path, max, &text, &len);
+
+	if (ret)
+		return ret;
+	ret = json_parse_object(text, len, out);
+	free(text);
+	return ret;
+}
+
+const char *json_read_file_error(int ret)
+{
+	switch (ret) {
+	case -ENOENT:
+		return "no such file";
+	case -ELOOP:
+		return "a symbolic link (not followed)";
+	case -EINVAL:
+		return "not a regular file";
+	case -EFBIG:
+		return "too large";
+	case -EPROTO:
+		return "not a JSON object";
+	default:
+		return ferry_strerror(ret);
+	}
+}
+
 const char *json_get_string(struct json_object *o, const char *key)
 {
 	struct json_object *v;

@@ -81,15 +81,18 @@ static int locate_dir(struct image *img, struct image_expect *e)
 	if (asprintf(&img->bootstrap_path, "%s/bootstrap", img->dir) < 0 ||
 	    asprintf(&index_path, "%s/ferry.json", img->dir) < 0)
 		return -ENOMEM;
-	root = json_object_from_file(index_path);
-	if (root) {
+	ret = json_read_file(index_path, OCI_JSON_MAX, &root);
+	if (!ret) {
 		ret = image_expect_dir(img, root, index_path, e);
+		json_object_put(root);
+	} else if (ret == -ENOENT) {
+		ferry_err("%s: not a ferry image: it has no ferry.json (ferry convert SOURCE dir:%s writes one)",
+			  img->dir, img->dir);
 	} else {
-		ferry_err("%s: cannot read or parse: %s", index_path,
-			  json_util_get_last_err());
-		ret = access(index_path, F_OK) ? -ENOENT : -EFSCORRUPTED;
+		ferry_err("%s: not a ferry image: %s is %s", img->dir, index_path,
+			  json_read_file_error(ret));
+		ret = -EFSCORRUPTED;
 	}
-	json_object_put(root);
 	free(index_path);
 	return ret;
 }

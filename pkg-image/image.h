@@ -349,12 +349,14 @@ void image_elf_entries_free(struct image_elf_entry *e, uint32_t nr);
 
 #define IMAGE_PREFETCH_MAX_PATHS 65536u
 #define IMAGE_PREFETCH_PATH_MAX 4096u
+#define IMAGE_PREFETCH_LIST_MAX (64u << 20) /* bytes of a list file */
 
 /*
  * Read a prefetch list: one path per line, surrounding blanks trimmed,
  * blank lines and '#' comments skipped, each path normalised to "/a/b"
- * (".." refused), at most IMAGE_PREFETCH_MAX_PATHS. -EINVAL, -E2BIG or
- * -errno with a message naming the file and line.
+ * (".." refused), at most IMAGE_PREFETCH_MAX_PATHS in a regular file of
+ * at most IMAGE_PREFETCH_LIST_MAX bytes. -EINVAL, -E2BIG, -EFBIG or -errno
+ * with a message naming the file (and line).
  */
 int image_prefetch_list_load(const char *file, char ***paths, uint32_t *nr);
 /*

@@ -80,10 +80,12 @@ int oci_layout_load(void *ctx, const struct oci_descriptor *d,
 		ret = -ENOMEM;
 		goto out;
 	}
-	fd = open(path, O_RDONLY | O_CLOEXEC);
+	/* Inside the layout: no link out of it, no FIFO to wait on. */
+	fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
 	if (fd < 0) {
 		ret = -errno;
-		ferry_err("%s: %s", path, strerror(errno));
+		ferry_err("%s: %s", path, ret == -ELOOP ? "a symbolic link (not followed)" :
+			  strerror(errno));
 		goto out;
 	}
 	ret = read_full(fd, data, d->size);
@@ -368,10 +370,15 @@ int oci_layout_open(const char *path, const char *tag, const char *platform,
 		ret = -ENOMEM;
 		goto out;
 	}
-	index = json_object_from_file(index_path);
-	if (!index || !json_object_is_type(index, json_type_object)) {
-		ferry_err("%s: not an OCI image layout (cannot read index.json)", path);
-		ret = access(path, F_OK) ? -ENOENT : -EFSCORRUPTED;
+	ret = json_read_file(index_path, OCI_JSON_MAX, &index);
+	if (ret) {
+		if (ret == -ENOENT)
+			ferry_err("%s: not an OCI image layout (no index.json)", path);
+		else
+			ferry_err("%s: not an OCI image layout: index.json is %s%s", path,
+				  json_read_file_error(ret),
+				  ret == -EFBIG ? " (over 4 MiB)" : "");
+		ret = ret == -ENOENT && access(path, F_OK) ? -ENOENT : -EFSCORRUPTED;
 		goto out;
 	}
 	ret = oci_index_pick(index, path, tag, &d);
@@ -526,11 +533,15 @@ int oci_tag_manifest(const char *layout, const char *tag,
 
 	if (asprintf(&index_path, "%s/index.json", layout) < 0)
 		return -ENOMEM;
-	index = access(index_path, F_OK) ? json_object_new_object() :
-					    json_object_from_file(index_path);
-	if (!index || !json_object_is_type(index, json_type_object)) {
-		ferry_err("%s: cannot parse: %s", index_path, json_util_get_last_err());
-		ret = -EFSCORRUPTED;
+	ret = json_read_file(index_path, OCI_JSON_MAX, &index);
+	if (ret == -ENOENT) {
+		index = json_object_new_object();
+		ret = index ? 0 : -ENOMEM;
+	}
+	if (ret) {
+		ferry_err("%s: cannot add the image: index.json is %s", index_path,
+			  json_read_file_error(ret));
+		ret = ret == -ENOMEM ? ret : -EFSCORRUPTED;
 		goto out;
 	}
 	json_object_object_add(index, "schemaVersion", json_object_new_int(2));

@@ -58,28 +58,33 @@ static int add_path(char ***paths, uint32_t *nr, size_t *cap, char *p)
 
 int image_prefetch_list_load(const char *file, char ***paths, uint32_t *nr)
 {
-	FILE *f = fopen(file, "re");
-	char *line = NULL, *p;
-	size_t line_cap = 0, cap = 0;
+	char *text = NULL, *line, *end, *p;
+	size_t len, n, cap = 0;
 	unsigned long lineno = 0;
-	ssize_t n;
-	int ret = 0;
+	int ret;
 
 	*paths = NULL;
 	*nr = 0;
-	if (!f) {
-		ret = -errno;
-		ferry_err("prefetch list %s: %s", file, strerror(errno));
+	/* Bounded, and a FIFO or device named here is refused, not read. */
+	ret = read_file_max(file, IMAGE_PREFETCH_LIST_MAX, &text, &len);
+	if (ret) {
+		ferry_err("prefetch list %s: %s", file,
+			  ret == -EFBIG ? "larger than 64 MiB" :
+			  ret == -EINVAL ? "not a regular file" : ferry_strerror(ret));
 		return ret;
 	}
-	while (!ret && (n = getline(&line, &line_cap, f)) >= 0) {
+	for (line = text; !ret && line < text + len; line = end + 1) {
+		end = memchr(line, '\n', (size_t)(text + len - line));
+		if (!end)
+			end = text + len;
+		*end = '\0';
+		n = (size_t)(end - line);
 		lineno++;
-		while (n && (line[n - 1] == '\n' || line[n - 1] == '\r' ||
-			     line[n - 1] == ' ' || line[n - 1] == '\t'))
+		while (n && (line[n - 1] == '\r' || line[n - 1] == ' ' || line[n - 1] == '\t'))
 			line[--n] = '\0';
 		if (!n || line[0] == '#')
 			continue;
-		ret = image_path_normalize(line, (size_t)n, &p);
+		ret = image_path_normalize(line, n, &p);
 		if (ret) {
 			ferry_err("prefetch list %s:%lu: \"%s\" is not a path inside the image",
 				  file, lineno, line);
@@ -90,12 +95,7 @@ int image_prefetch_list_load(const char *file, char ***paths, uint32_t *nr)
 			ferry_err("prefetch list %s: more than %u paths", file,
 				  IMAGE_PREFETCH_MAX_PATHS);
 	}
-	if (!ret && ferror(f)) {
-		ret = -EIO;
-		ferry_err("prefetch list %s: read error", file);
-	}
-	free(line);
-	fclose(f);
+	free(text);
 	if (ret) {
 		image_prefetch_list_free(*paths, *nr);
 		*paths = NULL;

@@ -203,9 +203,8 @@ static bool layout_has_tag(const char *layout, const char *tag)
 	size_t i;
 
 	if (snprintf(path, sizeof(path), "%s/index.json", layout) >= (int)sizeof(path) ||
-	    access(path, F_OK))
+	    json_read_file(path, OCI_JSON_MAX, &index))
 		return false;
-	index = json_object_from_file(path);
 	if (json_object_object_get_ex(index, "manifests", &manifests) &&
 	    json_object_is_type(manifests, json_type_array))
 		for (i = 0; !found && i < json_object_array_length(manifests); i++) {
