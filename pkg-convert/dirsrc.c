@@ -1,14 +1,20 @@
 // SPDX-License-Identifier: MIT
 /*
- * dir: sources: a directory tree walked with lstat/readdir, entries
- * sorted by name so the image does not depend on readdir order; symlinks
- * are not followed, xattrs are copied (llistxattr), hardlinks are found by
+ * dir: sources: a directory tree walked through descriptors, entries
+ * sorted by name so the image does not depend on readdir order. Every
+ * entry is opened relative to its directory's descriptor without following
+ * a link (O_PATH | O_NOFOLLOW, then reopened through it), and what is
+ * stored is what fstat says of that descriptor: a directory another user
+ * swaps for a link while root converts cannot lead the walk out of the
+ * tree (a path walked again would follow it), and no FIFO or device is
+ * ever opened for reading. Xattrs are copied, hardlinks are found by
  * (dev, ino), and SEEK_DATA lets holes of sparse files skip reading.
  */
 #include <dirent.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <sys/xattr.h>
@@ -49,13 +55,20 @@ static bool fd_skip_hole(void *ctx, uint64_t len)
 	return lseek(r->fd, pos + (off_t)len, SEEK_SET) >= 0;
 }
 
-static int copy_xattrs(struct meta_inode *inode, const char *path)
+/*
+ * The xattrs of the entry open at @fd (O_PATH), named @path in messages.
+ * The f*xattr calls take no O_PATH descriptor: its /proc/self/fd link
+ * names exactly that inode (a symlink entry itself, not what it points
+ * to: a magic link is not resolved any further).
+ */
+static int copy_xattrs(struct meta_inode *inode, int fd, const char *path)
 {
-	char *names = NULL, *value = NULL, *name;
+	char *names = NULL, *value = NULL, *name, fdpath[32];
 	ssize_t len, vlen;
 	int ret = 0;
 
-	len = llistxattr(path, NULL, 0);
+	snprintf(fdpath, sizeof(fdpath), "/proc/self/fd/%d", fd);
+	len = listxattr(fdpath, NULL, 0);
 	if (len <= 0) {
 		if (len < 0 && errno != ENOTSUP)
 			ret = -errno;
@@ -67,13 +80,13 @@ static int copy_xattrs(struct meta_inode *inode, const char *path)
 		ret = -ENOMEM;
 		goto out;
 	}
-	len = llistxattr(path, names, (size_t)len);
+	len = listxattr(fdpath, names, (size_t)len);
 	if (len < 0) {
 		ret = -errno;
 		goto out;
 	}
 	for (name = names; name < names + len; name += strlen(name) + 1) {
-		vlen = lgetxattr(path, name, value, META_XATTR_VALUE_MAX + 1);
+		vlen = getxattr(fdpath, name, value, META_XATTR_VALUE_MAX + 1);
 		if (vlen < 0) {
 			ret = -errno;
 			ferry_err("%s: xattr %s: %s", path, name, strerror(errno));
@@ -130,18 +143,24 @@ static int cmp_names(const void *a, const void *b)
 	return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-/* Sorted names of directory @path (without "." and ".."). */
-static int list_dir(const char *path, char ***names_out, size_t *nr_out)
+/*
+ * Sorted names of the directory open at @fd (O_PATH), named @path in
+ * messages (without "." and "..").
+ */
+static int list_dir(int fd, const char *path, char ***names_out, size_t *nr_out)
 {
 	char **names = NULL;
 	size_t nr = 0, cap = 0;
 	struct dirent *de;
-	DIR *d = opendir(path);
+	int dfd = openat(fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	DIR *d = dfd < 0 ? NULL : fdopendir(dfd);
 	int ret = 0;
 
 	if (!d) {
 		ret = -errno;
 		ferry_err("%s: cannot open directory: %s", path, strerror(errno));
+		if (dfd >= 0)
+			close(dfd);
 		return ret;
 	}
 	while ((errno = 0, de = readdir(d))) {
@@ -178,101 +197,117 @@ out:
 	return 0;
 }
 
-static int add_dir_tree(struct converter *c, struct meta_inode *dir,
+static int add_dir_tree(struct converter *c, struct meta_inode *dir, int fd,
 			const char *path, unsigned int depth);
 
-/* Convert one directory entry @name of @dir found at @path. */
-static int add_dir_entry(struct converter *c, struct meta_inode *dir,
-			 const char *path, const char *name,
-			 unsigned int depth)
+/* A regular file's or a symlink's content, read through @fd (O_PATH). */
+static int add_content(struct converter *c, struct meta_inode *inode, int fd,
+		       const struct stat *st, const char *path)
 {
-	struct meta_inode *inode = NULL;
 	struct fd_reader reader = { .fd = -1 };
 	struct file_source src = { fd_read_exact, fd_skip_hole, &reader };
-	struct stat st;
-	int ret = convert_cancelled(c);
+	char fdpath[32], *target;
+	ssize_t n;
+	int ret;
 
-	if (ret)
-		return ret;
-	if (lstat(path, &st)) {
-		ret = -errno;
-		ferry_err("%s: %s", path, strerror(errno));
-		return ret;
-	}
-	c->stats->entries++;
-	if (!S_ISDIR(st.st_mode) && st.st_nlink > 1) {
-		inode = find_hardlink(c, &st);
-		if (inode) {
-			c->stats->hardlinks++;
-			return meta_dir_link(c->tree, dir, name, strlen(name), inode);
-		}
-	}
-	ret = meta_inode_new(c->tree, st.st_mode, &inode);
-	if (ret)
-		return ret;
-	set_attrs(inode, &st);
-	ret = copy_xattrs(inode, path);
-	if (ret)
-		return ret;
-
-	switch (st.st_mode & S_IFMT) {
-	case S_IFREG:
-		c->stats->files++;
-		reader.fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-		if (reader.fd < 0) {
-			ret = -errno;
-			ferry_err("%s: %s", path, strerror(errno));
-			return ret;
-		}
-		ret = convert_ingest_file(c, inode, (uint64_t)st.st_size, &src, path,
-					  path + c->dir_root_len + 1);
-		close(reader.fd);
-		break;
-	case S_IFLNK: {
-		char *target = malloc((size_t)st.st_size + 1);
-		ssize_t n;
-
-		c->stats->symlinks++;
+	if (S_ISLNK(st->st_mode)) {
+		target = malloc((size_t)st->st_size + 1);
 		if (!target)
 			return -ENOMEM;
-		n = readlink(path, target, (size_t)st.st_size + 1);
-		if (n < 0 || n != st.st_size) {
+		n = readlinkat(fd, "", target, (size_t)st->st_size + 1);
+		if (n < 0 || n != st->st_size) {
 			free(target);
 			ferry_err("%s: cannot read symlink (changed while reading?)", path);
 			return n < 0 ? -errno : -ESTALE;
 		}
 		inode->data = (uint8_t *)target;
 		inode->size = (uint64_t)n;
-		ret = 0;
-		break;
+		return 0;
 	}
+	/* The very inode fstat described, opened for reading. */
+	snprintf(fdpath, sizeof(fdpath), "/proc/self/fd/%d", fd);
+	reader.fd = open(fdpath, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+	if (reader.fd < 0) {
+		ret = -errno;
+		ferry_err("%s: %s", path, strerror(errno));
+		return ret;
+	}
+	ret = convert_ingest_file(c, inode, (uint64_t)st->st_size, &src, path,
+				  path + c->dir_root_len + 1);
+	close(reader.fd);
+	return ret;
+}
+
+/* Convert entry @name of @dir (open at @dirfd), found at @path. */
+static int add_dir_entry(struct converter *c, struct meta_inode *dir, int dirfd,
+			 const char *path, const char *name, unsigned int depth)
+{
+	struct meta_inode *inode = NULL;
+	struct stat st;
+	int fd, ret = convert_cancelled(c);
+
+	if (ret)
+		return ret;
+	fd = openat(dirfd, name, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0 || fstat(fd, &st)) {
+		ret = -errno;
+		ferry_err("%s: %s", path, strerror(errno));
+		goto out;
+	}
+	c->stats->entries++;
+	if (!S_ISDIR(st.st_mode) && st.st_nlink > 1) {
+		inode = find_hardlink(c, &st);
+		if (inode) {
+			c->stats->hardlinks++;
+			ret = meta_dir_link(c->tree, dir, name, strlen(name), inode);
+			goto out;
+		}
+	}
+	ret = meta_inode_new(c->tree, st.st_mode, &inode);
+	if (ret)
+		goto out;
+	set_attrs(inode, &st);
+	ret = copy_xattrs(inode, fd, path);
+	if (ret)
+		goto out;
+
+	switch (st.st_mode & S_IFMT) {
+	case S_IFREG:
+		c->stats->files++;
+		ret = add_content(c, inode, fd, &st, path);
+		break;
+	case S_IFLNK:
+		c->stats->symlinks++;
+		ret = add_content(c, inode, fd, &st, path);
+		break;
 	case S_IFDIR:
 		c->stats->dirs++;
-		ret = 0;
 		break;
 	default:
 		c->stats->specials++;
-		ret = 0;
 		break;
 	}
 	if (ret)
-		return ret;
+		goto out;
 	if (!S_ISDIR(st.st_mode) && st.st_nlink > 1) {
 		ret = remember_hardlink(c, &st, inode);
 		if (ret)
-			return ret;
+			goto out;
 	}
 	ret = meta_dir_link(c->tree, dir, name, strlen(name), inode);
 	if (ret) {
 		ferry_err("%s: cannot add to the image: %s", path, ferry_strerror(ret));
-		return ret;
+		goto out;
 	}
 	if (S_ISDIR(st.st_mode))
-		return add_dir_tree(c, inode, path, depth + 1);
-	return 0;
+		ret = add_dir_tree(c, inode, fd, path, depth + 1);
+out:
+	if (fd >= 0)
+		close(fd);
+	return ret;
 }
 
-static int add_dir_tree(struct converter *c, struct meta_inode *dir,
+static int add_dir_tree(struct converter *c, struct meta_inode *dir, int fd,
 			const char *path, unsigned int depth)
 {
 	char **names = NULL;
@@ -284,7 +319,7 @@ static int add_dir_tree(struct converter *c, struct meta_inode *dir,
 		ferry_err("%s: directory tree deeper than 4096 levels", path);
 		return -ELOOP;
 	}
-	ret = list_dir(path, &names, &nr);
+	ret = list_dir(fd, path, &names, &nr);
 	if (ret)
 		return ret;
 	for (i = 0; i < nr && !ret; i++) {
@@ -292,7 +327,7 @@ static int add_dir_tree(struct converter *c, struct meta_inode *dir,
 			ret = -ENOMEM;
 			break;
 		}
-		ret = add_dir_entry(c, dir, child, names[i], depth);
+		ret = add_dir_entry(c, dir, fd, child, names[i], depth);
 		free(child);
 	}
 	for (i = 0; i < nr; i++)
@@ -303,26 +338,37 @@ static int add_dir_tree(struct converter *c, struct meta_inode *dir,
 
 int convert_dir(struct converter *c, const char *path)
 {
+	struct rlimit rl;
 	struct stat st;
-	int ret;
+	int fd, ret;
 
-	if (stat(path, &st)) {
+	/* The root as the operator named it (links followed), then only below it. */
+	fd = open(path, O_PATH | O_CLOEXEC);
+	if (fd < 0 || fstat(fd, &st)) {
 		ret = -errno;
 		ferry_err("%s: %s", path, strerror(errno));
-		return ret;
+		goto out;
 	}
 	if (!S_ISDIR(st.st_mode)) {
 		ferry_err("%s: not a directory", path);
-		return -ENOTDIR;
+		ret = -ENOTDIR;
+		goto out;
+	}
+	/* The walk holds a descriptor per level (at most 4096). */
+	if (!getrlimit(RLIMIT_NOFILE, &rl) && rl.rlim_cur < rl.rlim_max) {
+		rl.rlim_cur = rl.rlim_max;
+		setrlimit(RLIMIT_NOFILE, &rl);
 	}
 	c->dir_root_len = strlen(path);
 	set_attrs(c->tree->root, &st);
-	ret = copy_xattrs(c->tree->root, path);
+	ret = copy_xattrs(c->tree->root, fd, path);
 	if (ret)
-		return ret;
+		goto out;
 	ferry_progress_begin(&c->progress, "converting", 0);
-	ret = add_dir_tree(c, c->tree->root, path, 0);
+	ret = add_dir_tree(c, c->tree->root, fd, path, 0);
 	ferry_progress_end(&c->progress);
+out:
+	if (fd >= 0)
+		close(fd);
 	return ret;
 }
-
