@@ -341,6 +341,21 @@ int path_absolute(const char *path, char **out);
 int path_mountpoint(const char *path, char **out);
 
 /*
+ * Mount points named by their canonical path (mountpoint.c), resolved
+ * again without following any symbolic link (openat2 RESOLVE_NO_SYMLINKS):
+ * a component swapped for a link since the path was checked fails with
+ * ELOOP instead of leading the mount elsewhere. open_dir_nofollow gives
+ * an O_PATH descriptor of the directory (or -errno); mount_nofollow and
+ * umount_nofollow are mount(2) and umount2(2) through it (umount: through
+ * the parent's, the last component not followed), returning as they do
+ * (0, or -1 and errno).
+ */
+int open_dir_nofollow(const char *path);
+int mount_nofollow(const char *source, const char *target, const char *fstype,
+		   unsigned long flags, const void *data);
+int umount_nofollow(const char *target, int flags);
+
+/*
  * The file system mounted on top of the absolute path @mountpoint, from
  * /proc/self/mountinfo (mountinfo.c; no access to the mount itself, so a
  * dead FUSE mount cannot block): 0, or -ENOENT when nothing is mounted there.

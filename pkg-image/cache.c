@@ -2048,6 +2048,43 @@ int image_check_not_mounted(const char *target)
 	return -EBUSY;
 }
 
+int image_mountpoint_check(const char *mountpoint, char **canon)
+{
+	struct stat st;
+	int ret;
+
+	*canon = realpath(mountpoint, NULL);
+	if (!*canon || stat(*canon, &st)) {
+		ret = -errno;
+		ferry_err("mount point %s: %s%s", mountpoint, ferry_strerror(ret),
+			  ret == -ENOENT ? " (create the directory first)" : "");
+	} else if (!S_ISDIR(st.st_mode)) {
+		ret = -ENOTDIR;
+		ferry_err("mount point %s: not a directory", mountpoint);
+	} else {
+		ret = image_check_not_mounted(*canon);
+	}
+	if (ret) {
+		free(*canon);
+		*canon = NULL;
+	}
+	return ret;
+}
+
+int image_mountpoint_unchanged(const char *mountpoint)
+{
+	int fd = open_dir_nofollow(mountpoint);
+
+	if (fd >= 0) {
+		close(fd);
+		return 0;
+	}
+	ferry_err("mount point %s: %s", mountpoint,
+		  fd == -ELOOP ? "a symbolic link was swapped into its path since it was checked; not mounted" :
+		  ferry_strerror(fd));
+	return fd;
+}
+
 /* Keep the blobs the kernel now holds from gc while it does. */
 static void pin_blobs(const struct image *img, const char *cache_dir, const char *target)
 {
@@ -2113,17 +2150,12 @@ int image_mount_local(struct image *img, const char *cache_dir,
 {
 	struct ferry_progress progress = { 0 };
 	struct image_cache *ic = NULL;
-	char *target = realpath(mountpoint, NULL);
-	struct stat st;
+	const char *target = mountpoint;
 	int ret;
 
-	if (!target || stat(target, &st) || !S_ISDIR(st.st_mode)) {
-		ferry_err("mount point %s: %s", mountpoint,
-			  target ? "not a directory" : strerror(errno));
-		free(target);
-		return -ENOTDIR;
-	}
-	ret = image_check_not_mounted(target);
+	ret = image_mountpoint_unchanged(target);
+	if (!ret)
+		ret = image_check_not_mounted(target);
 	/* The kernel parses what ferry walked, never more (image.h). */
 	if (!ret)
 		ret = image_validate_metadata(img);
@@ -2139,6 +2171,5 @@ int image_mount_local(struct image *img, const char *cache_dir,
 	if (!ret)
 		pin_blobs(img, cache_dir, target);
 	image_cache_close(ic);
-	free(target);
 	return ret;
 }

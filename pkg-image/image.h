@@ -772,8 +772,17 @@ struct mount_entry;
 bool image_mount_is_ferry(const struct mount_entry *mi);
 
 /*
+ * The canonical path (realpath) of the directory @mountpoint in *@canon
+ * (malloc'ed), for the local mounts below, taken before the image is
+ * fetched: 0, or -errno logged naming it (a missing one, a file, a mount
+ * point that holds a ferry mount already).
+ */
+int image_mountpoint_check(const char *mountpoint, char **canon);
+/*
  * Open the image in the chunk cache @cache_dir, make every chunk of every
- * blob present, then mount the bootstrap on @mountpoint with the kernel,
+ * blob present, then mount the bootstrap on @mountpoint (canonical:
+ * image_mountpoint_check's, not resolved again; a symbolic link swapped
+ * into it since is refused) with the kernel,
  * one device= per blob naming its complete cache data file (@flags as for
  * meta_kernel_mount: MS_NOSUID | MS_NODEV unless the image is trusted),
  * and pin those blobs in the cache for as long as the mount exists. A
@@ -786,7 +795,8 @@ int image_mount_local(struct image *img, const char *cache_dir,
 /*
  * Native EROFS layers (image_out_finish_layers' images): mount each layer
  * file-backed (digest-checked, walked by pkg-meta first) as a detached
- * mount and stack them read-only with overlayfs on @mountpoint (source
+ * mount and stack them read-only with overlayfs on @mountpoint (canonical,
+ * as for image_mount_local; source
  * IMAGE_LAYERS_SOURCE), as containerd's EROFS snapshotter does; one layer
  * is attached directly. docker:// layers are downloaded whole into
  * @cache_dir/erofs-layers first. Returns 1, touching nothing, when @ref

@@ -184,5 +184,11 @@ int image_dir_remove(const char *dir);
 
 /* -EBUSY (logged) when @target holds a ferry mount already (cache.c). */
 int image_check_not_mounted(const char *target);
+/*
+ * 0 when the canonical @mountpoint is still a directory reached without a
+ * symbolic link; else -errno, logged: a link swapped into its path since
+ * it was checked is refused here (and by mount_nofollow in the end).
+ */
+int image_mountpoint_unchanged(const char *mountpoint);
 
 #endif

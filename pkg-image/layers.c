@@ -453,7 +453,7 @@ static int overlay_mount(const char *dir, const int *mfds, uint32_t nr,
 		free(opts);
 		return -ENOMEM;
 	}
-	if (mount(IMAGE_LAYERS_SOURCE, target, "overlay",
+	if (mount_nofollow(IMAGE_LAYERS_SOURCE, target, "overlay",
 		  MS_RDONLY | (flags & (MS_NOSUID | MS_NODEV)), opts) < 0)
 		ret = -errno;
 	free(opts);
@@ -535,7 +535,6 @@ int image_mount_erofs_layers(const char *ref, const struct fetch_opts *fopts,
 {
 	struct image_ref r = { 0 };
 	struct oci_image img = { 0 };
-	char *target = NULL;
 	int *mfds = NULL, ret;
 	uint32_t nr = 0;
 
@@ -548,21 +547,16 @@ int image_mount_erofs_layers(const char *ref, const struct fetch_opts *fopts,
 		ret = 1;
 		goto out;
 	}
-	target = realpath(mountpoint, NULL);
-	if (!target) {
-		ret = -errno;
-		ferry_err("mount point %s: %s", mountpoint, ferry_strerror(ret));
-		goto out;
-	}
-	ret = image_check_not_mounted(target);
+	ret = image_mountpoint_unchanged(mountpoint);
+	if (!ret)
+		ret = image_check_not_mounted(mountpoint);
 	if (!ret && !(mfds = calloc(img.nr_layers, sizeof(*mfds))))
 		ret = -ENOMEM;
 	for (; !ret && nr < img.nr_layers; nr++)
 		ret = mount_layer(&img, nr, cache_dir, flags, &mfds[nr]);
-	ret = attach_layers(mfds, nr, ret, target, flags);
+	ret = attach_layers(mfds, nr, ret, mountpoint, flags);
 out:
 	free(mfds);
-	free(target);
 	oci_image_free(&img);
 	image_ref_free(&r);
 	return ret;

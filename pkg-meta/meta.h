@@ -395,7 +395,9 @@ int meta_walk(const struct meta_image *img, meta_walk_fn visit, void *ctx);
  * MS_NOSUID and / or MS_NODEV (nothing else): an untrusted image needs
  * both. Calls the kernel directly: util-linux mount would silently use a
  * loop device. When the option string exceeds one page it uses
- * fsopen/fsconfig instead.
+ * fsopen/fsconfig instead. @target is the mount point's canonical path,
+ * taken when the caller checked it: it is not resolved again, and a
+ * symbolic link swapped into it since fails with -ELOOP (mount_nofollow).
  */
 int meta_kernel_mount(const char *bootstrap, const char *const *devices,
 		      uint32_t nr_devices, const char *target,

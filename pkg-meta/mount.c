@@ -44,6 +44,7 @@
 #endif
 #ifndef MOVE_MOUNT_F_EMPTY_PATH
 #define MOVE_MOUNT_F_EMPTY_PATH 0x00000004
+#define MOVE_MOUNT_T_EMPTY_PATH 0x00000040
 #endif
 #ifndef SYS_fsopen
 #define SYS_fsopen 430
@@ -133,10 +134,16 @@ static int prepare(struct mount_args *a, const char *bootstrap,
 	int ret;
 
 	ret = real_path(bootstrap, "bootstrap", true, &a->bootstrap);
-	if (!ret)
-		ret = real_path(target, "target", false, &a->target);
 	if (ret)
 		return ret;
+	/* Canonical already: resolving it again would follow a swapped link. */
+	if (target[0] != '/') {
+		ferry_err("mount: target %s is not an absolute path", target);
+		return -EINVAL;
+	}
+	a->target = strdup(target);
+	if (!a->target)
+		return -ENOMEM;
 	a->devices = calloc(nr_devices ? nr_devices : 1, sizeof(*a->devices));
 	if (!a->devices)
 		return -ENOMEM;
@@ -198,11 +205,18 @@ out:
 
 static int mount_fsconfig(const struct mount_args *a)
 {
-	int mfd = -1, ret = fsmount_erofs(a, &mfd);
+	int mfd = -1, tfd = -1, ret = fsmount_erofs(a, &mfd);
 
-	if (!ret && syscall(SYS_move_mount, mfd, "", AT_FDCWD, a->target,
-			    MOVE_MOUNT_F_EMPTY_PATH) < 0)
+	/* Onto the target resolved without links, as mount_nofollow. */
+	if (!ret) {
+		tfd = open_dir_nofollow(a->target);
+		ret = tfd < 0 ? tfd : 0;
+	}
+	if (!ret && syscall(SYS_move_mount, mfd, "", tfd, "",
+			    MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH) < 0)
 		ret = -errno;
+	if (tfd >= 0)
+		close(tfd);
 	if (mfd >= 0)
 		close(mfd);
 	return ret;
@@ -282,7 +296,7 @@ int meta_kernel_mount(const char *bootstrap, const char *const *devices,
 	if (ret)
 		goto out;
 	if (a.opts) {
-		if (mount(a.bootstrap, a.target, "erofs", MS_RDONLY | a.flags,
+		if (mount_nofollow(a.bootstrap, a.target, "erofs", MS_RDONLY | a.flags,
 			  a.opts) < 0)
 			ret = -errno;
 	} else {
@@ -346,7 +360,7 @@ int meta_kernel_mount_fscache(const char *fsid, const char *domain,
 		return ret;
 	snprintf(opts, sizeof(opts), "fsid=%s%s%s", fsid, domain ? ",domain_id=" : "",
 		 domain ? domain : "");
-	if (!mount(fsid, target, "erofs", MS_RDONLY | flags, opts))
+	if (!mount_nofollow(fsid, target, "erofs", MS_RDONLY | flags, opts))
 		return 0;
 	ret = -errno;
 	ferry_err("mount: erofs over fscache %s on %s: %s%s", opts, target, strerror(-ret),

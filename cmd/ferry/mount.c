@@ -414,30 +414,37 @@ enum {
 	OPT_CACHE_MIN_FREE,
 };
 
-static int mount_local(const char *ref, const char *target, const char *cache_dir,
+static int mount_local(const char *ref, const char *mountpoint, const char *cache_dir,
 		       unsigned long flags, struct regopts *ro)
 {
 	struct image *img;
+	char *target;
 	int ret;
 
+	/* Resolved once, before the image is fetched (pkg-image mounts it as is). */
+	ret = image_mountpoint_check(mountpoint, &target);
+	if (ret)
+		return EXIT_FAIL;
 	ret = image_mount_erofs_layers(ref, &ro->fetch, cache_dir, target, flags);
 	if (ret <= 0) {
 		if (ret)
 			ferry_err("mount %s on %s failed: %s", ref, target,
 				  ferry_strerror(ret));
+		free(target);
 		return ret ? EXIT_FAIL : EXIT_OK;
 	}
 	ret = image_open(ref, &(struct image_opts){ .fetch = &ro->fetch, .no_config = true },
 			 &img);
-	if (ret)
+	if (ret) {
+		free(target);
 		return ret == -EINVAL ? EXIT_USAGE : EXIT_FAIL;
+	}
 	ret = image_mount_local(img, cache_dir, target, flags);
 	image_close(img);
-	if (ret) {
+	if (ret)
 		ferry_err("mount %s on %s failed: %s", ref, target, ferry_strerror(ret));
-		return EXIT_FAIL;
-	}
-	return EXIT_OK;
+	free(target);
+	return ret ? EXIT_FAIL : EXIT_OK;
 }
 
 int cmd_mount(int argc, char **argv)
@@ -615,17 +622,17 @@ static int umount_direct(const char *mp, bool lazy, bool fuse)
 {
 	int e;
 
-	if (!umount2(mp, 0))
+	if (!umount_nofollow(mp, 0))
 		return EXIT_OK;
 	e = errno;
 	if (fuse && (e == ENOTCONN || (e == EBUSY && (lazy || fuse_dead(mp))))) {
-		if (!umount2(mp, MNT_DETACH)) {
+		if (!umount_nofollow(mp, MNT_DETACH)) {
 			ferry_info("%s: %s; detached it", mp, strerror(e));
 			return EXIT_OK;
 		}
 		e = errno;
 	} else if (e == EBUSY && lazy) {
-		if (!umount2(mp, MNT_DETACH))
+		if (!umount_nofollow(mp, MNT_DETACH))
 			return EXIT_OK;
 		e = errno;
 	}

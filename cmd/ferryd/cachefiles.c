@@ -1215,7 +1215,7 @@ static int bootstrap_mount(struct cf_mount *cm, char *err, size_t errlen)
 	} else if (ret) {
 		snprintf(err, errlen, "%s: cannot identify the mounted EROFS superblock (FS_IOC_GETFSSYSFSPATH): %s",
 			 m->mountpoint, ferry_strerror(ret));
-		if (umount2(m->mountpoint, MNT_DETACH))
+		if (umount_nofollow(m->mountpoint, MNT_DETACH))
 			ferry_warn("%s: detaching: %s", m->mountpoint, strerror(errno));
 	}
 	return ret;

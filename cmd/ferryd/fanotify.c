@@ -908,7 +908,7 @@ static int fan_start(struct fmount *m, const struct serve_opts *o, void **state,
 fail:
 	/* Unmounted before the group closes, so nothing is let onto a hole;
 	 * a superblock someone holds already stays with the keeper. */
-	if (f->mounted && umount2(m->mountpoint, MNT_DETACH))
+	if (f->mounted && umount_nofollow(m->mountpoint, MNT_DETACH))
 		ferry_warn("%s: detaching: %s", m->mountpoint, strerror(errno));
 	if (f->keeper_sock >= 0 && !sb_alive(f))
 		keeper_send(f, "bye");

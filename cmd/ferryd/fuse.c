@@ -773,7 +773,7 @@ static int fs_mount(struct fs *fs, const struct ctl_mount_req *req,
 		ret = -ENOMEM;
 		goto out;
 	}
-	if (mount(source, mountpoint, CTL_FUSE_FSTYPE,
+	if (mount_nofollow(source, mountpoint, CTL_FUSE_FSTYPE,
 		  MS_RDONLY | image_mount_flags(req->suid, req->dev), opts)) {
 		ret = -errno;
 		ferry_err("%s: mount(2) of FUSE on %s: %s", fs->img->ref, mountpoint,
@@ -783,7 +783,7 @@ static int fs_mount(struct fs *fs, const struct ctl_mount_req *req,
 	snprintf(devfd, sizeof(devfd), "/dev/fd/%d", fd);
 	if (fuse_session_mount(fs->se, devfd)) {
 		ret = -EIO;
-		if (umount2(mountpoint, MNT_DETACH))
+		if (umount_nofollow(mountpoint, MNT_DETACH))
 			ferry_warn("%s: detaching %s: %s", fs->img->ref, mountpoint,
 				   strerror(errno));
 		goto out;

@@ -133,7 +133,7 @@ static bool on_top(const struct fmount *m)
 
 void mount_detach(const struct fmount *m)
 {
-	if (on_top(m) && umount2(m->mountpoint, MNT_DETACH))
+	if (on_top(m) && umount_nofollow(m->mountpoint, MNT_DETACH))
 		ferry_warn("%s: detaching %s: %s", m->req.image, m->mountpoint,
 			   strerror(errno));
 }
@@ -706,7 +706,7 @@ static int umount_busy(struct fmount *m)
 	atomic_store(&m->fetch_cancel, true);
 	for (waited = 0; e == EBUSY && waited < BUSY_CANCEL_MS; waited += 50) {
 		usleep(50 * 1000);
-		e = umount2(m->mountpoint, 0) ? errno : 0;
+		e = umount_nofollow(m->mountpoint, 0) ? errno : 0;
 	}
 	if (e)
 		atomic_store(&m->fetch_cancel, false);
@@ -760,14 +760,14 @@ int mounts_umount(const char *mountpoint, bool lazy, char *err, size_t errlen)
 		set_state(m, MS_STOPPING);
 		ferry_info("unmounting %s from %s%s", m->req.image, m->mountpoint,
 			   lazy ? " (lazily if busy)" : "");
-		e = umount2(m->mountpoint, 0) ? errno : 0;
+		e = umount_nofollow(m->mountpoint, 0) ? errno : 0;
 		if (e == EBUSY)
 			e = umount_busy(m);
 		if (!e || (e == EINVAL && !dev_mounted(m))) {
 			/* Its session loop ends with ENODEV (EINVAL: a racing
 			 * umount was first). */
 		} else if (e == EBUSY && lazy) {
-			if (umount2(m->mountpoint, MNT_DETACH)) {
+			if (umount_nofollow(m->mountpoint, MNT_DETACH)) {
 				e = errno;
 				set_state(m, state);
 				ret = -e;
@@ -992,11 +992,11 @@ size_t mounts_shutdown(void)
 		m = list[i];
 		ferry_info("unmounting %s from %s", m->req.image, m->mountpoint);
 		if (on_top(m)) {
-			if (!umount2(m->mountpoint, 0))
+			if (!umount_nofollow(m->mountpoint, 0))
 				continue; /* its loop ends with ENODEV */
 			ferry_warn("%s: %s; detaching it and ending its session",
 				   m->mountpoint, strerror(errno));
-			if (umount2(m->mountpoint, MNT_DETACH))
+			if (umount_nofollow(m->mountpoint, MNT_DETACH))
 				ferry_warn("%s: detach: %s", m->mountpoint, strerror(errno));
 		}
 		/* Detached (busy, or by ferry umount --lazy): its users get
