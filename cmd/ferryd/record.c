@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "fusefs.h"
@@ -81,6 +82,7 @@ void record_free(struct recorder *r)
 int record_start(struct fs *fs, const char *path, struct recorder **out)
 {
 	struct recorder *r = calloc(1, sizeof(*r));
+	struct stat st;
 	size_t i, j;
 	int ret;
 
@@ -105,10 +107,25 @@ int record_start(struct fs *fs, const char *path, struct recorder **out)
 		r->files[j++] = r->files[i];
 	}
 	r->nr = j;
-	/* Root writes where root asked; never through a planted link. */
-	r->fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_NOFOLLOW | O_CLOEXEC,
+	/*
+	 * Root writes where root asked; never through a planted link, into a
+	 * FIFO (O_NONBLOCK: no reader gives ENXIO at once instead of a hang)
+	 * or into another user's file, which is left untruncated.
+	 */
+	r->fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC,
 		     0644);
-	if (r->fd < 0) {
+	if (r->fd < 0 || fstat(r->fd, &st)) {
+		ret = -errno;
+		ferry_err("--record %s: %s", path, strerror(errno));
+		goto fail;
+	}
+	if (!S_ISREG(st.st_mode) || st.st_uid != geteuid()) {
+		ret = -EPERM;
+		ferry_err("--record %s: %s; name a new file or one of the user ferryd runs as",
+			  path, S_ISREG(st.st_mode) ? "owned by another user" : "not a regular file");
+		goto fail;
+	}
+	if (ftruncate(r->fd, 0)) {
 		ret = -errno;
 		ferry_err("--record %s: %s", path, strerror(errno));
 		goto fail;
