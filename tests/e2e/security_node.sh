@@ -1,0 +1,176 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# shellcheck disable=SC2016,SC2034 # expect_sh evaluates its quoted condition
+# Issue 44's hostile neighbours, each tried as the attacker would (a local
+# user is `nobody`, through runuser), each failing on the code before the
+# fix:
+#   - ferry convert dir:SRC while nobody swaps a directory of SRC it owns
+#     for a link to a root-only directory (renameat2 RENAME_EXCHANGE in a
+#     loop): in FERRY_RACE_TRIES (1,000) conversions the root-only file
+#     never reaches the image (the walk went by path and followed the link)
+#   - nobody swaps its mount point for a link to a root-owned directory
+#     while ferryd is still opening the image (the registry slowed): the
+#     mount never lands on root's directory (it was mounted by path)
+#   - --record LIST where nobody planted a FIFO (the mount hung in
+#     "mounting" and the FIFO received the paths root read) or a file of
+#     its own: refused at once, nothing written
+#   - an OCI layout whose index.json links to /dev/zero (ferry convert grew
+#     to 1.5 GB and ignored SIGTERM), or is a FIFO: refused within a
+#     second, naming the reason
+. "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/oci_lib.sh"
+. "$(dirname "$0")/registry_lib.sh"
+. "$(dirname "$0")/lazy_lib.sh"
+
+need_ferryd
+need_cmds runuser python3 docker-registry umoci
+
+# nobody reaches PUB (root's, 0755) and what it owns there, nothing else.
+PUB=$SCRATCH/pub
+mkdir -p "$PUB"
+chmod 0755 "$SCRATCH" "$PUB"
+as_nobody() { runuser -u nobody -- "$@"; }
+
+# A root-only directory whose file has the name of one of nobody's.
+SECRET=$SCRATCH/secret
+mkdir -p "$SECRET"
+chmod 0700 "$SECRET"
+echo "TOP-SECRET-9f4c1e of root" >"$SECRET/pub.txt"
+chmod 0600 "$SECRET/pub.txt"
+
+# RENAME_EXCHANGE of two names, for ever, until STOP exists (as nobody).
+SWAPPER='
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+a, b, stop = (s.encode() for s in sys.argv[1:4])
+n = 0
+while not os.path.exists(stop):
+    if libc.renameat2(-100, a, -100, b, 2) == 0:
+        n += 1
+print(n)
+'
+
+# --- dir: with a directory swapped for a link -------------------------------
+SRC=$PUB/src
+mkdir -p "$SRC/u/sub"
+echo "nobody's own" >"$SRC/u/sub/pub.txt"
+chown -R nobody: "$SRC/u"
+as_nobody ln -s "$SECRET" "$SRC/u/link"
+TRIES=${FERRY_RACE_TRIES:-1000}
+# The images go to a tmpfs: a conversion's fsyncs on disk took half its time.
+OUTS=$SCRATCH/outs
+mkdir -p "$OUTS"
+mount -t tmpfs -o size=64m,mode=0700 tmpfs "$OUTS"
+rm -f "$SCRATCH/stop"
+as_nobody nice -n 19 python3 -c "$SWAPPER" "$SRC/u/sub" "$SRC/u/link" "$SCRATCH/stop" \
+	>"$SCRATCH/swaps" 2>&1 &
+swapper=$!
+leaks=0 fails=0 t0=$(now_ms)
+for i in $(seq "$TRIES"); do
+	rm -rf "$OUTS/out"
+	# A conversion may fail (an entry changed under it); it must not leak.
+	if ! "$FERRY" convert -q --compress none "dir:$SRC" "dir:$OUTS/out" 2>>"$SCRATCH/race.err"; then
+		fails=$((fails + 1))
+		continue
+	fi
+	grep -rqa TOP-SECRET-9f4c1e "$OUTS/out" && leaks=$((leaks + 1))
+done
+ms=$(($(now_ms) - t0))
+touch "$SCRATCH/stop"
+wait "$swapper"
+umount "$OUTS"
+expect_sh "dir: source swapped under ferry convert $TRIES times ($(cat "$SCRATCH/swaps") swaps by nobody, $fails conversions refused, $ms ms): the root-only file reached the image $leaks times" \
+	'[ "$leaks" -eq 0 ] && [ "$(cat "$SCRATCH/swaps")" -gt 0 ]'
+sort "$SCRATCH/race.err" | uniq -c | sort -rn | head -n 3 | sed 's/^/    # /'
+
+# --- a mount point swapped for a link ----------------------------------------
+# The registry holds the image's blob requests 2 s, so that ferryd is still
+# opening it when nobody swaps the directory it checked for a link to
+# ROOTDIR; by path, the mount landed on ROOTDIR.
+ROOTDIR=$PUB/rootdir
+mkdir -p "$ROOTDIR" "$PUB/u2"
+echo "root's directory" >"$ROOTDIR/marker"
+chown nobody: "$PUB/u2"
+as_nobody mkdir "$PUB/u2/mnt"
+IMGDIR=$SCRATCH/img
+push_image() {
+	"$FERRY" convert -q "dir:$SRC/u" "dir:$IMGDIR" && reg_start anon && fp_start &&
+		"$FERRY" convert -q "dir:$SRC/u" "docker://$REG/ferry/mp:1"
+}
+check "an image, also in a registry behind the fault proxy" push_image || PROXY=
+swap_mount() { # MODE: one try, the swap 1 s into the mount
+	local m=$PUB/u2/mnt rc swap
+	lazy_use "swap-$1"
+	(sleep 1 && as_nobody mv "$m" "$m.away" && as_nobody ln -s "$ROOTDIR" "$m") &
+	swap=$!
+	if [ "$1" = local ]; then
+		timeout -k 5 60 "$FERRY" mount --mode local "docker://$PROXY/ferry/mp:1" "$m" \
+			--cache-dir "$FCACHE" </dev/null >"$LOG" 2>&1
+	else
+		ferryd_mount "$1" "docker://$PROXY/ferry/mp:1" "$m" >"$LOG" 2>&1
+	fi
+	rc=$?
+	wait "$swap"
+	expect_sh "$1: mount point swapped for a link to root's directory mid-mount (exit $rc): nothing mounted on it" \
+		'! is_mounted "$ROOTDIR"' || findmnt "$ROOTDIR" | sed 's/^/    /'
+	if [ "$rc" -eq 0 ]; then
+		echo "    # mounted at: $(findmnt -n -o TARGET -S "$(findmnt -n -o SOURCE "$ROOTDIR" 2>/dev/null)" 2>/dev/null)"
+	else
+		diag "$LOG" 3
+	fi
+	is_mounted "$ROOTDIR" && umount -l "$ROOTDIR"
+	is_mounted "$m.away" && umount -l "$m.away"
+	rm -f "$m"
+	[ -d "$m.away" ] && as_nobody mv "$m.away" "$m"
+}
+if [ -n "${PROXY:-}" ]; then
+	fp_set slow count=-1 path=/blobs/ delay=2
+	for mode in fuse local; do
+		swap_mount "$mode"
+	done
+	fp_set none
+fi
+
+# --- --record into a FIFO or another user's file --------------------------------
+# nobody plants LIST in a directory it owns; root names it.
+lazy_use record
+if [ -d "$IMGDIR" ]; then
+	for kind in fifo file; do
+		list=$PUB/u2/list-$kind
+		if [ "$kind" = fifo ]; then as_nobody mkfifo -m 0622 "$list"; else as_nobody touch "$list"; fi
+		t0=$(now_ms)
+		ferryd_mount fuse "dir:$IMGDIR" "$SCRATCH/m-rec" --record "$list" >"$LOG" 2>&1
+		rc=$?
+		ms=$(($(now_ms) - t0))
+		expect_sh "--record LIST, nobody's $kind: refused at once (exit $rc, $ms ms), naming it" \
+			'[ "$rc" -eq 1 ] && [ "$ms" -lt 10000 ] && grep -q "record $list" "$LOG"' || diag "$LOG" 3
+		is_mounted "$SCRATCH/m-rec" && fumount "$SCRATCH/m-rec"
+		if [ "$kind" = file ]; then
+			expect_sh "--record LIST, nobody's file: nothing written into it" '[ ! -s "$list" ]'
+		fi
+	done
+	check "--record LIST, a new file: the mount works" \
+		ferryd_mount fuse "dir:$IMGDIR" "$SCRATCH/m-rec" --record "$SCRATCH/list-new"
+	is_mounted "$SCRATCH/m-rec" && fumount "$SCRATCH/m-rec"
+fi
+
+# --- an OCI layout's index.json that is not a small regular file ------------------
+LAYOUT=$SCRATCH/layout
+if check "an OCI image layout (umoci)" reg_umoci_layout "$LAYOUT"; then
+	mv "$LAYOUT/index.json" "$SCRATCH/index.json.orig"
+	for kind in zero fifo; do
+		rm -f "$LAYOUT/index.json"
+		if [ "$kind" = zero ]; then ln -s /dev/zero "$LAYOUT/index.json"; else mkfifo "$LAYOUT/index.json"; fi
+		t0=$(now_ms)
+		timeout -k 1 20 "$FERRY" convert -q "oci:$LAYOUT:t" "dir:$SCRATCH/out-$kind" >"$LOG" 2>&1
+		rc=$?
+		ms=$(($(now_ms) - t0))
+		expect_sh "index.json $( [ "$kind" = zero ] && echo "links to /dev/zero" || echo "is a FIFO"): ferry convert fails in $ms ms (< 1 s, exit $rc), naming index.json" \
+			'[ "$rc" -eq 1 ] && [ "$ms" -lt 1000 ] && grep -q "index.json is" "$LOG"' || diag "$LOG" 3
+	done
+	rm -f "$LAYOUT/index.json"
+	mv "$SCRATCH/index.json.orig" "$LAYOUT/index.json"
+	check "the layout mended converts" "$FERRY" convert -q "oci:$LAYOUT:t" "dir:$SCRATCH/out-ok"
+fi
+
+e2e_done
