@@ -498,6 +498,7 @@ static void upgrade(const struct daemon_opts *o, int *lock_fd, int *lfd)
 	ferry_info("upgrade: starting %s; the mounts' keepers hand them over", exe);
 	/* Whatever happens next we exit: the keepers carry the mounts on. */
 	mounts_quiesce(true, UPGRADE_QUIESCE_MS);
+	metrics_stop(); /* its ports, for the new ferryd to bind */
 	fflush(stderr);
 	close(*lfd);
 	close(*lock_fd);

@@ -267,8 +267,13 @@ void daemon_memory(uint64_t *rss, uint64_t *peak);
 
 /* The Prometheus text exposition of ferryd and its mounts (malloc'ed). */
 int metrics_text(char **out);
-/* Serve it over HTTP on @addr ("unix:/PATH" or "HOST:PORT"); 0 or -errno. */
+/*
+ * Serve it over HTTP on @addr ("unix:/PATH" or "HOST:PORT"): 0, or -errno
+ * for a malformed address; one that cannot be bound is tried again every
+ * second. metrics_stop closes every endpoint (before a successor starts).
+ */
 int metrics_start(const char *addr);
+void metrics_stop(void);
 
 /* ------------------------------------------------------------------ */
 /* cachefiles.c: failover                                              */
