@@ -14,6 +14,10 @@
 #   - --record LIST where nobody planted a FIFO (the mount hung in
 #     "mounting" and the FIFO received the paths root read) or a file of
 #     its own: refused at once, nothing written
+#   - nobody takes ferryd's --metrics-listen port the moment a kill -9
+#     frees it: the keeper's successor takes the mount over all the same
+#     and binds the port later (the bind failure was fatal: no successor);
+#     16 idle clients do not hold a scrape off (they did for 28-30 s)
 #   - an OCI layout whose index.json links to /dev/zero (ferry convert grew
 #     to 1.5 GB and ignored SIGTERM), or is a FIFO: refused within a
 #     second, naming the reason
@@ -65,6 +69,7 @@ rm -f "$SCRATCH/stop"
 as_nobody nice -n 19 python3 -c "$SWAPPER" "$SRC/u/sub" "$SRC/u/link" "$SCRATCH/stop" \
 	>"$SCRATCH/swaps" 2>&1 &
 swapper=$!
+sleep 0.5 # swapping by now
 leaks=0 fails=0 t0=$(now_ms)
 for i in $(seq "$TRIES"); do
 	rm -rf "$OUTS/out"
@@ -152,6 +157,70 @@ if [ -d "$IMGDIR" ]; then
 	check "--record LIST, a new file: the mount works" \
 		ferryd_mount fuse "dir:$IMGDIR" "$SCRATCH/m-rec" --record "$SCRATCH/list-new"
 	is_mounted "$SCRATCH/m-rec" && fumount "$SCRATCH/m-rec"
+fi
+
+# --- the metrics port: squatted, held by idle clients ---------------------------
+# ferryd serves metrics on a TCP port; nobody grabs it the moment a
+# kill -9 frees it. The keeper's successor (started with the same
+# --metrics-listen) must take the mount over all the same (the failed
+# bind was fatal: 32 mounts were left without a server) and bind the port
+# once nobody lets it go. Then 16 clients connect and say nothing: a
+# scrape is still answered at once (one client at a time held it off for
+# 28-30 s).
+SQUATTER='
+import socket, sys, time, os
+port, stop = int(sys.argv[1]), sys.argv[2]
+while True:
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", port))
+        s.listen(1)
+        break
+    except OSError:
+        s.close()
+        time.sleep(0.001)
+print("bound", flush=True)
+while not os.path.exists(stop):
+    time.sleep(0.05)
+'
+scrape() { curl -sf -m 3 -o /dev/null "http://127.0.0.1:$port/metrics"; }
+lazy_use metrics
+port=$(reg_free_port)
+M=$SCRATCH/m-metrics
+if check "ferryd --metrics-listen 127.0.0.1:PORT and a FUSE mount" bash -c \
+	'"$1" --socket "$2" --metrics-listen "127.0.0.1:$3" && "$4" mount --mode fuse --socket "$2" "dir:$5" "$6" --cache-dir "$7"' \
+	_ "$FERRYD" "$FSOCK" "$port" "$FERRY" "$IMGDIR" "$(mkdir -p "$M" && echo "$M")" "$FCACHE"; then
+	old=$(daemon_pids | head -n 1)
+	rm -f "$SCRATCH/stop-squat"
+	as_nobody python3 -c "$SQUATTER" "$port" "$SCRATCH/stop-squat" >"$SCRATCH/squat.out" 2>&1 &
+	squatter=$!
+	sleep 0.3
+	kill -KILL "$old"
+	new_serves() { local p; p=$(daemon_pids | head -n 1); [ -n "$p" ] && [ "$p" != "$old" ] && mount_field "$M" mountpoint >/dev/null 2>&1; }
+	expect_sh "nobody holds the metrics port after kill -9 of ferryd ($(cat "$SCRATCH/squat.out"))" \
+		'poll 5 grep -q bound "$SCRATCH/squat.out"'
+	check "the keeper's successor takes the mount over all the same (within 10 s)" poll 10 new_serves
+	check "the mount reads right" cmp "$SRC/u/sub/pub.txt" "$M/sub/pub.txt"
+	expect "its log names the taken port once" \
+		test "$(grep -c "metrics-listen 127.0.0.1:$port: Address already in use; trying again" "$FLOG")" -eq 1
+	touch "$SCRATCH/stop-squat"
+	wait "$squatter"
+	check "once nobody lets the port go, the successor serves metrics on it (within 5 s)" poll 5 scrape
+	python3 -c '
+import socket, sys, time
+conns = [socket.create_connection(("127.0.0.1", int(sys.argv[1]))) for _ in range(16)]
+time.sleep(12)' "$port" &
+	idle=$!
+	sleep 0.5
+	t0=$(now_ms)
+	scrape
+	rc=$?
+	ms=$(($(now_ms) - t0))
+	expect_sh "16 idle clients connected: a scrape is answered in $ms ms (< 2 s)" \
+		'[ "$rc" -eq 0 ] && [ "$ms" -lt 2000 ]'
+	kill "$idle" 2>/dev/null
+	wait "$idle" 2>/dev/null
+	check "ferry umount" fumount "$M"
 fi
 
 # --- an OCI layout's index.json that is not a small regular file ------------------
