@@ -220,6 +220,13 @@ time.sleep(12)' "$port" &
 		'[ "$rc" -eq 0 ] && [ "$ms" -lt 2000 ]'
 	kill "$idle" 2>/dev/null
 	wait "$idle" 2>/dev/null
+	# An upgrade lets the port go before the new ferryd binds it.
+	before=$(daemon_pids | head -n 1)
+	check "ferry daemon upgrade" timeout -k 1 60 "$FERRY" daemon upgrade --socket "$FSOCK"
+	upgraded() { local p; p=$(daemon_pids | head -n 1); [ -n "$p" ] && [ "$p" != "$before" ] && scrape; }
+	check "the new ferryd serves metrics on the port (within 3 s)" poll 3 upgraded
+	expect "  ... and its log has no bind failure" \
+		test "$(grep -c "metrics-listen 127.0.0.1:$port: Address already in use" "$FLOG")" -eq 1
 	check "ferry umount" fumount "$M"
 fi
 
