@@ -108,6 +108,7 @@ struct fan {
 	struct fan_blob *blobs;
 	struct ferry_exes exes;     /* fills, never readers */
 	struct fan_slot *journal;   /* FAN_JOURNAL_SLOTS, shared with successors */
+	char *journal_path;         /* removed with the superblock */
 	const struct serve_opts *opts;
 	_Atomic bool stop;
 	bool mounted;
@@ -665,9 +666,11 @@ static int journal_open(struct fan *f, bool keep)
 		p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	if (!ret && p == MAP_FAILED)
 		ret = -errno;
-	if (!ret)
+	if (!ret) {
 		f->journal = p;
-	else
+		f->journal_path = path;
+		path = NULL;
+	} else
 		ferry_warn("%s: the journal of pending reads %s: %s; if ferryd dies, reads in flight then fail with EIO",
 			   f->m->mountpoint, path ? path : "", ferry_strerror(ret));
 out:
@@ -764,6 +767,7 @@ static void fan_free(struct fan *f)
 	}
 	if (f->journal)
 		munmap(f->journal, FAN_JOURNAL_SLOTS * sizeof(struct fan_slot));
+	free(f->journal_path);
 	pthread_mutex_destroy(&f->lock);
 	pthread_cond_destroy(&f->cond);
 	free(f->blobs);
@@ -1005,6 +1009,9 @@ static void fan_close(void *state, int ret)
 	if (gone) {
 		if (f->keeper_sock >= 0)
 			keeper_send(f, "bye");
+		/* No successor can need it: they accumulated, one per mount point. */
+		if (f->journal_path)
+			unlink(f->journal_path);
 	} else {
 		/* Still in use (a busy mount at shutdown, a fatal error):
 		 * the keeper answers EIO from now on, never zeros. */
