@@ -112,11 +112,11 @@ static int start_ferryd(const char *socket_path)
 	while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
 		;
 	free(path);
-	/* A failure may be a racing ferryd that got the socket: callers
-	 * retry connecting either way. */
 	if (!WIFEXITED(status) || WEXITSTATUS(status) == 127)
 		return -ENOEXEC;
-	return WEXITSTATUS(status) ? -EADDRINUSE : 0;
+	/* --exist-ok: a racing ferryd that got the socket is a success, so
+	 * a failure is ferryd's own, said on stderr (-ECHILD). */
+	return WEXITSTATUS(status) ? -ECHILD : 0;
 }
 
 /* @req to the ferryd on @socket_path, starting one if none answers. */
@@ -133,6 +133,9 @@ static int call_or_start(const char *socket_path, struct json_object *req,
 		ferry_err("cannot start ferryd for %s", socket_path);
 		return st;
 	}
+	/* It said why; starting it again would only say so again. */
+	if (st == -ECHILD)
+		return st;
 	for (waited = 0; waited < START_WAIT_MS; waited += 50) {
 		ret = ctl_call(socket_path, req, timeout_ms, resp);
 		if (!ctl_no_daemon(ret))
@@ -167,6 +170,9 @@ static int call(const char *socket_path, bool start, struct json_object *req,
 	ret = start ? call_or_start(socket_path, req, timeout_ms, resp) :
 		      ctl_call(socket_path, req, timeout_ms, resp);
 	json_object_put(req);
+	if (ret == -ECHILD)
+		snprintf(msg, msglen, "ferryd could not start on %s (its error is above)%s",
+			 socket_path, geteuid() ? "; ferryd runs as root" : "");
 	if (ret)
 		return ret;
 	ret = ctl_reply_parse(*resp, &st, why, sizeof(why));
