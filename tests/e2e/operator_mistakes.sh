@@ -14,12 +14,14 @@
 #     holds them) and frees them after the umount
 #   - a second mount (any mode) on a mount point holding a ferry mount is
 #     refused
+#   - a missing mount point, a dir: that is not an image and a mount by a
+#     user who is not root are each said once, by their real cause
 E2E_TIMEOUT=${E2E_TIMEOUT:-240}
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/registry_lib.sh"
 . "$(dirname "$0")/lazy_lib.sh"
 need_ferryd
-need_cmds docker-registry python3 sha256sum
+need_cmds docker-registry python3 sha256sum runuser
 
 # Everything about a tree: names, types, sizes, modes, file contents.
 tree_sum() { # DIR
@@ -214,5 +216,26 @@ check "umount" umount "$M"
 check "cache prune --all after the umount" "$FERRY" cache --cache-dir "$C" prune --all
 expect "... frees the blob" [ ! -e "$BLOB" ]
 expect "... and reports bytes freed" grep -qE "removed 1 blobs, freed [1-9][0-9]* bytes" "$LOG"
+
+# Each mistake is said once, by its real cause (issue 44).
+for mode in local fuse; do
+	check_exit "--mode $mode on a missing mount point is refused" 1 \
+		"$FERRY" mount --mode "$mode" --cache-dir "$C" "dir:$SCRATCH/mimg" "$SCRATCH/nowhere"
+	expect "... saying it does not exist, once" \
+		test "$(grep -c "mount point $SCRATCH/nowhere: No such file or directory" "$LOG")" = 1
+	expect "... and nothing about a directory" sh -c "! grep -q 'Not a directory' '$LOG'"
+done
+check_exit "a dir: mount of a directory that is not an image is refused" 1 \
+	"$FERRY" mount --mode local --cache-dir "$C" "dir:$SRC" "$M"
+expect "... saying it has no ferry.json" grep -q "$SRC: not a ferry image: it has no ferry.json" "$LOG"
+# The socket's directory is root's, as /run/ferry is.
+mkdir -p "$SCRATCH/run"
+chmod 0755 "$SCRATCH" "$SCRATCH/run"
+check_exit "ferry mount by a user who is not root fails" 1 \
+	runuser -u nobody -- env FERRYD_SOCKET="$SCRATCH/run/ferryd.sock" \
+	"$FERRY" mount --cache-dir "$SCRATCH/run/cache" "dir:$SCRATCH/mimg" "$M"
+expect "... saying ferryd's error once and that ferryd runs as root" sh -c \
+	"[ \"\$(grep -c 'ferry: error' '$LOG')\" = 2 ] && grep -q 'ferryd could not start on .*ferryd runs as root' '$LOG'"
+expect "... pointing to no log" sh -c "! grep -q 'see its log' '$LOG'"
 
 e2e_done
