@@ -18,8 +18,10 @@
  *  - trusted.overlay.* xattrs from the archive are stored escaped
  *    (trusted.overlay.overlay.*), which overlayfs (Linux 6.7+) shows
  *    unescaped and never interprets;
- *  - a hardlink to a file of a lower layer becomes a copy of it (its
- *    attributes and bytes): overlayfs cannot link across layers;
+ *  - a hardlink to a file of a lower layer copies that file up into this
+ *    layer (its attributes and bytes) and links both names to the copy,
+ *    one inode, as containerd's applier and `umoci unpack` leave them:
+ *    overlayfs cannot link across layers;
  *  - file bytes go to a temporary data file, each file contiguous and
  *    block-aligned, which meta_write embeds after the metadata (files
  *    FLAT_PLAIN, nothing inline: what containerd's differ builds with
@@ -336,8 +338,10 @@ int native_link_target(struct converter *c, const char *path,
 		       struct meta_inode **target)
 {
 	struct native_state *n = c->native;
-	struct meta_inode *lower = NULL, *copy;
+	struct meta_inode *lower = NULL, *copy, *dir;
 	struct native_layer *l = NULL;
+	char *name_buf;
+	const char *name;
 	int ret;
 
 	if (*target) {
@@ -399,6 +403,15 @@ int native_link_target(struct converter *c, const char *path,
 		}
 	}
 	c->stats->files += S_ISREG(lower->mode);
+	/* Copied up under its own name too: both names are one inode of
+	 * this layer, as containerd's applier and umoci unpack leave it. */
+	name_buf = strdup(path);
+	ret = name_buf ? convert_parent_dir(c, name_buf, &dir, &name) : -ENOMEM;
+	if (!ret)
+		ret = meta_dir_link(c->tree, dir, name, strlen(name), copy);
+	free(name_buf);
+	if (ret)
+		return ret;
 	*target = copy;
 	return 0;
 }

@@ -189,7 +189,8 @@ int convert_parent_dir(struct converter *c, char *path,
  * overlayfs cannot carry, and escapes trusted.overlay.* xattrs (0: go on).
  * native_link_target settles a hardlink's target *@target as this layer
  * found it: a whiteout of this layer is no target (NULL), and a target
- * only a lower layer holds is copied into this one (NULL when none does). native_ingest_file stores a regular file in
+ * only a lower layer holds is copied up into this one at its own path
+ * (NULL when none does). native_ingest_file stores a regular file in
  * the layer's embedded data.
  */
 struct tar_entry;
