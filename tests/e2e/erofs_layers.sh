@@ -4,7 +4,8 @@
 # convert --format erofs-layers: the Debian fixture images (one and
 # three layers; the third full of whiteouts, opaque dirs, type changes and
 # hardlinks into lower layers) and a small hand-made image become one
-# standalone EROFS image per layer. Each passes fsck.erofs and mounts with
+# standalone EROFS image per layer (a hardlink to a lower file copies it
+# up: both names one inode, link counts as umoci's). Each passes fsck.erofs and mounts with
 # mount(2) (file-backed); the manifest names them as
 # application/vnd.erofs.layer.v1 with diff_ids = their sha256 and "erofs"
 # in os.features; ferry mount --mode local stacks them with overlayfs and
@@ -99,26 +100,27 @@ convert_tag() { # TAG NLAYERS [--compress CODEC [--no-fragments]] [treecmp args]
 }
 
 convert_tag base-raw 1 --compress none
-# Overlayfs cannot link across layers: a hardlink to a lower file is a copy
-# (and a lower pair keeps its nlink when the edit replaces one name).
-convert_tag edit-raw 3 --compress none --ignore nlink,links
+# A hardlink to a lower file copies it up, both names one inode (link
+# groups as umoci's); but overlayfs shows a lower pair's nlink even when
+# the edit replaced one of its names (usr/bin/perl: 2, umoci's 1).
+convert_tag edit-raw 3 --compress none --ignore nlink
 # Compressed: the same trees, fewer bytes. The edit layers' hardlinks to
 # small lower files copy fragments from layer to layer.
-convert_tag edit-lz4 3 --compress lz4 --no-fragments --ignore nlink,links
-convert_tag edit-lz4f 3 --compress lz4 --ignore nlink,links
+convert_tag edit-lz4 3 --compress lz4 --no-fragments --ignore nlink
+convert_tag edit-lz4f 3 --compress lz4 --ignore nlink
 check "edit-lz4f: each layer packs its small files as fragments" \
 	test "$(cat "$OUTL/features-edit-lz4f")" = "3 0"
 check "edit-lz4: none does with --no-fragments" \
 	test "$(cat "$OUTL/features-edit-lz4")" = "0 0"
 check "edit-raw: nor uncompressed" test "$(cat "$OUTL/features-edit-raw")" = "0 0"
 # The default: zstd, with fragments.
-convert_tag edit-zstd 3 --ignore nlink,links
+convert_tag edit-zstd 3 --ignore nlink
 check "edit-zstd (the default): zstd and fragments in each layer" \
 	test "$(cat "$OUTL/features-edit-zstd")" = "3 3"
 # MicroLZMA and deflate (fast levels: the codecs, not the ratio), packed
 # inodes included.
 convert_tag base-lzma 1 --compress lzma:1
-convert_tag edit-deflate 3 --compress deflate:1 --ignore nlink,links
+convert_tag edit-deflate 3 --compress deflate:1 --ignore nlink
 # The threads compress, the caller lays out in order: the same bytes.
 for j in 1 3; do
 	check "convert --jobs $j" "$FERRY" convert -q --jobs $j --format erofs-layers \
@@ -136,7 +138,7 @@ if reg_start anon 2>"$LOG"; then
 	if check "ferry mount --mode local docker:// (native layers)" \
 		mount_image "$IMG" "$SCRATCH/mnt-reg"; then
 		check "treecmp umoci unpack == overlay stack from the registry" \
-			python3 "$TREECMP" --ignore nlink,links "$SCRATCH/bundle-edit/rootfs" "$SCRATCH/mnt-reg"
+			python3 "$TREECMP" --ignore nlink "$SCRATCH/bundle-edit/rootfs" "$SCRATCH/mnt-reg"
 		check "umount" ferry_umount "$SCRATCH/mnt-reg"
 	fi
 	check "the three layers are in the cache" \
@@ -190,6 +192,37 @@ J
 "${MKLAYER[@]}" add-layer "$L" t t3 "$SCRATCH/l3.tar" >/dev/null
 check_fails "a hardlink to a lower file hidden by an opaque dir is refused" "does not exist" \
 	"$FERRY" convert -q --format erofs-layers "oci:$L:t3" "oci:$OUTL:t3"
+
+# A hardlink in an upper layer to a file of a lower one: the upper layer
+# holds the file (copied up) under both names, one inode, as containerd's
+# applier leaves it; the stack equals umoci's unpack, link counts
+# included (ferry made the new name a separate copy: nlink 1 for both).
+L=$SCRATCH/oci-hl
+"${MKLAYER[@]}" tar "$SCRATCH/h1.tar" - <<'J'
+[{"name": "./", "type": "dir"}, {"name": "a/", "type": "dir", "mode": 448, "uid": 5, "mtime": 1000},
+ {"name": "a/x", "data": "linked across layers\n", "mode": 420, "uid": 7},
+ {"name": "a/other", "data": "stays below\n"}]
+J
+"${MKLAYER[@]}" tar "$SCRATCH/h2.tar" - <<'J'
+[{"name": "b/", "type": "dir"}, {"name": "b/y", "type": "hardlink", "link": "a/x"}]
+J
+"${MKLAYER[@]}" add-layer "$L" - h1 "$SCRATCH/h1.tar" >/dev/null
+"${MKLAYER[@]}" add-layer "$L" h1 t "$SCRATCH/h2.tar" >/dev/null
+check "cross-layer hardlink image converts" \
+	"$FERRY" convert -q --format erofs-layers "oci:$L:t" "oci:$OUTL:hl"
+if check "cross-layer hardlink image mounts (--mode local)" mount_image "oci:$OUTL:hl" "$SCRATCH/mnt-hl"; then
+	if ref=$(umoci_ref "$L:t" "$SCRATCH/bundle-hl" 2>"$LOG"); then
+		check "cross-layer hardlink: treecmp umoci unpack == overlay stack, link counts included" \
+			python3 "$TREECMP" "$ref" "$SCRATCH/mnt-hl"
+	else
+		notok "umoci unpack of the cross-layer hardlink image"
+		diag "$LOG"
+	fi
+	expect "  ... a/x and b/y are one inode, nlink 2" sh -c \
+		'[ "$(stat -c "%i %h" "$1/a/x")" = "$(stat -c "%i %h" "$1/b/y")" ] && [ "$(stat -c %h "$1/a/x")" = 2 ]' \
+		_ "$SCRATCH/mnt-hl"
+	check "umount" ferry_umount "$SCRATCH/mnt-hl"
+fi
 
 "${MKLAYER[@]}" tar "$SCRATCH/c0.tar" - <<'J'
 [{"name": "dev0", "type": "char", "major": 0, "minor": 0}]
