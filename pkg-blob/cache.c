@@ -842,7 +842,44 @@ struct fill {
 	size_t run_cap;
 	uint8_t *frame;       /* one decoded frame */
 	size_t frame_cap;
+	size_t mem;           /* of the fill budget held for run and frame */
 };
+
+/*
+ * The buffers of every fill in the process (a run of compressed bytes and
+ * a decoded frame) count against one budget: with 64 MiB chunks, eight
+ * reads at once held 531 MB in ferryd. A fill whose buffers would take the
+ * total over FILL_MEM_MAX waits until others are done; one alone always
+ * proceeds, so a chunk of any size convert allows (BLOB_CHUNK_MAX) can be
+ * filled. Fills of 1 MiB chunks (runs of at most BLOB_CACHE_RUN_MAX) never
+ * come near it.
+ */
+#define FILL_MEM_MAX ((size_t)128 << 20)
+static pthread_mutex_t fill_mem_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t fill_mem_cond = PTHREAD_COND_INITIALIZER;
+static size_t fill_mem_used;
+
+static void fill_mem_put(struct fill *f)
+{
+	if (!f->mem)
+		return;
+	pthread_mutex_lock(&fill_mem_lock);
+	fill_mem_used -= f->mem;
+	pthread_cond_broadcast(&fill_mem_cond);
+	pthread_mutex_unlock(&fill_mem_lock);
+	f->mem = 0;
+}
+
+/* Room in the budget for @need bytes of @f's buffers (@f holds none). */
+static void fill_mem_get(struct fill *f, size_t need)
+{
+	pthread_mutex_lock(&fill_mem_lock);
+	while (fill_mem_used && fill_mem_used + need > FILL_MEM_MAX)
+		pthread_cond_wait(&fill_mem_cond, &fill_mem_lock);
+	fill_mem_used += need;
+	pthread_mutex_unlock(&fill_mem_lock);
+	f->mem = need;
+}
 
 static void set_present(struct blob_cache_blob *b, uint32_t i)
 {
@@ -958,8 +995,8 @@ static int chunk_bad(const struct blob_cache_blob *b, const struct fill *f,
  * missing chunks. Returns -EIO when some chunk did not verify (the others
  * are kept), or another -errno when nothing could be kept.
  */
-static int fill_run(struct blob_cache_blob *b, struct fill *f, uint32_t fa,
-		    uint32_t fb, size_t len)
+static int fill_run_held(struct blob_cache_blob *b, struct fill *f, uint32_t fa,
+			 uint32_t fb, size_t len)
 {
 	const struct blob_chunk *chunks = b->info->chunks;
 	uint64_t coff0 = chunks[b->frames[fa].first].coff;
@@ -1061,6 +1098,36 @@ static int fill_run(struct blob_cache_blob *b, struct fill *f, uint32_t fa,
 		if (f->marks[i - f->c0] == CACHE_STATE_PRESENT)
 			set_present(b, i);
 	return err;
+}
+
+/*
+ * fill_run_held with its buffers' room in the fill budget, given back
+ * when it returns: a thread holds budget only here, where it waits for
+ * nothing another fill of this process holds (the OFD locks of its
+ * callers are taken outside), so waiting for the budget cannot deadlock.
+ */
+static int fill_run(struct blob_cache_blob *b, struct fill *f, uint32_t fa,
+		    uint32_t fb, size_t len)
+{
+	const struct blob_chunk *chunks = b->info->chunks;
+	size_t frame_need = 0;
+	uint32_t fr;
+	int ret;
+
+	for (fr = fa; fr <= fb; fr++) {
+		const struct blob_chunk *c = &chunks[b->frames[fr].first];
+
+		if (c->codec != BLOB_CODEC_NONE || c->csize != c->frame_usize)
+			frame_need = MAX(frame_need, (size_t)c->frame_usize);
+	}
+	fill_mem_get(f, len + frame_need);
+	ret = fill_run_held(b, f, fa, fb, len);
+	free(f->run);
+	free(f->frame);
+	f->run = f->frame = NULL;
+	f->run_cap = f->frame_cap = 0;
+	fill_mem_put(f);
+	return ret;
 }
 
 /*
@@ -1266,8 +1333,6 @@ int blob_cache_ensure(struct blob_cache_blob *b, uint64_t uoff, uint64_t len,
 	touch_frames(b, fa, fb);
 	free(claimed);
 	free(f.marks);
-	free(f.run);
-	free(f.frame);
 	return ret;
 }
 
