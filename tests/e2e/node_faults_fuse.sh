@@ -16,6 +16,7 @@ cell_cache_eio fuse
 cell_registry_mount fuse
 cell_registry_read fuse
 cell_registry_successor fuse
+cell_big_chunks
 for order in ferryd keeper ferryd-keeper keeper-ferryd together; do
 	cell_kill fuse "$order"
 done
