@@ -235,6 +235,10 @@ need_cmds() { # command...
 	done
 }
 
+# CMD as the unprivileged user nobody: the local attacker of the security
+# tests (runuser; the script runs as root).
+as_nobody() { runuser -u nobody -- "$@"; }
+
 need_root() {
 	if [ "$(id -u)" -ne 0 ]; then
 		notok "$E2E_NAME: needs root (mounts, devices, trusted xattrs)"

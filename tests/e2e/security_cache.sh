@@ -25,7 +25,6 @@ need_cmds runuser python3 sha256sum
 PUB=$SCRATCH/pub
 mkdir -p "$PUB"
 chmod 0755 "$SCRATCH" "$PUB"
-as_nobody() { runuser -u nobody -- "$@"; }
 
 # The image: a private file, a file big enough for several chunks, and a
 # directory the DAG test points back at its ancestor.

@@ -33,7 +33,6 @@ need_cmds runuser python3 docker-registry umoci
 PUB=$SCRATCH/pub
 mkdir -p "$PUB"
 chmod 0755 "$SCRATCH" "$PUB"
-as_nobody() { runuser -u nobody -- "$@"; }
 
 # A root-only directory whose file has the name of one of nobody's.
 SECRET=$SCRATCH/secret
