@@ -15,8 +15,9 @@
 #  - Credentials per host: a private registry's reach it, and a registry
 #    that asks for credentials gets no other host's (its proxy logs every
 #    Authorization header); the global fetch.creds form is refused.
-#  - A tag moved, then ferryd and the snapshotter restarted: the rpull'ed
-#    image keeps its files. The registry down (its proxy resets every
+#  - The snapshotter alone restarted under a running container keeps its
+#    mount. A tag moved, then ferryd and the snapshotter restarted: the
+#    rpull'ed image keeps its files. The registry down (its proxy resets every
 #    connection), both restarted: the snapshotter serves, a container
 #    whose files are cached runs, one whose data left the cache fails
 #    reading it, one whose manifest is not cached fails to start saying why, and
@@ -109,16 +110,18 @@ EOF
 }
 
 # An attacker's own image: /usr/bin/less says so, /evil/data is 256 KiB
-# of random bytes, and busybox (static) runs cat and sha256sum; "other"
-# is another such image.
-evil_image() { # TAG SEED
+# of random bytes, and busybox (static) runs cat, sha256sum and sleep;
+# "other" and "first" are other such images.
+evil_image() { # TAG SEED [LESS]
+	local less=${3:-"attacker's less"}
 	cat >"$SCRATCH/$1.json" <<JSON
 [{"name": "bin/", "type": "dir"},
  {"name": "bin/busybox", "data_from": "bin/busybox", "mode": 493},
  {"name": "bin/cat", "type": "symlink", "link": "busybox"},
  {"name": "bin/sha256sum", "type": "symlink", "link": "busybox"},
+ {"name": "bin/sleep", "type": "symlink", "link": "busybox"},
  {"name": "usr/", "type": "dir"}, {"name": "usr/bin/", "type": "dir"},
- {"name": "usr/bin/less", "data": "attacker's less\n", "mode": 493},
+ {"name": "usr/bin/less", "data": "$less\n", "mode": 493},
  {"name": "evil/", "type": "dir"},
  {"name": "evil/data", "random": {"size": 262144, "seed": $2}}]
 JSON
@@ -146,6 +149,7 @@ PROXY=$R_PROXY
 check "convert the Debian fixture (the ferry victim)" "$FERRY" convert -q "oci:$FIX:pkgs" "oci:$EVIL:pkgs"
 check "the attacker's image" evil_image own 1
 check "another image" evil_image other 2
+check "a third one, first under a tag that moves" evil_image first 3 "the first image"
 # Swapped copies of the victim's files: no chunk of its own, so the
 # victim's data blobs and a bootstrap of its own.
 REF=$(umoci_ref "$FIX:pkgs" "$SCRATCH/bundle") || { notok "umoci unpack"; e2e_done; exit 1; }
@@ -162,7 +166,7 @@ check "(1') one whose data blobs are the gzip victim's layer tars" craft tars "$
 check "(1'') the victim's blobs, a bootstrap of its own, the ferry victim's diff_ids" \
 	craft claims "$EVIL" swap-own "$EVIL" pkgs swap
 check "push the gzip victim" reg_push_oci "$FIX:pkgs" "$R/deb:gzip"
-for t in pkgs own other claims tars swap; do
+for t in pkgs own other first claims tars swap; do
 	check "push $t" reg_push_oci "$EVIL:$t" "$R/evil:$t"
 done
 REG_USER=$REG_PUSH_USER REG_PASS=$P_PASS check "push the private image to P" \
@@ -202,13 +206,20 @@ refused() { # WHAT
 hashes() { # NS IMAGE
 	ctr_ns "$1" run --rm --snapshotter ferry "$2" c$RANDOM sh -c "cd / && sha256sum $FILES" 2>&1
 }
+# /usr/bin/less of IMAGE, inside a container.
+less_of() { # NS IMAGE
+	ctr_ns "$1" run --rm --snapshotter ferry "$2" c$RANDOM cat /usr/bin/less 2>&1
+}
 runs_victim() { # NS IMAGE
 	local out
 	out=$(hashes "$@")
 	[ "$out" = "$WANT" ] || { echo "$out" | head -5 | sed 's/^/    /'; return 1; }
 }
-no_snapshot() { # CHAIN
-	! ctr_ns "$NS" snapshots --snapshotter ferry info "$1" >/dev/null 2>&1
+no_snapshot() { # CHAIN...
+	local c
+	for c in "$@"; do
+		! ctr_ns "$NS" snapshots --snapshotter ferry info "$c" >/dev/null 2>&1 || return 1
+	done
 }
 # Chain IDs of an image's diff_ids (identity.ChainIDs).
 chains() { # LAYOUT TAG
@@ -250,8 +261,8 @@ cripull "$PROXY/evil:swap"
 expect "(1'') the one with the ferry victim's blobs and its own bootstrap, at the bootstrap" \
 	refused "containerd asked for"
 VCHAINS=$(chains "$FIX" pkgs) FCHAINS=$(chains "$EVIL" pkgs)
-expect "... no snapshot under the gzip victim's chain IDs" \
-	eval 'for c in $VCHAINS; do no_snapshot "$c" || exit 1; done'
+# shellcheck disable=SC2086
+expect "... no snapshot under the gzip victim's chain IDs" no_snapshot $VCHAINS
 expect "... nor under the ferry victim's bootstrap chain" no_snapshot "$(echo "$FCHAINS" | tail -1)"
 check "the gzip victim, pulled afterwards (ctr pull, fallback)" \
 	ctr_ns "$NS" images pull --plain-http --snapshotter ferry "$PROXY/deb:gzip" >/dev/null
@@ -284,7 +295,7 @@ expect "(2) rpull of an image whose layers carry CRI labels naming another image
 cripull "$PROXY/evil:names-stargz"
 expect "(2') CRI pull of one carrying ctr-remote's labels: refused" refused "is cri's, which sets no such label"
 check "a CRI pull of the first (CRI overwrites its labels)" cripull "$PROXY/evil:names"
-out=$(ctr_ns "$NS" run --rm --snapshotter ferry "$PROXY/evil:names" c$RANDOM cat /usr/bin/less 2>&1)
+out=$(less_of "$NS" "$PROXY/evil:names")
 expect "... runs its own files" [ "$out" = "attacker's less" ]
 [ "$out" = "attacker's less" ] || echo "$out" | tail -3 | sed 's/^/    /'
 expect "... and the private image is not mounted" eval '! timeout -k 2 20 "$FERRY" mount --list \
@@ -305,12 +316,29 @@ evict_own_blob() {
 		"$EVIL/blobs/sha256/$(craft digest "$EVIL" own | cut -d: -f2)")
 	rm -f "$FCACHE/blobs/sha256/$d".*
 }
-check "push the Debian image as moving:1" reg_push_oci "$EVIL:pkgs" "$R/moving:1"
+check "push the third image as moving:1" reg_push_oci "$EVIL:first" "$R/moving:1"
 check "rpull of moving:1" rpull "$PROXY/moving:1"
-expect "... runs its files" runs_victim "$NSR" "$PROXY/moving:1"
+expect "... runs its files" [ "$(less_of "$NSR" "$PROXY/moving:1")" = "the first image" ]
+# The snapshotter alone restarts under a running container: ferryd's
+# mount is kept, not mounted again.
+check "a container of moving:1 runs in the background" \
+	ctr_ns "$NSR" run -d --snapshotter ferry "$PROXY/moving:1" bg sleep 600
+sn_log() { grep -c "$1" "$CTD/snapshotter.log"; }
+restored=$(sn_log "ferry: restored docker://$PROXY/moving@")
+ctd_stop "$SN_PID"
+check "the snapshotter alone restarts" ctd_start_snapshotter fuse
+expect "... finds the image's mount live" \
+	poll 30 eval '[ "$(sn_log "ferry: restored docker://$PROXY/moving@")" -gt "$restored" ]'
+expect "... and keeps it (no mount again)" [ "$(sn_log "mounting docker://$PROXY/moving@.* again")" = 0 ]
+out=$(ctr_ns "$NSR" tasks exec --exec-id e1 bg cat /usr/bin/less 2>&1)
+expect "... the running container reads its files" [ "$out" = "the first image" ]
+ctr_ns "$NSR" tasks kill -s KILL bg >/dev/null 2>&1
+poll 10 eval '! ctr_ns "$NSR" tasks ls -q | grep -qx bg'
+check "(remove it)" ctr_ns "$NSR" containers rm bg
 check "the tag moves to the attacker's image" reg_push_oci "$EVIL:own" "$R/moving:1"
 check "ferryd and the snapshotter restart" restart_both
-expect "... the snapshot keeps its image's files" runs_victim "$NSR" "$PROXY/moving:1"
+expect "... the snapshot keeps its image's files" \
+	[ "$(less_of "$NSR" "$PROXY/moving:1")" = "the first image" ]
 
 check "a CRI pull of the other image" cripull "$PROXY/evil:other"
 OTHER=$(craft digest "$EVIL" other)
@@ -330,7 +358,7 @@ grep -q "cannot be mounted" <<<"$out" || echo "$out" | tail -2 | sed 's/^/    /'
 expect "... and the snapshotter still runs" kill -0 "$SN_PID"
 fp_set none
 sleep 11 # the snapshotter's remount backoff
-out=$(ctr_ns "$NS" run --rm --snapshotter ferry "$PROXY/evil:other" c$RANDOM cat /usr/bin/less 2>&1)
+out=$(less_of "$NS" "$PROXY/evil:other")
 expect "the registry is back: it runs" [ "$out" = "attacker's less" ]
 [ "$out" = "attacker's less" ] || echo "$out" | tail -3 | sed 's/^/    /'
 

@@ -39,6 +39,7 @@ type record struct {
 	Chain     string `json:"chain"`               // the chain ID it is committed as
 	Layer     string `json:"layer"`               // its layer's digest
 	Image     string `json:"image,omitempty"`     // bootstrap: docker://REPO@MANIFEST mounted
+	Asked     string `json:"asked,omitempty"`     // bootstrap: the image as first asked of ferryd
 	Manifest  string `json:"manifest,omitempty"`  // bootstrap: the manifest's digest
 	Bootstrap string `json:"bootstrap,omitempty"` // bootstrap: the raw bootstrap's digest
 	Ref       string `json:"ref,omitempty"`       // the puller's reference, for messages
@@ -224,7 +225,7 @@ func (f *ferryFS) mountBootstrap(ctx context.Context, mountpoint, id string, a *
 	if err == nil {
 		err = f.writeRecord(id, &record{Kind: kindBootstrap, Chain: a.target.String(),
 			Layer: a.layer.String(), Image: "docker://" + repoOf(a.ref) + "@" + rep.ImageDigest,
-			Manifest: rep.ImageDigest, Bootstrap: rep.BootstrapDigest, Ref: a.ref})
+			Asked: a.image, Manifest: rep.ImageDigest, Bootstrap: rep.BootstrapDigest, Ref: a.ref})
 	}
 	if err == nil {
 		err = linkMount(mountpoint, dir)
@@ -271,7 +272,7 @@ func (f *ferryFS) restore(ctx context.Context, mountpoint, id string, labels map
 // verified; mounted again by manifest digest if not.
 func (f *ferryFS) ensureLocked(ctx context.Context, st *mountState, mountpoint, id string, rec *record) error {
 	dir := f.mountDir(id)
-	live, err := f.live(dir, rec.Image)
+	live, err := f.live(dir, rec)
 	if err == nil && live {
 		st.err = linkMount(mountpoint, dir)
 		f.setFailure(id, st.err)
@@ -406,8 +407,10 @@ func (f *ferryFS) mount(image, pin, dir string) (*mountReply, error) {
 	return &rep, nil
 }
 
-// live: ferryd serves @image at @dir, and it is mounted.
-func (f *ferryFS) live(dir, image string) (bool, error) {
+// live: ferryd serves @rec's image at @dir (as asked first, or again by
+// digest: ferryd pins a mount to the manifest it opened), and it is
+// mounted.
+func (f *ferryFS) live(dir string, rec *record) (bool, error) {
 	resp, err := f.call(map[string]interface{}{"op": "list"}, ferrydUmountTimeout)
 	if err != nil {
 		return false, err
@@ -423,7 +426,8 @@ func (f *ferryFS) live(dir, image string) (bool, error) {
 		return false, fmt.Errorf("ferryd at %s: list answer: %w", f.c.FerrydSocket, err)
 	}
 	for _, m := range list.Mounts {
-		if m.Mountpoint == dir && m.Image == image && m.State == "mounted" {
+		if m.Mountpoint == dir && (m.Image == rec.Image || m.Image == rec.Asked) &&
+			m.State == "mounted" {
 			return mountinfo.Mounted(dir)
 		}
 	}
