@@ -64,10 +64,7 @@ func daemon(t *testing.T, c config) (snapshots.Snapshotter, func()) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	for i := 0; i < 1000; i++ { // up to 10 s for the socket
-		if _, err := os.Stat(c.Address); err == nil {
-			break
-		}
+	for i := 0; i < 1000 && !listening(c.Address); i++ { // up to 10 s
 		time.Sleep(10 * time.Millisecond)
 	}
 	conn, err := grpc.Dial("unix://"+c.Address, grpc.WithInsecure())
@@ -85,6 +82,16 @@ func daemon(t *testing.T, c config) (snapshots.Snapshotter, func()) {
 	}
 	t.Cleanup(stop)
 	return proxy.NewSnapshotter(snapshotsapi.NewSnapshotsClient(conn), "ferry"), stop
+}
+
+// listening: a connection to @path succeeds (the socket file exists
+// between bind and listen already).
+func listening(path string) bool {
+	conn, err := net.Dial("unix", path)
+	if err == nil {
+		conn.Close()
+	}
+	return err == nil
 }
 
 func testConfig(root, ferryd string) config {
@@ -110,10 +117,7 @@ func proxiedConfig(ctx context.Context, c config, closeAtEnd bool) (snapshots.Sn
 	done := make(chan error, 1)
 	os.Remove(c.Address)
 	go func() { done <- serve(sctx, c, closeAtEnd) }()
-	for i := 0; i < 500; i++ { // up to 5 s for the socket
-		if _, err := os.Stat(c.Address); err == nil {
-			break
-		}
+	for i := 0; i < 500 && !listening(c.Address); i++ { // up to 5 s
 		select {
 		case err := <-done:
 			cancel()
