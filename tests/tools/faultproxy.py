@@ -286,7 +286,9 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             return self.simple(400, json.dumps({"error": str(e)}).encode())
         entry = {"method": self.command, "path": self.path,
-                 "range": self.headers.get("Range"), "t": round(time.time(), 3)}
+                 "range": self.headers.get("Range"), "t": round(time.time(), 3),
+                 "authorization": self.headers.get("Authorization"),
+                 "agent": self.headers.get("User-Agent")}
         with st.lock:
             st.c["requests"] += 1
             st.c["method_" + self.command] += 1
