@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-/* Unit tests for pkg-base: sha256, base64, mkdir -p, atomic files, zero test, JSON lines. */
+/* Unit tests for pkg-base: sha256, base64, mkdir -p, atomic files, bounded reads, zero test, JSON lines. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -213,6 +213,56 @@ static void test_mkdir_and_atomic_files(void)
 	CHECK_EQ(system(path), 0);
 }
 
+/*
+ * What a file to parse may be: a small regular file. A link (nofollow), a
+ * FIFO, /dev/zero and an oversized file are refused without reading or
+ * waiting; the mount helpers' opener refuses a link anywhere in the path.
+ */
+static void test_bounded_reads(void)
+{
+	char root[] = "/tmp/ferry-test-base.XXXXXX", path[256], link[256], sub[256];
+	struct json_object *o = NULL;
+	char *data = NULL;
+	size_t len;
+	int fd;
+
+	CHECK(mkdtemp(root) != NULL);
+	snprintf(path, sizeof(path), "%s/index.json", root);
+	fd = open(path, O_WRONLY | O_CREAT, 0600);
+	CHECK_EQ(write_full(fd, "{\"a\": 1}", 8), 0);
+	close(fd);
+	CHECK_EQ(json_read_file(path, 64, &o), 0);
+	CHECK(o && json_object_object_get_ex(o, "a", NULL));
+	json_object_put(o);
+	CHECK_EQ(json_read_file(path, 4, &o), -EFBIG);
+	snprintf(link, sizeof(link), "%s/zero.json", root);
+	CHECK_EQ(symlink("/dev/zero", link), 0);
+	CHECK_EQ(read_file_nofollow(link, 64, &data, &len), -ELOOP);
+	CHECK_EQ(json_read_file(link, 64, &o), -ELOOP);
+	CHECK_EQ(read_file_max(link, 64, &data, &len), -EINVAL); /* a device */
+	snprintf(link, sizeof(link), "%s/fifo", root);
+	CHECK_EQ(mkfifo(link, 0600), 0);
+	CHECK_EQ(read_file_max(link, 64, &data, &len), -EINVAL); /* no wait for a writer */
+	CHECK_EQ(read_file_nofollow(link, 64, &data, &len), -EINVAL);
+	CHECK(!strcmp(json_read_file_error(-ELOOP), "a symbolic link (not followed)"));
+
+	snprintf(sub, sizeof(sub), "%s/real", root);
+	CHECK_EQ(mkdir(sub, 0700), 0);
+	fd = open_dir_nofollow(sub);
+	CHECK(fd >= 0);
+	if (fd >= 0)
+		close(fd);
+	snprintf(link, sizeof(link), "%s/swapped", root);
+	CHECK_EQ(symlink(sub, link), 0);
+	CHECK_EQ(open_dir_nofollow(link), -ELOOP);
+	snprintf(path, sizeof(path), "%s/swapped/below", root);
+	CHECK_EQ(open_dir_nofollow(path), -ELOOP); /* a link above, too */
+	CHECK_EQ(umount_nofollow(path, 0), -1);
+	CHECK_EQ(errno, ELOOP);
+	snprintf(path, sizeof(path), "rm -rf '%s'", root);
+	CHECK_EQ(system(path), 0);
+}
+
 /* One object per line: blanks may follow it on its line, nothing else. */
 static void test_json_lines(void)
 {
@@ -348,6 +398,7 @@ int main(void)
 	RUN_TEST(test_base64_round_trip);
 	RUN_TEST(test_mem_is_zero);
 	RUN_TEST(test_mkdir_and_atomic_files);
+	RUN_TEST(test_bounded_reads);
 	RUN_TEST(test_json_lines);
 	RUN_TEST(test_unix_sockets);
 	TEST_MAIN_END();
