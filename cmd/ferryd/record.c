@@ -97,7 +97,8 @@ int record_start(struct fs *fs, const char *path, struct recorder **out)
 			  ferry_strerror(ret));
 		goto fail;
 	}
-	qsort(r->files, r->nr, sizeof(*r->files), by_nid);
+	if (r->nr) /* qsort(NULL, 0) is undefined: an image with no file data */
+		qsort(r->files, r->nr, sizeof(*r->files), by_nid);
 	/* Hard links: the first path in walk order is the one kept. */
 	for (i = 0, j = 0; i < r->nr; i++) {
 		if (j && r->files[j - 1].nid == r->files[i].nid) {
