@@ -26,7 +26,7 @@ endif
 LDFLAGS += -pthread
 LDLIBS += -Wl,--as-needed $(PKG_LIBS)
 
-MODULES := pkg-base pkg-meta pkg-blob pkg-fetch pkg-image pkg-convert
+MODULES := pkg-base pkg-meta pkg-blob pkg-fetch pkg-image pkg-convert pkg-serve
 LIB_SRCS := $(foreach m,$(MODULES),$(wildcard $(m)/*.c))
 LIB_OBJS := $(LIB_SRCS:%.c=$(BUILD)/%.o)
 LIB := $(BUILD)/libferry.a
@@ -35,11 +35,11 @@ LIB := $(BUILD)/libferry.a
 # cmd/ctl_client.c: its client side (connecting, starting ferryd).
 FERRY_SRCS := $(wildcard cmd/ferry/*.c) cmd/ctl.c cmd/ctl_client.c
 FERRY_OBJS := $(FERRY_SRCS:%.c=$(BUILD)/%.o)
-# The mounts' keepers: a small program of their own (cmd/ferryd/keeper.h)
-# that shares a few of ferryd's files and none of its libraries but json-c.
-KEEPER_SRCS := cmd/ferryd/keeper_main.c cmd/ferryd/log.c cmd/ferryd/succession.c \
-	       cmd/ferryd/fanfill.c cmd/ctl.c
-FERRYD_SRCS := $(filter-out cmd/ferryd/keeper_main.c,$(wildcard cmd/ferryd/*.c)) cmd/ctl.c
+# ferryd: the daemon around pkg-serve. The mounts' keepers: a small program
+# of their own (pkg-serve/keeper.h) that links what it calls of libferry.a,
+# json-c and libc, none of ferryd's other libraries.
+FERRYD_SRCS := $(wildcard cmd/ferryd/*.c) cmd/ctl.c
+KEEPER_SRCS := $(wildcard cmd/ferryd-keeper/*.c) cmd/ctl.c
 FERRYD_OBJS := $(FERRYD_SRCS:%.c=$(BUILD)/%.o)
 KEEPER_OBJS := $(KEEPER_SRCS:%.c=$(BUILD)/%.o)
 
@@ -106,6 +106,12 @@ $(BUILD)/tests/ctl/%: tests/ctl/%.c Makefile $(CTL_TEST_OBJS) $(LIB)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  TEST    $@")
 	$(Q)$(CC) $(CFLAGS) $(DEPFLAGS) -MF $@.d $(LDFLAGS) -o $@ $< $(CTL_TEST_OBJS) $(LIB) $(LDLIBS)
+
+# tests/serve: pkg-serve, which speaks the control protocol (cmd/ctl.c).
+$(BUILD)/tests/serve/%: tests/serve/%.c Makefile $(BUILD)/cmd/ctl.o $(LIB)
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  TEST    $@")
+	$(Q)$(CC) $(CFLAGS) $(DEPFLAGS) -MF $@.d $(LDFLAGS) -o $@ $< $(BUILD)/cmd/ctl.o $(LIB) $(LDLIBS)
 
 tests: $(TEST_BINS) $(TOOL_BINS)
 

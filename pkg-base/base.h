@@ -95,6 +95,26 @@ void ferry_log(int level, const char *fmt, ...)
 #define ferry_info(...) ferry_log(FERRY_LOG_INFO, __VA_ARGS__)
 #define ferry_dbg(...) ferry_log(FERRY_LOG_DEBUG, __VA_ARGS__)
 
+/*
+ * The daemons' log (log.c: ferryd, its keepers): stderr becomes a line
+ * buffered stream that writes to descriptor 2, each line stamped with the
+ * time and pid when @timestamps (a log file), and prefixed with its syslog
+ * priority when descriptor 2 is systemd's journal (JOURNAL_STREAM). A
+ * thread may capture the error lines it logs meanwhile (without their
+ * "ferry: error: "), so that a failed request answers with the reason that
+ * was logged. 0 or -errno.
+ */
+int ferry_log_stream(bool timestamps);
+struct ferry_log_capture {
+	struct ferry_log_capture *prev;
+	char text[4096]; /* "; "-joined */
+	size_t len;
+	bool partial;    /* inside an error line */
+	bool skipping;   /* inside another line */
+};
+void ferry_log_capture_begin(struct ferry_log_capture *c);
+void ferry_log_capture_end(struct ferry_log_capture *c);
+
 /* strerror() for negative errnos, with EFSCORRUPTED spelled out. */
 const char *ferry_strerror(int negative_errno);
 

@@ -1498,7 +1498,7 @@ static void sleep_ms(unsigned int ms)
  * sleeps are short enough to notice *@stop within 100 ms.
  */
 static void prefetch_bwlimit(struct image_cache *ic, uint64_t step_bytes,
-			     const volatile bool *stop)
+			     const _Atomic bool *stop)
 {
 	uint_fast64_t none = 0;
 	uint64_t start, total;
@@ -1509,7 +1509,7 @@ static void prefetch_bwlimit(struct image_cache *ic, uint64_t step_bytes,
 	atomic_compare_exchange_strong(&ic->bw_start_ns, &none, ferry_now_ns());
 	start = atomic_load(&ic->bw_start_ns);
 	total = atomic_fetch_add(&ic->bw_bytes, step_bytes) + step_bytes;
-	while (!(stop && *stop)) {
+	while (!(stop && atomic_load(stop))) {
 		uint64_t elapsed = ferry_now_ns() - start;
 		uint64_t allowed = (uint64_t)((double)ic->bwlimit * (double)elapsed / 1e9);
 
@@ -1522,7 +1522,7 @@ static void prefetch_bwlimit(struct image_cache *ic, uint64_t step_bytes,
 
 /* Whole-blob prefetch lets demand reads run first, then keeps the limit. */
 static void prefetch_pace(struct image_cache *ic, uint64_t step_bytes,
-			  const volatile bool *stop)
+			  const _Atomic bool *stop)
 {
 	unsigned int waited = 0;
 
@@ -1550,13 +1550,13 @@ static struct {
 } prefetch_slots = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0 };
 
 /* Take a step's slot; false when *@stop was set first. */
-static bool prefetch_slot_take(const volatile bool *stop)
+static bool prefetch_slot_take(const _Atomic bool *stop)
 {
 	struct timespec ts;
 	bool took = false;
 
 	pthread_mutex_lock(&prefetch_slots.lock);
-	while (!(stop && *stop)) {
+	while (!(stop && atomic_load(stop))) {
 		if (prefetch_slots.used < PREFETCH_STEPS_IN_FLIGHT) {
 			prefetch_slots.used++;
 			took = true;
@@ -1815,7 +1815,7 @@ static void plan_merge(struct image_prefetch_plan *plan)
 struct plan_run {
 	struct image_cache *ic;
 	struct image_prefetch_plan *plan;
-	const volatile bool *stop;
+	const _Atomic bool *stop;
 	pthread_mutex_t lock; /* guards next and large */
 	pthread_cond_t large_done;
 	size_t next;
@@ -1825,7 +1825,7 @@ struct plan_run {
 
 static bool plan_stopped(const struct plan_run *run)
 {
-	return run->stop && *run->stop;
+	return run->stop && atomic_load(run->stop);
 }
 
 /*
@@ -1932,7 +1932,7 @@ static void plan_publish(struct image_cache *ic, const struct image_prefetch_pla
 }
 
 int image_cache_prefetch_plan(struct image_cache *ic, struct image_prefetch_plan *plan,
-			      const volatile bool *stop)
+			      const _Atomic bool *stop)
 {
 	struct plan_run run = {
 		.ic = ic, .plan = plan, .stop = stop,
@@ -1961,7 +1961,7 @@ int image_cache_prefetch_plan(struct image_cache *ic, struct image_prefetch_plan
 
 int image_cache_prefetch_blobs(struct image_cache *ic,
 			       struct ferry_progress *progress,
-			       const volatile bool *stop)
+			       const _Atomic bool *stop)
 {
 	uint32_t i;
 	uint64_t pos, step;
@@ -1972,7 +1972,7 @@ int image_cache_prefetch_blobs(struct image_cache *ic,
 	for (i = 0; i < ic->nr_blobs; i++) {
 		const struct blob_info *b = &ic->img->blobs.blobs[i];
 
-		for (pos = 0; pos < b->uncompressed_size && !(stop && *stop); pos += step) {
+		for (pos = 0; pos < b->uncompressed_size && !(stop && atomic_load(stop)); pos += step) {
 			step = MIN(b->uncompressed_size - pos, (uint64_t)PREFETCH_STEP);
 			prefetch_pace(ic, step, stop);
 			if (!prefetch_slot_take(stop))

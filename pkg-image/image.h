@@ -652,7 +652,7 @@ void image_cache_kernel_reads(struct image_cache *ic);
  */
 int image_cache_prefetch_blobs(struct image_cache *ic,
 			       struct ferry_progress *progress,
-			       const volatile bool *stop);
+			       const _Atomic bool *stop);
 /*
  * Prefetch of listed paths (an image's embedded list, a mount's
  * --prefetch-files). image_prefetch_plan_add adds @path in the image
@@ -675,7 +675,7 @@ struct image_prefetch_plan;
 int image_prefetch_plan_add(struct image_cache *ic, struct image_prefetch_plan **plan,
 			    const char *path);
 int image_cache_prefetch_plan(struct image_cache *ic, struct image_prefetch_plan *plan,
-			      const volatile bool *stop);
+			      const _Atomic bool *stop);
 void image_prefetch_plan_free(struct image_prefetch_plan *plan);
 /* Prefetch bytes per second (uncompressed), 0 = unlimited. */
 void image_cache_set_bwlimit(struct image_cache *ic, uint64_t bytes_per_sec);

@@ -860,10 +860,10 @@ static void fs_free(struct fs *fs)
 	free(fs);
 }
 
-static int fuse_start(struct fmount *m, const struct serve_opts *o, void **state,
-		      char *why, size_t whylen)
+static int fuse_start(struct fmount *m, void **state, char *why, size_t whylen)
 {
 	static pthread_once_t wake_once = PTHREAD_ONCE_INIT;
+	const struct serve_fuse_opts *o = &m->ctx->opts.fuse;
 	struct fs *fs = calloc(1, sizeof(*fs));
 	struct meta_super sb;
 	int ret;
@@ -911,7 +911,7 @@ static int fuse_start(struct fmount *m, const struct serve_opts *o, void **state
 		fs_free(fs);
 		return ret;
 	}
-	ret = keeper_guard_start(&fs->keeper, "fuse", fuse_session_fd(fs->se), m, o);
+	ret = keeper_guard_start(&fs->keeper, KEEPER_FUSE, fuse_session_fd(fs->se), m);
 	if (ret)
 		ferry_warn("%s: no FUSE keeper (%s): if ferryd dies, the mount is dead (ENOTCONN)",
 			   m->mountpoint, ferry_strerror(ret));
@@ -1027,7 +1027,7 @@ static void fuse_stats(void *state, struct ctl_mount_stats *s)
 	s->readahead_bytes = atomic_load(&fs->ra_bytes);
 }
 
-static int fs_probe(const struct ctl_mount_req *req, char *why, size_t len)
+static int fs_probe(void *mode_ctx, const struct ctl_mount_req *req, char *why, size_t len)
 {
 	int ret = access("/dev/fuse", R_OK | W_OK) ? -errno : 0;
 
@@ -1038,6 +1038,7 @@ static int fs_probe(const struct ctl_mount_req *req, char *why, size_t len)
 const struct serve_mode fuse_mode = {
 	.name = "fuse",
 	.fstype = CTL_FUSE_FSTYPE,
+	.records_reads = true,
 	.probe = fs_probe,
 	.start = fuse_start,
 	.serve = fuse_serve,

@@ -1,16 +1,16 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * FUSE mode of ferryd: the FUSE file system of one mount (fuse.c) and its
- * directory readahead (readahead.c). Private to those two files; the rest
- * of ferryd sees only fuse_mode (mode.h).
+ * FUSE mode: the FUSE file system of one mount (fuse.c), its directory
+ * readahead (dir_readahead.c) and recording (record.c). Private to those
+ * files; the rest of pkg-serve sees only the mode (mode.h).
  */
-#ifndef FERRYD_FUSEFS_H
-#define FERRYD_FUSEFS_H
+#ifndef FERRY_SERVE_FUSEFS_H
+#define FERRY_SERVE_FUSEFS_H
 
 #define FUSE_USE_VERSION 312
 #include <fuse_lowlevel.h>
 
-#include "ferryd.h"
+#include "internal.h"
 
 /* A FUSE mount: what its operations serve (fuse_mode's state). */
 struct fs {

@@ -3,16 +3,36 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "ferryd.h"
+#include "internal.h"
 
-static const struct serve_mode *const modes[] = { &fuse_mode, &fanotify_mode,
-						   &cachefiles_mode };
+extern const struct serve_mode fuse_mode, fanotify_mode, cachefiles_mode;
+
+const struct serve_mode *const serve_modes[SERVE_NR_MODES] = { &fuse_mode, &fanotify_mode,
+								&cachefiles_mode };
 
 /* Auto's preference: the kernel's mounts first, the newer interface first. */
 static const struct serve_mode *const auto_order[] = { &fanotify_mode, &cachefiles_mode,
 						       &fuse_mode };
+_Static_assert(ARRAY_SIZE(auto_order) == SERVE_NR_MODES, "auto tries every mode");
 
-static const struct serve_mode *pick_auto(const struct ctl_mount_req *req, char *why,
+unsigned int serve_mode_slot(const struct serve_mode *mode)
+{
+	unsigned int i;
+
+	for (i = 0; i < SERVE_NR_MODES && serve_modes[i] != mode; i++)
+		;
+	return i;
+}
+
+void *mode_state(const struct serve_ctx *ctx, const struct serve_mode *mode)
+{
+	unsigned int i = serve_mode_slot(mode);
+
+	return i < SERVE_NR_MODES ? ctx->mode_ctx[i] : NULL;
+}
+
+static const struct serve_mode *pick_auto(const struct serve_ctx *ctx,
+					  const struct ctl_mount_req *req, char *why,
 					  size_t len)
 {
 	char reason[512];
@@ -20,31 +40,34 @@ static const struct serve_mode *pick_auto(const struct ctl_mount_req *req, char 
 
 	why[0] = '\0';
 	for (i = 0; i < ARRAY_SIZE(auto_order); i++) {
+		const struct serve_mode *mode = auto_order[i];
+
 		reason[0] = '\0';
-		if (!auto_order[i]->probe(req, reason, sizeof(reason))) {
-			snprintf(why + MIN(n, len), len - MIN(n, len), "%s: %s", auto_order[i]->name,
+		if (!mode->probe(mode_state(ctx, mode), req, reason, sizeof(reason))) {
+			snprintf(why + MIN(n, len), len - MIN(n, len), "%s: %s", mode->name,
 				 reason);
-			return auto_order[i];
+			return mode;
 		}
 		n += (size_t)snprintf(why + MIN(n, len), len - MIN(n, len), "not %s: %s; ",
-				      auto_order[i]->name, reason);
+				      mode->name, reason);
 	}
 	if (n >= 2 && n < len)
 		why[n - 2] = '\0'; /* the last "; " */
 	return NULL;
 }
 
-const struct serve_mode *serve_mode_pick(const struct ctl_mount_req *req, char *why,
+const struct serve_mode *serve_mode_pick(const struct serve_ctx *ctx,
+					 const struct ctl_mount_req *req, char *why,
 					 size_t len)
 {
 	size_t i;
 
 	why[0] = '\0';
 	if (!strcmp(req->mode, "auto"))
-		return pick_auto(req, why, len);
-	for (i = 0; i < ARRAY_SIZE(modes); i++)
-		if (!strcmp(modes[i]->name, req->mode))
-			return modes[i];
+		return pick_auto(ctx, req, why, len);
+	for (i = 0; i < SERVE_NR_MODES; i++)
+		if (!strcmp(serve_modes[i]->name, req->mode))
+			return serve_modes[i];
 	return NULL;
 }
 
@@ -53,17 +76,8 @@ void serve_mode_names(char *buf, size_t len)
 	size_t i, n = 0;
 
 	buf[0] = '\0';
-	for (i = 0; i < ARRAY_SIZE(modes) && n < len; i++)
-		n += (size_t)snprintf(buf + n, len - n, "%s, ", modes[i]->name);
+	for (i = 0; i < SERVE_NR_MODES && n < len; i++)
+		n += (size_t)snprintf(buf + n, len - n, "%s, ", serve_modes[i]->name);
 	if (n < len)
 		snprintf(buf + n, len - n, "auto");
-}
-
-void serve_modes_startup(const struct serve_opts *o)
-{
-	size_t i;
-
-	for (i = 0; i < ARRAY_SIZE(modes); i++)
-		if (modes[i]->startup)
-			modes[i]->startup(o);
 }
