@@ -218,6 +218,10 @@ int array_reserve(void *arr, size_t *cap, size_t need, size_t elem_size,
 void hex_encode(const uint8_t *in, size_t len, char *out);
 /* Parse exactly 2 * len hex digits; returns 0 or -EINVAL. */
 int hex_decode(const char *in, uint8_t *out, size_t len);
+/* The value of hex digit @c (either case), or -1. */
+int hex_digit(char c);
+/* The @len characters at @s are lowercase hex digits (as hex_encode writes). */
+bool hex_is_lower(const char *s, size_t len);
 
 /* Parse "123", "4K", "1M", "1G" (binary units); -EINVAL on junk or overflow. */
 int parse_size(const char *s, uint64_t *out);
@@ -288,6 +292,8 @@ int base64_encode(const void *in, size_t len, char **out);
 
 /* mkdir -p with @mode for what it creates: 0 or -errno, logged. */
 int mkdir_p(const char *path, mode_t mode);
+/* fsync the directory @path (a rename or unlink in it made durable): 0 or -errno, logged. */
+int fsync_dir(const char *path);
 
 /*
  * A file that appears whole or not at all. atomic_file_create makes

@@ -7,6 +7,8 @@
 #ifndef FERRY_BLOB_INTERNAL_H
 #define FERRY_BLOB_INTERNAL_H
 
+#include <dirent.h>
+
 #include "blob.h"
 
 /*
@@ -151,5 +153,70 @@ int cache_users_lock(int map_fd, short type, bool wait);
 int cache_evict_open(const char *cache_dir, uint64_t want,
 		     bool (*pinned)(void *arg, const uint8_t *digest),
 		     void *arg, uint64_t *freed);
+
+/* ------------------------------------------------------------------ */
+/* The chunk cache's bookkeeping: cache_records.c, cache_gc.c,         */
+/* cache_verify.c, cache_limit.c                                       */
+/* ------------------------------------------------------------------ */
+
+struct cache_record {
+	uint8_t digest[BLOB_DIGEST_SIZE];
+	char *ref;                          /* a pin: the mount point */
+	uint64_t mount_id;                  /* a pin: the mount's id */
+	uint8_t (*blobs)[BLOB_DIGEST_SIZE]; /* sorted, no duplicates */
+	uint32_t nr_blobs;
+	uint8_t (*keep)[BLOB_DIGEST_SIZE];  /* other files it needs, as given */
+	uint32_t nr_keep;
+};
+
+struct cache_records {
+	struct cache_record *r;
+	uint32_t nr;
+	size_t cap;
+};
+
+/*
+ * The records of DIR/@sub (images, pins) into *@rs; cache_records_naming:
+ * how many of them name @digest; cache_pins_read: the pins, whose mounts
+ * are still there (others are removed).
+ */
+void cache_records_free(struct cache_records *rs);
+int cache_records_read(const char *cache_dir, const char *sub, struct cache_records *rs);
+uint32_t cache_records_naming(const struct cache_records *rs,
+			      const uint8_t digest[BLOB_DIGEST_SIZE]);
+int cache_pins_read(const char *cache_dir, struct cache_records *pins);
+
+struct cache_file {
+	uint8_t digest[BLOB_DIGEST_SIZE];
+	bool map, data;
+};
+
+struct cache_scan {
+	struct cache_file *f;
+	uint32_t nr;
+	size_t cap;
+	char **tmp; /* temporary files (names) */
+	uint32_t nr_tmp;
+	size_t tmp_cap;
+};
+
+/* The blobs (and temporary files) of DIR/blobs/sha256 @dir. */
+int cache_scan_blobs(const char *dir, struct cache_scan *s);
+void cache_scan_free(struct cache_scan *s);
+
+/* The digest a cache file's name "<64 lowercase hex>@suffix" gives: 0 or -EINVAL. */
+int cache_name_digest(const char *name, const char *suffix, uint8_t out[BLOB_DIGEST_SIZE]);
+/* @dir/@name@suffix into @out (PATH_MAX bytes), or -ENAMETOOLONG. */
+int cache_path_join(char *out, const char *dir, const char *name, const char *suffix);
+/* unlink @path (@missing_ok: ENOENT is fine); 0 or -errno, logged. */
+int cache_remove_file(const char *path, bool missing_ok);
+/* opendir; a missing directory is *@d NULL (nothing cached yet). */
+int cache_open_dir(const char *dir, DIR **d);
+
+/* Allocated bytes of @path; of every file in DIR/blobs/sha256 @dir. */
+uint64_t cache_disk_bytes(const char *path);
+int cache_blobs_usage(const char *dir, uint64_t *bytes);
+/* The limits and bytes evicted ferryd recorded (DIR/limit.json) into @out. */
+int cache_read_limit(const char *cache_dir, struct blob_cache_list *out);
 
 #endif
