@@ -822,6 +822,7 @@ int image_layers_attach(const int *mfds, uint32_t nr, const char *target,
  * mount), the graveyard, and directories left empty.
  */
 #define IMAGE_FSCACHE_DIR "fscache"
+#define IMAGE_CACHEFILES_DEVICE "/dev/cachefiles"
 struct image_fscache_usage {
 	uint64_t files, disk_bytes;
 	int holder;

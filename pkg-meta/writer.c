@@ -55,7 +55,6 @@
 #define DEVT_OFFSET (DEVT_SLOTOFF * EROFS_DEVT_SLOT_SIZE)
 /* Chunks of at most 2 GiB keep chunk arithmetic within 32 bits everywhere. */
 #define MAX_CHUNK_BITS (31 - EROFS_BLKSIZ_BITS)
-#define SYMLINK_MAX 4095u        /* PATH_MAX - 1: what readlink can return */
 #define MAX_SHARED_PER_INODE 255 /* h_shared_count is 8 bits */
 #define XATTR_IBODY_MAX EROFS_XATTR_IBODY_SIZE(0xFFFFu)
 #define STREAM_BUF (1u << 20)
@@ -519,7 +518,7 @@ static int wr_classify(struct writer *w, struct wr_inode *wi)
 				       (unsigned long long)in->size);
 		return 0;
 	case S_IFLNK:
-		if (!in->size || in->size > SYMLINK_MAX || !in->data)
+		if (!in->size || in->size > META_SYMLINK_MAX || !in->data)
 			return wr_fail(w, wi, -EINVAL,
 				       "symlink target of %llu bytes%s",
 				       (unsigned long long)in->size,

@@ -36,7 +36,6 @@
 #define FS_TIMEOUT DBL_MAX
 #define FS_BLKSIZE 4096u
 #define FS_MAX_READ (512u << 10) /* READ size; see fs_init */
-#define FS_SYMLINK_MAX 65536u  /* longer targets are refused */
 #define FS_XATTR_MAX 65536u    /* the kernel's XATTR_SIZE_MAX / LIST_MAX */
 /* Long enough for the kernel's page-by-page retries after a failed read, short
  * enough that a program trying again a moment later fetches again. */
@@ -246,7 +245,7 @@ static void fs_readlink(fuse_req_t req, fuse_ino_t ino)
 
 	if (get_stat(req, ino, "readlink", &ms))
 		return;
-	if (!S_ISLNK(ms.mode) || ms.size >= FS_SYMLINK_MAX) {
+	if (!S_ISLNK(ms.mode) || ms.size > META_SYMLINK_MAX) {
 		reply_err(req, "readlink", ms.nid, S_ISLNK(ms.mode) ? -EFSCORRUPTED : -EINVAL);
 		return;
 	}

@@ -26,6 +26,10 @@
 #include <json-c/json.h>
 #include <stddef.h>
 
+#include "../pkg-image/image.h"
+
+#define CF_DEVICE IMAGE_CACHEFILES_DEVICE
+
 #define KEEPER_BINARY "ferryd-keeper"
 #define KEEPER_ARGS_MAX 32
 #define KEEPER_MSG_MAX (192u << 10) /* a message from ferryd: the mount request */
@@ -35,7 +39,6 @@
 #define KEEPER_FANOTIFY "fanotify"
 #define KEEPER_CACHEFILES "cachefiles"
 
-#define CF_DEVICE "/dev/cachefiles"
 
 /* The cachefiles mounts a ferryd records for its successor, next to its
  * socket: {"mounts":[REQUEST...]}, each as the control socket takes it. */
