@@ -23,8 +23,8 @@ struct fs {
 	uint64_t total_bytes; /* statfs */
 	unsigned int threads;      /* workers of the session loop */
 	unsigned int readahead_kb; /* the bdi's once live; 0: the kernel's */
-	bool no_open;          /* the kernel skips OPEN/RELEASE (fs_open) */
-	bool no_opendir;       /* and OPENDIR/RELEASEDIR (fs_opendir) */
+	_Atomic bool no_open;    /* the kernel skips OPEN/RELEASE (fs_open): set at INIT */
+	_Atomic bool no_opendir; /* and OPENDIR/RELEASEDIR (fs_opendir) */
 	pthread_mutex_t fail_lock; /* the last failed read (failed_recently) */
 	uint64_t failed_nid, failed_chunk, failed_until;
 	uint32_t dra_window_max; /* directory readahead, bytes; 0: off */
