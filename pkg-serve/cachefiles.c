@@ -136,8 +136,8 @@ struct cf_dev {
 	_Atomic int keeper_pid;
 	pthread_t keeper;           /* starting it (keeper_thread) */
 	bool keeper_started;
-	int adopt_fd;               /* cachefiles_adopt: the dead ferryd's device */
-	bool adopting;              /* cachefiles_adopt runs: keep the device */
+	int takeover_fd;            /* cf_takeover_device: the dead ferryd's device */
+	bool taking_over;           /* cf_takeover_device runs: keep the device */
 };
 
 static int cf_init(struct serve_ctx *ctx, void **mode_ctx)
@@ -151,7 +151,7 @@ static int cf_init(struct serve_ctx *ctx, void **mode_ctx)
 	pthread_mutex_init(&d->lock, NULL);
 	pthread_cond_init(&d->cond, NULL);
 	pthread_cond_init(&d->idle, NULL);
-	d->fd = d->keeper_sock = d->adopt_fd = -1;
+	d->fd = d->keeper_sock = d->takeover_fd = -1;
 	d->wake[0] = d->wake[1] = -1;
 	d->tail = &d->head;
 	*mode_ctx = d;
@@ -163,8 +163,8 @@ static void cf_fini(void *mode_ctx)
 {
 	struct cf_dev *d = mode_ctx;
 
-	if (d->adopt_fd >= 0)
-		close(d->adopt_fd);
+	if (d->takeover_fd >= 0)
+		close(d->takeover_fd);
 	pthread_mutex_destroy(&d->life);
 	pthread_mutex_destroy(&d->lock);
 	pthread_cond_destroy(&d->cond);
@@ -965,13 +965,13 @@ static void dev_close(struct cf_dev *d)
 
 /*
  * Open and bind the device on the first mount, or take over a dead
- * ferryd's (d->adopt_fd: bound already; the reader starts once its
- * mounts are back, cachefiles_adopt); d->life held.
+ * ferryd's (d->takeover_fd: bound already; the reader starts once its
+ * mounts are back, cf_takeover_device); d->life held.
  */
 static int dev_open(struct cf_dev *d, const char *cache_dir, char *err, size_t errlen)
 {
 	char *dir = NULL, *copy = strdup(d->ctx->opts.socket_path);
-	bool restoring = d->adopt_fd >= 0;
+	bool restoring = d->takeover_fd >= 0;
 	unsigned int i;
 	int ret;
 
@@ -992,9 +992,9 @@ static int dev_open(struct cf_dev *d, const char *cache_dir, char *err, size_t e
 		snprintf(err, errlen, "out of memory");
 		return -ENOMEM;
 	}
-	if (d->adopt_fd >= 0) {
-		d->fd = d->adopt_fd;
-		d->adopt_fd = -1;
+	if (d->takeover_fd >= 0) {
+		d->fd = d->takeover_fd;
+		d->takeover_fd = -1;
 		goto bound;
 	}
 	d->fd = open(CF_DEVICE, O_RDWR | O_CLOEXEC);
@@ -1092,7 +1092,7 @@ static void cf_unregister(struct cf_mount *cm)
 	while (cm->busy)
 		pthread_cond_wait(&d->idle, &d->lock);
 	/* A takeover keeps the device until it has tried every mount. */
-	last = !--d->users && !d->adopting;
+	last = !--d->users && !d->taking_over;
 	pthread_mutex_unlock(&d->lock);
 	if (cm->live)
 		state_save(d);
@@ -1334,7 +1334,7 @@ static int cf_probe(void *mode_ctx, const struct ctl_mount_req *req, char *why, 
 	int fd, ret = 0;
 
 	pthread_mutex_lock(&d->life);
-	if (d->fd < 0 && d->adopt_fd < 0) {
+	if (d->fd < 0 && d->takeover_fd < 0) {
 		fd = open(CF_DEVICE, O_RDWR | O_CLOEXEC);
 		if (fd < 0)
 			ret = -errno;
@@ -1380,8 +1380,8 @@ static void cf_takeover_device(struct serve_ctx *ctx, void *mode_ctx, int devfd)
 	else
 		nr = json_object_array_length(a);
 	pthread_mutex_lock(&d->life);
-	d->adopt_fd = devfd;
-	d->adopting = true;
+	d->takeover_fd = devfd;
+	d->taking_over = true;
 	pthread_mutex_unlock(&d->life);
 	for (i = 0; i < nr; i++) {
 		struct ctl_mount_req req;
@@ -1398,12 +1398,12 @@ static void cf_takeover_device(struct serve_ctx *ctx, void *mode_ctx, int devfd)
 			ok++;
 	}
 	pthread_mutex_lock(&d->life);
-	d->adopting = false;
-	if (d->adopt_fd >= 0 || !d->users) {
+	d->taking_over = false;
+	if (d->takeover_fd >= 0 || !d->users) {
 		/* Nothing taken over: the kernel fails what waits with EIO. */
-		if (d->adopt_fd >= 0)
-			close(d->adopt_fd);
-		d->adopt_fd = -1;
+		if (d->takeover_fd >= 0)
+			close(d->takeover_fd);
+		d->takeover_fd = -1;
 		if (d->fd >= 0)
 			dev_close(d);
 		ferry_err("cachefiles: no mount of the dead ferryd taken over; its readers get EIO");

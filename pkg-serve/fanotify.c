@@ -496,7 +496,7 @@ static void note_layers_sb(void *ctx, const char *sysfs)
 
 /* A takeover of native layers: the superblock the keeper was told (the
  * new keeper hears it in its hello). */
-static int layers_sysfs_adopt(struct fan *f, char *err, size_t errlen)
+static int layers_sysfs_takeover(struct fan *f, char *err, size_t errlen)
 {
 	const char *s = f->m->req.sysfs;
 
@@ -807,7 +807,7 @@ static void fan_free(struct fan *f)
 }
 
 /* The descriptor handed over is a fanotify group: ours now. */
-static int fan_adopt_group(struct fan *f, char *err, size_t errlen)
+static int fan_takeover_group(struct fan *f, char *err, size_t errlen)
 {
 	char path[64], link[64] = "";
 	int fd = f->m->req.adopt_fd;
@@ -832,7 +832,7 @@ static int fan_adopt_group(struct fan *f, char *err, size_t errlen)
  */
 static int fan_start(struct fmount *m, void **state, char *err, size_t errlen)
 {
-	bool adopt = m->req.adopt;
+	bool takeover = m->req.adopt;
 	struct fan *f = calloc(1, sizeof(*f));
 	unsigned int i;
 	uint32_t n = m->img->blobs.nr_blobs;
@@ -871,10 +871,10 @@ static int fan_start(struct fmount *m, void **state, char *err, size_t errlen)
 		snprintf(err, errlen, "pipe: %s", strerror(-ret));
 		goto fail;
 	}
-	if (adopt) {
-		ret = fan_adopt_group(f, err, errlen);
+	if (takeover) {
+		ret = fan_takeover_group(f, err, errlen);
 		if (!ret && m->img->erofs_layers)
-			ret = layers_sysfs_adopt(f, err, errlen);
+			ret = layers_sysfs_takeover(f, err, errlen);
 		if (ret)
 			goto fail;
 	} else {
@@ -891,7 +891,7 @@ static int fan_start(struct fmount *m, void **state, char *err, size_t errlen)
 	ret = mark_blobs(f, err, errlen);
 	if (ret)
 		goto fail;
-	journal_open(f, adopt);
+	journal_open(f, takeover);
 	/* Before the mount: from now on a descriptor of the group outlives us. */
 	ret = fan_keeper_start(f);
 	if (ret) {
@@ -902,7 +902,7 @@ static int fan_start(struct fmount *m, void **state, char *err, size_t errlen)
 	if (m->img->erofs_layers)
 		image_cache_set_sb_note(m->ic, note_layers_sb, f);
 	/* A takeover finds the dead ferryd's mount there. */
-	ret = adopt ? 0 : image_cache_kernel_mount(m->ic, m->req.cache_dir, m->mountpoint,
+	ret = takeover ? 0 : image_cache_kernel_mount(m->ic, m->req.cache_dir, m->mountpoint,
 						   image_mount_flags(m->req.suid, m->req.dev));
 	if (ret) {
 		snprintf(err, errlen, "kernel mount of %s on %s failed (see above)",
@@ -910,7 +910,7 @@ static int fan_start(struct fmount *m, void **state, char *err, size_t errlen)
 			 m->mountpoint);
 		goto fail;
 	}
-	f->mounted = !adopt;
+	f->mounted = !takeover;
 	image_cache_set_sb_note(m->ic, NULL, NULL);
 	/* An overlay has no sysfs directory: the bottom layer's superblock,
 	 * which lives exactly as long as the stack, was noted before the
@@ -934,7 +934,7 @@ static int fan_start(struct fmount *m, void **state, char *err, size_t errlen)
 	}
 	if (ret)
 		goto fail;
-	if (adopt)
+	if (takeover)
 		journal_replay(f);
 	*state = f;
 	mount_ready(m);

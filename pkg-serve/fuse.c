@@ -13,7 +13,7 @@
  * Failover: a keeper (ferryd-keeper fuse, keeper.h) holds the mount's
  * /dev/fuse descriptor, so the connection outlives ferryd. When ferryd
  * dies it hands descriptor and request to a successor (keeper_handover),
- * whose fuse_start takes the mount over (fs_adopt) instead of mounting.
+ * whose fuse_start takes the mount over (fs_takeover) instead of mounting.
  */
 #include <float.h>
 #include <stdarg.h>
@@ -801,7 +801,7 @@ out:
  * on fs->m->mountpoint: a session on it, the INIT it missed, and the
  * requests the dead ferryd had read sent again (fuse_shim.c).
  */
-static int fs_adopt(struct fs *fs, int fd)
+static int fs_takeover(struct fs *fs, int fd)
 {
 	struct fuse_buf buf = { 0 };
 	char devfd[32], init[256];
@@ -899,7 +899,7 @@ static int fuse_start(struct fmount *m, void **state, char *why, size_t whylen)
 	}
 	ret = fs_session_new(fs);
 	if (!ret && m->req.adopt) {
-		ret = fs_adopt(fs, m->req.adopt_fd);
+		ret = fs_takeover(fs, m->req.adopt_fd);
 		m->req.adopt_fd = -1;
 	} else if (!ret) {
 		ret = fs_mount(fs, &m->req, m->mountpoint);

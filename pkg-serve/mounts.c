@@ -252,14 +252,14 @@ static bool wait_session_locked(struct fmount *m, unsigned int ms)
 	return m->session_closed || m->removed;
 }
 
-/* @adopt: the mount there is the one being taken over (mode.h). */
-static int check_mountpoint(const char *path, bool adopt, char **canon, char *err,
+/* @takeover: the mount there is the one being taken over (mode.h). */
+static int check_mountpoint(const char *path, bool takeover, char **canon, char *err,
 			    size_t errlen)
 {
 	struct mount_entry mi;
 	struct stat st;
 
-	if (adopt) {
+	if (takeover) {
 		/*
 		 * The dead ferryd's canonical path, not resolved again: a
 		 * lookup on a FUSE mount would wait for the answer we are
