@@ -8,6 +8,8 @@
 #define FERRY_BLOB_INTERNAL_H
 
 #include <dirent.h>
+#include <pthread.h>
+#include <time.h>
 
 #include "blob.h"
 
@@ -218,5 +220,101 @@ uint64_t cache_disk_bytes(const char *path);
 int cache_blobs_usage(const char *dir, uint64_t *bytes);
 /* The limits and bytes evicted ferryd recorded (DIR/limit.json) into @out. */
 int cache_read_limit(const char *cache_dir, struct blob_cache_list *out);
+
+/* ------------------------------------------------------------------ */
+/* The open blobs of the chunk cache (cache.c, cache_evict.c)          */
+/* ------------------------------------------------------------------ */
+
+struct cache_frame {
+	uint32_t first; /* first chunk */
+	uint32_t count; /* chunks */
+};
+
+/*
+ * One per blob and cache directory in a process, shared by every
+ * blob_cache_open of it (refs): eviction clears marks in the one place
+ * every reader of this process looks.
+ */
+struct blob_cache_blob {
+	const struct blob_info *info; /* &own */
+	struct blob_info own;         /* a copy: openers' tables may go first */
+	struct blob_cache_blob *next; /* in the process's registry */
+	unsigned int refs;            /* under registry_lock */
+	pid_t pid;                    /* the opener: a child after fork opens its own */
+	bool kernel_reads;            /* atomic: see blob_cache_kernel_reads */
+	char hex[CACHE_HEX_LEN + 1];
+	char *dir_path;  /* DIR/blobs/sha256 */
+	char *data_path;
+	char *map_path;
+	int data_fd;
+	int map_fd;
+	uint32_t nr_frames;
+	struct cache_frame *frames;
+	uint32_t *chunk_frame; /* frame of each chunk */
+	uint8_t *present;      /* per chunk, atomic, 0 -> 1 only */
+	uint32_t present_chunks; /* atomic */
+	uint64_t present_bytes;  /* atomic */
+	pthread_mutex_t lock;
+	pthread_cond_t done;     /* a frame stopped being in flight */
+	uint8_t *inflight;       /* per frame, under lock */
+	uint32_t *stamp;         /* per frame: last use, cache_clock_ms() */
+	uint64_t evicted;        /* atomic: uncompressed bytes evicted */
+};
+
+/* Every open blob of this process (see cache_evict_open), under its lock. */
+extern pthread_mutex_t cache_registry_lock;
+extern struct blob_cache_blob *cache_registry;
+/* Bytes of chunks this process made present, ever (blob_cache_filled). */
+extern uint64_t cache_filled_total;
+
+/* A coarse millisecond clock: stamping a read costs a vDSO call at most. */
+static inline uint32_t cache_clock_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+	return (uint32_t)((uint64_t)ts.tv_sec * 1000 +
+			  (uint64_t)ts.tv_nsec / 1000000);
+}
+
+static inline void cache_set_present(struct blob_cache_blob *b, uint32_t i)
+{
+	if (!__atomic_exchange_n(&b->present[i], 1, __ATOMIC_ACQ_REL)) {
+		__atomic_fetch_add(&b->present_chunks, 1, __ATOMIC_RELAXED);
+		__atomic_fetch_add(&b->present_bytes, b->info->chunks[i].usize,
+				   __ATOMIC_RELAXED);
+		__atomic_fetch_add(&cache_filled_total, b->info->chunks[i].usize,
+				   __ATOMIC_RELAXED);
+	}
+}
+
+/* Uncompressed bytes no longer present, or 0 if chunk @i was not. */
+static inline uint32_t cache_set_missing(struct blob_cache_blob *b, uint32_t i)
+{
+	uint32_t usize = b->info->chunks[i].usize;
+
+	if (!__atomic_exchange_n(&b->present[i], 0, __ATOMIC_ACQ_REL))
+		return 0;
+	__atomic_fetch_sub(&b->present_chunks, 1, __ATOMIC_RELAXED);
+	__atomic_fetch_sub(&b->present_bytes, usize, __ATOMIC_RELAXED);
+	return usize;
+}
+
+/* A frame's slots: from its first chunk to its last's 4 KiB end. */
+static inline void cache_frame_span(const struct blob_cache_blob *b, uint32_t fr,
+				    uint64_t *start, uint64_t *len)
+{
+	const struct blob_chunk *first = &b->info->chunks[b->frames[fr].first];
+	const struct blob_chunk *last = first + b->frames[fr].count - 1;
+
+	*start = first->uoff;
+	*len = ROUND_UP(last->uoff + last->usize, BLOB_SLOT_ALIGN) - first->uoff;
+}
+
+/* Lock or unlock (F_UNLCK) the map bytes of chunks @c0 .. @c0 + @n - 1. */
+int cache_map_lock(struct blob_cache_blob *b, short type, uint32_t c0, uint32_t n);
+/* The readers lock (blob_cache_read_begin) in write mode: an eviction's;
+ * blob_cache_read_end releases it. */
+void cache_readers_exclude(void);
 
 #endif
