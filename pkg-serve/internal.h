@@ -20,6 +20,8 @@
  *   fanfill.c  fanotify events: range, ferry's own fills (fanotify.h)
  *   cachefiles.c  cachefiles mode: /dev/cachefiles, mount(2), OPEN/READ/
  *              CLOSE requests
+ *   cachefiles_names.c  the names fscache knows its objects by, and which
+ *              mount an object belongs to (cachefiles.h; pure)
  *   keeper.c   starting and stopping mounts' keepers (ferryd-keeper,
  *              keeper.h), which hold a FUSE connection, fanotify group
  *              or /dev/cachefiles when ferryd dies and hand it to a
