@@ -667,7 +667,7 @@ int image_cache_prefetch_blobs(struct image_cache *ic,
  * not wait for demand reads — the list names what readers are about to
  * want, and a reader waiting for a range being fetched gets it with that
  * fetch; while it runs, a demand miss inside a planned range queues no
- * readahead — but keeps to the bandwidth limit. A range that fails does not
+ * fetch-ahead — but keeps to the bandwidth limit. A range that fails does not
  * stop the others; stops early when *@stop becomes true. 0 or the first
  * -errno.
  */
@@ -706,9 +706,9 @@ struct image_cache_stats {
 	uint64_t bytes_read;       /* file bytes served by image_cache_read */
 	uint64_t bytes_fetched;    /* compressed bytes read from the sources */
 	uint64_t bytes_prefetched; /* uncompressed bytes made present by prefetch */
-	uint64_t bytes_ahead;      /* uncompressed bytes readahead covered */
+	uint64_t bytes_ahead;      /* uncompressed bytes fetch-ahead covered */
 	uint64_t fetches;          /* reads from the sources (registry requests) */
-	uint64_t fetches_ahead;    /* of those, by readahead: off readers' paths */
+	uint64_t fetches_ahead;    /* of those, by fetch-ahead: off readers' paths */
 	/* Programs whose libraries were predicted from the image's record of
 	 * them (FORMAT.md 2.6), and from their headers read in the mount. */
 	uint64_t programs_recorded, programs_read;

@@ -162,8 +162,8 @@ static void fs_init(void *userdata, struct fuse_conn_info *conn)
 	conn->want &= ~FUSE_CAP_READDIRPLUS_AUTO;
 	/*
 	 * Data replies splice from the cache files (fs_read), after
-	 * image_cache_map has verified and accounted the chunks. Readahead:
-	 * the kernel's offer is the ceiling; keep it (ferryd raises the bdi's
+	 * image_cache_map has verified and accounted the chunks. Kernel
+	 * readahead: the kernel's offer is the ceiling; keep it (ferryd raises the bdi's
 	 * read_ahead_kb after mounting).
 	 */
 	conn->want |= (FUSE_CAP_SPLICE_WRITE | FUSE_CAP_SPLICE_MOVE) & conn->capable;
@@ -726,10 +726,11 @@ static void fs_session_destroy(struct fs *fs)
 	int fd = fuse_session_fd(fs->se), null = -1;
 
 	/*
-	 * A readahead store may wait on a page the kernel locked for a READ
-	 * that no worker will answer now: ending the connection fails that
-	 * READ and releases the page. /dev/null takes the descriptor's
-	 * number rather than closing it, since libfuse closes it again.
+	 * A directory readahead store may wait on a page the kernel locked
+	 * for a READ that no worker will answer now: ending the connection
+	 * fails that READ and releases the page. /dev/null takes the
+	 * descriptor's number rather than closing it, since libfuse closes
+	 * it again.
 	 */
 	if (fs->dra && fd >= 0) {
 		null = open("/dev/null", O_RDWR | O_CLOEXEC);

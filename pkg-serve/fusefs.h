@@ -28,8 +28,8 @@ struct fs {
 	pthread_mutex_t fail_lock; /* the last failed read (failed_recently) */
 	uint64_t failed_nid, failed_chunk, failed_until;
 	uint32_t dra_window_max; /* directory readahead, bytes; 0: off */
-	struct dra *dra;         /* readahead.c, while the session lives */
-	_Atomic uint64_t ra_files, ra_bytes; /* stored by readahead */
+	struct dra *dra;         /* dir_readahead.c, while the session lives */
+	_Atomic uint64_t ra_files, ra_bytes; /* stored by directory readahead */
 	struct recorder *rec;    /* record.c: --record; NULL: not recording */
 	struct keeper_guard keeper; /* holds /dev/fuse for a successor */
 };
