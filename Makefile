@@ -68,7 +68,9 @@ $(BIN)/ferry-snapshotter: $(wildcard contrib/containerd/ferry-snapshotter/*.go) 
 	$(Q)contrib/containerd/go.sh build -o $(abspath $@)
 
 # Each object depends on the headers it includes (-MMD writes them to its .d
-# file, read below), not on every header of the tree.
+# file, read below), not on every header of the tree. Tests and fuzz targets
+# are binaries: theirs are dot files beside them (.NAME.d), which the test
+# runners' globs (test_*, fuzz_*) do not match.
 DEPFLAGS = -MMD -MP
 
 $(BUILD)/%.o: %.c Makefile
@@ -98,20 +100,20 @@ $(BIN)/ferryd-keeper: $(KEEPER_OBJS) $(LIB)
 $(BUILD)/tests/%: tests/%.c Makefile $(LIB)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  TEST    $@")
-	$(Q)$(CC) $(CFLAGS) $(DEPFLAGS) -MF $@.d $(LDFLAGS) -o $@ $< $(LIB) $(LDLIBS)
+	$(Q)$(CC) $(CFLAGS) $(DEPFLAGS) -MF $(dir $@).$(notdir $@).d $(LDFLAGS) -o $@ $< $(LIB) $(LDLIBS)
 
 # tests/ctl: the control protocol and the CLI's registry options.
 CTL_TEST_OBJS := $(BUILD)/cmd/ctl.o $(BUILD)/cmd/ferry/regopts.o
 $(BUILD)/tests/ctl/%: tests/ctl/%.c Makefile $(CTL_TEST_OBJS) $(LIB)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  TEST    $@")
-	$(Q)$(CC) $(CFLAGS) $(DEPFLAGS) -MF $@.d $(LDFLAGS) -o $@ $< $(CTL_TEST_OBJS) $(LIB) $(LDLIBS)
+	$(Q)$(CC) $(CFLAGS) $(DEPFLAGS) -MF $(dir $@).$(notdir $@).d $(LDFLAGS) -o $@ $< $(CTL_TEST_OBJS) $(LIB) $(LDLIBS)
 
 # tests/serve: pkg-serve, which speaks the control protocol (cmd/ctl.c).
 $(BUILD)/tests/serve/%: tests/serve/%.c Makefile $(BUILD)/cmd/ctl.o $(LIB)
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  TEST    $@")
-	$(Q)$(CC) $(CFLAGS) $(DEPFLAGS) -MF $@.d $(LDFLAGS) -o $@ $< $(BUILD)/cmd/ctl.o $(LIB) $(LDLIBS)
+	$(Q)$(CC) $(CFLAGS) $(DEPFLAGS) -MF $(dir $@).$(notdir $@).d $(LDFLAGS) -o $@ $< $(BUILD)/cmd/ctl.o $(LIB) $(LDLIBS)
 
 tests: $(TEST_BINS) $(TOOL_BINS)
 
@@ -131,7 +133,7 @@ $(FUZZ_LIB): $(FUZZ_LIB_OBJS)
 $(BUILD)/fuzz/%: tests/fuzz/%.c $(FUZZ_LIB) Makefile
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  FUZZ    $@")
-	$(Q)clang $(FUZZ_COMMON) $(DEPFLAGS) -MF $@.d -fsanitize=fuzzer,address,undefined -o $@ $< $(FUZZ_EXTRA) \
+	$(Q)clang $(FUZZ_COMMON) $(DEPFLAGS) -MF $(dir $@).$(notdir $@).d -fsanitize=fuzzer,address,undefined -o $@ $< $(FUZZ_EXTRA) \
 		$(FUZZ_LIB) $(PKG_LIBS)
 
 # The control-socket parsers live outside the libraries.
