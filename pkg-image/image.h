@@ -98,8 +98,8 @@ enum image_transport {
 
 struct image_ref {
 	enum image_transport transport;
-	/* dir:, tar:, oci: the path; docker: "HOST[:PORT]/REPO[:TAG|@DIGEST]",
-	 * which fetch_parse_ref checks when the registry is opened. */
+	/* dir:, tar:, oci: the path; docker: the name fetch_parse_ref
+	 * normalises, "HOST[:PORT]/REPO:TAG" or "HOST[:PORT]/REPO@DIGEST". */
 	char *path;
 	char *tag; /* oci: the tag, or NULL (the layout's only image) */
 };

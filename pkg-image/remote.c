@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 /*
- * Images in registries (docker://HOST[:PORT]/REPO[:TAG|@DIGEST]): resolve
+ * Images in registries (docker://[HOST[:PORT]/]REPO[:TAG|@DIGEST]): resolve
  * a reference to one image manifest through pkg-fetch, stream layers, and
  * push an image from an OCI layout.
  */

@@ -5,8 +5,8 @@
  * digests, WWW-Authenticate, Content-Range, the upload Range, Link,
  * Retry-After, base64, token answers, docker config files, credential
  * helper answers and upload Locations. Accepted results are checked for
- * consistency (bounds, NUL-terminated fields, a reference that formats
- * back to itself).
+ * consistency (bounds, NUL-terminated fields, a reference normalised as
+ * Docker does that formats back to itself).
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -48,14 +48,15 @@ static void fuzz_ref(const char *s)
 
 	if (fetch_parse_ref(s, &r))
 		return;
-	if (!r.host || !r.repo || (r.tag && r.digest) ||
+	if (!r.host || !r.repo || !r.tag == !r.digest ||
 	    !fetch_repo_valid(r.repo, strlen(r.repo)) ||
-	    (r.tag && !fetch_tag_valid(r.tag, strlen(r.tag))))
+	    (r.tag && !fetch_tag_valid(r.tag, strlen(r.tag))) ||
+	    !strcmp(r.host, FETCH_HUB_OLD) ||
+	    (!strcmp(r.host, FETCH_HUB) && !strchr(r.repo, '/')))
 		abort();
-	/* What was accepted formats back to an equal reference. */
-	if (asprintf(&text, "%s/%s%s%s", r.host, r.repo,
-		     r.tag ? ":" : r.digest ? "@" : "",
-		     r.tag ? r.tag : r.digest ? r.digest : "") < 0)
+	/* What was accepted formats back to an equal (normalised) reference. */
+	text = fetch_ref_string(&r);
+	if (!text)
 		abort();
 	if (fetch_parse_ref(text, &again) || strcmp(r.host, again.host) ||
 	    strcmp(r.repo, again.repo) || !r.tag != !again.tag ||

@@ -119,6 +119,13 @@ static void test_ref_parse(void)
 		{ "oci:", IMAGE_ACCEPT_IMAGE, -EINVAL, 0, NULL, NULL },
 		{ "dir:", IMAGE_ACCEPT_IMAGE, -EINVAL, 0, NULL, NULL },
 		{ "docker://r.io/a/b:1", IMAGE_ACCEPT_IMAGE, 0, IMAGE_DOCKER, "r.io/a/b:1", NULL },
+		{ "docker://debian", IMAGE_ACCEPT_IMAGE, 0, IMAGE_DOCKER,
+		  "docker.io/library/debian:latest", NULL },
+		{ "docker://index.docker.io/a/b@sha256:0123456789abcdef0123456789abcdef"
+		  "0123456789abcdef0123456789abcdef", IMAGE_ACCEPT_IMAGE, 0, IMAGE_DOCKER,
+		  "docker.io/a/b@sha256:0123456789abcdef0123456789abcdef"
+		  "0123456789abcdef0123456789abcdef", NULL },
+		{ "docker://r.io/A", IMAGE_ACCEPT_IMAGE, -EINVAL, 0, NULL, NULL },
 		{ "docker:r.io/a", IMAGE_ACCEPT_IMAGE, -EINVAL, 0, NULL, NULL },
 		{ "docker://", IMAGE_ACCEPT_IMAGE, -EINVAL, 0, NULL, NULL },
 		{ "zip:x", IMAGE_ACCEPT_IMAGE, -EINVAL, 0, NULL, NULL },
