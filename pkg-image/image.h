@@ -389,6 +389,7 @@ struct oci_descriptor {
 };
 
 /* One image manifest, resolved; its layer blobs are not read. */
+#define OCI_PLATFORM_MAX 64 /* "os/arch/variant" and its NUL */
 struct oci_image {
 	char *layout;                   /* PATH; NULL for a registry image */
 	struct registry *remote;        /* docker: the repository's client */
@@ -400,6 +401,9 @@ struct oci_image {
 	size_t config_len;
 	struct oci_descriptor *layers;  /* in manifest order */
 	uint32_t nr_layers;
+	/* OCI_PLATFORMS: the image platforms of the index, or none. */
+	char (*platforms)[OCI_PLATFORM_MAX];
+	uint32_t nr_platforms;
 };
 
 /*
@@ -407,7 +411,12 @@ struct oci_image {
  * @platform ("os/arch[/variant]", NULL = the host's) from image indexes.
  * Manifests, indexes and the config are digest- and size-checked. A
  * registry image keeps img->remote open for reading its blobs.
+ * With @platform OCI_PLATFORMS, a reference to an image index is not
+ * resolved: img->platforms lists the platforms of its image manifests
+ * (in index order, each once; attestations and other "unknown" ones
+ * left out) and img->manifest stays NULL; a manifest resolves as usual.
  */
+#define OCI_PLATFORMS "*"
 int oci_image_open(const struct image_ref *ref, const char *platform,
 		   const struct fetch_opts *fopts, struct oci_image *img);
 void oci_image_free(struct oci_image *img);
@@ -466,6 +475,9 @@ struct image_out_desc {
 	const struct oci_image *source;
 	const struct fetch_opts *fetch;   /* docker: push; NULL = defaults */
 	struct ferry_progress *progress;  /* docker: push */
+	/* One image of an index image_out_finish_index writes: stored (oci:)
+	 * or pushed by digest (docker:), not tagged. */
+	bool index_member;
 };
 
 /*
@@ -478,6 +490,24 @@ struct image_out_desc {
 int image_out_finish(struct image_out *o, const struct image_out_desc *d,
 		     char manifest_digest[DIGEST_STRING_SIZE],
 		     uint64_t *manifest_size);
+/* A member of an image index: a manifest written by image_out_finish. */
+struct image_out_index_entry {
+	char platform[OCI_PLATFORM_MAX]; /* "os/arch[/variant]" */
+	uint8_t digest[32];
+	uint64_t size;
+};
+
+/*
+ * An OCI image index of @entries (index_member images of @o) under the
+ * destination's tag: oci: stored and tagged; docker: pushed by tag
+ * (its members were pushed by digest). Its digest and size go to
+ * @index_digest / @index_size. dir: destinations are -EINVAL.
+ */
+int image_out_finish_index(struct image_out *o,
+			   const struct image_out_index_entry *entries,
+			   uint32_t nr, const struct fetch_opts *fopts,
+			   char index_digest[DIGEST_STRING_SIZE], uint64_t *index_size);
+
 /*
  * Rewrite the old-format ferry image @src (oci_is_old_ferry) into @o in
  * the current format: the same blobs, current layer types, the snapshot
