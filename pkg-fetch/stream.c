@@ -367,12 +367,16 @@ static void source_failed(struct fetch_stream *s, int err)
 		snprintf(why, sizeof(why), "%s", s->why);
 	else
 		http_describe(&s->resp, err, why, sizeof(why));
-	if (s->src == SRC_HOST) {
+	if (s->src == SRC_HOST && s->xfer_got) {
+		/* Broken off mid-way: the next host goes on from there. */
+		ferry_warn("%s: %s broke off after %" PRIu64 " bytes (%s); asking "
+			   "the next host from byte %" PRIu64, s->h->name, s->what,
+			   s->xfer_got, why, s->off + s->pos);
+		stream_next_host(s);
+	} else if (s->src == SRC_HOST) {
 		/* No answer at all: rest the mirror. A status (it lacks this
-		 * blob), a dropped connection or wrong bytes concern this
-		 * blob: the next host goes on from the byte reached. */
-		reg_mirror_failed(s->h, s->what, why,
-				  err && !s->resp.status && !s->xfer_got);
+		 * blob) concerns this blob. */
+		reg_mirror_failed(s->h, s->what, why, err && !s->resp.status);
 		stream_next_host(s);
 	} else {
 		ferry_dbg("%s: cached redirect for %s failed (%s); resolving "
