@@ -325,11 +325,18 @@ static int parse_refs(const char *source, const char *dest,
 	return ret;
 }
 
-/* Several platforms make an index: a dir: holds one image. */
+/* Several platforms make an index of ferry images, in oci: or docker://. */
 static int check_platforms_dest(const struct image_ref *dst,
 				const struct convert_opts *opts)
 {
-	if (!opts->platforms || dst->transport != IMAGE_DIR)
+	if (!opts->platforms)
+		return 0;
+	if (opts->format == CONVERT_FORMAT_EROFS_LAYERS) {
+		ferry_err("--format erofs-layers converts one platform: name one "
+			  "--platform (default: the host's)");
+		return -EINVAL;
+	}
+	if (dst->transport != IMAGE_DIR)
 		return 0;
 	ferry_err("destination dir:%s holds one image: name one --platform, or "
 		  "write an index of several to oci: or docker://", dst->path);

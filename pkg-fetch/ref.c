@@ -406,42 +406,38 @@ static bool header_valid(const char *s)
 
 int fetch_check_host(const struct fetch_host *h, char *why, size_t why_len)
 {
-	const char *auth, *path;
+	const char *auth, *path, *bad = NULL;
 	const char *const *p;
 	size_t n;
 
 	if (!h->registry || !host_valid(h->registry, strlen(h->registry)))
-		return host_invalid(h, "the registry must be HOST[:PORT]", why, why_len);
-	if (!h->url || strlen(h->url) > FETCH_HOST_URL_MAX)
-		return host_invalid(h, "no URL, or longer than 1024 bytes", why, why_len);
-	if (!strncmp(h->url, "https://", 8))
-		auth = h->url + 8;
-	else if (!strncmp(h->url, "http://", 7))
-		auth = h->url + 7;
-	else
-		return host_invalid(h, "the URL must start with http:// or https://", why, why_len);
+		bad = "the registry must be HOST[:PORT]";
+	else if (!h->url || strlen(h->url) > FETCH_HOST_URL_MAX)
+		bad = "no URL, or longer than 1024 bytes";
+	else if (strncmp(h->url, "https://", 8) && strncmp(h->url, "http://", 7))
+		bad = "the URL must start with http:// or https://";
+	if (bad)
+		return host_invalid(h, bad, why, why_len);
+	auth = h->url + (h->url[4] == 's' ? 8 : 7);
 	path = auth + strcspn(auth, "/");
 	if (!host_syntax_valid(auth, (size_t)(path - auth), false))
-		return host_invalid(h, "bad host in the URL (HOST[:PORT], no "
-				    "user name, query or fragment)", why, why_len);
-	if (!url_path_valid(path))
-		return host_invalid(h, "bad path in the URL", why, why_len);
-	if (h->capabilities & ~FETCH_HOST_ALL)
-		return host_invalid(h, "unknown capabilities", why, why_len);
-	for (p = h->ca_files, n = 0; p && *p; p++, n++)
+		bad = "bad host in the URL (HOST[:PORT], no user name, query or "
+		      "fragment)";
+	else if (!url_path_valid(path))
+		bad = "bad path in the URL";
+	else if (h->capabilities & ~FETCH_HOST_ALL)
+		bad = "unknown capabilities";
+	else if ((h->client_cert && *h->client_cert != '/') ||
+		 (h->client_key && *h->client_key != '/'))
+		bad = "client certificate and key must be absolute paths";
+	else if (h->client_key && !h->client_cert)
+		bad = "a client key without a certificate";
+	for (p = h->ca_files, n = 0; !bad && p && *p; p++, n++)
 		if (**p != '/' || n >= FETCH_HOST_CA_MAX)
-			return host_invalid(h, "CA files must be absolute paths, "
-					    "at most 8", why, why_len);
-	if ((h->client_cert && *h->client_cert != '/') ||
-	    (h->client_key && *h->client_key != '/'))
-		return host_invalid(h, "client certificate and key must be "
-				    "absolute paths", why, why_len);
-	if (h->client_key && !h->client_cert)
-		return host_invalid(h, "a client key without a certificate", why, why_len);
-	for (p = h->headers, n = 0; p && *p; p++, n++)
+			bad = "CA files must be absolute paths, at most 8";
+	for (p = h->headers, n = 0; !bad && p && *p; p++, n++)
 		if (!header_valid(*p) || n >= FETCH_HOST_HEADERS_MAX)
-			return host_invalid(h, "headers must be \"Name: value\" "
-					    "without control characters, at "
-					    "most 32", why, why_len);
-	return 0;
+			bad = "headers must be \"Name: value\" without control "
+			      "characters, at most 32";
+	return bad ? host_invalid(h, bad, why, why_len) : 0;
 }

@@ -33,31 +33,17 @@ if ! ip link set lo up 2>"$LOG"; then
 fi
 
 HUB=registry-1.docker.io
-D=$SCRATCH/hub
-mkdir -p "$D/storage"
-CERT=$D/hub.pem
-openssl req -x509 -newkey rsa:2048 -nodes -keyout "$D/hub.key" -out "$CERT" \
+CERT=$SCRATCH/hub.pem
+openssl req -x509 -newkey rsa:2048 -nodes -keyout "$SCRATCH/hub.key" -out "$CERT" \
 	-days 2 -subj "/CN=$HUB" -addext "subjectAltName=DNS:$HUB" >"$LOG" 2>&1 ||
 	{ notok "$E2E_NAME: a self-signed certificate for $HUB"; diag "$LOG"; e2e_done; }
-htpasswd -Bbn "$REG_TEST_USER" "$REG_TEST_PASS" >"$D/htpasswd"
-cat >"$D/config.yml" <<EOF
-version: 0.1
-log: {level: info, formatter: text}
-storage:
-  filesystem: {rootdirectory: $D/storage}
-http:
-  addr: 127.0.0.1:443
-  secret: ferry-test-secret
-  tls: {certificate: $CERT, key: $D/hub.key}
-auth: {htpasswd: {realm: ferry-hub, path: $D/htpasswd}}
-EOF
-reg_spawn "$D/registry.log" docker-registry serve "$D/config.yml"
-if ! reg_wait_http "http://127.0.0.1:443/v2/" "$REG_PID" 10 2>"$LOG"; then
+if ! REG_PORT=443 REG_ACCESS_LOG=1 REG_TLS_CERT=$CERT REG_TLS_KEY=$SCRATCH/hub.key \
+	reg_start basic 2>"$LOG"; then
 	notok "$E2E_NAME: docker-registry for $HUB on 127.0.0.1:443"
-	diag "$D/registry.log"
+	diag "$LOG"
 	e2e_done
 fi
-HUB_LOG=$D/registry.log
+HUB_LOG=$REG_DIR/registry.log
 NET=(--resolve "$HUB:443:127.0.0.1" --ca-file "$CERT")
 
 # Credentials the way `docker login` stores Hub ones.

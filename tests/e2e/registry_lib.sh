@@ -14,6 +14,9 @@
 #       With REG_TLS_CERT and REG_TLS_KEY (PEM files) it serves https;
 #       REG_REALM_HOST names the token server's host in its realm
 #       (default 127.0.0.1; another name needs a --resolve to 127.0.0.1).
+#       REG_PORT: that port instead of a free one (a test's own network
+#       namespace: hub_names.sh); REG_ACCESS_LOG=1: every request logged
+#       (level info) in $REG_DIR/registry.log.
 #   tls_pki                           a test CA and server certificates
 #   reg_push_oci LAYOUT[:TAG] REF     skopeo copy oci: -> docker://
 #   reg_put_blob REPO FILE / reg_put_manifest REPO REF TYPE FILE
@@ -161,7 +164,7 @@ reg_token_keys() {
 }
 
 reg_start() { # anon|basic|token [tokenserver args]
-	local mode=$1 d auth='' port try tls=''
+	local mode=$1 d auth='' port try tls='' log
 	shift
 	REG_N=$((REG_N + 1))
 	d=$SCRATCH/reg$REG_N
@@ -203,11 +206,13 @@ reg_start() { # anon|basic|token [tokenserver args]
 	esac
 	[ -n "${REG_TLS_CERT:-}" ] && tls=", tls: {certificate: $REG_TLS_CERT, key: $REG_TLS_KEY}"
 	# A port found free may be taken before the registry binds it: retry.
+	log="{level: warn, accesslog: {disabled: true}}"
+	[ -n "${REG_ACCESS_LOG:-}" ] && log="{level: info, formatter: text}"
 	for try in 1 2 3; do
-		port=$(reg_free_port) || return 1
+		port=${REG_PORT:-$(reg_free_port)} || return 1
 		cat >"$d/config.yml" <<EOF
 version: 0.1
-log: {level: warn, accesslog: {disabled: true}}
+log: $log
 storage:
   filesystem: {rootdirectory: $d/storage}
   delete: {enabled: true}
