@@ -486,9 +486,10 @@ int http_setup(struct registry *r, CURL *h, struct http_xfer *x,
 	if (auth_line && slist_add(&x->hdrs, auth_line))
 		return -ENOMEM;
 	/* A host's own headers go to it, not to its token server. */
-	for (e = r->headers; e && http_same_origin(q->url, r->base); e = e->next)
-		if (slist_add(&x->hdrs, e->data))
-			return -ENOMEM;
+	if (r->headers && http_same_origin(q->url, r->base))
+		for (e = r->headers; e; e = e->next)
+			if (slist_add(&x->hdrs, e->data))
+				return -ENOMEM;
 	/* No 100-continue round trip: proxies often never answer it. */
 	if (q->upload && slist_add(&x->hdrs, "Expect:"))
 		return -ENOMEM;

@@ -70,9 +70,8 @@ enum {
 struct regopts {
 	struct fetch_opts fetch;
 	const char *insecure[REGOPTS_MAX]; /* NULL-terminated */
-	const char *mirrors[REGOPTS_MAX]; /* --registry-mirror H=URL */
 	const char *resolve[REGOPTS_MAX];
-	size_t nr_insecure, nr_mirrors, nr_resolve;
+	size_t nr_insecure, nr_mirrors, nr_resolve; /* nr_mirrors: --registry-mirror */
 	const char *hosts_file;           /* --registry-hosts */
 	/* fetch.hosts: the --registry-mirror hosts, then the file's. */
 	struct fetch_host mirror_hosts[REGOPTS_MAX];

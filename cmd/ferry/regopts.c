@@ -120,6 +120,7 @@ static struct {
 } hosts_file;
 
 #define HOSTS_FILE_MAX (1u << 20)
+_Static_assert(REGOPTS_HOSTS_MAX >= CTL_HOSTS_MAX, "regopts.hosts holds a whole file");
 
 /* --registry-hosts FILE after the --registry-mirror hosts: an exit code. */
 static int load_hosts_file(struct regopts *r)
@@ -139,7 +140,7 @@ static int load_hosts_file(struct regopts *r)
 			  ret == -EFBIG || ret == -EINVAL ?
 				  "not a regular file of at most 1 MiB" :
 				  ferry_strerror(ret));
-		return EXIT_USAGE;
+		return EXIT_FAIL;
 	}
 	/* One object {"hosts":[…]}, as a mount request's "fetch" carries it. */
 	ret = json_parse_object(text, len, &hosts_file.json);

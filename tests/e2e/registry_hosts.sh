@@ -11,7 +11,10 @@
 #   reset_mid) hands the read to the origin from the byte it reached:
 #   ferry check and a lazy mount read every byte right, no error.
 # - a TLS mirror with a private CA named in its host entry ("ca") is
-#   trusted; without it the TLS check fails.
+#   trusted; without it the TLS check fails. One that wants a client
+#   certificate gets the host entry's (clientCert, clientKey; also as the
+#   registry's own "server" entry, for a push); without it, it refuses.
+#   A host entry's headers reach its host.
 # - a malformed hosts file is a usage error naming the problem.
 E2E_TIMEOUT=${E2E_TIMEOUT:-300}
 . "$(dirname "$0")/lib.sh"
@@ -49,12 +52,15 @@ DEAD=$(reg_free_port)
 ORIGIN=origin.ferry.test:$DEAD
 NORES=(--resolve "$ORIGIN:127.0.0.1")
 fp_start
-hosts_file "$SCRATCH/pr.json" "$ORIGIN" "http://$PROXY" '["pull","resolve"]'
+hosts_file "$SCRATCH/pr.json" "$ORIGIN" "http://$PROXY" '["pull","resolve"]' \
+	'"headers":["X-Ferry-Mirror: yes"]'
 check "pull+resolve mirror, origin unreachable: ferry inspect of the tag" \
 	"$FERRY" inspect "docker://$ORIGIN/t/x:1" "${NORES[@]}" \
 	--registry-hosts "$SCRATCH/pr.json" --retries 1
 expect "the mirror answered the tag and was told the registry" \
 	fp_log_has "^GET /v2/t/x/manifests/1\\?ns=origin\\.ferry\\.test%3A$DEAD .*-> 200"
+expect "the host's header went with it" \
+	fp_log_has "^GET /v2/t/x/manifests/1.* x=X-Ferry-Mirror=yes"
 lazy_use mirror
 fp_reset
 if check "pull+resolve mirror, origin unreachable: lazy ferry mount of the tag" \
@@ -115,6 +121,37 @@ if tls_pki >"$LOG" 2>&1; then
 		"$FERRY" inspect "docker://$ORIGIN/t/x:1" "${NORES[@]}" --resolve "$TLS:127.0.0.1" \
 		--registry-hosts "$SCRATCH/noca.json" --retries 1
 	expect "... saying why" grep -qi "certificate" "$LOG"
+
+	# A mirror that wants a client certificate signed by the test CA.
+	(cd "$PKI" && openssl req -newkey rsa:2048 -nodes -keyout client.key \
+		-out client.csr -subj /CN=ferry-client &&
+		printf '%s\n' extendedKeyUsage=clientAuth >client.ext &&
+		openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key \
+			-CAcreateserial -days 2 -extfile client.ext -out client.pem) >"$LOG" 2>&1 ||
+		{ notok "make a client certificate"; diag "$LOG"; }
+	if REG_TLS_CERT=$PKI/other.ferry.test.pem REG_TLS_KEY=$PKI/other.ferry.test.key \
+		REG_TLS_CLIENT_CA=$PKI/ca.pem reg_start anon 2>"$LOG"; then
+		MTLS=other.ferry.test:${REG##*:}
+		MTLS_ARGS=(--resolve "$MTLS:127.0.0.1" --ca-file "$PKI/ca.pem")
+		hosts_file "$SCRATCH/server.json" "$MTLS" "https://$MTLS" '["pull","resolve","push"]' \
+			"\"server\":true,\"clientCert\":\"$PKI/client.pem\",\"clientKey\":\"$PKI/client.key\""
+		check "push the test image to the mirror that wants a client certificate" \
+			"$FERRY" convert -q "dir:$TREE" "docker://$MTLS/t/x:1" "${MTLS_ARGS[@]}" \
+			--registry-hosts "$SCRATCH/server.json"
+		hosts_file "$SCRATCH/mtls.json" "$ORIGIN" "https://$MTLS" '["pull","resolve"]' \
+			"\"ca\":[\"$PKI/ca.pem\"],\"clientCert\":\"$PKI/client.pem\",\"clientKey\":\"$PKI/client.key\""
+		hosts_file "$SCRATCH/nocert.json" "$ORIGIN" "https://$MTLS" '["pull","resolve"]' \
+			"\"ca\":[\"$PKI/ca.pem\"]"
+		check "the mirror's client certificate from its host entry is shown" \
+			"$FERRY" inspect "docker://$ORIGIN/t/x:1" "${NORES[@]}" --resolve "$MTLS:127.0.0.1" \
+			--registry-hosts "$SCRATCH/mtls.json" --retries 1
+		check_exit "without it the mirror refuses the connection (exit 1)" 1 \
+			"$FERRY" inspect "docker://$ORIGIN/t/x:1" "${NORES[@]}" --resolve "$MTLS:127.0.0.1" \
+			--registry-hosts "$SCRATCH/nocert.json" --retries 1
+	else
+		notok "start a TLS registry that wants client certificates"
+		diag "$LOG"
+	fi
 else
 	notok "$E2E_NAME: make the test CA"
 	diag "$LOG"
