@@ -379,12 +379,21 @@ static int host_invalid(const struct fetch_host *h, const char *why,
 	return -EINVAL;
 }
 
-/* A URL's path: '/'-separated, printable, no query, fragment or escapes. */
+/* A URL's path: '/'-separated, printable, no query, fragment, escapes,
+ * "." or ".." segments. */
 static bool url_path_valid(const char *p)
 {
+	const char *seg = p;
+	size_t n;
+
 	for (; *p; p++)
 		if ((unsigned char)*p <= ' ' || *p >= 0x7f || strchr("?#%\\\"", *p))
 			return false;
+	for (; *seg; seg += n + (seg[n] == '/')) {
+		n = strcspn(seg, "/");
+		if ((n == 1 && seg[0] == '.') || (n == 2 && !strncmp(seg, "..", 2)))
+			return false;
+	}
 	return true;
 }
 

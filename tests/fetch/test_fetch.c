@@ -1174,7 +1174,7 @@ static void test_check_host(void)
 	static const char *const bad_header[] = { "X-A: b\r\nX-B: c", NULL };
 	static const char *const no_name[] = { ": v", NULL };
 	const struct fetch_host good = {
-		.registry = "r.io", .url = "https://[::1]:5000/some/path",
+		.registry = "r.io", .url = "https://[::1]:5000/some/path..x/.y/",
 	};
 	const struct fetch_host bad[] = {
 		{ .registry = "r", .url = "https://m" },           /* no registry form */
@@ -1182,6 +1182,8 @@ static void test_check_host(void)
 		{ .registry = "r.io", .url = "https://u@m/" },     /* credentials */
 		{ .registry = "r.io", .url = "https://m/?q=1" },   /* query */
 		{ .registry = "r.io", .url = "https://m/a b" },    /* space */
+		{ .registry = "r.io", .url = "https://m/a/../v2" }, /* dot-dot */
+		{ .registry = "r.io", .url = "https://m/./v2" },   /* dot */
 		{ .registry = "r.io", .url = "https://m", .capabilities = 8 },
 		{ .registry = "r.io", .url = "https://m", .ca_files = rel_ca },
 		{ .registry = "r.io", .url = "https://m", .client_key = "/k" },
