@@ -633,7 +633,7 @@ static int convert_index(const struct image_ref *src, const struct oci_image *in
 
 		if (!platform_wanted(opts, platform))
 			continue;
-		ferry_info("%s: converting platform %s", index->where, platform);
+		ferry_dbg("%s: converting platform %s", index->where, platform);
 		ret = oci_image_open(src, platform, opts->fetch, &img);
 		if (!ret && oci_is_old_ferry(&img)) {
 			ferry_err("%s: %s is a ferry image of format 1: upgrade it "
