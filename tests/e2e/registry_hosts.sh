@@ -9,7 +9,9 @@
 #   fails) but serves the same image by digest.
 # - a mirror that breaks off mid-blob (tests/tools/faultproxy.py:
 #   reset_mid) hands the read to the origin from the byte it reached:
-#   ferry check and a lazy mount read every byte right, no error.
+#   ferry check and a lazy mount read every byte right, no error, and a
+#   conversion streaming whole layers through it gives the same image as
+#   one straight from the registry.
 # - a TLS mirror with a private CA named in its host entry ("ca") is
 #   trusted; without it the TLS check fails. One that wants a client
 #   certificate gets the host entry's (clientCert, clientKey; also as the
@@ -88,6 +90,22 @@ check "ferry check through a mirror that breaks off twice mid-blob" \
 expect "the mirror did break off" test "$(fp_stat faults)" -ge 2
 expect "ferry said so, and went on from the byte reached" \
 	grep -q "broke off after .* asking the next host from byte" "$LOG"
+# A whole layer streamed for a conversion: the same bytes as without it.
+reg_mkimage "$SCRATCH/img" 4 &&
+	reg_put_blob t/oci "$SCRATCH/img/layer1.tar" && reg_put_blob t/oci "$SCRATCH/img/big.tar" &&
+	reg_put_blob t/oci "$SCRATCH/img/config.json" &&
+	reg_put_manifest t/oci 1 "$OCI_MANIFEST" "$SCRATCH/img/manifest.json" >"$LOG" 2>&1 ||
+	notok "push an OCI image to $ORIGIN_REG"
+check "ferry convert straight from the registry" \
+	"$FERRY" convert -q "docker://$ORIGIN_REG/t/oci:1" "dir:$SCRATCH/direct"
+fp_reset
+fp_set reset_mid count=2 method=GET 'path=/blobs/sha256:'
+check "ferry convert through a mirror that breaks off twice mid-layer" \
+	"$FERRY" convert -q "docker://$ORIGIN_REG/t/oci:1" "dir:$SCRATCH/mirrored" \
+	--registry-hosts "$SCRATCH/mid.json"
+expect "the mirror did break off (mid-layer)" test "$(fp_stat faults)" -ge 2
+check "... the same image as straight from the registry" \
+	cmp "$SCRATCH/direct/bootstrap" "$SCRATCH/mirrored/bootstrap"
 lazy_use midblob
 fp_reset
 fp_set none
