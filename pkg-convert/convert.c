@@ -325,18 +325,10 @@ static int parse_refs(const char *source, const char *dest,
 	return ret;
 }
 
-/* Several platforms make an index of ferry images, in oci: or docker://. */
-static int check_platforms_dest(const struct image_ref *dst,
-				const struct convert_opts *opts)
+int convert_check_platforms(const struct image_ref *dst,
+			    const struct convert_opts *opts)
 {
-	if (!opts->platforms)
-		return 0;
-	if (opts->format == CONVERT_FORMAT_EROFS_LAYERS) {
-		ferry_err("--format erofs-layers converts one platform: name one "
-			  "--platform (default: the host's)");
-		return -EINVAL;
-	}
-	if (dst->transport != IMAGE_DIR)
+	if (!opts->platforms || dst->transport != IMAGE_DIR)
 		return 0;
 	ferry_err("destination dir:%s holds one image: name one --platform, or "
 		  "write an index of several to oci: or docker://", dst->path);
@@ -354,7 +346,7 @@ int convert_check_args(const char *source, const char *dest,
 	if (opts->format == CONVERT_FORMAT_EROFS_LAYERS)
 		ret = native_check_refs(&src, &dst);
 	if (!ret)
-		ret = check_platforms_dest(&dst, opts);
+		ret = convert_check_platforms(&dst, opts);
 	image_ref_free(&src);
 	image_ref_free(&dst);
 	return ret ? ret : validate_opts(opts);
@@ -371,7 +363,7 @@ void convert_stats_free(struct convert_stats *stats)
 }
 
 /* A ferry image is converted already: say so, rather than fail on its bytes. */
-static int check_source_not_ferry(const char *source, const struct image_ref *src,
+static int check_source_not_ferry(const struct image_ref *src,
 				  const struct oci_image *img)
 {
 	char path[PATH_MAX];
@@ -388,7 +380,7 @@ static int check_source_not_ferry(const char *source, const struct image_ref *sr
 		if (oci_is_ferry_blob(img->layers[i].media_type) ||
 		    oci_is_ferry_bootstrap(img->layers[i].media_type)) {
 			ferry_err("source %s is a ferry image (layer %u is %s), converted already: mount or copy it, or convert the container image it came from",
-				  source, i + 1, img->layers[i].media_type);
+				  img->where, i + 1, img->layers[i].media_type);
 			return -EINVAL;
 		}
 	return 0;
@@ -483,10 +475,12 @@ static int finish(struct converter *c, struct image_out *out,
  * Convert one image, @src (@src_img for oci: and docker:), into @out:
  * stored and tagged, or with @index_member stored for an index only.
  */
-static int convert_into(const struct image_ref *src, const struct oci_image *src_img,
+static int convert_into(const struct image_ref *src, const struct oci_image *img,
 			struct image_out *out, bool index_member,
 			const struct convert_opts *opts, struct convert_stats *stats)
 {
+	static const struct oci_image none;
+	const struct oci_image *src_img = img ? img : &none;
 	struct converter c = {
 		.opts = opts,
 		.stats = stats,
@@ -498,6 +492,9 @@ static int convert_into(const struct image_ref *src, const struct oci_image *src
 	uint64_t start = ferry_now_ns();
 	int ret;
 
+	ret = check_source_not_ferry(src, src_img);
+	if (ret)
+		return ret;
 	c.blobs_dir = image_out_blobs_dir(out);
 	c.buf = malloc(opts->chunk_size);
 	if (!c.buf) {
@@ -598,9 +595,9 @@ static int add_platform_stats(struct convert_stats *all,
  * platform converted as an index member, then an index of the ferry
  * images with the same platforms under DEST's tag.
  */
-static int convert_index(const struct image_ref *src, const struct oci_image *index,
-			 struct image_out *out, const struct convert_opts *opts,
-			 struct convert_stats *stats)
+int convert_index(const struct image_ref *src, const struct oci_image *index,
+		  struct image_out *out, convert_image_fn one,
+		  const struct convert_opts *opts, struct convert_stats *stats)
 {
 	struct image_out_index_entry *entries;
 	uint64_t start = ferry_now_ns();
@@ -627,7 +624,7 @@ static int convert_index(const struct image_ref *src, const struct oci_image *in
 	if (!entries)
 		return -ENOMEM;
 	for (i = 0; !ret && i < index->nr_platforms; i++) {
-		struct convert_stats one = { 0 };
+		struct convert_stats member = { 0 };
 		struct oci_image img = { 0 };
 		const char *platform = index->platforms[i];
 
@@ -641,18 +638,16 @@ static int convert_index(const struct image_ref *src, const struct oci_image *in
 			ret = -EINVAL;
 		}
 		if (!ret)
-			ret = check_source_not_ferry(index->where, src, &img);
+			ret = one(src, &img, out, true, opts, &member);
 		if (!ret)
-			ret = convert_into(src, &img, out, true, opts, &one);
-		if (!ret)
-			ret = add_platform_stats(stats, &one, platform);
+			ret = add_platform_stats(stats, &member, platform);
 		if (!ret) {
 			snprintf(entries[n].platform, sizeof(entries[n].platform), "%s",
 				 platform);
-			ret = digest_parse(one.manifest_digest, entries[n].digest);
-			entries[n++].size = one.manifest_size;
+			ret = digest_parse(member.manifest_digest, entries[n].digest);
+			entries[n++].size = member.manifest_size;
 		}
-		convert_stats_free(&one);
+		convert_stats_free(&member);
 		oci_image_free(&img);
 	}
 	if (!ret)
@@ -684,7 +679,7 @@ int convert_run(const char *source, const char *dest,
 	if (ret)
 		goto out;
 	registry_src = src.transport == IMAGE_OCI || src.transport == IMAGE_DOCKER;
-	ret = check_platforms_dest(&dst, opts);
+	ret = convert_check_platforms(&dst, opts);
 	if (ret)
 		goto out;
 	/* An index becomes an index, unless one platform is named (or DEST
@@ -706,18 +701,16 @@ int convert_run(const char *source, const char *dest,
 						&stats->manifest_size);
 		goto out;
 	}
-	if (!src_img.nr_platforms)
-		ret = check_source_not_ferry(source, &src, &src_img);
-	if (!ret)
-		ret = check_dest_outside_source(&src, &dst);
+	ret = check_dest_outside_source(&src, &dst);
 	if (!ret)
 		ret = image_out_open(&dst, opts->replace, &out);
 	if (ret)
 		goto out;
 	if (src_img.nr_platforms)
-		ret = convert_index(&src, &src_img, out, opts, stats);
+		ret = convert_index(&src, &src_img, out, convert_into, opts, stats);
 	else
-		ret = convert_into(&src, &src_img, out, false, opts, stats);
+		ret = convert_into(&src, registry_src ? &src_img : NULL, out, false,
+				   opts, stats);
 out:
 	image_out_close(out, ret != 0);
 	if (ret)

@@ -574,6 +574,7 @@ struct image_out_layers_desc {
 	const struct oci_image *source;
 	const struct fetch_opts *fetch;
 	struct ferry_progress *progress;
+	bool index_member; /* as image_out_desc's */
 };
 
 /*

@@ -1027,15 +1027,15 @@ int image_out_finish_layers(struct image_out *o,
 							JSON_C_TO_STRING_NOSLASHESCAPE);
 	*manifest_size = strlen(text);
 	ret = oci_put_blob(o->dir, text, *manifest_size, digest);
-	if (!ret)
+	if (!ret && !d->index_member)
 		ret = oci_tag_manifest(o->dir, o->tag ? o->tag : "latest", digest,
 				       *manifest_size, FETCH_OCI_MANIFEST);
 	if (ret)
 		goto out;
 	digest_format(digest, manifest_digest);
 	if (o->push_ref)
-		ret = oci_push(o->dir, digest, *manifest_size, o->push_ref, false,
-			       d->fetch, d->progress);
+		ret = oci_push(o->dir, digest, *manifest_size, o->push_ref,
+			       d->index_member, d->fetch, d->progress);
 out:
 	json_object_put(manifest);
 	return ret;

@@ -4,7 +4,7 @@
 # "multi": linux/amd64 the base image, linux/arm64 and linux/arm/v7 with
 # a file /platform naming themselves) writes an index of ferry images with the same
 # platforms — every platform by default, those of a repeated --platform
-# otherwise — into oci: and docker://; skopeo inspect --raw reads the
+# otherwise — into oci: and docker:// (also with --format erofs-layers); skopeo inspect --raw reads the
 # index and its platforms, each member is a ferry image of its platform,
 # and mounting the index (ferry mount --mode local of the oci: index, a
 # lazy ferryd mount of the docker:// one) picks the host's platform. One
@@ -88,6 +88,25 @@ if check "convert --platform linux/amd64 --platform linux/arm64 into oci:" \
 	if check "ferry mount --mode local of the index" mount_image "oci:$OUT:two" "$SCRATCH/mnt"; then
 		check "the mount is the host's platform ($host)" is_host_platform "$SCRATCH/mnt"
 		check "ferry umount" ferry_umount "$SCRATCH/mnt"
+	fi
+fi
+# Native EROFS layers: the same index of the same platforms.
+if check "convert an index into native EROFS layers (oci:, every platform)" \
+	"$FERRY" convert --format erofs-layers "oci:$FIX:multi" "oci:$OUT:native" -q; then
+	expect "skopeo inspect --raw: an index of the 3 platforms" \
+		test "$(index_platforms "oci:$OUT:native")" = "$want_all"
+	check "each member is an image of native EROFS layers" \
+		eval 'skopeo inspect --raw "oci:$OUT:native" | python3 -c "
+import json, sys
+lay = sys.argv[1]
+for m in json.load(sys.stdin)[\"manifests\"]:
+    man = json.load(open(lay + \"/blobs/\" + m[\"digest\"].replace(\":\", \"/\")))
+    assert all(l[\"mediaType\"] == \"application/vnd.erofs.layer.v1\" for l in man[\"layers\"]), man
+" "$OUT"'
+	if check "ferry mount --mode local of the native index" \
+		mount_image "oci:$OUT:native" "$SCRATCH/nmnt"; then
+		check "the native mount is the host's platform ($host)" is_host_platform "$SCRATCH/nmnt"
+		check "ferry umount (native)" ferry_umount "$SCRATCH/nmnt"
 	fi
 fi
 if check "one --platform still converts one image" \
