@@ -363,7 +363,7 @@ void convert_stats_free(struct convert_stats *stats)
 }
 
 /* A ferry image is converted already: say so, rather than fail on its bytes. */
-static int check_source_not_ferry(const struct image_ref *src,
+static int check_source_not_ferry(const char *source, const struct image_ref *src,
 				  const struct oci_image *img)
 {
 	char path[PATH_MAX];
@@ -380,7 +380,7 @@ static int check_source_not_ferry(const struct image_ref *src,
 		if (oci_is_ferry_blob(img->layers[i].media_type) ||
 		    oci_is_ferry_bootstrap(img->layers[i].media_type)) {
 			ferry_err("source %s is a ferry image (layer %u is %s), converted already: mount or copy it, or convert the container image it came from",
-				  img->where, i + 1, img->layers[i].media_type);
+				  source, i + 1, img->layers[i].media_type);
 			return -EINVAL;
 		}
 	return 0;
@@ -475,12 +475,13 @@ static int finish(struct converter *c, struct image_out *out,
  * Convert one image, @src (@src_img for oci: and docker:), into @out:
  * stored and tagged, or with @index_member stored for an index only.
  */
+static const struct oci_image no_oci_image; /* dir: and tar: sources */
+
 static int convert_into(const struct image_ref *src, const struct oci_image *img,
 			struct image_out *out, bool index_member,
 			const struct convert_opts *opts, struct convert_stats *stats)
 {
-	static const struct oci_image none;
-	const struct oci_image *src_img = img ? img : &none;
+	const struct oci_image *src_img = img ? img : &no_oci_image;
 	struct converter c = {
 		.opts = opts,
 		.stats = stats,
@@ -492,7 +493,8 @@ static int convert_into(const struct image_ref *src, const struct oci_image *img
 	uint64_t start = ferry_now_ns();
 	int ret;
 
-	ret = check_source_not_ferry(src, src_img);
+	/* One image was checked before DEST was opened (convert_run). */
+	ret = index_member ? check_source_not_ferry(src_img->where, src, src_img) : 0;
 	if (ret)
 		return ret;
 	c.blobs_dir = image_out_blobs_dir(out);
@@ -542,13 +544,13 @@ out:
 	return ret;
 }
 
-/* @platform is one of opts->platforms, or there are none (every one). */
+/* @platform is named by opts->platforms, or there are none (every one). */
 static bool platform_wanted(const struct convert_opts *opts, const char *platform)
 {
 	const char *const *p;
 
 	for (p = opts->platforms; p && *p; p++)
-		if (!strcmp(*p, platform))
+		if (oci_platform_names(*p, platform))
 			return true;
 	return !opts->platforms;
 }
@@ -608,7 +610,7 @@ int convert_index(const struct image_ref *src, const struct oci_image *index,
 		uint32_t k;
 
 		for (k = 0; k < index->nr_platforms; k++)
-			if (!strcmp(index->platforms[k], opts->platforms[i]))
+			if (oci_platform_names(opts->platforms[i], index->platforms[k]))
 				break;
 		if (k == index->nr_platforms) {
 			ferry_err("%s: no manifest for platform %s in the image index",
@@ -701,7 +703,10 @@ int convert_run(const char *source, const char *dest,
 						&stats->manifest_size);
 		goto out;
 	}
-	ret = check_dest_outside_source(&src, &dst);
+	ret = src_img.nr_platforms ? 0 :
+	      check_source_not_ferry(source, &src, registry_src ? &src_img : &no_oci_image);
+	if (!ret)
+		ret = check_dest_outside_source(&src, &dst);
 	if (!ret)
 		ret = image_out_open(&dst, opts->replace, &out);
 	if (ret)

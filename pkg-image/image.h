@@ -417,6 +417,9 @@ struct oci_image {
  * left out) and img->manifest stays NULL; a manifest resolves as usual.
  */
 #define OCI_PLATFORMS "*"
+/* @want ("os/arch[/variant]") names @platform: without a variant, any
+ * variant of os/arch. */
+bool oci_platform_names(const char *want, const char *platform);
 int oci_image_open(const struct image_ref *ref, const char *platform,
 		   const struct fetch_opts *fopts, struct oci_image *img);
 void oci_image_free(struct oci_image *img);

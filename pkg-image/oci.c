@@ -167,6 +167,15 @@ int oci_host_platform(char *out, size_t len)
 	return 0;
 }
 
+bool oci_platform_names(const char *want, const char *platform)
+{
+	size_t n = strlen(want);
+
+	return !strcmp(want, platform) ||
+	       (strchr(want, '/') == strrchr(want, '/') &&
+		!strncmp(want, platform, n) && platform[n] == '/');
+}
+
 /* Does index entry @m match "os/arch[/variant]"? */
 static bool platform_matches(struct json_object *m, const char *want)
 {
@@ -181,13 +190,9 @@ static bool platform_matches(struct json_object *m, const char *want)
 	variant = json_get_string(p, "variant");
 	if (!os || !arch)
 		return false;
-	snprintf(buf, sizeof(buf), "%s/%s", os, arch);
-	if (!strcmp(want, buf))
-		return true; /* no variant asked for: any variant */
-	if (!variant)
-		return false;
-	snprintf(buf, sizeof(buf), "%s/%s/%s", os, arch, variant);
-	return !strcmp(want, buf);
+	snprintf(buf, sizeof(buf), "%s/%s%s%s", os, arch,
+		 variant && *variant ? "/" : "", variant ? variant : "");
+	return oci_platform_names(want, buf);
 }
 
 /* An image index's "manifests" array, or -EFSCORRUPTED naming @where. */

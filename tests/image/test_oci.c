@@ -148,6 +148,17 @@ static void test_ref_parse(void)
 	}
 }
 
+static void test_platform_names(void)
+{
+	CHECK(oci_platform_names("linux/arm64", "linux/arm64"));
+	CHECK(oci_platform_names("linux/arm64", "linux/arm64/v8"));
+	CHECK(oci_platform_names("linux/arm64/v8", "linux/arm64/v8"));
+	CHECK(!oci_platform_names("linux/arm64/v8", "linux/arm64"));
+	CHECK(!oci_platform_names("linux/arm", "linux/arm64"));
+	CHECK(!oci_platform_names("linux/arm/v7", "linux/arm/v6"));
+	CHECK(!oci_platform_names("linux/amd64", "windows/amd64"));
+}
+
 static void test_ref_absolute(void)
 {
 	char cwd[4096], want[4200], *out = NULL;
@@ -360,6 +371,7 @@ int main(void)
 	if (!mkdtemp(tmpdir))
 		return 1;
 	RUN_TEST(test_ref_parse);
+	RUN_TEST(test_platform_names);
 	RUN_TEST(test_ref_absolute);
 	RUN_TEST(test_tags);
 	RUN_TEST(test_platforms);
