@@ -14,6 +14,7 @@
 # (https://index.docker.io/v1/), and through a credential helper, which is
 # asked for that key; without credentials the registry refuses. Errors
 # name the normalised reference.
+# shellcheck disable=SC2016 # conditions for eval are single-quoted on purpose
 E2E_TIMEOUT=${E2E_TIMEOUT:-300}
 # Port 443 and the name registry-1.docker.io stay inside a network
 # namespace of this script's own: nothing else on the machine sees them.
@@ -65,6 +66,7 @@ expect "the push went to /v2/library/debian with Host $HUB" \
 
 for ref in debian:bookworm docker.io/library/debian:bookworm \
 	index.docker.io/library/debian:bookworm; do
+	# shellcheck disable=SC2034 # read in the eval below
 	n=$(wc -l <"$HUB_LOG")
 	if check "ferry inspect docker://$ref" \
 		"$FERRY" inspect --json "docker://$ref" "${NET[@]}" --authfile "$AUTH"; then

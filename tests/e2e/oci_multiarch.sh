@@ -10,6 +10,7 @@
 # lazy ferryd mount of the docker:// one) picks the host's platform. One
 # --platform still converts one image; a platform the index lacks and two
 # platforms into a dir: are refused.
+# shellcheck disable=SC2016 # conditions for eval are single-quoted on purpose
 E2E_TIMEOUT=${E2E_TIMEOUT:-600}
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/oci_lib.sh"

@@ -91,11 +91,13 @@ expect "the mirror did break off" test "$(fp_stat faults)" -ge 2
 expect "ferry said so, and went on from the byte reached" \
 	grep -q "broke off after .* asking the next host from byte" "$LOG"
 # A whole layer streamed for a conversion: the same bytes as without it.
-reg_mkimage "$SCRATCH/img" 4 &&
+if ! { reg_mkimage "$SCRATCH/img" 4 &&
 	reg_put_blob t/oci "$SCRATCH/img/layer1.tar" && reg_put_blob t/oci "$SCRATCH/img/big.tar" &&
 	reg_put_blob t/oci "$SCRATCH/img/config.json" &&
-	reg_put_manifest t/oci 1 "$OCI_MANIFEST" "$SCRATCH/img/manifest.json" >"$LOG" 2>&1 ||
+	reg_put_manifest t/oci 1 "$OCI_MANIFEST" "$SCRATCH/img/manifest.json"; } >"$LOG" 2>&1; then
 	notok "push an OCI image to $ORIGIN_REG"
+	diag "$LOG"
+fi
 check "ferry convert straight from the registry" \
 	"$FERRY" convert -q "docker://$ORIGIN_REG/t/oci:1" "dir:$SCRATCH/direct"
 fp_reset
