@@ -463,6 +463,8 @@ struct json_object *ctl_umount_req_to_json(const struct ctl_umount_req *r)
 	ok = json_add_str(o, "op", op_names[CTL_OP_UMOUNT]);
 	ok &= json_add_str(o, "mountpoint", r->mountpoint);
 	ok &= json_add(o, "lazy", json_object_new_boolean(r->lazy));
+	if (r->release)
+		ok &= json_add(o, "release", json_object_new_boolean(true));
 	return json_done(o, ok);
 }
 
@@ -475,6 +477,8 @@ int ctl_umount_req_parse(struct json_object *o, struct ctl_umount_req *r,
 	ret = json_read_abspath(o, "mountpoint", &r->mountpoint, err, errlen);
 	if (!ret)
 		ret = json_read_bool(o, "lazy", &r->lazy, err, errlen);
+	if (!ret)
+		ret = json_read_bool(o, "release", &r->release, err, errlen);
 	return ret;
 }
 
@@ -588,8 +592,30 @@ static int want_ok(struct json_object *o, char *err, size_t errlen)
 struct json_object *ctl_mount_reply_to_json(const struct ctl_mount_reply *r)
 {
 	struct json_object *o = ctl_reply_to_json(&(struct ctl_reply){ 0 });
+	bool ok;
 
-	return o ? json_done(o, json_add(o, "pid", json_object_new_int(r->pid))) : NULL;
+	if (!o)
+		return NULL;
+	ok = json_add(o, "pid", json_object_new_int(r->pid));
+	if (r->image_digest[0])
+		ok &= json_add_str(o, "imageDigest", r->image_digest);
+	if (r->bootstrap_digest[0])
+		ok &= json_add_str(o, "bootstrapDigest", r->bootstrap_digest);
+	return json_done(o, ok);
+}
+
+/* An optional "sha256:<hex>" field into @out ("" when absent). */
+static int get_digest(struct json_object *o, const char *key,
+		      char out[DIGEST_STRING_SIZE], char *err, size_t errlen)
+{
+	const char *s = NULL;
+	int ret = json_read_str(o, key, DIGEST_STRING_SIZE - 1, false, &s, err, errlen);
+
+	if (!ret && s && digest_parse(s, (uint8_t[32]){ 0 }))
+		return json_bad(err, errlen, "\"%s\" is not a sha256 digest", key);
+	if (!ret && s)
+		snprintf(out, DIGEST_STRING_SIZE, "%s", s);
+	return ret;
 }
 
 int ctl_mount_reply_parse(struct json_object *o, struct ctl_mount_reply *r,
@@ -600,6 +626,10 @@ int ctl_mount_reply_parse(struct json_object *o, struct ctl_mount_reply *r,
 	memset(r, 0, sizeof(*r));
 	if (!ret)
 		ret = get_pid(o, "pid", true, &r->pid, err, errlen);
+	if (!ret)
+		ret = get_digest(o, "imageDigest", r->image_digest, err, errlen);
+	if (!ret)
+		ret = get_digest(o, "bootstrapDigest", r->bootstrap_digest, err, errlen);
 	return proto(ret);
 }
 

@@ -31,8 +31,14 @@
  *             "retries":N,"stallTimeoutMs":N,
  *             "requestTimeoutMs":N}}                (ctl_fetch_opts[])
  *       answered once the mount is live
- *       → {"ok":true,"pid":N}                       (ctl_mount_reply)
- *   {"op":"umount","mountpoint":ABS,"lazy":BOOL}
+ *       → {"ok":true,"pid":N,"imageDigest":D,"bootstrapDigest":D}
+ *         (ctl_mount_reply: the digests of what is mounted, each checked:
+ *         the manifest's (the bootstrap's for dir:), the raw bootstrap's,
+ *         absent for native EROFS layers)
+ *   {"op":"umount","mountpoint":ABS,"lazy":BOOL,
+ *    "release":BOOL (then forget the image's record in its cache, so
+ *                    that gc may reclaim its blobs, unless another mount
+ *                    of this ferryd serves that image from that cache)}
  *       answered once the mount is torn down (a few seconds at most)
  *       → {"ok":true}
  *   {"op":"list"}  → {"ok":true,"pid":N,"version":S,"socket":S,"mounts":
@@ -196,6 +202,7 @@ void ctl_mount_req_free(struct ctl_mount_req *r);
 struct ctl_umount_req {
 	const char *mountpoint; /* absolute */
 	bool lazy;
+	bool release; /* forget the image's record once no mount serves it */
 };
 struct json_object *ctl_umount_req_to_json(const struct ctl_umount_req *r);
 int ctl_umount_req_parse(struct json_object *o, struct ctl_umount_req *r,
@@ -238,6 +245,9 @@ int ctl_reply_parse(struct json_object *o, struct ctl_reply *r,
 /* The ok answers that say more (their parsers want "ok":true). */
 struct ctl_mount_reply {
 	int pid; /* ferryd's */
+	/* "sha256:<hex>" of what is mounted (checked), or "" (not known) */
+	char image_digest[DIGEST_STRING_SIZE];
+	char bootstrap_digest[DIGEST_STRING_SIZE];
 };
 struct json_object *ctl_mount_reply_to_json(const struct ctl_mount_reply *r);
 int ctl_mount_reply_parse(struct json_object *o, struct ctl_mount_reply *r,

@@ -73,7 +73,16 @@
  * snapshotter as labels: these tell ferry-snapshotter what a layer is. */
 #define FERRY_SNAPSHOT_BLOB_LABEL "containerd.io/snapshot/ferry.blob"
 #define FERRY_SNAPSHOT_BOOTSTRAP_LABEL "containerd.io/snapshot/ferry.bootstrap"
-#define FERRY_FORMAT_VERSION "2" /* the manifest's dev.ferry.version */
+#define FERRY_FORMAT_VERSION "3" /* the manifest's dev.ferry.version */
+/*
+ * A ferry layer's config diff_id (docs/FORMAT.md 1a) is the sha256 of
+ * PREFIX + its digest string (a data blob's own digest, the bootstrap's
+ * raw bytes' digest): no tar layer hashes to such a short text, so the
+ * chain IDs containerd computes for a ferry image's layers never name
+ * layers it unpacks itself (docs/SECURITY.md, containerd).
+ */
+#define FERRY_BLOB_DIFF_ID_PREFIX "dev.ferry.blob "
+#define FERRY_BOOTSTRAP_DIFF_ID_PREFIX "dev.ferry.bootstrap "
 #define FERRY_BOOTSTRAP_DIGEST_ANNOTATION "dev.ferry.bootstrap.uncompressed-digest"
 #define FERRY_BOOTSTRAP_MAX (1ull << 30) /* larger bootstraps are refused */
 #define OCI_JSON_MAX (4u << 20) /* larger manifests, indexes, configs are refused */
@@ -428,7 +437,12 @@ int oci_blob_path(const char *layout, const uint8_t digest[32], char **out);
 /* A ferry data-blob / bootstrap layer type, current or old. */
 bool oci_is_ferry_blob(const char *media_type);
 bool oci_is_ferry_bootstrap(const char *media_type);
-/* @img's last layer is a bootstrap of the old type (FERRY_*_OLD). */
+/*
+ * @img is a ferry image of an earlier format: its last layer is a
+ * bootstrap of the old type (FERRY_*_OLD, format 1), or its manifest's
+ * dev.ferry.version is not FERRY_FORMAT_VERSION (format 2: its diff_ids
+ * are the layers' digests).
+ */
 bool oci_is_old_ferry(const struct oci_image *img);
 
 /* ------------------------------------------------------------------ */
@@ -514,7 +528,7 @@ int image_out_finish_index(struct image_out *o,
 /*
  * Rewrite the old-format ferry image @src (oci_is_old_ferry) into @o in
  * the current format: the same blobs, current layer types, the snapshot
- * labels, a config whose diff_ids match the layers (docs/FORMAT.md 1a).
+ * labels, a config with the layers' diff_ids (docs/FORMAT.md 1a).
  */
 int image_out_upgrade(struct image_out *o, const struct oci_image *src,
 		      const struct fetch_opts *fopts, struct ferry_progress *progress,

@@ -467,9 +467,20 @@ bool oci_is_ferry_bootstrap(const char *media_type)
 
 bool oci_is_old_ferry(const struct oci_image *img)
 {
-	return img->nr_layers &&
-	       !strcmp(img->layers[img->nr_layers - 1].media_type,
-		       FERRY_BOOTSTRAP_MEDIA_TYPE_OLD);
+	struct json_object *ann;
+	const char *version;
+	const char *boot;
+
+	if (!img->nr_layers)
+		return false;
+	boot = img->layers[img->nr_layers - 1].media_type;
+	if (!strcmp(boot, FERRY_BOOTSTRAP_MEDIA_TYPE_OLD))
+		return true;
+	if (strcmp(boot, FERRY_BOOTSTRAP_MEDIA_TYPE) ||
+	    !json_object_object_get_ex(img->manifest, "annotations", &ann))
+		return false;
+	version = json_get_string(ann, "dev.ferry.version");
+	return !version || strcmp(version, FERRY_FORMAT_VERSION);
 }
 
 int oci_blob_path(const char *layout, const uint8_t digest[32], char **out)

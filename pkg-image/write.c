@@ -514,6 +514,17 @@ static void annotate(struct json_object *o, const char *key, const char *value)
 	json_object_object_add(ann, key, json_object_new_string(value));
 }
 
+/* @digest's diff_id as a ferry layer (FERRY_*_DIFF_ID_PREFIX). */
+static void ferry_diff_id(const char *prefix, const uint8_t digest[32], uint8_t out[32])
+{
+	char text[64 + DIGEST_STRING_SIZE];
+	int n;
+
+	n = snprintf(text, sizeof(text), "%s", prefix);
+	digest_format(digest, text + n);
+	sha256_buf(text, strlen(text), out);
+}
+
 /*
  * The image config: the source's (@src, @src_len bytes; NULL: a minimal
  * one for the host's platform) with rootfs.diff_ids replaced by @diff_ids,
@@ -660,17 +671,16 @@ static int finish_oci(struct image_out *o, const struct image_out_desc *d,
 {
 	struct json_object *manifest = NULL, *layers, *desc;
 	char num[32], dstr[DIGEST_STRING_SIZE];
-	uint8_t zboot_digest[BLOB_DIGEST_SIZE], (*diff_ids)[32];
+	uint8_t zboot_digest[BLOB_DIGEST_SIZE], boot_digest[32], (*diff_ids)[32];
 	uint64_t zboot_size = 0;
 	uint32_t i;
 	int ret;
 
-	/* A data blob is its own diff_id (it is not compressed as a whole);
-	 * the bootstrap's is the digest of its raw EROFS bytes. */
 	diff_ids = calloc(d->nr_blobs + 1, sizeof(*diff_ids));
 	if (!diff_ids)
 		return -ENOMEM;
-	sha256_buf(d->bootstrap, d->bootstrap_len, diff_ids[d->nr_blobs]);
+	sha256_buf(d->bootstrap, d->bootstrap_len, boot_digest);
+	ferry_diff_id(FERRY_BOOTSTRAP_DIFF_ID_PREFIX, boot_digest, diff_ids[d->nr_blobs]);
 	ret = put_compressed_bootstrap(o->dir, d->bootstrap, d->bootstrap_len,
 				       zboot_digest, &zboot_size);
 	if (ret)
@@ -685,7 +695,7 @@ static int finish_oci(struct image_out *o, const struct image_out_desc *d,
 	for (i = 0; i < d->nr_blobs; i++) {
 		const struct image_out_blob *ob = &d->blobs[i];
 
-		memcpy(diff_ids[i], ob->info->digest, 32);
+		ferry_diff_id(FERRY_BLOB_DIFF_ID_PREFIX, ob->info->digest, diff_ids[i]);
 		desc = descriptor_json(FERRY_BLOB_MEDIA_TYPE, ob->info->digest,
 				       ob->info->size);
 		snprintf(num, sizeof(num), "%llu",
@@ -700,7 +710,7 @@ static int finish_oci(struct image_out *o, const struct image_out_desc *d,
 	}
 	desc = descriptor_json(FERRY_BOOTSTRAP_MEDIA_TYPE, zboot_digest, zboot_size);
 	annotate(desc, "dev.ferry.bootstrap", "true");
-	digest_format(diff_ids[d->nr_blobs], dstr);
+	digest_format(boot_digest, dstr);
 	annotate(desc, FERRY_BOOTSTRAP_DIGEST_ANNOTATION, dstr);
 	snprintf(num, sizeof(num), "%llu", (unsigned long long)d->bootstrap_len);
 	annotate(desc, "dev.ferry.bootstrap.uncompressed-size", num);
@@ -771,7 +781,7 @@ int image_out_upgrade(struct image_out *o, const struct oci_image *src,
 	int ret = 0;
 
 	if (o->transport != IMAGE_OCI || !oci_is_old_ferry(src)) {
-		ferry_err("%s: a ferry image of format 1 is upgraded only into oci: or docker://; choose such a destination",
+		ferry_err("%s: a ferry image of an earlier format is upgraded only into oci: or docker://; choose such a destination",
 			  src->where);
 		return -EINVAL;
 	}
@@ -784,20 +794,23 @@ int image_out_upgrade(struct image_out *o, const struct oci_image *src,
 	json_object_object_get_ex(manifest, "layers", &layers);
 	for (i = 0; !ret && i < src->nr_layers; i++) {
 		desc = json_object_array_get_idx(layers, i);
-		memcpy(diff_ids[i], src->layers[i].digest, 32);
 		if (i == last) {
 			s = oci_annotation(desc, FERRY_BOOTSTRAP_DIGEST_ANNOTATION);
-			if (!s || digest_parse(s, diff_ids[i])) {
+			if (!s || digest_parse(s, digest)) {
 				ferry_err("%s: bootstrap layer lacks a valid %s annotation",
 					  src->where, FERRY_BOOTSTRAP_DIGEST_ANNOTATION);
 				ret = -EFSCORRUPTED;
 				break;
 			}
+			ferry_diff_id(FERRY_BOOTSTRAP_DIFF_ID_PREFIX, digest, diff_ids[i]);
 		} else if (!oci_is_ferry_blob(src->layers[i].media_type)) {
 			ferry_err("%s: layer %u is %s, not a ferry blob", src->where, i,
 				  src->layers[i].media_type);
 			ret = -EFSCORRUPTED;
 			break;
+		} else {
+			ferry_diff_id(FERRY_BLOB_DIFF_ID_PREFIX, src->layers[i].digest,
+				      diff_ids[i]);
 		}
 		json_object_object_add(desc, "mediaType", json_object_new_string(
 			i == last ? FERRY_BOOTSTRAP_MEDIA_TYPE : FERRY_BLOB_MEDIA_TYPE));

@@ -31,8 +31,8 @@ static void convert_help(void)
 	       "        docker://[HOST[:PORT]/]REPO[:TAG]\n"
 	       "                        pushes that image to a registry (staged in\n"
 	       "                        $TMPDIR, default /var/tmp, then removed)\n"
-	       "A ferry image of format 1 (written by earlier versions) as an oci: or\n"
-	       "docker:// SOURCE is upgraded into an oci: or docker:// DEST: the same\n"
+	       "A ferry image of format 1 or 2 (written by earlier versions) as an oci:\n"
+	       "or docker:// SOURCE is upgraded into an oci: or docker:// DEST: the same\n"
 	       "blobs with containerd's layer types and diff_ids (docs/FORMAT.md).\n\n"
 	       "Options:\n"
 	       "  --format F         ferry (default): the image above; erofs-layers:\n"
@@ -168,7 +168,7 @@ static void print_summary(const struct convert_stats *s)
 	uint32_t i;
 
 	if (s->upgraded) {
-		fprintf(stderr, "upgraded a ferry image of format 1 (same blobs)\n  manifest %s\n",
+		fprintf(stderr, "upgraded a ferry image of an earlier format (same blobs)\n  manifest %s\n",
 			s->manifest_digest);
 		return;
 	}

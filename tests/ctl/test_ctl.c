@@ -488,7 +488,7 @@ static void test_mount_req_roundtrip(void)
 
 static void test_other_requests_roundtrip(void)
 {
-	struct ctl_umount_req u = { .mountpoint = "/mnt/a b", .lazy = true };
+	struct ctl_umount_req u = { .mountpoint = "/mnt/a b", .lazy = true, .release = true };
 	struct ctl_request req;
 	struct json_object *o;
 	enum ctl_op op;
@@ -497,7 +497,8 @@ static void test_other_requests_roundtrip(void)
 	o = wire(ctl_umount_req_to_json(&u));
 	CHECK_EQ(ctl_request_parse(o, &req, err, sizeof(err)), 0);
 	CHECK_EQ(req.op, CTL_OP_UMOUNT);
-	CHECK(str_eq(req.umount.mountpoint, u.mountpoint) && req.umount.lazy);
+	CHECK(str_eq(req.umount.mountpoint, u.mountpoint) && req.umount.lazy &&
+	      req.umount.release);
 	ctl_request_free(&req);
 	json_object_put(o);
 	for (op = CTL_OP_LIST; op <= CTL_OP_UPGRADE; op++) {
@@ -556,6 +557,15 @@ static void test_replies_roundtrip(void)
 	CHECK_EQ(ctl_reply_parse(o, &st, err, sizeof(err)), 0);
 	CHECK_EQ(ctl_mount_reply_parse(o, &mr, err, sizeof(err)), 0);
 	CHECK_EQ(mr.pid, 99);
+	CHECK(!mr.image_digest[0] && !mr.bootstrap_digest[0]);
+	json_object_put(o);
+	/* What is mounted: the snapshotter checks it (docs/containerd.md). */
+	o = wire(ctl_mount_reply_to_json(&(struct ctl_mount_reply){
+		.pid = 98, .image_digest = "sha256:" "abababababababababababababababababababababababababababababababab",
+		.bootstrap_digest = "sha256:" "cdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcd" }));
+	CHECK_EQ(ctl_mount_reply_parse(o, &mr, err, sizeof(err)), 0);
+	CHECK(mr.pid == 98 && str_eq(mr.image_digest, "sha256:" "abababababababababababababababababababababababababababababababab") &&
+	      str_eq(mr.bootstrap_digest, "sha256:" "cdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcd"));
 	json_object_put(o);
 
 	o = wire(ctl_ping_reply_to_json(&lr.daemon));
@@ -779,6 +789,10 @@ static void test_reply_rejections(void)
 	reject_reply(ctl_reply_parse, struct ctl_reply,
 		     "{\"ok\":false,\"error\":\"x\",\"errno\":4096}", "\"errno\"");
 	reject_reply(ctl_mount_reply_parse, struct ctl_mount_reply, "{\"ok\":true}", "\"pid\"");
+	reject_reply(ctl_mount_reply_parse, struct ctl_mount_reply,
+		     "{\"ok\":true,\"pid\":1,\"imageDigest\":\"sha256:12\"}", "imageDigest");
+	reject_reply(ctl_mount_reply_parse, struct ctl_mount_reply,
+		     "{\"ok\":true,\"pid\":1,\"bootstrapDigest\":7}", "bootstrapDigest");
 	reject_reply(ctl_mount_reply_parse, struct ctl_mount_reply, "{\"ok\":true,\"pid\":0}",
 		     "\"pid\"");
 	reject_reply(ctl_mount_reply_parse, struct ctl_mount_reply, "{\"ok\":true,\"pid\":\"1\"}",

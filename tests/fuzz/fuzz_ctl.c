@@ -181,7 +181,7 @@ static void check_replies(struct json_object *o)
 	if (!ctl_mount_reply_parse(o, &m, err, sizeof(err))) {
 		back = ctl_mount_reply_to_json(&m);
 		if (m.pid <= 0 || (back && (ctl_mount_reply_parse(back, &m2, err, sizeof(err)) ||
-					    m2.pid != m.pid)))
+					    memcmp(&m, &m2, sizeof(m)))))
 			abort();
 		json_object_put(back);
 	}

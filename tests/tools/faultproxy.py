@@ -288,6 +288,8 @@ class Handler(BaseHTTPRequestHandler):
             return self.simple(400, json.dumps({"error": str(e)}).encode())
         entry = {"method": self.command, "path": self.path,
                  "range": self.headers.get("Range"), "t": round(time.time(), 3),
+                 "authorization": self.headers.get("Authorization"),
+                 "agent": self.headers.get("User-Agent"),
                  "x": ";".join("%s=%s" % (k, v) for k, v in self.headers.items()
                                if k.lower().startswith("x-"))}
         with st.lock:
