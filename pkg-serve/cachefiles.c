@@ -1394,7 +1394,7 @@ static void cf_takeover_device(struct serve_ctx *ctx, void *mode_ctx, int devfd)
 		}
 		req.adopt = true;
 		ferry_info("cachefiles: taking over %s on %s", req.image, req.mountpoint);
-		if (!serve_mount(ctx, &req, err, sizeof(err)))
+		if (!serve_mount(ctx, &req, NULL, err, sizeof(err)))
 			ok++;
 	}
 	pthread_mutex_lock(&d->life);

@@ -90,11 +90,17 @@ void serve_takeover_device(struct serve_ctx *ctx, int fd);
 
 /*
  * Mount per @req (taken over, also on failure; req->adopt: a keeper
- * handed the mount over, which is taken over, not mounted). 0 once the kernel serves it, else -errno and
- * the reason in @err.
+ * handed the mount over, which is taken over, not mounted). 0 once the
+ * kernel serves it, and what is mounted in @rep (may be NULL) but its
+ * pid; else -errno and the reason in @err.
  */
-int serve_mount(struct serve_ctx *ctx, struct ctl_mount_req *req, char *err, size_t errlen);
-int serve_umount(struct serve_ctx *ctx, const char *mountpoint, bool lazy, char *err,
+int serve_mount(struct serve_ctx *ctx, struct ctl_mount_req *req, struct ctl_mount_reply *rep,
+		char *err, size_t errlen);
+/*
+ * Unmount per @req; with req->release, forget the image's record in its
+ * cache unless another mount serves it from there.
+ */
+int serve_umount(struct serve_ctx *ctx, const struct ctl_umount_req *req, char *err,
 		 size_t errlen);
 /* The mounts of a list answer (ctl_list_reply_free frees them). */
 int serve_list(struct serve_ctx *ctx, struct ctl_mount_stats **mounts, size_t *nr);

@@ -111,6 +111,7 @@ static struct json_object *handle(struct json_object *o, int passed, bool *shutd
 {
 	struct ctl_ping_reply ping;
 	struct ctl_list_reply list = { 0 };
+	struct ctl_mount_reply mrep;
 	struct ctl_request req;
 	char err[4096] = "", *text = NULL;
 	struct json_object *resp = NULL;
@@ -137,12 +138,12 @@ static struct json_object *handle(struct json_object *o, int passed, bool *shutd
 			req.mount.adopt_fd = passed;
 			passed = -1;
 		}
-		ret = serve_mount(serve, &req.mount, err, sizeof(err));
-		resp = ret ? reply(ret, err) :
-			     ctl_mount_reply_to_json(&(struct ctl_mount_reply){ .pid = getpid() });
+		mrep = (struct ctl_mount_reply){ .pid = getpid() };
+		ret = serve_mount(serve, &req.mount, &mrep, err, sizeof(err));
+		resp = ret ? reply(ret, err) : ctl_mount_reply_to_json(&mrep);
 		break;
 	case CTL_OP_UMOUNT:
-		ret = serve_umount(serve, req.umount.mountpoint, req.umount.lazy, err, sizeof(err));
+		ret = serve_umount(serve, &req.umount, err, sizeof(err));
 		if (ret && ret != -ENOENT)
 			ferry_err("umount %s: %s", req.umount.mountpoint, err);
 		resp = reply(ret, err);
@@ -584,7 +585,7 @@ int daemon_run(const struct daemon_opts *o)
 	if (o->mount) {
 		char err[4096] = "";
 
-		if (serve_mount(serve, o->mount, err, sizeof(err))) {
+		if (serve_mount(serve, o->mount, NULL, err, sizeof(err))) {
 			ret = EXIT_FAILURE;
 			atomic_store(&stop_requested, true);
 		}
