@@ -26,7 +26,8 @@
  *    "record":ABS (fuse: append each file read for the first time to
  *                 this prefetch list; absent: none),
  *    "fetch":{"creds":S,"authfile":S,"tlsVerify":BOOL,"caFile":S,
- *             "insecure":[S...],"mirrors":[S...],"resolve":[S...],
+ *             "insecure":[S...],"hosts":[HOST...] (ctl_hosts_parse),
+ *             "resolve":[S...],
  *             "retries":N,"stallTimeoutMs":N,
  *             "requestTimeoutMs":N}}                (ctl_fetch_opts[])
  *       answered once the mount is live
@@ -111,6 +112,7 @@ enum ctl_opt_type {
 	CTL_OPT_BOOL, /* bool */
 	CTL_OPT_UINT, /* unsigned int */
 	CTL_OPT_STRS, /* const char *const *, NULL-terminated */
+	CTL_OPT_HOSTS, /* const struct fetch_host *const *, NULL-terminated */
 };
 
 /*
@@ -130,6 +132,23 @@ struct ctl_fetch_opt {
 };
 #define CTL_NR_FETCH_OPTS 10
 extern const struct ctl_fetch_opt ctl_fetch_opts[CTL_NR_FETCH_OPTS];
+
+/*
+ * fetch_opts.hosts as JSON (the "hosts" of a request's "fetch", and the
+ * file of ferry's --registry-hosts): an array of at most CTL_HOSTS_MAX
+ *   {"registry":"docker.io","url":"https://mirror.example:5000",
+ *    "capabilities":["pull","resolve"] (absent: all),"server":BOOL,
+ *    "skipVerify":BOOL,"overridePath":BOOL,"ca":[ABS...],
+ *    "clientCert":ABS,"clientKey":ABS,"headers":["Name: value"...]}
+ * — containerd's hosts.toml, one object per [host."URL"] table (and one
+ * with "server":true for its "server"), in the file's order. Parsed hosts
+ * borrow their strings from @arr and are checked (fetch_check_host);
+ * ctl_hosts_free releases what the parser allocated.
+ */
+struct json_object *ctl_hosts_to_json(const struct fetch_host *const *hosts);
+int ctl_hosts_parse(struct json_object *arr, const struct fetch_host *const **out,
+		    char *err, size_t errlen);
+void ctl_hosts_free(const struct fetch_host *const *hosts);
 
 /* ------------------------------------------------------------------ */
 /* Requests                                                            */
@@ -305,8 +324,6 @@ int ctl_client_mount(const char *socket_path, const struct ctl_mount_req *req,
 int ctl_client_umount(const char *socket_path, const struct ctl_umount_req *req,
 		      char *msg, size_t msglen);
 int ctl_client_list(const char *socket_path, struct ctl_list_reply *rep,
-		    char *msg, size_t msglen);
-int ctl_client_ping(const char *socket_path, struct ctl_ping_reply *rep,
 		    char *msg, size_t msglen);
 /* Shutdown (as SIGTERM): ferryd unmounts everything and exits. */
 int ctl_client_shutdown(const char *socket_path, char *msg, size_t msglen);

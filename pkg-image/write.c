@@ -407,7 +407,7 @@ void image_out_close(struct image_out *o, bool failed)
  */
 static int commit_dir(struct image_out *o)
 {
-	int fd, ret = 0;
+	int ret = 0;
 
 	if (fsync(o->lock_fd) || fchmod(o->lock_fd, 0755))
 		ret = -errno;
@@ -422,14 +422,7 @@ static int commit_dir(struct image_out *o)
 	o->committed = true;
 	if (o->replace && image_dir_remove(o->dir))
 		ferry_warn("%s: the replaced image is left in %s", o->final, o->dir);
-	fd = open(o->parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (fd < 0 || fsync(fd))
-		ret = -errno;
-	if (fd >= 0)
-		close(fd);
-	if (ret)
-		ferry_err("%s: cannot sync: %s", o->parent, ferry_strerror(ret));
-	return ret;
+	return fsync_dir(o->parent);
 }
 
 /* ------------------------------------------------------------------ */
@@ -631,11 +624,13 @@ static int annotate_source(struct json_object *manifest,
 
 /*
  * Complete @manifest with its config (put_config, from @src's or a minimal
- * one) and the format version, and store and tag it in @o.
+ * one) and the format version, and store it in @o, tagged unless it is
+ * an index's member.
  */
 static int put_manifest(struct image_out *o, struct json_object *manifest,
 			const struct oci_image *src, const uint8_t (*diff_ids)[32],
-			uint32_t nr, uint8_t digest[32], uint64_t *size)
+			uint32_t nr, bool index_member, uint8_t digest[32],
+			uint64_t *size)
 {
 	struct oci_descriptor config = { 0 };
 	const char *text;
@@ -656,7 +651,7 @@ static int put_manifest(struct image_out *o, struct json_object *manifest,
 							JSON_C_TO_STRING_NOSLASHESCAPE);
 	*size = strlen(text);
 	ret = oci_put_blob(o->dir, text, *size, digest);
-	if (!ret)
+	if (!ret && !index_member)
 		ret = oci_tag_manifest(o->dir, o->tag ? o->tag : "latest", digest,
 				       *size, FETCH_OCI_MANIFEST);
 	return ret;
@@ -723,7 +718,8 @@ static int finish_oci(struct image_out *o, const struct image_out_desc *d,
 			goto out;
 	}
 	ret = put_manifest(o, manifest, d->source, (const uint8_t (*)[32])diff_ids,
-			   d->nr_blobs + 1, manifest_digest, manifest_size);
+			   d->nr_blobs + 1, d->index_member, manifest_digest,
+			   manifest_size);
 out:
 	json_object_put(manifest);
 	free(diff_ids);
@@ -816,11 +812,11 @@ int image_out_upgrade(struct image_out *o, const struct oci_image *src,
 	}
 	if (!ret)
 		ret = put_manifest(o, manifest, src, (const uint8_t (*)[32])diff_ids,
-				   src->nr_layers, digest, manifest_size);
+				   src->nr_layers, false, digest, manifest_size);
 	if (!ret)
 		digest_format(digest, manifest_digest);
 	if (!ret && o->push_ref)
-		ret = oci_push(o->dir, digest, *manifest_size, o->push_ref, fopts,
+		ret = oci_push(o->dir, digest, *manifest_size, o->push_ref, false, fopts,
 			       progress);
 out:
 	json_object_put(manifest);
@@ -845,7 +841,71 @@ int image_out_finish(struct image_out *o, const struct image_out_desc *d,
 	digest_format(digest, manifest_digest);
 	if (o->push_ref)
 		ret = oci_push(o->dir, digest, *manifest_size, o->push_ref,
-			       d->fetch, d->progress);
+			       d->index_member, d->fetch, d->progress);
+	return ret;
+}
+
+/* "os/arch[/variant]" as an index entry's platform object. */
+static struct json_object *platform_json(const char *platform)
+{
+	struct json_object *p = json_object_new_object();
+	const char *arch = strchr(platform, '/'), *variant;
+
+	if (!p || !arch)
+		return p;
+	variant = strchr(arch + 1, '/');
+	json_object_object_add(p, "architecture",
+			       json_object_new_string_len(arch + 1, variant ?
+					(int)(variant - arch - 1) : (int)strlen(arch + 1)));
+	json_object_object_add(p, "os", json_object_new_string_len(platform,
+						(int)(arch - platform)));
+	if (variant)
+		json_object_object_add(p, "variant", json_object_new_string(variant + 1));
+	return p;
+}
+
+int image_out_finish_index(struct image_out *o,
+			   const struct image_out_index_entry *entries,
+			   uint32_t nr, const struct fetch_opts *fopts,
+			   char index_digest[DIGEST_STRING_SIZE], uint64_t *index_size)
+{
+	struct json_object *index, *manifests;
+	uint8_t digest[32];
+	const char *text;
+	uint32_t i;
+	int ret;
+
+	if (o->transport == IMAGE_DIR) {
+		ferry_err("%s: an image index is written to oci: or docker://, not dir:",
+			  o->final);
+		return -EINVAL;
+	}
+	index = json_object_new_object();
+	manifests = json_object_new_array();
+	json_object_object_add(index, "schemaVersion", json_object_new_int(2));
+	json_object_object_add(index, "mediaType", json_object_new_string(FETCH_OCI_INDEX));
+	json_object_object_add(index, "manifests", manifests);
+	for (i = 0; i < nr; i++) {
+		struct json_object *d = descriptor_json(FETCH_OCI_MANIFEST,
+							entries[i].digest,
+							entries[i].size);
+
+		json_object_object_add(d, "platform", platform_json(entries[i].platform));
+		json_object_array_add(manifests, d);
+	}
+	annotate(index, "dev.ferry.version", FERRY_FORMAT_VERSION);
+	text = json_object_to_json_string_ext(index, JSON_C_TO_STRING_PLAIN |
+						     JSON_C_TO_STRING_NOSLASHESCAPE);
+	*index_size = strlen(text);
+	ret = oci_put_blob(o->dir, text, *index_size, digest);
+	if (!ret && o->push_ref)
+		ret = oci_push_index(o->push_ref, text, *index_size, fopts);
+	else if (!ret)
+		ret = oci_tag_manifest(o->dir, o->tag ? o->tag : "latest", digest,
+				       *index_size, FETCH_OCI_INDEX);
+	if (!ret)
+		digest_format(digest, index_digest);
+	json_object_put(index);
 	return ret;
 }
 
@@ -972,7 +1032,7 @@ int image_out_finish_layers(struct image_out *o,
 							JSON_C_TO_STRING_NOSLASHESCAPE);
 	*manifest_size = strlen(text);
 	ret = oci_put_blob(o->dir, text, *manifest_size, digest);
-	if (!ret)
+	if (!ret && !d->index_member)
 		ret = oci_tag_manifest(o->dir, o->tag ? o->tag : "latest", digest,
 				       *manifest_size, FETCH_OCI_MANIFEST);
 	if (ret)
@@ -980,7 +1040,7 @@ int image_out_finish_layers(struct image_out *o,
 	digest_format(digest, manifest_digest);
 	if (o->push_ref)
 		ret = oci_push(o->dir, digest, *manifest_size, o->push_ref,
-			       d->fetch, d->progress);
+			       d->index_member, d->fetch, d->progress);
 out:
 	json_object_put(manifest);
 	return ret;

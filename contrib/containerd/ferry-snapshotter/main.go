@@ -61,7 +61,7 @@ func defaults() config {
 		Address:      "/run/ferry/snapshotter.sock",
 		Root:         "/var/lib/ferry-snapshotter",
 		FerrydSocket: "/run/ferry/ferryd.sock",
-		CacheDir:     "/var/cache/ferry",
+		CacheDir:     "/var/lib/ferry/cache", // ferry's own default: `ferry cache ls` shows it
 		Mode:         "auto",
 		Pullers:      map[string]string{"k8s.io": pullerCRI},
 		LogLevel:     "info",
