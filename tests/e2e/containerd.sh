@@ -106,7 +106,7 @@ run_checks() { # NOTE IMAGE [NS]
 		"cd / && sha256sum $FILES && echo written-by-ferry-e2e >/ferry-$id && cat /ferry-$id" 2>&1)
 	expect "ctr run ($note): both layers' files have the right hashes" \
 		[ "$(echo "$out" | grep -E '^[0-9a-f]{64} ')" = "$WANT" ]
-	[ "$(echo "$out" | grep -E '^[0-9a-f]{64} ')" = "$WANT" ] || echo "$out" | head -20 | sed 's/^/    /'
+	[ "$(echo "$out" | grep -E '^[0-9a-f]{64} ')" = "$WANT" ] || { echo "$out" | head -20; ctd_diagnose; } | sed 's/^/    /'
 	expect "... writes to its rootfs" grep -qx written-by-ferry-e2e <<<"$out"
 	up=$(find "$SNROOT/snapshots" -maxdepth 3 -path "*/fs/ferry-$id" 2>/dev/null | head -1)
 	expect "... which lands in the container's upper directory" [ -n "$up" ]

@@ -129,5 +129,17 @@ ctd_start_containerd() {
 		{ tail -5 "$CTD/containerd.log"; return 1; }
 }
 
+# What a failed containerd call needs explained: whether the snapshotter
+# lives and listens, and the last words of both daemons.
+ctd_diagnose() {
+	local s=dead
+	kill -0 "$SN_PID" 2>/dev/null && s=alive
+	echo "snapshotter $SN_PID: $s; socket: $(ls -l "$CTD/snapshotter.sock" 2>&1)"
+	echo "snapshotter log:"
+	tail -8 "$CTD/snapshotter.log"
+	echo "containerd log (snapshotter lines):"
+	grep -i snapshotter "$CTD/containerd.log" | tail -5
+}
+
 # The ferry mounts under the snapshotter's state.
 ctd_ferry_mounts() { findmnt -rn -o TARGET | grep -F "$SNROOT/"; }
