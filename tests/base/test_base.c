@@ -259,6 +259,9 @@ static void test_bounded_reads(void)
 	CHECK_EQ(open_dir_nofollow(path), -ELOOP); /* a link above, too */
 	CHECK_EQ(umount_nofollow(path, 0), -1);
 	CHECK_EQ(errno, ELOOP);
+	/* mount(2) by path would put the tmpfs on real/ through the link. */
+	CHECK_EQ(mount_nofollow("ferry-test", link, "tmpfs", 0, NULL), -1);
+	CHECK_EQ(errno, ELOOP);
 	snprintf(path, sizeof(path), "rm -rf '%s'", root);
 	CHECK_EQ(system(path), 0);
 }

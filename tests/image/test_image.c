@@ -365,6 +365,19 @@ static void test_prefetch_lists(void)
 	CHECK_EQ(nr, IMAGE_PREFETCH_MAX_PATHS);
 	image_prefetch_list_free(paths, nr);
 	CHECK_EQ(image_prefetch_list_load("/nonexistent/list", &paths, &nr), -ENOENT);
+
+	/* Bounded: a FIFO is refused at once (no wait for a writer), so are a
+	 * link to /dev/zero and a list over IMAGE_PREFETCH_LIST_MAX bytes. */
+	CHECK_EQ(unlink(file), 0);
+	CHECK_EQ(mkfifo(file, 0600), 0);
+	CHECK_EQ(image_prefetch_list_load(file, &paths, &nr), -EINVAL);
+	CHECK_EQ(unlink(file), 0);
+	CHECK_EQ(symlink("/dev/zero", file), 0);
+	CHECK_EQ(image_prefetch_list_load(file, &paths, &nr), -EINVAL);
+	CHECK_EQ(unlink(file), 0);
+	CHECK_EQ(sh("truncate -s %u %s", IMAGE_PREFETCH_LIST_MAX + 1, file), 0);
+	CHECK_EQ(image_prefetch_list_load(file, &paths, &nr), -EFBIG);
+	CHECK(!paths && !nr);
 }
 
 /* image_opts.digest: the image must be that one (a takeover's pin). */
