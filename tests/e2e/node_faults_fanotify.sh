@@ -9,14 +9,6 @@
 . "$(dirname "$0")/lazy_lib.sh"
 . "$(dirname "$0")/node_lib.sh"
 
-node_setup
-cell_cache_full_ext4 fanotify
-cell_cache_eio fanotify
-cell_registry_mount fanotify
-cell_registry_read fanotify
-cell_registry_successor fanotify
-for order in ferryd keeper ferryd-keeper keeper-ferryd together; do
-	cell_kill fanotify "$order"
-done
+node_matrix fanotify
 
 e2e_done

@@ -9,16 +9,6 @@
 . "$(dirname "$0")/lazy_lib.sh"
 . "$(dirname "$0")/node_lib.sh"
 
-node_setup
-cell_cache_full_tmpfs
-cell_cache_full_ext4 fuse
-cell_cache_eio fuse
-cell_registry_mount fuse
-cell_registry_read fuse
-cell_registry_successor fuse
-cell_big_chunks
-for order in ferryd keeper ferryd-keeper keeper-ferryd together; do
-	cell_kill fuse "$order"
-done
+node_matrix fuse
 
 e2e_done

@@ -34,6 +34,7 @@
 #   cell_kill MODE ORDER        kill -9 of ferryd and the keeper: ferryd,
 #                               keeper, ferryd-keeper, keeper-ferryd,
 #                               together
+#   node_matrix MODE            node_setup, then every cell of MODE
 
 [ "${BASH_SOURCE[0]}" = "$0" ] && exit 0
 
@@ -114,7 +115,7 @@ lists() { # DESC
 # mount; a fanotify mount a ferryd served leaves no journal of pending
 # reads next to its socket either (they were never removed).
 umount_in_time() { # DESC MNT
-	local t0 ms fan= left
+	local t0 ms fan='' left
 	[ "$(fstype "$2")" = erofs ] && [ -n "$(daemon_pids)" ] && fan=1
 	t0=$(now_ms)
 	timeout -k 1 "$NF_UMOUNT" "$FERRY" umount "${FERRYD_SOCK_OPT[@]}" "$2" >"$LOG" 2>&1
@@ -134,7 +135,7 @@ no_journal() { ! compgen -G "$FDIR/fanotify-*.journal" >/dev/null; }
 # One check: every file of MNT reads as the reference (within NF_READ
 # each), its pages dropped first.
 reads_right() { # DESC MNT
-	local f bad= first=
+	local f bad='' first=''
 	for f in big.bin mid.bin $(cd "$SRC" && echo small/*); do
 		drop_pages "$2/$f" 2>/dev/null
 		timeout -k 1 "$NF_READ" bash -c 'read_check "$@"' _ "$2/$f" "$SRC/$f" \
@@ -266,7 +267,7 @@ cell_cache_full_ext4() { # MODE
 	FCACHE=$d/cache
 	if mount_in_time "$c" "$mode" "$M"; then
 		free=$(stat -f -c '%a * %S' "$d")
-		fallocate -l $(($free - (2 << 20))) "$d/filler"
+		fallocate -l $((free - (2 << 20))) "$d/filler"
 		read_eio "$c" "$M" big.bin
 		for f in small/f1 small/f64; do
 			read_bounded "$c" "$M" "$f"
@@ -447,7 +448,7 @@ print("wrong at chunks %s" % bad if bad else "right")' "$d/chunks.bin" "$M/chunk
 # again and a mount (the one left, or a new one) reads everything right.
 cell_kill() { # MODE ORDER
 	local mode=$1 order=$2 c="kill -9 $2, $1" M=$SCRATCH/m-kill-$1-$2
-	local dpid kpid served= errnos=5
+	local dpid kpid served='' errnos=5
 	lazy_use "kill-$mode-$order"
 	mount_in_time "$c" "$mode" "$M" || return
 	dpid=$(daemon_pids | head -n 1)
@@ -503,4 +504,23 @@ cell_kill() { # MODE ORDER
 successor_keeper() { # MNT
 	local k
 	k=$(keeper_pid "$1" 2>/dev/null) && is_keeper "$k" && [ -n "$(daemon_pids)" ]
+}
+
+# ------------------------------------------------------------ the matrix
+
+# Every cell of MODE in order, after node_setup: the two suites run the
+# same list.
+node_matrix() { # MODE
+	local mode=$1 order
+	node_setup
+	[ "$mode" = fuse ] && cell_cache_full_tmpfs
+	cell_cache_full_ext4 "$mode"
+	cell_cache_eio "$mode"
+	cell_registry_mount "$mode"
+	cell_registry_read "$mode"
+	cell_registry_successor "$mode"
+	[ "$mode" = fuse ] && cell_big_chunks
+	for order in ferryd keeper ferryd-keeper keeper-ferryd together; do
+		cell_kill "$mode" "$order"
+	done
 }
