@@ -38,7 +38,7 @@ GO=$TOP/contrib/containerd/go.sh
 SNAP=$SCRATCH/ferry-snapshotter
 CTD=$SCRATCH/ctd
 SNROOT=$CTD/snapshotter
-HOSTS=$CTD/certs.d       # containerd's config_path and the snapshotter's hostsDir
+HOSTS=$CTD/certs.d       # containerd's config_path and the snapshotter's hostsDir (ctd_configs)
 CRI_SOCK=$CTD/cri.sock   # the proxy: kubelet's --image-service-endpoint
 LOGS=$CTD/pods           # the sandboxes' log directory
 PAUSE=ferry.test/pause:1 # the sandbox image, imported
@@ -61,8 +61,7 @@ CTD_CRI="[plugins.\"io.containerd.grpc.v1.cri\"]
     conf_dir = \"$CTD/cni/conf\"
   [plugins.\"io.containerd.grpc.v1.cri\".registry]
     config_path = \"$HOSTS\""
-SN_JSON="\"hostsDir\": \"$HOSTS\", \"criAddress\": \"$CRI_SOCK\",
- \"containerdAddress\": \"$CTD/containerd.sock\""
+SN_JSON="\"criAddress\": \"$CRI_SOCK\", \"containerdAddress\": \"$CTD/containerd.sock\""
 
 criclient() {
 	timeout -k 5 200 python3 "$TOP/tests/tools/cri/criclient.py" -socket "$CRI_SOCK" "$@" </dev/null

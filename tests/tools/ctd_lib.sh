@@ -7,8 +7,8 @@
 # ctd_configs DIR SNROOT FERRYD_SOCK CACHE MODE [JSON]: DIR/config.toml
 # (root, state and sockets under DIR, CRI off unless CTD_CRI holds its
 # tables, the proxy snapshotter "ferry" at DIR/snapshotter.sock) and
-# DIR/snapshotter.json for ferry-snapshotter, with JSON's members added
-# (e.g. its "pullers").
+# DIR/snapshotter.json for ferry-snapshotter (hosts directory DIR/certs.d,
+# not the machine's), with JSON's members added (e.g. its "pullers").
 CTD_CRI=
 ctd_configs() {
 	local cri_off='disabled_plugins = ["io.containerd.grpc.v1.cri"]'
@@ -29,7 +29,7 @@ $CTD_CRI
 TOML
 	cat >"$1/snapshotter.json" <<JSON
 {"address": "$1/snapshotter.sock", "root": "$2", "ferrydSocket": "$3",
- "cacheDir": "$4", "mode": "$5"${6:+, $6}}
+ "cacheDir": "$4", "mode": "$5", "hostsDir": "$1/certs.d"${6:+, $6}}
 JSON
 }
 
