@@ -201,8 +201,8 @@ func (a *authConfig) userPass() (string, error) {
 	return "", nil
 }
 
-// criCreds: the credentials of kubelet's last PullImage per repository
-// ("docker.io/library/nginx"), in memory only.
+// criCreds: the credentials of kubelet's last successful PullImage per
+// repository ("docker.io/library/nginx"), in memory only.
 type criCreds struct {
 	mu     sync.Mutex
 	byRepo map[string]string // "USER:PASS"
@@ -210,13 +210,16 @@ type criCreds struct {
 
 func newCRICreds() *criCreds { return &criCreds{byRepo: map[string]string{}} }
 
-// record what a PullImage of @r says: its credentials for its repository,
-// or none (kubelet pulled it without a secret, so none applies any more).
-func (c *criCreds) record(ctx context.Context, r *pullRequest) {
+// record the credentials of a PullImage for its repository, before
+// containerd pulls (the snapshotter mounts during the pull); the returned
+// function undoes that when the pull fails, so that a pod's wrong secret
+// does not replace the one a pull succeeded with. A pull without usable
+// credentials changes nothing: the repository's last ones stay.
+func (c *criCreds) record(ctx context.Context, r *pullRequest) (undo func()) {
 	named, err := refdocker.ParseDockerRef(r.image)
 	if err != nil {
 		log.G(ctx).WithError(err).Warnf("ferry: CRI PullImage of %q: no image reference", r.image)
-		return
+		return nil
 	}
 	repo, domain := named.Name(), refdocker.Domain(named)
 	secret, err := r.auth.userPass()
@@ -224,17 +227,29 @@ func (c *criCreds) record(ctx context.Context, r *pullRequest) {
 		!sameRegistry(r.auth.serverAddress, domain) {
 		err = fmt.Errorf("they are for %s, not %s", r.auth.serverAddress, domain)
 	}
+	if err != nil {
+		log.G(ctx).Warnf("ferry: CRI PullImage of %s: its credentials are not used for ferry mounts: %v", repo, err)
+	}
+	if err != nil || secret == "" {
+		return nil
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if err != nil || secret == "" {
-		delete(c.byRepo, repo)
-		if err != nil {
-			log.G(ctx).Warnf("ferry: CRI PullImage of %s: its credentials are not used for ferry mounts: %v", repo, err)
-		}
-		return
-	}
+	prev, had := c.byRepo[repo]
 	c.byRepo[repo] = secret
 	log.G(ctx).Debugf("ferry: CRI PullImage of %s: credentials kept for mounts of %s", named, repo)
+	return func() {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if c.byRepo[repo] != secret { // a later pull's since
+			return
+		}
+		if had {
+			c.byRepo[repo] = prev
+		} else {
+			delete(c.byRepo, repo)
+		}
+	}
 }
 
 // lookup: the credentials last pulled @image's repository with, or "".
@@ -327,6 +342,8 @@ func (p *criProxy) forward(_ interface{}, in grpc.ServerStream) error {
 	if err != nil {
 		return err
 	}
+	// The undo of a PullImage's credentials, should containerd fail it.
+	undo := make(chan func(), 1)
 	go func() {
 		for first := true; ; first = false {
 			var m rawFrame
@@ -339,7 +356,7 @@ func (p *criProxy) forward(_ interface{}, in grpc.ServerStream) error {
 				return
 			}
 			if first && (method == pullImageV1 || method == pullImageV1alpha2) {
-				p.observePull(in.Context(), m.data)
+				undo <- p.observePull(in.Context(), m.data)
 			}
 			if out.SendMsg(&m) != nil {
 				return // out.RecvMsg says why
@@ -352,6 +369,13 @@ func (p *criProxy) forward(_ interface{}, in grpc.ServerStream) error {
 			in.SetTrailer(out.Trailer())
 			if errors.Is(err, io.EOF) {
 				return nil
+			}
+			select {
+			case u := <-undo:
+				if u != nil {
+					u()
+				}
+			default:
 			}
 			return err
 		}
@@ -371,13 +395,13 @@ func (p *criProxy) forward(_ interface{}, in grpc.ServerStream) error {
 // observePull records a PullImage's credentials before containerd pulls,
 // so that the snapshotter's mounts during that pull have them. A request
 // that does not decode is forwarded all the same: containerd answers it.
-func (p *criProxy) observePull(ctx context.Context, msg []byte) {
+func (p *criProxy) observePull(ctx context.Context, msg []byte) (undo func()) {
 	r, err := decodePullImage(msg)
 	if err != nil {
 		log.G(ctx).WithError(err).Warn("ferry: CRI proxy")
-		return
+		return nil
 	}
-	p.creds.record(ctx, r)
+	return p.creds.record(ctx, r)
 }
 
 // serveCRI runs the proxy on @address until ctx ends.

@@ -86,16 +86,17 @@ func TestDecodePullImage(t *testing.T) {
 }
 
 // What a PullImage's credentials are used for: mounts of its repository
-// only (Hub names normalised), until kubelet pulls it again.
+// only (Hub names normalised), until kubelet pulls it again with others
+// that work.
 func TestCRICreds(t *testing.T) {
 	ctx := context.Background()
 	c := newCRICreds()
-	pull := func(image string, a *authConfig) {
+	pull := func(image string, a *authConfig) func() {
 		r := &pullRequest{image: image}
 		if a != nil {
 			r.auth, r.hasAuth = *a, true
 		}
-		c.record(ctx, r)
+		return c.record(ctx, r)
 	}
 	m := "@" + digest.FromString("m").String()
 	pull("127.0.0.1:5001/private/app:1", &authConfig{username: "u", password: "p"})
@@ -122,9 +123,27 @@ func TestCRICreds(t *testing.T) {
 	if got := c.lookup("127.0.0.1:5001/private/app" + m); got != "u:rotated" {
 		t.Errorf("pulled again with new credentials: %q", got)
 	}
-	pull("docker.io/library/nginx:1.27", nil)
-	if got := c.lookup("docker.io/library/nginx" + m); got != "" {
-		t.Errorf("pulled again without credentials: %q is still used", got)
+	// Pulled again: without credentials, nothing changes; with others
+	// that fail the pull, the ones that worked stay.
+	if undo := pull("docker.io/library/nginx:1.27", nil); undo != nil {
+		t.Error("a pull without credentials has something to undo")
+	}
+	if got := c.lookup("docker.io/library/nginx" + m); got != "hub:secret" {
+		t.Errorf("pulled again without credentials: %q", got)
+	}
+	undo := pull("nginx", &authConfig{username: "other", password: "wrong"})
+	if got := c.lookup("docker.io/library/nginx" + m); got != "other:wrong" {
+		t.Errorf("during a pull with other credentials: %q", got)
+	}
+	undo()
+	if got := c.lookup("docker.io/library/nginx" + m); got != "hub:secret" {
+		t.Errorf("after that pull failed: %q", got)
+	}
+	undo = pull("127.0.0.1:5001/new:1", &authConfig{username: "n", password: "p"})
+	pull("127.0.0.1:5001/new:1", &authConfig{username: "n", password: "later"})
+	undo()
+	if got := c.lookup("127.0.0.1:5001/new" + m); got != "n:later" {
+		t.Errorf("a failed pull undid a later one's credentials: %q", got)
 	}
 }
 
@@ -151,6 +170,9 @@ func (f *fakeCRI) handle(_ interface{}, s grpc.ServerStream) error {
 	f.mu.Unlock()
 	if strings.HasSuffix(method, "/RemoveImage") {
 		return status.Error(codes.NotFound, "no such image")
+	}
+	if bytes.Contains(m.data, []byte("wrong-pass")) {
+		return status.Error(codes.Unknown, "failed to pull: 401 Unauthorized")
 	}
 	s.SetTrailer(metadata.Pairs("x-trailer", "t"))
 	if err := s.SendHeader(metadata.Pairs("x-header", "h")); err != nil {
@@ -217,6 +239,13 @@ func TestCRIProxy(t *testing.T) {
 	_, _, _, err = call("/runtime.v1alpha2.ImageService/RemoveImage", []byte{0x0a, 0})
 	if st, _ := status.FromError(err); st.Code() != codes.NotFound || st.Message() != "no such image" {
 		t.Fatalf("an error passes through as it is: %v", err)
+	}
+	// Another pod's secret that fails the pull does not replace the one
+	// that worked.
+	_, _, _, err = call(pullImageV1alpha2, pullRequestBytes("127.0.0.1:5001/deb:two",
+		map[protowire.Number]string{authFieldUsername: "mallory", authFieldPassword: "wrong-pass"}))
+	if status.Code(err) != codes.Unknown {
+		t.Fatalf("a failed PullImage: %v", err)
 	}
 
 	// The image's bootstrap, mounted with the credentials; another
