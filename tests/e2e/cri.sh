@@ -7,17 +7,25 @@
 # as its snapshotter and as the CRI proxy in front of it, and
 # tests/tools/cri/criclient.py asking the proxy what kubelet asks:
 #  - PullImage of a ferry image on a registry that wants a password (its
-#    proxy logs every Authorization header), the credentials only in the
-#    request's AuthConfig: no data-blob GET during the pull, and every
+#    proxy logs every Authorization header): without an AuthConfig and
+#    with a wrong one it is refused (no node-wide credentials); with the
+#    credentials only in the request's AuthConfig, no data-blob GET
+#    during the pull, and every
 #    request that carried credentials carried the ones given, ferryd's
 #    too; RunPodSandbox, CreateContainer, StartContainer of a container
-#    hashing files of both layers of the image (as umoci unpacks them).
+#    hashing files of both layers of the image (as umoci unpacks them),
+#    then StopContainer, RemoveContainer, StopPodSandbox, RemovePodSandbox.
 #  - PullImage of a multi-arch ferry index named on an origin that does
 #    not answer, through the mirror its hosts.toml names (pull, resolve,
 #    a header): containerd and ferryd both ask the mirror, with the
 #    header; the snapshotter mounts the host platform's member, and a
 #    container of it sees that platform's files; the first registry's
 #    credentials never reach the mirror.
+#  - PullImage of a Docker Hub name without a host ("hub:1"): the CRI
+#    plugin names it docker.io/library/hub:1, and containerd and ferryd
+#    both reach it through the mirror certs.d/docker.io/hosts.toml names
+#    (there is no internet here); a container of it reads the image's
+#    files.
 E2E_TIMEOUT=${E2E_TIMEOUT:-600}
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/oci_lib.sh"
@@ -92,8 +100,9 @@ fp_start || { notok "faultproxy before P"; e2e_done; exit 1; }
 P_PROXY=$PROXY
 check "convert the two-layer Debian image" "$FERRY" convert -q "oci:$FIX:pkgs" "oci:$SCRATCH/lay:pkgs"
 REG_USER=$P_USER REG_PASS=$P_PASS check "push it to P" reg_push_oci "$SCRATCH/lay:pkgs" "$P/private/app:1"
-# The data blobs: every layer but the last, the bootstrap.
-DATA_BLOBS=$(python3 - "$SCRATCH/lay" pkgs <<'EOF'
+# data_blobs LAYOUT TAG: every layer of the image but the last, the bootstrap.
+data_blobs() {
+	python3 - "$1" "$2" <<'EOF'
 import json, os, sys
 lay, tag = sys.argv[1:]
 def get(d): return json.load(open(os.path.join(lay, "blobs", *d.split(":"))))
@@ -101,7 +110,8 @@ idx = json.load(open(os.path.join(lay, "index.json")))
 d = [m for m in idx["manifests"] if m["annotations"]["org.opencontainers.image.ref.name"] == tag][0]
 print(" ".join(l["digest"] for l in get(d["digest"])["layers"][:-1]))
 EOF
-)
+}
+DATA_BLOBS=$(data_blobs "$SCRATCH/lay" pkgs)
 expect "the image has data blobs" [ -n "$DATA_BLOBS" ]
 reg_start anon || { notok "docker-registry"; e2e_done; exit 1; }
 A=$REG
@@ -126,6 +136,21 @@ server = "http://$ORIGIN"
 [host."http://$A_PROXY"]
   capabilities = ["pull", "resolve"]
   header = {X-Ferry-Mirror = "cri-e2e"}
+EOF
+# Docker Hub, as a node's certs.d names a pull-through cache for it. The
+# same files in other chunks: snapshots of their own, not P's image's.
+check "convert the Debian image again, 512K chunks" \
+	"$FERRY" convert -q --chunk-size 512K "oci:$FIX:pkgs" "oci:$SCRATCH/hub:pkgs"
+check "push it to A as library/hub:1" reg_push_oci "$SCRATCH/hub:pkgs" "$A/library/hub:1"
+HUB_BLOBS=$(data_blobs "$SCRATCH/hub" pkgs)
+expect "... its data blobs are not P's image's" [ "${HUB_BLOBS:-$DATA_BLOBS}" != "$DATA_BLOBS" ]
+mkdir -p "$HOSTS/docker.io"
+cat >"$HOSTS/docker.io/hosts.toml" <<EOF
+server = "https://registry-1.docker.io"
+
+[host."http://$A_PROXY"]
+  capabilities = ["pull", "resolve"]
+  header = {X-Ferry-Mirror = "hub-e2e"}
 EOF
 
 # Reference hashes: a file of the first layer, one only the second adds.
@@ -164,13 +189,13 @@ for e in json.load(urllib.request.urlopen("http://%s/__stats" % sys.argv[1], tim
     print("\t".join(str(e.get(k)) for k in ("agent", "method", "path", "authorization", "x")))
 EOF
 }
-# P's log of the pull: no data blob asked for, every Authorization sent
-# the one given, ferryd's requests (user agent ferry/) carrying it.
+# pull_log_ok PROXY AUTH BLOBS: the proxy's log of a pull: none of the
+# data BLOBS asked for, every Authorization sent AUTH ("None": none),
+# ferryd's requests (user agent ferry/) among them.
 pull_log_ok() {
-	proxy_log "$P_PROXY" >"$SCRATCH/p.log" || return 1
+	proxy_log "$1" >"$SCRATCH/pull.log" || return 1
 	# shellcheck disable=SC2086 # one argument per blob
-	python3 - "$SCRATCH/p.log" "Basic $(printf '%s:%s' "$P_USER" "$P_PASS" | base64 -w0)" \
-		$DATA_BLOBS <<'EOF'
+	python3 - "$SCRATCH/pull.log" "$2" $3 <<'EOF'
 import sys
 log, given, blobs = sys.argv[1], sys.argv[2], sys.argv[3:]
 rows = [l.rstrip("\n").split("\t") for l in open(log)]
@@ -183,7 +208,7 @@ for agent, method, path, auth, _ in rows:
 if not any("/manifests/" in r[2] for r in rows):
     bad.append("no manifest request: not the pull's log")
 if not any(r[0].startswith("ferry/") and r[3] == given for r in rows):
-    bad.append("ferryd sent no request with the credentials")
+    bad.append("ferryd sent no request (with %s)" % given)
 for b in bad:
     print("    " + b)
 sys.exit(1 if bad else 0)
@@ -192,10 +217,23 @@ EOF
 
 # --- pull secrets ---------------------------------------------------------
 IMG=$P_PROXY/private/app:1
+P_AUTH="Basic $(printf '%s:%s' "$P_USER" "$P_PASS" | base64 -w0)"
+# pull_refused ERRFILE [ARGS...]: P refuses the pull, not anything on the
+# way (containerd says so).
+pull_refused() {
+	local err=$1
+	shift
+	! criclient pull "$IMG" "$@" 2>"$err" && grep -qi "unauthorized\|401" "$err"
+}
+expect "PullImage without an AuthConfig is refused (no node-wide credentials)" \
+	pull_refused "$SCRATCH/noauth.err"
+expect "PullImage with a wrong secret in its AuthConfig is refused" \
+	pull_refused "$SCRATCH/wrong.err" -user "$P_USER:wrong-$P_PASS"
 PROXY=$P_PROXY fp_reset
 check "PullImage of the private ferry image, credentials only in its AuthConfig" \
 	criclient pull "$IMG" -user "$P_USER:$P_PASS"
-check "... no data-blob GET, only the credential given, ferryd's requests included" pull_log_ok
+check "... no data-blob GET, only the credential given, ferryd's requests included" \
+	pull_log_ok "$P_PROXY" "$P_AUTH" "$DATA_BLOBS"
 expect "... the bootstrap is mounted by ferryd" [ -n "$(ctd_ferry_mounts)" ]
 out=$(criclient run "$IMG" -logs "$LOGS" -name app -- sh -c "cd / && sha256sum $FILES" 2>&1)
 expect "RunPodSandbox, CreateContainer, StartContainer: its files have the image's hashes" \
@@ -225,4 +263,24 @@ grep -qx host-platform <<<"$out" || echo "$out" | tail -5 | sed 's/^/    /'
 proxy_log "$A_PROXY" | cut -f4 >"$SCRATCH/a-auth.log"
 # shellcheck disable=SC2016 # for eval
 expect "... and P's credentials never reached it" eval '! grep -qvx None "$SCRATCH/a-auth.log"'
+
+# --- a Docker Hub name -------------------------------------------------------
+PROXY=$A_PROXY fp_reset
+check "PullImage of hub:1, a Docker Hub name without a host" criclient pull hub:1
+out=$(criclient status hub:1 2>&1)
+expect "... the CRI plugin names it docker.io/library/hub:1" grep -qx "docker.io/library/hub:1" <<<"$out"
+grep -qx "docker.io/library/hub:1" <<<"$out" || echo "$out" | tail -3 | sed 's/^/    /'
+check "... no data-blob GET on the mirror docker.io's hosts.toml names, ferryd's requests included" \
+	pull_log_ok "$A_PROXY" None "$HUB_BLOBS"
+proxy_log "$A_PROXY" >"$SCRATCH/hub.log"
+# shellcheck disable=SC2016 # for eval
+expect "... containerd and ferryd asked it for library/hub, with its header" \
+	eval 'grep -q "^containerd/.*/v2/library/hub/manifests/1.*X-Ferry-Mirror=hub-e2e" "$SCRATCH/hub.log" &&
+		grep -q "^ferry/.*/v2/library/hub/.*X-Ferry-Mirror=hub-e2e" "$SCRATCH/hub.log"'
+expect "... ferryd mounted docker.io/library/hub" \
+	grep -qF "mounting docker://docker.io/library/hub@" "$CTD/snapshotter.log"
+out=$(criclient run hub:1 -logs "$LOGS" -name hub -- sh -c "cd / && sha256sum $FILES" 2>&1)
+expect "... a container of it has the image's files" \
+	[ "$(grep -E '^[0-9a-f]{64} ' <<<"$out")" = "$WANT" ]
+[ "$(grep -E '^[0-9a-f]{64} ' <<<"$out")" = "$WANT" ] || echo "$out" | tail -5 | sed 's/^/    /'
 e2e_done

@@ -11,9 +11,12 @@ the messages of cri.proto (compiled with protoc at start).
   criclient.py -socket SOCK run IMAGE -logs DIR [-name NAME] -- CMD...
       RunPodSandbox (host network: no CNI), CreateContainer of IMAGE
       running CMD, StartContainer, until it exits; prints what it wrote
-      (from its CRI log), removes container and sandbox, and exits with
-      the container's status.
-  criclient.py -socket SOCK rmi IMAGE
+      (from its CRI log), stops and removes container and sandbox as
+      kubelet does when the pod goes, and exits with the container's
+      status.
+  criclient.py -socket SOCK status IMAGE
+      ImageStatus: the image's id, then its names (repo tags and digests)
+      as the CRI plugin stores them, one a line; exits 1 if it has none.
 """
 import argparse
 import importlib
@@ -81,8 +84,14 @@ def cmd_pull(cri, args):
     print(cri.image("PullImage", req).image_ref)
 
 
-def cmd_rmi(cri, args):
-    cri.image("RemoveImage", cri.pb.RemoveImageRequest(image=cri.pb.ImageSpec(image=args.image)))
+def cmd_status(cri, args):
+    img = cri.image("ImageStatus", cri.pb.ImageStatusRequest(
+        image=cri.pb.ImageSpec(image=args.image))).image
+    if not img.id:
+        sys.exit("criclient: status: no image %s" % args.image)
+    print(img.id)
+    for name in list(img.repo_tags) + list(img.repo_digests):
+        print(name)
 
 
 def sandbox_config(pb, name, logs):
@@ -138,6 +147,8 @@ def cmd_run(cri, args):
         return st.exit_code
     finally:
         if container:
+            cri.runtime("StopContainer", pb.StopContainerRequest(container_id=container,
+                                                                 timeout=10))
             cri.runtime("RemoveContainer", pb.RemoveContainerRequest(container_id=container))
         cri.runtime("StopPodSandbox", pb.StopPodSandboxRequest(pod_sandbox_id=sandbox))
         cri.runtime("RemovePodSandbox", pb.RemovePodSandboxRequest(pod_sandbox_id=sandbox))
@@ -153,7 +164,7 @@ def main():
     s.add_argument("image")
     s.add_argument("-user", help="USER:PASS, sent in the AuthConfig")
     s.add_argument("-server", help="the AuthConfig's server_address")
-    s = sub.add_parser("rmi")
+    s = sub.add_parser("status")
     s.add_argument("image")
     s = sub.add_parser("run")
     s.add_argument("image")
@@ -163,7 +174,7 @@ def main():
     args = p.parse_args()
     cri = CRI(args.socket, args.timeout)
     try:
-        rc = {"version": cmd_version, "pull": cmd_pull, "rmi": cmd_rmi,
+        rc = {"version": cmd_version, "pull": cmd_pull, "status": cmd_status,
               "run": cmd_run}[args.op](cri, args)
     except grpc.RpcError as e:
         sys.exit("criclient: %s: %s: %s" % (args.op, e.code().name, e.details()))
