@@ -11,10 +11,12 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/containerd/containerd/log"
 	refdocker "github.com/containerd/containerd/reference/docker"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -296,12 +298,24 @@ type criProxy struct {
 	creds   *criCreds
 }
 
+// The snapshotter starts before containerd (containerd needs it), and
+// containerd restarts: grpc's default backoff would then keep the proxy
+// from a containerd that is up for up to two minutes, failing kubelet's
+// calls meanwhile. On a local socket, retrying every second at most is
+// cheap; a call waits for the connection within its own deadline, so that
+// a pull sent as containerd comes up is not lost.
+var criBackendConnect = grpc.ConnectParams{
+	Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
+	MinConnectTimeout: 5 * time.Second,
+}
+
 func newCRIProxy(containerdAddress string, creds *criCreds) (*criProxy, error) {
 	conn, err := grpc.Dial(containerdAddress, grpc.WithInsecure(),
 		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
 			return (&net.Dialer{}).DialContext(ctx, "unix", addr)
 		}),
-		grpc.WithDefaultCallOptions(grpc.ForceCodec(rawCodec{}),
+		grpc.WithConnectParams(criBackendConnect),
+		grpc.WithDefaultCallOptions(grpc.ForceCodec(rawCodec{}), grpc.WaitForReady(true),
 			grpc.MaxCallRecvMsgSize(criMaxMsg), grpc.MaxCallSendMsgSize(criMaxMsg)))
 	if err != nil {
 		return nil, fmt.Errorf("containerd's CRI at %s: %w", containerdAddress, err)

@@ -281,3 +281,42 @@ func TestCRIProxy(t *testing.T) {
 		t.Errorf("another repository's mount got the credentials: %v", f)
 	}
 }
+
+// containerd coming up after the proxy (as on a booting node, where the
+// snapshotter starts first): a call sent once containerd is up reaches it
+// within a second or two, not after grpc's default backoff, which has
+// grown to seconds by then and would fail the call at once.
+func TestCRIProxyContainerdLate(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	root := t.TempDir()
+	ctdSock, criSock := filepath.Join(root, "containerd.sock"), filepath.Join(root, "cri.sock")
+	go serveCRI(ctx, criSock, ctdSock, newCRICreds())
+	for i := 0; i < 500 && !listening(criSock); i++ { // up to 5 s
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(3 * time.Second) // the proxy's dials to containerd fail meanwhile
+
+	backend := &fakeCRI{}
+	l, err := listen(ctdSock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer(grpc.CustomCodec(rawCodec{}), grpc.UnknownServiceHandler(backend.handle))
+	go srv.Serve(l)
+	defer srv.Stop()
+
+	conn, err := grpc.Dial("unix://"+criSock, grpc.WithInsecure())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	cctx, ccancel := context.WithTimeout(ctx, 3*time.Second)
+	defer ccancel()
+	var reply rawFrame
+	err = conn.Invoke(cctx, "/runtime.v1.RuntimeService/Version", &rawFrame{[]byte{0x0a, 2, 'v', '1'}},
+		&reply, grpc.ForceCodec(rawCodec{}))
+	if err != nil || !bytes.Contains(reply.data, []byte("sha256:image")) {
+		t.Fatalf("a call once containerd is up: %q, %v", reply.data, err)
+	}
+}
