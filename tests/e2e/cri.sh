@@ -100,18 +100,12 @@ fp_start || { notok "faultproxy before P"; e2e_done; exit 1; }
 P_PROXY=$PROXY
 check "convert the two-layer Debian image" "$FERRY" convert -q "oci:$FIX:pkgs" "oci:$SCRATCH/lay:pkgs"
 REG_USER=$P_USER REG_PASS=$P_PASS check "push it to P" reg_push_oci "$SCRATCH/lay:pkgs" "$P/private/app:1"
-# data_blobs LAYOUT TAG: every layer of the image but the last, the bootstrap.
+# data_blobs LAYOUT:TAG: every layer of the image but the last, the bootstrap.
 data_blobs() {
-	python3 - "$1" "$2" <<'EOF'
-import json, os, sys
-lay, tag = sys.argv[1:]
-def get(d): return json.load(open(os.path.join(lay, "blobs", *d.split(":"))))
-idx = json.load(open(os.path.join(lay, "index.json")))
-d = [m for m in idx["manifests"] if m["annotations"]["org.opencontainers.image.ref.name"] == tag][0]
-print(" ".join(l["digest"] for l in get(d["digest"])["layers"][:-1]))
-EOF
+	skopeo inspect --raw "oci:$1" |
+		python3 -c 'import json,sys; print(" ".join(l["digest"] for l in json.load(sys.stdin)["layers"][:-1]))'
 }
-DATA_BLOBS=$(data_blobs "$SCRATCH/lay" pkgs)
+DATA_BLOBS=$(data_blobs "$SCRATCH/lay:pkgs")
 expect "the image has data blobs" [ -n "$DATA_BLOBS" ]
 reg_start anon || { notok "docker-registry"; e2e_done; exit 1; }
 A=$REG
@@ -142,7 +136,7 @@ EOF
 check "convert the Debian image again, 512K chunks" \
 	"$FERRY" convert -q --chunk-size 512K "oci:$FIX:pkgs" "oci:$SCRATCH/hub:pkgs"
 check "push it to A as library/hub:1" reg_push_oci "$SCRATCH/hub:pkgs" "$A/library/hub:1"
-HUB_BLOBS=$(data_blobs "$SCRATCH/hub" pkgs)
+HUB_BLOBS=$(data_blobs "$SCRATCH/hub:pkgs")
 expect "... its data blobs are not P's image's" [ "${HUB_BLOBS:-$DATA_BLOBS}" != "$DATA_BLOBS" ]
 mkdir -p "$HOSTS/docker.io"
 cat >"$HOSTS/docker.io/hosts.toml" <<EOF
@@ -183,11 +177,10 @@ grep -q "^containerd 1\.6" <<<"$out" || echo "$out" | tail -3 | sed 's/^/    /'
 # The requests a proxy logged since its last reset, one per line:
 # agent<TAB>method<TAB>path<TAB>Authorization<TAB>X-* headers.
 proxy_log() { # PROXY
-	python3 - "$1" <<'EOF'
-import json, sys, urllib.request
-for e in json.load(urllib.request.urlopen("http://%s/__stats" % sys.argv[1], timeout=10))["log"]:
-    print("\t".join(str(e.get(k)) for k in ("agent", "method", "path", "authorization", "x")))
-EOF
+	PROXY=$1 fp_ctl /__stats | python3 -c '
+import json, sys
+for e in json.load(sys.stdin)["log"]:
+    print("\t".join(str(e.get(k)) for k in ("agent", "method", "path", "authorization", "x")))'
 }
 # pull_log_ok PROXY AUTH BLOBS: the proxy's log of a pull: none of the
 # data BLOBS asked for, every Authorization sent AUTH ("None": none),
