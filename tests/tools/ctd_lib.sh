@@ -99,14 +99,19 @@ ctd_stop_all() {
 ctd_start_ferryd() { "$FERRYD" --socket "$FSOCK" --persistent; }
 
 # containerd's gRPC connection to a restarted snapshotter is back (it
-# redials with a backoff): at most 30 s.
+# redials with a backoff): at most 30 s. A snapshot is prepared and removed
+# because listing snapshots reads containerd's own database only and would
+# pass with the snapshotter unreachable.
 ctd_reachable() {
-	local i
+	local i ns=${CTD_NAMESPACES[0]} key=ferry-e2e-reachable-$$
 	for i in $(seq 60); do
-		ctr_ns "${CTD_NAMESPACES[0]}" snapshots --snapshotter ferry ls >/dev/null 2>&1 && return 0
+		if ctr_ns "$ns" snapshots --snapshotter ferry prepare "$key" >/dev/null 2>&1; then
+			ctr_ns "$ns" snapshots --snapshotter ferry rm "$key"
+			return
+		fi
 		sleep 0.5
 	done
-	ctr_ns "${CTD_NAMESPACES[0]}" snapshots --snapshotter ferry ls
+	ctr_ns "$ns" snapshots --snapshotter ferry prepare "$key"
 }
 
 ctd_start_snapshotter() { # MODE
