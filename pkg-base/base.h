@@ -25,8 +25,13 @@
 
 #include <limits.h>
 
-/* ferry's release, for --version and the registry User-Agent. */
-#define FERRY_VERSION "0.1.0"
+/*
+ * ferry's release, for --version and the registry User-Agent: the Makefile
+ * passes it from the top-level VERSION file, its one source.
+ */
+#ifndef FERRY_VERSION
+#error "FERRY_VERSION is passed by the Makefile (-DFERRY_VERSION from VERSION)"
+#endif
 
 #define ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
 #define DIV_ROUND_UP(n, d) (((n) + (d) - 1) / (d))

@@ -215,8 +215,8 @@ static int write_bootstrap(struct converter *c, struct out_blob **blobs,
 	struct blob_info *infos = calloc(nr + 1, sizeof(*infos));
 	struct meta_write_opts wopts = { 0 };
 	struct meta_write_stats wstats;
-	void *ext = NULL;
-	size_t ext_len = 0;
+	void *ext = NULL, *area = NULL;
+	size_t ext_len = 0, area_len = 0;
 	uint32_t i;
 	int ret;
 
@@ -236,14 +236,20 @@ static int write_bootstrap(struct converter *c, struct out_blob **blobs,
 	}
 	ret = convert_elf_collect(c);
 	if (!ret)
-		ret = image_ext_encode(infos, nr, c->prefetch, c->nr_prefetch,
-				       c->elf, c->nr_elf, &ext, &ext_len);
+		ret = image_ext_encode(&(struct image_ext){
+						.blobs = infos, .nr_blobs = nr,
+						.prefetch = c->prefetch,
+						.nr_prefetch = c->nr_prefetch,
+						.elf = c->elf, .nr_elf = c->nr_elf },
+				       &ext, &ext_len, &area, &area_len);
 	if (ret)
 		goto out;
 	wopts.devices = devices;
 	wopts.nr_devices = nr;
 	wopts.ext = ext;
 	wopts.ext_len = ext_len;
+	wopts.sections = area;
+	wopts.sections_len = area_len;
 	ret = atomic_file_create(&scratch, c->blobs_dir, "bootstrap", 0644);
 	if (!ret)
 		ret = meta_write(c->tree, &wopts, scratch.fd, &wstats);
@@ -265,6 +271,7 @@ out:
 	}
 	atomic_file_discard(&scratch);
 	free(ext);
+	free(area);
 	free(devices);
 	free(infos);
 	return ret;

@@ -45,6 +45,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <sys/types.h>
 
 #include "../pkg-blob/blob.h"
@@ -173,6 +174,9 @@ struct image {
 	uint32_t nr_prefetch;
 	struct image_elf_entry *elf; /* the loader dependencies, or NULL */
 	uint32_t nr_elf;
+	char *writer;         /* FERRYWR1: "ferry 0.5.0", or NULL (older images) */
+	struct image_section_seen *sections; /* the section area's, in order */
+	uint32_t nr_sections;
 	bool has_posix_acls;  /* set by image_validate_metadata */
 	/*
 	 * Native EROFS layers served lazily (image_opts.erofs_layers): no
@@ -365,16 +369,63 @@ int image_prefetch_list_load(const char *file, char ***paths, uint32_t *nr);
 int image_path_normalize(const char *in, size_t len, char **out);
 void image_prefetch_list_free(char **paths, uint32_t nr);
 
+/* ------------------------------------------------------------------ */
+/* The bootstrap's extension (sections.c, docs/FORMAT.md 2.4-2.7)      */
+/* ------------------------------------------------------------------ */
+
 /*
- * The bootstrap's extension payload: the blob index of @blobs (device
- * order), then the prefetch list when @nr_prefetch > 0, then the loader
- * dependencies when @nr_elf > 0 (@elf sorted by path, unique). image_open
- * decodes it. *@ext is malloc'ed.
+ * A section of the bootstrap's section area (FORMAT.md 2.7): framed with
+ * its magic, version, flags and length, so that readers that do not know
+ * it skip it (readers before ferry 0.5.0 never see the area at all). A
+ * section readers must understand to serve the image has
+ * IMAGE_SECTION_REQUIRED: a reader that does not know it refuses the image.
  */
-int image_ext_encode(const struct blob_info *blobs, uint32_t nr_blobs,
-		     char *const *prefetch, uint32_t nr_prefetch,
-		     const struct image_elf_entry *elf, uint32_t nr_elf,
-		     void **ext, size_t *ext_len);
+#define IMAGE_SECTION_REQUIRED 0x1u
+#define IMAGE_SECTION_HEADER 24u
+struct image_section {
+	char magic[8]; /* "FERRYxxN", no NUL */
+	uint32_t version;
+	uint32_t flags;
+	const void *body;
+	size_t len;
+};
+
+/* What image_open saw in the section area, known or skipped (inspect). */
+struct image_section_seen {
+	char magic[9];
+	uint32_t version, flags;
+	uint64_t len;
+	bool known;
+};
+
+/* Everything the bootstrap's extension carries. */
+struct image_ext {
+	const struct blob_info *blobs;     /* the blob index, device order */
+	uint32_t nr_blobs;
+	char *const *prefetch;             /* the prefetch list, or none */
+	uint32_t nr_prefetch;
+	const struct image_elf_entry *elf; /* loader dependencies: sorted by path, unique */
+	uint32_t nr_elf;
+	/* Sections for the area, after the writer's (FERRYWR1, always written). */
+	const struct image_section *sections;
+	uint32_t nr_sections;
+};
+
+/*
+ * The payload (the blob index, then the prefetch list and the loader
+ * dependencies when there are any: what readers before 0.5.0 read too)
+ * into *@payload, and the section area into *@area (both malloc'ed), as
+ * meta_write_opts' ext and sections take them. image_open decodes both.
+ */
+int image_ext_encode(const struct image_ext *in, void **payload,
+		     size_t *payload_len, void **area, size_t *area_len);
+
+/*
+ * What this build writes and reads, one format a line (release, image
+ * format, bootstrap, its sections, blobs, native layers): the body of
+ * ferry --version and ferryd --version after their first line.
+ */
+void image_print_formats(FILE *out);
 
 /* ------------------------------------------------------------------ */
 /* OCI images as conversion sources (oci.c, remote.c)                  */
