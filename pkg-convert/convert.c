@@ -11,8 +11,10 @@
  * tar, manifest order for layers) so that the output is a deterministic
  * function of the input and options.
  */
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "internal.h"
@@ -48,7 +50,8 @@ static int apply_remote_layer(struct converter *c, const struct oci_image *img,
 	ret = registry_open_stream(img->remote, d->digest, d->size, &fs);
 	if (ret)
 		return ret;
-	ret = input_open_source((struct byte_source){ stream_read, fs }, name, &in);
+	ret = input_open_source((struct byte_source){ .read = stream_read, .ctx = fs },
+				NULL, name, &in);
 	if (!ret)
 		ret = convert_apply_input(c, in, d->size, name);
 	input_close(in);
@@ -62,6 +65,8 @@ int convert_apply_oci_layer(struct converter *c, const struct oci_image *img,
 	char *path = NULL;
 	int ret;
 
+	if (c->archive)
+		return archive_apply_layer(c, img, d, name);
 	if (img->remote)
 		return apply_remote_layer(c, img, d, name);
 	ret = oci_blob_path(img->layout, d->digest, &path);
@@ -69,6 +74,15 @@ int convert_apply_oci_layer(struct converter *c, const struct oci_image *img,
 		ret = convert_apply_tar(c, path, d->digest, name);
 	free(path);
 	return ret;
+}
+
+int convert_open_image(struct converter *c, const struct image_ref *src,
+		       struct oci_image *img)
+{
+	if (src->transport == IMAGE_OCI_ARCHIVE ||
+	    src->transport == IMAGE_DOCKER_ARCHIVE)
+		return archive_image_open(src, c->opts->platform, &c->archive, img);
+	return oci_image_open(src, c->opts->platform, c->opts->fetch, img);
 }
 
 static int convert_oci_layers(struct converter *c, const struct oci_image *img)
@@ -315,7 +329,9 @@ static int validate_opts(const struct convert_opts *o)
 }
 
 #define SOURCE_TRANSPORTS (IMAGE_ACCEPT(IMAGE_DIR) | IMAGE_ACCEPT(IMAGE_TAR) | \
-			   IMAGE_ACCEPT(IMAGE_OCI) | IMAGE_ACCEPT(IMAGE_DOCKER))
+			   IMAGE_ACCEPT(IMAGE_OCI) | IMAGE_ACCEPT(IMAGE_DOCKER) | \
+			   IMAGE_ACCEPT(IMAGE_OCI_ARCHIVE) | \
+			   IMAGE_ACCEPT(IMAGE_DOCKER_ARCHIVE))
 #define DEST_TRANSPORTS (IMAGE_ACCEPT(IMAGE_DIR) | IMAGE_ACCEPT(IMAGE_OCI) | \
 			 IMAGE_ACCEPT(IMAGE_DOCKER))
 
@@ -354,6 +370,48 @@ void convert_stats_free(struct convert_stats *stats)
 	stats->nr_blobs = 0;
 }
 
+/*
+ * Does @dir/@name start with @prefix? Read without following a link or
+ * waiting on a FIFO, at most the prefix's length.
+ */
+static bool file_starts_with(const char *dir, const char *name, const char *prefix)
+{
+	char path[PATH_MAX], buf[64];
+	size_t len = strlen(prefix);
+	struct stat st;
+	bool match = false;
+	int fd;
+
+	if (snprintf(path, sizeof(path), "%s/%s", dir, name) >= (int)sizeof(path))
+		return false;
+	fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+	if (fd < 0)
+		return false;
+	if (!fstat(fd, &st) && S_ISREG(st.st_mode) && len <= sizeof(buf))
+		match = !pread_full(fd, buf, len, 0) && !memcmp(buf, prefix, len);
+	close(fd);
+	return match;
+}
+
+/*
+ * A dir: source is a root file system; an image in a directory is given
+ * through its own transport, named in the message.
+ */
+static int check_dir_is_tree(const struct image_ref *src)
+{
+	if (file_starts_with(src->path, "version", "Directory Transport Version:")) {
+		ferry_err("source dir:%s is an image in skopeo's dir: layout (manifest.json, version, blobs), not a root file system: copy it to an OCI layout (skopeo copy dir:%s oci:LAYOUT:TAG) and convert oci:LAYOUT:TAG, or convert the image it was copied from",
+			  src->path, src->path);
+		return -EINVAL;
+	}
+	if (file_starts_with(src->path, "oci-layout", "{")) {
+		ferry_err("source dir:%s is an OCI image layout (it has oci-layout), not a root file system: convert oci:%s[:TAG]",
+			  src->path, src->path);
+		return -EINVAL;
+	}
+	return 0;
+}
+
 /* A ferry image is converted already: say so, rather than fail on its bytes. */
 static int check_source_not_ferry(const char *source, const struct image_ref *src,
 				  const struct oci_image *img)
@@ -368,6 +426,8 @@ static int check_source_not_ferry(const char *source, const struct image_ref *sr
 			  src->path);
 		return -EINVAL;
 	}
+	if (src->transport == IMAGE_DIR && check_dir_is_tree(src))
+		return -EINVAL;
 	for (i = 0; i < img->nr_layers; i++)
 		if (oci_is_ferry_blob(img->layers[i].media_type) ||
 		    oci_is_ferry_bootstrap(img->layers[i].media_type)) {
@@ -413,7 +473,7 @@ static int convert_source(struct converter *c, const struct image_ref *src,
 {
 	int ret;
 
-	if (src->transport == IMAGE_OCI || src->transport == IMAGE_DOCKER)
+	if (oci->manifest)
 		return convert_oci_layers(c, oci);
 	ret = convert_layer_begin(c, NULL);
 	if (ret)
@@ -488,8 +548,8 @@ int convert_run(const char *source, const char *dest,
 	ret = validate_opts(opts);
 	if (ret)
 		goto out;
-	if (src.transport == IMAGE_OCI || src.transport == IMAGE_DOCKER) {
-		ret = oci_image_open(&src, opts->platform, opts->fetch, &src_img);
+	if (src.transport != IMAGE_DIR && src.transport != IMAGE_TAR) {
+		ret = convert_open_image(&c, &src, &src_img);
 		if (ret)
 			goto out;
 	}
@@ -554,6 +614,7 @@ out:
 	free(c.prefetch_sorted);
 	convert_elf_free(&c);
 	oci_image_free(&src_img);
+	archive_close(c.archive);
 	meta_tree_free(c.tree);
 	free(c.chunks.slots);
 	free(c.links);

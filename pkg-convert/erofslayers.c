@@ -710,7 +710,8 @@ static int finish(struct converter *c, struct image_out *out,
 }
 
 #define SOURCES (IMAGE_ACCEPT(IMAGE_TAR) | IMAGE_ACCEPT(IMAGE_OCI) | \
-		 IMAGE_ACCEPT(IMAGE_DOCKER) | IMAGE_ACCEPT(IMAGE_DIR))
+		 IMAGE_ACCEPT(IMAGE_DOCKER) | IMAGE_ACCEPT(IMAGE_DIR) | \
+		 IMAGE_ACCEPT(IMAGE_OCI_ARCHIVE) | IMAGE_ACCEPT(IMAGE_DOCKER_ARCHIVE))
 #define DESTS (IMAGE_ACCEPT(IMAGE_OCI) | IMAGE_ACCEPT(IMAGE_DOCKER) | \
 	       IMAGE_ACCEPT(IMAGE_DIR))
 
@@ -745,7 +746,7 @@ int convert_run_erofs_layers(const char *source, const char *dest,
 	if (!ret)
 		ret = native_check_refs(&src, &dst);
 	if (!ret && src.transport != IMAGE_TAR) {
-		ret = oci_image_open(&src, opts->platform, opts->fetch, &img);
+		ret = convert_open_image(&c, &src, &img);
 		nr = img.nr_layers;
 	}
 	for (uint32_t i = 0; !ret && img.manifest && i < nr; i++) {
@@ -783,6 +784,7 @@ int convert_run_erofs_layers(const char *source, const char *dest,
 	free(n.layers);
 	free(c.buf);
 	oci_image_free(&img);
+	archive_close(c.archive);
 	image_ref_free(&src);
 	image_ref_free(&dst);
 	return ret;

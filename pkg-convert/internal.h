@@ -103,6 +103,7 @@ struct converter {
 	size_t nr_elf_records, elf_records_cap;
 	struct image_elf_entry *elf; /* those in the final tree, by path */
 	uint32_t nr_elf;
+	struct convert_archive *archive; /* an archive source's, or NULL */
 };
 
 /* -ECANCELED once the caller asked to stop (convert_opts.cancel), else 0. */
@@ -169,6 +170,23 @@ struct oci_image;
 struct oci_descriptor;
 int convert_apply_oci_layer(struct converter *c, const struct oci_image *img,
 			    const struct oci_descriptor *d, const char *name);
+
+/*
+ * oci-archive: and docker-archive: sources (archive.c): @ref's image
+ * into @img (@platform and the tag as for oci:), its archive, indexed,
+ * into *@archive (archive_close); each layer @d of @img through
+ * archive_apply_layer, streamed from its member and digest-checked, with
+ * c->archive that archive.
+ */
+struct convert_archive;
+int archive_image_open(const struct image_ref *ref, const char *platform,
+		       struct convert_archive **archive, struct oci_image *img);
+int archive_apply_layer(struct converter *c, const struct oci_image *img,
+			const struct oci_descriptor *d, const char *name);
+void archive_close(struct convert_archive *a);
+/* The image of an oci:, docker://, oci-archive: or docker-archive: source. */
+int convert_open_image(struct converter *c, const struct image_ref *src,
+		       struct oci_image *img);
 
 /* Loader dependencies of the ELF files ingested (elfdeps.c, FORMAT.md 2.6) */
 int convert_elf_init(struct converter *c);

@@ -88,6 +88,8 @@ enum image_transport {
 	IMAGE_TAR,    /* tar:PATH: an archive to convert */
 	IMAGE_OCI,    /* oci:PATH[:TAG]: an OCI image layout */
 	IMAGE_DOCKER, /* docker://HOST[:PORT]/REPO[:TAG|@DIGEST]: a registry */
+	IMAGE_OCI_ARCHIVE,    /* oci-archive:PATH[:TAG]: a tar of an OCI layout */
+	IMAGE_DOCKER_ARCHIVE, /* docker-archive:PATH: what docker save writes */
 };
 
 /* image_ref_parse's @accept: a bit per transport, and bare paths. */
@@ -99,14 +101,15 @@ enum image_transport {
 
 struct image_ref {
 	enum image_transport transport;
-	/* dir:, tar:, oci: the path; docker: "HOST[:PORT]/REPO[:TAG|@DIGEST]",
-	 * which fetch_parse_ref checks when the registry is opened. */
+	/* dir:, tar:, oci:, archives: the path; docker:
+	 * "HOST[:PORT]/REPO[:TAG|@DIGEST]", which fetch_parse_ref checks when
+	 * the registry is opened. */
 	char *path;
-	char *tag; /* oci: the tag, or NULL (the layout's only image) */
+	char *tag; /* oci:, oci-archive: the tag, or NULL (the only image) */
 };
 
 /*
- * Parse @s into @out. oci:PATH:TAG splits at the last ':' unless what
+ * Parse @s into @out. oci:PATH:TAG (and oci-archive:) splits at the last ':' unless what
  * follows it contains a '/' (then it is part of PATH). A bare path is
  * dir: only with IMAGE_ACCEPT_BARE, and only when it has no ':' or starts
  * with '/' or '.'. A transport outside @accept, an empty path, or
@@ -462,6 +465,22 @@ struct oci_image {
 int oci_image_open(const struct image_ref *ref, const char *platform,
 		   const struct fetch_opts *fopts, struct oci_image *img);
 void oci_image_free(struct oci_image *img);
+/*
+ * Read the file @name of an OCI layout ("index.json", "blobs/sha256/<hex>")
+ * into a malloc'ed *@data: 0, -ENOENT when there is none, -EFBIG when it
+ * has more than @max bytes, or -errno, each after a message naming it.
+ */
+typedef int (*oci_file_read_fn)(void *ctx, const char *name, size_t max,
+				uint8_t **data, size_t *len);
+/*
+ * The same as an oci: layout's oci_image_open for a layout whose files
+ * come through @read (an archive holding one: pkg-convert's oci-archive:),
+ * @where naming it in messages: every document size-limited and
+ * digest-checked. img->layout stays NULL: the caller reads the layers.
+ */
+int oci_image_open_files(const char *where, const char *tag,
+			 const char *platform, oci_file_read_fn read, void *ctx,
+			 struct oci_image *img);
 /* PATH/blobs/sha256/<hex> (allocated). */
 int oci_blob_path(const char *layout, const uint8_t digest[32], char **out);
 /* A ferry data-blob / bootstrap layer type, current or old. */

@@ -195,7 +195,7 @@ static struct result *read_segs(const struct seg *segs, int n, size_t max_read,
 {
 	struct vsrc v = { segs, n, 0, 0, max_read };
 
-	return read_tar_limit((struct byte_source){ vsrc_read, &v }, chunk,
+	return read_tar_limit((struct byte_source){ .read = vsrc_read, .ctx = &v }, chunk,
 			      limit);
 }
 
@@ -1529,7 +1529,7 @@ static void test_skip_and_offsets(void)
 	ab_end(&a);
 	sg = (struct seg){ a.p, a.len };
 	v = (struct vsrc){ &sg, 1, 0, 0, 100 };
-	CHECK_EQ(tar_reader_new((struct byte_source){ vsrc_read, &v }, &r), 0);
+	CHECK_EQ(tar_reader_new((struct byte_source){ .read = vsrc_read, .ctx = &v }, &r), 0);
 	CHECK_EQ(tar_next(r, &e), 1);
 	CHECK(!strcmp(e->path, "a"));
 	CHECK_EQ(tar_offset(r), 512);
@@ -1549,7 +1549,7 @@ static void test_skip_and_offsets(void)
 	/* Errors are sticky. */
 	a.p[0] ^= 1;
 	v = (struct vsrc){ &sg, 1, 0, 0, SIZE_MAX };
-	CHECK_EQ(tar_reader_new((struct byte_source){ vsrc_read, &v }, &r), 0);
+	CHECK_EQ(tar_reader_new((struct byte_source){ .read = vsrc_read, .ctx = &v }, &r), 0);
 	CHECK_EQ(tar_next(r, &e), -EFSCORRUPTED);
 	CHECK_EQ(tar_next(r, &e), -EFSCORRUPTED);
 	CHECK_EQ(tar_read_data(r, buf, 3), -EFSCORRUPTED);
@@ -1576,7 +1576,7 @@ static void test_source_errors(void)
 	struct tar_entry *e;
 	size_t left = 100;
 
-	CHECK_EQ(tar_reader_new((struct byte_source){ failing_read, &left }, &r), 0);
+	CHECK_EQ(tar_reader_new((struct byte_source){ .read = failing_read, .ctx = &left }, &r), 0);
 	CHECK_EQ(tar_next(r, &e), -EIO);
 	tar_reader_free(r);
 }

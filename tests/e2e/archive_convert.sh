@@ -1,0 +1,167 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# oci-archive: and docker-archive: sources. The Debian fixture images
+# (tests/tools/mkoci.sh), copied by skopeo into an oci-archive: and a
+# docker-archive: (docker save's layout; skopeo's layer names are symlinks
+# to tars named by diff_id), convert to the same image as from the oci:
+# layout: the same bootstrap and blobs as dir:, and mounted trees that
+# treecmp finds equal; the config comes along, zstd layers too, and
+# --format erofs-layers gives the same native layers.
+# Refused, each with a message naming the fix: skopeo's dir: layout and an
+# OCI layout given as dir:, an archive named through a symlink, a FIFO, a
+# compressed archive, a member link climbing out, a tampered layer, a
+# docker archive of two images, the wrong transport for the archive.
+. "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/oci_lib.sh"
+need_root
+need_ferry
+oci_fixtures
+need_cmds skopeo python3 gzip
+CACHE=$SCRATCH/cache
+OUTL=$SCRATCH/layout
+A=$SCRATCH/archives
+mkdir -p "$A"
+
+# skopeo's archives of TAG from LAYOUT, each KIND: $A/TAG.KIND.tar.
+make_archives() { # LAYOUT TAG KIND...
+	local lay=$1 tag=$2 kind
+	shift 2
+	for kind in "$@"; do
+		case $kind in
+		oci) skopeo copy -q "oci:$lay:$tag" "oci-archive:$A/$tag.oci.tar:$tag" ;;
+		docker) skopeo copy -q "oci:$lay:$tag" "docker-archive:$A/$tag.docker.tar:ferry/$tag:latest" ;;
+		esac || return
+	done
+}
+
+# The config of the oci: layout image tagged TAG in $OUTL, without the
+# diff_ids (a docker-archive's layers are its uncompressed tars).
+config_of() { # TAG
+	python3 - "$OUTL" "$1" <<'EOF'
+import json, sys
+lay, tag = sys.argv[1:]
+idx = json.load(open(lay + "/index.json"))
+d = [m for m in idx["manifests"]
+     if m["annotations"]["org.opencontainers.image.ref.name"] == tag][0]
+blob = lambda d: open(lay + "/blobs/sha256/" + d["digest"][7:], "rb").read()
+cfg = json.loads(blob(json.loads(blob(d))["config"]))
+cfg["rootfs"].pop("diff_ids")
+print(json.dumps(cfg, sort_keys=True))
+EOF
+}
+
+# Each KIND of archive of TAG converts to the image the oci: layout gives.
+same_as_layout() { # LAYOUT TAG KIND...
+	local lay=$1 tag=$2 kind ref mnt=$SCRATCH/mnt-$2
+	shift 2
+	check "skopeo writes the $* archives of $tag" make_archives "$lay" "$tag" "$@" || return
+	check "convert oci:$tag dir:" "$FERRY" convert -q "oci:$lay:$tag" "dir:$SCRATCH/dir-$tag" || return
+	check "convert oci:$tag oci:" "$FERRY" convert -q "oci:$lay:$tag" "oci:$OUTL:$tag" || return
+	check "ferry mount --mode local oci: ($tag)" mount_image "oci:$OUTL:$tag" "$mnt" || return
+	for kind in "$@"; do
+		ref=$kind-archive:$A/$tag.$kind.tar
+		[ $kind = oci ] && ref=$ref:$tag
+		check "convert $kind-archive: ($tag) dir:" \
+			"$FERRY" convert -q "$ref" "dir:$SCRATCH/dir-$tag-$kind" || continue
+		check "$kind-archive: and oci: give the same bootstrap and blobs ($tag)" \
+			same_image "$SCRATCH/dir-$tag" "$SCRATCH/dir-$tag-$kind"
+		check "convert $kind-archive: ($tag) oci:" \
+			"$FERRY" convert -q "$ref" "oci:$OUTL:$tag-$kind" || continue
+		check "ferry check oci: from $kind-archive: ($tag)" "$FERRY" check "oci:$OUTL:$tag-$kind"
+		expect "the config comes from the $kind-archive: ($tag)" \
+			[ "$(config_of "$tag")" = "$(config_of "$tag-$kind")" ]
+		if check "ferry mount --mode local oci: from $kind-archive: ($tag)" \
+			mount_image "oci:$OUTL:$tag-$kind" "$mnt-$kind"; then
+			check "treecmp oci: == $kind-archive: ($tag)" python3 "$TREECMP" "$mnt" "$mnt-$kind"
+			check "ferry umount ($tag, $kind-archive:)" ferry_umount "$mnt-$kind"
+		fi
+	done
+	check "ferry umount ($tag)" ferry_umount "$mnt"
+}
+
+# edit: three layers full of whiteouts, type changes and hardlinks.
+same_as_layout "$FIX" edit oci docker
+# zstd layers (docker images cannot have them).
+same_as_layout "$FIXZ" pkgs oci
+
+# Native layers from an archive: the same layer images.
+check "convert --format erofs-layers oci:base" \
+	"$FERRY" convert -q --format erofs-layers "oci:$FIX:base" "oci:$SCRATCH/native:oci"
+make_archives "$FIX" base oci docker >"$LOG" 2>&1
+check "convert --format erofs-layers docker-archive:base" \
+	"$FERRY" convert -q --format erofs-layers "docker-archive:$A/base.docker.tar" \
+	"oci:$SCRATCH/native:docker"
+native_layers() { # TAG: the layer digests of the native image
+	python3 - "$SCRATCH/native" "$1" <<'EOF'
+import json, sys
+lay, tag = sys.argv[1:]
+idx = json.load(open(lay + "/index.json"))
+d = [m for m in idx["manifests"]
+     if m["annotations"]["org.opencontainers.image.ref.name"] == tag][0]
+m = json.load(open(lay + "/blobs/sha256/" + d["digest"][7:]))
+print(" ".join(l["digest"] for l in m["layers"]))
+EOF
+}
+expect "docker-archive: and oci: give the same native layers" \
+	[ "$(native_layers oci)" = "$(native_layers docker)" ]
+
+# --- refusals --------------------------------------------------------------
+skopeo copy -q "oci:$FIX:base" "dir:$SCRATCH/skopeo-dir" >"$LOG" 2>&1
+check_fails "skopeo's dir: layout as dir: names oci:" "skopeo copy dir:" \
+	"$FERRY" convert "dir:$SCRATCH/skopeo-dir" "dir:$SCRATCH/never"
+check_fails "an OCI layout as dir: names oci:" "convert oci:$FIX" \
+	"$FERRY" convert "dir:$FIX" "dir:$SCRATCH/never"
+ln -s "$A/base.docker.tar" "$SCRATCH/link.tar"
+check_fails "an archive named through a symlink" "symbolic link" \
+	"$FERRY" convert "docker-archive:$SCRATCH/link.tar" "dir:$SCRATCH/never"
+mkfifo "$SCRATCH/fifo.tar"
+check_fails "a FIFO" "not a regular file" \
+	timeout 20 "$FERRY" convert "docker-archive:$SCRATCH/fifo.tar" "dir:$SCRATCH/never"
+gzip -1 -c "$A/base.docker.tar" >"$SCRATCH/base.tar.gz"
+check_fails "a compressed archive says how to decompress it" "gunzip it first" \
+	"$FERRY" convert "docker-archive:$SCRATCH/base.tar.gz" "dir:$SCRATCH/never"
+check_fails "an oci-archive: given as docker-archive:" "oci-archive:" \
+	"$FERRY" convert "docker-archive:$A/base.oci.tar" "dir:$SCRATCH/never"
+check_fails "an oci-archive: tag it does not have" "no image tagged" \
+	"$FERRY" convert "oci-archive:$A/base.oci.tar:nosuch" "dir:$SCRATCH/never"
+
+# Hostile archives, made from the docker-archive of base.
+python3 - "$A/base.docker.tar" "$SCRATCH" <<'EOF'
+import io, json, sys, tarfile
+src, out = sys.argv[1:]
+t = tarfile.open(src)
+members = [(m, t.extractfile(m).read() if m.isfile() else None) for m in t.getmembers()]
+manifest = json.loads(dict((m.name, d) for m, d in members)["manifest.json"])
+
+def write(name, edit_manifest=None, extra=(), tamper=False):
+    with tarfile.open(out + "/" + name, "w") as w:
+        for m, d in members:
+            if m.name == "manifest.json":
+                continue
+            if tamper and m.isfile() and m.size > 1 << 20:
+                d = bytearray(d)
+                d[m.size // 2] ^= 1
+                d = bytes(d)
+            w.addfile(m, io.BytesIO(d) if d is not None else None)
+        for e in extra:
+            w.addfile(e)
+        man = edit_manifest(manifest) if edit_manifest else manifest
+        data = json.dumps(man).encode()
+        info = tarfile.TarInfo("manifest.json")
+        info.size = len(data)
+        w.addfile(info, io.BytesIO(data))
+
+climb = tarfile.TarInfo("evil/layer.tar")
+climb.type, climb.linkname = tarfile.SYMTYPE, "../../../etc/passwd"
+write("climb.tar", lambda m: [dict(m[0], Layers=["evil/layer.tar"])], [climb])
+write("two.tar", lambda m: m + m)
+write("tampered.tar", tamper=True)
+EOF
+check_fails "a member link climbing out of the archive" "climbs out" \
+	"$FERRY" convert "docker-archive:$SCRATCH/climb.tar" "dir:$SCRATCH/never"
+check_fails "a docker archive of two images" "one image per archive" \
+	"$FERRY" convert "docker-archive:$SCRATCH/two.tar" "dir:$SCRATCH/never"
+check_fails "a tampered layer" "does not match its digest" \
+	"$FERRY" convert "docker-archive:$SCRATCH/tampered.tar" "dir:$SCRATCH/never"
+expect "no refused conversion left a destination" [ ! -e "$SCRATCH/never" ]
+e2e_done
