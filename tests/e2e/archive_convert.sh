@@ -50,9 +50,22 @@ print(json.dumps(cfg, sort_keys=True))
 EOF
 }
 
+# The manifest annotation KEY of the image tagged TAG in $OUTL ("" if none).
+annotation_of() { # TAG KEY
+	python3 - "$OUTL" "$1" "$2" <<'EOF'
+import json, sys
+lay, tag, key = sys.argv[1:]
+idx = json.load(open(lay + "/index.json"))
+d = [m for m in idx["manifests"]
+     if m["annotations"]["org.opencontainers.image.ref.name"] == tag][0]
+m = json.load(open(lay + "/blobs/sha256/" + d["digest"][7:]))
+print(m.get("annotations", {}).get(key, ""))
+EOF
+}
+
 # Each KIND of archive of TAG converts to the image the oci: layout gives.
 same_as_layout() { # LAYOUT TAG KIND...
-	local lay=$1 tag=$2 kind ref mnt=$SCRATCH/mnt-$2
+	local lay=$1 tag=$2 kind ref want mnt=$SCRATCH/mnt-$2
 	shift 2
 	check "skopeo writes the $* archives of $tag" make_archives "$lay" "$tag" "$@" || return
 	check "convert oci:$tag dir:" "$FERRY" convert -q "oci:$lay:$tag" "dir:$SCRATCH/dir-$tag" || return
@@ -70,6 +83,11 @@ same_as_layout() { # LAYOUT TAG KIND...
 		check "ferry check oci: from $kind-archive: ($tag)" "$FERRY" check "oci:$OUTL:$tag-$kind"
 		expect "the config comes from the $kind-archive: ($tag)" \
 			[ "$(config_of "$tag")" = "$(config_of "$tag-$kind")" ]
+		# docker save has no manifest: none is named.
+		want=$(annotation_of "$tag" dev.ferry.source-manifest)
+		[ $kind = docker ] && want=
+		expect "dev.ferry.source-manifest names the $kind-archive:'s manifest, if any ($tag)" \
+			[ "$(annotation_of "$tag-$kind" dev.ferry.source-manifest)" = "$want" ]
 		if check "ferry mount --mode local oci: from $kind-archive: ($tag)" \
 			mount_image "oci:$OUTL:$tag-$kind" "$mnt-$kind"; then
 			check "treecmp oci: == $kind-archive: ($tag)" python3 "$TREECMP" "$mnt" "$mnt-$kind"
