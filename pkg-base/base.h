@@ -209,7 +209,10 @@ int parse_size(const char *s, uint64_t *out);
 
 /*
  * Progress line on stderr, redrawn at most ~10 times a second, only when
- * stderr is a TTY and ferry_progress_enabled is set.
+ * stderr is a TTY and ferry_progress_enabled is set: what, bytes done (of
+ * the total, with a percentage), the rate and the time left, in sizes of
+ * human units and digests cut to 12 hex digits, narrower than the
+ * terminal and than 80 columns.
  */
 extern bool ferry_progress_enabled;
 
@@ -217,6 +220,7 @@ struct ferry_progress {
 	const char *what;
 	uint64_t total; /* 0 when unknown */
 	uint64_t done;
+	uint64_t start_ns;
 	uint64_t last_draw_ns;
 	bool drawn;
 };

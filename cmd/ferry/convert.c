@@ -153,18 +153,20 @@ static void on_interrupt(int sig)
 	interrupted = true;
 }
 
+/* The summary on stderr, in lines of at most 80 columns (--json has it all). */
 static void print_summary(const struct convert_stats *s)
 {
 	uint32_t i;
 
 	if (s->upgraded) {
-		fprintf(stderr, "upgraded a ferry image of format 1 (same blobs)\n  manifest %s\n",
-			s->manifest_digest);
+		fprintf(stderr, "upgraded a ferry image of format 1 (same blobs)\n"
+			"  manifest\n    %s\n", s->manifest_digest);
 		return;
 	}
 	fprintf(stderr,
 		"converted %llu entries (%llu files, %llu dirs, %llu symlinks) in %.2f s\n"
-		"  file data %llu bytes: %llu inline, %llu zero, %llu new unique in %llu chunks\n"
+		"  file data %llu bytes: %llu inline, %llu zero\n"
+		"  new unique data %llu bytes in %llu chunks\n"
 		"  bootstrap %llu bytes\n",
 		(unsigned long long)s->entries, (unsigned long long)s->files,
 		(unsigned long long)s->dirs, (unsigned long long)s->symlinks, s->seconds,
@@ -173,11 +175,11 @@ static void print_summary(const struct convert_stats *s)
 		(unsigned long long)s->chunks_unique,
 		(unsigned long long)s->bootstrap_bytes);
 	for (i = 0; i < s->nr_blobs; i++)
-		fprintf(stderr, "  blob %u %s: %llu bytes, %u chunks%s\n", i + 1,
-			s->blobs[i].digest, (unsigned long long)s->blobs[i].size,
-			s->blobs[i].nr_chunks, s->blobs[i].from_dict ? " (chunk dict)" : "");
+		fprintf(stderr, "  blob %u: %llu bytes, %u chunks%s\n    %s\n", i + 1,
+			(unsigned long long)s->blobs[i].size, s->blobs[i].nr_chunks,
+			s->blobs[i].from_dict ? " (chunk dict)" : "", s->blobs[i].digest);
 	if (s->manifest_digest[0])
-		fprintf(stderr, "  manifest %s\n", s->manifest_digest);
+		fprintf(stderr, "  manifest\n    %s\n", s->manifest_digest);
 }
 
 int cmd_convert(int argc, char **argv)
