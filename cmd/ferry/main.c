@@ -41,7 +41,8 @@ static void print_help(void)
 	       "  -q, --quiet     errors only, no progress\n"
 	       "  -h, --help      this help; 'ferry COMMAND --help' for a command\n"
 	       "  --version       print the release and the image formats it writes\n"
-	       "                  and reads\n\n" EXIT_CODES_HELP);
+	       "                  and reads\n\n" EXIT_CODES_HELP
+	       "'ferry daemon status' exits 3 when no ferryd runs.\n");
 }
 
 int usage_error(const char *cmd, const char *fmt, ...)
