@@ -467,6 +467,35 @@ out:
 	return ret;
 }
 
+/* A regular file @name at the top of the tree converted so far. */
+static bool top_file(const struct converter *c, const char *name)
+{
+	const struct meta_inode *i = meta_dir_lookup(c->tree->root, name,
+						     strlen(name));
+
+	return i && S_ISREG(i->mode);
+}
+
+/*
+ * A tar: source is a root file system: an image archive (docker save's,
+ * skopeo's oci-archive:) converts through its own transport, named here.
+ */
+static int check_tar_is_tree(const struct converter *c, const char *path)
+{
+	const char *transport = NULL;
+
+	if (top_file(c, "manifest.json") && top_file(c, "repositories"))
+		transport = "docker-archive";
+	else if (top_file(c, "oci-layout") && top_file(c, "index.json"))
+		transport = "oci-archive";
+	if (!transport)
+		return 0;
+	ferry_err("source tar:%s is an image archive (%s), not a root file system: convert %s:%s",
+		  path, transport[0] == 'd' ? "docker save's manifest.json and repositories" :
+		  "an OCI layout: oci-layout and index.json", transport, path);
+	return -EINVAL;
+}
+
 /* Feed the source into the tree: one layer, or one per OCI layer. */
 static int convert_source(struct converter *c, const struct image_ref *src,
 			  const struct oci_image *oci)
@@ -478,10 +507,13 @@ static int convert_source(struct converter *c, const struct image_ref *src,
 	ret = convert_layer_begin(c, NULL);
 	if (ret)
 		return ret;
-	if (src->transport == IMAGE_DIR)
+	if (src->transport == IMAGE_DIR) {
 		ret = convert_dir(c, src->path);
-	else
+	} else {
 		ret = convert_apply_tar(c, src->path, NULL, src->path);
+		if (!ret)
+			ret = check_tar_is_tree(c, src->path);
+	}
 	return ret ? ret : convert_layer_end(c);
 }
 

@@ -8,7 +8,8 @@
 # treecmp finds equal; the config comes along, zstd layers too, and
 # --format erofs-layers gives the same native layers.
 # Refused, each with a message naming the fix: skopeo's dir: layout and an
-# OCI layout given as dir:, an archive named through a symlink, a FIFO, a
+# OCI layout given as dir:, either archive given as tar:, an archive named
+# through a symlink, a FIFO, a
 # compressed archive, a member link climbing out, a tampered layer, a
 # docker archive of two images, the wrong transport for the archive.
 . "$(dirname "$0")/lib.sh"
@@ -138,6 +139,10 @@ check_fails "a FIFO" "not a regular file" \
 gzip -1 -c "$A/base.docker.tar" >"$SCRATCH/base.tar.gz"
 check_fails "a compressed archive says how to decompress it" "gunzip it first" \
 	"$FERRY" convert "docker-archive:$SCRATCH/base.tar.gz" "dir:$SCRATCH/never"
+check_fails "docker save's archive as tar: names docker-archive:" "convert docker-archive:" \
+	"$FERRY" convert "tar:$A/base.docker.tar" "dir:$SCRATCH/never"
+check_fails "an oci-archive as tar: names oci-archive:" "convert oci-archive:" \
+	"$FERRY" convert "tar:$A/base.oci.tar" "dir:$SCRATCH/never"
 check_fails "an oci-archive: given as docker-archive:" "oci-archive:" \
 	"$FERRY" convert "docker-archive:$A/base.oci.tar" "dir:$SCRATCH/never"
 check_fails "an oci-archive: tag it does not have" "no image tagged" \
