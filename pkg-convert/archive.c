@@ -123,11 +123,6 @@ static int add_member(struct convert_archive *a, const struct tar_entry *e,
 		if (!m.link)
 			ret = -ENOMEM;
 	}
-	for (size_t i = 0; !ret && i < a->nr; i++)
-		if (!strcmp(a->members[i].name, m.name)) {
-			ferry_err("%s: member \"%s\" appears twice", a->where, m.name);
-			ret = -EFSCORRUPTED;
-		}
 	if (!ret && array_reserve(&a->members, &a->cap, a->nr + 1,
 				  sizeof(*a->members), 64))
 		ret = -ENOMEM;
@@ -140,7 +135,16 @@ static int add_member(struct convert_archive *a, const struct tar_entry *e,
 	return 0;
 }
 
-/* One pass over the headers: every file, symlink and hardlink member. */
+static int member_cmp(const void *x, const void *y)
+{
+	return strcmp(((const struct archive_member *)x)->name,
+		      ((const struct archive_member *)y)->name);
+}
+
+/*
+ * One pass over the headers: every file, symlink and hardlink member,
+ * then sorted by name (a name twice is refused: which one is meant?).
+ */
 static int index_members(struct convert_archive *a)
 {
 	struct archive_range all = { a->fd, 0, a->size };
@@ -152,9 +156,19 @@ static int index_members(struct convert_archive *a)
 		ret = e->type == TAR_REG || e->type == TAR_SYMLINK ||
 		      e->type == TAR_HARDLINK ? add_member(a, e, tar_offset(r)) : 0;
 	tar_reader_free(r);
-	if (ret)
+	if (ret) {
 		ferry_err("%s: not a tar archive ferry can read", a->where);
-	return ret;
+		return ret;
+	}
+	if (a->nr)
+		qsort(a->members, a->nr, sizeof(*a->members), member_cmp);
+	for (size_t i = 1; i < a->nr; i++)
+		if (!strcmp(a->members[i - 1].name, a->members[i].name)) {
+			ferry_err("%s: member \"%s\" appears twice", a->where,
+				  a->members[i].name);
+			return -EFSCORRUPTED;
+		}
+	return 0;
 }
 
 /*
@@ -169,13 +183,12 @@ static int find_member(const struct convert_archive *a, const char *name,
 	int ret = member_name(a, name, &path);
 
 	while (!ret) {
-		const struct archive_member *m = NULL;
+		const struct archive_member key = { .name = path }, *m;
 		const char *target, *slash;
 		size_t dir_len;
 
-		for (size_t i = 0; i < a->nr && !m; i++)
-			if (!strcmp(a->members[i].name, path))
-				m = &a->members[i];
+		m = a->nr ? bsearch(&key, a->members, a->nr, sizeof(*m), member_cmp) :
+			    NULL;
 		if (!m) {
 			ferry_err("%s: no member \"%s\"", a->where, name);
 			ret = -ENOENT;

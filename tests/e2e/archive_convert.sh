@@ -178,12 +178,19 @@ climb = tarfile.TarInfo("evil/layer.tar")
 climb.type, climb.linkname = tarfile.SYMTYPE, "../../../etc/passwd"
 write("climb.tar", lambda m: [dict(m[0], Layers=["evil/layer.tar"])], [climb])
 write("two.tar", lambda m: m + m)
+dup = tarfile.TarInfo("manifest.json")
+dup.size = 2
+with tarfile.open(out + "/dup.tar", "w") as w:
+    w.addfile(dup, io.BytesIO(b"[]"))
+    w.addfile(dup, io.BytesIO(b"[]"))
 write("tampered.tar", tamper=True)
 EOF
 check_fails "a member link climbing out of the archive" "climbs out" \
 	"$FERRY" convert "docker-archive:$SCRATCH/climb.tar" "dir:$SCRATCH/never"
 check_fails "a docker archive of two images" "one image per archive" \
 	"$FERRY" convert "docker-archive:$SCRATCH/two.tar" "dir:$SCRATCH/never"
+check_fails "a member twice" "appears twice" \
+	"$FERRY" convert "docker-archive:$SCRATCH/dup.tar" "dir:$SCRATCH/never"
 check_fails "a tampered layer" "does not match its digest" \
 	"$FERRY" convert "docker-archive:$SCRATCH/tampered.tar" "dir:$SCRATCH/never"
 expect "no refused conversion left a destination" [ ! -e "$SCRATCH/never" ]
