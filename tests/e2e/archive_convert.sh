@@ -9,9 +9,9 @@
 # --format erofs-layers gives the same native layers.
 # Refused, each with a message naming the fix: skopeo's dir: layout and an
 # OCI layout given as dir:, either archive given as tar:, an archive named
-# through a symlink, a FIFO, a
-# compressed archive, a member link climbing out, a tampered layer, a
-# docker archive of two images, the wrong transport for the archive.
+# through a symlink, a FIFO, a compressed archive, the wrong transport or
+# tag, a member link climbing out, a docker archive of two images, a
+# member twice, a tampered layer.
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/oci_lib.sh"
 need_root
