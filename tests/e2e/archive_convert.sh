@@ -6,7 +6,8 @@
 # to tars named by diff_id), convert to the same image as from the oci:
 # layout: the same bootstrap and blobs as dir:, and mounted trees that
 # treecmp finds equal; the config comes along, zstd layers too, and
-# --format erofs-layers gives the same native layers.
+# --format erofs-layers gives the same native layers. docker save's own
+# layouts (before docker 25, and from 25 on) convert alike.
 # Refused, each with a message naming the fix: skopeo's dir: layout and an
 # OCI layout given as dir:, either archive given as tar:, an archive named
 # through a symlink, a FIFO, a compressed archive, the wrong transport or
@@ -147,6 +148,56 @@ check_fails "an oci-archive: given as docker-archive:" "oci-archive:" \
 	"$FERRY" convert "docker-archive:$A/base.oci.tar" "dir:$SCRATCH/never"
 check_fails "an oci-archive: tag it does not have" "no image tagged" \
 	"$FERRY" convert "oci-archive:$A/base.oci.tar:nosuch" "dir:$SCRATCH/never"
+
+# docker save's own layouts, made from skopeo's docker-archive of base:
+# before docker 25 (<id>/layer.tar, <config>.json), and from 25 on
+# (blobs/sha256/<hex>, named by their digests, beside an OCI layout).
+python3 - "$A/base.docker.tar" "$SCRATCH" <<'EOF'
+import hashlib, io, json, sys, tarfile
+src, out = sys.argv[1:]
+t = tarfile.open(src)
+data = {m.name: t.extractfile(m).read() for m in t.getmembers() if m.isfile()}
+man = json.loads(data["manifest.json"])[0]
+layer = t.extractfile(t.getmember(man["Layers"][0])).read()  # through its symlink
+config = data[man["Config"]]
+sha = lambda b: hashlib.sha256(b).hexdigest()
+
+def write(name, files):
+    with tarfile.open(out + "/" + name, "w") as w:
+        for n, d in files:
+            i = tarfile.TarInfo(n)
+            i.size = len(d)
+            w.addfile(i, io.BytesIO(d))
+
+lid = "a" * 64
+write("legacy.tar", [(lid + "/VERSION", b"1.0"), (lid + "/json", b"{}"),
+                     (lid + "/layer.tar", layer), (sha(config) + ".json", config),
+                     ("manifest.json", json.dumps([{"Config": sha(config) + ".json",
+                      "RepoTags": ["x:1"], "Layers": [lid + "/layer.tar"]}]).encode()),
+                     ("repositories", b"{}")])
+oci = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                  "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
+                             "digest": "sha256:" + sha(config), "size": len(config)},
+                  "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar",
+                              "digest": "sha256:" + sha(layer), "size": len(layer)}]}).encode()
+index = json.dumps({"schemaVersion": 2, "manifests": [
+    {"mediaType": "application/vnd.oci.image.manifest.v1+json",
+     "digest": "sha256:" + sha(oci), "size": len(oci)}]}).encode()
+write("docker25.tar", [("blobs/sha256/" + sha(layer), layer),
+                       ("blobs/sha256/" + sha(config), config),
+                       ("blobs/sha256/" + sha(oci), oci), ("index.json", index),
+                       ("oci-layout", b'{"imageLayoutVersion":"1.0.0"}'),
+                       ("manifest.json", json.dumps([{"Config": "blobs/sha256/" + sha(config),
+                        "RepoTags": ["x:1"], "Layers": ["blobs/sha256/" + sha(layer)]}]).encode()),
+                       ("repositories", b"{}")])
+EOF
+check "convert oci:base dir:" "$FERRY" convert -q "oci:$FIX:base" "dir:$SCRATCH/dir-base"
+for ref in docker-archive:legacy docker-archive:docker25 oci-archive:docker25; do
+	check "convert $ref.tar (docker save's layout) dir:" \
+		"$FERRY" convert -q "${ref%%:*}:$SCRATCH/${ref#*:}.tar" "dir:$SCRATCH/dir-${ref/:/-}" &&
+		check "$ref.tar gives the image oci: gives" \
+			same_image "$SCRATCH/dir-base" "$SCRATCH/dir-${ref/:/-}"
+done
 
 # Hostile archives, made from the docker-archive of base.
 python3 - "$A/base.docker.tar" "$SCRATCH" <<'EOF'
