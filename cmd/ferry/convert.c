@@ -89,8 +89,9 @@ static void convert_help(void)
 	       "  --json             print a JSON summary on stdout\n"
 	       "  -q, --quiet        no progress or summary on stderr\n"
 	       "  -h, --help         this help\n\n"
-	       "Output is deterministic: the same input and options give identical\n"
-	       "bytes. DEST must be new, an empty directory, or (with --force) an\n"
+	       "Output is deterministic: the same input, options and ferry release\n"
+	       "give identical bytes (the bootstrap names the release that wrote\n"
+	       "it). DEST must be new, an empty directory, or (with --force) an\n"
 	       "image; one inside a dir: SOURCE is refused. SIGINT, SIGTERM or\n"
 	       "SIGHUP stop the conversion and leave DEST as it was.\n\n%s\n" EXIT_CODES_HELP,
 	       CONVERT_DEFAULT_INLINE_MAX, REGISTRY_OPTIONS_HELP);
