@@ -531,7 +531,7 @@ static int oci_layers(struct convert_archive *a, const struct oci_image *img)
 }
 
 int archive_image_open(const struct image_ref *ref, const char *platform,
-		       struct convert_archive **archive, struct oci_image *img)
+		       struct oci_image *img)
 {
 	struct convert_archive *a = NULL;
 	int ret;
@@ -552,14 +552,14 @@ int archive_image_open(const struct image_ref *ref, const char *platform,
 		oci_image_free(img);
 		return ret;
 	}
-	*archive = a;
+	img->archive = a;
 	return 0;
 }
 
 int archive_apply_layer(struct converter *c, const struct oci_image *img,
 			const struct oci_descriptor *d, const char *name)
 {
-	const struct convert_archive *a = c->archive;
+	const struct convert_archive *a = img->archive;
 	const struct archive_member *m = &a->members[a->layers[d - img->layers]];
 	struct archive_range r = { a->fd, m->off, m->off + m->size };
 	struct input_stream *in = NULL;

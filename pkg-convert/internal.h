@@ -103,7 +103,6 @@ struct converter {
 	size_t nr_elf_records, elf_records_cap;
 	struct image_elf_entry *elf; /* those in the final tree, by path */
 	uint32_t nr_elf;
-	struct convert_archive *archive; /* an archive source's, or NULL */
 };
 
 /* -ECANCELED once the caller asked to stop (convert_opts.cancel), else 0. */
@@ -172,21 +171,24 @@ int convert_apply_oci_layer(struct converter *c, const struct oci_image *img,
 			    const struct oci_descriptor *d, const char *name);
 
 /*
- * oci-archive: and docker-archive: sources (archive.c): @ref's image
- * into @img (@platform and the tag as for oci:), its archive, indexed,
- * into *@archive (archive_close); each layer @d of @img through
- * archive_apply_layer, streamed from its member and digest-checked, with
- * c->archive that archive.
+ * oci-archive: and docker-archive: sources (archive.c): @ref's image into
+ * @img (@platform and the tag as for oci:, OCI_PLATFORMS included), its
+ * archive, indexed, in img->archive; layer @d of @img applied as one
+ * layer, streamed from its member and digest-checked; the archive closed.
  */
 struct convert_archive;
 int archive_image_open(const struct image_ref *ref, const char *platform,
-		       struct convert_archive **archive, struct oci_image *img);
+		       struct oci_image *img);
 int archive_apply_layer(struct converter *c, const struct oci_image *img,
 			const struct oci_descriptor *d, const char *name);
 void archive_close(struct convert_archive *a);
-/* The image of an oci:, docker://, oci-archive: or docker-archive: source. */
-int convert_open_image(struct converter *c, const struct image_ref *src,
-		       struct oci_image *img);
+/*
+ * The image of an oci:, docker://, oci-archive: or docker-archive: source
+ * (as oci_image_open); convert_close_image frees it and closes its archive.
+ */
+int convert_open_image(const struct image_ref *src, const char *platform,
+		       const struct fetch_opts *fopts, struct oci_image *img);
+void convert_close_image(struct oci_image *img);
 
 /* Loader dependencies of the ELF files ingested (elfdeps.c, FORMAT.md 2.6) */
 int convert_elf_init(struct converter *c);
@@ -244,6 +246,28 @@ int zpipe_add(struct zpipe *zp, struct meta_inode *inode, uint64_t size,
 	      bool compress, const struct file_source *src, const char *path);
 int zpipe_flush(struct zpipe *zp, uint32_t *blocks);
 int zpipe_reserve(struct zpipe *zp, uint32_t nr, uint32_t *start);
+/*
+ * Convert one image, @src (@img for oci: and docker:, else NULL), into the
+ * open destination @out: tagged, or with @index_member stored for an index
+ * (image_out_desc.index_member). convert.c's is convert_into,
+ * erofslayers.c's native_convert_into.
+ */
+typedef int (*convert_image_fn)(const struct image_ref *src,
+				const struct oci_image *img, struct image_out *out,
+				bool index_member, const struct convert_opts *opts,
+				struct convert_stats *stats);
+/*
+ * The image index @src (its platforms listed in @index: OCI_PLATFORMS) into
+ * @out: each wanted platform (convert_opts.platforms, else all) through
+ * @one as an index member, then the index of them under DEST's tag.
+ */
+int convert_index(const struct image_ref *src, const struct oci_image *index,
+		  struct image_out *out, convert_image_fn one,
+		  const struct convert_opts *opts, struct convert_stats *stats);
+/* Several platforms only into oci: or docker:// (-EINVAL, logged). */
+int convert_check_platforms(const struct image_ref *dst,
+			    const struct convert_opts *opts);
+
 int convert_run_erofs_layers(const char *source, const char *dest,
 			     const struct convert_opts *opts,
 			     struct convert_stats *stats);

@@ -74,7 +74,16 @@
  * snapshotter as labels: these tell ferry-snapshotter what a layer is. */
 #define FERRY_SNAPSHOT_BLOB_LABEL "containerd.io/snapshot/ferry.blob"
 #define FERRY_SNAPSHOT_BOOTSTRAP_LABEL "containerd.io/snapshot/ferry.bootstrap"
-#define FERRY_FORMAT_VERSION "2" /* the manifest's dev.ferry.version */
+#define FERRY_FORMAT_VERSION "3" /* the manifest's dev.ferry.version */
+/*
+ * A ferry layer's config diff_id (docs/FORMAT.md 1a) is the sha256 of
+ * PREFIX + its digest string (a data blob's own digest, the bootstrap's
+ * raw bytes' digest): no tar layer hashes to such a short text, so the
+ * chain IDs containerd computes for a ferry image's layers never name
+ * layers it unpacks itself (docs/SECURITY.md, containerd).
+ */
+#define FERRY_BLOB_DIFF_ID_PREFIX "dev.ferry.blob "
+#define FERRY_BOOTSTRAP_DIFF_ID_PREFIX "dev.ferry.bootstrap "
 #define FERRY_BOOTSTRAP_DIGEST_ANNOTATION "dev.ferry.bootstrap.uncompressed-digest"
 #define FERRY_BOOTSTRAP_MAX (1ull << 30) /* larger bootstraps are refused */
 #define OCI_JSON_MAX (4u << 20) /* larger manifests, indexes, configs are refused */
@@ -101,9 +110,9 @@ enum image_transport {
 
 struct image_ref {
 	enum image_transport transport;
-	/* dir:, tar:, oci:, archives: the path; docker:
-	 * "HOST[:PORT]/REPO[:TAG|@DIGEST]", which fetch_parse_ref checks when
-	 * the registry is opened. */
+	/* dir:, tar:, oci:, archives: the path; docker: the name
+	 * fetch_parse_ref normalises, "HOST[:PORT]/REPO:TAG" or
+	 * "HOST[:PORT]/REPO@DIGEST". */
 	char *path;
 	char *tag; /* oci:, oci-archive: the tag, or NULL (the only image) */
 };
@@ -443,6 +452,7 @@ struct oci_descriptor {
 };
 
 /* One image manifest, resolved; its layer blobs are not read. */
+#define OCI_PLATFORM_MAX 64 /* "os/arch/variant" and its NUL */
 struct oci_image {
 	char *layout;                   /* PATH; NULL for a registry image */
 	struct registry *remote;        /* docker: the repository's client */
@@ -454,6 +464,13 @@ struct oci_image {
 	size_t config_len;
 	struct oci_descriptor *layers;  /* in manifest order */
 	uint32_t nr_layers;
+	/* OCI_PLATFORMS: the image platforms of the index, or none. */
+	char (*platforms)[OCI_PLATFORM_MAX];
+	uint32_t nr_platforms;
+	/* The archive the image is read from (pkg-convert's oci-archive: and
+	 * docker-archive:, opaque here), or NULL: its owner closes it, as
+	 * oci_image_free does not. */
+	void *archive;
 };
 
 /*
@@ -461,7 +478,15 @@ struct oci_image {
  * @platform ("os/arch[/variant]", NULL = the host's) from image indexes.
  * Manifests, indexes and the config are digest- and size-checked. A
  * registry image keeps img->remote open for reading its blobs.
+ * With @platform OCI_PLATFORMS, a reference to an image index is not
+ * resolved: img->platforms lists the platforms of its image manifests
+ * (in index order, each once; attestations and other "unknown" ones
+ * left out) and img->manifest stays NULL; a manifest resolves as usual.
  */
+#define OCI_PLATFORMS "*"
+/* @want ("os/arch[/variant]") names @platform: without a variant, any
+ * variant of os/arch. */
+bool oci_platform_names(const char *want, const char *platform);
 int oci_image_open(const struct image_ref *ref, const char *platform,
 		   const struct fetch_opts *fopts, struct oci_image *img);
 void oci_image_free(struct oci_image *img);
@@ -486,7 +511,12 @@ int oci_blob_path(const char *layout, const uint8_t digest[32], char **out);
 /* A ferry data-blob / bootstrap layer type, current or old. */
 bool oci_is_ferry_blob(const char *media_type);
 bool oci_is_ferry_bootstrap(const char *media_type);
-/* @img's last layer is a bootstrap of the old type (FERRY_*_OLD). */
+/*
+ * @img is a ferry image of an earlier format: its last layer is a
+ * bootstrap of the old type (FERRY_*_OLD, format 1), or its manifest's
+ * dev.ferry.version is not FERRY_FORMAT_VERSION (format 2: its diff_ids
+ * are the layers' digests).
+ */
 bool oci_is_old_ferry(const struct oci_image *img);
 
 /* ------------------------------------------------------------------ */
@@ -536,6 +566,9 @@ struct image_out_desc {
 	const struct oci_image *source;
 	const struct fetch_opts *fetch;   /* docker: push; NULL = defaults */
 	struct ferry_progress *progress;  /* docker: push */
+	/* One image of an index image_out_finish_index writes: stored (oci:)
+	 * or pushed by digest (docker:), not tagged. */
+	bool index_member;
 };
 
 /*
@@ -548,10 +581,28 @@ struct image_out_desc {
 int image_out_finish(struct image_out *o, const struct image_out_desc *d,
 		     char manifest_digest[DIGEST_STRING_SIZE],
 		     uint64_t *manifest_size);
+/* A member of an image index: a manifest written by image_out_finish. */
+struct image_out_index_entry {
+	char platform[OCI_PLATFORM_MAX]; /* "os/arch[/variant]" */
+	uint8_t digest[32];
+	uint64_t size;
+};
+
+/*
+ * An OCI image index of @entries (index_member images of @o) under the
+ * destination's tag: oci: stored and tagged; docker: pushed by tag
+ * (its members were pushed by digest). Its digest and size go to
+ * @index_digest / @index_size. dir: destinations are -EINVAL.
+ */
+int image_out_finish_index(struct image_out *o,
+			   const struct image_out_index_entry *entries,
+			   uint32_t nr, const struct fetch_opts *fopts,
+			   char index_digest[DIGEST_STRING_SIZE], uint64_t *index_size);
+
 /*
  * Rewrite the old-format ferry image @src (oci_is_old_ferry) into @o in
  * the current format: the same blobs, current layer types, the snapshot
- * labels, a config whose diff_ids match the layers (docs/FORMAT.md 1a).
+ * labels, a config with the layers' diff_ids (docs/FORMAT.md 1a).
  */
 int image_out_upgrade(struct image_out *o, const struct oci_image *src,
 		      const struct fetch_opts *fopts, struct ferry_progress *progress,
@@ -614,6 +665,7 @@ struct image_out_layers_desc {
 	const struct oci_image *source;
 	const struct fetch_opts *fetch;
 	struct ferry_progress *progress;
+	bool index_member; /* as image_out_desc's */
 };
 
 /*

@@ -190,7 +190,7 @@ void image_print_formats(FILE *out)
 	fprintf(out,
 		"image formats (docs/FORMAT.md, Compatibility), as ferry convert writes\n"
 		"them and ferry and ferryd read them:\n"
-		"  ferry image       format %s (format 1 is read too)\n"
+		"  ferry image       format %s (earlier ones are read too)\n"
 		"  bootstrap         preamble %s v%u, blob index %s v%u\n"
 		"  payload sections  %s v%u prefetch list, %s v%u loader deps\n"
 		"  framed sections  ",

@@ -153,7 +153,7 @@ int cmd_inspect(int argc, char **argv)
 			       "for chunked files, the chunk map (file range -> device, blob\n"
 			       "offsets, codec, sha256).\n\n"
 			       "IMAGE  dir:OUT, oci:PATH[:TAG] or\n"
-			       "       docker://HOST[:PORT]/REPO[:TAG|@DIGEST]\n\n"
+			       "       docker://[HOST[:PORT]/]REPO[:TAG|@DIGEST]\n\n"
 			       "Options:\n"
 			       "  --json      the same as JSON on stdout (the image: superblock,\n"
 			       "              chunkSize, compression, blobs, prefetch,\n"

@@ -1441,7 +1441,7 @@ void cachefiles_adopt(int devfd, const char *socket_path)
 		}
 		req.adopt = true;
 		ferry_info("cachefiles: taking over %s on %s", req.image, req.mountpoint);
-		if (!mounts_mount(&req, err, sizeof(err)))
+		if (!mounts_mount(&req, NULL, err, sizeof(err)))
 			ok++;
 	}
 	pthread_mutex_lock(&dev.life);

@@ -106,6 +106,7 @@ static struct json_object *handle(struct json_object *o, int passed, bool *shutd
 {
 	struct ctl_ping_reply ping;
 	struct ctl_list_reply list = { 0 };
+	struct ctl_mount_reply mrep;
 	struct ctl_request req;
 	char err[4096] = "", *text = NULL;
 	struct json_object *resp = NULL;
@@ -132,12 +133,12 @@ static struct json_object *handle(struct json_object *o, int passed, bool *shutd
 			req.mount.adopt_fd = passed;
 			passed = -1;
 		}
-		ret = mounts_mount(&req.mount, err, sizeof(err));
-		resp = ret ? reply(ret, err) :
-			     ctl_mount_reply_to_json(&(struct ctl_mount_reply){ .pid = getpid() });
+		mrep = (struct ctl_mount_reply){ .pid = getpid() };
+		ret = mounts_mount(&req.mount, &mrep, err, sizeof(err));
+		resp = ret ? reply(ret, err) : ctl_mount_reply_to_json(&mrep);
 		break;
 	case CTL_OP_UMOUNT:
-		ret = mounts_umount(req.umount.mountpoint, req.umount.lazy, err, sizeof(err));
+		ret = mounts_umount(&req.umount, err, sizeof(err));
 		if (ret && ret != -ENOENT)
 			ferry_err("umount %s: %s", req.umount.mountpoint, err);
 		resp = reply(ret, err);
@@ -629,7 +630,7 @@ int daemon_run(const struct daemon_opts *o)
 	if (o->mount) {
 		char err[4096] = "";
 
-		if (mounts_mount(o->mount, err, sizeof(err))) {
+		if (mounts_mount(o->mount, NULL, err, sizeof(err))) {
 			ret = EXIT_FAILURE;
 			atomic_store(&stop_requested, true);
 		}

@@ -98,9 +98,13 @@ struct fmount {
 void mounts_init(unsigned int threads, unsigned int readahead_kb,
 		 unsigned int dir_readahead_kb, const char *socket_path,
 		 const char *const *successor_args, void (*on_change)(void));
-/* Mount per @req (taken over, also on failure); the reason in @err. */
-int mounts_mount(struct ctl_mount_req *req, char *err, size_t errlen);
-int mounts_umount(const char *mountpoint, bool lazy, char *err, size_t errlen);
+/*
+ * Mount per @req (taken over, also on failure); the reason in @err, and
+ * what is mounted in @rep (may be NULL) but its pid.
+ */
+int mounts_mount(struct ctl_mount_req *req, struct ctl_mount_reply *rep,
+		 char *err, size_t errlen);
+int mounts_umount(const struct ctl_umount_req *req, char *err, size_t errlen);
 /* The mounts of a list answer (ctl_list_reply_free frees them). */
 int mounts_list(struct ctl_mount_stats **mounts, size_t *nr);
 size_t mounts_count(void);

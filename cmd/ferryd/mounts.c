@@ -595,7 +595,8 @@ unsigned int mounts_takeovers(const char *mode)
 	return c ? atomic_load(c) : 0;
 }
 
-int mounts_mount(struct ctl_mount_req *req, char *err, size_t errlen)
+int mounts_mount(struct ctl_mount_req *req, struct ctl_mount_reply *rep,
+		 char *err, size_t errlen)
 {
 	struct fmount *m;
 	char what[512];
@@ -614,6 +615,12 @@ int mounts_mount(struct ctl_mount_req *req, char *err, size_t errlen)
 		/* For the log line: the image is the session thread's soon. */
 		bytes = mount_bytes(m);
 		blobs = m->img->blobs.nr_blobs;
+		if (rep) {
+			snprintf(rep->image_digest, sizeof(rep->image_digest), "%s",
+				 m->image_digest);
+			if (!m->img->erofs_layers)
+				digest_format(m->img->bootstrap_digest, rep->bootstrap_digest);
+		}
 		ret = session_start(m, what, err, errlen);
 	}
 	if (ret) {
@@ -713,8 +720,41 @@ static int umount_busy(struct fmount *m)
 	return e;
 }
 
-int mounts_umount(const char *mountpoint, bool lazy, char *err, size_t errlen)
+/*
+ * umount's "release": forget @m's image record in its cache unless
+ * another live mount serves that image from there (gc then may reclaim
+ * its blobs, documents and bootstrap).
+ */
+static void release_image(struct fmount *m)
 {
+	uint8_t digest[BLOB_DIGEST_SIZE];
+	struct fmount *o;
+	bool used = false;
+	int ret;
+
+	if (digest_parse(m->image_digest, digest))
+		return;
+	pthread_mutex_lock(&tbl_lock);
+	for (o = mounts; o && !used; o = o->next)
+		used = o != m && o->state != MS_STOPPING &&
+		       !strcmp(o->image_digest, m->image_digest) &&
+		       !strcmp(o->req.cache_dir, m->req.cache_dir);
+	pthread_mutex_unlock(&tbl_lock);
+	if (used)
+		return;
+	ret = blob_cache_forget_image(m->req.cache_dir, digest);
+	if (ret && ret != -ENOENT)
+		ferry_warn("%s: cannot forget the record of %s in %s: %s", m->mountpoint,
+			   m->image_digest, m->req.cache_dir, ferry_strerror(ret));
+	else if (!ret)
+		ferry_info("%s: released %s in %s (gc may reclaim it)", m->mountpoint,
+			   m->image_digest, m->req.cache_dir);
+}
+
+int mounts_umount(const struct ctl_umount_req *req, char *err, size_t errlen)
+{
+	const char *mountpoint = req->mountpoint;
+	bool lazy = req->lazy;
 	enum mount_state state;
 	struct mount_entry mi;
 	struct fmount *m;
@@ -803,6 +843,8 @@ int mounts_umount(const char *mountpoint, bool lazy, char *err, size_t errlen)
 		ferry_info("%s: unmounted; its session ends once a fetch in flight does",
 			   m->mountpoint);
 	pthread_mutex_unlock(&tbl_lock);
+	if (req->release)
+		release_image(m);
 out:
 	mount_put(m);
 	return ret;

@@ -24,8 +24,8 @@ check "ferry --version" "$FERRY" --version
 cp "$LOG" "$SCRATCH/ferry.version"
 expect "ferry --version names the release $VERSION" \
 	[ "$(head -1 "$SCRATCH/ferry.version")" = "ferry $VERSION" ]
-expect "ferry --version lists the formats (image 2, FERRYWR1, unknown sections skipped)" \
-	bash -c 'grep -q "ferry image *format 2" "$1" && grep -q "FERRYWR1 v1 writer" "$1" &&
+expect "ferry --version lists the formats (image 3, FERRYWR1, unknown sections skipped)" \
+	bash -c 'grep -q "ferry image *format 3" "$1" && grep -q "FERRYWR1 v1 writer" "$1" &&
 		grep -q "others skipped unless required" "$1" && grep -q "FERRYRT1" "$1"' _ \
 	"$SCRATCH/ferry.version"
 check "ferryd --version" "$FERRYD" --version
@@ -37,7 +37,7 @@ expect "ferryd --version lists the same formats as ferry" \
 if [ -x "$SNAPSHOTTER" ]; then
 	check "ferry-snapshotter --version" "$SNAPSHOTTER" --version
 	expect "ferry-snapshotter --version names the release $VERSION and its format" \
-		bash -c '[ "$(head -1 "$1")" = "ferry-snapshotter $2" ] && grep -q "ferry format 2" "$1"' _ \
+		bash -c '[ "$(head -1 "$1")" = "ferry-snapshotter $2" ] && grep -q "ferry format 3" "$1"' _ \
 		"$LOG" "$VERSION"
 else
 	echo "# $SNAPSHOTTER not built (make contrib): its --version not checked"

@@ -33,20 +33,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	close(fd);
 	for (size_t k = 0; k < ARRAY_SIZE(kinds); k++) {
 		struct image_ref ref = { .transport = kinds[k], .path = path };
-		struct convert_archive *a = NULL;
 		struct oci_image img;
-		int ret = archive_image_open(&ref, "linux/amd64", &a, &img);
+		int ret = archive_image_open(&ref, k ? "linux/amd64" : OCI_PLATFORMS, &img);
 
 		if (ret && ret != -EFSCORRUPTED && ret != -ENOENT && ret != -EFBIG &&
 		    ret != -EINVAL && ret != -ENOMEM)
 			abort();
-		if (!ret) {
-			for (uint32_t i = 0; i < img.nr_layers; i++)
-				if (!img.manifest)
-					abort();
-			archive_close(a);
-			oci_image_free(&img);
-		}
+		if (!ret && (!img.archive || (img.nr_layers && !img.manifest)))
+			abort();
+		if (!ret)
+			convert_close_image(&img);
 	}
 	unlink(path);
 	return 0;
