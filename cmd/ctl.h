@@ -325,8 +325,6 @@ int ctl_client_umount(const char *socket_path, const struct ctl_umount_req *req,
 		      char *msg, size_t msglen);
 int ctl_client_list(const char *socket_path, struct ctl_list_reply *rep,
 		    char *msg, size_t msglen);
-int ctl_client_ping(const char *socket_path, struct ctl_ping_reply *rep,
-		    char *msg, size_t msglen);
 /* Shutdown (as SIGTERM): ferryd unmounts everything and exits. */
 int ctl_client_shutdown(const char *socket_path, char *msg, size_t msglen);
 /* Upgrade: ferryd leaves its mounts to a new ferryd of the installed binary. */

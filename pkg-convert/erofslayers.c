@@ -39,8 +39,6 @@
 #include "internal.h"
 #include "tar.h"
 
-#define WHITEOUT_PREFIX ".wh."
-#define WHITEOUT_OPAQUE ".wh..wh..opq"
 #define OVL_PREFIX "trusted.overlay."
 #define OVL_ESCAPED "trusted.overlay.overlay."
 #define OVL_OPAQUE "trusted.overlay.opaque"

@@ -46,6 +46,10 @@ struct out_blob {
  * the blob's hot run); the final device ids and hot addresses are set once
  * every blob is known.
  */
+/* OCI layer whiteouts (the image spec's "Whiteouts"). */
+#define WHITEOUT_PREFIX ".wh."
+#define WHITEOUT_OPAQUE ".wh..wh..opq"
+
 #define PROVISIONAL_DEVICE 0x8000u
 #define PROVISIONAL_HOT 0x4000u
 #define PROVISIONAL_BLOB_MASK 0x3fffu

@@ -329,9 +329,6 @@ void fetch_stream_close(struct fetch_stream *s);
 int registry_put_blob_fd(struct registry *r, int fd, uint64_t size,
 			 const uint8_t digest[FETCH_DIGEST_SIZE],
 			 const char *mount_from);
-/* The same for bytes in memory. */
-int registry_put_blob(struct registry *r, const void *data, size_t len,
-		      const uint8_t digest[FETCH_DIGEST_SIZE]);
 
 /* Bytes moved by this client so far (bodies only), for statistics. */
 struct fetch_stats {

@@ -774,7 +774,7 @@ void image_cache_kernel_reads(struct image_cache *ic);
  */
 int image_cache_prefetch_blobs(struct image_cache *ic,
 			       struct ferry_progress *progress,
-			       const volatile bool *stop);
+			       const _Atomic bool *stop);
 /*
  * Prefetch of listed paths (an image's embedded list, a mount's
  * --prefetch-files). image_prefetch_plan_add adds @path in the image
@@ -789,7 +789,7 @@ int image_cache_prefetch_blobs(struct image_cache *ic,
  * not wait for demand reads — the list names what readers are about to
  * want, and a reader waiting for a range being fetched gets it with that
  * fetch; while it runs, a demand miss inside a planned range queues no
- * readahead — but keeps to the bandwidth limit. A range that fails does not
+ * fetch-ahead — but keeps to the bandwidth limit. A range that fails does not
  * stop the others; stops early when *@stop becomes true. 0 or the first
  * -errno.
  */
@@ -797,7 +797,7 @@ struct image_prefetch_plan;
 int image_prefetch_plan_add(struct image_cache *ic, struct image_prefetch_plan **plan,
 			    const char *path);
 int image_cache_prefetch_plan(struct image_cache *ic, struct image_prefetch_plan *plan,
-			      const volatile bool *stop);
+			      const _Atomic bool *stop);
 void image_prefetch_plan_free(struct image_prefetch_plan *plan);
 /* Prefetch bytes per second (uncompressed), 0 = unlimited. */
 void image_cache_set_bwlimit(struct image_cache *ic, uint64_t bytes_per_sec);
@@ -828,9 +828,9 @@ struct image_cache_stats {
 	uint64_t bytes_read;       /* file bytes served by image_cache_read */
 	uint64_t bytes_fetched;    /* compressed bytes read from the sources */
 	uint64_t bytes_prefetched; /* uncompressed bytes made present by prefetch */
-	uint64_t bytes_ahead;      /* uncompressed bytes readahead covered */
+	uint64_t bytes_ahead;      /* uncompressed bytes fetch-ahead covered */
 	uint64_t fetches;          /* reads from the sources (registry requests) */
-	uint64_t fetches_ahead;    /* of those, by readahead: off readers' paths */
+	uint64_t fetches_ahead;    /* of those, by fetch-ahead: off readers' paths */
 	/* Programs whose libraries were predicted from the image's record of
 	 * them (FORMAT.md 2.6), and from their headers read in the mount. */
 	uint64_t programs_recorded, programs_read;
@@ -944,6 +944,7 @@ int image_layers_attach(const int *mfds, uint32_t nr, const char *target,
  * mount), the graveyard, and directories left empty.
  */
 #define IMAGE_FSCACHE_DIR "fscache"
+#define IMAGE_CACHEFILES_DEVICE "/dev/cachefiles"
 struct image_fscache_usage {
 	uint64_t files, disk_bytes;
 	int holder;

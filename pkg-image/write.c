@@ -408,7 +408,7 @@ void image_out_close(struct image_out *o, bool failed)
  */
 static int commit_dir(struct image_out *o)
 {
-	int fd, ret = 0;
+	int ret = 0;
 
 	if (fsync(o->lock_fd) || fchmod(o->lock_fd, 0755))
 		ret = -errno;
@@ -423,14 +423,7 @@ static int commit_dir(struct image_out *o)
 	o->committed = true;
 	if (o->replace && image_dir_remove(o->dir))
 		ferry_warn("%s: the replaced image is left in %s", o->final, o->dir);
-	fd = open(o->parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (fd < 0 || fsync(fd))
-		ret = -errno;
-	if (fd >= 0)
-		close(fd);
-	if (ret)
-		ferry_err("%s: cannot sync: %s", o->parent, ferry_strerror(ret));
-	return ret;
+	return fsync_dir(o->parent);
 }
 
 /* ------------------------------------------------------------------ */

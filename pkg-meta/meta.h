@@ -33,6 +33,7 @@
 #define META_PREAMBLE_VERSION 1u
 #define META_MAX_DEVICES 1024u /* blobs per image */
 #define META_NAME_MAX 255u
+#define META_SYMLINK_MAX 4095u /* a target's bytes: PATH_MAX - 1, what readlink can return */
 #define META_XATTR_VALUE_MAX 65535u /* e_value_size is 16 bits */
 
 /* ------------------------------------------------------------------ */
