@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
-# What an operator rolls out. Versions: ferry, ferryd and ferry-snapshotter
-# --version print the release of the VERSION file, and ferry and ferryd
-# the same image formats; no help text or document states compatibility
-# by date. make install into a scratch DESTDIR puts exactly the binaries,
-# man pages, systemd units (with the installed paths) and default
-# configuration in place, keeps an edited configuration, and make
-# uninstall removes the rest. Sections: a bootstrap section a later ferry
-# adds (tests/tools/bootstrap_section.py) is skipped by this one (check,
-# inspect, a mount), unless flagged required: then the image is refused
-# naming the section.
+# What an operator rolls out. Versions: ferry, ferryd, ferryd-keeper and
+# ferry-snapshotter --version print the release of the VERSION file, and
+# ferry and ferryd the same image formats; no help text or document
+# states compatibility by date. make install into a scratch DESTDIR puts
+# exactly the binaries, man pages, systemd units (with the installed
+# paths) and default configuration in place, keeps an edited
+# configuration, and make uninstall removes the rest. Sections: a
+# bootstrap section a later ferry adds (tests/tools/bootstrap_section.py)
+# is skipped by this one (check, inspect, a mount), unless flagged
+# required: then the image is refused naming the section.
 . "$(dirname "$0")/lib.sh"
 need_root
 need_ferry
@@ -34,6 +34,10 @@ expect "ferryd --version names the release $VERSION" \
 	[ "$(head -1 "$SCRATCH/ferryd.version")" = "ferryd $VERSION" ]
 expect "ferryd --version lists the same formats as ferry" \
 	[ "$(formats <"$SCRATCH/ferryd.version")" = "$(formats <"$SCRATCH/ferry.version")" ]
+# The keepers outlive ferryd across upgrades: which release one is.
+check "ferryd-keeper --version" "$BIN/ferryd-keeper" --version
+expect "ferryd-keeper --version names the release $VERSION" \
+	[ "$(cat "$LOG")" = "ferryd-keeper $VERSION" ]
 if [ -x "$SNAPSHOTTER" ]; then
 	check "ferry-snapshotter --version" "$SNAPSHOTTER" --version
 	expect "ferry-snapshotter --version names the release $VERSION and its format" \
