@@ -106,14 +106,19 @@ ctd_stop_all() {
 ctd_start_ferryd() { "$FERRYD" --socket "$FSOCK" --persistent; }
 
 # containerd's gRPC connection to a restarted snapshotter is back (it
-# redials with a backoff): at most 30 s.
+# redials with a backoff): at most 30 s. A snapshot is prepared and removed
+# because listing snapshots reads containerd's own database only and would
+# pass with the snapshotter unreachable.
 ctd_reachable() {
-	local i
+	local i ns=${CTD_NAMESPACES[0]} key=ferry-e2e-reachable-$$
 	for i in $(seq 60); do
-		ctr_ns "${CTD_NAMESPACES[0]}" snapshots --snapshotter ferry ls >/dev/null 2>&1 && return 0
+		if ctr_ns "$ns" snapshots --snapshotter ferry prepare "$key" >/dev/null 2>&1; then
+			ctr_ns "$ns" snapshots --snapshotter ferry rm "$key"
+			return
+		fi
 		sleep 0.5
 	done
-	ctr_ns "${CTD_NAMESPACES[0]}" snapshots --snapshotter ferry ls
+	ctr_ns "$ns" snapshots --snapshotter ferry prepare "$key"
 }
 
 ctd_start_snapshotter() { # MODE
@@ -134,6 +139,18 @@ ctd_start_containerd() {
 	ctd_wait_sock "$CTD/containerd.sock" "$CTD_PID" 30 &&
 		ctr_ns "${CTD_NAMESPACES[0]}" version >/dev/null ||
 		{ tail -5 "$CTD/containerd.log"; return 1; }
+}
+
+# What a failed containerd call needs explained: whether the snapshotter
+# lives and listens, and the last words of both daemons.
+ctd_diagnose() {
+	local s=dead
+	kill -0 "$SN_PID" 2>/dev/null && s=alive
+	echo "snapshotter $SN_PID: $s; socket: $(ls -l "$CTD/snapshotter.sock" 2>&1)"
+	echo "snapshotter log:"
+	tail -8 "$CTD/snapshotter.log"
+	echo "containerd log (snapshotter lines):"
+	grep -i snapshotter "$CTD/containerd.log" | tail -5
 }
 
 # The ferry mounts under the snapshotter's state.

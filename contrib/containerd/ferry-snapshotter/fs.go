@@ -68,14 +68,15 @@ type ferryFS struct {
 	creds     *criCreds       // kubelet's pull secrets, from the CRI proxy
 	restoring bool            // during NewSnapshotter: Mount restores
 
-	mu      sync.Mutex
-	byChain map[string]string // verified committed chain ID -> snapshot ID
-	states  map[string]*mountState
-	failed  map[string]error // snapshot ID -> why it is not available
+	mu         sync.Mutex
+	byChain    map[string]string // verified committed chain ID -> snapshot ID
+	unverified map[string]bool   // committed ferry chain IDs without a record
+	states     map[string]*mountState
+	failed     map[string]error // snapshot ID -> why it is not available
 }
 
 func newFerryFS(c config, fetch json.RawMessage) (*ferryFS, error) {
-	f := &ferryFS{c: c, fetch: fetch, creds: newCRICreds(), byChain: map[string]string{},
+	f := &ferryFS{c: c, fetch: fetch, creds: newCRICreds(), byChain: map[string]string{}, unverified: map[string]bool{},
 		states: map[string]*mountState{}, failed: map[string]error{}}
 	if err := os.MkdirAll(filepath.Join(c.Root, "mounts"), 0700); err != nil {
 		return nil, err
@@ -160,6 +161,9 @@ func (f *ferryFS) failure(name string) error {
 	defer f.mu.Unlock()
 	if id, ok := f.byChain[name]; ok {
 		return f.failed[id]
+	}
+	if f.unverified[name] {
+		return errUnverified
 	}
 	return nil
 }
@@ -250,6 +254,9 @@ func (f *ferryFS) restore(ctx context.Context, mountpoint, id string, labels map
 	rec, err := f.readRecord(id)
 	if err == nil && rec == nil && ferryKind(labels) != "" {
 		err = errUnverified
+		f.mu.Lock()
+		f.unverified[labels[labelTarget]] = true
+		f.mu.Unlock()
 	}
 	if err != nil {
 		f.log(ctx).WithError(err).Errorf("ferry: snapshot %s cannot be restored", id)

@@ -259,7 +259,11 @@ func listen(path string) (net.Listener, error) {
 	return l, nil
 }
 
+// version is the release, from the top-level VERSION file (go.sh's -ldflags -X).
+var version = "unknown"
+
 func main() {
+	showVersion := flag.Bool("version", false, "print the release and the image format it mounts, and exit")
 	cfgPath := flag.String("config", "", "JSON configuration file (docs/containerd.md)")
 	address := flag.String("address", "", "gRPC socket (overrides the config's address)")
 	root := flag.String("root", "", "state directory (overrides the config's root)")
@@ -271,6 +275,12 @@ func main() {
 		flag.PrintDefaults()
 	}
 	flag.Parse()
+	if *showVersion {
+		fmt.Printf("ferry-snapshotter %s\nimage formats: ferry format 3 (layers labelled containerd.io/snapshot/ferry.*,\n"+
+			"diff_ids checked; ferry convert upgrades formats 1 and 2); ferryd %s or later\n"+
+			"reads the bootstraps and their sections ('ferryd --version' lists them)\n", version, version)
+		return
+	}
 	c, err := loadConfig(*cfgPath)
 	if err == nil && *address != "" {
 		c.Address = *address
