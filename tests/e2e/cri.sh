@@ -122,15 +122,19 @@ for m in json.load(sys.stdin)["manifests"]:
     if (p["os"], p["architecture"], p.get("variant")) == (os_, arch, var[0] if var else None):
         print(m["digest"])' "$host")
 expect "the index has a member for this host ($host)" [ -n "$HOST_MEMBER" ]
-ORIGIN=127.0.0.1:$(reg_free_port)
-mkdir -p "$HOSTS/${ORIGIN/:/_}_"
-cat >"$HOSTS/${ORIGIN/:/_}_/hosts.toml" <<EOF
-server = "http://$ORIGIN"
+# mirror_on_a DIR SERVER TAG: HOSTS/DIR/hosts.toml for SERVER, A's proxy
+# its mirror (pull, resolve), sending the header X-Ferry-Mirror: TAG.
+mirror_on_a() {
+	mkdir -p "$HOSTS/$1" && cat >"$HOSTS/$1/hosts.toml" <<EOF
+server = "$2"
 
 [host."http://$A_PROXY"]
   capabilities = ["pull", "resolve"]
-  header = {X-Ferry-Mirror = "cri-e2e"}
+  header = {X-Ferry-Mirror = "$3"}
 EOF
+}
+ORIGIN=127.0.0.1:$(reg_free_port)
+mirror_on_a "${ORIGIN/:/_}_" "http://$ORIGIN" cri-e2e
 # Docker Hub, as a node's certs.d names a pull-through cache for it. The
 # same files in other chunks: snapshots of their own, not P's image's.
 check "convert the Debian image again, 512K chunks" \
@@ -138,14 +142,7 @@ check "convert the Debian image again, 512K chunks" \
 check "push it to A as library/hub:1" reg_push_oci "$SCRATCH/hub:pkgs" "$A/library/hub:1"
 HUB_BLOBS=$(data_blobs "$SCRATCH/hub:pkgs")
 expect "... its data blobs are not P's image's" [ "${HUB_BLOBS:-$DATA_BLOBS}" != "$DATA_BLOBS" ]
-mkdir -p "$HOSTS/docker.io"
-cat >"$HOSTS/docker.io/hosts.toml" <<EOF
-server = "https://registry-1.docker.io"
-
-[host."http://$A_PROXY"]
-  capabilities = ["pull", "resolve"]
-  header = {X-Ferry-Mirror = "hub-e2e"}
-EOF
+mirror_on_a docker.io https://registry-1.docker.io hub-e2e
 
 # Reference hashes: a file of the first layer, one only the second adds.
 REF=$(umoci_ref "$FIX:pkgs" "$SCRATCH/bundle") || { notok "umoci unpack"; e2e_done; exit 1; }
