@@ -174,7 +174,7 @@ check: deps
 # Not under the sanitizers (CI time; docs/TESTING.md): tests whose ferry
 # code paths the lazy-mount tests already cover and whose cost is peers
 # (containerd, the Go snapshotter) or a slow proxy (the WAN harness).
-ASAN_SKIP = e2e/containerd e2e/containerd_trust e2e/snapshotter e2e/wan_lazy
+ASAN_SKIP = e2e/containerd e2e/containerd_trust e2e/cri e2e/snapshotter e2e/wan_lazy
 
 check-asan: deps
 	$(MAKE) -j$(JOBS) BUILD=build-asan BIN=build-asan/bin SAN=1 all tests
