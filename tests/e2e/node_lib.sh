@@ -112,11 +112,14 @@ lists() { # DESC
 		timeout -k 1 "$NF_LIST" "$FERRY" mount --list "${FERRYD_SOCK_OPT[@]}"
 }
 # One check: ferry umount of MNT returns within NF_UMOUNT and leaves no
-# mount; a fanotify mount a ferryd served leaves no journal of pending
-# reads next to its socket either (they were never removed).
+# mount; a fanotify mount a ferryd serves (lists) leaves no journal of
+# pending reads next to its socket either (they were never removed). A
+# ferryd that does not list it (one a keeper started as it was killed
+# together with the old ferryd) has no journal of it to remove.
 umount_in_time() { # DESC MNT
 	local t0 ms fan='' left
-	[ "$(fstype "$2")" = erofs ] && [ -n "$(daemon_pids)" ] && fan=1
+	[ "$(fstype "$2")" = erofs ] && [ -n "$(daemon_pids)" ] &&
+		mount_field "$2" mode >/dev/null 2>&1 && fan=1
 	t0=$(now_ms)
 	timeout -k 1 "$NF_UMOUNT" "$FERRY" umount "${FERRYD_SOCK_OPT[@]}" "$2" >"$LOG" 2>&1
 	ms=$(($(now_ms) - t0))
