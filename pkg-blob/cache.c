@@ -398,10 +398,15 @@ static int index_frames(struct blob_cache_blob *b)
 		} else {
 			const struct blob_chunk *p = i ? c - 1 : NULL;
 
+			/* A stream blob's chunks may have gaps (tar headers). */
+			bool gaps = info->flags & BLOB_INFO_STREAM;
+
 			if (!p || p->coff != c->coff || p->csize != c->csize ||
 			    p->codec != c->codec ||
 			    p->frame_usize != c->frame_usize ||
-			    c->frame_off != p->frame_off + p->usize)
+			    p->frame_skip != c->frame_skip ||
+			    (gaps ? c->frame_off < p->frame_off + p->usize :
+				    c->frame_off != p->frame_off + p->usize))
 				return bad_table(b, i, "frame members disagree");
 			b->frames[nf - 1].count++;
 		}
@@ -842,6 +847,7 @@ struct fill {
 	size_t run_cap;
 	uint8_t *frame;       /* one decoded frame */
 	size_t frame_cap;
+	struct blob_stream_reader *reader; /* stream blobs, made on first use */
 };
 
 static void set_present(struct blob_cache_blob *b, uint32_t i)
@@ -953,6 +959,53 @@ static int chunk_bad(const struct blob_cache_blob *b, const struct fill *f,
 }
 
 /*
+ * Frames read together: a frame joins a run of compressed bytes
+ * [@coff0, *@end) when it starts inside it or at most RUN_GAP_MAX after
+ * (a stream blob's frames overlap, several share a resume point, and a
+ * plain tar layer's are apart by tar headers: reading those few bytes
+ * beats another request) and the run stays within BLOB_CACHE_RUN_MAX.
+ * A ferry blob's frames are back to back.
+ */
+#define RUN_GAP_MAX (64u << 10)
+
+static bool run_join(const struct blob_chunk *q, uint64_t coff0, uint64_t *end)
+{
+	uint64_t qend = MAX(*end, q->coff + q->csize);
+
+	if (q->coff < coff0 || q->coff > *end + RUN_GAP_MAX ||
+	    qend - coff0 > BLOB_CACHE_RUN_MAX)
+		return false;
+	*end = qend;
+	return true;
+}
+
+/*
+ * Decode the frame of @c (its first chunk) from a run: the blob's bytes
+ * [@coff0, @coff0 + @len) at @run. A stream blob's frames decode through
+ * *@reader (made on first use; reset it for each run), which goes on
+ * from one frame of the run to the next.
+ */
+static int decode_frame(const struct blob_source *src,
+			struct blob_stream_reader **reader,
+			const struct blob_chunk *c, const uint8_t *run,
+			uint64_t coff0, size_t len, uint8_t *out)
+{
+	int ret;
+
+	if (c->codec != BLOB_CODEC_GZIP_STREAM && c->codec != BLOB_CODEC_ZSTD_STREAM)
+		return blob_frame_decode(c, run + (c->coff - coff0), out);
+	if (!src->stream)
+		return -EFSCORRUPTED;
+	if (!*reader) {
+		ret = blob_stream_reader_new(reader);
+		if (ret)
+			return ret;
+	}
+	return blob_stream_frame_decode(*reader, src->stream, c, run, coff0, len,
+					out);
+}
+
+/*
  * Fetch frames @fa .. @fb (consecutive in the blob file, needed, ours)
  * with one source read of @len bytes, then write, sync and mark their
  * missing chunks. Returns -EIO when some chunk did not verify (the others
@@ -985,6 +1038,8 @@ static int fill_run(struct blob_cache_blob *b, struct fill *f, uint32_t fa,
 		__atomic_fetch_add(f->fetched, (uint64_t)len, __ATOMIC_RELAXED);
 	ferry_dbg("chunk cache: blob sha256:%s: fetched frames %u..%u, %zu bytes at %llu",
 		  b->hex, fa, fb, len, (unsigned long long)coff0);
+	if (f->reader)
+		blob_stream_reader_reset(f->reader);
 
 	for (fr = fa; fr <= fb; fr++) {
 		const struct blob_chunk *c = &chunks[b->frames[fr].first];
@@ -996,7 +1051,10 @@ static int fill_run(struct blob_cache_blob *b, struct fill *f, uint32_t fa,
 						     c->frame_usize);
 			if (ret)
 				return ret;
-			ret = blob_frame_decode(c, cdata, f->frame);
+			ret = decode_frame(f->src, &f->reader, c, f->run, coff0,
+					   len, f->frame);
+			if (ret == -ENOMEM)
+				return ret;
 			if (ret) {
 				/* A needed frame: it holds an asked-for chunk. */
 				chunk_bad(b, f, b->frames[fr].first,
@@ -1092,27 +1150,18 @@ static int fill_group(struct blob_cache_blob *b, struct fill *f, uint32_t fa,
 		goto out;
 	for (fr = fa; fr <= fb; fr = last + 1) {
 		const struct blob_chunk *c;
-		uint64_t len;
+		uint64_t end;
 
 		last = fr;
 		if (!frame_needed(b, f, fr))
 			continue;
 		c = &chunks[b->frames[fr].first];
-		len = c->csize;
+		end = c->coff + c->csize;
 		/* Merge the next needed frames that follow in the file. */
-		while (last < fb && frame_needed(b, f, last + 1)) {
-			const struct blob_chunk *p =
-				&chunks[b->frames[last].first];
-			const struct blob_chunk *q =
-				&chunks[b->frames[last + 1].first];
-
-			if (q->coff != p->coff + p->csize ||
-			    len + q->csize > BLOB_CACHE_RUN_MAX)
-				break;
-			len += q->csize;
+		while (last < fb && frame_needed(b, f, last + 1) &&
+		       run_join(&chunks[b->frames[last + 1].first], c->coff, &end))
 			last++;
-		}
-		ret = fill_run(b, f, fr, last, (size_t)len);
+		ret = fill_run(b, f, fr, last, (size_t)(end - c->coff));
 		if (ret == -EIO) {
 			err = ret; /* bad chunks are logged; go on */
 			continue;
@@ -1268,6 +1317,7 @@ int blob_cache_ensure(struct blob_cache_blob *b, uint64_t uoff, uint64_t len,
 	free(f.marks);
 	free(f.run);
 	free(f.frame);
+	blob_stream_reader_free(f.reader);
 	return ret;
 }
 
@@ -1582,6 +1632,7 @@ int blob_cache_read_frames(struct blob_cache_blob *b, uint64_t uoff, uint64_t le
 	const struct blob_chunk *chunks = info->chunks;
 	uint8_t *run = NULL, *frame = NULL, *out = NULL;
 	size_t run_cap = 0, frame_cap = 0, out_cap = 0;
+	struct blob_stream_reader *reader = NULL;
 	uint32_t i0, i1, fa, fb, fr, n, i;
 	int ret = 0;
 
@@ -1596,7 +1647,7 @@ int blob_cache_read_frames(struct blob_cache_blob *b, uint64_t uoff, uint64_t le
 	fa = b->chunk_frame[i0];
 	fb = b->chunk_frame[i1];
 	while (!ret && fa <= fb) {
-		uint64_t start = chunks[b->frames[fa].first].uoff, end, coff0, clen;
+		uint64_t start = chunks[b->frames[fa].first].uoff, end, coff0, cend, clen;
 
 		/*
 		 * Present frames: read back from the data file, no fetch; the
@@ -1621,14 +1672,15 @@ int blob_cache_read_frames(struct blob_cache_blob *b, uint64_t uoff, uint64_t le
 		}
 		/* Missing ones: adjacent frames in one read, in memory only. */
 		coff0 = chunks[b->frames[fa].first].coff;
+		cend = coff0 + chunks[b->frames[fa].first].csize;
 		n = present_frames(b, fa, fb, false);
 		for (i = 1; i < n; i++)
-			if (chunks[b->frames[fa + i].first].coff +
-			    chunks[b->frames[fa + i].first].csize - coff0 > BLOB_CACHE_RUN_MAX)
+			if (!run_join(&chunks[b->frames[fa + i].first], coff0, &cend))
 				break;
 		n = i;
-		clen = chunks[b->frames[fa + n - 1].first].coff +
-		       chunks[b->frames[fa + n - 1].first].csize - coff0;
+		clen = cend - coff0;
+		if (reader)
+			blob_stream_reader_reset(reader);
 		ret = blob_buf_reserve_fresh(&run, &run_cap, clen);
 		if (!ret)
 			ret = src->read(src->ctx, coff0, run, clen);
@@ -1649,7 +1701,10 @@ int blob_cache_read_frames(struct blob_cache_blob *b, uint64_t uoff, uint64_t le
 			end = frame_end(b, fr);
 			if (c->codec != BLOB_CODEC_NONE || c->csize != c->frame_usize) {
 				ret = blob_buf_reserve_fresh(&frame, &frame_cap, c->frame_usize);
-				if (!ret && blob_frame_decode(c, bytes, frame)) {
+				if (!ret)
+					ret = decode_frame(src, &reader, c, run, coff0,
+							   (size_t)clen, frame);
+				if (ret && ret != -ENOMEM) {
 					ferry_err("blob sha256:%s: chunk %u: its frame does not decode",
 						  b->hex, b->frames[fr].first);
 					ret = -EIO;
@@ -1675,6 +1730,7 @@ int blob_cache_read_frames(struct blob_cache_blob *b, uint64_t uoff, uint64_t le
 		}
 		fa += n;
 	}
+	blob_stream_reader_free(reader);
 	free(run);
 	free(frame);
 	free(out);

@@ -236,7 +236,7 @@ static int write_bootstrap(struct converter *c, struct out_blob **blobs,
 	}
 	ret = convert_elf_collect(c);
 	if (!ret)
-		ret = image_ext_encode(infos, nr, c->prefetch, c->nr_prefetch,
+		ret = image_ext_encode(infos, nr, NULL, 0, c->prefetch, c->nr_prefetch,
 				       c->elf, c->nr_elf, &ext, &ext_len);
 	if (ret)
 		goto out;

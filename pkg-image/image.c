@@ -449,9 +449,20 @@ static int open_bootstrap(struct image *img, const struct image_expect *e,
 			  ferry_strerror(ret));
 		return ret;
 	}
-	/* What may follow the blob index: a prefetch list, then the loader
-	 * dependencies (docs/FORMAT.md 2.5, 2.6). */
-	if (used < ext_len && ext_len - used >= 8 &&
+	/* The resume points of stream blobs (FORMAT.md 2.7), when it has some. */
+	for (uint32_t i = 0; !ret && i < img->blobs.nr_blobs; i++) {
+		size_t n = 0;
+
+		if (!(img->blobs.blobs[i].flags & BLOB_INFO_STREAM))
+			continue;
+		ret = blob_streams_decode((const uint8_t *)ext + used, ext_len - used,
+					  &img->blobs, &img->streams, &n);
+		used += n;
+		break;
+	}
+	/* What may follow: a prefetch list, then the loader dependencies
+	 * (docs/FORMAT.md 2.5, 2.6). */
+	if (!ret && used < ext_len && ext_len - used >= 8 &&
 	    !memcmp((const uint8_t *)ext + used, PREFETCH_MAGIC, 8)) {
 		size_t n = 0;
 
@@ -565,6 +576,7 @@ void image_close(struct image *img)
 	image_elf_entries_free(img->elf, img->nr_elf);
 	if (img->remote)
 		registry_close(img->remote);
+	blob_streams_free(&img->streams);
 	blob_index_free(&img->blobs);
 	if (img->meta)
 		meta_image_close(img->meta);
@@ -618,7 +630,8 @@ int image_blob_source(struct image *img, uint32_t index, struct blob_source *src
 			return ret;
 		}
 	}
-	*src = (struct blob_source){ image_blob_read, ib };
+	*src = (struct blob_source){ image_blob_read, ib,
+				     blob_streams_find(&img->streams, index) };
 	return 0;
 }
 

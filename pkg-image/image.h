@@ -165,6 +165,7 @@ struct image {
 	uint8_t config_digest[BLOB_DIGEST_SIZE]; /* oci:, docker:; else zero */
 	struct meta_image *meta;
 	struct blob_index blobs; /* blob i is device_id i + 1 */
+	struct blob_streams streams; /* resume points of its stream blobs */
 	char **blob_paths;       /* local blob files; NULL entries for docker: */
 	struct image_blob *blob_srcs;
 	uint32_t chunk_size;
@@ -367,11 +368,13 @@ void image_prefetch_list_free(char **paths, uint32_t nr);
 
 /*
  * The bootstrap's extension payload: the blob index of @blobs (device
- * order), then the prefetch list when @nr_prefetch > 0, then the loader
- * dependencies when @nr_elf > 0 (@elf sorted by path, unique). image_open
- * decodes it. *@ext is malloc'ed.
+ * order), the resume points of its stream blobs when @nr_streams > 0
+ * (one per stream blob, in blob order), then the prefetch list when
+ * @nr_prefetch > 0, then the loader dependencies when @nr_elf > 0 (@elf
+ * sorted by path, unique). image_open decodes it. *@ext is malloc'ed.
  */
 int image_ext_encode(const struct blob_info *blobs, uint32_t nr_blobs,
+		     const struct blob_stream *streams, uint32_t nr_streams,
 		     char *const *prefetch, uint32_t nr_prefetch,
 		     const struct image_elf_entry *elf, uint32_t nr_elf,
 		     void **ext, size_t *ext_len);

@@ -146,16 +146,24 @@ static int ext_append(void **ext, size_t *ext_len, uint8_t *sec, size_t len)
 }
 
 int image_ext_encode(const struct blob_info *blobs, uint32_t nr_blobs,
+		     const struct blob_stream *streams, uint32_t nr_streams,
 		     char *const *prefetch, uint32_t nr_prefetch,
 		     const struct image_elf_entry *elf, uint32_t nr_elf,
 		     void **ext, size_t *ext_len)
 {
 	uint8_t *sec;
+	void *rp;
 	size_t len;
 	int ret;
 
 	ret = blob_index_encode(blobs, nr_blobs, ext, ext_len);
-	/* The optional sections follow the blob index, in this order. */
+	/* The stream blobs' resume points belong to the blob index. */
+	if (!ret && nr_streams) {
+		ret = blob_streams_encode(streams, nr_streams, &rp, &len);
+		if (!ret)
+			ret = ext_append(ext, ext_len, rp, len);
+	}
+	/* The optional sections follow, in this order. */
 	if (!ret && nr_prefetch) {
 		ret = prefetch_section_encode(prefetch, nr_prefetch, &sec, &len);
 		if (!ret)

@@ -261,7 +261,7 @@ static int source_verify(const char *path, const struct blob_info *info,
 			 struct blob_verify_report *rep)
 {
 	int fd = open(path, O_RDONLY), ret;
-	struct blob_source src = { file_source_read, &fd };
+	struct blob_source src = { file_source_read, &fd, NULL };
 
 	if (fd < 0)
 		return -errno;
@@ -276,7 +276,7 @@ static void fill_cache_check(const char *blob, const struct test_blob *tb)
 	char dir[256];
 	struct blob_cache_blob *b = NULL;
 	int fd = open(blob, O_RDONLY);
-	struct blob_source src = { file_source_read, &fd };
+	struct blob_source src = { file_source_read, &fd, NULL };
 
 	snprintf(dir, sizeof(dir), "%s/cache", tmpdir);
 	CHECK(fd >= 0);
