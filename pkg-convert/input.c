@@ -97,7 +97,25 @@ struct input_stream {
 #endif
 	ZSTD_DStream *zd;
 	lzma_stream lz;
+	struct input_points *pts; /* `ferry index`: resume points, or NULL */
 };
+
+/*
+ * While the points recorder hunts, ISA-L gets this much input per call:
+ * it never stops between deflate blocks on its own, but when its input
+ * ends inside a block header it keeps that header unread (block_state
+ * ISAL_BLOCK_HDR) — a block boundary. Headers are tens to hundreds of
+ * bytes, so a hunt ends within about one block (bench: 227 calls).
+ */
+#define HUNT_SLICE 64u
+/* Decoded bytes per step while recording: finer marks (points.c). */
+#define RECORD_STEP (64u << 10)
+
+/* Compressed bytes the decoder has consumed. */
+static uint64_t consumed(const struct input_stream *in)
+{
+	return in->bytes_read - in->avail;
+}
 
 /*
  * Every byte read from the file passes here: counted, hashed when the
@@ -254,6 +272,12 @@ static int gzip_between_members(struct input_stream *in)
 	if (zeros || in->next[0] != 0x1f)
 		return input_corrupt(in, "trailing garbage after");
 	in->member_end = false;
+	if (in->pts) {
+		int ret = points_here(in->pts, consumed(in) * 8, BLOB_POINT_HEADER);
+
+		if (ret)
+			return ret;
+	}
 	return gzip_member_start(in);
 }
 
@@ -283,8 +307,11 @@ static int isal_step(struct input_stream *in, uint8_t *out, size_t len,
 {
 	struct inflate_state *s = in->isal;
 	uInt in_len = clamp_uint(in->avail), out_len = clamp_uint(len);
+	bool hunting = in->pts && points_hunting(in->pts) && !in->in_header;
 	int ir = ISAL_DECOMP_OK;
 
+	if (hunting)
+		in_len = MIN(in_len, HUNT_SLICE);
 	s->next_in = (uint8_t *)in->next;
 	s->avail_in = in_len;
 	s->next_out = out;
@@ -303,6 +330,10 @@ static int isal_step(struct input_stream *in, uint8_t *out, size_t len,
 		ir = isal_inflate(s);
 	input_consume(in, in_len - s->avail_in);
 	*produced = out_len - s->avail_out;
+	/* The header ISA-L keeps unread starts where its bits and bytes do. */
+	if (hunting && ir == ISAL_DECOMP_OK && s->block_state == ISAL_BLOCK_HDR)
+		points_found(in->pts, consumed(in) * 8 - (uint64_t)s->tmp_in_size * 8 -
+				      (uint64_t)s->read_in_length);
 	switch (ir) {
 	case ISAL_DECOMP_OK:
 		/* FINISH: the trailer is checked and all output flushed. */
@@ -322,15 +353,20 @@ static int zlib_step(struct input_stream *in, uint8_t *out, size_t len,
 		     size_t *produced)
 {
 	uInt in_len = clamp_uint(in->avail), out_len = clamp_uint(len);
+	bool hunting = in->pts && points_hunting(in->pts);
 	int zr;
 
 	in->z.next_in = (Bytef *)in->next;
 	in->z.avail_in = in_len;
 	in->z.next_out = out;
 	in->z.avail_out = out_len;
-	zr = inflate(&in->z, Z_NO_FLUSH);
+	/* Z_BLOCK: stop at the next deflate block boundary (zran.c's way). */
+	zr = inflate(&in->z, hunting ? Z_BLOCK : Z_NO_FLUSH);
 	input_consume(in, in_len - in->z.avail_in);
 	*produced = out_len - in->z.avail_out;
+	if (hunting && zr == Z_OK && (in->z.data_type & 128) &&
+	    !(in->z.data_type & 64))
+		points_found(in->pts, consumed(in) * 8 - (uint64_t)(in->z.data_type & 7));
 	switch (zr) {
 	case Z_STREAM_END:
 		in->member_end = true;
@@ -379,6 +415,9 @@ static int zstd_step(struct input_stream *in, uint8_t *out, size_t len,
 	*produced = ob.pos;
 	if (!ZSTD_isError(zr)) {
 		in->frame_end = zr == 0;
+		/* A frame ended: the next one can be decoded by itself. */
+		if (in->frame_end && in->pts)
+			points_found(in->pts, consumed(in) * 8);
 		return 0;
 	}
 	switch (ZSTD_getErrorCode(zr)) {
@@ -474,7 +513,7 @@ static ssize_t input_read(void *ctx, void *buf, size_t len)
 		return n;
 	}
 	while (done < len && !in->finished) {
-		size_t produced = 0, before;
+		size_t produced = 0, before, step;
 
 		if (!in->avail && !in->eof) {
 			ret = input_fill(in);
@@ -482,17 +521,20 @@ static ssize_t input_read(void *ctx, void *buf, size_t len)
 				break;
 		}
 		before = in->avail;
+		step = in->pts ? MIN(len - done, (size_t)RECORD_STEP) : len - done;
 		switch (in->kind) {
 		case INPUT_GZIP:
-			ret = gzip_step(in, out + done, len - done, &produced);
+			ret = gzip_step(in, out + done, step, &produced);
 			break;
 		case INPUT_ZSTD:
-			ret = zstd_step(in, out + done, len - done, &produced);
+			ret = zstd_step(in, out + done, step, &produced);
 			break;
 		default:
-			ret = xz_step(in, out + done, len - done, &produced);
+			ret = xz_step(in, out + done, step, &produced);
 			break;
 		}
+		if (!ret && in->pts)
+			ret = points_step(in->pts, out + done, produced, consumed(in));
 		if (ret)
 			break;
 		done += produced;
@@ -668,6 +710,21 @@ int input_open_mem(const void *buf, size_t len, struct input_stream **out)
 	}
 	*out = in;
 	return 0;
+}
+
+int input_record_points(struct input_stream *in, struct input_points *p)
+{
+	switch (in->kind) {
+	case INPUT_XZ:
+		ferry_err("%s: an xz layer has no places to resume decoding at: convert the image instead (ferry convert)",
+			  in->name);
+		return -ENOTSUP;
+	case INPUT_PLAIN:
+		return 0; /* read where it is: no points */
+	default:
+		in->pts = p;
+		return points_here(p, 0, in->kind == INPUT_GZIP ? BLOB_POINT_HEADER : 0);
+	}
 }
 
 struct byte_source input_source(struct input_stream *in)

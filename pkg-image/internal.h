@@ -50,6 +50,11 @@ struct image_expect {
 	uint64_t compressed_size;
 	uint32_t nr_blobs;
 	uint8_t (*blobs)[BLOB_DIGEST_SIZE];
+	/* An ordinary image with a ferry index: its devices are some of
+	 * these layers, in this order, read in place. */
+	bool index;
+	struct oci_descriptor *layers;
+	uint32_t nr_layers;
 };
 void image_expect_free(struct image_expect *e);
 /*
@@ -162,6 +167,18 @@ int oci_push(const char *layout, const uint8_t manifest_digest[32],
 
 /* A descriptor's annotation @key, or NULL. */
 const char *oci_annotation(struct json_object *desc, const char *key);
+/* Parse a descriptor object (digest, size, mediaType checked). */
+int oci_parse_descriptor(struct json_object *o, const char *where,
+			 struct oci_descriptor *d);
+/* Lock the directory @path (flock LOCK_EX, waiting when @wait) into *@fd. */
+int image_lock_dir(const char *path, bool wait, int *fd);
+/*
+ * An ordinary image @oci's attached ferry index (index.c): found, checked
+ * to name exactly @oci (its subject) and its layers, its bootstrap
+ * expected in @e (e->index). -EMEDIUMTYPE (logged) when none is attached.
+ */
+int image_index_expect(struct image *img, const struct oci_image *oci,
+		       struct image_expect *e);
 
 /* Create PATH/blobs/sha256 and oci-layout if missing. */
 int oci_layout_init(const char *layout);

@@ -98,7 +98,7 @@ int image_dir_remove(const char *dir)
  * Lock the directory @path for writing (LOCK_EX, held until *@fd is
  * closed); with @wait, after saying whom we wait for.
  */
-static int lock_dir(const char *path, bool wait, int *fd)
+int image_lock_dir(const char *path, bool wait, int *fd)
 {
 	int ret;
 
@@ -136,7 +136,7 @@ static void reclaim_staging(const char *parent, const char *prefix)
 		if (strncmp(de->d_name, prefix, strlen(prefix)) ||
 		    asprintf(&path, "%s/%s", parent, de->d_name) < 0)
 			continue;
-		if (!lock_dir(path, false, &fd)) {
+		if (!image_lock_dir(path, false, &fd)) {
 			if (!fstat(fd, &st) && st.st_uid == geteuid() &&
 			    !image_dir_remove(path))
 				ferry_info("%s: removed, left by an interrupted conversion", path);
@@ -159,7 +159,7 @@ static int staging_create(const char *parent, const char *prefix, char **path,
 		*path = NULL;
 		return -ENOMEM;
 	}
-	ret = mkdtemp(*path) ? lock_dir(*path, false, lock_fd) : -errno;
+	ret = mkdtemp(*path) ? image_lock_dir(*path, false, lock_fd) : -errno;
 	if (ret) {
 		ferry_err("%s: cannot create a staging directory: %s", *path,
 			  ferry_strerror(ret));
@@ -352,7 +352,7 @@ int image_out_open(const struct image_ref *dest, bool replace, struct image_out 
 					  oci_layout_init(o->dir);
 	if (!ret && o->lock_fd < 0) {
 		/* An existing layout: one writer at a time, then its leftovers go. */
-		ret = lock_dir(o->dir, true, &o->lock_fd);
+		ret = image_lock_dir(o->dir, true, &o->lock_fd);
 		if (!ret) {
 			remove_tmp_files(o->dir);
 			remove_tmp_files(o->blobs_dir);
