@@ -1057,10 +1057,13 @@ static int fill_run(struct blob_cache_blob *b, struct fill *f, uint32_t fa,
 			if (ret == -ENOMEM)
 				return ret;
 			if (ret) {
-				/* A needed frame: it holds an asked-for chunk. */
-				chunk_bad(b, f, b->frames[fr].first,
-					  "does not decode");
-				err = -EIO;
+				/* Named by an asked-for chunk when it holds one. */
+				uint32_t first = b->frames[fr].first;
+
+				if (chunk_bad(b, f, MAX(first, MIN(f->i0, first +
+								 b->frames[fr].count - 1)),
+					      "does not decode"))
+					err = -EIO;
 				continue;
 			}
 			bytes = f->frame;
@@ -1329,6 +1332,9 @@ int blob_cache_ensure(struct blob_cache_blob *b, uint64_t uoff, uint64_t len,
 		pthread_cond_broadcast(&b->done);
 		if (ret)
 			break;
+		/* Chunks not asked for are tried once: one that failed stays missing. */
+		f.w0 = f.i0;
+		f.w1 = f.i1;
 	}
 	pthread_mutex_unlock(&b->lock);
 	/* Used now, not when asked: a fetch may have taken seconds. */

@@ -301,6 +301,29 @@ static void referrers_tag(const uint8_t digest[32], char tag[72])
 }
 
 /*
+ * The image index under the referrers tag of @digest: 0 and @body, or
+ * -ENOENT (quietly: most images have none) when the tag does not exist.
+ */
+static int get_referrers_tag(struct registry *reg, const uint8_t digest[32],
+			     struct fetch_buf *body)
+{
+	char tag[72], type[128], **tags = NULL;
+	size_t nr = 0, i;
+	uint8_t got[32];
+	int ret;
+
+	referrers_tag(digest, tag);
+	ret = registry_list_tags(reg, &tags, &nr);
+	for (i = 0; !ret && i < nr && strcmp(tags[i], tag); i++)
+		;
+	if (!ret)
+		ret = i < nr ? registry_get_manifest(reg, tag, body, type, sizeof(type), got) :
+			       -ENOENT;
+	fetch_free_tags(tags, nr);
+	return ret;
+}
+
+/*
  * docker: the blobs and the manifest pushed by digest; without the
  * referrers API, listed in the referrers tag's index.
  */
@@ -312,7 +335,7 @@ static int attach_remote(const struct image_index_out *d, const uint8_t *z,
 	struct registry *reg = NULL;
 	struct fetch_buf body = { 0 };
 	struct json_object *idx = NULL, *entry;
-	char dstr[DIGEST_STRING_SIZE], tag[72], type[128];
+	char dstr[DIGEST_STRING_SIZE], tag[72];
 	uint8_t digest[32];
 	int ret;
 
@@ -339,7 +362,7 @@ static int attach_remote(const struct image_index_out *d, const uint8_t *z,
 	if (ret <= 0)
 		goto out; /* the registry lists referrers itself */
 	referrers_tag(img->manifest_desc.digest, tag);
-	ret = registry_get_manifest(reg, tag, &body, type, sizeof(type), digest);
+	ret = get_referrers_tag(reg, img->manifest_desc.digest, &body);
 	if (ret == -ENOENT) {
 		idx = json_object_new_object();
 		ret = 0;
@@ -451,16 +474,12 @@ static int find_remote(const struct oci_image *oci, struct json_object **m,
 {
 	struct fetch_buf body = { 0 };
 	struct json_object *idx = NULL;
-	char tag[72], type[128];
-	uint8_t got[32];
 	int ret;
 
 	ret = registry_get_referrers(oci->remote, oci->manifest_desc.digest,
 				     FERRY_INDEX_ARTIFACT_TYPE, &body);
-	if (ret == 1) {
-		referrers_tag(oci->manifest_desc.digest, tag);
-		ret = registry_get_manifest(oci->remote, tag, &body, type, sizeof(type), got);
-	}
+	if (ret == 1)
+		ret = get_referrers_tag(oci->remote, oci->manifest_desc.digest, &body);
 	if (ret)
 		goto out;
 	idx = parse_json(body.data, body.len);

@@ -572,6 +572,59 @@ static void test_cache_fill(void)
 	layer_free(&t);
 }
 
+/*
+ * A fill from a resume point also fills the other frames of that point;
+ * one of them failing must not fail (nor, as it once did, loop on) the
+ * chunk asked for, which decodes before the damage.
+ */
+static void test_neighbour_fails(void)
+{
+	struct layer l;
+	struct blob_index idx;
+	struct blob_streams ss;
+	struct blob_cache_blob *b;
+	struct blob_source src;
+	struct mem_src m;
+	const struct blob_chunk *c, *last = NULL;
+	char dir[128];
+	void *ext;
+	size_t ext_len;
+	uint32_t i, first = UINT32_MAX;
+
+	make_gzip(&l, 6 * MIB, 512 * KIB);
+	make_table(&l);
+	MUST(round_trip(&l, &idx, &ss, &ext, &ext_len));
+	/* The frames of point 2: damage the compressed end of the last one. */
+	for (i = 0; i < idx.blobs[0].nr_chunks; i++) {
+		c = &idx.blobs[0].chunks[i];
+		if (c->coff != l.points[2].cbit / 8)
+			continue;
+		if (first == UINT32_MAX)
+			first = i;
+		last = c;
+	}
+	MUST(!last || last == &idx.blobs[0].chunks[first]);
+	c = &idx.blobs[0].chunks[first];
+	/* Past what decodes the first frame of the point: the later ones break. */
+	l.comp[in_bound(&l, l.points[2].uoff + c->frame_skip + c->frame_usize) + 32] ^= 0x10;
+	m = (struct mem_src){ l.comp, l.comp_len, 0 };
+	src = (struct blob_source){ mem_read, &m, &ss.streams[0] };
+	snprintf(dir, sizeof(dir), "%s/neighbour", tmpdir);
+	MUST(blob_cache_open(dir, &idx.blobs[0], &b));
+	alarm(60); /* a loop would be killed here */
+	c = &idx.blobs[0].chunks[first];
+	CHECK_EQ(blob_cache_ensure(b, c->uoff, c->usize, &src, NULL), 0);
+	CHECK(blob_cache_chunk_present(b, first));
+	CHECK_EQ(blob_cache_ensure(b, last->uoff, last->usize, &src, NULL), -EIO);
+	alarm(0);
+	CHECK(!blob_cache_chunk_present(b, (uint32_t)(last - idx.blobs[0].chunks)));
+	blob_cache_close(b);
+	blob_streams_free(&ss);
+	blob_index_free(&idx);
+	free(ext);
+	layer_free(&l);
+}
+
 static void test_verify(void)
 {
 	struct layer l;
@@ -709,6 +762,7 @@ int main(void)
 	RUN_TEST(test_frames_zstd);
 	RUN_TEST(test_frames_tar);
 	RUN_TEST(test_cache_fill);
+	RUN_TEST(test_neighbour_fails);
 	RUN_TEST(test_verify);
 	RUN_TEST(test_table_refused);
 	RUN_TEST(test_points_refused);
