@@ -35,7 +35,7 @@ static void index_help(void)
 	       "                     layers (default 1M; the next deflate block\n"
 	       "                     boundary; zstd layers resume at frames): the\n"
 	       "                     index grows ~12 KiB per point, a cold read\n"
-	       "                     fetches ~N/2 more\n"
+	       "                     fetches about N more\n"
 	       "  --chunk-size N     chunk size, power of two, 4K..64M (default 1M)\n"
 	       "  --inline-max N     keep regular files up to N bytes inside the\n"
 	       "                     index (default %u, at most 3072)\n"

@@ -18,7 +18,7 @@
 #     docker-registry 2.8 has no referrers API; with the proxy acting as a
 #     registry that has the API, the index is found through it and no tag
 #     is written; both mount lazily and equal umoci's unpack.
-E2E_TIMEOUT=${E2E_TIMEOUT:-1200}
+E2E_TIMEOUT=${E2E_TIMEOUT:-900}
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/oci_lib.sh"
 . "$(dirname "$0")/registry_lib.sh"
