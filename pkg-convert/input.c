@@ -31,6 +31,7 @@
 #endif
 #include <limits.h>
 #include <lzma.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -98,6 +99,30 @@ struct input_stream {
 	ZSTD_DStream *zd;
 	lzma_stream lz;
 	struct input_points *pts; /* `ferry index`: resume points, or NULL */
+	struct input_thread *thread; /* decoding ahead on a thread, or NULL */
+};
+
+/*
+ * `ferry index` decodes on a thread of its own, ahead of the tar reader
+ * and the chunk hashing: a ring of blocks between them (decode_read fills
+ * them, thread_read empties them). The decoder's state (buffers, inflater,
+ * points' ring and marks) is the thread's alone once it runs.
+ */
+#define THREAD_BLOCKS 4
+#define THREAD_BLOCK (1u << 20)
+
+struct input_thread {
+	pthread_t tid;
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	uint8_t *blocks[THREAD_BLOCKS];
+	size_t len[THREAD_BLOCKS];
+	unsigned int head, count; /* the first full block, full blocks */
+	size_t pos;               /* read so far of blocks[head] */
+	bool done;                /* the decoder reached the end or an error */
+	int err;
+	bool stop;                /* input_close: the decoder stops */
+	uint64_t bytes_in;        /* compressed bytes consumed, published */
 };
 
 /*
@@ -495,9 +520,8 @@ static ssize_t plain_read(struct input_stream *in, uint8_t *out, size_t len)
 	return (ssize_t)n;
 }
 
-static ssize_t input_read(void *ctx, void *buf, size_t len)
+static ssize_t decode_read(struct input_stream *in, void *buf, size_t len)
 {
-	struct input_stream *in = ctx;
 	uint8_t *out = buf;
 	size_t done = 0;
 	int ret = 0;
@@ -551,6 +575,131 @@ static ssize_t input_read(void *ctx, void *buf, size_t len)
 			return ret;
 	}
 	return (ssize_t)done;
+}
+
+static void *decode_thread(void *arg)
+{
+	struct input_stream *in = arg;
+	struct input_thread *t = in->thread;
+	unsigned int slot;
+	ssize_t n = 0;
+	size_t fill;
+
+	pthread_mutex_lock(&t->lock);
+	for (;;) {
+		while (t->count == THREAD_BLOCKS && !t->stop)
+			pthread_cond_wait(&t->cond, &t->lock);
+		if (t->stop)
+			break;
+		slot = (t->head + t->count) % THREAD_BLOCKS;
+		pthread_mutex_unlock(&t->lock);
+		for (fill = 0; fill < THREAD_BLOCK; fill += (size_t)n) {
+			n = decode_read(in, t->blocks[slot] + fill, THREAD_BLOCK - fill);
+			if (n <= 0)
+				break;
+		}
+		pthread_mutex_lock(&t->lock);
+		t->bytes_in = consumed(in);
+		if (fill) {
+			t->len[slot] = fill;
+			t->count++;
+		}
+		if (n <= 0) {
+			t->err = (int)n;
+			t->done = true;
+		}
+		pthread_cond_broadcast(&t->cond);
+		if (t->done)
+			break;
+	}
+	pthread_mutex_unlock(&t->lock);
+	return NULL;
+}
+
+static ssize_t thread_read(struct input_thread *t, uint8_t *out, size_t len)
+{
+	size_t done = 0, n;
+
+	pthread_mutex_lock(&t->lock);
+	while (done < len) {
+		while (!t->count && !t->done)
+			pthread_cond_wait(&t->cond, &t->lock);
+		if (!t->count)
+			break;
+		n = MIN(len - done, t->len[t->head] - t->pos);
+		memcpy(out + done, t->blocks[t->head] + t->pos, n);
+		done += n;
+		t->pos += n;
+		if (t->pos == t->len[t->head]) {
+			t->pos = 0;
+			t->head = (t->head + 1) % THREAD_BLOCKS;
+			t->count--;
+			pthread_cond_broadcast(&t->cond);
+		}
+	}
+	pthread_mutex_unlock(&t->lock);
+	return done ? (ssize_t)done : t->err;
+}
+
+static ssize_t input_read(void *ctx, void *buf, size_t len)
+{
+	struct input_stream *in = ctx;
+	ssize_t n = in->thread ? thread_read(in->thread, buf, len) :
+				 decode_read(in, buf, len);
+
+	/* The decoded stream's sha256 on this side: the decoder has more to do. */
+	if (n > 0 && in->pts)
+		points_hash(in->pts, buf, (size_t)n);
+	return n;
+}
+
+static void thread_stop(struct input_stream *in)
+{
+	struct input_thread *t = in->thread;
+	unsigned int i;
+
+	pthread_mutex_lock(&t->lock);
+	t->stop = true;
+	pthread_cond_broadcast(&t->cond);
+	pthread_mutex_unlock(&t->lock);
+	pthread_join(t->tid, NULL);
+	pthread_mutex_destroy(&t->lock);
+	pthread_cond_destroy(&t->cond);
+	for (i = 0; i < THREAD_BLOCKS; i++)
+		free(t->blocks[i]);
+	free(t);
+	in->thread = NULL;
+}
+
+static int thread_start(struct input_stream *in)
+{
+	struct input_thread *t = calloc(1, sizeof(*t));
+	unsigned int i;
+	int ret;
+
+	if (!t)
+		return -ENOMEM;
+	for (i = 0; i < THREAD_BLOCKS; i++)
+		if (!(t->blocks[i] = malloc(THREAD_BLOCK)))
+			goto nomem;
+	pthread_mutex_init(&t->lock, NULL);
+	pthread_cond_init(&t->cond, NULL);
+	in->thread = t;
+	ret = -pthread_create(&t->tid, NULL, decode_thread, in);
+	if (!ret)
+		return 0;
+	pthread_mutex_destroy(&t->lock);
+	pthread_cond_destroy(&t->cond);
+	in->thread = NULL;
+	for (i = 0; i < THREAD_BLOCKS; i++)
+		free(t->blocks[i]);
+	free(t);
+	return ret;
+nomem:
+	while (i--)
+		free(t->blocks[i]);
+	free(t);
+	return -ENOMEM;
 }
 
 static int input_init_decoder(struct input_stream *in)
@@ -714,6 +863,8 @@ int input_open_mem(const void *buf, size_t len, struct input_stream **out)
 
 int input_record_points(struct input_stream *in, struct input_points *p)
 {
+	int ret;
+
 	switch (in->kind) {
 	case INPUT_XZ:
 		ferry_err("%s: an xz layer has no places to resume decoding at: convert the image instead (ferry convert)",
@@ -723,7 +874,8 @@ int input_record_points(struct input_stream *in, struct input_points *p)
 		return 0; /* read where it is: no points */
 	default:
 		in->pts = p;
-		return points_here(p, 0, in->kind == INPUT_GZIP ? BLOB_POINT_HEADER : 0);
+		ret = points_here(p, 0, in->kind == INPUT_GZIP ? BLOB_POINT_HEADER : 0);
+		return ret ? ret : thread_start(in);
 	}
 }
 
@@ -739,13 +891,23 @@ const char *input_format(const struct input_stream *in)
 
 uint64_t input_bytes_in(const struct input_stream *in)
 {
-	return in->bytes_read - in->avail;
+	uint64_t n;
+
+	if (!in->thread)
+		return consumed(in);
+	/* What the decoder thread has published (its blocks' worth). */
+	pthread_mutex_lock(&in->thread->lock);
+	n = in->thread->bytes_in;
+	pthread_mutex_unlock(&in->thread->lock);
+	return n;
 }
 
 void input_close(struct input_stream *in)
 {
 	if (!in)
 		return;
+	if (in->thread)
+		thread_stop(in);
 	sha256_hasher_free(in->hasher);
 	switch (in->kind) {
 	case INPUT_GZIP:

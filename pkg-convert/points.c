@@ -35,9 +35,45 @@ struct input_points {
 	size_t cap;
 	struct points_mark *marks;
 	size_t nr_marks, marks_cap;
-	struct sha256_hasher *diff; /* of the decoded stream (its diff_id) */
-	uint8_t ring[BLOB_STREAM_WINDOW]; /* the last decoded bytes */
+	/* Of the decoded stream (its diff_id), hashed as it is read. */
+	struct sha256_hasher *diff;
+	/* The last decoded bytes, circular from ring_head, once a hunt nears. */
+	uint8_t ring[BLOB_STREAM_WINDOW];
+	uint32_t ring_head;
 };
+
+/*
+ * The ring is kept only from this many bytes (compressed, or decoded)
+ * before a hunt on: more than a window's worth of output reaches it by
+ * then, and far from one, copying every step's tail cost 5% of `ferry
+ * index` (hunting steps are a few hundred bytes each).
+ */
+#define RING_LEAD (256u << 10)
+
+static void ring_put(struct input_points *p, const uint8_t *out, size_t n)
+{
+	size_t first;
+
+	if (n >= BLOB_STREAM_WINDOW) {
+		memcpy(p->ring, out + n - BLOB_STREAM_WINDOW, BLOB_STREAM_WINDOW);
+		p->ring_head = 0;
+		return;
+	}
+	first = MIN(n, (size_t)(BLOB_STREAM_WINDOW - p->ring_head));
+	memcpy(p->ring + p->ring_head, out, first);
+	memcpy(p->ring, out + first, n - first);
+	p->ring_head = (uint32_t)((p->ring_head + n) % BLOB_STREAM_WINDOW);
+}
+
+/* The last @len (<= the window) bytes of the ring, in order, into @w. */
+static void ring_get(const struct input_points *p, uint8_t *w, uint32_t len)
+{
+	uint32_t start = (p->ring_head + BLOB_STREAM_WINDOW - len) % BLOB_STREAM_WINDOW;
+	uint32_t first = MIN(len, BLOB_STREAM_WINDOW - start);
+
+	memcpy(w, p->ring + start, first);
+	memcpy(w + first, p->ring, len - first);
+}
 
 int points_new(uint64_t spacing, uint64_t out_spacing, struct input_points **out)
 {
@@ -92,17 +128,19 @@ static int capture(struct input_points *p, uint64_t cbit, uint32_t flags)
 	if (array_reserve(&p->points, &p->cap, p->nr + 1, sizeof(*p->points), 64))
 		return -ENOMEM;
 	if (wlen) {
+		uint8_t window[BLOB_STREAM_WINDOW];
+
+		ring_get(p, window, wlen);
 		w = malloc(wlen);
 		if (!w)
 			return -ENOMEM;
-		ret = blob_compress(&zstd, p->ring + BLOB_STREAM_WINDOW - wlen, wlen,
-				    w, wlen, &clen, &used);
+		ret = blob_compress(&zstd, window, wlen, w, wlen, &clen, &used);
 		if (ret) {
 			free(w);
 			return ret;
 		}
 		if (used == BLOB_CODEC_NONE) {
-			memcpy(w, p->ring + BLOB_STREAM_WINDOW - wlen, wlen);
+			memcpy(w, window, wlen);
 			clen = wlen;
 		}
 	}
@@ -137,13 +175,9 @@ int points_step(struct input_points *p, const uint8_t *out, size_t n, uint64_t p
 	int ret = 0;
 
 	if (n) {
-		sha256_hasher_update(p->diff, out, n);
-		if (n >= BLOB_STREAM_WINDOW) {
-			memcpy(p->ring, out + n - BLOB_STREAM_WINDOW, BLOB_STREAM_WINDOW);
-		} else {
-			memmove(p->ring, p->ring + n, BLOB_STREAM_WINDOW - n);
-			memcpy(p->ring + BLOB_STREAM_WINDOW - n, out, n);
-		}
+		if (p->hunting || pos + RING_LEAD >= p->next_in ||
+		    p->out + RING_LEAD >= p->next_out)
+			ring_put(p, out, n);
 		p->out += n;
 		p->member_out += n;
 		if (array_reserve(&p->marks, &p->marks_cap, p->nr_marks + 1,
@@ -178,6 +212,11 @@ uint64_t points_bound(const struct input_points *p, uint64_t uoff)
 uint64_t points_decoded(const struct input_points *p)
 {
 	return p->out;
+}
+
+void points_hash(struct input_points *p, const uint8_t *out, size_t n)
+{
+	sha256_hasher_update(p->diff, out, n);
 }
 
 void points_diff_id(struct input_points *p, uint8_t out[SHA256_SIZE])

@@ -62,12 +62,21 @@ void points_found(struct input_points *p, uint64_t cbit);
 int points_step(struct input_points *p, const uint8_t *out, size_t n, uint64_t pos);
 uint64_t points_bound(const struct input_points *p, uint64_t uoff);
 uint64_t points_decoded(const struct input_points *p);
-/* The sha256 of the decoded stream, once it has ended. */
+/*
+ * The sha256 of the decoded stream, once it has ended; points_hash adds
+ * the bytes the stream's reader got (the decoder may run on a thread of
+ * its own: input_record_points starts one).
+ */
+void points_hash(struct input_points *p, const uint8_t *out, size_t n);
 void points_diff_id(struct input_points *p, uint8_t out[32]);
 struct blob_stream_point;
 void points_take(struct input_points *p, struct blob_stream_point **points,
 		 uint32_t *nr);
-/* Attach @p (owned by the caller, who frees it after input_close). */
+/*
+ * Attach @p (owned by the caller, who frees it after input_close); a
+ * compressed stream is then decoded on a thread of its own, ahead of its
+ * reader.
+ */
 int input_record_points(struct input_stream *in, struct input_points *p);
 
 enum tar_type {

@@ -24,8 +24,12 @@
 #define EMPTY_JSON "{}"
 #define INDEX_LAYERS_ANNOTATION "dev.ferry.index.layers"
 #define INDEX_DIFF_IDS_ANNOTATION "dev.ferry.index.diff-ids"
-/* As for ferry images' bootstraps: compressed once, fetched whole. */
-#define INDEX_ZSTD_LEVEL 12
+/*
+ * An index's bootstrap is mostly sha256s and zstd-compressed windows:
+ * level 12 saved 1.8% over level 3 (Debian minbase: 1342276 against
+ * 1367376 bytes) at 13 times the time (0.13 s, a sixth of `ferry index`).
+ */
+#define INDEX_ZSTD_LEVEL 3
 
 int oci_config_diff_ids(const struct oci_image *img, uint8_t (*out)[32])
 {
