@@ -500,7 +500,7 @@ static int table_check(const uint8_t *buf, size_t len,
 /*
  * A stream blob's frames in memory: frame_skip the first chunk's offset
  * from the resume point, frame_off from the frame's start (0 starts a
- * frame, as in blob v1), frame_usize to the last chunk's end.
+ * frame, as in blob v1).
  */
 static void stream_table_frames(const uint8_t *e, struct blob_info *info)
 {
@@ -513,14 +513,6 @@ static void stream_table_frames(const uint8_t *e, struct blob_info *info)
 			skip = c->frame_off;
 		c->frame_skip = skip;
 		c->frame_off -= skip;
-	}
-	for (i = info->nr_chunks; i--;) {
-		struct blob_chunk *c = &info->chunks[i];
-
-		if (i + 1 < info->nr_chunks && c[1].frame_off)
-			c->frame_usize = c[1].frame_usize;
-		else
-			c->frame_usize = c->frame_off + c->usize;
 	}
 }
 
@@ -549,10 +541,8 @@ int blob_table_parse(const void *buf, size_t len, struct blob_info *info,
 		c->codec = e[CE_CODEC];
 		memcpy(c->sha256, e + CE_SHA256, BLOB_DIGEST_SIZE);
 	}
-	if (info->flags & BLOB_INFO_STREAM) {
+	if (info->flags & BLOB_INFO_STREAM)
 		stream_table_frames(buf, info);
-		return 0;
-	}
 	/* A frame's size is where its last chunk ends. */
 	for (i = info->nr_chunks; i--;) {
 		struct blob_chunk *c = &info->chunks[i];

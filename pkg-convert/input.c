@@ -181,6 +181,20 @@ static int input_fill(struct input_stream *in)
 		return 0;
 	}
 	n = raw_read(in, in->buf, INPUT_BUF_SIZE);
+	/*
+	 * Recording points: whole buffers, so that where the decoder's input
+	 * ends, and so which points it finds, is the same whether a layer
+	 * comes from a file or in a registry's pieces (the same index).
+	 */
+	while (in->pts && n > 0 && (size_t)n < INPUT_BUF_SIZE) {
+		ssize_t more = raw_read(in, in->buf + n, INPUT_BUF_SIZE - (size_t)n);
+
+		if (more < 0)
+			return (int)more;
+		if (!more)
+			break;
+		n += more;
+	}
 	if (n < 0)
 		return (int)n;
 	in->next = in->buf;

@@ -384,60 +384,22 @@ static int load_bootstrap(struct image *img, const struct image_expect *e,
 }
 
 /*
- * An indexed image: every device is a stream blob of one of the image's
- * layers (in layer order, each at most once), of that layer's size, and
- * read from the image's own layout or repository.
+ * Device table, blob index and image index must describe the same blobs:
+ * a ferry image's blobs in order; for an ordinary image with a ferry index
+ * (e->index) stream blobs of some of its layers, in layer order, each of
+ * the layer's size, read from the image's own layout or repository.
  */
-static int match_layers(struct image *img, const struct image_expect *e,
-			const struct meta_super *sb)
-{
-	uint32_t i, k = 0;
-
-	if (sb->nr_devices != img->blobs.nr_blobs) {
-		ferry_err("%s: its ferry index has %u devices and %u blobs", img->ref,
-			  sb->nr_devices, img->blobs.nr_blobs);
-		return -EFSCORRUPTED;
-	}
-	for (i = 0; i < sb->nr_devices; i++) {
-		const struct blob_info *b = &img->blobs.blobs[i];
-		struct meta_device_info dev;
-		char hex[2 * BLOB_DIGEST_SIZE + 1];
-		int ret = meta_get_device(img->meta, i + 1, &dev);
-
-		if (ret)
-			return ret;
-		while (k < e->nr_layers && memcmp(e->layers[k].digest, b->digest, 32))
-			k++;
-		hex_encode(b->digest, BLOB_DIGEST_SIZE, hex);
-		if (k == e->nr_layers || !(b->flags & BLOB_INFO_STREAM) ||
-		    b->size != e->layers[k].size || strcmp(dev.tag, hex) ||
-		    (uint64_t)dev.blocks * META_BLOCK_SIZE != b->uncompressed_size ||
-		    !blob_streams_find(&img->streams, i)) {
-			ferry_err("%s: device %u of its ferry index (sha256:%s) is not one of its layers, in order: index the image again",
-				  img->ref, i + 1, hex);
-			return -EFSCORRUPTED;
-		}
-		k++;
-		if (!img->remote &&
-		    asprintf(&img->blob_paths[i], "%s/blobs/sha256/%s", img->dir, hex) < 0)
-			return -ENOMEM;
-	}
-	return 0;
-}
-
-/* Device table, blob index and image index must describe the same blobs. */
 static int image_match_devices(struct image *img, const struct image_expect *e)
 {
 	struct meta_super sb;
-	uint32_t i;
+	uint32_t i, k = 0;
 
 	meta_get_super(img->meta, &sb);
-	if (e->index)
-		return match_layers(img, e, &sb);
-	if (sb.nr_devices != img->blobs.nr_blobs || e->nr_blobs != sb.nr_devices) {
+	if (sb.nr_devices != img->blobs.nr_blobs ||
+	    (!e->index && e->nr_blobs != sb.nr_devices)) {
 		ferry_err("%s: %u devices, %u blobs in the blob index, %u in the image index",
 			  img->ref, sb.nr_devices, img->blobs.nr_blobs,
-			  e->nr_blobs);
+			  e->index ? e->nr_layers : e->nr_blobs);
 		return -EFSCORRUPTED;
 	}
 	for (i = 0; i < sb.nr_devices; i++) {
@@ -445,20 +407,32 @@ static int image_match_devices(struct image *img, const struct image_expect *e)
 		struct meta_device_info dev;
 		char hex[2 * BLOB_DIGEST_SIZE + 1];
 		int ret = meta_get_device(img->meta, i + 1, &dev);
+		bool ok;
 
 		if (ret)
 			return ret;
 		hex_encode(b->digest, BLOB_DIGEST_SIZE, hex);
-		if (strcmp(dev.tag, hex) || memcmp(e->blobs[i], b->digest, BLOB_DIGEST_SIZE) ||
-		    (b->flags & BLOB_INFO_STREAM) ||
-		    (uint64_t)dev.blocks * META_BLOCK_SIZE != b->uncompressed_size) {
-			ferry_err("%s: device %u (%s) does not match blob sha256:%s",
-				  img->ref, i + 1, dev.tag, hex);
+		ok = !strcmp(dev.tag, hex) &&
+		     (uint64_t)dev.blocks * META_BLOCK_SIZE == b->uncompressed_size;
+		if (e->index) {
+			while (k < e->nr_layers && memcmp(e->layers[k].digest, b->digest, 32))
+				k++;
+			ok = ok && k < e->nr_layers && (b->flags & BLOB_INFO_STREAM) &&
+			     b->size == e->layers[k].size &&
+			     blob_streams_find(&img->streams, i);
+			k++;
+		} else {
+			ok = ok && !memcmp(e->blobs[i], b->digest, BLOB_DIGEST_SIZE) &&
+			     !(b->flags & BLOB_INFO_STREAM);
+		}
+		if (!ok) {
+			ferry_err("%s: device %u (%s) does not match blob sha256:%s%s",
+				  img->ref, i + 1, dev.tag, hex,
+				  e->index ? ", one of the image's layers in order: index the image again" : "");
 			return -EFSCORRUPTED;
 		}
 		if (!img->remote &&
-		    asprintf(&img->blob_paths[i], "%s/blobs/sha256/%s", img->dir,
-			     hex) < 0)
+		    asprintf(&img->blob_paths[i], "%s/blobs/sha256/%s", img->dir, hex) < 0)
 			return -ENOMEM;
 	}
 	return 0;

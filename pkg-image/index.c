@@ -62,30 +62,6 @@ int oci_config_diff_ids(const struct oci_image *img, uint8_t (*out)[32])
 	return ret;
 }
 
-static struct json_object *descriptor(const char *media_type, const uint8_t *digest,
-				      uint64_t size)
-{
-	struct json_object *d = json_object_new_object();
-	char dstr[DIGEST_STRING_SIZE];
-
-	digest_format(digest, dstr);
-	json_object_object_add(d, "mediaType", json_object_new_string(media_type));
-	json_object_object_add(d, "digest", json_object_new_string(dstr));
-	json_object_object_add(d, "size", json_object_new_int64((int64_t)size));
-	return d;
-}
-
-static void annotate(struct json_object *o, const char *key, const char *value)
-{
-	struct json_object *ann;
-
-	if (!json_object_object_get_ex(o, "annotations", &ann)) {
-		ann = json_object_new_object();
-		json_object_object_add(o, "annotations", ann);
-	}
-	json_object_object_add(ann, key, json_object_new_string(value));
-}
-
 /* "sha256:a,sha256:b": @n digests, comma-separated (malloc'ed). */
 static char *digest_list(const uint8_t (*d)[32], uint32_t n)
 {
@@ -127,25 +103,25 @@ static int index_manifest(const struct image_index_out *d, const uint8_t zdigest
 	json_object_object_add(m, "mediaType", json_object_new_string(FETCH_OCI_MANIFEST));
 	json_object_object_add(m, "artifactType",
 			       json_object_new_string(FERRY_INDEX_ARTIFACT_TYPE));
-	json_object_object_add(m, "config", descriptor(OCI_EMPTY_MEDIA_TYPE, empty,
+	json_object_object_add(m, "config", oci_descriptor_json(OCI_EMPTY_MEDIA_TYPE, empty,
 						       strlen(EMPTY_JSON)));
 	arr = json_object_new_array();
-	desc = descriptor(FERRY_INDEX_BOOTSTRAP_MEDIA_TYPE, zdigest, zsize);
+	desc = oci_descriptor_json(FERRY_INDEX_BOOTSTRAP_MEDIA_TYPE, zdigest, zsize);
 	sha256_buf(d->bootstrap, d->bootstrap_len, layers[0]);
 	digest_format(layers[0], dstr);
-	annotate(desc, FERRY_BOOTSTRAP_DIGEST_ANNOTATION, dstr);
+	oci_annotate(desc, FERRY_BOOTSTRAP_DIGEST_ANNOTATION, dstr);
 	snprintf(num, sizeof(num), "%zu", d->bootstrap_len);
-	annotate(desc, "dev.ferry.bootstrap.uncompressed-size", num);
+	oci_annotate(desc, "dev.ferry.bootstrap.uncompressed-size", num);
 	json_object_array_add(arr, desc);
 	json_object_object_add(m, "layers", arr);
-	json_object_object_add(m, "subject", descriptor(img->manifest_desc.media_type,
+	json_object_object_add(m, "subject", oci_descriptor_json(img->manifest_desc.media_type,
 							img->manifest_desc.digest,
 							img->manifest_desc.size));
-	annotate(m, "dev.ferry.version", FERRY_FORMAT_VERSION);
-	annotate(m, INDEX_LAYERS_ANNOTATION, list);
-	annotate(m, INDEX_DIFF_IDS_ANNOTATION, ids);
+	oci_annotate(m, "dev.ferry.version", FERRY_FORMAT_VERSION);
+	oci_annotate(m, INDEX_LAYERS_ANNOTATION, list);
+	oci_annotate(m, INDEX_DIFF_IDS_ANNOTATION, ids);
 	snprintf(num, sizeof(num), "%u", d->chunk_size);
-	annotate(m, "dev.ferry.chunk-size", num);
+	oci_annotate(m, "dev.ferry.chunk-size", num);
 	*text = strdup(json_object_to_json_string_ext(m, JSON_C_TO_STRING_PLAIN |
 							 JSON_C_TO_STRING_NOSLASHESCAPE));
 	ret = *text ? 0 : -ENOMEM;
@@ -183,18 +159,49 @@ static bool is_ferry_index(struct json_object *desc)
 	return t && !strcmp(t, FERRY_INDEX_ARTIFACT_TYPE);
 }
 
+typedef int (*manifest_loader)(void *ctx, const struct oci_descriptor *d,
+			       uint8_t **data, size_t *len);
+
 /*
- * Put the index entry @entry into the image index @idx (index.json, or a
- * referrers tag's index), dropping the ferry indexes of the same subject
- * before it (@load reads a listed manifest to see its subject).
+ * Entry @e of an image index, when a ferry index's: 0 with its descriptor
+ * @d, its manifest (read through @load) parsed into *@m, and the subject
+ * that names; 1 when it is none, or its manifest names no subject; or the
+ * -errno of @load.
  */
-static int list_index(struct json_object *idx, struct json_object *entry,
-		      const uint8_t subject[32],
-		      int (*load)(void *ctx, const struct oci_descriptor *d,
-				  uint8_t **data, size_t *len),
-		      void *ctx)
+static int read_entry(struct json_object *e, manifest_loader load, void *ctx,
+		      struct oci_descriptor *d, struct json_object **m,
+		      uint8_t subject[32])
 {
-	struct json_object *arr;
+	uint8_t *data = NULL;
+	size_t len;
+	int ret;
+
+	*m = NULL;
+	if (!is_ferry_index(e) || oci_parse_descriptor(e, "ferry index", d))
+		return 1;
+	ret = load(ctx, d, &data, &len);
+	if (ret)
+		return ret;
+	*m = parse_json(data, len);
+	free(data);
+	if (*m && !index_subject(*m, subject))
+		return 0;
+	json_object_put(*m);
+	*m = NULL;
+	return 1;
+}
+
+/*
+ * List the index manifest @mdigest (@mlen bytes) in the image index @idx
+ * (index.json, or a referrers tag's index), dropping the ferry indexes of
+ * the same subject before it (@load reads a listed manifest to see its
+ * subject); the new index's text (owned by @idx).
+ */
+static const char *list_index(struct json_object *idx, const uint8_t mdigest[32],
+			      size_t mlen, const uint8_t subject[32],
+			      manifest_loader load, void *ctx)
+{
+	struct json_object *arr, *entry;
 	size_t i;
 
 	json_object_object_add(idx, "schemaVersion", json_object_new_int(2));
@@ -205,23 +212,23 @@ static int list_index(struct json_object *idx, struct json_object *entry,
 		json_object_object_add(idx, "manifests", arr);
 	}
 	for (i = json_object_array_length(arr); i-- > 0;) {
-		struct json_object *e = json_object_array_get_idx(arr, i), *m;
+		struct json_object *m;
 		struct oci_descriptor d;
-		uint8_t *data = NULL, sub[32];
-		size_t len;
+		uint8_t sub[32];
 
-		if (!is_ferry_index(e) || oci_parse_descriptor(e, "ferry index", &d))
+		/* Not a ferry index, or gone or broken: left as it is. */
+		if (read_entry(json_object_array_get_idx(arr, i), load, ctx, &d, &m, sub))
 			continue;
-		if (load(ctx, &d, &data, &len))
-			continue; /* gone or broken: left as it is */
-		m = parse_json(data, len);
-		if (m && !index_subject(m, sub) && !memcmp(sub, subject, 32))
+		if (!memcmp(sub, subject, 32))
 			json_object_array_del_idx(arr, i, 1);
 		json_object_put(m);
-		free(data);
 	}
+	entry = oci_descriptor_json(FETCH_OCI_MANIFEST, mdigest, mlen);
+	json_object_object_add(entry, "artifactType",
+			       json_object_new_string(FERRY_INDEX_ARTIFACT_TYPE));
 	json_object_array_add(arr, entry);
-	return 0;
+	return json_object_to_json_string_ext(idx, JSON_C_TO_STRING_PLAIN |
+						   JSON_C_TO_STRING_NOSLASHESCAPE);
 }
 
 static int layout_load(void *ctx, const struct oci_descriptor *d, uint8_t **data,
@@ -235,7 +242,8 @@ static int attach_layout(const struct image_index_out *d, const uint8_t *z,
 			 size_t zlen, const char *text, uint8_t mdigest[32])
 {
 	const char *layout = d->subject->layout;
-	struct json_object *idx = NULL, *entry;
+	struct json_object *idx = NULL;
+	const char *out;
 	uint8_t digest[32], sub_digest[32];
 	char *path = NULL;
 	int lock_fd = -1, ret;
@@ -263,16 +271,8 @@ static int attach_layout(const struct image_index_out *d, const uint8_t *z,
 		ret = -EFSCORRUPTED;
 		goto out;
 	}
-	entry = descriptor(FETCH_OCI_MANIFEST, mdigest, strlen(text));
-	json_object_object_add(entry, "artifactType",
-			       json_object_new_string(FERRY_INDEX_ARTIFACT_TYPE));
-	ret = list_index(idx, entry, sub_digest, layout_load, (void *)layout);
-	if (!ret) {
-		const char *out = json_object_to_json_string_ext(
-			idx, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE);
-
-		ret = write_file_atomic(layout, "index.json", out, strlen(out), 0644);
-	}
+	out = list_index(idx, mdigest, strlen(text), sub_digest, layout_load, (void *)layout);
+	ret = write_file_atomic(layout, "index.json", out, strlen(out), 0644);
 out:
 	json_object_put(idx);
 	free(path);
@@ -338,8 +338,9 @@ static int attach_remote(const struct image_index_out *d, const uint8_t *z,
 	struct fetch_ref ref = { 0 };
 	struct registry *reg = NULL;
 	struct fetch_buf body = { 0 };
-	struct json_object *idx = NULL, *entry;
+	struct json_object *idx = NULL;
 	char dstr[DIGEST_STRING_SIZE], tag[72];
+	const char *out;
 	uint8_t digest[32];
 	int ret;
 
@@ -377,16 +378,9 @@ static int attach_remote(const struct image_index_out *d, const uint8_t *z,
 	}
 	if (ret)
 		goto out;
-	entry = descriptor(FETCH_OCI_MANIFEST, mdigest, strlen(text));
-	json_object_object_add(entry, "artifactType",
-			       json_object_new_string(FERRY_INDEX_ARTIFACT_TYPE));
-	ret = list_index(idx, entry, img->manifest_desc.digest, remote_manifest_load, reg);
-	if (!ret) {
-		const char *out = json_object_to_json_string_ext(
-			idx, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE);
-
-		ret = registry_put_manifest(reg, tag, FETCH_OCI_INDEX, out, strlen(out));
-	}
+	out = list_index(idx, mdigest, strlen(text), img->manifest_desc.digest,
+			 remote_manifest_load, reg);
+	ret = registry_put_manifest(reg, tag, FETCH_OCI_INDEX, out, strlen(out));
 out:
 	json_object_put(idx);
 	fetch_buf_free(&body);
@@ -436,12 +430,11 @@ int image_index_attach(const struct image_index_out *d,
 /*
  * The ferry index descriptors of image index @idx (index.json or a
  * referrers list), last first: their manifests are read until one names
- * @subject (manifest text into *@text).
+ * @subject (parsed into *@out, its digest into @digest). -ENOENT: none.
  */
 static int pick_index(struct json_object *idx, const uint8_t subject[32],
-		      int (*load)(void *ctx, const struct oci_descriptor *d,
-				  uint8_t **data, size_t *len),
-		      void *ctx, struct json_object **out, uint8_t digest[32])
+		      manifest_loader load, void *ctx, struct json_object **out,
+		      uint8_t digest[32])
 {
 	struct json_object *arr;
 	size_t i;
@@ -451,18 +444,16 @@ static int pick_index(struct json_object *idx, const uint8_t subject[32],
 	    !json_object_is_type(arr, json_type_array))
 		return -ENOENT;
 	for (i = json_object_array_length(arr); i-- > 0;) {
-		struct json_object *e = json_object_array_get_idx(arr, i), *m;
+		struct json_object *m;
 		struct oci_descriptor d;
-		uint8_t *data = NULL, sub[32];
-		size_t len;
+		uint8_t sub[32];
+		int ret = read_entry(json_object_array_get_idx(arr, i), load, ctx, &d, &m, sub);
 
-		if (!is_ferry_index(e) || oci_parse_descriptor(e, "ferry index", &d))
-			continue;
-		if (load(ctx, &d, &data, &len))
+		if (ret < 0)
 			return -EIO;
-		m = parse_json(data, len);
-		free(data);
-		if (m && !index_subject(m, sub) && !memcmp(sub, subject, 32)) {
+		if (ret)
+			continue;
+		if (!memcmp(sub, subject, 32)) {
 			*out = m;
 			memcpy(digest, d.digest, 32);
 			return 0;

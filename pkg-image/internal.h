@@ -167,6 +167,10 @@ int oci_push(const char *layout, const uint8_t manifest_digest[32],
 
 /* A descriptor's annotation @key, or NULL. */
 const char *oci_annotation(struct json_object *desc, const char *key);
+/* A descriptor object; an annotation set on an object (write.c). */
+struct json_object *oci_descriptor_json(const char *media_type,
+					const uint8_t *digest, uint64_t size);
+void oci_annotate(struct json_object *o, const char *key, const char *value);
 /* Parse a descriptor object (digest, size, mediaType checked). */
 int oci_parse_descriptor(struct json_object *o, const char *where,
 			 struct oci_descriptor *d);

@@ -103,29 +103,7 @@ for mode in fuse fanotify; do
 	lazy_use "damaged-$mode"
 	M=$SCRATCH/m-damaged-$mode
 	check "mount --mode $mode of the damaged image" ferryd_mount "$mode" "oci:$D:edit" "$M" || continue
-	out=$(cd "$M" && timeout 300 /usr/bin/python3 - "$SCRATCH/ref.sums" <<'PY'
-import errno, hashlib, sys
-want = {}
-for line in open(sys.argv[1]):
-    h, p = line.rstrip("\n").split("  ", 1)
-    want[p] = h
-eio = wrong = other = good = 0
-for p, h in want.items():
-    try:
-        got = hashlib.sha256(open(p, "rb").read()).hexdigest()
-    except OSError as e:
-        if e.errno == errno.EIO:
-            eio += 1
-        else:
-            other += 1
-        continue
-    if got == h:
-        good += 1
-    else:
-        wrong += 1
-print(eio, wrong, other, good)
-PY
-)
+	out=$(damaged_counts "$M" "$SCRATCH/ref.sums")
 	read -r eio wrong other good <<<"$out"
 	echo "# $mode, damaged layer: $eio files EIO, $wrong wrong, $other other errors, $good right"
 	expect_sh "$mode: no file reads wrong bytes ($wrong), some fail with EIO ($eio), the rest read right ($good)" \
@@ -162,6 +140,29 @@ expect_sh "no layer was uploaded: two small blobs, the index manifest and the re
 	'! grep -qFf "$SCRATCH/layers.txt" "$SCRATCH/uploads.txt" &&
 	 [ "$(grep -c "^PUT .*/manifests/" "$SCRATCH/uploads.txt")" -eq 2 ] &&
 	 grep -q "^PUT .*/manifests/sha256-${edit#sha256:}$" "$SCRATCH/uploads.txt"'
+# The bootstrap an index names (its uncompressed digest), from the layout
+# and from the registry's referrers tag.
+boot_layout() {
+	python3 - "$L" <<'EOF'
+import json, sys
+lay = sys.argv[1]
+for d in json.load(open(lay + "/index.json"))["manifests"]:
+    if d.get("artifactType") == "application/vnd.ferry.index.v1":
+        m = json.load(open(lay + "/blobs/sha256/" + d["digest"][7:]))
+        print(m["layers"][0]["annotations"]["dev.ferry.bootstrap.uncompressed-digest"])
+EOF
+}
+boot_registry() { # REPO
+	local d
+	d=$(curl -sf -H "Accept: application/vnd.oci.image.index.v1+json" \
+		"http://$REG/v2/$1/manifests/sha256-${edit#sha256:}" |
+		python3 -c 'import json,sys; print(json.load(sys.stdin)["manifests"][-1]["digest"])') &&
+		curl -sf -H "Accept: application/vnd.oci.image.manifest.v1+json" \
+			"http://$REG/v2/$1/manifests/$d" |
+		python3 -c 'import json,sys; print(json.load(sys.stdin)["layers"][0]["annotations"]["dev.ferry.bootstrap.uncompressed-digest"])'
+}
+expect_sh "the same index from the registry's stream as from the layout's file (deterministic)" \
+	'[ -n "$(boot_layout)" ] && [ "$(boot_registry src/idx)" = "$(boot_layout)" ]'
 lazy_use remote
 M=$SCRATCH/m-remote
 if check "mount --mode fuse docker://…:edit through the referrers tag" \
