@@ -504,7 +504,8 @@ bool blob_cache_range_present(const struct blob_cache_blob *b, uint64_t uoff,
  * Make every chunk whose bytes overlap [@uoff, @uoff + @len) present,
  * fetching missing frames from @src (adjacent ones in one read, up to
  * BLOB_CACHE_RUN_MAX), decoding, verifying and writing them (every chunk
- * of a fetched frame, asked for or not). Bytes of the range outside every
+ * of a fetched frame, asked for or not; of a stream blob, every frame of
+ * the resume points they decode from, tried once). Bytes of the range outside every
  * chunk (the alignment padding ending a slot) are zeros and need nothing;
  * an empty range is 0, one reaching past uncompressed_size -EINVAL. A
  * chunk of the range that fails to verify is -EIO naming blob and chunk,
@@ -515,8 +516,8 @@ int blob_cache_ensure(struct blob_cache_blob *b, uint64_t uoff, uint64_t len,
 		      const struct blob_source *src, uint64_t *fetched);
 
 /*
- * Hand the bytes of every frame overlapping [@uoff, @uoff + @len) to
- * @emit, in order, as they lie in the uncompressed address space: @off
+ * Hand the bytes of every frame overlapping [@uoff, @uoff + @len) (of a
+ * stream blob, every frame of their resume points) to @emit, in order, as they lie in the uncompressed address space: @off
  * and @len multiples of BLOB_SLOT_ALIGN (the frame's slots, the last
  * page zero-padded), @buf aligned to it (for O_DIRECT writes). Frames
  * this handle knows present are read from the data file; missing ones are

@@ -1252,6 +1252,25 @@ bool blob_cache_range_present(const struct blob_cache_blob *b, uint64_t uoff,
 	return true;
 }
 
+/*
+ * A stream blob's frames *@fa .. *@fb widened to every frame of the resume
+ * points they decode from: one pass decodes them all (see ensure).
+ */
+static void stream_point_frames(const struct blob_cache_blob *b, uint32_t *fa,
+				uint32_t *fb)
+{
+	const struct blob_chunk *chunks = b->info->chunks;
+
+	if (!(b->info->flags & BLOB_INFO_STREAM))
+		return;
+	while (*fa && chunks[b->frames[*fa - 1].first].coff ==
+			      chunks[b->frames[*fa].first].coff)
+		(*fa)--;
+	while (*fb + 1 < b->nr_frames &&
+	       chunks[b->frames[*fb + 1].first].coff == chunks[b->frames[*fb].first].coff)
+		(*fb)++;
+}
+
 int blob_cache_ensure(struct blob_cache_blob *b, uint64_t uoff, uint64_t len,
 		      const struct blob_source *src, uint64_t *fetched)
 {
@@ -1287,15 +1306,7 @@ int blob_cache_ensure(struct blob_cache_blob *b, uint64_t uoff, uint64_t len,
 	 * the layer's bytes to read a Debian minbase layer whole); a cold
 	 * reader mostly wants neighbours of what it read anyway.
 	 */
-	if (info->flags & BLOB_INFO_STREAM) {
-		while (fa && info->chunks[b->frames[fa - 1].first].coff ==
-				     info->chunks[b->frames[fa].first].coff)
-			fa--;
-		while (fb + 1 < b->nr_frames &&
-		       info->chunks[b->frames[fb + 1].first].coff ==
-			       info->chunks[b->frames[fb].first].coff)
-			fb++;
-	}
+	stream_point_frames(b, &fa, &fb);
 	f.w0 = MIN(f.i0, b->frames[fa].first);
 	f.w1 = MAX(f.i1, b->frames[fb].first + b->frames[fb].count - 1);
 	claimed = malloc((size_t)(fb - fa + 1) * sizeof(*claimed));
@@ -1672,6 +1683,7 @@ int blob_cache_read_frames(struct blob_cache_blob *b, uint64_t uoff, uint64_t le
 		return 0;
 	fa = b->chunk_frame[i0];
 	fb = b->chunk_frame[i1];
+	stream_point_frames(b, &fa, &fb);
 	while (!ret && fa <= fb) {
 		uint64_t start = chunks[b->frames[fa].first].uoff, end, coff0, cend, clen;
 

@@ -137,7 +137,8 @@ int convert_run(const char *source, const char *dest,
  * resume points every opts->span compressed bytes), checked against the
  * config's diff_ids, and attach it to the image as an OCI artifact whose
  * subject is the image's manifest (image_index_attach). Uses chunk_size,
- * inline_max, platform, fetch, no_loader_deps and span of @opts. An xz
+ * inline_max, platform, fetch, no_loader_deps, prefetch_files (the list's
+ * section only: an index moves no data) and span of @opts. An xz
  * layer, or one without a resume point within 64 MiB (one big zstd
  * frame), is refused with -ENOTSUP: convert such images instead.
  * stats->manifest_digest is the index's.

@@ -191,7 +191,8 @@ int convert_ingest_file(struct converter *c, struct meta_inode *inode,
 		goto out;
 	}
 	is_listed = listed(c, image_path);
-	if (is_listed != c->writer_hot) {
+	/* A ferry index's chunks stay where the layer has them: no hot run. */
+	if (!c->index && is_listed != c->writer_hot) {
 		ret = blob_writer_hot(c->writer, is_listed);
 		if (ret)
 			goto out;

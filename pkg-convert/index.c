@@ -403,6 +403,9 @@ int convert_index(const char *image, const struct convert_opts *opts,
 	ret = meta_tree_new(&c.tree);
 	if (!ret)
 		ret = convert_elf_init(&c);
+	if (!ret && opts->prefetch_files)
+		ret = image_prefetch_list_load(opts->prefetch_files, &c.prefetch,
+					       &c.nr_prefetch);
 	if (!ret)
 		ret = index_layers(&c, &img);
 	if (!ret)
@@ -422,6 +425,7 @@ out:
 	free(x.chunks);
 	free(c.blobs);
 	convert_elf_free(&c);
+	image_prefetch_list_free(c.prefetch, c.nr_prefetch);
 	meta_tree_free(c.tree);
 	free(c.chunks.slots);
 	free(c.links);

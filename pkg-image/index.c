@@ -163,6 +163,13 @@ typedef int (*manifest_loader)(void *ctx, const struct oci_descriptor *d,
 			       uint8_t **data, size_t *len);
 
 /*
+ * Ferry index entries of an image index read, the last first: one
+ * manifest fetch each, so a list (a registry's answer) may not make a
+ * reader fetch thousands.
+ */
+#define INDEX_ENTRIES_MAX 16
+
+/*
  * Entry @e of an image index, when a ferry index's: 0 with its descriptor
  * @d, its manifest (read through @load) parsed into *@m, and the subject
  * that names; 1 when it is none, or its manifest names no subject; or the
@@ -202,7 +209,7 @@ static const char *list_index(struct json_object *idx, const uint8_t mdigest[32]
 			      manifest_loader load, void *ctx)
 {
 	struct json_object *arr, *entry;
-	size_t i;
+	size_t i, seen = 0;
 
 	json_object_object_add(idx, "schemaVersion", json_object_new_int(2));
 	json_object_object_add(idx, "mediaType", json_object_new_string(FETCH_OCI_INDEX));
@@ -211,13 +218,14 @@ static const char *list_index(struct json_object *idx, const uint8_t mdigest[32]
 		arr = json_object_new_array();
 		json_object_object_add(idx, "manifests", arr);
 	}
-	for (i = json_object_array_length(arr); i-- > 0;) {
-		struct json_object *m;
+	for (i = json_object_array_length(arr); i-- > 0 && seen < INDEX_ENTRIES_MAX;) {
+		struct json_object *e = json_object_array_get_idx(arr, i), *m;
 		struct oci_descriptor d;
 		uint8_t sub[32];
 
+		seen += is_ferry_index(e);
 		/* Not a ferry index, or gone or broken: left as it is. */
-		if (read_entry(json_object_array_get_idx(arr, i), load, ctx, &d, &m, sub))
+		if (read_entry(e, load, ctx, &d, &m, sub))
 			continue;
 		if (!memcmp(sub, subject, 32))
 			json_object_array_del_idx(arr, i, 1);
@@ -437,18 +445,19 @@ static int pick_index(struct json_object *idx, const uint8_t subject[32],
 		      uint8_t digest[32])
 {
 	struct json_object *arr;
-	size_t i;
+	size_t i, seen = 0;
 
 	*out = NULL;
 	if (!json_object_object_get_ex(idx, "manifests", &arr) ||
 	    !json_object_is_type(arr, json_type_array))
 		return -ENOENT;
-	for (i = json_object_array_length(arr); i-- > 0;) {
-		struct json_object *m;
+	for (i = json_object_array_length(arr); i-- > 0 && seen < INDEX_ENTRIES_MAX;) {
+		struct json_object *e = json_object_array_get_idx(arr, i), *m;
 		struct oci_descriptor d;
 		uint8_t sub[32];
-		int ret = read_entry(json_object_array_get_idx(arr, i), load, ctx, &d, &m, sub);
+		int ret = read_entry(e, load, ctx, &d, &m, sub);
 
+		seen += is_ferry_index(e);
 		if (ret < 0)
 			return -EIO;
 		if (ret)

@@ -42,6 +42,9 @@ static void index_help(void)
 	       "  --platform P       os/arch[/variant] to pick from an image index\n"
 	       "                     (default: the host's)\n"
 	       "  --no-loader-deps   leave out what each program's dynamic loader opens\n"
+	       "  --prefetch-files LIST\n"
+	       "                     a file of paths in the image (one per line)\n"
+	       "                     that lazy mounts fetch first, in that order\n"
 	       "  --json             print a JSON summary on stdout\n"
 	       "  -q, --quiet        no progress or summary on stderr\n"
 	       "  -h, --help         this help\n\n%s\n" EXIT_CODES_HELP,
@@ -80,6 +83,7 @@ int cmd_index(int argc, char **argv)
 		{ "inline-max", required_argument, NULL, 'i' },
 		{ "platform", required_argument, NULL, 'p' },
 		{ "no-loader-deps", no_argument, NULL, 'L' },
+		{ "prefetch-files", required_argument, NULL, 'P' },
 		{ "json", no_argument, NULL, 'j' },
 		{ "quiet", no_argument, NULL, 'q' },
 		{ "help", no_argument, NULL, 'h' },
@@ -130,6 +134,9 @@ int cmd_index(int argc, char **argv)
 			break;
 		case 'L':
 			opts.no_loader_deps = true;
+			break;
+		case 'P':
+			opts.prefetch_files = optarg;
 			break;
 		case 'j':
 			json = true;
