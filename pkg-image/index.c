@@ -159,8 +159,6 @@ static bool is_ferry_index(struct json_object *desc)
 	return t && !strcmp(t, FERRY_INDEX_ARTIFACT_TYPE);
 }
 
-typedef int (*manifest_loader)(void *ctx, const struct oci_descriptor *d,
-			       uint8_t **data, size_t *len);
 
 /*
  * Ferry index entries of an image index read, the last first: one
@@ -175,7 +173,7 @@ typedef int (*manifest_loader)(void *ctx, const struct oci_descriptor *d,
  * that names; 1 when it is none, or its manifest names no subject; or the
  * -errno of @load.
  */
-static int read_entry(struct json_object *e, manifest_loader load, void *ctx,
+static int read_entry(struct json_object *e, image_manifest_load_fn load, void *ctx,
 		      struct oci_descriptor *d, struct json_object **m,
 		      uint8_t subject[32])
 {
@@ -206,7 +204,7 @@ static int read_entry(struct json_object *e, manifest_loader load, void *ctx,
  */
 static const char *list_index(struct json_object *idx, const uint8_t mdigest[32],
 			      size_t mlen, const uint8_t subject[32],
-			      manifest_loader load, void *ctx)
+			      image_manifest_load_fn load, void *ctx)
 {
 	struct json_object *arr, *entry;
 	size_t i, seen = 0;
@@ -441,7 +439,7 @@ int image_index_attach(const struct image_index_out *d,
  * @subject (parsed into *@out, its digest into @digest). -ENOENT: none.
  */
 static int pick_index(struct json_object *idx, const uint8_t subject[32],
-		      manifest_loader load, void *ctx, struct json_object **out,
+		      image_manifest_load_fn load, void *ctx, struct json_object **out,
 		      uint8_t digest[32])
 {
 	struct json_object *arr;
@@ -472,44 +470,32 @@ static int pick_index(struct json_object *idx, const uint8_t subject[32],
 	return -ENOENT;
 }
 
-/* The index of a registry image: referrers API, else the referrers tag. */
-static int find_remote(const struct oci_image *oci, struct json_object **m,
-		       uint8_t digest[32])
+/* A registry image's referrers: the referrers API, else the referrers tag. */
+static int list_remote(const struct oci_image *oci, struct json_object **list)
 {
 	struct fetch_buf body = { 0 };
-	struct json_object *idx = NULL;
 	int ret;
 
 	ret = registry_get_referrers(oci->remote, oci->manifest_desc.digest,
 				     FERRY_INDEX_ARTIFACT_TYPE, &body);
 	if (ret == 1)
 		ret = get_referrers_tag(oci->remote, oci->manifest_desc.digest, &body);
-	if (ret)
-		goto out;
-	idx = parse_json(body.data, body.len);
-	ret = idx ? pick_index(idx, oci->manifest_desc.digest, remote_manifest_load,
-			       oci->remote, m, digest) : -ENOENT;
-out:
-	json_object_put(idx);
+	if (!ret && !(*list = parse_json(body.data, body.len)))
+		ret = -ENOENT;
 	fetch_buf_free(&body);
 	return ret;
 }
 
-static int find_layout(const struct oci_image *oci, struct json_object **m,
-		       uint8_t digest[32])
+/* An OCI layout's index.json. */
+static int list_layout(const struct oci_image *oci, struct json_object **list)
 {
-	struct json_object *idx;
 	char *path = NULL;
-	int ret;
 
 	if (asprintf(&path, "%s/index.json", oci->layout) < 0)
 		return -ENOMEM;
-	idx = json_object_from_file(path);
+	*list = json_object_from_file(path);
 	free(path);
-	ret = idx ? pick_index(idx, oci->manifest_desc.digest, layout_load, oci->layout,
-			       m, digest) : -ENOENT;
-	json_object_put(idx);
-	return ret;
+	return *list ? 0 : -ENOENT;
 }
 
 /* The index manifest @m must name exactly @oci's layers, in order. */
@@ -559,8 +545,9 @@ static int check_index(const char *ref, const struct oci_image *oci,
 	return 0;
 }
 
-int image_index_expect(struct image *img, const struct oci_image *oci,
-		       struct image_expect *e)
+int image_index_from_list(struct image *img, const struct oci_image *oci,
+			  struct json_object *list, image_manifest_load_fn load,
+			  void *ctx, struct image_expect *e)
 {
 	struct json_object *m = NULL, *ann;
 	uint8_t digest[32];
@@ -568,12 +555,7 @@ int image_index_expect(struct image *img, const struct oci_image *oci,
 	uint32_t i;
 	int ret;
 
-	ret = oci->remote ? find_remote(oci, &m, digest) : find_layout(oci, &m, digest);
-	if (ret == -ENOENT) {
-		ferry_err("%s: not a ferry image, and no ferry index is attached to it: `ferry index %s` attaches one, `ferry convert` converts it, and `--mode local` mounts a ferry image only",
-			  img->ref, img->ref);
-		return -EMEDIUMTYPE;
-	}
+	ret = pick_index(list, oci->manifest_desc.digest, load, ctx, &m, digest);
 	if (ret)
 		return ret;
 	ret = check_index(img->ref, oci, m, e);
@@ -603,5 +585,26 @@ int image_index_expect(struct image *img, const struct oci_image *oci,
 	snprintf(img->compression, sizeof(img->compression), "%s", "layers");
 out:
 	json_object_put(m);
+	return ret;
+}
+
+int image_index_expect(struct image *img, const struct oci_image *oci,
+		       struct image_expect *e)
+{
+	struct json_object *list = NULL;
+	int ret;
+
+	ret = oci->remote ? list_remote(oci, &list) : list_layout(oci, &list);
+	if (!ret)
+		ret = oci->remote ?
+		      image_index_from_list(img, oci, list, remote_manifest_load,
+					    oci->remote, e) :
+		      image_index_from_list(img, oci, list, layout_load, oci->layout, e);
+	json_object_put(list);
+	if (ret == -ENOENT) {
+		ferry_err("%s: not a ferry image, and no ferry index is attached to it: `ferry index %s` attaches one, `ferry convert` converts it, and `--mode local` mounts a ferry image only",
+			  img->ref, img->ref);
+		return -EMEDIUMTYPE;
+	}
 	return ret;
 }

@@ -177,6 +177,17 @@ int oci_parse_descriptor(struct json_object *o, const char *where,
 /* Lock the directory @path (flock LOCK_EX, waiting when @wait) into *@fd. */
 int image_lock_dir(const char *path, bool wait, int *fd);
 /*
+ * The ferry index of @oci listed in @list (an image index: a layout's
+ * index.json, a referrers API answer or referrers tag), the manifests
+ * read through @load: the last that names @oci, checked as below.
+ * -ENOENT when none does.
+ */
+typedef int (*image_manifest_load_fn)(void *ctx, const struct oci_descriptor *d,
+				      uint8_t **data, size_t *len);
+int image_index_from_list(struct image *img, const struct oci_image *oci,
+			  struct json_object *list, image_manifest_load_fn load,
+			  void *ctx, struct image_expect *e);
+/*
  * An ordinary image @oci's attached ferry index (index.c): found, checked
  * to name exactly @oci (its subject) and its layers, its bootstrap
  * expected in @e (e->index). -EMEDIUMTYPE (logged) when none is attached.
