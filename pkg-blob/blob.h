@@ -414,6 +414,29 @@ int blob_stream_frame_decode(struct blob_stream_reader *r,
 			     uint64_t run_coff, size_t run_len, void *out);
 
 /*
+ * Points a process learned while decoding a stream blob's frames: the
+ * last block boundary (gzip; frame end for zstd) each run passed, with
+ * its window (at most 64 per blob, the least recently used replaced).
+ * blob_stream_learned_find: for the frame of @c, the learned point
+ * nearest before it and after its recorded one, copied into @pt (its
+ * window, raw, into @window); false when there is none.
+ * blob_stream_reader_begin sets @r up at such a point @pt inside the run
+ * (its first frame then decodes on from there); blob_stream_reader_learn
+ * keeps the last boundary @r passed. Thread-safe.
+ */
+struct blob_stream_learned;
+int blob_stream_learned_new(struct blob_stream_learned **out);
+void blob_stream_learned_free(struct blob_stream_learned *l);
+bool blob_stream_learned_find(struct blob_stream_learned *l, const struct blob_stream *s,
+			      const struct blob_chunk *c, struct blob_stream_point *pt,
+			      uint8_t window[BLOB_STREAM_WINDOW]);
+int blob_stream_reader_begin(struct blob_stream_reader *r, const struct blob_stream *s,
+			     const struct blob_stream_point *pt, const uint8_t *run,
+			     uint64_t run_coff, size_t run_len);
+void blob_stream_reader_learn(struct blob_stream_reader *r, const struct blob_stream *s,
+			      struct blob_stream_learned *l);
+
+/*
  * ferry check of a stream blob: read the layer through @src front to
  * back once, decoding it, and check its sha256 (info->digest), the
  * decoded stream's (s->diff_id and usize), every chunk's sha256 and every

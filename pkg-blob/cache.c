@@ -84,6 +84,7 @@ struct blob_cache_blob {
 	uint8_t *inflight;       /* per frame, under lock */
 	uint32_t *stamp;         /* per frame: last use, cache_clock_ms() */
 	uint64_t evicted;        /* atomic: uncompressed bytes evicted */
+	struct blob_stream_learned *learned; /* a stream blob's, else NULL */
 };
 
 /* Every open blob of this process: see cache_evict_open. */
@@ -692,6 +693,7 @@ static void blob_free(struct blob_cache_blob *b)
 	free(b->present);
 	free(b->inflight);
 	free(b->stamp);
+	blob_stream_learned_free(b->learned);
 	free(b->dir_path);
 	free(b->data_path);
 	free(b->map_path);
@@ -746,6 +748,8 @@ int blob_cache_open(const char *cache_dir, const struct blob_info *info,
 		       (size_t)info->nr_chunks * sizeof(*info->chunks));
 	}
 	ret = index_frames(b);
+	if (!ret && (info->flags & BLOB_INFO_STREAM))
+		ret = blob_stream_learned_new(&b->learned);
 	if (ret)
 		goto fail;
 	ret = -ENOMEM;
@@ -849,6 +853,10 @@ struct fill {
 	uint8_t *frame;       /* one decoded frame */
 	size_t frame_cap;
 	struct blob_stream_reader *reader; /* stream blobs, made on first use */
+	/* A stream blob's run starts at this learned point (has_start). */
+	bool has_start;
+	struct blob_stream_point start;
+	uint8_t start_window[BLOB_STREAM_WINDOW];
 };
 
 static void set_present(struct blob_cache_blob *b, uint32_t i)
@@ -969,11 +977,14 @@ static int chunk_bad(const struct blob_cache_blob *b, const struct fill *f,
  */
 #define RUN_GAP_MAX (64u << 10)
 
-static bool run_join(const struct blob_chunk *q, uint64_t coff0, uint64_t *end)
+static bool run_join(const struct blob_chunk *q, uint64_t coff0, uint64_t *end,
+		     bool onward)
 {
 	uint64_t qend = MAX(*end, q->coff + q->csize);
 
-	if (q->coff < coff0 || q->coff > *end + RUN_GAP_MAX ||
+	/* @onward: a stream blob's frame is reached by decoding on, whatever
+	 * point it would start from. */
+	if ((q->coff < coff0 && !onward) || q->coff > *end + RUN_GAP_MAX ||
 	    qend - coff0 > BLOB_CACHE_RUN_MAX)
 		return false;
 	*end = qend;
@@ -1013,10 +1024,9 @@ static int decode_frame(const struct blob_source *src,
  * are kept), or another -errno when nothing could be kept.
  */
 static int fill_run(struct blob_cache_blob *b, struct fill *f, uint32_t fa,
-		    uint32_t fb, size_t len)
+		    uint32_t fb, uint64_t coff0, size_t len)
 {
 	const struct blob_chunk *chunks = b->info->chunks;
-	uint64_t coff0 = chunks[b->frames[fa].first].coff;
 	uint32_t c0 = b->frames[fa].first;
 	uint32_t c1 = b->frames[fb].first + b->frames[fb].count; /* end */
 	uint32_t fr, i;
@@ -1041,6 +1051,15 @@ static int fill_run(struct blob_cache_blob *b, struct fill *f, uint32_t fa,
 		  b->hex, fa, fb, len, (unsigned long long)coff0);
 	if (f->reader)
 		blob_stream_reader_reset(f->reader);
+	if (f->has_start) {
+		if (!f->reader && (ret = blob_stream_reader_new(&f->reader)))
+			return ret;
+		ret = blob_stream_reader_begin(f->reader, f->src->stream, &f->start,
+					       f->run, coff0, len);
+		if (ret == -ENOMEM)
+			return ret;
+		/* Else the frames decode from their recorded points. */
+	}
 
 	for (fr = fa; fr <= fb; fr++) {
 		const struct blob_chunk *c = &chunks[b->frames[fr].first];
@@ -1096,6 +1115,8 @@ static int fill_run(struct blob_cache_blob *b, struct fill *f, uint32_t fa,
 			f->marks[i - f->c0] = CACHE_STATE_PENDING;
 		}
 	}
+	if (f->reader && b->learned)
+		blob_stream_reader_learn(f->reader, f->src->stream, b->learned);
 	if (wrote && fdatasync(b->data_fd)) {
 		ret = -errno;
 		ferry_err("chunk cache: fdatasync %s: %s", b->data_path,
@@ -1154,18 +1175,26 @@ static int fill_group(struct blob_cache_blob *b, struct fill *f, uint32_t fa,
 		goto out;
 	for (fr = fa; fr <= fb; fr = last + 1) {
 		const struct blob_chunk *c;
-		uint64_t end;
+		uint64_t coff0, end;
 
 		last = fr;
 		if (!frame_needed(b, f, fr))
 			continue;
 		c = &chunks[b->frames[fr].first];
-		end = c->coff + c->csize;
+		coff0 = c->coff;
+		/* A stream blob: from the nearest point this process learned. */
+		f->has_start = b->learned &&
+			       blob_stream_learned_find(b->learned, f->src->stream, c,
+							&f->start, f->start_window);
+		if (f->has_start)
+			coff0 = f->start.cbit / 8;
+		end = MAX(coff0, c->coff + c->csize);
 		/* Merge the next needed frames that follow in the file. */
 		while (last < fb && frame_needed(b, f, last + 1) &&
-		       run_join(&chunks[b->frames[last + 1].first], c->coff, &end))
+		       run_join(&chunks[b->frames[last + 1].first], coff0, &end,
+				b->learned))
 			last++;
-		ret = fill_run(b, f, fr, last, (size_t)(end - c->coff));
+		ret = fill_run(b, f, fr, last, coff0, (size_t)(end - coff0));
 		if (ret == -EIO) {
 			err = ret; /* bad chunks are logged; go on */
 			continue;
@@ -1253,11 +1282,12 @@ bool blob_cache_range_present(const struct blob_cache_blob *b, uint64_t uoff,
 }
 
 /*
- * A stream blob's frames *@fa .. *@fb widened to every frame of the resume
- * points they decode from: one pass decodes them all (see ensure).
+ * A stream blob's frames *@fa .. *@fb widened back to the first frame of
+ * the resume point they decode from (see ensure), and with @onward to its
+ * last one.
  */
 static void stream_point_frames(const struct blob_cache_blob *b, uint32_t *fa,
-				uint32_t *fb)
+				uint32_t *fb, bool onward)
 {
 	const struct blob_chunk *chunks = b->info->chunks;
 
@@ -1266,7 +1296,7 @@ static void stream_point_frames(const struct blob_cache_blob *b, uint32_t *fa,
 	while (*fa && chunks[b->frames[*fa - 1].first].coff ==
 			      chunks[b->frames[*fa].first].coff)
 		(*fa)--;
-	while (*fb + 1 < b->nr_frames &&
+	while (onward && *fb + 1 < b->nr_frames &&
 	       chunks[b->frames[*fb + 1].first].coff == chunks[b->frames[*fb].first].coff)
 		(*fb)++;
 }
@@ -1299,14 +1329,14 @@ int blob_cache_ensure(struct blob_cache_blob *b, uint64_t uoff, uint64_t len,
 	fa = b->chunk_frame[f.i0];
 	fb = b->chunk_frame[f.i1];
 	/*
-	 * A stream blob's frame decodes from its resume point, through the
-	 * frames before it that share the point: fill every frame of the
-	 * point in one pass, once. Filling only up to the frame asked for
-	 * fetched the point's first bytes again for each later frame (3.1x
-	 * the layer's bytes to read a Debian minbase layer whole); a cold
-	 * reader mostly wants neighbours of what it read anyway.
+	 * A stream blob's frame decodes from its resume point (or a point
+	 * learned since), through the frames before it that share the point:
+	 * fill those in the same pass, once (missing ones there move the
+	 * start back). Later frames wait for their readers, who fetch from
+	 * the point this pass learned at its end, not from the span's start
+	 * again (which fetched 3.1x a Debian minbase layer to read it whole).
 	 */
-	stream_point_frames(b, &fa, &fb);
+	stream_point_frames(b, &fa, &fb, false);
 	f.w0 = MIN(f.i0, b->frames[fa].first);
 	f.w1 = MAX(f.i1, b->frames[fb].first + b->frames[fb].count - 1);
 	claimed = malloc((size_t)(fb - fa + 1) * sizeof(*claimed));
@@ -1683,7 +1713,7 @@ int blob_cache_read_frames(struct blob_cache_blob *b, uint64_t uoff, uint64_t le
 		return 0;
 	fa = b->chunk_frame[i0];
 	fb = b->chunk_frame[i1];
-	stream_point_frames(b, &fa, &fb);
+	stream_point_frames(b, &fa, &fb, true);
 	while (!ret && fa <= fb) {
 		uint64_t start = chunks[b->frames[fa].first].uoff, end, coff0, cend, clen;
 
@@ -1713,7 +1743,7 @@ int blob_cache_read_frames(struct blob_cache_blob *b, uint64_t uoff, uint64_t le
 		cend = coff0 + chunks[b->frames[fa].first].csize;
 		n = present_frames(b, fa, fb, false);
 		for (i = 1; i < n; i++)
-			if (!run_join(&chunks[b->frames[fa + i].first], coff0, &cend))
+			if (!run_join(&chunks[b->frames[fa + i].first], coff0, &cend, false))
 				break;
 		n = i;
 		clen = cend - coff0;

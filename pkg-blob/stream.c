@@ -27,6 +27,7 @@
 #include "../pkg-base/base.h"
 
 #include <limits.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -309,6 +310,13 @@ fail:
 /* Decoding frames                                                     */
 /* ------------------------------------------------------------------ */
 
+/*
+ * The decoded bytes a reader keeps (circular): enough for the window of
+ * the last block boundary it passed, when that is at most RING - WINDOW
+ * before where it stopped (deflate blocks are tens of KiB).
+ */
+#define RING (4 * BLOB_STREAM_WINDOW)
+
 struct blob_stream_reader {
 	z_stream z;
 	bool z_ready;      /* inflateInit2 done */
@@ -316,9 +324,16 @@ struct blob_stream_reader {
 	ZSTD_DStream *zd;
 	/* Where the decoder stands: bytes of the current run it reads. */
 	bool active;
+	const uint8_t *run; /* the run's first byte, at run_coff of the blob */
+	uint64_t run_coff;
 	const uint8_t *in;  /* next input byte */
 	const uint8_t *in_end;
 	uint64_t pos;       /* decoded stream offset of the next output byte */
+	uint64_t member_out; /* decoded bytes of the current gzip member */
+	/* The last place passed where decoding can resume, to learn. */
+	bool boundary;
+	uint64_t b_cbit, b_uoff, b_member_out;
+	uint8_t ring[RING]; /* the last decoded bytes: ring[pos % RING] next */
 	uint8_t window[BLOB_STREAM_WINDOW];
 	uint8_t skip[SKIP_BUF];
 };
@@ -332,6 +347,7 @@ int blob_stream_reader_new(struct blob_stream_reader **out)
 void blob_stream_reader_reset(struct blob_stream_reader *r)
 {
 	r->active = false;
+	r->boundary = false;
 }
 
 void blob_stream_reader_free(struct blob_stream_reader *r)
@@ -352,6 +368,22 @@ static int frame_bad(const struct blob_stream *s, const struct blob_chunk *c,
 	return -EFSCORRUPTED;
 }
 
+/* Keep @n decoded bytes ending at r->pos + @n in the ring. */
+static void ring_put(struct blob_stream_reader *r, const uint8_t *p, size_t n)
+{
+	uint64_t at = r->pos;
+	size_t first;
+
+	if (n > RING) {
+		p += n - RING;
+		at += n - RING;
+		n = RING;
+	}
+	first = MIN(n, RING - (size_t)(at % RING));
+	memcpy(r->ring + at % RING, p, first);
+	memcpy(r->ring, p + first, n - first);
+}
+
 /* Set the decoder up at point @pt, whose first byte is @in. */
 static int start_at(struct blob_stream_reader *r, const struct blob_stream *s,
 		    const struct blob_stream_point *pt, const uint8_t *in)
@@ -360,6 +392,8 @@ static int start_at(struct blob_stream_reader *r, const struct blob_stream *s,
 
 	r->in = in;
 	r->pos = pt->uoff;
+	r->member_out = pt->window_len;
+	r->boundary = false;
 	if (s->format == BLOB_STREAM_ZSTD) {
 		if (!r->zd && !(r->zd = ZSTD_createDStream()))
 			return -ENOMEM;
@@ -392,6 +426,10 @@ static int start_at(struct blob_stream_reader *r, const struct blob_stream *s,
 			return ret;
 		if (inflateSetDictionary(&r->z, r->window, pt->window_len) != Z_OK)
 			return -EFSCORRUPTED;
+		/* The ring starts with it: a point learned soon after needs it. */
+		r->pos -= pt->window_len;
+		ring_put(r, r->window, pt->window_len);
+		r->pos += pt->window_len;
 	}
 	return 0;
 }
@@ -408,6 +446,7 @@ static int next_member(struct blob_stream_reader *r)
 	if (r->in_end - r->in < 2 || r->in[0] != 0x1f || r->in[1] != 0x8b)
 		return -EFSCORRUPTED; /* the stream ended before the frame did */
 	r->z_gzip = true;
+	r->member_out = 0;
 	return inflateReset2(&r->z, 15 + 16) == Z_OK ? 0 : -EINVAL;
 }
 
@@ -429,6 +468,12 @@ static int decode_some(struct blob_stream_reader *r, const struct blob_stream *s
 			produced = ob.pos;
 			if (!produced && !ib.pos)
 				return -EFSCORRUPTED; /* input ends early */
+			if (!zr) { /* a frame ended: the next one decodes alone */
+				r->boundary = true;
+				r->b_cbit = (r->run_coff + (uint64_t)(r->in - r->run)) * 8;
+				r->b_uoff = r->pos + produced;
+				r->b_member_out = 0;
+			}
 		} else {
 			int zr;
 
@@ -436,9 +481,19 @@ static int decode_some(struct blob_stream_reader *r, const struct blob_stream *s
 			r->z.avail_in = (uInt)MIN(avail, (size_t)UINT_MAX);
 			r->z.next_out = out;
 			r->z.avail_out = (uInt)MIN(len, (size_t)UINT_MAX);
-			zr = inflate(&r->z, Z_NO_FLUSH);
+			/* Z_BLOCK: note each block boundary, a point to learn. */
+			zr = inflate(&r->z, Z_BLOCK);
 			produced = (size_t)(r->z.next_out - out);
 			r->in = r->z.next_in;
+			ring_put(r, out, produced);
+			r->member_out += produced;
+			if (zr == Z_OK && (r->z.data_type & 128) && !(r->z.data_type & 64)) {
+				r->boundary = true;
+				r->b_cbit = (r->run_coff + (uint64_t)(r->in - r->run)) * 8 -
+					    (uint64_t)(r->z.data_type & 7);
+				r->b_uoff = r->pos + produced;
+				r->b_member_out = r->member_out;
+			}
 			if (zr == Z_STREAM_END) {
 				zr = next_member(r);
 				if (zr && produced < len)
@@ -471,12 +526,16 @@ int blob_stream_frame_decode(struct blob_stream_reader *r,
 		return 0;
 	}
 	pt = point_at(s, c->coff);
-	if (!pt || c->coff < run_coff || c->coff - run_coff >= run_len)
+	if (!pt)
 		return frame_bad(s, c, "no resume point there");
 	start = pt->uoff + c->frame_skip;
 	/* Go on from the frame before when it stopped between point and frame. */
 	if (!r->active || r->pos < pt->uoff || r->pos > start ||
 	    r->in_end != run + run_len) {
+		if (c->coff < run_coff || c->coff - run_coff >= run_len)
+			return frame_bad(s, c, "no resume point in the bytes read");
+		r->run = run;
+		r->run_coff = run_coff;
 		r->in_end = run + run_len;
 		r->active = false;
 		ret = start_at(r, s, pt, run + (c->coff - run_coff));
@@ -497,6 +556,143 @@ int blob_stream_frame_decode(struct blob_stream_reader *r,
 fail:
 	r->active = false;
 	return ret == -EFSCORRUPTED ? frame_bad(s, c, "does not decode") : ret;
+}
+
+/* ------------------------------------------------------------------ */
+/* Points learned while decoding                                       */
+/* ------------------------------------------------------------------ */
+
+/*
+ * A mount's reads of a stream blob decode from its resume points; each
+ * run also passes block boundaries, and the last one is kept here (in
+ * memory, this process only) as a point of its own: a later read of the
+ * same span fetches from there rather than from the span's start again.
+ * A boundary is where the decoder truly was and its window the bytes it
+ * decoded, so a learned point is as good as a recorded one: a wrong
+ * layer byte breaks every chunk after it either way.
+ */
+#define LEARNED_MAX 64u
+/* A learned point this close after another point adds little. */
+#define LEARNED_MIN_GAP (64u << 10)
+
+struct learned_point {
+	uint64_t cbit, uoff;
+	uint32_t window_len;
+	uint64_t used; /* clock of its last use */
+	uint8_t window[BLOB_STREAM_WINDOW];
+};
+
+struct blob_stream_learned {
+	pthread_mutex_t lock;
+	struct learned_point *pts; /* LEARNED_MAX, in no order */
+	uint32_t nr;
+	uint64_t clock;
+};
+
+int blob_stream_learned_new(struct blob_stream_learned **out)
+{
+	struct blob_stream_learned *l = calloc(1, sizeof(*l));
+
+	if (!l || !(l->pts = calloc(LEARNED_MAX, sizeof(*l->pts)))) {
+		free(l);
+		return -ENOMEM;
+	}
+	pthread_mutex_init(&l->lock, NULL);
+	*out = l;
+	return 0;
+}
+
+void blob_stream_learned_free(struct blob_stream_learned *l)
+{
+	if (!l)
+		return;
+	pthread_mutex_destroy(&l->lock);
+	free(l->pts);
+	free(l);
+}
+
+bool blob_stream_learned_find(struct blob_stream_learned *l, const struct blob_stream *s,
+			      const struct blob_chunk *c, struct blob_stream_point *pt,
+			      uint8_t window[BLOB_STREAM_WINDOW])
+{
+	const struct blob_stream_point *sp = point_at(s, c->coff);
+	struct learned_point *best = NULL;
+	uint64_t start;
+	uint32_t i;
+
+	if (!l || !sp)
+		return false;
+	start = sp->uoff + c->frame_skip;
+	pthread_mutex_lock(&l->lock);
+	for (i = 0; i < l->nr; i++) {
+		struct learned_point *p = &l->pts[i];
+
+		if (p->uoff > sp->uoff && p->uoff <= start && (!best || p->uoff > best->uoff))
+			best = p;
+	}
+	if (best) {
+		best->used = ++l->clock;
+		*pt = (struct blob_stream_point){ .cbit = best->cbit, .uoff = best->uoff,
+						  .window_len = best->window_len,
+						  .window_clen = best->window_len,
+						  .window = window };
+		memcpy(window, best->window, best->window_len);
+	}
+	pthread_mutex_unlock(&l->lock);
+	return best;
+}
+
+int blob_stream_reader_begin(struct blob_stream_reader *r, const struct blob_stream *s,
+			     const struct blob_stream_point *pt, const uint8_t *run,
+			     uint64_t run_coff, size_t run_len)
+{
+	int ret;
+
+	if (pt->cbit / 8 < run_coff || pt->cbit / 8 - run_coff >= run_len)
+		return -EINVAL;
+	r->run = run;
+	r->run_coff = run_coff;
+	r->in_end = run + run_len;
+	ret = start_at(r, s, pt, run + (pt->cbit / 8 - run_coff));
+	r->active = !ret;
+	return ret;
+}
+
+void blob_stream_reader_learn(struct blob_stream_reader *r, const struct blob_stream *s,
+			      struct blob_stream_learned *l)
+{
+	struct learned_point *p;
+	uint32_t i, wlen;
+
+	if (!l || !r->boundary || r->pos - r->b_uoff > RING - BLOB_STREAM_WINDOW)
+		return;
+	wlen = s->format == BLOB_STREAM_GZIP ?
+	       (uint32_t)MIN(r->b_member_out, (uint64_t)BLOB_STREAM_WINDOW) : 0;
+	/* Not near a recorded point (one at or before it within the gap). */
+	for (i = s->nr_points; i-- > 0 && s->points[i].uoff > r->b_uoff;)
+		;
+	if (i < s->nr_points && r->b_uoff - s->points[i].uoff < LEARNED_MIN_GAP)
+		return;
+	pthread_mutex_lock(&l->lock);
+	for (i = 0; i < l->nr; i++)
+		if (l->pts[i].uoff <= r->b_uoff && r->b_uoff - l->pts[i].uoff < LEARNED_MIN_GAP)
+			goto out;
+	if (l->nr < LEARNED_MAX) {
+		p = &l->pts[l->nr++];
+	} else {
+		p = &l->pts[0];
+		for (i = 1; i < l->nr; i++)
+			if (l->pts[i].used < p->used)
+				p = &l->pts[i];
+	}
+	p->cbit = r->b_cbit;
+	p->uoff = r->b_uoff;
+	p->window_len = wlen;
+	p->used = ++l->clock;
+	for (i = 0; i < wlen; i++)
+		p->window[i] = r->ring[(r->b_uoff - wlen + i) % RING];
+out:
+	pthread_mutex_unlock(&l->lock);
 }
 
 /* ------------------------------------------------------------------ */
