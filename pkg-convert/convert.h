@@ -143,7 +143,13 @@ int convert_run(const char *source, const char *dest,
  * frame), is refused with -ENOTSUP: convert such images instead.
  * stats->manifest_digest is the index's.
  */
-#define CONVERT_DEFAULT_SPAN (1u << 20)
+/*
+ * The span: the index grows ~12 KiB per point (a zstd-compressed window),
+ * and a cold read fetches the span's bytes before what it wants. At
+ * 768 KiB the index of Debian minbase is 2.54% of its layer (1 MiB:
+ * 2.06%, 640 KiB: 2.99%); docs/PERFORMANCE.md has the cold starts.
+ */
+#define CONVERT_DEFAULT_SPAN (768u << 10)
 int convert_index(const char *image, const struct convert_opts *opts,
 		  struct convert_stats *stats);
 

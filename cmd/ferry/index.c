@@ -32,7 +32,7 @@ static void index_help(void)
 	       "refused: convert such images (ferry convert).\n\n"
 	       "Options:\n"
 	       "  --span N           compressed bytes between resume points of gzip\n"
-	       "                     layers (default 1M; the next deflate block\n"
+	       "                     layers (default 768K; the next deflate block\n"
 	       "                     boundary; zstd layers resume at frames): the\n"
 	       "                     index grows ~12 KiB per point, a cold read\n"
 	       "                     fetches about N more\n"
