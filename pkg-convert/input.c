@@ -798,8 +798,12 @@ static int input_start(struct input_stream *in, const uint8_t *sha256)
 	if (!in->buf)
 		return -ENOMEM;
 	in->next = in->buf;
-	/* Pipes may return less than the longest magic (6 bytes) at first. */
-	while (in->avail < 6 && !in->eof) {
+	/*
+	 * Pipes may return less than the longest magic (6 bytes) at first;
+	 * the whole first buffer, so that a registry's stream is cut into
+	 * the same buffers as a file (what `ferry index` finds depends on it).
+	 */
+	while (in->avail < INPUT_BUF_SIZE && !in->eof) {
 		ssize_t n = raw_read(in, in->buf + in->avail,
 				     INPUT_BUF_SIZE - in->avail);
 
