@@ -1348,10 +1348,21 @@ int blob_cache_ensure(struct blob_cache_blob *b, uint64_t uoff, uint64_t len,
 		bool waiting = false;
 
 		nr = 0;
+		uint64_t busy_point = UINT64_MAX;
+
 		for (fr = fa; fr <= fb && claimed_bytes < CLAIM_MAX; fr++) {
+			uint64_t coff = info->chunks[b->frames[fr].first].coff;
+
 			if (!frame_needed(b, &f, fr))
 				continue;
-			if (b->inflight[fr]) {
+			/*
+			 * A stream blob's frames after one of the same resume
+			 * point in flight wait for it: then they start from the
+			 * point its fill learned, not the span's start again.
+			 */
+			if (b->inflight[fr] || (b->learned && coff == busy_point)) {
+				if (b->inflight[fr])
+					busy_point = coff;
 				waiting = true;
 				continue;
 			}

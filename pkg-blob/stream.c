@@ -310,12 +310,8 @@ fail:
 /* Decoding frames                                                     */
 /* ------------------------------------------------------------------ */
 
-/*
- * The decoded bytes a reader keeps (circular): enough for the window of
- * the last block boundary it passed, when that is at most RING - WINDOW
- * before where it stopped (deflate blocks are tens of KiB).
- */
-#define RING (4 * BLOB_STREAM_WINDOW)
+/* The decoded bytes a reader keeps (circular): a window at each boundary. */
+#define RING (2 * BLOB_STREAM_WINDOW)
 
 struct blob_stream_reader {
 	z_stream z;
@@ -332,7 +328,9 @@ struct blob_stream_reader {
 	uint64_t member_out; /* decoded bytes of the current gzip member */
 	/* The last place passed where decoding can resume, to learn. */
 	bool boundary;
-	uint64_t b_cbit, b_uoff, b_member_out;
+	uint64_t b_cbit, b_uoff;
+	uint32_t b_window_len;
+	uint8_t b_window[BLOB_STREAM_WINDOW]; /* its window, copied there */
 	uint8_t ring[RING]; /* the last decoded bytes: ring[pos % RING] next */
 	uint8_t window[BLOB_STREAM_WINDOW];
 	uint8_t skip[SKIP_BUF];
@@ -450,6 +448,20 @@ static int next_member(struct blob_stream_reader *r)
 	return inflateReset2(&r->z, 15 + 16) == Z_OK ? 0 : -EINVAL;
 }
 
+/* A boundary at @cbit, decoded offset @uoff (its bytes in the ring). */
+static void note_boundary(struct blob_stream_reader *r, uint64_t cbit, uint64_t uoff,
+			  uint32_t wlen)
+{
+	uint32_t i;
+
+	r->boundary = true;
+	r->b_cbit = cbit;
+	r->b_uoff = uoff;
+	r->b_window_len = wlen;
+	for (i = 0; i < wlen; i++)
+		r->b_window[i] = r->ring[(uoff - wlen + i) % RING];
+}
+
 /* Decode exactly @len bytes into @out (advancing pos). */
 static int decode_some(struct blob_stream_reader *r, const struct blob_stream *s,
 		       uint8_t *out, size_t len)
@@ -468,12 +480,9 @@ static int decode_some(struct blob_stream_reader *r, const struct blob_stream *s
 			produced = ob.pos;
 			if (!produced && !ib.pos)
 				return -EFSCORRUPTED; /* input ends early */
-			if (!zr) { /* a frame ended: the next one decodes alone */
-				r->boundary = true;
-				r->b_cbit = (r->run_coff + (uint64_t)(r->in - r->run)) * 8;
-				r->b_uoff = r->pos + produced;
-				r->b_member_out = 0;
-			}
+			if (!zr) /* a frame ended: the next one decodes alone */
+				note_boundary(r, (r->run_coff + (uint64_t)(r->in - r->run)) * 8,
+					      r->pos + produced, 0);
 		} else {
 			int zr;
 
@@ -487,13 +496,12 @@ static int decode_some(struct blob_stream_reader *r, const struct blob_stream *s
 			r->in = r->z.next_in;
 			ring_put(r, out, produced);
 			r->member_out += produced;
-			if (zr == Z_OK && (r->z.data_type & 128) && !(r->z.data_type & 64)) {
-				r->boundary = true;
-				r->b_cbit = (r->run_coff + (uint64_t)(r->in - r->run)) * 8 -
-					    (uint64_t)(r->z.data_type & 7);
-				r->b_uoff = r->pos + produced;
-				r->b_member_out = r->member_out;
-			}
+			if (zr == Z_OK && (r->z.data_type & 128) && !(r->z.data_type & 64))
+				note_boundary(r, (r->run_coff + (uint64_t)(r->in - r->run)) * 8 -
+						 (uint64_t)(r->z.data_type & 7),
+					      r->pos + produced,
+					      (uint32_t)MIN(r->member_out,
+							    (uint64_t)BLOB_STREAM_WINDOW));
 			if (zr == Z_STREAM_END) {
 				zr = next_member(r);
 				if (zr && produced < len)
@@ -662,12 +670,10 @@ void blob_stream_reader_learn(struct blob_stream_reader *r, const struct blob_st
 			      struct blob_stream_learned *l)
 {
 	struct learned_point *p;
-	uint32_t i, wlen;
+	uint32_t i;
 
-	if (!l || !r->boundary || r->pos - r->b_uoff > RING - BLOB_STREAM_WINDOW)
+	if (!l || !r->boundary)
 		return;
-	wlen = s->format == BLOB_STREAM_GZIP ?
-	       (uint32_t)MIN(r->b_member_out, (uint64_t)BLOB_STREAM_WINDOW) : 0;
 	/* Not near a recorded point (one at or before it within the gap). */
 	for (i = s->nr_points; i-- > 0 && s->points[i].uoff > r->b_uoff;)
 		;
@@ -687,10 +693,9 @@ void blob_stream_reader_learn(struct blob_stream_reader *r, const struct blob_st
 	}
 	p->cbit = r->b_cbit;
 	p->uoff = r->b_uoff;
-	p->window_len = wlen;
+	p->window_len = r->b_window_len;
 	p->used = ++l->clock;
-	for (i = 0; i < wlen; i++)
-		p->window[i] = r->ring[(r->b_uoff - wlen + i) % RING];
+	memcpy(p->window, r->b_window, r->b_window_len);
 out:
 	pthread_mutex_unlock(&l->lock);
 }
