@@ -86,7 +86,7 @@ check_fails "a zstd layer of one frame: ferry index refuses it" "convert the ima
 
 # --- a flipped byte in a layer ---------------------------------------------------
 D=$SCRATCH/damaged
-cp -al "$FIX" "$D" && "$FERRY" index -q "oci:$D:edit" || e2e_done
+{ cp -al "$FIX" "$D" && "$FERRY" index -q "oci:$D:edit"; } || e2e_done
 top=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["layers"][-1]["digest"][7:])' \
 	"$D/blobs/sha256/${edit#sha256:}")
 blob=$D/blobs/sha256/$top
