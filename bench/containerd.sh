@@ -44,7 +44,7 @@ bench_image big
 "$top/contrib/containerd/go.sh" build -o "$work/ferry-snapshotter"
 "$top/contrib/containerd/go.sh" --pkg tests/tools/cripull build -o "$work/cripull"
 
-ctd_configs "$ctd" "$ctd/snapshotter" "$fd_sock" "$work/cache" "$mode"
+ctd_configs "$ctd" "$ctd/snapshotter" "$fd_sock" "$work/cache" "$mode" "\"pullers\": {\"$ns\": \"cri\"}"
 containerd --config "$ctd/config.toml" >"$ctd/containerd.log" 2>&1 &
 ctd_pid=$!
 ctd_wait_sock "$ctd/containerd.sock" "$ctd_pid" 30

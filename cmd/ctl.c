@@ -92,6 +92,9 @@ static int get_pid(struct json_object *o, const char *key, bool required, int *o
 #define OPT_UINT(key, opt, f, max) { key, opt, CTL_OPT_UINT, FETCH_FIELD(f, unsigned int), max, 0 }
 #define OPT_STRS(key, opt, f, max, items)                                      \
 	{ key, opt, CTL_OPT_STRS, FETCH_FIELD(f, const char *const *), max, items }
+#define OPT_HOSTS(key, opt, f, items)                                          \
+	{ key, opt, CTL_OPT_HOSTS, FETCH_FIELD(f, const struct fetch_host *const *), \
+	  FETCH_HOST_URL_MAX, items }
 
 const struct ctl_fetch_opt ctl_fetch_opts[CTL_NR_FETCH_OPTS] = {
 	OPT_STR("creds", "creds", creds, FETCH_CREDS_MAX),
@@ -99,12 +102,152 @@ const struct ctl_fetch_opt ctl_fetch_opts[CTL_NR_FETCH_OPTS] = {
 	OPT_BOOL("tlsVerify", "tls-verify", tls_verify),
 	OPT_STR("caFile", "ca-file", ca_file, PATH_MAX - 1),
 	OPT_STRS("insecure", "insecure-registry", insecure, 1024, CTL_HOSTS_MAX),
-	OPT_STRS("mirrors", "registry-mirror", mirrors, 4096, CTL_HOSTS_MAX),
+	OPT_HOSTS("hosts", "registry-hosts", hosts, CTL_HOSTS_MAX),
 	OPT_STRS("resolve", "resolve", resolve, 1024, CTL_HOSTS_MAX),
 	OPT_UINT("retries", "retries", retries, 100),
 	OPT_UINT("stallTimeoutMs", "stall-timeout", stall_timeout_ms, 3600000),
 	OPT_UINT("requestTimeoutMs", "request-timeout", request_timeout_ms, 3600000),
 };
+
+static const char *const host_caps[] = { "pull", "resolve", "push" };
+
+static struct json_object *host_to_json(const struct fetch_host *h)
+{
+	struct json_object *o = json_object_new_object(), *caps;
+	bool ok = true;
+	size_t i;
+
+	if (!o)
+		return NULL;
+	ok &= json_add_str(o, "registry", h->registry);
+	ok &= json_add_str(o, "url", h->url);
+	if (h->capabilities) {
+		caps = json_object_new_array();
+		ok &= json_add(o, "capabilities", caps);
+		for (i = 0; ok && i < ARRAY_SIZE(host_caps); i++)
+			if (h->capabilities & fetch_host_capability(host_caps[i]))
+				ok &= !json_object_array_add(caps,
+					json_object_new_string(host_caps[i]));
+	}
+	ok &= json_add(o, "server", json_object_new_boolean(h->server));
+	ok &= json_add(o, "skipVerify", json_object_new_boolean(h->skip_verify));
+	ok &= json_add(o, "overridePath", json_object_new_boolean(h->override_path));
+	if (h->ca_files)
+		ok &= json_add(o, "ca", json_str_array(h->ca_files, SIZE_MAX));
+	ok &= json_add_str(o, "clientCert", h->client_cert);
+	ok &= json_add_str(o, "clientKey", h->client_key);
+	if (h->headers)
+		ok &= json_add(o, "headers", json_str_array(h->headers, SIZE_MAX));
+	return json_done(o, ok);
+}
+
+struct json_object *ctl_hosts_to_json(const struct fetch_host *const *hosts)
+{
+	struct json_object *a = json_object_new_array();
+	bool ok = a != NULL;
+
+	for (; ok && hosts && *hosts; hosts++) {
+		struct json_object *h = host_to_json(*hosts);
+
+		ok = h && !json_object_array_add(a, h);
+		if (!ok)
+			json_object_put(h);
+	}
+	return json_done(a, ok);
+}
+
+void ctl_hosts_free(const struct fetch_host *const *hosts)
+{
+	const struct fetch_host *const *p;
+
+	for (p = hosts; p && *p; p++) {
+		free((void *)(*p)->ca_files);
+		free((void *)(*p)->headers);
+		free((void *)*p);
+	}
+	free((void *)hosts);
+}
+
+static int host_parse(struct json_object *o, struct fetch_host *h, char *err,
+		      size_t errlen)
+{
+	const char **list = NULL;
+	size_t n, i;
+	int ret;
+
+	if (!json_object_is_type(o, json_type_object))
+		return json_bad(err, errlen, "\"hosts\": expected objects");
+	ret = json_read_str(o, "registry", 1024, true, &h->registry, err, errlen);
+	if (!ret)
+		ret = json_read_str(o, "url", FETCH_HOST_URL_MAX, true, &h->url, err,
+				    errlen);
+	if (!ret)
+		ret = json_read_strs(o, "capabilities", ARRAY_SIZE(host_caps), 16,
+				     &list, &n, err, errlen);
+	for (i = 0; !ret && list[i]; i++) {
+		if (!fetch_host_capability(list[i]))
+			ret = json_bad(err, errlen, "\"capabilities\": \"%s\" is not "
+				       "pull, resolve or push", list[i]);
+		h->capabilities |= fetch_host_capability(list[i]);
+	}
+	free(list);
+	if (!ret)
+		ret = json_read_bool(o, "server", &h->server, err, errlen);
+	if (!ret)
+		ret = json_read_bool(o, "skipVerify", &h->skip_verify, err, errlen);
+	if (!ret)
+		ret = json_read_bool(o, "overridePath", &h->override_path, err, errlen);
+	if (!ret)
+		ret = json_read_strs(o, "ca", FETCH_HOST_CA_MAX, PATH_MAX - 1,
+				     (const char ***)&h->ca_files, &n, err, errlen);
+	if (!ret)
+		ret = json_read_str(o, "clientCert", PATH_MAX - 1, false,
+				    &h->client_cert, err, errlen);
+	if (!ret)
+		ret = json_read_str(o, "clientKey", PATH_MAX - 1, false,
+				    &h->client_key, err, errlen);
+	if (!ret)
+		ret = json_read_strs(o, "headers", FETCH_HOST_HEADERS_MAX, 8192,
+				     (const char ***)&h->headers, &n, err, errlen);
+	if (!ret && fetch_check_host(h, err, errlen))
+		ret = -EINVAL;
+	return ret;
+}
+
+int ctl_hosts_parse(struct json_object *arr, const struct fetch_host *const **out,
+		    char *err, size_t errlen)
+{
+	const struct fetch_host **hosts;
+	size_t n = 0, i;
+	int ret = 0;
+
+	*out = NULL;
+	if (arr && !json_object_is_type(arr, json_type_array))
+		return json_bad(err, errlen, "\"hosts\": expected an array");
+	if (arr)
+		n = json_object_array_length(arr);
+	if (n > CTL_HOSTS_MAX)
+		return json_bad(err, errlen, "\"hosts\": more than %u", CTL_HOSTS_MAX);
+	hosts = calloc(n + 1, sizeof(*hosts));
+	if (!hosts)
+		return -ENOMEM;
+	for (i = 0; !ret && i < n; i++) {
+		struct fetch_host *h = calloc(1, sizeof(*h));
+
+		if (!h) {
+			ret = -ENOMEM;
+			break;
+		}
+		hosts[i] = h;
+		ret = host_parse(json_object_array_get_idx(arr, i), h, err, errlen);
+	}
+	if (ret) {
+		ctl_hosts_free(hosts);
+		return ret;
+	}
+	*out = hosts;
+	return 0;
+}
 
 static struct json_object *fetch_to_json(const struct fetch_opts *f)
 {
@@ -129,6 +272,10 @@ static struct json_object *fetch_to_json(const struct fetch_opts *f)
 			break;
 		case CTL_OPT_STRS:
 			ok &= json_add(o, opt->key, json_str_array(*(const char *const *const *)p, SIZE_MAX));
+			break;
+		case CTL_OPT_HOSTS:
+			ok &= json_add(o, opt->key, ctl_hosts_to_json(
+				*(const struct fetch_host *const *const *)p));
 			break;
 		}
 	}
@@ -166,6 +313,11 @@ static int fetch_parse(struct json_object *o, struct fetch_opts *f, char *err,
 					     &list, &n, err, errlen);
 			*(const char *const **)p = list;
 			break;
+		case CTL_OPT_HOSTS:
+			ret = ctl_hosts_parse(json_field(o, opt->key),
+					      (const struct fetch_host *const **)p,
+					      err, errlen);
+			break;
 		}
 	}
 	return ret;
@@ -178,6 +330,9 @@ static void fetch_free_lists(struct fetch_opts *f)
 	for (opt = ctl_fetch_opts; opt < ctl_fetch_opts + CTL_NR_FETCH_OPTS; opt++)
 		if (opt->type == CTL_OPT_STRS)
 			free((void *)*(const char *const *const *)((char *)f + opt->offset));
+		else if (opt->type == CTL_OPT_HOSTS)
+			ctl_hosts_free(*(const struct fetch_host *const *const *)
+					       ((char *)f + opt->offset));
 }
 
 /* ------------------------------------------------------------------ */
@@ -308,6 +463,8 @@ struct json_object *ctl_umount_req_to_json(const struct ctl_umount_req *r)
 	ok = json_add_str(o, "op", op_names[CTL_OP_UMOUNT]);
 	ok &= json_add_str(o, "mountpoint", r->mountpoint);
 	ok &= json_add(o, "lazy", json_object_new_boolean(r->lazy));
+	if (r->release)
+		ok &= json_add(o, "release", json_object_new_boolean(true));
 	return json_done(o, ok);
 }
 
@@ -320,6 +477,8 @@ int ctl_umount_req_parse(struct json_object *o, struct ctl_umount_req *r,
 	ret = json_read_abspath(o, "mountpoint", &r->mountpoint, err, errlen);
 	if (!ret)
 		ret = json_read_bool(o, "lazy", &r->lazy, err, errlen);
+	if (!ret)
+		ret = json_read_bool(o, "release", &r->release, err, errlen);
 	return ret;
 }
 
@@ -433,8 +592,30 @@ static int want_ok(struct json_object *o, char *err, size_t errlen)
 struct json_object *ctl_mount_reply_to_json(const struct ctl_mount_reply *r)
 {
 	struct json_object *o = ctl_reply_to_json(&(struct ctl_reply){ 0 });
+	bool ok;
 
-	return o ? json_done(o, json_add(o, "pid", json_object_new_int(r->pid))) : NULL;
+	if (!o)
+		return NULL;
+	ok = json_add(o, "pid", json_object_new_int(r->pid));
+	if (r->image_digest[0])
+		ok &= json_add_str(o, "imageDigest", r->image_digest);
+	if (r->bootstrap_digest[0])
+		ok &= json_add_str(o, "bootstrapDigest", r->bootstrap_digest);
+	return json_done(o, ok);
+}
+
+/* An optional "sha256:<hex>" field into @out ("" when absent). */
+static int get_digest(struct json_object *o, const char *key,
+		      char out[DIGEST_STRING_SIZE], char *err, size_t errlen)
+{
+	const char *s = NULL;
+	int ret = json_read_str(o, key, DIGEST_STRING_SIZE - 1, false, &s, err, errlen);
+
+	if (!ret && s && digest_parse(s, (uint8_t[32]){ 0 }))
+		return json_bad(err, errlen, "\"%s\" is not a sha256 digest", key);
+	if (!ret && s)
+		snprintf(out, DIGEST_STRING_SIZE, "%s", s);
+	return ret;
 }
 
 int ctl_mount_reply_parse(struct json_object *o, struct ctl_mount_reply *r,
@@ -445,6 +626,10 @@ int ctl_mount_reply_parse(struct json_object *o, struct ctl_mount_reply *r,
 	memset(r, 0, sizeof(*r));
 	if (!ret)
 		ret = get_pid(o, "pid", true, &r->pid, err, errlen);
+	if (!ret)
+		ret = get_digest(o, "imageDigest", r->image_digest, err, errlen);
+	if (!ret)
+		ret = get_digest(o, "bootstrapDigest", r->bootstrap_digest, err, errlen);
 	return proto(ret);
 }
 

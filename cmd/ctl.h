@@ -26,12 +26,19 @@
  *    "record":ABS (fuse: append each file read for the first time to
  *                 this prefetch list; absent: none),
  *    "fetch":{"creds":S,"authfile":S,"tlsVerify":BOOL,"caFile":S,
- *             "insecure":[S...],"mirrors":[S...],"resolve":[S...],
+ *             "insecure":[S...],"hosts":[HOST...] (ctl_hosts_parse),
+ *             "resolve":[S...],
  *             "retries":N,"stallTimeoutMs":N,
  *             "requestTimeoutMs":N}}                (ctl_fetch_opts[])
  *       answered once the mount is live
- *       → {"ok":true,"pid":N}                       (ctl_mount_reply)
- *   {"op":"umount","mountpoint":ABS,"lazy":BOOL}
+ *       → {"ok":true,"pid":N,"imageDigest":D,"bootstrapDigest":D}
+ *         (ctl_mount_reply: the digests of what is mounted, each checked:
+ *         the manifest's (the bootstrap's for dir:), the raw bootstrap's,
+ *         absent for native EROFS layers)
+ *   {"op":"umount","mountpoint":ABS,"lazy":BOOL,
+ *    "release":BOOL (then forget the image's record in its cache, so
+ *                    that gc may reclaim its blobs, unless another mount
+ *                    of this ferryd serves that image from that cache)}
  *       answered once the mount is torn down (a few seconds at most)
  *       → {"ok":true}
  *   {"op":"list"}  → {"ok":true,"pid":N,"version":S,"socket":S,"mounts":
@@ -105,6 +112,7 @@ enum ctl_opt_type {
 	CTL_OPT_BOOL, /* bool */
 	CTL_OPT_UINT, /* unsigned int */
 	CTL_OPT_STRS, /* const char *const *, NULL-terminated */
+	CTL_OPT_HOSTS, /* const struct fetch_host *const *, NULL-terminated */
 };
 
 /*
@@ -124,6 +132,23 @@ struct ctl_fetch_opt {
 };
 #define CTL_NR_FETCH_OPTS 10
 extern const struct ctl_fetch_opt ctl_fetch_opts[CTL_NR_FETCH_OPTS];
+
+/*
+ * fetch_opts.hosts as JSON (the "hosts" of a request's "fetch", and the
+ * file of ferry's --registry-hosts): an array of at most CTL_HOSTS_MAX
+ *   {"registry":"docker.io","url":"https://mirror.example:5000",
+ *    "capabilities":["pull","resolve"] (absent: all),"server":BOOL,
+ *    "skipVerify":BOOL,"overridePath":BOOL,"ca":[ABS...],
+ *    "clientCert":ABS,"clientKey":ABS,"headers":["Name: value"...]}
+ * — containerd's hosts.toml, one object per [host."URL"] table (and one
+ * with "server":true for its "server"), in the file's order. Parsed hosts
+ * borrow their strings from @arr and are checked (fetch_check_host);
+ * ctl_hosts_free releases what the parser allocated.
+ */
+struct json_object *ctl_hosts_to_json(const struct fetch_host *const *hosts);
+int ctl_hosts_parse(struct json_object *arr, const struct fetch_host *const **out,
+		    char *err, size_t errlen);
+void ctl_hosts_free(const struct fetch_host *const *hosts);
 
 /* ------------------------------------------------------------------ */
 /* Requests                                                            */
@@ -177,6 +202,7 @@ void ctl_mount_req_free(struct ctl_mount_req *r);
 struct ctl_umount_req {
 	const char *mountpoint; /* absolute */
 	bool lazy;
+	bool release; /* forget the image's record once no mount serves it */
 };
 struct json_object *ctl_umount_req_to_json(const struct ctl_umount_req *r);
 int ctl_umount_req_parse(struct json_object *o, struct ctl_umount_req *r,
@@ -219,6 +245,9 @@ int ctl_reply_parse(struct json_object *o, struct ctl_reply *r,
 /* The ok answers that say more (their parsers want "ok":true). */
 struct ctl_mount_reply {
 	int pid; /* ferryd's */
+	/* "sha256:<hex>" of what is mounted (checked), or "" (not known) */
+	char image_digest[DIGEST_STRING_SIZE];
+	char bootstrap_digest[DIGEST_STRING_SIZE];
 };
 struct json_object *ctl_mount_reply_to_json(const struct ctl_mount_reply *r);
 int ctl_mount_reply_parse(struct json_object *o, struct ctl_mount_reply *r,
@@ -295,8 +324,6 @@ int ctl_client_mount(const char *socket_path, const struct ctl_mount_req *req,
 int ctl_client_umount(const char *socket_path, const struct ctl_umount_req *req,
 		      char *msg, size_t msglen);
 int ctl_client_list(const char *socket_path, struct ctl_list_reply *rep,
-		    char *msg, size_t msglen);
-int ctl_client_ping(const char *socket_path, struct ctl_ping_reply *rep,
 		    char *msg, size_t msglen);
 /* Shutdown (as SIGTERM): ferryd unmounts everything and exits. */
 int ctl_client_shutdown(const char *socket_path, char *msg, size_t msglen);

@@ -240,22 +240,6 @@ int ctl_client_list(const char *socket_path, struct ctl_list_reply *rep,
 	return parsed(ret, why, msg, msglen);
 }
 
-int ctl_client_ping(const char *socket_path, struct ctl_ping_reply *rep,
-		    char *msg, size_t msglen)
-{
-	struct json_object *resp;
-	char why[256];
-	int ret;
-
-	ret = call(socket_path, false, ctl_op_req_to_json(CTL_OP_PING), CTL_TIMEOUT_MS,
-		   &resp, msg, msglen);
-	if (ret)
-		return ret;
-	ret = ctl_ping_reply_parse(resp, rep, why, sizeof(why));
-	json_object_put(resp);
-	return parsed(ret, why, msg, msglen);
-}
-
 /* A request that is only its op, answered with ok or an error. */
 static int call_op(const char *socket_path, enum ctl_op op, char *msg, size_t msglen)
 {

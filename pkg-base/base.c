@@ -184,7 +184,7 @@ void hex_encode(const uint8_t *in, size_t len, char *out)
 	out[2 * len] = '\0';
 }
 
-static int hex_value(char c)
+int hex_digit(char c)
 {
 	if (c >= '0' && c <= '9')
 		return c - '0';
@@ -200,11 +200,11 @@ int hex_decode(const char *in, uint8_t *out, size_t len)
 	size_t i;
 
 	for (i = 0; i < len; i++) {
-		int hi = hex_value(in[2 * i]), lo;
+		int hi = hex_digit(in[2 * i]), lo;
 
 		if (hi < 0)
 			return -EINVAL;
-		lo = hex_value(in[2 * i + 1]);
+		lo = hex_digit(in[2 * i + 1]);
 		if (lo < 0)
 			return -EINVAL;
 		out[i] = (uint8_t)(hi << 4 | lo);
@@ -323,14 +323,19 @@ void digest_format(const uint8_t d[32], char out[DIGEST_STRING_SIZE])
 
 int digest_parse(const char *s, uint8_t out[32])
 {
+	if (!s || strncmp(s, "sha256:", 7) || strlen(s) != 7 + 64 || !hex_is_lower(s + 7, 64))
+		return -EINVAL;
+	return hex_decode(s + 7, out, 32);
+}
+
+bool hex_is_lower(const char *s, size_t len)
+{
 	size_t i;
 
-	if (!s || strncmp(s, "sha256:", 7) || strlen(s) != 7 + 64)
-		return -EINVAL;
-	for (i = 7; s[i]; i++)
+	for (i = 0; i < len; i++)
 		if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f')))
-			return -EINVAL;
-	return hex_decode(s + 7, out, 32);
+			return false;
+	return true;
 }
 
 bool mem_is_zero(const void *p, size_t len)

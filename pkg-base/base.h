@@ -95,6 +95,26 @@ void ferry_log(int level, const char *fmt, ...)
 #define ferry_info(...) ferry_log(FERRY_LOG_INFO, __VA_ARGS__)
 #define ferry_dbg(...) ferry_log(FERRY_LOG_DEBUG, __VA_ARGS__)
 
+/*
+ * The daemons' log (log.c: ferryd, its keepers): stderr becomes a line
+ * buffered stream that writes to descriptor 2, each line stamped with the
+ * time and pid when @timestamps (a log file), and prefixed with its syslog
+ * priority when descriptor 2 is systemd's journal (JOURNAL_STREAM). A
+ * thread may capture the error lines it logs meanwhile (without their
+ * "ferry: error: "), so that a failed request answers with the reason that
+ * was logged. 0 or -errno.
+ */
+int ferry_log_stream(bool timestamps);
+struct ferry_log_capture {
+	struct ferry_log_capture *prev;
+	char text[4096]; /* "; "-joined */
+	size_t len;
+	bool partial;    /* inside an error line */
+	bool skipping;   /* inside another line */
+};
+void ferry_log_capture_begin(struct ferry_log_capture *c);
+void ferry_log_capture_end(struct ferry_log_capture *c);
+
 /* strerror() for negative errnos, with EFSCORRUPTED spelled out. */
 const char *ferry_strerror(int negative_errno);
 
@@ -198,6 +218,10 @@ int array_reserve(void *arr, size_t *cap, size_t need, size_t elem_size,
 void hex_encode(const uint8_t *in, size_t len, char *out);
 /* Parse exactly 2 * len hex digits; returns 0 or -EINVAL. */
 int hex_decode(const char *in, uint8_t *out, size_t len);
+/* The value of hex digit @c (either case), or -1. */
+int hex_digit(char c);
+/* The @len characters at @s are lowercase hex digits (as hex_encode writes). */
+bool hex_is_lower(const char *s, size_t len);
 
 /* Parse "123", "4K", "1M", "1G" (binary units); -EINVAL on junk or overflow. */
 int parse_size(const char *s, uint64_t *out);
@@ -268,6 +292,8 @@ int base64_encode(const void *in, size_t len, char **out);
 
 /* mkdir -p with @mode for what it creates: 0 or -errno, logged. */
 int mkdir_p(const char *path, mode_t mode);
+/* fsync the directory @path (a rename or unlink in it made durable): 0 or -errno, logged. */
+int fsync_dir(const char *path);
 
 /*
  * A file that appears whole or not at all. atomic_file_create makes

@@ -42,6 +42,19 @@ int mkdir_p(const char *path, mode_t mode)
 	return ret;
 }
 
+int fsync_dir(const char *path)
+{
+	int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC), ret = 0;
+
+	if (fd < 0 || fsync(fd))
+		ret = -errno;
+	if (fd >= 0)
+		close(fd);
+	if (ret)
+		ferry_err("cannot sync the directory %s: %s", path, ferry_strerror(ret));
+	return ret;
+}
+
 int atomic_file_create(struct atomic_file *af, const char *dir,
 		       const char *name, mode_t mode)
 {

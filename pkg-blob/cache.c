@@ -27,8 +27,10 @@
  * frames claimed as in flight and, across processes, the map's users
  * byte write-locked: nobody else has the blob open then.
  *
- * Image records, listing and gc are in cache_gc.c: they share only the
- * file layout and the map header (internal.h) with the fill path here.
+ * Eviction of open blobs' frames is cache_evict.c; records, listing, gc,
+ * verify and the size limit are cache_records.c, cache_gc.c,
+ * cache_verify.c and cache_limit.c: they share only the file layout and
+ * the map header (internal.h) with the fill path here.
  */
 #include "internal.h"
 #include "../pkg-base/base.h"
@@ -50,48 +52,9 @@
 /* Opening retries while other handles replace or remove the files. */
 #define OPEN_ATTEMPTS 8
 
-struct frame {
-	uint32_t first; /* first chunk */
-	uint32_t count; /* chunks */
-};
-
-/*
- * One per blob and cache directory in a process, shared by every
- * blob_cache_open of it (refs): eviction clears marks in the one place
- * every reader of this process looks.
- */
-struct blob_cache_blob {
-	const struct blob_info *info; /* &own */
-	struct blob_info own;         /* a copy: openers' tables may go first */
-	struct blob_cache_blob *next; /* in the process's registry */
-	unsigned int refs;            /* under registry_lock */
-	pid_t pid;                    /* the opener: a child after fork opens its own */
-	bool kernel_reads;            /* atomic: see blob_cache_kernel_reads */
-	char hex[CACHE_HEX_LEN + 1];
-	char *dir_path;  /* DIR/blobs/sha256 */
-	char *data_path;
-	char *map_path;
-	int data_fd;
-	int map_fd;
-	uint32_t nr_frames;
-	struct frame *frames;
-	uint32_t *chunk_frame; /* frame of each chunk */
-	uint8_t *present;      /* per chunk, atomic, 0 -> 1 only */
-	uint32_t present_chunks; /* atomic */
-	uint64_t present_bytes;  /* atomic */
-	pthread_mutex_t lock;
-	pthread_cond_t done;     /* a frame stopped being in flight */
-	uint8_t *inflight;       /* per frame, under lock */
-	uint32_t *stamp;         /* per frame: last use, cache_clock_ms() */
-	uint64_t evicted;        /* atomic: uncompressed bytes evicted */
-	struct blob_stream_learned *learned; /* a stream blob's, else NULL */
-};
-
-/* Every open blob of this process: see cache_evict_open. */
-static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct blob_cache_blob *registry;
-/* Bytes of chunks this process made present, ever (blob_cache_filled). */
-static uint64_t filled_total;
+pthread_mutex_t cache_registry_lock = PTHREAD_MUTEX_INITIALIZER;
+struct blob_cache_blob *cache_registry;
+uint64_t cache_filled_total;
 
 /* Readers of the data files against eviction (blob_cache_read_begin). */
 static pthread_rwlock_t readers_lock;
@@ -120,19 +83,15 @@ void blob_cache_read_end(void)
 	pthread_rwlock_unlock(&readers_lock);
 }
 
-uint64_t blob_cache_filled(void)
+void cache_readers_exclude(void)
 {
-	return __atomic_load_n(&filled_total, __ATOMIC_RELAXED);
+	pthread_once(&readers_once, readers_init);
+	pthread_rwlock_wrlock(&readers_lock);
 }
 
-/* A coarse millisecond clock: stamping a read costs a vDSO call at most. */
-static uint32_t cache_clock_ms(void)
+uint64_t blob_cache_filled(void)
 {
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-	return (uint32_t)((uint64_t)ts.tv_sec * 1000 +
-			  (uint64_t)ts.tv_nsec / 1000000);
+	return __atomic_load_n(&cache_filled_total, __ATOMIC_RELAXED);
 }
 
 /*
@@ -395,7 +354,7 @@ static int index_frames(struct blob_cache_blob *b)
 		if (!c->frame_off) {
 			if (nf && !ends_frame(c - 1))
 				return bad_table(b, i - 1, "frame ends early");
-			b->frames[nf++] = (struct frame){ .first = i, .count = 1 };
+			b->frames[nf++] = (struct cache_frame){ .first = i, .count = 1 };
 		} else {
 			const struct blob_chunk *p = i ? c - 1 : NULL;
 
@@ -668,7 +627,7 @@ static struct blob_cache_blob *registry_get(const char *dir_path,
 {
 	struct blob_cache_blob *b;
 
-	for (b = registry; b; b = b->next)
+	for (b = cache_registry; b; b = b->next)
 		if (b->pid == getpid() && !strcmp(b->dir_path, dir_path) &&
 		    !memcmp(b->own.digest, info->digest, BLOB_DIGEST_SIZE) &&
 		    !memcmp(b->own.table_sha256, info->table_sha256,
@@ -716,17 +675,17 @@ int blob_cache_open(const char *cache_dir, const struct blob_info *info,
 	if (asprintf(&dir_path, "%s/" CACHE_BLOBS_DIR, cache_dir) < 0)
 		return -ENOMEM;
 	/* Held while the files open and their marks load: see evict_blob. */
-	pthread_mutex_lock(&registry_lock);
+	pthread_mutex_lock(&cache_registry_lock);
 	b = registry_get(dir_path, info);
 	if (b) {
-		pthread_mutex_unlock(&registry_lock);
+		pthread_mutex_unlock(&cache_registry_lock);
 		free(dir_path);
 		*out = b;
 		return 0;
 	}
 	b = calloc(1, sizeof(*b));
 	if (!b) {
-		pthread_mutex_unlock(&registry_lock);
+		pthread_mutex_unlock(&cache_registry_lock);
 		free(dir_path);
 		return -ENOMEM;
 	}
@@ -781,13 +740,13 @@ int blob_cache_open(const char *cache_dir, const struct blob_info *info,
 		goto fail;
 	b->refs = 1;
 	b->pid = getpid();
-	b->next = registry;
-	registry = b;
-	pthread_mutex_unlock(&registry_lock);
+	b->next = cache_registry;
+	cache_registry = b;
+	pthread_mutex_unlock(&cache_registry_lock);
 	*out = b;
 	return 0;
 fail:
-	pthread_mutex_unlock(&registry_lock);
+	pthread_mutex_unlock(&cache_registry_lock);
 	blob_free(b);
 	return ret;
 }
@@ -798,15 +757,15 @@ void blob_cache_close(struct blob_cache_blob *b)
 
 	if (!b)
 		return;
-	pthread_mutex_lock(&registry_lock);
+	pthread_mutex_lock(&cache_registry_lock);
 	if (--b->refs) {
-		pthread_mutex_unlock(&registry_lock);
+		pthread_mutex_unlock(&cache_registry_lock);
 		return;
 	}
-	for (p = &registry; *p != b; p = &(*p)->next)
+	for (p = &cache_registry; *p != b; p = &(*p)->next)
 		;
 	*p = b->next;
-	pthread_mutex_unlock(&registry_lock);
+	pthread_mutex_unlock(&cache_registry_lock);
 	blob_free(b);
 }
 
@@ -859,29 +818,6 @@ struct fill {
 	uint8_t start_window[BLOB_STREAM_WINDOW];
 };
 
-static void set_present(struct blob_cache_blob *b, uint32_t i)
-{
-	if (!__atomic_exchange_n(&b->present[i], 1, __ATOMIC_ACQ_REL)) {
-		__atomic_fetch_add(&b->present_chunks, 1, __ATOMIC_RELAXED);
-		__atomic_fetch_add(&b->present_bytes, b->info->chunks[i].usize,
-				   __ATOMIC_RELAXED);
-		__atomic_fetch_add(&filled_total, b->info->chunks[i].usize,
-				   __ATOMIC_RELAXED);
-	}
-}
-
-/* Uncompressed bytes no longer present, or 0 if chunk @i was not. */
-static uint32_t set_missing(struct blob_cache_blob *b, uint32_t i)
-{
-	uint32_t usize = b->info->chunks[i].usize;
-
-	if (!__atomic_exchange_n(&b->present[i], 0, __ATOMIC_ACQ_REL))
-		return 0;
-	__atomic_fetch_sub(&b->present_chunks, 1, __ATOMIC_RELAXED);
-	__atomic_fetch_sub(&b->present_bytes, usize, __ATOMIC_RELAXED);
-	return usize;
-}
-
 /* Does frame @fr hold a requested chunk that is missing? */
 static bool frame_needed(const struct blob_cache_blob *b,
 			 const struct fill *f, uint32_t fr)
@@ -918,7 +854,7 @@ static int refresh_marks(struct blob_cache_blob *b, struct fill *f,
 	f->c0 = c0;
 	for (i = 0; i < n; i++) {
 		if (f->marks[i] == CACHE_STATE_PRESENT)
-			set_present(b, c0 + i);
+			cache_set_present(b, c0 + i);
 		else if (blob_cache_chunk_present(b, c0 + i))
 			f->marks[i] = CACHE_STATE_PRESENT;
 		else
@@ -928,8 +864,7 @@ static int refresh_marks(struct blob_cache_blob *b, struct fill *f,
 }
 
 /* Lock or unlock the map bytes of chunks @c0 .. @c0 + @n - 1. */
-static int map_lock(struct blob_cache_blob *b, short type, uint32_t c0,
-		    uint32_t n)
+int cache_map_lock(struct blob_cache_blob *b, short type, uint32_t c0, uint32_t n)
 {
 	struct flock fl = {
 		.l_type = type,
@@ -1142,7 +1077,7 @@ static int fill_run(struct blob_cache_blob *b, struct fill *f, uint32_t fa,
 	/* ...and only then in memory. */
 	for (i = c0; i < c1; i++)
 		if (f->marks[i - f->c0] == CACHE_STATE_PRESENT)
-			set_present(b, i);
+			cache_set_present(b, i);
 	return err;
 }
 
@@ -1167,7 +1102,7 @@ static int fill_group(struct blob_cache_blob *b, struct fill *f, uint32_t fa,
 		;
 	if (fr > fb)
 		return 0;
-	ret = map_lock(b, F_WRLCK, c0, n);
+	ret = cache_map_lock(b, F_WRLCK, c0, n);
 	if (ret)
 		return ret;
 	ret = refresh_marks(b, f, c0, n);
@@ -1204,7 +1139,7 @@ static int fill_group(struct blob_cache_blob *b, struct fill *f, uint32_t fa,
 	}
 	ret = err;
 out:
-	err = map_lock(b, F_UNLCK, c0, n);
+	err = cache_map_lock(b, F_UNLCK, c0, n);
 	return ret ? ret : err;
 }
 
@@ -1399,268 +1334,6 @@ int blob_cache_ensure(struct blob_cache_blob *b, uint64_t uoff, uint64_t len,
 	return ret;
 }
 
-/* ------------------------------------------------------------------ */
-/* Eviction                                                            */
-/* ------------------------------------------------------------------ */
-
-/*
- * Frames younger than this stay: a reader that found them present may
- * still be reading. The kernel reads a fanotify mount's data files after
- * ferryd allowed the range, holding no lock of ours, so there the age
- * alone covers the gap between the answer and the read.
- */
-#define EVICT_MIN_AGE_MS 100u
-#define EVICT_KERNEL_AGE_MS 250u
-
-void blob_cache_kernel_reads(struct blob_cache_blob *b)
-{
-	__atomic_store_n(&b->kernel_reads, true, __ATOMIC_RELAXED);
-}
-
-static uint32_t min_age(const struct blob_cache_blob *b)
-{
-	return __atomic_load_n(&b->kernel_reads, __ATOMIC_RELAXED) ?
-	       EVICT_KERNEL_AGE_MS : EVICT_MIN_AGE_MS;
-}
-
-/* Used within min_age of @now (a stamp after @now counts as recent)? */
-static bool frame_recent(const struct blob_cache_blob *b, uint32_t fr,
-			 uint32_t now)
-{
-	int32_t age = (int32_t)(now - __atomic_load_n(&b->stamp[fr],
-						      __ATOMIC_RELAXED));
-
-	return age < (int32_t)min_age(b);
-}
-
-/* A frame's slots: from its first chunk to its last's 4 KiB end. */
-static void frame_span(const struct blob_cache_blob *b, uint32_t fr,
-		       uint64_t *start, uint64_t *len)
-{
-	const struct blob_chunk *first = &b->info->chunks[b->frames[fr].first];
-	const struct blob_chunk *last = first + b->frames[fr].count - 1;
-
-	*start = first->uoff;
-	*len = ROUND_UP(last->uoff + last->usize, BLOB_SLOT_ALIGN) - first->uoff;
-}
-
-/*
- * Give frame @fr its marks back from the map (which eviction has not
- * touched yet): the map marks only chunks whose bytes are in place.
- */
-static void restore_marks(struct blob_cache_blob *b, uint32_t fr)
-{
-	uint32_t c, first = b->frames[fr].first;
-	uint8_t mark;
-
-	for (c = first; c < first + b->frames[fr].count; c++)
-		if (!pread_full(b->map_fd, &mark, 1,
-				CACHE_MAP_HEADER_SIZE + (uint64_t)c) &&
-		    mark == CACHE_STATE_PRESENT)
-			set_present(b, c);
-}
-
-/*
- * Evict frames @fr[0..@n) of @b: take them from readers and fillers, clear
- * their marks durably, then punch their slots out of the data file.
- * Adds the uncompressed bytes dropped to *@freed. Caller holds
- * registry_lock, so no opener of this process loads marks meanwhile.
- */
-static int evict_blob(struct blob_cache_blob *b, uint32_t *fr, uint32_t n,
-		      uint64_t *freed)
-{
-	uint8_t zeros[4096] = { 0 };
-	uint32_t now, i, k = 0, c, locked = 0;
-	uint64_t bytes = 0, start, len;
-	int ret, err = 0;
-
-	/* Another process holding the blob keeps marks of its own. */
-	ret = cache_users_lock(b->map_fd, F_WRLCK, false);
-	if (ret == -EAGAIN || ret == -EACCES) {
-		ferry_dbg("chunk cache: blob sha256:%s is open in another process: not evicted",
-			  b->hex);
-		return 0;
-	}
-	if (ret)
-		goto out_lock;
-	pthread_once(&readers_once, readers_init);
-	pthread_rwlock_wrlock(&readers_lock);
-	pthread_mutex_lock(&b->lock);
-	for (i = 0; i < n; i++) {
-		uint64_t got = 0;
-
-		if (b->inflight[fr[i]])
-			continue;
-		for (c = b->frames[fr[i]].first;
-		     c < b->frames[fr[i]].first + b->frames[fr[i]].count; c++)
-			got += set_missing(b, c);
-		__atomic_thread_fence(__ATOMIC_SEQ_CST);
-		now = cache_clock_ms();
-		if (got && frame_recent(b, fr[i], now)) {
-			/* Used meanwhile (touch_frames): its bytes stay. */
-			restore_marks(b, fr[i]);
-			continue;
-		}
-		if (!got)
-			continue;
-		b->inflight[fr[i]] = 1;
-		fr[k++] = fr[i];
-		bytes += got;
-	}
-	pthread_mutex_unlock(&b->lock);
-	pthread_rwlock_unlock(&readers_lock);
-
-	/*
-	 * Marks first, durably: a crash then leaves bytes without a mark.
-	 * Under the fillers' OFD locks over the marks (ascending, as theirs),
-	 * so ferry cache verify, which takes them too, never hashes a slot
-	 * being punched under a mark it still sees.
-	 */
-	for (locked = 0; locked < k && !err; locked++)
-		err = map_lock(b, F_WRLCK, b->frames[fr[locked]].first,
-			       b->frames[fr[locked]].count);
-	if (err)
-		locked--;
-	for (i = 0; i < k && !err; i++) {
-		c = b->frames[fr[i]].first;
-		for (uint32_t done = 0; done < b->frames[fr[i]].count && !err;) {
-			uint32_t m = MIN(b->frames[fr[i]].count - done,
-					 (uint32_t)sizeof(zeros));
-
-			err = pwrite_full(b->map_fd, zeros, m,
-					  CACHE_MAP_HEADER_SIZE + (uint64_t)c + done);
-			done += m;
-		}
-	}
-	if (!err && k && fdatasync(b->map_fd))
-		err = -errno;
-	if (err)
-		ferry_err("chunk cache: clearing chunk marks in %s: %s; the chunks stay in place",
-			  b->map_path, ferry_strerror(err));
-	for (i = 0; i < k && !err; i++) {
-		frame_span(b, fr[i], &start, &len);
-		if (fallocate(b->data_fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-			      (off_t)start, (off_t)len)) {
-			err = -errno;
-			ferry_err("chunk cache: cannot punch %llu bytes at %llu out of %s: %s",
-				  (unsigned long long)len,
-				  (unsigned long long)start, b->data_path,
-				  ferry_strerror(err));
-		}
-	}
-	for (i = 0; i < locked; i++)
-		map_lock(b, F_UNLCK, b->frames[fr[i]].first, b->frames[fr[i]].count);
-	if (!err) {
-		*freed += bytes;
-		__atomic_fetch_add(&b->evicted, bytes, __ATOMIC_RELAXED);
-	}
-	pthread_mutex_lock(&b->lock);
-	for (i = 0; i < k; i++)
-		b->inflight[fr[i]] = 0;
-	pthread_cond_broadcast(&b->done);
-	pthread_mutex_unlock(&b->lock);
-out_lock:
-	ret = cache_users_lock(b->map_fd, F_RDLCK, true);
-	return err ? err : ret;
-}
-
-struct victim {
-	struct blob_cache_blob *b;
-	uint32_t frame;
-	uint32_t age;
-};
-
-/* Oldest first; then by blob and frame, so a blob's victims are together. */
-static int victim_age_cmp(const void *x, const void *y)
-{
-	const struct victim *a = x, *b = y;
-
-	return a->age != b->age ? (a->age < b->age ? 1 : -1) : 0;
-}
-
-static int victim_blob_cmp(const void *x, const void *y)
-{
-	const struct victim *a = x, *b = y;
-
-	if (a->b != b->b)
-		return (uintptr_t)a->b < (uintptr_t)b->b ? -1 : 1;
-	return a->frame < b->frame ? -1 : a->frame > b->frame;
-}
-
-static bool frame_has_present(const struct blob_cache_blob *b, uint32_t fr)
-{
-	uint32_t c;
-
-	for (c = b->frames[fr].first;
-	     c < b->frames[fr].first + b->frames[fr].count; c++)
-		if (blob_cache_chunk_present(b, c))
-			return true;
-	return false;
-}
-
-int cache_evict_open(const char *cache_dir, uint64_t want,
-		     bool (*pinned)(void *arg, const uint8_t *digest),
-		     void *arg, uint64_t *freed)
-{
-	struct victim *v = NULL;
-	struct blob_cache_blob *b;
-	size_t nr = 0, cap = 0, i, j, take;
-	uint32_t now, fr, *frames = NULL;
-	uint64_t sum = 0;
-	char *dir_path;
-	int ret = 0, err;
-
-	if (asprintf(&dir_path, "%s/" CACHE_BLOBS_DIR, cache_dir) < 0)
-		return -ENOMEM;
-	pthread_mutex_lock(&registry_lock);
-	now = cache_clock_ms();
-	for (b = registry; b && !ret; b = b->next) {
-		if (b->pid != getpid() || strcmp(b->dir_path, dir_path) ||
-		    pinned(arg, b->own.digest))
-			continue;
-		for (fr = 0; fr < b->nr_frames; fr++) {
-			if (frame_recent(b, fr, now) || !frame_has_present(b, fr))
-				continue;
-			if (array_reserve(&v, &cap, nr + 1, sizeof(*v), 256)) {
-				ret = -ENOMEM;
-				break;
-			}
-			v[nr++] = (struct victim){ b, fr,
-				now - __atomic_load_n(&b->stamp[fr], __ATOMIC_RELAXED) };
-		}
-	}
-	if (nr)
-		qsort(v, nr, sizeof(*v), victim_age_cmp);
-	for (take = 0; take < nr && sum < want; take++) {
-		uint64_t start, len;
-
-		frame_span(v[take].b, v[take].frame, &start, &len);
-		sum += len;
-	}
-	if (take)
-		qsort(v, take, sizeof(*v), victim_blob_cmp);
-	frames = malloc(MAX(take, (size_t)1) * sizeof(*frames));
-	if (!frames && !ret)
-		ret = -ENOMEM;
-	for (i = 0; !ret && i < take; i = j) {
-		for (j = i; j < take && v[j].b == v[i].b; j++)
-			frames[j - i] = v[j].frame;
-		err = evict_blob(v[i].b, frames, (uint32_t)(j - i), freed);
-		if (err)
-			ret = err;
-	}
-	pthread_mutex_unlock(&registry_lock);
-	free(frames);
-	free(v);
-	free(dir_path);
-	return ret;
-}
-
-uint64_t blob_cache_evicted(const struct blob_cache_blob *b)
-{
-	return __atomic_load_n(&b->evicted, __ATOMIC_RELAXED);
-}
-
 /* A 4 KiB-aligned buffer of at least @len bytes (contents not kept). */
 static int aligned_reserve(uint8_t **buf, size_t *cap, size_t len)
 {
@@ -1698,7 +1371,7 @@ static uint64_t frame_end(const struct blob_cache_blob *b, uint32_t fr)
 {
 	uint64_t start, len;
 
-	frame_span(b, fr, &start, &len);
+	cache_frame_span(b, fr, &start, &len);
 	return start + len;
 }
 

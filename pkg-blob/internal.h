@@ -7,6 +7,10 @@
 #ifndef FERRY_BLOB_INTERNAL_H
 #define FERRY_BLOB_INTERNAL_H
 
+#include <dirent.h>
+#include <pthread.h>
+#include <time.h>
+
 #include "blob.h"
 
 /*
@@ -151,5 +155,167 @@ int cache_users_lock(int map_fd, short type, bool wait);
 int cache_evict_open(const char *cache_dir, uint64_t want,
 		     bool (*pinned)(void *arg, const uint8_t *digest),
 		     void *arg, uint64_t *freed);
+
+/* ------------------------------------------------------------------ */
+/* The chunk cache's bookkeeping: cache_records.c, cache_gc.c,         */
+/* cache_verify.c, cache_limit.c                                       */
+/* ------------------------------------------------------------------ */
+
+struct cache_record {
+	uint8_t digest[BLOB_DIGEST_SIZE];
+	char *ref;                          /* a pin: the mount point */
+	uint64_t mount_id;                  /* a pin: the mount's id */
+	uint8_t (*blobs)[BLOB_DIGEST_SIZE]; /* sorted, no duplicates */
+	uint32_t nr_blobs;
+	uint8_t (*keep)[BLOB_DIGEST_SIZE];  /* other files it needs, as given */
+	uint32_t nr_keep;
+};
+
+struct cache_records {
+	struct cache_record *r;
+	uint32_t nr;
+	size_t cap;
+};
+
+/*
+ * The records of DIR/@sub (images, pins) into *@rs; cache_records_naming:
+ * how many of them name @digest; cache_pins_read: the pins, whose mounts
+ * are still there (others are removed).
+ */
+void cache_records_free(struct cache_records *rs);
+int cache_records_read(const char *cache_dir, const char *sub, struct cache_records *rs);
+uint32_t cache_records_naming(const struct cache_records *rs,
+			      const uint8_t digest[BLOB_DIGEST_SIZE]);
+int cache_pins_read(const char *cache_dir, struct cache_records *pins);
+
+struct cache_file {
+	uint8_t digest[BLOB_DIGEST_SIZE];
+	bool map, data;
+};
+
+struct cache_scan {
+	struct cache_file *f;
+	uint32_t nr;
+	size_t cap;
+	char **tmp; /* temporary files (names) */
+	uint32_t nr_tmp;
+	size_t tmp_cap;
+};
+
+/* The blobs (and temporary files) of DIR/blobs/sha256 @dir. */
+int cache_scan_blobs(const char *dir, struct cache_scan *s);
+void cache_scan_free(struct cache_scan *s);
+
+/* The digest a cache file's name "<64 lowercase hex>@suffix" gives: 0 or -EINVAL. */
+int cache_name_digest(const char *name, const char *suffix, uint8_t out[BLOB_DIGEST_SIZE]);
+/* @dir/@name@suffix into @out (PATH_MAX bytes), or -ENAMETOOLONG. */
+int cache_path_join(char *out, const char *dir, const char *name, const char *suffix);
+/* unlink @path (@missing_ok: ENOENT is fine); 0 or -errno, logged. */
+int cache_remove_file(const char *path, bool missing_ok);
+/* opendir; a missing directory is *@d NULL (nothing cached yet). */
+int cache_open_dir(const char *dir, DIR **d);
+
+/* Allocated bytes of @path; of every file in DIR/blobs/sha256 @dir. */
+uint64_t cache_disk_bytes(const char *path);
+int cache_blobs_usage(const char *dir, uint64_t *bytes);
+/* The limits and bytes evicted ferryd recorded (DIR/limit.json) into @out. */
+int cache_read_limit(const char *cache_dir, struct blob_cache_list *out);
+
+/* ------------------------------------------------------------------ */
+/* The open blobs of the chunk cache (cache.c, cache_evict.c)          */
+/* ------------------------------------------------------------------ */
+
+struct cache_frame {
+	uint32_t first; /* first chunk */
+	uint32_t count; /* chunks */
+};
+
+/*
+ * One per blob and cache directory in a process, shared by every
+ * blob_cache_open of it (refs): eviction clears marks in the one place
+ * every reader of this process looks.
+ */
+struct blob_cache_blob {
+	const struct blob_info *info; /* &own */
+	struct blob_info own;         /* a copy: openers' tables may go first */
+	struct blob_cache_blob *next; /* in the process's registry */
+	unsigned int refs;            /* under registry_lock */
+	pid_t pid;                    /* the opener: a child after fork opens its own */
+	bool kernel_reads;            /* atomic: see blob_cache_kernel_reads */
+	char hex[CACHE_HEX_LEN + 1];
+	char *dir_path;  /* DIR/blobs/sha256 */
+	char *data_path;
+	char *map_path;
+	int data_fd;
+	int map_fd;
+	uint32_t nr_frames;
+	struct cache_frame *frames;
+	uint32_t *chunk_frame; /* frame of each chunk */
+	uint8_t *present;      /* per chunk, atomic, 0 -> 1 only */
+	uint32_t present_chunks; /* atomic */
+	uint64_t present_bytes;  /* atomic */
+	pthread_mutex_t lock;
+	pthread_cond_t done;     /* a frame stopped being in flight */
+	uint8_t *inflight;       /* per frame, under lock */
+	uint32_t *stamp;         /* per frame: last use, cache_clock_ms() */
+	uint64_t evicted;        /* atomic: uncompressed bytes evicted */
+	struct blob_stream_learned *learned; /* a stream blob's, else NULL */
+};
+
+/* Every open blob of this process (see cache_evict_open), under its lock. */
+extern pthread_mutex_t cache_registry_lock;
+extern struct blob_cache_blob *cache_registry;
+/* Bytes of chunks this process made present, ever (blob_cache_filled). */
+extern uint64_t cache_filled_total;
+
+/* A coarse millisecond clock: stamping a read costs a vDSO call at most. */
+static inline uint32_t cache_clock_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+	return (uint32_t)((uint64_t)ts.tv_sec * 1000 +
+			  (uint64_t)ts.tv_nsec / 1000000);
+}
+
+static inline void cache_set_present(struct blob_cache_blob *b, uint32_t i)
+{
+	if (!__atomic_exchange_n(&b->present[i], 1, __ATOMIC_ACQ_REL)) {
+		__atomic_fetch_add(&b->present_chunks, 1, __ATOMIC_RELAXED);
+		__atomic_fetch_add(&b->present_bytes, b->info->chunks[i].usize,
+				   __ATOMIC_RELAXED);
+		__atomic_fetch_add(&cache_filled_total, b->info->chunks[i].usize,
+				   __ATOMIC_RELAXED);
+	}
+}
+
+/* Uncompressed bytes no longer present, or 0 if chunk @i was not. */
+static inline uint32_t cache_set_missing(struct blob_cache_blob *b, uint32_t i)
+{
+	uint32_t usize = b->info->chunks[i].usize;
+
+	if (!__atomic_exchange_n(&b->present[i], 0, __ATOMIC_ACQ_REL))
+		return 0;
+	__atomic_fetch_sub(&b->present_chunks, 1, __ATOMIC_RELAXED);
+	__atomic_fetch_sub(&b->present_bytes, usize, __ATOMIC_RELAXED);
+	return usize;
+}
+
+/* A frame's slots: from its first chunk to its last's 4 KiB end. */
+static inline void cache_frame_span(const struct blob_cache_blob *b, uint32_t fr,
+				    uint64_t *start, uint64_t *len)
+{
+	const struct blob_chunk *first = &b->info->chunks[b->frames[fr].first];
+	const struct blob_chunk *last = first + b->frames[fr].count - 1;
+
+	*start = first->uoff;
+	*len = ROUND_UP(last->uoff + last->usize, BLOB_SLOT_ALIGN) - first->uoff;
+}
+
+/* Lock or unlock (F_UNLCK) the map bytes of chunks @c0 .. @c0 + @n - 1. */
+int cache_map_lock(struct blob_cache_blob *b, short type, uint32_t c0, uint32_t n);
+/* The readers lock (blob_cache_read_begin) in write mode: an eviction's;
+ * blob_cache_read_end releases it. */
+void cache_readers_exclude(void);
 
 #endif

@@ -327,6 +327,16 @@ static int parse_refs(const char *source, const char *dest,
 	return ret;
 }
 
+int convert_check_platforms(const struct image_ref *dst,
+			    const struct convert_opts *opts)
+{
+	if (!opts->platforms || dst->transport != IMAGE_DIR)
+		return 0;
+	ferry_err("destination dir:%s holds one image: name one --platform, or "
+		  "write an index of several to oci: or docker://", dst->path);
+	return -EINVAL;
+}
+
 int convert_check_args(const char *source, const char *dest,
 		       const struct convert_opts *opts)
 {
@@ -337,6 +347,8 @@ int convert_check_args(const char *source, const char *dest,
 		return ret;
 	if (opts->format == CONVERT_FORMAT_EROFS_LAYERS)
 		ret = native_check_refs(&src, &dst);
+	if (!ret)
+		ret = convert_check_platforms(&dst, opts);
 	image_ref_free(&src);
 	image_ref_free(&dst);
 	return ret ? ret : validate_opts(opts);
@@ -347,6 +359,9 @@ void convert_stats_free(struct convert_stats *stats)
 	free(stats->blobs);
 	stats->blobs = NULL;
 	stats->nr_blobs = 0;
+	free(stats->platforms);
+	stats->platforms = NULL;
+	stats->nr_platforms = 0;
 }
 
 /* A ferry image is converted already: say so, rather than fail on its bytes. */
@@ -423,12 +438,13 @@ static int convert_source(struct converter *c, const struct image_ref *src,
 /* Bootstrap and index into the destination (chunk-dict blobs copied in). */
 static int finish(struct converter *c, struct image_out *out,
 		  const struct oci_image *src, struct out_blob **used,
-		  uint32_t nr)
+		  uint32_t nr, bool index_member)
 {
 	struct image_out_blob *blobs = calloc(nr + 1, sizeof(*blobs));
 	struct image_out_desc d = {
 		.blobs = blobs, .nr_blobs = nr, .chunk_size = c->opts->chunk_size,
 		.source = src, .fetch = c->opts->fetch, .progress = &c->progress,
+		.index_member = index_member,
 	};
 	uint8_t *data = NULL;
 	char comp[32];
@@ -457,54 +473,32 @@ static int finish(struct converter *c, struct image_out *out,
 	return ret;
 }
 
-int convert_run(const char *source, const char *dest,
-		const struct convert_opts *opts, struct convert_stats *stats)
+/*
+ * Convert one image, @src (@src_img for oci: and docker:), into @out:
+ * stored and tagged, or with @index_member stored for an index only.
+ */
+static const struct oci_image no_oci_image; /* dir: and tar: sources */
+
+static int convert_into(const struct image_ref *src, const struct oci_image *img,
+			struct image_out *out, bool index_member,
+			const struct convert_opts *opts, struct convert_stats *stats)
 {
+	const struct oci_image *src_img = img ? img : &no_oci_image;
 	struct converter c = {
 		.opts = opts,
 		.stats = stats,
 		.writer_file = { .fd = -1, .dir_fd = -1 },
 		.hot_file = { .fd = -1, .dir_fd = -1 },
 	};
-	struct image_ref src = { 0 }, dst = { 0 };
-	struct oci_image src_img = { 0 };
-	struct image_out *out = NULL;
 	struct out_blob **used = NULL;
 	uint32_t nr_used = 0, i;
 	uint64_t start = ferry_now_ns();
 	int ret;
 
-	if (opts->format == CONVERT_FORMAT_EROFS_LAYERS)
-		return convert_run_erofs_layers(source, dest, opts, stats);
-	memset(stats, 0, sizeof(*stats));
-	ret = parse_refs(source, dest, &src, &dst);
+	/* One image was checked before DEST was opened (convert_run). */
+	ret = index_member ? check_source_not_ferry(src_img->where, src, src_img) : 0;
 	if (ret)
 		return ret;
-	ret = validate_opts(opts);
-	if (ret)
-		goto out;
-	if (src.transport == IMAGE_OCI || src.transport == IMAGE_DOCKER) {
-		ret = oci_image_open(&src, opts->platform, opts->fetch, &src_img);
-		if (ret)
-			goto out;
-	}
-	if (oci_is_old_ferry(&src_img)) {
-		/* Converted already, in the format before containerd's layer types. */
-		stats->upgraded = true;
-		ret = image_out_open(&dst, opts->replace, &out);
-		if (!ret)
-			ret = image_out_upgrade(out, &src_img, opts->fetch, &c.progress,
-						stats->manifest_digest,
-						&stats->manifest_size);
-		goto out;
-	}
-	ret = check_source_not_ferry(source, &src, &src_img);
-	if (!ret)
-		ret = check_dest_outside_source(&src, &dst);
-	if (!ret)
-		ret = image_out_open(&dst, opts->replace, &out);
-	if (ret)
-		goto out;
 	c.blobs_dir = image_out_blobs_dir(out);
 	c.buf = malloc(opts->chunk_size);
 	if (!c.buf) {
@@ -522,7 +516,7 @@ int convert_run(const char *source, const char *dest,
 	if (!ret)
 		ret = convert_prefetch_index(&c);
 	if (!ret)
-		ret = convert_source(&c, &src, &src_img);
+		ret = convert_source(&c, src, src_img);
 	if (!ret)
 		ret = convert_assign_devices(&c);
 	if (!ret)
@@ -530,14 +524,11 @@ int convert_run(const char *source, const char *dest,
 	if (!ret)
 		ret = convert_fill_stats(stats, used, nr_used);
 	if (!ret)
-		ret = finish(&c, out, src_img.manifest ? &src_img : NULL, used,
-			     nr_used);
+		ret = finish(&c, out, src_img->manifest ? src_img : NULL, used,
+			     nr_used, index_member);
 	stats->seconds = (double)(ferry_now_ns() - start) / 1e9;
 out:
 	convert_layer_discard(&c);
-	image_out_close(out, ret != 0);
-	if (ret)
-		convert_stats_free(stats);
 	for (i = 0; i < c.nr_blobs; i++) {
 		blob_info_free_chunks(&c.blobs[i].info);
 		free(c.blobs[i].source_layer);
@@ -548,11 +539,190 @@ out:
 	image_prefetch_list_free(c.prefetch, c.nr_prefetch);
 	free(c.prefetch_sorted);
 	convert_elf_free(&c);
-	oci_image_free(&src_img);
 	meta_tree_free(c.tree);
 	free(c.chunks.slots);
 	free(c.links);
 	free(c.buf);
+	return ret;
+}
+
+/* @platform is named by opts->platforms, or there are none (every one). */
+static bool platform_wanted(const struct convert_opts *opts, const char *platform)
+{
+	const char *const *p;
+
+	for (p = opts->platforms; p && *p; p++)
+		if (oci_platform_names(*p, platform))
+			return true;
+	return !opts->platforms;
+}
+
+/* Add @one's numbers and blobs to @all, and its manifest as a platform. */
+static int add_platform_stats(struct convert_stats *all,
+			      const struct convert_stats *one, const char *platform)
+{
+	struct convert_blob_stat *blobs;
+	struct convert_platform_stat *ps;
+
+	blobs = realloc(all->blobs, (all->nr_blobs + one->nr_blobs + 1) * sizeof(*blobs));
+	if (!blobs)
+		return -ENOMEM;
+	all->blobs = blobs;
+	memcpy(blobs + all->nr_blobs, one->blobs, one->nr_blobs * sizeof(*blobs));
+	all->nr_blobs += one->nr_blobs;
+	ps = realloc(all->platforms, (all->nr_platforms + 1) * sizeof(*ps));
+	if (!ps)
+		return -ENOMEM;
+	all->platforms = ps;
+	ps += all->nr_platforms++;
+	snprintf(ps->platform, sizeof(ps->platform), "%s", platform);
+	memcpy(ps->manifest_digest, one->manifest_digest, sizeof(ps->manifest_digest));
+	ps->manifest_size = one->manifest_size;
+	all->entries += one->entries;
+	all->files += one->files;
+	all->dirs += one->dirs;
+	all->symlinks += one->symlinks;
+	all->specials += one->specials;
+	all->hardlinks += one->hardlinks;
+	all->bytes_in += one->bytes_in;
+	all->bytes_inline += one->bytes_inline;
+	all->bytes_zero += one->bytes_zero;
+	all->chunks_total += one->chunks_total;
+	all->chunks_unique += one->chunks_unique;
+	all->bytes_unique += one->bytes_unique;
+	all->bootstrap_bytes += one->bootstrap_bytes;
+	return 0;
+}
+
+/*
+ * An image index @src (its platforms in @index) into @out: each wanted
+ * platform converted as an index member, then an index of the ferry
+ * images with the same platforms under DEST's tag.
+ */
+int convert_index(const struct image_ref *src, const struct oci_image *index,
+		  struct image_out *out, convert_image_fn one,
+		  const struct convert_opts *opts, struct convert_stats *stats)
+{
+	struct image_out_index_entry *entries;
+	uint64_t start = ferry_now_ns();
+	uint32_t i, n = 0;
+	int ret = 0;
+
+	for (i = 0; opts->platforms && opts->platforms[i]; i++) {
+		uint32_t k;
+
+		for (k = 0; k < index->nr_platforms; k++)
+			if (oci_platform_names(opts->platforms[i], index->platforms[k]))
+				break;
+		if (k == index->nr_platforms) {
+			ferry_err("%s: no manifest for platform %s in the image index",
+				  index->where, opts->platforms[i]);
+			return -ENOENT;
+		}
+	}
+	if (!index->nr_platforms) {
+		ferry_err("%s: the image index lists no image platform", index->where);
+		return -ENOENT;
+	}
+	entries = calloc(index->nr_platforms, sizeof(*entries));
+	if (!entries)
+		return -ENOMEM;
+	for (i = 0; !ret && i < index->nr_platforms; i++) {
+		struct convert_stats member = { 0 };
+		struct oci_image img = { 0 };
+		const char *platform = index->platforms[i];
+
+		if (!platform_wanted(opts, platform))
+			continue;
+		ferry_dbg("%s: converting platform %s", index->where, platform);
+		ret = oci_image_open(src, platform, opts->fetch, &img);
+		if (!ret && oci_is_old_ferry(&img)) {
+			ferry_err("%s: %s is a ferry image of format 1: upgrade it "
+				  "with one --platform at a time", index->where, platform);
+			ret = -EINVAL;
+		}
+		if (!ret)
+			ret = one(src, &img, out, true, opts, &member);
+		if (!ret)
+			ret = add_platform_stats(stats, &member, platform);
+		if (!ret) {
+			snprintf(entries[n].platform, sizeof(entries[n].platform), "%s",
+				 platform);
+			ret = digest_parse(member.manifest_digest, entries[n].digest);
+			entries[n++].size = member.manifest_size;
+		}
+		convert_stats_free(&member);
+		oci_image_free(&img);
+	}
+	if (!ret)
+		ret = image_out_finish_index(out, entries, n, opts->fetch,
+					     stats->manifest_digest, &stats->manifest_size);
+	stats->seconds = (double)(ferry_now_ns() - start) / 1e9;
+	free(entries);
+	return ret;
+}
+
+int convert_run(const char *source, const char *dest,
+		const struct convert_opts *opts, struct convert_stats *stats)
+{
+	struct image_ref src = { 0 }, dst = { 0 };
+	struct oci_image src_img = { 0 };
+	struct image_out *out = NULL;
+	struct ferry_progress progress = { 0 };
+	const char *platform = opts->platform;
+	bool registry_src, index_dest;
+	int ret;
+
+	if (opts->format == CONVERT_FORMAT_EROFS_LAYERS)
+		return convert_run_erofs_layers(source, dest, opts, stats);
+	memset(stats, 0, sizeof(*stats));
+	ret = parse_refs(source, dest, &src, &dst);
+	if (ret)
+		return ret;
+	ret = validate_opts(opts);
+	if (ret)
+		goto out;
+	registry_src = src.transport == IMAGE_OCI || src.transport == IMAGE_DOCKER;
+	ret = convert_check_platforms(&dst, opts);
+	if (ret)
+		goto out;
+	/* An index becomes an index, unless one platform is named (or DEST
+	 * is a dir:, which holds one image). */
+	index_dest = dst.transport != IMAGE_DIR && !platform;
+	if (registry_src) {
+		ret = oci_image_open(&src, index_dest ? OCI_PLATFORMS : platform,
+				     opts->fetch, &src_img);
+		if (ret)
+			goto out;
+	}
+	if (oci_is_old_ferry(&src_img)) {
+		/* Converted already, in the format before containerd's layer types. */
+		stats->upgraded = true;
+		ret = image_out_open(&dst, opts->replace, &out);
+		if (!ret)
+			ret = image_out_upgrade(out, &src_img, opts->fetch, &progress,
+						stats->manifest_digest,
+						&stats->manifest_size);
+		goto out;
+	}
+	ret = src_img.nr_platforms ? 0 :
+	      check_source_not_ferry(source, &src, registry_src ? &src_img : &no_oci_image);
+	if (!ret)
+		ret = check_dest_outside_source(&src, &dst);
+	if (!ret)
+		ret = image_out_open(&dst, opts->replace, &out);
+	if (ret)
+		goto out;
+	if (src_img.nr_platforms)
+		ret = convert_index(&src, &src_img, out, convert_into, opts, stats);
+	else
+		ret = convert_into(&src, registry_src ? &src_img : NULL, out, false,
+				   opts, stats);
+out:
+	image_out_close(out, ret != 0);
+	if (ret)
+		convert_stats_free(stats);
+	oci_image_free(&src_img);
 	image_ref_free(&src);
 	image_ref_free(&dst);
 	return ret;

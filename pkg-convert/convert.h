@@ -48,7 +48,12 @@ struct convert_opts {
 	uint32_t inline_max;   /* regular files up to this size live in the bootstrap */
 	struct blob_compress compress;
 	unsigned int jobs;     /* compression threads; 0 = online CPUs */
-	const char *platform;  /* oci: sources: "os/arch[/variant]"; NULL = host */
+	/* oci: and docker: sources that are image indexes: this platform
+	 * ("os/arch[/variant]") only, converted into one image; NULL: an
+	 * index of ferry images of @platforms (NULL: every platform of the
+	 * source index), or the host's platform for a dir: DEST. */
+	const char *platform;
+	const char *const *platforms; /* NULL-terminated */
 	const char *chunk_dict; /* image whose stored chunks are reused, or NULL */
 	const struct fetch_opts *fetch; /* docker:// references; NULL = defaults */
 	/* A file listing paths (one per line) that lazy mounts prefetch
@@ -90,8 +95,15 @@ struct convert_stats {
 	uint64_t bootstrap_bytes;
 	uint32_t nr_blobs;        /* devices of the image, in device order */
 	struct convert_blob_stat *blobs;
-	char manifest_digest[72]; /* oci: and docker: destinations */
+	char manifest_digest[72]; /* oci: and docker: destinations (an index's) */
 	uint64_t manifest_size;
+	/* An index converted: its members (the numbers above are their sums). */
+	struct convert_platform_stat {
+		char platform[64];
+		char manifest_digest[72];
+		uint64_t manifest_size;
+	} *platforms;
+	uint32_t nr_platforms;
 	double seconds;
 	bool upgraded;            /* a format-1 ferry image rewritten, nothing converted */
 	/* ferry index */
@@ -117,7 +129,11 @@ int convert_check_args(const char *source, const char *dest,
  * Convert SOURCE into DEST (both as for convert_check_args). dir: and tar:
  * sources become one blob; oci: and docker: sources one blob per layer
  * that adds chunks, layers streamed and digest-checked, choosing
- * opts->platform from image indexes. DEST: dir:OUT (OUT/bootstrap,
+ * opts->platform from image indexes, or every platform of an index (or
+ * opts->platforms) into an index of ferry images with the same platforms
+ * when DEST is oci: or docker:// and no opts->platform is named (each
+ * member stored, or pushed by digest, then the index under the tag).
+ * DEST: dir:OUT (OUT/bootstrap,
  * OUT/blobs/sha256/<hex>, OUT/ferry.json); oci:PATH[:TAG] adds the image to
  * the layout under TAG (default "latest"); docker:// pushes it (a digest
  * is refused: it is not known in advance). A failed conversion removes a
@@ -150,8 +166,8 @@ int convert_run(const char *source, const char *dest,
  * 2.06%, 640 KiB: 2.99%); docs/PERFORMANCE.md has the cold starts.
  */
 #define CONVERT_DEFAULT_SPAN (768u << 10)
-int convert_index(const char *image, const struct convert_opts *opts,
-		  struct convert_stats *stats);
+int convert_ferry_index(const char *image, const struct convert_opts *opts,
+			struct convert_stats *stats);
 
 /*
  * The inflater of gzip layers, "isal" or "zlib": $FERRY_INFLATE, else the

@@ -39,8 +39,6 @@
 #include "internal.h"
 #include "tar.h"
 
-#define WHITEOUT_PREFIX ".wh."
-#define WHITEOUT_OPAQUE ".wh..wh..opq"
 #define OVL_PREFIX "trusted.overlay."
 #define OVL_ESCAPED "trusted.overlay.overlay."
 #define OVL_OPAQUE "trusted.overlay.opaque"
@@ -683,7 +681,7 @@ static int fill_stats(struct converter *c, struct convert_stats *s)
 }
 
 static int finish(struct converter *c, struct image_out *out,
-		  const struct oci_image *img)
+		  const struct oci_image *img, bool index_member)
 {
 	struct native_state *n = c->native;
 	struct image_out_layer *layers = calloc(n->nr_layers + 1, sizeof(*layers));
@@ -691,6 +689,7 @@ static int finish(struct converter *c, struct image_out *out,
 		.media_type = EROFS_LAYER_MEDIA_TYPE, .layers = layers,
 		.nr_layers = n->nr_layers, .source = img,
 		.fetch = c->opts->fetch, .progress = &c->progress,
+		.index_member = index_member,
 	};
 	int ret;
 
@@ -714,21 +713,19 @@ static int finish(struct converter *c, struct image_out *out,
 #define DESTS (IMAGE_ACCEPT(IMAGE_OCI) | IMAGE_ACCEPT(IMAGE_DOCKER) | \
 	       IMAGE_ACCEPT(IMAGE_DIR))
 
-int convert_run_erofs_layers(const char *source, const char *dest,
-			     const struct convert_opts *opts,
-			     struct convert_stats *stats)
+/* One image into @out (convert_image_fn): each layer, then its manifest. */
+static int native_convert_into(const struct image_ref *src,
+			       const struct oci_image *img, struct image_out *out,
+			       bool index_member, const struct convert_opts *opts,
+			       struct convert_stats *stats)
 {
 	struct native_state n = { .data_fd = -1, .packed_fd = -1 };
 	struct converter c = { .opts = opts, .stats = stats, .native = &n };
 	enum blob_codec codec = opts->compress.codec;
-	struct image_ref src = { 0 }, dst = { 0 };
-	struct oci_image img = { 0 };
-	struct image_out *out = NULL;
 	uint64_t start = ferry_now_ns();
-	uint32_t nr = 1;
-	int ret;
+	uint32_t nr = img ? img->nr_layers : 1;
+	int ret = 0;
 
-	memset(stats, 0, sizeof(*stats));
 	/* The kernel's numbers; lzma is MicroLZMA here, not an .xz stream. */
 	n.zalgorithm = codec == BLOB_CODEC_LZ4 ? META_Z_LZ4 :
 		       codec == BLOB_CODEC_LZMA ? META_Z_LZMA : META_Z_ZSTD;
@@ -739,40 +736,25 @@ int convert_run_erofs_layers(const char *source, const char *dest,
 	}
 	n.compress = codec != BLOB_CODEC_NONE || opts->deflate_level;
 	n.fragments = n.compress && !opts->no_fragments;
-	ret = image_ref_parse(source, SOURCES, "source", &src);
-	if (!ret)
-		ret = image_ref_parse(dest, DESTS, "destination", &dst);
-	if (!ret)
-		ret = native_check_refs(&src, &dst);
-	if (!ret && src.transport != IMAGE_TAR) {
-		ret = oci_image_open(&src, opts->platform, opts->fetch, &img);
-		nr = img.nr_layers;
-	}
-	for (uint32_t i = 0; !ret && img.manifest && i < nr; i++) {
-		const char *mt = img.layers[i].media_type;
+	for (uint32_t i = 0; img && i < nr; i++) {
+		const char *mt = img->layers[i].media_type;
 
 		if (!strcmp(mt, EROFS_LAYER_MEDIA_TYPE) || oci_is_ferry_blob(mt) ||
 		    oci_is_ferry_bootstrap(mt)) {
 			ferry_err("source %s is converted already (layer %u is %s): convert the container image it came from",
-				  source, i + 1, mt);
-			ret = -EINVAL;
+				  img->where, i + 1, mt);
+			return -EINVAL;
 		}
 	}
-	if (!ret)
-		ret = image_out_open(&dst, opts->replace, &out);
-	if (!ret && !(c.buf = malloc(COPY_BUF)))
+	if (!(c.buf = malloc(COPY_BUF)))
 		ret = -ENOMEM;
 	for (uint32_t i = 0; !ret && i < nr; i++)
-		ret = convert_layer(&c, img.manifest ? &img : NULL, &src, i,
-				    image_out_blobs_dir(out));
+		ret = convert_layer(&c, img, src, i, image_out_blobs_dir(out));
 	if (!ret)
 		ret = fill_stats(&c, stats);
 	if (!ret)
-		ret = finish(&c, out, img.manifest ? &img : NULL);
+		ret = finish(&c, out, img, index_member);
 	stats->seconds = (double)(ferry_now_ns() - start) / 1e9;
-	image_out_close(out, ret != 0);
-	if (ret)
-		convert_stats_free(stats);
 	for (uint32_t i = 0; i < n.nr_layers; i++) {
 		meta_tree_free(n.layers[i].tree);
 		if (n.layers[i].image_fd >= 0)
@@ -782,6 +764,40 @@ int convert_run_erofs_layers(const char *source, const char *dest,
 	}
 	free(n.layers);
 	free(c.buf);
+	return ret;
+}
+
+int convert_run_erofs_layers(const char *source, const char *dest,
+			     const struct convert_opts *opts,
+			     struct convert_stats *stats)
+{
+	struct image_ref src = { 0 }, dst = { 0 };
+	struct oci_image img = { 0 };
+	struct image_out *out = NULL;
+	int ret;
+
+	memset(stats, 0, sizeof(*stats));
+	ret = image_ref_parse(source, SOURCES, "source", &src);
+	if (!ret)
+		ret = image_ref_parse(dest, DESTS, "destination", &dst);
+	if (!ret)
+		ret = native_check_refs(&src, &dst);
+	if (!ret)
+		ret = convert_check_platforms(&dst, opts);
+	/* An index becomes an index, unless one platform is named. */
+	if (!ret && src.transport != IMAGE_TAR)
+		ret = oci_image_open(&src, opts->platform ? opts->platform : OCI_PLATFORMS,
+				     opts->fetch, &img);
+	if (!ret)
+		ret = image_out_open(&dst, opts->replace, &out);
+	if (!ret && img.nr_platforms)
+		ret = convert_index(&src, &img, out, native_convert_into, opts, stats);
+	else if (!ret)
+		ret = native_convert_into(&src, img.manifest ? &img : NULL, out, false,
+					  opts, stats);
+	image_out_close(out, ret != 0);
+	if (ret)
+		convert_stats_free(stats);
 	oci_image_free(&img);
 	image_ref_free(&src);
 	image_ref_free(&dst);

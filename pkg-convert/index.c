@@ -356,8 +356,8 @@ static int scratch_dir(char **out)
 	return 0;
 }
 
-int convert_index(const char *image, const struct convert_opts *opts,
-		  struct convert_stats *stats)
+int convert_ferry_index(const char *image, const struct convert_opts *opts,
+			struct convert_stats *stats)
 {
 	struct index_state x = { .span = opts->span };
 	struct converter c = {

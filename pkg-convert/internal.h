@@ -46,6 +46,10 @@ struct out_blob {
  * the blob's hot run); the final device ids and hot addresses are set once
  * every blob is known.
  */
+/* OCI layer whiteouts (the image spec's "Whiteouts"). */
+#define WHITEOUT_PREFIX ".wh."
+#define WHITEOUT_OPAQUE ".wh..wh..opq"
+
 #define PROVISIONAL_DEVICE 0x8000u
 #define PROVISIONAL_HOT 0x4000u
 #define PROVISIONAL_BLOB_MASK 0x3fffu
@@ -252,6 +256,28 @@ int zpipe_add(struct zpipe *zp, struct meta_inode *inode, uint64_t size,
 	      bool compress, const struct file_source *src, const char *path);
 int zpipe_flush(struct zpipe *zp, uint32_t *blocks);
 int zpipe_reserve(struct zpipe *zp, uint32_t nr, uint32_t *start);
+/*
+ * Convert one image, @src (@img for oci: and docker:, else NULL), into the
+ * open destination @out: tagged, or with @index_member stored for an index
+ * (image_out_desc.index_member). convert.c's is convert_into,
+ * erofslayers.c's native_convert_into.
+ */
+typedef int (*convert_image_fn)(const struct image_ref *src,
+				const struct oci_image *img, struct image_out *out,
+				bool index_member, const struct convert_opts *opts,
+				struct convert_stats *stats);
+/*
+ * The image index @src (its platforms listed in @index: OCI_PLATFORMS) into
+ * @out: each wanted platform (convert_opts.platforms, else all) through
+ * @one as an index member, then the index of them under DEST's tag.
+ */
+int convert_index(const struct image_ref *src, const struct oci_image *index,
+		  struct image_out *out, convert_image_fn one,
+		  const struct convert_opts *opts, struct convert_stats *stats);
+/* Several platforms only into oci: or docker:// (-EINVAL, logged). */
+int convert_check_platforms(const struct image_ref *dst,
+			    const struct convert_opts *opts);
+
 int convert_run_erofs_layers(const char *source, const char *dest,
 			     const struct convert_opts *opts,
 			     struct convert_stats *stats);

@@ -19,8 +19,6 @@
 #include "internal.h"
 #include "tar.h"
 
-#define WHITEOUT_PREFIX ".wh."
-#define WHITEOUT_OPAQUE ".wh..wh..opq"
 
 /* ------------------------------------------------------------------ */
 /* Entries added by the current layer                                  */

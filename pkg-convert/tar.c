@@ -403,17 +403,6 @@ static int pax_base64_value(const char *in, size_t n, uint8_t **out,
 	return 0;
 }
 
-static int hex_digit(char c)
-{
-	if (c >= '0' && c <= '9')
-		return c - '0';
-	if (c >= 'a' && c <= 'f')
-		return c - 'a' + 10;
-	if (c >= 'A' && c <= 'F')
-		return c - 'A' + 10;
-	return -1;
-}
-
 /* libarchive %-encodes xattr names in LIBARCHIVE.xattr.NAME keys. */
 static int url_decode(const char *in, size_t n, char **out)
 {

@@ -346,7 +346,7 @@ static int ping_locked(struct registry *r)
 
 	for (;;) {
 		free(url);
-		if (asprintf(&url, "%s/v2/", r->base) < 0) {
+		if (asprintf(&url, "%s%s/", r->base, r->api) < 0) {
 			url = NULL;
 			err = -ENOMEM;
 			goto out;
@@ -360,7 +360,7 @@ static int ping_locked(struct registry *r)
 			http_describe(&resp, err, why, sizeof(why));
 			ferry_warn("%s: %s; falling back to plain http", r->name,
 				   why);
-			if (asprintf(&plain, "http://%s", r->host) < 0) {
+			if (asprintf(&plain, "http://%s", r->endpoint) < 0) {
 				err = -ENOMEM;
 				goto out;
 			}

@@ -602,7 +602,11 @@ int fetch_load_creds(const struct fetch_opts *opts, const char *host,
 		return err;
 	}
 	if (cfg.kind == FETCH_CREDS_HELPER) {
-		err = fetch_run_cred_helper(cfg.helper, host, out);
+		/* Helpers know the Hub by the key docker login stores. */
+		err = fetch_run_cred_helper(cfg.helper,
+					    fetch_cfg_key_matches(FETCH_HUB, host) ?
+						    FETCH_HUB_CONFIG_KEY : host,
+					    out);
 		if (err == -ENOENT || err == -EINVAL) {
 			/* The helper has nothing for this host. */
 			err = 0;

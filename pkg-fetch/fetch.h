@@ -45,21 +45,31 @@
 /* ------------------------------------------------------------------ */
 
 /*
- * "HOST[:PORT]/REPO[:TAG|@sha256:HEX]" (the part after "docker://").
- * HOST must contain a '.' or ':' or be "localhost" (no Docker Hub
- * shorthand); REPO is lower-case path components [a-z0-9._-/]; TAG is
- * [A-Za-z0-9_][A-Za-z0-9._-]{0,127}. Neither tag nor digest means "latest".
+ * "[HOST[:PORT]/]REPO[:TAG|@sha256:HEX]" (the part after "docker://"),
+ * normalised as Docker and containerd normalise image names: a first
+ * component with no '.' or ':' that is not "localhost" is part of a
+ * Docker Hub repository ("docker.io"; "index.docker.io" is the Hub too);
+ * a one-component Hub repository is "library/NAME"; neither tag nor
+ * digest means the tag "latest". REPO is lower-case path components
+ * [a-z0-9._-/]; TAG is [A-Za-z0-9_][A-Za-z0-9._-]{0,127}; with both a tag
+ * and a digest, the digest is the reference.
  */
+#define FETCH_HUB "docker.io"               /* Docker Hub's name */
+#define FETCH_HUB_OLD "index.docker.io"     /* ... its old name */
+#define FETCH_HUB_ENDPOINT "registry-1.docker.io" /* ... and where it answers */
 struct fetch_ref {
-	char *host;   /* "host[:port]", as written */
+	char *host;   /* "host[:port]" as written, or "docker.io" */
 	char *repo;   /* "library/debian" */
-	char *tag;    /* NULL when a digest is given or nothing is */
+	char *tag;    /* "latest" when none is given; NULL with a digest */
 	char *digest; /* "sha256:<hex>" or NULL */
 };
 
 /* -EINVAL with a message naming @s and the offending part. */
 int fetch_parse_ref(const char *s, struct fetch_ref *out);
 void fetch_ref_free(struct fetch_ref *ref);
+/* "HOST/REPO:TAG" or "HOST/REPO@DIGEST" (malloc'ed; NULL: no memory):
+ * the normalised name, for messages and as the key of what was pulled. */
+char *fetch_ref_string(const struct fetch_ref *ref);
 /* Digest strings: digest_parse / digest_format in pkg-base/base.h. */
 
 /* ------------------------------------------------------------------ */
@@ -89,10 +99,10 @@ struct fetch_opts {
 	 * an https registry whose Bearer realm is a plain http URL on
 	 * another host is refused (-EACCES). */
 	const char *const *insecure;
-	/* NULL-terminated "host[:port]=URL" list: reads (manifests by
-	 * digest, blobs) for host go to URL first, e.g. a P2P distributor,
-	 * falling back to the registry itself when the mirror fails. */
-	const char *const *mirrors;
+	/* NULL-terminated list of the hosts that serve registries besides
+	 * (or instead of) their own endpoints: mirrors, pull-through caches,
+	 * P2P distributors (struct fetch_host). Checked by registry_open. */
+	const struct fetch_host *const *hosts;
 	/* NULL-terminated "HOST:PORT:ADDRESS" list (like curl --resolve):
 	 * connections to HOST:PORT — the registry, its token server, blob
 	 * redirects — go to ADDRESS (IPv4, or IPv6 in brackets; several
@@ -122,6 +132,58 @@ struct fetch_opts {
 };
 
 #define FETCH_DEADLINE_RATE (1u << 20) /* bytes/s a deadline allows for */
+
+/*
+ * A host that serves a registry, as containerd's hosts.toml describes one
+ * (a [host."URL"] table, or the file's "server"). A registry's hosts are
+ * tried in the order given, then its own endpoint ("https://NAME", or
+ * https://registry-1.docker.io for the Hub) unless a host is its @server.
+ * A host serves only what its capabilities allow: tags (manifests by tag)
+ * with FETCH_HOST_RESOLVE, blobs and manifests by digest with
+ * FETCH_HOST_PULL; pushes go to the registry's endpoint (or @server)
+ * only. A host that fails (unreachable, an error status, wrong bytes,
+ * a connection dropped mid-blob) hands the request to the next one, from
+ * the byte it had reached; an unreachable one rests for 30 s. Requests
+ * to a host other than the registry's endpoint carry "?ns=REGISTRY" (as
+ * containerd's do: pull-through caches use it to pick the upstream).
+ * Credentials: a mirror gets those the docker config (or a credential
+ * helper) has for its own host[:port], never fetch_opts.creds, which go
+ * to the registry's endpoint or @server.
+ */
+#define FETCH_HOST_PULL 1u
+#define FETCH_HOST_RESOLVE 2u
+#define FETCH_HOST_PUSH 4u
+#define FETCH_HOST_ALL (FETCH_HOST_PULL | FETCH_HOST_RESOLVE | FETCH_HOST_PUSH)
+#define FETCH_HOST_CA_MAX 8u       /* CA files per host */
+#define FETCH_HOST_HEADERS_MAX 32u /* extra headers per host */
+#define FETCH_HOST_URL_MAX 1024u
+struct fetch_host {
+	const char *registry;      /* the registry it serves: "docker.io", "h:5000" */
+	/* "https://HOST[:PORT][/PATH]" or "http://…": the API root is PATH +
+	 * "/v2" (PATH as given with @override_path), as containerd says. */
+	const char *url;
+	unsigned int capabilities; /* FETCH_HOST_*; 0 = all */
+	bool server;               /* the registry's own endpoint, tried last */
+	bool skip_verify;          /* https without certificate verification */
+	bool override_path;
+	/* PEM CA files trusted for this host besides the system's
+	 * (NULL-terminated, at most FETCH_HOST_CA_MAX); NULL: fetch_opts.ca_file. */
+	const char *const *ca_files;
+	const char *client_cert;   /* PEM client certificate (and key), or NULL */
+	const char *client_key;    /* its key when in a file of its own, or NULL */
+	/* "Name: value" headers sent to this host (NULL-terminated). */
+	const char *const *headers;
+};
+
+/*
+ * @h is well-formed: a registry "host[:port]", an http(s) URL of a host
+ * with an optional path (no query, no credentials), known capabilities,
+ * absolute file paths, headers "Name: value" without control characters.
+ * -EINVAL with a message naming the host and what is wrong in @why.
+ */
+int fetch_check_host(const struct fetch_host *h, char *why, size_t why_len);
+/* "pull", "resolve", "push": the FETCH_HOST_* bit, or 0. */
+unsigned int fetch_host_capability(const char *name);
 
 /*
  * Credentials kept out of argv, which every local user can read in
@@ -277,9 +339,6 @@ void fetch_stream_close(struct fetch_stream *s);
 int registry_put_blob_fd(struct registry *r, int fd, uint64_t size,
 			 const uint8_t digest[FETCH_DIGEST_SIZE],
 			 const char *mount_from);
-/* The same for bytes in memory. */
-int registry_put_blob(struct registry *r, const void *data, size_t len,
-		      const uint8_t digest[FETCH_DIGEST_SIZE]);
 
 /* Bytes moved by this client so far (bodies only), for statistics. */
 struct fetch_stats {

@@ -485,6 +485,11 @@ int http_setup(struct registry *r, CURL *h, struct http_xfer *x,
 			return -ENOMEM;
 	if (auth_line && slist_add(&x->hdrs, auth_line))
 		return -ENOMEM;
+	/* A host's own headers go to it, not to its token server. */
+	if (r->headers && http_same_origin(q->url, r->base))
+		for (e = r->headers; e; e = e->next)
+			if (slist_add(&x->hdrs, e->data))
+				return -ENOMEM;
 	/* No 100-continue round trip: proxies often never answer it. */
 	if (q->upload && slist_add(&x->hdrs, "Expect:"))
 		return -ENOMEM;
@@ -528,8 +533,15 @@ int http_setup(struct registry *r, CURL *h, struct http_xfer *x,
 		SET(CURLOPT_SSL_VERIFYPEER, 0L);
 		SET(CURLOPT_SSL_VERIFYHOST, 0L);
 	}
-	if (r->opts->ca_file)
+	if (r->ca.data)
+		SET(CURLOPT_CAINFO_BLOB, &r->ca);
+	else if (r->opts->ca_file)
 		SET(CURLOPT_CAINFO, r->opts->ca_file);
+	if (r->cfg && r->cfg->client_cert) {
+		SET(CURLOPT_SSLCERT, r->cfg->client_cert);
+		if (r->cfg->client_key)
+			SET(CURLOPT_SSLKEY, r->cfg->client_key);
+	}
 	if (r->resolve)
 		SET(CURLOPT_RESOLVE, r->resolve);
 	if (!strcmp(q->method, "HEAD")) {

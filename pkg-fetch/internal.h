@@ -31,6 +31,9 @@
 
 bool fetch_repo_valid(const char *s, size_t len);
 bool fetch_tag_valid(const char *s, size_t len);
+/* The host a registry's API answers on: FETCH_HUB_ENDPOINT for the Hub,
+ * else @host itself. */
+const char *fetch_registry_endpoint(const char *host);
 
 enum fetch_chal_scheme {
 	FETCH_CHAL_OTHER,
@@ -113,7 +116,10 @@ struct fetch_creds {
 };
 void fetch_creds_clear(struct fetch_creds *c);
 
-/* An "auths"/"credHelpers" key ("h:5000", "https://h:5000/v1/") names @host. */
+/* Where docker login keeps the Hub's credentials (config.json "auths"). */
+#define FETCH_HUB_CONFIG_KEY "https://index.docker.io/v1/"
+/* An "auths"/"credHelpers" key ("h:5000", "https://h:5000/v1/") names
+ * @host; every name of the Hub names it. */
 bool fetch_cfg_key_matches(const char *key, const char *host);
 /*
  * Credentials for @host in a docker config.json: credHelpers[host], else
@@ -175,20 +181,40 @@ struct reg_scope {
 	const char *mount_from;
 };
 
+/*
+ * The client of one repository on one host. registry_open returns the one
+ * of the registry's endpoint (or its fetch_host.server), which owns a
+ * client per other host of that registry (@mirrors, in the order they are
+ * tried before it); each has its own connections, authentication and
+ * TLS settings.
+ */
 struct registry {
-	char *host, *repo, *name;
+	/* host: whose credentials (the registry's name; a mirror's
+	 * host[:port]); endpoint: where requests go. */
+	char *host, *endpoint, *repo, *name;
 	const struct fetch_opts *opts;
 	enum fetch_access access;
-	char *mirror; /* mirror base URL (no trailing '/'), or NULL */
 	unsigned int connect_ms, stall_ms, request_ms, attempts;
 	const char *user_agent;
 	bool tls_noverify;
 	struct curl_slist *resolve; /* opts->resolve for CURLOPT_RESOLVE */
+	const struct fetch_host *cfg; /* this host's settings, or NULL */
+	char *api;          /* the API root's path: "/v2" */
+	char *ns;           /* "ns=REGISTRY" (escaped) for a mirror, or NULL */
+	struct curl_blob ca; /* cfg's CA files, read at open ({0}: none) */
+	struct curl_slist *headers; /* cfg's */
+	struct fetch_opts mirror_opts; /* a mirror's opts: no opts->creds */
+
+	bool mirror;        /* a host before the registry's own */
+	struct registry **mirrors; /* the hosts before this one */
+	size_t nr_mirrors;
+	unsigned int caps; /* FETCH_HOST_* of a mirror */
+	_Atomic uint64_t down_until_ns; /* a mirror resting after a failure */
 
 	/* Under auth_lock. base is final once pinged is set. */
 	pthread_mutex_t auth_lock;
 	bool pinged;
-	char *base; /* "https://host[:port]" */
+	char *base; /* "https://endpoint" */
 	const char *plain_why; /* why base is http://, for messages */
 	enum reg_auth_kind auth_kind;
 	char *realm, *service;
@@ -207,10 +233,10 @@ struct registry {
 	pthread_mutex_t share_locks[CURL_LOCK_DATA_LAST];
 
 	_Atomic uint64_t st_requests, st_retries, st_down, st_up;
-	_Atomic uint64_t mirror_down_until_ns;
 };
 
 #define REG_MIRROR_BACKOFF_NS (30ull * 1000000000ull)
+#define REG_CA_MAX (1u << 20) /* bytes of a host's CA files together */
 
 /*
  * @host ("host[:port]") may be spoken to in plain http with credentials:
@@ -218,14 +244,14 @@ struct registry {
  */
 bool fetch_host_plain(const char *const *insecure, const char *host);
 
-/* The mirror exists and is not resting after a connection failure. */
-bool reg_mirror_usable(struct registry *r);
+/* Mirror @m may serve @caps (FETCH_HOST_*) and is not resting. */
+bool reg_mirror_usable(struct registry *m, unsigned int caps);
 /*
- * The mirror failed @what: @why says how. An unreachable mirror
+ * Mirror @m failed @what: @why says how. An unreachable mirror
  * (@unreachable) is left alone for a while; other failures (a blob it
- * does not have) only concern this object.
+ * does not have) only concern this object. The next host takes over.
  */
-void reg_mirror_failed(struct registry *r, const char *what, const char *why,
+void reg_mirror_failed(struct registry *m, const char *what, const char *why,
 		       bool unreachable);
 
 /* Cached final URL of a redirected blob GET (malloc'ed copy), or NULL. */
@@ -234,7 +260,8 @@ void reg_redirect_put(struct registry *r, const uint8_t *digest,
 		      const char *url);
 void reg_redirect_drop(struct registry *r, const uint8_t *digest);
 
-/* base + "/v2/" + repo + @suffix (printf-style), malloc'ed. */
+/* base + api + "/" + repo + @suffix (printf-style), then a mirror's
+ * "ns" query parameter; malloc'ed. */
 char *reg_url(struct registry *r, const char *base, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
 

@@ -3,8 +3,14 @@
  * Image references and digests, validated by the grammar of the OCI
  * distribution spec: a repository name is path components matching
  * [a-z0-9]+((\.|_|__|-+)[a-z0-9]+)*, a tag [A-Za-z0-9_][A-Za-z0-9._-]{0,127}.
- * The host is kept as written: it names the registry in URLs and in
- * credential lookups. Also the client options checked without I/O.
+ * Names are normalised as Docker and containerd do (docker/distribution's
+ * reference package): a first component that is no host (no '.' or ':',
+ * not "localhost", all lower-case) means Docker Hub, "docker.io", as does
+ * its old name "index.docker.io"; a one-component Hub repository is
+ * "library/NAME"; neither tag nor digest means "latest". So "debian",
+ * "docker.io/library/debian:latest" and "index.docker.io/debian" are one
+ * reference, and the normalised one is what messages and credential
+ * lookups see. Also the client options checked without I/O.
  */
 #include <arpa/inet.h>
 #include <stdio.h>
@@ -91,11 +97,11 @@ bool fetch_tag_valid(const char *s, size_t len)
 
 /*
  * "name[:port]" or "[v6addr][:port]". A DNS name is labels of letters,
- * digits and '-'; the registry must be recognisable as a host (a '.', a
- * port, an IPv6 literal, or "localhost") because there is no default
- * registry to fall back to.
+ * digits and '-'; it must be recognisable as a host (a '.', a port, an
+ * IPv6 literal, or "localhost"): only an upper-case first component gets
+ * here without one, and Docker refuses that too.
  */
-static bool host_valid(const char *s, size_t len)
+static bool host_syntax_valid(const char *s, size_t len, bool need_mark)
 {
 	size_t i = 0, name_end;
 	bool dot = false, port = false;
@@ -141,8 +147,13 @@ static bool host_valid(const char *s, size_t len)
 			return false;
 		port = true;
 	}
-	return dot || port ||
+	return !need_mark || dot || port ||
 	       (name_end == 9 && !strncmp(s, "localhost", 9));
+}
+
+static bool host_valid(const char *s, size_t len)
+{
+	return host_syntax_valid(s, len, true);
 }
 
 void fetch_ref_free(struct fetch_ref *ref)
@@ -162,12 +173,26 @@ static int ref_invalid(const char *s, const char *why)
 	return -EINVAL;
 }
 
+/* The first component of @s (@len bytes) names a registry, not a Hub path. */
+static bool names_host(const char *s, size_t len)
+{
+	size_t i;
+
+	if (len == 9 && !strncmp(s, "localhost", 9))
+		return true;
+	for (i = 0; i < len; i++)
+		if (s[i] == '.' || s[i] == ':' || (s[i] >= 'A' && s[i] <= 'Z'))
+			return true;
+	return false;
+}
+
 int fetch_parse_ref(const char *s, struct fetch_ref *out)
 {
-	const char *slash, *at, *rest, *colon, *repo_end;
+	const char *slash, *at, *rest, *colon, *repo_end, *host = FETCH_HUB;
 	struct fetch_ref ref = { 0 };
 	uint8_t d[FETCH_DIGEST_SIZE];
-	size_t len;
+	size_t len, host_len = strlen(FETCH_HUB), repo_len;
+	bool hub;
 
 	memset(out, 0, sizeof(*out));
 	if (!s)
@@ -177,13 +202,24 @@ int fetch_parse_ref(const char *s, struct fetch_ref *out)
 	len = strlen(s);
 	if (len > REF_HOST_MAX + REF_REPO_MAX + REF_TAG_MAX + 80)
 		return ref_invalid(s, "too long");
+	if (!len)
+		return ref_invalid(s, "empty");
+	rest = s;
 	slash = strchr(s, '/');
-	if (!slash)
-		return ref_invalid(s, "expected HOST[:PORT]/REPO");
-	if (!host_valid(s, (size_t)(slash - s)))
-		return ref_invalid(s, "bad registry host (it must contain '.' "
-				   "or ':' or be \"localhost\")");
-	rest = slash + 1;
+	if (slash && names_host(s, (size_t)(slash - s))) {
+		if (!host_valid(s, (size_t)(slash - s)))
+			return ref_invalid(s, "bad registry host (it must contain "
+					   "'.' or ':' or be \"localhost\")");
+		host = s;
+		host_len = (size_t)(slash - s);
+		rest = slash + 1;
+		if (host_len == strlen(FETCH_HUB_OLD) &&
+		    !strncmp(host, FETCH_HUB_OLD, host_len)) {
+			host = FETCH_HUB;
+			host_len = strlen(FETCH_HUB);
+		}
+	}
+	hub = host_len == strlen(FETCH_HUB) && !strncmp(host, FETCH_HUB, host_len);
 	at = strchr(rest, '@');
 	repo_end = at ? at : s + len;
 	/* A tag follows the last ':' after the last '/' of the name. */
@@ -202,23 +238,49 @@ int fetch_parse_ref(const char *s, struct fetch_ref *out)
 	}
 	if (colon)
 		repo_end = colon;
-	if (!fetch_repo_valid(rest, (size_t)(repo_end - rest)))
+	repo_len = (size_t)(repo_end - rest);
+	if (!fetch_repo_valid(rest, repo_len))
 		return ref_invalid(s, "bad repository name (lower-case "
 				   "[a-z0-9] components joined by '.', '_', "
 				   "'__' or '-', separated by '/')");
-	ref.host = strndup(s, (size_t)(slash - s));
-	ref.repo = strndup(rest, (size_t)(repo_end - rest));
+	ref.host = strndup(host, host_len);
+	/* The Hub's official images live under library/. */
+	if (hub && !memchr(rest, '/', repo_len)) {
+		if (asprintf(&ref.repo, "library/%.*s", (int)repo_len, rest) < 0)
+			ref.repo = NULL;
+		else if (!fetch_repo_valid(ref.repo, strlen(ref.repo))) {
+			fetch_ref_free(&ref);
+			return ref_invalid(s, "repository name too long");
+		}
+	} else {
+		ref.repo = strndup(rest, repo_len);
+	}
 	if (at)
 		ref.digest = strdup(at + 1);
-	else if (colon)
-		ref.tag = strdup(colon + 1);
-	if (!ref.host || !ref.repo || (at && !ref.digest) ||
-	    (!at && colon && !ref.tag)) {
+	else
+		ref.tag = colon ? strdup(colon + 1) : strdup("latest");
+	if (!ref.host || !ref.repo || (at && !ref.digest) || (!at && !ref.tag)) {
 		fetch_ref_free(&ref);
 		return -ENOMEM;
 	}
 	*out = ref;
 	return 0;
+}
+
+char *fetch_ref_string(const struct fetch_ref *ref)
+{
+	char *s = NULL;
+
+	if (asprintf(&s, "%s/%s%s%s", ref->host, ref->repo,
+		     ref->digest ? "@" : ":",
+		     ref->digest ? ref->digest : ref->tag ? ref->tag : "latest") < 0)
+		return NULL;
+	return s;
+}
+
+const char *fetch_registry_endpoint(const char *host)
+{
+	return strcmp(host, FETCH_HUB) ? host : FETCH_HUB_ENDPOINT;
 }
 
 void fetch_opts_init(struct fetch_opts *opts)
@@ -295,4 +357,96 @@ int fetch_check_resolve(const char *s)
 			break;
 	}
 	return 0;
+}
+
+unsigned int fetch_host_capability(const char *name)
+{
+	if (!strcmp(name, "pull"))
+		return FETCH_HOST_PULL;
+	if (!strcmp(name, "resolve"))
+		return FETCH_HOST_RESOLVE;
+	if (!strcmp(name, "push"))
+		return FETCH_HOST_PUSH;
+	return 0;
+}
+
+static int host_invalid(const struct fetch_host *h, const char *why,
+			char *out, size_t out_len)
+{
+	snprintf(out, out_len, "registry host \"%.300s\" for %.300s: %s",
+		 h->url ? h->url : "", h->registry ? h->registry : "(no registry)",
+		 why);
+	return -EINVAL;
+}
+
+/* A URL's path: '/'-separated, printable, no query, fragment, escapes,
+ * "." or ".." segments. */
+static bool url_path_valid(const char *p)
+{
+	const char *seg = p;
+	size_t n;
+
+	for (; *p; p++)
+		if ((unsigned char)*p <= ' ' || *p >= 0x7f || strchr("?#%\\\"", *p))
+			return false;
+	for (; *seg; seg += n + (seg[n] == '/')) {
+		n = strcspn(seg, "/");
+		if ((n == 1 && seg[0] == '.') || (n == 2 && !strncmp(seg, "..", 2)))
+			return false;
+	}
+	return true;
+}
+
+/* "Name: value": a token, ": ", and printable text (tabs allowed). */
+static bool header_valid(const char *s)
+{
+	const char *colon = strchr(s, ':'), *p;
+
+	if (!colon || colon == s || strlen(s) > 8192)
+		return false;
+	for (p = s; p < colon; p++)
+		if (!is_alnum(*p) && !strchr("!#$%&'*+-.^_`|~", *p))
+			return false;
+	for (p = colon + 1; *p; p++)
+		if (((unsigned char)*p < ' ' && *p != '\t') || *p == 0x7f)
+			return false;
+	return true;
+}
+
+int fetch_check_host(const struct fetch_host *h, char *why, size_t why_len)
+{
+	const char *auth, *path, *bad = NULL;
+	const char *const *p;
+	size_t n;
+
+	if (!h->registry || !host_valid(h->registry, strlen(h->registry)))
+		bad = "the registry must be HOST[:PORT]";
+	else if (!h->url || strlen(h->url) > FETCH_HOST_URL_MAX)
+		bad = "no URL, or longer than 1024 bytes";
+	else if (strncmp(h->url, "https://", 8) && strncmp(h->url, "http://", 7))
+		bad = "the URL must start with http:// or https://";
+	if (bad)
+		return host_invalid(h, bad, why, why_len);
+	auth = h->url + (h->url[4] == 's' ? 8 : 7);
+	path = auth + strcspn(auth, "/");
+	if (!host_syntax_valid(auth, (size_t)(path - auth), false))
+		bad = "bad host in the URL (HOST[:PORT], no user name, query or "
+		      "fragment)";
+	else if (!url_path_valid(path))
+		bad = "bad path in the URL";
+	else if (h->capabilities & ~FETCH_HOST_ALL)
+		bad = "unknown capabilities";
+	else if ((h->client_cert && *h->client_cert != '/') ||
+		 (h->client_key && *h->client_key != '/'))
+		bad = "client certificate and key must be absolute paths";
+	else if (h->client_key && !h->client_cert)
+		bad = "a client key without a certificate";
+	for (p = h->ca_files, n = 0; !bad && p && *p; p++, n++)
+		if (**p != '/' || n >= FETCH_HOST_CA_MAX)
+			bad = "CA files must be absolute paths, at most 8";
+	for (p = h->headers, n = 0; !bad && p && *p; p++, n++)
+		if (!header_valid(*p) || n >= FETCH_HOST_HEADERS_MAX)
+			bad = "headers must be \"Name: value\" without control "
+			      "characters, at most 32";
+	return bad ? host_invalid(h, bad, why, why_len) : 0;
 }

@@ -106,29 +106,14 @@ bool fetch_host_plain(const char *const *insecure, const char *host)
 	return is_loopback(host) || is_insecure(insecure, host);
 }
 
-static int find_mirror(struct registry *r)
+/* @a and @b name the same registry (the Hub by either of its names). */
+static bool same_registry(const char *a, const char *b)
 {
-	const char *const *p;
-
-	for (p = r->opts->mirrors; p && *p; p++) {
-		const char *eq = strchr(*p, '=');
-		size_t n;
-
-		if (!eq || !host_entry_matches(*p, (size_t)(eq - *p), r->host))
-			continue;
-		eq++;
-		if (strncasecmp(eq, "http://", 7) && strncasecmp(eq, "https://", 8)) {
-			ferry_err("mirror \"%s\": the URL must start with "
-				  "http:// or https://", *p);
-			return -EINVAL;
-		}
-		n = strlen(eq);
-		while (n && eq[n - 1] == '/')
-			n--;
-		r->mirror = strndup(eq, n);
-		return r->mirror ? 0 : -ENOMEM;
-	}
-	return 0;
+	if (!strcasecmp(a, FETCH_HUB_OLD))
+		a = FETCH_HUB;
+	if (!strcasecmp(b, FETCH_HUB_OLD))
+		b = FETCH_HUB;
+	return !strcasecmp(a, b);
 }
 
 /* The checked resolve list, once per client (every handle sets it). */
@@ -151,27 +136,140 @@ static int load_resolve(struct registry *r)
 	return 0;
 }
 
-int registry_open(const struct fetch_ref *ref, const struct fetch_opts *opts,
-		  enum fetch_access access, struct registry **out)
+/* A host's CA files, concatenated for CURLOPT_CAINFO_BLOB. */
+static int load_ca(struct registry *r)
 {
-	struct registry *r;
+	const char *const *p;
+	char *all = NULL;
+	size_t len = 0;
+	int err = 0;
+
+	for (p = r->cfg->ca_files; p && *p; p++) {
+		char *text = NULL, *grown;
+		size_t n = 0;
+
+		err = read_file_max(*p, REG_CA_MAX, &text, &n);
+		if (err || len + n + 1 > REG_CA_MAX) {
+			ferry_err("%s: CA file %s: %s", r->name, *p,
+				  err ? ferry_strerror(err) :
+					"the CA files are over 1 MiB together");
+			free(text);
+			err = err ? err : -EFBIG;
+			break;
+		}
+		grown = realloc(all, len + n + 1);
+		if (!grown) {
+			free(text);
+			err = -ENOMEM;
+			break;
+		}
+		all = grown;
+		memcpy(all + len, text, n);
+		all[len + n] = '\n';
+		len += n + 1;
+		free(text);
+	}
+	if (err) {
+		free(all);
+		return err;
+	}
+	r->ca.data = all;
+	r->ca.len = len;
+	r->ca.flags = CURL_BLOB_NOCOPY;
+	return 0;
+}
+
+/*
+ * The API root's path of a host URL's @path (after the authority), as
+ * containerd takes it: cleaned, with "/v2" appended unless it ends so or
+ * @override says the path is the root.
+ */
+static char *api_path(const char *path, bool override)
+{
+	size_t n = strlen(path), i, w = 0;
+	char *out = malloc(n + 4);
+
+	if (!out)
+		return NULL;
+	for (i = 0; i < n; i++)
+		if (path[i] != '/' || (w && out[w - 1] != '/'))
+			out[w++] = path[i];
+		else if (!w)
+			out[w++] = '/';
+	while (w && out[w - 1] == '/')
+		w--;
+	out[w] = '\0';
+	if (!override && (w < 3 || strcmp(out + w - 3, "/v2")))
+		memcpy(out + w, "/v2", 4);
+	return out;
+}
+
+/* A client's name, endpoint, API root and credentials' host. */
+static int host_names(struct registry *r, const struct fetch_ref *ref,
+		      bool mirror, const char **scheme)
+{
+	const char *auth, *path;
+
+	if (!r->cfg) {
+		*scheme = NULL;
+		r->endpoint = strdup(fetch_registry_endpoint(ref->host));
+		r->api = strdup("/v2");
+	} else {
+		*scheme = strncmp(r->cfg->url, "https://", 8) ? "http" : "https";
+		auth = r->cfg->url + strlen(*scheme) + 3;
+		path = auth + strcspn(auth, "/");
+		r->endpoint = strndup(auth, (size_t)(path - auth));
+		r->api = api_path(path, r->cfg->override_path);
+	}
+	if (!r->endpoint || !r->api)
+		return -ENOMEM;
+	r->host = strdup(mirror ? r->endpoint : ref->host);
+	if (!r->host)
+		return -ENOMEM;
+	if (mirror ? asprintf(&r->name, "%s/%s via %s", ref->host, ref->repo,
+			      r->cfg->url) < 0 :
+		     asprintf(&r->name, "%s/%s", ref->host, ref->repo) < 0) {
+		r->name = NULL;
+		return -ENOMEM;
+	}
+	/* Like containerd: a host that is not the registry's own is told
+	 * which registry is meant. */
+	if (!same_registry(r->endpoint, ref->host) &&
+	    !(strcmp(ref->host, FETCH_HUB) == 0 &&
+	      strcasecmp(r->endpoint, FETCH_HUB_ENDPOINT) == 0)) {
+		char *esc = http_escape(ref->host);
+
+		if (!esc || asprintf(&r->ns, "ns=%s", esc) < 0)
+			r->ns = NULL;
+		free(esc);
+		if (!r->ns)
+			return -ENOMEM;
+	}
+	return 0;
+}
+
+/* One client: of @cfg's host (NULL: the registry's endpoint) for @ref. */
+static int reg_init(struct registry *r, const struct fetch_ref *ref,
+		    const struct fetch_opts *opts, enum fetch_access access,
+		    const struct fetch_host *cfg, bool mirror)
+{
+	const char *scheme, *const *h;
 	bool plain;
 	int err, i;
 
-	*out = NULL;
-	if (!ref->host || !ref->repo || !fetch_repo_valid(ref->repo, strlen(ref->repo)))
-		return -EINVAL;
-	err = http_global_init();
-	if (err)
-		return err;
-	r = calloc(1, sizeof(*r));
-	if (!r)
-		return -ENOMEM;
 	pthread_mutex_init(&r->auth_lock, NULL);
 	pthread_mutex_init(&r->lock, NULL);
 	for (i = 0; i < CURL_LOCK_DATA_LAST; i++)
 		pthread_mutex_init(&r->share_locks[i], NULL);
 	r->opts = opts;
+	if (mirror) {
+		/* The caller's credentials are for the registry only. */
+		r->mirror_opts = *opts;
+		r->mirror_opts.creds = NULL;
+		r->opts = &r->mirror_opts;
+	}
+	r->cfg = cfg;
+	r->mirror = mirror;
 	r->access = access;
 	r->connect_ms = opts->connect_timeout_ms ? opts->connect_timeout_ms :
 						   DEFAULT_CONNECT_MS;
@@ -182,22 +280,33 @@ int registry_open(const struct fetch_ref *ref, const struct fetch_opts *opts,
 	r->attempts = opts->retries ? opts->retries : DEFAULT_ATTEMPTS;
 	r->user_agent = opts->user_agent ? opts->user_agent :
 					   "ferry/" FERRY_VERSION;
-	r->tls_noverify = !opts->tls_verify;
-	err = -ENOMEM;
-	r->host = strdup(ref->host);
+	r->tls_noverify = !opts->tls_verify || (cfg && cfg->skip_verify);
+	r->caps = cfg && cfg->capabilities ? cfg->capabilities : FETCH_HOST_ALL;
 	r->repo = strdup(ref->repo);
-	if (!r->host || !r->repo ||
-	    asprintf(&r->name, "%s/%s", ref->host, ref->repo) < 0)
-		goto fail;
+	if (!r->repo)
+		return -ENOMEM;
+	err = host_names(r, ref, mirror, &scheme);
+	if (err)
+		return err;
 	plain = true;
-	if (is_loopback(r->host))
+	if (scheme)
+		plain = !strcmp(scheme, "http");
+	if (scheme && plain)
+		r->plain_why = "its URL says http";
+	else if (scheme)
+		;
+	else if (is_loopback(r->endpoint))
 		r->plain_why = "loopback registries always are";
-	else if (is_insecure(opts->insecure, r->host))
+	else if (is_insecure(opts->insecure, r->host) ||
+		 is_insecure(opts->insecure, r->endpoint))
 		r->plain_why = "the registry is listed as insecure";
 	else
 		plain = false;
-	if (asprintf(&r->base, "%s://%s", plain ? "http" : "https", r->host) < 0)
-		goto fail;
+	if (asprintf(&r->base, "%s://%s", plain ? "http" : "https",
+		     r->endpoint) < 0) {
+		r->base = NULL;
+		return -ENOMEM;
+	}
 	/*
 	 * A pull skips the /v2/ ping where it would decide nothing: the first
 	 * request's 401 teaches the challenge as the ping's would, and every
@@ -206,12 +315,18 @@ int registry_open(const struct fetch_ref *ref, const struct fetch_opts *opts,
 	 * the challenge before they send a body.
 	 */
 	r->pinged = access == FETCH_PULL && (plain || !r->tls_noverify);
-	err = find_mirror(r);
-	if (!err)
-		err = load_resolve(r);
+	for (h = cfg ? cfg->headers : NULL; h && *h; h++) {
+		struct curl_slist *l = curl_slist_append(r->headers, *h);
+
+		if (!l)
+			return -ENOMEM;
+		r->headers = l;
+	}
+	err = load_resolve(r);
+	if (!err && cfg && cfg->ca_files)
+		err = load_ca(r);
 	if (err)
-		goto fail;
-	err = -ENOMEM;
+		return err;
 	r->share = curl_share_init();
 	if (!r->share ||
 	    curl_share_setopt(r->share, CURLSHOPT_LOCKFUNC, share_lock) ||
@@ -221,15 +336,92 @@ int registry_open(const struct fetch_ref *ref, const struct fetch_opts *opts,
 	    curl_share_setopt(r->share, CURLSHOPT_SHARE, CURL_LOCK_DATA_DNS) ||
 	    curl_share_setopt(r->share, CURLSHOPT_SHARE,
 			      CURL_LOCK_DATA_SSL_SESSION))
-		goto fail;
+		return -ENOMEM;
+	return 0;
+}
+
+/*
+ * The hosts of @ref's registry in @opts: its server (or NULL) and the
+ * mirrors a pull tries before it, in order, into @mirrors (@nr).
+ */
+static int registry_hosts(const struct fetch_ref *ref,
+			  const struct fetch_opts *opts, enum fetch_access access,
+			  const struct fetch_host **server,
+			  const struct fetch_host ***mirrors, size_t *nr)
+{
+	const struct fetch_host *const *p;
+	size_t n = 0;
+	int err;
+
+	*server = NULL;
+	*mirrors = NULL;
+	*nr = 0;
+	for (p = opts->hosts; p && *p; p++) {
+		char why[800];
+
+		err = fetch_check_host(*p, why, sizeof(why));
+		if (err) {
+			ferry_err("%s", why);
+			return err;
+		}
+		n++;
+	}
+	if (n && !(*mirrors = calloc(n, sizeof(**mirrors))))
+		return -ENOMEM;
+	for (p = opts->hosts; p && *p; p++) {
+		if (!same_registry((*p)->registry, ref->host))
+			continue;
+		if ((*p)->server && !*server)
+			*server = *p;
+		else if (!(*p)->server && access == FETCH_PULL)
+			(*mirrors)[(*nr)++] = *p;
+	}
+	return 0;
+}
+
+int registry_open(const struct fetch_ref *ref, const struct fetch_opts *opts,
+		  enum fetch_access access, struct registry **out)
+{
+	const struct fetch_host *server, **mirrors = NULL;
+	struct registry *r;
+	size_t nr, i;
+	int err;
+
+	*out = NULL;
+	if (!ref->host || !ref->repo || !fetch_repo_valid(ref->repo, strlen(ref->repo)))
+		return -EINVAL;
+	err = http_global_init();
+	if (!err)
+		err = registry_hosts(ref, opts, access, &server, &mirrors, &nr);
+	if (err)
+		return err;
+	r = calloc(1, sizeof(*r));
+	if (!r) {
+		free(mirrors);
+		return -ENOMEM;
+	}
+	err = reg_init(r, ref, opts, access, server, false);
+	if (!err && nr && !(r->mirrors = calloc(nr, sizeof(*r->mirrors))))
+		err = -ENOMEM;
+	for (i = 0; !err && i < nr; i++) {
+		r->mirrors[i] = calloc(1, sizeof(**r->mirrors));
+		if (!r->mirrors[i]) {
+			err = -ENOMEM;
+			break;
+		}
+		r->nr_mirrors++;
+		err = reg_init(r->mirrors[i], ref, opts, access, mirrors[i], true);
+	}
+	free(mirrors);
+	if (err) {
+		if (err == -ENOMEM)
+			ferry_err("%s: cannot set up the registry client: %s",
+				  ref->host, ferry_strerror(err));
+		registry_close(r);
+		return err;
+	}
 	*out = r;
 	return 0;
-fail:
-	if (err == -ENOMEM)
-		ferry_err("%s: cannot set up the registry client: %s",
-			  ref->host, ferry_strerror(err));
-	registry_close(r);
-	return err;
 }
 
 void registry_close(struct registry *r)
@@ -238,6 +430,9 @@ void registry_close(struct registry *r)
 
 	if (!r)
 		return;
+	for (i = 0; i < r->nr_mirrors; i++)
+		registry_close(r->mirrors[i]);
+	free(r->mirrors);
 	for (i = 0; i < r->nr_pool; i++)
 		curl_easy_cleanup(r->pool[i]);
 	if (r->share)
@@ -250,7 +445,11 @@ void registry_close(struct registry *r)
 	pthread_mutex_destroy(&r->lock);
 	pthread_mutex_destroy(&r->auth_lock);
 	curl_slist_free_all(r->resolve);
-	free(r->mirror);
+	curl_slist_free_all(r->headers);
+	free(r->ca.data);
+	free(r->ns);
+	free(r->api);
+	free(r->endpoint);
 	free(r->host);
 	free(r->repo);
 	free(r->name);
@@ -264,10 +463,21 @@ const char *registry_name(const struct registry *r)
 
 void registry_get_stats(struct registry *r, struct fetch_stats *out)
 {
+	size_t i;
+
 	out->requests = atomic_load(&r->st_requests);
 	out->retries = atomic_load(&r->st_retries);
 	out->bytes_down = atomic_load(&r->st_down);
 	out->bytes_up = atomic_load(&r->st_up);
+	for (i = 0; i < r->nr_mirrors; i++) {
+		struct fetch_stats m;
+
+		registry_get_stats(r->mirrors[i], &m);
+		out->requests += m.requests;
+		out->retries += m.retries;
+		out->bytes_down += m.bytes_down;
+		out->bytes_up += m.bytes_up;
+	}
 }
 
 void fetch_buf_free(struct fetch_buf *b)
@@ -290,7 +500,9 @@ char *reg_url(struct registry *r, const char *base, const char *fmt, ...)
 	va_end(ap);
 	if (n < 0)
 		return NULL;
-	if (asprintf(&url, "%s/v2/%s%s", base, r->repo, tail) < 0)
+	if (asprintf(&url, "%s%s/%s%s%s%s", base, r->api, r->repo, tail,
+		     !r->ns ? "" : strchr(tail, '?') ? "&" : "?",
+		     r->ns ? r->ns : "") < 0)
 		url = NULL;
 	free(tail);
 	return url;
@@ -300,24 +512,22 @@ char *reg_url(struct registry *r, const char *base, const char *fmt, ...)
 /* Mirror                                                              */
 /* ------------------------------------------------------------------ */
 
-bool reg_mirror_usable(struct registry *r)
+bool reg_mirror_usable(struct registry *m, unsigned int caps)
 {
-	return r->mirror &&
-	       ferry_now_ns() >= atomic_load(&r->mirror_down_until_ns);
+	return (m->caps & caps) == caps &&
+	       ferry_now_ns() >= atomic_load(&m->down_until_ns);
 }
 
-void reg_mirror_failed(struct registry *r, const char *what, const char *why,
+void reg_mirror_failed(struct registry *m, const char *what, const char *why,
 		       bool unreachable)
 {
 	if (unreachable) {
-		atomic_store(&r->mirror_down_until_ns,
+		atomic_store(&m->down_until_ns,
 			     ferry_now_ns() + REG_MIRROR_BACKOFF_NS);
-		ferry_warn("%s: mirror %s failed for %s (%s); using the "
-			   "registry for %llu s", r->name, r->mirror, what, why,
-			   REG_MIRROR_BACKOFF_NS / 1000000000ull);
+		ferry_warn("%s: %s failed (%s); not asking it for %llu s", m->name,
+			   what, why, REG_MIRROR_BACKOFF_NS / 1000000000ull);
 	} else {
-		ferry_dbg("%s: mirror %s: %s for %s; using the registry",
-			  r->name, r->mirror, why, what);
+		ferry_dbg("%s: %s: %s; asking the next host", m->name, what, why);
 	}
 }
 
@@ -410,10 +620,10 @@ static bool generic_type(const char *t)
 /*
  * The manifest's media type: Content-Type without parameters, checked
  * against the document's mediaType; the document decides (or its shape)
- * when the registry sends a generic type.
+ * when the registry sends a generic type. -EIO with @why filled.
  */
-static int manifest_type(struct registry *r, const char *what,
-			 const struct http_resp *resp, char *out, size_t cap)
+static int manifest_type(const struct http_resp *resp, char *out, size_t cap,
+			 char *why, size_t why_len)
 {
 	const char *ct = http_header(resp, "Content-Type"), *doc;
 	struct json_object *root;
@@ -431,13 +641,13 @@ static int manifest_type(struct registry *r, const char *what,
 	}
 	type[n] = '\0';
 	if (json_parse_object((const char *)resp->body, resp->body_len, &root)) {
-		ferry_err("%s: %s: not a JSON object", r->name, what);
+		snprintf(why, why_len, "not a JSON object");
 		return -EIO;
 	}
 	doc = json_get_string(root, "mediaType");
 	if (doc && *doc && !generic_type(type) && strcasecmp(doc, type)) {
-		ferry_err("%s: %s: Content-Type %s but the document says %.200s",
-			  r->name, what, type, doc);
+		snprintf(why, why_len, "Content-Type %.100s but the document says %.100s",
+			 type, doc);
 		err = -EIO;
 	} else if (generic_type(type)) {
 		if (doc && *doc)
@@ -451,38 +661,17 @@ static int manifest_type(struct registry *r, const char *what,
 	if (err)
 		return err;
 	if (strlen(type) >= cap) {
-		ferry_err("%s: %s: media type too long", r->name, what);
+		snprintf(why, why_len, "media type too long");
 		return -EIO;
 	}
 	memcpy(out, type, strlen(type) + 1);
 	return 0;
 }
 
-/* GET the manifest at @url (the registry or a mirror). */
-static int manifest_get(struct registry *r, const char *url, bool mirror,
-			const char *what, struct http_resp *resp)
-{
-	struct curl_slist accept = { (char *)manifest_accept, NULL };
-	struct http_req q = {
-		.what = what,
-		.method = "GET",
-		.url = url,
-		.headers = &accept,
-		.registry_auth = !mirror,
-		.scope = { .push = r->access == FETCH_PUSH },
-		.follow = true,
-		.once = mirror,
-		.max_body = FETCH_MANIFEST_MAX,
-	};
-
-	return http_do(r, &q, resp);
-}
-
 /* A Docker-Content-Digest header, when the registry sends one, must be @digest. */
-static int check_content_digest(struct registry *r, const char *what,
-				const struct http_resp *resp,
+static int check_content_digest(const struct http_resp *resp,
 				const uint8_t digest[FETCH_DIGEST_SIZE],
-				const char *complaint)
+				const char *complaint, char *why, size_t why_len)
 {
 	const char *hdr = http_header(resp, "Docker-Content-Digest");
 	uint8_t claimed[FETCH_DIGEST_SIZE];
@@ -492,9 +681,61 @@ static int check_content_digest(struct registry *r, const char *what,
 	if (!digest_parse(hdr, claimed) &&
 	    !memcmp(claimed, digest, FETCH_DIGEST_SIZE))
 		return 0;
-	ferry_err("%s: %s: Docker-Content-Digest %.80s %s", r->name, what, hdr,
-		  complaint);
+	snprintf(why, why_len, "Docker-Content-Digest %.80s %s", hdr, complaint);
 	return -EIO;
+}
+
+/*
+ * GET manifest @reference from host @h (the registry, or a mirror: one
+ * attempt, a 401 answered): 0 and the answer in @resp, its sha256 in
+ * @digest (matching @want when by digest) and its type in @media_type;
+ * 1 for an answer other than 200; else an error. What went wrong is in
+ * @why, not logged.
+ */
+static int manifest_from(struct registry *h, const char *reference,
+			 const uint8_t *want, const char *what,
+			 struct http_resp *resp, char *media_type,
+			 size_t media_type_len, uint8_t digest[FETCH_DIGEST_SIZE],
+			 char *why, size_t why_len)
+{
+	struct curl_slist accept = { (char *)manifest_accept, NULL };
+	struct http_req q = {
+		.what = what,
+		.method = "GET",
+		.headers = &accept,
+		.registry_auth = true,
+		.scope = { .push = h->access == FETCH_PUSH },
+		.follow = true,
+		.once = h->mirror, /* the next host is the retry */
+		.max_body = FETCH_MANIFEST_MAX,
+	};
+	char *url;
+	int err;
+
+	why[0] = '\0';
+	err = auth_ping(h);
+	if (err)
+		return err;
+	url = reg_url(h, h->base, "/manifests/%s", reference);
+	if (!url)
+		return -ENOMEM;
+	q.url = url;
+	err = http_do(h, &q, resp);
+	free(url);
+	if (err || resp->status != 200) {
+		http_describe(resp, err, why, why_len);
+		return err ? err : 1;
+	}
+	sha256_buf(resp->body, resp->body_len, digest);
+	if (want && memcmp(digest, want, FETCH_DIGEST_SIZE)) {
+		snprintf(why, why_len, "the bytes do not match the digest");
+		return -EIO;
+	}
+	err = check_content_digest(resp, digest, "does not match the bytes", why,
+				   why_len);
+	if (!err)
+		err = manifest_type(resp, media_type, media_type_len, why, why_len);
+	return err;
 }
 
 int registry_get_manifest(struct registry *r, const char *reference,
@@ -504,9 +745,11 @@ int registry_get_manifest(struct registry *r, const char *reference,
 {
 	struct http_resp resp = { 0 };
 	uint8_t want[FETCH_DIGEST_SIZE];
-	char what[300], *url = NULL;
+	char what[300], why[320];
 	bool by_digest = !digest_parse(reference, want);
-	int err;
+	unsigned int need = by_digest ? FETCH_HOST_PULL : FETCH_HOST_RESOLVE;
+	size_t i;
+	int err = 0;
 
 	memset(body, 0, sizeof(*body));
 	if (!by_digest && !fetch_tag_valid(reference, strlen(reference))) {
@@ -515,53 +758,30 @@ int registry_get_manifest(struct registry *r, const char *reference,
 		return -EINVAL;
 	}
 	snprintf(what, sizeof(what), "manifest %s", reference);
-	if (by_digest && reg_mirror_usable(r)) {
-		char why[320];
+	for (i = 0; i < r->nr_mirrors; i++) {
+		struct registry *m = r->mirrors[i];
 
-		url = reg_url(r, r->mirror, "/manifests/%s", reference);
-		if (!url)
-			return -ENOMEM;
-		err = manifest_get(r, url, true, what, &resp);
-		if (!err && resp.status == 200) {
-			sha256_buf(resp.body, resp.body_len, digest);
-			if (!memcmp(digest, want, FETCH_DIGEST_SIZE))
-				goto got;
-			snprintf(why, sizeof(why), "wrong bytes");
-		} else {
-			http_describe(&resp, err, why, sizeof(why));
-		}
-		reg_mirror_failed(r, what, why, err && err != -EFBIG);
-		free(url);
-		url = NULL;
+		if (!reg_mirror_usable(m, need))
+			continue;
+		err = manifest_from(m, reference, by_digest ? want : NULL, what,
+				    &resp, media_type, media_type_len, digest,
+				    why, sizeof(why));
+		if (!err)
+			goto got;
+		if (err == -ENOMEM || err == -ECANCELED)
+			goto out;
+		/* No answer at all: rest it; an answer concerns this object. */
+		reg_mirror_failed(m, what, why, err < 0 && !resp.status);
 	}
-	err = auth_ping(r);
-	if (err)
-		goto out;
-	url = reg_url(r, r->base, "/manifests/%s", reference);
-	if (!url) {
-		err = -ENOMEM;
-		goto out;
-	}
-	err = manifest_get(r, url, false, what, &resp);
-	if (err || resp.status != 200) {
-		err = http_fail(r, what, err, &resp);
-		goto out;
-	}
-	sha256_buf(resp.body, resp.body_len, digest);
-	if (by_digest && memcmp(digest, want, FETCH_DIGEST_SIZE)) {
-		ferry_err("%s: %s: the bytes do not match the digest", r->name,
-			  what);
-		err = -EIO;
-		goto out;
-	}
-	err = check_content_digest(r, what, &resp, digest,
-				   "does not match the bytes");
+	err = manifest_from(r, reference, by_digest ? want : NULL, what, &resp,
+			    media_type, media_type_len, digest, why, sizeof(why));
+	if (err > 0 || (err && err != -ENOMEM && !resp.status && why[0]))
+		err = http_fail(r, what, err > 0 ? 0 : err, &resp);
+	else if (err && resp.status == 200)
+		ferry_err("%s: %s: %s", r->name, what, why);
 	if (err)
 		goto out;
 got:
-	err = manifest_type(r, what, &resp, media_type, media_type_len);
-	if (err)
-		goto out;
 	if (!resp.body) {
 		/* An empty body still hands out a NUL-terminated buffer. */
 		resp.body = calloc(1, 1);
@@ -575,7 +795,6 @@ got:
 	resp.body = NULL;
 	resp.body_cap = 0;
 out:
-	free(url);
 	http_resp_free(&resp);
 	return err;
 }
@@ -586,7 +805,7 @@ int registry_put_manifest(struct registry *r, const char *reference,
 	struct http_resp resp = { 0 };
 	struct curl_slist ct = { 0 };
 	uint8_t want[FETCH_DIGEST_SIZE], got[FETCH_DIGEST_SIZE];
-	char what[300], *url = NULL, *ct_line = NULL;
+	char what[300], why[200], *url = NULL, *ct_line = NULL;
 	bool by_digest = !digest_parse(reference, want);
 	int err;
 
@@ -643,8 +862,11 @@ int registry_put_manifest(struct registry *r, const char *reference,
 		err = http_fail(r, what, err, &resp);
 		goto out;
 	}
-	err = check_content_digest(r, what, &resp, got,
-				   "is not the digest of the bytes sent");
+	err = check_content_digest(&resp, got,
+				   "is not the digest of the bytes sent",
+				   why, sizeof(why));
+	if (err)
+		ferry_err("%s: %s: %s", r->name, what, why);
 out:
 	free(url);
 	free(ct_line);

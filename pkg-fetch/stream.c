@@ -6,13 +6,16 @@
  * body into a bounded buffer and pauses the transfer when it is full, so
  * memory stays bounded without threads.
  *
- * Sources, in order: the mirror, the cached redirect target of the blob,
- * the registry. A failing mirror or cached URL falls through to the next
- * source at once (a cached signed URL that answers 401/403 has expired).
- * The registry gets authentication and retries through the shared
- * request path (struct http_try); a transfer that ends early resumes with
- * a Range request at the current offset, counted as a retry (the retry
- * budget restarts whenever a transfer moved STREAM_PROGRESS_RESET bytes).
+ * Sources, in order: each mirror that may serve blobs (fetch_host), then
+ * the registry; of each host, first the cached redirect target of the
+ * blob, then the host itself. A failing cached URL or mirror falls
+ * through to the next source at once, from the byte reached (a cached
+ * signed URL that answers 401/403 has expired; a mirror gets one attempt,
+ * its 401 answered). The registry gets authentication and retries
+ * through the shared request path (struct http_try); a transfer that
+ * ends early resumes with a Range request at the current offset, counted
+ * as a retry (the retry budget restarts whenever a transfer moved
+ * STREAM_PROGRESS_RESET bytes).
  *
  * Every answer is checked against what was asked: a 206 must carry a
  * Content-Range starting at the requested offset (and the expected total);
@@ -36,13 +39,14 @@
 #define STREAM_PROGRESS_RESET (1u << 20)
 
 enum stream_src {
-	SRC_MIRROR,
 	SRC_CACHED,
-	SRC_REGISTRY,
+	SRC_HOST,
 };
 
 struct fetch_stream {
 	struct registry *r;
+	struct registry *h;  /* the host asked now: r, or one of r->mirrors */
+	size_t next_mirror;  /* r->mirrors not yet tried start here */
 	uint8_t digest[FETCH_DIGEST_SIZE];
 	char dstr[80];
 	char what[160];
@@ -73,8 +77,8 @@ struct fetch_stream {
 
 	uint64_t pump_exit_ns; /* when the reader last got control back */
 	struct reg_scope scope;
-	struct http_try t;   /* the registry's attempts */
-	bool mirror_failed, cache_failed, eof_checked;
+	struct http_try t;   /* the attempts of h */
+	bool cache_failed, eof_checked;
 	int err; /* sticky */
 };
 
@@ -207,7 +211,7 @@ static size_t stream_write(char *p, size_t size, size_t nmemb, void *arg)
 		s->paused = s->x.paused = true;
 		return CURL_WRITEFUNC_PAUSE;
 	}
-	atomic_fetch_add(&s->r->st_down, n);
+	atomic_fetch_add(&s->h->st_down, n);
 	memcpy(s->buf + s->tail, p + drop, use);
 	s->tail += use;
 	s->pos += use;
@@ -245,26 +249,60 @@ static void xfer_release(struct fetch_stream *s)
 	s->url = NULL;
 }
 
+/* Ask host @h from now on, with attempts of its own. */
+static void stream_use_host(struct fetch_stream *s, struct registry *h)
+{
+	uint64_t deadline = s->t.deadline_ns;
+
+	auth_line_free(s->t.auth);
+	if (s->easy) {
+		/* A handle goes back to the pool of its host. */
+		http_put_handle(s->h, s->easy);
+		s->easy = NULL;
+	}
+	s->h = h;
+	s->t = (struct http_try){
+		.r = h, .method = "GET", .what = s->what, .scope = &s->scope,
+		.deadline_ns = deadline, .once = h->mirror,
+	};
+	s->cache_failed = false;
+}
+
+/* The next mirror that may serve blobs, else the registry, from now on. */
+static void stream_next_host(struct fetch_stream *s)
+{
+	while (s->next_mirror < s->r->nr_mirrors) {
+		struct registry *m = s->r->mirrors[s->next_mirror++];
+
+		if (reg_mirror_usable(m, FETCH_HOST_PULL)) {
+			stream_use_host(s, m);
+			return;
+		}
+	}
+	stream_use_host(s, s->r);
+}
+
 static int stream_start(struct fetch_stream *s)
 {
-	struct registry *r = s->r;
 	bool whole;
 	int err;
 
 	xfer_release(s);
 	s->xfer_start = s->off + s->pos;
-	if (!s->mirror_failed && reg_mirror_usable(r)) {
-		s->src = SRC_MIRROR;
-		s->url = reg_url(r, r->mirror, "/blobs/%s", s->dstr);
-	} else if (!s->cache_failed &&
-		   (s->url = reg_redirect_get(r, s->digest))) {
+	if (!s->cache_failed &&
+	    (s->url = reg_redirect_get(s->h, s->digest))) {
 		s->src = SRC_CACHED;
 	} else {
-		s->src = SRC_REGISTRY;
-		err = http_try_auth(&s->t);
+		s->src = SRC_HOST;
+		/* A mirror whose credentials fail hands over to the next. */
+		while ((err = http_try_auth(&s->t)) && s->h->mirror &&
+		       err != -ENOMEM && err != -ECANCELED) {
+			reg_mirror_failed(s->h, s->what, ferry_strerror(err), true);
+			stream_next_host(s);
+		}
 		if (err)
 			return err;
-		s->url = reg_url(r, r->base, "/blobs/%s", s->dstr);
+		s->url = reg_url(s->h, s->h->base, "/blobs/%s", s->dstr);
 	}
 	if (!s->url)
 		return -ENOMEM;
@@ -293,7 +331,7 @@ static int stream_start(struct fetch_stream *s)
 		.follow = true,
 	};
 	s->x = (struct http_xfer){
-		.r = r, .q = &s->q, .resp = &s->resp,
+		.r = s->h, .q = &s->q, .resp = &s->resp,
 		.deadline_ns = s->t.deadline_ns,
 	};
 	http_resp_reset(&s->resp);
@@ -302,44 +340,48 @@ static int stream_start(struct fetch_stream *s)
 	s->xfer_got = 0;
 	s->why[0] = '\0';
 	if (!s->easy) {
-		s->easy = http_get_handle(r);
+		s->easy = http_get_handle(s->h);
 		if (!s->easy)
 			return -ENOMEM;
 	} else {
 		curl_easy_reset(s->easy);
 	}
-	/* Registry credentials go to the registry only. */
-	err = http_setup(r, s->easy, &s->x,
-			 s->src == SRC_REGISTRY ? s->t.auth : NULL, stream_write,
-			 s);
+	/* A host's credentials go to it only, not to where it redirects. */
+	err = http_setup(s->h, s->easy, &s->x,
+			 s->src == SRC_HOST ? s->t.auth : NULL, stream_write, s);
 	if (err)
 		return err;
 	if (curl_multi_add_handle(s->multi, s->easy) != CURLM_OK)
 		return -ENOMEM;
 	s->active = true;
-	atomic_fetch_add(&r->st_requests, 1);
+	atomic_fetch_add(&s->h->st_requests, 1);
 	return 0;
 }
 
 /* A mirror or cached redirect failed: the next source takes over. */
 static void source_failed(struct fetch_stream *s, int err)
 {
-	struct registry *r = s->r;
 	char why[320];
 
 	if (s->x.sink_err)
 		snprintf(why, sizeof(why), "%s", s->why);
 	else
 		http_describe(&s->resp, err, why, sizeof(why));
-	if (s->src == SRC_MIRROR) {
-		/* Bad bytes or no connection: rest the mirror. A status (it
-		 * lacks this blob) concerns this blob. */
-		reg_mirror_failed(r, s->what, why, err != 0);
-		s->mirror_failed = true;
+	if (s->src == SRC_HOST && s->xfer_got) {
+		/* Broken off mid-way: the next host goes on from there. */
+		ferry_warn("%s: %s broke off after %" PRIu64 " bytes (%s); asking "
+			   "the next host from byte %" PRIu64, s->h->name, s->what,
+			   s->xfer_got, why, s->off + s->pos);
+		stream_next_host(s);
+	} else if (s->src == SRC_HOST) {
+		/* No answer at all: rest the mirror. A status (it lacks this
+		 * blob) concerns this blob. */
+		reg_mirror_failed(s->h, s->what, why, err && !s->resp.status);
+		stream_next_host(s);
 	} else {
 		ferry_dbg("%s: cached redirect for %s failed (%s); resolving "
-			  "again", r->name, s->what, why);
-		reg_redirect_drop(r, s->digest);
+			  "again", s->h->name, s->what, why);
+		reg_redirect_drop(s->h, s->digest);
 		s->cache_failed = true;
 	}
 }
@@ -347,7 +389,7 @@ static void source_failed(struct fetch_stream *s, int err)
 /* A transfer ended: done, switch source, retry, or fail. */
 static int stream_done(struct fetch_stream *s, CURLcode cc)
 {
-	struct registry *r = s->r;
+	struct registry *h = s->h;
 	int err = http_xfer_end(&s->x, s->easy, cc);
 	bool answer = !err && s->resp.status >= 200 && s->resp.status < 300;
 
@@ -355,9 +397,9 @@ static int stream_done(struct fetch_stream *s, CURLcode cc)
 		err = s->x.sink_err = stream_check(s); /* an empty body */
 	if (s->pos == s->len && !s->x.sink_err) {
 		/* Everything wanted arrived (even if the end was unclean). */
-		if (s->src == SRC_REGISTRY && s->resp.redirects > 0 &&
+		if (s->src == SRC_HOST && s->resp.redirects > 0 &&
 		    s->resp.effective_url)
-			reg_redirect_put(r, s->digest, s->resp.effective_url);
+			reg_redirect_put(h, s->digest, s->resp.effective_url);
 		xfer_release(s);
 		return 0;
 	}
@@ -367,13 +409,17 @@ static int stream_done(struct fetch_stream *s, CURLcode cc)
 		s->resp.cc = CURLE_PARTIAL_FILE;
 	}
 	xfer_release(s);
-	if (s->src != SRC_REGISTRY) {
+	if (s->src == SRC_CACHED ||
+	    (h->mirror && (s->x.sink_err || !http_try_next(&s->t, err, &s->resp)))) {
+		/* A mirror's one attempt (its 401 answered) is spent. */
 		source_failed(s, err);
 		return 0;
 	}
+	if (h->mirror)
+		return 0;
 	if (s->x.sink_err) {
 		/* The answer itself was wrong: no retry makes it right. */
-		ferry_err("%s: %s: %s", r->name, s->what,
+		ferry_err("%s: %s: %s", h->name, s->what,
 			  s->why[0] ? s->why : ferry_strerror(err));
 		return err;
 	}
@@ -386,7 +432,7 @@ static int stream_done(struct fetch_stream *s, CURLcode cc)
 		s->t.attempt = 0;
 	if (http_try_next(&s->t, err, &s->resp))
 		return 0;
-	return http_fail(r, s->what, err, &s->resp);
+	return http_fail(h, s->what, err, &s->resp);
 }
 
 static int stream_pump_inner(struct fetch_stream *s);
@@ -487,7 +533,7 @@ void fetch_stream_close(struct fetch_stream *s)
 	xfer_release(s);
 	auth_line_free(s->t.auth);
 	if (s->easy)
-		http_put_handle(s->r, s->easy);
+		http_put_handle(s->h, s->easy);
 	if (s->multi)
 		curl_multi_cleanup(s->multi);
 	http_resp_free(&s->resp);
@@ -510,11 +556,10 @@ int stream_open(struct registry *r, const uint8_t digest[FETCH_DIGEST_SIZE],
 		return -ENOMEM;
 	s->r = r;
 	s->scope.push = r->access == FETCH_PUSH;
-	s->t = (struct http_try){
-		.r = r, .method = "GET", .what = s->what, .scope = &s->scope
-	};
+	s->t = (struct http_try){ .r = r };
 	if (bounded)
 		http_try_start(&s->t, len);
+	stream_next_host(s);
 	memcpy(s->digest, digest, FETCH_DIGEST_SIZE);
 	digest_format(digest, s->dstr);
 	if (verify)

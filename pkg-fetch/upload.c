@@ -26,7 +26,6 @@
 #define CHUNK_MAX (1ull << 30)
 
 struct up_src {
-	const void *data; /* or */
 	int fd;
 	uint64_t size;
 };
@@ -161,9 +160,6 @@ static int up_send(struct up_ctx *u, const char *method, const char *url,
 		.once = true,
 		.no_deadline = true,
 		.upload = true,
-		.up_data = u->src->data ?
-				   (const uint8_t *)u->src->data + off :
-				   NULL,
 		.up_fd = u->src->fd,
 		.up_off = off,
 		.up_len = len,
@@ -298,14 +294,4 @@ int registry_put_blob_fd(struct registry *r, int fd, uint64_t size,
 	struct up_src src = { .fd = fd, .size = size };
 
 	return put_blob(r, &src, digest, mount_from);
-}
-
-int registry_put_blob(struct registry *r, const void *data, size_t len,
-		      const uint8_t digest[FETCH_DIGEST_SIZE])
-{
-	struct up_src src = { .data = data, .fd = -1, .size = len };
-
-	if (!data && len)
-		return -EINVAL;
-	return put_blob(r, &src, digest, NULL);
 }

@@ -18,7 +18,6 @@
 
 #include "internal.h"
 
-#define CF_DEVICE "/dev/cachefiles"
 #define FSCACHE_CACHE IMAGE_FSCACHE_DIR "/cache"
 #define FSCACHE_GRAVEYARD IMAGE_FSCACHE_DIR "/graveyard"
 #define WALK_DEPTH 4 /* cache/I<volume>/@<hash>/D<cookie> */
@@ -122,7 +121,7 @@ static int walk(const char *cache_dir, const char *sub, struct walk *w)
 
 static void holder(struct image_fscache_usage *u)
 {
-	u->holder = proc_holder(CF_DEVICE, u->holder_comm, sizeof(u->holder_comm));
+	u->holder = proc_holder(IMAGE_CACHEFILES_DEVICE, u->holder_comm, sizeof(u->holder_comm));
 }
 
 int image_fscache_usage(const char *cache_dir, struct image_fscache_usage *u)

@@ -534,6 +534,15 @@ int image_open(const char *ref, const struct image_opts *opts,
 	ret = image_ref_parse(ref, IMAGE_ACCEPT_IMAGE, "image", &r);
 	if (ret)
 		goto fail;
+	if (r.transport == IMAGE_DOCKER) {
+		/* Messages and progress name it as normalised. */
+		free(img->ref);
+		if (asprintf(&img->ref, "docker://%s", r.path) < 0) {
+			img->ref = NULL;
+			ret = -ENOMEM;
+			goto fail;
+		}
+	}
 	if (r.transport != IMAGE_DIR) {
 		ret = locate_manifest(img, &r, opts, &expect);
 	} else {

@@ -73,7 +73,16 @@
  * snapshotter as labels: these tell ferry-snapshotter what a layer is. */
 #define FERRY_SNAPSHOT_BLOB_LABEL "containerd.io/snapshot/ferry.blob"
 #define FERRY_SNAPSHOT_BOOTSTRAP_LABEL "containerd.io/snapshot/ferry.bootstrap"
-#define FERRY_FORMAT_VERSION "2" /* the manifest's dev.ferry.version */
+#define FERRY_FORMAT_VERSION "3" /* the manifest's dev.ferry.version */
+/*
+ * A ferry layer's config diff_id (docs/FORMAT.md 1a) is the sha256 of
+ * PREFIX + its digest string (a data blob's own digest, the bootstrap's
+ * raw bytes' digest): no tar layer hashes to such a short text, so the
+ * chain IDs containerd computes for a ferry image's layers never name
+ * layers it unpacks itself (docs/SECURITY.md, containerd).
+ */
+#define FERRY_BLOB_DIFF_ID_PREFIX "dev.ferry.blob "
+#define FERRY_BOOTSTRAP_DIFF_ID_PREFIX "dev.ferry.bootstrap "
 #define FERRY_BOOTSTRAP_DIGEST_ANNOTATION "dev.ferry.bootstrap.uncompressed-digest"
 #define FERRY_BOOTSTRAP_MAX (1ull << 30) /* larger bootstraps are refused */
 #define OCI_JSON_MAX (4u << 20) /* larger manifests, indexes, configs are refused */
@@ -98,8 +107,8 @@ enum image_transport {
 
 struct image_ref {
 	enum image_transport transport;
-	/* dir:, tar:, oci: the path; docker: "HOST[:PORT]/REPO[:TAG|@DIGEST]",
-	 * which fetch_parse_ref checks when the registry is opened. */
+	/* dir:, tar:, oci: the path; docker: the name fetch_parse_ref
+	 * normalises, "HOST[:PORT]/REPO:TAG" or "HOST[:PORT]/REPO@DIGEST". */
 	char *path;
 	char *tag; /* oci: the tag, or NULL (the layout's only image) */
 };
@@ -394,6 +403,7 @@ struct oci_descriptor {
 };
 
 /* One image manifest, resolved; its layer blobs are not read. */
+#define OCI_PLATFORM_MAX 64 /* "os/arch/variant" and its NUL */
 struct oci_image {
 	char *layout;                   /* PATH; NULL for a registry image */
 	struct registry *remote;        /* docker: the repository's client */
@@ -405,6 +415,9 @@ struct oci_image {
 	size_t config_len;
 	struct oci_descriptor *layers;  /* in manifest order */
 	uint32_t nr_layers;
+	/* OCI_PLATFORMS: the image platforms of the index, or none. */
+	char (*platforms)[OCI_PLATFORM_MAX];
+	uint32_t nr_platforms;
 };
 
 /*
@@ -412,7 +425,15 @@ struct oci_image {
  * @platform ("os/arch[/variant]", NULL = the host's) from image indexes.
  * Manifests, indexes and the config are digest- and size-checked. A
  * registry image keeps img->remote open for reading its blobs.
+ * With @platform OCI_PLATFORMS, a reference to an image index is not
+ * resolved: img->platforms lists the platforms of its image manifests
+ * (in index order, each once; attestations and other "unknown" ones
+ * left out) and img->manifest stays NULL; a manifest resolves as usual.
  */
+#define OCI_PLATFORMS "*"
+/* @want ("os/arch[/variant]") names @platform: without a variant, any
+ * variant of os/arch. */
+bool oci_platform_names(const char *want, const char *platform);
 int oci_image_open(const struct image_ref *ref, const char *platform,
 		   const struct fetch_opts *fopts, struct oci_image *img);
 void oci_image_free(struct oci_image *img);
@@ -421,7 +442,12 @@ int oci_blob_path(const char *layout, const uint8_t digest[32], char **out);
 /* A ferry data-blob / bootstrap layer type, current or old. */
 bool oci_is_ferry_blob(const char *media_type);
 bool oci_is_ferry_bootstrap(const char *media_type);
-/* @img's last layer is a bootstrap of the old type (FERRY_*_OLD). */
+/*
+ * @img is a ferry image of an earlier format: its last layer is a
+ * bootstrap of the old type (FERRY_*_OLD, format 1), or its manifest's
+ * dev.ferry.version is not FERRY_FORMAT_VERSION (format 2: its diff_ids
+ * are the layers' digests).
+ */
 bool oci_is_old_ferry(const struct oci_image *img);
 
 /*
@@ -509,6 +535,9 @@ struct image_out_desc {
 	const struct oci_image *source;
 	const struct fetch_opts *fetch;   /* docker: push; NULL = defaults */
 	struct ferry_progress *progress;  /* docker: push */
+	/* One image of an index image_out_finish_index writes: stored (oci:)
+	 * or pushed by digest (docker:), not tagged. */
+	bool index_member;
 };
 
 /*
@@ -521,10 +550,28 @@ struct image_out_desc {
 int image_out_finish(struct image_out *o, const struct image_out_desc *d,
 		     char manifest_digest[DIGEST_STRING_SIZE],
 		     uint64_t *manifest_size);
+/* A member of an image index: a manifest written by image_out_finish. */
+struct image_out_index_entry {
+	char platform[OCI_PLATFORM_MAX]; /* "os/arch[/variant]" */
+	uint8_t digest[32];
+	uint64_t size;
+};
+
+/*
+ * An OCI image index of @entries (index_member images of @o) under the
+ * destination's tag: oci: stored and tagged; docker: pushed by tag
+ * (its members were pushed by digest). Its digest and size go to
+ * @index_digest / @index_size. dir: destinations are -EINVAL.
+ */
+int image_out_finish_index(struct image_out *o,
+			   const struct image_out_index_entry *entries,
+			   uint32_t nr, const struct fetch_opts *fopts,
+			   char index_digest[DIGEST_STRING_SIZE], uint64_t *index_size);
+
 /*
  * Rewrite the old-format ferry image @src (oci_is_old_ferry) into @o in
  * the current format: the same blobs, current layer types, the snapshot
- * labels, a config whose diff_ids match the layers (docs/FORMAT.md 1a).
+ * labels, a config with the layers' diff_ids (docs/FORMAT.md 1a).
  */
 int image_out_upgrade(struct image_out *o, const struct oci_image *src,
 		      const struct fetch_opts *fopts, struct ferry_progress *progress,
@@ -587,6 +634,7 @@ struct image_out_layers_desc {
 	const struct oci_image *source;
 	const struct fetch_opts *fetch;
 	struct ferry_progress *progress;
+	bool index_member; /* as image_out_desc's */
 };
 
 /*
@@ -695,7 +743,7 @@ void image_cache_kernel_reads(struct image_cache *ic);
  */
 int image_cache_prefetch_blobs(struct image_cache *ic,
 			       struct ferry_progress *progress,
-			       const volatile bool *stop);
+			       const _Atomic bool *stop);
 /*
  * Prefetch of listed paths (an image's embedded list, a mount's
  * --prefetch-files). image_prefetch_plan_add adds @path in the image
@@ -710,7 +758,7 @@ int image_cache_prefetch_blobs(struct image_cache *ic,
  * not wait for demand reads — the list names what readers are about to
  * want, and a reader waiting for a range being fetched gets it with that
  * fetch; while it runs, a demand miss inside a planned range queues no
- * readahead — but keeps to the bandwidth limit. A range that fails does not
+ * fetch-ahead — but keeps to the bandwidth limit. A range that fails does not
  * stop the others; stops early when *@stop becomes true. 0 or the first
  * -errno.
  */
@@ -718,7 +766,7 @@ struct image_prefetch_plan;
 int image_prefetch_plan_add(struct image_cache *ic, struct image_prefetch_plan **plan,
 			    const char *path);
 int image_cache_prefetch_plan(struct image_cache *ic, struct image_prefetch_plan *plan,
-			      const volatile bool *stop);
+			      const _Atomic bool *stop);
 void image_prefetch_plan_free(struct image_prefetch_plan *plan);
 /* Prefetch bytes per second (uncompressed), 0 = unlimited. */
 void image_cache_set_bwlimit(struct image_cache *ic, uint64_t bytes_per_sec);
@@ -749,9 +797,9 @@ struct image_cache_stats {
 	uint64_t bytes_read;       /* file bytes served by image_cache_read */
 	uint64_t bytes_fetched;    /* compressed bytes read from the sources */
 	uint64_t bytes_prefetched; /* uncompressed bytes made present by prefetch */
-	uint64_t bytes_ahead;      /* uncompressed bytes readahead covered */
+	uint64_t bytes_ahead;      /* uncompressed bytes fetch-ahead covered */
 	uint64_t fetches;          /* reads from the sources (registry requests) */
-	uint64_t fetches_ahead;    /* of those, by readahead: off readers' paths */
+	uint64_t fetches_ahead;    /* of those, by fetch-ahead: off readers' paths */
 	/* Programs whose libraries were predicted from the image's record of
 	 * them (FORMAT.md 2.6), and from their headers read in the mount. */
 	uint64_t programs_recorded, programs_read;
@@ -865,6 +913,7 @@ int image_layers_attach(const int *mfds, uint32_t nr, const char *target,
  * mount), the graveyard, and directories left empty.
  */
 #define IMAGE_FSCACHE_DIR "fscache"
+#define IMAGE_CACHEFILES_DEVICE "/dev/cachefiles"
 struct image_fscache_usage {
 	uint64_t files, disk_bytes;
 	int holder;

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/file.h>
+#include <sys/mman.h>
 #include <unistd.h>
 #include <zstd.h>
 
@@ -334,6 +335,25 @@ static int get_referrers_tag(struct registry *reg, const uint8_t digest[32],
 }
 
 /*
+ * Upload @len bytes at @data as a blob: through a memfd, pkg-fetch's one
+ * upload source (an index's blobs are small).
+ */
+static int put_mem_blob(struct registry *reg, const void *data, size_t len,
+			const uint8_t digest[32])
+{
+	int fd = memfd_create("ferry-index-blob", MFD_CLOEXEC);
+	int ret;
+
+	if (fd < 0)
+		return -errno;
+	ret = write_full(fd, data, len);
+	if (!ret)
+		ret = registry_put_blob_fd(reg, fd, len, digest, NULL);
+	close(fd);
+	return ret;
+}
+
+/*
  * docker: the blobs and the manifest pushed by digest; without the
  * referrers API, listed in the referrers tag's index.
  */
@@ -356,10 +376,10 @@ static int attach_remote(const struct image_index_out *d, const uint8_t *z,
 	if (ret)
 		goto out;
 	sha256_buf(z, zlen, digest);
-	ret = registry_put_blob(reg, z, zlen, digest);
+	ret = put_mem_blob(reg, z, zlen, digest);
 	if (ret >= 0) {
 		sha256_buf(EMPTY_JSON, strlen(EMPTY_JSON), digest);
-		ret = registry_put_blob(reg, EMPTY_JSON, strlen(EMPTY_JSON), digest);
+		ret = put_mem_blob(reg, EMPTY_JSON, strlen(EMPTY_JSON), digest);
 	}
 	if (ret < 0)
 		goto out;

@@ -159,11 +159,16 @@ void image_cached_keep(const char *cache_dir, const char *sub,
 /*
  * Push the image whose manifest is blob @manifest_digest of @layout to
  * @dest ("HOST[:PORT]/REPO[:TAG]"): every layer and the config (skipping
- * blobs the registry has), then the manifest under the tag.
+ * blobs the registry has), then the manifest under the tag, or with
+ * @by_digest under its digest (an index's member).
  */
 int oci_push(const char *layout, const uint8_t manifest_digest[32],
-	     uint64_t manifest_size, const char *dest,
+	     uint64_t manifest_size, const char *dest, bool by_digest,
 	     const struct fetch_opts *fopts, struct ferry_progress *progress);
+
+/* PUT the image index @text under @dest's tag (its members are there). */
+int oci_push_index(const char *dest, const char *text, size_t len,
+		   const struct fetch_opts *fopts);
 
 /* A descriptor's annotation @key, or NULL. */
 const char *oci_annotation(struct json_object *desc, const char *key);

@@ -167,6 +167,15 @@ int oci_host_platform(char *out, size_t len)
 	return 0;
 }
 
+bool oci_platform_names(const char *want, const char *platform)
+{
+	size_t n = strlen(want);
+
+	return !strcmp(want, platform) ||
+	       (strchr(want, '/') == strrchr(want, '/') &&
+		!strncmp(want, platform, n) && platform[n] == '/');
+}
+
 /* Does index entry @m match "os/arch[/variant]"? */
 static bool platform_matches(struct json_object *m, const char *want)
 {
@@ -181,13 +190,9 @@ static bool platform_matches(struct json_object *m, const char *want)
 	variant = json_get_string(p, "variant");
 	if (!os || !arch)
 		return false;
-	snprintf(buf, sizeof(buf), "%s/%s", os, arch);
-	if (!strcmp(want, buf))
-		return true; /* no variant asked for: any variant */
-	if (!variant)
-		return false;
-	snprintf(buf, sizeof(buf), "%s/%s/%s", os, arch, variant);
-	return !strcmp(want, buf);
+	snprintf(buf, sizeof(buf), "%s/%s%s%s", os, arch,
+		 variant && *variant ? "/" : "", variant ? variant : "");
+	return oci_platform_names(want, buf);
 }
 
 /* An image index's "manifests" array, or -EFSCORRUPTED naming @where. */
@@ -224,6 +229,49 @@ static int pick_platform(struct json_object *index, const char *where,
 	return -ENOENT;
 }
 
+/* The platforms of @index's image manifests into img->platforms. */
+static int list_platforms(struct oci_image *img, struct json_object *index)
+{
+	struct json_object *manifests, *p;
+	size_t i, n, k;
+	int ret = index_manifests(index, img->where, &manifests);
+
+	if (ret)
+		return ret;
+	n = json_object_array_length(manifests);
+	img->platforms = calloc(n ? n : 1, sizeof(*img->platforms));
+	if (!img->platforms)
+		return -ENOMEM;
+	for (i = 0; i < n; i++) {
+		struct json_object *m = json_object_array_get_idx(manifests, i);
+		const char *os, *arch, *variant, *type = json_get_string(m, "mediaType");
+		char *name = img->platforms[img->nr_platforms];
+		int len;
+
+		if (!json_object_object_get_ex(m, "platform", &p) ||
+		    (type && !is_one_of(type, manifest_types, ARRAY_SIZE(manifest_types))))
+			continue;
+		os = json_get_string(p, "os");
+		arch = json_get_string(p, "architecture");
+		variant = json_get_string(p, "variant");
+		if (!os || !arch || !strcmp(os, "unknown") || !strcmp(arch, "unknown"))
+			continue;
+		len = snprintf(name, OCI_PLATFORM_MAX, "%s/%s%s%s", os, arch,
+			       variant && *variant ? "/" : "", variant ? variant : "");
+		if (len >= OCI_PLATFORM_MAX || strspn(name, "abcdefghijklmnopqrstuvwxyz"
+						       "0123456789/._-") != (size_t)len) {
+			ferry_err("%s: image index names a malformed platform", img->where);
+			return -EFSCORRUPTED;
+		}
+		for (k = 0; k < img->nr_platforms; k++)
+			if (!strcmp(img->platforms[k], name))
+				break;
+		if (k == img->nr_platforms)
+			img->nr_platforms++;
+	}
+	return 0;
+}
+
 int oci_index_pick(struct json_object *index, const char *layout,
 		   const char *tag, struct oci_descriptor *d)
 {
@@ -254,6 +302,7 @@ int oci_index_pick(struct json_object *index, const char *layout,
 static void oci_image_clear(struct oci_image *img)
 {
 	json_object_put(img->manifest);
+	free(img->platforms);
 	free(img->config_data);
 	free(img->layers);
 	free(img->layout);
@@ -307,6 +356,11 @@ int oci_image_resolve(struct oci_image *img, const struct oci_descriptor *top,
 				  img->where, type && *type ? type : "untyped document");
 			json_object_put(doc);
 			return -EFSCORRUPTED;
+		}
+		if (!strcmp(platform, OCI_PLATFORMS)) {
+			ret = list_platforms(img, doc);
+			json_object_put(doc);
+			return ret;
 		}
 		if (depth == OCI_INDEX_DEPTH) {
 			ferry_err("%s: image indexes nested deeper than %d", img->where,
@@ -413,9 +467,20 @@ bool oci_is_ferry_bootstrap(const char *media_type)
 
 bool oci_is_old_ferry(const struct oci_image *img)
 {
-	return img->nr_layers &&
-	       !strcmp(img->layers[img->nr_layers - 1].media_type,
-		       FERRY_BOOTSTRAP_MEDIA_TYPE_OLD);
+	struct json_object *ann;
+	const char *version;
+	const char *boot;
+
+	if (!img->nr_layers)
+		return false;
+	boot = img->layers[img->nr_layers - 1].media_type;
+	if (!strcmp(boot, FERRY_BOOTSTRAP_MEDIA_TYPE_OLD))
+		return true;
+	if (strcmp(boot, FERRY_BOOTSTRAP_MEDIA_TYPE) ||
+	    !json_object_object_get_ex(img->manifest, "annotations", &ann))
+		return false;
+	version = json_get_string(ann, "dev.ferry.version");
+	return !version || strcmp(version, FERRY_FORMAT_VERSION);
 }
 
 int oci_blob_path(const char *layout, const uint8_t digest[32], char **out)

@@ -16,7 +16,7 @@ static const struct {
 	[IMAGE_DIR] = { "dir:", "dir:PATH" },
 	[IMAGE_TAR] = { "tar:", "tar:PATH" },
 	[IMAGE_OCI] = { "oci:", "oci:PATH[:TAG]" },
-	[IMAGE_DOCKER] = { "docker:", "docker://HOST[:PORT]/REPO[:TAG|@DIGEST]" },
+	[IMAGE_DOCKER] = { "docker:", "docker://[HOST[:PORT]/]REPO[:TAG|@DIGEST]" },
 };
 
 /* "@what \"@s\": expected dir:PATH, oci:PATH[:TAG] or docker://…" */
@@ -52,6 +52,20 @@ static int split_tag(const char *s, char **path, char **tag)
 	}
 	*path = strdup(s);
 	return *path ? 0 : -ENOMEM;
+}
+
+/* A registry image's name as Docker normalises it ("debian" is
+ * "docker.io/library/debian:latest"), so messages and records agree. */
+static int docker_name(const char *s, char **out)
+{
+	struct fetch_ref ref;
+	int ret = fetch_parse_ref(s, &ref);
+
+	if (ret)
+		return ret;
+	*out = fetch_ref_string(&ref);
+	fetch_ref_free(&ref);
+	return *out ? 0 : -ENOMEM;
 }
 
 int image_ref_parse(const char *s, unsigned int accept, const char *what,
@@ -99,6 +113,8 @@ int image_ref_parse(const char *s, unsigned int accept, const char *what,
 	}
 	if (out->transport == IMAGE_OCI)
 		ret = split_tag(rest, &out->path, &out->tag);
+	else if (out->transport == IMAGE_DOCKER)
+		ret = docker_name(rest, &out->path);
 	else
 		ret = (out->path = strdup(rest)) ? 0 : -ENOMEM;
 	if (ret)

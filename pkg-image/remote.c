@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 /*
- * Images in registries (docker://HOST[:PORT]/REPO[:TAG|@DIGEST]): resolve
+ * Images in registries (docker://[HOST[:PORT]/]REPO[:TAG|@DIGEST]): resolve
  * a reference to one image manifest through pkg-fetch, stream layers, and
  * push an image from an OCI layout.
  */
@@ -164,9 +164,10 @@ out:
 }
 
 int oci_push(const char *layout, const uint8_t manifest_digest[32],
-	     uint64_t manifest_size, const char *dest,
+	     uint64_t manifest_size, const char *dest, bool by_digest,
 	     const struct fetch_opts *fopts, struct ferry_progress *progress)
 {
+	char dstr[DIGEST_STRING_SIZE];
 	struct oci_image img = { 0 };
 	struct oci_descriptor top = { .size = manifest_size };
 	struct fetch_ref ref = { 0 };
@@ -214,14 +215,33 @@ int oci_push(const char *layout, const uint8_t manifest_digest[32],
 	if (ret)
 		goto out;
 	ret = oci_layout_load(img.layout, &top, true, &text, &len);
+	digest_format(manifest_digest, dstr);
 	if (!ret)
-		ret = registry_put_manifest(reg, ref.tag ? ref.tag : "latest",
+		ret = registry_put_manifest(reg, by_digest ? dstr :
+						 ref.tag ? ref.tag : "latest",
 					    FETCH_OCI_MANIFEST, text, len);
 out:
 	free(text);
 	if (reg)
 		registry_close(reg);
 	oci_image_free(&img);
+	fetch_ref_free(&ref);
+	return ret;
+}
+
+int oci_push_index(const char *dest, const char *text, size_t len,
+		   const struct fetch_opts *fopts)
+{
+	struct fetch_ref ref = { 0 };
+	struct registry *reg = NULL;
+	int ret = fetch_parse_ref(dest, &ref);
+
+	if (!ret)
+		ret = registry_open(&ref, fopts, FETCH_PUSH, &reg);
+	if (!ret)
+		ret = registry_put_manifest(reg, ref.tag ? ref.tag : "latest",
+					    FETCH_OCI_INDEX, text, len);
+	registry_close(reg);
 	fetch_ref_free(&ref);
 	return ret;
 }

@@ -408,7 +408,7 @@ void image_out_close(struct image_out *o, bool failed)
  */
 static int commit_dir(struct image_out *o)
 {
-	int fd, ret = 0;
+	int ret = 0;
 
 	if (fsync(o->lock_fd) || fchmod(o->lock_fd, 0755))
 		ret = -errno;
@@ -423,14 +423,7 @@ static int commit_dir(struct image_out *o)
 	o->committed = true;
 	if (o->replace && image_dir_remove(o->dir))
 		ferry_warn("%s: the replaced image is left in %s", o->final, o->dir);
-	fd = open(o->parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (fd < 0 || fsync(fd))
-		ret = -errno;
-	if (fd >= 0)
-		close(fd);
-	if (ret)
-		ferry_err("%s: cannot sync: %s", o->parent, ferry_strerror(ret));
-	return ret;
+	return fsync_dir(o->parent);
 }
 
 /* ------------------------------------------------------------------ */
@@ -512,6 +505,17 @@ void oci_annotate(struct json_object *o, const char *key, const char *value)
 		json_object_object_add(o, "annotations", ann);
 	}
 	json_object_object_add(ann, key, json_object_new_string(value));
+}
+
+/* @digest's diff_id as a ferry layer (FERRY_*_DIFF_ID_PREFIX). */
+static void ferry_diff_id(const char *prefix, const uint8_t digest[32], uint8_t out[32])
+{
+	char text[64 + DIGEST_STRING_SIZE];
+	int n;
+
+	n = snprintf(text, sizeof(text), "%s", prefix);
+	digest_format(digest, text + n);
+	sha256_buf(text, strlen(text), out);
 }
 
 /*
@@ -621,11 +625,13 @@ static int annotate_source(struct json_object *manifest,
 
 /*
  * Complete @manifest with its config (put_config, from @src's or a minimal
- * one) and the format version, and store and tag it in @o.
+ * one) and the format version, and store it in @o, tagged unless it is
+ * an index's member.
  */
 static int put_manifest(struct image_out *o, struct json_object *manifest,
 			const struct oci_image *src, const uint8_t (*diff_ids)[32],
-			uint32_t nr, uint8_t digest[32], uint64_t *size)
+			uint32_t nr, bool index_member, uint8_t digest[32],
+			uint64_t *size)
 {
 	struct oci_descriptor config = { 0 };
 	const char *text;
@@ -646,7 +652,7 @@ static int put_manifest(struct image_out *o, struct json_object *manifest,
 							JSON_C_TO_STRING_NOSLASHESCAPE);
 	*size = strlen(text);
 	ret = oci_put_blob(o->dir, text, *size, digest);
-	if (!ret)
+	if (!ret && !index_member)
 		ret = oci_tag_manifest(o->dir, o->tag ? o->tag : "latest", digest,
 				       *size, FETCH_OCI_MANIFEST);
 	return ret;
@@ -658,17 +664,16 @@ static int finish_oci(struct image_out *o, const struct image_out_desc *d,
 {
 	struct json_object *manifest = NULL, *layers, *desc;
 	char num[32], dstr[DIGEST_STRING_SIZE];
-	uint8_t zboot_digest[BLOB_DIGEST_SIZE], (*diff_ids)[32];
+	uint8_t zboot_digest[BLOB_DIGEST_SIZE], boot_digest[32], (*diff_ids)[32];
 	uint64_t zboot_size = 0;
 	uint32_t i;
 	int ret;
 
-	/* A data blob is its own diff_id (it is not compressed as a whole);
-	 * the bootstrap's is the digest of its raw EROFS bytes. */
 	diff_ids = calloc(d->nr_blobs + 1, sizeof(*diff_ids));
 	if (!diff_ids)
 		return -ENOMEM;
-	sha256_buf(d->bootstrap, d->bootstrap_len, diff_ids[d->nr_blobs]);
+	sha256_buf(d->bootstrap, d->bootstrap_len, boot_digest);
+	ferry_diff_id(FERRY_BOOTSTRAP_DIFF_ID_PREFIX, boot_digest, diff_ids[d->nr_blobs]);
 	ret = put_compressed_bootstrap(o->dir, d->bootstrap, d->bootstrap_len,
 				       zboot_digest, &zboot_size);
 	if (ret)
@@ -683,7 +688,7 @@ static int finish_oci(struct image_out *o, const struct image_out_desc *d,
 	for (i = 0; i < d->nr_blobs; i++) {
 		const struct image_out_blob *ob = &d->blobs[i];
 
-		memcpy(diff_ids[i], ob->info->digest, 32);
+		ferry_diff_id(FERRY_BLOB_DIFF_ID_PREFIX, ob->info->digest, diff_ids[i]);
 		desc = oci_descriptor_json(FERRY_BLOB_MEDIA_TYPE, ob->info->digest,
 				       ob->info->size);
 		snprintf(num, sizeof(num), "%llu",
@@ -698,7 +703,7 @@ static int finish_oci(struct image_out *o, const struct image_out_desc *d,
 	}
 	desc = oci_descriptor_json(FERRY_BOOTSTRAP_MEDIA_TYPE, zboot_digest, zboot_size);
 	oci_annotate(desc, "dev.ferry.bootstrap", "true");
-	digest_format(diff_ids[d->nr_blobs], dstr);
+	digest_format(boot_digest, dstr);
 	oci_annotate(desc, FERRY_BOOTSTRAP_DIGEST_ANNOTATION, dstr);
 	snprintf(num, sizeof(num), "%llu", (unsigned long long)d->bootstrap_len);
 	oci_annotate(desc, "dev.ferry.bootstrap.uncompressed-size", num);
@@ -714,7 +719,8 @@ static int finish_oci(struct image_out *o, const struct image_out_desc *d,
 			goto out;
 	}
 	ret = put_manifest(o, manifest, d->source, (const uint8_t (*)[32])diff_ids,
-			   d->nr_blobs + 1, manifest_digest, manifest_size);
+			   d->nr_blobs + 1, d->index_member, manifest_digest,
+			   manifest_size);
 out:
 	json_object_put(manifest);
 	free(diff_ids);
@@ -768,7 +774,7 @@ int image_out_upgrade(struct image_out *o, const struct oci_image *src,
 	int ret = 0;
 
 	if (o->transport != IMAGE_OCI || !oci_is_old_ferry(src)) {
-		ferry_err("%s: a ferry image of format 1 is upgraded only into oci: or docker://; choose such a destination",
+		ferry_err("%s: a ferry image of an earlier format is upgraded only into oci: or docker://; choose such a destination",
 			  src->where);
 		return -EINVAL;
 	}
@@ -781,20 +787,23 @@ int image_out_upgrade(struct image_out *o, const struct oci_image *src,
 	json_object_object_get_ex(manifest, "layers", &layers);
 	for (i = 0; !ret && i < src->nr_layers; i++) {
 		desc = json_object_array_get_idx(layers, i);
-		memcpy(diff_ids[i], src->layers[i].digest, 32);
 		if (i == last) {
 			s = oci_annotation(desc, FERRY_BOOTSTRAP_DIGEST_ANNOTATION);
-			if (!s || digest_parse(s, diff_ids[i])) {
+			if (!s || digest_parse(s, digest)) {
 				ferry_err("%s: bootstrap layer lacks a valid %s annotation",
 					  src->where, FERRY_BOOTSTRAP_DIGEST_ANNOTATION);
 				ret = -EFSCORRUPTED;
 				break;
 			}
+			ferry_diff_id(FERRY_BOOTSTRAP_DIFF_ID_PREFIX, digest, diff_ids[i]);
 		} else if (!oci_is_ferry_blob(src->layers[i].media_type)) {
 			ferry_err("%s: layer %u is %s, not a ferry blob", src->where, i,
 				  src->layers[i].media_type);
 			ret = -EFSCORRUPTED;
 			break;
+		} else {
+			ferry_diff_id(FERRY_BLOB_DIFF_ID_PREFIX, src->layers[i].digest,
+				      diff_ids[i]);
 		}
 		json_object_object_add(desc, "mediaType", json_object_new_string(
 			i == last ? FERRY_BOOTSTRAP_MEDIA_TYPE : FERRY_BLOB_MEDIA_TYPE));
@@ -804,11 +813,11 @@ int image_out_upgrade(struct image_out *o, const struct oci_image *src,
 	}
 	if (!ret)
 		ret = put_manifest(o, manifest, src, (const uint8_t (*)[32])diff_ids,
-				   src->nr_layers, digest, manifest_size);
+				   src->nr_layers, false, digest, manifest_size);
 	if (!ret)
 		digest_format(digest, manifest_digest);
 	if (!ret && o->push_ref)
-		ret = oci_push(o->dir, digest, *manifest_size, o->push_ref, fopts,
+		ret = oci_push(o->dir, digest, *manifest_size, o->push_ref, false, fopts,
 			       progress);
 out:
 	json_object_put(manifest);
@@ -833,7 +842,71 @@ int image_out_finish(struct image_out *o, const struct image_out_desc *d,
 	digest_format(digest, manifest_digest);
 	if (o->push_ref)
 		ret = oci_push(o->dir, digest, *manifest_size, o->push_ref,
-			       d->fetch, d->progress);
+			       d->index_member, d->fetch, d->progress);
+	return ret;
+}
+
+/* "os/arch[/variant]" as an index entry's platform object. */
+static struct json_object *platform_json(const char *platform)
+{
+	struct json_object *p = json_object_new_object();
+	const char *arch = strchr(platform, '/'), *variant;
+
+	if (!p || !arch)
+		return p;
+	variant = strchr(arch + 1, '/');
+	json_object_object_add(p, "architecture",
+			       json_object_new_string_len(arch + 1, variant ?
+					(int)(variant - arch - 1) : (int)strlen(arch + 1)));
+	json_object_object_add(p, "os", json_object_new_string_len(platform,
+						(int)(arch - platform)));
+	if (variant)
+		json_object_object_add(p, "variant", json_object_new_string(variant + 1));
+	return p;
+}
+
+int image_out_finish_index(struct image_out *o,
+			   const struct image_out_index_entry *entries,
+			   uint32_t nr, const struct fetch_opts *fopts,
+			   char index_digest[DIGEST_STRING_SIZE], uint64_t *index_size)
+{
+	struct json_object *index, *manifests;
+	uint8_t digest[32];
+	const char *text;
+	uint32_t i;
+	int ret;
+
+	if (o->transport == IMAGE_DIR) {
+		ferry_err("%s: an image index is written to oci: or docker://, not dir:",
+			  o->final);
+		return -EINVAL;
+	}
+	index = json_object_new_object();
+	manifests = json_object_new_array();
+	json_object_object_add(index, "schemaVersion", json_object_new_int(2));
+	json_object_object_add(index, "mediaType", json_object_new_string(FETCH_OCI_INDEX));
+	json_object_object_add(index, "manifests", manifests);
+	for (i = 0; i < nr; i++) {
+		struct json_object *d = oci_descriptor_json(FETCH_OCI_MANIFEST,
+							entries[i].digest,
+							entries[i].size);
+
+		json_object_object_add(d, "platform", platform_json(entries[i].platform));
+		json_object_array_add(manifests, d);
+	}
+	oci_annotate(index, "dev.ferry.version", FERRY_FORMAT_VERSION);
+	text = json_object_to_json_string_ext(index, JSON_C_TO_STRING_PLAIN |
+						     JSON_C_TO_STRING_NOSLASHESCAPE);
+	*index_size = strlen(text);
+	ret = oci_put_blob(o->dir, text, *index_size, digest);
+	if (!ret && o->push_ref)
+		ret = oci_push_index(o->push_ref, text, *index_size, fopts);
+	else if (!ret)
+		ret = oci_tag_manifest(o->dir, o->tag ? o->tag : "latest", digest,
+				       *index_size, FETCH_OCI_INDEX);
+	if (!ret)
+		digest_format(digest, index_digest);
+	json_object_put(index);
 	return ret;
 }
 
@@ -960,7 +1033,7 @@ int image_out_finish_layers(struct image_out *o,
 							JSON_C_TO_STRING_NOSLASHESCAPE);
 	*manifest_size = strlen(text);
 	ret = oci_put_blob(o->dir, text, *manifest_size, digest);
-	if (!ret)
+	if (!ret && !d->index_member)
 		ret = oci_tag_manifest(o->dir, o->tag ? o->tag : "latest", digest,
 				       *manifest_size, FETCH_OCI_MANIFEST);
 	if (ret)
@@ -968,7 +1041,7 @@ int image_out_finish_layers(struct image_out *o,
 	digest_format(digest, manifest_digest);
 	if (o->push_ref)
 		ret = oci_push(o->dir, digest, *manifest_size, o->push_ref,
-			       d->fetch, d->progress);
+			       d->index_member, d->fetch, d->progress);
 out:
 	json_object_put(manifest);
 	return ret;

@@ -29,6 +29,7 @@
 #define META_BLOCK_SIZE 4096u
 #define META_MAX_DEVICES 1024u /* blobs per image */
 #define META_NAME_MAX 255u
+#define META_SYMLINK_MAX 4095u /* a target's bytes: PATH_MAX - 1, what readlink can return */
 #define META_XATTR_VALUE_MAX 65535u /* e_value_size is 16 bits */
 
 /* ------------------------------------------------------------------ */

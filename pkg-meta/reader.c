@@ -22,7 +22,7 @@
 #include "internal.h"
 #include "meta.h"
 
-#define SYMLINK_MAX (EROFS_BLKSIZ - 1) /* PATH_MAX without the NUL */
+_Static_assert(META_SYMLINK_MAX < EROFS_BLKSIZ, "a symlink's target fits one block");
 /* meta_stat.chunk_size is 32 bits: chunks up to 2 GiB. */
 #define CHUNK_BITS_MAX 19
 
@@ -712,7 +712,7 @@ static int load_inode(const struct meta_image *img, uint64_t nid,
 	case S_IFREG:
 		break;
 	case S_IFLNK:
-		if (ri->size > SYMLINK_MAX)
+		if (ri->size > META_SYMLINK_MAX)
 			return inode_corrupt(img, nid, "symlink too long", ri->size);
 		/* fall through */
 	case S_IFDIR:

@@ -38,8 +38,6 @@
  *   with uuid and checksum fields zero, stamped as an RFC 9562 version-8
  *   UUID. The superblock checksum is computed last, over the final bytes.
  */
-#include "meta.h"
-
 #include <openssl/evp.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -49,93 +47,11 @@
 
 #include "../pkg-base/base.h"
 #include "internal.h"
-
-#define BLK EROFS_BLKSIZ
-#define DEVT_SLOTOFF 9 /* right after the 128-byte superblock */
-#define DEVT_OFFSET (DEVT_SLOTOFF * EROFS_DEVT_SLOT_SIZE)
-/* Chunks of at most 2 GiB keep chunk arithmetic within 32 bits everywhere. */
-#define MAX_CHUNK_BITS (31 - EROFS_BLKSIZ_BITS)
-#define SYMLINK_MAX 4095u        /* PATH_MAX - 1: what readlink can return */
-#define MAX_SHARED_PER_INODE 255 /* h_shared_count is 8 bits */
-#define XATTR_IBODY_MAX EROFS_XATTR_IBODY_SIZE(0xFFFFu)
-#define STREAM_BUF (1u << 20)
-#define PATH_BUF 4096
-
-enum wr_kind {
-	KIND_FLAT,    /* data in the bootstrap: FLAT_PLAIN or FLAT_INLINE */
-	KIND_CHUNKED, /* CHUNK_BASED with 8-byte indexes */
-	KIND_SPECIAL, /* devices, fifos, sockets: no data */
-};
-
-struct wr_inode {
-	struct meta_inode *inode;
-	const struct meta_dentry *name; /* dentry that first reached it */
-	uint32_t parent;                /* index of that dentry's directory */
-	uint32_t nlink;
-	uint64_t size;      /* i_size; generated for directories */
-	uint64_t pos;       /* byte offset of the inode: nid * 32 */
-	uint64_t nr_chunks; /* KIND_CHUNKED */
-	size_t ents;        /* directories: first sorted entry in w->ents */
-	uint32_t nr_ents;
-	uint32_t xattrs;     /* first of inode->nr_xattrs entries in w->xattrs */
-	uint32_t xattr_size; /* inline xattr region, 0 or 12 + 4 * (icount - 1) */
-	uint32_t tail;       /* data bytes inline after the xattrs */
-	uint64_t nr_blocks;  /* KIND_FLAT: blocks in the data area */
-	uint32_t i_u;
-	uint8_t kind, layout, nr_shared;
-	bool extended;
-	bool embedded; /* FLAT_PLAIN in the embedded data */
-	bool compressed; /* embedded, COMPRESSED_COMPACT or _FULL */
-	bool fragment;   /* whole in the packed inode: map header only */
-	uint32_t zblocks; /* compressed: its pclusters' blocks (i_u) */
-};
-
-struct wr_xattr {
-	const char *suffix; /* name without its EROFS prefix */
-	const uint8_t *value;
-	uint32_t value_len;
-	uint32_t shared_id; /* valid when shared */
-	uint8_t index;      /* EROFS name index */
-	uint8_t suffix_len;
-	bool shared;
-};
-
-struct writer {
-	const struct meta_write_opts *opts;
-	int fd;
-
-	struct wr_inode *inodes; /* breadth-first; [0] is the root */
-	uint32_t nr_inodes, cap_inodes;
-	const struct meta_dentry **ents; /* per directory, sorted, with . and .. */
-	size_t nr_ents, cap_ents;
-	struct meta_dentry *dot, *dotdot; /* inode NULL: resolved per directory */
-
-	struct wr_xattr *xattrs;
-	const struct wr_xattr **shared; /* one per shared entry, by id */
-	uint32_t nr_shared;
-	uint64_t shared_bytes;
-
-	uint64_t epoch;
-	uint32_t fixed_nsec;
-	bool chunked, compressed, fragments;
-	uint16_t zalgs;          /* bitmap of compression algorithms used */
-	uint16_t max_pclusterblks;
-	uint32_t zcfgs_size;     /* COMPR_CFGS records after the superblock */
-	uint32_t xattr_blkaddr, data_blkaddr, embed_blkaddr, ext_blkaddr;
-	uint32_t total_blocks;
-
-	uint8_t *meta; /* bytes [0, data_blkaddr * BLK) */
-	uint8_t block[BLK];
-
-	uint8_t *buf; /* data area and ext region, streamed */
-	size_t buf_len;
-	uint64_t buf_off;
-	EVP_MD_CTX *sha;
-};
+#include "writer.h"
 
 /* "/a/b" for @wi, shortened from the left to fit @size. */
-static const char *wr_path(const struct writer *w, const struct wr_inode *wi,
-			   char *buf, size_t size)
+const char *wr_path(const struct writer *w, const struct wr_inode *wi, char *buf,
+		    size_t size)
 {
 	char *p = buf + size - 1;
 
@@ -160,9 +76,7 @@ static const char *wr_path(const struct writer *w, const struct wr_inode *wi,
 	return p;
 }
 
-__attribute__((format(printf, 4, 5)))
-static int wr_fail(const struct writer *w, const struct wr_inode *wi, int err,
-		   const char *fmt, ...)
+int wr_fail(const struct writer *w, const struct wr_inode *wi, int err, const char *fmt, ...)
 {
 	char path[PATH_BUF], msg[512];
 	va_list ap;
@@ -519,7 +433,7 @@ static int wr_classify(struct writer *w, struct wr_inode *wi)
 				       (unsigned long long)in->size);
 		return 0;
 	case S_IFLNK:
-		if (!in->size || in->size > SYMLINK_MAX || !in->data)
+		if (!in->size || in->size > META_SYMLINK_MAX || !in->data)
 			return wr_fail(w, wi, -EINVAL,
 				       "symlink target of %llu bytes%s",
 				       (unsigned long long)in->size,
@@ -543,196 +457,6 @@ static int wr_classify(struct writer *w, struct wr_inode *wi)
 	default:
 		return wr_fail(w, wi, -EINVAL, "unknown file type 0%o", type);
 	}
-}
-
-/* ------------------------------------------------------------------ */
-/* Extended attributes                                                  */
-/* ------------------------------------------------------------------ */
-
-static int xattr_cmp(const struct wr_xattr *a, const struct wr_xattr *b)
-{
-	int c;
-
-	if (a->index != b->index)
-		return a->index < b->index ? -1 : 1;
-	c = memcmp(a->suffix, b->suffix, MIN(a->suffix_len, b->suffix_len));
-	if (c || a->suffix_len != b->suffix_len)
-		return c ? c : (a->suffix_len < b->suffix_len ? -1 : 1);
-	c = memcmp(a->value, b->value, MIN(a->value_len, b->value_len));
-	if (c || a->value_len != b->value_len)
-		return c ? c : (a->value_len < b->value_len ? -1 : 1);
-	return 0;
-}
-
-static int xattr_cmp_val(const void *a, const void *b)
-{
-	return xattr_cmp(a, b);
-}
-
-static int xattr_cmp_ptr(const void *a, const void *b)
-{
-	return xattr_cmp(*(struct wr_xattr *const *)a,
-			 *(struct wr_xattr *const *)b);
-}
-
-static uint32_t xattr_entry_size(const struct wr_xattr *x)
-{
-	return EROFS_XATTR_ALIGN(EROFS_XATTR_ENTRY_SIZE + x->suffix_len +
-				 x->value_len);
-}
-
-static uint32_t xattr_put_entry(uint8_t *p, const struct wr_xattr *x)
-{
-	p[0] = x->suffix_len;
-	p[1] = x->index;
-	put_le16(p + 2, (uint16_t)x->value_len);
-	memcpy(p + EROFS_XATTR_ENTRY_SIZE, x->suffix, x->suffix_len);
-	if (x->value_len)
-		memcpy(p + EROFS_XATTR_ENTRY_SIZE + x->suffix_len, x->value,
-		       x->value_len);
-	return xattr_entry_size(x);
-}
-
-/* Map a full xattr name to an EROFS name index and suffix. */
-static int xattr_parse(struct writer *w, const struct wr_inode *wi,
-		       const struct meta_xattr *mx, struct wr_xattr *x)
-{
-	for (size_t i = 0; i < ARRAY_SIZE(erofs_xattr_prefixes); i++) {
-		const struct erofs_xattr_prefix *p = &erofs_xattr_prefixes[i];
-		size_t len;
-
-		if (strncmp(mx->name, p->prefix, p->len))
-			continue;
-		len = strlen(mx->name + p->len);
-		/* ACL names are whole; the others need a suffix. */
-		if ((p->index == EROFS_XATTR_INDEX_POSIX_ACL_ACCESS ||
-		     p->index == EROFS_XATTR_INDEX_POSIX_ACL_DEFAULT) != !len)
-			break;
-		if (len > EROFS_NAME_LEN)
-			return wr_fail(w, wi, -EINVAL,
-				       "xattr name \"%.40s...\" longer than %u after its prefix",
-				       mx->name, EROFS_NAME_LEN);
-		if (mx->value_len > META_XATTR_VALUE_MAX)
-			return wr_fail(w, wi, -EINVAL,
-				       "xattr \"%s\" value of %u bytes exceeds %u",
-				       mx->name, mx->value_len,
-				       META_XATTR_VALUE_MAX);
-		x->index = p->index;
-		x->suffix = mx->name + p->len;
-		x->suffix_len = (uint8_t)len;
-		x->value = mx->value;
-		x->value_len = mx->value_len;
-		return 0;
-	}
-	return wr_fail(w, wi, -EINVAL,
-		       "xattr \"%.64s\" is not user./trusted./security.<name> "
-		       "or system.posix_acl_{access,default}", mx->name);
-}
-
-/* Mark runs of >= 2 equal pairs shared, capped per inode, and number them. */
-static int xattr_share(struct writer *w, struct wr_xattr **sorted, size_t n)
-{
-	uint64_t off = 0;
-
-	for (size_t a = 0, b; a < n; a = b) {
-		for (b = a + 1; b < n && !xattr_cmp(sorted[a], sorted[b]); b++)
-			;
-		for (size_t k = a; b - a >= 2 && k < b; k++)
-			sorted[k]->shared = true;
-	}
-	for (uint32_t i = 0; i < w->nr_inodes; i++) {
-		struct wr_inode *wi = &w->inodes[i];
-
-		for (uint32_t k = 0; k < wi->inode->nr_xattrs; k++) {
-			struct wr_xattr *x = &w->xattrs[wi->xattrs + k];
-
-			if (!x->shared)
-				continue;
-			if (wi->nr_shared == MAX_SHARED_PER_INODE)
-				x->shared = false;
-			else
-				wi->nr_shared++;
-		}
-	}
-	for (size_t a = 0, b; a < n; a = b) {
-		bool used = false;
-
-		for (b = a; b < n && !xattr_cmp(sorted[a], sorted[b]); b++)
-			used |= sorted[b]->shared;
-		if (!used)
-			continue;
-		if (off / 4 > UINT32_MAX) {
-			ferry_err("meta: shared xattr area over 16 GiB");
-			return -EFBIG;
-		}
-		for (size_t k = a; k < b; k++)
-			sorted[k]->shared_id = (uint32_t)(off / 4);
-		w->shared[w->nr_shared++] = sorted[a];
-		off += xattr_entry_size(sorted[a]);
-	}
-	w->shared_bytes = off;
-	return 0;
-}
-
-static int wr_xattrs(struct writer *w)
-{
-	struct wr_xattr **sorted = NULL;
-	size_t total = 0, k = 0;
-	int ret = 0;
-
-	for (uint32_t i = 0; i < w->nr_inodes; i++)
-		total += w->inodes[i].inode->nr_xattrs;
-	if (!total)
-		return 0;
-	w->xattrs = calloc(total, sizeof(*w->xattrs));
-	sorted = malloc(total * sizeof(*sorted));
-	w->shared = malloc(total * sizeof(*w->shared));
-	if (!w->xattrs || !sorted || !w->shared) {
-		ret = -ENOMEM;
-		goto out;
-	}
-	for (uint32_t i = 0; i < w->nr_inodes; i++) {
-		struct wr_inode *wi = &w->inodes[i];
-		const struct meta_inode *in = wi->inode;
-
-		wi->xattrs = (uint32_t)k;
-		for (uint32_t j = 0; j < in->nr_xattrs; j++, k++) {
-			ret = xattr_parse(w, wi, &in->xattrs[j], &w->xattrs[k]);
-			if (ret)
-				goto out;
-			sorted[k] = &w->xattrs[k];
-		}
-		qsort(&w->xattrs[wi->xattrs], in->nr_xattrs,
-		      sizeof(w->xattrs[0]), xattr_cmp_val);
-	}
-	/* Only now are the per-inode slices in place for @sorted to point at. */
-	qsort(sorted, total, sizeof(sorted[0]), xattr_cmp_ptr);
-	ret = xattr_share(w, sorted, total);
-	if (ret)
-		goto out;
-	for (uint32_t i = 0; i < w->nr_inodes; i++) {
-		struct wr_inode *wi = &w->inodes[i];
-		uint64_t size = EROFS_XATTR_IBODY_HEADER_SIZE + 4u * wi->nr_shared;
-
-		if (!wi->inode->nr_xattrs)
-			continue;
-		for (uint32_t j = 0; j < wi->inode->nr_xattrs; j++) {
-			const struct wr_xattr *x = &w->xattrs[wi->xattrs + j];
-
-			if (!x->shared)
-				size += xattr_entry_size(x);
-		}
-		if (size > XATTR_IBODY_MAX) {
-			ret = wr_fail(w, wi, -EINVAL,
-				      "xattrs need %llu bytes, an inode holds %u",
-				      (unsigned long long)size, XATTR_IBODY_MAX);
-			goto out;
-		}
-		wi->xattr_size = (uint32_t)size;
-	}
-out:
-	free(sorted);
-	return ret;
 }
 
 /* ------------------------------------------------------------------ */

@@ -10,7 +10,7 @@ pkgs=(
 	# tests: format oracle, fixtures, tools
 	fuse3 erofs-utils attr acl libcap2-bin tar gzip zstd xz-utils python3
 	mmdebstrap umoci skopeo rsync docker-registry apache2-utils openssl
-	python3-prometheus-client systemd
+	python3-prometheus-client systemd iproute2 util-linux
 	# containerd snapshotter (contrib/containerd): Go sources, runtime, ctr-remote
 	golang-go golang-github-containerd-containerd-dev
 	golang-github-containerd-stargz-snapshotter-dev containerd runc stargz-snapshotter

@@ -41,7 +41,7 @@ int cmd_check(int argc, char **argv)
 			       "The first problem is reported naming the inode path or the\n"
 			       "blob and chunk.\n\n"
 			       "IMAGE  dir:OUT, oci:PATH[:TAG] or\n"
-			       "       docker://HOST[:PORT]/REPO[:TAG|@DIGEST] (blobs are\n"
+			       "       docker://[HOST[:PORT]/]REPO[:TAG|@DIGEST] (blobs are\n"
 			       "       read from the registry)\n\n%s\n"
 			       EXIT_CODES_HELP, REGISTRY_OPTIONS_HELP);
 			return EXIT_OK;

@@ -29,8 +29,10 @@ int cmd_metrics(int argc, char **argv);
  * Registry options (regopts.c): REGISTRY_LONGOPTS goes into a command's
  * option table; regopts_parse returns 1 for one of its options, 0 for
  * another option, or -EINVAL after a message. After the options,
- * regopts_finish reads --creds-file or --password-stdin into fetch.creds
- * and checks how the credential options combine: an exit code.
+ * regopts_finish reads --creds-file or --password-stdin into fetch.creds,
+ * checks how the credential options combine, and reads --registry-hosts
+ * (kept until the process exits) into fetch.hosts after the
+ * --registry-mirror hosts: an exit code.
  */
 enum {
 	REGOPT_CREDS = 0x1000,
@@ -46,6 +48,7 @@ enum {
 	REGOPT_CREDS_FILE,
 	REGOPT_USERNAME,
 	REGOPT_PASSWORD_STDIN,
+	REGOPT_HOSTS,
 };
 #define REGISTRY_LONGOPTS                                                       \
 	{ "creds", required_argument, NULL, REGOPT_CREDS },                     \
@@ -60,15 +63,21 @@ enum {
 	{ "request-timeout", required_argument, NULL, REGOPT_REQUEST_TIMEOUT }, \
 	{ "creds-file", required_argument, NULL, REGOPT_CREDS_FILE },           \
 	{ "username", required_argument, NULL, REGOPT_USERNAME },               \
-	{ "password-stdin", no_argument, NULL, REGOPT_PASSWORD_STDIN }
+	{ "password-stdin", no_argument, NULL, REGOPT_PASSWORD_STDIN },         \
+	{ "registry-hosts", required_argument, NULL, REGOPT_HOSTS }
 #define REGOPTS_MAX 17
+#define REGOPTS_HOSTS_MAX 64 /* --registry-hosts entries (CTL_HOSTS_MAX) */
 
 struct regopts {
 	struct fetch_opts fetch;
 	const char *insecure[REGOPTS_MAX]; /* NULL-terminated */
-	const char *mirrors[REGOPTS_MAX];
 	const char *resolve[REGOPTS_MAX];
-	size_t nr_insecure, nr_mirrors, nr_resolve;
+	size_t nr_insecure, nr_mirrors, nr_resolve; /* nr_mirrors: --registry-mirror */
+	const char *hosts_file;           /* --registry-hosts */
+	/* fetch.hosts: the --registry-mirror hosts, then the file's. */
+	struct fetch_host mirror_hosts[REGOPTS_MAX];
+	char mirror_registry[REGOPTS_MAX][256];
+	const struct fetch_host *hosts[REGOPTS_MAX + REGOPTS_HOSTS_MAX + 1];
 	const char *creds_file, *username;
 	bool password_stdin;
 	char creds[FETCH_CREDS_MAX + 1]; /* read by regopts_finish */

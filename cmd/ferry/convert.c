@@ -21,18 +21,18 @@ static void convert_help(void)
 	       "        oci:PATH[:TAG]  an OCI image layout; its layers are merged with\n"
 	       "                        OCI whiteout semantics, each layer's new chunks\n"
 	       "                        going to a blob of its own\n"
-	       "        docker://HOST[:PORT]/REPO[:TAG|@DIGEST]\n"
+	       "        docker://[HOST[:PORT]/]REPO[:TAG|@DIGEST]\n"
 	       "                        the same from a registry; layers are streamed\n"
 	       "                        (never staged on disk) and digest-checked\n"
 	       "DEST    dir:OUT         writes OUT/bootstrap, OUT/blobs/sha256/<hex> and\n"
 	       "                        OUT/ferry.json (see docs/FORMAT.md)\n"
 	       "        oci:PATH[:TAG]  adds a ferry image to an OCI layout (default tag\n"
 	       "                        latest): data blobs, bootstrap, config, manifest\n"
-	       "        docker://HOST[:PORT]/REPO[:TAG]\n"
+	       "        docker://[HOST[:PORT]/]REPO[:TAG]\n"
 	       "                        pushes that image to a registry (staged in\n"
 	       "                        $TMPDIR, default /var/tmp, then removed)\n"
-	       "A ferry image of format 1 (written by earlier versions) as an oci: or\n"
-	       "docker:// SOURCE is upgraded into an oci: or docker:// DEST: the same\n"
+	       "A ferry image of format 1 or 2 (written by earlier versions) as an oci:\n"
+	       "or docker:// SOURCE is upgraded into an oci: or docker:// DEST: the same\n"
 	       "blobs with containerd's layer types and diff_ids (docs/FORMAT.md).\n\n"
 	       "Options:\n"
 	       "  --format F         ferry (default): the image above; erofs-layers:\n"
@@ -58,8 +58,11 @@ static void convert_help(void)
 	       "                     bootstrap (default %u, at most 3072)\n"
 	       "  --jobs N           compression threads (default: CPU count); the\n"
 	       "                     output does not depend on it\n"
-	       "  --platform P       os/arch[/variant] to pick from an image index\n"
-	       "                     (default: the host's)\n"
+	       "  --platform P       os/arch[/variant] of an image index: one converts\n"
+	       "                     that platform into one image; several (repeated)\n"
+	       "                     make an index of those. Default: every platform\n"
+	       "                     into an index of ferry images for an oci: or\n"
+	       "                     docker:// DEST, the host's for dir:\n"
 	       "  --chunk-dict IMAGE reuse chunks already stored in IMAGE (dir:, oci:\n"
 	       "                     or docker://); its blobs become devices of the\n"
 	       "                     new image\n"
@@ -120,6 +123,20 @@ static void print_json(const struct convert_stats *s, const struct convert_opts 
 		json_object_array_add(blobs, b);
 	}
 	json_object_object_add(root, "upgraded", json_object_new_boolean(s->upgraded));
+	if (s->nr_platforms) {
+		struct json_object *ps = json_object_new_array();
+
+		for (i = 0; i < s->nr_platforms; i++) {
+			struct json_object *p = json_object_new_object();
+
+			json_object_object_add(p, "platform",
+					       json_object_new_string(s->platforms[i].platform));
+			json_object_object_add(p, "manifestDigest",
+					       json_object_new_string(s->platforms[i].manifest_digest));
+			json_object_array_add(ps, p);
+		}
+		json_object_object_add(root, "platforms", ps);
+	}
 	if (s->manifest_digest[0])
 		json_object_object_add(root, "manifestDigest",
 				       json_object_new_string(s->manifest_digest));
@@ -135,6 +152,8 @@ static void print_json(const struct convert_stats *s, const struct convert_opts 
 	json_object_put(root);
 }
 
+#define CONVERT_PLATFORMS_MAX 32
+
 static _Atomic bool interrupted;
 static volatile sig_atomic_t interrupt_signal;
 
@@ -149,7 +168,7 @@ static void print_summary(const struct convert_stats *s)
 	uint32_t i;
 
 	if (s->upgraded) {
-		fprintf(stderr, "upgraded a ferry image of format 1 (same blobs)\n  manifest %s\n",
+		fprintf(stderr, "upgraded a ferry image of an earlier format (same blobs)\n  manifest %s\n",
 			s->manifest_digest);
 		return;
 	}
@@ -167,8 +186,12 @@ static void print_summary(const struct convert_stats *s)
 		fprintf(stderr, "  blob %u %s: %llu bytes, %u chunks%s\n", i + 1,
 			s->blobs[i].digest, (unsigned long long)s->blobs[i].size,
 			s->blobs[i].nr_chunks, s->blobs[i].from_dict ? " (chunk dict)" : "");
+	for (i = 0; i < s->nr_platforms; i++)
+		fprintf(stderr, "  %s: manifest %s\n", s->platforms[i].platform,
+			s->platforms[i].manifest_digest);
 	if (s->manifest_digest[0])
-		fprintf(stderr, "  manifest %s\n", s->manifest_digest);
+		fprintf(stderr, "  %s %s\n", s->nr_platforms ? "index" : "manifest",
+			s->manifest_digest);
 }
 
 int cmd_convert(int argc, char **argv)
@@ -201,6 +224,8 @@ int cmd_convert(int argc, char **argv)
 	};
 	struct sigaction sa = { .sa_handler = on_interrupt, .sa_flags = SA_RESTART };
 	struct convert_stats stats;
+	const char *platforms[CONVERT_PLATFORMS_MAX + 1] = { 0 };
+	size_t nr_platforms = 0;
 	bool json = false, quiet = false;
 	uint64_t v;
 	int c, ret;
@@ -254,7 +279,10 @@ int cmd_convert(int argc, char **argv)
 			if (!strchr(optarg, '/'))
 				return usage_error("convert", "bad --platform \"%s\" (os/arch[/variant])",
 						   optarg);
-			opts.platform = optarg;
+			if (nr_platforms == CONVERT_PLATFORMS_MAX)
+				return usage_error("convert", "at most %d --platform options",
+						   CONVERT_PLATFORMS_MAX);
+			platforms[nr_platforms++] = optarg;
 			break;
 		case 'D':
 			opts.chunk_dict = optarg;
@@ -286,6 +314,10 @@ int cmd_convert(int argc, char **argv)
 	}
 	if (argc - optind != 2)
 		return usage_error("convert", "expected SOURCE and DEST");
+	if (nr_platforms == 1)
+		opts.platform = platforms[0];
+	else if (nr_platforms)
+		opts.platforms = platforms;
 	if (opts.no_fragments && opts.format != CONVERT_FORMAT_EROFS_LAYERS)
 		return usage_error("convert", "--no-fragments is for --format erofs-layers");
 	if (opts.deflate_level && opts.format != CONVERT_FORMAT_EROFS_LAYERS)

@@ -158,7 +158,7 @@ int cmd_index(int argc, char **argv)
 		return ret;
 	if (quiet || json)
 		ferry_progress_enabled = false;
-	ret = convert_index(argv[optind], &opts, &stats);
+	ret = convert_ferry_index(argv[optind], &opts, &stats);
 	if (ret) {
 		ferry_err("index %s: failed: %s", argv[optind], ferry_strerror(ret));
 		return EXIT_FAIL;

@@ -147,7 +147,7 @@ int cmd_inspect(int argc, char **argv)
 			       "for chunked files, the chunk map (file range -> device, blob\n"
 			       "offsets, codec, sha256).\n\n"
 			       "IMAGE  dir:OUT, oci:PATH[:TAG] or\n"
-			       "       docker://HOST[:PORT]/REPO[:TAG|@DIGEST]\n\n%s\n"
+			       "       docker://[HOST[:PORT]/]REPO[:TAG|@DIGEST]\n\n%s\n"
 			       EXIT_CODES_HELP, REGISTRY_OPTIONS_HELP);
 			return EXIT_OK;
 		default:

@@ -26,7 +26,7 @@ static void mount_help(void)
 	       "       ferry mount [--mode auto|fuse|fanotify|cachefiles] [OPTIONS] IMAGE MOUNTPOINT\n"
 	       "       ferry mount --list [--json] [--socket PATH] [MOUNTPOINT]\n\n"
 	       "Mount a ferry image read-only.\n\n"
-	       "IMAGE  dir:OUT, oci:PATH[:TAG] or docker://HOST[:PORT]/REPO[:TAG|@DIGEST],\n"
+	       "IMAGE  dir:OUT, oci:PATH[:TAG] or docker://[HOST[:PORT]/]REPO[:TAG|@DIGEST],\n"
 	       "       an image written by ferry convert\n\n"
 	       "Modes:\n"
 	       "  local   fetch every missing chunk of every blob into the chunk\n"

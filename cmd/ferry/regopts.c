@@ -6,10 +6,11 @@
 #include <string.h>
 
 #include "../../pkg-base/base.h"
+#include "../ctl.h"
 #include "cmd.h"
 
 const char REGISTRY_OPTIONS_HELP[] =
-	"Registry options (docker://HOST[:PORT]/REPO[:TAG|@DIGEST] images):\n"
+	"Registry options (docker://[HOST[:PORT]/]REPO[:TAG|@DIGEST] images):\n"
 	"  --creds USER:PASS        credentials for every registry; every local\n"
 	"                           user sees them in ps: prefer one of the next\n"
 	"                           two, or --authfile\n"
@@ -29,8 +30,13 @@ const char REGISTRY_OPTIONS_HELP[] =
 	"  --ca-file FILE           verify registries against this CA bundle (PEM)\n"
 	"  --insecure-registry H    talk plain http to H (HOST[:PORT]); repeatable.\n"
 	"                           Loopback registries always use http\n"
-	"  --registry-mirror H=URL  read blobs and manifests of H from URL first\n"
-	"                           (e.g. a P2P distributor); repeatable\n"
+	"  --registry-mirror H=URL  read blobs and manifests by digest of H from\n"
+	"                           URL first (e.g. a P2P distributor); repeatable.\n"
+	"                           The same as a host with capabilities [\"pull\"]\n"
+	"  --registry-hosts FILE    mirrors, capabilities and TLS settings per\n"
+	"                           registry: containerd's hosts.toml as JSON\n"
+	"                           (docs/registries.md); tried in order, then the\n"
+	"                           registry itself\n"
 	"  --resolve HOST:PORT:ADDR connect to ADDR for HOST:PORT (TLS and the\n"
 	"                           Host header still use HOST); repeatable\n"
 	"  --retries N              attempts per request (default 5)\n"
@@ -47,7 +53,7 @@ void regopts_init(struct regopts *r)
 	memset(r, 0, sizeof(*r));
 	fetch_opts_init(&r->fetch);
 	r->fetch.insecure = r->insecure;
-	r->fetch.mirrors = r->mirrors;
+	r->fetch.hosts = r->hosts;
 	r->fetch.resolve = r->resolve;
 }
 
@@ -73,6 +79,87 @@ static int parse_timeout(const char *option, const char *arg, unsigned int *ms)
 	}
 	*ms = (unsigned int)v * 1000;
 	return 1;
+}
+
+/* --registry-mirror H=URL: a host of H that serves digests (pull). */
+static int mirror_host(struct regopts *r, const char *arg)
+{
+	const char *eq = strchr(arg, '=');
+	struct fetch_host *h = &r->mirror_hosts[r->nr_mirrors];
+	char why[800];
+	size_t n = eq ? (size_t)(eq - arg) : 0;
+
+	if (!eq || n >= sizeof(r->mirror_registry[0])) {
+		ferry_err("--registry-mirror %s: expected HOST[:PORT]=URL", arg);
+		return -EINVAL;
+	}
+	if (r->nr_mirrors + 1 >= REGOPTS_MAX) {
+		ferry_err("too many --registry-mirror options (at most %d)",
+			  REGOPTS_MAX - 1);
+		return -EINVAL;
+	}
+	memcpy(r->mirror_registry[r->nr_mirrors], arg, n);
+	r->mirror_registry[r->nr_mirrors][n] = '\0';
+	*h = (struct fetch_host){
+		.registry = r->mirror_registry[r->nr_mirrors],
+		.url = eq + 1,
+		.capabilities = FETCH_HOST_PULL,
+	};
+	if (fetch_check_host(h, why, sizeof(why))) {
+		ferry_err("--registry-mirror %s: %s", arg, why);
+		return -EINVAL;
+	}
+	r->hosts[r->nr_mirrors++] = h;
+	return 1;
+}
+
+/* The --registry-hosts file as parsed: a command reads it until it exits. */
+static struct {
+	struct json_object *json;
+	const struct fetch_host *const *hosts;
+} hosts_file;
+
+#define HOSTS_FILE_MAX (1u << 20)
+_Static_assert(REGOPTS_HOSTS_MAX >= CTL_HOSTS_MAX, "regopts.hosts holds a whole file");
+
+/* --registry-hosts FILE after the --registry-mirror hosts: an exit code. */
+static int load_hosts_file(struct regopts *r)
+{
+	const struct fetch_host *const *p;
+	char *text = NULL, err[1024];
+	size_t len = 0, n = r->nr_mirrors;
+	int ret;
+
+	json_object_put(hosts_file.json);
+	ctl_hosts_free(hosts_file.hosts);
+	hosts_file.json = NULL;
+	hosts_file.hosts = NULL;
+	ret = read_file_max(r->hosts_file, HOSTS_FILE_MAX, &text, &len);
+	if (ret) {
+		ferry_err("--registry-hosts %s: %s", r->hosts_file,
+			  ret == -EFBIG || ret == -EINVAL ?
+				  "not a regular file of at most 1 MiB" :
+				  ferry_strerror(ret));
+		return EXIT_FAIL;
+	}
+	/* One object {"hosts":[…]}, as a mount request's "fetch" carries it. */
+	ret = json_parse_object(text, len, &hosts_file.json);
+	free(text);
+	if (ret) {
+		ferry_err("--registry-hosts %s: not a JSON object", r->hosts_file);
+		return EXIT_USAGE;
+	}
+	ret = ctl_hosts_parse(json_field(hosts_file.json, "hosts"),
+			      &hosts_file.hosts, err, sizeof(err));
+	if (ret) {
+		ferry_err("--registry-hosts %s: %s", r->hosts_file,
+			  ret == -EINVAL ? err : ferry_strerror(ret));
+		return ret == -EINVAL ? EXIT_USAGE : EXIT_FAIL;
+	}
+	for (p = hosts_file.hosts; *p; p++)
+		r->hosts[n++] = *p;
+	r->hosts[n] = NULL;
+	return EXIT_OK;
 }
 
 int regopts_parse(struct regopts *r, int opt, const char *arg)
@@ -113,12 +200,9 @@ int regopts_parse(struct regopts *r, int opt, const char *arg)
 			return -EINVAL;
 		return 1;
 	case REGOPT_MIRROR:
-		if (!strchr(arg, '=')) {
-			ferry_err("--registry-mirror %s: expected HOST[:PORT]=URL", arg);
-			return -EINVAL;
-		}
-		if (add_host(r->mirrors, &r->nr_mirrors, "--registry-mirror", arg))
-			return -EINVAL;
+		return mirror_host(r, arg);
+	case REGOPT_HOSTS:
+		r->hosts_file = arg;
 		return 1;
 	case REGOPT_RESOLVE:
 		if (fetch_check_resolve(arg) ||
@@ -147,5 +231,7 @@ int regopts_finish(struct regopts *r)
 	int ret = fetch_creds_from_options(r->fetch.creds, r->creds_file, r->username,
 					   r->password_stdin, r->creds, &r->fetch.creds);
 
-	return !ret ? EXIT_OK : ret == -EINVAL ? EXIT_USAGE : EXIT_FAIL;
+	if (ret)
+		return ret == -EINVAL ? EXIT_USAGE : EXIT_FAIL;
+	return r->hosts_file ? load_hosts_file(r) : EXIT_OK;
 }

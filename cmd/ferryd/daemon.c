@@ -11,6 +11,7 @@
 #include <fcntl.h>
 #include <libgen.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,6 +38,7 @@ static atomic_bool stop_requested;
 static atomic_bool upgrade_requested;
 static atomic_uint nr_conns;
 static const struct daemon_opts *opts;
+static struct serve_ctx *serve;
 static int64_t started_at;
 static bool socket_activated;
 
@@ -57,21 +59,20 @@ void daemon_info(struct ctl_ping_reply *r)
 {
 	*r = (struct ctl_ping_reply){ .pid = getpid(), .version = FERRYD_VERSION,
 				      .started_at = started_at,
-				      .idle_timeout = opts->idle_timeout,
+				      .idle_timeout = opts->serve.idle_timeout,
 				      .socket_activated = socket_activated };
-	snprintf(r->socket, sizeof(r->socket), "%s", opts->socket_path);
+	snprintf(r->socket, sizeof(r->socket), "%s", opts->serve.socket_path);
 	daemon_memory(&r->rss_bytes, &r->peak_rss_bytes);
 }
 
-unsigned int daemon_connections(void)
+int daemon_metrics_text(char **out)
 {
-	return atomic_load(&nr_conns);
+	struct ctl_ping_reply ping;
+
+	daemon_info(&ping);
+	return serve_metrics_text(serve, &ping, atomic_load(&nr_conns), out);
 }
 
-/*
- * @passed: a descriptor the client passed with @o (ours to close), or -1:
- * a keeper handing its mount over (keeper_handover), as a mount request.
- */
 /*
  * Whether an upgrade can go ahead: the installed binary is there, and
  * every mount has a keeper to hand it over (else it would die with us).
@@ -81,7 +82,7 @@ static int upgrade_check(char *err, size_t errlen)
 	struct ctl_list_reply list = { 0 };
 	char exe[PATH_MAX];
 	size_t i;
-	int ret = ferryd_exe(exe, sizeof(exe));
+	int ret = serve_ferryd_exe(exe, sizeof(exe));
 
 	if (!ret && access(exe, X_OK))
 		ret = -errno;
@@ -90,7 +91,7 @@ static int upgrade_check(char *err, size_t errlen)
 			 exe, ferry_strerror(ret));
 		return ret;
 	}
-	ret = mounts_list(&list.mounts, &list.nr_mounts);
+	ret = serve_list(serve, &list.mounts, &list.nr_mounts);
 	for (i = 0; !ret && i < list.nr_mounts; i++) {
 		if (!list.mounts[i].keeper_pid) {
 			snprintf(err, errlen, "%s (%s) has no keeper to hand it over (see the log); unmount it first or try again",
@@ -102,10 +103,15 @@ static int upgrade_check(char *err, size_t errlen)
 	return ret;
 }
 
+/*
+ * @passed: a descriptor the client passed with @o (ours to close), or -1:
+ * a keeper handing its mount over (keeper_handover), as a mount request.
+ */
 static struct json_object *handle(struct json_object *o, int passed, bool *shutdown)
 {
 	struct ctl_ping_reply ping;
 	struct ctl_list_reply list = { 0 };
+	struct ctl_mount_reply mrep;
 	struct ctl_request req;
 	char err[4096] = "", *text = NULL;
 	struct json_object *resp = NULL;
@@ -132,19 +138,19 @@ static struct json_object *handle(struct json_object *o, int passed, bool *shutd
 			req.mount.adopt_fd = passed;
 			passed = -1;
 		}
-		ret = mounts_mount(&req.mount, err, sizeof(err));
-		resp = ret ? reply(ret, err) :
-			     ctl_mount_reply_to_json(&(struct ctl_mount_reply){ .pid = getpid() });
+		mrep = (struct ctl_mount_reply){ .pid = getpid() };
+		ret = serve_mount(serve, &req.mount, &mrep, err, sizeof(err));
+		resp = ret ? reply(ret, err) : ctl_mount_reply_to_json(&mrep);
 		break;
 	case CTL_OP_UMOUNT:
-		ret = mounts_umount(req.umount.mountpoint, req.umount.lazy, err, sizeof(err));
+		ret = serve_umount(serve, &req.umount, err, sizeof(err));
 		if (ret && ret != -ENOENT)
 			ferry_err("umount %s: %s", req.umount.mountpoint, err);
 		resp = reply(ret, err);
 		break;
 	case CTL_OP_LIST:
 		list.daemon = ping;
-		ret = mounts_list(&list.mounts, &list.nr_mounts);
+		ret = serve_list(serve, &list.mounts, &list.nr_mounts);
 		resp = ret ? reply(ret, "cannot list the mounts") : ctl_list_reply_to_json(&list);
 		ctl_list_reply_free(&list);
 		break;
@@ -166,7 +172,7 @@ static struct json_object *handle(struct json_object *o, int passed, bool *shutd
 		resp = reply(ret, err);
 		break;
 	case CTL_OP_METRICS:
-		ret = metrics_text(&text);
+		ret = daemon_metrics_text(&text);
 		resp = ret ? reply(ret, "cannot gather the metrics") :
 			     ctl_metrics_reply_to_json(text);
 		free(text);
@@ -239,7 +245,7 @@ static void accept_one(int lfd)
 
 	if (fd < 0) {
 		if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
-			ferry_warn("accept on %s: %s", opts->socket_path, strerror(errno));
+			ferry_warn("accept on %s: %s", opts->serve.socket_path, strerror(errno));
 		return;
 	}
 	if (atomic_fetch_add(&nr_conns, 1) >= MAX_CONNS) {
@@ -317,7 +323,7 @@ static int open_log(const char *path)
 	return 0;
 }
 
-static void on_change(void)
+static void on_change(void *arg)
 {
 	wake();
 }
@@ -382,16 +388,16 @@ static int idle_exit(int *lfd, ino_t *sock_ino)
 
 	if (socket_activated)
 		return 0;
-	if (!stat(opts->socket_path, &st) && st.st_ino == *sock_ino)
-		unlink(opts->socket_path);
+	if (!stat(opts->serve.socket_path, &st) && st.st_ino == *sock_ino)
+		unlink(opts->serve.socket_path);
 	if (poll(&pfd, 1, 0) <= 0)
 		return 0;
 	while (poll(&pfd, 1, 0) > 0)
 		accept_one(*lfd);
 	close(*lfd);
-	ret = unix_listen(opts->socket_path, lfd, sock_ino);
+	ret = unix_listen(opts->serve.socket_path, lfd, sock_ino);
 	if (ret) {
-		ferry_err("cannot listen on %s again: %s", opts->socket_path, ferry_strerror(ret));
+		ferry_err("cannot listen on %s again: %s", opts->serve.socket_path, ferry_strerror(ret));
 		*lfd = -1;
 		return 0;
 	}
@@ -406,90 +412,39 @@ static bool idle_expired(uint64_t *since)
 {
 	uint64_t now = ferry_now_ns();
 
-	if (!opts->idle_timeout || opts->mount || mounts_count() || atomic_load(&nr_conns)) {
+	if (!opts->serve.idle_timeout || opts->mount || serve_count(serve) ||
+	    atomic_load(&nr_conns)) {
 		*since = 0;
 		return false;
 	}
 	if (!*since)
 		*since = now;
-	return now - *since >= opts->idle_timeout * 1000000000ull;
-}
-
-/*
- * The options a cachefiles successor (the keeper's exec of ferryd, which
- * adds --socket and --cachefiles-adopt) starts with: this ferryd's serving
- * options, log file and level; not what only a first start does (-f,
- * --mount, --exist-ok).
- */
-static const char *const *successor_args(const struct daemon_opts *o)
-{
-	static char num[6][24];
-	static const char *a[16 + 2 * FERRYD_METRICS_LISTEN_MAX];
-	unsigned int n = 0, i;
-	int level;
-
-	snprintf(num[0], sizeof(num[0]), "%u", o->threads);
-	snprintf(num[1], sizeof(num[1]), "%u", o->readahead_kb);
-	snprintf(num[2], sizeof(num[2]), "%u", o->dir_readahead_kb);
-	snprintf(num[3], sizeof(num[3]), "%llu", (unsigned long long)o->cache_max_size);
-	snprintf(num[4], sizeof(num[4]), "%u", o->cache_min_free);
-	snprintf(num[5], sizeof(num[5]), "%u", o->idle_timeout);
-	a[n++] = "--log-file", a[n++] = o->log_path;
-	a[n++] = "--threads", a[n++] = num[0];
-	a[n++] = "--readahead", a[n++] = num[1];
-	a[n++] = "--dir-readahead", a[n++] = num[2];
-	a[n++] = "--cache-max-size", a[n++] = num[3];
-	a[n++] = "--cache-min-free", a[n++] = num[4];
-	a[n++] = "--idle-timeout", a[n++] = num[5];
-	for (i = 0; i < o->nr_metrics_listen; i++)
-		a[n++] = "--metrics-listen", a[n++] = o->metrics_listen[i];
-	if (ferry_log_level < FERRY_LOG_INFO)
-		a[n++] = "-q";
-	for (level = ferry_log_level; level > FERRY_LOG_INFO; level--)
-		a[n++] = "-v";
-	a[n] = NULL;
-	return a;
-}
-
-/* Whether a cachefiles mount is served (its keeper starts the successor). */
-static bool serving_cachefiles(void)
-{
-	struct ctl_list_reply list = { 0 };
-	bool found = false;
-	size_t i;
-
-	if (mounts_list(&list.mounts, &list.nr_mounts))
-		return true; /* unknown: leave it to the keepers */
-	for (i = 0; i < list.nr_mounts; i++)
-		found |= !strcmp(list.mounts[i].mode, cachefiles_mode.name);
-	ctl_list_reply_free(&list);
-	return found;
+	return now - *since >= opts->serve.idle_timeout * 1000000000ull;
 }
 
 /*
  * ferry daemon upgrade: the installed binary takes over. We start it
  * (daemonized, as ferry would) once our lock and socket are let go, and
  * exit as if killed, unmounting nothing: each mount's keeper hands its
- * mount to the new ferryd (keeper_handover). With a cachefiles mount the
- * device's keeper starts the successor (it must hold the device), so we
- * only exit. Returns only if the new ferryd could not be started (then
+ * mount to the new ferryd (keeper_handover). When a keeper becomes the
+ * successor itself (cachefiles: it must hold the device), we only exit. Returns only if the new ferryd could not be started (then
  * the keepers start one).
  */
 static void upgrade(const struct daemon_opts *o, int *lock_fd, int *lfd)
 {
-	const char *const *succ = successor_args(o);
-	const char *argv[64] = { NULL, "--socket", o->socket_path };
+	const char *const *succ = serve_successor_args(serve);
+	const char *argv[64] = { NULL, "--socket", o->serve.socket_path };
 	char exe[PATH_MAX];
 	unsigned int n = 3;
 	int status;
 	pid_t child;
 
-	if (serving_cachefiles()) {
-		ferry_info("upgrade: the cachefiles keeper starts the new ferryd; exiting");
+	if (serve_keeper_succeeds(serve)) {
+		ferry_info("upgrade: a keeper becomes the new ferryd; exiting");
 		fflush(stderr);
 		_exit(EXIT_SUCCESS);
 	}
-	if (ferryd_exe(exe, sizeof(exe)))
+	if (serve_ferryd_exe(exe, sizeof(exe)))
 		return;
 	argv[0] = exe;
 	while (*succ && n < ARRAY_SIZE(argv) - 1)
@@ -497,7 +452,7 @@ static void upgrade(const struct daemon_opts *o, int *lock_fd, int *lfd)
 	argv[n] = NULL;
 	ferry_info("upgrade: starting %s; the mounts' keepers hand them over", exe);
 	/* Whatever happens next we exit: the keepers carry the mounts on. */
-	mounts_quiesce(true, UPGRADE_QUIESCE_MS);
+	serve_quiesce(serve, true, UPGRADE_QUIESCE_MS);
 	fflush(stderr);
 	close(*lfd);
 	close(*lock_fd);
@@ -511,7 +466,7 @@ static void upgrade(const struct daemon_opts *o, int *lock_fd, int *lfd)
 	/* Its first process exits once the new daemon listens. */
 	if (child > 0 && waitpid(child, &status, 0) == child && WIFEXITED(status) &&
 	    !WEXITSTATUS(status)) {
-		mounts_quiesce(false, UPGRADE_QUIESCE_MS);
+		serve_quiesce(serve, false, UPGRADE_QUIESCE_MS);
 		fflush(stderr);
 		_exit(EXIT_SUCCESS);
 	}
@@ -550,20 +505,21 @@ int daemon_run(const struct daemon_opts *o)
 		ferry_err("signalfd/eventfd: %s", strerror(errno));
 		return EXIT_FAILURE;
 	}
-	mounts_init(o->threads, o->readahead_kb, o->dir_readahead_kb, o->socket_path,
-		    successor_args(o),
-		    on_change);
-	evict_init(o->cache_max_size, o->cache_min_free);
+	ret = serve_ctx_new(&o->serve, on_change, NULL, &serve);
+	if (ret) {
+		ferry_err("cannot set up serving: %s", ferry_strerror(ret));
+		return EXIT_FAILURE;
+	}
 
-	copy = strdup(o->socket_path);
+	copy = strdup(o->serve.socket_path);
 	ret = copy ? mkdir_p(dirname(copy), 0755) : -ENOMEM;
 	free(copy);
 	if (ret) {
-		ferry_err("cannot create the directory of %s: %s", o->socket_path,
+		ferry_err("cannot create the directory of %s: %s", o->serve.socket_path,
 			  ferry_strerror(ret));
 		return EXIT_FAILURE;
 	}
-	ret = take_lock(o->socket_path, o->exist_ok, &lock_fd);
+	ret = take_lock(o->serve.socket_path, o->exist_ok, &lock_fd);
 	if (ret == -EADDRINUSE && o->exist_ok) {
 		/* Started by ferry racing another ferry: the other one won. */
 		if (o->ready_fd >= 0)
@@ -572,30 +528,30 @@ int daemon_run(const struct daemon_opts *o)
 	}
 	if (ret)
 		return EXIT_FAILURE;
-	ret = activated_socket(o->socket_path, &lfd);
+	ret = activated_socket(o->serve.socket_path, &lfd);
 	socket_activated = ret > 0;
 	/* We hold the lock: a socket file left there is stale. */
 	if (!ret)
-		ret = unix_listen(o->socket_path, &lfd, &sock_ino);
+		ret = unix_listen(o->serve.socket_path, &lfd, &sock_ino);
 	else if (ret > 0)
 		ret = 0;
 	if (ret) {
-		ferry_err("cannot listen on %s: %s", o->socket_path, ferry_strerror(ret));
+		ferry_err("cannot listen on %s: %s", o->serve.socket_path, ferry_strerror(ret));
 		return EXIT_FAILURE;
 	}
 	/* Before the log takes stderr: a bad address is the caller's to see. */
-	for (i = 0; i < o->nr_metrics_listen; i++) {
-		if (metrics_start(o->metrics_listen[i])) {
+	for (i = 0; i < o->serve.nr_metrics_listen; i++) {
+		if (metrics_start(o->serve.metrics_listen[i])) {
 			ret = EXIT_FAILURE;
 			goto close_listener;
 		}
 	}
 	if (!o->foreground) {
-		ret = open_log(o->log_path);
+		ret = open_log(o->serve.log_path);
 		if (ret) {
-			ferry_err("cannot open the log file %s: %s", o->log_path,
+			ferry_err("cannot open the log file %s: %s", o->serve.log_path,
 				  ferry_strerror(ret));
-			unlink(o->socket_path);
+			unlink(o->serve.socket_path);
 			return EXIT_FAILURE;
 		}
 		devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
@@ -605,13 +561,13 @@ int daemon_run(const struct daemon_opts *o)
 			close(devnull);
 		}
 	}
-	if (log_init(!o->foreground))
+	if (ferry_log_stream(!o->foreground))
 		ferry_warn("log setup: %s", strerror(errno));
 	started_at = time(NULL);
 	ferry_info("ferryd %s (pid %d) listening on %s%s", FERRYD_VERSION, (int)getpid(),
-		   o->socket_path, socket_activated ? " (socket from systemd)" : "");
-	for (i = 0; i < o->nr_metrics_listen; i++)
-		ferry_info("metrics on %s (GET /metrics)", o->metrics_listen[i]);
+		   o->serve.socket_path, socket_activated ? " (socket from systemd)" : "");
+	for (i = 0; i < o->serve.nr_metrics_listen; i++)
+		ferry_info("metrics on %s (GET /metrics)", o->serve.metrics_listen[i]);
 
 	if (o->ready_fd >= 0) {
 		write_full(o->ready_fd, "OK\n", 3);
@@ -621,15 +577,15 @@ int daemon_run(const struct daemon_opts *o)
 	 * A successor's, before its first takeover: what we hold now, the
 	 * dead ferryd held too (daemons number their own alike: main.c).
 	 */
-	mounts_startup();
+	serve_startup(serve);
 
 	ret = EXIT_SUCCESS;
-	if (o->adopt_fd >= 0)
-		cachefiles_adopt(o->adopt_fd, o->socket_path);
+	if (o->takeover_fd >= 0)
+		serve_takeover_device(serve, o->takeover_fd);
 	if (o->mount) {
 		char err[4096] = "";
 
-		if (mounts_mount(o->mount, err, sizeof(err))) {
+		if (serve_mount(serve, o->mount, NULL, err, sizeof(err))) {
 			ret = EXIT_FAILURE;
 			atomic_store(&stop_requested, true);
 		}
@@ -642,13 +598,13 @@ int daemon_run(const struct daemon_opts *o)
 	while (!atomic_load(&stop_requested)) {
 		if (idle_expired(&idle_since)) {
 			if (!idle_exit(&lfd, &sock_ino)) {
-				ferry_info("idle for %u s without mounts: exiting", o->idle_timeout);
+				ferry_info("idle for %u s without mounts: exiting", o->serve.idle_timeout);
 				break;
 			}
 			pfd[0].fd = lfd;
 			idle_since = 0;
 		}
-		if (poll(pfd, 3, o->idle_timeout ? 1000 : -1) < 0) {
+		if (poll(pfd, 3, o->serve.idle_timeout ? 1000 : -1) < 0) {
 			if (errno == EINTR)
 				continue;
 			ferry_err("poll: %s", strerror(errno));
@@ -662,8 +618,8 @@ int daemon_run(const struct daemon_opts *o)
 
 			while (read(sfd, &si, sizeof(si)) == sizeof(si)) {
 				if (si.ssi_signo == SIGHUP && !o->foreground) {
-					ret = open_log(o->log_path);
-					ferry_info("SIGHUP: log file %s reopened%s", o->log_path,
+					ret = open_log(o->serve.log_path);
+					ferry_info("SIGHUP: log file %s reopened%s", o->serve.log_path,
 						   ret ? " (failed)" : "");
 					ret = EXIT_SUCCESS;
 					continue;
@@ -680,7 +636,7 @@ int daemon_run(const struct daemon_opts *o)
 
 			if (read(wake_fd, &v, sizeof(v)) < 0 && errno != EAGAIN)
 				ferry_warn("wake-up: %s", strerror(errno));
-			if (exit_when_empty && !mounts_count()) {
+			if (exit_when_empty && !serve_count(serve)) {
 				ferry_info("no mounts left: exiting");
 				break;
 			}
@@ -695,9 +651,9 @@ close_listener:
 	/* No new clients; remove the socket only if it is still ours. */
 	if (lfd >= 0)
 		close(lfd);
-	if (!socket_activated && !stat(o->socket_path, &st) && st.st_ino == sock_ino)
-		unlink(o->socket_path);
-	busy = mounts_shutdown();
+	if (!socket_activated && !stat(o->serve.socket_path, &st) && st.st_ino == sock_ino)
+		unlink(o->serve.socket_path);
+	busy = serve_shutdown(serve);
 	for (waited = 0; atomic_load(&nr_conns) && waited < DRAIN_WAIT_MS; waited += 10)
 		nanosleep(&(struct timespec){ 0, 10000000 }, NULL);
 	ferry_info("ferryd exiting");
@@ -707,6 +663,7 @@ close_listener:
 		 * exit's cleanup; the kernel ends their FUSE connections. */
 		_exit(ret);
 	}
+	serve_ctx_free(serve);
 	close(lock_fd);
 	close(sfd);
 	close(wake_fd);

@@ -90,9 +90,9 @@ static void help(void)
 	       "keeper) and exits. A mount unmounted from\n"
 	       "outside (umount) is cleaned up; the others keep running.\n\n"
 	       "Exit status: 0 success, 1 failure, 2 usage error.\n",
-	       CTL_SOCKET_ENV, CTL_DEFAULT_SOCKET, FERRYD_DEFAULT_THREADS,
-	       FERRYD_DEFAULT_READAHEAD_KB, FERRYD_DEFAULT_DIR_READAHEAD_KB,
-	       DEFAULT_IDLE_TIMEOUT, FERRYD_DEFAULT_CACHE_MIN_FREE);
+	       CTL_SOCKET_ENV, CTL_DEFAULT_SOCKET, SERVE_DEFAULT_THREADS,
+	       SERVE_DEFAULT_READAHEAD_KB, SERVE_DEFAULT_DIR_READAHEAD_KB,
+	       DEFAULT_IDLE_TIMEOUT, SERVE_DEFAULT_CACHE_MIN_FREE);
 }
 
 static int usage(const char *fmt, const char *arg)
@@ -196,14 +196,18 @@ int main(int argc, char **argv)
 		{ 0 },
 	};
 	struct daemon_opts o = {
-		.socket_path = ctl_default_socket(),
-		.threads = FERRYD_DEFAULT_THREADS,
-		.readahead_kb = FERRYD_DEFAULT_READAHEAD_KB,
-		.dir_readahead_kb = FERRYD_DEFAULT_DIR_READAHEAD_KB,
-		.cache_min_free = FERRYD_DEFAULT_CACHE_MIN_FREE,
+		.serve = {
+			.socket_path = ctl_default_socket(),
+			.fuse = {
+				.threads = SERVE_DEFAULT_THREADS,
+				.readahead_kb = SERVE_DEFAULT_READAHEAD_KB,
+				.dir_readahead_kb = SERVE_DEFAULT_DIR_READAHEAD_KB,
+			},
+			.cache_min_free = SERVE_DEFAULT_CACHE_MIN_FREE,
+			.idle_timeout = DEFAULT_IDLE_TIMEOUT,
+		},
 		.ready_fd = -1,
-		.adopt_fd = -1,
-		.idle_timeout = DEFAULT_IDLE_TIMEOUT,
+		.takeover_fd = -1,
 	};
 	char *log_default = NULL, *copy, *request = NULL;
 	const char *mount_text = NULL;
@@ -218,10 +222,10 @@ int main(int argc, char **argv)
 			o.foreground = true;
 			break;
 		case 'S':
-			o.socket_path = optarg;
+			o.serve.socket_path = optarg;
 			break;
 		case 'L':
-			o.log_path = optarg;
+			o.serve.log_path = optarg;
 			break;
 		case 'M':
 			mount_text = optarg;
@@ -232,8 +236,8 @@ int main(int argc, char **argv)
 		case 'A':
 			if (parse_size(optarg, &v) || v > INT_MAX || fcntl((int)v, F_GETFD) < 0)
 				return usage("--cachefiles-adopt %s: expected an open descriptor", optarg);
-			o.adopt_fd = (int)v;
-			fcntl(o.adopt_fd, F_SETFD, FD_CLOEXEC);
+			o.takeover_fd = (int)v;
+			fcntl(o.takeover_fd, F_SETFD, FD_CLOEXEC);
 			break;
 		case 'F':
 			if (parse_size(optarg, &v) || v > INT_MAX)
@@ -244,41 +248,41 @@ int main(int argc, char **argv)
 			mount_text = request;
 			break;
 		case 'T':
-			if (parse_size(optarg, &v) || v < 1 || v > FERRYD_MAX_THREADS)
+			if (parse_size(optarg, &v) || v < 1 || v > SERVE_MAX_THREADS)
 				return usage("--threads %s: expected 1..256", optarg);
-			o.threads = (unsigned int)v;
+			o.serve.fuse.threads = (unsigned int)v;
 			break;
 		case 'R':
 			if (parse_size(optarg, &v) || v > 65536)
 				return usage("--readahead %s: expected 0..65536 (KiB)", optarg);
-			o.readahead_kb = (unsigned int)v;
+			o.serve.fuse.readahead_kb = (unsigned int)v;
 			break;
 		case 'D':
 			if (parse_size(optarg, &v) || v > 65536)
 				return usage("--dir-readahead %s: expected 0..65536 (KiB)", optarg);
-			o.dir_readahead_kb = (unsigned int)v;
+			o.serve.fuse.dir_readahead_kb = (unsigned int)v;
 			break;
 		case 'I':
 			if (parse_size(optarg, &v) || v > 30 * 86400)
 				return usage("--idle-timeout %s: expected 0..2592000 (seconds)", optarg);
-			o.idle_timeout = (unsigned int)v;
+			o.serve.idle_timeout = (unsigned int)v;
 			break;
 		case 'P':
-			o.idle_timeout = 0;
+			o.serve.idle_timeout = 0;
 			break;
 		case 'm':
-			if (o.nr_metrics_listen == FERRYD_METRICS_LISTEN_MAX)
+			if (o.serve.nr_metrics_listen == SERVE_METRICS_LISTEN_MAX)
 				return usage("--metrics-listen %s: at most 4 addresses", optarg);
-			o.metrics_listen[o.nr_metrics_listen++] = optarg;
+			o.serve.metrics_listen[o.serve.nr_metrics_listen++] = optarg;
 			break;
 		case 'X':
-			if (parse_size(optarg, &o.cache_max_size))
+			if (parse_size(optarg, &o.serve.cache_max_size))
 				return usage("--cache-max-size %s: expected a size (e.g. 10G)", optarg);
 			break;
 		case 'N':
 			if (parse_size(optarg, &v) || v > 99)
 				return usage("--cache-min-free %s: expected 0..99 (%% of the file system)", optarg);
-			o.cache_min_free = (unsigned int)v;
+			o.serve.cache_min_free = (unsigned int)v;
 			break;
 		case 'v':
 			if (ferry_log_level < FERRY_LOG_DEBUG)
@@ -299,19 +303,19 @@ int main(int argc, char **argv)
 	}
 	if (optind != argc)
 		return usage("unexpected argument \"%s\"", argv[optind]);
-	if (o.socket_path[0] != '/')
-		return usage("--socket %s: expected an absolute path", o.socket_path);
-	if (!o.log_path) {
-		copy = strdup(o.socket_path);
+	if (o.serve.socket_path[0] != '/')
+		return usage("--socket %s: expected an absolute path", o.serve.socket_path);
+	if (!o.serve.log_path) {
+		copy = strdup(o.serve.socket_path);
 		if (!copy || asprintf(&log_default, "%s/ferryd.log", dirname(copy)) < 0) {
 			fprintf(stderr, "ferryd: out of memory\n");
 			return EXIT_FAILURE;
 		}
 		free(copy);
-		o.log_path = log_default;
+		o.serve.log_path = log_default;
 	}
-	if (o.log_path[0] != '/')
-		return usage("--log-file %s: expected an absolute path", o.log_path);
+	if (o.serve.log_path[0] != '/')
+		return usage("--log-file %s: expected an absolute path", o.serve.log_path);
 	ctl_mount_req_init(&mreq);
 	c = mount_text ? parse_mount(mount_text, &mreq) : 0;
 	free(request);
@@ -335,7 +339,7 @@ int main(int argc, char **argv)
 
 	/* A successor (--cachefiles-adopt) is detached already: its keeper
 	 * started it in a session of its own. */
-	if (!o.foreground && o.adopt_fd < 0) {
+	if (!o.foreground && o.takeover_fd < 0) {
 		if (pipe2(p, O_CLOEXEC)) {
 			perror("ferryd: pipe");
 			goto out;

@@ -68,6 +68,40 @@ static bool list_eq(const char *const *a, const char *const *b)
 	return true;
 }
 
+static bool host_eq(const struct fetch_host *a, const struct fetch_host *b)
+{
+	return str_eq(a->registry, b->registry) && str_eq(a->url, b->url) &&
+	       a->capabilities == b->capabilities && a->server == b->server &&
+	       a->skip_verify == b->skip_verify &&
+	       a->override_path == b->override_path &&
+	       list_eq(a->ca_files, b->ca_files) &&
+	       str_eq(a->client_cert, b->client_cert) &&
+	       str_eq(a->client_key, b->client_key) &&
+	       list_eq(a->headers, b->headers);
+}
+
+static size_t hosts_len(const struct fetch_host *const *l)
+{
+	size_t n = 0;
+
+	while (l && l[n])
+		n++;
+	return n;
+}
+
+static bool hosts_eq(const struct fetch_host *const *a,
+		     const struct fetch_host *const *b)
+{
+	size_t i, n = hosts_len(a);
+
+	if (n != hosts_len(b))
+		return false;
+	for (i = 0; i < n; i++)
+		if (!host_eq(a[i], b[i]))
+			return false;
+	return true;
+}
+
 static const void *opt_ptr(const struct fetch_opts *f, const struct ctl_fetch_opt *o)
 {
 	return (const char *)f + o->offset;
@@ -88,6 +122,9 @@ static bool opt_eq(const struct fetch_opts *a, const struct fetch_opts *b,
 		return *(const unsigned int *)x == *(const unsigned int *)y;
 	case CTL_OPT_STRS:
 		return list_eq(*(const char *const *const *)x, *(const char *const *const *)y);
+	case CTL_OPT_HOSTS:
+		return hosts_eq(*(const struct fetch_host *const *const *)x,
+				*(const struct fetch_host *const *const *)y);
 	}
 	return false;
 }
@@ -100,11 +137,32 @@ static bool opt_set(const struct fetch_opts *f, const struct ctl_fetch_opt *o)
 	fetch_opts_init(&def);
 	if (o->type == CTL_OPT_STRS)
 		return list_len(*(const char *const *const *)opt_ptr(f, o)) > 0;
+	if (o->type == CTL_OPT_HOSTS)
+		return hosts_len(*(const struct fetch_host *const *const *)opt_ptr(f, o)) > 0;
 	return !opt_eq(f, &def, o);
 }
 
 static const char *const insecure[] = { "reg.example:5000", "10.0.0.1", NULL };
-static const char *const mirrors[] = { "reg.example=http://127.0.0.1:9", NULL };
+static const char *const host_ca[] = { "/etc/certs.d/reg.example/ca.crt",
+				       "/etc/certs.d/ca2.pem", NULL };
+static const char *const host_headers[] = { "X-Ferry: yes", "X-Other: a b", NULL };
+static const struct fetch_host mirror_host = {
+	.registry = "reg.example",
+	.url = "https://mirror.example:5000/cache",
+	.capabilities = FETCH_HOST_PULL | FETCH_HOST_RESOLVE,
+	.skip_verify = true,
+	.override_path = true,
+	.ca_files = host_ca,
+	.client_cert = "/etc/certs.d/client.cert",
+	.client_key = "/etc/certs.d/client.key",
+	.headers = host_headers,
+};
+static const struct fetch_host server_host = {
+	.registry = "docker.io",
+	.url = "http://127.0.0.1:9",
+	.server = true,
+};
+static const struct fetch_host *const hosts[] = { &mirror_host, &server_host, NULL };
 static const char *const resolve[] = { "reg.example:443:127.0.0.1",
 				       "other.example:80:[::1],127.0.0.2", NULL };
 
@@ -117,7 +175,7 @@ static void fetch_all_set(struct fetch_opts *f)
 	f->tls_verify = false;
 	f->ca_file = "/etc/ferry/ca.pem";
 	f->insecure = insecure;
-	f->mirrors = mirrors;
+	f->hosts = hosts;
 	f->resolve = resolve;
 	f->connect_timeout_ms = 1234;
 	f->stall_timeout_ms = 4321;
@@ -166,7 +224,7 @@ static void test_fetch_opts_roundtrip(void)
 	CHECK(!g->tls_verify);
 	CHECK(str_eq(g->ca_file, f.ca_file));
 	CHECK(list_eq(g->insecure, insecure));
-	CHECK(list_eq(g->mirrors, mirrors));
+	CHECK(hosts_eq(g->hosts, hosts));
 	CHECK(list_eq(g->resolve, resolve));
 	CHECK_EQ(g->stall_timeout_ms, 4321);
 	CHECK_EQ(g->request_timeout_ms, 5678);
@@ -215,11 +273,13 @@ static void test_fetch_table(void)
 
 static const struct option regopts[] = { REGISTRY_LONGOPTS, { 0 } };
 
-/* Options regopts_finish reads into fetch.creds, which "creds" carries. */
-static bool creds_source(const char *option)
+/* Options that fill a field another option's row carries: regopts_finish
+ * reads these into fetch.creds ("creds"); --registry-mirror adds to
+ * fetch.hosts ("hosts", as --registry-hosts does). */
+static bool feeds_another_row(const char *option)
 {
 	return !strcmp(option, "creds-file") || !strcmp(option, "username") ||
-	       !strcmp(option, "password-stdin");
+	       !strcmp(option, "password-stdin") || !strcmp(option, "registry-mirror");
 }
 
 /* ferry's registry options and the table name the same options. */
@@ -231,7 +291,7 @@ static void test_fetch_table_matches_cli(void)
 	size_t n = 0;
 
 	for (l = regopts; l->name; l++) {
-		if (creds_source(l->name))
+		if (feeds_another_row(l->name))
 			continue;
 		n++;
 		for (o = ctl_fetch_opts; o < ctl_fetch_opts + CTL_NR_FETCH_OPTS; o++)
@@ -428,7 +488,7 @@ static void test_mount_req_roundtrip(void)
 
 static void test_other_requests_roundtrip(void)
 {
-	struct ctl_umount_req u = { .mountpoint = "/mnt/a b", .lazy = true };
+	struct ctl_umount_req u = { .mountpoint = "/mnt/a b", .lazy = true, .release = true };
 	struct ctl_request req;
 	struct json_object *o;
 	enum ctl_op op;
@@ -437,7 +497,8 @@ static void test_other_requests_roundtrip(void)
 	o = wire(ctl_umount_req_to_json(&u));
 	CHECK_EQ(ctl_request_parse(o, &req, err, sizeof(err)), 0);
 	CHECK_EQ(req.op, CTL_OP_UMOUNT);
-	CHECK(str_eq(req.umount.mountpoint, u.mountpoint) && req.umount.lazy);
+	CHECK(str_eq(req.umount.mountpoint, u.mountpoint) && req.umount.lazy &&
+	      req.umount.release);
 	ctl_request_free(&req);
 	json_object_put(o);
 	for (op = CTL_OP_LIST; op <= CTL_OP_UPGRADE; op++) {
@@ -496,6 +557,15 @@ static void test_replies_roundtrip(void)
 	CHECK_EQ(ctl_reply_parse(o, &st, err, sizeof(err)), 0);
 	CHECK_EQ(ctl_mount_reply_parse(o, &mr, err, sizeof(err)), 0);
 	CHECK_EQ(mr.pid, 99);
+	CHECK(!mr.image_digest[0] && !mr.bootstrap_digest[0]);
+	json_object_put(o);
+	/* What is mounted: the snapshotter checks it (docs/containerd.md). */
+	o = wire(ctl_mount_reply_to_json(&(struct ctl_mount_reply){
+		.pid = 98, .image_digest = "sha256:" "abababababababababababababababababababababababababababababababab",
+		.bootstrap_digest = "sha256:" "cdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcd" }));
+	CHECK_EQ(ctl_mount_reply_parse(o, &mr, err, sizeof(err)), 0);
+	CHECK(mr.pid == 98 && str_eq(mr.image_digest, "sha256:" "abababababababababababababababababababababababababababababababab") &&
+	      str_eq(mr.bootstrap_digest, "sha256:" "cdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcd"));
 	json_object_put(o);
 
 	o = wire(ctl_ping_reply_to_json(&lr.daemon));
@@ -641,7 +711,20 @@ static void test_request_rejections(void)
 	reject_req("{" MNT ",\"fetch\":{\"stallTimeoutMs\":3600001}}", "\"stallTimeoutMs\"");
 	reject_req("{" MNT ",\"fetch\":{\"requestTimeoutMs\":3600001}}", "\"requestTimeoutMs\"");
 	reject_req("{" MNT ",\"fetch\":{\"resolve\":\"a:1:127.0.0.1\"}}", "\"resolve\"");
-	reject_req("{" MNT ",\"fetch\":{\"mirrors\":[null]}}", "\"mirrors\"[0]");
+	reject_req("{" MNT ",\"fetch\":{\"hosts\":{}}}", "\"hosts\": expected an array");
+	reject_req("{" MNT ",\"fetch\":{\"hosts\":[7]}}", "\"hosts\": expected objects");
+	reject_req("{" MNT ",\"fetch\":{\"hosts\":[{\"url\":\"https://m\"}]}}",
+		   "\"registry\"");
+	reject_req("{" MNT ",\"fetch\":{\"hosts\":[{\"registry\":\"r.io\","
+		   "\"url\":\"https://m\",\"capabilities\":[\"fly\"]}]}}",
+		   "\"fly\" is not pull, resolve or push");
+	reject_req("{" MNT ",\"fetch\":{\"hosts\":[{\"registry\":\"r.io\","
+		   "\"url\":\"ftp://m\"}]}}", "must start with http:// or https://");
+	reject_req("{" MNT ",\"fetch\":{\"hosts\":[{\"registry\":\"r.io\","
+		   "\"url\":\"https://m\",\"headers\":[\"X: a\\r\\nY: b\"]}]}}",
+		   "headers must be");
+	reject_req("{" MNT ",\"fetch\":{\"hosts\":[{\"registry\":\"r.io\","
+		   "\"url\":\"https://m\",\"ca\":[\"ca.pem\"]}]}}", "absolute");
 	reject_req("{\"op\":\"umount\",\"mountpoint\":\"/m\",\"lazy\":1}", "\"lazy\"");
 	reject_req("{\"op\":\"umount\",\"mountpoint\":\"rel\"}", "absolute");
 
@@ -706,6 +789,10 @@ static void test_reply_rejections(void)
 	reject_reply(ctl_reply_parse, struct ctl_reply,
 		     "{\"ok\":false,\"error\":\"x\",\"errno\":4096}", "\"errno\"");
 	reject_reply(ctl_mount_reply_parse, struct ctl_mount_reply, "{\"ok\":true}", "\"pid\"");
+	reject_reply(ctl_mount_reply_parse, struct ctl_mount_reply,
+		     "{\"ok\":true,\"pid\":1,\"imageDigest\":\"sha256:12\"}", "imageDigest");
+	reject_reply(ctl_mount_reply_parse, struct ctl_mount_reply,
+		     "{\"ok\":true,\"pid\":1,\"bootstrapDigest\":7}", "bootstrapDigest");
 	reject_reply(ctl_mount_reply_parse, struct ctl_mount_reply, "{\"ok\":true,\"pid\":0}",
 		     "\"pid\"");
 	reject_reply(ctl_mount_reply_parse, struct ctl_mount_reply, "{\"ok\":true,\"pid\":\"1\"}",

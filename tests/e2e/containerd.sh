@@ -13,7 +13,9 @@
 # the snapshotter and ferryd the image runs again; `ctr image rm --sync`
 # leaves no ferry mount; an ordinary gzip image runs through the fallback;
 # a format-1 ferry image upgraded by `ferry convert` docker:// to docker://
-# runs too.
+# runs too, a format-2 one is refused. CRI pulls go to one namespace, the
+# rpull ones to another (the snapshotter's "pullers"). Attacks, restarts
+# and outages: containerd_trust.sh.
 # Every process is stopped by PID, runc's state for our namespace removed.
 . "$(dirname "$0")/lib.sh"
 . "$(dirname "$0")/oci_lib.sh"
@@ -29,12 +31,13 @@ GO=$TOP/contrib/containerd/go.sh
 SNAP=$SCRATCH/ferry-snapshotter
 CRIPULL=$SCRATCH/cripull
 CTD=$SCRATCH/ctd
-NS=ferry-e2e-$$
+NS=ferry-e2e-$$       # pulled into with the CRI labels (cripull)
+NSR=ferry-e2e-r-$$    # pulled into with ctr-remote image rpull
 SNROOT=$CTD/snapshotter
-CTD_PID=
-SN_PID=
+CTD_NAMESPACES=("$NS" "$NSR")
+SN_JSON="\"pullers\": {\"$NS\": \"cri\", \"$NSR\": \"rpull\"}"
 
-ctr_() { timeout -k 5 180 ctr --address "$CTD/containerd.sock" -n "$NS" "$@" </dev/null; }
+ctr_() { ctr_ns "$NS" "$@"; }
 
 # ctr's progress output is not for the log.
 ctr_quiet() {
@@ -45,19 +48,6 @@ ctr_quiet() {
 	return "$rc"
 }
 
-ctd_stop_all() {
-	local c
-	trap '' INT TERM
-	if [ -n "$CTD_PID" ] && kill -0 "$CTD_PID" 2>/dev/null; then
-		for c in $(ctr_ tasks ls -q 2>/dev/null); do
-			ctr_ tasks kill -s KILL "$c" >/dev/null 2>&1
-			ctr_ tasks rm -f "$c" >/dev/null 2>&1
-		done
-	fi
-	ctd_stop "$CTD_PID"
-	ctd_stop "$SN_PID"
-	ctd_clean_run "$NS"
-}
 eval "_ctd_prev_exit=$(trap -p EXIT | sed -e 's/^trap -- //' -e 's/ EXIT$//')"
 trap 'ctd_stop_all; '"$_ctd_prev_exit" EXIT
 
@@ -77,6 +67,9 @@ check "make it format 1" oci_downgrade "$SCRATCH/lay" pkgs "$SCRATCH/old"
 check "push the format-1 image" reg_push_oci "$SCRATCH/old:old" "$REG/deb:old"
 check "ferry convert docker://…:old docker://…:upgraded upgrades it" \
 	"$FERRY" convert -q "docker://$REG/deb:old" "docker://$REG/deb:upgraded"
+# Format 2 (the layers' own digests as diff_ids) is not mounted lazily.
+check "make a format-2 image" oci_downgrade "$SCRATCH/lay" pkgs "$SCRATCH/v2" 2
+check "push the format-2 image" reg_push_oci "$SCRATCH/v2:old" "$REG/deb:v2"
 IMG=$PROXY/deb:ferry
 # The data blobs (every layer but the last, the bootstrap).
 DATA_BLOBS=$(skopeo inspect --raw --tls-verify=false "docker://$REG/deb:ferry" |
@@ -89,27 +82,6 @@ FILES="usr/bin/bash usr/bin/less"
 # shellcheck disable=SC2086
 WANT=$(cd "$REF" && sha256sum $FILES)
 expect "the reference has both files" [ "$(echo "$WANT" | wc -l)" -eq 2 ]
-
-start_ferryd() { "$FERRYD" --socket "$FSOCK" --persistent; }
-
-start_snapshotter() { # MODE
-	ctd_configs "$CTD" "$SNROOT" "$FSOCK" "$FCACHE" "$1"
-	rm -f "$CTD/snapshotter.sock"
-	"$SNAP" -config "$CTD/snapshotter.json" >>"$CTD/snapshotter.log" 2>&1 &
-	SN_PID=$!
-	# A running containerd must reach it again.
-	ctd_wait_sock "$CTD/snapshotter.sock" "$SN_PID" 20 && { [ -z "$CTD_PID" ] || reachable; } && return 0
-	kill -0 "$SN_PID" 2>/dev/null || { wait "$SN_PID"; echo "exit status $?"; }
-	tail -5 "$CTD/snapshotter.log"
-	return 1
-}
-
-start_containerd() {
-	containerd --config "$CTD/config.toml" >>"$CTD/containerd.log" 2>&1 &
-	CTD_PID=$!
-	ctd_wait_sock "$CTD/containerd.sock" "$CTD_PID" 30 && ctr_ version >/dev/null ||
-		{ tail -5 "$CTD/containerd.log"; return 1; }
-}
 
 # No data blob was requested since the last fp_reset.
 no_data_get() {
@@ -126,24 +98,11 @@ no_data_get() {
 	return $rc
 }
 
-# containerd's gRPC connection to a restarted snapshotter is back (it
-# redials with a backoff): at most 30 s.
-reachable() {
-	local i
-	for i in $(seq 60); do
-		ctr_ snapshots --snapshotter ferry ls >/dev/null 2>&1 && return 0
-		sleep 0.5
-	done
-	ctr_ snapshots --snapshotter ferry ls
-}
-
-ferry_mounts() { findmnt -rn -o TARGET | grep -F "$SNROOT/" ; }
-
 # ctr run, checked: hashes of both layers' files, a write to the rootfs
 # landing in the upper directory, setuid and setgid bits honoured.
-run_checks() { # NOTE IMAGE
-	local note=$1 img=$2 id=c$RANDOM out up
-	out=$(ctr_ run --snapshotter ferry "$img" "$id" sh -c \
+run_checks() { # NOTE IMAGE [NS]
+	local note=$1 img=$2 ns=${3:-$NS} id=c$RANDOM out up
+	out=$(ctr_ns "$ns" run --snapshotter ferry "$img" "$id" sh -c \
 		"cd / && sha256sum $FILES && echo written-by-ferry-e2e >/ferry-$id && cat /ferry-$id" 2>&1)
 	expect "ctr run ($note): both layers' files have the right hashes" \
 		[ "$(echo "$out" | grep -E '^[0-9a-f]{64} ')" = "$WANT" ]
@@ -151,8 +110,8 @@ run_checks() { # NOTE IMAGE
 	expect "... writes to its rootfs" grep -qx written-by-ferry-e2e <<<"$out"
 	up=$(find "$SNROOT/snapshots" -maxdepth 3 -path "*/fs/ferry-$id" 2>/dev/null | head -1)
 	expect "... which lands in the container's upper directory" [ -n "$up" ]
-	check "... remove the container" ctr_ containers rm "$id"
-	out=$(ctr_ run --rm --allow-new-privs --snapshotter ferry "$img" "$id" \
+	check "... remove the container" ctr_ns "$ns" containers rm "$id"
+	out=$(ctr_ns "$ns" run --rm --allow-new-privs --snapshotter ferry "$img" "$id" \
 		setpriv --reuid=65534 --regid=65534 --clear-groups \
 		sh -c 'chage -l nobody; passwd -S nobody' 2>&1)
 	expect "... a setuid binary (passwd -S as nobody reads /etc/shadow)" \
@@ -163,51 +122,55 @@ run_checks() { # NOTE IMAGE
 }
 
 mkdir -p "$CTD"
-check "ferryd starts" start_ferryd
+check "ferryd starts" ctd_start_ferryd
 for mode in fuse fanotify; do
-	check "ferry-snapshotter starts (mode $mode)" start_snapshotter $mode || break
+	check "ferry-snapshotter starts (mode $mode)" ctd_start_snapshotter $mode || break
 	if [ -z "$CTD_PID" ]; then
-		check "containerd 1.6 starts from a scratch config" start_containerd || break
+		check "containerd 1.6 starts from a scratch config" ctd_start_containerd || break
 	fi
 	fp_reset
 	check "pull with the CRI labels ($mode)" timeout -k 5 180 "$CRIPULL" -address "$CTD/containerd.sock" \
 		-namespace "$NS" -snapshotter ferry -plain-http "$IMG"
 	check "... no data-blob GET during the pull" no_data_get
-	expect "... the bootstrap is mounted by ferryd ($mode)" [ -n "$(ferry_mounts)" ]
+	expect "... the bootstrap is mounted by ferryd ($mode)" [ -n "$(ctd_ferry_mounts)" ]
 	run_checks "$mode, CRI labels" "$IMG"
 	check "ctr image rm --sync" ctr_ images rm --sync "$IMG"
-	expect "... leaves no ferry mount" [ -z "$(ferry_mounts)" ]
-	ferry_mounts | sed 's/^/    left: /'
+	expect "... leaves no ferry mount" [ -z "$(ctd_ferry_mounts)" ]
+	ctd_ferry_mounts | sed 's/^/    left: /'
 
 	fp_reset
 	check "ctr-remote image rpull ($mode)" timeout -k 5 180 ctr-remote --address "$CTD/containerd.sock" \
-		-n "$NS" image rpull --plain-http --snapshotter ferry "$IMG"
+		-n "$NSR" image rpull --plain-http --snapshotter ferry "$IMG"
 	check "... no data-blob GET during the pull" no_data_get
-	run_checks "$mode, ctr-remote" "$IMG"
+	run_checks "$mode, ctr-remote" "$IMG" "$NSR"
 
 	# Restart both daemons: the snapshotter mounts its snapshots again.
 	ctd_stop "$SN_PID"
 	ferryd_stop $(daemon_pids "$FSOCK")
-	check "ferryd restarts" start_ferryd
-	check "ferry-snapshotter restarts ($mode)" start_snapshotter $mode
-	expect "... the image's bootstrap is mounted again" [ -n "$(ferry_mounts)" ]
-	run_checks "$mode, after restarting ferryd and the snapshotter" "$IMG"
-	check "ctr image rm --sync ($mode)" ctr_ images rm --sync "$IMG"
-	expect "... leaves no ferry mount" [ -z "$(ferry_mounts)" ]
+	check "ferryd restarts" ctd_start_ferryd
+	check "ferry-snapshotter restarts ($mode)" ctd_start_snapshotter $mode
+	expect "... the image's bootstrap is mounted again (in the background)" \
+		poll 30 eval '[ -n "$(ctd_ferry_mounts)" ]'
+	run_checks "$mode, after restarting ferryd and the snapshotter" "$IMG" "$NSR"
+	check "ctr image rm --sync ($mode)" ctr_ns "$NSR" images rm --sync "$IMG"
+	expect "... leaves no ferry mount" [ -z "$(ctd_ferry_mounts)" ]
 	ctd_stop "$SN_PID"
 done
 
-check "ferry-snapshotter starts (fuse)" start_snapshotter fuse
+check "ferry-snapshotter starts (fuse)" ctd_start_snapshotter fuse
 check "pull the upgraded format-1 image with the CRI labels" timeout -k 5 180 "$CRIPULL" \
 	-address "$CTD/containerd.sock" -namespace "$NS" -snapshotter ferry -plain-http "$PROXY/deb:upgraded"
 run_checks "upgraded format-1 image" "$PROXY/deb:upgraded"
 check "ctr image rm --sync (upgraded)" ctr_ images rm --sync "$PROXY/deb:upgraded"
+out=$(timeout -k 5 180 "$CRIPULL" -address "$CTD/containerd.sock" -namespace "$NS" \
+	-snapshotter ferry -plain-http "$PROXY/deb:v2" 2>&1)
+expect "a format-2 image is refused, saying to convert it again" grep -q "ferry convert it again" <<<"$out"
 
 # An ordinary image: layers are unpacked into plain overlay snapshots.
 check "ctr pull of the gzip image with --snapshotter ferry (fallback)" \
 	ctr_quiet images pull --plain-http --snapshotter ferry "$PROXY/deb:gzip"
 out=$(ctr_ run --rm --snapshotter ferry "$PROXY/deb:gzip" g1 sh -c "cd / && sha256sum $FILES" 2>&1)
 expect "ctr run of the gzip image through the fallback: right hashes" [ "$out" = "$WANT" ]
-expect "... and no ferry mount" [ -z "$(ferry_mounts)" ]
+expect "... and no ferry mount" [ -z "$(ctd_ferry_mounts)" ]
 check "ctr image rm --sync (gzip)" ctr_ images rm --sync "$PROXY/deb:gzip"
 e2e_done

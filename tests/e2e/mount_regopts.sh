@@ -135,7 +135,7 @@ for mode in fuse fanotify; do
 		check "$mode: --registry-mirror: the file reads back" \
 			cmp "$TREE/data/random.bin" "$M/data/random.bin"
 		expect "$mode: --registry-mirror: the mirror served the blob reads" \
-			fp_log_has '^GET /v2/t/x/blobs/sha256:[0-9a-f]{64} .*-> 20[06]'
+			fp_log_has '^GET /v2/t/x/blobs/sha256:[0-9a-f]{64}\?ns=[^ ]+ .*-> 20[06]'
 		check "$mode: --registry-mirror: umount" fumount "$M"
 	fi
 

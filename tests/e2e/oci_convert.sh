@@ -139,6 +139,13 @@ check "... to the current format, the same blobs as a fresh conversion" \
 check "... which checks" "$FERRY" check "oci:$SCRATCH/old:new"
 check_fails "a current-format ferry image is not converted again" "converted already" \
 	"$FERRY" convert -q "oci:$SCRATCH/old:new" "oci:$SCRATCH/old:again"
+# Format 2 (the layers' own digests as diff_ids, docs/FORMAT.md 1a) is
+# upgraded too: only the config and the version change.
+oci_downgrade "$OUTL" pkgs "$SCRATCH/old2" 2
+check "convert of a format-2 image upgrades it" \
+	"$FERRY" convert -q "oci:$SCRATCH/old2:old" "oci:$SCRATCH/old2:new"
+check "... to the current format, the same blobs as a fresh conversion" \
+	oci_verify "$SCRATCH/old2" new "$SCRATCH/src-pkgs.json" "$SCRATCH/dir-pkgs"
 
 # (d) zstd layers: the same image bytes as gzip, only the source digests
 # in the annotations differ.

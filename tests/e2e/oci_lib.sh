@@ -216,11 +216,15 @@ cfg = blob(m["config"], "config")
 layers = m.get("layers", [])
 if cfg is not None:
     # The source's config, but with one diff_id per manifest layer: the
-    # data blob's digest, and the raw bootstrap's.
+    # sha256 of "dev.ferry.blob " + the data blob's digest, and of
+    # "dev.ferry.bootstrap " + the raw bootstrap's.
+    def ferry_id(prefix, d):
+        return "sha256:" + hashlib.sha256((prefix + str(d)).encode()).hexdigest()
     cfg = json.loads(cfg)
     ids = cfg.get("rootfs", {}).pop("diff_ids", None)
-    want_ids = [l["digest"] for l in layers[:-1]] + \
-        [layers[-1].get("annotations", {}).get("dev.ferry.bootstrap.uncompressed-digest")] if layers else []
+    want_ids = [ferry_id("dev.ferry.blob ", l["digest"]) for l in layers[:-1]] + \
+        [ferry_id("dev.ferry.bootstrap ", layers[-1].get("annotations", {}).get(
+            "dev.ferry.bootstrap.uncompressed-digest"))] if layers else []
     if ids != want_ids:
         bad.append("config diff_ids %r, want %r" % (ids, want_ids))
     if "_config" in src:
@@ -262,7 +266,7 @@ ann = m.get("annotations", {})
 if layers and (layers[-1].get("annotations", {}).get("dev.ferry.bootstrap") != "true" or
                layers[-1]["annotations"].get("containerd.io/snapshot/ferry.bootstrap") != "true"):
     bad.append("bootstrap annotations %r" % layers[-1].get("annotations"))
-want = {"dev.ferry.version": "2", "dev.ferry.source-layers": ",".join(src_layers)}
+want = {"dev.ferry.version": "3", "dev.ferry.source-layers": ",".join(src_layers)}
 if "_digest" in src:
     want["dev.ferry.source-manifest"] = src["_digest"]
 for k, v in want.items():
@@ -320,11 +324,14 @@ EOF
 
 # A copy of LAYOUT at OUT whose tag "old" is the ferry image of TAG turned
 # back into format 1 (docs/FORMAT.md 1a): the old layer types, no snapshot
-# labels, version "1", and a config whose diff_ids are not one per layer.
-oci_downgrade() { # LAYOUT TAG OUT
+# labels, version "1", and a config whose diff_ids are not one per layer;
+# or into format 2 (VERSION 2): the current types and labels, version
+# "2", the layers' own digests as diff_ids.
+oci_downgrade() { # LAYOUT TAG OUT [VERSION]
 	python3 - "$@" <<'EOF'
 import hashlib, json, os, shutil, sys
-src, tag, out = sys.argv[1:]
+src, tag, out = sys.argv[1:4]
+version = sys.argv[4] if len(sys.argv) > 4 else "1"
 def blob(l, d): return open(os.path.join(l, "blobs", *d.split(":")), "rb").read()
 def put(data):
     d = "sha256:" + hashlib.sha256(data).hexdigest()
@@ -334,13 +341,17 @@ shutil.copytree(src, out)
 idx = json.load(open(os.path.join(src, "index.json")))
 desc = [d for d in idx["manifests"] if d["annotations"]["org.opencontainers.image.ref.name"] == tag][0]
 m = json.loads(blob(src, desc["digest"]))
-for l in m["layers"]:
-    l["mediaType"] = l["mediaType"].replace("vnd.oci.image.layer.ferry.", "vnd.ferry.")
-    for k in ("containerd.io/snapshot/ferry.blob", "containerd.io/snapshot/ferry.bootstrap"):
-        l["annotations"].pop(k, None)
-m["annotations"]["dev.ferry.version"] = "1"
 cfg = json.loads(blob(src, m["config"]["digest"]))
-cfg["rootfs"]["diff_ids"] = ["sha256:" + "0" * 64]  # the source's, not one per layer
+if version == "1":
+    for l in m["layers"]:
+        l["mediaType"] = l["mediaType"].replace("vnd.oci.image.layer.ferry.", "vnd.ferry.")
+        for k in ("containerd.io/snapshot/ferry.blob", "containerd.io/snapshot/ferry.bootstrap"):
+            l["annotations"].pop(k, None)
+    cfg["rootfs"]["diff_ids"] = ["sha256:" + "0" * 64]  # the source's, not one per layer
+else:
+    cfg["rootfs"]["diff_ids"] = [l["digest"] for l in m["layers"][:-1]] + \
+        [m["layers"][-1]["annotations"]["dev.ferry.bootstrap.uncompressed-digest"]]
+m["annotations"]["dev.ferry.version"] = version
 raw = json.dumps(cfg).encode()
 m["config"].update(digest=put(raw), size=len(raw))
 raw = json.dumps(m).encode()

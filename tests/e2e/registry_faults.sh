@@ -252,13 +252,14 @@ fp_redirect on=0
 fp_reset
 rcn "${RCO[@]}" --mirror "$REG=http://$PROXY" getblob "$REG/ferry/f" "$L1_D" "$L1_S"
 rc_expect "--mirror: getblob" rc_out_is "$IMG/layer1.tar"
+# The mirror is told which registry is meant (?ns=, as containerd does).
 rc_expect "--mirror: the blob was read from the mirror" \
-	fp_log_has "^GET /v2/ferry/f/blobs/$L1_D .* -> 200"
+	fp_log_has "^GET /v2/ferry/f/blobs/$L1_D\\?ns=127\\.0\\.0\\.1%3A[0-9]+ .* -> 200"
 fp_reset
 rcn "${RCO[@]}" --mirror "$REG=http://$PROXY" manifest "$REG/ferry/f@$MAN_D"
 rc_expect "--mirror: manifest by digest" rc_out_is "$IMG/manifest.json"
 rc_expect "--mirror: the manifest was read from the mirror" \
-	fp_log_has "^GET /v2/ferry/f/manifests/$MAN_D .* -> 200"
+	fp_log_has "^GET /v2/ferry/f/manifests/$MAN_D\\?ns=[^ ]+ .* -> 200"
 fp_reset
 fp_set 500 count=-1
 rcn "${RCO[@]}" --retries 2 --mirror "$REG=http://$PROXY" getblob "$REG/ferry/f" "$L1_D" "$L1_S"

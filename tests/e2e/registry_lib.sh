@@ -14,6 +14,10 @@
 #       With REG_TLS_CERT and REG_TLS_KEY (PEM files) it serves https;
 #       REG_REALM_HOST names the token server's host in its realm
 #       (default 127.0.0.1; another name needs a --resolve to 127.0.0.1).
+#       REG_TLS_CLIENT_CA: https clients must show a certificate it signed.
+#       REG_PORT: that port instead of a free one (a test's own network
+#       namespace: hub_names.sh); REG_ACCESS_LOG=1: every request logged
+#       (level info) in $REG_DIR/registry.log.
 #   tls_pki                           a test CA and server certificates
 #   reg_push_oci LAYOUT[:TAG] REF     skopeo copy oci: -> docker://
 #   reg_put_blob REPO FILE / reg_put_manifest REPO REF TYPE FILE
@@ -161,7 +165,7 @@ reg_token_keys() {
 }
 
 reg_start() { # anon|basic|token [tokenserver args]
-	local mode=$1 d auth='' port try tls=''
+	local mode=$1 d auth='' port try tls='' log
 	shift
 	REG_N=$((REG_N + 1))
 	d=$SCRATCH/reg$REG_N
@@ -201,13 +205,16 @@ reg_start() { # anon|basic|token [tokenserver args]
 		return 2
 		;;
 	esac
-	[ -n "${REG_TLS_CERT:-}" ] && tls=", tls: {certificate: $REG_TLS_CERT, key: $REG_TLS_KEY}"
+	[ -n "${REG_TLS_CERT:-}" ] &&
+		tls=", tls: {certificate: $REG_TLS_CERT, key: $REG_TLS_KEY${REG_TLS_CLIENT_CA:+, clientcas: [$REG_TLS_CLIENT_CA]}}"
 	# A port found free may be taken before the registry binds it: retry.
+	log="{level: warn, accesslog: {disabled: true}}"
+	[ -n "${REG_ACCESS_LOG:-}" ] && log="{level: info, formatter: text}"
 	for try in 1 2 3; do
-		port=$(reg_free_port) || return 1
+		port=${REG_PORT:-$(reg_free_port)} || return 1
 		cat >"$d/config.yml" <<EOF
 version: 0.1
-log: {level: warn, accesslog: {disabled: true}}
+log: $log
 storage:
   filesystem: {rootdirectory: $d/storage}
   delete: {enabled: true}
@@ -407,7 +414,8 @@ fp_log() {
 	fp_ctl /__stats | python3 -c '
 import json, sys
 for e in json.load(sys.stdin)["log"]:
-    print("%s %s range=%s fault=%s -> %s" % (e["method"], e["path"], e["range"], e["fault"], e.get("status")))'
+    print("%s %s range=%s fault=%s -> %s%s" % (e["method"], e["path"], e["range"], e["fault"],
+          e.get("status"), " x=" + e["x"] if e.get("x") else ""))'
 }
 # The proxy's request log has a line matching an extended regex.
 fp_log_has() { fp_log | grep -E -- "$1" >/dev/null; }

@@ -3,9 +3,11 @@
 # ferry-snapshotter (contrib/containerd): it builds offline in GOPATH mode
 # from Debian's Go sources, passes go vet, and its Go tests pass:
 # containerd's snapshotter conformance suite (snapshots/testsuite) through
-# containerd's gRPC proxy client, the labels-to-image mapping, and the
-# remote-layer protocol against a fake ferryd (blob layers ask nothing,
-# the bootstrap layer's mount request, fallback, Remove unmounts).
+# containerd's gRPC proxy client, the chain-ID and puller rules, the
+# configuration (fetch.creds refused, auths), and the remote-layer protocol
+# against a fake ferryd (blob layers ask nothing, a bootstrap claiming
+# another chain is refused and nothing committed, fallback, a restart in a
+# new process with the registry down, Remove unmounts and releases).
 . "$(dirname "$0")/lib.sh"
 need_root
 need_cmds go

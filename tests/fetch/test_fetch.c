@@ -49,7 +49,7 @@ static void test_ref_valid(void)
 	CHECK_EQ(fetch_parse_ref("docker://registry.example.com/a/b-c/d_e", &r), 0);
 	CHECK(!strcmp(r.host, "registry.example.com"));
 	CHECK(!strcmp(r.repo, "a/b-c/d_e"));
-	CHECK(!r.tag && !r.digest);
+	CHECK(r.tag && !strcmp(r.tag, "latest") && !r.digest);
 	fetch_ref_free(&r);
 
 	CHECK_EQ(fetch_parse_ref("h.io/x@sha256:" HEX64, &r), 0);
@@ -76,10 +76,76 @@ static void test_ref_valid(void)
 	fetch_ref_free(&r);
 }
 
+/* Names as Docker and containerd normalise them. */
+static void test_ref_normalised(void)
+{
+	static const struct {
+		const char *in, *out;
+	} cases[] = {
+		{ "debian", "docker.io/library/debian:latest" },
+		{ "debian:bookworm", "docker.io/library/debian:bookworm" },
+		{ "docker://debian:bookworm", "docker.io/library/debian:bookworm" },
+		{ "docker.io/debian", "docker.io/library/debian:latest" },
+		{ "docker.io/library/debian:bookworm", "docker.io/library/debian:bookworm" },
+		{ "index.docker.io/library/debian:bookworm",
+		  "docker.io/library/debian:bookworm" },
+		{ "index.docker.io/debian", "docker.io/library/debian:latest" },
+		{ "foo/bar", "docker.io/foo/bar:latest" },
+		{ "foo/bar/baz:1", "docker.io/foo/bar/baz:1" },
+		{ "localhost/a", "localhost/a:latest" },
+		{ "localhost:5000", "docker.io/library/localhost:5000" },
+		{ "nginx@sha256:" HEX64, "docker.io/library/nginx@sha256:" HEX64 },
+		{ "reg.io/x", "reg.io/x:latest" },
+		{ "reg.io:5000/x", "reg.io:5000/x:latest" },
+		{ "[::1]:5000/x:t", "[::1]:5000/x:t" },
+	};
+	struct fetch_ref r;
+	size_t i;
+
+	for (i = 0; i < ARRAY_SIZE(cases); i++) {
+		char *s = NULL;
+
+		CHECK_EQ(fetch_parse_ref(cases[i].in, &r), 0);
+		s = fetch_ref_string(&r);
+		if (!s || strcmp(s, cases[i].out))
+			fprintf(stderr, "  \"%s\" -> \"%s\", want \"%s\"\n",
+				cases[i].in, s ? s : "(null)", cases[i].out);
+		CHECK(s && !strcmp(s, cases[i].out));
+		free(s);
+		fetch_ref_free(&r);
+	}
+	CHECK_EQ(fetch_parse_ref("debian", &r), 0);
+	CHECK(!strcmp(r.host, "docker.io") && !strcmp(r.repo, "library/debian"));
+	CHECK(!strcmp(fetch_registry_endpoint(r.host), "registry-1.docker.io"));
+	CHECK(!strcmp(fetch_registry_endpoint("reg.io:5000"), "reg.io:5000"));
+	fetch_ref_free(&r);
+
+	/* The Hub's credentials under the keys docker and containerd use. */
+	{
+		static const char *const keys[] = { FETCH_HUB_CONFIG_KEY,
+						     "index.docker.io", "docker.io",
+						     "registry-1.docker.io" };
+		struct fetch_creds c;
+		char json[256];
+		size_t k;
+
+		for (k = 0; k < ARRAY_SIZE(keys); k++) {
+			/* "dTpw" is base64 of "u:p". */
+			snprintf(json, sizeof(json),
+				 "{\"auths\":{\"%s\":{\"auth\":\"dTpw\"}}}", keys[k]);
+			CHECK_EQ(fetch_dockercfg_lookup(json, strlen(json), FETCH_HUB, &c), 0);
+			CHECK_EQ(c.kind, FETCH_CREDS_BASIC);
+			CHECK(c.user && !strcmp(c.user, "u"));
+			fetch_creds_clear(&c);
+		}
+	}
+}
+
 static void test_ref_invalid(void)
 {
 	static const char *const bad[] = {
-		"foo/bar",          /* host without '.', ':' or localhost */
+		"Foo/bar",          /* a host (upper-case) without '.' or ':' */
+		"Debian",           /* an upper-case Hub name */
 		"h.io/Upper",       /* upper-case repository */
 		"h.io/a//b",        /* empty component */
 		"h.io/a-",          /* trailing separator */
@@ -95,7 +161,6 @@ static void test_ref_invalid(void)
 		 "0123456789abcdef0123456789abcdef"),
 		"h.io/a@md5:0123",
 		"h.io/",
-		"h.io",
 		":5000/a",
 		"h.io:0/a",
 		"h.io:99999/a",
@@ -999,22 +1064,53 @@ static void test_cleartext(void)
 
 static void test_open(void)
 {
-	const char *mirrors[] = { "other.io=http://m1", "reg.io:5000=http://m2//",
-				  NULL };
-	const char *bad_mirrors[] = { "reg.io=ftp://m", NULL };
+	const struct fetch_host other = { .registry = "other.io", .url = "http://m1" };
+	const struct fetch_host m2 = {
+		.registry = "reg.io:5000", .url = "http://m2//cache/",
+		.capabilities = FETCH_HOST_PULL,
+	};
+	const struct fetch_host m3 = {
+		.registry = "reg.io:5000", .url = "https://m3:8443/v2",
+		.override_path = true,
+	};
+	const struct fetch_host *hosts[] = { &other, &m2, &m3, NULL };
+	const struct fetch_host bad = { .registry = "reg.io", .url = "ftp://m" };
+	const struct fetch_host *bad_hosts[] = { &bad, NULL };
 	struct fetch_opts opts;
 	struct fetch_ref ref;
 	struct registry *r;
+	char *url;
 	int saved = ferry_log_level;
 
 	fetch_opts_init(&opts);
-	opts.mirrors = mirrors;
+	opts.hosts = hosts;
 	CHECK_EQ(fetch_parse_ref("reg.io:5000/a/b:t", &ref), 0);
 	CHECK_EQ(registry_open(&ref, &opts, FETCH_PULL, &r), 0);
 	CHECK(!strcmp(registry_name(r), "reg.io:5000/a/b"));
-	CHECK(r->mirror && !strcmp(r->mirror, "http://m2"));
 	CHECK(!strcmp(r->base, "https://reg.io:5000"));
 	CHECK_EQ(r->attempts, 5);
+	/* The registry's hosts in order; the path as containerd takes it. */
+	CHECK_EQ(r->nr_mirrors, 2);
+	CHECK(!strcmp(r->mirrors[0]->base, "http://m2"));
+	CHECK(!strcmp(r->mirrors[0]->api, "/cache/v2"));
+	CHECK_EQ(r->mirrors[0]->caps, FETCH_HOST_PULL);
+	CHECK(!strcmp(r->mirrors[0]->host, "m2"));
+	CHECK(!strcmp(r->mirrors[1]->base, "https://m3:8443"));
+	CHECK(!strcmp(r->mirrors[1]->api, "/v2"));
+	CHECK_EQ(r->mirrors[1]->caps, FETCH_HOST_ALL);
+	/* A mirror is told the registry; the registry is not. */
+	url = reg_url(r->mirrors[0], r->mirrors[0]->base, "/blobs/%s", "x");
+	CHECK(url && !strcmp(url, "http://m2/cache/v2/a/b/blobs/x?ns=reg.io%3A5000"));
+	free(url);
+	url = reg_url(r, r->base, "/tags/list?n=%d", 5);
+	CHECK(url && !strcmp(url, "https://reg.io:5000/v2/a/b/tags/list?n=5"));
+	free(url);
+	CHECK(reg_mirror_usable(r->mirrors[0], FETCH_HOST_PULL));
+	CHECK(!reg_mirror_usable(r->mirrors[0], FETCH_HOST_RESOLVE));
+	registry_close(r);
+	/* Pushes go to the registry only. */
+	CHECK_EQ(registry_open(&ref, &opts, FETCH_PUSH, &r), 0);
+	CHECK_EQ(r->nr_mirrors, 0);
 	registry_close(r);
 	fetch_ref_free(&ref);
 
@@ -1022,7 +1118,7 @@ static void test_open(void)
 	CHECK_EQ(fetch_parse_ref("127.0.0.1:5000/a", &ref), 0);
 	CHECK_EQ(registry_open(&ref, &opts, FETCH_PULL, &r), 0);
 	CHECK(!strcmp(r->base, "http://127.0.0.1:5000"));
-	CHECK(!r->mirror);
+	CHECK_EQ(r->nr_mirrors, 0);
 	registry_close(r);
 	fetch_ref_free(&ref);
 	{
@@ -1037,12 +1133,78 @@ static void test_open(void)
 		opts.insecure = NULL;
 	}
 
+	/* The Hub answers at registry-1.docker.io, by either of its names. */
+	CHECK_EQ(fetch_parse_ref("index.docker.io/debian", &ref), 0);
+	CHECK_EQ(registry_open(&ref, &opts, FETCH_PULL, &r), 0);
+	CHECK(!strcmp(r->base, "https://registry-1.docker.io"));
+	CHECK(!strcmp(registry_name(r), "docker.io/library/debian"));
+	CHECK(!r->ns);
+	registry_close(r);
+	{
+		const struct fetch_host hub_mirror = {
+			.registry = "index.docker.io", .url = "https://hub.local",
+		};
+		const struct fetch_host hub_server = {
+			.registry = "docker.io", .url = "http://10.1.1.1:5000",
+			.server = true,
+		};
+		const struct fetch_host *hub[] = { &hub_server, &hub_mirror, NULL };
+
+		opts.hosts = hub;
+		CHECK_EQ(registry_open(&ref, &opts, FETCH_PULL, &r), 0);
+		CHECK_EQ(r->nr_mirrors, 1);
+		CHECK(!strcmp(r->base, "http://10.1.1.1:5000"));
+		CHECK(r->ns && !strcmp(r->ns, "ns=docker.io"));
+		CHECK(!strcmp(r->mirrors[0]->base, "https://hub.local"));
+		registry_close(r);
+	}
+	fetch_ref_free(&ref);
+
 	ferry_log_level = -1;
-	opts.mirrors = bad_mirrors;
+	opts.hosts = bad_hosts;
 	CHECK_EQ(fetch_parse_ref("reg.io/a", &ref), 0);
 	CHECK_EQ(registry_open(&ref, &opts, FETCH_PULL, &r), -EINVAL);
 	fetch_ref_free(&ref);
 	ferry_log_level = saved;
+}
+
+static void test_check_host(void)
+{
+	static const char *const rel_ca[] = { "ca.pem", NULL };
+	static const char *const bad_header[] = { "X-A: b\r\nX-B: c", NULL };
+	static const char *const no_name[] = { ": v", NULL };
+	const struct fetch_host good = {
+		.registry = "r.io", .url = "https://[::1]:5000/some/path..x/.y/",
+	};
+	const struct fetch_host bad[] = {
+		{ .registry = "r", .url = "https://m" },           /* no registry form */
+		{ .registry = "r.io", .url = "m:5000" },           /* no scheme */
+		{ .registry = "r.io", .url = "https://u@m/" },     /* credentials */
+		{ .registry = "r.io", .url = "https://m/?q=1" },   /* query */
+		{ .registry = "r.io", .url = "https://m/a b" },    /* space */
+		{ .registry = "r.io", .url = "https://m/a/../v2" }, /* dot-dot */
+		{ .registry = "r.io", .url = "https://m/./v2" },   /* dot */
+		{ .registry = "r.io", .url = "https://m", .capabilities = 8 },
+		{ .registry = "r.io", .url = "https://m", .ca_files = rel_ca },
+		{ .registry = "r.io", .url = "https://m", .client_key = "/k" },
+		{ .registry = "r.io", .url = "https://m", .headers = bad_header },
+		{ .registry = "r.io", .url = "https://m", .headers = no_name },
+		{ .registry = "r.io", .url = NULL },
+	};
+	char why[800];
+	size_t i;
+
+	CHECK_EQ(fetch_check_host(&good, why, sizeof(why)), 0);
+	for (i = 0; i < ARRAY_SIZE(bad); i++) {
+		int err = fetch_check_host(&bad[i], why, sizeof(why));
+
+		if (err != -EINVAL)
+			fprintf(stderr, "  accepted host %zu\n", i);
+		CHECK_EQ(err, -EINVAL);
+		CHECK(strstr(why, "registry host"));
+	}
+	CHECK_EQ(fetch_host_capability("resolve"), FETCH_HOST_RESOLVE);
+	CHECK_EQ(fetch_host_capability("Pull"), 0);
 }
 
 int main(void)
@@ -1055,6 +1217,8 @@ int main(void)
 	}
 	RUN_TEST(test_ref_valid);
 	RUN_TEST(test_ref_invalid);
+	RUN_TEST(test_ref_normalised);
+	RUN_TEST(test_check_host);
 	RUN_TEST(test_digest);
 	RUN_TEST(test_www_auth);
 	RUN_TEST(test_content_range);

@@ -33,6 +33,27 @@ static bool lists_same(const char *const *a, const char *const *b)
 	return !a[i] && !b[i];
 }
 
+/* Two parsed host lists are equal, and every host passes fetch_check_host. */
+static bool hosts_same(const struct fetch_host *const *a,
+		       const struct fetch_host *const *b)
+{
+	char why[800];
+	size_t i;
+
+	for (i = 0; a[i] && b[i]; i++)
+		if (fetch_check_host(a[i], why, sizeof(why)) ||
+		    !same(a[i]->registry, b[i]->registry) || !same(a[i]->url, b[i]->url) ||
+		    a[i]->capabilities != b[i]->capabilities || a[i]->server != b[i]->server ||
+		    a[i]->skip_verify != b[i]->skip_verify ||
+		    a[i]->override_path != b[i]->override_path ||
+		    !lists_same(a[i]->ca_files, b[i]->ca_files) ||
+		    !same(a[i]->client_cert, b[i]->client_cert) ||
+		    !same(a[i]->client_key, b[i]->client_key) ||
+		    !lists_same(a[i]->headers, b[i]->headers))
+			return false;
+	return !a[i] && !b[i];
+}
+
 static void check_fetch(const struct fetch_opts *a, const struct fetch_opts *b)
 {
 	const struct ctl_fetch_opt *o;
@@ -60,6 +81,11 @@ static void check_fetch(const struct fetch_opts *a, const struct fetch_opts *b)
 		case CTL_OPT_STRS:
 			if (!lists_same(*(const char *const *const *)x,
 					*(const char *const *const *)y))
+				abort();
+			break;
+		case CTL_OPT_HOSTS:
+			if (!hosts_same(*(const struct fetch_host *const *const *)x,
+					*(const struct fetch_host *const *const *)y))
 				abort();
 			break;
 		}
@@ -155,7 +181,7 @@ static void check_replies(struct json_object *o)
 	if (!ctl_mount_reply_parse(o, &m, err, sizeof(err))) {
 		back = ctl_mount_reply_to_json(&m);
 		if (m.pid <= 0 || (back && (ctl_mount_reply_parse(back, &m2, err, sizeof(err)) ||
-					    m2.pid != m.pid)))
+					    memcmp(&m, &m2, sizeof(m)))))
 			abort();
 		json_object_put(back);
 	}

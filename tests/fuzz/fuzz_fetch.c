@@ -4,9 +4,10 @@
  * byte picks the parser, the rest is its input: image references and
  * digests, WWW-Authenticate, Content-Range, the upload Range, Link,
  * Retry-After, base64, token answers, docker config files, credential
- * helper answers and upload Locations. Accepted results are checked for
- * consistency (bounds, NUL-terminated fields, a reference that formats
- * back to itself).
+ * helper answers, upload Locations and registry hosts (fetch_host, then
+ * the client it opens). Accepted results are checked for
+ * consistency (bounds, NUL-terminated fields, a reference normalised as
+ * Docker does that formats back to itself).
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -32,6 +33,7 @@ enum {
 	F_DOCKERCFG,
 	F_HELPER,
 	F_LOCATION,
+	F_HOST,
 	F_COUNT,
 };
 
@@ -48,14 +50,15 @@ static void fuzz_ref(const char *s)
 
 	if (fetch_parse_ref(s, &r))
 		return;
-	if (!r.host || !r.repo || (r.tag && r.digest) ||
+	if (!r.host || !r.repo || !r.tag == !r.digest ||
 	    !fetch_repo_valid(r.repo, strlen(r.repo)) ||
-	    (r.tag && !fetch_tag_valid(r.tag, strlen(r.tag))))
+	    (r.tag && !fetch_tag_valid(r.tag, strlen(r.tag))) ||
+	    !strcmp(r.host, FETCH_HUB_OLD) ||
+	    (!strcmp(r.host, FETCH_HUB) && !strchr(r.repo, '/')))
 		abort();
-	/* What was accepted formats back to an equal reference. */
-	if (asprintf(&text, "%s/%s%s%s", r.host, r.repo,
-		     r.tag ? ":" : r.digest ? "@" : "",
-		     r.tag ? r.tag : r.digest ? r.digest : "") < 0)
+	/* What was accepted formats back to an equal (normalised) reference. */
+	text = fetch_ref_string(&r);
+	if (!text)
 		abort();
 	if (fetch_parse_ref(text, &again) || strcmp(r.host, again.host) ||
 	    strcmp(r.repo, again.repo) || !r.tag != !again.tag ||
@@ -203,6 +206,45 @@ static void fuzz_location(const char *s)
 	free(u);
 }
 
+/*
+ * A registry host: lines "registry", "url", then headers. One that
+ * fetch_check_host accepts opens a client (no I/O) whose URLs stay on it.
+ */
+static void fuzz_host(char *s)
+{
+	const char *headers[FETCH_HOST_HEADERS_MAX + 2] = { 0 };
+	struct fetch_host h = { .headers = headers, .override_path = s[0] & 1 };
+	const struct fetch_host *hosts[] = { &h, NULL };
+	struct fetch_ref ref = { .repo = (char *)"a" };
+	struct fetch_opts opts;
+	struct registry *r;
+	char why[800], *line, *save = NULL, *url;
+	size_t n = 0;
+
+	h.registry = strtok_r(s, "\n", &save);
+	h.url = strtok_r(NULL, "\n", &save);
+	while (n < FETCH_HOST_HEADERS_MAX + 1 && (line = strtok_r(NULL, "\n", &save)))
+		headers[n++] = line;
+	if (fetch_check_host(&h, why, sizeof(why))) {
+		check_str(why, sizeof(why));
+		return;
+	}
+	fetch_opts_init(&opts);
+	opts.hosts = hosts;
+	ref.host = (char *)h.registry;
+	if (registry_open(&ref, &opts, FETCH_PULL, &r))
+		abort();
+	if (r->nr_mirrors != 1 || strncmp(h.url, r->mirrors[0]->base,
+					  strlen(r->mirrors[0]->base)))
+		abort();
+	url = reg_url(r->mirrors[0], r->mirrors[0]->base, "/blobs/%s", "x");
+	if (!url || strncmp(url, r->mirrors[0]->base, strlen(r->mirrors[0]->base)) ||
+	    !strstr(url, "/a/blobs/x"))
+		abort();
+	free(url);
+	registry_close(r);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	uint8_t d[FETCH_DIGEST_SIZE];
@@ -257,6 +299,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		break;
 	case F_LOCATION:
 		fuzz_location(s);
+		break;
+	case F_HOST:
+		fuzz_host(s);
 		break;
 	}
 	free(s);

@@ -166,7 +166,7 @@ static void test_prefetch(void)
 	struct ferry_progress progress = { 0 };
 	struct image_prefetch_plan *plan = NULL;
 	struct open_cache oc;
-	volatile bool stop = true;
+	_Atomic bool stop = true;
 
 	CHECK_EQ(open_cache(image_ref, &oc), 0);
 	if (!oc.ic)
@@ -323,7 +323,7 @@ static int slot_put(void *ctx, uint32_t device_id, uint64_t uoff, const void *bu
 
 struct slot_run {
 	struct image_cache *ic;
-	const volatile bool *stop;
+	const _Atomic bool *stop;
 	atomic_bool done;
 	int ret;
 };
@@ -398,7 +398,7 @@ static void test_prefetch_slot_stop(void)
 	};
 	struct open_cache oc[3] = { 0 };
 	struct slot_run runs[3] = { 0 };
-	volatile bool stop = false;
+	_Atomic bool stop = false;
 	pthread_t t[3];
 	int i, started = 0, waited;
 

@@ -119,6 +119,13 @@ static void test_ref_parse(void)
 		{ "oci:", IMAGE_ACCEPT_IMAGE, -EINVAL, 0, NULL, NULL },
 		{ "dir:", IMAGE_ACCEPT_IMAGE, -EINVAL, 0, NULL, NULL },
 		{ "docker://r.io/a/b:1", IMAGE_ACCEPT_IMAGE, 0, IMAGE_DOCKER, "r.io/a/b:1", NULL },
+		{ "docker://debian", IMAGE_ACCEPT_IMAGE, 0, IMAGE_DOCKER,
+		  "docker.io/library/debian:latest", NULL },
+		{ "docker://index.docker.io/a/b@sha256:0123456789abcdef0123456789abcdef"
+		  "0123456789abcdef0123456789abcdef", IMAGE_ACCEPT_IMAGE, 0, IMAGE_DOCKER,
+		  "docker.io/a/b@sha256:0123456789abcdef0123456789abcdef"
+		  "0123456789abcdef0123456789abcdef", NULL },
+		{ "docker://r.io/A", IMAGE_ACCEPT_IMAGE, -EINVAL, 0, NULL, NULL },
 		{ "docker:r.io/a", IMAGE_ACCEPT_IMAGE, -EINVAL, 0, NULL, NULL },
 		{ "docker://", IMAGE_ACCEPT_IMAGE, -EINVAL, 0, NULL, NULL },
 		{ "zip:x", IMAGE_ACCEPT_IMAGE, -EINVAL, 0, NULL, NULL },
@@ -139,6 +146,17 @@ static void test_ref_parse(void)
 		CHECK(cases[i].tag ? r.tag && !strcmp(r.tag, cases[i].tag) : !r.tag);
 		image_ref_free(&r);
 	}
+}
+
+static void test_platform_names(void)
+{
+	CHECK(oci_platform_names("linux/arm64", "linux/arm64"));
+	CHECK(oci_platform_names("linux/arm64", "linux/arm64/v8"));
+	CHECK(oci_platform_names("linux/arm64/v8", "linux/arm64/v8"));
+	CHECK(!oci_platform_names("linux/arm64/v8", "linux/arm64"));
+	CHECK(!oci_platform_names("linux/arm", "linux/arm64"));
+	CHECK(!oci_platform_names("linux/arm/v7", "linux/arm/v6"));
+	CHECK(!oci_platform_names("linux/amd64", "windows/amd64"));
 }
 
 static void test_ref_absolute(void)
@@ -353,6 +371,7 @@ int main(void)
 	if (!mkdtemp(tmpdir))
 		return 1;
 	RUN_TEST(test_ref_parse);
+	RUN_TEST(test_platform_names);
 	RUN_TEST(test_ref_absolute);
 	RUN_TEST(test_tags);
 	RUN_TEST(test_platforms);

@@ -4,9 +4,10 @@
 # (sourced): configuration in a scratch directory, waiting for sockets,
 # stopping by PID, and removing runc's fixed-path state afterwards.
 
-# ctd_configs DIR SNROOT FERRYD_SOCK CACHE MODE: DIR/config.toml (root,
-# state and sockets under DIR, CRI off, the proxy snapshotter "ferry" at
-# DIR/snapshotter.sock) and DIR/snapshotter.json for ferry-snapshotter.
+# ctd_configs DIR SNROOT FERRYD_SOCK CACHE MODE [JSON]: DIR/config.toml
+# (root, state and sockets under DIR, CRI off, the proxy snapshotter
+# "ferry" at DIR/snapshotter.sock) and DIR/snapshotter.json for
+# ferry-snapshotter, with JSON's members added (e.g. its "pullers").
 ctd_configs() {
 	cat >"$1/config.toml" <<TOML
 version = 2
@@ -23,7 +24,7 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
 TOML
 	cat >"$1/snapshotter.json" <<JSON
 {"address": "$1/snapshotter.sock", "root": "$2", "ferrydSocket": "$3",
- "cacheDir": "$4", "mode": "$5"}
+ "cacheDir": "$4", "mode": "$5"${6:+, $6}}
 JSON
 }
 
@@ -60,3 +61,73 @@ ctd_clean_run() {
 	[ "$CTD_HAD_RUN" = 1 ] || rmdir /run/containerd/runc /run/containerd/s \
 		/run/containerd/fifo /run/containerd 2>/dev/null || true
 }
+
+# ---------------------------------------------------------------- e2e
+# For tests/e2e (lib.sh and lazy_lib.sh sourced first): one containerd in
+# $CTD with ferry-snapshotter ($SNAP, state in $SNROOT) and a ferryd on
+# $FSOCK with cache $FCACHE. CTD_NAMESPACES are cleaned up at exit;
+# SN_JSON is added to the snapshotter's configuration.
+CTD_PID=
+SN_PID=
+CTD_NAMESPACES=()
+SN_JSON=
+
+ctr_ns() { # NS ARGS...
+	local ns=$1
+	shift
+	timeout -k 5 180 ctr --address "$CTD/containerd.sock" -n "$ns" "$@" </dev/null
+}
+
+ctd_stop_all() {
+	local c ns
+	trap '' INT TERM
+	if [ -n "$CTD_PID" ] && kill -0 "$CTD_PID" 2>/dev/null; then
+		for ns in "${CTD_NAMESPACES[@]}"; do
+			for c in $(ctr_ns "$ns" tasks ls -q 2>/dev/null); do
+				ctr_ns "$ns" tasks kill -s KILL "$c" >/dev/null 2>&1
+				ctr_ns "$ns" tasks rm -f "$c" >/dev/null 2>&1
+			done
+		done
+	fi
+	ctd_stop "$CTD_PID"
+	ctd_stop "$SN_PID"
+	for ns in "${CTD_NAMESPACES[@]}"; do
+		ctd_clean_run "$ns"
+	done
+}
+
+ctd_start_ferryd() { "$FERRYD" --socket "$FSOCK" --persistent; }
+
+# containerd's gRPC connection to a restarted snapshotter is back (it
+# redials with a backoff): at most 30 s.
+ctd_reachable() {
+	local i
+	for i in $(seq 60); do
+		ctr_ns "${CTD_NAMESPACES[0]}" snapshots --snapshotter ferry ls >/dev/null 2>&1 && return 0
+		sleep 0.5
+	done
+	ctr_ns "${CTD_NAMESPACES[0]}" snapshots --snapshotter ferry ls
+}
+
+ctd_start_snapshotter() { # MODE
+	ctd_configs "$CTD" "$SNROOT" "$FSOCK" "$FCACHE" "$1" "$SN_JSON"
+	rm -f "$CTD/snapshotter.sock"
+	"$SNAP" -config "$CTD/snapshotter.json" >>"$CTD/snapshotter.log" 2>&1 &
+	SN_PID=$!
+	ctd_wait_sock "$CTD/snapshotter.sock" "$SN_PID" 20 &&
+		{ [ -z "$CTD_PID" ] || ctd_reachable; } && return 0
+	kill -0 "$SN_PID" 2>/dev/null || { wait "$SN_PID"; echo "exit status $?"; }
+	tail -5 "$CTD/snapshotter.log"
+	return 1
+}
+
+ctd_start_containerd() {
+	containerd --config "$CTD/config.toml" >>"$CTD/containerd.log" 2>&1 &
+	CTD_PID=$!
+	ctd_wait_sock "$CTD/containerd.sock" "$CTD_PID" 30 &&
+		ctr_ns "${CTD_NAMESPACES[0]}" version >/dev/null ||
+		{ tail -5 "$CTD/containerd.log"; return 1; }
+}
+
+# The ferry mounts under the snapshotter's state.
+ctd_ferry_mounts() { findmnt -rn -o TARGET | grep -F "$SNROOT/"; }

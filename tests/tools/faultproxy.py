@@ -42,7 +42,8 @@ Control (GET, never counted as traffic):
       2.8 has none): manifests PUT through the proxy with a "subject" are
       remembered, and GET /v2/NAME/referrers/DIGEST[?artifactType=T] is
       answered with an image index of them (off: passed upstream, 404).
-  /__stats    counters and the last requests as JSON
+  /__stats    counters and the last requests as JSON (method, path,
+              Range, X-* request headers, fault, status)
   /__reset    zero the counters and the request log (rules stay)
 
 Everything is bounded: socket timeouts of 30 s (client) and 60 s
@@ -298,7 +299,11 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             return self.simple(400, json.dumps({"error": str(e)}).encode())
         entry = {"method": self.command, "path": self.path,
-                 "range": self.headers.get("Range"), "t": round(time.time(), 3)}
+                 "range": self.headers.get("Range"), "t": round(time.time(), 3),
+                 "authorization": self.headers.get("Authorization"),
+                 "agent": self.headers.get("User-Agent"),
+                 "x": ";".join("%s=%s" % (k, v) for k, v in self.headers.items()
+                               if k.lower().startswith("x-"))}
         with st.lock:
             st.c["requests"] += 1
             st.c["method_" + self.command] += 1

@@ -335,7 +335,10 @@ static int cmd_tags(struct registry *r)
 
 int main(int argc, char **argv)
 {
-	const char *insecure[MAX_LIST + 1] = { 0 }, *mirrors[MAX_LIST + 1] = { 0 };
+	const char *insecure[MAX_LIST + 1] = { 0 };
+	const struct fetch_host *mirrors[MAX_LIST + 1] = { 0 };
+	struct fetch_host mirror_hosts[MAX_LIST];
+	char mirror_names[MAX_LIST][256] = { { 0 } };
 	const char *resolve[MAX_LIST + 1] = { 0 };
 	size_t nr_insecure = 0, nr_mirrors = 0, nr_resolve = 0;
 	struct fetch_opts opts;
@@ -378,7 +381,18 @@ int main(int argc, char **argv)
 			insecure[nr_insecure++] = v;
 			i++;
 		} else if (!strcmp(o, "--mirror") && nr_mirrors < MAX_LIST) {
-			mirrors[nr_mirrors++] = v;
+			const char *eq = strchr(v, '=');
+
+			if (!eq || eq - v >= (long)sizeof(mirror_names[0]))
+				goto bad_usage;
+			memcpy(mirror_names[nr_mirrors], v, (size_t)(eq - v));
+			mirror_hosts[nr_mirrors] = (struct fetch_host){
+				.registry = mirror_names[nr_mirrors],
+				.url = eq + 1,
+				.capabilities = FETCH_HOST_PULL,
+			};
+			mirrors[nr_mirrors] = &mirror_hosts[nr_mirrors];
+			nr_mirrors++;
 			i++;
 		} else if (!strcmp(o, "--resolve") && nr_resolve < MAX_LIST) {
 			if (fetch_check_resolve(v))
@@ -411,7 +425,7 @@ int main(int argc, char **argv)
 		}
 	}
 	opts.insecure = insecure;
-	opts.mirrors = mirrors;
+	opts.hosts = mirrors;
 	opts.resolve = resolve;
 	if (argc - i < 2)
 		goto bad_usage;

@@ -9,125 +9,360 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"strings"
+	"os"
+	"path/filepath"
+	"sync"
 	"syscall"
 	"time"
 
 	"github.com/containerd/containerd/log"
 	"github.com/moby/sys/mountinfo"
+	"github.com/sirupsen/logrus"
 )
 
-// Layer labels. containerd passes a layer's "containerd.io/snapshot/"
-// annotations as labels; ferry convert writes the first two
-// (docs/FORMAT.md 1a), containerd's CRI plugin and ctr-remote the others.
 const (
-	labelBlob           = "containerd.io/snapshot/ferry.blob"
-	labelBootstrap      = "containerd.io/snapshot/ferry.bootstrap"
-	labelCRIRef         = "containerd.io/snapshot/cri.image-ref"
-	labelCRIManifest    = "containerd.io/snapshot/cri.manifest-digest"
-	labelStargzRef      = "containerd.io/snapshot/remote/stargz.reference"
 	ferrydTimeout       = 10 * time.Minute // a mount fetches the bootstrap first
 	ferrydUmountTimeout = time.Minute
+	recordName          = "ferry.json"
 )
 
-// ferryFS is the snapshot package's FileSystem: ferry layers are remote
-// snapshots; Mount of any other layer fails, so that the snapshotter falls
-// back to an ordinary snapshot containerd unpacks.
-type ferryFS struct {
-	c config
+// A bootstrap snapshot that could not be mounted again is tried again when
+// a container needs it, at most this often.
+var remountBackoff = 10 * time.Second
+
+// record is what a ferry snapshot was verified and committed as, kept in
+// its snapshot directory (ROOT/snapshots/ID/ferry.json, removed with it):
+// a restart mounts exactly this image again, by manifest digest, so that
+// neither a tag moved since nor a registry down changes or stops it.
+type record struct {
+	Kind      string `json:"kind"`                // blob or bootstrap
+	Chain     string `json:"chain"`               // the chain ID it is committed as
+	Layer     string `json:"layer"`               // its layer's digest
+	Image     string `json:"image,omitempty"`     // bootstrap: docker://REPO@MANIFEST mounted
+	Asked     string `json:"asked,omitempty"`     // bootstrap: the image as first asked of ferryd
+	Manifest  string `json:"manifest,omitempty"`  // bootstrap: the manifest's digest
+	Bootstrap string `json:"bootstrap,omitempty"` // bootstrap: the raw bootstrap's digest
+	Ref       string `json:"ref,omitempty"`       // the puller's reference, for messages
 }
 
-func newFerryFS(c config) *ferryFS { return &ferryFS{c: c} }
+// mountState serialises (re)mounting one bootstrap snapshot and remembers
+// why the last attempt failed.
+type mountState struct {
+	mu      sync.Mutex
+	err     error
+	lastTry time.Time
+}
 
-// imageRef is what ferryd mounts: docker://REPO@MANIFEST when the labels
-// name the manifest (CRI), else docker://REF as pulled (ctr-remote).
-func imageRef(labels map[string]string) (string, error) {
-	ref, digest := labels[labelCRIRef], labels[labelCRIManifest]
-	if ref == "" {
-		ref = labels[labelStargzRef]
+// ferryFS is the snapshot package's FileSystem. A data blob's snapshot is
+// an empty directory; a bootstrap's is ferryd's mount of the image, made
+// in ROOT/mounts/ID, to which ROOT/snapshots/ID/fs is a symbolic link: the
+// snapshot package force-unmounts everything under ROOT/snapshots when it
+// starts, which would cut running containers off their files. Any other
+// layer fails Mount, so that the snapshotter falls back to an ordinary
+// snapshot containerd unpacks.
+type ferryFS struct {
+	c         config
+	fetch     json.RawMessage // ferryd's "fetch" options (auths as an authfile)
+	restoring bool            // during NewSnapshotter: Mount restores
+
+	mu      sync.Mutex
+	byChain map[string]string // verified committed chain ID -> snapshot ID
+	states  map[string]*mountState
+	failed  map[string]error // snapshot ID -> why it is not available
+}
+
+func newFerryFS(c config, fetch json.RawMessage) (*ferryFS, error) {
+	f := &ferryFS{c: c, fetch: fetch, byChain: map[string]string{},
+		states: map[string]*mountState{}, failed: map[string]error{}}
+	if err := os.MkdirAll(filepath.Join(c.Root, "mounts"), 0700); err != nil {
+		return nil, err
 	}
-	if ref == "" {
-		return "", fmt.Errorf("a ferry bootstrap layer without %s or %s: pull with CRI's snapshot annotations or ctr-remote image rpull (docs/containerd.md)",
-			labelCRIRef, labelStargzRef)
+	ids, err := os.ReadDir(filepath.Join(c.Root, "snapshots"))
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, err
 	}
-	if digest == "" {
-		return "docker://" + ref, nil
+	for _, e := range ids {
+		if rec, err := f.readRecord(e.Name()); err == nil && rec != nil {
+			f.byChain[rec.Chain] = e.Name()
+		}
 	}
-	repo := ref
-	if i := strings.Index(repo, "@"); i >= 0 {
-		repo = repo[:i]
-	} else if i := strings.LastIndex(repo, ":"); i > strings.LastIndex(repo, "/") {
-		repo = repo[:i]
+	return f, nil
+}
+
+func (f *ferryFS) log(ctx context.Context) *logrus.Entry { return log.G(ctx) }
+
+// The snapshot ID of the mount point ROOT/snapshots/ID/fs.
+func snapshotID(mountpoint string) string { return filepath.Base(filepath.Dir(mountpoint)) }
+
+func (f *ferryFS) mountDir(id string) string { return filepath.Join(f.c.Root, "mounts", id) }
+
+func (f *ferryFS) recordPath(id string) string {
+	return filepath.Join(f.c.Root, "snapshots", id, recordName)
+}
+
+// readRecord: nil, nil when the snapshot has none.
+func (f *ferryFS) readRecord(id string) (*record, error) {
+	data, err := os.ReadFile(f.recordPath(id))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
 	}
-	return "docker://" + repo + "@" + digest, nil
+	if err != nil {
+		return nil, err
+	}
+	var rec record
+	if err := json.Unmarshal(data, &rec); err != nil || rec.Chain == "" ||
+		(rec.Kind != kindBlob && rec.Kind != kindBootstrap) {
+		return nil, fmt.Errorf("%s: not a ferry snapshot record", f.recordPath(id))
+	}
+	return &rec, nil
+}
+
+func (f *ferryFS) writeRecord(id string, rec *record) error {
+	data, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	path := f.recordPath(id)
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, data, 0600); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	f.mu.Lock()
+	if _, ok := f.byChain[rec.Chain]; !ok {
+		f.byChain[rec.Chain] = id
+	}
+	f.mu.Unlock()
+	return nil
+}
+
+// verified: the committed snapshot @chain is one this snapshotter verified.
+func (f *ferryFS) verified(chain string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, ok := f.byChain[chain]; ok {
+		return nil
+	}
+	return errUnverified
+}
+
+var errUnverified = errors.New("committed without verification by an earlier ferry-snapshotter: remove the images that use it (ctr -n NAMESPACE images rm; containerd's gc then removes the snapshot) and pull them again")
+
+// failure: why the ferry snapshot named @name (a chain ID) is unavailable.
+func (f *ferryFS) failure(name string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if id, ok := f.byChain[name]; ok {
+		return f.failed[id]
+	}
+	return nil
+}
+
+func (f *ferryFS) setFailure(id string, err error) {
+	f.mu.Lock()
+	if err != nil {
+		f.failed[id] = err
+	} else {
+		delete(f.failed, id)
+	}
+	f.mu.Unlock()
+}
+
+func (f *ferryFS) state(id string) *mountState {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	st := f.states[id]
+	if st == nil {
+		st = &mountState{}
+		f.states[id] = st
+	}
+	return st
+}
+
+// linkMount makes the snapshot's fs a symbolic link to the ferry mount.
+func linkMount(mountpoint, dir string) error {
+	if t, err := os.Readlink(mountpoint); err == nil && t == dir {
+		return nil
+	}
+	if err := os.Remove(mountpoint); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return os.Symlink(dir, mountpoint)
 }
 
 func (f *ferryFS) Mount(ctx context.Context, mountpoint string, labels map[string]string) error {
-	if labels[labelBlob] == "true" {
-		return nil // its chunks are served through the bootstrap's mount
+	id := snapshotID(mountpoint)
+	a := admissionOf(ctx)
+	if a == nil && f.restoring {
+		f.restore(ctx, mountpoint, id, labels)
+		return nil
 	}
-	if labels[labelBootstrap] != "true" {
+	if a == nil {
 		return errors.New("not a ferry layer")
 	}
-	image, err := imageRef(labels)
-	if err != nil {
+	if a.kind == kindBlob {
+		a.err = f.writeRecord(id, &record{Kind: kindBlob, Chain: a.target.String(),
+			Layer: a.layer.String(), Ref: a.ref})
+		return a.err
+	}
+	a.err = f.mountBootstrap(ctx, mountpoint, id, a)
+	return a.err
+}
+
+func (f *ferryFS) mountBootstrap(ctx context.Context, mountpoint, id string, a *admission) error {
+	dir := f.mountDir(id)
+	if err := os.MkdirAll(dir, 0700); err != nil {
 		return err
 	}
-	// After a restart the snapshot package has force-unmounted the old
-	// mount behind ferryd's back: forget it there first.
-	_ = f.umount(mountpoint)
-	req := map[string]interface{}{
-		"op": "mount", "image": image, "mountpoint": mountpoint,
-		"cacheDir": f.c.CacheDir, "mode": f.c.Mode,
-		// Setuid binaries work inside the container, as on an overlay
-		// snapshot; device nodes come from the runtime (docs/SECURITY.md).
-		"suid": true, "dev": false,
+	f.log(ctx).Infof("ferry: mounting %s for chain %s at %s (mode %s)", a.image, a.target, dir, f.c.Mode)
+	rep, err := f.mount(a.image, a.pin, dir)
+	if err == nil {
+		err = a.checkBootstrap(rep.ImageDigest, rep.BootstrapDigest)
 	}
-	if len(f.c.Fetch) > 0 {
-		req["fetch"] = f.c.Fetch
+	if err == nil {
+		err = f.writeRecord(id, &record{Kind: kindBootstrap, Chain: a.target.String(),
+			Layer: a.layer.String(), Image: "docker://" + repoOf(a.ref) + "@" + rep.ImageDigest,
+			Asked: a.image, Manifest: rep.ImageDigest, Bootstrap: rep.BootstrapDigest, Ref: a.ref})
 	}
-	log.G(ctx).Infof("ferry: mounting %s at %s (mode %s)", image, mountpoint, f.c.Mode)
-	_, err = f.call(req, ferrydTimeout)
+	if err == nil {
+		err = linkMount(mountpoint, dir)
+	}
+	if err != nil {
+		if rep != nil {
+			_ = f.umount(dir, true)
+		}
+		os.Remove(dir)
+		f.log(ctx).WithError(err).Warnf("ferry: refused %s for chain %s", a.image, a.target)
+	}
 	return err
 }
 
-// Check: the mount is ferryd's and still a mount point.
-func (f *ferryFS) Check(ctx context.Context, mountpoint string, labels map[string]string) error {
-	if labels[labelBootstrap] != "true" {
-		return nil
+// restore is Mount at start: a bootstrap snapshot is mounted again in the
+// background (a container that needs it meanwhile waits in Check); one
+// that cannot be is reported and fails its containers, never the start.
+func (f *ferryFS) restore(ctx context.Context, mountpoint, id string, labels map[string]string) {
+	rec, err := f.readRecord(id)
+	if err == nil && rec == nil && ferryKind(labels) != "" {
+		err = errUnverified
 	}
-	resp, err := f.call(map[string]interface{}{"op": "list"}, ferrydUmountTimeout)
 	if err != nil {
+		f.log(ctx).WithError(err).Errorf("ferry: snapshot %s cannot be restored", id)
+		f.setFailure(id, err)
+		return
+	}
+	if rec == nil || rec.Kind != kindBootstrap {
+		return
+	}
+	st := f.state(id)
+	st.mu.Lock()
+	go func() {
+		defer st.mu.Unlock()
+		if err := f.ensureLocked(ctx, st, mountpoint, id, rec); err != nil {
+			f.log(ctx).WithError(err).Errorf("ferry: snapshot %s (chain %s) not restored; its containers fail until it can be mounted", id, rec.Chain)
+		} else {
+			f.log(ctx).Infof("ferry: restored %s (chain %s)", rec.Image, rec.Chain)
+		}
+	}()
+}
+
+// ensureLocked (st.mu held): the bootstrap snapshot is mounted, as it was
+// verified; mounted again by manifest digest if not.
+func (f *ferryFS) ensureLocked(ctx context.Context, st *mountState, mountpoint, id string, rec *record) error {
+	dir := f.mountDir(id)
+	live, err := f.live(dir, rec)
+	if err == nil && live {
+		st.err = linkMount(mountpoint, dir)
+		f.setFailure(id, st.err)
+		return st.err
+	}
+	if st.err != nil && time.Since(st.lastTry) < remountBackoff {
+		return st.err
+	}
+	st.lastTry = time.Now()
+	st.err = f.remount(ctx, mountpoint, dir, rec)
+	f.setFailure(id, st.err)
+	return st.err
+}
+
+func (f *ferryFS) remount(ctx context.Context, mountpoint, dir string, rec *record) error {
+	// A mount ferryd still lists there is stale (ferryd restarted, or it
+	// was unmounted behind its back): forget it first.
+	_ = f.umount(dir, false)
+	if err := os.MkdirAll(dir, 0700); err != nil {
 		return err
 	}
-	var list struct {
-		Mounts []struct {
-			Mountpoint string `json:"mountpoint"`
-		} `json:"mounts"`
+	f.log(ctx).Infof("ferry: mounting %s again at %s (mode %s)", rec.Image, dir, f.c.Mode)
+	rep, err := f.mount(rec.Image, rec.Manifest, dir)
+	if err == nil && rep.BootstrapDigest != rec.Bootstrap {
+		_ = f.umount(dir, false)
+		err = fmt.Errorf("ferryd mounted bootstrap %s, not %s", rep.BootstrapDigest, rec.Bootstrap)
 	}
-	if err := json.Unmarshal(resp, &list); err != nil {
-		return fmt.Errorf("ferryd at %s: list answer: %w", f.c.FerrydSocket, err)
+	if err == nil {
+		err = linkMount(mountpoint, dir)
 	}
-	for _, m := range list.Mounts {
-		if m.Mountpoint == mountpoint {
-			if ok, err := mountinfo.Mounted(mountpoint); err != nil || !ok {
-				return fmt.Errorf("%s: ferryd lists it but it is not mounted", mountpoint)
-			}
-			return nil
-		}
+	if err != nil {
+		return fmt.Errorf("ferry image %s (chain %s) cannot be mounted: %w", rec.Image, rec.Chain, err)
 	}
-	return fmt.Errorf("%s: not mounted by ferryd at %s", mountpoint, f.c.FerrydSocket)
+	return nil
 }
 
+// Check: a ferry snapshot is one this snapshotter verified, and a
+// bootstrap's is mounted (again, if ferryd lost it).
+func (f *ferryFS) Check(ctx context.Context, mountpoint string, labels map[string]string) error {
+	id := snapshotID(mountpoint)
+	rec, err := f.readRecord(id)
+	if err == nil && rec == nil && ferryKind(labels) != "" {
+		err = errUnverified
+	}
+	if err != nil {
+		return fmt.Errorf("ferry snapshot %s: %w", id, err)
+	}
+	if rec == nil || rec.Kind != kindBootstrap {
+		return nil
+	}
+	st := f.state(id)
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return f.ensureLocked(ctx, st, mountpoint, id, rec)
+}
+
+// Unmount (Remove, and cleaning up): a bootstrap's mount is unmounted and
+// ferryd releases the image's record in its cache, so that gc can reclaim
+// its blobs once no other mount serves it.
 func (f *ferryFS) Unmount(ctx context.Context, mountpoint string) error {
-	return f.umount(mountpoint)
+	id := snapshotID(mountpoint)
+	rec, _ := f.readRecord(id)
+	f.mu.Lock()
+	if rec != nil && f.byChain[rec.Chain] == id {
+		delete(f.byChain, rec.Chain)
+	}
+	delete(f.states, id)
+	delete(f.failed, id)
+	f.mu.Unlock()
+	if rec == nil {
+		// An empty directory, or a mount of an earlier snapshotter.
+		return f.umount(mountpoint, true)
+	}
+	if rec.Kind != kindBootstrap {
+		return nil
+	}
+	dir := f.mountDir(id)
+	err := f.umount(dir, true)
+	if err == nil {
+		os.Remove(dir)
+	}
+	return err
 }
 
-// umount asks ferryd to unmount; a mount point that is not ferryd's (ENOENT)
-// is detached directly if something is still mounted there.
-func (f *ferryFS) umount(mountpoint string) error {
-	_, err := f.call(map[string]interface{}{"op": "umount", "mountpoint": mountpoint},
-		ferrydUmountTimeout)
+// umount asks ferryd to unmount (and with @release, to release the image's
+// record); a mount point that is not ferryd's (ENOENT) is detached directly
+// if something is still mounted there.
+func (f *ferryFS) umount(mountpoint string, release bool) error {
+	_, err := f.call(map[string]interface{}{"op": "umount", "mountpoint": mountpoint,
+		"release": release}, ferrydUmountTimeout)
 	var ferr *ferrydError
 	if errors.As(err, &ferr) && ferr.errno == int(syscall.ENOENT) {
 		err = nil
@@ -138,6 +373,65 @@ func (f *ferryFS) umount(mountpoint string) error {
 		}
 	}
 	return err
+}
+
+type mountReply struct {
+	ImageDigest     string `json:"imageDigest"`
+	BootstrapDigest string `json:"bootstrapDigest"`
+}
+
+// mount asks ferryd to mount @image (by manifest digest @pin, if given)
+// at @dir; the answer names what it verified and mounted.
+func (f *ferryFS) mount(image, pin, dir string) (*mountReply, error) {
+	req := map[string]interface{}{
+		"op": "mount", "image": image, "mountpoint": dir,
+		"cacheDir": f.c.CacheDir, "mode": f.c.Mode,
+		// Setuid binaries work inside the container, as on an overlay
+		// snapshot; device nodes come from the runtime (docs/SECURITY.md).
+		"suid": true, "dev": false,
+	}
+	if pin != "" {
+		req["imageDigest"] = pin
+	}
+	if len(f.fetch) > 0 {
+		req["fetch"] = f.fetch
+	}
+	answer, err := f.call(req, ferrydTimeout)
+	if err != nil {
+		return nil, err
+	}
+	var rep mountReply
+	if err := json.Unmarshal(answer, &rep); err != nil {
+		return nil, fmt.Errorf("ferryd at %s: mount answer: %w", f.c.FerrydSocket, err)
+	}
+	return &rep, nil
+}
+
+// live: ferryd serves @rec's image at @dir (as asked first, or again by
+// digest: ferryd pins a mount to the manifest it opened), and it is
+// mounted.
+func (f *ferryFS) live(dir string, rec *record) (bool, error) {
+	resp, err := f.call(map[string]interface{}{"op": "list"}, ferrydUmountTimeout)
+	if err != nil {
+		return false, err
+	}
+	var list struct {
+		Mounts []struct {
+			Mountpoint string `json:"mountpoint"`
+			Image      string `json:"image"`
+			State      string `json:"state"`
+		} `json:"mounts"`
+	}
+	if err := json.Unmarshal(resp, &list); err != nil {
+		return false, fmt.Errorf("ferryd at %s: list answer: %w", f.c.FerrydSocket, err)
+	}
+	for _, m := range list.Mounts {
+		if m.Mountpoint == dir && (m.Image == rec.Image || m.Image == rec.Asked) &&
+			m.State == "mounted" {
+			return mountinfo.Mounted(dir)
+		}
+	}
+	return false, nil
 }
 
 type ferrydError struct {

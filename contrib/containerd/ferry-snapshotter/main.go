@@ -5,12 +5,14 @@
 // image data itself: the bootstrap layer of a ferry image is mounted by
 // ferryd, asked over its control socket; data-blob layers are empty
 // committed snapshots; other layers are ordinary overlay snapshots that
-// containerd unpacks.
+// containerd unpacks. What it commits and mounts, and why that is safe on
+// a shared node, is trust.go's (docs/SECURITY.md).
 package main
 
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -19,23 +21,39 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 
 	snapshotsapi "github.com/containerd/containerd/api/services/snapshots/v1"
 	"github.com/containerd/containerd/contrib/snapshotservice"
 	"github.com/containerd/containerd/log"
 	"github.com/containerd/stargz-snapshotter/snapshot"
+	"github.com/sirupsen/logrus"
 	"google.golang.org/grpc"
 )
 
 // config is the JSON file given with -config; every field is optional.
 type config struct {
-	Address      string          `json:"address"`      // the gRPC socket containerd dials
-	Root         string          `json:"root"`         // snapshots and their metadata
-	FerrydSocket string          `json:"ferrydSocket"` // ferryd's control socket
-	CacheDir     string          `json:"cacheDir"`     // ferryd's chunk cache for these mounts
-	Mode         string          `json:"mode"`         // auto, fanotify, cachefiles or fuse
-	Fetch        json.RawMessage `json:"fetch"`        // ferryd's "fetch" options, passed as is
+	Address      string `json:"address"`      // the gRPC socket containerd dials
+	Root         string `json:"root"`         // snapshots and their metadata
+	FerrydSocket string `json:"ferrydSocket"` // ferryd's control socket
+	CacheDir     string `json:"cacheDir"`     // ferryd's chunk cache for these mounts
+	Mode         string `json:"mode"`         // auto, fanotify, cachefiles or fuse
+	// containerd namespace -> the puller whose labels name the image
+	// there: "cri" or "rpull" (trust.go).
+	Pullers map[string]string `json:"pullers"`
+	// Registry credentials per host, as in a docker config file.
+	Auths    map[string]authEntry `json:"auths,omitempty"`
+	LogLevel string               `json:"logLevel"`        // logrus level: debug, info, warn, error
+	Fetch    json.RawMessage      `json:"fetch,omitempty"` // ferryd's "fetch" options but creds
+}
+
+// authEntry is one host's entry of a docker config file's "auths".
+type authEntry struct {
+	Auth          string `json:"auth,omitempty"` // base64 of USER:PASS
+	Username      string `json:"username,omitempty"`
+	Password      string `json:"password,omitempty"`
+	IdentityToken string `json:"identitytoken,omitempty"`
 }
 
 func defaults() config {
@@ -43,8 +61,10 @@ func defaults() config {
 		Address:      "/run/ferry/snapshotter.sock",
 		Root:         "/var/lib/ferry-snapshotter",
 		FerrydSocket: "/run/ferry/ferryd.sock",
-		CacheDir:     "/var/cache/ferry",
+		CacheDir:     "/var/lib/ferry/cache", // ferry's own default: `ferry cache ls` shows it
 		Mode:         "auto",
+		Pullers:      map[string]string{"k8s.io": pullerCRI},
+		LogLevel:     "info",
 	}
 }
 
@@ -57,26 +77,120 @@ func loadConfig(path string) (config, error) {
 	if err != nil {
 		return c, fmt.Errorf("config %s: %w", path, err)
 	}
+	c.Pullers = nil
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&c); err != nil {
 		return c, fmt.Errorf("config %s: %w (see docs/containerd.md for its fields)", path, err)
 	}
-	for _, p := range []string{c.Address, c.Root, c.FerrydSocket, c.CacheDir} {
-		if !filepath.IsAbs(p) {
-			return c, fmt.Errorf("config %s: %q is not an absolute path", path, p)
-		}
+	if c.Pullers == nil {
+		c.Pullers = defaults().Pullers
+	}
+	if err := c.check(); err != nil {
+		return c, fmt.Errorf("config %s: %w", path, err)
 	}
 	return c, nil
+}
+
+func (c *config) check() error {
+	for _, p := range []string{c.Address, c.Root, c.FerrydSocket, c.CacheDir} {
+		if !filepath.IsAbs(p) {
+			return fmt.Errorf("%q is not an absolute path", p)
+		}
+	}
+	for ns, p := range c.Pullers {
+		if p != pullerCRI && p != pullerRpull {
+			return fmt.Errorf("pullers: namespace %q: %q is no puller ferry-snapshotter knows (cri, rpull)", ns, p)
+		}
+	}
+	for host, a := range c.Auths {
+		if host == "" || strings.ContainsAny(host, "/ \t") {
+			return fmt.Errorf("auths: %q is not a registry host (HOST or HOST:PORT)", host)
+		}
+		if a.Auth != "" {
+			if _, err := base64.StdEncoding.DecodeString(a.Auth); err != nil {
+				return fmt.Errorf("auths: %s: \"auth\" is not base64 of USER:PASS: %w", host, err)
+			}
+		} else if (a.Username == "" || a.Password == "") && a.IdentityToken == "" {
+			return fmt.Errorf("auths: %s: give \"auth\", \"username\" and \"password\", or \"identitytoken\"", host)
+		}
+	}
+	if _, err := logrus.ParseLevel(c.LogLevel); err != nil {
+		return fmt.Errorf("logLevel: %w", err)
+	}
+	_, err := c.fetchOptions()
+	return err
+}
+
+// fetchOptions is ferryd's "fetch" object for every mount: the config's,
+// with the auths as a docker config file ferryd reads per registry host.
+// A "creds" would send one secret to every registry an image names.
+func (c *config) fetchOptions() (json.RawMessage, error) {
+	opts := map[string]json.RawMessage{}
+	if len(c.Fetch) > 0 {
+		if err := json.Unmarshal(c.Fetch, &opts); err != nil {
+			return nil, fmt.Errorf("fetch: %w", err)
+		}
+	}
+	if _, ok := opts["creds"]; ok {
+		return nil, errors.New("fetch.creds sends one secret to every registry any image names; name credentials per registry host in \"auths\" ({\"auths\": {\"HOST[:PORT]\": {\"auth\": BASE64(USER:PASS)}}}, docker's config shape) or in a docker config file named by fetch.authfile (docs/containerd.md)")
+	}
+	if len(c.Auths) == 0 {
+		return c.Fetch, nil
+	}
+	if _, ok := opts["authfile"]; ok {
+		return nil, errors.New("both auths and fetch.authfile: give the credentials in one of them")
+	}
+	path, err := json.Marshal(c.authFile())
+	if err != nil {
+		return nil, err
+	}
+	opts["authfile"] = path
+	return json.Marshal(opts)
+}
+
+func (c *config) authFile() string { return filepath.Join(c.Root, "auths.json") }
+
+// writeAuths writes the auths as a docker config file only root reads.
+func (c *config) writeAuths() error {
+	if len(c.Auths) == 0 {
+		return nil
+	}
+	data, err := json.Marshal(map[string]interface{}{"auths": c.Auths})
+	if err != nil {
+		return err
+	}
+	tmp := c.authFile() + ".tmp"
+	os.Remove(tmp)
+	if err := os.WriteFile(tmp, data, 0600); err != nil {
+		return fmt.Errorf("credentials file %s: %w", tmp, err)
+	}
+	return os.Rename(tmp, c.authFile())
 }
 
 // serve runs the snapshotter on a listening socket until ctx ends. With
 // @closeAtEnd its state is closed then, which (stargz's Close) unmounts and
 // deletes every snapshot: for tests. The daemon leaves its snapshots and
 // ferryd's mounts alone when it stops, so that containers keep running and
-// a restart mounts the remote snapshots again.
+// a restart finds the remote snapshots mounted, or mounts them again.
 func serve(ctx context.Context, c config, closeAtEnd bool) error {
-	sn, err := snapshot.NewSnapshotter(ctx, c.Root, newFerryFS(c))
+	fetch, err := c.fetchOptions()
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(c.Root, 0700); err != nil {
+		return fmt.Errorf("snapshotter in %s: %w", c.Root, err)
+	}
+	if err := c.writeAuths(); err != nil {
+		return err
+	}
+	fs, err := newFerryFS(c, fetch)
+	if err != nil {
+		return fmt.Errorf("snapshotter in %s: %w", c.Root, err)
+	}
+	fs.restoring = true
+	sn, err := snapshot.NewSnapshotter(ctx, c.Root, fs)
+	fs.restoring = false
 	if err != nil {
 		return fmt.Errorf("snapshotter in %s: %w", c.Root, err)
 	}
@@ -88,7 +202,7 @@ func serve(ctx context.Context, c config, closeAtEnd bool) error {
 		return err
 	}
 	rpc := grpc.NewServer()
-	snapshotsapi.RegisterSnapshotsServer(rpc, snapshotservice.FromSnapshotter(sn))
+	snapshotsapi.RegisterSnapshotsServer(rpc, snapshotservice.FromSnapshotter(&trusted{sn, fs}))
 	errc := make(chan error, 1)
 	go func() { errc <- rpc.Serve(l) }()
 	select {
@@ -123,8 +237,9 @@ func main() {
 	cfgPath := flag.String("config", "", "JSON configuration file (docs/containerd.md)")
 	address := flag.String("address", "", "gRPC socket (overrides the config's address)")
 	root := flag.String("root", "", "state directory (overrides the config's root)")
+	level := flag.String("log-level", "", "debug, info, warn or error (overrides the config's logLevel)")
 	flag.Usage = func() {
-		fmt.Fprintf(os.Stderr, "usage: ferry-snapshotter [-config FILE] [-address SOCKET] [-root DIR]\n\n"+
+		fmt.Fprintf(os.Stderr, "usage: ferry-snapshotter [-config FILE] [-address SOCKET] [-root DIR] [-log-level LEVEL]\n\n"+
 			"A containerd proxy snapshotter that lazily mounts ferry images through ferryd.\n"+
 			"containerd config: [proxy_plugins.ferry] type = \"snapshot\" address = SOCKET\n\n")
 		flag.PrintDefaults()
@@ -137,10 +252,18 @@ func main() {
 	if err == nil && *root != "" {
 		c.Root = *root
 	}
+	if err == nil && *level != "" {
+		c.LogLevel = *level
+	}
+	if err == nil {
+		err = c.check()
+	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "ferry-snapshotter: %v\n", err)
 		os.Exit(2)
 	}
+	lvl, _ := logrus.ParseLevel(c.LogLevel)
+	logrus.SetLevel(lvl)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	log.G(ctx).Infof("ferry-snapshotter: serving %s, state in %s, ferryd at %s", c.Address, c.Root, c.FerrydSocket)

@@ -6,9 +6,15 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net"
 	"os"
+	"os/exec"
+	"os/signal"
 	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -17,23 +23,106 @@ import (
 	"github.com/containerd/containerd/snapshots"
 	"github.com/containerd/containerd/snapshots/proxy"
 	"github.com/containerd/containerd/snapshots/testsuite"
+	"github.com/opencontainers/go-digest"
+	"github.com/opencontainers/image-spec/identity"
 	"google.golang.org/grpc"
 )
 
-// proxied starts ferry-snapshotter on @root and returns containerd's proxy
-// client of it, as containerd's [proxy_plugins] would use it.
-func proxied(ctx context.Context, root string, ferryd string) (snapshots.Snapshotter, func() error, error) {
+// With FERRY_TEST_SERVE=CONFIG the test binary is a ferry-snapshotter
+// daemon until SIGTERM: a restart is a new process, as in production.
+func TestMain(m *testing.M) {
+	if path := os.Getenv("FERRY_TEST_SERVE"); path != "" {
+		c, err := loadConfig(path)
+		if err == nil {
+			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+			err = serve(ctx, c, false)
+			stop()
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// daemon runs @c in a child process; stop sends SIGTERM and waits.
+func daemon(t *testing.T, c config) (snapshots.Snapshotter, func()) {
+	data, err := json.Marshal(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(filepath.Dir(c.Root), "config.json")
+	if err := os.WriteFile(path, data, 0600); err != nil {
+		t.Fatal(err)
+	}
+	os.Remove(c.Address)
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), "FERRY_TEST_SERVE="+path)
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 1000 && !listening(c.Address); i++ { // up to 10 s
+		time.Sleep(10 * time.Millisecond)
+	}
+	conn, err := grpc.Dial("unix://"+c.Address, grpc.WithInsecure())
+	if err != nil {
+		cmd.Process.Kill()
+		t.Fatal(err)
+	}
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			conn.Close()
+			cmd.Process.Signal(syscall.SIGTERM)
+			cmd.Wait()
+		})
+	}
+	t.Cleanup(stop)
+	return proxy.NewSnapshotter(snapshotsapi.NewSnapshotsClient(conn), "ferry"), stop
+}
+
+// listening: a connection to @path succeeds (the socket file exists
+// between bind and listen already).
+func listening(path string) bool {
+	conn, err := net.Dial("unix", path)
+	if err == nil {
+		conn.Close()
+	}
+	return err == nil
+}
+
+func testConfig(root, ferryd string) config {
 	c := defaults()
 	c.Root = filepath.Join(root, "state")
 	c.Address = filepath.Join(root, "snapshotter.sock")
 	c.FerrydSocket = ferryd
 	c.CacheDir = filepath.Join(root, "cache")
+	c.Pullers = map[string]string{"k8s.io": pullerCRI, "default": pullerRpull}
+	return c
+}
+
+// proxied starts ferry-snapshotter on @root and returns containerd's proxy
+// client of it, as containerd's [proxy_plugins] would use it.
+func proxied(ctx context.Context, root string, ferryd string) (snapshots.Snapshotter, func() error, error) {
+	return proxiedConfig(ctx, testConfig(root, ferryd), true)
+}
+
+// proxiedConfig: with @closeAtEnd false the snapshots stay, as when the
+// daemon stops, for a restart.
+func proxiedConfig(ctx context.Context, c config, closeAtEnd bool) (snapshots.Snapshotter, func() error, error) {
 	sctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
-	go func() { done <- serve(sctx, c, true) }()
-	for i := 0; i < 500; i++ { // up to 5 s for the socket
-		if _, err := os.Stat(c.Address); err == nil {
-			break
+	os.Remove(c.Address)
+	go func() { done <- serve(sctx, c, closeAtEnd) }()
+	for i := 0; i < 500 && !listening(c.Address); i++ { // up to 5 s
+		select {
+		case err := <-done:
+			cancel()
+			return nil, nil, err
+		default:
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -60,30 +149,170 @@ func TestConformance(t *testing.T) {
 	})
 }
 
-func TestImageRef(t *testing.T) {
-	for _, c := range []struct {
-		labels map[string]string
-		want   string
-	}{
-		{map[string]string{labelCRIRef: "127.0.0.1:5001/deb:two", labelCRIManifest: "sha256:ab"},
-			"docker://127.0.0.1:5001/deb@sha256:ab"},
-		{map[string]string{labelCRIRef: "127.0.0.1:5001/deb", labelCRIManifest: "sha256:ab"},
-			"docker://127.0.0.1:5001/deb@sha256:ab"},
-		{map[string]string{labelCRIRef: "h/deb@sha256:cd", labelCRIManifest: "sha256:cd"},
-			"docker://h/deb@sha256:cd"},
-		{map[string]string{labelStargzRef: "127.0.0.1:5001/deb:two"},
-			"docker://127.0.0.1:5001/deb:two"},
-		{map[string]string{}, ""},
+// The chain ID of a ferry image's layers, as containerd computes it from
+// the config's diff_ids (docs/FORMAT.md 1a).
+func ferryChain(blobs []digest.Digest, bootstrap digest.Digest) []digest.Digest {
+	ids := make([]digest.Digest, 0, len(blobs)+1)
+	for _, b := range blobs {
+		ids = append(ids, ferryDiffID(blobDiffIDPrefix, b))
+	}
+	if bootstrap != "" {
+		ids = append(ids, ferryDiffID(bootDiffIDPrefix, bootstrap))
+	}
+	return identity.ChainIDs(ids)
+}
+
+func TestChainIDs(t *testing.T) {
+	l := digest.FromString("blob")
+	if got, want := ferryDiffID(blobDiffIDPrefix, l), digest.FromString("dev.ferry.blob "+l.String()); got != want {
+		t.Fatalf("ferryDiffID = %s, want %s", got, want)
+	}
+	a, b, c := digest.FromString("a"), digest.FromString("b"), digest.FromString("c")
+	chain := identity.ChainIDs([]digest.Digest{a, b, c})
+	if chainNext("", a) != chain[0] || chainNext(chain[0], b) != chain[1] || chainNext(chain[1], c) != chain[2] {
+		t.Fatal("chainNext is not containerd's chain ID")
+	}
+	for parent, want := range map[string]digest.Digest{
+		"": "", a.String(): a, "k8s.io/12/" + b.String(): b,
 	} {
-		got, err := imageRef(c.labels)
-		if got != c.want || (err != nil) != (c.want == "") {
-			t.Errorf("imageRef(%v) = %q, %v; want %q", c.labels, got, err, c.want)
+		if got, err := parentChain(parent); err != nil || got != want {
+			t.Errorf("parentChain(%q) = %s, %v; want %s", parent, got, err, want)
+		}
+	}
+	if _, err := parentChain("k8s.io/12/extract-1 x"); err == nil {
+		t.Error("parentChain accepted a name that is no chain ID")
+	}
+	for key, want := range map[string]string{
+		"k8s.io/3/extract-1 sha256:ab": "k8s.io", "default/17/x/y": "default",
+		"extract-1": "", "k8s.io/x/y": "", "/3/y": "",
+	} {
+		got, err := keyNamespace(key)
+		if got != want || (err != nil) != (want == "") {
+			t.Errorf("keyNamespace(%q) = %q, %v; want %q", key, got, err, want)
 		}
 	}
 }
 
-// fakeFerryd answers every request ok and sends it to @reqs.
-func fakeFerryd(t *testing.T, path string, reqs chan<- map[string]interface{}) {
+// admit: the puller the namespace names, its labels only, and a blob's
+// chain its own.
+func TestAdmit(t *testing.T) {
+	pullers := map[string]string{"k8s.io": pullerCRI, "default": pullerRpull}
+	blob, other := digest.FromString("blob"), digest.FromString("victim layer")
+	m := digest.FromString("manifest").String()
+	chain := ferryChain([]digest.Digest{blob}, "")
+	cri := func(target digest.Digest, kind string, extra ...string) map[string]string {
+		l := map[string]string{labelTarget: target.String(), kind: "true",
+			labelCRIRef: "127.0.0.1:5001/app:1", labelCRIManifest: m, labelCRILayer: blob.String()}
+		for i := 0; i+1 < len(extra); i += 2 {
+			l[extra[i]] = extra[i+1]
+		}
+		return l
+	}
+	rpull := map[string]string{labelTarget: chain[0].String(), labelBlob: "true",
+		labelStargzRef: "127.0.0.1:5001/app:1", labelStargzLayer: blob.String()}
+	for _, c := range []struct {
+		name, key, parent string
+		labels            map[string]string
+		err               string // substring; "" = admitted
+	}{
+		{"CRI blob", "k8s.io/1/x", "", cri(chain[0], labelBlob), ""},
+		{"rpull blob", "default/1/x", "", rpull, ""},
+		{"no puller for the namespace", "other/1/x", "", cri(chain[0], labelBlob), "has no puller"},
+		{"not containerd's key", "x", "", cri(chain[0], labelBlob), "NAMESPACE/N/KEY"},
+		{"CRI labels in an rpull namespace", "default/1/x", "", cri(chain[0], labelBlob), labelCRIRef},
+		{"stargz labels in a CRI namespace", "k8s.io/1/x", "",
+			cri(chain[0], labelBlob, labelStargzRef, "127.0.0.1:5001/private:1"), labelStargzRef},
+		{"a victim's diff_id claimed", "k8s.io/1/x", "", cri(other, labelBlob), "not that of data blob"},
+		{"the blob's own digest as diff_id (format 2)", "k8s.io/1/x", "", cri(blob, labelBlob), "format 3"},
+		{"over another parent", "k8s.io/1/x", other.String(), cri(chain[0], labelBlob), "not that of data blob"},
+		{"no manifest digest", "k8s.io/1/x", "", cri(chain[0], labelBootstrap, labelCRIManifest, ""), labelCRIManifest},
+	} {
+		a, err := admit(pullers, c.key, c.parent, c.labels)
+		if c.err == "" && err != nil {
+			t.Errorf("%s: refused: %v", c.name, err)
+		} else if c.err != "" && (err == nil || !strings.Contains(err.Error(), c.err)) {
+			t.Errorf("%s: got %v, want an error naming %q", c.name, err, c.err)
+		} else if err == nil && (a.kind != kindBlob || a.layer != blob) {
+			t.Errorf("%s: admitted as %+v", c.name, a)
+		}
+	}
+	a, err := admit(pullers, "k8s.io/2/y", chain[0].String(), cri(digest.FromString("t"), labelBootstrap))
+	if err != nil || a.image != "docker://127.0.0.1:5001/app@"+m || a.pin != m {
+		t.Errorf("CRI bootstrap: %+v, %v", a, err)
+	}
+	rpull[labelBootstrap], rpull[labelBlob] = "true", ""
+	a, err = admit(pullers, "default/2/y", chain[0].String(), rpull)
+	if err != nil || a.image != "docker://127.0.0.1:5001/app:1" || a.pin != "" {
+		t.Errorf("rpull bootstrap: %+v, %v", a, err)
+	}
+	boot := digest.FromString("bootstrap")
+	a.target = ferryChain([]digest.Digest{blob}, boot)[1]
+	if err := a.checkBootstrap(m, boot.String()); err != nil {
+		t.Errorf("the bootstrap of its chain: %v", err)
+	}
+	if err := a.checkBootstrap(m, digest.FromString("another").String()); err == nil ||
+		!strings.Contains(err.Error(), "containerd asked for") {
+		t.Errorf("another bootstrap: %v", err)
+	}
+}
+
+func TestConfig(t *testing.T) {
+	dir := t.TempDir()
+	load := func(text string) (config, error) {
+		p := filepath.Join(dir, "c.json")
+		if err := os.WriteFile(p, []byte(text), 0600); err != nil {
+			t.Fatal(err)
+		}
+		return loadConfig(p)
+	}
+	if _, err := load(`{"fetch": {"creds": "u:p"}}`); err == nil || !strings.Contains(err.Error(), `"auths"`) {
+		t.Errorf("a global fetch.creds: %v, want a refusal naming auths", err)
+	}
+	if _, err := load(`{"pullers": {"k8s.io": "ctr"}}`); err == nil {
+		t.Error("an unknown puller was accepted")
+	}
+	if _, err := load(`{"auths": {"r.example": {"auth": "!!"}}}`); err == nil {
+		t.Error("an auth that is not base64 was accepted")
+	}
+	if _, err := load(`{"logLevel": "loud"}`); err == nil {
+		t.Error("an unknown log level was accepted")
+	}
+	c, err := load(`{"root": "` + dir + `", "pullers": {"default": "rpull"},
+		"auths": {"127.0.0.1:5000": {"username": "u", "password": "p"}}, "fetch": {"retries": 2}}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Pullers["k8s.io"] != "" || c.Pullers["default"] != pullerRpull {
+		t.Errorf("pullers %v: the config's replace the defaults", c.Pullers)
+	}
+	fetch, err := c.fetchOptions()
+	var opts map[string]interface{}
+	if err != nil || json.Unmarshal(fetch, &opts) != nil || opts["authfile"] != c.authFile() ||
+		opts["retries"] != 2.0 {
+		t.Fatalf("fetch options %s, %v", fetch, err)
+	}
+	if err := c.writeAuths(); err != nil {
+		t.Fatal(err)
+	}
+	st, err := os.Stat(c.authFile())
+	data, _ := os.ReadFile(c.authFile())
+	if err != nil || st.Mode().Perm() != 0600 ||
+		string(data) != `{"auths":{"127.0.0.1:5000":{"username":"u","password":"p"}}}` {
+		t.Errorf("credentials file %v %s, %v", st, data, err)
+	}
+}
+
+// fakeFerryd answers like ferryd and sends every request to reqs: a mount
+// names the digests @images gives for its image (and fails for others), a
+// umount finds nothing there, a list shows no mount.
+type fakeFerryd struct {
+	mu     sync.Mutex
+	images map[string][2]string // image -> manifest, bootstrap digest
+	reqs   chan map[string]interface{}
+}
+
+func startFakeFerryd(t *testing.T, path string) *fakeFerryd {
+	f := &fakeFerryd{images: map[string][2]string{}, reqs: make(chan map[string]interface{}, 64)}
 	l, err := net.Listen("unix", path)
 	if err != nil {
 		t.Fatal(err)
@@ -98,73 +327,175 @@ func fakeFerryd(t *testing.T, path string, reqs chan<- map[string]interface{}) {
 			var req map[string]interface{}
 			line, _ := bufio.NewReader(conn).ReadBytes('\n')
 			if json.Unmarshal(line, &req) == nil {
-				reqs <- req
+				f.reqs <- req
 			}
-			ans := `{"ok":true,"pid":1}`
-			if req["op"] == "umount" {
-				ans = `{"ok":false,"error":"not ferryd's","errno":2}`
+			var ans interface{} = map[string]interface{}{"ok": true, "pid": 1}
+			switch req["op"] {
+			case "umount":
+				ans = map[string]interface{}{"ok": false, "error": "not ferryd's", "errno": 2}
+			case "list":
+				ans = map[string]interface{}{"ok": true, "pid": 1, "mounts": []interface{}{}}
+			case "mount":
+				f.mu.Lock()
+				d, ok := f.images[req["image"].(string)]
+				f.mu.Unlock()
+				if ok {
+					ans = map[string]interface{}{"ok": true, "pid": 1, "imageDigest": d[0], "bootstrapDigest": d[1]}
+				} else {
+					ans = map[string]interface{}{"ok": false, "error": "registry down", "errno": 111}
+				}
 			}
-			conn.Write([]byte(ans + "\n"))
+			out, _ := json.Marshal(ans)
+			conn.Write(append(out, '\n'))
 			conn.Close()
 		}
 	}()
+	return f
 }
 
-// A ferry image's layers become committed remote snapshots; the bootstrap
-// one asks ferryd to mount the image by manifest digest; Remove unmounts.
+func (f *fakeFerryd) set(image, manifest, bootstrap string) {
+	f.mu.Lock()
+	if manifest == "" {
+		delete(f.images, image)
+	} else {
+		f.images[image] = [2]string{manifest, bootstrap}
+	}
+	f.mu.Unlock()
+}
+
+// next: the next request of @op (others skipped), or nil.
+func (f *fakeFerryd) next(op string) map[string]interface{} {
+	for {
+		select {
+		case r := <-f.reqs:
+			if r["op"] == op {
+				return r
+			}
+		case <-time.After(5 * time.Second):
+			return nil
+		}
+	}
+}
+
+func (f *fakeFerryd) drain() {
+	for len(f.reqs) > 0 {
+		<-f.reqs
+	}
+}
+
+// A ferry image's layers through the gRPC proxy, as containerd's unpacker
+// prepares them: the blob becomes an empty committed snapshot without a
+// word to ferryd, the bootstrap is mounted by manifest digest and
+// committed when its chain is the one asked for; an image claiming
+// another image's diff_ids is refused and nothing is committed; Remove
+// unmounts and releases the image; a restart mounts it again by digest,
+// and one that fails leaves the snapshotter serving.
 func TestRemoteLayers(t *testing.T) {
 	ctx := context.Background()
 	root := t.TempDir()
-	reqs := make(chan map[string]interface{}, 16)
-	fakeFerryd(t, filepath.Join(root, "ferryd.sock"), reqs)
-	sn, closer, err := proxied(ctx, root, filepath.Join(root, "ferryd.sock"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer closer()
-	cri := map[string]string{labelCRIRef: "127.0.0.1:5001/deb:two", labelCRIManifest: "sha256:ab"}
-	prepare := func(key, parent, chain, kind string) error {
-		l := map[string]string{"containerd.io/snapshot.ref": chain, kind: "true"}
-		for k, v := range cri {
-			l[k] = v
-		}
+	ferryd := startFakeFerryd(t, filepath.Join(root, "ferryd.sock"))
+	c := testConfig(root, filepath.Join(root, "ferryd.sock"))
+	sn, stop := daemon(t, c)
+	blob, boot := digest.FromString("blob"), digest.FromString("bootstrap")
+	m := digest.FromString("manifest").String()
+	chain := ferryChain([]digest.Digest{blob}, boot)
+	image := "docker://127.0.0.1:5001/deb@" + m
+	ferryd.set(image, m, boot.String())
+	prepare := func(key, parent string, target digest.Digest, kind string) error {
+		l := map[string]string{labelTarget: target.String(), kind: "true",
+			labelCRIRef: "127.0.0.1:5001/deb:two", labelCRIManifest: m, labelCRILayer: blob.String()}
 		_, err := sn.Prepare(ctx, key, parent, snapshots.WithLabels(l))
 		return err
 	}
-	if err := prepare("k1", "", "chain1", labelBlob); !errdefs.IsAlreadyExists(err) {
+	// The attacker's bootstrap over a verified blob, claiming a victim's
+	// diff_id: ferryd mounts it, its chain is not the one asked for.
+	victim := chainNext(chain[0], digest.FromString("victim layer"))
+	if err := prepare("k8s.io/1/k1", "", chain[0], labelBlob); !errdefs.IsAlreadyExists(err) {
 		t.Fatalf("blob layer: Prepare gave %v, want already exists", err)
 	}
-	if len(reqs) != 0 {
-		t.Fatalf("a blob layer asked ferryd: %v", <-reqs)
+	if len(ferryd.reqs) != 0 {
+		t.Fatalf("a blob layer asked ferryd: %v", <-ferryd.reqs)
 	}
-	if err := prepare("k2", "chain1", "chain2", labelBootstrap); !errdefs.IsAlreadyExists(err) {
+	err := prepare("k8s.io/2/k2", chain[0].String(), victim, labelBootstrap)
+	if err == nil || !strings.Contains(err.Error(), "containerd asked for "+victim.String()) {
+		t.Fatalf("a bootstrap claiming another chain: Prepare gave %v", err)
+	}
+	if _, err := sn.Stat(ctx, victim.String()); !errdefs.IsNotFound(err) {
+		t.Fatalf("the claimed chain was committed: %v", err)
+	}
+	if r := ferryd.next("mount"); r == nil || r["image"] != image || r["imageDigest"] != m {
+		t.Fatalf("mount request %v", r)
+	}
+	if r := ferryd.next("umount"); r == nil || r["release"] != true {
+		t.Fatalf("the refused mount was not unmounted and released: %v", r)
+	}
+	if _, err := sn.Stat(ctx, "k8s.io/2/k2"); !errdefs.IsNotFound(err) {
+		t.Fatalf("the refused layer's snapshot stays: %v", err)
+	}
+	// The image's own chain.
+	if err := prepare("k8s.io/3/k3", chain[0].String(), chain[1], labelBootstrap); !errdefs.IsAlreadyExists(err) {
 		t.Fatalf("bootstrap layer: Prepare gave %v, want already exists", err)
 	}
-	<-reqs // the umount of a stale mount
-	mount := <-reqs
-	if mount["op"] != "mount" || mount["image"] != "docker://127.0.0.1:5001/deb@sha256:ab" ||
-		mount["suid"] != true || mount["dev"] != false || mount["mode"] != "auto" {
+	mount := ferryd.next("mount")
+	if mount == nil || mount["image"] != image || mount["suid"] != true || mount["dev"] != false ||
+		mount["mode"] != "auto" || !strings.HasPrefix(mount["mountpoint"].(string), filepath.Join(c.Root, "mounts")) {
 		t.Fatalf("mount request %v", mount)
 	}
-	info, err := sn.Stat(ctx, "chain2")
-	if err != nil || info.Kind != snapshots.KindCommitted || info.Parent != "chain1" {
-		t.Fatalf("Stat(chain2) = %+v, %v", info, err)
+	info, err := sn.Stat(ctx, chain[1].String())
+	if err != nil || info.Kind != snapshots.KindCommitted || info.Parent != chain[0].String() {
+		t.Fatalf("Stat(%s) = %+v, %v", chain[1], info, err)
+	}
+	// Another namespace's pull finds it verified, without a mount.
+	ferryd.drain()
+	if err := prepare("k8s.io/4/k4", chain[0].String(), chain[1], labelBootstrap); !errdefs.IsAlreadyExists(err) {
+		t.Fatalf("bootstrap layer again: Prepare gave %v, want already exists", err)
+	}
+	if len(ferryd.reqs) != 0 {
+		t.Fatalf("a committed bootstrap was mounted again: %v", <-ferryd.reqs)
 	}
 	// A layer that is no ferry layer is an ordinary snapshot to unpack into.
-	if err := prepare("k3", "", "chain3", "containerd.io/snapshot/other"); err != nil {
+	if _, err := sn.Prepare(ctx, "k8s.io/5/k5", "", snapshots.WithLabels(map[string]string{
+		labelTarget: "sha256:" + strings.Repeat("1", 64)})); err != nil {
 		t.Fatalf("fallback layer: Prepare gave %v", err)
 	}
-	if err := sn.Remove(ctx, "k3"); err != nil {
+	if err := sn.Remove(ctx, "k8s.io/5/k5"); err != nil {
 		t.Fatal(err)
 	}
-	if err := sn.Remove(ctx, "chain2"); err != nil {
-		t.Fatal(err)
+
+	// Restart with the registry down: it starts, the container fails.
+	stop()
+	var closer func() error
+	ferryd.set(image, "", "")
+	ferryd.drain()
+	sn, closer, err = proxiedConfig(ctx, c, true)
+	if err != nil {
+		t.Fatalf("restart with a snapshot that cannot be mounted: %v", err)
 	}
-	for len(reqs) > 0 {
-		if r := <-reqs; r["op"] == "umount" && r["mountpoint"] == mount["mountpoint"] {
-			return
+	defer closer()
+	if r := ferryd.next("mount"); r == nil || r["image"] != image || r["imageDigest"] != m {
+		t.Fatalf("restore: mount request %v, want %s by its digest", r, image)
+	}
+	_, err = sn.Prepare(ctx, "k8s.io/6/container", chain[1].String())
+	if !errdefs.IsUnavailable(err) || !strings.Contains(err.Error(), "registry down") {
+		t.Fatalf("a container on the unrestored image: %v, want unavailable saying why", err)
+	}
+	// The registry is back: the next container mounts it again.
+	ferryd.set(image, m, boot.String())
+	remountBackoff = 0
+	if _, err := sn.Prepare(ctx, "k8s.io/7/container", chain[1].String()); err != nil {
+		t.Fatalf("a container once the image can be mounted: %v", err)
+	}
+	for _, k := range []string{"k8s.io/6/container", "k8s.io/7/container"} {
+		if err := sn.Remove(ctx, k); err != nil {
+			t.Fatal(err)
 		}
 	}
-	t.Fatal("Remove did not ask ferryd to unmount the bootstrap's mount")
+	ferryd.drain()
+	if err := sn.Remove(ctx, chain[1].String()); err != nil {
+		t.Fatal(err)
+	}
+	if r := ferryd.next("umount"); r == nil || r["release"] != true ||
+		!strings.HasPrefix(r["mountpoint"].(string), filepath.Join(c.Root, "mounts")) {
+		t.Fatalf("Remove did not unmount and release the bootstrap's mount: %v", r)
+	}
 }
-

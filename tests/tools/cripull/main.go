@@ -6,7 +6,7 @@
 // (snapshotters.AppendInfoHandlerWrapper). ctr 1.6 cannot: its pull
 // fetches every blob before unpacking. For tests of ferry-snapshotter.
 //
-//	cripull -address SOCK -namespace NS -snapshotter ferry [-plain-http] REF
+//	cripull -address SOCK -namespace NS -snapshotter ferry [-plain-http] [-user USER:PASS] REF
 package main
 
 import (
@@ -14,6 +14,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strings"
 
 	"github.com/containerd/containerd"
 	"github.com/containerd/containerd/namespaces"
@@ -26,9 +27,10 @@ func main() {
 	ns := flag.String("namespace", "default", "containerd namespace")
 	sn := flag.String("snapshotter", "ferry", "snapshotter to unpack with")
 	plain := flag.Bool("plain-http", false, "talk to the registry over http")
+	user := flag.String("user", "", "USER:PASS for the registry (as a pull secret)")
 	flag.Parse()
 	if flag.NArg() != 1 {
-		fmt.Fprintln(os.Stderr, "usage: cripull [-address SOCK] [-namespace NS] [-snapshotter NAME] [-plain-http] REF")
+		fmt.Fprintln(os.Stderr, "usage: cripull [-address SOCK] [-namespace NS] [-snapshotter NAME] [-plain-http] [-user USER:PASS] REF")
 		os.Exit(2)
 	}
 	ref := flag.Arg(0)
@@ -39,7 +41,14 @@ func main() {
 	}
 	defer client.Close()
 	ctx := namespaces.WithNamespace(context.Background(), *ns)
-	resolver := docker.NewResolver(docker.ResolverOptions{PlainHTTP: *plain})
+	opts := docker.ResolverOptions{PlainHTTP: *plain}
+	if u, p, ok := strings.Cut(*user, ":"); ok {
+		opts.Hosts = docker.ConfigureDefaultRegistries(
+			docker.WithPlainHTTP(func(string) (bool, error) { return *plain, nil }),
+			docker.WithAuthorizer(docker.NewDockerAuthorizer(docker.WithAuthCreds(
+				func(string) (string, string, error) { return u, p, nil }))))
+	}
+	resolver := docker.NewResolver(opts)
 	img, err := client.Pull(ctx, ref,
 		containerd.WithResolver(resolver),
 		containerd.WithPullUnpack,

@@ -6,8 +6,8 @@
  * constants that Debian 12's <linux/fanotify.h> predates (pre-content
  * events, Linux 6.14; values from the kernel's uapi header).
  */
-#ifndef FERRYD_FANOTIFY_H
-#define FERRYD_FANOTIFY_H
+#ifndef FERRY_SERVE_FANOTIFY_H
+#define FERRY_SERVE_FANOTIFY_H
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -61,5 +61,11 @@ bool fan_fill_process(const struct ferry_exes *e, pid_t pid, int fd);
 /* The RANGE record of event @meta: 0 and the range, or -ENOENT. */
 int fan_event_range(const struct fanotify_event_metadata *meta, uint64_t *off,
 		    uint64_t *count);
+/*
+ * The bytes of a file of @size that event @meta asks for: its RANGE
+ * record, or without one the whole file (a truncate, say); within @size.
+ */
+void fan_event_span(const struct fanotify_event_metadata *meta, uint64_t size,
+		    uint64_t *off, uint64_t *len);
 
 #endif

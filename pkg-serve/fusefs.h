@@ -1,16 +1,16 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * FUSE mode of ferryd: the FUSE file system of one mount (fuse.c) and its
- * directory readahead (readahead.c). Private to those two files; the rest
- * of ferryd sees only fuse_mode (mode.h).
+ * FUSE mode: the FUSE file system of one mount (fuse.c), its directory
+ * readahead (dir_readahead.c) and recording (record.c). Private to those
+ * files; the rest of pkg-serve sees only the mode (mode.h).
  */
-#ifndef FERRYD_FUSEFS_H
-#define FERRYD_FUSEFS_H
+#ifndef FERRY_SERVE_FUSEFS_H
+#define FERRY_SERVE_FUSEFS_H
 
 #define FUSE_USE_VERSION 312
 #include <fuse_lowlevel.h>
 
-#include "ferryd.h"
+#include "internal.h"
 
 /* A FUSE mount: what its operations serve (fuse_mode's state). */
 struct fs {
@@ -23,13 +23,13 @@ struct fs {
 	uint64_t total_bytes; /* statfs */
 	unsigned int threads;      /* workers of the session loop */
 	unsigned int readahead_kb; /* the bdi's once live; 0: the kernel's */
-	bool no_open;          /* the kernel skips OPEN/RELEASE (fs_open) */
-	bool no_opendir;       /* and OPENDIR/RELEASEDIR (fs_opendir) */
+	_Atomic bool no_open;    /* the kernel skips OPEN/RELEASE (fs_open): set at INIT */
+	_Atomic bool no_opendir; /* and OPENDIR/RELEASEDIR (fs_opendir) */
 	pthread_mutex_t fail_lock; /* the last failed read (failed_recently) */
 	uint64_t failed_nid, failed_chunk, failed_until;
 	uint32_t dra_window_max; /* directory readahead, bytes; 0: off */
-	struct dra *dra;         /* readahead.c, while the session lives */
-	_Atomic uint64_t ra_files, ra_bytes; /* stored by readahead */
+	struct dra *dra;         /* dir_readahead.c, while the session lives */
+	_Atomic uint64_t ra_files, ra_bytes; /* stored by directory readahead */
 	struct recorder *rec;    /* record.c: --record; NULL: not recording */
 	struct keeper_guard keeper; /* holds /dev/fuse for a successor */
 };

@@ -75,7 +75,7 @@ struct dra {
 	uint64_t tick;
 	struct dra_job jobs[DRA_JOBS];
 	unsigned int head, tail;
-	bool stop;
+	_Atomic bool stop;  /* also read by window_fill, without the lock */
 	pthread_t thread;
 	uint8_t buf[DRA_FILE_MAX];
 };

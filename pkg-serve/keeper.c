@@ -20,14 +20,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "ferryd.h"
+#include "internal.h"
 
 #define KEEPER_RETRY_MS 1000  /* between attempts to start a mount's keeper, */
 #define KEEPER_RETRY_MAX_MS 60000 /* doubling up to this while they fail */
 #define KEEPER_START_MS 30000 /* a new keeper to say hello */
 
-_Atomic unsigned int keeper_restarts;
-static _Atomic bool told_missing;
 
 /*
  * The descriptors a keeper starts with: the one it keeps and its socket.
@@ -44,8 +42,8 @@ static _Atomic bool told_missing;
  * forks once itself (keeper_main.c), so that ferryd reaps only that first
  * process and the keeper is nobody's child.
  */
-int keeper_spawn(const char *how, int fd, const char *const *args, int *sock,
-		 int *pid)
+int keeper_spawn(struct serve_ctx *ctx, const char *how, int fd, const char *const *args,
+		 int *sock, int *pid)
 {
 	char exe[PATH_MAX] = KEEPER_BINARY, kfd_arg[16], ksock_arg[16], hello[64];
 	const char *argv[KEEPER_ARGS_MAX + 5] = { exe, how, kfd_arg, ksock_arg };
@@ -64,7 +62,7 @@ int keeper_spawn(const char *how, int fd, const char *const *args, int *sock,
 		ret = -errno;
 	if (ret) {
 		/* Once: every mount's keeper would say the same. */
-		if (!atomic_exchange(&told_missing, true))
+		if (!atomic_exchange(&ctx->keeper_missing_told, true))
 			ferry_err("the keeper program %s: %s (install it next to ferryd): mounts have no failover",
 				  exe, ferry_strerror(ret));
 		return ret;
@@ -122,9 +120,9 @@ out:
 }
 
 int keeper_start_mount(const char *how, int fd, const struct fmount *m,
-		       const struct serve_opts *o, const char *const *args, int *sock,
-		       int *pid)
+		       const char *const *args, int *sock, int *pid)
 {
+	const struct serve_ctx *ctx = m->ctx;
 	const char *all[KEEPER_ARGS_MAX + 1];
 	struct ctl_mount_req req = m->req;
 	struct json_object *j;
@@ -135,11 +133,11 @@ int keeper_start_mount(const char *how, int fd, const struct fmount *m,
 
 	while (args && *args && n < KEEPER_ARGS_MAX - 1)
 		all[n++] = *args++;
-	all[n++] = o->socket_path;
-	for (args = o->successor_args; args && *args && n < KEEPER_ARGS_MAX; args++)
+	all[n++] = ctx->opts.socket_path;
+	for (args = serve_successor_args(ctx); *args && n < KEEPER_ARGS_MAX; args++)
 		all[n++] = *args;
 	all[n] = NULL;
-	ret = keeper_spawn(how, fd, all, sock, pid);
+	ret = keeper_spawn(m->ctx, how, fd, all, sock, pid);
 	if (ret)
 		return ret;
 	/* What it is now, whatever "auto" chose; a successor records nothing. */
@@ -199,7 +197,7 @@ static void *guard_main(void *arg)
 
 	for (;;) {
 		if (sock < 0 && !ended) {
-			ret = keeper_start_mount(g->how, g->fd, g->m, g->o, NULL, &sock, &pid);
+			ret = keeper_start_mount(g->how, g->fd, g->m, NULL, &sock, &pid);
 			/* Said at the first failure in a row; tried less often. */
 			if (ret && retry_ms == KEEPER_RETRY_MS)
 				ferry_warn("%s: no keeper (%s): if ferryd dies, the mount is not taken over; trying again",
@@ -225,7 +223,7 @@ static void *guard_main(void *arg)
 			} else {
 				ferry_warn("%s: its keeper (pid %d) is gone; starting a new one",
 					   g->m->mountpoint, pid);
-				atomic_fetch_add(&keeper_restarts, 1);
+				atomic_fetch_add(&g->m->ctx->keeper_restarts, 1);
 			}
 			close(sock);
 			sock = -1;
@@ -239,20 +237,18 @@ static void *guard_main(void *arg)
 }
 
 int keeper_guard_start(struct keeper_guard *g, const char *how, int fd,
-		       const struct fmount *m, const struct serve_opts *o)
+		       const struct fmount *m)
 {
-	int ret;
+	int pid = 0, ret;
 
-	int pid = 0;
-
-	*g = (struct keeper_guard){ .how = how, .fd = fd, .m = m, .o = o, .sock = -1 };
+	*g = (struct keeper_guard){ .how = how, .fd = fd, .m = m, .sock = -1 };
 	if (pipe2(g->stop, O_CLOEXEC))
 		return -errno;
 	/*
 	 * The first keeper before the mount is answered: a kill -9 right
 	 * after `ferry mount` returns must find the descriptor held.
 	 */
-	ret = keeper_start_mount(how, fd, m, o, NULL, &g->sock, &pid);
+	ret = keeper_start_mount(how, fd, m, NULL, &g->sock, &pid);
 	if (ret) /* the guard's thread tries again */
 		ferry_warn("%s: no keeper yet (%s): until one starts, if ferryd dies the mount is not taken over",
 			   m->mountpoint, ferry_strerror(ret));

@@ -7,7 +7,7 @@
  * reads. The bandwidth limit holds throughout. A missing path is logged
  * and skipped; unmounting sets the stop flag.
  */
-#include "ferryd.h"
+#include "internal.h"
 
 void *prefetch_main(void *arg)
 {
@@ -16,7 +16,7 @@ void *prefetch_main(void *arg)
 	uint64_t t0 = ferry_now_ns(), files = 0;
 	struct image_prefetch_plan *plan = NULL;
 	struct image_cache_stats s;
-	bool failed = false;
+	bool failed = false, stopped;
 	size_t i;
 	int ret;
 
@@ -27,7 +27,7 @@ void *prefetch_main(void *arg)
 		   r->nr_prefetch_files, r->prefetch_all ? ", then every blob" : "",
 		   r->prefetch_bwlimit ? ", bandwidth limited" : "");
 	/* The image's own list (ferry convert --prefetch-files) goes first. */
-	for (i = 0; i < m->img->nr_prefetch + r->nr_prefetch_files && !m->stop; i++) {
+	for (i = 0; i < m->img->nr_prefetch + r->nr_prefetch_files && !atomic_load(&m->stop); i++) {
 		const char *path = i < m->img->nr_prefetch ? m->img->prefetch[i] :
 				   r->prefetch_files[i - m->img->nr_prefetch];
 
@@ -53,7 +53,7 @@ void *prefetch_main(void *arg)
 		failed = true;
 	}
 	atomic_store(&m->prefetch_files, files);
-	if (r->prefetch_all && !m->stop) {
+	if (r->prefetch_all && !atomic_load(&m->stop)) {
 		ret = image_cache_prefetch_blobs(m->ic, NULL, &m->stop);
 		if (ret) {
 			ferry_warn("%s: prefetch of every blob failed: %s", m->img->ref,
@@ -63,14 +63,15 @@ void *prefetch_main(void *arg)
 	}
 	atomic_store(&m->prefetch_ns, ferry_now_ns() - t0);
 	image_cache_get_stats(m->ic, &s);
+	stopped = atomic_load(&m->stop);
 	ferry_info("%s on %s: prefetch %s after %.2f s: %llu files, %llu bytes made present, %llu bytes fetched in all; %llu of %llu chunks present",
 		   m->img->ref, m->mountpoint,
-		   m->stop ? "stopped" : failed ? "finished with errors" : "done",
+		   stopped ? "stopped" : failed ? "finished with errors" : "done",
 		   (double)(ferry_now_ns() - t0) / 1e9, (unsigned long long)files,
 		   (unsigned long long)s.bytes_prefetched,
 		   (unsigned long long)s.bytes_fetched,
 		   (unsigned long long)s.chunks_present,
 		   (unsigned long long)s.chunks_total);
-	atomic_store(&m->pstate, m->stop ? PF_STOPPED : failed ? PF_FAILED : PF_DONE);
+	atomic_store(&m->pstate, stopped ? PF_STOPPED : failed ? PF_FAILED : PF_DONE);
 	return NULL;
 }

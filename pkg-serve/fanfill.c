@@ -13,7 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "../../pkg-base/base.h"
+#include "../pkg-base/base.h"
 #include "keeper.h"
 #include "fanotify.h"
 
@@ -120,8 +120,8 @@ out:
 	return ok;
 }
 
-int fan_event_range(const struct fanotify_event_metadata *meta,
-		       uint64_t *off, uint64_t *count)
+int fan_event_range(const struct fanotify_event_metadata *meta, uint64_t *off,
+		    uint64_t *count)
 {
 	size_t pos = meta->metadata_len;
 
@@ -144,3 +144,14 @@ int fan_event_range(const struct fanotify_event_metadata *meta,
 	return -ENOENT;
 }
 
+
+void fan_event_span(const struct fanotify_event_metadata *meta, uint64_t size,
+		    uint64_t *off, uint64_t *len)
+{
+	if (fan_event_range(meta, off, len)) {
+		*off = 0;
+		*len = size;
+	}
+	*off = MIN(*off, size);
+	*len = MIN(*len, size - *off);
+}

@@ -8,7 +8,7 @@
  * session, the chunk cache and the image, and takes the mount out of the
  * table. Other mounts keep running.
  *
- * Locking: tbl_lock guards the list, refs and state; m->lock guards the
+ * Locking: ctx->lock guards the list, refs and state; m->lock guards the
  * session thread's progress flags. A mount is freed at its last ref
  * (the table's, the session thread's, and any request handling it).
  */
@@ -20,41 +20,13 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "ferryd.h"
+#include "internal.h"
 
 #define READY_TIMEOUT_MS 10000    /* mount(2) to mount_ready (FUSE: INIT) */
 #define UMOUNT_WAIT_MS 5000       /* umount until the mount is torn down */
 #define FORCE_WAIT_MS 10000       /* forced stop of a session that never ran */
 #define SHUTDOWN_WAIT_MS 5000     /* every session ended at shutdown */
 #define BUSY_CANCEL_MS 3000       /* a busy umount: readers in a fetch leave */
-
-static pthread_mutex_t tbl_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t tbl_cond = PTHREAD_COND_INITIALIZER;
-static struct fmount *mounts;
-static bool shutting_down;
-static struct serve_opts serve_opts = {
-	.threads = FERRYD_DEFAULT_THREADS,
-	.readahead_kb = FERRYD_DEFAULT_READAHEAD_KB,
-	.dir_readahead_kb = FERRYD_DEFAULT_DIR_READAHEAD_KB,
-};
-static void (*changed_cb)(void);
-
-void mounts_init(unsigned int threads, unsigned int ra_kb, unsigned int dir_ra_kb,
-		 const char *socket_path, const char *const *successor_args,
-		 void (*on_change)(void))
-{
-	serve_opts.socket_path = socket_path;
-	serve_opts.successor_args = successor_args;
-	serve_opts.threads = threads;
-	serve_opts.readahead_kb = ra_kb;
-	serve_opts.dir_readahead_kb = dir_ra_kb;
-	changed_cb = on_change;
-}
-
-void mounts_startup(void)
-{
-	serve_modes_startup(&serve_opts);
-}
 
 /* Drop @n references; the last one frees. */
 static void mount_put_locked_n(struct fmount *m, unsigned int n)
@@ -78,9 +50,11 @@ static void mount_put_locked(struct fmount *m)
 
 static void mount_put(struct fmount *m)
 {
-	pthread_mutex_lock(&tbl_lock);
+	struct serve_ctx *ctx = m->ctx;
+
+	pthread_mutex_lock(&ctx->lock);
 	mount_put_locked(m);
-	pthread_mutex_unlock(&tbl_lock);
+	pthread_mutex_unlock(&ctx->lock);
 }
 
 /*
@@ -88,11 +62,12 @@ static void mount_put(struct fmount *m)
  * session finishing a fetch) only when there is no other: a new mount
  * may take the mount point meanwhile.
  */
-static struct fmount *find_locked(const char *mountpoint, bool stopping_too)
+static struct fmount *find_locked(struct serve_ctx *ctx, const char *mountpoint,
+				  bool stopping_too)
 {
 	struct fmount *m, *stopping = NULL;
 
-	for (m = mounts; m; m = m->next) {
+	for (m = ctx->mounts; m; m = m->next) {
 		if (strcmp(m->mountpoint, mountpoint))
 			continue;
 		if (m->state != MS_STOPPING)
@@ -106,20 +81,20 @@ static void unlink_locked(struct fmount *m)
 {
 	struct fmount **pp;
 
-	for (pp = &mounts; *pp; pp = &(*pp)->next) {
+	for (pp = &m->ctx->mounts; *pp; pp = &(*pp)->next) {
 		if (*pp == m) {
 			*pp = m->next;
 			break;
 		}
 	}
 	m->removed = true;
-	pthread_cond_broadcast(&tbl_cond);
+	pthread_cond_broadcast(&m->ctx->cond);
 }
 
-static void notify_change(void)
+static void notify_change(struct serve_ctx *ctx)
 {
-	if (changed_cb)
-		changed_cb();
+	if (ctx->on_change)
+		ctx->on_change(ctx->on_change_arg);
 }
 
 /* Whether our mount is what sits on top of its mount point. */
@@ -161,10 +136,10 @@ static void session_close(struct fmount *m, int loop_ret)
 {
 	void *state;
 
-	pthread_mutex_lock(&tbl_lock);
+	pthread_mutex_lock(&m->ctx->lock);
 	state = m->mode_state;
 	m->mode_state = NULL;
-	pthread_mutex_unlock(&tbl_lock);
+	pthread_mutex_unlock(&m->ctx->lock);
 	m->mode->close(state, loop_ret);
 }
 
@@ -181,6 +156,7 @@ static void log_final(const struct fmount *m, const struct image_cache_stats *s)
 static void *session_main(void *arg)
 {
 	struct fmount *m = arg;
+	struct serve_ctx *ctx = m->ctx;
 	struct image_cache_stats s;
 	int ret;
 
@@ -198,22 +174,22 @@ static void *session_main(void *arg)
 
 	/* The prefetch thread may sleep in its bandwidth pacing: the
 	 * session (and the umount waiting for it) ends first. */
-	m->stop = true;
+	atomic_store(&m->stop, true);
 	session_close(m, ret);
-	pthread_mutex_lock(&tbl_lock);
+	pthread_mutex_lock(&ctx->lock);
 	m->session_closed = true;
-	pthread_cond_broadcast(&tbl_cond);
-	pthread_mutex_unlock(&tbl_lock);
+	pthread_cond_broadcast(&ctx->cond);
+	pthread_mutex_unlock(&ctx->lock);
 	if (m->prefetch_started)
 		pthread_join(m->prefetch_thread, NULL);
 
-	pthread_mutex_lock(&tbl_lock);
-	if (m->state != MS_STOPPING && !shutting_down)
+	pthread_mutex_lock(&ctx->lock);
+	if (m->state != MS_STOPPING && !ctx->shutting_down)
 		ferry_info("%s was unmounted from outside ferryd", m->mountpoint);
 	image_cache_get_stats(m->ic, &m->final);
 	m->closed = true;
 	s = m->final;
-	pthread_mutex_unlock(&tbl_lock);
+	pthread_mutex_unlock(&ctx->lock);
 
 	image_cache_close(m->ic);
 	image_close(m->img);
@@ -221,11 +197,11 @@ static void *session_main(void *arg)
 	m->img = NULL;
 	log_final(m, &s);
 
-	pthread_mutex_lock(&tbl_lock);
+	pthread_mutex_lock(&ctx->lock);
 	unlink_locked(m);
 	mount_put_locked_n(m, 2); /* the table's and ours */
-	pthread_mutex_unlock(&tbl_lock);
-	notify_change();
+	pthread_mutex_unlock(&ctx->lock);
+	notify_change(ctx);
 	return NULL;
 }
 
@@ -264,26 +240,26 @@ static void force_end(struct fmount *m, unsigned int ms)
 	}
 }
 
-/* Wait (bounded) until @m's session has ended; tbl_lock held. */
+/* Wait (bounded) until @m's session has ended; ctx->lock held. */
 static bool wait_session_locked(struct fmount *m, unsigned int ms)
 {
 	struct timespec ts;
 
 	ferry_deadline_ts(&ts, ms);
 	while (!m->session_closed && !m->removed)
-		if (pthread_cond_timedwait(&tbl_cond, &tbl_lock, &ts) == ETIMEDOUT)
+		if (pthread_cond_timedwait(&m->ctx->cond, &m->ctx->lock, &ts) == ETIMEDOUT)
 			break;
 	return m->session_closed || m->removed;
 }
 
-/* @adopt: the mount there is the one being taken over (mode.h). */
-static int check_mountpoint(const char *path, bool adopt, char **canon, char *err,
+/* @takeover: the mount there is the one being taken over (mode.h). */
+static int check_mountpoint(const char *path, bool takeover, char **canon, char *err,
 			    size_t errlen)
 {
 	struct mount_entry mi;
 	struct stat st;
 
-	if (adopt) {
+	if (takeover) {
 		/*
 		 * The dead ferryd's canonical path, not resolved again: a
 		 * lookup on a FUSE mount would wait for the answer we are
@@ -321,7 +297,7 @@ static int check_mountpoint(const char *path, bool adopt, char **canon, char *er
 }
 
 /* The captured error lines, else @fallback with the errno. */
-static void set_err(char *err, size_t errlen, const struct log_capture *c,
+static void set_err(char *err, size_t errlen, const struct ferry_log_capture *c,
 		    int ret, const char *fallback)
 {
 	if (c->len)
@@ -334,10 +310,27 @@ static void set_err(char *err, size_t errlen, const struct log_capture *c,
  * A new mount of @req (taken over, also on failure) in its mode, in the
  * table as being set up: refs for the table and the caller.
  */
-static int mount_new(struct ctl_mount_req *req, struct fmount **out, char *err,
-		     size_t errlen)
+/* The first mode of the table that can @capable, or NULL. */
+static const struct serve_mode *mode_that(bool (*capable)(const struct serve_mode *))
+{
+	unsigned int i;
+
+	for (i = 0; i < SERVE_NR_MODES; i++)
+		if (capable(serve_modes[i]))
+			return serve_modes[i];
+	return NULL;
+}
+
+static bool records(const struct serve_mode *mode)
+{
+	return mode->records_reads;
+}
+
+static int mount_new(struct serve_ctx *ctx, struct ctl_mount_req *req, struct fmount **out,
+		     char *err, size_t errlen)
 {
 	struct fmount *m = calloc(1, sizeof(*m)), *other;
+	const struct serve_mode *recorder;
 	char modes[128];
 	int ret = 0;
 
@@ -348,12 +341,13 @@ static int mount_new(struct ctl_mount_req *req, struct fmount **out, char *err,
 		snprintf(err, errlen, "out of memory");
 		return -ENOMEM;
 	}
+	m->ctx = ctx;
 	m->req = *req;
 	memset(req, 0, sizeof(*req));
 	pthread_mutex_init(&m->lock, NULL);
 	pthread_cond_init(&m->cond, NULL);
 	m->refs = 1;
-	m->mode = serve_mode_pick(&m->req, m->mode_why, sizeof(m->mode_why));
+	m->mode = serve_mode_pick(ctx, &m->req, m->mode_why, sizeof(m->mode_why));
 	if (!m->mode && m->mode_why[0]) {
 		snprintf(err, errlen, "no mode can serve it on this host (%s)", m->mode_why);
 		ret = -EOPNOTSUPP;
@@ -362,9 +356,10 @@ static int mount_new(struct ctl_mount_req *req, struct fmount **out, char *err,
 		snprintf(err, errlen, "unknown mode \"%s\" (this ferryd serves %s)",
 			 m->req.mode, modes);
 		ret = -EINVAL;
-	} else if (m->req.record && m->mode != &fuse_mode) {
-		snprintf(err, errlen, "recording (--record) needs --mode fuse: the kernel reads %s mounts without ferryd seeing which files",
-			 m->mode->name);
+	} else if (m->req.record && !m->mode->records_reads) {
+		recorder = mode_that(records);
+		snprintf(err, errlen, "recording (--record) needs --mode %s: the kernel reads %s mounts without ferryd seeing which files",
+			 recorder ? recorder->name : "?", m->mode->name);
 		ret = -EINVAL;
 	} else {
 		if (m->mode_why[0])
@@ -378,9 +373,9 @@ static int mount_new(struct ctl_mount_req *req, struct fmount **out, char *err,
 		goto fail;
 	}
 
-	pthread_mutex_lock(&tbl_lock);
-	other = find_locked(m->mountpoint, false);
-	if (shutting_down) {
+	pthread_mutex_lock(&ctx->lock);
+	other = find_locked(ctx, m->mountpoint, false);
+	if (ctx->shutting_down) {
 		ret = -ESHUTDOWN;
 		snprintf(err, errlen, "mount %s on %s: ferryd is shutting down",
 			 m->req.image, m->mountpoint);
@@ -390,11 +385,11 @@ static int mount_new(struct ctl_mount_req *req, struct fmount **out, char *err,
 			 m->req.image, m->mountpoint, m->mountpoint, other->req.image);
 	} else {
 		m->state = MS_MOUNTING;
-		m->next = mounts;
-		mounts = m;
+		m->next = ctx->mounts;
+		ctx->mounts = m;
 		m->refs++;
 	}
-	pthread_mutex_unlock(&tbl_lock);
+	pthread_mutex_unlock(&ctx->lock);
 	if (ret) {
 		ferry_err("%s", err);
 		goto fail;
@@ -408,18 +403,46 @@ fail:
 }
 
 /*
+ * "fanotify (Linux 6.14+, ...) and cachefiles": the modes that serve
+ * native layers, with what each needs of the host.
+ */
+static void layer_modes(char *buf, size_t len)
+{
+	size_t n = 0, left = 0, i;
+
+	buf[0] = '\0';
+	for (i = 0; i < SERVE_NR_MODES; i++)
+		left += serve_modes[i]->serves_layers;
+	for (i = 0; i < SERVE_NR_MODES && n < len; i++) {
+		const struct serve_mode *mode = serve_modes[i];
+
+		if (!mode->serves_layers)
+			continue;
+		left--;
+		n += (size_t)snprintf(buf + n, len - n, "%s%s%s%s%s", mode->name,
+				      mode->layers_needs ? " (" : "",
+				      mode->layers_needs ? mode->layers_needs : "",
+				      mode->layers_needs ? ")" : "",
+				      left > 1 ? ", " : left ? " and " : "");
+	}
+}
+
+/*
  * Native EROFS layers are one kernel EROFS per layer under overlayfs:
- * fanotify and cachefiles serve such a stack lazily, FUSE serves one
- * merged tree. Nothing is shared through a device table (no --domain),
- * and there is no merged tree to take --prefetch-files from. A mode that
+ * the kernel's modes serve such a stack lazily, FUSE serves one merged
+ * tree. Nothing is shared through a device table (no --domain), and
+ * there is no merged tree to take --prefetch-files from. A mode that
  * cannot serve the image answers -EMEDIUMTYPE: ferry mount's auto mode
  * then mounts it fully fetched (--mode local).
  */
 static int layers_supported(const struct fmount *m, char *err, size_t errlen)
 {
-	if (m->mode != &fanotify_mode && m->mode != &cachefiles_mode) {
-		snprintf(err, errlen, "%s is an image of native EROFS layers: ferryd serves those lazily in fanotify (Linux 6.14+, cache on ext4, xfs or btrfs) and cachefiles modes, not %s%s%s; --mode local mounts them fully fetched",
-			 m->req.image, m->mode->name, m->mode_why[0] ? ": " : "",
+	char modes[256];
+
+	if (!m->mode->serves_layers) {
+		layer_modes(modes, sizeof(modes));
+		snprintf(err, errlen, "%s is an image of native EROFS layers: ferryd serves those lazily in %s modes, not %s%s%s; --mode local mounts them fully fetched",
+			 m->req.image, modes, m->mode->name, m->mode_why[0] ? ": " : "",
 			 m->mode_why);
 		return -EMEDIUMTYPE;
 	}
@@ -447,12 +470,12 @@ static int mount_setup(struct fmount *m, const char *what, char *err,
 		.erofs_layers = true,
 	};
 	uint8_t pin[BLOB_DIGEST_SIZE];
-	struct log_capture cap;
+	struct ferry_log_capture cap;
 	char why[1024] = "";
 	struct mount_entry mi;
 	int ret;
 
-	log_capture_begin(&cap);
+	ferry_log_capture_begin(&cap);
 	m->req.fetch.cancel = &m->fetch_cancel;
 	if (m->req.image_digest && !digest_parse(m->req.image_digest, pin))
 		opts.digest = pin;
@@ -476,22 +499,21 @@ static int mount_setup(struct fmount *m, const char *what, char *err,
 		goto out;
 	}
 	ret = image_cache_open(m->img, m->req.cache_dir, &m->ic);
-	/* Native layers: before the mode marks or mounts their files (a
-	 * fanotify takeover's are mounted, and marked: a read here would
-	 * wait for an answer only this ferryd can give, once it serves;
-	 * cachefiles reads no cache file the kernel watches, and needs the
-	 * walk's units). */
-	if (!ret && m->img->erofs_layers && (!m->req.adopt || m->mode == &cachefiles_mode))
+	/* Native layers: before the mode marks or mounts their files; a
+	 * takeover's are mounted and may be watched (a read here would wait
+	 * for an answer only this ferryd can give, once it serves), so only
+	 * a mode that walks them taken over does (mode.h). */
+	if (!ret && m->img->erofs_layers && (!m->req.adopt || m->mode->walks_on_takeover))
 		ret = image_cache_walk_layers(m->ic);
 	if (!ret)
-		ret = evict_register(&m->req);
+		ret = evict_register(m->ctx, &m->req);
 	if (ret) {
 		snprintf(why, sizeof(why), "%s: chunk cache %s", m->req.image,
 			 m->req.cache_dir);
 		set_err(err, errlen, &cap, ret, why);
 		goto out;
 	}
-	ret = m->mode->start(m, &serve_opts, &m->mode_state, why, sizeof(why));
+	ret = m->mode->start(m, &m->mode_state, why, sizeof(why));
 	if (ret && why[0])
 		snprintf(err, errlen, "%s: %s", what, why);
 	else if (ret)
@@ -506,7 +528,7 @@ static int mount_setup(struct fmount *m, const char *what, char *err,
 	}
 	m->mounted_at = (int64_t)time(NULL);
 out:
-	log_capture_end(&cap);
+	ferry_log_capture_end(&cap);
 	return ret;
 }
 
@@ -517,9 +539,9 @@ static int session_start(struct fmount *m, const char *what, char *err,
 	pthread_attr_t attr;
 	int ret;
 
-	pthread_mutex_lock(&tbl_lock);
+	pthread_mutex_lock(&m->ctx->lock);
 	m->refs++; /* the session thread's */
-	pthread_mutex_unlock(&tbl_lock);
+	pthread_mutex_unlock(&m->ctx->lock);
 	pthread_attr_init(&attr);
 	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
 	ret = -pthread_create(&m->loop_thread, &attr, session_main, m);
@@ -571,31 +593,8 @@ static int wait_ready(struct fmount *m)
 	return ret;
 }
 
-static _Atomic unsigned int takeovers[3]; /* fuse, fanotify, cachefiles */
-
-static _Atomic unsigned int *takeover_counter(const char *mode)
-{
-	return !strcmp(mode, fuse_mode.name)	 ? &takeovers[0] :
-	       !strcmp(mode, fanotify_mode.name) ? &takeovers[1] :
-	       !strcmp(mode, cachefiles_mode.name) ? &takeovers[2] : NULL;
-}
-
-void mounts_note_takeover(const char *mode)
-{
-	_Atomic unsigned int *c = takeover_counter(mode);
-
-	if (c)
-		atomic_fetch_add(c, 1);
-}
-
-unsigned int mounts_takeovers(const char *mode)
-{
-	_Atomic unsigned int *c = takeover_counter(mode);
-
-	return c ? atomic_load(c) : 0;
-}
-
-int mounts_mount(struct ctl_mount_req *req, char *err, size_t errlen)
+int serve_mount(struct serve_ctx *ctx, struct ctl_mount_req *req, struct ctl_mount_reply *rep,
+		char *err, size_t errlen)
 {
 	struct fmount *m;
 	char what[512];
@@ -603,7 +602,7 @@ int mounts_mount(struct ctl_mount_req *req, char *err, size_t errlen)
 	uint32_t blobs;
 	int ret;
 
-	ret = mount_new(req, &m, err, errlen);
+	ret = mount_new(ctx, req, &m, err, errlen);
 	if (ret)
 		return ret;
 	snprintf(what, sizeof(what), "mount %s on %s", m->req.image, m->mountpoint);
@@ -614,6 +613,12 @@ int mounts_mount(struct ctl_mount_req *req, char *err, size_t errlen)
 		/* For the log line: the image is the session thread's soon. */
 		bytes = mount_bytes(m);
 		blobs = m->img->blobs.nr_blobs;
+		if (rep) {
+			snprintf(rep->image_digest, sizeof(rep->image_digest), "%s",
+				 m->image_digest);
+			if (!m->img->erofs_layers)
+				digest_format(m->img->bootstrap_digest, rep->bootstrap_digest);
+		}
 		ret = session_start(m, what, err, errlen);
 	}
 	if (ret) {
@@ -622,22 +627,22 @@ int mounts_mount(struct ctl_mount_req *req, char *err, size_t errlen)
 		image_close(m->img);
 		m->ic = NULL;
 		m->img = NULL;
-		pthread_mutex_lock(&tbl_lock);
+		pthread_mutex_lock(&ctx->lock);
 		m->closed = true;
 		unlink_locked(m);
 		mount_put_locked_n(m, 2); /* the table's and the handler's */
-		pthread_mutex_unlock(&tbl_lock);
+		pthread_mutex_unlock(&ctx->lock);
 		return ret;
 	}
 
 	/* Answer once the mount is live; from now on the session thread
 	 * tears it down. */
 	ret = wait_ready(m);
-	pthread_mutex_lock(&tbl_lock);
-	if (!ret && shutting_down)
+	pthread_mutex_lock(&ctx->lock);
+	if (!ret && ctx->shutting_down)
 		ret = -ESHUTDOWN;
 	m->state = ret ? MS_STOPPING : MS_LIVE;
-	pthread_mutex_unlock(&tbl_lock);
+	pthread_mutex_unlock(&ctx->lock);
 	if (ret) {
 		snprintf(err, errlen, "%s: %s", what,
 			 ret == -ETIMEDOUT ? "the kernel did not start the session" :
@@ -653,11 +658,11 @@ int mounts_mount(struct ctl_mount_req *req, char *err, size_t errlen)
 			   atomic_load(&m->pstate) == PF_RUNNING ? "prefetching" :
 								  "no prefetch");
 		if (m->req.adopt)
-			mounts_note_takeover(m->mode->name);
+			atomic_fetch_add(&ctx->takeovers[serve_mode_slot(m->mode)], 1);
 	}
 	mount_put(m);
 	if (!ret)
-		notify_change();
+		notify_change(ctx);
 	return ret;
 }
 
@@ -686,9 +691,9 @@ static bool dev_mounted(const struct fmount *m)
 
 static void set_state(struct fmount *m, enum mount_state s)
 {
-	pthread_mutex_lock(&tbl_lock);
+	pthread_mutex_lock(&m->ctx->lock);
 	m->state = s;
-	pthread_mutex_unlock(&tbl_lock);
+	pthread_mutex_unlock(&m->ctx->lock);
 }
 
 /*
@@ -713,38 +718,72 @@ static int umount_busy(struct fmount *m)
 	return e;
 }
 
-int mounts_umount(const char *mountpoint, bool lazy, char *err, size_t errlen)
+/*
+ * umount's "release": forget @m's image record in its cache unless
+ * another live mount serves that image from there (gc then may reclaim
+ * its blobs, documents and bootstrap).
+ */
+static void release_image(struct fmount *m)
 {
+	uint8_t digest[BLOB_DIGEST_SIZE];
+	struct fmount *o;
+	bool used = false;
+	int ret;
+
+	if (digest_parse(m->image_digest, digest))
+		return;
+	pthread_mutex_lock(&m->ctx->lock);
+	for (o = m->ctx->mounts; o && !used; o = o->next)
+		used = o != m && o->state != MS_STOPPING &&
+		       !strcmp(o->image_digest, m->image_digest) &&
+		       !strcmp(o->req.cache_dir, m->req.cache_dir);
+	pthread_mutex_unlock(&m->ctx->lock);
+	if (used)
+		return;
+	ret = blob_cache_forget_image(m->req.cache_dir, digest);
+	if (ret && ret != -ENOENT)
+		ferry_warn("%s: cannot forget the record of %s in %s: %s", m->mountpoint,
+			   m->image_digest, m->req.cache_dir, ferry_strerror(ret));
+	else if (!ret)
+		ferry_info("%s: released %s in %s (gc may reclaim it)", m->mountpoint,
+			   m->image_digest, m->req.cache_dir);
+}
+
+int serve_umount(struct serve_ctx *ctx, const struct ctl_umount_req *req, char *err,
+		 size_t errlen)
+{
+	const char *mountpoint = req->mountpoint;
+	bool lazy = req->lazy;
 	enum mount_state state;
 	struct mount_entry mi;
 	struct fmount *m;
 	char *canon = NULL;
 	int ret = 0, e;
 
-	pthread_mutex_lock(&tbl_lock);
-	m = find_locked(mountpoint, true);
+	pthread_mutex_lock(&ctx->lock);
+	m = find_locked(ctx, mountpoint, true);
 	if (!m) {
 		/* The client's path may not be canonical; ours is. */
-		pthread_mutex_unlock(&tbl_lock);
+		pthread_mutex_unlock(&ctx->lock);
 		canon = realpath(mountpoint, NULL);
-		pthread_mutex_lock(&tbl_lock);
-		m = canon ? find_locked(canon, true) : NULL;
+		pthread_mutex_lock(&ctx->lock);
+		m = canon ? find_locked(ctx, canon, true) : NULL;
 	}
 	free(canon);
 	if (!m) {
-		pthread_mutex_unlock(&tbl_lock);
+		pthread_mutex_unlock(&ctx->lock);
 		snprintf(err, errlen, "%s: not mounted by this ferryd", mountpoint);
 		return -ENOENT;
 	}
 	state = m->state;
 	if (state == MS_MOUNTING) {
-		pthread_mutex_unlock(&tbl_lock);
+		pthread_mutex_unlock(&ctx->lock);
 		snprintf(err, errlen, "%s: still being mounted (%s)", m->mountpoint,
 			 m->req.image);
 		return -EBUSY;
 	}
 	m->refs++;
-	pthread_mutex_unlock(&tbl_lock);
+	pthread_mutex_unlock(&ctx->lock);
 
 	if (state == MS_DETACHED) {
 		if (!lazy) {
@@ -798,11 +837,13 @@ int mounts_umount(const char *mountpoint, bool lazy, char *err, size_t errlen)
 	 * its workers return; fetches in flight (a prefetch) are no longer
 	 * wanted. */
 	atomic_store(&m->fetch_cancel, true);
-	pthread_mutex_lock(&tbl_lock);
+	pthread_mutex_lock(&ctx->lock);
 	if (!wait_session_locked(m, UMOUNT_WAIT_MS))
 		ferry_info("%s: unmounted; its session ends once a fetch in flight does",
 			   m->mountpoint);
-	pthread_mutex_unlock(&tbl_lock);
+	pthread_mutex_unlock(&ctx->lock);
+	if (req->release)
+		release_image(m);
 out:
 	mount_put(m);
 	return ret;
@@ -829,7 +870,7 @@ static const char *prefetch_name(int s)
 	}
 }
 
-int mounts_list(struct ctl_mount_stats **out, size_t *nr)
+int serve_list(struct serve_ctx *ctx, struct ctl_mount_stats **out, size_t *nr)
 {
 	struct ctl_mount_stats *list = NULL, *e;
 	struct image_cache_stats s;
@@ -837,8 +878,8 @@ int mounts_list(struct ctl_mount_stats **out, size_t *nr)
 	size_t n = 0, cap = 0;
 	int ret = 0;
 
-	pthread_mutex_lock(&tbl_lock);
-	for (m = mounts; m && !ret; m = m->next) {
+	pthread_mutex_lock(&ctx->lock);
+	for (m = ctx->mounts; m && !ret; m = m->next) {
 		if (array_reserve(&list, &cap, n + 1, sizeof(*list), 8)) {
 			ret = -ENOMEM;
 			break;
@@ -892,49 +933,61 @@ int mounts_list(struct ctl_mount_stats **out, size_t *nr)
 		if (m->state != MS_MOUNTING && m->mode_state && m->mode->stats)
 			m->mode->stats(m->mode_state, e);
 	}
-	pthread_mutex_unlock(&tbl_lock);
+	pthread_mutex_unlock(&ctx->lock);
 	/* Freed with a list answer's mounts, also on failure. */
 	*out = list;
 	*nr = n;
 	return ret;
 }
 
-int mounts_evicting(const char *cache_dir)
+int mounts_evicting(struct serve_ctx *ctx, const char *cache_dir)
 {
 	struct fmount *m;
 	int ret = 0, err;
 
-	pthread_mutex_lock(&tbl_lock);
-	for (m = mounts; m; m = m->next)
+	pthread_mutex_lock(&ctx->lock);
+	for (m = ctx->mounts; m; m = m->next)
 		if (m->state != MS_MOUNTING && m->mode_state && m->mode->evicting &&
 		    !strcmp(m->req.cache_dir, cache_dir) &&
 		    (err = m->mode->evicting(m->mode_state)))
 			ret = err;
-	pthread_mutex_unlock(&tbl_lock);
+	pthread_mutex_unlock(&ctx->lock);
 	return ret;
 }
 
-size_t mounts_count(void)
+size_t serve_count(struct serve_ctx *ctx)
 {
 	struct fmount *m;
 	size_t n = 0;
 
-	pthread_mutex_lock(&tbl_lock);
-	for (m = mounts; m; m = m->next)
+	pthread_mutex_lock(&ctx->lock);
+	for (m = ctx->mounts; m; m = m->next)
 		n++;
-	pthread_mutex_unlock(&tbl_lock);
+	pthread_mutex_unlock(&ctx->lock);
 	return n;
 }
 
-void mounts_quiesce(bool early, unsigned int wait_ms)
+bool serve_keeper_succeeds(struct serve_ctx *ctx)
+{
+	struct fmount *m;
+	bool found = false;
+
+	pthread_mutex_lock(&ctx->lock);
+	for (m = ctx->mounts; m; m = m->next)
+		found |= m->mode->keeper_succeeds;
+	pthread_mutex_unlock(&ctx->lock);
+	return found;
+}
+
+void serve_quiesce(struct serve_ctx *ctx, bool early, unsigned int wait_ms)
 {
 	struct fmount *m, **list = NULL;
 	size_t nr = 0, cap = 0, i, busy = 0;
 	uint64_t t0 = ferry_now_ns();
 	struct timespec ts;
 
-	pthread_mutex_lock(&tbl_lock);
-	for (m = mounts; m; m = m->next) {
+	pthread_mutex_lock(&ctx->lock);
+	for (m = ctx->mounts; m; m = m->next) {
 		if (m->state != MS_LIVE || m->session_closed || !m->mode->quiesce ||
 		    atomic_load(&m->quiesced) || (early && !m->mode->quiesce_early) ||
 		    array_reserve(&list, &cap, nr + 1, sizeof(*list), 8))
@@ -944,7 +997,7 @@ void mounts_quiesce(bool early, unsigned int wait_ms)
 		m->mode->quiesce(m->mode_state);
 		list[nr++] = m;
 	}
-	pthread_mutex_unlock(&tbl_lock);
+	pthread_mutex_unlock(&ctx->lock);
 	ferry_deadline_ts(&ts, wait_ms);
 	for (i = 0; i < nr; i++) {
 		pthread_mutex_lock(&list[i]->lock);
@@ -964,7 +1017,7 @@ void mounts_quiesce(bool early, unsigned int wait_ms)
 	free(list);
 }
 
-size_t mounts_shutdown(void)
+size_t serve_shutdown(struct serve_ctx *ctx)
 {
 	struct fmount *m, **list = NULL;
 	size_t nr = 0, cap = 0, i, left = 0;
@@ -972,9 +1025,9 @@ size_t mounts_shutdown(void)
 	uint64_t deadline = ferry_now_ns() + SHUTDOWN_WAIT_MS * 1000000ull;
 	struct timespec ts;
 
-	pthread_mutex_lock(&tbl_lock);
-	shutting_down = true;
-	for (m = mounts; m; m = m->next) {
+	pthread_mutex_lock(&ctx->lock);
+	ctx->shutting_down = true;
+	for (m = ctx->mounts; m; m = m->next) {
 		/* Mounts being set up: their handler sees shutting_down.
 		 * Closed sessions only wait for a prefetch step to stop. */
 		if (m->state == MS_MOUNTING || m->session_closed)
@@ -985,7 +1038,7 @@ size_t mounts_shutdown(void)
 		m->state = MS_STOPPING;
 		list[nr++] = m;
 	}
-	pthread_mutex_unlock(&tbl_lock);
+	pthread_mutex_unlock(&ctx->lock);
 	force = calloc(nr + 1, sizeof(*force));
 
 	for (i = 0; i < nr; i++) {
@@ -1012,33 +1065,33 @@ size_t mounts_shutdown(void)
 		for (i = 0; i < nr; i++) {
 			/* A closed session may still wait for a prefetch
 			 * step: nothing left for the kernel, no need to wait. */
-			pthread_mutex_lock(&tbl_lock);
+			pthread_mutex_lock(&ctx->lock);
 			m = list[i]->removed || list[i]->session_closed ? NULL : list[i];
-			pthread_mutex_unlock(&tbl_lock);
+			pthread_mutex_unlock(&ctx->lock);
 			if (m && force && force[i])
 				poke(m);
 			pending |= m != NULL;
 		}
-		pthread_mutex_lock(&tbl_lock);
+		pthread_mutex_lock(&ctx->lock);
 		/* Mounts still being set up stop on their own (shutting_down). */
-		for (m = mounts; m; m = m->next)
+		for (m = ctx->mounts; m; m = m->next)
 			pending |= m->state == MS_MOUNTING;
 		if (pending && ferry_now_ns() < deadline) {
 			ferry_deadline_ts(&ts, 20);
-			pthread_cond_timedwait(&tbl_cond, &tbl_lock, &ts);
+			pthread_cond_timedwait(&ctx->cond, &ctx->lock, &ts);
 		}
-		pthread_mutex_unlock(&tbl_lock);
+		pthread_mutex_unlock(&ctx->lock);
 		if (!pending || ferry_now_ns() >= deadline)
 			break;
 	}
-	pthread_mutex_lock(&tbl_lock);
-	for (m = mounts; m; m = m->next, left++)
+	pthread_mutex_lock(&ctx->lock);
+	for (m = ctx->mounts; m; m = m->next, left++)
 		if (!m->session_closed)
 			ferry_warn("%s: its session is still busy (%s; a fetch in flight?); exiting anyway",
 				   m->mountpoint, state_name(m->state));
 	for (i = 0; i < nr; i++)
 		mount_put_locked(list[i]);
-	pthread_mutex_unlock(&tbl_lock);
+	pthread_mutex_unlock(&ctx->lock);
 	free(force);
 	free(list);
 	return left;

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 /*
  * The two steps of a FUSE takeover that libfuse 3.14 has no API for
- * (fuse.c, fs_adopt). A successor ferryd gets a live /dev/fuse descriptor
+ * (fuse.c, fs_takeover). A successor ferryd gets a live /dev/fuse descriptor
  * from the mount's keeper and builds a libfuse session on it
  * (fuse_session_mount with "/dev/fd/N": libfuse uses the descriptor and
  * mounts nothing). Then:

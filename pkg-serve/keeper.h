@@ -20,18 +20,25 @@
  * the mount in use). A FUSE keeper's one word, KEEPER_ENDED, says the
  * connection ended. The socket closing without "bye" means ferryd died.
  */
-#ifndef FERRYD_KEEPER_H
-#define FERRYD_KEEPER_H
+#ifndef FERRY_SERVE_KEEPER_H
+#define FERRY_SERVE_KEEPER_H
 
 #include <json-c/json.h>
 #include <stddef.h>
+
+#include "../pkg-image/image.h"
+
+#define CF_DEVICE IMAGE_CACHEFILES_DEVICE
 
 #define KEEPER_BINARY "ferryd-keeper"
 #define KEEPER_ARGS_MAX 32
 #define KEEPER_MSG_MAX (192u << 10) /* a message from ferryd: the mount request */
 #define KEEPER_ENDED "ended"        /* a FUSE keeper's last word */
+/* What a keeper keeps: its first argument. */
+#define KEEPER_FUSE "fuse"
+#define KEEPER_FANOTIFY "fanotify"
+#define KEEPER_CACHEFILES "cachefiles"
 
-#define CF_DEVICE "/dev/cachefiles"
 
 /* The cachefiles mounts a ferryd records for its successor, next to its
  * socket: {"mounts":[REQUEST...]}, each as the control socket takes it. */
@@ -45,8 +52,6 @@
  * path names the new binary). 0 or -errno.
  */
 int sibling_exe(const char *name, char *buf, size_t len);
-/* The ferryd binary (sibling_exe "ferryd", or this ferryd itself). */
-int ferryd_exe(char *buf, size_t len);
 /*
  * The cachefiles mounts recorded next to @socket_path: *@top the parsed
  * file (put it), *@mounts its array; @path gets the file's name. 0 or

@@ -6,13 +6,12 @@
  * present, and at least every second for the others' (free space, other
  * processes' fills).
  */
-#include "ferryd.h"
-#include "../../pkg-blob/blob.h"
-
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#include "internal.h"
 
 /* How often the thread looks while chunks are being filled. */
 #define EVICT_POLL_MS 10
@@ -23,6 +22,7 @@
 
 struct evict_dir {
 	struct evict_dir *next;
+	struct serve_ctx *ctx;
 	char *path;
 	struct blob_cache_limit lim;
 	uint64_t evicted;      /* bytes freed here, ever */
@@ -31,27 +31,36 @@ struct evict_dir {
 	uint64_t next_ns;      /* eviction thread only: no look before */
 };
 
-static pthread_mutex_t dirs_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct evict_dir *dirs;
-static struct blob_cache_limit defaults;
-static bool started;
-/* Eviction and the fanotify marks it relies on (evict_marks_lock). */
-static pthread_mutex_t marks_lock = PTHREAD_MUTEX_INITIALIZER;
-
-void evict_init(uint64_t max_size, unsigned int min_free_pct)
+void evict_init(struct serve_ctx *ctx)
 {
-	defaults.max_size = max_size;
-	defaults.min_free_pct = min_free_pct;
+	ctx->evict_defaults.max_size = ctx->opts.cache_max_size;
+	ctx->evict_defaults.min_free_pct = ctx->opts.cache_min_free;
 }
 
-void evict_marks_lock(void)
+void evict_stop(struct serve_ctx *ctx)
 {
-	pthread_mutex_lock(&marks_lock);
+	struct evict_dir *d;
+
+	if (ctx->evict_started) {
+		atomic_store(&ctx->evict_quit, true);
+		pthread_join(ctx->evict_thread, NULL);
+		ctx->evict_started = false;
+	}
+	while ((d = ctx->evict_dirs)) {
+		ctx->evict_dirs = d->next;
+		free(d->path);
+		free(d);
+	}
 }
 
-void evict_marks_unlock(void)
+void evict_marks_lock(struct serve_ctx *ctx)
 {
-	pthread_mutex_unlock(&marks_lock);
+	pthread_mutex_lock(&ctx->marks_lock);
+}
+
+void evict_marks_unlock(struct serve_ctx *ctx)
+{
+	pthread_mutex_unlock(&ctx->marks_lock);
 }
 
 /* For ferry cache ls: at once when asked, else at most once a second. */
@@ -59,23 +68,25 @@ static void record(struct evict_dir *d, const struct blob_cache_limit *lim, bool
 {
 	uint64_t t = ferry_now_ns(), evicted;
 
-	pthread_mutex_lock(&dirs_lock);
+	pthread_mutex_lock(&d->ctx->evict_lock);
 	evicted = d->evicted;
 	if (!now && (evicted == d->recorded || t - d->recorded_ns < 1000000000ull)) {
-		pthread_mutex_unlock(&dirs_lock);
+		pthread_mutex_unlock(&d->ctx->evict_lock);
 		return;
 	}
 	d->recorded = evicted;
 	d->recorded_ns = t;
-	pthread_mutex_unlock(&dirs_lock);
+	pthread_mutex_unlock(&d->ctx->evict_lock);
 	if (blob_cache_record_limit(d->path, lim, evicted))
 		ferry_warn("chunk cache %s: cannot record its limit for ferry cache ls", d->path);
 }
 
-/* Every fanotify mount of the cache raises events for what gets punched. */
-static int prepare(void *cache_dir)
+/* Every mount of the cache makes sure its reads of what gets punched reach us. */
+static int prepare(void *arg)
 {
-	return mounts_evicting(cache_dir);
+	struct evict_dir *d = arg;
+
+	return mounts_evicting(d->ctx, d->path);
 }
 
 static void enforce(struct evict_dir *d, const struct blob_cache_limit *lim)
@@ -85,9 +96,9 @@ static void enforce(struct evict_dir *d, const struct blob_cache_limit *lim)
 	int ret;
 
 	memset(&r, 0, sizeof(r));
-	evict_marks_lock();
-	ret = blob_cache_enforce(d->path, lim, prepare, d->path, &r);
-	evict_marks_unlock();
+	evict_marks_lock(d->ctx);
+	ret = blob_cache_enforce(d->path, lim, prepare, d, &r);
+	evict_marks_unlock(d->ctx);
 	freed = r.freed_gc + r.freed_idle + r.freed_open;
 	/* Over, and nothing could go: do not rescan the cache every tick. */
 	if (r.want && !freed)
@@ -96,9 +107,9 @@ static void enforce(struct evict_dir *d, const struct blob_cache_limit *lim)
 		ferry_warn("chunk cache %s: eviction: %s", d->path, ferry_strerror(ret));
 	if (!freed)
 		return;
-	pthread_mutex_lock(&dirs_lock);
+	pthread_mutex_lock(&d->ctx->evict_lock);
 	d->evicted += freed;
-	pthread_mutex_unlock(&dirs_lock);
+	pthread_mutex_unlock(&d->ctx->evict_lock);
 	record(d, lim, false);
 	ferry_dbg("chunk cache %s: %llu bytes used, limit %llu: freed %llu (gc %llu, idle blobs %llu, LRU frames %llu)",
 		  d->path, (unsigned long long)r.usage, (unsigned long long)lim->max_size,
@@ -109,12 +120,12 @@ static void enforce(struct evict_dir *d, const struct blob_cache_limit *lim)
 static void *evict_main(void *arg)
 {
 	static const struct timespec tick = { 0, EVICT_POLL_MS * 1000000L };
+	struct serve_ctx *ctx = arg;
 	uint64_t seen = blob_cache_filled(), now;
 	unsigned int idle = 0;
 	struct evict_dir *d;
 
-	(void)arg;
-	for (;;) {
+	while (!atomic_load(&ctx->evict_quit)) {
 		nanosleep(&tick, NULL);
 		now = blob_cache_filled();
 		if (now == seen && (idle += EVICT_POLL_MS) < EVICT_IDLE_MS)
@@ -122,15 +133,15 @@ static void *evict_main(void *arg)
 		seen = now;
 		idle = 0;
 		/* Directories are only ever added: walking the list is safe. */
-		pthread_mutex_lock(&dirs_lock);
-		d = dirs;
-		pthread_mutex_unlock(&dirs_lock);
+		pthread_mutex_lock(&ctx->evict_lock);
+		d = ctx->evict_dirs;
+		pthread_mutex_unlock(&ctx->evict_lock);
 		for (; d; d = d->next) {
 			struct blob_cache_limit lim;
 
-			pthread_mutex_lock(&dirs_lock);
+			pthread_mutex_lock(&ctx->evict_lock);
 			lim = d->lim;
-			pthread_mutex_unlock(&dirs_lock);
+			pthread_mutex_unlock(&ctx->evict_lock);
 			if ((lim.max_size || lim.min_free_pct) &&
 			    ferry_now_ns() >= d->next_ns)
 				enforce(d, &lim);
@@ -140,15 +151,14 @@ static void *evict_main(void *arg)
 	return NULL;
 }
 
-int evict_register(const struct ctl_mount_req *req)
+int evict_register(struct serve_ctx *ctx, const struct ctl_mount_req *req)
 {
 	struct blob_cache_limit lim;
 	struct evict_dir *d;
-	pthread_t t;
 	int ret = 0;
 
-	pthread_mutex_lock(&dirs_lock);
-	for (d = dirs; d && strcmp(d->path, req->cache_dir); d = d->next)
+	pthread_mutex_lock(&ctx->evict_lock);
+	for (d = ctx->evict_dirs; d && strcmp(d->path, req->cache_dir); d = d->next)
 		;
 	if (!d) {
 		d = calloc(1, sizeof(*d));
@@ -157,9 +167,10 @@ int evict_register(const struct ctl_mount_req *req)
 			ret = -ENOMEM;
 			goto out;
 		}
-		d->lim = defaults;
-		d->next = dirs;
-		dirs = d;
+		d->ctx = ctx;
+		d->lim = ctx->evict_defaults;
+		d->next = ctx->evict_dirs;
+		ctx->evict_dirs = d;
 	}
 	/* What a request says holds for the directory from now on. */
 	if (req->cache_max_size)
@@ -167,18 +178,17 @@ int evict_register(const struct ctl_mount_req *req)
 	if (req->cache_min_free >= 0)
 		d->lim.min_free_pct = (unsigned int)req->cache_min_free;
 	lim = d->lim;
-	if (!started) {
-		ret = -pthread_create(&t, NULL, evict_main, NULL);
+	if (!ctx->evict_started) {
+		ret = -pthread_create(&ctx->evict_thread, NULL, evict_main, ctx);
 		if (!ret) {
-			pthread_detach(t);
-			started = true;
+			ctx->evict_started = true;
 		} else {
 			ferry_err("cannot start the cache eviction thread: %s",
 				  ferry_strerror(ret));
 		}
 	}
 out:
-	pthread_mutex_unlock(&dirs_lock);
+	pthread_mutex_unlock(&ctx->evict_lock);
 	if (!ret)
 		record(d, &lim, true);
 	return ret;

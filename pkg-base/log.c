@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MIT
 /*
- * ferryd's log: ferry_log writes whole lines to stderr, so stderr is
- * replaced by a stream of our own (fopencookie) that writes to fd 2 —
+ * The daemons' log (ferryd and its keepers): ferry_log writes whole lines
+ * to stderr, so stderr is replaced by a stream of our own (fopencookie)
+ * that writes to fd 2 —
  * the terminal with -f, the log file otherwise, where each line gets a
  * timestamp — and copies this thread's error lines into an active
  * capture, so that a failed mount answers with the reason that was
@@ -12,21 +13,22 @@
  */
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
-#include "ferryd.h"
+#include "base.h"
 
 static bool log_stamps;
 static bool log_journal;
 static bool log_at_bol = true; /* under the stream's lock */
-static _Thread_local struct log_capture *log_cur;
+static _Thread_local struct ferry_log_capture *log_cur;
 
 #define ERR_PREFIX "ferry: error: "
 
-static void capture(struct log_capture *c, const char *buf, size_t size)
+static void capture(struct ferry_log_capture *c, const char *buf, size_t size)
 {
 	size_t plen = strlen(ERR_PREFIX), n;
 	const char *nl;
@@ -124,7 +126,7 @@ static ssize_t log_write(void *cookie, const char *buf, size_t size)
 	return (ssize_t)size;
 }
 
-int log_init(bool timestamps)
+int ferry_log_stream(bool timestamps)
 {
 	static const cookie_io_functions_t fns = { .write = log_write };
 	FILE *f = fopencookie(NULL, "w", fns);
@@ -139,14 +141,14 @@ int log_init(bool timestamps)
 	return 0;
 }
 
-void log_capture_begin(struct log_capture *c)
+void ferry_log_capture_begin(struct ferry_log_capture *c)
 {
 	memset(c, 0, sizeof(*c));
 	c->prev = log_cur;
 	log_cur = c;
 }
 
-void log_capture_end(struct log_capture *c)
+void ferry_log_capture_end(struct ferry_log_capture *c)
 {
 	log_cur = c->prev;
 }

@@ -13,7 +13,7 @@
  * Failover: a keeper (ferryd-keeper fuse, keeper.h) holds the mount's
  * /dev/fuse descriptor, so the connection outlives ferryd. When ferryd
  * dies it hands descriptor and request to a successor (keeper_handover),
- * whose fuse_start takes the mount over (fs_adopt) instead of mounting.
+ * whose fuse_start takes the mount over (fs_takeover) instead of mounting.
  */
 #include <float.h>
 #include <stdarg.h>
@@ -36,7 +36,6 @@
 #define FS_TIMEOUT DBL_MAX
 #define FS_BLKSIZE 4096u
 #define FS_MAX_READ (512u << 10) /* READ size; see fs_init */
-#define FS_SYMLINK_MAX 65536u  /* longer targets are refused */
 #define FS_XATTR_MAX 65536u    /* the kernel's XATTR_SIZE_MAX / LIST_MAX */
 /* Long enough for the kernel's page-by-page retries after a failed read, short
  * enough that a program trying again a moment later fetches again. */
@@ -163,8 +162,8 @@ static void fs_init(void *userdata, struct fuse_conn_info *conn)
 	conn->want &= ~FUSE_CAP_READDIRPLUS_AUTO;
 	/*
 	 * Data replies splice from the cache files (fs_read), after
-	 * image_cache_map has verified and accounted the chunks. Readahead:
-	 * the kernel's offer is the ceiling; keep it (ferryd raises the bdi's
+	 * image_cache_map has verified and accounted the chunks. Kernel
+	 * readahead: the kernel's offer is the ceiling; keep it (ferryd raises the bdi's
 	 * read_ahead_kb after mounting).
 	 */
 	conn->want |= (FUSE_CAP_SPLICE_WRITE | FUSE_CAP_SPLICE_MOVE) & conn->capable;
@@ -246,7 +245,7 @@ static void fs_readlink(fuse_req_t req, fuse_ino_t ino)
 
 	if (get_stat(req, ino, "readlink", &ms))
 		return;
-	if (!S_ISLNK(ms.mode) || ms.size >= FS_SYMLINK_MAX) {
+	if (!S_ISLNK(ms.mode) || ms.size > META_SYMLINK_MAX) {
 		reply_err(req, "readlink", ms.nid, S_ISLNK(ms.mode) ? -EFSCORRUPTED : -EINVAL);
 		return;
 	}
@@ -727,10 +726,11 @@ static void fs_session_destroy(struct fs *fs)
 	int fd = fuse_session_fd(fs->se), null = -1;
 
 	/*
-	 * A readahead store may wait on a page the kernel locked for a READ
-	 * that no worker will answer now: ending the connection fails that
-	 * READ and releases the page. /dev/null takes the descriptor's
-	 * number rather than closing it, since libfuse closes it again.
+	 * A directory readahead store may wait on a page the kernel locked
+	 * for a READ that no worker will answer now: ending the connection
+	 * fails that READ and releases the page. /dev/null takes the
+	 * descriptor's number rather than closing it, since libfuse closes
+	 * it again.
 	 */
 	if (fs->dra && fd >= 0) {
 		null = open("/dev/null", O_RDWR | O_CLOEXEC);
@@ -802,7 +802,7 @@ out:
  * on fs->m->mountpoint: a session on it, the INIT it missed, and the
  * requests the dead ferryd had read sent again (fuse_shim.c).
  */
-static int fs_adopt(struct fs *fs, int fd)
+static int fs_takeover(struct fs *fs, int fd)
 {
 	struct fuse_buf buf = { 0 };
 	char devfd[32], init[256];
@@ -860,10 +860,10 @@ static void fs_free(struct fs *fs)
 	free(fs);
 }
 
-static int fuse_start(struct fmount *m, const struct serve_opts *o, void **state,
-		      char *why, size_t whylen)
+static int fuse_start(struct fmount *m, void **state, char *why, size_t whylen)
 {
 	static pthread_once_t wake_once = PTHREAD_ONCE_INIT;
+	const struct serve_fuse_opts *o = &m->ctx->opts.fuse;
 	struct fs *fs = calloc(1, sizeof(*fs));
 	struct meta_super sb;
 	int ret;
@@ -900,7 +900,7 @@ static int fuse_start(struct fmount *m, const struct serve_opts *o, void **state
 	}
 	ret = fs_session_new(fs);
 	if (!ret && m->req.adopt) {
-		ret = fs_adopt(fs, m->req.adopt_fd);
+		ret = fs_takeover(fs, m->req.adopt_fd);
 		m->req.adopt_fd = -1;
 	} else if (!ret) {
 		ret = fs_mount(fs, &m->req, m->mountpoint);
@@ -911,7 +911,7 @@ static int fuse_start(struct fmount *m, const struct serve_opts *o, void **state
 		fs_free(fs);
 		return ret;
 	}
-	ret = keeper_guard_start(&fs->keeper, "fuse", fuse_session_fd(fs->se), m, o);
+	ret = keeper_guard_start(&fs->keeper, KEEPER_FUSE, fuse_session_fd(fs->se), m);
 	if (ret)
 		ferry_warn("%s: no FUSE keeper (%s): if ferryd dies, the mount is dead (ENOTCONN)",
 			   m->mountpoint, ferry_strerror(ret));
@@ -1027,7 +1027,7 @@ static void fuse_stats(void *state, struct ctl_mount_stats *s)
 	s->readahead_bytes = atomic_load(&fs->ra_bytes);
 }
 
-static int fs_probe(const struct ctl_mount_req *req, char *why, size_t len)
+static int fs_probe(void *mode_ctx, const struct ctl_mount_req *req, char *why, size_t len)
 {
 	int ret = access("/dev/fuse", R_OK | W_OK) ? -errno : 0;
 
@@ -1038,6 +1038,7 @@ static int fs_probe(const struct ctl_mount_req *req, char *why, size_t len)
 const struct serve_mode fuse_mode = {
 	.name = "fuse",
 	.fstype = CTL_FUSE_FSTYPE,
+	.records_reads = true,
 	.probe = fs_probe,
 	.start = fuse_start,
 	.serve = fuse_serve,

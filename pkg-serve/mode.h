@@ -6,8 +6,9 @@
  * or "cachefiles" (cachefiles.c: kernel EROFS over fscache, its cache
  * files filled on /dev/cachefiles requests).
  * mounts.c drives every mode through this table alike and never looks
- * inside a mode's state; a new mode implements these ops and adds itself
- * to the table in mode.c.
+ * inside a mode's state, nor asks which mode it holds: what differs is a
+ * capability below. A new mode implements these ops, sets its
+ * capabilities and adds itself to the table in mode.c.
  *
  * The life of a mount (m: image and chunk cache open):
  *
@@ -18,8 +19,9 @@
  *          not ready within seconds is stopped. On failure nothing is
  *          left mounted, nothing allocated, and the reason is in @why
  *          (or, when @why is empty, in the error lines logged). With
- *          m->req.adopt (cachefiles failover: ferryd's successor) the
- *          mount is on m->mountpoint already: take it over, no mount(2).
+ *          m->req.adopt (a takeover: a keeper handed the mount over, or
+ *          a cachefiles successor) the mount is on m->mountpoint already:
+ *          take it over, no mount(2).
  *   serve  the mount's loop thread, which mounts.c starts after start:
  *          serve until the mount is gone (0), stop, or a fatal error
  *          (-errno, logged).
@@ -31,6 +33,9 @@
  *   close  the loop thread, after serve returned @ret: end the session
  *          and free @state. A mount still on m->mountpoint is the
  *          mode's to detach (mount_detach) or to leave to a keeper.
+ *   quiesce (optional) ferryd exits for an upgrade: make serve return
+ *          soon without ending the mount or its keeper, no request left
+ *          half taken.
  *   stats  (optional) a list request, while serve runs: the mode's own
  *          fields of the mount's list entry.
  *   evicting (optional) the eviction thread, while serve runs: the chunk
@@ -41,67 +46,73 @@
  *          serve @req on this host? 0, or -errno; @why says what was
  *          found either way ("fanotify pre-content events on ext4").
  *
- * Not of a mount (optional): startup, once ferryd listens and before it
- * serves a request: what a successor must take before its takeovers
- * open descriptors. quiesce_early: on ferryd's exit for an upgrade,
- * quiesce before the successor starts, so that its startup finds what
- * the mount left (fanotify: the journal of reads in flight).
+ * Not of a mount (optional): init and fini, the mode's own state in a
+ * serving context (mode_ctx: mode_state() finds it); startup, once ferryd
+ * listens and before it serves a request: what a successor must take
+ * before its takeovers open descriptors; takeover_device, a successor
+ * started with a device its keeper held (serve_takeover_device).
  *
  * mounts.c calls stop, live, stats and evicting only while @state exists (it
  * serialises them with close); the prefetch thread needs no mode.
  */
-#ifndef FERRYD_MODE_H
-#define FERRYD_MODE_H
+#ifndef FERRY_SERVE_MODE_H
+#define FERRY_SERVE_MODE_H
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 struct fmount;
+struct serve_ctx;
 struct ctl_mount_req;
 struct ctl_mount_stats;
-
-/* ferryd's options that modes apply. */
-struct serve_opts {
-	unsigned int threads;          /* FUSE worker threads per mount */
-	unsigned int readahead_kb;     /* a FUSE mount's bdi; 0: the kernel's */
-	unsigned int dir_readahead_kb; /* FUSE directory readahead; 0: off */
-	const char *socket_path;       /* ferryd's control socket */
-	const char *const *successor_args; /* a cachefiles successor's options */
-};
 
 struct serve_mode {
 	const char *name;   /* the request's and the list's "mode" */
 	const char *fstype; /* our mount in /proc/self/mountinfo */
-	int (*start)(struct fmount *m, const struct serve_opts *o, void **state,
-		     char *why, size_t whylen);
+	/* Capabilities. */
+	bool records_reads;     /* its reads name files: --record */
+	bool serves_layers;     /* native EROFS layers, lazily */
+	const char *layers_needs; /* what that takes of the host, for messages */
+	bool walks_on_takeover; /* native layers are walked again when taken over */
+	bool quiesce_early;     /* an upgrade quiesces it before the successor starts,
+				 * whose startup then finds what the mount left */
+	bool keeper_succeeds;   /* its keeper becomes the successor ferryd itself */
+	/* Of the serving context. */
+	int (*init)(struct serve_ctx *ctx, void **mode_ctx);
+	void (*fini)(void *mode_ctx);
+	void (*startup)(struct serve_ctx *ctx, void *mode_ctx);
+	void (*takeover_device)(struct serve_ctx *ctx, void *mode_ctx, int fd);
+	int (*probe)(void *mode_ctx, const struct ctl_mount_req *req, char *why, size_t len);
+	/* Of a mount. */
+	int (*start)(struct fmount *m, void **state, char *why, size_t whylen);
 	int (*serve)(void *state);
 	void (*stop)(void *state);
 	void (*live)(void *state);
 	void (*close)(void *state, int ret);
-	/* Optional: make serve return soon without ending the mount or its
-	 * keeper (mounts_quiesce), no request left half taken. */
 	void (*quiesce)(void *state);
-	bool quiesce_early;
 	void (*stats)(void *state, struct ctl_mount_stats *s);
 	int (*evicting)(void *state);
-	int (*probe)(const struct ctl_mount_req *req, char *why, size_t len);
-	void (*startup)(const struct serve_opts *o);
 };
 
-extern const struct serve_mode fuse_mode, fanotify_mode, cachefiles_mode;
+/* The table (mode.c, which also says auto's order of preference). */
+#define SERVE_NR_MODES 3
+extern const struct serve_mode *const serve_modes[SERVE_NR_MODES];
+/* @mode's place in the table: its slot for per-mode state and counters. */
+unsigned int serve_mode_slot(const struct serve_mode *mode);
+/* @mode's own state in @ctx (its init made it), or NULL. */
+void *mode_state(const struct serve_ctx *ctx, const struct serve_mode *mode);
 
 /*
- * The mode @req names, or NULL. "auto" is the first that can serve it
- * (probe) of fanotify, cachefiles and fuse; @why (len bytes) then says
- * which was chosen and why the ones before were not.
+ * The mode @req names, or NULL. "auto" is the first, in its order, that
+ * can serve it (probe); @why (len bytes) then says which was chosen and why
+ * the ones before were not.
  */
-const struct serve_mode *serve_mode_pick(const struct ctl_mount_req *req, char *why,
+const struct serve_mode *serve_mode_pick(const struct serve_ctx *ctx,
+					 const struct ctl_mount_req *req, char *why,
 					 size_t len);
-/* The modes' names, ", "-separated, for error messages. */
+/* The modes' names, ", "-separated, "auto" last, for error messages. */
 void serve_mode_names(char *buf, size_t len);
-/* Every mode's startup op (see the top). */
-void serve_modes_startup(const struct serve_opts *o);
 
 /*
  * mounts.c, for the modes. mount_ready: the kernel serves @m now.

@@ -45,7 +45,6 @@
  * data not yet in the cache files fail with EIO, and the mount stays
  * unmountable.
  */
-#include <ctype.h>
 #include <dirent.h>
 #include <fcntl.h>
 #include <libgen.h>
@@ -62,17 +61,14 @@
 #include <unistd.h>
 #include <linux/cachefiles.h>
 
-#include "ferryd.h"
-#include "fanotify.h"
+#include "cachefiles.h"
+#include "internal.h"
 
 #define CF_TAG "ferry"
 #define CF_WORKERS 8u              /* READs in flight */
 #define CF_BUF (1u << 20)          /* a worker's write buffer */
 #define CF_ALIGN 4096u             /* O_DIRECT writes into the cache files */
 #define SB_CHECK_MS 200            /* how often a mount looks for its superblock */
-#define VOLUME_MAX (6 + META_FSCACHE_ID_MAX + 1) /* "erofs," + id + NUL */
-#define FSID_LEN (2 * BLOB_DIGEST_SIZE)
-#define LAYER_COPIES 100u          /* fsids one native layer can be mounted under */
 
 /* A cache file the kernel opened for us: the anon fd and what it holds. */
 struct cf_object {
@@ -80,8 +76,8 @@ struct cf_object {
 	uint32_t id;
 	int fd;
 	unsigned int refs;          /* the table's and READs in flight (dev lock) */
-	char volume[VOLUME_MAX];
-	char cookie[FSID_LEN + 1];
+	char volume[CF_VOLUME_MAX];
+	cf_name cookie;
 };
 
 struct cf_job {
@@ -91,13 +87,13 @@ struct cf_job {
 	uint64_t off, len;
 };
 
+struct cf_dev;
+
 struct cf_mount {
 	struct cf_mount *next;
+	struct cf_dev *d;
 	struct fmount *m;
-	char volume[VOLUME_MAX];
-	char fsid[FSID_LEN + 1];
-	char (*tags)[FSID_LEN + 1]; /* device i + 1's tag; native: layer i's fsid */
-	bool layers;                /* native EROFS layers: no bootstrap */
+	struct cf_names names;      /* its objects (layer_fsids: dev lock) */
 	unsigned int busy;          /* READs using it (dev lock) */
 	bool registered;
 	bool live;                  /* mounted: recorded for a successor (dev lock) */
@@ -107,8 +103,17 @@ struct cf_mount {
 	bool stop;                  /* lock */
 };
 
-/* The device, shared by every cachefiles mount. */
-static struct {
+extern const struct serve_mode cachefiles_mode;
+
+/* A READ worker: its device and its write buffer (CF_BUF, aligned). */
+struct cf_worker {
+	struct cf_dev *d;
+	uint8_t *buf;
+};
+
+/* The device, shared by every cachefiles mount: the mode's own state. */
+struct cf_dev {
+	struct serve_ctx *ctx;
 	pthread_mutex_t life;       /* opening and closing, in order */
 	pthread_mutex_t lock;       /* everything below */
 	pthread_cond_t cond;        /* a READ queued, or quit */
@@ -123,6 +128,7 @@ static struct {
 	bool quit;
 	int wake[2];
 	pthread_t reader, workers[CF_WORKERS];
+	struct cf_worker worker_args[CF_WORKERS];
 	unsigned int nr_workers;
 	bool reader_started;
 	char state_dir[PATH_MAX];   /* where CF_STATE lives */
@@ -130,21 +136,44 @@ static struct {
 	_Atomic int keeper_pid;
 	pthread_t keeper;           /* starting it (keeper_thread) */
 	bool keeper_started;
-	int adopt_fd;               /* cachefiles_adopt: the dead ferryd's device */
-	bool adopting;              /* cachefiles_adopt runs: keep the device */
-} dev = {
-	.life = PTHREAD_MUTEX_INITIALIZER,
-	.lock = PTHREAD_MUTEX_INITIALIZER,
-	.cond = PTHREAD_COND_INITIALIZER,
-	.idle = PTHREAD_COND_INITIALIZER,
-	.fd = -1,
-	.wake = { -1, -1 },
-	.keeper_sock = -1,
-	.adopt_fd = -1,
+	int takeover_fd;            /* cf_takeover_device: the dead ferryd's device */
+	bool taking_over;           /* cf_takeover_device runs: keep the device */
 };
 
+static int cf_init(struct serve_ctx *ctx, void **mode_ctx)
+{
+	struct cf_dev *d = calloc(1, sizeof(*d));
+
+	if (!d)
+		return -ENOMEM;
+	d->ctx = ctx;
+	pthread_mutex_init(&d->life, NULL);
+	pthread_mutex_init(&d->lock, NULL);
+	pthread_cond_init(&d->cond, NULL);
+	pthread_cond_init(&d->idle, NULL);
+	d->fd = d->keeper_sock = d->takeover_fd = -1;
+	d->wake[0] = d->wake[1] = -1;
+	d->tail = &d->head;
+	*mode_ctx = d;
+	return 0;
+}
+
+/* With no mount left (the last one closed the device). */
+static void cf_fini(void *mode_ctx)
+{
+	struct cf_dev *d = mode_ctx;
+
+	if (d->takeover_fd >= 0)
+		close(d->takeover_fd);
+	pthread_mutex_destroy(&d->life);
+	pthread_mutex_destroy(&d->lock);
+	pthread_cond_destroy(&d->cond);
+	pthread_cond_destroy(&d->idle);
+	free(d);
+}
+
 /* ------------------------------------------------------------------ */
-/* Objects and mounts (dev.lock)                                       */
+/* Objects and mounts (d->lock)                                       */
 /* ------------------------------------------------------------------ */
 
 static void object_put_locked(struct cf_object *o)
@@ -155,63 +184,23 @@ static void object_put_locked(struct cf_object *o)
 	free(o);
 }
 
-static struct cf_object *object_find_locked(uint32_t id)
+static struct cf_object *object_find_locked(struct cf_dev *d, uint32_t id)
 {
 	struct cf_object *o;
 
-	for (o = dev.objects; o && o->id != id; o = o->next)
+	for (o = d->objects; o && o->id != id; o = o->next)
 		;
 	return o;
 }
 
-static void object_unlink_locked(struct cf_object *o)
+static void object_unlink_locked(struct cf_dev *d, struct cf_object *o)
 {
 	struct cf_object **pp;
 
-	for (pp = &dev.objects; *pp != o; pp = &(*pp)->next)
+	for (pp = &d->objects; *pp != o; pp = &(*pp)->next)
 		;
 	*pp = o->next;
 	object_put_locked(o);
-}
-
-/*
- * A native layer is its own primary blob, and fscache allows one live
- * superblock per fsid (volume "erofs,FSID"), so a layer that two mounted
- * images share is mounted a second time under another fsid: copy 0 is
- * the hex of its digest, copy k "kk-" and the first 61 hex digits. The
- * copy number leads because the kernel names the superblock's sysfs
- * directory after the fsid's first 36 bytes, which must differ too.
- */
-static void layer_fsid(const char *hex, unsigned int k, char out[FSID_LEN + 1])
-{
-	if (k)
-		snprintf(out, FSID_LEN + 1, "%02u-%.61s", k, hex);
-	else
-		snprintf(out, FSID_LEN + 1, "%s", hex);
-}
-
-/* Are the @n bytes at @s the start of one of layer_fsid(@hex)'s names? */
-static bool layer_fsid_prefix(const char *s, size_t n, const char *hex)
-{
-	if (n >= 3 && isdigit((unsigned char)s[0]) && isdigit((unsigned char)s[1]) &&
-	    s[2] == '-')
-		return n - 3 <= 61 && !strncmp(s + 3, hex, n - 3);
-	return n <= FSID_LEN && !strncmp(s, hex, n);
-}
-
-/*
- * Is @cookie in @volume a copy of @cm's layer @i? Any copy: its bytes are
- * the layer's whichever mount serves them, and a successor knows the
- * layers of the mounts it takes over, not which copies they were.
- */
-static bool layer_object(const struct cf_mount *cm, uint32_t i, const char *volume,
-			 const char *cookie)
-{
-	char hex[FSID_LEN + 1];
-
-	hex_encode(cm->m->img->blobs.blobs[i].digest, BLOB_DIGEST_SIZE, hex);
-	return !strncmp(volume, "erofs,", 6) && !strcmp(volume + 6, cookie) &&
-	       strlen(cookie) == FSID_LEN && layer_fsid_prefix(cookie, FSID_LEN, hex);
 }
 
 /*
@@ -219,32 +208,14 @@ static bool layer_object(const struct cf_mount *cm, uint32_t i, const char *volu
  * the bootstrap), or NULL. In a domain several mounts may have the blob:
  * any of them serves it, as any mount of a native layer serves its copies.
  */
-static struct cf_mount *resolve_locked(const char *volume, const char *cookie,
-				       uint32_t *device)
+static struct cf_mount *resolve_locked(struct cf_dev *d, const char *volume,
+				       const char *cookie, uint32_t *device)
 {
 	struct cf_mount *cm;
-	uint32_t i;
 
-	for (cm = dev.mounts; cm; cm = cm->next) {
-		for (i = 0; cm->layers && i < cm->m->img->blobs.nr_blobs; i++) {
-			if (layer_object(cm, i, volume, cookie)) {
-				*device = i + 1;
-				return cm;
-			}
-		}
-		if (cm->layers || strcmp(cm->volume, volume))
-			continue;
-		if (!strcmp(cm->fsid, cookie)) {
-			*device = 0;
+	for (cm = d->mounts; cm; cm = cm->next)
+		if (cf_names_resolve(&cm->names, volume, cookie, device))
 			return cm;
-		}
-		for (i = 0; i < cm->m->img->blobs.nr_blobs; i++) {
-			if (!strcmp(cm->tags[i], cookie)) {
-				*device = i + 1;
-				return cm;
-			}
-		}
-	}
 	return NULL;
 }
 
@@ -259,8 +230,8 @@ static uint64_t object_size(const struct cf_mount *cm, uint32_t device)
 /* ------------------------------------------------------------------ */
 
 /* One command, one write(2). */
-static int dev_cmd(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int dev_cmd(const char *fmt, ...)
+static int dev_cmd(struct cf_dev *d, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int dev_cmd(struct cf_dev *d, const char *fmt, ...)
 {
 	char buf[PATH_MAX + 32];
 	va_list ap;
@@ -271,7 +242,7 @@ static int dev_cmd(const char *fmt, ...)
 	va_end(ap);
 	if (n < 0 || (size_t)n >= sizeof(buf))
 		return -ENAMETOOLONG;
-	return write(dev.fd, buf, (size_t)n) == n ? 0 : -errno;
+	return write(d->fd, buf, (size_t)n) == n ? 0 : -errno;
 }
 
 /* A printable copy of untrusted key bytes, for comparisons and messages. */
@@ -290,10 +261,11 @@ static bool key_copy(const uint8_t *p, size_t n, char *out, size_t size)
 	return true;
 }
 
-static void handle_open(const struct cachefiles_msg *msg, size_t len)
+static void handle_open(struct cf_dev *d, const struct cachefiles_msg *msg, size_t len)
 {
 	const struct cachefiles_open *op = (const void *)msg->data;
-	char volume[VOLUME_MAX] = "?", cookie[FSID_LEN + 1] = "?";
+	char volume[CF_VOLUME_MAX] = "?";
+	cf_name cookie = "?";
 	struct cf_object *o = NULL;
 	struct cf_mount *cm;
 	uint32_t device = 0;
@@ -321,18 +293,18 @@ static void handle_open(const struct cachefiles_msg *msg, size_t len)
 		size = -ENOMEM;
 		goto answer;
 	}
-	pthread_mutex_lock(&dev.lock);
-	cm = resolve_locked(volume, cookie, &device);
+	pthread_mutex_lock(&d->lock);
+	cm = resolve_locked(d, volume, cookie, &device);
 	if (cm) {
 		size = (int64_t)object_size(cm, device);
-		*o = (struct cf_object){ .next = dev.objects, .id = msg->object_id, .fd = fd,
+		*o = (struct cf_object){ .next = d->objects, .id = msg->object_id, .fd = fd,
 					 .refs = 1 };
 		memcpy(o->volume, volume, sizeof(volume));
 		memcpy(o->cookie, cookie, sizeof(cookie));
-		dev.objects = o;
+		d->objects = o;
 		o = NULL;
 	}
-	pthread_mutex_unlock(&dev.lock);
+	pthread_mutex_unlock(&d->lock);
 	if (cm)
 		ferry_dbg("cachefiles: OPEN %s %s: object %u, %lld bytes", volume, cookie,
 			  msg->object_id, (long long)size);
@@ -343,13 +315,13 @@ answer:
 	free(o);
 	if (size < 0)
 		close(fd);
-	ret = dev_cmd("copen %u,%lld", msg->msg_id, (long long)size);
+	ret = dev_cmd(d, "copen %u,%lld", msg->msg_id, (long long)size);
 	if (ret)
 		ferry_err("cachefiles: answering OPEN %u (%s %s): %s", msg->msg_id, volume,
 			  cookie, ferry_strerror(ret));
 }
 
-static void handle_read(const struct cachefiles_msg *msg, size_t len)
+static void handle_read(struct cf_dev *d, const struct cachefiles_msg *msg, size_t len)
 {
 	const struct cachefiles_read *rd = (const void *)msg->data;
 	struct cf_object *o;
@@ -360,47 +332,48 @@ static void handle_read(const struct cachefiles_msg *msg, size_t len)
 		return;
 	}
 	j = malloc(sizeof(*j));
-	pthread_mutex_lock(&dev.lock);
-	o = object_find_locked(msg->object_id);
+	pthread_mutex_lock(&d->lock);
+	o = object_find_locked(d, msg->object_id);
 	if (o && j) {
 		o->refs++;
 		*j = (struct cf_job){ .obj = o, .msg_id = msg->msg_id, .off = rd->off,
 				      .len = rd->len };
-		*dev.tail = j;
-		dev.tail = &j->next;
-		pthread_cond_signal(&dev.cond);
+		*d->tail = j;
+		d->tail = &j->next;
+		pthread_cond_signal(&d->cond);
 		j = NULL;
 	} else if (o) {
 		/* Out of memory: the reader gets EIO rather than a hang. */
 		ioctl(o->fd, CACHEFILES_IOC_READ_COMPLETE, (unsigned long)msg->msg_id);
 	}
-	pthread_mutex_unlock(&dev.lock);
+	pthread_mutex_unlock(&d->lock);
 	if (!o)
 		ferry_err("cachefiles: READ %u for unknown object %u", msg->msg_id,
 			  msg->object_id);
 	free(j);
 }
 
-static void handle_close(const struct cachefiles_msg *msg)
+static void handle_close(struct cf_dev *d, const struct cachefiles_msg *msg)
 {
 	struct cf_object *o;
 
-	pthread_mutex_lock(&dev.lock);
-	o = object_find_locked(msg->object_id);
+	pthread_mutex_lock(&d->lock);
+	o = object_find_locked(d, msg->object_id);
 	if (o)
-		object_unlink_locked(o);
-	pthread_mutex_unlock(&dev.lock);
+		object_unlink_locked(d, o);
+	pthread_mutex_unlock(&d->lock);
 }
 
 static void *reader_main(void *arg)
 {
+	struct cf_dev *d = arg;
 	uint64_t buf[CACHEFILES_MSG_MAX_SIZE / sizeof(uint64_t)];
 	const struct cachefiles_msg *msg = (const void *)buf;
 
 	for (;;) {
 		struct pollfd p[2] = {
-			{ .fd = dev.fd, .events = POLLIN },
-			{ .fd = dev.wake[0], .events = POLLIN },
+			{ .fd = d->fd, .events = POLLIN },
+			{ .fd = d->wake[0], .events = POLLIN },
 		};
 		ssize_t n;
 
@@ -412,7 +385,7 @@ static void *reader_main(void *arg)
 			return NULL; /* cf_dev_put: no mount left */
 		if (!(p[0].revents & POLLIN))
 			continue;
-		n = read(dev.fd, buf, sizeof(buf));
+		n = read(d->fd, buf, sizeof(buf));
 		if (n < 0 && errno != EINTR && errno != EAGAIN)
 			ferry_err("cachefiles: reading %s: %s", CF_DEVICE, strerror(errno));
 		/* 0: nothing pending after all (another request was first). */
@@ -425,13 +398,13 @@ static void *reader_main(void *arg)
 		}
 		switch (msg->opcode) {
 		case CACHEFILES_OP_OPEN:
-			handle_open(msg, (size_t)n);
+			handle_open(d, msg, (size_t)n);
 			break;
 		case CACHEFILES_OP_READ:
-			handle_read(msg, (size_t)n);
+			handle_read(d, msg, (size_t)n);
 			break;
 		case CACHEFILES_OP_CLOSE:
-			handle_close(msg);
+			handle_close(d, msg);
 			break;
 		default:
 			ferry_warn("cachefiles: unknown request %u (opcode %u); ignored",
@@ -670,21 +643,6 @@ static int fill(struct cf_mount *cm, uint32_t device, const struct cf_job *j,
 #define CF_OPEN_WAIT_MS 5000 /* for the kernel to OPEN a blob after mount */
 
 /*
- * Is @o the cache file of @cm's device @device? A native layer's is the
- * copy this mount made; taken over, any copy of the layer (which one the
- * dead ferryd mounted is not recorded).
- */
-static bool object_is(const struct cf_mount *cm, uint32_t device, const struct cf_object *o)
-{
-	if (cm->layers && !cm->tags[device - 1][0])
-		return layer_object(cm, device - 1, o->volume, o->cookie);
-	if (cm->layers)
-		return !strcmp(o->cookie, cm->tags[device - 1]) &&
-		       !strncmp(o->volume, "erofs,", 6) && !strcmp(o->volume + 6, o->cookie);
-	return !strcmp(o->volume, cm->volume) && !strcmp(o->cookie, cm->tags[device - 1]);
-}
-
-/*
  * The object of device @device of @m's image, referenced, or NULL when
  * the kernel has not opened it (in @CF_OPEN_WAIT_MS) or the mount is
  * gone. By @m, its cf_mount looked up under the lock each time: the
@@ -692,20 +650,21 @@ static bool object_is(const struct cf_mount *cm, uint32_t device, const struct c
  */
 static struct cf_object *prefetch_object(struct fmount *m, uint32_t device)
 {
+	struct cf_dev *d = mode_state(m->ctx, &cachefiles_mode);
 	struct cf_object *o = NULL;
 	struct cf_mount *cm;
 	unsigned int waited;
 
-	for (waited = 0; !o && waited < CF_OPEN_WAIT_MS && !m->stop; waited += 10) {
-		pthread_mutex_lock(&dev.lock);
-		for (cm = dev.mounts; cm && cm->m != m; cm = cm->next)
+	for (waited = 0; !o && waited < CF_OPEN_WAIT_MS && !atomic_load(&m->stop); waited += 10) {
+		pthread_mutex_lock(&d->lock);
+		for (cm = d->mounts; cm && cm->m != m; cm = cm->next)
 			;
-		for (o = cm ? dev.objects : NULL; o; o = o->next)
-			if (object_is(cm, device, o))
+		for (o = cm ? d->objects : NULL; o; o = o->next)
+			if (cf_names_object_is(&cm->names, device, o->volume, o->cookie))
 				break;
 		if (o)
 			o->refs++;
-		pthread_mutex_unlock(&dev.lock);
+		pthread_mutex_unlock(&d->lock);
 		if (!cm)
 			break;
 		if (!o)
@@ -714,11 +673,13 @@ static struct cf_object *prefetch_object(struct fmount *m, uint32_t device)
 	return o;
 }
 
-static void prefetch_object_put(struct cf_object *o)
+static void prefetch_object_put(struct fmount *m, struct cf_object *o)
 {
-	pthread_mutex_lock(&dev.lock);
+	struct cf_dev *d = mode_state(m->ctx, &cachefiles_mode);
+
+	pthread_mutex_lock(&d->lock);
 	object_put_locked(o);
-	pthread_mutex_unlock(&dev.lock);
+	pthread_mutex_unlock(&d->lock);
 }
 
 /*
@@ -745,7 +706,7 @@ static bool prefetch_has(void *ctx, uint32_t device, uint64_t uoff, uint64_t len
 		has = hole >= 0 && (uint64_t)hole >= stop;
 		pos = i < nr ? MAX(stop, u[i].off + u[i].len) : end;
 	}
-	prefetch_object_put(o);
+	prefetch_object_put(m, o);
 	return has;
 }
 
@@ -770,28 +731,28 @@ static int prefetch_put(void *ctx, uint32_t device, uint64_t uoff, const void *b
 		ferry_err("%s: prefetch: writing %zu bytes at %llu into the cache file of %s: %s",
 			  m->req.image, len, (unsigned long long)uoff, o->cookie,
 			  ferry_strerror(ret));
-	prefetch_object_put(o);
+	prefetch_object_put(m, o);
 	return ret;
 }
 
-static void serve_read(struct cf_job *j, uint8_t *buf)
+static void serve_read(struct cf_dev *d, struct cf_job *j, uint8_t *buf)
 {
 	uint64_t t0 = ferry_now_ns();
 	struct cf_mount *cm;
 	uint32_t device = 0;
 	int ret = -ENOENT;
 
-	pthread_mutex_lock(&dev.lock);
-	cm = resolve_locked(j->obj->volume, j->obj->cookie, &device);
+	pthread_mutex_lock(&d->lock);
+	cm = resolve_locked(d, j->obj->volume, j->obj->cookie, &device);
 	if (cm)
 		cm->busy++;
-	pthread_mutex_unlock(&dev.lock);
+	pthread_mutex_unlock(&d->lock);
 	if (cm) {
 		ret = fill(cm, device, j, buf);
-		pthread_mutex_lock(&dev.lock);
+		pthread_mutex_lock(&d->lock);
 		if (!--cm->busy)
-			pthread_cond_broadcast(&dev.idle);
-		pthread_mutex_unlock(&dev.lock);
+			pthread_cond_broadcast(&d->idle);
+		pthread_mutex_unlock(&d->lock);
 	} else {
 		ferry_err("cachefiles: READ of %s in volume %s: its mount is gone; the reader gets EIO",
 			  j->obj->cookie, j->obj->volume);
@@ -808,27 +769,29 @@ static void serve_read(struct cf_job *j, uint8_t *buf)
 
 static void *worker_main(void *arg)
 {
-	uint8_t *buf = arg;
+	struct cf_worker *w = arg;
+	struct cf_dev *d = w->d;
 	struct cf_job *j;
 
-	pthread_mutex_lock(&dev.lock);
+	pthread_mutex_lock(&d->lock);
 	for (;;) {
-		while (!dev.head && !dev.quit)
-			pthread_cond_wait(&dev.cond, &dev.lock);
-		j = dev.head;
+		while (!d->head && !d->quit)
+			pthread_cond_wait(&d->cond, &d->lock);
+		j = d->head;
 		if (!j)
 			break; /* quit, and the queue is drained */
-		dev.head = j->next;
-		if (!dev.head)
-			dev.tail = &dev.head;
-		pthread_mutex_unlock(&dev.lock);
-		serve_read(j, buf);
-		pthread_mutex_lock(&dev.lock);
+		d->head = j->next;
+		if (!d->head)
+			d->tail = &d->head;
+		pthread_mutex_unlock(&d->lock);
+		serve_read(d, j, w->buf);
+		pthread_mutex_lock(&d->lock);
 		object_put_locked(j->obj);
 		free(j);
 	}
-	pthread_mutex_unlock(&dev.lock);
-	free(buf);
+	pthread_mutex_unlock(&d->lock);
+	free(w->buf);
+	w->buf = NULL;
 	return NULL;
 }
 
@@ -838,9 +801,9 @@ static void *worker_main(void *arg)
 
 /*
  * Record the live mounts' requests for a successor (0600: they may carry
- * registry credentials, as the control socket's requests do). dev.life.
+ * registry credentials, as the control socket's requests do). d->life.
  */
-static void state_save(void)
+static void state_save(struct cf_dev *d)
 {
 	struct json_object *top = json_object_new_object(), *a = json_object_new_array(), *o;
 	const char *text;
@@ -848,8 +811,8 @@ static void state_save(void)
 	int ret = top && a && !json_object_object_add(top, "mounts", json_object_get(a)) ?
 		  0 : -ENOMEM;
 
-	pthread_mutex_lock(&dev.lock);
-	for (cm = dev.mounts; cm && !ret; cm = cm->next) {
+	pthread_mutex_lock(&d->lock);
+	for (cm = d->mounts; cm && !ret; cm = cm->next) {
 		struct ctl_mount_req req = cm->m->req;
 
 		if (!cm->live)
@@ -858,7 +821,7 @@ static void state_save(void)
 		req.mountpoint = cm->m->mountpoint;
 		req.mode = cachefiles_mode.name;
 		/* The bottom layer's superblock: an overlay has no sysfs name. */
-		if (cm->layers)
+		if (cm->names.layers)
 			req.sysfs = cm->sysfs;
 		o = ctl_mount_req_to_json(&req);
 		if (!o || json_object_array_add(a, o)) {
@@ -866,14 +829,14 @@ static void state_save(void)
 			ret = -ENOMEM;
 		}
 	}
-	pthread_mutex_unlock(&dev.lock);
+	pthread_mutex_unlock(&d->lock);
 	text = ret ? NULL : json_object_to_json_string_ext(top, JSON_C_TO_STRING_PLAIN);
 	if (!ret)
-		ret = text ? write_file_atomic(dev.state_dir, CF_STATE, text, strlen(text), 0600) :
+		ret = text ? write_file_atomic(d->state_dir, CF_STATE, text, strlen(text), 0600) :
 			     -ENOMEM;
 	if (ret)
 		ferry_warn("cachefiles: recording the mounts in %s/%s for a successor: %s; if ferryd dies they fail with EIO",
-			   dev.state_dir, CF_STATE, ferry_strerror(ret));
+			   d->state_dir, CF_STATE, ferry_strerror(ret));
 	json_object_put(a);
 	json_object_put(top);
 }
@@ -882,22 +845,23 @@ static void state_save(void)
  * The keeper holding a second descriptor of the device (failover); it
  * passes our options on to the successor it may start.
  */
-static void keeper_start(const struct serve_opts *o)
+static void keeper_start(struct cf_dev *d)
 {
-	const char *args[KEEPER_ARGS_MAX + 1] = { o->socket_path };
+	const char *const *succ = serve_successor_args(d->ctx);
+	const char *args[KEEPER_ARGS_MAX + 1] = { d->ctx->opts.socket_path };
 	unsigned int n = 1;
 	int pid = 0, ret;
 
-	while (o->successor_args && o->successor_args[n - 1] && n < KEEPER_ARGS_MAX) {
-		args[n] = o->successor_args[n - 1];
+	while (succ[n - 1] && n < KEEPER_ARGS_MAX) {
+		args[n] = succ[n - 1];
 		n++;
 	}
 
-	ret = keeper_spawn("cachefiles", dev.fd, args, &dev.keeper_sock, &pid);
+	ret = keeper_spawn(d->ctx, KEEPER_CACHEFILES, d->fd, args, &d->keeper_sock, &pid);
 	if (ret)
 		ferry_warn("cachefiles: no keeper for %s (%s): if ferryd dies, its mounts fail reads of missing data with EIO",
 			   CF_DEVICE, ferry_strerror(ret));
-	atomic_store(&dev.keeper_pid, pid);
+	atomic_store(&d->keeper_pid, pid);
 }
 
 /*
@@ -906,7 +870,6 @@ static void keeper_start(const struct serve_opts *o)
  * machine, and the mount does not need it; failover does, from the moment
  * it said hello. Not at a lower priority: on a busy host that would leave
  * the mounts without failover for as long as the keeper waits for a CPU.
- * @arg: the serve_opts, which live as long as ferryd.
  */
 static void *keeper_thread(void *arg)
 {
@@ -914,11 +877,11 @@ static void *keeper_thread(void *arg)
 	return NULL;
 }
 
-static int reader_start(void)
+static int reader_start(struct cf_dev *d)
 {
-	int ret = -pthread_create(&dev.reader, NULL, reader_main, NULL);
+	int ret = -pthread_create(&d->reader, NULL, reader_main, d);
 
-	dev.reader_started = !ret;
+	d->reader_started = !ret;
 	return ret;
 }
 
@@ -953,63 +916,62 @@ static void explain_open(int e, bool advice, char *err, size_t errlen)
 	}
 }
 
-/* Stop the threads and close the device; dev.life held. */
-static void dev_close(void)
+/* Stop the threads and close the device; d->life held. */
+static void dev_close(struct cf_dev *d)
 {
 	struct cf_object *o;
 	unsigned int i;
 
-	pthread_mutex_lock(&dev.lock);
-	dev.quit = true;
-	pthread_cond_broadcast(&dev.cond);
-	pthread_mutex_unlock(&dev.lock);
-	if (dev.reader_started) {
-		if (write(dev.wake[1], "", 1) < 0) {
+	pthread_mutex_lock(&d->lock);
+	d->quit = true;
+	pthread_cond_broadcast(&d->cond);
+	pthread_mutex_unlock(&d->lock);
+	if (d->reader_started) {
+		if (write(d->wake[1], "", 1) < 0) {
 			/* full: the reader wakes anyway */
 		}
-		pthread_join(dev.reader, NULL);
+		pthread_join(d->reader, NULL);
 	}
-	for (i = 0; i < dev.nr_workers; i++)
-		pthread_join(dev.workers[i], NULL);
-	while ((o = dev.objects)) {
-		dev.objects = o->next;
+	for (i = 0; i < d->nr_workers; i++)
+		pthread_join(d->workers[i], NULL);
+	while ((o = d->objects)) {
+		d->objects = o->next;
 		close(o->fd);
 		free(o);
 	}
-	if (dev.wake[0] >= 0) {
-		close(dev.wake[0]);
-		close(dev.wake[1]);
+	if (d->wake[0] >= 0) {
+		close(d->wake[0]);
+		close(d->wake[1]);
 	}
-	if (dev.keeper_started)
-		pthread_join(dev.keeper, NULL);
-	dev.keeper_started = false;
+	if (d->keeper_started)
+		pthread_join(d->keeper, NULL);
+	d->keeper_started = false;
 	/* Closing on purpose: the keeper lets go too (the cache unbinds). */
-	if (dev.keeper_sock >= 0) {
-		if (send(dev.keeper_sock, "bye", 3, MSG_NOSIGNAL) < 0)
+	if (d->keeper_sock >= 0) {
+		if (send(d->keeper_sock, "bye", 3, MSG_NOSIGNAL) < 0)
 			ferry_warn("cachefiles: telling the keeper: %s", strerror(errno));
-		close(dev.keeper_sock);
+		close(d->keeper_sock);
 	}
-	if (dev.fd >= 0)
-		close(dev.fd);
-	dev.fd = dev.wake[0] = dev.wake[1] = dev.keeper_sock = -1;
-	atomic_store(&dev.keeper_pid, 0);
-	dev.nr_workers = 0;
-	dev.reader_started = false;
-	dev.quit = false;
-	dev.head = NULL;
-	dev.tail = &dev.head;
+	if (d->fd >= 0)
+		close(d->fd);
+	d->fd = d->wake[0] = d->wake[1] = d->keeper_sock = -1;
+	atomic_store(&d->keeper_pid, 0);
+	d->nr_workers = 0;
+	d->reader_started = false;
+	d->quit = false;
+	d->head = NULL;
+	d->tail = &d->head;
 }
 
 /*
  * Open and bind the device on the first mount, or take over a dead
- * ferryd's (dev.adopt_fd: bound already; the reader starts once its
- * mounts are back, cachefiles_adopt); dev.life held.
+ * ferryd's (d->takeover_fd: bound already; the reader starts once its
+ * mounts are back, cf_takeover_device); d->life held.
  */
-static int dev_open(const char *cache_dir, const struct serve_opts *o, char *err,
-		    size_t errlen)
+static int dev_open(struct cf_dev *d, const char *cache_dir, char *err, size_t errlen)
 {
-	char *dir = NULL, *copy = strdup(o->socket_path);
-	bool restoring = dev.adopt_fd >= 0;
+	char *dir = NULL, *copy = strdup(d->ctx->opts.socket_path);
+	bool restoring = d->takeover_fd >= 0;
 	unsigned int i;
 	int ret;
 
@@ -1017,9 +979,9 @@ static int dev_open(const char *cache_dir, const struct serve_opts *o, char *err
 		snprintf(err, errlen, "out of memory");
 		return -ENOMEM;
 	}
-	snprintf(dev.state_dir, sizeof(dev.state_dir), "%s", dirname(copy));
+	snprintf(d->state_dir, sizeof(d->state_dir), "%s", dirname(copy));
 	free(copy);
-	dev.tail = &dev.head;
+	d->tail = &d->head;
 	ret = blob_cache_dir(cache_dir, IMAGE_FSCACHE_DIR, true, NULL);
 	if (ret) {
 		snprintf(err, errlen, "cache directory %s/%s: %s", cache_dir, IMAGE_FSCACHE_DIR,
@@ -1030,25 +992,25 @@ static int dev_open(const char *cache_dir, const struct serve_opts *o, char *err
 		snprintf(err, errlen, "out of memory");
 		return -ENOMEM;
 	}
-	if (dev.adopt_fd >= 0) {
-		dev.fd = dev.adopt_fd;
-		dev.adopt_fd = -1;
+	if (d->takeover_fd >= 0) {
+		d->fd = d->takeover_fd;
+		d->takeover_fd = -1;
 		goto bound;
 	}
-	dev.fd = open(CF_DEVICE, O_RDWR | O_CLOEXEC);
-	if (dev.fd < 0) {
+	d->fd = open(CF_DEVICE, O_RDWR | O_CLOEXEC);
+	if (d->fd < 0) {
 		ret = -errno;
 		explain_open(-ret, true, err, errlen);
 		goto fail;
 	}
-	ret = dev_cmd("dir %s", dir);
+	ret = dev_cmd(d, "dir %s", dir);
 	if (ret) {
 		snprintf(err, errlen, "%s: \"dir %s\": %s", CF_DEVICE, dir, ferry_strerror(ret));
 		goto fail;
 	}
-	ret = dev_cmd("tag %s", CF_TAG);
+	ret = dev_cmd(d, "tag %s", CF_TAG);
 	if (!ret)
-		ret = dev_cmd("bind ondemand");
+		ret = dev_cmd(d, "bind ondemand");
 	if (ret) {
 		snprintf(err, errlen, "%s: binding the cache in %s on demand: %s%s", CF_DEVICE, dir,
 			 ferry_strerror(ret),
@@ -1058,35 +1020,39 @@ static int dev_open(const char *cache_dir, const struct serve_opts *o, char *err
 		goto fail;
 	}
 bound:
-	if (pipe2(dev.wake, O_CLOEXEC | O_NONBLOCK)) {
+	if (pipe2(d->wake, O_CLOEXEC | O_NONBLOCK)) {
 		ret = -errno;
 		snprintf(err, errlen, "pipe: %s", strerror(-ret));
 		goto fail;
 	}
 	for (i = 0; i < CF_WORKERS; i++) {
+		struct cf_worker *w = &d->worker_args[i];
 		void *buf = NULL;
 
 		ret = -posix_memalign(&buf, CF_ALIGN, CF_BUF);
 		if (!ret) {
-			ret = -pthread_create(&dev.workers[i], NULL, worker_main, buf);
-			if (ret)
+			*w = (struct cf_worker){ .d = d, .buf = buf };
+			ret = -pthread_create(&d->workers[i], NULL, worker_main, w);
+			if (ret) {
 				free(buf);
+				w->buf = NULL;
+			}
 		}
 		if (ret)
 			break;
-		dev.nr_workers++;
+		d->nr_workers++;
 	}
 	if (!ret && !restoring)
-		ret = reader_start();
+		ret = reader_start(d);
 	if (ret) {
 		snprintf(err, errlen, "cannot start the cachefiles threads: %s", strerror(-ret));
 		goto fail;
 	}
-	snprintf(dev.dir, sizeof(dev.dir), "%s", dir);
-	snprintf(dev.cache_dir, sizeof(dev.cache_dir), "%s", cache_dir);
-	dev.keeper_started = !pthread_create(&dev.keeper, NULL, keeper_thread, (void *)o);
-	if (!dev.keeper_started)
-		keeper_start(o);
+	snprintf(d->dir, sizeof(d->dir), "%s", dir);
+	snprintf(d->cache_dir, sizeof(d->cache_dir), "%s", cache_dir);
+	d->keeper_started = !pthread_create(&d->keeper, NULL, keeper_thread, d);
+	if (!d->keeper_started)
+		keeper_start(d);
 	if (restoring)
 		ferry_info("cachefiles: took over %s from the ferryd that died", CF_DEVICE);
 	else
@@ -1095,7 +1061,7 @@ bound:
 	return 0;
 fail:
 	free(dir);
-	dev_close();
+	dev_close(d);
 	return ret;
 }
 
@@ -1107,78 +1073,57 @@ static void cf_free(struct cf_mount *cm)
 {
 	pthread_mutex_destroy(&cm->lock);
 	pthread_cond_destroy(&cm->cond);
-	free(cm->tags);
+	cf_names_free(&cm->names);
 	free(cm);
 }
 
 /* Out of the table, once no READ uses it; the device closes with the last. */
 static void cf_unregister(struct cf_mount *cm)
 {
+	struct cf_dev *d = cm->d;
 	struct cf_mount **pp;
 	bool last;
 
-	pthread_mutex_lock(&dev.life);
-	pthread_mutex_lock(&dev.lock);
-	for (pp = &dev.mounts; *pp != cm; pp = &(*pp)->next)
+	pthread_mutex_lock(&d->life);
+	pthread_mutex_lock(&d->lock);
+	for (pp = &d->mounts; *pp != cm; pp = &(*pp)->next)
 		;
 	*pp = cm->next;
 	while (cm->busy)
-		pthread_cond_wait(&dev.idle, &dev.lock);
+		pthread_cond_wait(&d->idle, &d->lock);
 	/* A takeover keeps the device until it has tried every mount. */
-	last = !--dev.users && !dev.adopting;
-	pthread_mutex_unlock(&dev.lock);
+	last = !--d->users && !d->taking_over;
+	pthread_mutex_unlock(&d->lock);
 	if (cm->live)
-		state_save();
+		state_save(d);
 	if (last) {
-		dev_close();
+		dev_close(d);
 		ferry_info("cachefiles: no mount left; %s closed", CF_DEVICE);
 	}
-	pthread_mutex_unlock(&dev.life);
+	pthread_mutex_unlock(&d->life);
 }
 
-static int cf_register(struct cf_mount *cm, const struct serve_opts *o, char *err,
-		       size_t errlen)
+static int cf_register(struct cf_mount *cm, char *err, size_t errlen)
 {
+	struct cf_dev *d = cm->d;
 	int ret = 0;
 
-	pthread_mutex_lock(&dev.life);
-	if (dev.fd < 0)
-		ret = dev_open(cm->m->req.cache_dir, o, err, errlen);
-	else if (strcmp(dev.cache_dir, cm->m->req.cache_dir))
+	pthread_mutex_lock(&d->life);
+	if (d->fd < 0)
+		ret = dev_open(d, cm->m->req.cache_dir, err, errlen);
+	else if (strcmp(d->cache_dir, cm->m->req.cache_dir))
 		ferry_info("%s: the kernel's cache files go to %s (bound by an earlier mount), the chunk cache to %s",
-			   cm->m->mountpoint, dev.dir, cm->m->req.cache_dir);
+			   cm->m->mountpoint, d->dir, cm->m->req.cache_dir);
 	if (!ret) {
-		pthread_mutex_lock(&dev.lock);
-		dev.users++;
-		cm->next = dev.mounts;
-		dev.mounts = cm;
+		pthread_mutex_lock(&d->lock);
+		d->users++;
+		cm->next = d->mounts;
+		d->mounts = cm;
 		cm->registered = true;
-		pthread_mutex_unlock(&dev.lock);
+		pthread_mutex_unlock(&d->lock);
 	}
-	pthread_mutex_unlock(&dev.life);
+	pthread_mutex_unlock(&d->life);
 	return ret;
-}
-
-/*
- * The superblock at cm->sysfs is this image's: the kernel names it
- * "[DOMAIN,]FSID", cut to 36 bytes (the superblock's s_sysfs_name); for
- * native layers, the bottom layer's.
- */
-static bool sysfs_is(const struct cf_mount *cm)
-{
-	const char *base = strrchr(cm->sysfs, '/');
-	char name[VOLUME_MAX + FSID_LEN + 2];
-
-	if (!base || !base[1] || strncmp(cm->sysfs, "/sys/fs/erofs/", 14) ||
-	    strstr(cm->sysfs, "/.."))
-		return false;
-	if (cm->layers) {
-		hex_encode(cm->m->img->blobs.blobs[0].digest, BLOB_DIGEST_SIZE, name);
-		return layer_fsid_prefix(base + 1, strlen(base + 1), name);
-	}
-	snprintf(name, sizeof(name), "%s%s%s", cm->m->req.domain ? cm->m->req.domain : "",
-		 cm->m->req.domain ? "," : "", cm->fsid);
-	return !strncmp(name, base + 1, strlen(base + 1));
 }
 
 static bool sb_alive(const struct cf_mount *cm)
@@ -1198,20 +1143,20 @@ static int bootstrap_mount(struct cf_mount *cm, char *err, size_t errlen)
 	int ret;
 
 	ret = m->req.adopt ? 0 :
-			     meta_kernel_mount_fscache(cm->fsid, domain, m->mountpoint,
+			     meta_kernel_mount_fscache(cm->names.fsid, domain, m->mountpoint,
 						       image_mount_flags(m->req.suid, m->req.dev));
 	if (ret) {
 		snprintf(err, errlen, "kernel mount (EROFS over fscache, fsid %s%s%s) on %s failed (see above)",
-			 cm->fsid, domain ? ", domain " : "", domain ? domain : "",
+			 cm->names.fsid, domain ? ", domain " : "", domain ? domain : "",
 			 m->mountpoint);
 		return ret;
 	}
 	ret = meta_sysfs_path(m->mountpoint, cm->sysfs, sizeof(cm->sysfs));
-	if (!ret && m->req.adopt && !sysfs_is(cm))
+	if (!ret && m->req.adopt && !cf_names_sysfs_is(&cm->names, cm->sysfs))
 		ret = -ENOENT;
 	if (ret && m->req.adopt) {
 		snprintf(err, errlen, "%s: the dead ferryd's mount of fsid %s is not there any more (%s)",
-			 m->mountpoint, cm->fsid, ferry_strerror(ret));
+			 m->mountpoint, cm->names.fsid, ferry_strerror(ret));
 	} else if (ret) {
 		snprintf(err, errlen, "%s: cannot identify the mounted EROFS superblock (FS_IOC_GETFSSYSFSPATH): %s",
 			 m->mountpoint, ferry_strerror(ret));
@@ -1231,16 +1176,18 @@ static int bootstrap_mount(struct cf_mount *cm, char *err, size_t errlen)
  */
 static int layers_mount(struct cf_mount *cm, char *err, size_t errlen)
 {
+	struct cf_dev *d = cm->d;
 	struct fmount *m = cm->m;
 	unsigned long flags = image_mount_flags(m->req.suid, m->req.dev);
 	uint32_t n = m->img->blobs.nr_blobs, nr = 0;
-	char hex[FSID_LEN + 1], fsid[FSID_LEN + 1], fdpath[32];
+	cf_name fsid;
+	char fdpath[32];
 	int *mfds, ret;
 	unsigned int k;
 
 	if (m->req.adopt) {
 		snprintf(cm->sysfs, sizeof(cm->sysfs), "%s", m->req.sysfs ? m->req.sysfs : "");
-		if (sysfs_is(cm) && sb_alive(cm))
+		if (cf_names_sysfs_is(&cm->names, cm->sysfs) && sb_alive(cm))
 			return 0;
 		snprintf(err, errlen, "%s: the dead ferryd's native layers are not mounted any more (bottom layer's superblock \"%s\")",
 			 m->mountpoint, cm->sysfs);
@@ -1249,18 +1196,17 @@ static int layers_mount(struct cf_mount *cm, char *err, size_t errlen)
 	mfds = calloc(n, sizeof(*mfds));
 	ret = mfds ? 0 : -ENOMEM;
 	for (; !ret && nr < n; nr++) {
-		hex_encode(m->img->blobs.blobs[nr].digest, BLOB_DIGEST_SIZE, hex);
 		ret = -EBUSY;
-		for (k = 0; ret == -EBUSY && k < LAYER_COPIES; k++) {
-			layer_fsid(hex, k, fsid);
-			pthread_mutex_lock(&dev.lock);
-			memcpy(cm->tags[nr], fsid, sizeof(fsid));
-			pthread_mutex_unlock(&dev.lock);
+		for (k = 0; ret == -EBUSY && k < CF_LAYER_COPIES; k++) {
+			cf_layer_fsid(cm->names.digests[nr], k, fsid);
+			pthread_mutex_lock(&d->lock);
+			memcpy(cm->names.layer_fsids[nr], fsid, sizeof(fsid));
+			pthread_mutex_unlock(&d->lock);
 			ret = meta_kernel_mount_fscache_detached(fsid, flags, &mfds[nr]);
 		}
 		if (ret == -EBUSY)
 			snprintf(err, errlen, "layer sha256:%s is mounted under all its %u fsids already; unmount an image that has it",
-				 hex, LAYER_COPIES);
+				 cm->names.digests[nr], CF_LAYER_COPIES);
 		else if (ret)
 			snprintf(err, errlen, "kernel mount of layer %u of %u (EROFS over fscache, fsid %s) failed (see above)",
 				 nr + 1, n, fsid);
@@ -1290,47 +1236,44 @@ static int layers_mount(struct cf_mount *cm, char *err, size_t errlen)
  * Register the image with the device (opened and bound by the first
  * mount), then mount: live at once.
  */
-static int cf_start(struct fmount *m, const struct serve_opts *o, void **state,
-		    char *err, size_t errlen)
+static int cf_start(struct fmount *m, void **state, char *err, size_t errlen)
 {
+	struct cf_dev *d = mode_state(m->ctx, &cachefiles_mode);
 	struct cf_mount *cm = calloc(1, sizeof(*cm));
 	const char *domain = m->req.domain;
 	uint32_t i, n = m->img->blobs.nr_blobs;
 	int ret;
 
-	if (!cm || !(cm->tags = calloc(n + 1, sizeof(*cm->tags)))) {
+	ret = cm ? cf_names_init(&cm->names, n, m->img->erofs_layers ? NULL :
+					       m->img->bootstrap_digest, domain) : -ENOMEM;
+	if (ret) {
 		free(cm);
-		snprintf(err, errlen, "out of memory");
-		return -ENOMEM;
+		snprintf(err, errlen, "%s", ferry_strerror(ret));
+		return ret;
 	}
+	/* Native layers' fsids are chosen as they are mounted. */
+	for (i = 0; i < n; i++)
+		hex_encode(m->img->blobs.blobs[i].digest, BLOB_DIGEST_SIZE, cm->names.digests[i]);
+	cm->d = d;
 	cm->m = m;
 	pthread_mutex_init(&cm->lock, NULL);
 	pthread_cond_init(&cm->cond, NULL);
-	/* Native layers' fsids are chosen as they are mounted. */
-	cm->layers = m->img->erofs_layers;
-	if (!cm->layers) {
-		hex_encode(m->img->bootstrap_digest, BLOB_DIGEST_SIZE, cm->fsid);
-		for (i = 0; i < n; i++)
-			hex_encode(m->img->blobs.blobs[i].digest, BLOB_DIGEST_SIZE,
-				   cm->tags[i]);
-		snprintf(cm->volume, sizeof(cm->volume), "erofs,%s",
-			 domain ? domain : cm->fsid);
-	}
 
-	ret = cf_register(cm, o, err, errlen);
+	ret = cf_register(cm, err, errlen);
 	if (!ret)
-		ret = cm->layers ? layers_mount(cm, err, errlen) : bootstrap_mount(cm, err, errlen);
+		ret = cm->names.layers ? layers_mount(cm, err, errlen) :
+					 bootstrap_mount(cm, err, errlen);
 	if (ret)
 		goto fail;
-	pthread_mutex_lock(&dev.lock);
+	pthread_mutex_lock(&d->lock);
 	cm->live = true;
-	pthread_mutex_unlock(&dev.lock);
+	pthread_mutex_unlock(&d->lock);
 	/* Prefetch fills the kernel's cache files, not the chunk cache. */
 	image_cache_set_prefetch_sink(m->ic, &(struct image_prefetch_sink){
 		.has = prefetch_has, .put = prefetch_put, .ctx = m });
-	pthread_mutex_lock(&dev.life);
-	state_save();
-	pthread_mutex_unlock(&dev.life);
+	pthread_mutex_lock(&d->life);
+	state_save(d);
+	pthread_mutex_unlock(&d->life);
 	*state = cm;
 	mount_ready(m);
 	return 0;
@@ -1385,19 +1328,20 @@ static void cf_close(void *state, int ret)
 }
 
 /* /dev/cachefiles is ours, or could be: opened and closed at once. */
-static int cf_probe(const struct ctl_mount_req *req, char *why, size_t len)
+static int cf_probe(void *mode_ctx, const struct ctl_mount_req *req, char *why, size_t len)
 {
+	struct cf_dev *d = mode_ctx;
 	int fd, ret = 0;
 
-	pthread_mutex_lock(&dev.life);
-	if (dev.fd < 0 && dev.adopt_fd < 0) {
+	pthread_mutex_lock(&d->life);
+	if (d->fd < 0 && d->takeover_fd < 0) {
 		fd = open(CF_DEVICE, O_RDWR | O_CLOEXEC);
 		if (fd < 0)
 			ret = -errno;
 		else
 			close(fd);
 	}
-	pthread_mutex_unlock(&dev.life);
+	pthread_mutex_unlock(&d->life);
 	if (ret)
 		explain_open(-ret, false, why, len);
 	else
@@ -1407,29 +1351,38 @@ static int cf_probe(const struct ctl_mount_req *req, char *why, size_t len)
 
 static void cf_stats(void *state, struct ctl_mount_stats *s)
 {
-	s->keeper_pid = atomic_load(&dev.keeper_pid);
+	struct cf_mount *cm = state;
+
+	s->keeper_pid = atomic_load(&cm->d->keeper_pid);
 }
 
 /* ------------------------------------------------------------------ */
 /* Failover                                                            */
 /* ------------------------------------------------------------------ */
 
-void cachefiles_adopt(int devfd, const char *socket_path)
+/*
+ * The successor: take over /dev/cachefiles (@devfd) and the cachefiles
+ * mounts the dead ferryd recorded next to the socket, then have the
+ * kernel send again what was pending ("restore"). Mounts that cannot be
+ * taken over, and all when none can, fail their reads with EIO.
+ */
+static void cf_takeover_device(struct serve_ctx *ctx, void *mode_ctx, int devfd)
 {
+	struct cf_dev *d = mode_ctx;
 	struct json_object *top = NULL, *a = NULL;
 	char path[PATH_MAX], err[4096];
 	size_t i, nr = 0, ok = 0;
 	int ret;
 
-	ret = cf_recorded_mounts(socket_path, path, sizeof(path), &top, &a);
+	ret = cf_recorded_mounts(ctx->opts.socket_path, path, sizeof(path), &top, &a);
 	if (ret)
 		ferry_err("cachefiles: the dead ferryd's mounts (%s): %s", path, ferry_strerror(ret));
 	else
 		nr = json_object_array_length(a);
-	pthread_mutex_lock(&dev.life);
-	dev.adopt_fd = devfd;
-	dev.adopting = true;
-	pthread_mutex_unlock(&dev.life);
+	pthread_mutex_lock(&d->life);
+	d->takeover_fd = devfd;
+	d->taking_over = true;
+	pthread_mutex_unlock(&d->life);
 	for (i = 0; i < nr; i++) {
 		struct ctl_mount_req req;
 
@@ -1441,23 +1394,23 @@ void cachefiles_adopt(int devfd, const char *socket_path)
 		}
 		req.adopt = true;
 		ferry_info("cachefiles: taking over %s on %s", req.image, req.mountpoint);
-		if (!mounts_mount(&req, err, sizeof(err)))
+		if (!serve_mount(ctx, &req, NULL, err, sizeof(err)))
 			ok++;
 	}
-	pthread_mutex_lock(&dev.life);
-	dev.adopting = false;
-	if (dev.adopt_fd >= 0 || !dev.users) {
+	pthread_mutex_lock(&d->life);
+	d->taking_over = false;
+	if (d->takeover_fd >= 0 || !d->users) {
 		/* Nothing taken over: the kernel fails what waits with EIO. */
-		if (dev.adopt_fd >= 0)
-			close(dev.adopt_fd);
-		dev.adopt_fd = -1;
-		if (dev.fd >= 0)
-			dev_close();
+		if (d->takeover_fd >= 0)
+			close(d->takeover_fd);
+		d->takeover_fd = -1;
+		if (d->fd >= 0)
+			dev_close(d);
 		ferry_err("cachefiles: no mount of the dead ferryd taken over; its readers get EIO");
 	} else {
-		ret = dev_cmd("restore");
+		ret = dev_cmd(d, "restore");
 		if (!ret)
-			ret = reader_start();
+			ret = reader_start(d);
 		if (ret)
 			ferry_err("cachefiles: restoring the requests of the dead ferryd: %s",
 				  ferry_strerror(ret));
@@ -1465,13 +1418,19 @@ void cachefiles_adopt(int devfd, const char *socket_path)
 			ferry_info("cachefiles: took over %zu of %zu mounts; the kernel sends their requests again",
 				   ok, nr);
 	}
-	pthread_mutex_unlock(&dev.life);
+	pthread_mutex_unlock(&d->life);
 	json_object_put(top);
 }
 
 const struct serve_mode cachefiles_mode = {
 	.name = "cachefiles",
 	.fstype = "erofs",
+	.serves_layers = true,
+	.walks_on_takeover = true, /* it reads no file the kernel watches, and needs the units */
+	.keeper_succeeds = true,
+	.init = cf_init,
+	.fini = cf_fini,
+	.takeover_device = cf_takeover_device,
 	.start = cf_start,
 	.serve = cf_serve,
 	.stop = cf_stop,

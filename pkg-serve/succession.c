@@ -12,8 +12,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../../pkg-base/base.h"
+#include "../pkg-base/base.h"
 #include "keeper.h"
+#include "serve.h"
 
 int sibling_exe(const char *name, char *buf, size_t len)
 {
@@ -37,7 +38,7 @@ int sibling_exe(const char *name, char *buf, size_t len)
 	return 0;
 }
 
-int ferryd_exe(char *buf, size_t len)
+int serve_ferryd_exe(char *buf, size_t len)
 {
 	int ret = sibling_exe(NULL, buf, len);
 	const char *slash = strrchr(buf, '/');

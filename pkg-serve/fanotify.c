@@ -61,13 +61,32 @@
 #include <unistd.h>
 #include <linux/magic.h>
 
-#include "ferryd.h"
 #include "fanotify.h"
+#include "internal.h"
 
 #define FAN_WORKERS 8u           /* fills in flight per mount */
 #define FAN_NOFILE_WANT 65536u   /* every pending event holds a descriptor */
 #define SB_CHECK_MS 200          /* how often the loop looks for the superblock */
 #define FAN_RESERVE_S 30         /* a successor's reserved numbers, unclaimed */
+
+extern const struct serve_mode fanotify_mode;
+
+/*
+ * The mode's own state in a serving context: the numbers of the dead
+ * ferryd's pending reads (every fanotify journal next to the socket),
+ * taken at our start (fan_startup), before the takeovers of other mounts
+ * open files that would get them; journal_replay claims them and the
+ * expiry thread closes the rest. A number we use by then already could
+ * only be denied (see journal_replay).
+ */
+struct fan_ctx {
+	pthread_mutex_t lock;
+	pthread_cond_t cond;   /* quit */
+	uint8_t *reserved;     /* FAN_JOURNAL_SLOTS, non-zero: ours; lock */
+	bool quit;             /* lock: fini */
+	pthread_t expire;
+	bool expire_started;
+};
 
 /*
  * The journal's entry for descriptor number N (see the top): written when
@@ -108,7 +127,7 @@ struct fan {
 	struct fan_blob *blobs;
 	struct ferry_exes exes;     /* fills, never readers */
 	struct fan_slot *journal;   /* FAN_JOURNAL_SLOTS, shared with successors */
-	const struct serve_opts *opts;
+	struct fan_ctx *fc;
 	_Atomic bool stop;
 	bool mounted;
 	uint64_t evbuf[4096];       /* read(): aligned for the metadata */
@@ -170,10 +189,10 @@ static void unmark_if_complete(struct fan *f, uint32_t device)
 	if (!atomic_load(&b->marked))
 		return;
 	/* Not while eviction may punch it (fan_evicting marked it for that). */
-	evict_marks_lock();
+	evict_marks_lock(f->m->ctx);
 	if (!image_cache_blob_complete(f->m->ic, device) ||
 	    !atomic_exchange(&b->marked, false)) {
-		evict_marks_unlock();
+		evict_marks_unlock(f->m->ctx);
 		return;
 	}
 	if (fanotify_mark(f->group, FAN_MARK_REMOVE, FAN_PRE_ACCESS, AT_FDCWD, path))
@@ -182,7 +201,7 @@ static void unmark_if_complete(struct fan *f, uint32_t device)
 	else
 		ferry_info("%s: blob %u is complete (%s): no more events for it",
 			   f->m->mountpoint, device, path);
-	evict_marks_unlock();
+	evict_marks_unlock(f->m->ctx);
 }
 
 /*
@@ -279,7 +298,7 @@ static uint32_t blob_of(const struct fan *f, int fd)
 /* One event: answered here when no fill is needed, else queued. */
 static int handle_event(struct fan *f, const struct fanotify_event_metadata *meta)
 {
-	uint64_t off = 0, len = 0, size;
+	uint64_t off = 0, len = 0;
 	uint32_t device;
 
 	if (meta->mask & FAN_Q_OVERFLOW) {
@@ -301,13 +320,7 @@ static int handle_event(struct fan *f, const struct fanotify_event_metadata *met
 		answer(f, meta->fd, true);
 		return 0;
 	}
-	size = f->blobs[device - 1].size;
-	if (fan_event_range(meta, &off, &len)) {
-		off = 0; /* no range: the whole file (a truncate, say) */
-		len = size;
-	}
-	off = MIN(off, size);
-	len = MIN(len, size - off);
+	fan_event_span(meta, f->blobs[device - 1].size, &off, &len);
 	journal_put(f, meta->fd, device, off, len);
 	if (image_cache_present(f->m->ic, device, off, len) ||
 	    fan_fill_process(&f->exes, meta->pid, meta->fd)) {
@@ -367,7 +380,7 @@ static int fan_keeper_start(struct fan *f)
 	int keeper_pid, ret;
 
 	snprintf(sweep, sizeof(sweep), "%u", f->sweep_max);
-	ret = keeper_start_mount("fanotify", f->group, f->m, f->opts, args, &f->keeper_sock,
+	ret = keeper_start_mount(KEEPER_FANOTIFY, f->group, f->m, args, &f->keeper_sock,
 				 &keeper_pid);
 	if (ret)
 		return ret;
@@ -483,7 +496,7 @@ static void note_layers_sb(void *ctx, const char *sysfs)
 
 /* A takeover of native layers: the superblock the keeper was told (the
  * new keeper hears it in its hello). */
-static int layers_sysfs_adopt(struct fan *f, char *err, size_t errlen)
+static int layers_sysfs_takeover(struct fan *f, char *err, size_t errlen)
 {
 	const char *s = f->m->req.sysfs;
 
@@ -505,16 +518,6 @@ static bool sb_alive(const struct fan *f)
 /* ------------------------------------------------------------------ */
 /* A successor's reserved numbers                                      */
 /* ------------------------------------------------------------------ */
-
-/*
- * The numbers of the dead ferryd's pending reads (every fanotify journal
- * next to the socket), taken at our start, before the takeovers of other
- * mounts open files that would get them; journal_replay claims them and
- * reserve_expire closes the rest. A number we use by then already could
- * only be denied (see journal_replay).
- */
-static pthread_mutex_t reserve_lock = PTHREAD_MUTEX_INITIALIZER;
-static uint8_t *reserved; /* FAN_JOURNAL_SLOTS, non-zero: ours; reserve_lock */
 
 /* Mark in @want the pending numbers of journal @name in directory @dir. */
 static unsigned int journal_numbers(int dir, const char *name, uint8_t *want,
@@ -544,20 +547,20 @@ static unsigned int journal_numbers(int dir, const char *name, uint8_t *want,
 	return found;
 }
 
-static void reserve_release(void)
+static void reserve_release(struct fan_ctx *fc)
 {
 	unsigned int fd, n = 0;
 
-	pthread_mutex_lock(&reserve_lock);
-	for (fd = 0; fd < FAN_JOURNAL_SLOTS; fd++) {
-		if (reserved[fd]) {
+	pthread_mutex_lock(&fc->lock);
+	for (fd = 0; fc->reserved && fd < FAN_JOURNAL_SLOTS; fd++) {
+		if (fc->reserved[fd]) {
 			close((int)fd);
 			n++;
 		}
 	}
-	free(reserved);
-	reserved = NULL;
-	pthread_mutex_unlock(&reserve_lock);
+	free(fc->reserved);
+	fc->reserved = NULL;
+	pthread_mutex_unlock(&fc->lock);
 	if (n)
 		ferry_info("%u descriptor numbers kept for the reads of a dead ferryd were not needed: released",
 			   n);
@@ -565,20 +568,54 @@ static void reserve_release(void)
 
 static void *reserve_expire(void *arg)
 {
-	(void)arg;
-	nanosleep(&(struct timespec){ FAN_RESERVE_S, 0 }, NULL);
-	reserve_release();
+	struct fan_ctx *fc = arg;
+	struct timespec ts;
+
+	ferry_deadline_ts(&ts, FAN_RESERVE_S * 1000);
+	pthread_mutex_lock(&fc->lock);
+	while (!fc->quit && pthread_cond_timedwait(&fc->cond, &fc->lock, &ts) != ETIMEDOUT)
+		;
+	pthread_mutex_unlock(&fc->lock);
+	reserve_release(fc);
 	return NULL;
 }
 
-static void fan_startup(const struct serve_opts *o)
+static int fan_init(struct serve_ctx *ctx, void **mode_ctx)
 {
-	char *copy = strdup(o->socket_path);
+	struct fan_ctx *fc = calloc(1, sizeof(*fc));
+
+	if (!fc)
+		return -ENOMEM;
+	pthread_mutex_init(&fc->lock, NULL);
+	pthread_cond_init(&fc->cond, NULL);
+	*mode_ctx = fc;
+	return 0;
+}
+
+static void fan_fini(void *mode_ctx)
+{
+	struct fan_ctx *fc = mode_ctx;
+
+	pthread_mutex_lock(&fc->lock);
+	fc->quit = true;
+	pthread_cond_broadcast(&fc->cond);
+	pthread_mutex_unlock(&fc->lock);
+	if (fc->expire_started)
+		pthread_join(fc->expire, NULL);
+	reserve_release(fc);
+	pthread_mutex_destroy(&fc->lock);
+	pthread_cond_destroy(&fc->cond);
+	free(fc);
+}
+
+static void fan_startup(struct serve_ctx *ctx, void *mode_ctx)
+{
+	struct fan_ctx *fc = mode_ctx;
+	char *copy = strdup(ctx->opts.socket_path);
 	unsigned int limit = nofile_raise(), fd, wanted = 0, held = 0, busy = 0;
 	uint8_t *want = calloc(FAN_JOURNAL_SLOTS, 1);
 	DIR *dir = copy ? opendir(dirname(copy)) : NULL;
 	struct dirent *e;
-	pthread_t t;
 	int null;
 
 	while (dir && want && (e = readdir(dir))) {
@@ -616,27 +653,26 @@ static void fan_startup(const struct serve_opts *o)
 	}
 	if (null >= 0)
 		close(null);
-	pthread_mutex_lock(&reserve_lock);
-	reserved = want;
-	pthread_mutex_unlock(&reserve_lock);
+	pthread_mutex_lock(&fc->lock);
+	fc->reserved = want;
+	pthread_mutex_unlock(&fc->lock);
 	ferry_info("kept %u descriptor numbers for the fanotify reads a dead ferryd had taken%s",
 		   held, busy ? " (some were in use: see the takeovers)" : "");
-	if (pthread_create(&t, NULL, reserve_expire, NULL))
-		reserve_release(); /* no thread to wait: give them up now */
-	else
-		pthread_detach(t);
+	fc->expire_started = !pthread_create(&fc->expire, NULL, reserve_expire, fc);
+	if (!fc->expire_started)
+		reserve_release(fc); /* no thread to wait: give them up now */
 }
 
 /* @fd is one of fan_startup's numbers: ours now (a /dev/null). */
-static bool reserved_claim(unsigned int fd)
+static bool reserved_claim(struct fan_ctx *fc, unsigned int fd)
 {
 	bool ours;
 
-	pthread_mutex_lock(&reserve_lock);
-	ours = reserved && fd < FAN_JOURNAL_SLOTS && reserved[fd];
+	pthread_mutex_lock(&fc->lock);
+	ours = fc->reserved && fd < FAN_JOURNAL_SLOTS && fc->reserved[fd];
 	if (ours)
-		reserved[fd] = 0;
-	pthread_mutex_unlock(&reserve_lock);
+		fc->reserved[fd] = 0;
+	pthread_mutex_unlock(&fc->lock);
 	return ours;
 }
 
@@ -647,7 +683,7 @@ static bool reserved_claim(unsigned int fd)
 static int journal_open(struct fan *f, bool keep)
 {
 	uint8_t d[SHA256_SIZE];
-	char hex[2 * SHA256_SIZE + 1], *dir = strdup(f->opts->socket_path), *path = NULL;
+	char hex[2 * SHA256_SIZE + 1], *dir = strdup(f->m->ctx->opts.socket_path), *path = NULL;
 	size_t size = FAN_JOURNAL_SLOTS * sizeof(struct fan_slot);
 	void *p = MAP_FAILED;
 	int fd = -1, ret = 0;
@@ -706,7 +742,7 @@ static void journal_replay(struct fan *f)
 		valid = s->device && s->device <= f->nr_blobs &&
 			s->off <= f->blobs[s->device - 1].size &&
 			s->len <= f->blobs[s->device - 1].size - s->off;
-		if (valid && held && reserved_claim(fd)) {
+		if (valid && held && reserved_claim(f->fc, fd)) {
 			held[fd] = 1;
 			continue;
 		}
@@ -771,7 +807,7 @@ static void fan_free(struct fan *f)
 }
 
 /* The descriptor handed over is a fanotify group: ours now. */
-static int fan_adopt_group(struct fan *f, char *err, size_t errlen)
+static int fan_takeover_group(struct fan *f, char *err, size_t errlen)
 {
 	char path[64], link[64] = "";
 	int fd = f->m->req.adopt_fd;
@@ -794,10 +830,9 @@ static int fan_adopt_group(struct fan *f, char *err, size_t errlen)
  * file, start the keeper, mount(2) and start the fill threads. The mount
  * is live at once.
  */
-static int fan_start(struct fmount *m, const struct serve_opts *o, void **state,
-		     char *err, size_t errlen)
+static int fan_start(struct fmount *m, void **state, char *err, size_t errlen)
 {
-	bool adopt = m->req.adopt;
+	bool takeover = m->req.adopt;
 	struct fan *f = calloc(1, sizeof(*f));
 	unsigned int i;
 	uint32_t n = m->img->blobs.nr_blobs;
@@ -809,7 +844,7 @@ static int fan_start(struct fmount *m, const struct serve_opts *o, void **state,
 		return -ENOMEM;
 	}
 	f->m = m;
-	f->opts = o;
+	f->fc = mode_state(m->ctx, &fanotify_mode);
 	f->nr_blobs = n;
 	f->group = f->keeper_sock = f->wake[0] = f->wake[1] = -1;
 	f->tail = &f->head;
@@ -836,10 +871,10 @@ static int fan_start(struct fmount *m, const struct serve_opts *o, void **state,
 		snprintf(err, errlen, "pipe: %s", strerror(-ret));
 		goto fail;
 	}
-	if (adopt) {
-		ret = fan_adopt_group(f, err, errlen);
+	if (takeover) {
+		ret = fan_takeover_group(f, err, errlen);
 		if (!ret && m->img->erofs_layers)
-			ret = layers_sysfs_adopt(f, err, errlen);
+			ret = layers_sysfs_takeover(f, err, errlen);
 		if (ret)
 			goto fail;
 	} else {
@@ -856,7 +891,7 @@ static int fan_start(struct fmount *m, const struct serve_opts *o, void **state,
 	ret = mark_blobs(f, err, errlen);
 	if (ret)
 		goto fail;
-	journal_open(f, adopt);
+	journal_open(f, takeover);
 	/* Before the mount: from now on a descriptor of the group outlives us. */
 	ret = fan_keeper_start(f);
 	if (ret) {
@@ -867,7 +902,7 @@ static int fan_start(struct fmount *m, const struct serve_opts *o, void **state,
 	if (m->img->erofs_layers)
 		image_cache_set_sb_note(m->ic, note_layers_sb, f);
 	/* A takeover finds the dead ferryd's mount there. */
-	ret = adopt ? 0 : image_cache_kernel_mount(m->ic, m->req.cache_dir, m->mountpoint,
+	ret = takeover ? 0 : image_cache_kernel_mount(m->ic, m->req.cache_dir, m->mountpoint,
 						   image_mount_flags(m->req.suid, m->req.dev));
 	if (ret) {
 		snprintf(err, errlen, "kernel mount of %s on %s failed (see above)",
@@ -875,7 +910,7 @@ static int fan_start(struct fmount *m, const struct serve_opts *o, void **state,
 			 m->mountpoint);
 		goto fail;
 	}
-	f->mounted = !adopt;
+	f->mounted = !takeover;
 	image_cache_set_sb_note(m->ic, NULL, NULL);
 	/* An overlay has no sysfs directory: the bottom layer's superblock,
 	 * which lives exactly as long as the stack, was noted before the
@@ -899,7 +934,7 @@ static int fan_start(struct fmount *m, const struct serve_opts *o, void **state,
 	}
 	if (ret)
 		goto fail;
-	if (adopt)
+	if (takeover)
 		journal_replay(f);
 	*state = f;
 	mount_ready(m);
@@ -956,7 +991,7 @@ static int fan_serve(void *state)
 				   f->m->mountpoint, atomic_load(&f->keeper_pid));
 			close(f->keeper_sock);
 			f->keeper_sock = -1;
-			atomic_fetch_add(&keeper_restarts, 1);
+			atomic_fetch_add(&f->m->ctx->keeper_restarts, 1);
 			ret = fan_keeper_start(f);
 			if (ret) {
 				ferry_err("%s: no fanotify keeper: unmounting", f->m->mountpoint);
@@ -1028,7 +1063,7 @@ static void fan_stats(void *state, struct ctl_mount_stats *s)
  * system takes them: a mark of it (or of its nearest existing ancestor)
  * in a group closed at once.
  */
-static int fan_probe(const struct ctl_mount_req *req, char *why, size_t len)
+static int fan_probe(void *mode_ctx, const struct ctl_mount_req *req, char *why, size_t len)
 {
 	char dir[PATH_MAX], *slash;
 	struct statfs sfs;
@@ -1055,13 +1090,17 @@ static int fan_probe(const struct ctl_mount_req *req, char *why, size_t len)
 const struct serve_mode fanotify_mode = {
 	.name = "fanotify",
 	.fstype = "erofs",
+	.serves_layers = true,
+	.layers_needs = "Linux 6.14+, cache on ext4, xfs or btrfs",
+	.quiesce_early = true,
+	.init = fan_init,
+	.fini = fan_fini,
 	.start = fan_start,
 	.serve = fan_serve,
 	.stop = fan_stop,
 	.close = fan_close,
 	.stats = fan_stats,
 	.quiesce = fan_stop,
-	.quiesce_early = true,
 	.evicting = fan_evicting,
 	.probe = fan_probe,
 	.startup = fan_startup,

@@ -41,11 +41,14 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
-#include "../../pkg-meta/meta.h"
-#include "ferryd.h"
+#include "../pkg-base/base.h"
+#include "../pkg-meta/meta.h"
 #include "fanotify.h"
+#include "keeper.h"
+#include "serve.h"
 
 #define KEEPER_CHECK_MS 1000  /* how often a serving keeper checks the superblock */
 #define HANDOVER_MS 60000     /* to find a successor and hand a mount over */
@@ -82,7 +85,7 @@ static int keeper_hello(int sock)
 	fcntl(sock, F_SETFD, FD_CLOEXEC);
 	signal(SIGPIPE, SIG_IGN);
 	signal(SIGINT, SIG_IGN);
-	log_init(!isatty(2));
+	ferry_log_stream(!isatty(2));
 	snprintf(hello, sizeof(hello), "pid %d", (int)getpid());
 	return send(sock, hello, strlen(hello), MSG_NOSIGNAL) < 0 ? -errno : 0;
 }
@@ -198,7 +201,7 @@ static void spawn_successor(const char *socket_path, const char *const *opts)
 	int n = 3, status;
 	pid_t child;
 
-	if (ferryd_exe(exe, sizeof(exe)))
+	if (serve_ferryd_exe(exe, sizeof(exe)))
 		return;
 	while (opts && *opts && n < (int)ARRAY_SIZE(argv) - 2)
 		argv[n++] = *opts++;
@@ -516,7 +519,7 @@ static int cachefiles_keeper(int argc, char **argv)
 	ferry_warn("cachefiles keeper: ferryd is gone; starting a new ferryd on %s to take over %s and its mounts",
 		   argv[4], CF_DEVICE);
 	/* The installed binary: after ferry daemon upgrade, the new one. */
-	if (ferryd_exe(exe, sizeof(exe))) {
+	if (serve_ferryd_exe(exe, sizeof(exe))) {
 		ferry_err("cachefiles keeper: no ferryd binary to start: reads of missing data on its mounts fail with EIO");
 		return 1;
 	}
@@ -548,13 +551,13 @@ static void usage(FILE *out)
 		"ferryd. Installed next to ferryd; see ferryd(8).\n");
 }
 
-int main(int argc, char **argv)
+int serve_keeper_main(int argc, char **argv)
 {
-	if (argc > 1 && !strcmp(argv[1], "fuse"))
+	if (argc > 1 && !strcmp(argv[1], KEEPER_FUSE))
 		return fuse_keeper(argc, argv);
-	if (argc > 1 && !strcmp(argv[1], "fanotify"))
+	if (argc > 1 && !strcmp(argv[1], KEEPER_FANOTIFY))
 		return fanotify_keeper(argc, argv);
-	if (argc > 1 && !strcmp(argv[1], "cachefiles"))
+	if (argc > 1 && !strcmp(argv[1], KEEPER_CACHEFILES))
 		return cachefiles_keeper(argc, argv);
 	if (argc > 1 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
 		usage(stdout);

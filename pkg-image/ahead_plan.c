@@ -1,0 +1,89 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Fetch-ahead's planner (fetch_ahead.c): which blob ranges a read queues.
+ * Pure functions of their arguments, so that the window's growth and a
+ * file's pieces can be tested without a registry (tests/image/
+ * test_ahead_plan.c).
+ */
+#include "cache.h"
+
+uint64_t ahead_budget(double rtt_s, double bw_Bps)
+{
+	double b = AHEAD_BDP_FACTOR * bw_Bps * rtt_s;
+
+	return (uint64_t)MIN(MAX(b, (double)AHEAD_MIN), (double)AHEAD_MAX);
+}
+
+/*
+ * A miss outside the blob's window starts a new one with a quarter of
+ * the budget after the read (a random reader wastes little); a read that
+ * crosses the window's mark (the start of its last segment) queues a
+ * segment twice as large as the last, up to the budget, so a sequential
+ * reader stays a segment or two ahead.
+ */
+bool ahead_window_next(struct ahead_span *w, uint64_t size, uint64_t budget, uint64_t uoff,
+		       uint64_t len, struct ahead_range *out)
+{
+	uint64_t from, seg;
+
+	if (uoff + len > w->origin && uoff < w->end) {
+		if (uoff + len <= w->mark)
+			return false; /* queued already, and the reader is not near its end */
+		from = w->end;
+		seg = MIN(2 * w->seg, budget);
+	} else {
+		w->origin = uoff;
+		from = uoff + len;
+		seg = MAX(budget / 4, (uint64_t)AHEAD_FIRST);
+	}
+	if (from >= size)
+		return false;
+	seg = MIN(seg, size - from);
+	w->seg = seg;
+	w->mark = from;
+	w->end = from + seg;
+	*out = (struct ahead_range){ .uoff = from, .len = seg };
+	return true;
+}
+
+/*
+ * The chunks of a file in pieces of at most AHEAD_STEP contiguous blob
+ * bytes, from its end (@start_first: the threads take the newest piece
+ * first, so its start comes first) or from its start.
+ */
+int ahead_file_pieces(const struct meta_stat *st, bool start_first,
+		      int (*locate_fn)(void *ctx, uint64_t pos, uint32_t *index, uint64_t *uoff),
+		      void (*piece)(void *ctx, uint32_t index, uint64_t uoff, uint64_t len),
+		      void *ctx)
+{
+	uint64_t c, nr, pos, n, uoff = 0, run_off = 0, run_len = 0;
+	uint32_t index = 0, run_index = 0;
+	int ret = 0;
+
+	nr = st->chunk_size ? DIV_ROUND_UP(st->size, st->chunk_size) : 0;
+	for (c = 0; c < nr; c++) {
+		pos = (start_first ? nr - 1 - c : c) * st->chunk_size;
+		n = MIN(st->size - pos, (uint64_t)st->chunk_size);
+		ret = locate_fn(ctx, pos, &index, &uoff);
+		if (ret < 0)
+			break; /* the reader's own read reports it */
+		if (ret) {
+			ret = 0;
+			continue; /* a hole */
+		}
+		if (run_len && index == run_index && run_len + n <= AHEAD_STEP &&
+		    (start_first ? uoff + n == run_off : run_off + run_len == uoff)) {
+			run_off = MIN(run_off, uoff);
+			run_len += n;
+			continue;
+		}
+		if (run_len)
+			piece(ctx, run_index, run_off, run_len);
+		run_index = index;
+		run_off = uoff;
+		run_len = n;
+	}
+	if (run_len)
+		piece(ctx, run_index, run_off, run_len);
+	return ret;
+}

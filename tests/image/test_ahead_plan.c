@@ -1,0 +1,172 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Fetch-ahead's planner (pkg-image/ahead_plan.c): the window's budget, its
+ * growth under a sequential reader and its restart under a random one, and
+ * a file's chunks as pieces of contiguous blob bytes, from either end.
+ */
+#include <errno.h>
+
+#include "../../pkg-image/cache.h"
+#include "../test.h"
+
+#define KIB 1024ull
+#define MIB (1024ull * 1024)
+
+static void test_budget(void)
+{
+	CHECK_EQ(ahead_budget(0, 0), AHEAD_MIN);              /* nothing measured */
+	CHECK_EQ(ahead_budget(0.001, 1e6), AHEAD_MIN);        /* loopback */
+	CHECK_EQ(ahead_budget(0.5, 1e9), AHEAD_MAX);          /* far and fast */
+	/* 20 ms at 10 MB/s: four bandwidth-delay products, 800 kB. */
+	CHECK_EQ(ahead_budget(0.02, 10e6), 800000);
+}
+
+static void test_window(void)
+{
+	struct ahead_span w = { 0 };
+	struct ahead_range r = { 0 };
+	uint64_t size = 100 * MIB, budget = MIB;
+
+	/* A first miss: a quarter of the budget after the read. */
+	CHECK(ahead_window_next(&w, size, budget, 0, 4 * KIB, &r));
+	CHECK_EQ(r.uoff, 4 * KIB);
+	CHECK_EQ(r.len, budget / 4);
+	CHECK_EQ(w.origin, 0);
+	CHECK_EQ(w.mark, 4 * KIB);
+	CHECK_EQ(w.end, 4 * KIB + budget / 4);
+	/* Reads before the mark queue nothing. */
+	CHECK(!ahead_window_next(&w, size, budget, 0, 4 * KIB, &r));
+	/* Crossing the mark: twice the last segment, then the budget. */
+	CHECK(ahead_window_next(&w, size, budget, 4 * KIB, 4 * KIB, &r));
+	CHECK_EQ(r.uoff, 4 * KIB + budget / 4);
+	CHECK_EQ(r.len, budget / 2);
+	CHECK(ahead_window_next(&w, size, budget, w.mark, 4 * KIB, &r));
+	CHECK_EQ(r.len, budget);
+	CHECK(ahead_window_next(&w, size, budget, w.mark, 4 * KIB, &r));
+	CHECK_EQ(r.len, budget);
+	CHECK_EQ(w.origin, 0);
+	/* A small budget still starts with AHEAD_FIRST. */
+	w = (struct ahead_span){ 0 };
+	CHECK(ahead_window_next(&w, size, 64 * KIB, 0, 4 * KIB, &r));
+	CHECK_EQ(r.len, AHEAD_FIRST);
+	/* A read outside the window starts another where it is. */
+	CHECK(ahead_window_next(&w, size, budget, 50 * MIB, 8 * KIB, &r));
+	CHECK_EQ(w.origin, 50 * MIB);
+	CHECK_EQ(r.uoff, 50 * MIB + 8 * KIB);
+	CHECK_EQ(r.len, budget / 4);
+	/* Near the blob's end the segment stops there; at the end, nothing
+	 * is queued, though the window moved. */
+	CHECK(ahead_window_next(&w, size, budget, size - 100 * KIB, 4 * KIB, &r));
+	CHECK_EQ(r.len, 96 * KIB);
+	CHECK_EQ(w.end, size);
+	w = (struct ahead_span){ 0 };
+	CHECK(!ahead_window_next(&w, size, budget, size - 4 * KIB, 4 * KIB, &r));
+	CHECK_EQ(w.origin, size - 4 * KIB);
+	CHECK_EQ(w.end, 0);
+}
+
+/*
+ * A file of 64 KiB chunks: chunk c at 1 MiB + c * 64 KiB of blob 0, but
+ * chunk 2 a hole, chunk 4 at 0 of blob 1, and chunk @bad corrupt.
+ */
+struct file {
+	int bad;
+	struct ahead_range got[32];
+	uint32_t index[32];
+	unsigned int nr;
+};
+
+static int fake_locate(void *ctx, uint64_t pos, uint32_t *index, uint64_t *uoff)
+{
+	struct file *f = ctx;
+	uint64_t c = pos / (64 * KIB);
+
+	if ((int)c == f->bad)
+		return -EFSCORRUPTED;
+	if (c == 2)
+		return 1;
+	*index = c == 4 ? 1 : 0;
+	*uoff = c == 4 ? 0 : MIB + c * 64 * KIB;
+	return 0;
+}
+
+static void fake_piece(void *ctx, uint32_t index, uint64_t uoff, uint64_t len)
+{
+	struct file *f = ctx;
+
+	if (f->nr < ARRAY_SIZE(f->got)) {
+		f->index[f->nr] = index;
+		f->got[f->nr++] = (struct ahead_range){ .uoff = uoff, .len = len };
+	}
+}
+
+static bool piece_is(const struct file *f, unsigned int i, uint32_t index, uint64_t uoff,
+		     uint64_t len)
+{
+	if (i < f->nr && f->index[i] == index && f->got[i].uoff == uoff && f->got[i].len == len)
+		return true;
+	fprintf(stderr, "  piece %u: ", i);
+	if (i < f->nr)
+		fprintf(stderr, "blob %u %llu+%llu", f->index[i],
+			(unsigned long long)f->got[i].uoff, (unsigned long long)f->got[i].len);
+	else
+		fprintf(stderr, "none");
+	fprintf(stderr, ", expected blob %u %llu+%llu\n", index, (unsigned long long)uoff,
+		(unsigned long long)len);
+	return false;
+}
+
+static void test_file_pieces(void)
+{
+	struct meta_stat st = { .size = 4 * 64 * KIB + 1000, .chunk_size = 64 * KIB,
+				.nr_chunks = 5 };
+	struct file f = { .bad = -1 };
+
+	/* From the start: runs of contiguous chunks, holes skipped. */
+	CHECK_EQ(ahead_file_pieces(&st, false, fake_locate, fake_piece, &f), 0);
+	CHECK_EQ(f.nr, 3);
+	CHECK(piece_is(&f, 0, 0, MIB, 128 * KIB));
+	CHECK(piece_is(&f, 1, 0, MIB + 192 * KIB, 64 * KIB));
+	CHECK(piece_is(&f, 2, 1, 0, 1000));
+	/* From the end: the same bytes, the file's start last queued. */
+	f = (struct file){ .bad = -1 };
+	CHECK_EQ(ahead_file_pieces(&st, true, fake_locate, fake_piece, &f), 0);
+	CHECK_EQ(f.nr, 3);
+	CHECK(piece_is(&f, 0, 1, 0, 1000));
+	CHECK(piece_is(&f, 1, 0, MIB + 192 * KIB, 64 * KIB));
+	CHECK(piece_is(&f, 2, 0, MIB, 128 * KIB));
+	/* A corrupt chunk ends it: what came before is queued, the error returned. */
+	f = (struct file){ .bad = 3 };
+	CHECK_EQ(ahead_file_pieces(&st, false, fake_locate, fake_piece, &f), -EFSCORRUPTED);
+	CHECK_EQ(f.nr, 1);
+	CHECK(piece_is(&f, 0, 0, MIB, 128 * KIB));
+}
+
+/* A file of 20 contiguous 64 KiB chunks: pieces of at most AHEAD_STEP. */
+static int contiguous(void *ctx, uint64_t pos, uint32_t *index, uint64_t *uoff)
+{
+	*index = 0;
+	*uoff = pos;
+	return 0;
+}
+
+static void test_file_steps(void)
+{
+	struct meta_stat st = { .size = 20 * 64 * KIB, .chunk_size = 64 * KIB,
+				.nr_chunks = 20 };
+	struct file f = { .bad = -1 };
+
+	CHECK_EQ(ahead_file_pieces(&st, false, contiguous, fake_piece, &f), 0);
+	CHECK_EQ(f.nr, 2);
+	CHECK(piece_is(&f, 0, 0, 0, AHEAD_STEP));
+	CHECK(piece_is(&f, 1, 0, AHEAD_STEP, 20 * 64 * KIB - AHEAD_STEP));
+}
+
+int main(void)
+{
+	RUN_TEST(test_budget);
+	RUN_TEST(test_window);
+	RUN_TEST(test_file_pieces);
+	RUN_TEST(test_file_steps);
+	TEST_MAIN_END();
+}
