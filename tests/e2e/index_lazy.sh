@@ -6,13 +6,13 @@
 #   - oci: the Debian fixture "edit" (three gzip layers: whiteouts, opaque
 #     directories, hardlinks across layers, devices, xattrs): the index is
 #     an untagged index.json entry, the image's tag and manifest stay;
-#     ferry check verifies every range of the layers; FUSE and fanotify
-#     mounts equal umoci's unpack; indexing again replaces the index;
+#     ferry check verifies every range of the layers; FUSE, fanotify and
+#     local mounts equal umoci's unpack; indexing again replaces the index;
 #   - refused with a reason: mounting an image without an index, indexing
 #     a layer of one zstd frame;
 #   - a byte flipped in a layer blob after indexing: the files it touches
 #     fail with EIO, none reads wrong bytes, the others read right; ferry
-#     check names the layer;
+#     check and a local mount (which fails) name the layer;
 #   - docker://, through the counting proxy: ferry index uploads the index
 #     alone (no layer), listed under the referrers tag sha256-<hex> as
 #     docker-registry 2.8 has no referrers API; with the proxy acting as a
@@ -65,7 +65,7 @@ check "ferry inspect shows the layers as devices, read in place" \
 check "ferry index again: the new index replaces the first" "$FERRY" index -q "oci:$L:edit"
 expect_sh "still one index entry for the image" '[ "$(index_entries "$L")" = "$edit" ]'
 
-for mode in fuse fanotify; do
+for mode in fuse fanotify local; do
 	lazy_use "$mode"
 	M=$SCRATCH/m-$mode
 	if check "mount --mode $mode oci:edit (indexed, fresh cache)" \
@@ -110,6 +110,10 @@ for mode in fuse fanotify; do
 		'[ "$wrong" -eq 0 ] && [ "$other" -eq 0 ] && [ "$eio" -ge 1 ] && [ "$good" -gt 1000 ]'
 	check "ferry umount (damaged, $mode)" fumount "$M"
 done
+# local fetches every chunk first: one that does not verify fails the mount.
+lazy_use damaged-local
+check_fails "mount --mode local of the damaged image fails, naming the layer" "$top" \
+	ferryd_mount local "oci:$D:edit" "$SCRATCH/m-damaged-local"
 
 # --- docker:// ---------------------------------------------------------------------
 if ! reg_start anon 2>"$LOG" || ! fp_start 2>>"$LOG"; then
