@@ -68,7 +68,7 @@
  * compression CPU; level 5 for batch frames and level 3 for the big
  * chunks' frames 0.896 and 0.946 at ~75%. Neither reaches 0.90 on big,
  * and the cheaper ones give up the size that inflating with ISA-L paid
- * for; docs/PERFORMANCE.md has the conversion times. Decoding this
+ * for; docs/performance-log.md has the conversion times. Decoding this
  * output is ~10% slower than level 3's (~1.1 GB/s per core), negligible
  * next to fetching.
  */
@@ -220,7 +220,7 @@ int blob_buf_reserve(uint8_t **buf, size_t *cap, size_t len)
  * buffer's 4 KiB faults cost 5.5 ms on the project's PVM guest, its huge
  * page's 0.1 ms (the 4 KiB faults: 0.7 ms on the Firecracker guest).
  * Only from 2 MiB up: a 1 MiB frame in a huge page holds 2 MiB, which put
- * ferryd's peak over its goal (PERFORMANCE.md, "ferryd memory").
+ * ferryd's peak over its goal (performance-log.md, "ferryd memory").
  */
 #define BUF_HUGE (2u << 20)
 #define BUF_HUGE_MIN (2u << 20)

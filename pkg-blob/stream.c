@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 /*
  * Stream blobs: an OCI layer (plain tar, gzip or zstd) read where it is,
- * its file data served as chunks without a converted copy (FORMAT.md 2.7
+ * its file data served as chunks without a converted copy (FORMAT.md 2.8
  * and 3.5). This file owns the resume points section of the bootstrap,
  * decoding a frame from a resume point, and ferry check's pass over a
  * whole layer.
@@ -13,7 +13,7 @@
  * A frame may run on into the next gzip members. zstd: a resume point is
  * a frame boundary, where decoding needs no state at all.
  *
- * Section (little-endian), after the blob index in the extension payload:
+ * Section body (little-endian), a required section of the area:
  *   header 16: magic "FERRYRP1", u32 version 1, u32 nr_streams
  *   per stream blob, in blob order, 64 bytes:
  *      0 u32 blob (its index in the blob index)   4 u8 format   5 u8[3] 0
@@ -34,8 +34,6 @@
 #include <zlib.h>
 #include <zstd.h>
 
-#define RP_MAGIC "FERRYRP1"
-#define RP_VERSION 1
 #define RP_HEADER 16u
 #define RP_STREAM 64u
 #define RP_POINT 28u
@@ -45,7 +43,7 @@
 
 bool blob_streams_magic(const void *buf, size_t len)
 {
-	return len >= 8 && !memcmp(buf, RP_MAGIC, 8);
+	return len >= 8 && !memcmp(buf, BLOB_STREAMS_MAGIC, 8);
 }
 
 int blob_streams_encode(const struct blob_stream *s, uint32_t nr, void **buf,
@@ -63,8 +61,8 @@ int blob_streams_encode(const struct blob_stream *s, uint32_t nr, void **buf,
 	out = calloc(1, total);
 	if (!out)
 		return -ENOMEM;
-	memcpy(out, RP_MAGIC, 8);
-	put_le32(out + 8, RP_VERSION);
+	memcpy(out, BLOB_STREAMS_MAGIC, 8);
+	put_le32(out + 8, BLOB_STREAMS_VERSION);
 	put_le32(out + 12, nr);
 	pos = RP_HEADER;
 	for (i = 0; i < nr; i++) {
@@ -246,7 +244,7 @@ int blob_streams_decode(const void *buf, size_t len,
 
 	memset(out, 0, sizeof(*out));
 	if (len < RP_HEADER || !blob_streams_magic(buf, len) ||
-	    get_le32(p + 8) != RP_VERSION) {
+	    get_le32(p + 8) != BLOB_STREAMS_VERSION) {
 		ferry_err("resume points: bad section header");
 		return -EFSCORRUPTED;
 	}

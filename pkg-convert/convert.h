@@ -7,9 +7,10 @@
  * (pkg-blob), written as a dir:, oci: or docker:// image through
  * pkg-image, which also parses every reference.
  *
- * The output is a deterministic function of the source and the options
- * (sorted directory entries, archive order, blob bytes independent of
- * --jobs).
+ * The output is a deterministic function of the source, the options and
+ * the release (sorted directory entries, archive order, blob bytes
+ * independent of --jobs; the bootstrap's writer section names the
+ * release).
  *
  * Errors: 0 or a negative errno with a log line naming the source path,
  * tar entry, layer or blob: -EINVAL for bad references or options,
@@ -163,7 +164,7 @@ int convert_run(const char *source, const char *dest,
  * The span: the index grows ~12 KiB per point (a zstd-compressed window),
  * and a cold read fetches the span's bytes before what it wants. At
  * 768 KiB the index of Debian minbase is 2.54% of its layer (1 MiB:
- * 2.06%, 640 KiB: 2.99%); docs/PERFORMANCE.md has the cold starts.
+ * 2.06%, 640 KiB: 2.99%); docs/performance-log.md has the cold starts.
  */
 #define CONVERT_DEFAULT_SPAN (768u << 10)
 int convert_ferry_index(const char *image, const struct convert_opts *opts,

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 /*
  * `ferry index IMAGE`: a ferry index attached to an ordinary image
- * (docs/FORMAT.md 1e, 2.7, 3.5). Each layer is read once, streaming,
+ * (docs/FORMAT.md 1e, 2.8, 3.5). Each layer is read once, streaming,
  * digest-checked, and merged into the tree as `ferry convert` does
  * (layer.c, dedup.c), but a file's new chunks are not written anywhere:
  * each is recorded where it lies in the layer's decoded stream and gets
@@ -239,8 +239,9 @@ static int index_layers(struct converter *c, const struct oci_image *img)
 		if (img->remote) {
 			ret = registry_open_stream(img->remote, d->digest, d->size, &fs);
 			if (!ret)
-				ret = input_open_source((struct byte_source){ stream_read, fs },
-							name, &in);
+				ret = input_open_source((struct byte_source){ .read = stream_read,
+									      .ctx = fs },
+							NULL, name, &in);
 		} else {
 			ret = oci_blob_path(img->layout, d->digest, &path);
 			if (!ret)

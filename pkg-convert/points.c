@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 /*
  * Resume points of a compressed layer, taken while input.c decodes it
- * once (`ferry index`, FORMAT.md 2.7): a gzip member header, a deflate
+ * once (`ferry index`, FORMAT.md 2.8): a gzip member header, a deflate
  * block boundary with the 32 KiB of decoded bytes before it, or a zstd
  * frame boundary. After every `spacing` compressed bytes (or `out_spacing`
  * decoded ones) the recorder "hunts": input.c makes its decoder stop at

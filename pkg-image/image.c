@@ -455,8 +455,8 @@ int image_blob_sources_init(struct image *img)
 static int open_bootstrap(struct image *img, const struct image_expect *e,
 			  const char *cache_dir)
 {
-	const void *ext;
-	size_t ext_len, used;
+	const void *ext, *area;
+	size_t ext_len, used, area_len;
 	int ret = load_bootstrap(img, e, cache_dir);
 
 	if (ret)
@@ -473,17 +473,6 @@ static int open_bootstrap(struct image *img, const struct image_expect *e,
 		ferry_err("%s: no valid ferry blob index in the bootstrap: %s", img->ref,
 			  ferry_strerror(ret));
 		return ret;
-	}
-	/* The resume points of stream blobs (FORMAT.md 2.7), when it has some. */
-	for (uint32_t i = 0; !ret && i < img->blobs.nr_blobs; i++) {
-		size_t n = 0;
-
-		if (!(img->blobs.blobs[i].flags & BLOB_INFO_STREAM))
-			continue;
-		ret = blob_streams_decode((const uint8_t *)ext + used, ext_len - used,
-					  &img->blobs, &img->streams, &n);
-		used += n;
-		break;
 	}
 	/* What may follow: a prefetch list, then the loader dependencies
 	 * (docs/FORMAT.md 2.5, 2.6). */
@@ -504,6 +493,17 @@ static int open_bootstrap(struct image *img, const struct image_expect *e,
 			  img->ref);
 		return ret;
 	}
+	meta_get_sections(img->meta, &area, &area_len);
+	ret = image_sections_decode(img, area, area_len);
+	if (ret)
+		return ret;
+	/* Stream blobs decode from their resume points (FORMAT.md 2.8). */
+	for (uint32_t i = 0; !img->streams.nr && i < img->blobs.nr_blobs; i++)
+		if (img->blobs.blobs[i].flags & BLOB_INFO_STREAM) {
+			ferry_err("%s: the bootstrap has stream blobs but no resume points section",
+				  img->ref);
+			return -EFSCORRUPTED;
+		}
 	img->blob_paths = calloc(img->blobs.nr_blobs + 1, sizeof(char *));
 	if (!img->blob_paths)
 		return -ENOMEM;
@@ -608,6 +608,8 @@ void image_close(struct image *img)
 	free(img->nr_layer_units);
 	image_prefetch_list_free(img->prefetch, img->nr_prefetch);
 	image_elf_entries_free(img->elf, img->nr_elf);
+	free(img->writer);
+	free(img->sections);
 	if (img->remote)
 		registry_close(img->remote);
 	blob_streams_free(&img->streams);

@@ -69,7 +69,7 @@ static void prefetch_pace(struct image_cache *ic, uint64_t step_bytes,
  * step holds its fill's buffers (a run of up to 4 MiB of compressed bytes
  * and the frame decoded from it) until it ends, so without a bound
  * ferryd's memory grew with the mounts prefetching at once (six mounts of
- * the big image: a peak of 56-60 MiB, 46 MiB with it; PERFORMANCE.md).
+ * the big image: a peak of 56-60 MiB, 46 MiB with it; docs/performance-log.md).
  * Two keep both CPUs decoding on a fast link. Demand reads never wait.
  */
 #define PREFETCH_STEPS_IN_FLIGHT 2u
@@ -164,7 +164,7 @@ static int prefetch_step(struct image_cache *ic, uint32_t index, uint64_t uoff,
  * in one lump, its first-listed files last. Three, not two: two started
  * together end together and leave the link idle for the next pair's round
  * trip (a cold start at 50 ms RTT 5% faster, loopback and 20 ms RTT within
- * noise; four was slower at 20 ms; PERFORMANCE.md).
+ * noise; four was slower at 20 ms; docs/performance-log.md).
  */
 #define PLAN_THREADS 8
 #define PLAN_GAP (128u << 10)

@@ -5,7 +5,7 @@
  * neither libcurl, OpenSSL, libfuse nor the codecs, so starting one —
  * on every FUSE and fanotify mount's path, and beside the first
  * cachefiles mount — costs a sixth of an exec of ferryd's CPU, and each
- * keeper holds ~120 KiB of memory of its own (PERFORMANCE.md).
+ * keeper holds ~120 KiB of memory of its own (docs/performance-log.md).
  *
  *   ferryd-keeper fuse FD SOCK SOCKET [OPTION...]
  *   ferryd-keeper fanotify GROUP_FD SOCK MOUNTPOINT SOURCE SWEEP_MAX SOCKET [OPTION...]

@@ -127,8 +127,9 @@ static void check_points(const uint8_t *comp, size_t clen, enum blob_stream_form
 	uint32_t nr = 0, k;
 	ssize_t n;
 
-	CHECK_EQ(in_pieces ? input_open_source((struct byte_source){ pieces_read, &pc },
-					       "pieces", &in) :
+	CHECK_EQ(in_pieces ? input_open_source((struct byte_source){ .read = pieces_read,
+								     .ctx = &pc },
+					       NULL, "pieces", &in) :
 			     input_open_mem(comp, clen, &in), 0);
 	CHECK_EQ(points_new(spacing, 16u << 20, &p), 0);
 	CHECK_EQ(input_record_points(in, p), 0);

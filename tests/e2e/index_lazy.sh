@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: MIT
 # shellcheck disable=SC2016 # expect_sh evaluates its quoted condition
 # ferry index (issue 45): lazy mounts of ordinary gzip images, unconverted,
-# through a ferry index attached to them (docs/FORMAT.md 1e, 2.7, 3.5):
+# through a ferry index attached to them (docs/FORMAT.md 1e, 2.8, 3.5):
 #   - oci: the Debian fixture "edit" (three gzip layers: whiteouts, opaque
 #     directories, hardlinks across layers, devices, xattrs): the index is
 #     an untagged index.json entry, the image's tag and manifest stay;
@@ -62,6 +62,10 @@ check "ferry check verifies the index and every range of the layers" \
 	"$FERRY" check "oci:$L:edit"
 check "ferry inspect shows the layers as devices, read in place" \
 	bash -c '"$0" inspect --json "oci:$1:edit" | grep -q "\"compression\":\"layers\""' "$FERRY" "$L"
+expect_sh "the resume points are a required section (FERRYRP1 v1, flags 1) that ferry reads" \
+	'"$FERRY" inspect --json "oci:$L:edit" | python3 -c "import json, sys
+s = [x for x in json.load(sys.stdin)[\"sections\"] if x[\"magic\"] == \"FERRYRP1\"]
+assert len(s) == 1 and s[0][\"version\"] == 1 and s[0][\"flags\"] == 1 and s[0][\"known\"]"'
 check "ferry index again: the new index replaces the first" "$FERRY" index -q "oci:$L:edit"
 expect_sh "still one index entry for the image" '[ "$(index_entries "$L")" = "$edit" ]'
 

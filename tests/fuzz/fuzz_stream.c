@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 /*
- * libFuzzer target for stream blobs (FORMAT.md 2.7, 3.5): a blob index
+ * libFuzzer target for stream blobs (FORMAT.md 2.8, 3.5): a blob index
  * with stream blobs and the resume points section after it, as a
  * bootstrap's extension payload carries them, then bytes that stand for
  * the layers. Input: u32 length of the payload, the payload, the layer

@@ -5,15 +5,19 @@
 # stopping by PID, and removing runc's fixed-path state afterwards.
 
 # ctd_configs DIR SNROOT FERRYD_SOCK CACHE MODE [JSON]: DIR/config.toml
-# (root, state and sockets under DIR, CRI off, the proxy snapshotter
-# "ferry" at DIR/snapshotter.sock) and DIR/snapshotter.json for
-# ferry-snapshotter, with JSON's members added (e.g. its "pullers").
+# (root, state and sockets under DIR, CRI off unless CTD_CRI holds its
+# tables, the proxy snapshotter "ferry" at DIR/snapshotter.sock) and
+# DIR/snapshotter.json for ferry-snapshotter (hosts directory DIR/certs.d,
+# not the machine's), with JSON's members added (e.g. its "pullers").
+CTD_CRI=
 ctd_configs() {
+	local cri_off='disabled_plugins = ["io.containerd.grpc.v1.cri"]'
+	[ -z "$CTD_CRI" ] || cri_off=
 	cat >"$1/config.toml" <<TOML
 version = 2
 root = "$1/root"
 state = "$1/state"
-disabled_plugins = ["io.containerd.grpc.v1.cri"]
+$cri_off
 [grpc]
   address = "$1/containerd.sock"
 [ttrpc]
@@ -21,10 +25,11 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
 [proxy_plugins.ferry]
   type = "snapshot"
   address = "$1/snapshotter.sock"
+$CTD_CRI
 TOML
 	cat >"$1/snapshotter.json" <<JSON
 {"address": "$1/snapshotter.sock", "root": "$2", "ferrydSocket": "$3",
- "cacheDir": "$4", "mode": "$5"${6:+, $6}}
+ "cacheDir": "$4", "mode": "$5", "hostsDir": "$1/certs.d"${6:+, $6}}
 JSON
 }
 
@@ -55,9 +60,11 @@ ctd_stop() {
 CTD_HAD_RUN=0
 [ -d /run/containerd ] && CTD_HAD_RUN=1
 
-# ctd_clean_run NS: runc keeps its state at a fixed path per namespace.
+# ctd_clean_run NS: runc keeps its state at a fixed path per namespace,
+# unless the runtime's options name a Root of its own (CTD_RUNC_ROOT=1).
+CTD_RUNC_ROOT=
 ctd_clean_run() {
-	rm -rf "/run/containerd/runc/$1"
+	[ -n "$CTD_RUNC_ROOT" ] || rm -rf "/run/containerd/runc/$1"
 	[ "$CTD_HAD_RUN" = 1 ] || rmdir /run/containerd/runc /run/containerd/s \
 		/run/containerd/fifo /run/containerd 2>/dev/null || true
 }
@@ -99,14 +106,19 @@ ctd_stop_all() {
 ctd_start_ferryd() { "$FERRYD" --socket "$FSOCK" --persistent; }
 
 # containerd's gRPC connection to a restarted snapshotter is back (it
-# redials with a backoff): at most 30 s.
+# redials with a backoff): at most 30 s. A snapshot is prepared and removed
+# because listing snapshots reads containerd's own database only and would
+# pass with the snapshotter unreachable.
 ctd_reachable() {
-	local i
+	local i ns=${CTD_NAMESPACES[0]} key=ferry-e2e-reachable-$$
 	for i in $(seq 60); do
-		ctr_ns "${CTD_NAMESPACES[0]}" snapshots --snapshotter ferry ls >/dev/null 2>&1 && return 0
+		if ctr_ns "$ns" snapshots --snapshotter ferry prepare "$key" >/dev/null 2>&1; then
+			ctr_ns "$ns" snapshots --snapshotter ferry rm "$key"
+			return
+		fi
 		sleep 0.5
 	done
-	ctr_ns "${CTD_NAMESPACES[0]}" snapshots --snapshotter ferry ls
+	ctr_ns "$ns" snapshots --snapshotter ferry prepare "$key"
 }
 
 ctd_start_snapshotter() { # MODE
@@ -127,6 +139,18 @@ ctd_start_containerd() {
 	ctd_wait_sock "$CTD/containerd.sock" "$CTD_PID" 30 &&
 		ctr_ns "${CTD_NAMESPACES[0]}" version >/dev/null ||
 		{ tail -5 "$CTD/containerd.log"; return 1; }
+}
+
+# What a failed containerd call needs explained: whether the snapshotter
+# lives and listens, and the last words of both daemons.
+ctd_diagnose() {
+	local s=dead
+	kill -0 "$SN_PID" 2>/dev/null && s=alive
+	echo "snapshotter $SN_PID: $s; socket: $(ls -l "$CTD/snapshotter.sock" 2>&1)"
+	echo "snapshotter log:"
+	tail -8 "$CTD/snapshotter.log"
+	echo "containerd log (snapshotter lines):"
+	grep -i snapshotter "$CTD/containerd.log" | tail -5
 }
 
 # The ferry mounts under the snapshotter's state.

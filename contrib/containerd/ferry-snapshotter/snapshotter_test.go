@@ -101,6 +101,7 @@ func testConfig(root, ferryd string) config {
 	c.FerrydSocket = ferryd
 	c.CacheDir = filepath.Join(root, "cache")
 	c.Pullers = map[string]string{"k8s.io": pullerCRI, "default": pullerRpull}
+	c.HostsDir = filepath.Join(root, "certs.d") // the host's own is not the test's
 	return c
 }
 
@@ -497,5 +498,46 @@ func TestRemoteLayers(t *testing.T) {
 	if r := ferryd.next("umount"); r == nil || r["release"] != true ||
 		!strings.HasPrefix(r["mountpoint"].(string), filepath.Join(c.Root, "mounts")) {
 		t.Fatalf("Remove did not unmount and release the bootstrap's mount: %v", r)
+	}
+}
+
+// A ferry snapshot without a record was committed by an earlier
+// ferry-snapshotter that verified nothing: after a restart neither another
+// pull nor a container may use it, and both errors say what to do.
+func TestUnverifiedSnapshot(t *testing.T) {
+	ctx := context.Background()
+	root := t.TempDir()
+	startFakeFerryd(t, filepath.Join(root, "ferryd.sock"))
+	c := testConfig(root, filepath.Join(root, "ferryd.sock"))
+	sn, stop := daemon(t, c)
+	blob, boot := digest.FromString("blob"), digest.FromString("bootstrap")
+	chain := ferryChain([]digest.Digest{blob}, boot)
+	labels := map[string]string{labelTarget: chain[0].String(), labelBlob: "true",
+		labelCRIRef: "127.0.0.1:5001/deb:two", labelCRIManifest: digest.FromString("manifest").String(),
+		labelCRILayer: blob.String()}
+	if _, err := sn.Prepare(ctx, "k8s.io/1/k1", "", snapshots.WithLabels(labels)); !errdefs.IsAlreadyExists(err) {
+		t.Fatalf("blob layer: Prepare gave %v, want already exists", err)
+	}
+	stop()
+	records, err := filepath.Glob(filepath.Join(c.Root, "snapshots", "*", recordName))
+	if err != nil || len(records) != 1 {
+		t.Fatalf("records of the committed blob layer: %v, %v", records, err)
+	}
+	if err := os.Remove(records[0]); err != nil {
+		t.Fatal(err)
+	}
+
+	sn, closer, err := proxiedConfig(ctx, c, true)
+	if err != nil {
+		t.Fatalf("restart with an unverified snapshot: %v", err)
+	}
+	defer closer()
+	_, err = sn.Prepare(ctx, "k8s.io/2/k2", "", snapshots.WithLabels(labels))
+	if err == nil || !strings.Contains(err.Error(), "without verification") {
+		t.Fatalf("another pull of the unverified layer: Prepare gave %v", err)
+	}
+	_, err = sn.Prepare(ctx, "k8s.io/3/container", chain[0].String())
+	if err == nil || !strings.Contains(err.Error(), "without verification") {
+		t.Fatalf("a container on the unverified layer: Prepare gave %v", err)
 	}
 }
