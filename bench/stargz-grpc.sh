@@ -27,7 +27,6 @@
 # The binary is cached next to the sources, keyed by the Go and Go-source
 # package versions, the upstream files and this script.
 set -euo pipefail
-top=$(cd "$(dirname "$0")/.." && pwd)
 cache=${FERRY_PEERS_CACHE:-/var/tmp/ferry-peers}
 pkgver=$(dpkg-query -W -f='${Version}' golang-github-containerd-stargz-snapshotter-dev) || {
 	echo "stargz-grpc.sh: golang-github-containerd-stargz-snapshotter-dev is not installed; run make deps" >&2
