@@ -116,7 +116,7 @@ text = text.replace(old, '"github.com/coreos/go-systemd/daemon"')
 open(sys.argv[2], "w").write(text)
 PY
 
-export GO111MODULE=off GOFLAGS= GOPROXY=off GOTOOLCHAIN=local CGO_ENABLED=0
+export GO111MODULE=off GOFLAGS='' GOPROXY=off GOTOOLCHAIN=local CGO_ENABLED=0
 export GOPATH="$gopath:/usr/share/gocode"
 export GOCACHE=$cache/gocache
 (cd "$main" && go build -o "$out.tmp" stargz-grpc)
