@@ -7,6 +7,9 @@ BUILD ?= build
 BIN ?= bin
 CC ?= cc
 SAN ?=
+# The release: VERSION is its one source (ferry --version, ferryd --version,
+# the registry User-Agent; contrib/containerd/go.sh for ferry-snapshotter).
+VERSION := $(shell cat VERSION)
 
 # ISA-L's igzip inflates gzip layers about twice as fast as zlib; where it is
 # absent at build time, zlib (always built, FERRY_INFLATE=zlib) does alone.
@@ -18,7 +21,8 @@ PKG_LIBS = $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 CFLAGS ?= -O2 -g
 CFLAGS += -std=c11 -D_GNU_SOURCE -D_FILE_OFFSET_BITS=64 -Wall -Wextra -Werror \
 	  -Wno-unused-parameter -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
-	  -fno-strict-aliasing -pthread $(PKG_CFLAGS) $(if $(ISAL),-DFERRY_HAVE_ISAL)
+	  -fno-strict-aliasing -pthread $(PKG_CFLAGS) $(if $(ISAL),-DFERRY_HAVE_ISAL) \
+	  -DFERRY_VERSION='"$(VERSION)"'
 ifeq ($(SAN),1)
 CFLAGS += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 LDFLAGS += -fsanitize=address,undefined
@@ -54,7 +58,7 @@ FUZZ_BINS := $(FUZZ_SRCS:tests/fuzz/%.c=$(BUILD)/fuzz/%)
 # Quiet by default; `make V=1` shows the commands.
 Q := $(if $(V),,@)
 
-.PHONY: all check check-asan check-run tests fuzz fuzz-run bench demo deps install clean vm-kernel contrib
+.PHONY: all check check-asan check-run tests fuzz fuzz-run bench demo deps install uninstall clean vm-kernel contrib
 
 all: $(BIN)/ferry $(BIN)/ferryd $(BIN)/ferryd-keeper
 
@@ -62,7 +66,7 @@ all: $(BIN)/ferry $(BIN)/ferryd $(BIN)/ferryd-keeper
 # contrib/containerd/go.sh, docs/containerd.md).
 contrib: $(BIN)/ferry-snapshotter
 
-$(BIN)/ferry-snapshotter: $(wildcard contrib/containerd/ferry-snapshotter/*.go) contrib/containerd/go.sh
+$(BIN)/ferry-snapshotter: $(wildcard contrib/containerd/ferry-snapshotter/*.go) contrib/containerd/go.sh VERSION
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  GO      $@")
 	$(Q)contrib/containerd/go.sh build -o $(abspath $@)
@@ -121,7 +125,7 @@ tests: $(TEST_BINS) $(TOOL_BINS)
 # libraries are compiled once, instrumented, into one archive the targets
 # link (each target compiling them all took 26 s, 3.5 min for 8).
 FUZZ_COMMON := -g -O1 -std=c11 -D_GNU_SOURCE -D_FILE_OFFSET_BITS=64 -pthread \
-	       $(PKG_CFLAGS) $(if $(ISAL),-DFERRY_HAVE_ISAL)
+	       $(PKG_CFLAGS) $(if $(ISAL),-DFERRY_HAVE_ISAL) -DFERRY_VERSION='"$(VERSION)"'
 FUZZ_LIB := $(BUILD)/fuzz/libferry-fuzz.a
 FUZZ_LIB_OBJS := $(LIB_SRCS:%.c=$(BUILD)/fuzz/obj/%.o)
 $(BUILD)/fuzz/obj/%.o: %.c Makefile
@@ -141,6 +145,9 @@ $(BUILD)/fuzz/fuzz_ctl: FUZZ_EXTRA := cmd/ctl.c
 $(BUILD)/fuzz/fuzz_ctl: cmd/ctl.c
 
 fuzz: $(FUZZ_BINS)
+
+# Every object is compiled with the release (-DFERRY_VERSION): rebuilt when it changes.
+$(LIB_OBJS) $(FERRY_OBJS) $(FERRYD_OBJS) $(KEEPER_OBJS) $(TEST_BINS) $(FUZZ_LIB_OBJS): VERSION
 
 # The headers each object, test and fuzz target was compiled with.
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
@@ -167,7 +174,7 @@ check: deps
 # Not under the sanitizers (CI time; docs/TESTING.md): tests whose ferry
 # code paths the lazy-mount tests already cover and whose cost is peers
 # (containerd, the Go snapshotter) or a slow proxy (the WAN harness).
-ASAN_SKIP = e2e/containerd e2e/containerd_trust e2e/snapshotter e2e/wan_lazy
+ASAN_SKIP = e2e/containerd e2e/containerd_trust e2e/cri e2e/snapshotter e2e/wan_lazy
 
 check-asan: deps
 	$(MAKE) -j$(JOBS) BUILD=build-asan BIN=build-asan/bin SAN=1 all tests
@@ -188,21 +195,59 @@ bench: deps all tests
 demo: deps all
 	BIN=$(BIN) tests/demo.sh
 
+# Installation: DESTDIR stages it, PREFIX is where it runs from; the
+# snapshotter's configuration goes to SYSCONFDIR/ferry (never overwritten),
+# containerd's config snippet to DATADIR. The snapshotter's binary, unit
+# and configuration come along once 'make contrib' has built it.
+SYSCONFDIR ?= /etc
+BINDIR = $(PREFIX)/bin
+MANDIR = $(PREFIX)/share/man
+UNITDIR = $(PREFIX)/lib/systemd/system
+DATADIR = $(PREFIX)/share/ferry
+SNAPSHOTTER_CONFIG = $(DESTDIR)$(SYSCONFDIR)/ferry/snapshotter.json
+UNIT_SED = sed -e 's|@BINDIR@|$(BINDIR)|g' -e 's|@SYSCONFDIR@|$(SYSCONFDIR)|g'
+
 install: all
-	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/man/man1
-	install -m 0755 $(BIN)/ferry $(DESTDIR)$(PREFIX)/bin/ferry
-	install -m 0755 $(BIN)/ferryd $(DESTDIR)$(PREFIX)/bin/ferryd
-	install -m 0755 $(BIN)/ferryd-keeper $(DESTDIR)$(PREFIX)/bin/ferryd-keeper
-	[ ! -e $(BIN)/ferry-snapshotter ] || install -m 0755 $(BIN)/ferry-snapshotter $(DESTDIR)$(PREFIX)/bin/ferry-snapshotter
-	install -m 0644 docs/man/ferry.1 $(DESTDIR)$(PREFIX)/share/man/man1/ferry.1
-	install -d $(DESTDIR)$(PREFIX)/share/man/man8
-	install -m 0644 docs/man/ferryd.8 $(DESTDIR)$(PREFIX)/share/man/man8/ferryd.8
-	install -d $(DESTDIR)$(PREFIX)/lib/systemd/system
-	install -m 0644 contrib/systemd/ferryd.socket $(DESTDIR)$(PREFIX)/lib/systemd/system/ferryd.socket
-	sed 's|@BINDIR@|$(PREFIX)/bin|' contrib/systemd/ferryd.service.in > $(DESTDIR)$(PREFIX)/lib/systemd/system/ferryd.service
-	chmod 0644 $(DESTDIR)$(PREFIX)/lib/systemd/system/ferryd.service
-	sed 's|@BINDIR@|$(PREFIX)/bin|' contrib/systemd/ferry-snapshotter.service.in > $(DESTDIR)$(PREFIX)/lib/systemd/system/ferry-snapshotter.service
-	chmod 0644 $(DESTDIR)$(PREFIX)/lib/systemd/system/ferry-snapshotter.service
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(MANDIR)/man8 \
+		$(DESTDIR)$(UNITDIR)
+	install -m 0755 $(BIN)/ferry $(BIN)/ferryd $(BIN)/ferryd-keeper $(DESTDIR)$(BINDIR)/
+	install -m 0644 docs/man/ferry.1 $(DESTDIR)$(MANDIR)/man1/ferry.1
+	install -m 0644 docs/man/ferryd.8 $(DESTDIR)$(MANDIR)/man8/ferryd.8
+	install -m 0644 contrib/systemd/ferryd.socket $(DESTDIR)$(UNITDIR)/ferryd.socket
+	$(UNIT_SED) contrib/systemd/ferryd.service.in > $(DESTDIR)$(UNITDIR)/ferryd.service
+	chmod 0644 $(DESTDIR)$(UNITDIR)/ferryd.service
+	@if [ ! -e $(BIN)/ferry-snapshotter ]; then \
+		echo "make install: ferry-snapshotter is not built ('make contrib'): its binary, unit and configuration are left out"; \
+	else \
+		set -e; \
+		install -m 0755 $(BIN)/ferry-snapshotter $(DESTDIR)$(BINDIR)/ferry-snapshotter; \
+		$(UNIT_SED) contrib/systemd/ferry-snapshotter.service.in \
+			> $(DESTDIR)$(UNITDIR)/ferry-snapshotter.service; \
+		chmod 0644 $(DESTDIR)$(UNITDIR)/ferry-snapshotter.service; \
+		install -d $(DESTDIR)$(DATADIR) $(DESTDIR)$(SYSCONFDIR)/ferry; \
+		install -m 0644 contrib/containerd/config.toml $(DESTDIR)$(DATADIR)/containerd-config.toml; \
+		if [ -e $(SNAPSHOTTER_CONFIG) ]; then \
+			echo "make install: $(SNAPSHOTTER_CONFIG) exists: kept"; \
+		else \
+			install -m 0644 contrib/containerd/snapshotter.json $(SNAPSHOTTER_CONFIG); \
+		fi; \
+	fi
+
+# Removes what install put in place; the snapshotter's configuration only
+# as installed (an edited one is kept, and said so).
+uninstall:
+	rm -f $(addprefix $(DESTDIR)$(BINDIR)/,ferry ferryd ferryd-keeper ferry-snapshotter) \
+		$(DESTDIR)$(MANDIR)/man1/ferry.1 $(DESTDIR)$(MANDIR)/man8/ferryd.8 \
+		$(addprefix $(DESTDIR)$(UNITDIR)/,ferryd.socket ferryd.service ferry-snapshotter.service) \
+		$(DESTDIR)$(DATADIR)/containerd-config.toml
+	@if [ -e $(SNAPSHOTTER_CONFIG) ]; then \
+		if cmp -s contrib/containerd/snapshotter.json $(SNAPSHOTTER_CONFIG); then \
+			rm -f $(SNAPSHOTTER_CONFIG); \
+		else \
+			echo "make uninstall: $(SNAPSHOTTER_CONFIG) was edited: kept"; \
+		fi; \
+	fi
+	-rmdir $(DESTDIR)$(DATADIR) $(DESTDIR)$(SYSCONFDIR)/ferry 2>/dev/null
 
 clean:
 	rm -rf build build-asan bin

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -273,23 +274,97 @@ unsigned int online_cpus(unsigned int max)
 	return n < 1 ? 1 : (unsigned int)MIN((unsigned long)n, (unsigned long)max);
 }
 
+/* "512 B", "3.4 KiB", "12.0 MiB", "1.5 GiB": at most 9 characters. */
+static void human_size(uint64_t n, char *buf, size_t len)
+{
+	static const char *const units[] = { "KiB", "MiB", "GiB", "TiB", "PiB" };
+	double v = (double)n;
+	size_t u = 0;
+
+	if (n < 1024) {
+		snprintf(buf, len, "%llu B", (unsigned long long)n);
+		return;
+	}
+	for (v /= 1024; v >= 1000 && u + 1 < ARRAY_SIZE(units); u++)
+		v /= 1024;
+	snprintf(buf, len, "%.1f %s", v, units[u]);
+}
+
+/* @what with every "sha256:<64 hex>" cut to 12 hex digits, as docker shows them. */
+static void short_digests(const char *what, char *buf, size_t len)
+{
+	size_t o = 0;
+
+	while (*what && o + 1 < len) {
+		if (!strncmp(what, "sha256:", 7) && strspn(what + 7, "0123456789abcdef") >= 64) {
+			o += (size_t)snprintf(buf + o, len - o, "%.19s", what);
+			what += 7 + 64;
+		} else {
+			buf[o++] = *what++;
+		}
+		o = MIN(o, len - 1);
+	}
+	buf[o] = '\0';
+}
+
+/*
+ * "LABEL  DONE / TOTAL  PCT%  RATE/s  ETA M:SS" in one line narrower than
+ * the terminal (at most 80 columns: a wider one gains nothing), the label
+ * cut first when it does not fit.
+ */
 static void progress_draw(struct ferry_progress *p)
 {
-	if (p->total)
-		fprintf(stderr, "\r\033[K%s: %llu / %llu MiB (%u%%)", p->what,
-			(unsigned long long)(p->done >> 20),
-			(unsigned long long)(p->total >> 20),
-			(unsigned int)(p->done * 100 / p->total));
-	else
-		fprintf(stderr, "\r\033[K%s: %llu MiB", p->what,
-			(unsigned long long)(p->done >> 20));
+	char label[128], done[16], total[16], rate[16], nums[112], eta[32] = "";
+	double secs = (double)(ferry_now_ns() - p->start_ns) / 1e9;
+	struct winsize ws;
+	size_t width = 80, n, room;
+
+	if (!ioctl(STDERR_FILENO, TIOCGWINSZ, &ws) && ws.ws_col)
+		width = MIN((size_t)ws.ws_col, width);
+	width--; /* the last column would wrap on some terminals */
+	short_digests(p->what, label, sizeof(label));
+	human_size(p->done, done, sizeof(done));
+	n = (size_t)snprintf(nums, sizeof(nums), "  %s", done);
+	if (p->total) {
+		human_size(p->total, total, sizeof(total));
+		n += (size_t)snprintf(nums + n, sizeof(nums) - n, " / %s  %u%%", total,
+				      (unsigned int)(MIN(p->done, p->total) * 100 / p->total));
+	}
+	if (secs >= 0.5 && p->done) {
+		double bps = (double)p->done / secs;
+
+		human_size((uint64_t)bps, rate, sizeof(rate));
+		n += (size_t)snprintf(nums + n, sizeof(nums) - n, "  %s/s", rate);
+		if (p->total > p->done) {
+			uint64_t left = (uint64_t)((double)(p->total - p->done) / bps + 0.5);
+
+			if (left >= 3600)
+				snprintf(eta, sizeof(eta), "  ETA %llu:%02u:%02u",
+					 (unsigned long long)(left / 3600),
+					 (unsigned int)(left / 60 % 60),
+					 (unsigned int)(left % 60));
+			else
+				snprintf(eta, sizeof(eta), "  ETA %u:%02u",
+					 (unsigned int)(left / 60), (unsigned int)(left % 60));
+		}
+	}
+	snprintf(nums + n, sizeof(nums) - n, "%s", eta);
+	n = strlen(nums);
+	/* The numbers first; what is left for the label, "..." where cut. */
+	if (n > width)
+		nums[n = width] = '\0';
+	room = width - n;
+	if (strlen(label) > room)
+		snprintf(label + (room > 3 ? room - 3 : 0), 4, "%s", room > 3 ? "..." : "");
+	fprintf(stderr, "\r\033[K%.*s%s", (int)room, label, nums);
 	p->drawn = true;
 }
 
 void ferry_progress_begin(struct ferry_progress *p, const char *what,
 			  uint64_t total)
 {
-	*p = (struct ferry_progress){ .what = what, .total = total };
+	*p = (struct ferry_progress){ .what = what, .total = total,
+				      .start_ns = ferry_now_ns() };
 	if (!isatty(STDERR_FILENO))
 		p->what = NULL;
 }

@@ -25,8 +25,13 @@
 
 #include <limits.h>
 
-/* ferry's release, for --version and the registry User-Agent. */
-#define FERRY_VERSION "0.1.0"
+/*
+ * ferry's release, for --version and the registry User-Agent: the Makefile
+ * passes it from the top-level VERSION file, its one source.
+ */
+#ifndef FERRY_VERSION
+#error "FERRY_VERSION is passed by the Makefile (-DFERRY_VERSION from VERSION)"
+#endif
 
 #define ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
 #define DIV_ROUND_UP(n, d) (((n) + (d) - 1) / (d))
@@ -228,7 +233,10 @@ int parse_size(const char *s, uint64_t *out);
 
 /*
  * Progress line on stderr, redrawn at most ~10 times a second, only when
- * stderr is a TTY and ferry_progress_enabled is set.
+ * stderr is a TTY and ferry_progress_enabled is set: what, bytes done (of
+ * the total, with a percentage), the rate and the time left, in sizes of
+ * human units and digests cut to 12 hex digits, narrower than the
+ * terminal and than 80 columns.
  */
 extern bool ferry_progress_enabled;
 
@@ -236,6 +244,7 @@ struct ferry_progress {
 	const char *what;
 	uint64_t total; /* 0 when unknown */
 	uint64_t done;
+	uint64_t start_ns;
 	uint64_t last_draw_ns;
 	bool drawn;
 };

@@ -27,6 +27,10 @@
 
 #include "../pkg-base/base.h"
 
+/* Magics and the version (docs/FORMAT.md 3.3, 2.4) written and read. */
+#define BLOB_MAGIC "FERRYBL1"
+#define BLOB_INDEX_MAGIC "FERRYIX1"
+#define BLOB_FORMAT_VERSION 1u
 #define BLOB_SLOT_ALIGN 4096u
 #define BLOB_CHUNK_MAX (64u << 20)   /* largest chunk (uncompressed) */
 #define BLOB_FRAME_MAX BLOB_CHUNK_MAX /* largest frame (uncompressed) */

@@ -108,10 +108,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#define BLOB_MAGIC "FERRYBL1"
-#define INDEX_MAGIC "FERRYIX1"
 #define MAGIC_LEN 8
-#define FORMAT_VERSION 1
 #define INDEX_HEADER_SIZE 16
 #define INDEX_RECORD_SIZE 128
 
@@ -166,7 +163,7 @@ void blob_footer_encode(const struct blob_info *info,
 			uint8_t out[BLOB_FOOTER_SIZE])
 {
 	memcpy(out + FT_MAGIC, BLOB_MAGIC, MAGIC_LEN);
-	put_le32(out + FT_VERSION, FORMAT_VERSION);
+	put_le32(out + FT_VERSION, BLOB_FORMAT_VERSION);
 	put_le32(out + FT_NR_CHUNKS, info->nr_chunks);
 	put_le64(out + FT_TABLE_OFFSET, info->table_offset);
 	put_le64(out + FT_USIZE, info->uncompressed_size);
@@ -230,7 +227,7 @@ int blob_footer_parse(const void *footer, uint64_t blob_size,
 		return -EFSCORRUPTED;
 	}
 	version = get_le32(f + FT_VERSION);
-	if (version != FORMAT_VERSION) {
+	if (version != BLOB_FORMAT_VERSION) {
 		ferry_err("%s: unsupported blob format version %u", what,
 			  version);
 		return -EFSCORRUPTED;
@@ -429,8 +426,8 @@ int blob_index_encode(const struct blob_info *blobs, uint32_t nr_blobs,
 	out = calloc(1, total);
 	if (!out)
 		return -ENOMEM;
-	memcpy(out, INDEX_MAGIC, MAGIC_LEN);
-	put_le32(out + 8, FORMAT_VERSION);
+	memcpy(out, BLOB_INDEX_MAGIC, MAGIC_LEN);
+	put_le32(out + 8, BLOB_FORMAT_VERSION);
 	put_le32(out + 12, nr_blobs);
 	rec = out + INDEX_HEADER_SIZE;
 	table = rec + (size_t)nr_blobs * INDEX_RECORD_SIZE;
@@ -473,12 +470,12 @@ int blob_index_decode_prefix(const void *buf, size_t len,
 	int ret;
 
 	memset(out, 0, sizeof(*out));
-	if (len < INDEX_HEADER_SIZE || memcmp(p, INDEX_MAGIC, MAGIC_LEN)) {
+	if (len < INDEX_HEADER_SIZE || memcmp(p, BLOB_INDEX_MAGIC, MAGIC_LEN)) {
 		ferry_err("blob index: bad header (%zu bytes)", len);
 		return -EFSCORRUPTED;
 	}
 	version = get_le32(p + 8);
-	if (version != FORMAT_VERSION) {
+	if (version != BLOB_FORMAT_VERSION) {
 		ferry_err("blob index: unsupported version %u", version);
 		return -EFSCORRUPTED;
 	}

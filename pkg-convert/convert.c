@@ -11,8 +11,10 @@
  * tar, manifest order for layers) so that the output is a deterministic
  * function of the input and options.
  */
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "internal.h"
@@ -48,7 +50,8 @@ static int apply_remote_layer(struct converter *c, const struct oci_image *img,
 	ret = registry_open_stream(img->remote, d->digest, d->size, &fs);
 	if (ret)
 		return ret;
-	ret = input_open_source((struct byte_source){ stream_read, fs }, name, &in);
+	ret = input_open_source((struct byte_source){ .read = stream_read, .ctx = fs },
+				NULL, name, &in);
 	if (!ret)
 		ret = convert_apply_input(c, in, d->size, name);
 	input_close(in);
@@ -62,6 +65,8 @@ int convert_apply_oci_layer(struct converter *c, const struct oci_image *img,
 	char *path = NULL;
 	int ret;
 
+	if (img->archive)
+		return archive_apply_layer(c, img, d, name);
 	if (img->remote)
 		return apply_remote_layer(c, img, d, name);
 	ret = oci_blob_path(img->layout, d->digest, &path);
@@ -69,6 +74,21 @@ int convert_apply_oci_layer(struct converter *c, const struct oci_image *img,
 		ret = convert_apply_tar(c, path, d->digest, name);
 	free(path);
 	return ret;
+}
+
+int convert_open_image(const struct image_ref *src, const char *platform,
+		       const struct fetch_opts *fopts, struct oci_image *img)
+{
+	if (src->transport == IMAGE_OCI_ARCHIVE ||
+	    src->transport == IMAGE_DOCKER_ARCHIVE)
+		return archive_image_open(src, platform, img);
+	return oci_image_open(src, platform, fopts, img);
+}
+
+void convert_close_image(struct oci_image *img)
+{
+	archive_close(img->archive);
+	oci_image_free(img);
 }
 
 static int convert_oci_layers(struct converter *c, const struct oci_image *img)
@@ -215,8 +235,8 @@ static int write_bootstrap(struct converter *c, struct out_blob **blobs,
 	struct blob_info *infos = calloc(nr + 1, sizeof(*infos));
 	struct meta_write_opts wopts = { 0 };
 	struct meta_write_stats wstats;
-	void *ext = NULL;
-	size_t ext_len = 0;
+	void *ext = NULL, *area = NULL;
+	size_t ext_len = 0, area_len = 0;
 	uint32_t i;
 	int ret;
 
@@ -236,14 +256,20 @@ static int write_bootstrap(struct converter *c, struct out_blob **blobs,
 	}
 	ret = convert_elf_collect(c);
 	if (!ret)
-		ret = image_ext_encode(infos, nr, c->prefetch, c->nr_prefetch,
-				       c->elf, c->nr_elf, &ext, &ext_len);
+		ret = image_ext_encode(&(struct image_ext){
+						.blobs = infos, .nr_blobs = nr,
+						.prefetch = c->prefetch,
+						.nr_prefetch = c->nr_prefetch,
+						.elf = c->elf, .nr_elf = c->nr_elf },
+				       &ext, &ext_len, &area, &area_len);
 	if (ret)
 		goto out;
 	wopts.devices = devices;
 	wopts.nr_devices = nr;
 	wopts.ext = ext;
 	wopts.ext_len = ext_len;
+	wopts.sections = area;
+	wopts.sections_len = area_len;
 	ret = atomic_file_create(&scratch, c->blobs_dir, "bootstrap", 0644);
 	if (!ret)
 		ret = meta_write(c->tree, &wopts, scratch.fd, &wstats);
@@ -265,6 +291,7 @@ out:
 	}
 	atomic_file_discard(&scratch);
 	free(ext);
+	free(area);
 	free(devices);
 	free(infos);
 	return ret;
@@ -308,7 +335,9 @@ static int validate_opts(const struct convert_opts *o)
 }
 
 #define SOURCE_TRANSPORTS (IMAGE_ACCEPT(IMAGE_DIR) | IMAGE_ACCEPT(IMAGE_TAR) | \
-			   IMAGE_ACCEPT(IMAGE_OCI) | IMAGE_ACCEPT(IMAGE_DOCKER))
+			   IMAGE_ACCEPT(IMAGE_OCI) | IMAGE_ACCEPT(IMAGE_DOCKER) | \
+			   IMAGE_ACCEPT(IMAGE_OCI_ARCHIVE) | \
+			   IMAGE_ACCEPT(IMAGE_DOCKER_ARCHIVE))
 #define DEST_TRANSPORTS (IMAGE_ACCEPT(IMAGE_DIR) | IMAGE_ACCEPT(IMAGE_OCI) | \
 			 IMAGE_ACCEPT(IMAGE_DOCKER))
 
@@ -362,6 +391,48 @@ void convert_stats_free(struct convert_stats *stats)
 	stats->nr_platforms = 0;
 }
 
+/*
+ * Does @dir/@name start with @prefix? Read without following a link or
+ * waiting on a FIFO, at most the prefix's length.
+ */
+static bool file_starts_with(const char *dir, const char *name, const char *prefix)
+{
+	char path[PATH_MAX], buf[64];
+	size_t len = strlen(prefix);
+	struct stat st;
+	bool match = false;
+	int fd;
+
+	if (snprintf(path, sizeof(path), "%s/%s", dir, name) >= (int)sizeof(path))
+		return false;
+	fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+	if (fd < 0)
+		return false;
+	if (!fstat(fd, &st) && S_ISREG(st.st_mode) && len <= sizeof(buf))
+		match = !pread_full(fd, buf, len, 0) && !memcmp(buf, prefix, len);
+	close(fd);
+	return match;
+}
+
+/*
+ * A dir: source is a root file system; an image in a directory is given
+ * through its own transport, named in the message.
+ */
+static int check_dir_is_tree(const struct image_ref *src)
+{
+	if (file_starts_with(src->path, "version", "Directory Transport Version:")) {
+		ferry_err("source dir:%s is an image in skopeo's dir: layout (manifest.json, version, blobs), not a root file system: copy it to an OCI layout (skopeo copy dir:%s oci:LAYOUT:TAG) and convert oci:LAYOUT:TAG, or convert the image it was copied from",
+			  src->path, src->path);
+		return -EINVAL;
+	}
+	if (file_starts_with(src->path, "oci-layout", "{")) {
+		ferry_err("source dir:%s is an OCI image layout (it has oci-layout), not a root file system: convert oci:%s[:TAG]",
+			  src->path, src->path);
+		return -EINVAL;
+	}
+	return 0;
+}
+
 /* A ferry image is converted already: say so, rather than fail on its bytes. */
 static int check_source_not_ferry(const char *source, const struct image_ref *src,
 				  const struct oci_image *img)
@@ -376,6 +447,8 @@ static int check_source_not_ferry(const char *source, const struct image_ref *sr
 			  src->path);
 		return -EINVAL;
 	}
+	if (src->transport == IMAGE_DIR && check_dir_is_tree(src))
+		return -EINVAL;
 	for (i = 0; i < img->nr_layers; i++)
 		if (oci_is_ferry_blob(img->layers[i].media_type) ||
 		    oci_is_ferry_bootstrap(img->layers[i].media_type)) {
@@ -415,21 +488,53 @@ out:
 	return ret;
 }
 
+/* A regular file @name at the top of the tree converted so far. */
+static bool top_file(const struct converter *c, const char *name)
+{
+	const struct meta_inode *i = meta_dir_lookup(c->tree->root, name,
+						     strlen(name));
+
+	return i && S_ISREG(i->mode);
+}
+
+/*
+ * A tar: source is a root file system: an image archive (docker save's,
+ * skopeo's oci-archive:) converts through its own transport, named here.
+ */
+static int check_tar_is_tree(const struct converter *c, const char *path)
+{
+	const char *transport = NULL;
+
+	if (top_file(c, "manifest.json") && top_file(c, "repositories"))
+		transport = "docker-archive";
+	else if (top_file(c, "oci-layout") && top_file(c, "index.json"))
+		transport = "oci-archive";
+	if (!transport)
+		return 0;
+	ferry_err("source tar:%s is an image archive (%s), not a root file system: convert %s:%s",
+		  path, transport[0] == 'd' ? "docker save's manifest.json and repositories" :
+		  "an OCI layout: oci-layout and index.json", transport, path);
+	return -EINVAL;
+}
+
 /* Feed the source into the tree: one layer, or one per OCI layer. */
 static int convert_source(struct converter *c, const struct image_ref *src,
 			  const struct oci_image *oci)
 {
 	int ret;
 
-	if (src->transport == IMAGE_OCI || src->transport == IMAGE_DOCKER)
+	if (oci->manifest)
 		return convert_oci_layers(c, oci);
 	ret = convert_layer_begin(c, NULL);
 	if (ret)
 		return ret;
-	if (src->transport == IMAGE_DIR)
+	if (src->transport == IMAGE_DIR) {
 		ret = convert_dir(c, src->path);
-	else
+	} else {
 		ret = convert_apply_tar(c, src->path, NULL, src->path);
+		if (!ret)
+			ret = check_tar_is_tree(c, src->path);
+	}
 	return ret ? ret : convert_layer_end(c);
 }
 
@@ -633,7 +738,7 @@ int convert_index(const struct image_ref *src, const struct oci_image *index,
 		if (!platform_wanted(opts, platform))
 			continue;
 		ferry_dbg("%s: converting platform %s", index->where, platform);
-		ret = oci_image_open(src, platform, opts->fetch, &img);
+		ret = convert_open_image(src, platform, opts->fetch, &img);
 		if (!ret && oci_is_old_ferry(&img)) {
 			ferry_err("%s: %s is a ferry image of format 1: upgrade it "
 				  "with one --platform at a time", index->where, platform);
@@ -650,7 +755,7 @@ int convert_index(const struct image_ref *src, const struct oci_image *index,
 			entries[n++].size = member.manifest_size;
 		}
 		convert_stats_free(&member);
-		oci_image_free(&img);
+		convert_close_image(&img);
 	}
 	if (!ret)
 		ret = image_out_finish_index(out, entries, n, opts->fetch,
@@ -668,7 +773,7 @@ int convert_run(const char *source, const char *dest,
 	struct image_out *out = NULL;
 	struct ferry_progress progress = { 0 };
 	const char *platform = opts->platform;
-	bool registry_src, index_dest;
+	bool image_src, index_dest;
 	int ret;
 
 	if (opts->format == CONVERT_FORMAT_EROFS_LAYERS)
@@ -680,16 +785,16 @@ int convert_run(const char *source, const char *dest,
 	ret = validate_opts(opts);
 	if (ret)
 		goto out;
-	registry_src = src.transport == IMAGE_OCI || src.transport == IMAGE_DOCKER;
+	image_src = src.transport != IMAGE_DIR && src.transport != IMAGE_TAR;
 	ret = convert_check_platforms(&dst, opts);
 	if (ret)
 		goto out;
 	/* An index becomes an index, unless one platform is named (or DEST
 	 * is a dir:, which holds one image). */
 	index_dest = dst.transport != IMAGE_DIR && !platform;
-	if (registry_src) {
-		ret = oci_image_open(&src, index_dest ? OCI_PLATFORMS : platform,
-				     opts->fetch, &src_img);
+	if (image_src) {
+		ret = convert_open_image(&src, index_dest ? OCI_PLATFORMS : platform,
+					 opts->fetch, &src_img);
 		if (ret)
 			goto out;
 	}
@@ -704,7 +809,7 @@ int convert_run(const char *source, const char *dest,
 		goto out;
 	}
 	ret = src_img.nr_platforms ? 0 :
-	      check_source_not_ferry(source, &src, registry_src ? &src_img : &no_oci_image);
+	      check_source_not_ferry(source, &src, image_src ? &src_img : &no_oci_image);
 	if (!ret)
 		ret = check_dest_outside_source(&src, &dst);
 	if (!ret)
@@ -714,13 +819,13 @@ int convert_run(const char *source, const char *dest,
 	if (src_img.nr_platforms)
 		ret = convert_index(&src, &src_img, out, convert_into, opts, stats);
 	else
-		ret = convert_into(&src, registry_src ? &src_img : NULL, out, false,
+		ret = convert_into(&src, image_src ? &src_img : NULL, out, false,
 				   opts, stats);
 out:
 	image_out_close(out, ret != 0);
 	if (ret)
 		convert_stats_free(stats);
-	oci_image_free(&src_img);
+	convert_close_image(&src_img);
 	image_ref_free(&src);
 	image_ref_free(&dst);
 	return ret;

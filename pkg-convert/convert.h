@@ -7,9 +7,10 @@
  * (pkg-blob), written as a dir:, oci: or docker:// image through
  * pkg-image, which also parses every reference.
  *
- * The output is a deterministic function of the source and the options
- * (sorted directory entries, archive order, blob bytes independent of
- * --jobs).
+ * The output is a deterministic function of the source, the options and
+ * the release (sorted directory entries, archive order, blob bytes
+ * independent of --jobs; the bootstrap's writer section names the
+ * release).
  *
  * Errors: 0 or a negative errno with a log line naming the source path,
  * tar entry, layer or blob: -EINVAL for bad references or options,

@@ -709,7 +709,8 @@ static int finish(struct converter *c, struct image_out *out,
 }
 
 #define SOURCES (IMAGE_ACCEPT(IMAGE_TAR) | IMAGE_ACCEPT(IMAGE_OCI) | \
-		 IMAGE_ACCEPT(IMAGE_DOCKER) | IMAGE_ACCEPT(IMAGE_DIR))
+		 IMAGE_ACCEPT(IMAGE_DOCKER) | IMAGE_ACCEPT(IMAGE_DIR) | \
+		 IMAGE_ACCEPT(IMAGE_OCI_ARCHIVE) | IMAGE_ACCEPT(IMAGE_DOCKER_ARCHIVE))
 #define DESTS (IMAGE_ACCEPT(IMAGE_OCI) | IMAGE_ACCEPT(IMAGE_DOCKER) | \
 	       IMAGE_ACCEPT(IMAGE_DIR))
 
@@ -786,8 +787,8 @@ int convert_run_erofs_layers(const char *source, const char *dest,
 		ret = convert_check_platforms(&dst, opts);
 	/* An index becomes an index, unless one platform is named. */
 	if (!ret && src.transport != IMAGE_TAR)
-		ret = oci_image_open(&src, opts->platform ? opts->platform : OCI_PLATFORMS,
-				     opts->fetch, &img);
+		ret = convert_open_image(&src, opts->platform ? opts->platform :
+					 OCI_PLATFORMS, opts->fetch, &img);
 	if (!ret)
 		ret = image_out_open(&dst, opts->replace, &out);
 	if (!ret && img.nr_platforms)
@@ -798,7 +799,7 @@ int convert_run_erofs_layers(const char *source, const char *dest,
 	image_out_close(out, ret != 0);
 	if (ret)
 		convert_stats_free(stats);
-	oci_image_free(&img);
+	convert_close_image(&img);
 	image_ref_free(&src);
 	image_ref_free(&dst);
 	return ret;

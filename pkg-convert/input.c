@@ -632,8 +632,8 @@ fail:
 	return ret;
 }
 
-int input_open_source(struct byte_source raw, const char *name,
-		      struct input_stream **out)
+int input_open_source(struct byte_source raw, const uint8_t *sha256,
+		      const char *name, struct input_stream **out)
 {
 	struct input_stream *in = input_alloc(name);
 	int ret;
@@ -641,7 +641,7 @@ int input_open_source(struct byte_source raw, const char *name,
 	if (!in)
 		return -ENOMEM;
 	in->raw = raw;
-	ret = input_start(in, NULL);
+	ret = input_start(in, sha256);
 	if (ret) {
 		input_close(in);
 		return ret;

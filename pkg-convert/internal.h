@@ -174,6 +174,26 @@ struct oci_descriptor;
 int convert_apply_oci_layer(struct converter *c, const struct oci_image *img,
 			    const struct oci_descriptor *d, const char *name);
 
+/*
+ * oci-archive: and docker-archive: sources (archive.c): @ref's image into
+ * @img (@platform and the tag as for oci:, OCI_PLATFORMS included), its
+ * archive, indexed, in img->archive; layer @d of @img applied as one
+ * layer, streamed from its member and digest-checked; the archive closed.
+ */
+struct convert_archive;
+int archive_image_open(const struct image_ref *ref, const char *platform,
+		       struct oci_image *img);
+int archive_apply_layer(struct converter *c, const struct oci_image *img,
+			const struct oci_descriptor *d, const char *name);
+void archive_close(struct convert_archive *a);
+/*
+ * The image of an oci:, docker://, oci-archive: or docker-archive: source
+ * (as oci_image_open); convert_close_image frees it and closes its archive.
+ */
+int convert_open_image(const struct image_ref *src, const char *platform,
+		       const struct fetch_opts *fopts, struct oci_image *img);
+void convert_close_image(struct oci_image *img);
+
 /* Loader dependencies of the ELF files ingested (elfdeps.c, FORMAT.md 2.6) */
 int convert_elf_init(struct converter *c);
 int convert_elf_chunk(struct converter *c, uint64_t off, const uint8_t *data,

@@ -164,8 +164,23 @@ static void tar_consume(struct tar_reader *r, size_t n)
 static int tar_skip(struct tar_reader *r, uint64_t n)
 {
 	while (n) {
-		ssize_t have = tar_fill(r, 1);
+		ssize_t have;
 		size_t k;
+
+		/* Nothing buffered: a seekable source passes over the data. */
+		if (r->pos == r->len && r->src.skip && !r->src_eof) {
+			int64_t got = r->src.skip(r->src.ctx, n);
+
+			if (got < 0)
+				return (int)got;
+			r->off += (uint64_t)got;
+			if ((uint64_t)got < n) {
+				r->src_eof = true;
+				return TAR_EOF;
+			}
+			return 0;
+		}
+		have = tar_fill(r, 1);
 
 		if (have < 0)
 			return (int)have;

@@ -13,10 +13,15 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-/* A byte source: read returns bytes read, 0 at end, or a negative errno. */
+/*
+ * A byte source: read returns bytes read, 0 at end, or a negative errno.
+ * skip (optional: a seekable file) passes over @len bytes without reading
+ * them: the bytes skipped, fewer only at the end of the input, or -errno.
+ */
 struct byte_source {
 	ssize_t (*read)(void *ctx, void *buf, size_t len);
 	void *ctx;
+	int64_t (*skip)(void *ctx, uint64_t len);
 };
 
 /* Decompressing input: detects gzip, zstd, xz or plain tar by magic. */
@@ -31,10 +36,11 @@ int input_open_verified(const char *path, const uint8_t *sha256,
 			const char *name, struct input_stream **out);
 /*
  * Decompressing input over @raw (e.g. a registry blob stream, which checks
- * its own digest). @name is used in messages.
+ * its own digest, or an archive member): its bytes must hash to @sha256,
+ * as for input_open_verified (NULL: no check). @name is used in messages.
  */
-int input_open_source(struct byte_source raw, const char *name,
-		      struct input_stream **out);
+int input_open_source(struct byte_source raw, const uint8_t *sha256,
+		      const char *name, struct input_stream **out);
 /* Wrap an in-memory buffer (fuzzing, tests); the buffer must outlive it. */
 int input_open_mem(const void *buf, size_t len, struct input_stream **out);
 struct byte_source input_source(struct input_stream *in);

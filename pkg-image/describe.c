@@ -42,7 +42,7 @@ static struct json_object *image_json(struct image *img,
 {
 	struct json_object *o = json_object_new_object(), *sbo = json_object_new_object();
 	struct json_object *blobs = json_object_new_array(), *tree = json_object_new_object();
-	struct json_object *prefetch;
+	struct json_object *prefetch, *sections;
 	char hex[2 * BLOB_DIGEST_SIZE + 8];
 	struct meta_super sb;
 	uint32_t i;
@@ -81,6 +81,21 @@ static struct json_object *image_json(struct image *img,
 		json_object_array_add(prefetch, json_object_new_string(img->prefetch[i]));
 	json_object_object_add(o, "prefetch", prefetch);
 	json_object_object_add(o, "loaderDeps", U64(img->nr_elf));
+	if (img->writer)
+		json_object_object_add(o, "writer", json_object_new_string(img->writer));
+	sections = json_object_new_array();
+	for (i = 0; i < img->nr_sections; i++) {
+		const struct image_section_seen *s = &img->sections[i];
+		struct json_object *so = json_object_new_object();
+
+		json_object_object_add(so, "magic", json_object_new_string_len(s->magic, 8));
+		json_object_object_add(so, "version", U64(s->version));
+		json_object_object_add(so, "flags", U64(s->flags));
+		json_object_object_add(so, "bytes", U64(s->len));
+		json_object_object_add(so, "known", json_object_new_boolean(s->known));
+		json_object_array_add(sections, so);
+	}
+	json_object_object_add(o, "sections", sections);
 	json_object_object_add(tree, "files", U64(t->files));
 	json_object_object_add(tree, "directories", U64(t->dirs));
 	json_object_object_add(tree, "symlinks", U64(t->symlinks));

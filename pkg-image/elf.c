@@ -257,8 +257,6 @@ void elf_deps_free(struct elf_deps *d)
  * the interpreter and of the run path (0: none), then each name as a u8
  * length and bytes.
  */
-#define SECTION_MAGIC "FERRYLD1"
-#define SECTION_VERSION 1
 #define SECTION_HEADER 16
 #define FLAG_ELF64 1u
 
@@ -318,8 +316,8 @@ int elf_section_encode(const struct image_elf_entry *e, uint32_t nr,
 	*buf = p = calloc(1, total);
 	if (!p)
 		return -ENOMEM;
-	memcpy(p, SECTION_MAGIC, 8);
-	put_le32(p + 8, SECTION_VERSION);
+	memcpy(p, ELF_SECTION_MAGIC, 8);
+	put_le32(p + 8, ELF_SECTION_VERSION);
 	put_le32(p + 12, nr);
 	p += SECTION_HEADER;
 	for (i = 0; i < nr; i++) {
@@ -418,7 +416,7 @@ int elf_section_decode(const void *buf, size_t len,
 
 	*out = NULL;
 	*nr_out = 0;
-	if (ext_section_header(buf, len, SECTION_MAGIC, SECTION_VERSION,
+	if (ext_section_header(buf, len, ELF_SECTION_MAGIC, ELF_SECTION_VERSION,
 			       "loader dependencies", &nr))
 		return -EFSCORRUPTED;
 	/* Each entry takes 11 bytes at least: no count the bytes cannot hold. */

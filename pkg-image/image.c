@@ -430,8 +430,8 @@ int image_blob_sources_init(struct image *img)
 static int open_bootstrap(struct image *img, const struct image_expect *e,
 			  const char *cache_dir)
 {
-	const void *ext;
-	size_t ext_len, used;
+	const void *ext, *area;
+	size_t ext_len, used, area_len;
 	int ret = load_bootstrap(img, e, cache_dir);
 
 	if (ret)
@@ -468,6 +468,10 @@ static int open_bootstrap(struct image *img, const struct image_expect *e,
 			  img->ref);
 		return ret;
 	}
+	meta_get_sections(img->meta, &area, &area_len);
+	ret = image_sections_decode(img, area, area_len);
+	if (ret)
+		return ret;
 	img->blob_paths = calloc(img->blobs.nr_blobs + 1, sizeof(char *));
 	if (!img->blob_paths)
 		return -ENOMEM;
@@ -572,6 +576,8 @@ void image_close(struct image *img)
 	free(img->nr_layer_units);
 	image_prefetch_list_free(img->prefetch, img->nr_prefetch);
 	image_elf_entries_free(img->elf, img->nr_elf);
+	free(img->writer);
+	free(img->sections);
 	if (img->remote)
 		registry_close(img->remote);
 	blob_index_free(&img->blobs);

@@ -45,6 +45,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <sys/types.h>
 
 #include "../pkg-blob/blob.h"
@@ -96,6 +97,8 @@ enum image_transport {
 	IMAGE_TAR,    /* tar:PATH: an archive to convert */
 	IMAGE_OCI,    /* oci:PATH[:TAG]: an OCI image layout */
 	IMAGE_DOCKER, /* docker://HOST[:PORT]/REPO[:TAG|@DIGEST]: a registry */
+	IMAGE_OCI_ARCHIVE,    /* oci-archive:PATH[:TAG]: a tar of an OCI layout */
+	IMAGE_DOCKER_ARCHIVE, /* docker-archive:PATH: what docker save writes */
 };
 
 /* image_ref_parse's @accept: a bit per transport, and bare paths. */
@@ -107,14 +110,15 @@ enum image_transport {
 
 struct image_ref {
 	enum image_transport transport;
-	/* dir:, tar:, oci: the path; docker: the name fetch_parse_ref
-	 * normalises, "HOST[:PORT]/REPO:TAG" or "HOST[:PORT]/REPO@DIGEST". */
+	/* dir:, tar:, oci:, archives: the path; docker: the name
+	 * fetch_parse_ref normalises, "HOST[:PORT]/REPO:TAG" or
+	 * "HOST[:PORT]/REPO@DIGEST". */
 	char *path;
-	char *tag; /* oci: the tag, or NULL (the layout's only image) */
+	char *tag; /* oci:, oci-archive: the tag, or NULL (the only image) */
 };
 
 /*
- * Parse @s into @out. oci:PATH:TAG splits at the last ':' unless what
+ * Parse @s into @out. oci:PATH:TAG (and oci-archive:) splits at the last ':' unless what
  * follows it contains a '/' (then it is part of PATH). A bare path is
  * dir: only with IMAGE_ACCEPT_BARE, and only when it has no ':' or starts
  * with '/' or '.'. A transport outside @accept, an empty path, or
@@ -182,6 +186,9 @@ struct image {
 	uint32_t nr_prefetch;
 	struct image_elf_entry *elf; /* the loader dependencies, or NULL */
 	uint32_t nr_elf;
+	char *writer;         /* FERRYWR1: "ferry 0.5.0", or NULL (older images) */
+	struct image_section_seen *sections; /* the section area's, in order */
+	uint32_t nr_sections;
 	bool has_posix_acls;  /* set by image_validate_metadata */
 	/*
 	 * Native EROFS layers served lazily (image_opts.erofs_layers): no
@@ -374,16 +381,63 @@ int image_prefetch_list_load(const char *file, char ***paths, uint32_t *nr);
 int image_path_normalize(const char *in, size_t len, char **out);
 void image_prefetch_list_free(char **paths, uint32_t nr);
 
+/* ------------------------------------------------------------------ */
+/* The bootstrap's extension (sections.c, docs/FORMAT.md 2.4-2.7)      */
+/* ------------------------------------------------------------------ */
+
 /*
- * The bootstrap's extension payload: the blob index of @blobs (device
- * order), then the prefetch list when @nr_prefetch > 0, then the loader
- * dependencies when @nr_elf > 0 (@elf sorted by path, unique). image_open
- * decodes it. *@ext is malloc'ed.
+ * A section of the bootstrap's section area (FORMAT.md 2.7): framed with
+ * its magic, version, flags and length, so that readers that do not know
+ * it skip it (readers before ferry 0.5.0 never see the area at all). A
+ * section readers must understand to serve the image has
+ * IMAGE_SECTION_REQUIRED: a reader that does not know it refuses the image.
  */
-int image_ext_encode(const struct blob_info *blobs, uint32_t nr_blobs,
-		     char *const *prefetch, uint32_t nr_prefetch,
-		     const struct image_elf_entry *elf, uint32_t nr_elf,
-		     void **ext, size_t *ext_len);
+#define IMAGE_SECTION_REQUIRED 0x1u
+#define IMAGE_SECTION_HEADER 24u
+struct image_section {
+	char magic[8]; /* "FERRYxxN", no NUL */
+	uint32_t version;
+	uint32_t flags;
+	const void *body;
+	size_t len;
+};
+
+/* What image_open saw in the section area, known or skipped (inspect). */
+struct image_section_seen {
+	char magic[9];
+	uint32_t version, flags;
+	uint64_t len;
+	bool known;
+};
+
+/* Everything the bootstrap's extension carries. */
+struct image_ext {
+	const struct blob_info *blobs;     /* the blob index, device order */
+	uint32_t nr_blobs;
+	char *const *prefetch;             /* the prefetch list, or none */
+	uint32_t nr_prefetch;
+	const struct image_elf_entry *elf; /* loader dependencies: sorted by path, unique */
+	uint32_t nr_elf;
+	/* Sections for the area, after the writer's (FERRYWR1, always written). */
+	const struct image_section *sections;
+	uint32_t nr_sections;
+};
+
+/*
+ * The payload (the blob index, then the prefetch list and the loader
+ * dependencies when there are any: what readers before 0.5.0 read too)
+ * into *@payload, and the section area into *@area (both malloc'ed), as
+ * meta_write_opts' ext and sections take them. image_open decodes both.
+ */
+int image_ext_encode(const struct image_ext *in, void **payload,
+		     size_t *payload_len, void **area, size_t *area_len);
+
+/*
+ * What this build writes and reads, one format a line (release, image
+ * format, bootstrap, its sections, blobs, native layers): the body of
+ * ferry --version and ferryd --version after their first line.
+ */
+void image_print_formats(FILE *out);
 
 /* ------------------------------------------------------------------ */
 /* OCI images as conversion sources (oci.c, remote.c)                  */
@@ -413,6 +467,10 @@ struct oci_image {
 	/* OCI_PLATFORMS: the image platforms of the index, or none. */
 	char (*platforms)[OCI_PLATFORM_MAX];
 	uint32_t nr_platforms;
+	/* The archive the image is read from (pkg-convert's oci-archive: and
+	 * docker-archive:, opaque here), or NULL: its owner closes it, as
+	 * oci_image_free does not. */
+	void *archive;
 };
 
 /*
@@ -432,6 +490,22 @@ bool oci_platform_names(const char *want, const char *platform);
 int oci_image_open(const struct image_ref *ref, const char *platform,
 		   const struct fetch_opts *fopts, struct oci_image *img);
 void oci_image_free(struct oci_image *img);
+/*
+ * Read the file @name of an OCI layout ("index.json", "blobs/sha256/<hex>")
+ * into a malloc'ed *@data: 0, -ENOENT when there is none, -EFBIG when it
+ * has more than @max bytes, or -errno, each after a message naming it.
+ */
+typedef int (*oci_file_read_fn)(void *ctx, const char *name, size_t max,
+				uint8_t **data, size_t *len);
+/*
+ * The same as an oci: layout's oci_image_open for a layout whose files
+ * come through @read (an archive holding one: pkg-convert's oci-archive:),
+ * @where naming it in messages: every document size-limited and
+ * digest-checked. img->layout stays NULL: the caller reads the layers.
+ */
+int oci_image_open_files(const char *where, const char *tag,
+			 const char *platform, oci_file_read_fn read, void *ctx,
+			 struct oci_image *img);
 /* PATH/blobs/sha256/<hex> (allocated). */
 int oci_blob_path(const char *layout, const uint8_t digest[32], char **out);
 /* A ferry data-blob / bootstrap layer type, current or old. */

@@ -17,6 +17,7 @@
 int prefetch_section_encode(char *const *paths, uint32_t nr, uint8_t **buf,
 			    size_t *len);
 #define PREFETCH_MAGIC "FERRYPF1"
+#define PREFETCH_VERSION 1u
 /*
  * The 16-byte header the optional sections share: @magic (8 bytes), u32
  * @version, u32 count (into *@count). -EFSCORRUPTED with a message naming
@@ -29,6 +30,8 @@ int prefetch_section_decode(const void *buf, size_t len, char ***paths,
 			    uint32_t *nr, size_t *used);
 
 /* The loader dependencies section (elf.c), after the prefetch list */
+#define ELF_SECTION_MAGIC "FERRYLD1"
+#define ELF_SECTION_VERSION 1u
 int elf_section_encode(const struct image_elf_entry *e, uint32_t nr,
 		       uint8_t **buf, size_t *len);
 int elf_section_decode(const void *buf, size_t len,
@@ -36,6 +39,13 @@ int elf_section_decode(const void *buf, size_t len,
 /* @img's loader dependencies entry for @path ("/a/b"), or NULL. */
 const struct image_elf_entry *image_elf_find(const struct image *img,
 					     const char *path);
+
+/*
+ * The section area (sections.c, FORMAT.md 2.7) into @img: the sections it
+ * knows decoded, the others skipped; -EFSCORRUPTED for a malformed area,
+ * -ENOTSUP for a required section it does not know (both logged).
+ */
+int image_sections_decode(struct image *img, const void *area, size_t len);
 
 /* ------------------------------------------------------------------ */
 /* What an image's index promises (image.c)                            */

@@ -440,6 +440,81 @@ out:
 	return ret;
 }
 
+/* A layout whose files come through oci_image_open_files' @read. */
+struct files_ctx {
+	const char *where;
+	oci_file_read_fn read;
+	void *ctx;
+};
+
+static int files_load(void *ctx, const struct oci_descriptor *d, bool manifest,
+		      uint8_t **out, size_t *out_len)
+{
+	const struct files_ctx *f = ctx;
+	uint8_t digest[32], *data = NULL;
+	char name[96];
+	size_t len = 0;
+	int ret;
+
+	memcpy(name, "blobs/sha256/", 13);
+	hex_encode(d->digest, 32, name + 13);
+	ret = f->read(f->ctx, name, d->size, &data, &len);
+	if (ret == -EFBIG || (!ret && len != d->size)) {
+		ferry_err("%s: %s: size does not match its descriptor (%llu bytes)",
+			  f->where, name, (unsigned long long)d->size);
+		ret = -EFSCORRUPTED;
+	}
+	if (!ret) {
+		sha256_buf(data, len, digest);
+		if (memcmp(digest, d->digest, 32)) {
+			ferry_err("%s: %s: content does not match its digest",
+				  f->where, name);
+			ret = -EFSCORRUPTED;
+		}
+	}
+	if (ret) {
+		free(data);
+		return ret;
+	}
+	*out = data;
+	*out_len = len;
+	return 0;
+}
+
+int oci_image_open_files(const char *where, const char *tag,
+			 const char *platform, oci_file_read_fn read, void *ctx,
+			 struct oci_image *img)
+{
+	struct files_ctx f = { where, read, ctx };
+	struct json_object *index = NULL;
+	struct oci_descriptor d;
+	uint8_t *data = NULL;
+	size_t len = 0;
+	int ret;
+
+	memset(img, 0, sizeof(*img));
+	img->where = strdup(where);
+	if (!img->where)
+		return -ENOMEM;
+	ret = read(ctx, "index.json", OCI_JSON_MAX, &data, &len);
+	if (ret == -EFBIG)
+		ferry_err("%s: index.json is larger than %u bytes", where, OCI_JSON_MAX);
+	if (!ret && json_parse_object((const char *)data, len, &index)) {
+		ferry_err("%s: index.json is not a JSON object", where);
+		ret = -EFSCORRUPTED;
+	}
+	if (!ret)
+		ret = oci_index_pick(index, where, tag, &d);
+	if (!ret)
+		ret = oci_image_resolve(img, &d, platform,
+					&(struct oci_loader){ .load = files_load, .ctx = &f });
+	json_object_put(index);
+	free(data);
+	if (ret)
+		oci_image_clear(img);
+	return ret;
+}
+
 int oci_image_open(const struct image_ref *ref, const char *platform,
 		   const struct fetch_opts *fopts, struct oci_image *img)
 {

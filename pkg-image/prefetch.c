@@ -13,7 +13,6 @@
 #include "internal.h"
 
 #define PREFETCH_HEADER_SIZE 16u
-#define PREFETCH_VERSION 1u
 
 void image_prefetch_list_free(char **paths, uint32_t nr)
 {
@@ -129,48 +128,6 @@ int prefetch_section_encode(char *const *paths, uint32_t nr, uint8_t **buf,
 	*buf = p;
 	*len = total;
 	return 0;
-}
-
-/* Append the section @sec of @len bytes (consumed) to *@ext. */
-static int ext_append(void **ext, size_t *ext_len, uint8_t *sec, size_t len)
-{
-	void *both = realloc(*ext, *ext_len + len);
-
-	if (both) {
-		memcpy((uint8_t *)both + *ext_len, sec, len);
-		*ext = both;
-		*ext_len += len;
-	}
-	free(sec);
-	return both ? 0 : -ENOMEM;
-}
-
-int image_ext_encode(const struct blob_info *blobs, uint32_t nr_blobs,
-		     char *const *prefetch, uint32_t nr_prefetch,
-		     const struct image_elf_entry *elf, uint32_t nr_elf,
-		     void **ext, size_t *ext_len)
-{
-	uint8_t *sec;
-	size_t len;
-	int ret;
-
-	ret = blob_index_encode(blobs, nr_blobs, ext, ext_len);
-	/* The optional sections follow the blob index, in this order. */
-	if (!ret && nr_prefetch) {
-		ret = prefetch_section_encode(prefetch, nr_prefetch, &sec, &len);
-		if (!ret)
-			ret = ext_append(ext, ext_len, sec, len);
-	}
-	if (!ret && nr_elf) {
-		ret = elf_section_encode(elf, nr_elf, &sec, &len);
-		if (!ret)
-			ret = ext_append(ext, ext_len, sec, len);
-	}
-	if (ret) {
-		free(*ext);
-		*ext = NULL;
-	}
-	return ret;
 }
 
 int ext_section_header(const void *buf, size_t len, const char *magic,

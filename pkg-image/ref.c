@@ -17,6 +17,8 @@ static const struct {
 	[IMAGE_TAR] = { "tar:", "tar:PATH" },
 	[IMAGE_OCI] = { "oci:", "oci:PATH[:TAG]" },
 	[IMAGE_DOCKER] = { "docker:", "docker://[HOST[:PORT]/]REPO[:TAG|@DIGEST]" },
+	[IMAGE_OCI_ARCHIVE] = { "oci-archive:", "oci-archive:PATH[:TAG]" },
+	[IMAGE_DOCKER_ARCHIVE] = { "docker-archive:", "docker-archive:PATH" },
 };
 
 /* "@what \"@s\": expected dir:PATH, oci:PATH[:TAG] or docker://…" */
@@ -111,7 +113,7 @@ int image_ref_parse(const char *s, unsigned int accept, const char *what,
 		expected(what, s, accept);
 		return -EINVAL;
 	}
-	if (out->transport == IMAGE_OCI)
+	if (out->transport == IMAGE_OCI || out->transport == IMAGE_OCI_ARCHIVE)
 		ret = split_tag(rest, &out->path, &out->tag);
 	else if (out->transport == IMAGE_DOCKER)
 		ret = docker_name(rest, &out->path);

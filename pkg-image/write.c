@@ -618,6 +618,9 @@ static int annotate_source(struct json_object *manifest,
 	}
 	annotate(manifest, "dev.ferry.source-layers", joined);
 	free(joined);
+	/* A docker-archive: source has no manifest of its own to name. */
+	if (mem_is_zero(src->manifest_desc.digest, 32))
+		return 0;
 	digest_format(src->manifest_desc.digest, dstr);
 	annotate(manifest, "dev.ferry.source-manifest", dstr);
 	return 0;

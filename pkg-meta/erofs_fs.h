@@ -363,13 +363,19 @@ enum erofs_file_type {
  * block-aligned run of blocks after all EROFS metadata that no inode
  * references, so the kernel and fsck.erofs never look at it.
  */
-#define FERRY_PREAMBLE_MAGIC "FERRYBS1"
-#define FERRY_PREAMBLE_SIZE 64
+#define FERRY_PREAMBLE_SIZE 64 /* magic and version: META_PREAMBLE_* (meta.h) */
 #define FERRY_PRE_MAGIC 0x00    /* 8 bytes */
-#define FERRY_PRE_VERSION 0x08  /* u32, 1 */
+#define FERRY_PRE_VERSION 0x08  /* u32 */
 #define FERRY_PRE_EXT_OFF 0x10  /* u64 byte offset, block-aligned */
 #define FERRY_PRE_EXT_LEN 0x18  /* u64 payload length */
 #define FERRY_PRE_EXT_CRC 0x20  /* u32 crc32c (erofs convention) of payload */
+/*
+ * The section area (ferry 0.5.0 on): framed, skippable sections right
+ * after the payload. Readers before it never look past the payload, so
+ * to them every section is invisible; 0 when there is none.
+ */
+#define FERRY_PRE_SEC_LEN 0x24  /* u64 bytes of the section area */
+#define FERRY_PRE_SEC_CRC 0x2C  /* u32 crc32c of the section area */
 #define FERRY_PRE_CRC 0x3C      /* u32 crc32c of bytes 0..0x3B */
 
 #endif

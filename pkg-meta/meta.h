@@ -11,7 +11,8 @@
  * (device_id, block) pairs it is given. A standalone image (a native
  * container layer) embeds its files' data instead. ferry's own per-image data (the
  * blob tables, see pkg-blob) travels in the bootstrap as an opaque
- * "extension" payload that the kernel never reads.
+ * "extension" payload, followed by an opaque section area (pkg-image
+ * frames its sections), that the kernel never reads.
  *
  * Errors: functions return 0 (or a count) on success and a negative errno
  * on failure; corrupt images give -EFSCORRUPTED with a log line naming the
@@ -27,6 +28,9 @@
 #include <sys/types.h>
 
 #define META_BLOCK_SIZE 4096u
+/* The ferry preamble (docs/FORMAT.md 2.3): magic, and the version written and read. */
+#define META_PREAMBLE_MAGIC "FERRYBS1"
+#define META_PREAMBLE_VERSION 1u
 #define META_MAX_DEVICES 1024u /* blobs per image */
 #define META_NAME_MAX 255u
 #define META_SYMLINK_MAX 4095u /* a target's bytes: PATH_MAX - 1, what readlink can return */
@@ -199,6 +203,9 @@ struct meta_write_opts {
 	uint32_t nr_devices;
 	const void *ext;   /* ferry extension payload, may be NULL */
 	size_t ext_len;
+	/* The section area, written right after the payload; may be NULL. */
+	const void *sections;
+	size_t sections_len;
 	const char *volume_name; /* <= 15 bytes; NULL = "ferry" */
 	/*
 	 * A plain EROFS image for other readers (a native container layer):
@@ -299,6 +306,12 @@ int meta_get_device(const struct meta_image *img, uint32_t device_id,
 
 /* The extension payload (borrowed, valid while @img is open); crc-checked. */
 int meta_get_ext(const struct meta_image *img, const void **ext, size_t *len);
+/*
+ * The section area after the payload (borrowed, crc-checked), or NULL and
+ * 0 when the image has none.
+ */
+void meta_get_sections(const struct meta_image *img, const void **sections,
+		       size_t *len);
 
 struct meta_stat {
 	uint64_t nid;

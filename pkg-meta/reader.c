@@ -38,6 +38,8 @@ struct meta_image {
 	const uint8_t *ext;
 	size_t ext_len;
 	bool has_ext;
+	const uint8_t *sections; /* the section area after ext, or NULL */
+	size_t sections_len;
 	uint16_t zalgs;       /* compression algorithms files may use */
 	uint64_t packed_nid;  /* FRAGMENTS: the inode holding them */
 	uint64_t packed_size; /* its bytes; fragments lie inside */
@@ -200,24 +202,37 @@ static int check_super(struct meta_image *img)
 	return 0;
 }
 
+/* The bytes [@off, @off + @len), inside the image, match the crc at @crc_at. */
+static int check_crc(const struct meta_image *img, uint64_t off, uint64_t len,
+		     size_t crc_at, const char *what)
+{
+	uint32_t crc = erofs_crc32c(~0u, img->buf + off, len);
+
+	if (crc != get_le32(img->buf + crc_at))
+		return corrupt(img, "%s checksum %#x, expected %#x", what,
+			       get_le32(img->buf + crc_at), crc);
+	return 0;
+}
+
 /*
  * Bytes 0..63 are unused by EROFS. Without ferry's magic the image is plain
- * EROFS (e.g. from mkfs.erofs); with it, the preamble and the extension
- * region must be intact.
+ * EROFS (e.g. from mkfs.erofs); with it, the preamble, the extension
+ * payload and the section area after it must be intact.
  */
 static int check_preamble(struct meta_image *img)
 {
 	const uint8_t *p = img->buf;
-	uint64_t off, len;
+	uint64_t off, len, sec_len;
 	uint32_t crc;
+	int ret;
 
-	if (memcmp(p + FERRY_PRE_MAGIC, FERRY_PREAMBLE_MAGIC, 8))
+	if (memcmp(p + FERRY_PRE_MAGIC, META_PREAMBLE_MAGIC, 8))
 		return 0;
 	crc = erofs_crc32c(~0u, p, FERRY_PRE_CRC);
 	if (crc != get_le32(p + FERRY_PRE_CRC))
 		return corrupt(img, "preamble checksum %#x, expected %#x",
 			       get_le32(p + FERRY_PRE_CRC), crc);
-	if (get_le32(p + FERRY_PRE_VERSION) != 1)
+	if (get_le32(p + FERRY_PRE_VERSION) != META_PREAMBLE_VERSION)
 		return corrupt(img, "preamble version %u is not supported",
 			       get_le32(p + FERRY_PRE_VERSION));
 	off = get_le64(p + FERRY_PRE_EXT_OFF);
@@ -225,14 +240,24 @@ static int check_preamble(struct meta_image *img)
 	if (off % EROFS_BLKSIZ || off < EROFS_BLKSIZ || !in_image(img, off, len))
 		return corrupt(img, "extension region %llu+%llu is not block-aligned inside the image",
 			       ull(off), ull(len));
-	crc = erofs_crc32c(~0u, p + off, len);
-	if (crc != get_le32(p + FERRY_PRE_EXT_CRC))
-		return corrupt(img, "extension checksum %#x, expected %#x",
-			       get_le32(p + FERRY_PRE_EXT_CRC), crc);
+	ret = check_crc(img, off, len, FERRY_PRE_EXT_CRC, "extension");
+	if (ret)
+		return ret;
 	img->ext = p + off;
 	img->ext_len = len;
 	img->has_ext = true;
-	return 0;
+	sec_len = get_le64(p + FERRY_PRE_SEC_LEN);
+	if (!sec_len)
+		return 0;
+	if (!in_image(img, off + len, sec_len))
+		return corrupt(img, "section area %llu+%llu is outside the image",
+			       ull(off + len), ull(sec_len));
+	ret = check_crc(img, off + len, sec_len, FERRY_PRE_SEC_CRC, "section area");
+	if (!ret) {
+		img->sections = p + off + len;
+		img->sections_len = sec_len;
+	}
+	return ret;
 }
 
 static int load_inode(const struct meta_image *img, uint64_t nid,
@@ -387,6 +412,13 @@ int meta_get_ext(const struct meta_image *img, const void **ext, size_t *len)
 	*ext = img->ext;
 	*len = img->ext_len;
 	return 0;
+}
+
+void meta_get_sections(const struct meta_image *img, const void **sections,
+		       size_t *len)
+{
+	*sections = img->sections;
+	*len = img->sections_len;
 }
 
 /* ------------------------------------------------------------------ */

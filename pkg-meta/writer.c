@@ -15,7 +15,8 @@
  *   data area       full blocks of directories and bootstrap-stored files
  *   embedded data   the caller's file data (meta_write_opts.embedded),
  *                   copied as given: files there are FLAT_PLAIN
- *   ext region      ferry extension payload, block aligned, zero padded
+ *   ext region      ferry extension payload, block aligned, then the
+ *                   section area right after it, zero padded
  * A standalone image (native container layers) has no preamble and no ext.
  *
  * Choices a reader relies on (docs/FORMAT.md):
@@ -650,7 +651,7 @@ static int wr_place(struct writer *w)
 					     EROFS_NULL_ADDR;
 	}
 	w->ext_blkaddr = (uint32_t)blk;
-	end = blk + DIV_ROUND_UP(o->ext_len, BLK);
+	end = blk + DIV_ROUND_UP((uint64_t)o->ext_len + o->sections_len, BLK);
 	/* Devices follow in the unified address space (flat images). */
 	for (uint32_t d = 0; d < o->nr_devices; d++)
 		end += o->devices[d].blocks;
@@ -659,7 +660,8 @@ static int wr_place(struct writer *w)
 			  (unsigned long long)end);
 		return -EFBIG;
 	}
-	w->total_blocks = (uint32_t)(blk + DIV_ROUND_UP(o->ext_len, BLK));
+	w->total_blocks = (uint32_t)(blk + DIV_ROUND_UP((uint64_t)o->ext_len +
+						       o->sections_len, BLK));
 	return 0;
 }
 
@@ -896,11 +898,14 @@ static void put_preamble(const struct writer *w, uint8_t *p)
 {
 	const struct meta_write_opts *o = w->opts;
 
-	memcpy(p + FERRY_PRE_MAGIC, FERRY_PREAMBLE_MAGIC, 8);
-	put_le32(p + FERRY_PRE_VERSION, 1);
+	memcpy(p + FERRY_PRE_MAGIC, META_PREAMBLE_MAGIC, 8);
+	put_le32(p + FERRY_PRE_VERSION, META_PREAMBLE_VERSION);
 	put_le64(p + FERRY_PRE_EXT_OFF, (uint64_t)w->ext_blkaddr * BLK);
 	put_le64(p + FERRY_PRE_EXT_LEN, o->ext_len);
 	put_le32(p + FERRY_PRE_EXT_CRC, erofs_crc32c(~0u, o->ext, o->ext_len));
+	put_le64(p + FERRY_PRE_SEC_LEN, o->sections_len);
+	put_le32(p + FERRY_PRE_SEC_CRC,
+		 o->sections_len ? erofs_crc32c(~0u, o->sections, o->sections_len) : 0);
 	put_le32(p + FERRY_PRE_CRC, erofs_crc32c(~0u, p, FERRY_PRE_CRC));
 }
 
@@ -1063,7 +1068,8 @@ static int stream_embedded(struct writer *w)
 static int wr_stream(struct writer *w)
 {
 	const struct meta_write_opts *o = w->opts;
-	uint64_t ext_pad = ROUND_UP((uint64_t)o->ext_len, BLK) - o->ext_len;
+	uint64_t ext_bytes = (uint64_t)o->ext_len + o->sections_len;
+	uint64_t ext_pad = ROUND_UP(ext_bytes, BLK) - ext_bytes;
 	int ret = 0;
 
 	w->buf = malloc(STREAM_BUF);
@@ -1090,6 +1096,8 @@ static int wr_stream(struct writer *w)
 		ret = stream_embedded(w);
 	if (!ret && o->ext_len)
 		ret = stream_put(w, o->ext, o->ext_len);
+	if (!ret && o->sections_len)
+		ret = stream_put(w, o->sections, o->sections_len);
 	if (!ret)
 		ret = stream_put(w, NULL, ext_pad);
 	if (!ret)
@@ -1112,13 +1120,13 @@ static int wr_check_opts(const struct meta_write_opts *o)
 		ferry_err("meta: %u devices but no device table", o->nr_devices);
 		return -EINVAL;
 	}
-	if (o->standalone && (o->ext || o->ext_len)) {
+	if (o->standalone && (o->ext || o->ext_len || o->sections_len)) {
 		ferry_err("meta: a standalone image carries no extension payload");
 		return -EINVAL;
 	}
-	if (o->ext_len && !o->ext) {
-		ferry_err("meta: extension payload of %zu bytes is NULL",
-			  o->ext_len);
+	if ((o->ext_len && !o->ext) || (o->sections_len && !o->sections)) {
+		ferry_err("meta: extension payload of %zu bytes or section area of %zu is NULL",
+			  o->ext_len, o->sections_len);
 		return -EINVAL;
 	}
 	if (o->volume_name && strlen(o->volume_name) > 15) {

@@ -548,7 +548,9 @@ static void usage(FILE *out)
 		"descriptor (FD) so that the mount outlives ferryd, and hands it to a\n"
 		"new ferryd on the control socket SOCKET (started with OPTION... when\n"
 		"none answers) if ferryd dies. SOCK: its end of a socket pair with\n"
-		"ferryd. Installed next to ferryd; see ferryd(8).\n");
+		"ferryd. Installed next to ferryd; see ferryd(8). --version prints its\n"
+		"release (a running keeper may be older than ferryd: it outlives\n"
+		"ferryd's upgrades).\n");
 }
 
 int serve_keeper_main(int argc, char **argv)
@@ -561,6 +563,10 @@ int serve_keeper_main(int argc, char **argv)
 		return cachefiles_keeper(argc, argv);
 	if (argc > 1 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
 		usage(stdout);
+		return 0;
+	}
+	if (argc == 2 && !strcmp(argv[1], "--version")) {
+		printf("ferryd-keeper %s\n", FERRY_VERSION);
 		return 0;
 	}
 	usage(stderr);

@@ -14,6 +14,9 @@ pkgs=(
 	# containerd snapshotter (contrib/containerd): Go sources, runtime, ctr-remote
 	golang-go golang-github-containerd-containerd-dev
 	golang-github-containerd-stargz-snapshotter-dev containerd runc stargz-snapshotter
+	golang-google-protobuf-dev golang-github-pelletier-go-toml-dev # protowire, hosts.toml
+	# its CRI test's client (tests/tools/cri): gRPC, protobuf and protoc
+	python3-grpcio python3-protobuf protobuf-compiler
 	# VM tests (tests/vm): kernel source and build tools, guest userland, QEMU
 	linux-source-6.12 bc flex bison libelf-dev cpio busybox-static
 	qemu-system-x86 e2fsprogs

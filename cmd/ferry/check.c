@@ -42,7 +42,12 @@ int cmd_check(int argc, char **argv)
 			       "blob and chunk.\n\n"
 			       "IMAGE  dir:OUT, oci:PATH[:TAG] or\n"
 			       "       docker://[HOST[:PORT]/]REPO[:TAG|@DIGEST] (blobs are\n"
-			       "       read from the registry)\n\n%s\n"
+			       "       read from the registry)\n\n"
+			       "Options:\n"
+			       "  --json      the result as JSON on stdout: ok, inodes,\n"
+			       "              chunks, bytesVerified, and error (the reason)\n"
+			       "              when the image fails\n"
+			       "  -h, --help  this help\n\n%s\n"
 			       EXIT_CODES_HELP, REGISTRY_OPTIONS_HELP);
 			return EXIT_OK;
 		default:

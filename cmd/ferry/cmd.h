@@ -12,7 +12,7 @@
 #define FERRY_DEFAULT_CACHE_DIR "/var/lib/ferry/cache"
 
 #define EXIT_CODES_HELP                                                        \
-	"Exit status: 0 success, 1 failure (I/O error, corrupt or invalid "     \
+	"Exit status: 0 success, 1 failure (I/O error, corrupt or invalid\n"   \
 	"input, failed check), 2 usage error.\n"
 
 int cmd_convert(int argc, char **argv);

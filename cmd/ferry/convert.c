@@ -24,6 +24,16 @@ static void convert_help(void)
 	       "        docker://[HOST[:PORT]/]REPO[:TAG|@DIGEST]\n"
 	       "                        the same from a registry; layers are streamed\n"
 	       "                        (never staged on disk) and digest-checked\n"
+	       "        oci-archive:PATH[:TAG]\n"
+	       "                        an OCI layout in a tar file (skopeo's\n"
+	       "                        oci-archive:)\n"
+	       "        docker-archive:PATH\n"
+	       "                        what docker save writes (one image), or\n"
+	       "                        skopeo's docker-archive:; both archives are read\n"
+	       "                        in place, never extracted: a plain tar file, not\n"
+	       "                        a pipe or a compressed one\n"
+	       "        An image given as dir: or tar: (skopeo's dir: layout, an OCI\n"
+	       "        layout, an archive) is refused, naming its transport\n"
 	       "DEST    dir:OUT         writes OUT/bootstrap, OUT/blobs/sha256/<hex> and\n"
 	       "                        OUT/ferry.json (see docs/FORMAT.md)\n"
 	       "        oci:PATH[:TAG]  adds a ferry image to an OCI layout (default tag\n"
@@ -31,15 +41,16 @@ static void convert_help(void)
 	       "        docker://[HOST[:PORT]/]REPO[:TAG]\n"
 	       "                        pushes that image to a registry (staged in\n"
 	       "                        $TMPDIR, default /var/tmp, then removed)\n"
-	       "A ferry image of format 1 or 2 (written by earlier versions) as an oci:\n"
-	       "or docker:// SOURCE is upgraded into an oci: or docker:// DEST: the same\n"
-	       "blobs with containerd's layer types and diff_ids (docs/FORMAT.md).\n\n"
+	       "A ferry image of format 1 or 2 (written by ferry 0.1.0 to 0.4.0) as an\n"
+	       "oci: or docker:// SOURCE is upgraded into an oci: or docker:// DEST:\n"
+	       "the same blobs with containerd's layer types and the current diff_ids\n"
+	       "(docs/FORMAT.md).\n\n"
 	       "Options:\n"
 	       "  --format F         ferry (default): the image above; erofs-layers:\n"
-	       "                     every layer of a tar:, oci: or docker:// SOURCE\n"
-	       "                     becomes one standalone EROFS image (whiteouts\n"
-	       "                     in overlayfs form) in an oci: or docker://\n"
-	       "                     DEST, media type application/vnd.erofs.layer.v1\n"
+	       "                     every layer of a tar:, oci:, docker:// or archive\n"
+	       "                     SOURCE becomes one standalone EROFS image\n"
+	       "                     (whiteouts in overlayfs form) in an oci: or\n"
+	       "                     docker:// DEST, media type application/vnd.erofs.layer.v1\n"
 	       "                     (containerd's native EROFS layers), files\n"
 	       "                     EROFS-compressed (zstd by default: Linux 6.10;\n"
 	       "                     --compress lz4: 5.13; 1 MiB extents in big\n"
@@ -74,8 +85,7 @@ static void convert_help(void)
 	       "  --no-loader-deps   leave out what each program's dynamic loader\n"
 	       "                     opens (kept in the bootstrap by default, so that\n"
 	       "                     lazy mounts fetch a program's libraries with it);\n"
-	       "                     ferryd from before 2026-12-05 refuses images\n"
-	       "                     that have it\n"
+	       "                     ferryd before 0.3.0 refuses images that have it\n"
 	       "  --no-fragments     erofs-layers: every file in blocks of its own\n"
 	       "                     (larger; for readers older than erofs-utils 1.6)\n"
 	       "  --force            replace an existing dir: image or oci: tag (the\n"
@@ -83,8 +93,9 @@ static void convert_help(void)
 	       "  --json             print a JSON summary on stdout\n"
 	       "  -q, --quiet        no progress or summary on stderr\n"
 	       "  -h, --help         this help\n\n"
-	       "Output is deterministic: the same input and options give identical\n"
-	       "bytes. DEST must be new, an empty directory, or (with --force) an\n"
+	       "Output is deterministic: the same input, options and ferry release\n"
+	       "give identical bytes (the bootstrap names the release that wrote\n"
+	       "it). DEST must be new, an empty directory, or (with --force) an\n"
 	       "image; one inside a dir: SOURCE is refused. SIGINT, SIGTERM or\n"
 	       "SIGHUP stop the conversion and leave DEST as it was.\n\n%s\n" EXIT_CODES_HELP,
 	       CONVERT_DEFAULT_INLINE_MAX, REGISTRY_OPTIONS_HELP);
@@ -163,18 +174,20 @@ static void on_interrupt(int sig)
 	interrupted = true;
 }
 
+/* The summary on stderr, in lines of at most 80 columns (--json has it all). */
 static void print_summary(const struct convert_stats *s)
 {
 	uint32_t i;
 
 	if (s->upgraded) {
-		fprintf(stderr, "upgraded a ferry image of an earlier format (same blobs)\n  manifest %s\n",
-			s->manifest_digest);
+		fprintf(stderr, "upgraded a ferry image of an earlier format (same blobs)\n"
+			"  manifest\n    %s\n", s->manifest_digest);
 		return;
 	}
 	fprintf(stderr,
 		"converted %llu entries (%llu files, %llu dirs, %llu symlinks) in %.2f s\n"
-		"  file data %llu bytes: %llu inline, %llu zero, %llu new unique in %llu chunks\n"
+		"  file data %llu bytes: %llu inline, %llu zero\n"
+		"  new unique data %llu bytes in %llu chunks\n"
 		"  bootstrap %llu bytes\n",
 		(unsigned long long)s->entries, (unsigned long long)s->files,
 		(unsigned long long)s->dirs, (unsigned long long)s->symlinks, s->seconds,
@@ -183,14 +196,14 @@ static void print_summary(const struct convert_stats *s)
 		(unsigned long long)s->chunks_unique,
 		(unsigned long long)s->bootstrap_bytes);
 	for (i = 0; i < s->nr_blobs; i++)
-		fprintf(stderr, "  blob %u %s: %llu bytes, %u chunks%s\n", i + 1,
-			s->blobs[i].digest, (unsigned long long)s->blobs[i].size,
-			s->blobs[i].nr_chunks, s->blobs[i].from_dict ? " (chunk dict)" : "");
+		fprintf(stderr, "  blob %u: %llu bytes, %u chunks%s\n    %s\n", i + 1,
+			(unsigned long long)s->blobs[i].size, s->blobs[i].nr_chunks,
+			s->blobs[i].from_dict ? " (chunk dict)" : "", s->blobs[i].digest);
 	for (i = 0; i < s->nr_platforms; i++)
-		fprintf(stderr, "  %s: manifest %s\n", s->platforms[i].platform,
+		fprintf(stderr, "  %s: manifest\n    %s\n", s->platforms[i].platform,
 			s->platforms[i].manifest_digest);
 	if (s->manifest_digest[0])
-		fprintf(stderr, "  %s %s\n", s->nr_platforms ? "index" : "manifest",
+		fprintf(stderr, "  %s\n    %s\n", s->nr_platforms ? "index" : "manifest",
 			s->manifest_digest);
 }
 

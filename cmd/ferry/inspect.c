@@ -25,7 +25,7 @@ static int64_t jint(struct json_object *o, const char *key)
 
 static void print_image_text(struct json_object *o)
 {
-	struct json_object *sb, *blobs, *tree, *prefetch;
+	struct json_object *sb, *blobs, *tree, *prefetch, *sections;
 	size_t i;
 
 	json_object_object_get_ex(o, "superblock", &sb);
@@ -55,6 +55,17 @@ static void print_image_text(struct json_object *o)
 	if (jint(o, "loaderDeps"))
 		printf("loader deps:  %" PRId64 " ELF files (interpreter, libraries)\n",
 		       jint(o, "loaderDeps"));
+	if (*jstr(o, "writer"))
+		printf("written by:   %s\n", jstr(o, "writer"));
+	json_object_object_get_ex(o, "sections", &sections);
+	for (i = 0; i < json_object_array_length(sections); i++) {
+		struct json_object *s = json_object_array_get_idx(sections, i);
+
+		printf("section:      %.8s v%" PRId64 ", %" PRId64 " bytes%s\n",
+		       jstr(s, "magic"), jint(s, "version"), jint(s, "bytes"),
+		       json_object_get_boolean(json_object_object_get(s, "known")) ?
+		       "" : " (not read by this ferry: skipped)");
+	}
 	printf("tree:         %" PRId64 " files (%" PRId64 " bytes; %" PRId64 " chunked, %"
 	       PRId64 " inline), %" PRId64 " directories, %" PRId64 " symlinks, %"
 	       PRId64 " other\n", jint(tree, "files"), jint(tree, "fileBytes"),
@@ -142,7 +153,13 @@ int cmd_inspect(int argc, char **argv)
 			       "for chunked files, the chunk map (file range -> device, blob\n"
 			       "offsets, codec, sha256).\n\n"
 			       "IMAGE  dir:OUT, oci:PATH[:TAG] or\n"
-			       "       docker://[HOST[:PORT]/]REPO[:TAG|@DIGEST]\n\n%s\n"
+			       "       docker://[HOST[:PORT]/]REPO[:TAG|@DIGEST]\n\n"
+			       "Options:\n"
+			       "  --json      the same as JSON on stdout (the image: superblock,\n"
+			       "              chunkSize, compression, blobs, prefetch,\n"
+			       "              loaderDeps, writer, sections, tree; a PATH: its\n"
+			       "              attributes, xattrs, chunks, loaderDeps)\n"
+			       "  -h, --help  this help\n\n%s\n"
 			       EXIT_CODES_HELP, REGISTRY_OPTIONS_HELP);
 			return EXIT_OK;
 		default:

@@ -40,7 +40,9 @@ static void print_help(void)
 	       "  -v, --verbose   more log output (repeat for debug)\n"
 	       "  -q, --quiet     errors only, no progress\n"
 	       "  -h, --help      this help; 'ferry COMMAND --help' for a command\n"
-	       "  --version       print the version\n\n" EXIT_CODES_HELP);
+	       "  --version       print the release and the image formats it writes\n"
+	       "                  and reads\n\n" EXIT_CODES_HELP
+	       "'ferry daemon status' exits 3 when no ferryd runs.\n");
 }
 
 int usage_error(const char *cmd, const char *fmt, ...)
@@ -82,8 +84,9 @@ int main(int argc, char **argv)
 
 			if (!inflater)
 				return EXIT_USAGE;
-			printf("ferry %s\ngzip inflater: %s\n", FERRY_VERSION,
-			       inflater);
+			printf("ferry %s\n", FERRY_VERSION);
+			image_print_formats(stdout);
+			printf("gzip inflater: %s\n", inflater);
 			return EXIT_OK;
 		} else {
 			fprintf(stderr, "ferry: unknown option %s\nTry 'ferry --help'.\n",

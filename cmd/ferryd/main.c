@@ -80,7 +80,7 @@ static void help(void)
 	       "  -v, --verbose      more log output (repeat for debug)\n"
 	       "  -q, --quiet        errors only\n"
 	       "  -h, --help         this help\n"
-	       "  --version          print the version\n\n"
+	       "  --version          print the release and the image formats it reads\n\n"
 	       "Without -f, ferryd forks; the parent exits once the socket listens\n"
 	       "(status 0) or the daemon failed to start (status 1, reason on stderr).\n"
 	       "Under systemd, ferryd -f takes the control socket from socket\n"
@@ -296,6 +296,7 @@ int main(int argc, char **argv)
 			return EXIT_SUCCESS;
 		case 'V':
 			printf("ferryd %s\n", FERRYD_VERSION);
+			image_print_formats(stdout);
 			return EXIT_SUCCESS;
 		default:
 			return usage("%s", "unknown option");

@@ -28,4 +28,8 @@ export GOCACHE=${FERRY_GOCACHE:-/var/tmp/ferry-gocache-$vers}
 cmd=$1
 shift
 cd "$link"
+# The release, from VERSION: ferry-snapshotter --version prints it.
+if [ "$cmd" = build ]; then
+	set -- -ldflags "-X main.version=$(cat "$top/VERSION")" "$@"
+fi
 exec go "$cmd" "$@" "$pkg"

@@ -130,8 +130,9 @@ static int decode(const struct buf *gz, const char *inflater, size_t piece,
 	if (!tmp)
 		abort();
 	setenv("FERRY_INFLATE", inflater, 1);
-	ret = piece ? input_open_source((struct byte_source){ pieces_read, &src },
-					"test", &in)
+	ret = piece ? input_open_source((struct byte_source){ .read = pieces_read,
+							      .ctx = &src },
+					NULL, "test", &in)
 		    : input_open_mem(gz->p, gz->len, &in);
 	unsetenv("FERRY_INFLATE");
 	if (ret)

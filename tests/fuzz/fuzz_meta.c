@@ -250,6 +250,9 @@ static void fuzz_one(const uint8_t *data, size_t size, uint64_t image_len)
 	ret = meta_get_ext(img, &ext, &ext_len);
 	if (ret && ret != -ENODATA)
 		abort();
+	meta_get_sections(img, &ext, &ext_len);
+	if (!ext != !ext_len)
+		abort();
 	walk_image(img, &st);
 	meta_image_close(img);
 	if (st.bad)
@@ -272,12 +275,16 @@ static void fix_checksums(uint8_t *buf, size_t size)
 	crc = erofs_crc32c(crc, sb + EROFS_SB_CHECKSUM + 4,
 			   EROFS_BLKSIZ - EROFS_SUPER_OFFSET - EROFS_SB_CHECKSUM - 4);
 	put_le32(sb + EROFS_SB_CHECKSUM, crc);
-	if (memcmp(buf + FERRY_PRE_MAGIC, FERRY_PREAMBLE_MAGIC, 8))
+	if (memcmp(buf + FERRY_PRE_MAGIC, META_PREAMBLE_MAGIC, 8))
 		return;
 	off = get_le64(buf + FERRY_PRE_EXT_OFF);
 	len = get_le64(buf + FERRY_PRE_EXT_LEN);
 	if (off <= size && len <= size - off)
 		put_le32(buf + FERRY_PRE_EXT_CRC, erofs_crc32c(~0u, buf + off, len));
+	off += len;
+	len = get_le64(buf + FERRY_PRE_SEC_LEN);
+	if (off <= size && len <= size - off)
+		put_le32(buf + FERRY_PRE_SEC_CRC, erofs_crc32c(~0u, buf + off, len));
 	put_le32(buf + FERRY_PRE_CRC, erofs_crc32c(~0u, buf, FERRY_PRE_CRC));
 }
 

@@ -367,6 +367,98 @@ static void test_prefetch_lists(void)
 	CHECK_EQ(image_prefetch_list_load("/nonexistent/list", &paths, &nr), -ENOENT);
 }
 
+/*
+ * The section area (FORMAT.md 2.7): a reader decodes the sections it
+ * knows and skips the others, the way ferry 0.5 will skip a section a
+ * later ferry adds; one marked required it refuses instead.
+ */
+static struct image *decode_area(const struct image_section *extra, uint32_t nr,
+				 size_t cut, int *ret)
+{
+	struct image_ext in = { .sections = extra, .nr_sections = nr };
+	struct image *img = calloc(1, sizeof(*img));
+	void *payload = NULL, *area = NULL;
+	size_t payload_len = 0, area_len = 0;
+
+	*ret = -ENOMEM;
+	if (!img)
+		return NULL;
+	img->ref = strdup("test");
+	*ret = image_ext_encode(&in, &payload, &payload_len, &area, &area_len);
+	if (!*ret)
+		*ret = image_sections_decode(img, area, area_len - cut);
+	free(payload);
+	free(area);
+	return img;
+}
+
+static void free_decoded(struct image *img)
+{
+	if (!img)
+		return;
+	free(img->ref);
+	free(img->writer);
+	free(img->sections);
+	free(img);
+}
+
+static void test_sections(void)
+{
+	struct image_section later[] = {
+		{ "FERRYZZ9", 3, 0, "from a later ferry", 18 },
+		{ "FERRYWR1", 2, 0, "a writer section of another version", 35 },
+	};
+	struct image_section required = { "FERRYZZ9", 1, IMAGE_SECTION_REQUIRED, "x", 1 };
+	struct image_section writer_again = { "FERRYWR1", 1, 0, "ferry 9", 7 };
+	struct image_section bad_writer = { "FERRYWR1", 1, 0, "ferry\n", 6 };
+	struct image *img;
+	int ret;
+
+	/* What every conversion writes: who wrote the image. */
+	img = decode_area(NULL, 0, 0, &ret);
+	CHECK_EQ(ret, 0);
+	CHECK(img && img->writer && !strcmp(img->writer, "ferry " FERRY_VERSION));
+	CHECK(img && img->nr_sections == 1 && img->sections[0].known);
+	free_decoded(img);
+
+	/* Sections this ferry does not read are skipped, and listed. */
+	img = decode_area(later, ARRAY_SIZE(later), 0, &ret);
+	CHECK_EQ(ret, 0);
+	CHECK(img && img->writer && !strcmp(img->writer, "ferry " FERRY_VERSION));
+	CHECK(img && img->nr_sections == 3);
+	if (img && img->nr_sections == 3) {
+		CHECK(!strcmp(img->sections[1].magic, "FERRYZZ9"));
+		CHECK(!img->sections[1].known && img->sections[1].version == 3);
+		CHECK_EQ(img->sections[1].len, 18);
+		CHECK(!img->sections[2].known && img->sections[2].version == 2);
+	}
+	free_decoded(img);
+
+	/* Unless the image says it needs them. */
+	img = decode_area(&required, 1, 0, &ret);
+	CHECK_EQ(ret, -ENOTSUP);
+	free_decoded(img);
+
+	/* A frame that overruns the area, a known section twice, a bad body. */
+	img = decode_area(later, ARRAY_SIZE(later), 1, &ret);
+	CHECK_EQ(ret, -EFSCORRUPTED);
+	free_decoded(img);
+	img = decode_area(later, ARRAY_SIZE(later), 36, &ret);
+	CHECK_EQ(ret, -EFSCORRUPTED);
+	free_decoded(img);
+	img = decode_area(&writer_again, 1, 0, &ret);
+	CHECK_EQ(ret, -EFSCORRUPTED);
+	free_decoded(img);
+	img = decode_area(&bad_writer, 1, 0, &ret);
+	CHECK_EQ(ret, -EFSCORRUPTED);
+	free_decoded(img);
+
+	/* A converted image says which ferry wrote it. */
+	CHECK_EQ(open_img(dir_img, &img), 0);
+	CHECK(img && img->writer && !strcmp(img->writer, "ferry " FERRY_VERSION));
+	image_close(img);
+}
+
 /* image_opts.digest: the image must be that one (a takeover's pin). */
 static void test_pinned(void)
 {
@@ -520,6 +612,7 @@ int main(void)
 	RUN_TEST(test_corrupt_oci);
 	RUN_TEST(test_bootstrap_frames);
 	RUN_TEST(test_prefetch_lists);
+	RUN_TEST(test_sections);
 	RUN_TEST(test_pinned);
 	RUN_TEST(test_cached_copies);
 	RUN_TEST(test_meta_gc);

@@ -935,7 +935,7 @@ static const char ext_payload[] = "ferry extension payload: blob tables go here"
 static void add_preamble(uint8_t *buf, size_t len, const void *ext, size_t ext_len)
 {
 	memset(buf, 0, FERRY_PREAMBLE_SIZE);
-	memcpy(buf + FERRY_PRE_MAGIC, FERRY_PREAMBLE_MAGIC, 8);
+	memcpy(buf + FERRY_PRE_MAGIC, META_PREAMBLE_MAGIC, 8);
 	put_le32(buf + FERRY_PRE_VERSION, 1);
 	put_le64(buf + FERRY_PRE_EXT_OFF, len);
 	put_le64(buf + FERRY_PRE_EXT_LEN, ext_len);

@@ -510,7 +510,7 @@ static void test_write_empty_tree(void)
 	CHECK_EQ(st.inodes, 1);
 	CHECK_EQ(st.compact_inodes, 1);
 	/* Preamble. */
-	CHECK(!memcmp(b, FERRY_PREAMBLE_MAGIC, 8));
+	CHECK(!memcmp(b, META_PREAMBLE_MAGIC, 8));
 	CHECK_EQ(get_le32(b + FERRY_PRE_VERSION), 1);
 	CHECK_EQ(get_le64(b + FERRY_PRE_EXT_OFF), len);
 	CHECK_EQ(get_le64(b + FERRY_PRE_EXT_LEN), 0);
@@ -1434,6 +1434,74 @@ static void test_write_ext_payload(void)
 	meta_tree_free(t);
 }
 
+/*
+ * The section area follows the payload inside the extension region; the
+ * preamble gives its length and crc, and the reader hands it back.
+ */
+static void test_write_sections(void)
+{
+	static uint8_t ext[3000], area[5000];
+	char img[512];
+	struct meta_write_opts o = { .ext = ext, .ext_len = sizeof(ext),
+				     .sections = area, .sections_len = sizeof(area) };
+	struct meta_image *mi = NULL;
+	struct meta_tree *t;
+	struct meta_write_stats ws;
+	const void *got;
+	uint8_t *b;
+	size_t len, got_len;
+
+	fill_pattern(ext, sizeof(ext), 5);
+	fill_pattern(area, sizeof(area), 9);
+	CHECK_EQ(meta_tree_new(&t), 0);
+	add_file(t, t->root, "f", "data", 4);
+	tpath(img, "sections.img");
+	CHECK_EQ(write_image(t, &o, img, &ws), 0);
+	b = slurp(img, &len);
+	if (b) {
+		uint64_t off = get_le64(b + FERRY_PRE_EXT_OFF);
+
+		CHECK_EQ(get_le64(b + FERRY_PRE_SEC_LEN), sizeof(area));
+		CHECK_EQ(get_le32(b + FERRY_PRE_SEC_CRC),
+			 erofs_crc32c(~0u, area, sizeof(area)));
+		CHECK_EQ(off + ROUND_UP(sizeof(ext) + sizeof(area), BLK), len);
+		CHECK(!memcmp(b + off + sizeof(ext), area, sizeof(area)));
+		CHECK_EQ(meta_image_open_mem(b, len, &mi), 0);
+		if (mi) {
+			meta_get_sections(mi, &got, &got_len);
+			CHECK(got_len == sizeof(area) && !memcmp(got, area, got_len));
+			CHECK_EQ(meta_get_ext(mi, &got, &got_len), 0);
+			CHECK_EQ(got_len, sizeof(ext));
+			meta_image_close(mi);
+			mi = NULL;
+		}
+		/* A flipped byte in the area: the image is refused. */
+		b[off + sizeof(ext) + 4321] ^= 1;
+		CHECK_EQ(meta_image_open_mem(b, len, &mi), -EFSCORRUPTED);
+		b[off + sizeof(ext) + 4321] ^= 1;
+		/* An area running past the image, with a crc that matches it. */
+		put_le64(b + FERRY_PRE_SEC_LEN, len);
+		put_le32(b + FERRY_PRE_CRC, erofs_crc32c(~0u, b, FERRY_PRE_CRC));
+		CHECK_EQ(meta_image_open_mem(b, len, &mi), -EFSCORRUPTED);
+	}
+	free(b);
+	CHECK_EQ(fsck(img, NULL, 0), 0);
+	/* Without an area the fields stay 0 and there is nothing to read. */
+	o.sections = NULL;
+	o.sections_len = 0;
+	CHECK_EQ(write_image(t, &o, img, &ws), 0);
+	b = slurp(img, &len);
+	CHECK(b && !get_le64(b + FERRY_PRE_SEC_LEN) && !get_le32(b + FERRY_PRE_SEC_CRC));
+	CHECK(b && meta_image_open_mem(b, len, &mi) == 0);
+	if (mi) {
+		meta_get_sections(mi, &got, &got_len);
+		CHECK(!got && !got_len);
+		meta_image_close(mi);
+	}
+	free(b);
+	meta_tree_free(t);
+}
+
 /* Inodes reachable only from dropped or unlinked directories are not written. */
 static void test_write_unreachable(void)
 {
@@ -1763,6 +1831,7 @@ int main(void)
 	RUN_TEST(test_write_xattrs);
 	RUN_TEST(test_write_deterministic);
 	RUN_TEST(test_write_ext_payload);
+	RUN_TEST(test_write_sections);
 	RUN_TEST(test_write_unreachable);
 	RUN_TEST(test_write_invalid);
 	RUN_TEST(test_write_bad_fd);

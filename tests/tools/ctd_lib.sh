@@ -5,15 +5,19 @@
 # stopping by PID, and removing runc's fixed-path state afterwards.
 
 # ctd_configs DIR SNROOT FERRYD_SOCK CACHE MODE [JSON]: DIR/config.toml
-# (root, state and sockets under DIR, CRI off, the proxy snapshotter
-# "ferry" at DIR/snapshotter.sock) and DIR/snapshotter.json for
-# ferry-snapshotter, with JSON's members added (e.g. its "pullers").
+# (root, state and sockets under DIR, CRI off unless CTD_CRI holds its
+# tables, the proxy snapshotter "ferry" at DIR/snapshotter.sock) and
+# DIR/snapshotter.json for ferry-snapshotter (hosts directory DIR/certs.d,
+# not the machine's), with JSON's members added (e.g. its "pullers").
+CTD_CRI=
 ctd_configs() {
+	local cri_off='disabled_plugins = ["io.containerd.grpc.v1.cri"]'
+	[ -z "$CTD_CRI" ] || cri_off=
 	cat >"$1/config.toml" <<TOML
 version = 2
 root = "$1/root"
 state = "$1/state"
-disabled_plugins = ["io.containerd.grpc.v1.cri"]
+$cri_off
 [grpc]
   address = "$1/containerd.sock"
 [ttrpc]
@@ -21,10 +25,11 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
 [proxy_plugins.ferry]
   type = "snapshot"
   address = "$1/snapshotter.sock"
+$CTD_CRI
 TOML
 	cat >"$1/snapshotter.json" <<JSON
 {"address": "$1/snapshotter.sock", "root": "$2", "ferrydSocket": "$3",
- "cacheDir": "$4", "mode": "$5"${6:+, $6}}
+ "cacheDir": "$4", "mode": "$5", "hostsDir": "$1/certs.d"${6:+, $6}}
 JSON
 }
 
@@ -55,9 +60,11 @@ ctd_stop() {
 CTD_HAD_RUN=0
 [ -d /run/containerd ] && CTD_HAD_RUN=1
 
-# ctd_clean_run NS: runc keeps its state at a fixed path per namespace.
+# ctd_clean_run NS: runc keeps its state at a fixed path per namespace,
+# unless the runtime's options name a Root of its own (CTD_RUNC_ROOT=1).
+CTD_RUNC_ROOT=
 ctd_clean_run() {
-	rm -rf "/run/containerd/runc/$1"
+	[ -n "$CTD_RUNC_ROOT" ] || rm -rf "/run/containerd/runc/$1"
 	[ "$CTD_HAD_RUN" = 1 ] || rmdir /run/containerd/runc /run/containerd/s \
 		/run/containerd/fifo /run/containerd 2>/dev/null || true
 }

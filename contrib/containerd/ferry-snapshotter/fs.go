@@ -11,11 +11,13 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
 
 	"github.com/containerd/containerd/log"
+	refdocker "github.com/containerd/containerd/reference/docker"
 	"github.com/moby/sys/mountinfo"
 	"github.com/sirupsen/logrus"
 )
@@ -63,6 +65,7 @@ type mountState struct {
 type ferryFS struct {
 	c         config
 	fetch     json.RawMessage // ferryd's "fetch" options (auths as an authfile)
+	creds     *criCreds       // kubelet's pull secrets, from the CRI proxy
 	restoring bool            // during NewSnapshotter: Mount restores
 
 	mu         sync.Mutex
@@ -73,7 +76,7 @@ type ferryFS struct {
 }
 
 func newFerryFS(c config, fetch json.RawMessage) (*ferryFS, error) {
-	f := &ferryFS{c: c, fetch: fetch, byChain: map[string]string{}, unverified: map[string]bool{},
+	f := &ferryFS{c: c, fetch: fetch, creds: newCRICreds(), byChain: map[string]string{}, unverified: map[string]bool{},
 		states: map[string]*mountState{}, failed: map[string]error{}}
 	if err := os.MkdirAll(filepath.Join(c.Root, "mounts"), 0700); err != nil {
 		return nil, err
@@ -222,7 +225,7 @@ func (f *ferryFS) mountBootstrap(ctx context.Context, mountpoint, id string, a *
 		return err
 	}
 	f.log(ctx).Infof("ferry: mounting %s for chain %s at %s (mode %s)", a.image, a.target, dir, f.c.Mode)
-	rep, err := f.mount(a.image, a.pin, dir)
+	rep, err := f.mount(ctx, a.image, a.pin, dir)
 	if err == nil {
 		err = a.checkBootstrap(rep.ImageDigest, rep.BootstrapDigest)
 	}
@@ -302,7 +305,7 @@ func (f *ferryFS) remount(ctx context.Context, mountpoint, dir string, rec *reco
 		return err
 	}
 	f.log(ctx).Infof("ferry: mounting %s again at %s (mode %s)", rec.Image, dir, f.c.Mode)
-	rep, err := f.mount(rec.Image, rec.Manifest, dir)
+	rep, err := f.mount(ctx, rec.Image, rec.Manifest, dir)
 	if err == nil && rep.BootstrapDigest != rec.Bootstrap {
 		_ = f.umount(dir, false)
 		err = fmt.Errorf("ferryd mounted bootstrap %s, not %s", rep.BootstrapDigest, rec.Bootstrap)
@@ -387,9 +390,48 @@ type mountReply struct {
 	BootstrapDigest string `json:"bootstrapDigest"`
 }
 
+// fetchFor: ferryd's "fetch" options for a mount of @image (docker://REF):
+// the configuration's, the hosts of its registry from the hosts directory,
+// and the credentials kubelet last pulled its repository with, which
+// ferryd sends to that registry only.
+func (f *ferryFS) fetchFor(ctx context.Context, image string) (json.RawMessage, error) {
+	ref := strings.TrimPrefix(image, "docker://")
+	named, err := refdocker.ParseDockerRef(ref)
+	if err != nil {
+		return nil, fmt.Errorf("image %s: %w", image, err)
+	}
+	var hosts []ferryHost
+	if f.c.HostsDir != "" {
+		if hosts, err = registryHosts(ctx, f.c.HostsDir, refdocker.Domain(named)); err != nil {
+			return nil, err
+		}
+	}
+	creds := f.creds.lookup(ref)
+	if hosts == nil && creds == "" {
+		return f.fetch, nil
+	}
+	opts := map[string]interface{}{}
+	if len(f.fetch) > 0 {
+		if err := json.Unmarshal(f.fetch, &opts); err != nil {
+			return nil, err
+		}
+	}
+	if hosts != nil {
+		opts["hosts"] = hosts
+	}
+	if creds != "" {
+		opts["creds"] = creds
+	}
+	return json.Marshal(opts)
+}
+
 // mount asks ferryd to mount @image (by manifest digest @pin, if given)
 // at @dir; the answer names what it verified and mounted.
-func (f *ferryFS) mount(image, pin, dir string) (*mountReply, error) {
+func (f *ferryFS) mount(ctx context.Context, image, pin, dir string) (*mountReply, error) {
+	fetch, err := f.fetchFor(ctx, image)
+	if err != nil {
+		return nil, err
+	}
 	req := map[string]interface{}{
 		"op": "mount", "image": image, "mountpoint": dir,
 		"cacheDir": f.c.CacheDir, "mode": f.c.Mode,
@@ -400,8 +442,8 @@ func (f *ferryFS) mount(image, pin, dir string) (*mountReply, error) {
 	if pin != "" {
 		req["imageDigest"] = pin
 	}
-	if len(f.fetch) > 0 {
-		req["fetch"] = f.fetch
+	if len(fetch) > 0 {
+		req["fetch"] = fetch
 	}
 	answer, err := f.call(req, ferrydTimeout)
 	if err != nil {

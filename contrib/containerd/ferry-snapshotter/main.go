@@ -46,6 +46,13 @@ type config struct {
 	Auths    map[string]authEntry `json:"auths,omitempty"`
 	LogLevel string               `json:"logLevel"`        // logrus level: debug, info, warn, error
 	Fetch    json.RawMessage      `json:"fetch,omitempty"` // ferryd's "fetch" options but creds
+	// containerd's hosts directory (its CRI registry config_path): each
+	// mount's registry hosts (hosts.go); "" reads none.
+	HostsDir string `json:"hostsDir"`
+	// The CRI proxy for kubelet's image service endpoint, "": none
+	// (cri.go), and containerd's socket, where it forwards.
+	CRIAddress        string `json:"criAddress"`
+	ContainerdAddress string `json:"containerdAddress"`
 }
 
 // authEntry is one host's entry of a docker config file's "auths".
@@ -65,6 +72,9 @@ func defaults() config {
 		Mode:         "auto",
 		Pullers:      map[string]string{"k8s.io": pullerCRI},
 		LogLevel:     "info",
+		HostsDir:     "/etc/containerd/certs.d",
+		// The proxy is off until criAddress names its socket.
+		ContainerdAddress: "/run/containerd/containerd.sock",
 	}
 }
 
@@ -93,10 +103,18 @@ func loadConfig(path string) (config, error) {
 }
 
 func (c *config) check() error {
-	for _, p := range []string{c.Address, c.Root, c.FerrydSocket, c.CacheDir} {
+	for _, p := range []string{c.Address, c.Root, c.FerrydSocket, c.CacheDir, c.ContainerdAddress} {
 		if !filepath.IsAbs(p) {
 			return fmt.Errorf("%q is not an absolute path", p)
 		}
+	}
+	for _, p := range []string{c.HostsDir, c.CRIAddress} {
+		if p != "" && !filepath.IsAbs(p) {
+			return fmt.Errorf("%q is not an absolute path", p)
+		}
+	}
+	if c.CRIAddress != "" && (c.CRIAddress == c.Address || c.CRIAddress == c.ContainerdAddress) {
+		return fmt.Errorf("criAddress %s is another socket's", c.CRIAddress)
 	}
 	for ns, p := range c.Pullers {
 		if p != pullerCRI && p != pullerRpull {
@@ -131,6 +149,9 @@ func (c *config) fetchOptions() (json.RawMessage, error) {
 		if err := json.Unmarshal(c.Fetch, &opts); err != nil {
 			return nil, fmt.Errorf("fetch: %w", err)
 		}
+	}
+	if _, ok := opts["hosts"]; ok && c.HostsDir != "" {
+		return nil, fmt.Errorf("fetch.hosts and hostsDir (%s) both name registry hosts: put them in hosts.toml files there, or set hostsDir to \"\" (docs/containerd.md)", c.HostsDir)
 	}
 	if _, ok := opts["creds"]; ok {
 		return nil, errors.New("fetch.creds sends one secret to every registry any image names; name credentials per registry host in \"auths\" ({\"auths\": {\"HOST[:PORT]\": {\"auth\": BASE64(USER:PASS)}}}, docker's config shape) or in a docker config file named by fetch.authfile (docs/containerd.md)")
@@ -203,8 +224,13 @@ func serve(ctx context.Context, c config, closeAtEnd bool) error {
 	}
 	rpc := grpc.NewServer()
 	snapshotsapi.RegisterSnapshotsServer(rpc, snapshotservice.FromSnapshotter(&trusted{sn, fs}))
-	errc := make(chan error, 1)
+	errc := make(chan error, 2)
 	go func() { errc <- rpc.Serve(l) }()
+	if c.CRIAddress != "" {
+		proxyCtx, stopProxy := context.WithCancel(ctx)
+		defer stopProxy()
+		go func() { errc <- serveCRI(proxyCtx, c.CRIAddress, c.ContainerdAddress, fs.creds) }()
+	}
 	select {
 	case <-ctx.Done():
 		rpc.Stop()
@@ -233,7 +259,11 @@ func listen(path string) (net.Listener, error) {
 	return l, nil
 }
 
+// version is the release, from the top-level VERSION file (go.sh's -ldflags -X).
+var version = "unknown"
+
 func main() {
+	showVersion := flag.Bool("version", false, "print the release and the image format it mounts, and exit")
 	cfgPath := flag.String("config", "", "JSON configuration file (docs/containerd.md)")
 	address := flag.String("address", "", "gRPC socket (overrides the config's address)")
 	root := flag.String("root", "", "state directory (overrides the config's root)")
@@ -245,6 +275,12 @@ func main() {
 		flag.PrintDefaults()
 	}
 	flag.Parse()
+	if *showVersion {
+		fmt.Printf("ferry-snapshotter %s\nimage formats: ferry format 3 (layers labelled containerd.io/snapshot/ferry.*,\n"+
+			"diff_ids checked; ferry convert upgrades formats 1 and 2); ferryd %s or later\n"+
+			"reads the bootstraps and their sections ('ferryd --version' lists them)\n", version, version)
+		return
+	}
 	c, err := loadConfig(*cfgPath)
 	if err == nil && *address != "" {
 		c.Address = *address

@@ -101,6 +101,7 @@ func testConfig(root, ferryd string) config {
 	c.FerrydSocket = ferryd
 	c.CacheDir = filepath.Join(root, "cache")
 	c.Pullers = map[string]string{"k8s.io": pullerCRI, "default": pullerRpull}
+	c.HostsDir = filepath.Join(root, "certs.d") // the host's own is not the test's
 	return c
 }
 
