@@ -59,9 +59,16 @@ stop_ferry() {
 	[ -S "$fd_sock" ] && ctd_stop "$(ferryd_pid "$fd_sock")"
 	rm -f "$fd_sock"
 }
-# SIGINT: containerd-stargz-grpc unmounts its layers and cleans up on it only.
+# SIGINT: containerd-stargz-grpc unmounts its layers and cleans up on it only
+# (10 s for that, then ctd_stop's SIGTERM and SIGKILL).
 stop_stargz() {
-	[ -n "$sz_pid" ] && kill -INT "$sz_pid" 2>/dev/null && ctd_stop "$sz_pid"
+	[ -n "$sz_pid" ] || return 0
+	kill -INT "$sz_pid" 2>/dev/null || true
+	for _ in $(seq 100); do
+		kill -0 "$sz_pid" 2>/dev/null || break
+		sleep 0.1
+	done
+	ctd_stop "$sz_pid"
 	sz_pid=
 }
 cleanup() {
