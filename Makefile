@@ -183,6 +183,7 @@ check-asan: deps
 
 bench: deps all tests
 	BIN=$(BIN) bench/run.sh
+	BIN=$(BIN) bench/index.sh
 	BIN=$(BIN) bench/native.sh
 	BIN=$(BIN) bench/lazy.sh
 	BIN=$(BIN) bench/memory.sh

@@ -27,7 +27,8 @@
 # read, and for NEW the requests made by readahead (off the readers' path:
 # fetchesAhead). "new-fanotify-native": the same image converted by NEW_BIN
 # to native EROFS layers (--format erofs-layers), fanotify mode, issue 21's
-# workload.
+# workload. "new-MODE-index": the source image itself, unconverted, through
+# the ferry index NEW_BIN attached to it (issue 45), issue 21's workload.
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 . "$top/bench/lib.sh"
@@ -79,9 +80,11 @@ print(sum(x.get(sys.argv[1], 0) for x in json.load(sys.stdin)["mounts"]))' "$3"
 }
 cold() { # LINK BUILD BIN MODE [WORKLOAD [TAG]]: one cold start, a line into $work/results
 	local link=$1 b=$2 bin=$3 mode=$4 wl=${5:-21} tag=${6:-1} sock=$work/$2-$4.sock cache=$work/cache-$2-$4
-	local mnt=$work/mnt-$2-$4 t0 t1 what=$2-$4 ref_tag=$tag
+	local mnt=$work/mnt-$2-$4 t0 t1 what=$2-$4 ref=ferry/$set_name:$tag
 	[ "$tag" = 1 ] || what=$what-$tag
-	[ "$b" != old ] || [ "$tag" != 1 ] || ref_tag=old
+	[ "$b" != old ] || [ "$tag" != 1 ] || ref=ferry/$set_name:old
+	# "index": the source image itself, through its ferry index (issue 45).
+	[ "$tag" != index ] || ref=src/$set_name:1
 	[ "$wl" = 21 ] || [ "$tag" != 1 ] || what=$what-py
 	rm -rf "$cache"
 	mkdir -p "$mnt"
@@ -89,7 +92,7 @@ cold() { # LINK BUILD BIN MODE [WORKLOAD [TAG]]: one cold start, a line into $wo
 	wstat reset >/dev/null
 	t0=$(now)
 	"$bin/ferry" mount --mode "$mode" --socket "$sock" --cache-dir "$cache" \
-		"docker://$wan/ferry/$set_name:$ref_tag" "$mnt"
+		"docker://$wan/$ref" "$mnt"
 	workload "$mnt" "$wl"
 	t1=$(now)
 	echo "$link $what $(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }') $(wstat requests) $(mstat "$bin" "$sock" bytesFetched) $(mstat "$bin" "$sock" bytesRead) $(mstat "$bin" "$sock" fetchesAhead) $(wstat max_inflight)" >>"$work/results"
@@ -132,6 +135,8 @@ record_list
 # Native EROFS layers (FORMAT.md 1c, 1d), served lazily in fanotify mode.
 "$ferry" convert -q --format erofs-layers "docker://$reg/src/$set_name:1" \
 	"docker://$reg/ferry/$set_name:native"
+# The source image itself, lazily through a ferry index (FORMAT.md 1e).
+"$ferry" index -q "docker://$reg/src/$set_name:1"
 
 : >"$work/results"
 for link in $links; do
@@ -147,6 +152,7 @@ for link in $links; do
 			cold "$link" new "$new" "$mode"
 			cold "$link" new "$new" "$mode" 17
 			cold "$link" new "$new" "$mode" 17 list
+			cold "$link" new "$new" "$mode" 21 index
 		done
 		cold "$link" new "$new" fanotify 21 native
 		pull "$link"
@@ -182,7 +188,19 @@ def table(runs, pull_what):
             print("| %s | %s | %.2f | %.3f | %d | %d | %d | %d | %s | %s | %d |" % (
                 link, what, t, t / pull, req, ahead, req - ahead, fetched,
                 "%d" % read if read else "-", ratio, infl))
-table(("old-fuse", "new-fuse", "old-fanotify", "new-fanotify", "new-fanotify-native", "pull"), "pull")
+table(("old-fuse", "new-fuse", "new-fuse-index", "old-fanotify", "new-fanotify",
+       "new-fanotify-index", "new-fanotify-native", "pull"), "pull")
+print()
+print("Issue 45: the source image through its ferry index (-index) against its conversion")
+print()
+print("| link | mode | index / converted (workload time) | index / full pull |")
+print("|---|---|---|---|")
+for link in links:
+    for mode in ("fuse", "fanotify"):
+        if (link, "new-%s-index" % mode) in rows:
+            t = med(link, "new-%s-index" % mode, 0)
+            print("| %s | %s | %.2f | %.3f |" % (link, mode, t / med(link, "new-" + mode, 0),
+                                              t / med(link, "pull", 0)))
 print()
 print("Issue 17: startup workload + python3 -c 'import json, email, http.client', without and with the recorded list")
 print()

@@ -47,6 +47,14 @@ enum blob_codec {
 	BLOB_CODEC_LZ4 = 1,
 	BLOB_CODEC_ZSTD = 2,
 	BLOB_CODEC_LZMA = 3,
+	/*
+	 * Stream blobs only (a layer read in place, FORMAT.md 3.5): frames
+	 * decoded from a resume point of the layer's gzip stream (deflate
+	 * resumed there) or zstd stream (a frame boundary). blob_decompress
+	 * refuses them: they need the blob's resume points (blob_stream).
+	 */
+	BLOB_CODEC_GZIP_STREAM = 4,
+	BLOB_CODEC_ZSTD_STREAM = 5,
 };
 
 struct blob_compress {
@@ -89,7 +97,9 @@ int blob_decompress(enum blob_codec codec, const void *src, size_t src_len,
 /*
  * One chunk. coff, csize and codec describe the chunk's frame, shared by
  * every chunk of that frame; the chunk's bytes are frame_off ..
- * frame_off + usize of the frame's frame_usize decoded bytes.
+ * frame_off + usize of the frame's frame_usize decoded bytes. In a stream
+ * blob the frame's decoded bytes start frame_skip bytes after the resume
+ * point at coff, and its chunks may have gaps between them (tar headers).
  */
 struct blob_chunk {
 	uint64_t uoff;  /* slot start in the uncompressed space, 4 KiB aligned */
@@ -98,9 +108,19 @@ struct blob_chunk {
 	uint32_t csize; /* the frame's compressed bytes */
 	uint32_t frame_off;   /* chunk start in the decoded frame */
 	uint32_t frame_usize; /* decoded frame bytes (derived from the table) */
+	uint32_t frame_skip;  /* stream blobs: decoded bytes before the frame */
 	uint8_t codec;  /* the frame's enum blob_codec */
 	uint8_t sha256[BLOB_DIGEST_SIZE]; /* of the uncompressed bytes */
 };
+
+/*
+ * A stream blob: an OCI layer (tar, gzip or zstd) read where it is, not a
+ * ferry blob file. Its chunks are pieces of the layer's decoded stream
+ * (file data between tar headers); size is the layer's, table_offset ==
+ * size (the table lives only in the blob index), and frames may overlap
+ * in the layer and leave gaps (FORMAT.md 3.5).
+ */
+#define BLOB_INFO_STREAM 0x1u
 
 /* One blob: what its footer says plus its chunk table. */
 struct blob_info {
@@ -110,6 +130,7 @@ struct blob_info {
 	uint64_t table_offset;      /* chunk table start == data bytes */
 	uint32_t nr_chunks;
 	uint8_t table_sha256[BLOB_DIGEST_SIZE];
+	uint32_t flags;            /* BLOB_INFO_STREAM */
 	struct blob_chunk *chunks; /* sorted by uoff; owned */
 };
 
@@ -268,9 +289,13 @@ int blob_chunk_decode(const struct blob_chunk *c, const void *cdata, void *out);
  * into @buf — a local file, or a registry Range request. 0 or -errno; may
  * be called from several threads at once.
  */
+struct blob_stream;
 struct blob_source {
 	int (*read)(void *ctx, uint64_t off, void *buf, size_t len);
 	void *ctx;
+	/* A stream blob's resume points (its frames decode from them); NULL
+	 * for ferry blobs. */
+	const struct blob_stream *stream;
 };
 
 struct blob_verify_report {
@@ -301,6 +326,131 @@ int blob_verify_source(const struct blob_source *src, const char *name,
 		       const struct blob_info *info,
 		       struct blob_verify_report *report);
 
+
+/* ------------------------------------------------------------------ */
+/* Stream blobs: resume points (stream.c, FORMAT.md 3.5)               */
+/* ------------------------------------------------------------------ */
+
+/*
+ * Where decoding of a layer's compressed stream can start: a gzip member
+ * header, a deflate block boundary with the 32 KiB of decoded bytes
+ * before it (zlib's examples/zran.c model), or a zstd frame boundary.
+ * A stream blob's frames each decode from one of them (coff is the byte
+ * holding its first bit), skipping frame_skip decoded bytes first.
+ */
+#define BLOB_STREAM_WINDOW 32768u
+#define BLOB_STREAM_POINTS_MAX (1u << 22)
+
+enum blob_stream_format {
+	BLOB_STREAM_TAR = 0,  /* uncompressed: no resume points */
+	BLOB_STREAM_GZIP = 1,
+	BLOB_STREAM_ZSTD = 2,
+};
+
+#define BLOB_POINT_HEADER 0x1u /* gzip: a member header starts here */
+
+struct blob_stream_point {
+	uint64_t cbit;         /* position in the blob, in bits */
+	uint64_t uoff;         /* position in the decoded stream */
+	uint32_t window_len;   /* gzip: decoded bytes before uoff deflate may use */
+	uint32_t window_clen;  /* their stored bytes: == window_len raw, else zstd */
+	uint32_t flags;        /* BLOB_POINT_* */
+	const uint8_t *window; /* window_clen bytes (borrowed) */
+};
+
+struct blob_stream {
+	uint32_t blob;          /* the stream blob's index in the blob index */
+	uint8_t format;         /* enum blob_stream_format */
+	uint64_t usize;         /* decoded stream bytes */
+	uint8_t diff_id[BLOB_DIGEST_SIZE]; /* sha256 of the decoded stream */
+	uint32_t nr_points;
+	struct blob_stream_point *points; /* ascending; owned */
+};
+
+struct blob_streams {
+	uint32_t nr;
+	struct blob_stream *streams; /* ascending blob */
+};
+
+#define BLOB_STREAMS_MAGIC "FERRYRP1"
+#define BLOB_STREAMS_VERSION 1u
+/*
+ * The resume points section of a bootstrap (FORMAT.md 2.8): one record
+ * per stream blob of the blob index, in blob order. Windows are copied
+ * into *@buf.
+ */
+int blob_streams_encode(const struct blob_stream *s, uint32_t nr, void **buf,
+			size_t *len);
+/* Does @buf start with the section's magic? */
+bool blob_streams_magic(const void *buf, size_t len);
+/*
+ * Decode the section at the start of @buf, *@used its length, checking it
+ * against @idx: exactly the stream blobs of @idx, each frame's coff a
+ * resume point's byte, frames inside the stream. The points' windows
+ * point into @buf, which must outlive @out. -EFSCORRUPTED (logged).
+ */
+int blob_streams_decode(const void *buf, size_t len,
+			const struct blob_index *idx, struct blob_streams *out,
+			size_t *used);
+void blob_streams_free(struct blob_streams *s);
+/* The stream of blob @blob, or NULL. */
+const struct blob_stream *blob_streams_find(const struct blob_streams *s,
+					    uint32_t blob);
+
+/*
+ * Decoding frames of a stream blob. A reader given several frames of one
+ * run (the blob's bytes [@run_coff, @run_coff + @run_len) in memory, read
+ * once) in ascending order goes on decoding from where the previous frame
+ * ended when that is on the way, instead of from the frame's resume
+ * point; blob_stream_reader_reset before each new run.
+ */
+struct blob_stream_reader;
+int blob_stream_reader_new(struct blob_stream_reader **out);
+void blob_stream_reader_reset(struct blob_stream_reader *r);
+void blob_stream_reader_free(struct blob_stream_reader *r);
+/*
+ * Decode the frame whose first chunk is @c into @out (c->frame_usize
+ * bytes). @run must hold [c->coff, c->coff + c->csize). No digest is
+ * checked (blob_chunk_verify each chunk). -EFSCORRUPTED when the bytes
+ * do not decode to the frame.
+ */
+int blob_stream_frame_decode(struct blob_stream_reader *r,
+			     const struct blob_stream *s,
+			     const struct blob_chunk *c, const uint8_t *run,
+			     uint64_t run_coff, size_t run_len, void *out);
+
+/*
+ * Points a process learned while decoding a stream blob's frames: the
+ * last block boundary (gzip; frame end for zstd) each run passed, with
+ * its window (at most 64 per blob, the least recently used replaced).
+ * blob_stream_learned_find: for the frame of @c, the learned point
+ * nearest before it and after its recorded one, copied into @pt (its
+ * window, raw, into @window); false when there is none.
+ * blob_stream_reader_begin sets @r up at such a point @pt inside the run
+ * (its first frame then decodes on from there); blob_stream_reader_learn
+ * keeps the last boundary @r passed. Thread-safe.
+ */
+struct blob_stream_learned;
+int blob_stream_learned_new(struct blob_stream_learned **out);
+void blob_stream_learned_free(struct blob_stream_learned *l);
+bool blob_stream_learned_find(struct blob_stream_learned *l, const struct blob_stream *s,
+			      const struct blob_chunk *c, struct blob_stream_point *pt,
+			      uint8_t window[BLOB_STREAM_WINDOW]);
+int blob_stream_reader_begin(struct blob_stream_reader *r, const struct blob_stream *s,
+			     const struct blob_stream_point *pt, const uint8_t *run,
+			     uint64_t run_coff, size_t run_len);
+void blob_stream_reader_learn(struct blob_stream_reader *r, const struct blob_stream *s,
+			      struct blob_stream_learned *l);
+
+/*
+ * ferry check of a stream blob: read the layer through @src front to
+ * back once, decoding it, and check its sha256 (info->digest), the
+ * decoded stream's (s->diff_id and usize), every chunk's sha256 and every
+ * resume point (its window, and a decode from it). @report may be NULL.
+ */
+int blob_stream_verify(const struct blob_source *src, const char *name,
+		       const struct blob_info *info, const struct blob_stream *s,
+		       struct blob_verify_report *report);
 
 /* ------------------------------------------------------------------ */
 /* Chunk cache                                                         */
@@ -383,7 +533,8 @@ bool blob_cache_range_present(const struct blob_cache_blob *b, uint64_t uoff,
  * Make every chunk whose bytes overlap [@uoff, @uoff + @len) present,
  * fetching missing frames from @src (adjacent ones in one read, up to
  * BLOB_CACHE_RUN_MAX), decoding, verifying and writing them (every chunk
- * of a fetched frame, asked for or not). Bytes of the range outside every
+ * of a fetched frame, asked for or not; of a stream blob, every frame of
+ * the resume points they decode from, tried once). Bytes of the range outside every
  * chunk (the alignment padding ending a slot) are zeros and need nothing;
  * an empty range is 0, one reaching past uncompressed_size -EINVAL. A
  * chunk of the range that fails to verify is -EIO naming blob and chunk,
@@ -394,8 +545,8 @@ int blob_cache_ensure(struct blob_cache_blob *b, uint64_t uoff, uint64_t len,
 		      const struct blob_source *src, uint64_t *fetched);
 
 /*
- * Hand the bytes of every frame overlapping [@uoff, @uoff + @len) to
- * @emit, in order, as they lie in the uncompressed address space: @off
+ * Hand the bytes of every frame overlapping [@uoff, @uoff + @len) (of a
+ * stream blob, every frame of their resume points) to @emit, in order, as they lie in the uncompressed address space: @off
  * and @len multiples of BLOB_SLOT_ALIGN (the frame's slots, the last
  * page zero-padded), @buf aligned to it (for O_DIRECT writes). Frames
  * this handle knows present are read from the data file; missing ones are

@@ -358,10 +358,15 @@ static int index_frames(struct blob_cache_blob *b)
 		} else {
 			const struct blob_chunk *p = i ? c - 1 : NULL;
 
+			/* A stream blob's chunks may have gaps (tar headers). */
+			bool gaps = info->flags & BLOB_INFO_STREAM;
+
 			if (!p || p->coff != c->coff || p->csize != c->csize ||
 			    p->codec != c->codec ||
 			    p->frame_usize != c->frame_usize ||
-			    c->frame_off != p->frame_off + p->usize)
+			    p->frame_skip != c->frame_skip ||
+			    (gaps ? c->frame_off < p->frame_off + p->usize :
+				    c->frame_off != p->frame_off + p->usize))
 				return bad_table(b, i, "frame members disagree");
 			b->frames[nf - 1].count++;
 		}
@@ -647,6 +652,7 @@ static void blob_free(struct blob_cache_blob *b)
 	free(b->present);
 	free(b->inflight);
 	free(b->stamp);
+	blob_stream_learned_free(b->learned);
 	free(b->dir_path);
 	free(b->data_path);
 	free(b->map_path);
@@ -701,6 +707,8 @@ int blob_cache_open(const char *cache_dir, const struct blob_info *info,
 		       (size_t)info->nr_chunks * sizeof(*info->chunks));
 	}
 	ret = index_frames(b);
+	if (!ret && (info->flags & BLOB_INFO_STREAM))
+		ret = blob_stream_learned_new(&b->learned);
 	if (ret)
 		goto fail;
 	ret = -ENOMEM;
@@ -795,6 +803,7 @@ struct fill {
 	const struct blob_source *src;
 	uint64_t *fetched;
 	uint32_t i0, i1;      /* requested chunks, inclusive */
+	uint32_t w0, w1;      /* filled: i0 .. i1, or more (see ensure) */
 	uint32_t c0;          /* chunk whose mark is marks[0] */
 	uint8_t *marks;       /* map bytes of the group being filled */
 	size_t marks_cap;
@@ -802,15 +811,20 @@ struct fill {
 	size_t run_cap;
 	uint8_t *frame;       /* one decoded frame */
 	size_t frame_cap;
+	struct blob_stream_reader *reader; /* stream blobs, made on first use */
+	/* A stream blob's run starts at this learned point (has_start). */
+	bool has_start;
+	struct blob_stream_point start;
+	uint8_t start_window[BLOB_STREAM_WINDOW];
 };
 
 /* Does frame @fr hold a requested chunk that is missing? */
 static bool frame_needed(const struct blob_cache_blob *b,
 			 const struct fill *f, uint32_t fr)
 {
-	uint32_t i = MAX(b->frames[fr].first, f->i0);
+	uint32_t i = MAX(b->frames[fr].first, f->w0);
 	uint32_t end = MIN(b->frames[fr].first + b->frames[fr].count - 1,
-			   f->i1);
+			   f->w1);
 
 	for (; i <= end; i++)
 		if (!blob_cache_chunk_present(b, i))
@@ -889,16 +903,65 @@ static int chunk_bad(const struct blob_cache_blob *b, const struct fill *f,
 }
 
 /*
+ * Frames read together: a frame joins a run of compressed bytes
+ * [@coff0, *@end) when it starts inside it or at most RUN_GAP_MAX after
+ * (a stream blob's frames overlap, several share a resume point, and a
+ * plain tar layer's are apart by tar headers: reading those few bytes
+ * beats another request) and the run stays within BLOB_CACHE_RUN_MAX.
+ * A ferry blob's frames are back to back.
+ */
+#define RUN_GAP_MAX (64u << 10)
+
+static bool run_join(const struct blob_chunk *q, uint64_t coff0, uint64_t *end,
+		     bool onward)
+{
+	uint64_t qend = MAX(*end, q->coff + q->csize);
+
+	/* @onward: a stream blob's frame is reached by decoding on, whatever
+	 * point it would start from. */
+	if ((q->coff < coff0 && !onward) || q->coff > *end + RUN_GAP_MAX ||
+	    qend - coff0 > BLOB_CACHE_RUN_MAX)
+		return false;
+	*end = qend;
+	return true;
+}
+
+/*
+ * Decode the frame of @c (its first chunk) from a run: the blob's bytes
+ * [@coff0, @coff0 + @len) at @run. A stream blob's frames decode through
+ * *@reader (made on first use; reset it for each run), which goes on
+ * from one frame of the run to the next.
+ */
+static int decode_frame(const struct blob_source *src,
+			struct blob_stream_reader **reader,
+			const struct blob_chunk *c, const uint8_t *run,
+			uint64_t coff0, size_t len, uint8_t *out)
+{
+	int ret;
+
+	if (c->codec != BLOB_CODEC_GZIP_STREAM && c->codec != BLOB_CODEC_ZSTD_STREAM)
+		return blob_frame_decode(c, run + (c->coff - coff0), out);
+	if (!src->stream)
+		return -EFSCORRUPTED;
+	if (!*reader) {
+		ret = blob_stream_reader_new(reader);
+		if (ret)
+			return ret;
+	}
+	return blob_stream_frame_decode(*reader, src->stream, c, run, coff0, len,
+					out);
+}
+
+/*
  * Fetch frames @fa .. @fb (consecutive in the blob file, needed, ours)
  * with one source read of @len bytes, then write, sync and mark their
  * missing chunks. Returns -EIO when some chunk did not verify (the others
  * are kept), or another -errno when nothing could be kept.
  */
 static int fill_run(struct blob_cache_blob *b, struct fill *f, uint32_t fa,
-		    uint32_t fb, size_t len)
+		    uint32_t fb, uint64_t coff0, size_t len)
 {
 	const struct blob_chunk *chunks = b->info->chunks;
-	uint64_t coff0 = chunks[b->frames[fa].first].coff;
 	uint32_t c0 = b->frames[fa].first;
 	uint32_t c1 = b->frames[fb].first + b->frames[fb].count; /* end */
 	uint32_t fr, i;
@@ -921,6 +984,17 @@ static int fill_run(struct blob_cache_blob *b, struct fill *f, uint32_t fa,
 		__atomic_fetch_add(f->fetched, (uint64_t)len, __ATOMIC_RELAXED);
 	ferry_dbg("chunk cache: blob sha256:%s: fetched frames %u..%u, %zu bytes at %llu",
 		  b->hex, fa, fb, len, (unsigned long long)coff0);
+	if (f->reader)
+		blob_stream_reader_reset(f->reader);
+	if (f->has_start) {
+		if (!f->reader && (ret = blob_stream_reader_new(&f->reader)))
+			return ret;
+		ret = blob_stream_reader_begin(f->reader, f->src->stream, &f->start,
+					       f->run, coff0, len);
+		if (ret == -ENOMEM)
+			return ret;
+		/* Else the frames decode from their recorded points. */
+	}
 
 	for (fr = fa; fr <= fb; fr++) {
 		const struct blob_chunk *c = &chunks[b->frames[fr].first];
@@ -932,12 +1006,18 @@ static int fill_run(struct blob_cache_blob *b, struct fill *f, uint32_t fa,
 						     c->frame_usize);
 			if (ret)
 				return ret;
-			ret = blob_frame_decode(c, cdata, f->frame);
+			ret = decode_frame(f->src, &f->reader, c, f->run, coff0,
+					   len, f->frame);
+			if (ret == -ENOMEM)
+				return ret;
 			if (ret) {
-				/* A needed frame: it holds an asked-for chunk. */
-				chunk_bad(b, f, b->frames[fr].first,
-					  "does not decode");
-				err = -EIO;
+				/* Named by an asked-for chunk when it holds one. */
+				uint32_t first = b->frames[fr].first;
+
+				if (chunk_bad(b, f, MAX(first, MIN(f->i0, first +
+								 b->frames[fr].count - 1)),
+					      "does not decode"))
+					err = -EIO;
 				continue;
 			}
 			bytes = f->frame;
@@ -970,6 +1050,8 @@ static int fill_run(struct blob_cache_blob *b, struct fill *f, uint32_t fa,
 			f->marks[i - f->c0] = CACHE_STATE_PENDING;
 		}
 	}
+	if (f->reader && b->learned)
+		blob_stream_reader_learn(f->reader, f->src->stream, b->learned);
 	if (wrote && fdatasync(b->data_fd)) {
 		ret = -errno;
 		ferry_err("chunk cache: fdatasync %s: %s", b->data_path,
@@ -1028,27 +1110,26 @@ static int fill_group(struct blob_cache_blob *b, struct fill *f, uint32_t fa,
 		goto out;
 	for (fr = fa; fr <= fb; fr = last + 1) {
 		const struct blob_chunk *c;
-		uint64_t len;
+		uint64_t coff0, end;
 
 		last = fr;
 		if (!frame_needed(b, f, fr))
 			continue;
 		c = &chunks[b->frames[fr].first];
-		len = c->csize;
+		coff0 = c->coff;
+		/* A stream blob: from the nearest point this process learned. */
+		f->has_start = b->learned &&
+			       blob_stream_learned_find(b->learned, f->src->stream, c,
+							&f->start, f->start_window);
+		if (f->has_start)
+			coff0 = f->start.cbit / 8;
+		end = MAX(coff0, c->coff + c->csize);
 		/* Merge the next needed frames that follow in the file. */
-		while (last < fb && frame_needed(b, f, last + 1)) {
-			const struct blob_chunk *p =
-				&chunks[b->frames[last].first];
-			const struct blob_chunk *q =
-				&chunks[b->frames[last + 1].first];
-
-			if (q->coff != p->coff + p->csize ||
-			    len + q->csize > BLOB_CACHE_RUN_MAX)
-				break;
-			len += q->csize;
+		while (last < fb && frame_needed(b, f, last + 1) &&
+		       run_join(&chunks[b->frames[last + 1].first], coff0, &end,
+				b->learned))
 			last++;
-		}
-		ret = fill_run(b, f, fr, last, (size_t)len);
+		ret = fill_run(b, f, fr, last, coff0, (size_t)(end - coff0));
 		if (ret == -EIO) {
 			err = ret; /* bad chunks are logged; go on */
 			continue;
@@ -1135,6 +1216,26 @@ bool blob_cache_range_present(const struct blob_cache_blob *b, uint64_t uoff,
 	return true;
 }
 
+/*
+ * A stream blob's frames *@fa .. *@fb widened back to the first frame of
+ * the resume point they decode from (see ensure), and with @onward to its
+ * last one.
+ */
+static void stream_point_frames(const struct blob_cache_blob *b, uint32_t *fa,
+				uint32_t *fb, bool onward)
+{
+	const struct blob_chunk *chunks = b->info->chunks;
+
+	if (!(b->info->flags & BLOB_INFO_STREAM))
+		return;
+	while (*fa && chunks[b->frames[*fa - 1].first].coff ==
+			      chunks[b->frames[*fa].first].coff)
+		(*fa)--;
+	while (onward && *fb + 1 < b->nr_frames &&
+	       chunks[b->frames[*fb + 1].first].coff == chunks[b->frames[*fb].first].coff)
+		(*fb)++;
+}
+
 int blob_cache_ensure(struct blob_cache_blob *b, uint64_t uoff, uint64_t len,
 		      const struct blob_source *src, uint64_t *fetched)
 {
@@ -1162,6 +1263,17 @@ int blob_cache_ensure(struct blob_cache_blob *b, uint64_t uoff, uint64_t len,
 
 	fa = b->chunk_frame[f.i0];
 	fb = b->chunk_frame[f.i1];
+	/*
+	 * A stream blob's frame decodes from its resume point (or a point
+	 * learned since), through the frames before it that share the point:
+	 * fill those in the same pass, once (missing ones there move the
+	 * start back). Later frames wait for their readers, who fetch from
+	 * the point this pass learned at its end, not from the span's start
+	 * again (which fetched 3.1x a Debian minbase layer to read it whole).
+	 */
+	stream_point_frames(b, &fa, &fb, false);
+	f.w0 = MIN(f.i0, b->frames[fa].first);
+	f.w1 = MAX(f.i1, b->frames[fb].first + b->frames[fb].count - 1);
 	claimed = malloc((size_t)(fb - fa + 1) * sizeof(*claimed));
 	if (!claimed)
 		return -ENOMEM;
@@ -1171,10 +1283,21 @@ int blob_cache_ensure(struct blob_cache_blob *b, uint64_t uoff, uint64_t len,
 		bool waiting = false;
 
 		nr = 0;
+		uint64_t busy_point = UINT64_MAX;
+
 		for (fr = fa; fr <= fb && claimed_bytes < CLAIM_MAX; fr++) {
+			uint64_t coff = info->chunks[b->frames[fr].first].coff;
+
 			if (!frame_needed(b, &f, fr))
 				continue;
-			if (b->inflight[fr]) {
+			/*
+			 * A stream blob's frames after one of the same resume
+			 * point in flight wait for it: then they start from the
+			 * point its fill learned, not the span's start again.
+			 */
+			if (b->inflight[fr] || (b->learned && coff == busy_point)) {
+				if (b->inflight[fr])
+					busy_point = coff;
 				waiting = true;
 				continue;
 			}
@@ -1196,6 +1319,9 @@ int blob_cache_ensure(struct blob_cache_blob *b, uint64_t uoff, uint64_t len,
 		pthread_cond_broadcast(&b->done);
 		if (ret)
 			break;
+		/* Chunks not asked for are tried once: one that failed stays missing. */
+		f.w0 = f.i0;
+		f.w1 = f.i1;
 	}
 	pthread_mutex_unlock(&b->lock);
 	/* Used now, not when asked: a fetch may have taken seconds. */
@@ -1204,6 +1330,7 @@ int blob_cache_ensure(struct blob_cache_blob *b, uint64_t uoff, uint64_t len,
 	free(f.marks);
 	free(f.run);
 	free(f.frame);
+	blob_stream_reader_free(f.reader);
 	return ret;
 }
 
@@ -1256,6 +1383,7 @@ int blob_cache_read_frames(struct blob_cache_blob *b, uint64_t uoff, uint64_t le
 	const struct blob_chunk *chunks = info->chunks;
 	uint8_t *run = NULL, *frame = NULL, *out = NULL;
 	size_t run_cap = 0, frame_cap = 0, out_cap = 0;
+	struct blob_stream_reader *reader = NULL;
 	uint32_t i0, i1, fa, fb, fr, n, i;
 	int ret = 0;
 
@@ -1269,8 +1397,9 @@ int blob_cache_read_frames(struct blob_cache_blob *b, uint64_t uoff, uint64_t le
 		return 0;
 	fa = b->chunk_frame[i0];
 	fb = b->chunk_frame[i1];
+	stream_point_frames(b, &fa, &fb, true);
 	while (!ret && fa <= fb) {
-		uint64_t start = chunks[b->frames[fa].first].uoff, end, coff0, clen;
+		uint64_t start = chunks[b->frames[fa].first].uoff, end, coff0, cend, clen;
 
 		/*
 		 * Present frames: read back from the data file, no fetch; the
@@ -1295,14 +1424,15 @@ int blob_cache_read_frames(struct blob_cache_blob *b, uint64_t uoff, uint64_t le
 		}
 		/* Missing ones: adjacent frames in one read, in memory only. */
 		coff0 = chunks[b->frames[fa].first].coff;
+		cend = coff0 + chunks[b->frames[fa].first].csize;
 		n = present_frames(b, fa, fb, false);
 		for (i = 1; i < n; i++)
-			if (chunks[b->frames[fa + i].first].coff +
-			    chunks[b->frames[fa + i].first].csize - coff0 > BLOB_CACHE_RUN_MAX)
+			if (!run_join(&chunks[b->frames[fa + i].first], coff0, &cend, false))
 				break;
 		n = i;
-		clen = chunks[b->frames[fa + n - 1].first].coff +
-		       chunks[b->frames[fa + n - 1].first].csize - coff0;
+		clen = cend - coff0;
+		if (reader)
+			blob_stream_reader_reset(reader);
 		ret = blob_buf_reserve_fresh(&run, &run_cap, clen);
 		if (!ret)
 			ret = src->read(src->ctx, coff0, run, clen);
@@ -1323,7 +1453,10 @@ int blob_cache_read_frames(struct blob_cache_blob *b, uint64_t uoff, uint64_t le
 			end = frame_end(b, fr);
 			if (c->codec != BLOB_CODEC_NONE || c->csize != c->frame_usize) {
 				ret = blob_buf_reserve_fresh(&frame, &frame_cap, c->frame_usize);
-				if (!ret && blob_frame_decode(c, bytes, frame)) {
+				if (!ret)
+					ret = decode_frame(src, &reader, c, run, coff0,
+							   (size_t)clen, frame);
+				if (ret && ret != -ENOMEM) {
 					ferry_err("blob sha256:%s: chunk %u: its frame does not decode",
 						  b->hex, b->frames[fr].first);
 					ret = -EIO;
@@ -1349,6 +1482,7 @@ int blob_cache_read_frames(struct blob_cache_blob *b, uint64_t uoff, uint64_t le
 		}
 		fa += n;
 	}
+	blob_stream_reader_free(reader);
 	free(run);
 	free(frame);
 	free(out);

@@ -81,6 +81,8 @@ static const char *const codec_names[] = {
 	[BLOB_CODEC_LZ4] = "lz4",
 	[BLOB_CODEC_ZSTD] = "zstd",
 	[BLOB_CODEC_LZMA] = "lzma",
+	[BLOB_CODEC_GZIP_STREAM] = "gzip-stream",
+	[BLOB_CODEC_ZSTD_STREAM] = "zstd-stream",
 };
 
 const char *blob_codec_name(enum blob_codec codec)
@@ -413,6 +415,9 @@ int blob_codec_compress(struct blob_codec_ctx *ctx,
 	case BLOB_CODEC_LZMA:
 		ret = lzma_compress(c->level, src, len, dst, cap, &n);
 		break;
+	case BLOB_CODEC_GZIP_STREAM:
+	case BLOB_CODEC_ZSTD_STREAM:
+		return -EINVAL; /* refused by blob_compress_valid */
 	}
 	if (ret < 0)
 		return ret;

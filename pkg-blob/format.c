@@ -101,6 +101,25 @@
  *   blob file, byte for byte) in record order; nothing after the last.
  * Each record must satisfy the footer rules above and its table the table
  * rules, checked by the same code as for blob files.
+ *
+ * Stream blobs (record flags bit 0, BLOB_INFO_STREAM; FORMAT.md 3.5): an
+ * OCI layer read in place. size == table_offset == the layer's bytes (no
+ * table or footer in it); the table lives only in the blob index, with
+ * the same entry layout read differently:
+ *   coff       the byte of the frame's resume point (gzip, zstd), or
+ *              the frame's first byte (codec none: a plain tar layer)
+ *   csize      layer bytes from coff that decode the whole frame
+ *   codec      0 none, 4 gzip stream, 5 zstd stream
+ *   25  u8     bit 0: the entry starts a frame; other bits and bytes
+ *              26..27 zero
+ *   frame_off  the chunk's offset in the decoded stream from the resume
+ *              point (codec none: from coff)
+ * Slots as above. Entry 0 starts a frame; a member shares coff, csize
+ * and codec with the entry before it and starts at or after its end;
+ * frames start at non-decreasing coff (several may share a resume point)
+ * inside the layer; a frame's first chunk is at most BLOB_FRAME_MAX
+ * decoded bytes after its resume point (codec none: at 0, csize the
+ * frame's size) and the frame spans at most BLOB_FRAME_MAX bytes.
  */
 #include "internal.h"
 #include "../pkg-base/base.h"
@@ -120,6 +139,8 @@
 #define CE_CODEC 24
 #define CE_RESERVED 25
 #define CE_RESERVED_LEN 3
+#define CE_STREAM_FLAGS 25 /* stream blobs: the first reserved byte */
+#define CE_FRAME_START 0x1u
 #define CE_FRAME_OFF 28
 #define CE_SHA256 32
 
@@ -135,7 +156,7 @@
 #define IR_USIZE 40
 #define IR_TABLE_OFFSET 48
 #define IR_NR_CHUNKS 56
-#define IR_RESERVED1 60
+#define IR_FLAGS 60 /* BLOB_INFO_STREAM; reserved, 0, before stream blobs */
 #define IR_TABLE_SHA256 64
 #define IR_RESERVED2 96
 #define IR_RESERVED2_LEN 32
@@ -157,6 +178,30 @@ void blob_table_encode(const struct blob_chunk *chunks, uint32_t nr,
 		put_le32(out + CE_FRAME_OFF, c->frame_off);
 		memcpy(out + CE_SHA256, c->sha256, BLOB_DIGEST_SIZE);
 	}
+}
+
+/* A stream blob's table: frame starts flagged, offsets from the point. */
+static void stream_table_encode(const struct blob_chunk *chunks, uint32_t nr,
+				uint8_t *out)
+{
+	uint32_t i;
+
+	blob_table_encode(chunks, nr, out);
+	for (i = 0; i < nr; i++, out += BLOB_CHUNK_ENTRY_SIZE) {
+		const struct blob_chunk *c = &chunks[i];
+
+		if (!c->frame_off)
+			out[CE_STREAM_FLAGS] = CE_FRAME_START;
+		put_le32(out + CE_FRAME_OFF, c->frame_skip + c->frame_off);
+	}
+}
+
+static void info_table_encode(const struct blob_info *info, uint8_t *out)
+{
+	if (info->flags & BLOB_INFO_STREAM)
+		stream_table_encode(info->chunks, info->nr_chunks, out);
+	else
+		blob_table_encode(info->chunks, info->nr_chunks, out);
 }
 
 void blob_footer_encode(const struct blob_info *info,
@@ -184,10 +229,11 @@ int blob_info_as_table(struct blob_info *info)
 
 	if (!table_len(info->nr_chunks, &len) || !(table = malloc(MAX(len, 1))))
 		return -ENOMEM;
-	blob_table_encode(info->chunks, info->nr_chunks, table);
+	info_table_encode(info, table);
 	sha256_buf(table, len, info->table_sha256);
 	free(table);
-	info->size = info->table_offset + len + BLOB_FOOTER_SIZE;
+	if (!(info->flags & BLOB_INFO_STREAM))
+		info->size = info->table_offset + len + BLOB_FOOTER_SIZE;
 	return 0;
 }
 
@@ -196,7 +242,14 @@ static int check_sizes(const struct blob_info *info, const char *what)
 {
 	uint64_t end;
 
-	if (__builtin_add_overflow(info->table_offset,
+	if (info->flags & BLOB_INFO_STREAM) {
+		if (info->table_offset != info->size) {
+			ferry_err("%s: stream blob of %llu bytes with table offset %llu",
+				  what, (unsigned long long)info->size,
+				  (unsigned long long)info->table_offset);
+			return -EFSCORRUPTED;
+		}
+	} else if (__builtin_add_overflow(info->table_offset,
 				   (uint64_t)info->nr_chunks *
 					   BLOB_CHUNK_ENTRY_SIZE +
 				   BLOB_FOOTER_SIZE, &end) ||
@@ -255,15 +308,12 @@ static bool same_frame(const uint8_t *a, const uint8_t *b)
 	       a[CE_CODEC] == b[CE_CODEC];
 }
 
-/* Check the table bytes of @info against every rule (see the top). */
-static int table_check(const uint8_t *buf, size_t len,
-		       const struct blob_info *info, const char *what)
+/* The table's length and sha256 against @info. */
+static int table_check_digest(const uint8_t *buf, size_t len,
+			      const struct blob_info *info, const char *what)
 {
 	uint8_t digest[BLOB_DIGEST_SIZE];
-	uint64_t uend = 0, cend = 0;
-	uint64_t fend = 0; /* where the previous chunk ends in its frame */
 	size_t want;
-	uint32_t i;
 
 	if (!table_len(info->nr_chunks, &want) || len != want) {
 		ferry_err("%s: chunk table is %zu bytes, expected %u entries",
@@ -275,6 +325,111 @@ static int table_check(const uint8_t *buf, size_t len,
 		ferry_err("%s: chunk table sha256 mismatch", what);
 		return -EFSCORRUPTED;
 	}
+	return 0;
+}
+
+static bool stream_codec(uint8_t codec)
+{
+	return codec == BLOB_CODEC_NONE || codec == BLOB_CODEC_GZIP_STREAM ||
+	       codec == BLOB_CODEC_ZSTD_STREAM;
+}
+
+static bool starts_frame(const uint8_t *e)
+{
+	return e[CE_STREAM_FLAGS] & CE_FRAME_START;
+}
+
+/* The rules of a stream blob's table (see the top). */
+static int stream_table_check(const uint8_t *buf, size_t len,
+			      const struct blob_info *info, const char *what)
+{
+	uint64_t uend = 0, fcoff = 0;
+	uint64_t first = 0; /* the frame's first chunk, from its resume point */
+	uint64_t fend = 0;  /* where the previous chunk of the frame ends */
+	uint32_t i;
+	int ret = table_check_digest(buf, len, info, what);
+
+	for (i = 0; !ret && i < info->nr_chunks; i++, buf += BLOB_CHUNK_ENTRY_SIZE) {
+		uint64_t uoff = get_le64(buf + CE_UOFF);
+		uint64_t coff = get_le64(buf + CE_COFF);
+		uint32_t usize = get_le32(buf + CE_USIZE);
+		uint32_t csize = get_le32(buf + CE_CSIZE);
+		uint64_t frame_off = get_le32(buf + CE_FRAME_OFF);
+		uint8_t codec = buf[CE_CODEC];
+		bool start = starts_frame(buf);
+		bool last = i + 1 == info->nr_chunks ||
+			    starts_frame(buf + BLOB_CHUNK_ENTRY_SIZE);
+		const char *bad = NULL;
+
+		if (buf[CE_STREAM_FLAGS] & ~CE_FRAME_START ||
+		    !mem_is_zero(buf + CE_STREAM_FLAGS + 1, CE_RESERVED_LEN - 1))
+			bad = "reserved bits are not zero";
+		else if (!stream_codec(codec))
+			bad = "codec not one of a stream blob";
+		else if (!usize || usize > BLOB_CHUNK_MAX)
+			bad = "uncompressed size out of range";
+		else if (uoff != uend)
+			bad = "slot does not start where the previous one ends";
+		else if (!i && !start)
+			bad = "the first entry does not start a frame";
+		else if (start && coff < fcoff)
+			bad = "frame starts before the previous frame";
+		else if (start && (!csize || coff > info->size ||
+				   csize > info->size - coff))
+			bad = "compressed range outside the layer";
+		else if (start && csize > BLOB_FRAME_MAX)
+			bad = "compressed range larger than the maximum frame size";
+		else if (start && codec == BLOB_CODEC_NONE && frame_off)
+			bad = "stored frame that does not start at its first chunk";
+		else if (start && frame_off > BLOB_FRAME_MAX)
+			bad = "frame starts too far from its resume point";
+		else if (!start && !same_frame(buf - BLOB_CHUNK_ENTRY_SIZE, buf))
+			bad = "compressed range or codec differs from the rest of its frame";
+		else if (!start && frame_off < fend)
+			bad = "chunk overlaps the chunk before it in its frame";
+		else if (frame_off + usize - (start ? frame_off : first) >
+			 BLOB_FRAME_MAX)
+			bad = "frame larger than the maximum frame size";
+		else if (last && codec == BLOB_CODEC_NONE &&
+			 csize != frame_off + usize - (start ? frame_off : first))
+			bad = "stored frame whose compressed size differs from its size";
+		if (bad) {
+			ferry_err("%s: chunk %u (uoff %llu, coff %llu, usize %u, csize %u, frame offset %llu, codec %u): %s",
+				  what, i, (unsigned long long)uoff,
+				  (unsigned long long)coff, usize, csize,
+				  (unsigned long long)frame_off, codec, bad);
+			return -EFSCORRUPTED;
+		}
+		uend = uoff + ROUND_UP((uint64_t)usize, BLOB_SLOT_ALIGN);
+		if (start) {
+			first = frame_off;
+			fcoff = coff;
+		}
+		fend = frame_off + usize;
+	}
+	if (!ret && uend != info->uncompressed_size) {
+		ferry_err("%s: chunk slots end at %llu but the uncompressed size is %llu",
+			  what, (unsigned long long)uend,
+			  (unsigned long long)info->uncompressed_size);
+		return -EFSCORRUPTED;
+	}
+	return ret;
+}
+
+/* Check the table bytes of @info against every rule (see the top). */
+static int table_check(const uint8_t *buf, size_t len,
+		       const struct blob_info *info, const char *what)
+{
+	uint64_t uend = 0, cend = 0;
+	uint64_t fend = 0; /* where the previous chunk ends in its frame */
+	uint32_t i;
+	int ret;
+
+	if (info->flags & BLOB_INFO_STREAM)
+		return stream_table_check(buf, len, info, what);
+	ret = table_check_digest(buf, len, info, what);
+	if (ret)
+		return ret;
 	for (i = 0; i < info->nr_chunks; i++, buf += BLOB_CHUNK_ENTRY_SIZE) {
 		uint64_t uoff = get_le64(buf + CE_UOFF);
 		uint64_t coff = get_le64(buf + CE_COFF);
@@ -339,6 +494,25 @@ static int table_check(const uint8_t *buf, size_t len,
 	return 0;
 }
 
+/*
+ * A stream blob's frames in memory: frame_skip the first chunk's offset
+ * from the resume point, frame_off from the frame's start (0 starts a
+ * frame, as in blob v1).
+ */
+static void stream_table_frames(const uint8_t *e, struct blob_info *info)
+{
+	uint32_t i, skip = 0;
+
+	for (i = 0; i < info->nr_chunks; i++, e += BLOB_CHUNK_ENTRY_SIZE) {
+		struct blob_chunk *c = &info->chunks[i];
+
+		if (starts_frame(e))
+			skip = c->frame_off;
+		c->frame_skip = skip;
+		c->frame_off -= skip;
+	}
+}
+
 int blob_table_parse(const void *buf, size_t len, struct blob_info *info,
 		     const char *what)
 {
@@ -364,6 +538,8 @@ int blob_table_parse(const void *buf, size_t len, struct blob_info *info,
 		c->codec = e[CE_CODEC];
 		memcpy(c->sha256, e + CE_SHA256, BLOB_DIGEST_SIZE);
 	}
+	if (info->flags & BLOB_INFO_STREAM)
+		stream_table_frames(buf, info);
 	/* A frame's size is where its last chunk ends. */
 	for (i = info->nr_chunks; i--;) {
 		struct blob_chunk *c = &info->chunks[i];
@@ -439,10 +615,11 @@ int blob_index_encode(const struct blob_info *blobs, uint32_t nr_blobs,
 		put_le64(rec + IR_USIZE, b->uncompressed_size);
 		put_le64(rec + IR_TABLE_OFFSET, b->table_offset);
 		put_le32(rec + IR_NR_CHUNKS, b->nr_chunks);
+		put_le32(rec + IR_FLAGS, b->flags);
 		memcpy(rec + IR_TABLE_SHA256, b->table_sha256,
 		       BLOB_DIGEST_SIZE);
 		tlen = (size_t)b->nr_chunks * BLOB_CHUNK_ENTRY_SIZE;
-		blob_table_encode(b->chunks, b->nr_chunks, table);
+		info_table_encode(b, table);
 		/* Never write an index that blob_index_decode would reject. */
 		snprintf(what, sizeof(what), "blob index: blob %u", i);
 		ret = check_sizes(b, what);
@@ -498,7 +675,7 @@ int blob_index_decode_prefix(const void *buf, size_t len,
 		size_t tlen;
 
 		snprintf(what, sizeof(what), "blob index: blob %u", i);
-		if (get_le32(rec + IR_RESERVED1) ||
+		if (get_le32(rec + IR_FLAGS) & ~BLOB_INFO_STREAM ||
 		    !mem_is_zero(rec + IR_RESERVED2, IR_RESERVED2_LEN)) {
 			ferry_err("%s: reserved bytes are not zero", what);
 			ret = -EFSCORRUPTED;
@@ -509,6 +686,7 @@ int blob_index_decode_prefix(const void *buf, size_t len,
 		b->uncompressed_size = get_le64(rec + IR_USIZE);
 		b->table_offset = get_le64(rec + IR_TABLE_OFFSET);
 		b->nr_chunks = get_le32(rec + IR_NR_CHUNKS);
+		b->flags = get_le32(rec + IR_FLAGS);
 		memcpy(b->table_sha256, rec + IR_TABLE_SHA256,
 		       BLOB_DIGEST_SIZE);
 		ret = check_sizes(b, what);

@@ -259,6 +259,7 @@ struct blob_cache_blob {
 	uint8_t *inflight;       /* per frame, under lock */
 	uint32_t *stamp;         /* per frame: last use, cache_clock_ms() */
 	uint64_t evicted;        /* atomic: uncompressed bytes evicted */
+	struct blob_stream_learned *learned; /* a stream blob's, else NULL */
 };
 
 /* Every open blob of this process (see cache_evict_open), under its lock. */

@@ -408,6 +408,8 @@ int blob_verify_source(const struct blob_source *src, const char *name,
 {
 	char what[PATH_MAX + 8];
 
+	if (info->flags & BLOB_INFO_STREAM)
+		return blob_stream_verify(src, name, info, src->stream, report);
 	snprintf(what, sizeof(what), "blob %s", name);
 	return stream_blob(src, info->size, what, info, report);
 }

@@ -123,7 +123,7 @@ static int convert_oci_layers(struct converter *c, const struct oci_image *img)
  * (and hot-run addresses) in the chunk indexes. Hardlinked inodes are
  * reached more than once, so the rewrite only touches provisional ids.
  */
-static int assign_devices(struct converter *c)
+int convert_assign_devices(struct converter *c)
 {
 	struct meta_inode **stack = NULL;
 	size_t depth = 0, cap = 0;
@@ -183,7 +183,7 @@ static int assign_devices(struct converter *c)
 }
 
 /* The used blobs in device order. */
-static int used_blobs(struct converter *c, struct out_blob ***out, uint32_t *nr)
+int convert_used_blobs(struct converter *c, struct out_blob ***out, uint32_t *nr)
 {
 	struct out_blob **list = calloc(c->nr_blobs + 1, sizeof(*list));
 	uint32_t i;
@@ -227,8 +227,9 @@ static int check_prefetch(struct converter *c, const uint8_t *data, size_t len)
  * The bootstrap, written through a scratch file in the destination's blob
  * directory (meta_write wants a descriptor) and returned in *@data.
  */
-static int write_bootstrap(struct converter *c, struct out_blob **blobs,
-			   uint32_t nr, uint8_t **data)
+int convert_write_bootstrap(struct converter *c, struct out_blob **blobs,
+			    uint32_t nr, const struct blob_stream *streams,
+			    uint32_t nr_streams, uint8_t **data)
 {
 	struct atomic_file scratch = { .fd = -1, .dir_fd = -1 };
 	struct meta_device *devices = calloc(nr + 1, sizeof(*devices));
@@ -260,7 +261,9 @@ static int write_bootstrap(struct converter *c, struct out_blob **blobs,
 						.blobs = infos, .nr_blobs = nr,
 						.prefetch = c->prefetch,
 						.nr_prefetch = c->nr_prefetch,
-						.elf = c->elf, .nr_elf = c->nr_elf },
+						.elf = c->elf, .nr_elf = c->nr_elf,
+						.streams = streams,
+						.nr_streams = nr_streams },
 				       &ext, &ext_len, &area, &area_len);
 	if (ret)
 		goto out;
@@ -297,7 +300,7 @@ out:
 	return ret;
 }
 
-static int fill_stats(struct convert_stats *s, struct out_blob **blobs, uint32_t nr)
+int convert_fill_stats(struct convert_stats *s, struct out_blob **blobs, uint32_t nr)
 {
 	uint32_t i;
 
@@ -564,7 +567,7 @@ static int finish(struct converter *c, struct image_out *out,
 	d.compression = comp;
 	ret = convert_copy_dict_blobs(c, image_out_dir(out), used, nr);
 	if (!ret)
-		ret = write_bootstrap(c, used, nr, &data);
+		ret = convert_write_bootstrap(c, used, nr, NULL, 0, &data);
 	if (!ret) {
 		d.bootstrap = data;
 		d.bootstrap_len = c->stats->bootstrap_bytes;
@@ -621,11 +624,11 @@ static int convert_into(const struct image_ref *src, const struct oci_image *img
 	if (!ret)
 		ret = convert_source(&c, src, src_img);
 	if (!ret)
-		ret = assign_devices(&c);
+		ret = convert_assign_devices(&c);
 	if (!ret)
-		ret = used_blobs(&c, &used, &nr_used);
+		ret = convert_used_blobs(&c, &used, &nr_used);
 	if (!ret)
-		ret = fill_stats(stats, used, nr_used);
+		ret = convert_fill_stats(stats, used, nr_used);
 	if (!ret)
 		ret = finish(&c, out, src_img->manifest ? src_img : NULL, used,
 			     nr_used, index_member);

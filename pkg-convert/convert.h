@@ -69,6 +69,9 @@ struct convert_opts {
 	/* --format erofs-layers: raw deflate at this level (1..9; Linux 6.6)
 	 * instead of compress; 0 = compress says. */
 	int deflate_level;
+	/* ferry index: compressed bytes between resume points (at least;
+	 * the next deflate block or zstd frame boundary). */
+	uint64_t span;
 	/* While *@cancel is true the conversion stops (-ECANCELED) and
 	 * leaves the destination as it was; NULL = never. */
 	const _Atomic bool *cancel;
@@ -104,6 +107,10 @@ struct convert_stats {
 	uint32_t nr_platforms;
 	double seconds;
 	bool upgraded;            /* a format-1 ferry image rewritten, nothing converted */
+	/* ferry index */
+	uint64_t layer_bytes;     /* the image's layers (compressed) */
+	uint64_t points;          /* resume points recorded */
+	uint64_t index_bytes;     /* the attached index: its blobs and manifest */
 };
 
 /* Free what convert_run allocated in @stats. */
@@ -139,6 +146,29 @@ int convert_check_args(const char *source, const char *dest,
  */
 int convert_run(const char *source, const char *dest,
 		const struct convert_opts *opts, struct convert_stats *stats);
+
+/*
+ * `ferry index IMAGE` (oci:PATH[:TAG] or docker://REF): read every layer
+ * once, streaming and digest-checked, into a bootstrap of the merged tree
+ * whose file data are chunks of the layers themselves (stream blobs, with
+ * resume points every opts->span compressed bytes), checked against the
+ * config's diff_ids, and attach it to the image as an OCI artifact whose
+ * subject is the image's manifest (image_index_attach). Uses chunk_size,
+ * inline_max, platform, fetch, no_loader_deps, prefetch_files (the list's
+ * section only: an index moves no data) and span of @opts. An xz
+ * layer, or one without a resume point within 64 MiB (one big zstd
+ * frame), is refused with -ENOTSUP: convert such images instead.
+ * stats->manifest_digest is the index's.
+ */
+/*
+ * The span: the index grows ~12 KiB per point (a zstd-compressed window),
+ * and a cold read fetches the span's bytes before what it wants. At
+ * 768 KiB the index of Debian minbase is 2.54% of its layer (1 MiB:
+ * 2.06%, 640 KiB: 2.99%); docs/performance-log.md has the cold starts.
+ */
+#define CONVERT_DEFAULT_SPAN (768u << 10)
+int convert_ferry_index(const char *image, const struct convert_opts *opts,
+			struct convert_stats *stats);
 
 /*
  * The inflater of gzip layers, "isal" or "zlib": $FERRY_INFLATE, else the

@@ -76,7 +76,8 @@ static int store_chunk(struct converter *c, const uint8_t *data, uint32_t len,
 	}
 	slot = chunk_table_find(&c->chunks, sha256, len);
 	if (!slot->blob) {
-		ret = blob_writer_add(c->writer, data, len, sha256, &uoff);
+		ret = c->index ? index_add_chunk(c, len, sha256, &uoff) :
+				 blob_writer_add(c->writer, data, len, sha256, &uoff);
 		if (ret)
 			return ret;
 		/* A hot run's final addresses are checked at the layer's end. */
@@ -190,7 +191,8 @@ int convert_ingest_file(struct converter *c, struct meta_inode *inode,
 		goto out;
 	}
 	is_listed = listed(c, image_path);
-	if (is_listed != c->writer_hot) {
+	/* A ferry index's chunks stay where the layer has them: no hot run. */
+	if (!c->index && is_listed != c->writer_hot) {
 		ret = blob_writer_hot(c->writer, is_listed);
 		if (ret)
 			goto out;
@@ -234,7 +236,7 @@ out:
 /* Blobs: one per source layer, plus the chunk dict's                  */
 /* ------------------------------------------------------------------ */
 
-static int add_blob(struct converter *c, struct out_blob **out)
+int convert_add_blob(struct converter *c, struct out_blob **out)
 {
 	if (c->nr_blobs >= META_MAX_DEVICES) {
 		ferry_err("more than %u blobs: too many layers", META_MAX_DEVICES);
@@ -253,7 +255,7 @@ int convert_layer_begin(struct converter *c, const char *source_layer)
 	struct out_blob *b;
 	int ret;
 
-	ret = add_blob(c, &b);
+	ret = convert_add_blob(c, &b);
 	if (ret)
 		return ret;
 	c->writer_blob = c->nr_blobs - 1;
@@ -337,7 +339,7 @@ int convert_load_chunk_dict(struct converter *c, const char *ref)
 		const struct blob_info *src = &dict->blobs.blobs[i];
 		struct out_blob *b;
 
-		ret = add_blob(c, &b);
+		ret = convert_add_blob(c, &b);
 		if (ret)
 			break;
 		b->from_dict = true;

@@ -31,6 +31,7 @@
 #endif
 #include <limits.h>
 #include <lzma.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -97,7 +98,49 @@ struct input_stream {
 #endif
 	ZSTD_DStream *zd;
 	lzma_stream lz;
+	struct input_points *pts; /* `ferry index`: resume points, or NULL */
+	struct input_thread *thread; /* decoding ahead on a thread, or NULL */
 };
+
+/*
+ * `ferry index` decodes on a thread of its own, ahead of the tar reader
+ * and the chunk hashing: a ring of blocks between them (decode_read fills
+ * them, thread_read empties them). The decoder's state (buffers, inflater,
+ * points' ring and marks) is the thread's alone once it runs.
+ */
+#define THREAD_BLOCKS 4
+#define THREAD_BLOCK (1u << 20)
+
+struct input_thread {
+	pthread_t tid;
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	uint8_t *blocks[THREAD_BLOCKS];
+	size_t len[THREAD_BLOCKS];
+	unsigned int head, count; /* the first full block, full blocks */
+	size_t pos;               /* read so far of blocks[head] */
+	bool done;                /* the decoder reached the end or an error */
+	int err;
+	bool stop;                /* input_close: the decoder stops */
+	uint64_t bytes_in;        /* compressed bytes consumed, published */
+};
+
+/*
+ * While the points recorder hunts, ISA-L gets this much input per call:
+ * it never stops between deflate blocks on its own, but when its input
+ * ends inside a block header it keeps that header unread (block_state
+ * ISAL_BLOCK_HDR) — a block boundary. Headers are tens to hundreds of
+ * bytes, so a hunt ends within about one block (bench: 227 calls).
+ */
+#define HUNT_SLICE 64u
+/* Decoded bytes per step while recording: finer marks (points.c). */
+#define RECORD_STEP (64u << 10)
+
+/* Compressed bytes the decoder has consumed. */
+static uint64_t consumed(const struct input_stream *in)
+{
+	return in->bytes_read - in->avail;
+}
 
 /*
  * Every byte read from the file passes here: counted, hashed when the
@@ -138,6 +181,20 @@ static int input_fill(struct input_stream *in)
 		return 0;
 	}
 	n = raw_read(in, in->buf, INPUT_BUF_SIZE);
+	/*
+	 * Recording points: whole buffers, so that where the decoder's input
+	 * ends, and so which points it finds, is the same whether a layer
+	 * comes from a file or in a registry's pieces (the same index).
+	 */
+	while (in->pts && n > 0 && (size_t)n < INPUT_BUF_SIZE) {
+		ssize_t more = raw_read(in, in->buf + n, INPUT_BUF_SIZE - (size_t)n);
+
+		if (more < 0)
+			return (int)more;
+		if (!more)
+			break;
+		n += more;
+	}
 	if (n < 0)
 		return (int)n;
 	in->next = in->buf;
@@ -254,6 +311,12 @@ static int gzip_between_members(struct input_stream *in)
 	if (zeros || in->next[0] != 0x1f)
 		return input_corrupt(in, "trailing garbage after");
 	in->member_end = false;
+	if (in->pts) {
+		int ret = points_here(in->pts, consumed(in) * 8, BLOB_POINT_HEADER);
+
+		if (ret)
+			return ret;
+	}
 	return gzip_member_start(in);
 }
 
@@ -283,8 +346,11 @@ static int isal_step(struct input_stream *in, uint8_t *out, size_t len,
 {
 	struct inflate_state *s = in->isal;
 	uInt in_len = clamp_uint(in->avail), out_len = clamp_uint(len);
+	bool hunting = in->pts && points_hunting(in->pts) && !in->in_header;
 	int ir = ISAL_DECOMP_OK;
 
+	if (hunting)
+		in_len = MIN(in_len, HUNT_SLICE);
 	s->next_in = (uint8_t *)in->next;
 	s->avail_in = in_len;
 	s->next_out = out;
@@ -303,6 +369,10 @@ static int isal_step(struct input_stream *in, uint8_t *out, size_t len,
 		ir = isal_inflate(s);
 	input_consume(in, in_len - s->avail_in);
 	*produced = out_len - s->avail_out;
+	/* The header ISA-L keeps unread starts where its bits and bytes do. */
+	if (hunting && ir == ISAL_DECOMP_OK && s->block_state == ISAL_BLOCK_HDR)
+		points_found(in->pts, consumed(in) * 8 - (uint64_t)s->tmp_in_size * 8 -
+				      (uint64_t)s->read_in_length);
 	switch (ir) {
 	case ISAL_DECOMP_OK:
 		/* FINISH: the trailer is checked and all output flushed. */
@@ -322,15 +392,20 @@ static int zlib_step(struct input_stream *in, uint8_t *out, size_t len,
 		     size_t *produced)
 {
 	uInt in_len = clamp_uint(in->avail), out_len = clamp_uint(len);
+	bool hunting = in->pts && points_hunting(in->pts);
 	int zr;
 
 	in->z.next_in = (Bytef *)in->next;
 	in->z.avail_in = in_len;
 	in->z.next_out = out;
 	in->z.avail_out = out_len;
-	zr = inflate(&in->z, Z_NO_FLUSH);
+	/* Z_BLOCK: stop at the next deflate block boundary (zran.c's way). */
+	zr = inflate(&in->z, hunting ? Z_BLOCK : Z_NO_FLUSH);
 	input_consume(in, in_len - in->z.avail_in);
 	*produced = out_len - in->z.avail_out;
+	if (hunting && zr == Z_OK && (in->z.data_type & 128) &&
+	    !(in->z.data_type & 64))
+		points_found(in->pts, consumed(in) * 8 - (uint64_t)(in->z.data_type & 7));
 	switch (zr) {
 	case Z_STREAM_END:
 		in->member_end = true;
@@ -379,6 +454,9 @@ static int zstd_step(struct input_stream *in, uint8_t *out, size_t len,
 	*produced = ob.pos;
 	if (!ZSTD_isError(zr)) {
 		in->frame_end = zr == 0;
+		/* A frame ended: the next one can be decoded by itself. */
+		if (in->frame_end && in->pts)
+			points_found(in->pts, consumed(in) * 8);
 		return 0;
 	}
 	switch (ZSTD_getErrorCode(zr)) {
@@ -456,9 +534,8 @@ static ssize_t plain_read(struct input_stream *in, uint8_t *out, size_t len)
 	return (ssize_t)n;
 }
 
-static ssize_t input_read(void *ctx, void *buf, size_t len)
+static ssize_t decode_read(struct input_stream *in, void *buf, size_t len)
 {
-	struct input_stream *in = ctx;
 	uint8_t *out = buf;
 	size_t done = 0;
 	int ret = 0;
@@ -474,7 +551,7 @@ static ssize_t input_read(void *ctx, void *buf, size_t len)
 		return n;
 	}
 	while (done < len && !in->finished) {
-		size_t produced = 0, before;
+		size_t produced = 0, before, step;
 
 		if (!in->avail && !in->eof) {
 			ret = input_fill(in);
@@ -482,17 +559,20 @@ static ssize_t input_read(void *ctx, void *buf, size_t len)
 				break;
 		}
 		before = in->avail;
+		step = in->pts ? MIN(len - done, (size_t)RECORD_STEP) : len - done;
 		switch (in->kind) {
 		case INPUT_GZIP:
-			ret = gzip_step(in, out + done, len - done, &produced);
+			ret = gzip_step(in, out + done, step, &produced);
 			break;
 		case INPUT_ZSTD:
-			ret = zstd_step(in, out + done, len - done, &produced);
+			ret = zstd_step(in, out + done, step, &produced);
 			break;
 		default:
-			ret = xz_step(in, out + done, len - done, &produced);
+			ret = xz_step(in, out + done, step, &produced);
 			break;
 		}
+		if (!ret && in->pts)
+			ret = points_step(in->pts, out + done, produced, consumed(in));
 		if (ret)
 			break;
 		done += produced;
@@ -509,6 +589,131 @@ static ssize_t input_read(void *ctx, void *buf, size_t len)
 			return ret;
 	}
 	return (ssize_t)done;
+}
+
+static void *decode_thread(void *arg)
+{
+	struct input_stream *in = arg;
+	struct input_thread *t = in->thread;
+	unsigned int slot;
+	ssize_t n = 0;
+	size_t fill;
+
+	pthread_mutex_lock(&t->lock);
+	for (;;) {
+		while (t->count == THREAD_BLOCKS && !t->stop)
+			pthread_cond_wait(&t->cond, &t->lock);
+		if (t->stop)
+			break;
+		slot = (t->head + t->count) % THREAD_BLOCKS;
+		pthread_mutex_unlock(&t->lock);
+		for (fill = 0; fill < THREAD_BLOCK; fill += (size_t)n) {
+			n = decode_read(in, t->blocks[slot] + fill, THREAD_BLOCK - fill);
+			if (n <= 0)
+				break;
+		}
+		pthread_mutex_lock(&t->lock);
+		t->bytes_in = consumed(in);
+		if (fill) {
+			t->len[slot] = fill;
+			t->count++;
+		}
+		if (n <= 0) {
+			t->err = (int)n;
+			t->done = true;
+		}
+		pthread_cond_broadcast(&t->cond);
+		if (t->done)
+			break;
+	}
+	pthread_mutex_unlock(&t->lock);
+	return NULL;
+}
+
+static ssize_t thread_read(struct input_thread *t, uint8_t *out, size_t len)
+{
+	size_t done = 0, n;
+
+	pthread_mutex_lock(&t->lock);
+	while (done < len) {
+		while (!t->count && !t->done)
+			pthread_cond_wait(&t->cond, &t->lock);
+		if (!t->count)
+			break;
+		n = MIN(len - done, t->len[t->head] - t->pos);
+		memcpy(out + done, t->blocks[t->head] + t->pos, n);
+		done += n;
+		t->pos += n;
+		if (t->pos == t->len[t->head]) {
+			t->pos = 0;
+			t->head = (t->head + 1) % THREAD_BLOCKS;
+			t->count--;
+			pthread_cond_broadcast(&t->cond);
+		}
+	}
+	pthread_mutex_unlock(&t->lock);
+	return done ? (ssize_t)done : t->err;
+}
+
+static ssize_t input_read(void *ctx, void *buf, size_t len)
+{
+	struct input_stream *in = ctx;
+	ssize_t n = in->thread ? thread_read(in->thread, buf, len) :
+				 decode_read(in, buf, len);
+
+	/* The decoded stream's sha256 on this side: the decoder has more to do. */
+	if (n > 0 && in->pts)
+		points_hash(in->pts, buf, (size_t)n);
+	return n;
+}
+
+static void thread_stop(struct input_stream *in)
+{
+	struct input_thread *t = in->thread;
+	unsigned int i;
+
+	pthread_mutex_lock(&t->lock);
+	t->stop = true;
+	pthread_cond_broadcast(&t->cond);
+	pthread_mutex_unlock(&t->lock);
+	pthread_join(t->tid, NULL);
+	pthread_mutex_destroy(&t->lock);
+	pthread_cond_destroy(&t->cond);
+	for (i = 0; i < THREAD_BLOCKS; i++)
+		free(t->blocks[i]);
+	free(t);
+	in->thread = NULL;
+}
+
+static int thread_start(struct input_stream *in)
+{
+	struct input_thread *t = calloc(1, sizeof(*t));
+	unsigned int i;
+	int ret;
+
+	if (!t)
+		return -ENOMEM;
+	for (i = 0; i < THREAD_BLOCKS; i++)
+		if (!(t->blocks[i] = malloc(THREAD_BLOCK)))
+			goto nomem;
+	pthread_mutex_init(&t->lock, NULL);
+	pthread_cond_init(&t->cond, NULL);
+	in->thread = t;
+	ret = -pthread_create(&t->tid, NULL, decode_thread, in);
+	if (!ret)
+		return 0;
+	pthread_mutex_destroy(&t->lock);
+	pthread_cond_destroy(&t->cond);
+	in->thread = NULL;
+	for (i = 0; i < THREAD_BLOCKS; i++)
+		free(t->blocks[i]);
+	free(t);
+	return ret;
+nomem:
+	while (i--)
+		free(t->blocks[i]);
+	free(t);
+	return -ENOMEM;
 }
 
 static int input_init_decoder(struct input_stream *in)
@@ -593,8 +798,12 @@ static int input_start(struct input_stream *in, const uint8_t *sha256)
 	if (!in->buf)
 		return -ENOMEM;
 	in->next = in->buf;
-	/* Pipes may return less than the longest magic (6 bytes) at first. */
-	while (in->avail < 6 && !in->eof) {
+	/*
+	 * Pipes may return less than the longest magic (6 bytes) at first;
+	 * the whole first buffer, so that a registry's stream is cut into
+	 * the same buffers as a file (what `ferry index` finds depends on it).
+	 */
+	while (in->avail < INPUT_BUF_SIZE && !in->eof) {
 		ssize_t n = raw_read(in, in->buf + in->avail,
 				     INPUT_BUF_SIZE - in->avail);
 
@@ -670,6 +879,24 @@ int input_open_mem(const void *buf, size_t len, struct input_stream **out)
 	return 0;
 }
 
+int input_record_points(struct input_stream *in, struct input_points *p)
+{
+	int ret;
+
+	switch (in->kind) {
+	case INPUT_XZ:
+		ferry_err("%s: an xz layer has no places to resume decoding at: convert the image instead (ferry convert)",
+			  in->name);
+		return -ENOTSUP;
+	case INPUT_PLAIN:
+		return 0; /* read where it is: no points */
+	default:
+		in->pts = p;
+		ret = points_here(p, 0, in->kind == INPUT_GZIP ? BLOB_POINT_HEADER : 0);
+		return ret ? ret : thread_start(in);
+	}
+}
+
 struct byte_source input_source(struct input_stream *in)
 {
 	return (struct byte_source){ .read = input_read, .ctx = in };
@@ -682,13 +909,23 @@ const char *input_format(const struct input_stream *in)
 
 uint64_t input_bytes_in(const struct input_stream *in)
 {
-	return in->bytes_read - in->avail;
+	uint64_t n;
+
+	if (!in->thread)
+		return consumed(in);
+	/* What the decoder thread has published (its blocks' worth). */
+	pthread_mutex_lock(&in->thread->lock);
+	n = in->thread->bytes_in;
+	pthread_mutex_unlock(&in->thread->lock);
+	return n;
 }
 
 void input_close(struct input_stream *in)
 {
 	if (!in)
 		return;
+	if (in->thread)
+		thread_stop(in);
 	sha256_hasher_free(in->hasher);
 	switch (in->kind) {
 	case INPUT_GZIP:

@@ -107,6 +107,8 @@ struct converter {
 	size_t nr_elf_records, elf_records_cap;
 	struct image_elf_entry *elf; /* those in the final tree, by path */
 	uint32_t nr_elf;
+	struct tar_reader *tar;      /* the archive being applied, or NULL */
+	struct index_state *index;   /* `ferry index` (index.c), else NULL */
 };
 
 /* -ECANCELED once the caller asked to stop (convert_opts.cancel), else 0. */
@@ -143,6 +145,30 @@ int convert_prefetch_index(struct converter *c);
 int convert_layer_begin(struct converter *c, const char *source_layer);
 int convert_layer_end(struct converter *c);
 void convert_layer_discard(struct converter *c);
+
+/* A new out_blob at the end of c->blobs. */
+int convert_add_blob(struct converter *c, struct out_blob **out);
+
+/*
+ * The end of a conversion (convert.c), shared with `ferry index`: give
+ * the blobs device ids, list the used ones in device order, and write
+ * the bootstrap (with @streams, the stream blobs' resume points, in
+ * blob order) into *@data.
+ */
+int convert_assign_devices(struct converter *c);
+int convert_used_blobs(struct converter *c, struct out_blob ***out, uint32_t *nr);
+int convert_write_bootstrap(struct converter *c, struct out_blob **blobs,
+			    uint32_t nr, const struct blob_stream *streams,
+			    uint32_t nr_streams, uint8_t **data);
+int convert_fill_stats(struct convert_stats *s, struct out_blob **blobs, uint32_t nr);
+
+/*
+ * `ferry index`: store a new chunk of @len bytes that the archive has
+ * just read, where it lies in the layer's decoded stream; *@uoff gets its
+ * slot (index.c).
+ */
+int index_add_chunk(struct converter *c, uint32_t len,
+		    const uint8_t sha256[BLOB_DIGEST_SIZE], uint64_t *uoff);
 
 /* Make every chunk of the image @ref's blobs available for reference. */
 int convert_load_chunk_dict(struct converter *c, const char *ref);

@@ -462,6 +462,7 @@ int convert_apply_input(struct converter *c, struct input_stream *in,
 	if (ret)
 		goto out;
 	ferry_progress_begin(&c->progress, name, size);
+	c->tar = tar;
 	while ((ret = tar_next(tar, &e)) > 0) {
 		ret = tar_add_entry(c, tar, e);
 		if (ret)
@@ -474,6 +475,7 @@ int convert_apply_input(struct converter *c, struct input_stream *in,
 	if (!ret)
 		ret = drain_input(in, name);
 out:
+	c->tar = NULL;
 	layer_set_clear(&c->added);
 	tar_reader_free(tar);
 	return ret;

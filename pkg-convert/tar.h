@@ -48,6 +48,43 @@ const char *input_format(const struct input_stream *in); /* "tar", "gzip", ... *
 uint64_t input_bytes_in(const struct input_stream *in);  /* compressed bytes consumed */
 void input_close(struct input_stream *in);
 
+/*
+ * Resume points (points.c; FORMAT.md 2.8), for `ferry index`: with a
+ * recorder attached before the first read, the decoder stops at the next
+ * place decoding can resume once @spacing compressed or @out_spacing
+ * decoded bytes passed since the last one, and records it there. -ENOTSUP
+ * (logged) for xz, which has none. input_points_take moves the points
+ * (their windows malloc'ed) out; input_points_bound: the compressed bytes
+ * that decode the stream's first @uoff bytes (UINT64_MAX: past its end).
+ */
+struct input_points;
+int points_new(uint64_t spacing, uint64_t out_spacing, struct input_points **out);
+void points_free(struct input_points *p);
+bool points_hunting(const struct input_points *p);
+/* Decoding can resume at @cbit, before the current step's output... */
+int points_here(struct input_points *p, uint64_t cbit, uint32_t flags);
+/* ...or after it (taken once points_step has seen that output). */
+void points_found(struct input_points *p, uint64_t cbit);
+int points_step(struct input_points *p, const uint8_t *out, size_t n, uint64_t pos);
+uint64_t points_bound(const struct input_points *p, uint64_t uoff);
+uint64_t points_decoded(const struct input_points *p);
+/*
+ * The sha256 of the decoded stream, once it has ended; points_hash adds
+ * the bytes the stream's reader got (the decoder may run on a thread of
+ * its own: input_record_points starts one).
+ */
+void points_hash(struct input_points *p, const uint8_t *out, size_t n);
+void points_diff_id(struct input_points *p, uint8_t out[32]);
+struct blob_stream_point;
+void points_take(struct input_points *p, struct blob_stream_point **points,
+		 uint32_t *nr);
+/*
+ * Attach @p (owned by the caller, who frees it after input_close); a
+ * compressed stream is then decoded on a thread of its own, ahead of its
+ * reader.
+ */
+int input_record_points(struct input_stream *in, struct input_points *p);
+
 enum tar_type {
 	TAR_REG,
 	TAR_HARDLINK,

@@ -274,6 +274,16 @@ int registry_get_manifest(struct registry *r, const char *reference,
 int registry_put_manifest(struct registry *r, const char *reference,
 			  const char *media_type, const void *data, size_t len);
 
+/*
+ * The referrers of manifest @digest whose artifactType is @artifact_type
+ * (OCI distribution 1.1 referrers API): 0 and the image index listing
+ * them in @body (not checked: untrusted), 1 when the registry has no
+ * referrers API (it answers 404, 400 or 405; the caller falls back to the
+ * referrers tag schema, a tag "sha256-<hex>"), or -errno.
+ */
+int registry_get_referrers(struct registry *r, const uint8_t digest[FETCH_DIGEST_SIZE],
+			   const char *artifact_type, struct fetch_buf *body);
+
 /* Every tag (following Link pagination), malloc'ed, sorted. */
 int registry_list_tags(struct registry *r, char ***tags, size_t *nr_tags);
 void fetch_free_tags(char **tags, size_t nr_tags);

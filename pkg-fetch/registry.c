@@ -1124,3 +1124,66 @@ out:
 	http_resp_free(&resp);
 	return err;
 }
+
+/* ------------------------------------------------------------------ */
+/* Referrers (OCI distribution 1.1)                                    */
+/* ------------------------------------------------------------------ */
+
+int registry_get_referrers(struct registry *r, const uint8_t digest[FETCH_DIGEST_SIZE],
+			   const char *artifact_type, struct fetch_buf *body)
+{
+	struct curl_slist accept = { (char *)"Accept: " FETCH_OCI_INDEX, NULL };
+	struct http_resp resp = { 0 };
+	char what[128], hex[2 * FETCH_DIGEST_SIZE + 1], *url = NULL, *esc = NULL;
+	CURL *h;
+	int err;
+
+	memset(body, 0, sizeof(*body));
+	hex_encode(digest, FETCH_DIGEST_SIZE, hex);
+	snprintf(what, sizeof(what), "referrers of sha256:%.12s", hex);
+	err = auth_ping(r);
+	if (err)
+		return err;
+	h = http_get_handle(r);
+	esc = h ? curl_easy_escape(h, artifact_type, 0) : NULL;
+	if (h)
+		http_put_handle(r, h);
+	if (!esc)
+		return -ENOMEM;
+	url = reg_url(r, r->base, "/referrers/sha256:%s?artifactType=%s", hex, esc);
+	curl_free(esc);
+	if (!url)
+		return -ENOMEM;
+	{
+		struct http_req q = {
+			.what = what,
+			.method = "GET",
+			.url = url,
+			.headers = &accept,
+			.registry_auth = true,
+			.scope = { .push = r->access == FETCH_PUSH },
+			.follow = true,
+			.max_body = FETCH_MANIFEST_MAX,
+		};
+
+		err = http_do(r, &q, &resp);
+	}
+	/* Registries without the API answer 404 (or 400/405 for the path). */
+	if (!err && (resp.status == 404 || resp.status == 400 || resp.status == 405)) {
+		err = 1;
+		goto out;
+	}
+	if (err || resp.status != 200) {
+		err = http_fail(r, what, err, &resp);
+		goto out;
+	}
+	body->data = resp.body ? resp.body : calloc(1, 1);
+	body->len = resp.body_len;
+	resp.body = NULL;
+	if (!body->data)
+		err = -ENOMEM;
+out:
+	free(url);
+	http_resp_free(&resp);
+	return err;
+}

@@ -110,7 +110,8 @@ int image_cache_open(struct image *img, const char *cache_dir,
 	for (i = 0; !ret && i < n; i++) {
 		ret = image_blob_source(img, i, &ic->tsrcs[i].inner);
 		ic->tsrcs[i].ic = ic;
-		ic->srcs[i] = (struct blob_source){ timed_read, &ic->tsrcs[i] };
+		ic->srcs[i] = (struct blob_source){ timed_read, &ic->tsrcs[i],
+						    ic->tsrcs[i].inner.stream };
 		if (!ret)
 			ret = blob_cache_open(cache_dir, &img->blobs.blobs[i],
 					      &ic->blobs[i]);

@@ -62,6 +62,13 @@ static struct json_object *image_json(struct image *img,
 	json_object_object_add(o, "superblock", sbo);
 	json_object_object_add(o, "chunkSize", U64(img->chunk_size));
 	json_object_object_add(o, "compression", json_object_new_string(img->compression));
+	if (!mem_is_zero(img->index_digest, BLOB_DIGEST_SIZE)) {
+		char idx[DIGEST_STRING_SIZE];
+
+		/* An ordinary image read through its ferry index. */
+		digest_format(img->index_digest, idx);
+		json_object_object_add(o, "index", json_object_new_string(idx));
+	}
 	for (i = 0; i < img->blobs.nr_blobs; i++) {
 		const struct blob_info *b = &img->blobs.blobs[i];
 		struct json_object *bo = json_object_new_object();
@@ -73,6 +80,15 @@ static struct json_object *image_json(struct image *img,
 		json_object_object_add(bo, "size", U64(b->size));
 		json_object_object_add(bo, "uncompressedSize", U64(b->uncompressed_size));
 		json_object_object_add(bo, "chunks", U64(b->nr_chunks));
+		if (b->flags & BLOB_INFO_STREAM) {
+			const struct blob_stream *st = blob_streams_find(&img->streams, i);
+			static const char *const formats[] = { "tar", "gzip", "zstd" };
+
+			/* A layer read in place: its resume points. */
+			json_object_object_add(bo, "layer", json_object_new_string(
+				formats[st ? st->format : 0]));
+			json_object_object_add(bo, "resumePoints", U64(st ? st->nr_points : 0));
+		}
 		json_object_array_add(blobs, bo);
 	}
 	json_object_object_add(o, "blobs", blobs);

@@ -21,6 +21,7 @@
 void image_expect_free(struct image_expect *e)
 {
 	free(e->blobs);
+	free(e->layers);
 	free(e->compressed_path);
 	memset(e, 0, sizeof(*e));
 }
@@ -166,7 +167,12 @@ static int locate_manifest(struct image *img, const struct image_ref *r,
 		oci_image_free(&oci);
 		return ret;
 	}
-	ret = image_expect_manifest(img, &oci, e);
+	/* An ordinary image is served through the ferry index attached to it. */
+	if (oci.nr_layers && !oci_is_ferry_bootstrap(oci.layers[oci.nr_layers - 1].media_type) &&
+	    !oci_is_layers_image(&oci))
+		ret = image_index_expect(img, &oci, e);
+	else
+		ret = image_expect_manifest(img, &oci, e);
 	if (!ret) {
 		img->remote = oci.remote; /* kept for blob reads */
 		oci.remote = NULL;
@@ -377,17 +383,23 @@ static int load_bootstrap(struct image *img, const struct image_expect *e,
 	return 0;
 }
 
-/* Device table, blob index and image index must describe the same blobs. */
+/*
+ * Device table, blob index and image index must describe the same blobs:
+ * a ferry image's blobs in order; for an ordinary image with a ferry index
+ * (e->index) stream blobs of some of its layers, in layer order, each of
+ * the layer's size, read from the image's own layout or repository.
+ */
 static int image_match_devices(struct image *img, const struct image_expect *e)
 {
 	struct meta_super sb;
-	uint32_t i;
+	uint32_t i, k = 0;
 
 	meta_get_super(img->meta, &sb);
-	if (sb.nr_devices != img->blobs.nr_blobs || e->nr_blobs != sb.nr_devices) {
+	if (sb.nr_devices != img->blobs.nr_blobs ||
+	    (!e->index && e->nr_blobs != sb.nr_devices)) {
 		ferry_err("%s: %u devices, %u blobs in the blob index, %u in the image index",
 			  img->ref, sb.nr_devices, img->blobs.nr_blobs,
-			  e->nr_blobs);
+			  e->index ? e->nr_layers : e->nr_blobs);
 		return -EFSCORRUPTED;
 	}
 	for (i = 0; i < sb.nr_devices; i++) {
@@ -395,19 +407,32 @@ static int image_match_devices(struct image *img, const struct image_expect *e)
 		struct meta_device_info dev;
 		char hex[2 * BLOB_DIGEST_SIZE + 1];
 		int ret = meta_get_device(img->meta, i + 1, &dev);
+		bool ok;
 
 		if (ret)
 			return ret;
 		hex_encode(b->digest, BLOB_DIGEST_SIZE, hex);
-		if (strcmp(dev.tag, hex) || memcmp(e->blobs[i], b->digest, BLOB_DIGEST_SIZE) ||
-		    (uint64_t)dev.blocks * META_BLOCK_SIZE != b->uncompressed_size) {
-			ferry_err("%s: device %u (%s) does not match blob sha256:%s",
-				  img->ref, i + 1, dev.tag, hex);
+		ok = !strcmp(dev.tag, hex) &&
+		     (uint64_t)dev.blocks * META_BLOCK_SIZE == b->uncompressed_size;
+		if (e->index) {
+			while (k < e->nr_layers && memcmp(e->layers[k].digest, b->digest, 32))
+				k++;
+			ok = ok && k < e->nr_layers && (b->flags & BLOB_INFO_STREAM) &&
+			     b->size == e->layers[k].size &&
+			     blob_streams_find(&img->streams, i);
+			k++;
+		} else {
+			ok = ok && !memcmp(e->blobs[i], b->digest, BLOB_DIGEST_SIZE) &&
+			     !(b->flags & BLOB_INFO_STREAM);
+		}
+		if (!ok) {
+			ferry_err("%s: device %u (%s) does not match blob sha256:%s%s",
+				  img->ref, i + 1, dev.tag, hex,
+				  e->index ? ", one of the image's layers in order: index the image again" : "");
 			return -EFSCORRUPTED;
 		}
 		if (!img->remote &&
-		    asprintf(&img->blob_paths[i], "%s/blobs/sha256/%s", img->dir,
-			     hex) < 0)
+		    asprintf(&img->blob_paths[i], "%s/blobs/sha256/%s", img->dir, hex) < 0)
 			return -ENOMEM;
 	}
 	return 0;
@@ -449,9 +474,9 @@ static int open_bootstrap(struct image *img, const struct image_expect *e,
 			  ferry_strerror(ret));
 		return ret;
 	}
-	/* What may follow the blob index: a prefetch list, then the loader
-	 * dependencies (docs/FORMAT.md 2.5, 2.6). */
-	if (used < ext_len && ext_len - used >= 8 &&
+	/* What may follow: a prefetch list, then the loader dependencies
+	 * (docs/FORMAT.md 2.5, 2.6). */
+	if (!ret && used < ext_len && ext_len - used >= 8 &&
 	    !memcmp((const uint8_t *)ext + used, PREFETCH_MAGIC, 8)) {
 		size_t n = 0;
 
@@ -472,6 +497,13 @@ static int open_bootstrap(struct image *img, const struct image_expect *e,
 	ret = image_sections_decode(img, area, area_len);
 	if (ret)
 		return ret;
+	/* Stream blobs decode from their resume points (FORMAT.md 2.8). */
+	for (uint32_t i = 0; !img->streams.nr && i < img->blobs.nr_blobs; i++)
+		if (img->blobs.blobs[i].flags & BLOB_INFO_STREAM) {
+			ferry_err("%s: the bootstrap has stream blobs but no resume points section",
+				  img->ref);
+			return -EFSCORRUPTED;
+		}
 	img->blob_paths = calloc(img->blobs.nr_blobs + 1, sizeof(char *));
 	if (!img->blob_paths)
 		return -ENOMEM;
@@ -580,6 +612,7 @@ void image_close(struct image *img)
 	free(img->sections);
 	if (img->remote)
 		registry_close(img->remote);
+	blob_streams_free(&img->streams);
 	blob_index_free(&img->blobs);
 	if (img->meta)
 		meta_image_close(img->meta);
@@ -633,7 +666,8 @@ int image_blob_source(struct image *img, uint32_t index, struct blob_source *src
 			return ret;
 		}
 	}
-	*src = (struct blob_source){ image_blob_read, ib };
+	*src = (struct blob_source){ image_blob_read, ib,
+				     blob_streams_find(&img->streams, index) };
 	return 0;
 }
 

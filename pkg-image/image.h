@@ -175,9 +175,12 @@ struct image {
 	uint8_t bootstrap_digest[BLOB_DIGEST_SIZE]; /* of the raw bytes */
 	/* The manifest's digest (oci:, docker:) or the bootstrap's (dir:). */
 	uint8_t image_digest[BLOB_DIGEST_SIZE];
+	/* An ordinary image: its attached ferry index's manifest; else zero. */
+	uint8_t index_digest[BLOB_DIGEST_SIZE];
 	uint8_t config_digest[BLOB_DIGEST_SIZE]; /* oci:, docker:; else zero */
 	struct meta_image *meta;
 	struct blob_index blobs; /* blob i is device_id i + 1 */
+	struct blob_streams streams; /* resume points of its stream blobs */
 	char **blob_paths;       /* local blob files; NULL entries for docker: */
 	struct image_blob *blob_srcs;
 	uint32_t chunk_size;
@@ -418,6 +421,10 @@ struct image_ext {
 	uint32_t nr_prefetch;
 	const struct image_elf_entry *elf; /* loader dependencies: sorted by path, unique */
 	uint32_t nr_elf;
+	/* The stream blobs' resume points, one per stream blob in blob order:
+	 * a required section (FERRYRP1) of the area. */
+	const struct blob_stream *streams;
+	uint32_t nr_streams;
 	/* Sections for the area, after the writer's (FERRYWR1, always written). */
 	const struct image_section *sections;
 	uint32_t nr_sections;
@@ -518,6 +525,44 @@ bool oci_is_ferry_bootstrap(const char *media_type);
  * are the layers' digests).
  */
 bool oci_is_old_ferry(const struct oci_image *img);
+
+/*
+ * The rootfs.diff_ids of @img's config (img->config_data), one per layer,
+ * into @out (img->nr_layers entries). -EFSCORRUPTED (logged) otherwise.
+ */
+int oci_config_diff_ids(const struct oci_image *img, uint8_t (*out)[32]);
+
+/* ------------------------------------------------------------------ */
+/* Ferry indexes of ordinary images (index.c, docs/FORMAT.md 1e)       */
+/* ------------------------------------------------------------------ */
+
+#define FERRY_INDEX_ARTIFACT_TYPE "application/vnd.ferry.index.v1"
+#define FERRY_INDEX_BOOTSTRAP_MEDIA_TYPE "application/vnd.ferry.index.bootstrap.v1.erofs+zstd"
+#define OCI_EMPTY_MEDIA_TYPE "application/vnd.oci.empty.v1+json"
+
+struct image_index_out {
+	const uint8_t *bootstrap;   /* raw EROFS bytes: devices = stream blobs */
+	size_t bootstrap_len;
+	const struct oci_image *subject;     /* the image indexed */
+	const uint8_t (*diff_ids)[32];       /* its layers' */
+	uint32_t chunk_size;
+	const struct fetch_opts *fetch;      /* docker: pushing */
+	struct ferry_progress *progress;
+};
+
+/*
+ * Attach the index @d describes to its image, as an artifact (artifactType
+ * FERRY_INDEX_ARTIFACT_TYPE, the bootstrap as its one zstd layer, subject
+ * the image's manifest): into the image's OCI layout (blobs, and an
+ * untagged index.json entry) or pushed to its repository by digest, and
+ * listed in the referrers tag "sha256-<hex>" when the registry has no
+ * referrers API. An index of the same image that was there is replaced in
+ * index.json or that tag. No layer is written. The manifest's digest and
+ * size, and the bytes written or uploaded, are returned.
+ */
+int image_index_attach(const struct image_index_out *d,
+		       char manifest_digest[DIGEST_STRING_SIZE],
+		       uint64_t *manifest_size, uint64_t *index_bytes);
 
 /* ------------------------------------------------------------------ */
 /* Writing an image (write.c)                                          */

@@ -60,6 +60,11 @@ struct image_expect {
 	uint64_t compressed_size;
 	uint32_t nr_blobs;
 	uint8_t (*blobs)[BLOB_DIGEST_SIZE];
+	/* An ordinary image with a ferry index: its devices are some of
+	 * these layers, in this order, read in place. */
+	bool index;
+	struct oci_descriptor *layers;
+	uint32_t nr_layers;
 };
 void image_expect_free(struct image_expect *e);
 /*
@@ -177,6 +182,33 @@ int oci_push_index(const char *dest, const char *text, size_t len,
 
 /* A descriptor's annotation @key, or NULL. */
 const char *oci_annotation(struct json_object *desc, const char *key);
+/* A descriptor object; an annotation set on an object (write.c). */
+struct json_object *oci_descriptor_json(const char *media_type,
+					const uint8_t *digest, uint64_t size);
+void oci_annotate(struct json_object *o, const char *key, const char *value);
+/* Parse a descriptor object (digest, size, mediaType checked). */
+int oci_parse_descriptor(struct json_object *o, const char *where,
+			 struct oci_descriptor *d);
+/* Lock the directory @path (flock LOCK_EX, waiting when @wait) into *@fd. */
+int image_lock_dir(const char *path, bool wait, int *fd);
+/*
+ * The ferry index of @oci listed in @list (an image index: a layout's
+ * index.json, a referrers API answer or referrers tag), the manifests
+ * read through @load: the last that names @oci, checked as below.
+ * -ENOENT when none does.
+ */
+typedef int (*image_manifest_load_fn)(void *ctx, const struct oci_descriptor *d,
+				      uint8_t **data, size_t *len);
+int image_index_from_list(struct image *img, const struct oci_image *oci,
+			  struct json_object *list, image_manifest_load_fn load,
+			  void *ctx, struct image_expect *e);
+/*
+ * An ordinary image @oci's attached ferry index (index.c): found, checked
+ * to name exactly @oci (its subject) and its layers, its bootstrap
+ * expected in @e (e->index). -EMEDIUMTYPE (logged) when none is attached.
+ */
+int image_index_expect(struct image *img, const struct oci_image *oci,
+		       struct image_expect *e);
 
 /* Create PATH/blobs/sha256 and oci-layout if missing. */
 int oci_layout_init(const char *layout);

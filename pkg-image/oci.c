@@ -40,8 +40,8 @@ static bool is_one_of(const char *s, const char *const *list, size_t n)
 }
 
 /* Parse a descriptor object; every field a consumer relies on is checked. */
-static int parse_descriptor(struct json_object *o, const char *where,
-			    struct oci_descriptor *d)
+int oci_parse_descriptor(struct json_object *o, const char *where,
+			 struct oci_descriptor *d)
 {
 	struct json_object *v;
 	const char *digest = json_get_string(o, "digest"), *type = json_get_string(o, "mediaType");
@@ -222,7 +222,7 @@ static int pick_platform(struct json_object *index, const char *where,
 		struct json_object *m = json_object_array_get_idx(manifests, i);
 
 		if (platform_matches(m, platform))
-			return parse_descriptor(m, where, d);
+			return oci_parse_descriptor(m, where, d);
 	}
 	ferry_err("%s: no manifest for platform %s (use --platform os/arch[/variant])",
 		  where, platform);
@@ -296,7 +296,7 @@ int oci_index_pick(struct json_object *index, const char *layout,
 				  layout, n, layout);
 		return -ENOENT;
 	}
-	return parse_descriptor(match, layout, d);
+	return oci_parse_descriptor(match, layout, d);
 }
 
 static void oci_image_clear(struct oci_image *img)
@@ -374,7 +374,7 @@ int oci_image_resolve(struct oci_image *img, const struct oci_descriptor *top,
 			return ret;
 	}
 	if (!json_object_object_get_ex(img->manifest, "config", &config) ||
-	    parse_descriptor(config, img->where, &img->config)) {
+	    oci_parse_descriptor(config, img->where, &img->config)) {
 		ferry_err("%s: manifest has no valid config descriptor", img->where);
 		return -EFSCORRUPTED;
 	}
@@ -396,7 +396,7 @@ int oci_image_resolve(struct oci_image *img, const struct oci_descriptor *top,
 	if (!img->layers)
 		return -ENOMEM;
 	for (i = 0; i < n; i++) {
-		ret = parse_descriptor(json_object_array_get_idx(layers, i), img->where,
+		ret = oci_parse_descriptor(json_object_array_get_idx(layers, i), img->where,
 				       &img->layers[i]);
 		if (ret)
 			return ret;

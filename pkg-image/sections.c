@@ -46,6 +46,20 @@ static int decode_writer(struct image *img, const uint8_t *body, size_t len)
 	return img->writer ? 0 : -ENOMEM;
 }
 
+/* The resume points of the image's stream blobs (an indexed image). */
+static int decode_streams(struct image *img, const uint8_t *body, size_t len)
+{
+	size_t used = 0;
+	int ret = blob_streams_decode(body, len, &img->blobs, &img->streams, &used);
+
+	if (!ret && used != len) {
+		ferry_err("%s: resume points section: %zu bytes after its streams",
+			  img->ref, len - used);
+		ret = -EFSCORRUPTED;
+	}
+	return ret;
+}
+
 /* The sections this build reads: one line each. */
 static const struct {
 	char magic[9];
@@ -54,6 +68,7 @@ static const struct {
 	int (*decode)(struct image *img, const uint8_t *body, size_t len);
 } section_types[] = {
 	{ WRITER_MAGIC, WRITER_VERSION, "writer", decode_writer },
+	{ BLOB_STREAMS_MAGIC, BLOB_STREAMS_VERSION, "resume points", decode_streams },
 };
 
 /* Append @len bytes at @data to the malloc'ed *@buf of *@buf_len bytes. */
@@ -118,6 +133,21 @@ int image_ext_encode(const struct image_ext *in, void **payload,
 	}
 	if (!ret)
 		ret = append_section(area, area_len, &writer);
+	/* Required: a reader that cannot decode them cannot serve the image. */
+	if (!ret && in->nr_streams) {
+		void *rp;
+
+		ret = blob_streams_encode(in->streams, in->nr_streams, &rp, &len);
+		if (!ret) {
+			const struct image_section streams = {
+				BLOB_STREAMS_MAGIC, BLOB_STREAMS_VERSION,
+				IMAGE_SECTION_REQUIRED, rp, len,
+			};
+
+			ret = append_section(area, area_len, &streams);
+			free(rp);
+		}
+	}
 	for (uint32_t i = 0; !ret && i < in->nr_sections; i++)
 		ret = append_section(area, area_len, &in->sections[i]);
 	if (ret) {

@@ -98,7 +98,7 @@ int image_dir_remove(const char *dir)
  * Lock the directory @path for writing (LOCK_EX, held until *@fd is
  * closed); with @wait, after saying whom we wait for.
  */
-static int lock_dir(const char *path, bool wait, int *fd)
+int image_lock_dir(const char *path, bool wait, int *fd)
 {
 	int ret;
 
@@ -136,7 +136,7 @@ static void reclaim_staging(const char *parent, const char *prefix)
 		if (strncmp(de->d_name, prefix, strlen(prefix)) ||
 		    asprintf(&path, "%s/%s", parent, de->d_name) < 0)
 			continue;
-		if (!lock_dir(path, false, &fd)) {
+		if (!image_lock_dir(path, false, &fd)) {
 			if (!fstat(fd, &st) && st.st_uid == geteuid() &&
 			    !image_dir_remove(path))
 				ferry_info("%s: removed, left by an interrupted conversion", path);
@@ -159,7 +159,7 @@ static int staging_create(const char *parent, const char *prefix, char **path,
 		*path = NULL;
 		return -ENOMEM;
 	}
-	ret = mkdtemp(*path) ? lock_dir(*path, false, lock_fd) : -errno;
+	ret = mkdtemp(*path) ? image_lock_dir(*path, false, lock_fd) : -errno;
 	if (ret) {
 		ferry_err("%s: cannot create a staging directory: %s", *path,
 			  ferry_strerror(ret));
@@ -352,7 +352,7 @@ int image_out_open(const struct image_ref *dest, bool replace, struct image_out 
 					  oci_layout_init(o->dir);
 	if (!ret && o->lock_fd < 0) {
 		/* An existing layout: one writer at a time, then its leftovers go. */
-		ret = lock_dir(o->dir, true, &o->lock_fd);
+		ret = image_lock_dir(o->dir, true, &o->lock_fd);
 		if (!ret) {
 			remove_tmp_files(o->dir);
 			remove_tmp_files(o->blobs_dir);
@@ -483,8 +483,8 @@ static int finish_dir(struct image_out *o, const struct image_out_desc *d)
 /* oci: (and docker:, through a staging layout)                        */
 /* ------------------------------------------------------------------ */
 
-static struct json_object *descriptor_json(const char *media_type,
-					   const uint8_t *digest, uint64_t size)
+struct json_object *oci_descriptor_json(const char *media_type,
+					const uint8_t *digest, uint64_t size)
 {
 	struct json_object *d = json_object_new_object();
 	char dstr[DIGEST_STRING_SIZE];
@@ -496,7 +496,7 @@ static struct json_object *descriptor_json(const char *media_type,
 	return d;
 }
 
-static void annotate(struct json_object *o, const char *key, const char *value)
+void oci_annotate(struct json_object *o, const char *key, const char *value)
 {
 	struct json_object *ann;
 
@@ -616,13 +616,13 @@ static int annotate_source(struct json_object *manifest,
 		free(joined);
 		return -ENOMEM;
 	}
-	annotate(manifest, "dev.ferry.source-layers", joined);
+	oci_annotate(manifest, "dev.ferry.source-layers", joined);
 	free(joined);
 	/* A docker-archive: source has no manifest of its own to name. */
 	if (mem_is_zero(src->manifest_desc.digest, 32))
 		return 0;
 	digest_format(src->manifest_desc.digest, dstr);
-	annotate(manifest, "dev.ferry.source-manifest", dstr);
+	oci_annotate(manifest, "dev.ferry.source-manifest", dstr);
 	return 0;
 }
 
@@ -648,9 +648,9 @@ static int put_manifest(struct image_out *o, struct json_object *manifest,
 	if (ret)
 		return ret;
 	json_object_object_add(manifest, "config",
-			       descriptor_json(config.media_type, config.digest,
+			       oci_descriptor_json(config.media_type, config.digest,
 					       config.size));
-	annotate(manifest, "dev.ferry.version", FERRY_FORMAT_VERSION);
+	oci_annotate(manifest, "dev.ferry.version", FERRY_FORMAT_VERSION);
 	text = json_object_to_json_string_ext(manifest, JSON_C_TO_STRING_PLAIN |
 							JSON_C_TO_STRING_NOSLASHESCAPE);
 	*size = strlen(text);
@@ -692,30 +692,30 @@ static int finish_oci(struct image_out *o, const struct image_out_desc *d,
 		const struct image_out_blob *ob = &d->blobs[i];
 
 		ferry_diff_id(FERRY_BLOB_DIFF_ID_PREFIX, ob->info->digest, diff_ids[i]);
-		desc = descriptor_json(FERRY_BLOB_MEDIA_TYPE, ob->info->digest,
+		desc = oci_descriptor_json(FERRY_BLOB_MEDIA_TYPE, ob->info->digest,
 				       ob->info->size);
 		snprintf(num, sizeof(num), "%llu",
 			 (unsigned long long)ob->info->uncompressed_size);
-		annotate(desc, "dev.ferry.blob.uncompressed-size", num);
+		oci_annotate(desc, "dev.ferry.blob.uncompressed-size", num);
 		if (ob->source_layer)
-			annotate(desc, "dev.ferry.blob.source-layer", ob->source_layer);
+			oci_annotate(desc, "dev.ferry.blob.source-layer", ob->source_layer);
 		if (ob->from_dict)
-			annotate(desc, "dev.ferry.blob.chunk-dict", "true");
-		annotate(desc, FERRY_SNAPSHOT_BLOB_LABEL, "true");
+			oci_annotate(desc, "dev.ferry.blob.chunk-dict", "true");
+		oci_annotate(desc, FERRY_SNAPSHOT_BLOB_LABEL, "true");
 		json_object_array_add(layers, desc);
 	}
-	desc = descriptor_json(FERRY_BOOTSTRAP_MEDIA_TYPE, zboot_digest, zboot_size);
-	annotate(desc, "dev.ferry.bootstrap", "true");
+	desc = oci_descriptor_json(FERRY_BOOTSTRAP_MEDIA_TYPE, zboot_digest, zboot_size);
+	oci_annotate(desc, "dev.ferry.bootstrap", "true");
 	digest_format(boot_digest, dstr);
-	annotate(desc, FERRY_BOOTSTRAP_DIGEST_ANNOTATION, dstr);
+	oci_annotate(desc, FERRY_BOOTSTRAP_DIGEST_ANNOTATION, dstr);
 	snprintf(num, sizeof(num), "%llu", (unsigned long long)d->bootstrap_len);
-	annotate(desc, "dev.ferry.bootstrap.uncompressed-size", num);
-	annotate(desc, FERRY_SNAPSHOT_BOOTSTRAP_LABEL, "true");
+	oci_annotate(desc, "dev.ferry.bootstrap.uncompressed-size", num);
+	oci_annotate(desc, FERRY_SNAPSHOT_BOOTSTRAP_LABEL, "true");
 	json_object_array_add(layers, desc);
 	json_object_object_add(manifest, "layers", layers);
 	snprintf(num, sizeof(num), "%u", d->chunk_size);
-	annotate(manifest, "dev.ferry.chunk-size", num);
-	annotate(manifest, "dev.ferry.compression", d->compression);
+	oci_annotate(manifest, "dev.ferry.chunk-size", num);
+	oci_annotate(manifest, "dev.ferry.compression", d->compression);
 	if (d->source) {
 		ret = annotate_source(manifest, d->source);
 		if (ret)
@@ -810,7 +810,7 @@ int image_out_upgrade(struct image_out *o, const struct oci_image *src,
 		}
 		json_object_object_add(desc, "mediaType", json_object_new_string(
 			i == last ? FERRY_BOOTSTRAP_MEDIA_TYPE : FERRY_BLOB_MEDIA_TYPE));
-		annotate(desc, i == last ? FERRY_SNAPSHOT_BOOTSTRAP_LABEL :
+		oci_annotate(desc, i == last ? FERRY_SNAPSHOT_BOOTSTRAP_LABEL :
 					   FERRY_SNAPSHOT_BLOB_LABEL, "true");
 		ret = copy_layer(o, src, &src->layers[i]);
 	}
@@ -890,14 +890,14 @@ int image_out_finish_index(struct image_out *o,
 	json_object_object_add(index, "mediaType", json_object_new_string(FETCH_OCI_INDEX));
 	json_object_object_add(index, "manifests", manifests);
 	for (i = 0; i < nr; i++) {
-		struct json_object *d = descriptor_json(FETCH_OCI_MANIFEST,
+		struct json_object *d = oci_descriptor_json(FETCH_OCI_MANIFEST,
 							entries[i].digest,
 							entries[i].size);
 
 		json_object_object_add(d, "platform", platform_json(entries[i].platform));
 		json_object_array_add(manifests, d);
 	}
-	annotate(index, "dev.ferry.version", FERRY_FORMAT_VERSION);
+	oci_annotate(index, "dev.ferry.version", FERRY_FORMAT_VERSION);
 	text = json_object_to_json_string_ext(index, JSON_C_TO_STRING_PLAIN |
 						     JSON_C_TO_STRING_NOSLASHESCAPE);
 	*index_size = strlen(text);
@@ -1005,24 +1005,24 @@ int image_out_finish_layers(struct image_out *o,
 	json_object_object_add(manifest, "mediaType",
 			       json_object_new_string(FETCH_OCI_MANIFEST));
 	json_object_object_add(manifest, "config",
-			       descriptor_json(OCI_CONFIG_TYPE, config.digest,
+			       oci_descriptor_json(OCI_CONFIG_TYPE, config.digest,
 					       config.size));
 	layers = json_object_new_array();
 	for (uint32_t i = 0; i < d->nr_layers; i++) {
-		desc = descriptor_json(d->media_type, d->layers[i].digest,
+		desc = oci_descriptor_json(d->media_type, d->layers[i].digest,
 				       d->layers[i].size);
 		if (d->layers[i].source) {
 			digest_format(d->layers[i].source, dstr);
-			annotate(desc, "dev.ferry.layer.source", dstr);
+			oci_annotate(desc, "dev.ferry.layer.source", dstr);
 		}
 		if (d->layers[i].ranges_offset) {
 			char off[24];
 
 			snprintf(off, sizeof(off), "%llu",
 				 (unsigned long long)d->layers[i].ranges_offset);
-			annotate(desc, LAYER_RANGES_OFFSET_ANNOTATION, off);
+			oci_annotate(desc, LAYER_RANGES_OFFSET_ANNOTATION, off);
 			digest_format(d->layers[i].ranges_digest, dstr);
-			annotate(desc, LAYER_RANGES_DIGEST_ANNOTATION, dstr);
+			oci_annotate(desc, LAYER_RANGES_DIGEST_ANNOTATION, dstr);
 		}
 		json_object_array_add(layers, desc);
 	}

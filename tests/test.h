@@ -8,6 +8,7 @@
 #ifndef FERRY_TEST_H
 #define FERRY_TEST_H
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,6 +44,15 @@ static int test_failed_cases;
 		if (test_failures_in_case)                                     \
 			test_failed_cases++;                                   \
 	} while (0)
+
+/* xorshift64: the tests' reproducible pseudo-random numbers. */
+static inline uint64_t test_xorshift(uint64_t *state)
+{
+	*state ^= *state << 13;
+	*state ^= *state >> 7;
+	*state ^= *state << 17;
+	return *state;
+}
 
 #define TEST_MAIN_END() return test_failed_cases ? 1 : 0
 

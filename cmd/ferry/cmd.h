@@ -16,6 +16,7 @@
 	"input, failed check), 2 usage error.\n"
 
 int cmd_convert(int argc, char **argv);
+int cmd_index(int argc, char **argv);
 int cmd_mount(int argc, char **argv);
 int cmd_umount(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);

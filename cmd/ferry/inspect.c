@@ -39,6 +39,8 @@ static void print_image_text(struct json_object *o)
 	printf("uuid:         %s\nvolume name:  %s\n", jstr(sb, "uuid"), jstr(sb, "volumeName"));
 	printf("chunk size:   %" PRId64 "\ncompression:  %s\n", jint(o, "chunkSize"),
 	       jstr(o, "compression"));
+	if (jstr(o, "index")[0])
+		printf("ferry index:  %s (the image's layers are its devices)\n", jstr(o, "index"));
 	printf("blobs:        %zu\n", json_object_array_length(blobs));
 	for (i = 0; i < json_object_array_length(blobs); i++) {
 		struct json_object *b = json_object_array_get_idx(blobs, i);
@@ -47,6 +49,9 @@ static void print_image_text(struct json_object *o)
 		       " uncompressed, %" PRId64 " chunks\n", jint(b, "deviceId"),
 		       jstr(b, "digest"), jint(b, "size"), jint(b, "uncompressedSize"),
 		       jint(b, "chunks"));
+		if (jstr(b, "layer")[0])
+			printf("            a %s layer read in place, %" PRId64 " resume points\n",
+			       jstr(b, "layer"), jint(b, "resumePoints"));
 	}
 	json_object_object_get_ex(o, "prefetch", &prefetch);
 	if (json_object_array_length(prefetch))

@@ -16,6 +16,7 @@ static const struct {
 	const char *summary;
 } commands[] = {
 	{ "convert", cmd_convert, "convert a directory, tar, OCI layout or registry image" },
+	{ "index", cmd_index, "attach a ferry index to an image, to mount it lazily as it is" },
 	{ "mount", cmd_mount, "mount a ferry image (kernel, or lazily through FUSE)" },
 	{ "umount", cmd_umount, "unmount a ferry mount" },
 	{ "inspect", cmd_inspect, "show an image's superblock, blobs, tree or a file's chunks" },

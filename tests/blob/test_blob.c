@@ -25,10 +25,7 @@ static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 
 static uint64_t rng(void)
 {
-	rng_state ^= rng_state << 13;
-	rng_state ^= rng_state >> 7;
-	rng_state ^= rng_state << 17;
-	return rng_state;
+	return test_xorshift(&rng_state);
 }
 
 enum data_kind { DATA_TEXT, DATA_RANDOM, DATA_ZERO };
@@ -261,7 +258,7 @@ static int source_verify(const char *path, const struct blob_info *info,
 			 struct blob_verify_report *rep)
 {
 	int fd = open(path, O_RDONLY), ret;
-	struct blob_source src = { file_source_read, &fd };
+	struct blob_source src = { file_source_read, &fd, NULL };
 
 	if (fd < 0)
 		return -errno;
@@ -276,7 +273,7 @@ static void fill_cache_check(const char *blob, const struct test_blob *tb)
 	char dir[256];
 	struct blob_cache_blob *b = NULL;
 	int fd = open(blob, O_RDONLY);
-	struct blob_source src = { file_source_read, &fd };
+	struct blob_source src = { file_source_read, &fd, NULL };
 
 	snprintf(dir, sizeof(dir), "%s/cache", tmpdir);
 	CHECK(fd >= 0);

@@ -202,29 +202,7 @@ damage data
 lazy_use damaged
 M=$SCRATCH/m-damaged
 if check "mount --mode fanotify with a damaged data range in the top layer" fnmount "$IMG" "$M"; then
-	out=$(cd "$M" && timeout 300 /usr/bin/python3 - "$SCRATCH/ref.sums" <<'PY'
-import errno, hashlib, sys
-want = {}
-for line in open(sys.argv[1]):
-    h, p = line.rstrip("\n").split("  ", 1)
-    want[p] = h
-eio = wrong = other = good = 0
-for p, h in want.items():
-    try:
-        got = hashlib.sha256(open(p, "rb").read()).hexdigest()
-    except OSError as e:
-        if e.errno == errno.EIO:
-            eio += 1
-        else:
-            other += 1
-        continue
-    if got == h:
-        good += 1
-    else:
-        wrong += 1
-print(eio, wrong, other, good)
-PY
-)
+	out=$(damaged_counts "$M" "$SCRATCH/ref.sums")
 	read -r eio wrong other good <<<"$out"
 	echo "# damaged data range: $eio files EIO, $wrong wrong, $other other errors, $good right"
 	expect_sh "no file reads wrong bytes ($wrong), some fail with EIO ($eio), the rest read right ($good)" \

@@ -464,6 +464,35 @@ for p in sys.argv[1:]:
     os.close(fd)' "$@"
 }
 
+# Read every file ROOT/PATH listed in SUMS (sha256sum lines of a reference
+# tree) and print "EIO WRONG OTHER GOOD": files failing with EIO, reading
+# other bytes, failing otherwise, and reading right.
+damaged_counts() { # ROOT SUMS
+	(cd "$1" && timeout 300 /usr/bin/python3 - "$2" <<'PY'
+import errno, hashlib, sys
+want = {}
+for line in open(sys.argv[1]):
+    h, p = line.rstrip("\n").split("  ", 1)
+    want[p] = h
+eio = wrong = other = good = 0
+for p, h in want.items():
+    try:
+        got = hashlib.sha256(open(p, "rb").read()).hexdigest()
+    except OSError as e:
+        if e.errno == errno.EIO:
+            eio += 1
+        else:
+            other += 1
+        continue
+    if got == h:
+        good += 1
+    else:
+        wrong += 1
+print(eio, wrong, other, good)
+PY
+	)
+}
+
 # Milliseconds since the epoch.
 now_ms() { echo $(($(date +%s%N) / 1000000)); }
 

@@ -13,7 +13,10 @@
  * the first as the top manifest or index. The loaders check sizes and
  * digests before resolve sees a byte (tests/image covers that), so this
  * loader ignores them and the fuzzer need not forge sha256s. Accepted
- * results are checked for consistency.
+ * results are checked for consistency. An ordinary image (no ferry
+ * bootstrap) is looked up in the next document as a list of referrers
+ * (index.json, a referrers API answer or tag), the documents after it its
+ * ferry index manifests: what makes an index this image's (FORMAT.md 1e).
  */
 #include <json-c/json.h>
 #include <stdint.h>
@@ -116,6 +119,36 @@ static void fuzz_index(const char *text, size_t len)
 	json_object_put(o);
 }
 
+static int fuzz_load_manifest(void *ctx, const struct oci_descriptor *d,
+			      uint8_t **out, size_t *len)
+{
+	return fuzz_load(ctx, d, true, out, len);
+}
+
+/* The ferry index of the ordinary image @oci, its list the next document. */
+static void fuzz_index_of(struct docs *docs, const struct oci_image *oci)
+{
+	struct image_expect e = { 0 };
+	char ref[] = "fuzz";
+	struct image img = { .ref = ref };
+	struct json_object *list;
+	unsigned int i = docs->next++;
+	uint32_t k;
+
+	if (i >= docs->n || !(list = parse(docs->doc[i], docs->len[i])))
+		return;
+	if (!image_index_from_list(&img, oci, list, fuzz_load_manifest, docs, &e)) {
+		if (!e.index || e.nr_layers != oci->nr_layers || !e.compressed_bootstrap)
+			abort();
+		for (k = 0; k < e.nr_layers; k++)
+			if (memcmp(e.layers[k].digest, oci->layers[k].digest, 32))
+				abort();
+	}
+	image_expect_free(&e);
+	free(img.dir);
+	json_object_put(list);
+}
+
 static void fuzz_resolve(struct docs *docs)
 {
 	struct oci_descriptor top = { .size = docs->len[0] };
@@ -129,7 +162,9 @@ static void fuzz_resolve(struct docs *docs)
 	if (!oci_image_resolve(&oci, &top, "linux/amd64",
 			       &(struct oci_loader){ .load = fuzz_load, .ctx = docs })) {
 		check_oci(&oci);
-		if (!image_expect_manifest(&img, &oci, &e))
+		if (oci.nr_layers && !oci_is_ferry_bootstrap(oci.layers[oci.nr_layers - 1].media_type))
+			fuzz_index_of(docs, &oci);
+		else if (!image_expect_manifest(&img, &oci, &e))
 			check_image(&img, &e, oci.nr_layers - 1);
 		image_expect_free(&e);
 		free(img.dir);

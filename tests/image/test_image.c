@@ -399,6 +399,7 @@ static void free_decoded(struct image *img)
 	free(img->ref);
 	free(img->writer);
 	free(img->sections);
+	blob_streams_free(&img->streams);
 	free(img);
 }
 
@@ -411,6 +412,8 @@ static void test_sections(void)
 	struct image_section required = { "FERRYZZ9", 1, IMAGE_SECTION_REQUIRED, "x", 1 };
 	struct image_section writer_again = { "FERRYWR1", 1, 0, "ferry 9", 7 };
 	struct image_section bad_writer = { "FERRYWR1", 1, 0, "ferry\n", 6 };
+	uint8_t *rp = NULL, *longer;
+	size_t rp_len = 0;
 	struct image *img;
 	int ret;
 
@@ -452,6 +455,27 @@ static void test_sections(void)
 	img = decode_area(&bad_writer, 1, 0, &ret);
 	CHECK_EQ(ret, -EFSCORRUPTED);
 	free_decoded(img);
+
+	/* The resume points (FERRYRP1, 2.8) are read, exactly their body. */
+	CHECK_EQ(blob_streams_encode(NULL, 0, (void **)&rp, &rp_len), 0);
+	longer = calloc(1, rp_len + 1);
+	if (rp && longer) {
+		struct image_section streams = { BLOB_STREAMS_MAGIC, BLOB_STREAMS_VERSION,
+						 IMAGE_SECTION_REQUIRED, rp, rp_len };
+		struct image_section trailing = { BLOB_STREAMS_MAGIC, BLOB_STREAMS_VERSION,
+						  IMAGE_SECTION_REQUIRED, longer, rp_len + 1 };
+
+		memcpy(longer, rp, rp_len);
+		img = decode_area(&streams, 1, 0, &ret);
+		CHECK_EQ(ret, 0);
+		CHECK(img && img->nr_sections == 2 && img->sections[1].known);
+		free_decoded(img);
+		img = decode_area(&trailing, 1, 0, &ret);
+		CHECK_EQ(ret, -EFSCORRUPTED);
+		free_decoded(img);
+	}
+	free(rp);
+	free(longer);
 
 	/* A converted image says which ferry wrote it. */
 	CHECK_EQ(open_img(dir_img, &img), 0);

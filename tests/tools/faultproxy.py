@@ -37,6 +37,11 @@ Control (GET, never counted as traffic):
       the proxy itself, a stand-in for object storage with signed URLs:
       a TOKEN serves uses (default 1) requests within ttl (default 0:
       unlimited) seconds, after that 403 AccessDenied (an expired URL).
+  /__referrers?on=1|0
+      Act as a registry with the OCI 1.1 referrers API (docker-registry
+      2.8 has none): manifests PUT through the proxy with a "subject" are
+      remembered, and GET /v2/NAME/referrers/DIGEST[?artifactType=T] is
+      answered with an image index of them (off: passed upstream, 404).
   /__stats    counters and the last requests as JSON (method, path,
               Range, X-* request headers, fault, status)
   /__reset    zero the counters and the request log (rules stay)
@@ -46,6 +51,7 @@ Everything is bounded: socket timeouts of 30 s (client) and 60 s
 """
 import argparse
 import collections
+import hashlib
 import http.client
 import json
 import os
@@ -65,6 +71,8 @@ HOP = {"connection", "keep-alive", "proxy-connection", "proxy-authenticate",
        "proxy-authorization", "te", "trailer", "transfer-encoding", "upgrade",
        "expect", "host", "content-length"}
 BLOB_RE = re.compile(r"^/v2/(.+)/blobs/(sha256:[0-9a-f]{64})$")
+REFERRERS_RE = re.compile(r"^/v2/(.+)/referrers/(sha256:[0-9a-f]{64})$")
+MANIFEST_RE = re.compile(r"^/v2/(.+)/manifests/[^/]+$")
 STATUS_MODES = re.compile(r"^[1-5][0-9][0-9]$")
 MODES = {"none", "reset", "reset_mid", "truncate", "slow", "stall", "trickle",
          "corrupt", "norange", "chunked"}
@@ -75,6 +83,7 @@ class State:
         self.lock = threading.Lock()
         self.rule = {"mode": "none", "count": 0}
         self.redirect = {"on": False, "uses": 1, "ttl": 0.0}
+        self.referrers = None  # {(name, subject digest): [descriptor]} when on
         self.objs = {}
         self.reset()
 
@@ -219,6 +228,9 @@ class Handler(BaseHTTPRequestHandler):
                     st.redirect = {"on": q.get("on", ["1"])[0] == "1",
                                    "uses": num(q, "uses", 1, 1, 1 << 30, int),
                                    "ttl": num(q, "ttl", 0.0, 0, 3600)}
+            elif u.path == "/__referrers":
+                with st.lock:
+                    st.referrers = {} if q.get("on", ["1"])[0] == "1" else None
             elif u.path == "/__reset":
                 with st.lock:
                     st.reset()
@@ -315,6 +327,9 @@ class Handler(BaseHTTPRequestHandler):
             if mode == "slow":
                 time.sleep(f["delay"])
 
+        ref = REFERRERS_RE.match(u.path)
+        if ref and self.command == "GET" and st.referrers is not None:
+            return self.referrers_get(ref, u)
         if u.path.startswith("/__obj/"):
             res = self.object_get(u, body, mode == "norange")
             if isinstance(res, int):
@@ -327,6 +342,8 @@ class Handler(BaseHTTPRequestHandler):
             res = self.upstream(self.command, self.path, body,
                                 drop_range=(mode == "norange"))
         status, reason, headers, data = res
+        if self.command == "PUT" and 200 <= status < 300:
+            self.referrers_note(u, body)
 
         if f and f["after"]:
             if STATUS_MODES.match(mode):
@@ -335,6 +352,35 @@ class Handler(BaseHTTPRequestHandler):
                 self.rst()
                 return "reset"
         return self.send_upstream(status, reason, headers, data, f)
+
+    def referrers_note(self, u, body):
+        m = MANIFEST_RE.match(u.path)
+        if not m or st.referrers is None:
+            return
+        try:
+            doc = json.loads(body)
+            subject = doc["subject"]["digest"]
+        except (ValueError, KeyError, TypeError):
+            return
+        desc = {"mediaType": doc.get("mediaType", "application/vnd.oci.image.manifest.v1+json"),
+                "digest": "sha256:" + hashlib.sha256(body).hexdigest(),
+                "size": len(body)}
+        for k in ("artifactType", "annotations"):
+            if k in doc:
+                desc[k] = doc[k]
+        with st.lock:
+            st.referrers.setdefault((m.group(1), subject), []).append(desc)
+
+    def referrers_get(self, ref, u):
+        want = urllib.parse.parse_qs(u.query).get("artifactType", [None])[0]
+        with st.lock:
+            found = list(st.referrers.get((ref.group(1), ref.group(2)), []))
+        found = [d for d in found if want is None or d.get("artifactType") == want]
+        body = json.dumps({"schemaVersion": 2,
+                           "mediaType": "application/vnd.oci.image.index.v1+json",
+                           "manifests": found}).encode()
+        self.simple(200, body, ctype="application/vnd.oci.image.index.v1+json")
+        return 200
 
     def fault_status(self, f):
         code = int(f["mode"])

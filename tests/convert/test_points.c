@@ -1,0 +1,229 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Resume points recorded while the decompressing input decodes a layer
+ * (pkg-convert/points.c; FORMAT.md 2.7): with each gzip inflater (ISA-L
+ * hunting for a block header at its input's end, zlib stopping with
+ * Z_BLOCK) and for zstd frames, every point must decode — through
+ * pkg-blob's frame decoder, as a lazy mount decodes — to the stream's
+ * bytes from its offset on; points are spaced as asked; the decoded
+ * stream's sha256 is recorded; and the compressed bound of an offset
+ * decodes up to it. Streams: two gzip members (a point may not cross
+ * the member boundary unnoticed) and several zstd frames, read whole from
+ * memory and through a source that returns odd-sized pieces.
+ */
+#include "../test.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <zlib.h>
+#include <zstd.h>
+
+#include "../../pkg-base/base.h"
+#include "../../pkg-blob/blob.h"
+#include "../../pkg-convert/tar.h"
+
+static const char *const inflaters[] = {
+	"zlib",
+#ifdef FERRY_HAVE_ISAL
+	"isal",
+#endif
+};
+
+#define PLAIN (6u << 20)
+
+static uint8_t *plain;
+static uint64_t rng_state = 88172645463325252ull;
+
+static uint64_t rng(void)
+{
+	return test_xorshift(&rng_state);
+}
+
+static void make_plain(void)
+{
+	static const char *const words[] = { "layer ", "point ", "deflate ", "block\n" };
+	size_t i = 0;
+
+	plain = malloc(PLAIN);
+	while (i < PLAIN) {
+		const char *w = words[rng() % 4];
+		size_t n = MIN(strlen(w), PLAIN - i);
+
+		memcpy(plain + i, w, n);
+		i += n;
+		if (rng() % 8 == 0)
+			for (n = (size_t)(rng() % 200); n-- && i < PLAIN; i++)
+				plain[i] = (uint8_t)rng();
+	}
+}
+
+static size_t gzip(uint8_t *out, size_t cap)
+{
+	size_t len = 0, part;
+
+	/* Two members, the second starting mid-stream. */
+	for (part = 0; part < 2; part++) {
+		z_stream z = { 0 };
+		size_t off = part ? PLAIN / 3 : 0, n = part ? PLAIN - PLAIN / 3 : PLAIN / 3;
+
+		if (deflateInit2(&z, 6, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) != Z_OK)
+			abort();
+		z.next_in = plain + off;
+		z.avail_in = (uInt)n;
+		z.next_out = out + len;
+		z.avail_out = (uInt)(cap - len);
+		if (deflate(&z, Z_FINISH) != Z_STREAM_END)
+			abort();
+		len += z.total_out;
+		deflateEnd(&z);
+	}
+	return len;
+}
+
+static size_t zstd(uint8_t *out, size_t cap)
+{
+	size_t len = 0, off;
+
+	for (off = 0; off < PLAIN; off += 200000) {
+		size_t n = MIN((size_t)200000, PLAIN - off);
+		size_t c = ZSTD_compress(out + len, cap - len, plain + off, n, 3);
+
+		if (ZSTD_isError(c))
+			abort();
+		len += c;
+	}
+	return len;
+}
+
+/* A source returning pieces of 1 to 5000 bytes. */
+struct pieces {
+	const uint8_t *p;
+	size_t len, pos;
+};
+
+static ssize_t pieces_read(void *ctx, void *buf, size_t len)
+{
+	struct pieces *s = ctx;
+	size_t r = (size_t)(1 + rng() % 5000), n = MIN(len, MIN(s->len - s->pos, r));
+
+	memcpy(buf, s->p + s->pos, n);
+	s->pos += n;
+	return (ssize_t)n;
+}
+
+/* Decode the whole stream with points recorded; check every point. */
+static void check_points(const uint8_t *comp, size_t clen, enum blob_stream_format fmt,
+			 uint64_t spacing, bool in_pieces)
+{
+	struct pieces pc = { comp, clen, 0 };
+	struct input_stream *in = NULL;
+	struct input_points *p = NULL;
+	struct blob_stream_point *pts = NULL;
+	struct blob_stream_reader *r = NULL;
+	struct blob_stream s = { .format = (uint8_t)fmt };
+	uint8_t *out = malloc(PLAIN + 1), digest[32], want[32], probe[8192];
+	struct byte_source src;
+	uint64_t got = 0, bound;
+	uint32_t nr = 0, k;
+	ssize_t n;
+
+	CHECK_EQ(in_pieces ? input_open_source((struct byte_source){ .read = pieces_read,
+								     .ctx = &pc },
+					       NULL, "pieces", &in) :
+			     input_open_mem(comp, clen, &in), 0);
+	CHECK_EQ(points_new(spacing, 16u << 20, &p), 0);
+	CHECK_EQ(input_record_points(in, p), 0);
+	src = input_source(in);
+	while ((n = src.read(src.ctx, out + got, PLAIN + 1 - got)) > 0)
+		got += (uint64_t)n;
+	CHECK_EQ(n, 0);
+	CHECK_EQ(got, PLAIN);
+	CHECK(!memcmp(out, plain, PLAIN));
+	input_close(in);
+	points_diff_id(p, digest);
+	sha256_buf(plain, PLAIN, want);
+	CHECK(!memcmp(digest, want, 32));
+	CHECK_EQ(points_decoded(p), PLAIN);
+	/* The bound of the half-way offset decodes at least that far. */
+	bound = points_bound(p, PLAIN / 2);
+	CHECK(bound > 0 && bound <= clen);
+	points_take(p, &pts, &nr);
+	s.points = pts;
+	s.nr_points = nr;
+	s.usize = PLAIN;
+	/* One point per spacing at least (the stream is ~3 spacings or more). */
+	CHECK(nr >= clen / spacing / 2 && nr <= clen / spacing + 3);
+	CHECK(blob_stream_reader_new(&r) == 0);
+	for (k = 0; k < nr; k++) {
+		struct blob_chunk c = {
+			.coff = pts[k].cbit / 8, .csize = (uint32_t)(clen - pts[k].cbit / 8),
+			.frame_usize = (uint32_t)MIN((uint64_t)sizeof(probe), PLAIN - pts[k].uoff),
+			.codec = fmt == BLOB_STREAM_GZIP ? BLOB_CODEC_GZIP_STREAM :
+							   BLOB_CODEC_ZSTD_STREAM,
+		};
+
+		CHECK(!k || pts[k].cbit / 8 > pts[k - 1].cbit / 8);
+		blob_stream_reader_reset(r);
+		CHECK_EQ(blob_stream_frame_decode(r, &s, &c, comp + c.coff, c.coff,
+						  clen - c.coff, probe), 0);
+		CHECK(!memcmp(probe, plain + pts[k].uoff, c.frame_usize));
+	}
+	blob_stream_reader_free(r);
+	for (k = 0; k < nr; k++)
+		free((void *)pts[k].window);
+	free(pts);
+	points_free(p);
+	free(out);
+}
+
+static void test_gzip(void)
+{
+	size_t cap = PLAIN * 2, clen;
+	uint8_t *comp = malloc(cap);
+	size_t i;
+
+	clen = gzip(comp, cap);
+	for (i = 0; i < ARRAY_SIZE(inflaters); i++) {
+		setenv("FERRY_INFLATE", inflaters[i], 1);
+		check_points(comp, clen, BLOB_STREAM_GZIP, 256 << 10, false);
+		check_points(comp, clen, BLOB_STREAM_GZIP, 300 << 10, true);
+		unsetenv("FERRY_INFLATE");
+	}
+	free(comp);
+}
+
+static void test_zstd(void)
+{
+	size_t cap = ZSTD_compressBound(PLAIN) + 4096, clen;
+	uint8_t *comp = malloc(cap);
+
+	clen = zstd(comp, cap);
+	check_points(comp, clen, BLOB_STREAM_ZSTD, 128 << 10, false);
+	check_points(comp, clen, BLOB_STREAM_ZSTD, 128 << 10, true);
+	free(comp);
+}
+
+/* xz has nowhere to resume: refused, saying to convert. */
+static void test_xz_refused(void)
+{
+	static const uint8_t xz_magic[] = { 0xfd, '7', 'z', 'X', 'Z', 0x00, 0, 0 };
+	struct input_stream *in = NULL;
+	struct input_points *p = NULL;
+
+	CHECK_EQ(input_open_mem(xz_magic, sizeof(xz_magic), &in), 0);
+	CHECK_EQ(points_new(1 << 20, 16u << 20, &p), 0);
+	CHECK_EQ(input_record_points(in, p), -ENOTSUP);
+	input_close(in);
+	points_free(p);
+}
+
+int main(void)
+{
+	ferry_log_level = getenv("FERRY_TEST_VERBOSE") ? FERRY_LOG_DEBUG : -1;
+	make_plain();
+	RUN_TEST(test_gzip);
+	RUN_TEST(test_zstd);
+	RUN_TEST(test_xz_refused);
+	free(plain);
+	TEST_MAIN_END();
+}
