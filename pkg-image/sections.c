@@ -234,7 +234,8 @@ void image_print_formats(FILE *out)
 	fprintf(out,
 		" others skipped unless required\n"
 		"  data blob         %s v%u\n"
-		"  native layers     %s, range table %s\n",
+		"  native layers     %s, range table %s\n"
+		"  ferry index       %s (ferry index: attached to an image)\n",
 		BLOB_MAGIC, BLOB_FORMAT_VERSION, EROFS_LAYER_MEDIA_TYPE,
-		LAYER_RANGES_MAGIC);
+		LAYER_RANGES_MAGIC, FERRY_INDEX_ARTIFACT_TYPE);
 }

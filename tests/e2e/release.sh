@@ -19,14 +19,15 @@ FERRYD=$BIN/ferryd
 SNAPSHOTTER=$BIN/ferry-snapshotter
 
 # --- versions ----------------------------------------------------------------
-formats() { sed -n '2,/^  native layers/p'; } # the format lines of --version
+formats() { sed -n '2,/^  ferry index/p'; } # the format lines of --version
 check "ferry --version" "$FERRY" --version
 cp "$LOG" "$SCRATCH/ferry.version"
 expect "ferry --version names the release $VERSION" \
 	[ "$(head -1 "$SCRATCH/ferry.version")" = "ferry $VERSION" ]
-expect "ferry --version lists the formats (image 3, FERRYWR1, unknown sections skipped)" \
+expect "ferry --version lists the formats (image 3, FERRYWR1, unknown sections skipped, the ferry index)" \
 	bash -c 'grep -q "ferry image *format 3" "$1" && grep -q "FERRYWR1 v1 writer" "$1" &&
-		grep -q "others skipped unless required" "$1" && grep -q "FERRYRT1" "$1"' _ \
+		grep -q "others skipped unless required" "$1" && grep -q "FERRYRT1" "$1" &&
+		grep -q "ferry index  *application/vnd.ferry.index.v1" "$1"' _ \
 	"$SCRATCH/ferry.version"
 check "ferryd --version" "$FERRYD" --version
 cp "$LOG" "$SCRATCH/ferryd.version"
@@ -58,10 +59,10 @@ dated='(before|after|since|from|until|older than) (the )?20[0-9]{2}-[0-9]{2}-[0-
 } >"$SCRATCH/help" 2>&1
 expect "no help text states compatibility by a date" \
 	bash -c '! grep -qiE "$1" "$2"' _ "$dated" "$SCRATCH/help"
-# (PERFORMANCE.md and TESTING.md date their measurements, which is no claim.)
+# (PERFORMANCE.md, performance-log.md and TESTING.md date their measurements, which is no claim.)
 expect "README, docs and man pages state compatibility by version, not date" \
 	bash -c '! grep -iE "$1" "$2"/README.md "$2"/CHANGELOG.md "$2"/docs/man/* \
-		$(ls "$2"/docs/*.md | grep -v "PERFORMANCE\|TESTING")' _ "$dated" "$TOP"
+		$(ls "$2"/docs/*.md | grep -v "PERFORMANCE\|performance-log\|TESTING")' _ "$dated" "$TOP"
 
 # --- make install / uninstall ------------------------------------------------
 ROOT=$SCRATCH/root
