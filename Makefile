@@ -191,6 +191,7 @@ bench: deps all tests
 	BIN=$(BIN) bench/wan.sh $(BIN)
 	BIN=$(BIN) bench/vm_cachefiles.sh
 	BIN=$(BIN) bench/containerd.sh
+	BIN=$(BIN) bench/peers.sh
 
 demo: deps all
 	BIN=$(BIN) tests/demo.sh

@@ -15,7 +15,10 @@ runs=${FERRY_BENCH_RUNS:-5}
 
 dataset() { # name → builds $data/NAME.tar, .tar.gz and the reference tree
 	local name=$1 include=
-	[ "$name" = big ] && include=--include=python3,perl,gcc
+	case $name in
+	big) include=--include=python3,perl,gcc ;;
+	numpy) include=--include=python3-numpy ;; # bench/peers.sh
+	esac
 	mkdir -p "$data" # a new machine has none of it
 	if [ ! -f "$data/$name.tar" ]; then
 		echo "bench: building $name.tar with mmdebstrap (once)" >&2
