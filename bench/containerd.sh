@@ -20,7 +20,7 @@
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 . "$top/bench/lib.sh"
-. "$top/tests/tools/ctd_lib.sh"
+. "$top/tests/lib/containerd.sh"
 mode=${FERRY_FERRYD_MODE:-fuse}
 bench_workdir containerd
 ctd=$work/ctd

@@ -33,7 +33,7 @@
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 . "$top/bench/lib.sh"
-. "$top/tests/tools/ctd_lib.sh"
+. "$top/tests/lib/containerd.sh"
 runs=${1:-$runs}
 links=${FERRY_PEERS_LINKS:-loopback:0:0 wan:10:200}
 variants="overlayfs estargz estargz-opt ferry-fuse ferry-fanotify ferry-list-fuse ferry-list-fanotify"

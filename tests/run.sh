@@ -15,7 +15,7 @@
 # one that says "# ferry-test: group NAME" (or checks the kernel log: group
 # kernel-log) runs beside tests of its group only.
 set -u
-export PATH=/usr/sbin:/usr/bin:/sbin:/bin # Debian's tools (tests/e2e/lib.sh says why)
+export PATH=/usr/sbin:/usr/bin:/sbin:/bin # Debian's tools (tests/lib/common.sh says why)
 top=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${BUILD:-build}
 BIN=${BIN:-bin}
@@ -99,7 +99,7 @@ run_shared() { # NAME command...
 
 drain() { while [ "${#job_name[@]}" -gt 0 ]; do finish_one; done; }
 
-# The e2e tests have watchdogs of their own (tests/e2e/lib.sh); these do
+# The e2e tests have watchdogs of their own (tests/lib/common.sh); these do
 # not, and take seconds (the fuzz runs ~90 s): a hung one fails here, with
 # the suite's log, instead of stalling it until CI's limit kills it all.
 bounded=(timeout --kill-after=30 "$unit_timeout")
@@ -130,7 +130,6 @@ lane() { # FILE: alone, a group's name, or nothing
 alone=()
 declare -A group=()
 for t in "$top"/tests/e2e/*.sh; do
-	case $(basename "$t") in *lib.sh) continue ;; esac # sourced helpers
 	l=$(lane "$t")
 	case $l in
 	'') run_shared "e2e/$(basename "$t" .sh)" bash "$t" ;;

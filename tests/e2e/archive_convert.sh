@@ -13,8 +13,8 @@
 # through a symlink, a FIFO, a compressed archive, the wrong transport or
 # tag, a member link climbing out, a docker archive of two images, a
 # member twice, a tampered layer.
-. "$(dirname "$0")/lib.sh"
-. "$(dirname "$0")/oci_lib.sh"
+. "$(dirname "$0")/../lib/common.sh"
+. "$(dirname "$0")/../lib/oci.sh"
 need_root
 need_ferry
 oci_fixtures

@@ -18,10 +18,10 @@
 #   - kill -9 of ferryd while it evicts continuously (five times, at
 #     different moments): ferry cache verify finds no chunk marked present
 #     over punched (or any wrong) bytes
-. "$(dirname "$0")/lib.sh"
-. "$(dirname "$0")/oci_lib.sh"
-. "$(dirname "$0")/registry_lib.sh"
-. "$(dirname "$0")/lazy_lib.sh"
+. "$(dirname "$0")/../lib/common.sh"
+. "$(dirname "$0")/../lib/oci.sh"
+. "$(dirname "$0")/../lib/registry.sh"
+. "$(dirname "$0")/../lib/lazy.sh"
 
 lazy_setup proxy
 lazy_use limit

@@ -4,7 +4,7 @@
 # 2 usage error) with messages, errors naming missing paths, inspect's text
 # and JSON output (superblock, blobs, tree; a file's chunk map with holes
 # and chunk digests) and check --json.
-. "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/../lib/common.sh"
 need_root
 need_ferry
 

@@ -17,11 +17,11 @@
 # rpull ones to another (the snapshotter's "pullers"). Attacks, restarts
 # and outages: containerd_trust.sh.
 # Every process is stopped by PID, runc's state for our namespace removed.
-. "$(dirname "$0")/lib.sh"
-. "$(dirname "$0")/oci_lib.sh"
-. "$(dirname "$0")/registry_lib.sh"
-. "$(dirname "$0")/lazy_lib.sh"
-. "$(dirname "$0")/../tools/ctd_lib.sh"
+. "$(dirname "$0")/../lib/common.sh"
+. "$(dirname "$0")/../lib/oci.sh"
+. "$(dirname "$0")/../lib/registry.sh"
+. "$(dirname "$0")/../lib/lazy.sh"
+. "$(dirname "$0")/../lib/containerd.sh"
 need_ferryd
 need_cmds containerd ctr runc ctr-remote go
 oci_fixtures

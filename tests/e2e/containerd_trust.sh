@@ -23,11 +23,11 @@
 #    reading it, one whose manifest is not cached fails to start saying why, and
 #    runs once the registry is back. Removing an image releases its record
 #    in ferryd's cache.
-. "$(dirname "$0")/lib.sh"
-. "$(dirname "$0")/oci_lib.sh"
-. "$(dirname "$0")/registry_lib.sh"
-. "$(dirname "$0")/lazy_lib.sh"
-. "$(dirname "$0")/../tools/ctd_lib.sh"
+. "$(dirname "$0")/../lib/common.sh"
+. "$(dirname "$0")/../lib/oci.sh"
+. "$(dirname "$0")/../lib/registry.sh"
+. "$(dirname "$0")/../lib/lazy.sh"
+. "$(dirname "$0")/../lib/containerd.sh"
 need_ferryd
 need_cmds containerd ctr runc ctr-remote go htpasswd
 oci_fixtures

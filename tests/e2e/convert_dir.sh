@@ -6,7 +6,7 @@
 # mounts it through `ferry mount --mode local`, and the mounted tree equals
 # the fixture attribute by attribute. Plus: determinism, dedup, --json,
 # device reuse on remount, and no EROFS complaints in the kernel log.
-. "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/../lib/common.sh"
 need_root
 need_ferry
 

@@ -6,7 +6,7 @@
 # mount as the fixture itself. Archives with repeated entries, hardlink
 # chains and unnormalised names, GNU-format long names, a tar without a
 # "." entry and huge PAX xattrs must mount as GNU tar extracts them.
-. "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/../lib/common.sh"
 need_root
 need_ferry
 

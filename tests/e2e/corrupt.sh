@@ -8,7 +8,7 @@
 # random bootstrap bytes, and a broken ferry.json. Damage to a blob's own
 # table or footer only fails check: mounts read chunks through the
 # bootstrap's copy of the table and verify each one.
-. "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/../lib/common.sh"
 need_root
 need_ferry
 

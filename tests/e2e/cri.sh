@@ -27,11 +27,11 @@
 #    (there is no internet here); a container of it reads the image's
 #    files.
 E2E_TIMEOUT=${E2E_TIMEOUT:-600}
-. "$(dirname "$0")/lib.sh"
-. "$(dirname "$0")/oci_lib.sh"
-. "$(dirname "$0")/registry_lib.sh"
-. "$(dirname "$0")/lazy_lib.sh"
-. "$(dirname "$0")/../tools/ctd_lib.sh"
+. "$(dirname "$0")/../lib/common.sh"
+. "$(dirname "$0")/../lib/oci.sh"
+. "$(dirname "$0")/../lib/registry.sh"
+. "$(dirname "$0")/../lib/lazy.sh"
+. "$(dirname "$0")/../lib/containerd.sh"
 need_ferryd
 need_cmds containerd ctr runc go htpasswd protoc umoci skopeo busybox
 if ! python3 -c 'import grpc, google.protobuf' 2>"$LOG"; then

@@ -25,10 +25,10 @@
 #     kernel's fanotify check) and reports the longest wait across each
 #     kill -9 and upgrade (printed; the issue's goal is 1 s, checked < 10 s
 #     here, where other test suites share 2 cores)
-. "$(dirname "$0")/lib.sh"
-. "$(dirname "$0")/oci_lib.sh"
-. "$(dirname "$0")/registry_lib.sh"
-. "$(dirname "$0")/lazy_lib.sh"
+. "$(dirname "$0")/../lib/common.sh"
+. "$(dirname "$0")/../lib/oci.sh"
+. "$(dirname "$0")/../lib/registry.sh"
+. "$(dirname "$0")/../lib/lazy.sh"
 
 lazy_setup proxy "(failover)"
 lazy_use failover

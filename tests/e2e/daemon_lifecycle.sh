@@ -12,10 +12,10 @@
 # libfuse or codec library; a FUSE mount's keeper under 4 MiB resident),
 # its usage, and a ferryd installed without it (mounts work and say that
 # they have no failover; ferry daemon upgrade refuses).
-. "$(dirname "$0")/lib.sh"
-. "$(dirname "$0")/oci_lib.sh"
-. "$(dirname "$0")/registry_lib.sh"
-. "$(dirname "$0")/lazy_lib.sh"
+. "$(dirname "$0")/../lib/common.sh"
+. "$(dirname "$0")/../lib/oci.sh"
+. "$(dirname "$0")/../lib/registry.sh"
+. "$(dirname "$0")/../lib/lazy.sh"
 need_cmds systemd-socket-activate systemd-analyze curl
 lazy_setup
 PY=/usr/bin/python3

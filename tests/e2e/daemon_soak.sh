@@ -13,10 +13,10 @@
 # bytes; the only errors allowed are EIO for reads that overlapped a down
 # window; ferryd's peak RSS stays bounded. Then one ferryd hosts 50
 # images at once.
-. "$(dirname "$0")/lib.sh"
-. "$(dirname "$0")/oci_lib.sh"
-. "$(dirname "$0")/registry_lib.sh"
-. "$(dirname "$0")/lazy_lib.sh"
+. "$(dirname "$0")/../lib/common.sh"
+. "$(dirname "$0")/../lib/oci.sh"
+. "$(dirname "$0")/../lib/registry.sh"
+. "$(dirname "$0")/../lib/lazy.sh"
 SOAK_SECS=${FERRY_SOAK_SECS:-60}
 lazy_setup proxy
 lazy_use soak

@@ -19,9 +19,9 @@
 # neither fragments nor zstd); pushed to a loopback registry and mounted from it they are again;
 # a corrupt pcluster fails to read (never other bytes) and ferry refuses
 # the layer by its digest.
-. "$(dirname "$0")/lib.sh"
-. "$(dirname "$0")/oci_lib.sh"
-. "$(dirname "$0")/registry_lib.sh"
+. "$(dirname "$0")/../lib/common.sh"
+. "$(dirname "$0")/../lib/oci.sh"
+. "$(dirname "$0")/../lib/registry.sh"
 need_root
 need_ferry
 need_tool "$EROFS_MOUNT"

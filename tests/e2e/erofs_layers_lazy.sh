@@ -25,10 +25,10 @@
 #   - kill -9 of ferryd under 4 readers: a new ferryd takes the mount
 #     over (the keeper tells it the bottom layer's superblock), every
 #     reader gets the reference bytes; kill -9 of the keeper is survived.
-. "$(dirname "$0")/lib.sh"
-. "$(dirname "$0")/oci_lib.sh"
-. "$(dirname "$0")/registry_lib.sh"
-. "$(dirname "$0")/lazy_lib.sh"
+. "$(dirname "$0")/../lib/common.sh"
+. "$(dirname "$0")/../lib/oci.sh"
+. "$(dirname "$0")/../lib/registry.sh"
+. "$(dirname "$0")/../lib/lazy.sh"
 
 need_ferryd
 need_cmds docker-registry skopeo umoci findmnt chroot

@@ -23,10 +23,10 @@
 #     within ~2 s, the reads all succeed and are right; the new keeper
 #     stands in for ferryd when that is killed in turn (the registry
 #     refusing a successor again)
-. "$(dirname "$0")/lib.sh"
-. "$(dirname "$0")/oci_lib.sh"
-. "$(dirname "$0")/registry_lib.sh"
-. "$(dirname "$0")/lazy_lib.sh"
+. "$(dirname "$0")/../lib/common.sh"
+. "$(dirname "$0")/../lib/oci.sh"
+. "$(dirname "$0")/../lib/registry.sh"
+. "$(dirname "$0")/../lib/lazy.sh"
 
 lazy_setup proxy
 # The readers below go over /usr; /opt/c/big.bin has a blob of its own, so

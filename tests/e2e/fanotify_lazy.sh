@@ -20,10 +20,10 @@
 #   - --prefetch-all (then the blobs are complete), --prefetch-files
 #   - a FUSE and a fanotify mount of images sharing a blob, in one ferryd
 #     over one cache, read at the same time
-. "$(dirname "$0")/lib.sh"
-. "$(dirname "$0")/oci_lib.sh"
-. "$(dirname "$0")/registry_lib.sh"
-. "$(dirname "$0")/lazy_lib.sh"
+. "$(dirname "$0")/../lib/common.sh"
+. "$(dirname "$0")/../lib/oci.sh"
+. "$(dirname "$0")/../lib/registry.sh"
+. "$(dirname "$0")/../lib/lazy.sh"
 
 # --- images -----------------------------------------------------------------
 lazy_setup base proxy

@@ -22,10 +22,10 @@
 #     right, other reads are not blocked by a waiting one, a file whose
 #     fetches failed reads right once the registry is back; SIGTERM ends
 #     ferryd promptly even while a fetch stalls
-. "$(dirname "$0")/lib.sh"
-. "$(dirname "$0")/oci_lib.sh"
-. "$(dirname "$0")/registry_lib.sh"
-. "$(dirname "$0")/lazy_lib.sh"
+. "$(dirname "$0")/../lib/common.sh"
+. "$(dirname "$0")/../lib/oci.sh"
+. "$(dirname "$0")/../lib/registry.sh"
+. "$(dirname "$0")/../lib/lazy.sh"
 
 lazy_setup proxy
 export -f read_check

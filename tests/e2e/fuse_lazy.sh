@@ -18,10 +18,10 @@
 #   - --prefetch-all, --prefetch-files, --prefetch-bwlimit
 #   - statfs, read-only (EROFS), the daemon is not the test's child
 #   - Basic and Bearer auth: credentials reach ferryd, never its log
-. "$(dirname "$0")/lib.sh"
-. "$(dirname "$0")/oci_lib.sh"
-. "$(dirname "$0")/registry_lib.sh"
-. "$(dirname "$0")/lazy_lib.sh"
+. "$(dirname "$0")/../lib/common.sh"
+. "$(dirname "$0")/../lib/oci.sh"
+. "$(dirname "$0")/../lib/registry.sh"
+. "$(dirname "$0")/../lib/lazy.sh"
 
 # --- images -----------------------------------------------------------------
 lazy_setup base proxy "(ferry image in the registry)"

@@ -5,7 +5,7 @@
 # device) and a kernel mount made by erofs_mount with device=, and treecmp
 # finds no difference there but does find each kind of planted difference.
 # If this fails, the other e2e results are not to be trusted.
-. "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/../lib/common.sh"
 need_root
 need_tool "$EROFS_MOUNT"
 

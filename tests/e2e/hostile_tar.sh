@@ -12,8 +12,8 @@
 # over a lower layer, never show and hide only lower-layer entries. Every
 # accepted image also converts to native EROFS layers (--format
 # erofs-layers) whose overlayfs stack shows the same tree.
-. "$(dirname "$0")/lib.sh"
-. "$(dirname "$0")/oci_lib.sh"
+. "$(dirname "$0")/../lib/common.sh"
+. "$(dirname "$0")/../lib/oci.sh"
 need_root
 need_ferry
 need_cmds zstd

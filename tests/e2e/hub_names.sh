@@ -21,8 +21,8 @@ E2E_TIMEOUT=${E2E_TIMEOUT:-300}
 if [ -z "${FERRY_HUB_NETNS:-}" ] && [ "$(id -u)" -eq 0 ]; then
 	exec env FERRY_HUB_NETNS=1 unshare --net -- bash "$0" "$@"
 fi
-. "$(dirname "$0")/lib.sh"
-. "$(dirname "$0")/registry_lib.sh"
+. "$(dirname "$0")/../lib/common.sh"
+. "$(dirname "$0")/../lib/registry.sh"
 need_root
 need_ferry
 need_cmds docker-registry openssl htpasswd ip

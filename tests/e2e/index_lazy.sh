@@ -19,10 +19,10 @@
 #     registry that has the API, the index is found through it and no tag
 #     is written; both mount lazily and equal umoci's unpack.
 E2E_TIMEOUT=${E2E_TIMEOUT:-900}
-. "$(dirname "$0")/lib.sh"
-. "$(dirname "$0")/oci_lib.sh"
-. "$(dirname "$0")/registry_lib.sh"
-. "$(dirname "$0")/lazy_lib.sh"
+. "$(dirname "$0")/../lib/common.sh"
+. "$(dirname "$0")/../lib/oci.sh"
+. "$(dirname "$0")/../lib/registry.sh"
+. "$(dirname "$0")/../lib/lazy.sh"
 
 need_ferryd
 need_cmds docker-registry skopeo umoci findmnt

@@ -5,10 +5,10 @@
 # default_permissions): POSIX ACLs in an image grant and deny as they do on
 # the source tree, and in an image without ACLs (where ferryd does not ask
 # the kernel for ACL support) mode bits alone decide.
-. "$(dirname "$0")/lib.sh"
-. "$(dirname "$0")/oci_lib.sh"
-. "$(dirname "$0")/registry_lib.sh"
-. "$(dirname "$0")/lazy_lib.sh"
+. "$(dirname "$0")/../lib/common.sh"
+. "$(dirname "$0")/../lib/oci.sh"
+. "$(dirname "$0")/../lib/registry.sh"
+. "$(dirname "$0")/../lib/lazy.sh"
 need_ferryd
 need_cmds setpriv getfacl
 

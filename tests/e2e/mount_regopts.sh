@@ -18,9 +18,9 @@
 #     registry by a made-up name: https without it, which the plain port
 #     refuses)
 E2E_TIMEOUT=${E2E_TIMEOUT:-240}
-. "$(dirname "$0")/lib.sh"
-. "$(dirname "$0")/registry_lib.sh"
-. "$(dirname "$0")/lazy_lib.sh"
+. "$(dirname "$0")/../lib/common.sh"
+. "$(dirname "$0")/../lib/registry.sh"
+. "$(dirname "$0")/../lib/lazy.sh"
 need_ferryd
 need_cmds docker-registry openssl htpasswd python3 cmp
 

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
 # The node fault matrix (issue 44), fanotify mounts: every cell of
-# tests/e2e/node_lib.sh (the list, the four assertions of every cell and
+# tests/lib/node.sh (the list, the four assertions of every cell and
 # the bounds are there and in docs/TESTING.md).
-. "$(dirname "$0")/lib.sh"
-. "$(dirname "$0")/oci_lib.sh"
-. "$(dirname "$0")/registry_lib.sh"
-. "$(dirname "$0")/lazy_lib.sh"
-. "$(dirname "$0")/node_lib.sh"
+. "$(dirname "$0")/../lib/common.sh"
+. "$(dirname "$0")/../lib/oci.sh"
+. "$(dirname "$0")/../lib/registry.sh"
+. "$(dirname "$0")/../lib/lazy.sh"
+. "$(dirname "$0")/../lib/node.sh"
 
 node_matrix fanotify
 

@@ -10,8 +10,8 @@
 # mislabelled layers give the same bytes as gzip ones; --platform picks
 # from an image index; tags resolve as documented; a tampered, truncated
 # or mislabelled blob is refused naming its digest.
-. "$(dirname "$0")/lib.sh"
-. "$(dirname "$0")/oci_lib.sh"
+. "$(dirname "$0")/../lib/common.sh"
+. "$(dirname "$0")/../lib/oci.sh"
 need_root
 need_ferry
 oci_fixtures

@@ -6,8 +6,8 @@
 # layout. With --chunk-dict, only chunks missing from the dictionary image
 # are stored, the dictionary's blobs become devices (copied into an oci:
 # destination), and the result still mounts as umoci unpacks the image.
-. "$(dirname "$0")/lib.sh"
-. "$(dirname "$0")/oci_lib.sh"
+. "$(dirname "$0")/../lib/common.sh"
+. "$(dirname "$0")/../lib/oci.sh"
 need_root
 need_ferry
 oci_fixtures

@@ -12,10 +12,10 @@
 # platforms into a dir: are refused.
 # shellcheck disable=SC2016 # conditions for eval are single-quoted on purpose
 E2E_TIMEOUT=${E2E_TIMEOUT:-600}
-. "$(dirname "$0")/lib.sh"
-. "$(dirname "$0")/oci_lib.sh"
-. "$(dirname "$0")/registry_lib.sh"
-. "$(dirname "$0")/lazy_lib.sh"
+. "$(dirname "$0")/../lib/common.sh"
+. "$(dirname "$0")/../lib/oci.sh"
+. "$(dirname "$0")/../lib/registry.sh"
+. "$(dirname "$0")/../lib/lazy.sh"
 need_ferryd
 need_cmds skopeo docker-registry python3
 oci_fixtures

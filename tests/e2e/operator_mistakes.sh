@@ -17,9 +17,9 @@
 #   - a missing mount point, a dir: that is not an image and a mount by a
 #     user who is not root are each said once, by their real cause
 E2E_TIMEOUT=${E2E_TIMEOUT:-240}
-. "$(dirname "$0")/lib.sh"
-. "$(dirname "$0")/registry_lib.sh"
-. "$(dirname "$0")/lazy_lib.sh"
+. "$(dirname "$0")/../lib/common.sh"
+. "$(dirname "$0")/../lib/registry.sh"
+. "$(dirname "$0")/../lib/lazy.sh"
 need_ferryd
 need_cmds docker-registry python3 sha256sum runuser
 

@@ -5,10 +5,10 @@
 # when it names what the image lacks or escapes it, and fetched first by a
 # lazy mount without any read, in list order, before --prefetch-files
 # given at mount time.
-. "$(dirname "$0")/lib.sh"
-. "$(dirname "$0")/oci_lib.sh"
-. "$(dirname "$0")/registry_lib.sh"
-. "$(dirname "$0")/lazy_lib.sh"
+. "$(dirname "$0")/../lib/common.sh"
+. "$(dirname "$0")/../lib/oci.sh"
+. "$(dirname "$0")/../lib/registry.sh"
+. "$(dirname "$0")/../lib/lazy.sh"
 need_ferryd
 
 SRC=$SCRATCH/src

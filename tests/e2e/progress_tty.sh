@@ -7,8 +7,8 @@
 # human units with a percentage, and once measured show a rate and an
 # ETA. On 40 columns none is wider than 40. With --json the terminal gets
 # the JSON alone; with stderr not a terminal, no progress at all.
-. "$(dirname "$0")/lib.sh"
-. "$(dirname "$0")/oci_lib.sh"
+. "$(dirname "$0")/../lib/common.sh"
+. "$(dirname "$0")/../lib/oci.sh"
 need_root
 need_ferry
 oci_fixtures

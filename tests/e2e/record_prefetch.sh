@@ -6,10 +6,10 @@
 # what the workload needs before it runs: the workload then fetches
 # nothing. Plus the refusals (--record with a kernel mode) and a planted
 # symbolic link at the list's path, which root must not write through.
-. "$(dirname "$0")/lib.sh"
-. "$(dirname "$0")/oci_lib.sh"
-. "$(dirname "$0")/registry_lib.sh"
-. "$(dirname "$0")/lazy_lib.sh"
+. "$(dirname "$0")/../lib/common.sh"
+. "$(dirname "$0")/../lib/oci.sh"
+. "$(dirname "$0")/../lib/registry.sh"
+. "$(dirname "$0")/../lib/lazy.sh"
 lazy_setup
 lazy_use rec
 L=$SCRATCH/startup.list

@@ -21,8 +21,8 @@
 # an upload and of a delayed read.
 # shellcheck disable=SC2016 # conditions for eval are single-quoted on purpose
 E2E_TIMEOUT=${E2E_TIMEOUT:-175}
-. "$(dirname "$0")/lib.sh"
-. "$(dirname "$0")/registry_lib.sh"
+. "$(dirname "$0")/../lib/common.sh"
+. "$(dirname "$0")/../lib/registry.sh"
 need_cmds docker-registry htpasswd skopeo umoci openssl python3
 need_tool "$REGCLIENT"
 

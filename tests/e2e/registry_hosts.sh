@@ -19,9 +19,9 @@
 #   A host entry's headers reach its host.
 # - a malformed hosts file is a usage error naming the problem.
 E2E_TIMEOUT=${E2E_TIMEOUT:-300}
-. "$(dirname "$0")/lib.sh"
-. "$(dirname "$0")/registry_lib.sh"
-. "$(dirname "$0")/lazy_lib.sh"
+. "$(dirname "$0")/../lib/common.sh"
+. "$(dirname "$0")/../lib/registry.sh"
+. "$(dirname "$0")/../lib/lazy.sh"
 need_ferryd
 need_cmds docker-registry openssl python3
 export FERRY_CACHE_DIR=$CACHE

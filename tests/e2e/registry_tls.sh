@@ -16,8 +16,8 @@
 # warning, never "error:", and only a final failure is an error.
 # shellcheck disable=SC2016 # conditions for eval are single-quoted on purpose
 E2E_TIMEOUT=${E2E_TIMEOUT:-120}
-. "$(dirname "$0")/lib.sh"
-. "$(dirname "$0")/registry_lib.sh"
+. "$(dirname "$0")/../lib/common.sh"
+. "$(dirname "$0")/../lib/registry.sh"
 need_cmds docker-registry openssl htpasswd python3
 need_tool "$REGCLIENT"
 need_ferry

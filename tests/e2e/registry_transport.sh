@@ -7,9 +7,9 @@
 # umoci unpack, Basic and Bearer auth, a chunk damaged inside the registry
 # (check and mount name it, nothing wrong lands in the cache), and the
 # chunk cache commands.
-. "$(dirname "$0")/lib.sh"
-. "$(dirname "$0")/oci_lib.sh"
-. "$(dirname "$0")/registry_lib.sh"
+. "$(dirname "$0")/../lib/common.sh"
+. "$(dirname "$0")/../lib/oci.sh"
+. "$(dirname "$0")/../lib/registry.sh"
 # Pushes stage under TMPDIR: ours alone, so that the check for leftovers
 # below sees only this test's (other suites may push at the same time).
 export TMPDIR=$SCRATCH/tmp

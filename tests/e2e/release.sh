@@ -10,7 +10,7 @@
 # bootstrap section a later ferry adds (tests/tools/bootstrap_section.py)
 # is skipped by this one (check, inspect, a mount), unless flagged
 # required: then the image is refused naming the section.
-. "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/../lib/common.sh"
 need_root
 need_ferry
 BIN=$(dirname "$FERRY")

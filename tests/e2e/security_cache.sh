@@ -15,8 +15,8 @@
 #   - a bootstrap whose directories form a DAG is refused before mount by
 #     every mode, with no EROFS kernel message;
 #   - two concurrent local mounts of one image into one cache both work.
-. "$(dirname "$0")/lib.sh"
-. "$(dirname "$0")/lazy_lib.sh"
+. "$(dirname "$0")/../lib/common.sh"
+. "$(dirname "$0")/../lib/lazy.sh"
 
 need_ferryd
 need_cmds runuser python3 sha256sum

@@ -16,10 +16,10 @@
 #   - a credentials file group or others may read is refused, saying to
 #     chmod 600 it.
 E2E_TIMEOUT=${E2E_TIMEOUT:-300}
-. "$(dirname "$0")/lib.sh"
-. "$(dirname "$0")/oci_lib.sh"
-. "$(dirname "$0")/registry_lib.sh"
-. "$(dirname "$0")/lazy_lib.sh"
+. "$(dirname "$0")/../lib/common.sh"
+. "$(dirname "$0")/../lib/oci.sh"
+. "$(dirname "$0")/../lib/registry.sh"
+. "$(dirname "$0")/../lib/lazy.sh"
 need_cmds docker-registry htpasswd python3
 need_ferryd
 

@@ -19,10 +19,10 @@
 #     http URL on another host is refused; the token server gets no
 #     request (with --insecure-registry for that host it does)
 E2E_TIMEOUT=${E2E_TIMEOUT:-240}
-. "$(dirname "$0")/lib.sh"
-. "$(dirname "$0")/oci_lib.sh"
-. "$(dirname "$0")/registry_lib.sh"
-. "$(dirname "$0")/lazy_lib.sh"
+. "$(dirname "$0")/../lib/common.sh"
+. "$(dirname "$0")/../lib/oci.sh"
+. "$(dirname "$0")/../lib/registry.sh"
+. "$(dirname "$0")/../lib/lazy.sh"
 need_cmds docker-registry python3 openssl runuser sha256sum
 need_tool "$REGCLIENT"
 need_ferryd

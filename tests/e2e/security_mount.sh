@@ -14,8 +14,8 @@
 #     (/proc/self/fd/N), never a cache path, as --mode local does;
 #   - finding 10: a fanotify keeper dies on a plain SIGTERM (it starts with
 #     no signal blocked), ferryd starts a new one and reads go on.
-. "$(dirname "$0")/lib.sh"
-. "$(dirname "$0")/lazy_lib.sh"
+. "$(dirname "$0")/../lib/common.sh"
+. "$(dirname "$0")/../lib/lazy.sh"
 
 need_ferryd
 need_cmds runuser python3 mknod

@@ -21,10 +21,10 @@
 #   - an OCI layout whose index.json links to /dev/zero (ferry convert grew
 #     to 1.5 GB and ignored SIGTERM), or is a FIFO: refused within a
 #     second, naming the reason
-. "$(dirname "$0")/lib.sh"
-. "$(dirname "$0")/oci_lib.sh"
-. "$(dirname "$0")/registry_lib.sh"
-. "$(dirname "$0")/lazy_lib.sh"
+. "$(dirname "$0")/../lib/common.sh"
+. "$(dirname "$0")/../lib/oci.sh"
+. "$(dirname "$0")/../lib/registry.sh"
+. "$(dirname "$0")/../lib/lazy.sh"
 
 need_ferryd
 need_cmds runuser python3 docker-registry umoci

@@ -8,7 +8,7 @@
 # against a fake ferryd (blob layers ask nothing, a bootstrap claiming
 # another chain is refused and nothing committed, fallback, a restart in a
 # new process with the registry down, Remove unmounts and releases).
-. "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/../lib/common.sh"
 need_root
 need_cmds go
 

@@ -29,9 +29,9 @@
 # installed. The kernel is tests/vm/build-kernel.sh's (cached; a cold
 # build takes up to ~26 min on a busy host, hence the 50 min watchdog).
 E2E_TIMEOUT=$((${E2E_TIMEOUT:-0} > 3000 ? E2E_TIMEOUT : 3000))
-. "$(dirname "$0")/lib.sh"
-. "$(dirname "$0")/oci_lib.sh"
-. "$(dirname "$0")/vm_lib.sh"
+. "$(dirname "$0")/../lib/common.sh"
+. "$(dirname "$0")/../lib/oci.sh"
+. "$(dirname "$0")/../lib/vm.sh"
 
 TREELIST=$TOOLS/treelist
 need_ferry

@@ -13,9 +13,9 @@
 # of usr/bin get the reference bytes. Skips (ok # SKIP) only when QEMU or
 # the kernel source is not installed.
 E2E_TIMEOUT=$((${E2E_TIMEOUT:-0} > 3000 ? E2E_TIMEOUT : 3000))
-. "$(dirname "$0")/lib.sh"
-. "$(dirname "$0")/oci_lib.sh"
-. "$(dirname "$0")/vm_lib.sh"
+. "$(dirname "$0")/../lib/common.sh"
+. "$(dirname "$0")/../lib/oci.sh"
+. "$(dirname "$0")/../lib/vm.sh"
 
 TREELIST=$TOOLS/treelist
 need_ferry

@@ -19,8 +19,8 @@
 # A cold kernel build took 16-26 min on a busy 2-core host: this script's
 # watchdog gets 50 min (build-kernel.sh and run-vm.sh bound their own parts).
 E2E_TIMEOUT=$((${E2E_TIMEOUT:-0} > 3000 ? E2E_TIMEOUT : 3000))
-. "$(dirname "$0")/lib.sh"
-. "$(dirname "$0")/vm_lib.sh"
+. "$(dirname "$0")/../lib/common.sh"
+. "$(dirname "$0")/../lib/vm.sh"
 
 need_ferry
 vm_requirements "QEMU/TCG smoke test"

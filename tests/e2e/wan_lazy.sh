@@ -20,10 +20,10 @@
 #     reads them), its interpreter, DT_NEEDED libraries (theirs too) and
 #     /etc/ld.so.cache read without a fetch; the same for a program of
 #     9 MiB, larger than readahead fetches whole
-. "$(dirname "$0")/lib.sh"
-. "$(dirname "$0")/oci_lib.sh"
-. "$(dirname "$0")/registry_lib.sh"
-. "$(dirname "$0")/lazy_lib.sh"
+. "$(dirname "$0")/../lib/common.sh"
+. "$(dirname "$0")/../lib/oci.sh"
+. "$(dirname "$0")/../lib/registry.sh"
+. "$(dirname "$0")/../lib/lazy.sh"
 
 lazy_setup "(ferry image in the registry)"
 if ! wp_start 5 200 2>"$LOG"; then

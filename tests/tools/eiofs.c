@@ -6,7 +6,7 @@
  * over MOUNTPOINT/disk then gives a file system (ext4) read errors from
  * its block device, as a failing disk would: the node fault matrix's
  * stand-in for device-mapper's error and flakey targets, which the
- * development kernel does not have (tests/e2e/node_lib.sh). Writes always
+ * development kernel does not have (tests/lib/node.sh). Writes always
  * pass, so that the file system's journal stays intact. Runs in the
  * foreground; on exit it prints how many reads it failed.
  */

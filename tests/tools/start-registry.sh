@@ -3,7 +3,7 @@
 # start-registry.sh DIR: start docker-registry (no auth) on a free port of
 # 127.0.0.1 with its storage and log in DIR; wait until /v2/ answers (at
 # most 10 s) and print "PORT PID". Used by `make demo` and the benchmarks;
-# the e2e tests have their own, richer tests/e2e/registry_lib.sh.
+# the e2e tests have their own, richer tests/lib/registry.sh.
 set -euo pipefail
 dir=$1
 mkdir -p "$dir"

@@ -2,8 +2,8 @@
 # SPDX-License-Identifier: MIT
 # The node fault matrix (issue 44): faults of the node under lazy mounts,
 # one cell per fault and mode, for tests/e2e/node_faults_fuse.sh and
-# node_faults_fanotify.sh; sourced after lib.sh, oci_lib.sh,
-# registry_lib.sh and lazy_lib.sh (run directly it does nothing).
+# node_faults_fanotify.sh; sourced after lib/common.sh, lib/oci.sh,
+# lib/registry.sh and lib/lazy.sh (run directly it does nothing).
 #
 # Every cell asserts the same four things:
 #   - no wrong byte: every read gives the reference bytes or an error
@@ -209,7 +209,7 @@ ext4_at() { # FILE DIR MB
 }
 
 # eiofs over a BACKING file of MB MiB at SHIM (its pid: EIO_PID), an ext4
-# on it at DIR. Paths are chosen so that lib.sh's cleanup, which unmounts
+# on it at DIR. Paths are chosen so that lib/common.sh's cleanup, which unmounts
 # deepest and last in sort order first, takes DIR before SHIM.
 eio_ext4_at() { # BACKING SHIM DIR MB
 	mkdir -p "$2"

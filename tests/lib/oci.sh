@@ -1,7 +1,7 @@
 # shellcheck shell=bash disable=SC2034
 # SPDX-License-Identifier: MIT
 # Helpers shared by tests/e2e/oci_*.sh and hostile_tar.sh (sourced after
-# lib.sh, not run: run directly it does nothing).
+# lib/common.sh, not run: run directly it does nothing).
 #
 # Env: FERRY_FIXTURES, where tests/tools/mkoci.sh caches the OCI fixture
 # images (default /var/tmp/ferry-fixtures; built on first use, ~1-2 min).

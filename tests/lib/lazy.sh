@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: MIT
 # Helpers for the lazy mount tests served by ferryd, in either mode
 # (tests/e2e/fuse_*.sh, fanotify_*.sh, prefetch.sh, mount_acl.sh), sourced
-# after lib.sh, oci_lib.sh and registry_lib.sh (run directly it does
+# after lib/common.sh, lib/oci.sh and lib/registry.sh (run directly it does
 # nothing).
 #
 # Every test instance talks to its own ferryd through a private control
@@ -48,7 +48,7 @@
 #
 # On exit every ferryd of our sockets and every fanotify keeper we met is
 # stopped (TERM, then KILL), before
-# registry_lib.sh's and lib.sh's traps run (the latter unmounts whatever
+# lib/registry.sh's and lib/common.sh's traps run (the latter unmounts whatever
 # is left under $SCRATCH).
 
 [ "${BASH_SOURCE[0]}" = "$0" ] && exit 0
@@ -190,7 +190,7 @@ wait_gone() { # SECS PID...
 	return 1
 }
 
-# The daemons end their mounts when stopped; lib.sh's trap unmounts what
+# The daemons end their mounts when stopped; lib/common.sh's trap unmounts what
 # is left (a dead FUSE mount included).
 ferryd_stop_all() {
 	local s pids=()

@@ -70,7 +70,7 @@ ctd_clean_run() {
 }
 
 # ---------------------------------------------------------------- e2e
-# For tests/e2e (lib.sh and lazy_lib.sh sourced first): one containerd in
+# For tests/e2e (lib/common.sh and lib/lazy.sh sourced first): one containerd in
 # $CTD with ferry-snapshotter ($SNAP, state in $SNROOT) and a ferryd on
 # $FSOCK with cache $FCACHE. CTD_NAMESPACES are cleaned up at exit;
 # SN_JSON is added to the snapshotter's configuration.

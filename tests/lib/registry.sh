@@ -1,7 +1,7 @@
 # shellcheck shell=bash disable=SC2034
 # SPDX-License-Identifier: MIT
 # Helpers for the registry client tests (tests/e2e/registry_*.sh), sourced
-# after lib.sh (run directly it does nothing). Everything listens on
+# after lib/common.sh (run directly it does nothing). Everything listens on
 # 127.0.0.1 only, on free ports (never 5000).
 #
 #   reg_start anon|basic|token [TOKENSERVER ARGS]
@@ -31,7 +31,7 @@
 #       Mbit/s) in front of $REG (or UPSTREAM), at $WAN; its counters.
 #   rc NAME ARGS... / rc_expect DESC CMD... / rc_stat KEY
 #       Run regclient, check its outcome, read its --stats line.
-# Background servers are stopped on exit (chained before lib.sh's trap).
+# Background servers are stopped on exit (chained before lib/common.sh's trap).
 
 [ "${BASH_SOURCE[0]}" = "$0" ] && exit 0
 
@@ -73,7 +73,7 @@ reg_stop_all() {
 	wait "${REG_PIDS[@]}" 2>/dev/null
 	REG_PIDS=()
 }
-# Stop our servers first, then run whatever lib.sh trapped on EXIT.
+# Stop our servers first, then run whatever lib/common.sh trapped on EXIT.
 _reg_prev_exit=
 eval "_reg_prev_exit=$(trap -p EXIT | sed -e 's/^trap -- //' -e 's/ EXIT$//')"
 trap "trap '' INT TERM; reg_stop_all; $_reg_prev_exit" EXIT

@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: MIT
 # Helpers for the e2e tests that run in the QEMU/TCG guest of tests/vm/
 # (vm_smoke.sh, vm_cachefiles.sh, vm_cachefiles_layers.sh), sourced after
-# lib.sh (run directly it does nothing). docs/TESTING.md describes the harness.
+# lib/common.sh (run directly it does nothing). docs/TESTING.md describes the harness.
 #
 #   vm_requirements WHAT   ok # SKIP (and exit) when QEMU, the kernel source
 #                          or busybox-static is missing; then the commands
