@@ -131,6 +131,9 @@ struct cache_map_header {
 
 /* blob_cache_dir's checks for each of the cache's directories that exist. */
 int cache_check_existing(const char *cache_dir);
+/* A new map file's header for @info's blob (CACHE_MAP_HEADER_SIZE bytes). */
+void cache_map_header_encode(const struct blob_info *info,
+			     uint8_t h[CACHE_MAP_HEADER_SIZE]);
 /* Check and decode a map file header; *@why says what is wrong. */
 int cache_map_header_decode(const uint8_t h[CACHE_MAP_HEADER_SIZE],
 			    struct cache_map_header *mh, const char **why);
