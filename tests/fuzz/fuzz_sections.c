@@ -38,5 +38,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		abort();
 	free(img.writer);
 	free(img.sections);
+	blob_streams_free(&img.streams);
 	return 0;
 }
