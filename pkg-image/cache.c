@@ -222,30 +222,30 @@ static int demand_ensure(struct image_cache *ic, const struct meta_stat *st,
 	return ret;
 }
 
-int image_cache_ensure(struct image_cache *ic, uint32_t device_id,
+int image_cache_ensure(struct image_cache *ic, uint32_t index,
 		       uint64_t uoff, uint64_t len)
 {
 	int ret;
 
-	if (device_id < 1 || device_id > ic->nr_blobs)
+	if (index >= ic->nr_blobs)
 		return -EINVAL;
 	atomic_fetch_add(&ic->demand_inflight, 1);
-	ret = demand_ensure(ic, NULL, device_id - 1, uoff, len);
+	ret = demand_ensure(ic, NULL, index, uoff, len);
 	atomic_fetch_sub(&ic->demand_inflight, 1);
 	return ret;
 }
 
-int image_cache_read_frames(struct image_cache *ic, uint32_t device_id,
+int image_cache_read_frames(struct image_cache *ic, uint32_t index,
 			    uint64_t uoff, uint64_t len, blob_emit_fn emit, void *ctx)
 {
 	uint64_t fetched = 0, start = ferry_now_ns();
 	int ret;
 
-	if (device_id < 1 || device_id > ic->nr_blobs)
+	if (index >= ic->nr_blobs)
 		return -EINVAL;
 	atomic_fetch_add(&ic->demand_inflight, 1);
-	ret = blob_cache_read_frames(ic->blobs[device_id - 1], uoff, len,
-				     &ic->srcs[device_id - 1], &fetched, emit, ctx);
+	ret = blob_cache_read_frames(ic->blobs[index], uoff, len,
+				     &ic->srcs[index], &fetched, emit, ctx);
 	atomic_fetch_sub(&ic->demand_inflight, 1);
 	atomic_fetch_add(&ic->bytes_fetched, fetched);
 	count_demand(ic, ret, fetched, start);
@@ -254,21 +254,21 @@ int image_cache_read_frames(struct image_cache *ic, uint32_t device_id,
 	return ret;
 }
 
-bool image_cache_present(const struct image_cache *ic, uint32_t device_id,
+bool image_cache_present(const struct image_cache *ic, uint32_t index,
 			 uint64_t uoff, uint64_t len)
 {
-	return device_id >= 1 && device_id <= ic->nr_blobs &&
-	       blob_cache_range_present(ic->blobs[device_id - 1], uoff, len);
+	return index < ic->nr_blobs &&
+	       blob_cache_range_present(ic->blobs[index], uoff, len);
 }
 
-bool image_cache_blob_complete(const struct image_cache *ic, uint32_t device_id)
+bool image_cache_blob_complete(const struct image_cache *ic, uint32_t index)
 {
 	uint32_t chunks;
 
-	if (device_id < 1 || device_id > ic->nr_blobs)
+	if (index >= ic->nr_blobs)
 		return false;
-	blob_cache_usage(ic->blobs[device_id - 1], &chunks, NULL);
-	return chunks == ic->img->blobs.blobs[device_id - 1].nr_chunks;
+	blob_cache_usage(ic->blobs[index], &chunks, NULL);
+	return chunks == ic->img->blobs.blobs[index].nr_chunks;
 }
 
 void image_cache_kernel_reads(struct image_cache *ic)

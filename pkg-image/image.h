@@ -790,26 +790,31 @@ ssize_t image_cache_map(struct image_cache *ic, const struct meta_stat *st,
 			size_t max);
 void image_cache_map_end(struct image_cache *ic);
 
-/* Make [@uoff, @uoff + @len) of device @device_id (1-based) present. */
-int image_cache_ensure(struct image_cache *ic, uint32_t device_id,
+/*
+ * Blobs are named by their 0-based blob index here, as everywhere but
+ * the EROFS device table (device id = index + 1).
+ *
+ * Make [@uoff, @uoff + @len) of blob @index present.
+ */
+int image_cache_ensure(struct image_cache *ic, uint32_t index,
 		       uint64_t uoff, uint64_t len);
 /*
- * The frames of device @device_id overlapping [@uoff, @uoff + @len) to
+ * The frames of blob @index overlapping [@uoff, @uoff + @len) to
  * @emit (blob_cache_read_frames): from the chunk cache where it has them,
  * else fetched and verified without being kept there; counted as bytes
  * read and fetched. For a reader that keeps the bytes itself (cachefiles:
  * the kernel's cache file), so the two caches do not hold them twice.
  */
-int image_cache_read_frames(struct image_cache *ic, uint32_t device_id,
+int image_cache_read_frames(struct image_cache *ic, uint32_t index,
 			    uint64_t uoff, uint64_t len, blob_emit_fn emit, void *ctx);
 /*
- * Without I/O or locks: is [@uoff, @uoff + @len) of device @device_id
+ * Without I/O or locks: is [@uoff, @uoff + @len) of blob @index
  * known present (false may only mean "ask image_cache_ensure")? Is all
  * of that blob present?
  */
-bool image_cache_present(const struct image_cache *ic, uint32_t device_id,
+bool image_cache_present(const struct image_cache *ic, uint32_t index,
 			 uint64_t uoff, uint64_t len);
-bool image_cache_blob_complete(const struct image_cache *ic, uint32_t device_id);
+bool image_cache_blob_complete(const struct image_cache *ic, uint32_t index);
 /* The kernel reads the data files after present checks: blob_cache_kernel_reads. */
 void image_cache_kernel_reads(struct image_cache *ic);
 
@@ -851,13 +856,13 @@ void image_cache_set_bwlimit(struct image_cache *ic, uint64_t bytes_per_sec);
 /*
  * Where prefetch puts the bytes instead of the chunk cache: a reader that
  * keeps them itself (cachefiles: the kernel's cache files). @has: does
- * the sink hold [@uoff, @uoff + @len) of device @device_id already (then
+ * the sink hold [@uoff, @uoff + @len) of blob @index already (then
  * nothing is fetched); @put: the whole frames of a range prefetch wants,
  * as image_cache_read_frames emits them. Set before prefetch starts.
  */
 struct image_prefetch_sink {
-	bool (*has)(void *ctx, uint32_t device_id, uint64_t uoff, uint64_t len);
-	int (*put)(void *ctx, uint32_t device_id, uint64_t uoff, const void *buf, size_t len);
+	bool (*has)(void *ctx, uint32_t index, uint64_t uoff, uint64_t len);
+	int (*put)(void *ctx, uint32_t index, uint64_t uoff, const void *buf, size_t len);
 	void *ctx;
 };
 void image_cache_set_prefetch_sink(struct image_cache *ic,

@@ -122,27 +122,27 @@ void image_cache_set_prefetch_sink(struct image_cache *ic,
 
 struct sink_call {
 	struct image_cache *ic;
-	uint32_t device_id;
+	uint32_t index;
 };
 
 static int sink_put(void *ctx, uint64_t off, const void *buf, size_t len)
 {
 	struct sink_call *c = ctx;
 
-	return c->ic->sink.put(c->ic->sink.ctx, c->device_id, off, buf, len);
+	return c->ic->sink.put(c->ic->sink.ctx, c->index, off, buf, len);
 }
 
 /* One prefetch step: into the sink when there is one, else the chunk cache. */
 static int prefetch_step(struct image_cache *ic, uint32_t index, uint64_t uoff,
 			 uint64_t len)
 {
-	struct sink_call c = { ic, index + 1 };
+	struct sink_call c = { ic, index };
 	uint64_t fetched = 0;
 	int ret;
 
 	if (!ic->sink.put)
 		return ensure(ic, index, uoff, len, false);
-	if (ic->sink.has(ic->sink.ctx, index + 1, uoff, len))
+	if (ic->sink.has(ic->sink.ctx, index, uoff, len))
 		return 0;
 	ret = blob_cache_read_frames(ic->blobs[index], uoff, len, &ic->srcs[index],
 				     &fetched, sink_put, &c);

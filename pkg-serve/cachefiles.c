@@ -428,11 +428,11 @@ static void *reader_main(void *arg)
  * asks for the rest, one starting in the tail finds it all), and every
  * other write (frames around metadata, prefetch) leaves units out.
  */
-static const struct image_span *units_of(const struct image *img, uint32_t device,
+static const struct image_span *units_of(const struct image *img, uint32_t blob,
 					 uint32_t *nr)
 {
-	*nr = img->nr_layer_units ? img->nr_layer_units[device - 1] : 0;
-	return *nr ? img->layer_units[device - 1] : NULL;
+	*nr = img->nr_layer_units ? img->nr_layer_units[blob] : 0;
+	return *nr ? img->layer_units[blob] : NULL;
 }
 
 /* The first unit ending after @off. */
@@ -511,7 +511,7 @@ static int piece_frame(void *ctx, uint64_t off, const void *buf, size_t len)
 }
 
 /* The whole unit @u into the cache file, unless it is there already. */
-static int fill_unit(struct cf_mount *cm, uint32_t device, const struct cf_job *j,
+static int fill_unit(struct cf_mount *cm, uint32_t blob, const struct cf_job *j,
 		     const struct image_span *u)
 {
 	struct cf_piece p = { .to = u->off + u->len };
@@ -526,7 +526,7 @@ static int fill_unit(struct cf_mount *cm, uint32_t device, const struct cf_job *
 	while (!ret && p.to > u->off) {
 		p.from = MAX(u->off, (p.to - 1) / CF_BUF * CF_BUF);
 		p.got = 0;
-		ret = image_cache_read_frames(cm->m->ic, device, p.from, p.to - p.from,
+		ret = image_cache_read_frames(cm->m->ic, blob, p.from, p.to - p.from,
 					      piece_frame, &p);
 		/* Frames are disjoint: anything short is a piece not covered. */
 		if (!ret && p.got != p.to - p.from)
@@ -535,7 +535,7 @@ static int fill_unit(struct cf_mount *cm, uint32_t device, const struct cf_job *
 			ret = pwrite_full(j->obj->fd, p.buf, p.to - p.from, p.from);
 		if (ret)
 			ferry_err("%s: layer %u bytes %llu+%llu (a compressed file's pclusters) for the kernel: %s",
-				  cm->m->req.image, device, (unsigned long long)p.from,
+				  cm->m->req.image, blob, (unsigned long long)p.from,
 				  (unsigned long long)(p.to - p.from), ferry_strerror(ret));
 		p.to = p.from;
 	}
@@ -570,11 +570,45 @@ static int sink_frame(void *ctx, uint64_t off, const void *buf, size_t len)
 }
 
 /*
- * Write [off, off + len) of the object's bytes through its anon fd: 0, or
- * -errno (logged) with what was written so far verified. A blob's READ
- * writes the whole frames it touches (the kernel never asks for the rest
- * of a frame fetched once); their bytes go into the kernel's cache file
- * only, not into the chunk cache (docs/ARCHITECTURE.md).
+ * A blob's READ (fill's): the whole frames it touches (the kernel never
+ * asks for the rest of a frame fetched once), into the kernel's cache
+ * file only, not into the chunk cache (docs/ARCHITECTURE.md).
+ */
+static int fill_blob(struct cf_mount *cm, uint32_t blob, struct cf_sink *s, uint8_t *buf)
+{
+	const struct cf_job *j = s->j;
+	uint64_t size = cm->m->img->blobs.blobs[blob].uncompressed_size;
+	uint64_t have = j->off < size ? MIN(j->len, size - j->off) : 0;
+	uint32_t first, i;
+	int ret = 0;
+
+	s->units = units_of(cm->m->img, blob, &s->nr_units);
+	first = unit_after(s->units, s->nr_units, j->off);
+	for (i = first; !ret && i < s->nr_units && s->units[i].off < j->off + have; i++)
+		ret = fill_unit(cm, blob, j, &s->units[i]);
+	if (ret)
+		return ret;
+	memset(buf, 0, CF_BUF);
+	/* A bio's READ lies inside one unit: nothing more to fetch. */
+	if (first < s->nr_units && s->units[first].off <= j->off &&
+	    s->units[first].off + s->units[first].len >= j->off + have) {
+		s->pos = j->off + have;
+		return sink_zeros(s, j->off + j->len);
+	}
+	ret = image_cache_read_frames(cm->m->ic, blob, j->off, have, sink_frame, s);
+	if (ret)
+		ferry_err("%s: reading blob %u bytes %llu+%llu for the kernel: %s",
+			  cm->m->req.image, blob, (unsigned long long)j->off,
+			  (unsigned long long)have, ferry_strerror(ret));
+	else
+		ret = sink_zeros(s, j->off + j->len);
+	return ret;
+}
+
+/*
+ * Write [off, off + len) of the bytes of object @device (as cf_names
+ * number them: 0 the bootstrap, blob index + 1) through its anon fd: 0,
+ * or -errno (logged) with what was written so far verified.
  */
 static int fill(struct cf_mount *cm, uint32_t device, const struct cf_job *j,
 		uint8_t *buf)
@@ -591,32 +625,8 @@ static int fill(struct cf_mount *cm, uint32_t device, const struct cf_job *j,
 			  (unsigned long long)size);
 		return -EINVAL;
 	}
-	if (device) {
-		uint64_t have = j->off < size ? MIN(j->len, size - j->off) : 0;
-		uint32_t first, i;
-
-		s.units = units_of(cm->m->img, device, &s.nr_units);
-		first = unit_after(s.units, s.nr_units, j->off);
-		for (i = first; !ret && i < s.nr_units && s.units[i].off < j->off + have; i++)
-			ret = fill_unit(cm, device, j, &s.units[i]);
-		if (ret)
-			return ret;
-		memset(buf, 0, CF_BUF);
-		/* A bio's READ lies inside one unit: nothing more to fetch. */
-		if (first < s.nr_units && s.units[first].off <= j->off &&
-		    s.units[first].off + s.units[first].len >= j->off + have) {
-			s.pos = j->off + have;
-			return sink_zeros(&s, end);
-		}
-		ret = image_cache_read_frames(cm->m->ic, device, j->off, have, sink_frame, &s);
-		if (ret)
-			ferry_err("%s: reading blob %u bytes %llu+%llu for the kernel: %s",
-				  cm->m->req.image, device, (unsigned long long)j->off,
-				  (unsigned long long)have, ferry_strerror(ret));
-		else
-			ret = sink_zeros(&s, end);
-		return ret;
-	}
+	if (device)
+		return fill_blob(cm, device - 1, &s, buf);
 	/*
 	 * The bootstrap is in memory and verified: its first READ gets all
 	 * of it, so the metadata of every later lookup, readdir and stat is
@@ -643,12 +653,12 @@ static int fill(struct cf_mount *cm, uint32_t device, const struct cf_job *j,
 #define CF_OPEN_WAIT_MS 5000 /* for the kernel to OPEN a blob after mount */
 
 /*
- * The object of device @device of @m's image, referenced, or NULL when
+ * The object of blob @blob of @m's image, referenced, or NULL when
  * the kernel has not opened it (in @CF_OPEN_WAIT_MS) or the mount is
  * gone. By @m, its cf_mount looked up under the lock each time: the
  * prefetch thread outlives the mode's state.
  */
-static struct cf_object *prefetch_object(struct fmount *m, uint32_t device)
+static struct cf_object *prefetch_object(struct fmount *m, uint32_t blob)
 {
 	struct cf_dev *d = mode_state(m->ctx, &cachefiles_mode);
 	struct cf_object *o = NULL;
@@ -660,7 +670,7 @@ static struct cf_object *prefetch_object(struct fmount *m, uint32_t device)
 		for (cm = d->mounts; cm && cm->m != m; cm = cm->next)
 			;
 		for (o = cm ? d->objects : NULL; o; o = o->next)
-			if (cf_names_object_is(&cm->names, device, o->volume, o->cookie))
+			if (cf_names_object_is(&cm->names, blob + 1, o->volume, o->cookie))
 				break;
 		if (o)
 			o->refs++;
@@ -687,10 +697,10 @@ static void prefetch_object_put(struct fmount *m, struct cf_object *o)
  * Units do not count: prefetch leaves them to fill_unit, so a range of
  * units only is not fetched for nothing.
  */
-static bool prefetch_has(void *ctx, uint32_t device, uint64_t uoff, uint64_t len)
+static bool prefetch_has(void *ctx, uint32_t blob, uint64_t uoff, uint64_t len)
 {
 	struct fmount *m = ctx;
-	struct cf_object *o = prefetch_object(m, device);
+	struct cf_object *o = prefetch_object(m, blob);
 	const struct image_span *u;
 	uint64_t pos = uoff, end = uoff + len, stop;
 	uint32_t nr, i;
@@ -699,7 +709,7 @@ static bool prefetch_has(void *ctx, uint32_t device, uint64_t uoff, uint64_t len
 
 	if (!o)
 		return false;
-	u = units_of(m->img, device, &nr);
+	u = units_of(m->img, blob, &nr);
 	for (i = unit_after(u, nr, uoff); has && pos < end; i++) {
 		stop = i < nr ? MIN(end, MAX(pos, u[i].off)) : end;
 		hole = stop > pos ? lseek(o->fd, (off_t)pos, SEEK_HOLE) : (off_t)stop;
@@ -710,22 +720,22 @@ static bool prefetch_has(void *ctx, uint32_t device, uint64_t uoff, uint64_t len
 	return has;
 }
 
-static int prefetch_put(void *ctx, uint32_t device, uint64_t uoff, const void *buf,
+static int prefetch_put(void *ctx, uint32_t blob, uint64_t uoff, const void *buf,
 			size_t len)
 {
 	struct fmount *m = ctx;
-	struct cf_object *o = prefetch_object(m, device);
+	struct cf_object *o = prefetch_object(m, blob);
 	const struct image_span *units;
 	uint32_t nr_units;
 	int ret;
 
 	if (!o) {
 		ferry_warn("%s: prefetch: the kernel has not opened blob %u's cache file; nothing prefetched into it",
-			   m->req.image, device);
+			   m->req.image, blob);
 		return -ENOENT;
 	}
 	/* Compressed files' units only on demand (fill_unit): whole or not at all. */
-	units = units_of(m->img, device, &nr_units);
+	units = units_of(m->img, blob, &nr_units);
 	ret = write_outside_units(o->fd, units, nr_units, uoff, buf, len);
 	if (ret)
 		ferry_err("%s: prefetch: writing %zu bytes at %llu into the cache file of %s: %s",

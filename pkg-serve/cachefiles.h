@@ -58,16 +58,18 @@ void cf_names_free(struct cf_names *n);
 void cf_layer_fsid(const char *hex, unsigned int k, cf_name out);
 
 /*
- * Is @cookie in @volume one of @n's objects? Then *@device: 0 for the
- * bootstrap, i + 1 for blob (or layer) i. A layer's object is any copy
- * of it: its bytes are the layer's whichever mount serves them, and a
- * successor knows the layers of the mounts it takes over, not which
- * copies they were.
+ * Is @cookie in @volume one of @n's objects? Then *@device, its EROFS
+ * device id (fscache has an object per device, named here; the callers
+ * convert to the blob index): 0 for the bootstrap (the primary device),
+ * i + 1 for blob (or layer) i. A layer's object is any copy of it: its
+ * bytes are the layer's whichever mount serves them, and a successor
+ * knows the layers of the mounts it takes over, not which copies they
+ * were.
  */
 bool cf_names_resolve(const struct cf_names *n, const char *volume, const char *cookie,
 		      uint32_t *device);
 /*
- * Is @cookie in @volume the cache file of @n's device @device (> 0)? A
+ * Is @cookie in @volume the cache file of @n's device id @device (> 0)? A
  * native layer's is the copy this mount made; taken over, any copy.
  */
 bool cf_names_object_is(const struct cf_names *n, uint32_t device, const char *volume,

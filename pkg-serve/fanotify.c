@@ -46,6 +46,7 @@
 #include <limits.h>
 #include <poll.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -90,20 +91,26 @@ struct fan_ctx {
 
 /*
  * The journal's entry for descriptor number N (see the top): written when
- * the event is read, cleared once answered. Little-endian, host-local.
+ * the event is read, cleared once answered. Little-endian, host-local,
+ * read by successors of other releases (docs/FORMAT.md, section 6): its
+ * blob is the EROFS device id, converted only in journal_put and
+ * journal_get.
  */
 struct fan_slot {
 	_Atomic uint32_t used;
-	uint32_t device;   /* 1-based; 0: an event allowed at once */
+	uint32_t device_id; /* blob index + 1; 0: an event allowed at once */
 	uint64_t off, len;
 };
-_Static_assert(sizeof(struct fan_slot) == 24, "journal entry layout");
+_Static_assert(sizeof(struct fan_slot) == 24 && offsetof(struct fan_slot, device_id) == 4 &&
+	       offsetof(struct fan_slot, off) == 8 && offsetof(struct fan_slot, len) == 16,
+	       "journal entry layout (docs/FORMAT.md, section 6)");
 #define FAN_JOURNAL_SLOTS 65536u
 
+/* A read to fill: an event's range of a blob, or a journal entry's. */
 struct fan_job {
 	struct fan_job *next;
 	int fd;            /* the event's descriptor: the answer names it */
-	uint32_t device;   /* 1-based */
+	uint32_t blob;     /* blob index */
 	uint64_t off, len;
 };
 
@@ -145,17 +152,17 @@ struct fan {
 /* Answers                                                             */
 /* ------------------------------------------------------------------ */
 
-static void journal_put(struct fan *f, int fd, uint32_t device, uint64_t off,
-			uint64_t len)
+/* Journal event @fd: the read @j (its fd), or NULL for one allowed at once. */
+static void journal_put(struct fan *f, int fd, const struct fan_job *j)
 {
 	struct fan_slot *s;
 
 	if (!f->journal || fd < 0 || (unsigned int)fd >= FAN_JOURNAL_SLOTS)
 		return;
 	s = &f->journal[fd];
-	s->device = device;
-	s->off = off;
-	s->len = len;
+	s->device_id = j ? j->blob + 1 : 0;
+	s->off = j ? j->off : 0;
+	s->len = j ? j->len : 0;
 	atomic_store_explicit(&s->used, 1, memory_order_release);
 }
 
@@ -182,16 +189,16 @@ static void answer(struct fan *f, int fd, bool allow)
 }
 
 /* Remove the mark of a complete blob: its reads need no events now. */
-static void unmark_if_complete(struct fan *f, uint32_t device)
+static void unmark_if_complete(struct fan *f, uint32_t blob)
 {
-	struct fan_blob *b = &f->blobs[device - 1];
-	const char *path = image_cache_data_path(f->m->ic, device - 1);
+	struct fan_blob *b = &f->blobs[blob];
+	const char *path = image_cache_data_path(f->m->ic, blob);
 
 	if (!atomic_load(&b->marked))
 		return;
 	/* Not while eviction may punch it (fan_evicting marked it for that). */
 	evict_marks_lock(f->m->ctx);
-	if (!image_cache_blob_complete(f->m->ic, device) ||
+	if (!image_cache_blob_complete(f->m->ic, blob) ||
 	    !atomic_exchange(&b->marked, false)) {
 		evict_marks_unlock(f->m->ctx);
 		return;
@@ -201,7 +208,7 @@ static void unmark_if_complete(struct fan *f, uint32_t device)
 			   strerror(errno));
 	else
 		ferry_info("%s: blob %u is complete (%s): no more events for it",
-			   f->m->mountpoint, device, path);
+			   f->m->mountpoint, blob, path);
 	evict_marks_unlock(f->m->ctx);
 }
 
@@ -251,26 +258,25 @@ static void *worker_main(void *arg)
 		pthread_mutex_unlock(&f->lock);
 		if (!j)
 			return NULL; /* quit, and the queue is drained */
-		ret = image_cache_ensure(f->m->ic, j->device, j->off, j->len);
+		ret = image_cache_ensure(f->m->ic, j->blob, j->off, j->len);
 		if (ret)
 			ferry_err("%s: reading blob %u bytes %llu+%llu for the kernel: %s",
-				  f->m->req.image, j->device, (unsigned long long)j->off,
+				  f->m->req.image, j->blob, (unsigned long long)j->off,
 				  (unsigned long long)j->len, ferry_strerror(ret));
 		answer(f, j->fd, !ret);
 		if (!ret)
-			unmark_if_complete(f, j->device);
+			unmark_if_complete(f, j->blob);
 		free(j);
 	}
 }
 
-static int queue_job(struct fan *f, int fd, uint32_t device, uint64_t off,
-		     uint64_t len)
+static int queue_job(struct fan *f, const struct fan_job *read)
 {
 	struct fan_job *j = malloc(sizeof(*j));
 
 	if (!j)
 		return -ENOMEM;
-	*j = (struct fan_job){ .fd = fd, .device = device, .off = off, .len = len };
+	*j = *read;
 	pthread_mutex_lock(&f->lock);
 	*f->tail = j;
 	f->tail = &j->next;
@@ -283,24 +289,27 @@ static int queue_job(struct fan *f, int fd, uint32_t device, uint64_t off,
 /* Events                                                              */
 /* ------------------------------------------------------------------ */
 
-static uint32_t blob_of(const struct fan *f, int fd)
+/* Is @fd one of our blobs' data files? Then its index in *@blob. */
+static bool blob_of(const struct fan *f, int fd, uint32_t *blob)
 {
 	struct stat st;
 	uint32_t i;
 
 	if (fstat(fd, &st))
-		return 0;
-	for (i = 0; i < f->nr_blobs; i++)
-		if (f->blobs[i].ino == st.st_ino && f->blobs[i].dev == st.st_dev)
-			return i + 1;
-	return 0;
+		return false;
+	for (i = 0; i < f->nr_blobs; i++) {
+		if (f->blobs[i].ino == st.st_ino && f->blobs[i].dev == st.st_dev) {
+			*blob = i;
+			return true;
+		}
+	}
+	return false;
 }
 
 /* One event: answered here when no fill is needed, else queued. */
 static int handle_event(struct fan *f, const struct fanotify_event_metadata *meta)
 {
-	uint64_t off = 0, len = 0;
-	uint32_t device;
+	struct fan_job j = { .fd = meta->fd };
 
 	if (meta->mask & FAN_Q_OVERFLOW) {
 		/* With an unlimited queue this cannot happen; events lost
@@ -315,20 +324,19 @@ static int handle_event(struct fan *f, const struct fanotify_event_metadata *met
 		close(meta->fd);
 		return 0;
 	}
-	device = blob_of(f, meta->fd);
-	if (!device || meta->pid == getpid()) {
-		journal_put(f, meta->fd, 0, 0, 0);
+	if (!blob_of(f, meta->fd, &j.blob) || meta->pid == getpid()) {
+		journal_put(f, meta->fd, NULL);
 		answer(f, meta->fd, true);
 		return 0;
 	}
-	fan_event_span(meta, f->blobs[device - 1].size, &off, &len);
-	journal_put(f, meta->fd, device, off, len);
-	if (image_cache_present(f->m->ic, device, off, len) ||
+	fan_event_span(meta, f->blobs[j.blob].size, &j.off, &j.len);
+	journal_put(f, meta->fd, &j);
+	if (image_cache_present(f->m->ic, j.blob, j.off, j.len) ||
 	    fan_fill_process(&f->exes, meta->pid, meta->fd)) {
 		answer(f, meta->fd, true);
 		return 0;
 	}
-	if (queue_job(f, meta->fd, device, off, len)) {
+	if (queue_job(f, &j)) {
 		answer(f, meta->fd, false);
 		return -ENOMEM;
 	}
@@ -452,7 +460,7 @@ static int mark_blobs(struct fan *f, char *err, size_t errlen)
 		b->dev = st.st_dev;
 		b->ino = st.st_ino;
 		b->size = (uint64_t)st.st_size;
-		if (image_cache_blob_complete(f->m->ic, i + 1))
+		if (image_cache_blob_complete(f->m->ic, i))
 			continue;
 		if (fanotify_mark(f->group, FAN_MARK_ADD, FAN_PRE_ACCESS, AT_FDCWD, path)) {
 			int e = errno;
@@ -539,7 +547,7 @@ static unsigned int journal_numbers(int dir, const char *name, uint8_t *want,
 	if (s == MAP_FAILED)
 		return 0;
 	for (n = STDERR_FILENO + 1; n < MIN(limit, FAN_JOURNAL_SLOTS); n++) {
-		if (atomic_load_explicit(&s[n].used, memory_order_acquire) && s[n].device) {
+		if (atomic_load_explicit(&s[n].used, memory_order_acquire) && s[n].device_id) {
 			want[n] = 1;
 			found++;
 		}
@@ -718,6 +726,26 @@ out:
 }
 
 /*
+ * Journal entry @fd as the read *@j: 1, 0 for an event allowed at once
+ * (nothing to answer but the allow), -EINVAL when it names no range of
+ * this image.
+ */
+static int journal_get(const struct fan *f, unsigned int fd, struct fan_job *j)
+{
+	const struct fan_slot *s = &f->journal[fd];
+	uint64_t size;
+
+	if (!s->device_id)
+		return 0;
+	*j = (struct fan_job){ .fd = (int)fd, .blob = s->device_id - 1, .off = s->off,
+			       .len = s->len };
+	if (j->blob >= f->nr_blobs)
+		return -EINVAL;
+	size = f->blobs[j->blob].size;
+	return j->off <= size && j->len <= size - j->off ? 1 : -EINVAL;
+}
+
+/*
  * A takeover, before the loop reads any event: the dead ferryd's
  * journaled events go to the fill threads, each under its own number,
  * which we hold (a /dev/null descriptor) until it is answered, so that no
@@ -734,34 +762,33 @@ static void journal_replay(struct fan *f)
 
 	for (fd = 0; f->journal && fd < FAN_JOURNAL_SLOTS; fd++) {
 		struct fan_slot *s = &f->journal[fd];
+		struct fan_job j;
 		const char *why;
-		bool valid;
+		int read;
 
 		/* The entry stays until answered: should we die first, our
 		 * successor replays it again. */
 		if (!atomic_load_explicit(&s->used, memory_order_acquire))
 			continue;
 		n++;
-		valid = s->device && s->device <= f->nr_blobs &&
-			s->off <= f->blobs[s->device - 1].size &&
-			s->len <= f->blobs[s->device - 1].size - s->off;
-		if (valid && held && reserved_claim(f->fc, fd)) {
+		read = journal_get(f, fd, &j);
+		if (read > 0 && held && reserved_claim(f->fc, fd)) {
 			held[fd] = 1;
 			continue;
 		}
 		/* A number we use already cannot be held: deny it. */
-		why = !valid ? "not a range of this image" : !held || null < 0 ? "out of memory" :
+		why = read <= 0 ? "not a range of this image" : !held || null < 0 ? "out of memory" :
 		      fcntl((int)fd, F_GETFD) >= 0 ? "its number is in use here" : NULL;
 		if (!why && dup3(null, (int)fd, O_CLOEXEC) != (int)fd)
 			why = strerror(errno);
 		if (why) {
-			respond(f, (int)fd, !s->device);
+			respond(f, (int)fd, !read);
 			atomic_store_explicit(&s->used, 0, memory_order_release);
-			if (s->device)
+			if (read)
 				ferry_warn("%s: a read the dead ferryd had taken (descriptor %u, blob %u bytes %llu+%llu) is answered EIO: %s",
-					   f->m->mountpoint, fd, s->device,
-					   (unsigned long long)s->off, (unsigned long long)s->len, why);
-			denied += !!s->device;
+					   f->m->mountpoint, fd, j.blob,
+					   (unsigned long long)j.off, (unsigned long long)j.len, why);
+			denied += !!read;
 			continue;
 		}
 		held[fd] = 1;
@@ -770,9 +797,9 @@ static void journal_replay(struct fan *f)
 		if (fd >= FAN_JOURNAL_SLOTS || !held || !held[fd])
 			respond(f, (int)fd, false);
 	for (fd = 0; held && fd < FAN_JOURNAL_SLOTS; fd++) {
-		struct fan_slot *s = &f->journal[fd];
+		struct fan_job j;
 
-		if (held[fd] && queue_job(f, (int)fd, s->device, s->off, s->len))
+		if (held[fd] && (journal_get(f, fd, &j) <= 0 || queue_job(f, &j)))
 			answer(f, (int)fd, false);
 	}
 	ferry_info("%s: fanotify group taken over; answering %u reads the dead ferryd had taken%s%s",
@@ -983,7 +1010,7 @@ static int fan_serve(void *state)
 			if (!sb_alive(f))
 				return 0; /* unmounted and released: done */
 			/* Prefetch completes blobs too. */
-			for (i = 1; i <= f->nr_blobs; i++)
+			for (i = 0; i < f->nr_blobs; i++)
 				unmark_if_complete(f, i);
 			next_check = now + SB_CHECK_MS * 1000000ull;
 		}

@@ -78,8 +78,8 @@ static void test_read(void)
 	CHECK_EQ(open_cache(image_ref, &oc), 0);
 	if (!oc.ic || !buf)
 		goto out;
-	CHECK(!image_cache_present(oc.ic, 1, 0, 4096));
-	CHECK(!image_cache_blob_complete(oc.ic, 1));
+	CHECK(!image_cache_present(oc.ic, 0, 0, 4096));
+	CHECK(!image_cache_blob_complete(oc.ic, 0));
 	/* Odd-sized reads across chunk boundaries and the hole. */
 	for (off = 0; off < FIXTURE_BIG_SIZE; off += (uint64_t)n) {
 		n = image_cache_read(oc.ic, &oc.big, off, buf + off, 100003);
@@ -92,8 +92,8 @@ static void test_read(void)
 	/* Short at the end of the file, nothing after it. */
 	CHECK_EQ(image_cache_read(oc.ic, &oc.big, FIXTURE_BIG_SIZE - 10, buf, 100), 10);
 	CHECK_EQ(image_cache_read(oc.ic, &oc.big, FIXTURE_BIG_SIZE, buf, 100), 0);
-	CHECK(image_cache_present(oc.ic, 1, 0, FIXTURE_CHUNK));
-	CHECK(image_cache_blob_complete(oc.ic, 1));
+	CHECK(image_cache_present(oc.ic, 0, 0, FIXTURE_CHUNK));
+	CHECK(image_cache_blob_complete(oc.ic, 0));
 	/* Inline files come from the bootstrap. */
 	CHECK_EQ(image_cache_read(oc.ic, &oc.small, 0, small, sizeof(small)), 6);
 	CHECK(!memcmp(small, "hello\n", 6));
@@ -104,11 +104,11 @@ static void test_read(void)
 	CHECK_EQ(s.bytes_fetched, 2 * FIXTURE_CHUNK + 1000);
 	CHECK_EQ(s.bytes_read, FIXTURE_BIG_SIZE + 10);
 	CHECK_EQ(s.bytes_prefetched, 0);
-	/* Devices are 1-based. */
-	CHECK(!image_cache_present(oc.ic, 0, 0, 1));
-	CHECK(!image_cache_present(oc.ic, 2, 0, 1));
-	CHECK(!image_cache_blob_complete(oc.ic, 2));
-	CHECK_EQ(image_cache_ensure(oc.ic, 2, 0, 1), -EINVAL);
+	/* Blob indexes are 0-based: past the one blob are 1 and 0 - 1 (device id 0). */
+	CHECK(!image_cache_present(oc.ic, UINT32_MAX, 0, 1));
+	CHECK(!image_cache_present(oc.ic, 1, 0, 1));
+	CHECK(!image_cache_blob_complete(oc.ic, 1));
+	CHECK_EQ(image_cache_ensure(oc.ic, 1, 0, 1), -EINVAL);
 out:
 	close_cache(&oc);
 	free(buf);
@@ -133,9 +133,9 @@ static void test_map_and_cached_reads(void)
 	CHECK_EQ(image_cache_read_cached(oc.ic, &oc.big, FIXTURE_CHUNK, buf,
 					 sizeof(buf)), sizeof(buf));
 	CHECK(mem_is_zero(buf, sizeof(buf)));
-	CHECK_EQ(image_cache_ensure(oc.ic, 1, 0, 4096), 0);
-	CHECK(image_cache_present(oc.ic, 1, 0, 4096));
-	CHECK(!image_cache_blob_complete(oc.ic, 1));
+	CHECK_EQ(image_cache_ensure(oc.ic, 0, 0, 4096), 0);
+	CHECK(image_cache_present(oc.ic, 0, 0, 4096));
+	CHECK(!image_cache_blob_complete(oc.ic, 0));
 	CHECK_EQ(image_cache_read_cached(oc.ic, &oc.big, 100, buf, 1000), 1000);
 	CHECK(big_bytes_ok(buf, 100, 1000));
 	image_cache_get_stats(oc.ic, &s);
@@ -148,7 +148,7 @@ static void test_map_and_cached_reads(void)
 	CHECK(ext[2].fd == ext[0].fd && ext[2].off == FIXTURE_CHUNK &&
 	      ext[2].len == FIXTURE_CHUNK + 1000);
 	image_cache_map_end(oc.ic);
-	CHECK(image_cache_blob_complete(oc.ic, 1));
+	CHECK(image_cache_blob_complete(oc.ic, 0));
 	CHECK_EQ(image_cache_map(oc.ic, &oc.big, 10, 2 * FIXTURE_CHUNK, ext, 8), 3);
 	CHECK(ext[0].off == 10 && ext[0].len == FIXTURE_CHUNK - 10 && ext[2].len == 10);
 	image_cache_map_end(oc.ic);
@@ -182,7 +182,7 @@ static void test_prefetch(void)
 	CHECK_EQ(image_cache_prefetch_plan(oc.ic, plan, NULL), 0);
 	image_cache_get_stats(oc.ic, &s);
 	CHECK_EQ(s.bytes_prefetched, 2 * FIXTURE_CHUNK + 1000);
-	CHECK(image_cache_blob_complete(oc.ic, 1));
+	CHECK(image_cache_blob_complete(oc.ic, 0));
 	image_prefetch_plan_free(plan);
 	plan = NULL;
 	CHECK_EQ(image_prefetch_plan_add(oc.ic, &plan, "/small"), 1);
@@ -200,7 +200,7 @@ static void test_prefetch(void)
 	if (!oc.ic)
 		goto out;
 	CHECK_EQ(image_cache_prefetch_blobs(oc.ic, &progress, NULL), 0);
-	CHECK(image_cache_blob_complete(oc.ic, 1));
+	CHECK(image_cache_blob_complete(oc.ic, 0));
 	CHECK_EQ(progress.total, oc.img->blobs.blobs[0].uncompressed_size);
 	CHECK_EQ(progress.done, progress.total);
 out:
@@ -208,23 +208,23 @@ out:
 	close_cache(&oc);
 }
 
-/* A prefetch sink over a copy of blob 1's address space in memory. */
+/* A prefetch sink over a copy of blob 0's address space in memory. */
 struct mem_sink {
 	uint8_t *space;
 	uint64_t size, put;
 	bool has_all;
 };
 
-static bool mem_has(void *ctx, uint32_t device, uint64_t uoff, uint64_t len)
+static bool mem_has(void *ctx, uint32_t index, uint64_t uoff, uint64_t len)
 {
 	return ((struct mem_sink *)ctx)->has_all;
 }
 
-static int mem_put(void *ctx, uint32_t device, uint64_t uoff, const void *buf, size_t len)
+static int mem_put(void *ctx, uint32_t index, uint64_t uoff, const void *buf, size_t len)
 {
 	struct mem_sink *k = ctx;
 
-	if (device != 1 || uoff > k->size || len > k->size - uoff)
+	if (index != 0 || uoff > k->size || len > k->size - uoff)
 		return -EINVAL;
 	memcpy(k->space + uoff, buf, len);
 	k->put += len;
@@ -295,13 +295,13 @@ struct slot_sink {
 	atomic_bool *hold;
 };
 
-static bool slot_has(void *ctx, uint32_t device_id, uint64_t uoff, uint64_t len)
+static bool slot_has(void *ctx, uint32_t index, uint64_t uoff, uint64_t len)
 {
-	(void)ctx, (void)device_id, (void)uoff, (void)len;
+	(void)ctx, (void)index, (void)uoff, (void)len;
 	return false;
 }
 
-static int slot_put(void *ctx, uint32_t device_id, uint64_t uoff, const void *buf,
+static int slot_put(void *ctx, uint32_t index, uint64_t uoff, const void *buf,
 		    size_t len)
 {
 	struct slot_sink *k = ctx;
@@ -309,7 +309,7 @@ static int slot_put(void *ctx, uint32_t device_id, uint64_t uoff, const void *bu
 	unsigned int waited, now = atomic_fetch_add(k->inside, 1) + 1;
 	unsigned int most = atomic_load(k->most);
 
-	(void)device_id, (void)uoff, (void)buf, (void)len;
+	(void)index, (void)uoff, (void)buf, (void)len;
 	while (now > most && !atomic_compare_exchange_weak(k->most, &most, now))
 		;
 	for (waited = 0; waited < 200 && atomic_load(k->inside) < 2; waited++)
@@ -531,12 +531,12 @@ static void test_corrupt_chunk(void)
 	CHECK_EQ(image_cache_read(oc.ic, &oc.big, FIXTURE_CHUNK, buf,
 				  2 * FIXTURE_CHUNK), -EIO);
 	CHECK_EQ(image_cache_map(oc.ic, &oc.big, 2 * FIXTURE_CHUNK, 10, ext, 4), -EIO);
-	CHECK_EQ(image_cache_ensure(oc.ic, 1, bc->uoff, 1), -EIO);
+	CHECK_EQ(image_cache_ensure(oc.ic, 0, bc->uoff, 1), -EIO);
 	CHECK_EQ(image_prefetch_plan_add(oc.ic, &plan, "/big"), 1);
 	CHECK_EQ(image_cache_prefetch_plan(oc.ic, plan, NULL), -EIO);
 	image_prefetch_plan_free(plan);
-	CHECK(!image_cache_present(oc.ic, 1, bc->uoff, 1));
-	CHECK(!image_cache_blob_complete(oc.ic, 1));
+	CHECK(!image_cache_present(oc.ic, 0, bc->uoff, 1));
+	CHECK(!image_cache_blob_complete(oc.ic, 0));
 	CHECK_EQ(image_cache_read_cached(oc.ic, &oc.big, 2 * FIXTURE_CHUNK, buf, 10),
 		 -EAGAIN);
 	/* The cache data file holds no byte of it: the region is still a hole. */
