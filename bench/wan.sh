@@ -24,7 +24,7 @@
 # umoci unpack through the same proxy, then issue 17's workload ("pull-py")
 # and then issue 21's ("pull": the unpack's time plus its own). Reports
 # medians of time, requests (the proxy's count), ferry's bytes fetched and
-# read, and for NEW the requests made by readahead (off the readers' path:
+# read, and for NEW the requests made by fetch-ahead (off the readers' path:
 # fetchesAhead). "new-fanotify-native": the same image converted by NEW_BIN
 # to native EROFS layers (--format erofs-layers), fanotify mode, issue 21's
 # workload. "new-MODE-index": the source image itself, unconverted, through
@@ -175,7 +175,7 @@ for line in open(sys.argv[1]):
 def med(link, what, col):
     return statistics.median(r[col] for r in rows[(link, what)])
 links = list(dict.fromkeys(k[0] for k in rows))
-print("| link (one-way delay ms : Mbit/s) | run | workload done (s) | x full pull | requests | readahead requests | critical-path requests | bytes fetched | bytes read | fetched/read | most requests in flight |")
+print("| link (one-way delay ms : Mbit/s) | run | workload done (s) | x full pull | requests | fetch-ahead requests | critical-path requests | bytes fetched | bytes read | fetched/read | most requests in flight |")
 print("|---|---|---|---|---|---|---|---|---|---|---|")
 def table(runs, pull_what):
     for link in links:
@@ -204,7 +204,7 @@ for link in links:
 print()
 print("Issue 17: startup workload + python3 -c 'import json, email, http.client', without and with the recorded list")
 print()
-print("| link | run | workload done (s) | x full pull | requests | readahead requests | critical-path requests | bytes fetched | bytes read | fetched/read | most requests in flight |")
+print("| link | run | workload done (s) | x full pull | requests | fetch-ahead requests | critical-path requests | bytes fetched | bytes read | fetched/read | most requests in flight |")
 print("|---|---|---|---|---|---|---|---|---|---|---|")
 table(("new-fuse-py", "new-fuse-list", "new-fanotify-py", "new-fanotify-list", "pull-py"), "pull-py")
 PY

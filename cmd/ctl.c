@@ -349,7 +349,7 @@ void ctl_mount_req_init(struct ctl_mount_req *r)
 {
 	memset(r, 0, sizeof(*r));
 	r->cache_min_free = -1;
-	r->adopt_fd = -1;
+	r->takeover_fd = -1;
 	fetch_opts_init(&r->fetch);
 }
 

@@ -175,11 +175,11 @@ struct ctl_mount_req {
 	const char *image_digest;  /* "sha256:<hex>": serve this image only (a
 				    * takeover pins the one it was served;
 				    * image_open's digest), or NULL */
-	bool adopt;                /* ferryd only, never sent: take over the
+	bool takeover;             /* ferryd only, never sent: take over the
 				    * mount already there (failover) */
 	const char *sysfs;         /* a keeper's handover of native layers
 				    * (fanotify): the superblock it was told */
-	int adopt_fd;              /* with adopt: the mount's kernel descriptor
+	int takeover_fd;           /* with takeover: the mount's kernel descriptor
 				    * a keeper passed (fuse: /dev/fuse,
 				    * fanotify: the group), the mount's to
 				    * close; -1 (cachefiles: the device) */

@@ -250,7 +250,7 @@ static int set_str(char **dst, const char *src)
 }
 
 /*
- * Adopt the challenge of a 401. Bearer (with a usable realm) is
+ * Learn the challenge of a 401. Bearer (with a usable realm) is
  * preferred over Basic; *@changed tells whether anything differs from
  * what we used so far.
  */

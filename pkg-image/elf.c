@@ -2,7 +2,7 @@
 /*
  * What a dynamic loader opens right after an ELF file: its interpreter
  * (PT_INTERP), its DT_NEEDED libraries and where it says to look for them
- * (DT_RUNPATH, else DT_RPATH). Readahead uses it to fetch a program's
+ * (DT_RUNPATH, else DT_RPATH). Fetch-ahead uses it to fetch a program's
  * libraries while the loader still waits for the program (cache.c). The
  * file comes from an image, so everything is untrusted: every offset and
  * size is checked against the file and bounded before a byte is read, and

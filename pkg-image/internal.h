@@ -88,7 +88,7 @@ int image_open_layers(struct image *img, struct oci_image *oci);
 int image_cache_data_fd(const struct image_cache *ic, uint32_t index);
 struct image *image_cache_img(const struct image_cache *ic);
 /* Make [@uoff, @uoff + @len) of blob @index present for ferry itself: no
- * readahead, not a reader's hit or miss (bytes fetched still count). */
+ * fetch-ahead, not a reader's hit or miss (bytes fetched still count). */
 int image_cache_fill(struct image_cache *ic, uint32_t index, uint64_t uoff,
 		     uint64_t len);
 void image_cache_note_sb(const struct image_cache *ic, const char *sysfs);

@@ -36,7 +36,7 @@
  * and ferryd records its cachefiles mounts (their requests) next to the
  * control socket. When ferryd dies, the kernel closes the objects whose
  * anon fds it held and keeps the READs it had handed out; the keeper
- * becomes the successor (exec ferryd --cachefiles-adopt), which opens the
+ * becomes the successor (exec ferryd --cachefiles-takeover), which opens the
  * recorded images again, takes over their mounts without mounting, and
  * writes "restore": the kernel hands out again every pending request and,
  * before a READ of a closed object, OPENs it anew. Readers wait meanwhile
@@ -1152,7 +1152,7 @@ static int bootstrap_mount(struct cf_mount *cm, char *err, size_t errlen)
 	const char *domain = m->req.domain;
 	int ret;
 
-	ret = m->req.adopt ? 0 :
+	ret = m->req.takeover ? 0 :
 			     meta_kernel_mount_fscache(cm->names.fsid, domain, m->mountpoint,
 						       image_mount_flags(m->req.suid, m->req.dev));
 	if (ret) {
@@ -1162,9 +1162,9 @@ static int bootstrap_mount(struct cf_mount *cm, char *err, size_t errlen)
 		return ret;
 	}
 	ret = meta_sysfs_path(m->mountpoint, cm->sysfs, sizeof(cm->sysfs));
-	if (!ret && m->req.adopt && !cf_names_sysfs_is(&cm->names, cm->sysfs))
+	if (!ret && m->req.takeover && !cf_names_sysfs_is(&cm->names, cm->sysfs))
 		ret = -ENOENT;
-	if (ret && m->req.adopt) {
+	if (ret && m->req.takeover) {
 		snprintf(err, errlen, "%s: the dead ferryd's mount of fsid %s is not there any more (%s)",
 			 m->mountpoint, cm->names.fsid, ferry_strerror(ret));
 	} else if (ret) {
@@ -1195,7 +1195,7 @@ static int layers_mount(struct cf_mount *cm, char *err, size_t errlen)
 	int *mfds, ret;
 	unsigned int k;
 
-	if (m->req.adopt) {
+	if (m->req.takeover) {
 		snprintf(cm->sysfs, sizeof(cm->sysfs), "%s", m->req.sysfs ? m->req.sysfs : "");
 		if (cf_names_sysfs_is(&cm->names, cm->sysfs) && sb_alive(cm))
 			return 0;
@@ -1402,7 +1402,7 @@ static void cf_takeover_device(struct serve_ctx *ctx, void *mode_ctx, int devfd)
 			ctl_mount_req_free(&req);
 			continue;
 		}
-		req.adopt = true;
+		req.takeover = true;
 		ferry_info("cachefiles: taking over %s on %s", req.image, req.mountpoint);
 		if (!serve_mount(ctx, &req, NULL, err, sizeof(err)))
 			ok++;

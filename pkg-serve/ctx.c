@@ -12,7 +12,7 @@
 
 /*
  * The options a successor (a keeper's start of ferryd, which adds
- * --socket and, for cachefiles, --cachefiles-adopt) starts with: this
+ * --socket and, for cachefiles, --cachefiles-takeover) starts with: this
  * ferryd's serving options, log file and level; not what only a first
  * start does (-f, --mount, --exist-ok).
  */

@@ -841,10 +841,10 @@ static void fan_free(struct fan *f)
 static int fan_takeover_group(struct fan *f, char *err, size_t errlen)
 {
 	char path[64], link[64] = "";
-	int fd = f->m->req.adopt_fd;
+	int fd = f->m->req.takeover_fd;
 	ssize_t n;
 
-	f->m->req.adopt_fd = -1;
+	f->m->req.takeover_fd = -1;
 	f->group = fd;
 	snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
 	n = readlink(path, link, sizeof(link) - 1);
@@ -863,7 +863,7 @@ static int fan_takeover_group(struct fan *f, char *err, size_t errlen)
  */
 static int fan_start(struct fmount *m, void **state, char *err, size_t errlen)
 {
-	bool takeover = m->req.adopt;
+	bool takeover = m->req.takeover;
 	struct fan *f = calloc(1, sizeof(*f));
 	unsigned int i;
 	uint32_t n = m->img->blobs.nr_blobs;

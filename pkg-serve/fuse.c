@@ -893,15 +893,15 @@ static int fuse_start(struct fmount *m, void **state, char *why, size_t whylen)
 		fs_free(fs);
 		return ret;
 	}
-	if (m->req.adopt && m->req.adopt_fd < 0) {
+	if (m->req.takeover && m->req.takeover_fd < 0) {
 		snprintf(why, whylen, "a FUSE mount is taken over with its /dev/fuse descriptor");
 		fs_free(fs);
 		return -EINVAL;
 	}
 	ret = fs_session_new(fs);
-	if (!ret && m->req.adopt) {
-		ret = fs_takeover(fs, m->req.adopt_fd);
-		m->req.adopt_fd = -1;
+	if (!ret && m->req.takeover) {
+		ret = fs_takeover(fs, m->req.takeover_fd);
+		m->req.takeover_fd = -1;
 	} else if (!ret) {
 		ret = fs_mount(fs, &m->req, m->mountpoint);
 	}

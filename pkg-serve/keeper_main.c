@@ -491,7 +491,7 @@ static int fanotify_keeper(int argc, char **argv)
 /*
  * ferryd-keeper cachefiles DEVFD SOCK SOCKET [OPTION...]: holds
  * /dev/cachefiles; when ferryd dies, becomes "ferryd --socket SOCKET
- * OPTION... --cachefiles-adopt DEVFD" (the dead one's options: its log
+ * OPTION... --cachefiles-takeover DEVFD" (the dead one's options: its log
  * file and level, serving and cache options), the device in hand.
  */
 static int cachefiles_keeper(int argc, char **argv)
@@ -528,7 +528,7 @@ static int cachefiles_keeper(int argc, char **argv)
 	/* The dead ferryd's options (successor_args in daemon.c). */
 	for (i = 5; i < argc; i++)
 		succ[n_args++] = argv[i];
-	succ[n_args++] = "--cachefiles-adopt";
+	succ[n_args++] = "--cachefiles-takeover";
 	succ[n_args++] = argv[2];
 	succ[n_args] = NULL;
 	execv(exe, (char *const *)succ);

@@ -19,7 +19,7 @@
  *          not ready within seconds is stopped. On failure nothing is
  *          left mounted, nothing allocated, and the reason is in @why
  *          (or, when @why is empty, in the error lines logged). With
- *          m->req.adopt (a takeover: a keeper handed the mount over, or
+ *          m->req.takeover (a keeper handed the mount over, or
  *          a cachefiles successor) the mount is on m->mountpoint already:
  *          take it over, no mount(2).
  *   serve  the mount's loop thread, which mounts.c starts after start:

@@ -34,8 +34,8 @@ static void mount_put_locked_n(struct fmount *m, unsigned int n)
 	m->refs -= n;
 	if (m->refs)
 		return;
-	if (m->req.adopt_fd >= 0)
-		close(m->req.adopt_fd);
+	if (m->req.takeover_fd >= 0)
+		close(m->req.takeover_fd);
 	ctl_mount_req_free(&m->req);
 	free(m->mountpoint);
 	pthread_mutex_destroy(&m->lock);
@@ -335,8 +335,8 @@ static int mount_new(struct serve_ctx *ctx, struct ctl_mount_req *req, struct fm
 	int ret = 0;
 
 	if (!m) {
-		if (req->adopt_fd >= 0)
-			close(req->adopt_fd);
+		if (req->takeover_fd >= 0)
+			close(req->takeover_fd);
 		ctl_mount_req_free(req);
 		snprintf(err, errlen, "out of memory");
 		return -ENOMEM;
@@ -365,7 +365,7 @@ static int mount_new(struct serve_ctx *ctx, struct ctl_mount_req *req, struct fm
 		if (m->mode_why[0])
 			ferry_info("mount %s: mode %s: %s", m->req.image, m->req.mode,
 				   m->mode_why);
-		ret = check_mountpoint(m->req.mountpoint, m->req.adopt, &m->mountpoint, err,
+		ret = check_mountpoint(m->req.mountpoint, m->req.takeover, &m->mountpoint, err,
 				       errlen);
 	}
 	if (ret) {
@@ -503,7 +503,7 @@ static int mount_setup(struct fmount *m, const char *what, char *err,
 	 * takeover's are mounted and may be watched (a read here would wait
 	 * for an answer only this ferryd can give, once it serves), so only
 	 * a mode that walks them taken over does (mode.h). */
-	if (!ret && m->img->erofs_layers && (!m->req.adopt || m->mode->walks_on_takeover))
+	if (!ret && m->img->erofs_layers && (!m->req.takeover || m->mode->walks_on_takeover))
 		ret = image_cache_walk_layers(m->ic);
 	if (!ret)
 		ret = evict_register(m->ctx, &m->req);
@@ -657,7 +657,7 @@ int serve_mount(struct serve_ctx *ctx, struct ctl_mount_req *req, struct ctl_mou
 			   m->mountpoint, m->mode->name, blobs, (unsigned long long)bytes,
 			   atomic_load(&m->pstate) == PF_RUNNING ? "prefetching" :
 								  "no prefetch");
-		if (m->req.adopt)
+		if (m->req.takeover)
 			atomic_fetch_add(&ctx->takeovers[serve_mode_slot(m->mode)], 1);
 	}
 	mount_put(m);

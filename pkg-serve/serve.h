@@ -82,14 +82,14 @@ void serve_ctx_free(struct serve_ctx *ctx);
 void serve_startup(struct serve_ctx *ctx);
 /*
  * A successor started with a device its keeper held (ferryd
- * --cachefiles-adopt FD): take over the device and the mounts the dead
+ * --cachefiles-takeover FD): take over the device and the mounts the dead
  * ferryd recorded next to the socket. Mounts that cannot be taken over
  * fail their reads with EIO.
  */
 void serve_takeover_device(struct serve_ctx *ctx, int fd);
 
 /*
- * Mount per @req (taken over, also on failure; req->adopt: a keeper
+ * Mount per @req (taken over, also on failure; req->takeover: a keeper
  * handed the mount over, which is taken over, not mounted). 0 once the
  * kernel serves it, and what is mounted in @rep (may be NULL) but its
  * pid; else -errno and the reason in @err.

@@ -154,7 +154,7 @@ static bool fuse_dead(const char *mp)
 }
 
 /* ------------------------------------------------------------------ */
-/* ferry mount --mode fuse                                             */
+/* ferry mount --mode fuse, fanotify, cachefiles: through ferryd      */
 /* ------------------------------------------------------------------ */
 
 /* "10M", "10M/s", "0": bytes per second. */
@@ -171,7 +171,7 @@ static int parse_rate(const char *s, uint64_t *out)
 	return parse_size(buf, out);
 }
 
-struct fuse_args_in {
+struct lazy_args {
 	const char *image, *mountpoint, *cache_dir, *prefetch_list, *socket_path, *mode;
 	const char *domain, *record;
 	bool prefetch_all, foreground, suid, dev;
@@ -182,10 +182,10 @@ struct fuse_args_in {
 	struct regopts *ro;
 };
 
-/* mount_fuse's answer when no lazy mode serves the image: mount it locally. */
+/* mount_lazy's answer when no lazy mode serves the image: mount it locally. */
 #define MOUNT_LOCAL_INSTEAD (-1)
 
-static int mount_fuse(const struct fuse_args_in *a)
+static int mount_lazy(const struct lazy_args *a)
 {
 	char *image = NULL, *mp = NULL, *cache = NULL, *authfile = NULL,
 	     *ca = NULL, *record = NULL, **files = NULL, msg[CTL_MSG_MAX + 64];
@@ -469,11 +469,11 @@ int cmd_mount(int argc, char **argv)
 		REGISTRY_LONGOPTS,
 		{ 0 },
 	};
-	struct fuse_args_in a = { .socket_path = ctl_default_socket(), .min_free = -1 };
+	struct lazy_args a = { .socket_path = ctl_default_socket(), .min_free = -1 };
 	uint64_t v;
 	struct regopts ro;
 	const char *mode = NULL;
-	bool list = false, json = false, fuse_only = false;
+	bool list = false, json = false, lazy_only = false;
 	int c, ret;
 
 	regopts_init(&ro);
@@ -494,34 +494,34 @@ int cmd_mount(int argc, char **argv)
 			break;
 		case OPT_PREFETCH_FILES:
 			a.prefetch_list = optarg;
-			fuse_only = true;
+			lazy_only = true;
 			break;
 		case OPT_PREFETCH_ALL:
 			a.prefetch_all = true;
-			fuse_only = true;
+			lazy_only = true;
 			break;
 		case OPT_BWLIMIT:
 			if (parse_rate(optarg, &a.bwlimit))
 				return usage_error("mount", "--prefetch-bwlimit %s: expected bytes per second, e.g. 10M",
 						   optarg);
-			fuse_only = true;
+			lazy_only = true;
 			break;
 		case OPT_CACHE_MAX:
 			if (parse_size(optarg, &a.max_size) || !a.max_size)
 				return usage_error("mount", "--cache-max-size %s: expected a size, e.g. 10G",
 						   optarg);
-			fuse_only = true;
+			lazy_only = true;
 			break;
 		case OPT_CACHE_MIN_FREE:
 			if (parse_size(optarg, &v) || v > 99)
 				return usage_error("mount", "--cache-min-free %s: expected 0..99 (%% of the file system)",
 						   optarg);
 			a.min_free = (int64_t)v;
-			fuse_only = true;
+			lazy_only = true;
 			break;
 		case 'f':
 			a.foreground = true;
-			fuse_only = true;
+			lazy_only = true;
 			break;
 		case OPT_SOCKET:
 			if (optarg[0] != '/')
@@ -543,11 +543,11 @@ int cmd_mount(int argc, char **argv)
 			break;
 		case OPT_DOMAIN:
 			a.domain = optarg;
-			fuse_only = true;
+			lazy_only = true;
 			break;
 		case OPT_RECORD:
 			a.record = optarg;
-			fuse_only = true;
+			lazy_only = true;
 			break;
 		case 'h':
 			mount_help();
@@ -577,10 +577,10 @@ int cmd_mount(int argc, char **argv)
 	a.image = argv[optind];
 	a.mountpoint = argv[optind + 1];
 	a.mode = mode;
-	a.local_fallback = !strcmp(mode, "auto") && !fuse_only;
+	a.local_fallback = !strcmp(mode, "auto") && !lazy_only;
 	if (!strcmp(mode, "fuse") || !strcmp(mode, "fanotify") || !strcmp(mode, "cachefiles") ||
 	    !strcmp(mode, "auto")) {
-		ret = mount_fuse(&a);
+		ret = mount_lazy(&a);
 		if (ret != MOUNT_LOCAL_INSTEAD)
 			return ret;
 		mode = "local";
@@ -588,7 +588,7 @@ int cmd_mount(int argc, char **argv)
 	if (strcmp(mode, "local"))
 		return usage_error("mount", "unknown mode \"%s\" (local, fuse, fanotify, cachefiles or auto)",
 				   mode);
-	if (fuse_only)
+	if (lazy_only)
 		return usage_error("mount", "--prefetch-*, --domain, --record, -f: only with a lazy mode (fuse, fanotify, cachefiles)");
 	return mount_local(a.image, a.mountpoint, a.cache_dir,
 			   image_mount_flags(a.suid, a.dev), &ro);

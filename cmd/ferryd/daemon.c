@@ -134,8 +134,8 @@ static struct json_object *handle(struct json_object *o, int passed, bool *shutd
 		if (passed >= 0) {
 			ferry_info("a keeper hands over %s on %s", req.mount.image,
 				   req.mount.mountpoint);
-			req.mount.adopt = true;
-			req.mount.adopt_fd = passed;
+			req.mount.takeover = true;
+			req.mount.takeover_fd = passed;
 			passed = -1;
 		}
 		mrep = (struct ctl_mount_reply){ .pid = getpid() };

@@ -31,7 +31,7 @@ struct daemon_opts {
 	bool foreground;
 	bool exist_ok;          /* another ferryd on the socket is success */
 	int ready_fd;           /* daemon mode: "OK\n" once listening, then closed */
-	int takeover_fd;        /* --cachefiles-adopt: a device a keeper held for
+	int takeover_fd;        /* --cachefiles-takeover: a device a keeper held for
 				 * the dead ferryd, whose mounts to take over; -1 */
 };
 int daemon_run(const struct daemon_opts *o);

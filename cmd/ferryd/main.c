@@ -36,7 +36,7 @@ static void help(void)
 	       "reads of data not yet cached with EIO, never zeros, until it is\n"
 	       "unmounted. The cachefiles mounts share one keeper (ferryd-keeper\n"
 	       "cachefiles) that holds /dev/cachefiles: if ferryd dies it becomes a\n"
-	       "new ferryd on the same socket (--cachefiles-adopt FD), which takes\n"
+	       "new ferryd on the same socket (--cachefiles-takeover FD), which takes\n"
 	       "those mounts over.\n\n"
 	       "Options:\n"
 	       "  -f, --foreground   stay in the foreground, log to stderr\n"
@@ -180,6 +180,9 @@ int main(int argc, char **argv)
 		{ "mount", required_argument, NULL, 'M' },
 		{ "mount-fd", required_argument, NULL, 'F' },
 		{ "exist-ok", no_argument, NULL, 'E' },
+		{ "cachefiles-takeover", required_argument, NULL, 'A' },
+		/* Its name before 0.5.0: keepers of those releases start
+		 * their successors (the installed, newer ferryd) with it. */
 		{ "cachefiles-adopt", required_argument, NULL, 'A' },
 		{ "threads", required_argument, NULL, 'T' },
 		{ "readahead", required_argument, NULL, 'R' },
@@ -235,7 +238,7 @@ int main(int argc, char **argv)
 			break;
 		case 'A':
 			if (parse_size(optarg, &v) || v > INT_MAX || fcntl((int)v, F_GETFD) < 0)
-				return usage("--cachefiles-adopt %s: expected an open descriptor", optarg);
+				return usage("--cachefiles-takeover %s: expected an open descriptor", optarg);
 			o.takeover_fd = (int)v;
 			fcntl(o.takeover_fd, F_SETFD, FD_CLOEXEC);
 			break;
@@ -338,7 +341,7 @@ int main(int argc, char **argv)
 		goto out;
 	}
 
-	/* A successor (--cachefiles-adopt) is detached already: its keeper
+	/* A successor (--cachefiles-takeover) is detached already: its keeper
 	 * started it in a session of its own. */
 	if (!o.foreground && o.takeover_fd < 0) {
 		if (pipe2(p, O_CLOEXEC)) {

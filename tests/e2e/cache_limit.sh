@@ -28,7 +28,7 @@ lazy_use limit
 BLOBS=$FCACHE/blobs/sha256
 # One fetch window: a fill claims at most 16 MiB of compressed frames
 # (CLAIM_MAX in pkg-blob/cache.c); eviction runs 10 ms after a fill. Fills
-# run concurrently (readers and readahead threads), so on a loaded machine
+# run concurrently (readers and fetch-ahead threads), so on a loaded machine
 # a second one can land before the eviction thread is scheduled (seen:
 # 18 MiB over at load average 9): the bound is two windows.
 WINDOW=$((16 << 20))

@@ -43,6 +43,15 @@ done
 check "ferry --help lists the commands" \
 	bash -c '"$1" --help | grep -q convert && "$1" --help | grep -q inspect' _ "$FERRY"
 check "ferry --version" "$FERRY" --version
+# ferryd's option for a cachefiles keeper's successor, and its name before
+# 0.5.0, which the keepers of those releases pass to the installed ferryd:
+# both parsed (a closed descriptor refused as such, not as unknown).
+for opt in --cachefiles-takeover --cachefiles-adopt; do
+	check_exit "ferryd $opt with a closed descriptor: usage error" 2 \
+		"$(dirname "$FERRY")/ferryd" -f --socket "$SCRATCH/never.sock" "$opt" 987 &&
+		expect "ferryd $opt: parsed, the descriptor refused" \
+			grep -q -- "--cachefiles-takeover 987: expected an open descriptor" "$LOG"
+done
 
 # --- usage errors: exit 2, a message on stderr, nothing written -----------
 usage() { # DESC ARGS...

@@ -234,7 +234,7 @@ expect "  ... and one fanotify" grep -q '^ferryd_mounts{mode="fanotify"} 1$' "$S
 check "read a file through the fanotify mount" cmp "$N/$B" "$ref/$B"
 check "read the tree through the FUSE mount" bash -c 'cd "$0" && find . -type f -size -2M -print0 | head -z -n 300 | xargs -0 cat >/dev/null' "$M"
 check "read a blob-backed file through the FUSE mount" cmp "$M/$B" "$ref/$B"
-check "the FUSE mount's readahead settles" fetch_settle "$M"
+check "the FUSE mount's fetch-ahead settles" fetch_settle "$M"
 "$FERRY" metrics --socket "$FSOCK" >"$SCRATCH/m1.txt"
 check "metrics again, parsed" parse_to "$SCRATCH/m1.txt" "$SCRATCH/m1"
 expect "fuse: bytes read grew" grew "$SCRATCH/m0" "$SCRATCH/m1" ferryd_read_bytes_total "$Mr"

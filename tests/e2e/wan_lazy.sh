@@ -10,8 +10,8 @@
 #     (ferryd's fetches overlap instead of queueing behind each other)
 #   - the whole tree then equals umoci unpack (treecmp)
 #   - one reader alone, reading files one after another, still has more
-#     than one request in flight (readahead fetches ahead of it), most of
-#     them readahead's (fetchesAhead), and reads the reference bytes
+#     than one request in flight (fetch-ahead fetches ahead of it), most of
+#     them fetch-ahead's (fetchesAhead), and reads the reference bytes
 #   - directory prediction (through a second proxy, 15 ms each way: it
 #     needs 25 ms round trips): after a miss in a small file of a
 #     directory, the first small file of a sibling directory that lies
@@ -19,7 +19,7 @@
 #   - ELF prediction: once a program's first bytes are read (as execve
 #     reads them), its interpreter, DT_NEEDED libraries (theirs too) and
 #     /etc/ld.so.cache read without a fetch; the same for a program of
-#     9 MiB, larger than readahead fetches whole
+#     9 MiB, larger than fetch-ahead fetches whole
 . "$(dirname "$0")/../lib/common.sh"
 . "$(dirname "$0")/../lib/oci.sh"
 . "$(dirname "$0")/../lib/registry.sh"
@@ -70,10 +70,10 @@ one_reader() { # MODE
 	inflight=$(wp_stat max_inflight)
 	fetches=$(mount_field "$m" fetches)
 	ahead=$(mount_field "$m" fetchesAhead)
-	echo "# $mode, one reader: $(wp_stat requests) requests ($fetches by ferryd, $ahead readahead), at most $inflight in flight"
+	echo "# $mode, one reader: $(wp_stat requests) requests ($fetches by ferryd, $ahead fetch-ahead), at most $inflight in flight"
 	expect_sh "$mode: one reader, yet requests overlap (at most $inflight in flight, > 1)" \
 		'[ "$inflight" -gt 1 ]'
-	expect_sh "$mode: readahead made most of the requests ($ahead of $fetches)" \
+	expect_sh "$mode: fetch-ahead made most of the requests ($ahead of $fetches)" \
 		'[ "$ahead" -gt 0 ] && [ $((ahead * 2)) -gt "$fetches" ]'
 	check "ferry umount ($mode, one reader)" fumount "$m"
 }
@@ -132,14 +132,14 @@ dir_predict() { # MODE
 	lazy_use "wandir-$mode"
 	check "mount --mode $mode through the WAN proxy (fresh cache, directory prediction)" \
 		ferryd_mount "$mode" "$WIMG" "$m" || return 1
-	# A first miss starts the readahead threads, which map the tree (a
+	# A first miss starts the fetch-ahead threads, which map the tree (a
 	# large file: small ones may be stored in the bootstrap).
 	big=$(find "$ref/usr/bin" -type f -printf '%s %P\n' | sort -n | tail -1 | cut -d' ' -f2)
 	check "$mode: a first read (/usr/bin/$big)" cmp "$ref/usr/bin/$big" "$m/usr/bin/$big"
 	fetch_settle "$m"
 	check "$mode: read /$a (a miss in its directory)" cmp "$ref/$a" "$m/$a"
 	fetch_settle "$m"
-	# Not cacheMisses: a miss that waits for a readahead thread's fetch
+	# Not cacheMisses: a miss that waits for a fetch-ahead thread's fetch
 	# of its frame counts as a hit.
 	before=$(mount_field "$m" fetches)
 	check "$mode: /$b reads the reference bytes" cmp "$ref/$b" "$m/$b"
@@ -183,7 +183,7 @@ elf_predict() { # MODE
 	lazy_use "wanelf-$mode"
 	check "mount --mode $mode through the WAN proxy (fresh cache, ELF prediction)" \
 		ferryd_mount "$mode" "$WIMG" "$m" || return 1
-	# A first miss starts the readahead threads and their map of files.
+	# A first miss starts the fetch-ahead threads and their map of files.
 	big=$(find "$ref/usr/share" -type f -size +300k -printf '%P\n' | sort | head -1)
 	check "$mode: a first read (/usr/share/$big)" cmp "$ref/usr/share/$big" "$m/usr/share/$big"
 	fetch_settle "$m"

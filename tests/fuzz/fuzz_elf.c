@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 /*
- * libFuzzer target for pkg-image's ELF reader (elf.c), which readahead
+ * libFuzzer target for pkg-image's ELF reader (elf.c), which fetch-ahead
  * runs on files of untrusted images: the input is the whole file. Reads
  * outside it abort (elf.c must bound every one itself); accepted results
  * are checked for consistency, and that the bootstrap section that

@@ -19,7 +19,7 @@
 #   keeper_pid MNT          the keeperPid ferry mount --list gives for MNT
 #   mount_field MNT KEY     a field of MNT's entry in ferry mount --list --json
 #   mount_stats MNT         "READ FETCHED PRESENT TOTAL PREFETCHED" of a mount
-#   fetch_settle MNT        wait until readahead stops fetching for MNT
+#   fetch_settle MNT        wait until fetch-ahead stops fetching for MNT
 #   fcache_sum              "PRESENT CHUNKS DISKBYTES" over FCACHE's blobs
 #   fp_mark / fp_data_bytes data-blob bytes the fault proxy served since
 #                           the mark (an oracle independent of ferryd)
@@ -232,7 +232,7 @@ eval "_lazy_prev_exit=$(trap -p EXIT | sed -e 's/^trap -- //' -e 's/ EXIT$//')"
 trap 'ferryd_stop_all; '"$_lazy_prev_exit" EXIT
 
 # Wait (at most 20 s) until the mount at MNT has fetched nothing for 0.5 s:
-# readahead goes on fetching after the reads that started it.
+# fetch-ahead goes on fetching after the reads that started it.
 fetch_settle() { # MNT
 	local prev=-1 cur i
 	for i in $(seq 40); do
@@ -808,7 +808,7 @@ startup_mount() { # MODE MNT
 	echo "# mount returned after $(($(now_ms) - t0)) ms"
 }
 
-# Readahead (ELF and directory prediction) may still be fetching when a
+# Fetch-ahead (ELF and directory prediction) may still be fetching when a
 # workload ends: wait, at most ~10 s, until neither the proxy nor ferry
 # counts more, so that the two are compared at rest.
 settle_fetches() { # MNT
