@@ -8,10 +8,12 @@
 #ifndef FERRY_TEST_H
 #define FERRY_TEST_H
 
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static int test_failures_in_case;
 static int test_failed_cases;
@@ -52,6 +54,40 @@ static inline uint64_t test_xorshift(uint64_t *state)
 	*state ^= *state >> 7;
 	*state ^= *state << 17;
 	return *state;
+}
+
+/*
+ * Run a shell command (printf-style): its exit status (system(3)). Its
+ * output is kept aside and shown on stderr, with the command, only when
+ * it fails.
+ */
+static inline int test_run(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static inline int test_run(const char *fmt, ...)
+{
+	char cmd[65536], log[] = "/tmp/ferry-test-run.XXXXXX", full[sizeof(cmd) + 128];
+	int fd = mkstemp(log), rc;
+	va_list ap;
+
+	va_start(ap, fmt);
+	rc = vsnprintf(cmd, sizeof(cmd), fmt, ap);
+	va_end(ap);
+	if (rc < 0 || (size_t)rc >= sizeof(cmd) || fd < 0) {
+		fprintf(stderr, "  command too long or no log file: %.300s\n", cmd);
+		if (fd >= 0)
+			unlink(log);
+		return -1;
+	}
+	close(fd);
+	snprintf(full, sizeof(full), "(%s) >%s 2>&1", cmd, log);
+	rc = system(full);
+	if (rc) {
+		fprintf(stderr, "  command failed (%d): %.300s\n", rc, cmd);
+		snprintf(full, sizeof(full), "head -c 3000 %s >&2", log);
+		if (system(full))
+			fprintf(stderr, "  (no output)\n");
+	}
+	unlink(log);
+	return rc;
 }
 
 #define TEST_MAIN_END() return test_failed_cases ? 1 : 0

@@ -387,23 +387,6 @@ static bool head_is(const struct rec *c, const char *content)
 
 static char tmpdir[64];
 
-static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-
-static int sh(const char *fmt, ...)
-{
-	char cmd[16384];
-	va_list ap;
-	int st;
-
-	va_start(ap, fmt);
-	vsnprintf(cmd, sizeof(cmd), fmt, ap);
-	va_end(ap);
-	st = system(cmd);
-	if (st)
-		fprintf(stderr, "  command failed (%d): %s\n", st, cmd);
-	return st;
-}
-
 static void tpath(char *buf, size_t n, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
 
@@ -605,7 +588,7 @@ static int make_tar(unsigned int fmt, const char *name)
 		if (tree[i].fmts & fmt)
 			len += (size_t)snprintf(list + len, sizeof(list) - len,
 						" %s", tree[i].path);
-	return sh("tar --format=%s %s --no-recursion -C %s/src -cf %s/%s.tar%s",
+	return test_run("tar --format=%s %s --no-recursion -C %s/src -cf %s/%s.tar%s",
 		  format_names[fmt],
 		  fmt == F_PAX ? "--xattrs --xattrs-include='*'" : "", tmpdir,
 		  tmpdir, name, list);
@@ -1746,7 +1729,7 @@ static void test_compressed_inputs(void)
 		FILE *f;
 
 		tpath(p, sizeof(p), "c.tar.%s", codecs[i].ext);
-		CHECK(!sh("%s %s > %s", codecs[i].cmd, tarp, p));
+		CHECK(!test_run("%s %s > %s", codecs[i].cmd, tarp, p));
 		CHECK(!input_open(p, &in));
 		CHECK(!strcmp(input_format(in), codecs[i].name));
 		input_close(in);
@@ -1775,7 +1758,7 @@ static void test_compressed_inputs(void)
 
 		/* Two members / frames / streams, split mid-header. */
 		tpath(p, sizeof(p), "multi.%s", codecs[i].ext);
-		CHECK(!sh("head -c 1000 %s | %s > %s && tail -c +1001 %s | %s >> %s",
+		CHECK(!test_run("head -c 1000 %s | %s > %s && tail -c +1001 %s | %s >> %s",
 			  tarp, codecs[i].cmd, p, tarp, codecs[i].cmd, p));
 		res = read_file(p, 65536);
 		CHECK(!memcmp(ref, res, sizeof(*res)));
@@ -1783,15 +1766,15 @@ static void test_compressed_inputs(void)
 
 		/* Cut in the middle: the tar reader sees a truncated stream. */
 		tpath(p, sizeof(p), "half.%s", codecs[i].ext);
-		CHECK(!sh("%s %s | head -c 20000 > %s", codecs[i].cmd, tarp, p));
+		CHECK(!test_run("%s %s | head -c 20000 > %s", codecs[i].cmd, tarp, p));
 		res = read_file(p, 65536);
 		CHECK_EQ(res->ret, -EFSCORRUPTED);
 		free(res);
 		/* Cut in the trailer: only a full read notices. */
-		CHECK(!sh("%s %s | head -c -3 > %s", codecs[i].cmd, tarp, p));
+		CHECK(!test_run("%s %s | head -c -3 > %s", codecs[i].cmd, tarp, p));
 		CHECK_EQ(drain(p, &total, &in_bytes), -EFSCORRUPTED);
 		/* Garbage after the stream. */
-		CHECK(!sh("%s %s > %s && printf 'junk' >> %s", codecs[i].cmd,
+		CHECK(!test_run("%s %s > %s && printf 'junk' >> %s", codecs[i].cmd,
 			  tarp, p, p));
 		CHECK_EQ(drain(p, &total, &in_bytes), -EFSCORRUPTED);
 	}
@@ -1807,29 +1790,29 @@ static void test_gzip_trailing_bytes(void)
 	tar_size = file_size(tarp);
 	tpath(p, sizeof(p), "z.gz");
 	/* NULs after the last member are tolerated. */
-	CHECK(!sh("gzip -c %s > %s && head -c 3000 /dev/zero >> %s", tarp, p, p));
+	CHECK(!test_run("gzip -c %s > %s && head -c 3000 /dev/zero >> %s", tarp, p, p));
 	CHECK_EQ(drain(p, &total, &in_bytes), 0);
 	CHECK_EQ(total, tar_size);
 	CHECK_EQ(in_bytes, file_size(p));
 	/* ...but not NULs then data, nor a non-gzip member. */
-	CHECK(!sh("printf 'x' >> %s", p));
+	CHECK(!test_run("printf 'x' >> %s", p));
 	CHECK_EQ(drain(p, &total, &in_bytes), -EFSCORRUPTED);
 	CHECK_EQ(total, tar_size);
-	CHECK(!sh("gzip -c %s > %s && printf '\\037x' >> %s", tarp, p, p));
+	CHECK(!test_run("gzip -c %s > %s && printf '\\037x' >> %s", tarp, p, p));
 	CHECK_EQ(drain(p, &total, &in_bytes), -EFSCORRUPTED);
 	/* NULs then another member: rejected; gzip(1) does not decode it either. */
-	CHECK(!sh("gzip -c %s > %s && head -c 100 /dev/zero >> %s && gzip -c %s >> %s",
+	CHECK(!test_run("gzip -c %s > %s && head -c 100 /dev/zero >> %s && gzip -c %s >> %s",
 		  tarp, p, p, tarp, p));
 	CHECK_EQ(drain(p, &total, &in_bytes), -EFSCORRUPTED);
 	CHECK_EQ(total, tar_size);
 	/* An empty member in between. */
-	CHECK(!sh("gzip -c %s > %s && gzip -c < /dev/null >> %s && gzip -c %s >> %s",
+	CHECK(!test_run("gzip -c %s > %s && gzip -c < /dev/null >> %s && gzip -c %s >> %s",
 		  tarp, p, p, tarp, p));
 	CHECK_EQ(drain(p, &total, &in_bytes), 0);
 	CHECK_EQ(total, 2 * tar_size);
 	/* A zstd skippable frame before the data. */
 	tpath(p, sizeof(p), "s.zst");
-	CHECK(!sh("printf '\\120\\052\\115\\030\\004\\000\\000\\000abcd' > %s && "
+	CHECK(!test_run("printf '\\120\\052\\115\\030\\004\\000\\000\\000abcd' > %s && "
 		  "zstd -q -c %s >> %s", p, tarp, p));
 	CHECK_EQ(drain(p, &total, &in_bytes), 0);
 	CHECK_EQ(total, tar_size);
@@ -1880,7 +1863,7 @@ static void test_input_pipe_and_errors(void)
 static void test_make_tree(void)
 {
 	tree_init();
-	CHECK(!sh("mkdir -p %s/src", tmpdir));
+	CHECK(!test_run("mkdir -p %s/src", tmpdir));
 	CHECK(!tree_create());
 }
 
@@ -1927,6 +1910,6 @@ int main(void)
 	RUN_TEST(test_input_pipe_and_errors);
 	RUN_TEST(test_seekable_source);
 
-	sh("rm -rf %s", tmpdir);
+	test_run("rm -rf %s", tmpdir);
 	TEST_MAIN_END();
 }

@@ -19,14 +19,6 @@
 
 static char tmpdir[64];
 
-static int sh(const char *fmt, const char *arg)
-{
-	char cmd[1024];
-
-	snprintf(cmd, sizeof(cmd), fmt, arg, arg, arg);
-	return system(cmd);
-}
-
 /* Store @text as a blob of @layout: its descriptor (type @type) in @d. */
 static void put(const char *layout, const char *type, const char *text,
 		struct oci_descriptor *d)
@@ -219,13 +211,13 @@ static void test_tags(void)
 	/* Retagging moves the tag; the other entries stay. */
 	CHECK_EQ(oci_tag_manifest(L, "v1", m2.digest, m2.size, m2.media_type), 0);
 	CHECK(resolves_to(ref, NULL, "two"));
-	CHECK_EQ(sh("test $(grep -o ref.name %s/index.json | wc -l) = 2", L), 0);
-	CHECK_EQ(sh("test -f %s/oci-layout", L), 0);
+	CHECK_EQ(test_run("test $(grep -o ref.name %s/index.json | wc -l) = 2", L), 0);
+	CHECK_EQ(test_run("test -f %s/oci-layout", L), 0);
 
 	/* Not a layout, or an unreadable index.json. */
 	snprintf(ref, sizeof(ref), "oci:%s/none", tmpdir);
 	CHECK_EQ(open_ref(ref, NULL, &img), -ENOENT);
-	CHECK_EQ(sh("echo '[' > %s/index.json", L), 0);
+	CHECK_EQ(test_run("echo '[' > %s/index.json", L), 0);
 	snprintf(ref, sizeof(ref), "oci:%s:v1", L);
 	CHECK_EQ(open_ref(ref, NULL, &img), -EFSCORRUPTED);
 	CHECK_EQ(oci_tag_manifest(L, "v3", m2.digest, m2.size, m2.media_type),
@@ -376,6 +368,6 @@ int main(void)
 	RUN_TEST(test_tags);
 	RUN_TEST(test_platforms);
 	RUN_TEST(test_mismatches_refused);
-	sh("rm -rf %s", tmpdir);
+	test_run("rm -rf %s", tmpdir);
 	TEST_MAIN_END();
 }

@@ -45,23 +45,6 @@ static const char *tree; /* the source tree being built or compared */
 /* Helpers                                                             */
 /* ------------------------------------------------------------------ */
 
-static int run(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-
-static int run(const char *fmt, ...)
-{
-	char cmd[PATH_MAX * 4];
-	va_list ap;
-	int st;
-
-	va_start(ap, fmt);
-	vsnprintf(cmd, sizeof(cmd), fmt, ap);
-	va_end(ap);
-	st = system(cmd);
-	if (st != 0)
-		fprintf(stderr, "  command failed (%d): %s\n", st, cmd);
-	return st;
-}
-
 static uint8_t *slurp(const char *path, size_t *len)
 {
 	struct stat st;
@@ -287,14 +270,14 @@ static void setup(void)
 	snprintf(blob_path, sizeof(blob_path), "%s/blob", tmp_dir);
 	/* erofs-utils 1.5 has no -b: its block size is the page size (4 KiB). */
 	have_images =
-		!run("mkfs.erofs --quiet '%s' '%s' >/dev/null", plain_img, src) &&
-		!run("mkfs.erofs --quiet -T %d '%s' '%s' >/dev/null", FIXED_TIME,
+		!test_run("mkfs.erofs --quiet '%s' '%s' >/dev/null", plain_img, src) &&
+		!test_run("mkfs.erofs --quiet -T %d '%s' '%s' >/dev/null", FIXED_TIME,
 		     fixed_img, src) &&
-		!run("mkfs.erofs --quiet --chunksize=%u --blobdev='%s' '%s' '%s' >/dev/null 2>&1",
+		!test_run("mkfs.erofs --quiet --chunksize=%u --blobdev='%s' '%s' '%s' >/dev/null 2>&1",
 		     CHUNK_SIZE, blob_path, chunked_img, src) &&
-		!run("mkfs.erofs --quiet '%s' '%s' >/dev/null", tiny_plain_img,
+		!test_run("mkfs.erofs --quiet '%s' '%s' >/dev/null", tiny_plain_img,
 		     tiny_src) &&
-		!run("mkfs.erofs --quiet --chunksize=%u --blobdev='%s' '%s' '%s' >/dev/null 2>&1",
+		!test_run("mkfs.erofs --quiet --chunksize=%u --blobdev='%s' '%s' '%s' >/dev/null 2>&1",
 		     TINY_CHUNK_SIZE, tiny_blob_path, tiny_chunked_img, tiny_src);
 	CHECK(have_images);
 }
@@ -864,7 +847,7 @@ static void test_resolve_symlinks(void)
 		snprintf(target, sizeof(target), i < 40 ? "l%d" : "d", i + 1);
 		make_link(name, target);
 	}
-	if (run("mkfs.erofs --quiet '%s' '%s' >/dev/null", image, root))
+	if (test_run("mkfs.erofs --quiet '%s' '%s' >/dev/null", image, root))
 		return;
 	img = open_image(image);
 	if (!img)
@@ -972,7 +955,7 @@ static void test_preamble_ext(void)
 	fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
 	CHECK(fd >= 0 && write_full(fd, work, total) == 0);
 	close(fd);
-	CHECK_EQ(run("fsck.erofs '%s' >/dev/null 2>&1", path), 0);
+	CHECK_EQ(test_run("fsck.erofs '%s' >/dev/null 2>&1", path), 0);
 
 	ferry_log_level = -1;
 	work[FERRY_PRE_CRC] ^= 1; /* preamble checksum */

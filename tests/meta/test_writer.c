@@ -39,28 +39,6 @@ static const char *tpath(char *buf, const char *fmt, ...)
 	return buf;
 }
 
-/* Run a shell command; its output goes to stderr only when it fails. */
-static int run(const char *fmt, ...)
-{
-	char cmd[65536], log[512], full[66600];
-	va_list ap;
-	int rc;
-
-	va_start(ap, fmt);
-	vsnprintf(cmd, sizeof(cmd), fmt, ap);
-	va_end(ap);
-	tpath(log, "cmd.log");
-	snprintf(full, sizeof(full), "%s >%s 2>&1", cmd, log);
-	rc = system(full);
-	if (rc != 0) {
-		fprintf(stderr, "  command failed (%d): %.300s\n", rc, cmd);
-		snprintf(full, sizeof(full), "head -c 3000 %s >&2", log);
-		if (system(full) != 0)
-			fprintf(stderr, "  (no log)\n");
-	}
-	return rc;
-}
-
 /* Output of a command (first 64 KiB), NUL-terminated; caller frees. */
 static char *capture(const char *fmt, ...)
 {
@@ -152,7 +130,7 @@ static int fsck(const char *img, const char *const *devs, unsigned int n)
 	for (unsigned int i = 0; i < n; i++)
 		off += (size_t)snprintf(args + off, sizeof(args) - off,
 					"--device=%s ", devs[i]);
-	return run("fsck.erofs %s%s", args, img);
+	return test_run("fsck.erofs %s%s", args, img);
 }
 
 static int do_mount(const char *img, const char *const *devs, unsigned int n,
@@ -1837,6 +1815,6 @@ int main(void)
 	RUN_TEST(test_write_bad_fd);
 	RUN_TEST(test_write_speed);
 	if (!getenv("FERRY_KEEP_TMP"))
-		run("rm -rf %s", top);
+		test_run("rm -rf %s", top);
 	TEST_MAIN_END();
 }

@@ -513,19 +513,6 @@ static void test_fragments(void)
 	unlink(dpath);
 }
 
-/* Run a shell command, its output to /dev/null; its exit status. */
-static int run(const char *fmt, ...)
-{
-	char cmd[1024];
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(cmd, sizeof(cmd) - 32, fmt, ap);
-	va_end(ap);
-	strcat(cmd, " >/dev/null 2>&1");
-	return system(cmd);
-}
-
 /* Whole blocks of text, and about one in four of random bytes. */
 static void mixed_data(uint8_t *p, size_t len)
 {
@@ -738,7 +725,7 @@ static void test_compact_shapes(void)
 	CHECK_EQ(aligns, 0xF);
 	meta_image_close(img);
 
-	CHECK_EQ(run("fsck.erofs --extract=%s/x %s", dir, path), 0);
+	CHECK_EQ(test_run("fsck.erofs --extract=%s/x %s", dir, path), 0);
 	for (uint32_t i = 0; i < NR; i++) {
 		size_t len = 0;
 		uint8_t *got;
@@ -762,7 +749,7 @@ static void test_compact_shapes(void)
 			check_kernel_file(p, &files[i], ws.embedded_blkaddr);
 		CHECK_EQ(umount2(p, 0), 0);
 	}
-	CHECK_EQ(run("rm -rf %s", dir), 0);
+	CHECK_EQ(test_run("rm -rf %s", dir), 0);
 	for (uint32_t i = 0; i < NR; i++)
 		free(files[i].data);
 	free(files);
