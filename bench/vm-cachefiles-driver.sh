@@ -15,10 +15,6 @@
 . "$VM_PAYLOAD/bench/env"
 B=/b
 
-field() { # MNT KEY: a field of MNT's entry in ferry mount --list --json
-	ferry mount --list --json "$1" 2>/dev/null |
-		sed -n "s/^ *\"$2\": *\"\{0,1\}\([^\",]*\)\"\{0,1\},\{0,1\}$/\1/p" | head -n 1
-}
 # /proc/uptime: centiseconds, enough for runs of a second or more.
 now() { cut -d' ' -f1 /proc/uptime; }
 since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.2f", b - a }'; }
@@ -36,7 +32,7 @@ rotate() { # ROUND NAMES...
 }
 # Unmount MNT and end the ferryd serving it (a fresh ferryd per cold run).
 stop() { # MNT
-	_pid=$(field "$1" pid)
+	_pid=$(vm_field "$1" pid)
 	ferry umount "$1" || return 1
 	[ -z "$_pid" ] && return 0
 	kill "$_pid" 2>/dev/null
@@ -79,7 +75,7 @@ while [ $r -le "$RUNS" ]; do
 			exit 1
 		fi
 		t=$(since "$t0")
-		f=$(field /mnt/cold bytesFetched)
+		f=$(vm_field /mnt/cold bytesFetched)
 		[ "$mode" = local ] && f=-
 		stop /mnt/cold
 		result "cold $mode $r $t ${f:-?} $tm $t1"
@@ -100,11 +96,11 @@ vm_check "mount cachefiles, local and fuse (--prefetch-all)" sh -c '
 	exit 1
 vm_check "fill cachefiles' cache files (tar of the whole tree)" sh -c \
 	'tar cf - -C /mnt/cf . | cat >/dev/null'
-full() { [ "$(field /mnt/fuse chunksPresent)" = "$(field /mnt/fuse chunksTotal)" ]; }
+full() { [ "$(vm_field /mnt/fuse chunksPresent)" = "$(vm_field /mnt/fuse chunksTotal)" ]; }
 vm_check "the FUSE mount's prefetch completes" vm_wait 300 full
 find /mnt/local -type f -size -64k | shuf | head -n 300 | sed 's|^/mnt/local/||' >/tmp/small.list
 vm_diag "small files: $(wc -l </tmp/small.list) of at most 64 KiB"
-f0=$(field /mnt/cf bytesFetched)
+f0=$(vm_field /mnt/cf bytesFetched)
 
 seq_read() { tar cf - -C "$1" . | cat >/dev/null; }
 small() { (cd "$1" && xargs cat </tmp/small.list >/dev/null); }
@@ -124,7 +120,7 @@ for w in seq_read small walk; do
 		r=$((r + 1))
 	done
 done
-f=$(field /mnt/cf bytesFetched)
+f=$(vm_field /mnt/cf bytesFetched)
 vm_check "the warm runs fetched nothing through cachefiles ($f0 B before, $f B after)" [ "$f0" = "$f" ]
 vm_ok "warm: $RUNS rounds of sequential, small-file and metadata-walk reads"
 for m in cf fuse local; do ferry umount /mnt/$m; done

@@ -72,7 +72,7 @@ same_as_layout() { # LAYOUT TAG KIND...
 	check "skopeo writes the $* archives of $tag" make_archives "$lay" "$tag" "$@" || return
 	check "convert oci:$tag dir:" "$FERRY" convert -q "oci:$lay:$tag" "dir:$SCRATCH/dir-$tag" || return
 	check "convert oci:$tag oci:" "$FERRY" convert -q "oci:$lay:$tag" "oci:$OUTL:$tag" || return
-	check "ferry mount --mode local oci: ($tag)" mount_image "oci:$OUTL:$tag" "$mnt" || return
+	check "ferry mount --mode local oci: ($tag)" mount_local "oci:$OUTL:$tag" "$mnt" || return
 	for kind in "$@"; do
 		ref=$kind-archive:$A/$tag.$kind.tar
 		[ $kind = oci ] && ref=$ref:$tag
@@ -91,12 +91,12 @@ same_as_layout() { # LAYOUT TAG KIND...
 		expect "dev.ferry.source-manifest names the $kind-archive:'s manifest, if any ($tag)" \
 			[ "$(annotation_of "$tag-$kind" dev.ferry.source-manifest)" = "$want" ]
 		if check "ferry mount --mode local oci: from $kind-archive: ($tag)" \
-			mount_image "oci:$OUTL:$tag-$kind" "$mnt-$kind"; then
+			mount_local "oci:$OUTL:$tag-$kind" "$mnt-$kind"; then
 			check "treecmp oci: == $kind-archive: ($tag)" python3 "$TREECMP" "$mnt" "$mnt-$kind"
-			check "ferry umount ($tag, $kind-archive:)" ferry_umount "$mnt-$kind"
+			check "ferry umount ($tag, $kind-archive:)" umount_local "$mnt-$kind"
 		fi
 	done
-	check "ferry umount ($tag)" ferry_umount "$mnt"
+	check "ferry umount ($tag)" umount_local "$mnt"
 }
 
 # edit: three layers full of whiteouts, type changes and hardlinks.

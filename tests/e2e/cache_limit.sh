@@ -125,9 +125,9 @@ expect_sh "the lazy image's own data is several fetch windows (${lazy_u} bytes)"
 MF=$SCRATCH/m-fuse
 MN=$SCRATCH/m-fan
 check "mount --mode fuse --cache-max-size $LIMIT --cache-min-free 0" \
-	fmount "$PIMG" "$MF" --cache-max-size "$LIMIT" --cache-min-free 0 || e2e_done
+	mount_lazy fuse "$PIMG" "$MF" --cache-max-size "$LIMIT" --cache-min-free 0 || e2e_done
 check "mount --mode fanotify of the same image, same cache and ferryd" \
-	fnmount "$PIMG" "$MN" || e2e_done
+	mount_lazy fanotify "$PIMG" "$MN" || e2e_done
 
 sampler_start
 declare -A fetched
@@ -178,8 +178,8 @@ else
 fi
 check "ferry cache ls shows the usage against the limit" bash -c \
 	'"$1" cache --cache-dir "$2" ls | grep -q "limit $3"' _ "$FERRY" "$FCACHE" "$LIMIT"
-check "ferry umount (fanotify)" fumount "$MN"
-check "ferry umount (fuse)" fumount "$MF"
+check "ferry umount (fanotify)" umount_lazy "$MN"
+check "ferry umount (fuse)" umount_lazy "$MF"
 
 # --- kill -9 while evicting ----------------------------------------------------
 # A tiny limit keeps ferryd evicting while a reader fetches; it is killed at
@@ -187,7 +187,7 @@ check "ferry umount (fuse)" fumount "$MF"
 tiny=$((base_usage + (2 << 20)))
 bad=0 rounds=0 evicted=0
 for delay in 1.5 2.0 2.6 3.2 3.9; do
-	fmount "$PIMG" "$MF" --cache-max-size "$tiny" --cache-min-free 0 2>"$LOG" || break
+	mount_lazy fuse "$PIMG" "$MF" --cache-max-size "$tiny" --cache-min-free 0 2>"$LOG" || break
 	hashtree "$MF" shuffle 7 >/dev/null 2>&1 &
 	reader=$!
 	sleep "$delay"

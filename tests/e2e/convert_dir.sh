@@ -87,7 +87,7 @@ roundtrip() { # NAME CHUNK_SIZE CODEC [convert options]
 	check "ferry.json agrees with bootstrap and blobs ($name)" \
 		verify_index "$out" "$chunk" "$codec"
 	check "ferry check ($name)" "$FERRY" check "dir:$out"
-	if ! check "ferry mount --mode local ($name)" ferry_mount "$out" "$mnt"; then
+	if ! check "ferry mount --mode local ($name)" mount_local "dir:$out" "$mnt"; then
 		return 1
 	fi
 	expect "kernel EROFS mount at the mount point ($name)" mounted_erofs "$mnt"
@@ -99,7 +99,7 @@ roundtrip() { # NAME CHUNK_SIZE CODEC [convert options]
 	# shellcheck disable=SC2046
 	check "dump.erofs -s reads the superblock ($name)" \
 		dump.erofs -s $(erofs_devices "$out") "$out/bootstrap"
-	check "ferry umount ($name)" ferry_umount "$mnt"
+	check "ferry umount ($name)" umount_local "$mnt"
 	expect "nothing left mounted at the mount point ($name)" \
 		eval '! is_mounted "$mnt"'
 }
@@ -133,27 +133,16 @@ rm -rf "$SCRATCH/extract"
 # Determinism: the same tree converted again, and a second copy of the
 # tree built independently (other inode numbers, other creation order in
 # time), give byte-identical images.
-same_image() { # OUT1 OUT2
-	local f rc=0
-	for f in bootstrap ferry.json; do
-		cmp "$1/$f" "$2/$f" || rc=1
-	done
-	diff <(cd "$1/blobs/sha256" && ls) <(cd "$2/blobs/sha256" && ls) || return 1
-	for f in "$1"/blobs/sha256/*; do
-		cmp "$f" "$2/blobs/sha256/$(basename "$f")" || rc=1
-	done
-	return $rc
-}
 if check "convert again (default)" "$FERRY" convert "dir:$FX" "dir:$SCRATCH/again" -q; then
 	check "determinism: converting twice gives identical bytes" \
-		same_image "$OUT" "$SCRATCH/again"
+		same_image "$OUT" "$SCRATCH/again" ferry.json
 fi
 rm -rf "$SCRATCH/again"
 make_fixture "$SCRATCH/fixture2"
 if check "convert an independently built copy of the fixture" \
 	"$FERRY" convert "dir:$SCRATCH/fixture2" "dir:$SCRATCH/again2" -q; then
 	check "determinism: identical tree built separately gives identical bytes" \
-		same_image "$OUT" "$SCRATCH/again2"
+		same_image "$OUT" "$SCRATCH/again2" ferry.json
 fi
 rm -rf "$SCRATCH/again2" "$SCRATCH/fixture2"
 
@@ -224,16 +213,16 @@ EOF
 before=$(dev_state "$OUT")
 MNT=$SCRATCH/mnt-again
 MNT2=$SCRATCH/mnt-again2
-if check "mount the default image again" ferry_mount "$OUT" "$MNT"; then
-	if check "mount it a second time at once" ferry_mount "$OUT" "$MNT2"; then
+if check "mount the default image again" mount_local "dir:$OUT" "$MNT"; then
+	if check "mount it a second time at once" mount_local "dir:$OUT" "$MNT2"; then
 		check "both mounts read the 3-chunk file" bash -c \
 			'cmp "$1" "$2" && cmp "$1" "$3"' _ "$FX/files/multi_3m" \
 			"$MNT/files/multi_3m" "$MNT2/files/multi_3m"
-		check "ferry umount (second mount)" ferry_umount "$MNT2"
+		check "ferry umount (second mount)" umount_local "$MNT2"
 	fi
 	after=$(dev_state "$OUT")
 	expect "remount reuses the cache data files" [ "$before" = "$after" ]
-	check "ferry umount (again)" ferry_umount "$MNT"
+	check "ferry umount (again)" umount_local "$MNT"
 fi
 
 # A sparse file over 4 GiB: 64-bit size (extended inode) and 4097 chunk
@@ -254,7 +243,7 @@ OUT=$SCRATCH/out-bigsparse
 MNT=$SCRATCH/mnt-bigsparse
 if check "convert a sparse 4 GiB + 12345 file" "$FERRY" convert "dir:$BIG" "dir:$OUT" -q; then
 	check "ferry check (4 GiB sparse)" "$FERRY" check "dir:$OUT"
-	if check "ferry mount --mode local (4 GiB sparse)" ferry_mount "$OUT" "$MNT"; then
+	if check "ferry mount --mode local (4 GiB sparse)" mount_local "dir:$OUT" "$MNT"; then
 		check "treecmp source == mount, attributes (4 GiB sparse)" \
 			python3 "$TREECMP" --ignore content "$BIG" "$MNT"
 		# Both data ends plus 1 MiB samples across the holes (reading all
@@ -271,7 +260,7 @@ for off in offs:
     if a.read(1 << 20) != b.read(1 << 20):
         sys.exit("differs in the MiB at offset %d" % off)
 EOF
-		check "ferry umount (4 GiB sparse)" ferry_umount "$MNT"
+		check "ferry umount (4 GiB sparse)" umount_local "$MNT"
 	fi
 	check "blob holds only the two data chunks" \
 		test "$(index_get "$OUT" 'sum(b["uncompressedSize"] for b in j["blobs"])')" -le $((2 * MiB))

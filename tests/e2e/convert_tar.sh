@@ -38,22 +38,12 @@ tar_roundtrip() { # NAME TARFILE REF [treecmp options]
 	shift 3
 	check "convert tar: ($name)" "$FERRY" convert "tar:$tarfile" "dir:$out" -q || return 1
 	check "ferry check ($name)" "$FERRY" check "dir:$out"
-	check "ferry mount --mode local ($name)" ferry_mount "$out" "$mnt" || return 1
+	check "ferry mount --mode local ($name)" mount_local "dir:$out" "$mnt" || return 1
 	check "treecmp reference == mount ($name)" python3 "$TREECMP" "$@" "$ref" "$mnt"
 	# shellcheck disable=SC2046
 	check "fsck.erofs accepts the image ($name)" \
 		fsck.erofs $(erofs_devices "$out") "$out/bootstrap"
-	check "ferry umount ($name)" ferry_umount "$mnt"
-}
-
-same_image() { # OUT1 OUT2
-	local f rc=0
-	cmp "$1/bootstrap" "$2/bootstrap" || rc=1
-	diff <(cd "$1/blobs/sha256" && ls) <(cd "$2/blobs/sha256" && ls) || return 1
-	for f in "$1"/blobs/sha256/*; do
-		cmp "$f" "$2/blobs/sha256/$(basename "$f")" || rc=1
-	done
-	return $rc
+	check "ferry umount ($name)" umount_local "$mnt"
 }
 
 tar_roundtrip plain "$T/layer-plain" "$FX" "${NOT_IN_TAR[@]}"
@@ -160,7 +150,7 @@ MNT=$SCRATCH/mnt-bigx
 if check "convert tar: with 60000- and 65535-byte xattr values" \
 	"$FERRY" convert "tar:$T/bigx.tar" "dir:$OUT" -q; then
 	check "ferry check (big xattrs)" "$FERRY" check "dir:$OUT"
-	if check "ferry mount --mode local (big xattrs)" ferry_mount "$OUT" "$MNT"; then
+	if check "ferry mount --mode local (big xattrs)" mount_local "dir:$OUT" "$MNT"; then
 		check "big xattr values read back through the kernel" python3 - "$MNT/big" <<'EOF'
 import os, sys
 p = sys.argv[1]
@@ -176,7 +166,7 @@ EOF
 		# shellcheck disable=SC2046
 		check "fsck.erofs accepts the image (big xattrs)" \
 			fsck.erofs $(erofs_devices "$OUT") "$OUT/bootstrap"
-		check "ferry umount (big xattrs)" ferry_umount "$MNT"
+		check "ferry umount (big xattrs)" umount_local "$MNT"
 	fi
 fi
 

@@ -36,8 +36,8 @@ F=$SCRATCH/m-fuse
 N=$SCRATCH/m-fan
 HAVE_FAN=
 check "ferryd" "$FERRYD" --socket "$FSOCK" --persistent || e2e_done
-check "FUSE mount" fmount "$PIMG" "$F" || e2e_done
-if [ -z "${FAILOVER_FUSE_ONLY:-}" ] && fnmount "$PIMG" "$N" 2>"$LOG"; then
+check "FUSE mount" mount_lazy fuse "$PIMG" "$F" || e2e_done
+if [ -z "${FAILOVER_FUSE_ONLY:-}" ] && mount_lazy fanotify "$PIMG" "$N" 2>"$LOG"; then
 	HAVE_FAN=1
 	ok "fanotify mount"
 else
@@ -313,7 +313,7 @@ expect "no request reached the registry while it was down (${n:-?})" test "${n:-
 fp_set none
 
 for m in "${MNTS[@]}"; do
-	check "ferry umount $(mname "$m")" fumount "$m"
+	check "ferry umount $(mname "$m")" umount_lazy "$m"
 done
 # Failover must not hide a crash: the daemons' stderr is this log.
 expect "no sanitizer report and no crash in the log of the ferryds" \

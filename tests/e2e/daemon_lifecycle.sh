@@ -105,13 +105,13 @@ expect "status names the pid" grep -q "pid $pid," "$SCRATCH/status"
 expect "status names the idle timeout" grep -q "idle exit: *2 s" "$SCRATCH/status"
 expect "status: 0 mounts" grep -q "mounts: *0$" "$SCRATCH/status"
 M=$SCRATCH/m-idle
-check "fuse mount on the idle-timeout ferryd" fmount "$IMG" "$M"
+check "fuse mount on the idle-timeout ferryd" mount_lazy fuse "$IMG" "$M"
 sleep 3.5
 expect "a ferryd with a mount outlives its idle timeout" kill -0 "$pid"
 expect "status counts the mount by mode" \
 	bash -c '"$0" daemon status --socket "$1" | grep -q "mounts: *1 (1 fuse)"' "$FERRY" "$FSOCK"
 check "read a file" cmp "$M/$F" "$ref/$F"
-check "umount" fumount "$M"
+check "umount" umount_lazy "$M"
 t0=$(now_ms)
 expect "ferryd exits within its idle timeout (+4 s) of the last umount" wait_gone 6 "$pid"
 echo "# idle exit $(($(now_ms) - t0)) ms after the umount (timeout 2 s)"
@@ -121,11 +121,11 @@ check_exit "ferry daemon status: 3 when none runs" 3 "$FERRY" daemon status --so
 expect "status says no ferryd" grep -q "no ferryd on $FSOCK" "$LOG"
 expect "status --json: running false" \
 	bash -c '"$0" daemon status --json --socket "$1" | grep -q "\"running\":false"' "$FERRY" "$FSOCK"
-check "the next ferry mount starts a new ferryd" fmount "$IMG" "$M"
+check "the next ferry mount starts a new ferryd" mount_lazy fuse "$IMG" "$M"
 check "and reads through it" cmp "$M/$F" "$ref/$F"
 expect "a ferryd started by ferry mount is not persistent (idle timeout 300 s)" \
 	bash -c '"$0" daemon status --json --socket "$1" | grep -q "\"idleTimeout\":300"' "$FERRY" "$FSOCK"
-check "umount" fumount "$M"
+check "umount" umount_lazy "$M"
 check "ferry daemon stop (no mounts)" "$FERRY" daemon stop --socket "$FSOCK"
 expect "no ferryd left on the socket" [ -z "$(daemon_pids)" ]
 
@@ -139,7 +139,7 @@ expect "status says persistent" \
 
 # ---- ferry daemon stop ------------------------------------------------
 M=$SCRATCH/m-stop
-check "fuse mount on the persistent ferryd" fmount "$IMG" "$M"
+check "fuse mount on the persistent ferryd" mount_lazy fuse "$IMG" "$M"
 check_exit "ferry daemon stop refuses while a mount is served" 1 "$FERRY" daemon stop --socket "$FSOCK"
 expect "the refusal names the mount and --force" grep -q "$(realpath "$M").*--force" "$LOG"
 expect "ferryd still runs, the mount still reads" cmp "$M/$F" "$ref/$F"
@@ -158,13 +158,13 @@ poll 10 test -S "$FSOCK"
 M=$SCRATCH/m-sd
 # The first connection makes systemd-socket-activate exec ferryd with the
 # socket as descriptor 3; the mount request waits in its queue meanwhile.
-check "fuse mount through a socket-activated ferryd" fmount "$IMG" "$M"
+check "fuse mount through a socket-activated ferryd" mount_lazy fuse "$IMG" "$M"
 expect "it is the activated ferryd (the activator's pid) that serves" \
 	bash -c '"$0" daemon status --json --socket "$1" | grep -q "\"pid\":$2,"' "$FERRY" "$FSOCK" "$sdpid"
 expect "status says socket-activated" \
 	bash -c '"$0" daemon status --socket "$1" | grep -q "(socket-activated)"' "$FERRY" "$FSOCK"
 check "read through it" cmp "$M/$F" "$ref/$F"
-check "umount" fumount "$M"
+check "umount" umount_lazy "$M"
 expect "the activated ferryd exits when idle" wait_gone 6 "$sdpid"
 expect "and leaves systemd's socket file in place" [ -S "$FSOCK" ]
 expect "its log says it took the socket from systemd" grep -q "socket from systemd" "$SCRATCH/sd.err"
@@ -220,8 +220,8 @@ check "ferryd --metrics-listen (TCP and unix) starts" "$FERRYD" --socket "$FSOCK
 	--metrics-listen "127.0.0.1:$port" --metrics-listen "unix:$FDIR/metrics.sock"
 M=$SCRATCH/m-fuse
 N=$SCRATCH/m-fan
-check "fuse mount" fmount "$IMG" "$M"
-check "fanotify mount" fnmount "$IMG" "$N"
+check "fuse mount" mount_lazy fuse "$IMG" "$M"
+check "fanotify mount" mount_lazy fanotify "$IMG" "$N"
 Mr=$(realpath "$M")
 Nr=$(realpath "$N")
 check "ferry metrics" "$FERRY" metrics --socket "$FSOCK"
@@ -287,8 +287,8 @@ wait "$silent" 2>/dev/null
 check_exit "--metrics-listen with a malformed address fails at start" 1 \
 	"$FERRYD" --socket "$SCRATCH/bad.sock" --metrics-listen nohost
 expect "  ... naming the address and the expected forms" grep -q "nohost.*unix:/PATH or HOST:PORT" "$LOG"
-check "umount fuse" fumount "$M"
-check "umount fanotify" fumount "$N"
+check "umount fuse" umount_lazy "$M"
+check "umount fanotify" umount_lazy "$N"
 # An unmount ends the FUSE keeper's connection: that is no keeper dying
 # (it said so), so nothing restarts it and the counter stays 0.
 sleep 0.5
@@ -312,7 +312,7 @@ expect "ferryd-keeper links no libcurl, OpenSSL, libfuse or codec library" \
 lazy_use keeper
 M=$SCRATCH/m-keeper
 check "ferryd starts" "$FERRYD" --socket "$FSOCK" --persistent
-check "fuse mount" fmount "$IMG" "$M"
+check "fuse mount" mount_lazy fuse "$IMG" "$M"
 kpid=$(mount_field "$M" keeperPid)
 expect "the mount's keeper (pid ${kpid:-none}) runs ferryd-keeper fuse" is_keeper "${kpid:-none}"
 if grep -q libasan "$SCRATCH/keeper.ldd"; then
@@ -330,20 +330,20 @@ expect "  ... /dev/fuse at 3" [ "$(readlink "/proc/$kpid/fd/3")" = /dev/fuse ]
 kppid=$(awk '/^PPid:/ { print $2 }' "/proc/$kpid/status" 2>/dev/null)
 expect "  ... and its parent (${kppid:-none}) is no ferryd" \
 	bash -c '[ -n "$0" ] && ! grep -qx "$0" <<<"$1"' "$kppid" "$(ferryd_pids daemon "$FSOCK")"
-check "umount" fumount "$M"
+check "umount" umount_lazy "$M"
 check "ferry daemon stop" "$FERRY" daemon stop --socket "$FSOCK"
 # ferry and ferryd copied without ferryd-keeper next to them.
 mkdir -p "$SCRATCH/nokeeper"
 cp "$FERRY" "$FERRYD" "$SCRATCH/nokeeper/"
 lazy_use nokeeper
 check "a ferryd without ferryd-keeper starts" "$SCRATCH/nokeeper/ferryd" --socket "$FSOCK" --persistent
-FERRY=$SCRATCH/nokeeper/ferry check "a FUSE mount through it works" fmount "$IMG" "$M"
+FERRY=$SCRATCH/nokeeper/ferry check "a FUSE mount through it works" mount_lazy fuse "$IMG" "$M"
 expect "  ... and reads" cmp "$M/$F" "$ref/$F"
 expect "ferryd's log names the missing keeper program" grep -q "nokeeper/ferryd-keeper: No such file" "$FLOG"
 expect "  ... and says the mount has no failover" grep -q "no keeper yet.*if ferryd dies the mount is not taken over" "$FLOG"
 check_exit "ferry daemon upgrade refuses while a mount has no keeper" 1 \
 	"$SCRATCH/nokeeper/ferry" daemon upgrade --socket "$FSOCK"
-check "umount" fumount "$M"
+check "umount" umount_lazy "$M"
 check "ferry daemon stop" "$SCRATCH/nokeeper/ferry" daemon stop --socket "$FSOCK"
 
 e2e_done

@@ -50,8 +50,8 @@ N=$SCRATCH/m-fan
 # Attempts enough to ride out the 503 bursts and cut bodies, not the
 # down windows: one request may meet every fault of a cycle (7, below),
 # since the others wait on its chunks, so it gets 8 attempts.
-check "fuse mount through the flaky proxy" fmount "$SIMG" "$M" --retries 8
-check "fanotify mount through the flaky proxy" fnmount "$SIMG" "$N" --retries 8
+check "fuse mount through the flaky proxy" mount_lazy fuse "$SIMG" "$M" --retries 8
+check "fanotify mount through the flaky proxy" mount_lazy fanotify "$SIMG" "$N" --retries 8
 
 # The readers: THREADS threads over ROOT until DEADLINE (unix time), each
 # picking random files of the reference list, dropping their pages first
@@ -175,8 +175,8 @@ echo "# ferryd peak RSS during the soak: $((peak_rss >> 20)) MiB"
 rss_ok "ferryd's peak RSS stayed under 64 MiB" "$peak_rss"
 expect "the mounts still serve the whole tree right once the registry is back" \
 	bash -c 'cmp "$0/usr/bin/bash" "$2/usr/bin/bash" && cmp "$1/usr/bin/bash" "$2/usr/bin/bash"' "$M" "$N" "$ref"
-check "umount fuse" fumount "$M"
-check "umount fanotify" fumount "$N"
+check "umount fuse" umount_lazy "$M"
+check "umount fanotify" umount_lazy "$N"
 
 # ---- 50 images in one ferryd -------------------------------------------
 lazy_use many
@@ -189,7 +189,7 @@ for i in $(seq 50); do
 	echo "image $i" >"$d/name"
 	"$FERRY" convert -q "dir:$d" "dir:$SCRATCH/many/img$i" 2>>"$LOG" || break
 	mkdir -p "$SCRATCH/many/m$i"
-	fmount "dir:$SCRATCH/many/img$i" "$SCRATCH/many/m$i" 2>>"$LOG" || break
+	mount_lazy fuse "dir:$SCRATCH/many/img$i" "$SCRATCH/many/m$i" 2>>"$LOG" || break
 	ok_imgs=$i
 done
 expect "50 images converted and mounted by one ferryd" [ "$ok_imgs" -eq 50 ]

@@ -92,9 +92,9 @@ convert_tag() { # TAG NLAYERS [--compress CODEC [--no-fragments]] [treecmp args]
 	ref=$SCRATCH/bundle-${tag%-*}/rootfs # one unpack per source image
 	[ -d "$ref" ] || umoci_ref "$FIX:${tag%-*}" "$SCRATCH/bundle-${tag%-*}" >/dev/null ||
 		{ notok "umoci unpack $tag"; return 1; }
-	if check "$tag: ferry mount --mode local (overlayfs of the layers)" mount_image "oci:$OUTL:$tag" "$mnt"; then
+	if check "$tag: ferry mount --mode local (overlayfs of the layers)" mount_local "oci:$OUTL:$tag" "$mnt"; then
 		check "$tag: treecmp umoci unpack == overlay stack $*" python3 "$TREECMP" "$@" "$ref" "$mnt"
-		check "$tag: ferry umount" ferry_umount "$mnt"
+		check "$tag: ferry umount" umount_local "$mnt"
 		check "$tag: nothing left mounted" test -z "$(findmnt -n "$mnt")"
 	fi
 }
@@ -136,10 +136,10 @@ if reg_start anon 2>"$LOG"; then
 	check "convert --format erofs-layers --compress lz4 -> docker://" \
 		"$FERRY" convert -q --format erofs-layers --compress lz4 "oci:$FIX:edit" "$IMG"
 	if check "ferry mount --mode local docker:// (native layers)" \
-		mount_image "$IMG" "$SCRATCH/mnt-reg"; then
+		mount_local "$IMG" "$SCRATCH/mnt-reg"; then
 		check "treecmp umoci unpack == overlay stack from the registry" \
 			python3 "$TREECMP" --ignore nlink "$SCRATCH/bundle-edit/rootfs" "$SCRATCH/mnt-reg"
-		check "umount" ferry_umount "$SCRATCH/mnt-reg"
+		check "umount" umount_local "$SCRATCH/mnt-reg"
 	fi
 	check "the three layers are in the cache" \
 		test "$(find "$CACHE/erofs-layers" -type f | wc -l)" = 3
@@ -173,7 +173,7 @@ J
 "${MKLAYER[@]}" add-layer "$L" - l1 "$SCRATCH/l1.tar" >/dev/null
 "${MKLAYER[@]}" add-layer "$L" l1 t "$SCRATCH/l2.tar" >/dev/null
 check "whiteout image converts" "$FERRY" convert -q --format erofs-layers "oci:$L:t" "oci:$OUTL:wh"
-if check "whiteout image mounts" mount_image "oci:$OUTL:wh" "$SCRATCH/mnt-wh"; then
+if check "whiteout image mounts" mount_local "oci:$OUTL:wh" "$SCRATCH/mnt-wh"; then
 	check "whiteouts hide, opaque d hides lower children, a/ keeps its lower attributes, escaped xattr reads back" \
 		tree_expect "$SCRATCH/mnt-wh" <<'J'
 [{"path": "a", "type": "dir", "mode": 448, "uid": 5}, {"path": "a/y", "data": "y\n"},
@@ -181,7 +181,7 @@ if check "whiteout image mounts" mount_image "oci:$OUTL:wh" "$SCRATCH/mnt-wh"; t
  {"path": "f", "data": "f\n", "xattrs": {"trusted.overlay.opaque": "y", "user.k": "v"}},
  {"path": "new", "type": "dir"}, {"path": "new/deep", "type": "dir"}, {"path": "new/deep/g", "data": "g\n"}]
 J
-	check "umount" ferry_umount "$SCRATCH/mnt-wh"
+	check "umount" umount_local "$SCRATCH/mnt-wh"
 fi
 
 # A hardlink to a lower file that an opaque directory in between hides:
@@ -210,7 +210,7 @@ J
 "${MKLAYER[@]}" add-layer "$L" h1 t "$SCRATCH/h2.tar" >/dev/null
 check "cross-layer hardlink image converts" \
 	"$FERRY" convert -q --format erofs-layers "oci:$L:t" "oci:$OUTL:hl"
-if check "cross-layer hardlink image mounts (--mode local)" mount_image "oci:$OUTL:hl" "$SCRATCH/mnt-hl"; then
+if check "cross-layer hardlink image mounts (--mode local)" mount_local "oci:$OUTL:hl" "$SCRATCH/mnt-hl"; then
 	if ref=$(umoci_ref "$L:t" "$SCRATCH/bundle-hl" 2>"$LOG"); then
 		check "cross-layer hardlink: treecmp umoci unpack == overlay stack, link counts included" \
 			python3 "$TREECMP" "$ref" "$SCRATCH/mnt-hl"
@@ -221,7 +221,7 @@ if check "cross-layer hardlink image mounts (--mode local)" mount_image "oci:$OU
 	expect "  ... a/x and b/y are one inode, nlink 2" sh -c \
 		'[ "$(stat -c "%i %h" "$1/a/x")" = "$(stat -c "%i %h" "$1/b/y")" ] && [ "$(stat -c %h "$1/a/x")" = 2 ]' \
 		_ "$SCRATCH/mnt-hl"
-	check "umount" ferry_umount "$SCRATCH/mnt-hl"
+	check "umount" umount_local "$SCRATCH/mnt-hl"
 fi
 
 "${MKLAYER[@]}" tar "$SCRATCH/c0.tar" - <<'J'

@@ -83,7 +83,7 @@ echo "# $(wc -l <"$SCRATCH/blobs.txt") layers, $DATA_C bytes, $META of them meta
 lazy_use startup
 M=$SCRATCH/m-startup
 fp_mark
-if check "mount --mode fanotify (through the proxy, fresh cache)" fnmount "$PIMG" "$M"; then
+if check "mount --mode fanotify (through the proxy, fresh cache)" mount_lazy fanotify "$PIMG" "$M"; then
 	t=$(fstype "$M")
 	expect_sh "the mount point is an overlay (${t:-not mounted})" '[ "$t" = overlay ]'
 	mode=$(mount_field "$M" mode 2>&1)
@@ -107,7 +107,7 @@ if check "mount --mode fanotify (through the proxy, fresh cache)" fnmount "$PIMG
 	tables=$(awk '{ t += $2 - $3 } END { print t }' "$SCRATCH/blobs.txt")
 	expect_sh "ferry's stats: bytes fetched match the registry traffic ($s_fetched + tables $tables vs $mf + $f)" \
 		'[ $((s_fetched + tables)) -eq $((mf + f)) ]'
-	check "ferry umount" fumount "$M"
+	check "ferry umount" umount_lazy "$M"
 fi
 
 # Two checks on $M, whose ranges are all cached: the tree equals the
@@ -123,7 +123,7 @@ read_all_cached() { # WHAT
 # --- the whole tree, a remount, prefetch ----------------------------------------
 lazy_use tree
 M=$SCRATCH/m-tree
-if check "mount --mode fanotify (fresh cache)" fnmount "$PIMG" "$M"; then
+if check "mount --mode fanotify (fresh cache)" mount_lazy fanotify "$PIMG" "$M"; then
 	fp_mark
 	# Overlayfs cannot link across layers (erofs_layers.sh).
 	check "treecmp umoci unpack == lazy native-layer mount" \
@@ -131,27 +131,27 @@ if check "mount --mode fanotify (fresh cache)" fnmount "$PIMG" "$M"; then
 	f=$(fp_data_bytes)
 	expect_sh "a full read fetched at most the layers once ($f of $DATA_C B)" \
 		'[ "$f" -gt 0 ] && [ "$f" -le "$DATA_C" ]'
-	check "ferry umount (tree)" fumount "$M"
+	check "ferry umount (tree)" umount_lazy "$M"
 	# The cache keeps layers like blobs: verified by their ranges' sha256,
 	# kept by gc while the image is recorded.
 	check "ferry cache verify: every present range matches its sha256" \
 		"$FERRY" cache --cache-dir "$FCACHE" verify
 	check "ferry cache gc keeps the recorded image's layers" \
 		"$FERRY" cache --cache-dir "$FCACHE" gc
-	check "mount again with the same cache" fnmount "$PIMG" "$M"
+	check "mount again with the same cache" mount_lazy fanotify "$PIMG" "$M"
 	read_all_cached "the remount"
-	check "ferry umount (remount)" fumount "$M"
+	check "ferry umount (remount)" umount_lazy "$M"
 fi
 lazy_use pfall
 M=$SCRATCH/m-pfall
-if check "mount --mode fanotify --prefetch-all" fnmount "$PIMG" "$M" --prefetch-all; then
+if check "mount --mode fanotify --prefetch-all" mount_lazy fanotify "$PIMG" "$M" --prefetch-all; then
 	if poll 60 all_present; then
 		ok "--prefetch-all: every range present without reads"
 	else
 		notok "--prefetch-all: every range present without reads (waited 60 s)"
 	fi
 	read_all_cached "--prefetch-all"
-	check "ferry umount (prefetch-all)" fumount "$M"
+	check "ferry umount (prefetch-all)" umount_lazy "$M"
 fi
 
 # --- one layer: attached directly, no overlay ----------------------------------------
@@ -160,7 +160,7 @@ M=$SCRATCH/m-one
 if check "convert oci:base (one layer) -> docker:// --format erofs-layers" \
 	"$FERRY" convert -q --format erofs-layers "oci:$FIX:base" "docker://$REG/ferry/native:base" &&
 	refbase=$(umoci_ref "$FIX:base" "$SCRATCH/bundle-base" 2>"$LOG") &&
-	check "mount --mode fanotify (one layer)" fnmount "docker://$REG/ferry/native:base" "$M"; then
+	check "mount --mode fanotify (one layer)" mount_lazy fanotify "docker://$REG/ferry/native:base" "$M"; then
 	t=$(fstype "$M")
 	expect_sh "a one-layer image is the layer's kernel EROFS itself (${t:-not mounted})" \
 		'[ "$t" = erofs ]'
@@ -170,16 +170,16 @@ if check "convert oci:base (one layer) -> docker:// --format erofs-layers" \
 	# digest): one cache file, marked by both mounts' groups, mounted by
 	# both stacks.
 	M2=$SCRATCH/m-one-edit
-	if check "mount the edit image beside it (they share the base layer)" fnmount "$PIMG" "$M2"; then
+	if check "mount the edit image beside it (they share the base layer)" mount_lazy fanotify "$PIMG" "$M2"; then
 		readers_start shared "$M2" 170 sorted shuffle
 		check "treecmp base again, while the edit image is read" \
 			timeout 180 python3 "$TREECMP" "$refbase" "$M"
 		readers_wait
 		readers_agree "the edit image's readers, beside it: every digest equals the reference" \
 			"$SCRATCH/ref.sums"
-		check "ferry umount (edit, beside base)" fumount "$M2"
+		check "ferry umount (edit, beside base)" umount_lazy "$M2"
 	fi
-	check "ferry umount (one layer)" fumount "$M"
+	check "ferry umount (one layer)" umount_lazy "$M"
 fi
 
 # --- a damaged range --------------------------------------------------------------
@@ -201,7 +201,7 @@ with open(sys.argv[1], "r+b") as f:
 damage data
 lazy_use damaged
 M=$SCRATCH/m-damaged
-if check "mount --mode fanotify with a damaged data range in the top layer" fnmount "$IMG" "$M"; then
+if check "mount --mode fanotify with a damaged data range in the top layer" mount_lazy fanotify "$IMG" "$M"; then
 	out=$(damaged_counts "$M" "$SCRATCH/ref.sums")
 	read -r eio wrong other good <<<"$out"
 	echo "# damaged data range: $eio files EIO, $wrong wrong, $other other errors, $good right"
@@ -209,22 +209,22 @@ if check "mount --mode fanotify with a damaged data range in the top layer" fnmo
 		'[ "$wrong" -eq 0 ] && [ "$other" -eq 0 ] && [ "$eio" -ge 1 ] && [ "$good" -gt 100 ]'
 	check "ferryd's log names the layer range that failed to verify" \
 		grep -q "sha256" "$FLOG"
-	check "ferry umount (damaged)" fumount "$M"
+	check "ferry umount (damaged)" umount_lazy "$M"
 fi
 damage meta
 lazy_use damaged-meta
 check_fails "a damaged metadata range: the mount is refused" "" \
-	fnmount "$IMG" "$SCRATCH/m-dmeta"
+	mount_lazy fanotify "$IMG" "$SCRATCH/m-dmeta"
 expect_sh "nothing is mounted there" '! is_mounted "$SCRATCH/m-dmeta"'
 cp "$SCRATCH/layer.orig" "$DMG_STORED"
 
 # --- refusals ------------------------------------------------------------------------
 lazy_use refuse
 check_fails "--mode fuse is refused, naming fanotify, cachefiles and local" "in fanotify (Linux 6.14+, cache on ext4, xfs or btrfs) and cachefiles modes" \
-	ferryd_mount fuse "$IMG" "$SCRATCH/m-fuse"
+	mount_lazy fuse "$IMG" "$SCRATCH/m-fuse"
 printf '/etc/os-release\n' >"$SCRATCH/pf.list"
 check_fails "--prefetch-files is refused" "prefetch-files needs ferry's format" \
-	fnmount "$IMG" "$SCRATCH/m-pf" --prefetch-files "$SCRATCH/pf.list"
+	mount_lazy fanotify "$IMG" "$SCRATCH/m-pf" --prefetch-files "$SCRATCH/pf.list"
 
 # An OCI layout of the image whose manifest lost its range tables, or
 # names another table.
@@ -254,13 +254,13 @@ PY
 }
 if edit_layout edit plain drop && edit_layout edit wrong wrong; then
 	check_fails "layers without a range table: refused, pointing to --mode local" "mount it with --mode local" \
-		fnmount "oci:$SCRATCH/nat:plain" "$SCRATCH/m-plain"
+		mount_lazy fanotify "oci:$SCRATCH/nat:plain" "$SCRATCH/m-plain"
 	mkdir -p "$SCRATCH/m-plain"
 	check "--mode local mounts them" "$FERRY" mount --mode local --cache-dir "$FCACHE" \
 		"oci:$SCRATCH/nat:plain" "$SCRATCH/m-plain" &&
-		check "ferry umount (local)" fumount "$SCRATCH/m-plain"
+		check "ferry umount (local)" umount_lazy "$SCRATCH/m-plain"
 	check_fails "a range table that is not the annotation's: refused" "does not match the manifest" \
-		fnmount "oci:$SCRATCH/nat:wrong" "$SCRATCH/m-wrong"
+		mount_lazy fanotify "oci:$SCRATCH/nat:wrong" "$SCRATCH/m-wrong"
 else
 	notok "edit the OCI layout's manifest"
 fi
@@ -270,7 +270,7 @@ fi
 # superblock (an overlay has none of its own); readers only wait.
 lazy_use killed
 M=$SCRATCH/m-killed
-if check "mount --mode fanotify (for kill -9, fresh cache)" fnmount "$PIMG" "$M"; then
+if check "mount --mode fanotify (for kill -9, fresh cache)" mount_lazy fanotify "$PIMG" "$M"; then
 	dpid=$(daemon_pids | head -n 1)
 	kpid=$(keeper_pid "$M" 2>&1)
 	fp_set slow delay=0.05 count=-1 "method=^GET$" path=/blobs/
@@ -301,7 +301,7 @@ if check "mount --mode fanotify (for kill -9, fresh cache)" fnmount "$PIMG" "$M"
 	check "after the upgrade: usr/bin/perl reads right" reread usr/bin/perl
 	expect_sh "another ferryd serves it ($(daemon_pids | head -n 1), was $upid)" \
 		'[ "$(daemon_pids | head -n 1)" != "$upid" ]'
-	check "ferry umount (after the takeover)" fumount "$M"
+	check "ferry umount (after the takeover)" umount_lazy "$M"
 	expect_sh "the keepers exit after the umount" 'wait_gone 5 "$kpid" "$kpid3"'
 fi
 

@@ -46,18 +46,18 @@ if ! mount -t tmpfs -o size=64m ferry-e2e "$FCACHE" 2>"$LOG"; then
 	diag "$LOG"
 else
 	check_fails "mount --mode fanotify with the cache dir on tmpfs fails naming it" \
-		"$FCACHE" fnmount "$IMG" "$M"
+		"$FCACHE" mount_lazy fanotify "$IMG" "$M"
 	expect_sh "nothing is mounted at MNT after that" '! is_mounted "$M"'
 	left=$(keeper_pids)
 	expect_sh "no keeper process stays behind (${left:-none})" '[ -z "$left" ]'
-	is_mounted "$M" && fumount "$M"
+	is_mounted "$M" && umount_lazy "$M"
 	umount "$FCACHE"
 fi
 
 # --- a damaged chunk inside the registry ------------------------------------
 lazy_use corrupt
 M=$SCRATCH/m-corrupt
-if damaged_mount fanotify "$M"; then
+if mount_damaged fanotify "$M"; then
 	damaged_reads "$M"
 	n=$(daemon_pids | wc -l)
 	kpid=$(keeper_pid "$M" 2>&1)
@@ -66,7 +66,7 @@ if damaged_mount fanotify "$M"; then
 	log_names_damage
 	reg_repair_chunk
 	check "after the registry is repaired the file reads right (within 3 s)" poll 3 reread "$BIG"
-	check "ferry umount (damaged chunk)" fumount "$M"
+	check "ferry umount (damaged chunk)" umount_lazy "$M"
 fi
 [ -n "${DMG_STORED:-}" ] && reg_repair_chunk
 
@@ -79,7 +79,7 @@ mid_read() {
 }
 lazy_use kill
 M=$SCRATCH/m-kill
-if check "mount --mode fanotify (to be killed)" fnmount "$PIMG" "$M"; then
+if check "mount --mode fanotify (to be killed)" mount_lazy fanotify "$PIMG" "$M"; then
 	check "a file read before the kill reads right" read_check "$M/$CACHED" "$ref/$CACHED"
 	dpid=$(daemon_pids | head -n 1)
 	kpid=$(keeper_pid "$M" 2>&1)
@@ -115,7 +115,7 @@ if check "mount --mode fanotify (to be killed)" fnmount "$PIMG" "$M"; then
 		read_expect_eio "with ferryd dead a file never read fails with EIO, no wrong bytes" \
 			"$M/$BIG" "$ref/$BIG" 30
 		t0=$(now_ms)
-		check "ferry umount with no ferryd running" fumount "$M"
+		check "ferry umount with no ferryd running" umount_lazy "$M"
 		ms=$(($(now_ms) - t0))
 		expect_sh "that umount was prompt ($ms ms)" '[ "$ms" -lt 10000 ]'
 		t0=$(now_ms)
@@ -124,14 +124,14 @@ if check "mount --mode fanotify (to be killed)" fnmount "$PIMG" "$M"; then
 		expect_sh "the keeper $kpid exits by itself after the umount ($ms ms, < 5 s)" \
 			'! kill -0 "$kpid" 2>/dev/null && [ "$ms" -lt 5000 ]'
 		fp_set none
-		if check "mount again over the same cache (a new ferryd)" fnmount "$IMG" "$M"; then
+		if check "mount again over the same cache (a new ferryd)" mount_lazy fanotify "$IMG" "$M"; then
 			npid=$(daemon_pids | head -n 1)
 			nkpid=$(keeper_pid "$M" 2>&1)
 			expect_sh "a new ferryd (${npid:-none}, was $dpid) and keeper ($nkpid, was $kpid) serve it" \
 				'[ -n "$npid" ] && [ "$npid" != "$dpid" ] && is_keeper "$nkpid" && [ "$nkpid" != "$kpid" ]'
 			check "treecmp after the crash and remount" \
 				timeout 180 python3 "$TREECMP" "$ref" "$M"
-			check "ferry umount (after the crash)" fumount "$M"
+			check "ferry umount (after the crash)" umount_lazy "$M"
 		fi
 	fi
 fi
@@ -139,8 +139,7 @@ fi
 # --- the keeper killed during reads --------------------------------------------
 lazy_use keeper
 M=$SCRATCH/m-keeper
-new_keeper() { k2=$(keeper_pid "$M" 2>/dev/null) && [ "$k2" != "$kpid" ] && is_keeper "$k2"; }
-if check "mount --mode fanotify (its keeper to be killed)" fnmount "$PIMG" "$M"; then
+if check "mount --mode fanotify (its keeper to be killed)" mount_lazy fanotify "$PIMG" "$M"; then
 	check "a file read before the kill reads right" read_check "$M/$CACHED" "$ref/$CACHED"
 	dpid=$(daemon_pids | head -n 1)
 	kpid=$(keeper_pid "$M" 2>&1)
@@ -154,8 +153,10 @@ if check "mount --mode fanotify (its keeper to be killed)" fnmount "$PIMG" "$M";
 		for p in "${RD_PIDS[@]}"; do kill -0 "$p" 2>/dev/null && busy=$((busy + 1)); done
 		kill -KILL "$kpid"
 		t0=$(now_ms)
-		poll 10 new_keeper
+		NEW_KEEPER=
+		poll 10 keeper_replaced "$M" "$kpid"
 		ms=$(($(now_ms) - t0))
+		k2=$NEW_KEEPER
 		expect_sh "ferryd started a new keeper (${k2:-none}, was $kpid) $ms ms after the kill (< 3 s; $busy of 4 readers busy)" \
 			'[ -n "$k2" ] && [ "$k2" != "$kpid" ] && is_keeper "$k2" && [ "$ms" -lt 3000 ]'
 		expect_sh "the killed keeper $kpid is gone (reaped)" 'wait_gone 5 "$kpid"'
@@ -173,12 +174,12 @@ if check "mount --mode fanotify (its keeper to be killed)" fnmount "$PIMG" "$M";
 		check "with ferryd dead the new keeper lets a cached file read right" reread "$CACHED"
 		read_expect_eio "with ferryd dead the new keeper fails a file never read with EIO" \
 			"$M/$BIG" "$ref/$BIG" 30
-		check "ferry umount with no ferryd running" fumount "$M"
+		check "ferry umount with no ferryd running" umount_lazy "$M"
 		expect_sh "the new keeper $k2 exits by itself after the umount (within 5 s)" \
 			'wait_gone 5 "$k2"'
 		fp_set none
 	else
-		check "ferry umount (keeper)" fumount "$M"
+		check "ferry umount (keeper)" umount_lazy "$M"
 	fi
 fi
 

@@ -31,7 +31,7 @@ lazy_setup base proxy
 # --- startup workload on a fresh cache ----------------------------------------
 lazy_use startup
 M=$SCRATCH/m-startup
-if startup_mount fanotify "$M"; then
+if mount_startup fanotify "$M"; then
 	t=$(fstype "$M")
 	expect_sh "the mount point is a kernel EROFS mount (${t:-not mounted})" '[ "$t" = erofs ]'
 	mode=$(mount_field "$M" mode 2>&1)
@@ -42,7 +42,7 @@ if startup_mount fanotify "$M"; then
 		'is_keeper "$kpid" && [ "$kpid" != "$dpid" ]'
 	ferryd_detached
 	startup_workload fanotify "$M"
-	check "ferry umount (startup)" fumount "$M"
+	check "ferry umount (startup)" umount_lazy "$M"
 	expect_sh "the keeper $kpid exits after the umount (within 5 s)" 'wait_gone 5 "$kpid"'
 fi
 
@@ -53,7 +53,7 @@ if tree_read fanotify "$M"; then
 	expect "the mount is read-only in its options" bash -c \
 		'findmnt -n -o OPTIONS --mountpoint "$1" | tr , "\n" | grep -qx ro' _ "$M"
 	check_fails "touch MNT/x fails with EROFS" "Read-only file system" touch "$M/x"
-	check "ferry umount (tree)" fumount "$M"
+	check "ferry umount (tree)" umount_lazy "$M"
 fi
 
 # --- 16 concurrent readers on a fresh cache, then a remount ----------------------
@@ -61,32 +61,32 @@ conc_checks fanotify
 
 # --- dir: and oci: images -------------------------------------------------------
 lazy_use local
-if local_mount fanotify dir; then
+if mount_converted fanotify dir; then
 	check "treecmp umoci unpack == dir: fanotify mount" \
 		timeout 180 python3 "$TREECMP" "$ref" "$SCRATCH/m-dir"
-	check "ferry umount (dir:)" fumount "$SCRATCH/m-dir"
+	check "ferry umount (dir:)" umount_lazy "$SCRATCH/m-dir"
 fi
 # A cache of its own: the dir: mount above made every chunk present.
 lazy_use oci
-if local_mount fanotify oci; then
+if mount_converted fanotify oci; then
 	check "oci: fanotify mount: files read as the reference" same_files "$ref" "$SCRATCH/m-oci" \
 		usr/bin/bash usr/bin/perl opt/c/big.bin etc/passwd usr/lib/file/magic.mgc
 	check "oci: fanotify mount: find lists the same entries as the reference" bash -c \
 		'diff <(cd "$1" && find . | sort) <(cd "$2" && timeout 60 find . | sort)' \
 		_ "$ref" "$SCRATCH/m-oci"
-	check "ferry umount (oci:)" fumount "$SCRATCH/m-oci"
+	check "ferry umount (oci:)" umount_lazy "$SCRATCH/m-oci"
 fi
 
 # --- prefetch ---------------------------------------------------------------------
 lazy_use pfall
 M=$SCRATCH/m-pfall
-if prefetch_all_mount fanotify "$M" "mount --mode fanotify --prefetch-all"; then
+if mount_prefetch_all fanotify "$M" "mount --mode fanotify --prefetch-all"; then
 	# Complete blobs: the kernel reads the whole tree from the cache
 	# files as they are, and nothing more comes from the registry.
 	check "--prefetch-all: treecmp afterwards" timeout 180 python3 "$TREECMP" "$ref" "$M"
 	f=$(fp_data_bytes)
 	expect_sh "--prefetch-all: that full read fetched nothing ($f B)" '[ "$f" -eq 0 ]'
-	check "ferry umount (prefetch-all)" fumount "$M"
+	check "ferry umount (prefetch-all)" umount_lazy "$M"
 fi
 
 prefetch_files_checks fanotify "mount --mode fanotify --prefetch-files LIST"
@@ -97,8 +97,8 @@ prefetch_files_checks fanotify "mount --mode fanotify --prefetch-files LIST"
 lazy_use side
 MF=$SCRATCH/m-side-fuse
 MK=$SCRATCH/m-side-fan
-if check "mount edit --mode fuse" fmount "$IMG" "$MF" &&
-	check "mount base --mode fanotify through the same daemon" fnmount "$BASE" "$MK"; then
+if check "mount edit --mode fuse" mount_lazy fuse "$IMG" "$MF" &&
+	check "mount base --mode fanotify through the same daemon" mount_lazy fanotify "$BASE" "$MK"; then
 	n=$(daemon_pids | wc -l)
 	expect_sh "one ferryd serves both mounts ($n running)" '[ "$n" -eq 1 ]'
 	modes="$(mount_field "$MF" mode 2>&1) $(fstype "$MF"), $(mount_field "$MK" mode 2>&1) $(fstype "$MK")"
@@ -125,10 +125,10 @@ if check "mount edit --mode fuse" fmount "$IMG" "$MF" &&
 	expect_sh "treecmp of both at the same time: FUSE exit $r1, fanotify exit $r2" \
 		'[ "$r1" -eq 0 ] && [ "$r2" -eq 0 ]' ||
 		{ diag "$SCRATCH/side-fuse.log" 5; diag "$SCRATCH/side-fan.log" 5; }
-	check "ferry umount of the fanotify mount" fumount "$MK"
+	check "ferry umount of the fanotify mount" umount_lazy "$MK"
 	check "the FUSE mount still serves after it" same_files "$ref" "$MF" usr/bin/perl "${files[@]}"
-	check "ferry umount of the FUSE mount" fumount "$MF"
+	check "ferry umount of the FUSE mount" umount_lazy "$MF"
 fi
-for m in "$MF" "$MK"; do is_mounted "$m" && fumount "$m"; done
+for m in "$MF" "$MK"; do is_mounted "$m" && umount_lazy "$m"; done
 
 e2e_done

@@ -35,14 +35,14 @@ export -f read_check
 # in the registry's copy of its blob.
 lazy_use corrupt
 M=$SCRATCH/m-corrupt
-if damaged_mount fuse "$M"; then
+if mount_damaged fuse "$M"; then
 	damaged_reads "$M"
 	n=$(daemon_pids | wc -l)
 	expect_sh "ferryd still runs after the errors" '[ "$n" -eq 1 ]'
 	log_names_damage
 	reg_repair_chunk
 	check "after the registry is repaired the file reads right" reread "$BIG"
-	check "ferry umount (damaged chunk)" fumount "$M"
+	check "ferry umount (damaged chunk)" umount_lazy "$M"
 fi
 [ -n "${DMG_STORED:-}" ] && reg_repair_chunk
 
@@ -59,7 +59,7 @@ DMG_STORED=
 if ! reg_damage_chunk "$IMG" "$SMALL" 2>"$LOG"; then
 	notok "damage the first chunk of /$SMALL in the registry"
 	diag "$LOG"
-elif check "mount --mode fuse with a damaged chunk of /$SMALL" fmount "$IMG" "$M"; then
+elif check "mount --mode fuse with a damaged chunk of /$SMALL" mount_lazy fuse "$IMG" "$M"; then
 	hashtree "$ref/usr/bin" sorted 0 >"$SCRATCH/bin.ref" 2>/dev/null
 	hashtree "$M/usr/bin" sorted 0 >"$SCRATCH/bin.got" 2>"$SCRATCH/bin.err"
 	errs=$(grep '^ERROR' "$SCRATCH/bin.err" | cut -d: -f1 | sed 's/^ERROR //' | tr '\n' ' ')
@@ -80,14 +80,14 @@ elif check "mount --mode fuse with a damaged chunk of /$SMALL" fmount "$IMG" "$M
 	expect_sh "readahead served part of that read ($n files stored)" '[ "$n" -gt 0 ]'
 	read_expect_eio "the damaged file fails again (readahead never stored it)" \
 		"$M/$SMALL" "$ref/$SMALL"
-	check "ferry umount (damaged chunk, readahead)" fumount "$M"
+	check "ferry umount (damaged chunk, readahead)" umount_lazy "$M"
 fi
 [ -n "${DMG_STORED:-}" ] && reg_repair_chunk
 
 # --- ferryd killed during reads ----------------------------------------------
 lazy_use kill
 M=$SCRATCH/m-kill
-if check "mount --mode fuse (to be killed)" fmount "$IMG" "$M"; then
+if check "mount --mode fuse (to be killed)" mount_lazy fuse "$IMG" "$M"; then
 	timeout -k 5 90 python3 -c "$HASHTREE_PY" "$M/usr" sorted 0 \
 		>/dev/null 2>"$SCRATCH/kill-reader.err" &
 	rpid=$!
@@ -110,14 +110,14 @@ if check "mount --mode fuse (to be killed)" fmount "$IMG" "$M"; then
 		expect_sh "the reader ended (exit $rrc) $ms ms after the kill, not a hang" \
 			'[ "$ms" -lt 20000 ] && [ "$rrc" -lt 124 ]'
 		echo "    reader: $(tail -n 1 "$SCRATCH/kill-reader.err")"
-		check "ferry umount of the dead mount" fumount "$M"
-		if check "mount again over the same cache (a new ferryd)" fmount "$IMG" "$M"; then
+		check "ferry umount of the dead mount" umount_lazy "$M"
+		if check "mount again over the same cache (a new ferryd)" mount_lazy fuse "$IMG" "$M"; then
 			npid=$(daemon_pids | head -n 1)
 			expect_sh "a new ferryd serves it (${npid:-none}, was $dpid)" \
 				'[ -n "$npid" ] && [ "$npid" != "$dpid" ]'
 			check "treecmp after the crash and remount" \
 				timeout 180 python3 "$TREECMP" "$ref" "$M"
-			check "ferry umount (after the crash)" fumount "$M"
+			check "ferry umount (after the crash)" umount_lazy "$M"
 		fi
 		# The kernel reads the cache data files directly, trusting every
 		# chunk marked present: nothing unverified may be marked.
@@ -126,7 +126,7 @@ if check "mount --mode fuse (to be killed)" fmount "$IMG" "$M"; then
 			timeout 120 "$FERRY" mount --mode local "$IMG" "$SCRATCH/m-local" --cache-dir "$FCACHE"; then
 			check "treecmp of the kernel mount of that cache" \
 				timeout 180 python3 "$TREECMP" "$ref" "$SCRATCH/m-local"
-			check "ferry umount (local)" fumount "$SCRATCH/m-local"
+			check "ferry umount (local)" umount_lazy "$SCRATCH/m-local"
 		fi
 	fi
 	kill "$rpid" 2>/dev/null
@@ -166,7 +166,7 @@ cached_read() {
 lazy_use gone
 M=$SCRATCH/m-gone
 FETCH_OPTS=(--retries 2 --stall-timeout 5)
-if check "mount through the proxy with ${FETCH_OPTS[*]}" fmount "$PIMG" "$M" "${FETCH_OPTS[@]}"; then
+if check "mount through the proxy with ${FETCH_OPTS[*]}" mount_lazy fuse "$PIMG" "$M" "${FETCH_OPTS[@]}"; then
 	check "a file read while the registry is up" read_check "$M/$CACHED" "$ref/$CACHED"
 
 	fault_phase 503 count=-1 path=/blobs/
@@ -224,11 +224,11 @@ if check "mount through the proxy with ${FETCH_OPTS[*]}" fmount "$PIMG" "$M" "${
 	kill "$spid" 2>/dev/null
 	wait "$spid" 2>/dev/null
 	expect_sh "SIGTERM removed its mount" '! is_mounted "$M"'
-	is_mounted "$M" && fumount "$M"
+	is_mounted "$M" && umount_lazy "$M"
 	fp_set none
 fi
 # The registry gone for good after the mount.
-if check "mount again over the same cache (${FETCH_OPTS[*]})" fmount "$PIMG" "$M" "${FETCH_OPTS[@]}"; then
+if check "mount again over the same cache (${FETCH_OPTS[*]})" mount_lazy fuse "$PIMG" "$M" "${FETCH_OPTS[@]}"; then
 	kill -TERM "$FP_PID"
 	wait_gone 5 "$FP_PID"
 	timed_read "$M/$T2" "$ref/$T2"
@@ -238,7 +238,7 @@ if check "mount again over the same cache (${FETCH_OPTS[*]})" fmount "$PIMG" "$M
 	check "registry gone: the tree still lists (find /usr)" bash -c \
 		'diff <(cd "$1" && find usr | sort) <(cd "$2" && timeout 60 find usr | sort)' _ "$ref" "$M"
 	t0=$(now_ms)
-	check "ferry umount with the registry gone" fumount "$M"
+	check "ferry umount with the registry gone" umount_lazy "$M"
 	ms=$(($(now_ms) - t0))
 	expect_sh "that umount was prompt ($ms ms)" '[ "$ms" -lt 10000 ]'
 fi

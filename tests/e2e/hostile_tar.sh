@@ -64,20 +64,20 @@ accept() { # DESC IMAGE
 	rm -rf "$out"
 	check "$desc: converts" "$FERRY" convert "$img" "dir:$out" -q || return 1
 	check "$desc: ferry check" "$FERRY" check "dir:$out"
-	check "$desc: mounts" mount_image "dir:$out" "$mnt" || return 1
+	check "$desc: mounts" mount_local "dir:$out" "$mnt" || return 1
 	check "$desc: the tree" tree_expect "$mnt" <<<"$spec"
 	check "$desc: no whiteout names" no_whiteouts "$mnt"
-	check "$desc: umount" ferry_umount "$mnt"
+	check "$desc: umount" umount_local "$mnt"
 	# The same as native EROFS layers stacked by overlayfs (erofs_layers.sh).
 	rm -rf "$SCRATCH/native"
 	check "$desc: converts to erofs-layers" "$FERRY" convert -q --format erofs-layers \
 		"$img" "oci:$SCRATCH/native:t" || return 1
-	check "$desc: erofs-layers mount" mount_image "oci:$SCRATCH/native:t" "$mnt" || return 1
+	check "$desc: erofs-layers mount" mount_local "oci:$SCRATCH/native:t" "$mnt" || return 1
 	# Overlayfs cannot link across layers: a lower hardlink target is copied.
 	check "$desc: erofs-layers tree (hardlinks across layers aside)" tree_expect "$mnt" \
 		< <(python3 -c 'import json, sys; print(json.dumps([{k: v for k, v in e.items() if k != "same_as"} for e in json.load(sys.stdin)]))' <<<"$spec")
 	check "$desc: erofs-layers: no whiteout names" no_whiteouts "$mnt"
-	check "$desc: erofs-layers umount" ferry_umount "$mnt"
+	check "$desc: erofs-layers umount" umount_local "$mnt"
 }
 
 # --- refused ----------------------------------------------------------

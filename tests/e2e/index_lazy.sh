@@ -73,10 +73,10 @@ for mode in fuse fanotify local; do
 	lazy_use "$mode"
 	M=$SCRATCH/m-$mode
 	if check "mount --mode $mode oci:edit (indexed, fresh cache)" \
-		ferryd_mount "$mode" "oci:$L:edit" "$M"; then
+		mount_lazy "$mode" "oci:$L:edit" "$M"; then
 		check "treecmp umoci unpack == $mode mount through the index" \
 			timeout 300 python3 "$TREECMP" "$ref" "$M"
-		check "ferry umount ($mode)" fumount "$M"
+		check "ferry umount ($mode)" umount_lazy "$M"
 	fi
 done
 check "ferry cache verify: every present chunk matches its sha256" \
@@ -84,7 +84,7 @@ check "ferry cache verify: every present chunk matches its sha256" \
 
 lazy_use refused
 check_fails "an image without an index: the mount says so" "no ferry index is attached" \
-	ferryd_mount fuse "oci:$L:base" "$SCRATCH/m-none"
+	mount_lazy fuse "oci:$L:base" "$SCRATCH/m-none"
 check_fails "a zstd layer of one frame: ferry index refuses it" "convert the image instead" \
 	"$FERRY" index -q "oci:$FIXZ:pkgs"
 
@@ -106,18 +106,18 @@ hashtree "$ref" sorted 0 >"$SCRATCH/ref.sums"
 for mode in fuse fanotify; do
 	lazy_use "damaged-$mode"
 	M=$SCRATCH/m-damaged-$mode
-	check "mount --mode $mode of the damaged image" ferryd_mount "$mode" "oci:$D:edit" "$M" || continue
+	check "mount --mode $mode of the damaged image" mount_lazy "$mode" "oci:$D:edit" "$M" || continue
 	out=$(damaged_counts "$M" "$SCRATCH/ref.sums")
 	read -r eio wrong other good <<<"$out"
 	echo "# $mode, damaged layer: $eio files EIO, $wrong wrong, $other other errors, $good right"
 	expect_sh "$mode: no file reads wrong bytes ($wrong), some fail with EIO ($eio), the rest read right ($good)" \
 		'[ "$wrong" -eq 0 ] && [ "$other" -eq 0 ] && [ "$eio" -ge 1 ] && [ "$good" -gt 1000 ]'
-	check "ferry umount (damaged, $mode)" fumount "$M"
+	check "ferry umount (damaged, $mode)" umount_lazy "$M"
 done
 # local fetches every chunk first: one that does not verify fails the mount.
 lazy_use damaged-local
 check_fails "mount --mode local of the damaged image fails, naming the layer" "$top" \
-	ferryd_mount local "oci:$D:edit" "$SCRATCH/m-damaged-local"
+	mount_lazy local "oci:$D:edit" "$SCRATCH/m-damaged-local"
 
 # --- docker:// ---------------------------------------------------------------------
 if ! reg_start anon 2>"$LOG" || ! fp_start 2>>"$LOG"; then
@@ -174,10 +174,10 @@ expect_sh "the same index from the registry's stream as from the layout's file (
 lazy_use remote
 M=$SCRATCH/m-remote
 if check "mount --mode fuse docker://…:edit through the referrers tag" \
-	fmount "docker://$PROXY/src/idx:edit" "$M"; then
+	mount_lazy fuse "docker://$PROXY/src/idx:edit" "$M"; then
 	check "treecmp umoci unpack == lazy mount of the registry image" \
 		timeout 300 python3 "$TREECMP" "$ref" "$M"
-	check "ferry umount (remote)" fumount "$M"
+	check "ferry umount (remote)" umount_lazy "$M"
 fi
 
 # The proxy as a registry with the referrers API: no tag is written.
@@ -194,9 +194,9 @@ expect_sh "with the API, only the index manifest is put (no referrers tag)" \
 lazy_use api
 M=$SCRATCH/m-api
 if check "mount --mode fanotify docker://…:edit found through the referrers API" \
-	fnmount "docker://$PROXY/src/api:edit" "$M"; then
+	mount_lazy fanotify "docker://$PROXY/src/api:edit" "$M"; then
 	check "treecmp umoci unpack == lazy mount found through the API" \
 		timeout 300 python3 "$TREECMP" "$ref" "$M"
-	check "ferry umount (api)" fumount "$M"
+	check "ferry umount (api)" umount_lazy "$M"
 fi
 e2e_done

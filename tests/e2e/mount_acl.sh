@@ -64,13 +64,13 @@ mkdir -p "$SCRATCH/mnt"
 for img in acl noacl; do
 	for mode in local fuse fanotify; do
 		if [ "$mode" = local ]; then
-			mnt() { "$FERRY" mount --mode local --cache-dir "$FCACHE" "$@"; }
+			mnt() { mount_local "$@" --cache-dir "$FCACHE"; }
 		else
-			mnt() { ferryd_mount "$mode" "$@"; }
+			mnt() { mount_lazy "$mode" "$@"; }
 		fi
 		if check "mount --mode $mode (image $img)" mnt "dir:$SCRATCH/img-$img" "$SCRATCH/mnt"; then
 			expect_access "$mode, image $img" "$SCRATCH/mnt" "$img"
-			check "umount ($mode, image $img)" fumount "$SCRATCH/mnt"
+			check "umount ($mode, image $img)" umount_lazy "$SCRATCH/mnt"
 		fi
 	done
 done

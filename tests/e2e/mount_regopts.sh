@@ -86,7 +86,7 @@ rmount() {
 	M=$SCRATCH/m$N
 	FCACHE=$SCRATCH/cache$N
 	mkdir -p "$FCACHE"
-	ferryd_mount "$mode" "$img" "$M" "$@"
+	mount_lazy "$mode" "$img" "$M" "$@"
 }
 
 # mount_ok MODE DESC IMAGE [ARGS]: the mount works, its file reads back
@@ -96,7 +96,7 @@ mount_ok() {
 	shift 3
 	check "$desc" rmount "$mode" "$img" "$@" || return 1
 	check "$desc: the file reads back" cmp "$TREE/data/random.bin" "$M/data/random.bin"
-	check "$desc: umount" fumount "$M"
+	check "$desc: umount" umount_lazy "$M"
 }
 
 # mount_fails MODE DESC REGEX IMAGE [ARGS]: ferry mount exits 1 with a
@@ -108,7 +108,7 @@ mount_fails() {
 	expect "$desc: the message says why" grep -qiE -- "$re" "$LOG" || diag "$LOG" 5
 	if is_mounted "$M"; then
 		notok "$desc: nothing mounted"
-		fumount "$M"
+		umount_lazy "$M"
 	fi
 }
 
@@ -136,7 +136,7 @@ for mode in fuse fanotify; do
 			cmp "$TREE/data/random.bin" "$M/data/random.bin"
 		expect "$mode: --registry-mirror: the mirror served the blob reads" \
 			fp_log_has '^GET /v2/t/x/blobs/sha256:[0-9a-f]{64}\?ns=[^ ]+ .*-> 20[06]'
-		check "$mode: --registry-mirror: umount" fumount "$M"
+		check "$mode: --registry-mirror: umount" umount_lazy "$M"
 	fi
 
 	# --- --retries: one 503 on the manifest ----------------------------------------
@@ -157,7 +157,7 @@ for mode in fuse fanotify; do
 			'[ "$(fp_log | grep -cE "^GET /v2/t/x/manifests/1 .*-> 200")" = 1 ] &&
 			 [ "$(fp_log | grep -cE "^GET /v2/t/x/blobs/sha256:[0-9a-f]{64} .*-> 200")" = 1 ] &&
 			 [ "$(fp_log | wc -l)" = 2 ]' || fp_log | sed 's/^/    /'
-		check "$mode: a cold mount: umount" fumount "$M"
+		check "$mode: a cold mount: umount" umount_lazy "$M"
 	fi
 
 	# --- --stall-timeout: every blob GET stalls mid-body ---------------------------
@@ -170,7 +170,7 @@ for mode in fuse fanotify; do
 		fp_set none
 		check "$mode: --stall-timeout 5: the file reads back" \
 			cmp "$TREE/data/random.bin" "$M/data/random.bin"
-		check "$mode: --stall-timeout 5: umount" fumount "$M"
+		check "$mode: --stall-timeout 5: umount" umount_lazy "$M"
 	fi
 	fp_set none
 
@@ -180,7 +180,7 @@ for mode in fuse fanotify; do
 		read_expect_eio "$mode: --request-timeout 2: a trickled read fails by it (not 60 s)" \
 			"$M/data/random.bin" "$TREE/data/random.bin" 20
 		fp_set none
-		check "$mode: --request-timeout 2: umount" fumount "$M"
+		check "$mode: --request-timeout 2: umount" umount_lazy "$M"
 	fi
 done
 
@@ -191,7 +191,7 @@ if check "fuse: without --registry-mirror" rmount fuse "$IMG"; then
 		cmp "$TREE/data/random.bin" "$M/data/random.bin"
 	expect "fuse: without --registry-mirror: the proxy saw no request" \
 		eval '[ -z "$(fp_log)" ]'
-	check "fuse: without --registry-mirror: umount" fumount "$M"
+	check "fuse: without --registry-mirror: umount" umount_lazy "$M"
 fi
 
 # ferryd parsed every request above: stopped, its log has no sanitizer

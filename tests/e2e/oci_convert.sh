@@ -39,14 +39,14 @@ convert_image() { # TAG [EXTRA]
 		diag "$LOG"
 		return 1
 	fi
-	if check "ferry mount --mode local oci: ($tag)" mount_image "oci:$OUTL:$tag" "$mnt"; then
+	if check "ferry mount --mode local oci: ($tag)" mount_local "oci:$OUTL:$tag" "$mnt"; then
 		check "treecmp umoci unpack == mount ($tag)" python3 "$TREECMP" "$ref" "$mnt"
 		check "no whiteout names in the mounted tree ($tag)" no_whiteouts "$mnt"
 		[ -n "$extra" ] && "$extra" "$mnt"
 		# shellcheck disable=SC2046
 		check "fsck.erofs accepts the image ($tag)" \
 			fsck.erofs $(erofs_devices "$out") "$out/bootstrap"
-		check "ferry umount ($tag)" ferry_umount "$mnt"
+		check "ferry umount ($tag)" umount_local "$mnt"
 	fi
 	rm -rf "$SCRATCH/bundle-$tag"
 }
@@ -124,13 +124,13 @@ check "no stray or missing blobs in the output layout" oci_no_strays "$OUTL"
 # upgrades it to the current format with the same blobs.
 oci_downgrade "$OUTL" pkgs "$SCRATCH/old"
 check "an old-format ferry image still checks" "$FERRY" check "oci:$SCRATCH/old:old"
-if check "... and mounts" mount_image "oci:$SCRATCH/old:old" "$SCRATCH/mnt-old"; then
-	if check "(the current-format image mounts)" mount_image "oci:$OUTL:pkgs" "$SCRATCH/mnt-new"; then
+if check "... and mounts" mount_local "oci:$SCRATCH/old:old" "$SCRATCH/mnt-old"; then
+	if check "(the current-format image mounts)" mount_local "oci:$OUTL:pkgs" "$SCRATCH/mnt-new"; then
 		check "... with the same tree as the current-format image" \
 			python3 "$TREECMP" "$SCRATCH/mnt-new" "$SCRATCH/mnt-old"
-		check "(unmount the current-format image)" ferry_umount "$SCRATCH/mnt-new"
+		check "(unmount the current-format image)" umount_local "$SCRATCH/mnt-new"
 	fi
-	check "... and unmounts" ferry_umount "$SCRATCH/mnt-old"
+	check "... and unmounts" umount_local "$SCRATCH/mnt-old"
 fi
 check "convert of the old-format image upgrades it" \
 	"$FERRY" convert -q "oci:$SCRATCH/old:old" "oci:$SCRATCH/old:new"
@@ -180,10 +180,10 @@ for p in linux/arm64 linux/arm/v7; do
 		"${MKLAYER[@]}" resolve "$FIX" multi --platform "$p" >"$SCRATCH/src-$n.json"
 		check "converted $p image: manifest and annotations" \
 			oci_verify "$OUTL" "$n" "$SCRATCH/src-$n.json"
-		if check "ferry mount --mode local ($p)" mount_image "oci:$OUTL:$n" "$SCRATCH/mnt-$n"; then
+		if check "ferry mount --mode local ($p)" mount_local "oci:$OUTL:$n" "$SCRATCH/mnt-$n"; then
 			check "--platform $p picks the $p manifest" tree_expect "$SCRATCH/mnt-$n" \
 				<<<"[{\"path\": \"platform\", \"data\": \"$p\\n\"}]"
-			check "ferry umount ($p)" ferry_umount "$SCRATCH/mnt-$n"
+			check "ferry umount ($p)" umount_local "$SCRATCH/mnt-$n"
 		fi
 	fi
 done
@@ -230,13 +230,13 @@ EOF
 
 if check "convert a plain-tar layer" "$FERRY" convert "oci:$S:plain" "dir:$SCRATCH/s-plain" -q; then
 	if check "ferry mount --mode local (plain-tar layer)" \
-		mount_image "dir:$SCRATCH/s-plain" "$SCRATCH/mnt-plain"; then
+		mount_local "dir:$SCRATCH/s-plain" "$SCRATCH/mnt-plain"; then
 		check "plain-tar layer: the tree" tree_expect "$SCRATCH/mnt-plain" <<'EOF'
 [{"path": "bin", "type": "dir", "mode": 493},
  {"path": "bin/big", "mode": 493}, {"path": "bin/small", "data": "small\n"},
  {"path": "bin/link", "type": "symlink", "link": "big"}]
 EOF
-		check "ferry umount (plain-tar layer)" ferry_umount "$SCRATCH/mnt-plain"
+		check "ferry umount (plain-tar layer)" umount_local "$SCRATCH/mnt-plain"
 	fi
 	for t in gzip zstd docker mislabelled; do
 		check "convert a $t layer" "$FERRY" convert "oci:$S:$t" "dir:$SCRATCH/s-$t" -q &&

@@ -110,10 +110,10 @@ EOF
 	check "ferry check (chunk-dict image)" "$FERRY" check "oci:$D:b"
 	if ref=$(umoci_ref "$FIX:pkgs" "$SCRATCH/bundle" 2>"$LOG"); then
 		if check "ferry mount --mode local (chunk-dict image)" \
-			mount_image "oci:$D:b" "$SCRATCH/mnt"; then
+			mount_local "oci:$D:b" "$SCRATCH/mnt"; then
 			check "treecmp umoci unpack == mount (chunk-dict image)" \
 				python3 "$TREECMP" "$ref" "$SCRATCH/mnt"
-			check "ferry umount (chunk-dict image)" ferry_umount "$SCRATCH/mnt"
+			check "ferry umount (chunk-dict image)" umount_local "$SCRATCH/mnt"
 		fi
 	else
 		notok "umoci unpack pkgs (reference)"

@@ -86,9 +86,9 @@ if check "convert --platform linux/amd64 --platform linux/arm64 into oci:" \
 	expect "skopeo inspect --raw: an index of the two platforms named" \
 		test "$(index_platforms "oci:$OUT:two")" = "$want_two"
 	check "ferry check of the index (the host's member)" "$FERRY" check "oci:$OUT:two"
-	if check "ferry mount --mode local of the index" mount_image "oci:$OUT:two" "$SCRATCH/mnt"; then
+	if check "ferry mount --mode local of the index" mount_local "oci:$OUT:two" "$SCRATCH/mnt"; then
 		check "the mount is the host's platform ($host)" is_host_platform "$SCRATCH/mnt"
-		check "ferry umount" ferry_umount "$SCRATCH/mnt"
+		check "ferry umount" umount_local "$SCRATCH/mnt"
 	fi
 fi
 # Native EROFS layers: the same index of the same platforms.
@@ -105,9 +105,9 @@ for m in json.load(sys.stdin)[\"manifests\"]:
     assert all(l[\"mediaType\"] == \"application/vnd.erofs.layer.v1\" for l in man[\"layers\"]), man
 " "$OUT"'
 	if check "ferry mount --mode local of the native index" \
-		mount_image "oci:$OUT:native" "$SCRATCH/nmnt"; then
+		mount_local "oci:$OUT:native" "$SCRATCH/nmnt"; then
 		check "the native mount is the host's platform ($host)" is_host_platform "$SCRATCH/nmnt"
-		check "ferry umount (native)" ferry_umount "$SCRATCH/nmnt"
+		check "ferry umount (native)" umount_local "$SCRATCH/nmnt"
 	fi
 fi
 if check "one --platform still converts one image" \
@@ -138,9 +138,9 @@ if check "convert the index into docker:// (two platforms)" \
 		test "$(index_platforms "$IMG" --tls-verify=false)" = "$want_two"
 	lazy_use multi
 	if check "lazy ferry mount of the docker:// index" \
-		ferryd_mount auto "$IMG" "$SCRATCH/lazy"; then
+		mount_lazy auto "$IMG" "$SCRATCH/lazy"; then
 		check "the lazy mount is the host's platform ($host)" is_host_platform "$SCRATCH/lazy"
-		check "ferry umount (lazy)" fumount "$SCRATCH/lazy"
+		check "ferry umount (lazy)" umount_lazy "$SCRATCH/lazy"
 	fi
 fi
 e2e_done

@@ -45,20 +45,20 @@ check_fails "a missing list file is refused" "$SCRATCH/nolist" \
 # A lazy mount fetches the listed files by itself: 3 + 3 chunks of the 9.
 lazy_use pf
 present_is() { [ "$(fcache_sum | cut -d' ' -f1)" = "$1" ]; }
-if check "lazy mount of the image" fmount "dir:$SCRATCH/img" "$SCRATCH/mnt"; then
+if check "lazy mount of the image" mount_lazy fuse "dir:$SCRATCH/img" "$SCRATCH/mnt"; then
 	check "the listed files' 6 chunks become present without a read" \
 		poll 30 present_is 6
 	expect "nothing was read through the mount" [ "$(mount_stats "$SCRATCH/mnt" | cut -d' ' -f1)" = 0 ]
 	check "the files read right" cmp "$SRC/opt/app/second" "$SCRATCH/mnt/opt/app/second"
-	check "umount" fumount "$SCRATCH/mnt"
+	check "umount" umount_lazy "$SCRATCH/mnt"
 fi
 # A list given at mount time comes after the image's own.
 rm -rf "$FCACHE"
 echo /opt/app/never >"$SCRATCH/more"
-if check "lazy mount with --prefetch-files" fmount "dir:$SCRATCH/img" "$SCRATCH/mnt" \
+if check "lazy mount with --prefetch-files" mount_lazy fuse "dir:$SCRATCH/img" "$SCRATCH/mnt" \
 	--prefetch-files "$SCRATCH/more"; then
 	check "both lists are prefetched (9 chunks)" \
 		poll 30 present_is 9
-	check "umount" fumount "$SCRATCH/mnt"
+	check "umount" umount_lazy "$SCRATCH/mnt"
 fi
 e2e_done

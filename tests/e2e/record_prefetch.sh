@@ -37,13 +37,13 @@ read_dir_in_order() { # MNT: every small file of DRA_DIR, in readdir order
 	done
 }
 
-check "ferry mount --record (mode fuse implied)" fmount "$IMG" "$M" --record "$L"
-# fmount passes --mode fuse; the implication is checked below without it.
+check "ferry mount --record (mode fuse implied)" mount_lazy fuse "$IMG" "$M" --record "$L"
+# mount_lazy fuse passes --mode fuse; the implication is checked below without it.
 check "the startup workload" workload "$M"
 expect "a directory of small files to read in order ($DRA_DIR)" [ -n "$DRA_DIR" ]
 read_dir_in_order "$M" >"$SCRATCH/dra.read"
 echo "# read $(wc -l <"$SCRATCH/dra.read") files of /$DRA_DIR in directory order"
-check "umount" fumount "$M"
+check "umount" umount_lazy "$M"
 expect "the list exists" [ -s "$L" ]
 sed 's/^/# recorded: /' "$L" | head -20
 expect "first line: the first file read" [ "$(sed -n 1p "$L")" = /usr/bin/bash ]
@@ -67,7 +67,7 @@ check "--record without --mode mounts" timeout -k 5 90 "$FERRY" mount "${FERRYD_
 expect "  ... in fuse mode" [ "$(mount_field "$M2" mode)" = fuse ]
 check "read one file" cmp "$M2/usr/bin/ls" "$ref/usr/bin/ls"
 expect "the list grows while the mount lives" grep -qx /usr/bin/ls "$L2"
-check "umount" fumount "$M2"
+check "umount" umount_lazy "$M2"
 
 check_exit "--record with --mode fanotify: usage error" 2 \
 	"$FERRY" mount "${FERRYD_SOCK_OPT[@]}" --mode fanotify --record "$L2" "$IMG" "$M2"
@@ -134,7 +134,7 @@ expect "listed files share no frame with unlisted ones, and form one run at the 
 
 lazy_use replay
 M3=$SCRATCH/m-replay
-check "mount the image with the list (fresh cache)" fmount "$RIMG" "$M3"
+check "mount the image with the list (fresh cache)" mount_lazy fuse "$RIMG" "$M3"
 prefetch_done() { [ "$(mount_field "$M3" prefetch)" = done ]; }
 expect "prefetch of the embedded list finishes" poll 60 prefetch_done
 read -r _ before _ _ _ < <(mount_stats "$M3")
@@ -145,6 +145,6 @@ expect "the workload fetches nothing: the list covered it" [ "$after" -eq "$befo
 expect "and prefetch fetched something" [ "$before" -gt 0 ]
 check "the replayed image's tree is the reference's (hot-run addresses)" \
 	python3 "$TREECMP" "$ref" "$M3"
-check "umount" fumount "$M3"
+check "umount" umount_lazy "$M3"
 
 e2e_done

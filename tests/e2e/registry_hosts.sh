@@ -66,12 +66,12 @@ expect "the host's header went with it" \
 lazy_use mirror
 fp_reset
 if check "pull+resolve mirror, origin unreachable: lazy ferry mount of the tag" \
-	ferryd_mount auto "docker://$ORIGIN/t/x:1" "$SCRATCH/m1" "${NORES[@]}" \
+	mount_lazy auto "docker://$ORIGIN/t/x:1" "$SCRATCH/m1" "${NORES[@]}" \
 	--registry-hosts "$SCRATCH/pr.json" --retries 1; then
 	check "the lazy mount reads back" cmp "$TREE/data/random.bin" "$SCRATCH/m1/data/random.bin"
 	expect "the mirror served its blobs" \
 		fp_log_has '^GET /v2/t/x/blobs/sha256:[0-9a-f]{64}\?ns=origin[^ ]* .*-> 20[06]'
-	check "umount" fumount "$SCRATCH/m1"
+	check "umount" umount_lazy "$SCRATCH/m1"
 fi
 hosts_file "$SCRATCH/p.json" "$ORIGIN" "http://$PROXY" '["pull"]'
 check_exit "a pull-only mirror does not resolve tags (the origin is asked): exit 1" 1 \
@@ -112,13 +112,13 @@ lazy_use midblob
 fp_reset
 fp_set none
 if check "lazy mount through that mirror" \
-	ferryd_mount auto "docker://$ORIGIN_REG/t/x:1" "$SCRATCH/m2" \
+	mount_lazy auto "docker://$ORIGIN_REG/t/x:1" "$SCRATCH/m2" \
 	--registry-hosts "$SCRATCH/mid.json"; then
 	fp_set reset_mid count=3 method=GET 'path=/blobs/sha256:'
 	check "every byte reads back, no error for the reader" \
 		cmp "$TREE/data/random.bin" "$SCRATCH/m2/data/random.bin"
 	expect "the mirror broke off during those reads" test "$(fp_stat faults)" -ge 1
-	check "umount" fumount "$SCRATCH/m2"
+	check "umount" umount_lazy "$SCRATCH/m2"
 fi
 fp_set none
 

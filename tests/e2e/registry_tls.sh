@@ -26,45 +26,12 @@ NAME=registry.ferry.test
 PKI=$SCRATCH/pki
 export FERRY_CACHE_DIR=$CACHE
 
-# tls_start anon|basic CERTNAME: docker-registry serving https with
-# CERTNAME's certificate on a free port of 127.0.0.1, the same
-# conventions as reg_start (killed on exit, bounded wait, port retried).
-# Sets TLS_PORT, TLS_DIR; the access log is on (it shows the Host).
+# tls_start anon|basic CERTNAME: reg_start's docker-registry serving https
+# with CERTNAME's certificate; sets TLS_PORT, TLS_DIR; the access log is
+# on (it shows the Host).
 tls_start() {
-	local mode=$1 cert=$2 d auth='' port _
-	REG_N=$((REG_N + 1))
-	d=$SCRATCH/tls$REG_N
-	mkdir -p "$d/storage"
-	TLS_DIR=$d
-	if [ "$mode" = basic ]; then
-		htpasswd -Bbn "$REG_TEST_USER" "$REG_TEST_PASS" >"$d/htpasswd" || return 1
-		auth="auth: {htpasswd: {realm: ferry-basic, path: $d/htpasswd}}"
-	fi
-	for _ in 1 2 3; do
-		port=$(reg_free_port) || return 1
-		cat >"$d/config.yml" <<EOF
-version: 0.1
-log: {level: info, formatter: text}
-storage:
-  filesystem: {rootdirectory: $d/storage}
-http:
-  addr: 127.0.0.1:$port
-  secret: ferry-test-secret
-  tls: {certificate: $PKI/$cert.pem, key: $PKI/$cert.key}
-$auth
-EOF
-		reg_spawn "$d/registry.log" docker-registry serve "$d/config.yml"
-		# A TLS port answers plain http with a 400: it is serving.
-		if reg_wait_http "http://127.0.0.1:$port/v2/" "$REG_PID" 10 \
-			2>>"$d/start.log"; then
-			TLS_PORT=$port
-			return 0
-		fi
-		kill "$REG_PID" 2>/dev/null
-	done
-	echo "docker-registry (TLS) did not start:" >&2
-	tail -n 20 "$d/registry.log" "$d/start.log" >&2
-	return 1
+	REG_ACCESS_LOG=1 REG_TLS_CERT=$PKI/$2.pem REG_TLS_KEY=$PKI/$2.key reg_start "$1" &&
+		TLS_PORT=${REG##*:} TLS_DIR=$REG_DIR
 }
 
 if ! tls_pki >"$LOG" 2>&1; then

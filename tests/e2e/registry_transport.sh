@@ -60,7 +60,7 @@ check "ferry inspect docker://" "$FERRY" inspect "docker://$REG/ferry/debian:edi
 check "ferry inspect docker://…@digest" "$FERRY" inspect "docker://$REG/ferry/debian@$local_digest"
 check "ferry check docker://" "$FERRY" check "docker://$REG/ferry/debian:edit"
 if ref=$(umoci_ref "$FIX:edit" "$SCRATCH/bundle" 2>"$LOG"); then
-	if check "ferry mount --mode local docker://" mount_image \
+	if check "ferry mount --mode local docker://" mount_local \
 		"docker://$REG/ferry/debian:edit" "$MNT"; then
 		check "treecmp umoci unpack == docker:// mount" python3 "$TREECMP" "$ref" "$MNT"
 		check "ferry umount" "$FERRY" umount "$MNT"
@@ -71,7 +71,7 @@ else
 fi
 cache_state() { stat -c '%n %i %Y %s' "$CACHE"/blobs/sha256/*.data; }
 before=$(cache_state)
-if check "mount docker:// again" mount_image "docker://$REG/ferry/debian:edit" "$MNT"; then
+if check "mount docker:// again" mount_local "docker://$REG/ferry/debian:edit" "$MNT"; then
 	expect "the second mount wrote nothing to the cache" [ "$before" = "$(cache_state)" ]
 	"$FERRY" umount "$MNT"
 fi
@@ -133,7 +133,7 @@ EOF
 		"$FERRY" mount --mode local "docker://$REG/ferry/debian:edit" "$MNT" --cache-dir "$CACHE"
 	expect "nothing mounted after the failure" [ -z "$(findmnt -n --mountpoint "$MNT")" ]
 	cp "$SCRATCH/blob.orig" "$stored"
-	check "after the registry is repaired the mount completes" mount_image \
+	check "after the registry is repaired the mount completes" mount_local \
 		"docker://$REG/ferry/debian:edit" "$MNT"
 	[ -n "$(findmnt -n --mountpoint "$MNT")" ] && "$FERRY" umount "$MNT"
 else

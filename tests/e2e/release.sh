@@ -135,7 +135,7 @@ mkdir -p "$SCRATCH/mnt"
 if check "ferry mount --mode local" "$FERRY" mount --mode local --cache-dir "$SCRATCH/cache" \
 	"dir:$IMG" "$SCRATCH/mnt"; then
 	check "its files read back" cmp "$SCRATCH/src/dir/data" "$SCRATCH/mnt/dir/data"
-	check "ferry umount" ferry_umount "$SCRATCH/mnt"
+	check "ferry umount" umount_local "$SCRATCH/mnt"
 fi
 check "add a required section from a later ferry" \
 	python3 "$TOP/tests/tools/bootstrap_section.py" "$SCRATCH/img-required" FERRYZZ9 3 1 "needed"

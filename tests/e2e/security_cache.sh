@@ -47,10 +47,6 @@ echo "root only, must stay as it is" >"$ROOTFILE"
 chmod 0600 "$ROOTFILE"
 ROOTSUM=$(sha256sum <"$ROOTFILE")
 
-local_mount() { # IMAGE MNT CACHE
-	mkdir -p "$2"
-	timeout -k 5 120 "$FERRY" mount --mode local "$1" "$2" --cache-dir "$3" </dev/null
-}
 # The refusal names the directory and says what to fix.
 refused_naming() { # DESC DIR
 	if grep -qF "$2 is owned by" "$LOG" && grep -q "chown" "$LOG"; then
@@ -69,7 +65,7 @@ as_nobody mkdir -p "$C/blobs/sha256"
 as_nobody ln -s "$ROOTFILE" "$C/blobs/sha256/$BLOBHEX.data"
 M=$SCRATCH/m-nobody
 check_exit "nobody-owned cache with a .data symlink: local mount refused" 1 \
-	local_mount "dir:$OUT" "$M" "$C"
+	mount_local "dir:$OUT" "$M" --cache-dir "$C"
 refused_naming "nobody-owned cache" "$C"
 expect "the root-only file is untouched (content and size)" \
 	test "$(sha256sum <"$ROOTFILE")" = "$ROOTSUM"
@@ -80,7 +76,7 @@ for mode in 0777 0775 0757; do
 	mkdir -p "$C"
 	chmod "$mode" "$C"
 	check_exit "root-owned cache with mode $mode: refused" 1 \
-		local_mount "dir:$OUT" "$SCRATCH/m-$mode" "$C"
+		mount_local "dir:$OUT" "$SCRATCH/m-$mode" --cache-dir "$C"
 	refused_naming "cache mode $mode" "$C"
 done
 C=$PUB/cache-subdir
@@ -88,7 +84,7 @@ mkdir -p "$C/blobs"
 chmod 0700 "$C"
 chown nobody "$C/blobs"
 check_exit "a nobody-owned directory inside a root cache: refused" 1 \
-	local_mount "dir:$OUT" "$SCRATCH/m-subdir" "$C"
+	mount_local "dir:$OUT" "$SCRATCH/m-subdir" --cache-dir "$C"
 refused_naming "nobody-owned blobs/" "$C/blobs"
 
 # Defense in depth: even root's own cache never follows a link it holds.
@@ -96,15 +92,15 @@ C=$PUB/cache-link
 mkdir -p "$C/blobs/sha256"
 ln -s "$ROOTFILE" "$C/blobs/sha256/$BLOBHEX.data"
 check_exit "a .data symlink in a root cache: mount refused" 1 \
-	local_mount "dir:$OUT" "$SCRATCH/m-link" "$C"
+	mount_local "dir:$OUT" "$SCRATCH/m-link" --cache-dir "$C"
 expect "the root-only file is still untouched" \
 	test "$(sha256sum <"$ROOTFILE")" = "$ROOTSUM"
 
 # --- finding 1: a planted bootstrap of the same size ---------------------
 C=$PUB/cache-boot
 M=$SCRATCH/m-boot
-check "oci: image mounts (local) into a fresh cache" local_mount "oci:$LAYOUT:t" "$M" "$C"
-ferry_umount "$M" >/dev/null 2>&1
+check "oci: image mounts (local) into a fresh cache" mount_local "oci:$LAYOUT:t" "$M" --cache-dir "$C"
+umount_local "$M" >/dev/null 2>&1
 BOOT=$(ls "$C/bootstraps/" 2>/dev/null | head -n 1)
 expect "the bootstrap is cached as CACHE/bootstraps/<sha256>" test -n "$BOOT"
 # Same size, attacker's bytes: the real file's text changed in place.
@@ -126,12 +122,12 @@ chmod 0644 "$PUB/planted"
 as_nobody rm -f "$C/bootstraps/$BOOT"
 as_nobody cp "$PUB/planted" "$C/bootstraps/$BOOT"
 check_exit "planted bootstrap in a nobody-owned cache: mount refused" 1 \
-	local_mount "oci:$LAYOUT:t" "$M" "$C"
+	mount_local "oci:$LAYOUT:t" "$M" --cache-dir "$C"
 expect "nothing mounted" sh -c "! mountpoint -q '$M'"
 # Root's cache with a damaged copy of the same size: replaced, never used.
 chown -R root "$C"
 check "same-size different bootstrap in a root cache: mount works" \
-	local_mount "oci:$LAYOUT:t" "$M" "$C"
+	mount_local "oci:$LAYOUT:t" "$M" --cache-dir "$C"
 if grep -q "does not hold the image's bootstrap" "$LOG"; then
 	ok "the damaged bootstrap is reported and replaced"
 else
@@ -139,7 +135,7 @@ else
 	diag "$LOG"
 fi
 check "the mounted tree is the real image's" python3 "$TREECMP" "$SRC" "$M"
-ferry_umount "$M" >/dev/null 2>&1
+umount_local "$M" >/dev/null 2>&1
 expect "the cached bootstrap is the real one again" \
 	test "sha256:$(sha256sum <"$C/bootstraps/$BOOT" | cut -c1-64)" = "sha256:$BOOT"
 
@@ -147,8 +143,8 @@ expect "the cached bootstrap is the real one again" \
 C=$PUB/cache-private
 mkdir -m 0755 "$C"
 M=$SCRATCH/m-private
-check "local mount of an image with a 0600 file" local_mount "oci:$LAYOUT:t" "$M" "$C"
-ferry_umount "$M" >/dev/null 2>&1
+check "local mount of an image with a 0600 file" mount_local "oci:$LAYOUT:t" "$M" --cache-dir "$C"
+umount_local "$M" >/dev/null 2>&1
 expect "cache root narrowed to 0700" test "$(stat -c %a "$C")" = 700
 LOOSE=$(find "$C" \( -type d -perm /077 \) -o \( -type f -perm /077 \) -print)
 if [ -z "$LOOSE" ]; then
@@ -168,16 +164,16 @@ expect "nobody cannot read the cached bootstrap" \
 bad=
 for round in 1 2 3; do
 	C=$PUB/cache-conc-$round
-	local_mount "oci:$LAYOUT:t" "$SCRATCH/c$round-a" "$C" >"$SCRATCH/conc-a.log" 2>&1 &
+	mount_local "oci:$LAYOUT:t" "$SCRATCH/c$round-a" --cache-dir "$C" >"$SCRATCH/conc-a.log" 2>&1 &
 	pa=$!
-	local_mount "oci:$LAYOUT:t" "$SCRATCH/c$round-b" "$C" >"$SCRATCH/conc-b.log" 2>&1 &
+	mount_local "oci:$LAYOUT:t" "$SCRATCH/c$round-b" --cache-dir "$C" >"$SCRATCH/conc-b.log" 2>&1 &
 	pb=$!
 	wait "$pa" || bad="$bad round$round-a"
 	wait "$pb" || bad="$bad round$round-b"
 	for s in a b; do
 		python3 "$TREECMP" "$SRC" "$SCRATCH/c$round-$s" >"$LOG" 2>&1 ||
 			bad="$bad round$round-$s-tree"
-		ferry_umount "$SCRATCH/c$round-$s" >/dev/null 2>&1
+		umount_local "$SCRATCH/c$round-$s" >/dev/null 2>&1
 	done
 done
 if [ -z "$bad" ]; then
@@ -192,10 +188,10 @@ fi
 # --- finding 1: ferry cache verify ---------------------------------------
 lazy_use verify
 M=$SCRATCH/m-verify
-check "fuse mount of the image" fmount "dir:$OUT" "$M" || e2e_done
+check "fuse mount of the image" mount_lazy fuse "dir:$OUT" "$M" || e2e_done
 check "read the big file through FUSE" cmp "$SRC/big.bin" "$M/big.bin"
 check "ferry cache verify: intact cache" "$FERRY" cache --cache-dir "$FCACHE" verify
-fumount "$M"
+umount_lazy "$M"
 VDATA=$FCACHE/blobs/sha256/$BLOBHEX.data
 # A byte of the big file's first chunk, whose bytes are random (never 0).
 OFF=$(python3 - "$VDATA" "$SRC/big.bin" <<'EOF'
@@ -217,18 +213,18 @@ NBAD=$(python3 -c 'import json,sys; print(len(json.load(open(sys.argv[1]))["badC
 expect "verify --json lists exactly one bad chunk" test "${NBAD:-x}" = 1
 check "ferry cache verify again: clean (the chunk was cleared)" \
 	"$FERRY" cache --cache-dir "$FCACHE" verify
-check "fuse mount again" fmount "dir:$OUT" "$M"
+check "fuse mount again" mount_lazy fuse "dir:$OUT" "$M"
 check "the next read fetches the right bytes again" cmp "$SRC/big.bin" "$M/big.bin"
-fumount "$M"
+umount_lazy "$M"
 check "ferry cache verify after the refetch: clean" \
 	"$FERRY" cache --cache-dir "$FCACHE" verify
 
 # --- finding 3: a DAG bootstrap is refused before mount ------------------
 M=$SCRATCH/m-dag
-check "the DAG test image mounts before patching" local_mount "dir:$OUT" "$M" "$CACHE"
+check "the DAG test image mounts before patching" mount_local "dir:$OUT" "$M" --cache-dir "$CACHE"
 ROOTNID=$(stat -c %i "$M")
 ANID=$(stat -c %i "$M/a")
-ferry_umount "$M" >/dev/null 2>&1
+umount_local "$M" >/dev/null 2>&1
 DAG=$SCRATCH/dag
 cp -a "$OUT" "$DAG"
 # Point the entry "loopme" of /a at the root (an ancestor), then fix the
@@ -284,12 +280,12 @@ dag_refused() { # MODE
 }
 dmesg_mark
 check_exit "ferry check refuses the DAG image" 1 "$FERRY" check "dir:$DAG"
-check_exit "DAG: --mode local refused" 1 local_mount "dir:$DAG" "$M" "$CACHE"
+check_exit "DAG: --mode local refused" 1 mount_local "dir:$DAG" "$M" --cache-dir "$CACHE"
 dag_refused local
 lazy_use dag
-check_exit "DAG: --mode fuse refused" 1 fmount "dir:$DAG" "$M"
+check_exit "DAG: --mode fuse refused" 1 mount_lazy fuse "dir:$DAG" "$M"
 dag_refused fuse
-check_exit "DAG: --mode fanotify refused" 1 fnmount "dir:$DAG" "$M"
+check_exit "DAG: --mode fanotify refused" 1 mount_lazy fanotify "dir:$DAG" "$M"
 dag_refused fanotify
 check_kernel_log
 

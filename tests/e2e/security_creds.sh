@@ -108,11 +108,10 @@ chmod 600 "$CREDS"
 
 # --- mounts in every mode; ferryd and the keepers keep serving -------------
 lazy_use creds
-local_mount() { mkdir -p "$1" && "$FERRY" mount --mode local --creds-file "$CREDS" "$IMG" "$1" --cache-dir "$CACHE" </dev/null; }
-check "mount --mode local with --creds-file" local_mount "$SCRATCH/m-local" &&
+check "mount --mode local with --creds-file" mount_local "$IMG" "$SCRATCH/m-local" --creds-file "$CREDS" &&
 	check "... reads right" cmp "$SRC/big" "$SCRATCH/m-local/big"
 MF=$SCRATCH/m-fuse
-check "mount --mode fuse with --creds-file" fmount "$IMG" "$MF" --creds-file "$CREDS"
+check "mount --mode fuse with --creds-file" mount_lazy fuse "$IMG" "$MF" --creds-file "$CREDS"
 fn_stdin() {
 	mkdir -p "$1"
 	printf '%s\n' "$PW" | timeout -k 5 90 "$FERRY" mount --mode fanotify --socket "$FSOCK" \
@@ -140,11 +139,11 @@ expect "the password was in no process's cmdline or environ ($n scans of every p
 	test ! -s "$HITS"
 diag "$HITS" 10
 for m in "$MF" "$MN"; do
-	check "umount ${m##*/}" fumount "$m"
+	check "umount ${m##*/}" umount_lazy "$m"
 done
 check "umount m-fg" timeout -k 5 60 "$FERRY" umount --socket "$SCRATCH/fg.sock" "$MFG"
 wait_gone 10 "$FG"
-ferry_umount "$SCRATCH/m-local" >/dev/null 2>&1
+umount_local "$SCRATCH/m-local" >/dev/null 2>&1
 
 touch "$SCRATCH/scan.stop"
 wait "$SCANNER" 2>/dev/null

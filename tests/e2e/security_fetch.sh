@@ -105,7 +105,7 @@ chmod 711 "$SCRATCH"
 # --- finding 4: nobody running ferry reads filled bytes, never zeros ----------
 lazy_use nobody
 M=$SCRATCH/m-nobody
-if check "mount --mode fanotify, empty cache" fnmount "docker://$REG/$SIMG" "$M"; then
+if check "mount --mode fanotify, empty cache" mount_lazy fanotify "docker://$REG/$SIMG" "$M"; then
 	read -r _ _ present total _ < <(mount_stats "$M")
 	expect_sh "... no data chunk present before the reads ($present of $total)" \
 		'[ "$present" -lt "$total" ]'
@@ -117,11 +117,11 @@ if check "mount --mode fanotify, empty cache" fnmount "docker://$REG/$SIMG" "$M"
 	check "nobody: ferry convert dir:MOUNT dir:OUT (the ferry binary, not root)" \
 		runuser -u nobody -- "$FERRY" convert -q "dir:$M" "dir:$X/out"
 	MX=$SCRATCH/m-x
-	if check "... mount what it converted (fuse)" fmount "dir:$X/out" "$MX"; then
+	if check "... mount what it converted (fuse)" mount_lazy fuse "dir:$X/out" "$MX"; then
 		hashtree "$MX" sorted 0 >"$SCRATCH/x.sums" 2>"$LOG"
 		check "... every file it read is the image's (filled on demand, no zeros)" \
 			diff "$SCRATCH/tree.sums" "$SCRATCH/x.sums"
-		fumount "$MX"
+		umount_lazy "$MX"
 	fi
 	hashtree "$M" sorted 0 >"$SCRATCH/root.sums" 2>"$LOG"
 	check "root then reads the same bytes (the page cache kept no zeros)" \
@@ -129,7 +129,7 @@ if check "mount --mode fanotify, empty cache" fnmount "docker://$REG/$SIMG" "$M"
 	read -r _ _ present total _ < <(mount_stats "$M")
 	expect_sh "... every chunk was filled by ferryd ($present of $total)" \
 		'[ "$present" -eq "$total" ]'
-	check "umount" fumount "$M"
+	check "umount" umount_lazy "$M"
 fi
 
 # --- finding 8: ferry umount ends a read stuck in a trickled fetch ------------
@@ -138,14 +138,14 @@ stuck_umount() { # MODE
 	lazy_use "stuck-$mode"
 	fp_reset
 	check "$mode: mount through the proxy, empty cache" \
-		ferryd_mount "$mode" "docker://$PROXY/$SIMG" "$mnt" || return
+		mount_lazy "$mode" "docker://$PROXY/$SIMG" "$mnt" || return
 	fp_set trickle rate=2000 "method=^GET$" path=/blobs/
 	read_check "$mnt/big" "$TREE/big" >"$SCRATCH/stuck-$mode.out" 2>&1 &
 	rp=$!
 	sleep 2
 	expect "$mode: the reader waits in the trickled fetch" kill -0 "$rp"
 	t0=$(now_ms)
-	check "$mode: ferry umount while it waits" fumount "$mnt"
+	check "$mode: ferry umount while it waits" umount_lazy "$mnt"
 	ms=$(($(now_ms) - t0))
 	expect_sh "... returns within a few seconds ($ms ms, < 6000; the deadline is 60 s)" \
 		'[ "$ms" -lt 6000 ]'

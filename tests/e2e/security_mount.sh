@@ -50,15 +50,13 @@ mount_mode() { # MODE MNT [ARGS]
 	local mode=$1
 	shift
 	if [ "$mode" = local ]; then
-		mkdir -p "$1"
-		timeout -k 5 120 "$FERRY" mount --mode local "dir:$OUT" "$@" \
-			--cache-dir "$CACHE" </dev/null
+		mount_local "dir:$OUT" "$@"
 	else
-		ferryd_mount "$mode" "dir:$OUT" "$@"
+		mount_lazy "$mode" "dir:$OUT" "$@"
 	fi
 }
 umount_mode() { # MODE MNT
-	if [ "$1" = local ]; then ferry_umount "$2"; else fumount "$2"; fi
+	if [ "$1" = local ]; then umount_local "$2"; else umount_lazy "$2"; fi
 }
 
 lazy_use mount
@@ -108,7 +106,7 @@ done
 # --- finding 10: a keeper dies on a plain SIGTERM --------------------------
 lazy_use keeper
 M=$SCRATCH/m-keeper
-if check "fanotify mount (its keeper to be terminated)" fnmount "dir:$OUT" "$M"; then
+if check "fanotify mount (its keeper to be terminated)" mount_lazy fanotify "dir:$OUT" "$M"; then
 	kpid=$(keeper_pid "$M" 2>&1)
 	if ! is_keeper "$kpid"; then
 		notok "find the keeper ($kpid)"
@@ -118,12 +116,12 @@ if check "fanotify mount (its keeper to be terminated)" fnmount "dir:$OUT" "$M";
 			test "$blocked" = 0000000000000000
 		kill -TERM "$kpid"
 		expect "the keeper $kpid is gone within 5 s of SIGTERM" wait_gone 5 "$kpid"
-		new_keeper() { k2=$(keeper_pid "$M" 2>/dev/null) && [ "$k2" != "$kpid" ] && is_keeper "$k2"; }
-		poll 10 new_keeper
-		expect "ferryd started a new keeper (${k2:-none})" new_keeper
+		NEW_KEEPER=
+		poll 10 keeper_replaced "$M" "$kpid"
+		expect "ferryd started a new keeper (${NEW_KEEPER:-none})" keeper_replaced "$M" "$kpid"
 		check "the mount still reads right" cmp "$SRC/data" "$M/data"
 	fi
-	check "umount" fumount "$M"
+	check "umount" umount_lazy "$M"
 fi
 
 e2e_done

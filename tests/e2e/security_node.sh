@@ -111,7 +111,7 @@ swap_mount() { # MODE: one try, the swap 1 s into the mount
 		timeout -k 5 60 "$FERRY" mount --mode local "docker://$PROXY/ferry/mp:1" "$m" \
 			--cache-dir "$FCACHE" </dev/null >"$LOG" 2>&1
 	else
-		ferryd_mount "$1" "docker://$PROXY/ferry/mp:1" "$m" >"$LOG" 2>&1
+		mount_lazy "$1" "docker://$PROXY/ferry/mp:1" "$m" >"$LOG" 2>&1
 	fi
 	rc=$?
 	wait "$swap"
@@ -143,19 +143,19 @@ if [ -d "$IMGDIR" ]; then
 		list=$PUB/u2/list-$kind
 		if [ "$kind" = fifo ]; then as_nobody mkfifo -m 0622 "$list"; else as_nobody touch "$list"; fi
 		t0=$(now_ms)
-		ferryd_mount fuse "dir:$IMGDIR" "$SCRATCH/m-rec" --record "$list" >"$LOG" 2>&1
+		mount_lazy fuse "dir:$IMGDIR" "$SCRATCH/m-rec" --record "$list" >"$LOG" 2>&1
 		rc=$?
 		ms=$(($(now_ms) - t0))
 		expect_sh "--record LIST, nobody's $kind: refused at once (exit $rc, $ms ms), naming it" \
 			'[ "$rc" -eq 1 ] && [ "$ms" -lt 10000 ] && grep -q "record $list" "$LOG"' || diag "$LOG" 3
-		is_mounted "$SCRATCH/m-rec" && fumount "$SCRATCH/m-rec"
+		is_mounted "$SCRATCH/m-rec" && umount_lazy "$SCRATCH/m-rec"
 		if [ "$kind" = file ]; then
 			expect_sh "--record LIST, nobody's file: nothing written into it" '[ ! -s "$list" ]'
 		fi
 	done
 	check "--record LIST, a new file: the mount works" \
-		ferryd_mount fuse "dir:$IMGDIR" "$SCRATCH/m-rec" --record "$SCRATCH/list-new"
-	is_mounted "$SCRATCH/m-rec" && fumount "$SCRATCH/m-rec"
+		mount_lazy fuse "dir:$IMGDIR" "$SCRATCH/m-rec" --record "$SCRATCH/list-new"
+	is_mounted "$SCRATCH/m-rec" && umount_lazy "$SCRATCH/m-rec"
 fi
 
 # --- the metrics port: squatted, held by idle clients ---------------------------
@@ -226,7 +226,7 @@ time.sleep(12)' "$port" &
 	check "the new ferryd serves metrics on the port (within 3 s)" poll 3 upgraded
 	expect "  ... and its log has no bind failure" \
 		test "$(grep -c "metrics-listen 127.0.0.1:$port: Address already in use" "$FLOG")" -eq 1
-	check "ferry umount" fumount "$M"
+	check "ferry umount" umount_lazy "$M"
 fi
 
 # --- an OCI layout's index.json that is not a small regular file ------------------

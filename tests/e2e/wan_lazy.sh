@@ -37,7 +37,7 @@ wan_checks() { # MODE
 	local mode=$1 m=$SCRATCH/m-wan-$1 t0 reqs inflight conns
 	lazy_use "wan-$mode"
 	check "mount --mode $mode through the WAN proxy (fresh cache)" \
-		ferryd_mount "$mode" "$WIMG" "$m" || return 1
+		mount_lazy "$mode" "$WIMG" "$m" || return 1
 	wp_stat requests reset >/dev/null
 	t0=$(now_ms)
 	readers_start "wan-$mode" "$m" 170 sorted reverse shuffle pread sorted reverse shuffle pread
@@ -53,7 +53,7 @@ wan_checks() { # MODE
 		'[ "$inflight" -gt 1 ] && [ "$conns" -gt 1 ]'
 	check "$mode: treecmp umoci unpack == the mount read through the WAN proxy" \
 		timeout 180 python3 "$TREECMP" "$ref" "$m"
-	check "ferry umount ($mode)" fumount "$m"
+	check "ferry umount ($mode)" umount_lazy "$m"
 }
 
 # One sequential reader of /usr/lib's files (sorted) on a fresh cache.
@@ -61,7 +61,7 @@ one_reader() { # MODE
 	local mode=$1 m=$SCRATCH/m-wan1-$1 inflight fetches ahead
 	lazy_use "wan1-$mode"
 	check "mount --mode $mode through the WAN proxy (fresh cache, one reader)" \
-		ferryd_mount "$mode" "$WIMG" "$m" || return 1
+		mount_lazy "$mode" "$WIMG" "$m" || return 1
 	wp_stat requests reset >/dev/null
 	check "$mode: one reader: every file of /usr/lib has the reference bytes" bash -c \
 		'diff <(cd "$1/usr/lib" && find . -type f | sort | head -400 | xargs -d "\n" sha256sum) \
@@ -75,7 +75,7 @@ one_reader() { # MODE
 		'[ "$inflight" -gt 1 ]'
 	expect_sh "$mode: fetch-ahead made most of the requests ($ahead of $fetches)" \
 		'[ "$ahead" -gt 0 ] && [ $((ahead * 2)) -gt "$fetches" ]'
-	check "ferry umount ($mode, one reader)" fumount "$m"
+	check "ferry umount ($mode, one reader)" umount_lazy "$m"
 }
 
 # Directory prediction's pair: A, a small file in the 32nd (or last) of
@@ -131,7 +131,7 @@ dir_predict() { # MODE
 	read -r b _ < <(sed -n 2p "$SCRATCH/dirpair.txt")
 	lazy_use "wandir-$mode"
 	check "mount --mode $mode through the WAN proxy (fresh cache, directory prediction)" \
-		ferryd_mount "$mode" "$WIMG" "$m" || return 1
+		mount_lazy "$mode" "$WIMG" "$m" || return 1
 	# A first miss starts the fetch-ahead threads, which map the tree (a
 	# large file: small ones may be stored in the bootstrap).
 	big=$(find "$ref/usr/bin" -type f -printf '%s %P\n' | sort -n | tail -1 | cut -d' ' -f2)
@@ -146,7 +146,7 @@ dir_predict() { # MODE
 	after=$(mount_field "$m" fetches)
 	expect_sh "$mode: /$b (a sibling directory's, before /$a in the blob) was there: no fetch ($before fetches before reading it, $after after)" \
 		'[ -n "$before" ] && [ "$before" = "$after" ]'
-	check "ferry umount ($mode, directory prediction)" fumount "$m"
+	check "ferry umount ($mode, directory prediction)" umount_lazy "$m"
 }
 
 # A program in usr/bin with two or more libraries, then its interpreter
@@ -182,7 +182,7 @@ elf_predict() { # MODE
 	read -r prog deps <"$SCRATCH/elfset.txt"
 	lazy_use "wanelf-$mode"
 	check "mount --mode $mode through the WAN proxy (fresh cache, ELF prediction)" \
-		ferryd_mount "$mode" "$WIMG" "$m" || return 1
+		mount_lazy "$mode" "$WIMG" "$m" || return 1
 	# A first miss starts the fetch-ahead threads and their map of files.
 	big=$(find "$ref/usr/share" -type f -size +300k -printf '%P\n' | sort | head -1)
 	check "$mode: a first read (/usr/share/$big)" cmp "$ref/usr/share/$big" "$m/usr/share/$big"
@@ -197,7 +197,7 @@ elf_predict() { # MODE
 	after=$(mount_field "$m" fetches)
 	expect_sh "$mode: /$prog's interpreter and libraries were there: no fetch ($before fetches before reading them, $after after)" \
 		'[ -n "$before" ] && [ "$before" = "$after" ]'
-	check "ferry umount ($mode, ELF prediction)" fumount "$m"
+	check "ferry umount ($mode, ELF prediction)" umount_lazy "$m"
 }
 
 # A program larger than 8 MiB (the elf_set program padded with zeros),
@@ -237,7 +237,7 @@ bigelf_check() { # MODE NAME WHAT READ_MAX COMMAND... PATH
 	path=${*: -1}
 	lazy_use "$name-$mode"
 	check "mount --mode $mode through the WAN proxy (fresh cache, $what)" \
-		ferryd_mount "$mode" "docker://$WAN/ferry/bigelf:1" "$m" || return 1
+		mount_lazy "$mode" "docker://$WAN/ferry/bigelf:1" "$m" || return 1
 	check "$mode: a first read (/usr/share/first)" cmp "$d/usr/share/first" "$m/usr/share/first"
 	fetch_settle "$m"
 	check "$mode: $what: $* reads the reference bytes" "${@:1:$#-1}" "$d$path" "$m$path"
@@ -256,7 +256,7 @@ bigelf_check() { # MODE NAME WHAT READ_MAX COMMAND... PATH
 	read=$(mount_field "$m" programsRead)
 	expect_sh "$mode: $what: predicted from the image's loader dependencies, at most $read_max header(s) read in the mount (programsRecorded $recorded, programsRead $read)" \
 		'[ "${recorded:-0}" -ge 1 ] && [ -n "$read" ] && [ "$read" -le "$read_max" ]'
-	check "ferry umount ($mode, $what)" fumount "$m"
+	check "ferry umount ($mode, $what)" umount_lazy "$m"
 }
 # ferry convert records each program's loader dependencies (FORMAT.md
 # 2.6) as the stream passes: with 4 KiB chunks mod.so's dynamic section

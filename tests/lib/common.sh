@@ -157,19 +157,26 @@ expect() {
 	fi
 }
 
-# ferry CMD... with this script's scratch cache (mount only).
-ferry_mount() { # OUT MNT [extra args]
-	local out=$1 mnt=$2
+# Mounts: mount_local/umount_local here (no daemon); mount_lazy/umount_lazy
+# through the test's own ferryd in lib/lazy.sh.
+
+# ferry mount --mode local IMAGE MNT: the chunk cache $CACHE, unless the
+# extra args name a --cache-dir.
+mount_local() { # IMAGE MNT [extra args]
+	local img=$1 mnt=$2 cache=(--cache-dir "$CACHE") a
 	shift 2
+	for a; do
+		[ "$a" = --cache-dir ] && cache=()
+	done
 	mkdir -p "$mnt"
-	"$FERRY" mount --mode local "dir:$out" "$mnt" --cache-dir "$CACHE" "$@"
+	"$FERRY" mount --mode local "$img" "$mnt" "${cache[@]}" "$@"
 }
 
 is_mounted() { mountpoint -q "$1"; }
 
 # Unmount MNT through ferry, falling back to umount(8) so that a ferry bug
 # does not leave the mount behind (the check still fails).
-ferry_umount() {
+umount_local() { # MNT
 	local mnt=$1
 	if "$FERRY" umount "$mnt"; then
 		! is_mounted "$mnt" && return 0
@@ -177,6 +184,22 @@ ferry_umount() {
 	fi
 	umount "$mnt" 2>/dev/null || umount -l "$mnt"
 	return 1
+}
+
+# Two dir: images OUT1 and OUT2 have identical bootstrap and blob bytes
+# (and identical FILEs, e.g. ferry.json).
+same_image() { # OUT1 OUT2 [FILE...]
+	local a=$1 b=$2 f rc=0
+	shift 2
+	for f in bootstrap "$@"; do
+		cmp "$a/$f" "$b/$f" || rc=1
+	done
+	diff <(cd "$a/blobs/sha256" && ls) <(cd "$b/blobs/sha256" && ls) || return 1
+	for f in "$a"/blobs/sha256/*; do
+		[ -e "$f" ] || continue
+		cmp "$f" "$b/blobs/sha256/$(basename "$f")" || rc=1
+	done
+	return $rc
 }
 
 # The --device= options for erofs-utils, one per blob in ferry.json order,

@@ -11,9 +11,9 @@
 #   lazy_use NAME           select instance NAME: FSOCK (its socket), FLOG
 #                           (its log) and FCACHE (its chunk cache), all
 #                           under $SCRATCH/fd-NAME
-#   fmount IMAGE MNT [ARGS] ferry mount --mode fuse through FSOCK/FCACHE
-#   fnmount IMAGE MNT [ARGS] the same with --mode fanotify
-#   fumount MNT             ferry umount (bounded)
+#   mount_lazy MODE IMAGE MNT [ARGS]  ferry mount --mode MODE through
+#                           FSOCK/FCACHE (bounded)
+#   umount_lazy MNT         ferry umount through FSOCK (bounded)
 #   daemon_pids [SOCK]      ferryd processes serving SOCK (default FSOCK)
 #   keeper_pids [SOCK]      their mounts' keepers (ferryd-keeper)
 #   keeper_pid MNT          the keeperPid ferry mount --list gives for MNT
@@ -37,12 +37,12 @@
 #   reg_damage_chunk IMAGE PATH / reg_repair_chunk
 #                           flip a byte of PATH's first chunk in the
 #                           registry's copy of its blob, and undo it
-#   damaged_mount / damaged_reads / log_names_damage
+#   mount_damaged / damaged_reads / log_names_damage
 #                           the checks around a damaged chunk of $BIG
 #   readers_start / readers_wait / readers_agree / readers_no_wrong_bytes
 #                           hashtree readers in the background, judged
-#   startup_mount / startup_workload / ferryd_detached / tree_read /
-#   conc_checks / local_mount / prefetch_all_mount / prefetch_files_checks
+#   mount_startup / startup_workload / ferryd_detached / tree_read /
+#   conc_checks / mount_converted / mount_prefetch_all / prefetch_files_checks
 #                           the checks fuse_lazy.sh and fanotify_lazy.sh
 #                           share, for a mode (fuse or fanotify)
 #
@@ -90,19 +90,19 @@ lazy_use() { # NAME
 	FERRYD_SOCK_OPT=(--socket "$FSOCK")
 }
 
-# ferry mount --mode MODE (fuse or fanotify: both hosted by ferryd).
-ferryd_mount() { # MODE IMAGE MNT [extra args]
+# ferry mount --mode MODE (a lazy mode: hosted by the test's ferryd),
+# bounded; the chunk cache $FCACHE.
+mount_lazy() { # MODE IMAGE MNT [extra args]
 	local mode=$1 img=$2 mnt=$3
 	shift 3
 	mkdir -p "$mnt"
 	timeout -k 5 90 "$FERRY" mount --mode "$mode" "${FERRYD_SOCK_OPT[@]}" \
 		"$img" "$mnt" --cache-dir "$FCACHE" "$@" </dev/null
 }
-fmount() { ferryd_mount fuse "$@"; }   # IMAGE MNT [extra args]
-fnmount() { ferryd_mount fanotify "$@"; } # IMAGE MNT [extra args]
 
-# ferry umount, bounded; ok only when MNT is no longer a mount point.
-fumount() { # MNT
+# ferry umount through the test's ferryd, bounded; ok only when MNT is no
+# longer a mount point.
+umount_lazy() { # MNT
 	timeout -k 5 60 "$FERRY" umount "${FERRYD_SOCK_OPT[@]}" "$1" </dev/null || return 1
 	if is_mounted "$1"; then
 		echo "ferry umount returned 0 but $1 is still mounted" >&2
@@ -173,6 +173,13 @@ keeper_pid() { # MNT
 	k=$(mount_field "$1" keeperPid) || return 1
 	echo "$k" >>"$SCRATCH/keepers.seen"
 	echo "$k"
+}
+
+# MNT's keeper as listed is alive and not OLD (a dead keeper replaced);
+# its pid in NEW_KEEPER ("" when none is listed).
+keeper_replaced() { # MNT OLD
+	NEW_KEEPER=$(keeper_pid "$1" 2>/dev/null) && [ "$NEW_KEEPER" != "$2" ] &&
+		is_keeper "$NEW_KEEPER"
 }
 
 # Wait (at most SECS) until none of PIDS lives.
@@ -654,17 +661,17 @@ BIG=opt/c/big.bin
 # Damage $BIG's first chunk in the registry (reg_damage_chunk), then mount
 # IMG (mode MODE) at MNT: a lazy mount does not read it yet. Fails with
 # one not ok line unless both worked.
-damaged_mount() { # MODE MNT
+mount_damaged() { # MODE MNT
 	if ! reg_damage_chunk "$IMG" "$BIG" 2>"$LOG"; then
 		notok "damage the first chunk of /$BIG in the registry"
 		diag "$LOG"
 		return 1
 	fi
 	check "mount --mode $1 with a damaged chunk in the registry (lazy: mount works)" \
-		ferryd_mount "$1" "$IMG" "$2"
+		mount_lazy "$1" "$IMG" "$2"
 }
 
-# Reads of $BIG at MNT (damaged_mount) fail with EIO, again (nothing bad
+# Reads of $BIG at MNT (mount_damaged) fail with EIO, again (nothing bad
 # was cached) and through its hardlink, never delivering wrong bytes; its
 # other chunks and every other file read right: six checks.
 damaged_reads() { # MNT
@@ -799,11 +806,11 @@ mode_name() { # MODE
 
 # Mount PIMG (mode MODE, through the proxy) at MNT, one check, saying how
 # long the mount took; the proxy's mark is set just before it.
-startup_mount() { # MODE MNT
+mount_startup() { # MODE MNT
 	local t0
 	t0=$(now_ms)
 	fp_mark
-	check "mount --mode $1 docker:// (through the proxy)" ferryd_mount "$1" "$PIMG" "$2" ||
+	check "mount --mode $1 docker:// (through the proxy)" mount_lazy "$1" "$PIMG" "$2" ||
 		return 1
 	echo "# mount returned after $(($(now_ms) - t0)) ms"
 }
@@ -821,7 +828,7 @@ settle_fetches() { # MNT
 	done
 }
 
-# The startup workload on MNT (startup_mount on a fresh cache) and its
+# The startup workload on MNT (mount_startup on a fresh cache) and its
 # checks: the mount fetched no file data; os-release, find /usr, chroot sh
 # and env work; ferry's stats agree with the proxy's count; the workload
 # fetched < 25% of the image and left most chunks absent.
@@ -876,7 +883,7 @@ ferryd_detached() {
 # (after one not ok line) only when the mount does.
 tree_read() { # MODE MNT
 	local m=$2 t0 present chunks disk
-	check "mount --mode $1 docker:// (fresh cache)" ferryd_mount "$1" "$IMG" "$m" || return 1
+	check "mount --mode $1 docker:// (fresh cache)" mount_lazy "$1" "$IMG" "$m" || return 1
 	t0=$(now_ms)
 	check "treecmp umoci unpack == lazy $(mode_name "$1") mount" timeout 180 python3 "$TREECMP" "$ref" "$m"
 	echo "# treecmp over the lazy mount took $(($(now_ms) - t0)) ms"
@@ -895,7 +902,7 @@ conc_checks() { # MODE
 	local mode=$1 m=$SCRATCH/m-conc t0 fetched present chunks disk_before disk_after stats
 	local s_read s_fetched s_present s_total s_pf
 	lazy_use conc
-	check "mount --mode $mode (fresh cache, 16 readers)" ferryd_mount "$mode" "$PIMG" "$m" ||
+	check "mount --mode $mode (fresh cache, 16 readers)" mount_lazy "$mode" "$PIMG" "$m" ||
 		return 1
 	fp_mark
 	t0=$(now_ms)
@@ -911,8 +918,8 @@ conc_checks() { # MODE
 		'[ "$fetched" -ge $((DATA_C * 9 / 10)) ] && [ "$fetched" -le $((DATA_C * 11 / 10)) ]'
 
 	read -r present chunks disk_before < <(fcache_sum)
-	check "ferry umount (16 readers)" fumount "$m"
-	check "mount again with the same cache" ferryd_mount "$mode" "$PIMG" "$m" || return 1
+	check "ferry umount (16 readers)" umount_lazy "$m"
+	check "mount again with the same cache" mount_lazy "$mode" "$PIMG" "$m" || return 1
 	fp_mark
 	check "treecmp after the remount" timeout 180 python3 "$TREECMP" "$ref" "$m"
 	fetched=$(fp_data_bytes)
@@ -934,16 +941,16 @@ conc_checks() { # MODE
 	else
 		notok "remount: ferry's stats of $m"
 	fi
-	check "ferry umount (remount)" fumount "$m"
+	check "ferry umount (remount)" umount_lazy "$m"
 }
 
 # Convert the edit fixture to a local image of KIND (dir: or oci:) and
 # mount it (mode MODE) at $SCRATCH/m-KIND: two checks, ok when both are.
-local_mount() { # MODE dir|oci
+mount_converted() { # MODE dir|oci
 	local img=dir:$SCRATCH/out
 	[ "$2" = oci ] && img=oci:$SCRATCH/layout:edit
 	check "convert to $2:" "$FERRY" convert -q "oci:$FIX:edit" "$img" &&
-		check "mount --mode $1 $2:" ferryd_mount "$1" "$img" "$SCRATCH/m-$2"
+		check "mount --mode $1 $2:" mount_lazy "$1" "$img" "$SCRATCH/m-$2"
 }
 
 # Every chunk of the cache is present.
@@ -962,9 +969,9 @@ enough_present() { # N
 # Mount PIMG (mode MODE) at MNT with --prefetch-all (MOUNT-DESC names that
 # check); then one check: every chunk becomes present without reads.
 # The proxy's mark is set after it. Fails only when the mount does.
-prefetch_all_mount() { # MODE MNT MOUNT-DESC
+mount_prefetch_all() { # MODE MNT MOUNT-DESC
 	local t0
-	check "$3" ferryd_mount "$1" "$PIMG" "$2" --prefetch-all || return 1
+	check "$3" mount_lazy "$1" "$PIMG" "$2" --prefetch-all || return 1
 	t0=$SECONDS
 	if poll 60 all_present; then
 		ok "--prefetch-all: every chunk present without reads (after $((SECONDS - t0)) s)"
@@ -989,7 +996,7 @@ prefetch_files_checks() { # MODE MOUNT-DESC
 		diag "$LOG"
 		return 1
 	fi
-	check "$2" ferryd_mount "$1" "$PIMG" "$m" --prefetch-files "$SCRATCH/prefetch.list" ||
+	check "$2" mount_lazy "$1" "$PIMG" "$m" --prefetch-files "$SCRATCH/prefetch.list" ||
 		return 1
 	t0=$SECONDS
 	if poll 60 enough_present "$need"; then
@@ -1006,5 +1013,5 @@ prefetch_files_checks() { # MODE MOUNT-DESC
 		same_files "$ref" "$m" "${pf[@]#/}"
 	f=$(fp_data_bytes)
 	expect_sh "--prefetch-files: reading the listed files fetched nothing ($f B)" '[ "$f" -eq 0 ]'
-	check "ferry umount (prefetch-files)" fumount "$m"
+	check "ferry umount (prefetch-files)" umount_lazy "$m"
 }

@@ -104,7 +104,7 @@ mount_in_time() { # DESC MODE MNT [ARGS]
 	local d=$1 mode=$2 mnt=$3
 	shift 3
 	check "$d: mount (< $NF_MOUNT s)" \
-		bounded "$NF_MOUNT" ferryd_mount "$mode" "$PIMG" "$mnt" "${NF_OPTS[@]}" "$@"
+		bounded "$NF_MOUNT" mount_lazy "$mode" "$PIMG" "$mnt" "${NF_OPTS[@]}" "$@"
 }
 # One check: ferryd answers ferry mount --list within NF_LIST.
 lists() { # DESC
@@ -330,7 +330,7 @@ cell_registry_mount() { # MODE
 	local mode=$1 c="registry down at mount, $1" M=$SCRATCH/m-regmount-$1
 	lazy_use "regmount-$mode"
 	fp_set 503 count=-1
-	bounded "$NF_MOUNT" ferryd_mount "$mode" "$PIMG" "$M" "${NF_OPTS[@]}" >"$LOG" 2>&1
+	bounded "$NF_MOUNT" mount_lazy "$mode" "$PIMG" "$M" "${NF_OPTS[@]}" >"$LOG" 2>&1
 	rc=$?
 	expect_sh "$c: the mount fails (exit $rc, < $NF_MOUNT s), naming the 503, nothing mounted" \
 		'[ "$rc" -eq 1 ] && grep -q 503 "$LOG" && ! is_mounted "$M"' || diag "$LOG" 5
@@ -414,7 +414,7 @@ with open(sys.argv[1], "wb") as f:
 		"$FERRY" convert -q --chunk-size 64M "dir:$d" "docker://$REG/ferry/big:1" ||
 		{ notok "$c: the image"; return; }
 	ASAN_OPTIONS="$ASAN_OPTIONS:quarantine_size_mb=1" check "$c: mount (< $NF_MOUNT s)" \
-		bounded "$NF_MOUNT" ferryd_mount fuse "docker://$PROXY/ferry/big:1" "$M" "${NF_OPTS[@]}" ||
+		bounded "$NF_MOUNT" mount_lazy fuse "docker://$PROXY/ferry/big:1" "$M" "${NF_OPTS[@]}" ||
 		return
 	p=$(daemon_pids | head -n 1)
 	before=$(awk '/^VmHWM:/ { print $2 }' "/proc/$p/status")

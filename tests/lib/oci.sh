@@ -37,30 +37,10 @@ host_platform() {
 	esac
 }
 
-# ferry mount --mode local of any IMAGE (dir: or oci:) with $CACHE.
-mount_image() { # IMAGE MNT [extra args]
-	local img=$1 mnt=$2
-	shift 2
-	mkdir -p "$mnt"
-	"$FERRY" mount --mode local "$img" "$mnt" --cache-dir "$CACHE" "$@"
-}
-
 # Reference tree of an OCI image: umoci unpack as root keeps owners,
 # modes, xattrs and device nodes. Prints the rootfs path.
 umoci_ref() { # LAYOUT:TAG BUNDLE
 	umoci unpack --image "$1" "$2" >/dev/null && echo "$2/rootfs"
-}
-
-# Two dir: images have identical bootstrap and blob bytes.
-same_image() { # OUT1 OUT2
-	local f rc=0
-	cmp "$1/bootstrap" "$2/bootstrap" || rc=1
-	diff <(cd "$1/blobs/sha256" && ls) <(cd "$2/blobs/sha256" && ls) || return 1
-	for f in "$1"/blobs/sha256/*; do
-		[ -e "$f" ] || continue
-		cmp "$f" "$2/blobs/sha256/$(basename "$f")" || rc=1
-	done
-	return $rc
 }
 
 # The manifest digest that LAYOUT's index.json tags TAG.

@@ -30,8 +30,6 @@ C=/cf/cache
 LOG=/run/ferry/ferryd.log
 T0=$(date +%s)
 
-field() { vm_field "$@"; } # MNT KEY
-cfmount() { vm_cfmount "$C" "$@"; } # IMAGE MNT [ARGS]: the chunk cache on ext4
 # sha256sum of FILES under ROOT in ORDER (a command: sort, sort -r, shuf),
 # listed by path.
 hashfiles() { # ROOT ORDER LIST
@@ -60,7 +58,7 @@ vm_check "ferryd -v starts on the default socket" ferryd -v
 # --- a lazy mount from the registry ------------------------------------------
 M=/mnt/base
 t=$(date +%s)
-if ! vm_check "ferry mount --mode cachefiles docker://$VM_REGISTRY/deb:base" cfmount deb:base $M; then
+if ! vm_check "ferry mount --mode cachefiles docker://$VM_REGISTRY/deb:base" vm_cfmount "$C" deb:base $M; then
 	tail -n 20 /run/ferry/ferryd.log 2>/dev/null | vm_diag_stdin
 	exit 1
 fi
@@ -68,13 +66,13 @@ vm_diag "mounted in $(($(date +%s) - t)) s (at $(elapsed))"
 vm_check "the mount is the kernel's EROFS over fscache (fsid=, no backing file)" sh -c '
 	set -- $(grep " /mnt/base " /proc/mounts) && echo "$*" && [ "$3" = erofs ] &&
 	case "$4" in *fsid=*) ;; *) false ;; esac'
-is_field() { [ "$(field "$1" "$2")" = "$3" ]; } # MNT KEY VALUE
+is_field() { [ "$(vm_field "$1" "$2")" = "$3" ]; } # MNT KEY VALUE
 vm_check "ferry mount --list says mode cachefiles" is_field $M mode cachefiles
 vm_check "the mount is nosuid,nodev (the default in every mode)" sh -c \
 	'set -- $(grep " /mnt/base " /proc/mounts) && case ",$4," in *,nosuid,*) ;; *) exit 1 ;; esac &&
 	case ",$4," in *,nodev,*) ;; *) exit 1 ;; esac'
 
-f=$(field $M bytesFetched)
+f=$(vm_field $M bytesFetched)
 vm_check "the mount fetched no file data, only the bootstrap (${f:-?} B)" [ "${f:-1}" -eq 0 ]
 
 # --- startup workload: a small part of the image ------------------------------
@@ -83,7 +81,7 @@ vm_check "startup: find usr lists the reference's entries" sh -c \
 	'cd /mnt/base && find usr | sort >/tmp/usr.find && cmp "$1/usr.find" /tmp/usr.find' sh "$P"
 vm_check "startup: chroot MNT /bin/sh -c true" timeout 60 chroot $M /bin/sh -c true
 vm_check "startup: chroot MNT /usr/bin/env true" timeout 60 chroot $M /usr/bin/env true
-f=$(field $M bytesFetched)
+f=$(vm_field $M bytesFetched)
 vm_diag "startup fetched ${f:-?} of $DATA_C compressed bytes (at $(elapsed))"
 vm_check "startup fetched some, and < 25% of the image (${f:-?} of $DATA_C B)" \
 	sh -c '[ "$1" -gt 0 ] && [ "$1" -lt $(($2 / 4)) ]' sh "${f:-0}" "$DATA_C"
@@ -126,7 +124,7 @@ if vm_check "damage one byte of $DMG_FILE's first chunk in the guest registry" d
 fi
 
 # --- the edge-case fixture, every attribute and byte ----------------------------
-if vm_check "ferry mount --mode cachefiles docker://$VM_REGISTRY/fx:v1" cfmount fx:v1 /mnt/fx; then
+if vm_check "ferry mount --mode cachefiles docker://$VM_REGISTRY/fx:v1" vm_cfmount "$C" fx:v1 /mnt/fx; then
 	t=$(date +%s)
 	vm_check "fixture: every entry and byte equals the reference (treelist)" sh -c \
 		'treelist /mnt/fx >/tmp/fx.list && diff "$1/fx.list" /tmp/fx.list' sh "$P"
@@ -140,7 +138,7 @@ if vm_check "ferry mount (mode auto) of fx:v1" sh -c \
 	'mkdir -p /mnt/auto && timeout 120 ferry mount --cache-dir "$1" "docker://$2/fx:v1" /mnt/auto' \
 	sh "$C" "$VM_REGISTRY"; then
 	vm_check "auto chose cachefiles" is_field /mnt/auto mode cachefiles
-	r=$(field /mnt/auto modeReason)
+	r=$(vm_field /mnt/auto modeReason)
 	vm_diag "modeReason: $r"
 	vm_check "--list says why: not fanotify, cachefiles" sh -c \
 		'case "$1" in "not fanotify: "*"; cachefiles: "*) ;; *) exit 1 ;; esac' sh "$r"
@@ -148,7 +146,7 @@ if vm_check "ferry mount (mode auto) of fx:v1" sh -c \
 fi
 
 # --- a warm restart: a new ferryd reads nothing from the registry ---------------
-pid=$(field $M pid)
+pid=$(vm_field $M pid)
 vm_check "ferry umount of deb:base" ferry umount $M
 vm_check "the kernel kept its cache files in $C/fscache/cache (bootstrap and blob)" sh -c \
 	'find "$1/fscache/cache" -type f -name "D*" | grep -q "/D$2$"' sh "$C" "$SHARED"
@@ -184,15 +182,15 @@ vm_check "ferryd (pid ${pid:-?}) ends on SIGTERM" sh -c \
 		i=$((i + 1)) && [ $i -lt 50 ] && sleep 0.2 || exit 1; done' sh "${pid:-0}"
 LOG=/run/ferry/ferryd2.log
 vm_check "a new ferryd -v --log-file $LOG starts" ferryd -v --log-file $LOG
-if vm_check "mount deb:base again (new ferryd, same caches)" cfmount deb:base $M; then
+if vm_check "mount deb:base again (new ferryd, same caches)" vm_cfmount "$C" deb:base $M; then
 	vm_check "usr/bin reads the reference bytes again" usrbin_right $M
-	f=$(field $M bytesFetched)
+	f=$(vm_field $M bytesFetched)
 	vm_check "the warm read fetched nothing (${f:-?} B)" [ "${f:-1}" -eq 0 ]
 fi
 
 # --- a domain: two images sharing a blob share one cache file -------------------
-if vm_check "mount deb:base in domain shared" cfmount deb:base /mnt/d1 --domain shared &&
-	vm_check "mount deb:pkgs in domain shared" cfmount deb:pkgs /mnt/d2 --domain shared; then
+if vm_check "mount deb:base in domain shared" vm_cfmount "$C" deb:base /mnt/d1 --domain shared &&
+	vm_check "mount deb:pkgs in domain shared" vm_cfmount "$C" deb:pkgs /mnt/d2 --domain shared; then
 	vm_check "both read etc/os-release and usr/bin/ls as the reference" sh -c '
 		cmp "$1/os-release" /mnt/d1/etc/os-release && cmp /mnt/d1/usr/bin/ls /mnt/d2/usr/bin/ls &&
 		grep -q "usr/bin/ls$" /tmp/usrbin.expect &&
@@ -214,8 +212,8 @@ if vm_check "mount deb:base in domain shared" cfmount deb:base /mnt/d1 --domain 
 fi
 
 # --- failover: kill -9 of ferryd, its keeper starts a successor ---------------------
-pid=$(field $M pid)
-kpid=$(field $M keeperPid)
+pid=$(vm_field $M pid)
+kpid=$(vm_field $M keeperPid)
 vm_check "the mount has a cachefiles keeper (pid ${kpid:-none}), not ferryd itself" \
 	sh -c '[ -n "$1" ] && [ "$1" != "$2" ] && kill -0 "$1"' sh "$kpid" "$pid"
 # A reader of data not cached yet, in flight while ferryd dies.
@@ -230,9 +228,9 @@ vm_check "the reader in flight got the right bytes ($FO_FILE)" grep -q "^$FO_SUM
 vm_check "a read after the kill of data not cached yet gets the right bytes" sh -c \
 	'timeout 120 cat "$1" | cmp - "$2"' sh "$M/$DMG_FILE" "$P/dmg.ref"
 vm_diag "failover: readers done $(($(date +%s) - t)) s after the kill"
-npid=$(field $M pid)
+npid=$(vm_field $M pid)
 vm_check "a new ferryd (pid ${npid:-none}) serves the mount, in mode cachefiles" \
-	sh -c '[ -n "$1" ] && [ "$1" != "$2" ] && [ "$3" = cachefiles ]' sh "$npid" "$pid" "$(field $M mode)"
+	sh -c '[ -n "$1" ] && [ "$1" != "$2" ] && [ "$3" = cachefiles ]' sh "$npid" "$pid" "$(vm_field $M mode)"
 vm_check "the successor logs to the dead ferryd's --log-file, at its level (-v)" sh -c '
 	grep -q "took over /dev/cachefiles" "$1" && grep -q "cachefiles: OPEN" "$1" &&
 	! grep -q "took over" /run/ferry/ferryd.log' sh "$LOG"
@@ -241,14 +239,14 @@ vm_check "the successor logs to the dead ferryd's --log-file, at its level (-v)"
 # The same image again in a domain of its own: new cache files, so the
 # readers' data goes through ferryd's READ answers across the upgrades.
 U=/mnt/up
-if vm_check "mount deb:base again in its own domain (a cold kernel cache)" cfmount deb:base $U --domain up; then
+if vm_check "mount deb:base again in its own domain (a cold kernel cache)" vm_cfmount "$C" deb:base $U --domain up; then
 	t=$(date +%s)
 	vm_readers "$U" /tmp/usrbin.files /tmp/up 300 sort "sort -r" shuf shuf sort "sort -r" \
 		shuf shuf sort "sort -r" shuf shuf sort "sort -r" shuf shuf
-	fails=0 seen=" $(field $M pid)"
+	fails=0 seen=" $(vm_field $M pid)"
 	for _ in 1 2 3 4 5 6 7 8 9 10; do
 		timeout 120 ferry daemon upgrade >/tmp/up.log 2>&1 || { fails=$((fails + 1)); vm_diag_stdin </tmp/up.log; }
-		seen="$seen $(field $M pid)"
+		seen="$seen $(vm_field $M pid)"
 	done
 	# shellcheck disable=SC2086
 	wait $VM_READERS
@@ -259,13 +257,13 @@ if vm_check "mount deb:base again in its own domain (a cold kernel cache)" cfmou
 	vm_check "the 16 readers across the upgrades all read the reference bytes" sh -c '
 		i=0; while [ $i -lt 16 ]; do cmp /tmp/usrbin.expect /tmp/up.$i || exit 1; i=$((i + 1)); done' || diagnose
 	vm_check "both mounts are still served, in mode cachefiles" \
-		[ "$(field $M mode)/$(field $U mode)" = cachefiles/cachefiles ]
+		[ "$(vm_field $M mode)/$(vm_field $U mode)" = cachefiles/cachefiles ]
 	vm_check "ferry umount of the upgrade test's mount" ferry umount $U
-	npid=$(field $M pid)
+	npid=$(vm_field $M pid)
 fi
 
 # --- no successor: ferryd and its keeper killed: errors in bounded time ----------
-kpid=$(field $M keeperPid)
+kpid=$(vm_field $M keeperPid)
 # The kernel withdraws the cache: what is not in the page cache fails, EIO
 # for data (ENOBUFS where it needs an inode the cache must give). The file
 # is opened before the kills, so the read is a data read.
@@ -289,17 +287,17 @@ vm_check "ferry umount works without ferryd" vm_wait 10 ferry umount $M || busy 
 # --- prefetch fills the kernel's cache files ------------------------------------
 # A fresh cache directory: the device is bound anew, its kernel cache empty.
 PF=/cf/pf
-pf_done() { [ "$(field /mnt/pf prefetch)" = "done" ]; }
+pf_done() { [ "$(vm_field /mnt/pf prefetch)" = "done" ]; }
 if vm_check "a new ferryd; mount fx:v1 --prefetch-all over a fresh cache" sh -c '
 	ferryd -v --log-file /run/ferry/ferryd3.log && mkdir -p /mnt/pf &&
 	timeout 120 ferry mount --mode cachefiles --prefetch-all --cache-dir "$1" "docker://$2/fx:v1" /mnt/pf' \
 	sh "$PF" "$VM_REGISTRY"; then
 	LOG=/run/ferry/ferryd3.log
 	vm_check "the prefetch is done" vm_wait 60 pf_done
-	f=$(field /mnt/pf bytesFetched)
+	f=$(vm_field /mnt/pf bytesFetched)
 	vm_check "fixture: every entry and byte equals the reference after the prefetch" sh -c \
 		'treelist /mnt/pf >/tmp/pf.list && diff "$1/fx.list" /tmp/pf.list' sh "$P"
-	f2=$(field /mnt/pf bytesFetched)
+	f2=$(vm_field /mnt/pf bytesFetched)
 	vm_check "the reads fetched nothing more: the prefetch wrote the kernel's cache files (${f:-?} B, then ${f2:-?} B)" \
 		sh -c '[ "${1:-0}" -gt 0 ] && [ "$1" = "$2" ]' sh "$f" "$f2"
 	vm_check "and not the chunk cache (< 64 KiB allocated)" sh -c '[ "$(du -sk "$1/blobs" | cut -f1)" -lt 64 ]' sh "$PF"
@@ -310,7 +308,7 @@ fi
 # A FUSE mount fills a chunk cache (--prefetch-all); a cachefiles mount of
 # the same image over it (its kernel cache fresh) fetches nothing.
 MX=/cf/mx
-mx_full() { [ "$(field /mnt/mxf chunksPresent)" = "$(field /mnt/mxf chunksTotal)" ]; }
+mx_full() { [ "$(vm_field /mnt/mxf chunksPresent)" = "$(vm_field /mnt/mxf chunksTotal)" ]; }
 if vm_check "mount fx:v1 with FUSE --prefetch-all, and it completes" sh -c '
 	mkdir -p /mnt/mxf /mnt/mxc &&
 	timeout 120 ferry mount --mode fuse --prefetch-all --cache-dir "$1" "docker://$2/fx:v1" /mnt/mxf' \
@@ -319,7 +317,7 @@ if vm_check "mount fx:v1 with FUSE --prefetch-all, and it completes" sh -c '
 		--cache-dir "$MX" "docker://$VM_REGISTRY/fx:v1" /mnt/mxc; then
 	vm_check "fixture through cachefiles: every entry and byte (treelist)" sh -c \
 		'treelist /mnt/mxc >/tmp/mx.list && diff "$1/fx.list" /tmp/mx.list' sh "$P"
-	f=$(field /mnt/mxc bytesFetched)
+	f=$(vm_field /mnt/mxc bytesFetched)
 	vm_check "cachefiles fetched nothing: the frames came from FUSE's chunk cache (${f:-?} B)" [ "${f:-1}" -eq 0 ]
 	vm_check "ferry umount of both" sh -c 'ferry umount /mnt/mxc && ferry umount /mnt/mxf'
 fi

@@ -25,8 +25,6 @@ C=/cf/cache
 LOG=/run/ferry/ferryd.log
 T0=$(date +%s)
 
-field() { vm_field "$@"; } # MNT KEY
-cfmount() { vm_cfmount "$C" "$@"; } # IMAGE MNT [ARGS]
 fstype() { awk -v m="$1" '$2 == m { t = $3 } END { print t }' /proc/mounts; }
 elapsed() { echo "$(($(date +%s) - T0)) s"; }
 diagnose() {
@@ -42,14 +40,14 @@ vm_check "ferryd -v starts on the default socket" ferryd -v
 
 # --- one layer: its EROFS over fscache, attached directly -------------------------
 B=/mnt/base
-if ! vm_check "ferry mount --mode cachefiles nat:base (one native layer)" cfmount nat:base $B; then
+if ! vm_check "ferry mount --mode cachefiles nat:base (one native layer)" vm_cfmount "$C" nat:base $B; then
 	diagnose
 	exit 1
 fi
 vm_check "the mount is an EROFS over fscache named after the layer (fsid=$BASE_FSID)" sh -c '
 	grep " /mnt/base erofs " /proc/mounts | grep -q "fsid=$1"' sh "$BASE_FSID"
-vm_check "ferry mount --list says mode cachefiles" [ "$(field $B mode)" = cachefiles ]
-f=$(field $B bytesFetched)
+vm_check "ferry mount --list says mode cachefiles" [ "$(vm_field $B mode)" = cachefiles ]
+f=$(vm_field $B bytesFetched)
 vm_check "the mount fetched the layer's metadata only (${f:-?} of $LAYERS_BYTES B)" \
 	sh -c '[ "${1:-0}" -gt 0 ] && [ "$1" -lt $(($2 / 4)) ]' sh "$f" "$LAYERS_BYTES"
 vm_check "nat:base: every entry's type, mode, owner, size, mtime, target, xattrs" sh -c '
@@ -58,11 +56,11 @@ vm_check "nat:base: every entry's type, mode, owner, size, mtime, target, xattrs
 # --- several layers under overlayfs; the shared layer mounted a second time -------
 E=/mnt/edit
 if vm_check "ferry mount --mode cachefiles nat:edit (native layers, one shared with nat:base)" \
-	cfmount nat:edit $E; then
+	vm_cfmount "$C" nat:edit $E; then
 	vm_check "the mount is an overlay of the layers" [ "$(fstype $E)" = overlay ]
 	vm_check "the shared layer is mounted a second time under the fsid of its copy 01" sh -c '
 		ls /sys/fs/erofs | grep -q "^01-$(echo "$1" | cut -c1-33)"' sh "$BASE_FSID"
-	f=$(field $E bytesFetched)
+	f=$(vm_field $E bytesFetched)
 	vm_check "nat:edit fetched its layers' metadata only (${f:-?} of $LAYERS_BYTES B)" \
 		sh -c '[ "${1:-0}" -gt 0 ] && [ "$1" -lt $(($2 / 4)) ]' sh "$f" "$LAYERS_BYTES"
 	vm_check "nat:edit: every entry's type, mode, owner, size, mtime, target, xattrs (whiteouts applied)" \
@@ -88,8 +86,8 @@ vm_check "--domain is refused for native layers, naming the reason" sh -c '
 
 # --- compressed layers: each compressed file's pclusters fetched whole ---------------
 Z=/mnt/z
-if vm_check "ferry mount --mode cachefiles nat:zedit (zstd-compressed layers)" cfmount nat:zedit $Z; then
-	f=$(field $Z bytesFetched)
+if vm_check "ferry mount --mode cachefiles nat:zedit (zstd-compressed layers)" vm_cfmount "$C" nat:zedit $Z; then
+	f=$(vm_field $Z bytesFetched)
 	vm_check "nat:zedit fetched its layers' metadata only (${f:-?} B)" \
 		sh -c '[ "${1:-0}" -gt 0 ] && [ "$1" -lt $(($2 / 8)) ]' sh "$f" "$LAYERS_BYTES"
 	vm_check "nat:zedit: every entry as the reference's" sh -c '
@@ -101,12 +99,12 @@ if vm_check "ferry mount --mode cachefiles nat:zedit (zstd-compressed layers)" c
 		for i in 0 1 2 3; do cmp /tmp/usrbin.expect /tmp/zr.$i || exit 1; done' || diagnose
 	vm_check "no EROFS decompression error in the kernel log" sh -c \
 		'! dmesg | grep -iE "decompress|read error"'
-	vm_diag "nat:zedit: usr/bin read with $(field $Z bytesFetched) B fetched (whole compressed files)"
+	vm_diag "nat:zedit: usr/bin read with $(vm_field $Z bytesFetched) B fetched (whole compressed files)"
 fi
 
 # --- failover: kill -9 of ferryd under readers of data not fetched yet --------------
-pid=$(field $E pid)
-kpid=$(field $E keeperPid)
+pid=$(vm_field $E pid)
+kpid=$(vm_field $E keeperPid)
 if [ "$(fstype $E)" = overlay ] &&
 	vm_check "nat:edit has a cachefiles keeper (pid ${kpid:-none})" \
 		sh -c '[ -n "$1" ] && [ "$1" != "$2" ] && kill -0 "$1"' sh "$kpid" "$pid"; then
@@ -126,9 +124,9 @@ if [ "$(fstype $E)" = overlay ] &&
 	vm_check "every reader got the reference bytes, none an error" sh -c '
 		for i in 0 1 2 3; do cmp /tmp/fo.expect /tmp/fo.$i && cmp /tmp/fo.expect /tmp/zfo.$i || exit 1; done' ||
 		diagnose
-	npid=$(field $E pid)
+	npid=$(vm_field $E pid)
 	vm_check "a new ferryd (pid ${npid:-none}) serves nat:edit and nat:base" sh -c '
-		[ -n "$1" ] && [ "$1" != "$2" ] && [ "$3" = "$1" ]' sh "$npid" "$pid" "$(field $B pid)"
+		[ -n "$1" ] && [ "$1" != "$2" ] && [ "$3" = "$1" ]' sh "$npid" "$pid" "$(vm_field $B pid)"
 	vm_check "the overlay never left the mount table" [ "$(fstype $E)" = overlay ]
 	vm_check "after the takeover, files not read yet still read right (usr/bin again, cold cache dropped)" \
 		sh -c 'echo 3 >/proc/sys/vm/drop_caches && cd /mnt/edit &&
@@ -163,7 +161,7 @@ vm_check "no layer superblock is left (/sys/fs/erofs empty)" vm_wait 20 sh -c \
 	'[ -z "$(ls /sys/fs/erofs 2>/dev/null | grep -v "^features$")" ]'
 
 # --- prefetch-all fills the kernel's cache files ---------------------------------
-pf_done() { [ "$(field "$1" prefetch)" = "done" ]; } # MNT
+pf_done() { [ "$(vm_field "$1" prefetch)" = "done" ]; } # MNT
 # Mount IMAGE --prefetch-all on /mnt/NAME over a fresh cache /cf/NAME, and
 # wait for the prefetch to be done.
 pfmount() { # IMAGE NAME
@@ -172,10 +170,10 @@ pfmount() { # IMAGE NAME
 		vm_check "the prefetch is done" vm_wait 120 pf_done "/mnt/$2"
 }
 if pfmount nat:edit pf; then
-	f=$(field /mnt/pf bytesFetched)
+	f=$(vm_field /mnt/pf bytesFetched)
 	vm_check "usr/bin reads the reference bytes after the prefetch" sh -c \
 		'cd /mnt/pf && xargs sha256sum </tmp/usrbin.files | sort -k 2 | cmp - /tmp/usrbin.expect'
-	f2=$(field /mnt/pf bytesFetched)
+	f2=$(vm_field /mnt/pf bytesFetched)
 	vm_check "the reads fetched nothing more (${f:-?} B, then ${f2:-?} B)" \
 		sh -c '[ "${1:-0}" -gt 0 ] && [ "$1" = "$2" ]' sh "$f" "$f2"
 	vm_check "ferry umount of the prefetched mount" ferry umount /mnt/pf
@@ -183,7 +181,7 @@ fi
 # Compressed: prefetch fills what lies outside compressed files' units and
 # fetches no range that holds units only; the units come on demand.
 if pfmount nat:zedit pfz; then
-	f=$(field /mnt/pfz bytesFetched)
+	f=$(vm_field /mnt/pfz bytesFetched)
 	vm_check "it fetched less than half of the layers (${f:-?} of $ZLAYERS_BYTES B)" \
 		sh -c '[ "${1:-0}" -gt 0 ] && [ "$1" -lt $(($2 / 2)) ]' sh "$f" "$ZLAYERS_BYTES"
 	vm_check "usr/bin reads the reference bytes after it" sh -c \
