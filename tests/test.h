@@ -15,6 +15,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "../pkg-base/base.h"
+
 static int test_failures_in_case;
 static int test_failed_cases;
 
@@ -88,6 +90,33 @@ static inline int test_run(const char *fmt, ...)
 	}
 	unlink(log);
 	return rc;
+}
+
+/*
+ * The whole file @path (read_file_max), malloc'ed with a NUL after it, its
+ * size in *@len; NULL, said on stderr, when it cannot be read.
+ */
+static inline uint8_t *test_read_file(const char *path, size_t *len)
+{
+	char *data = NULL;
+	int ret = read_file_max(path, SIZE_MAX, &data, len);
+
+	if (ret) {
+		fprintf(stderr, "  reading %s: %s\n", path, strerror(-ret));
+		return NULL;
+	}
+	return (uint8_t *)data;
+}
+
+/* @dir/@name in one of four static buffers (so that a call can take two). */
+static inline const char *test_path(const char *dir, const char *name)
+{
+	static char path[4][PATH_MAX];
+	static unsigned int n;
+	char *p = path[n++ % 4];
+
+	snprintf(p, sizeof(path[0]), "%s/%s", dir, name);
+	return p;
 }
 
 #define TEST_MAIN_END() return test_failed_cases ? 1 : 0

@@ -66,35 +66,9 @@ static uint8_t *alloc_fill(size_t len, enum data_kind kind)
 	return p;
 }
 
-static char *tmp_path(const char *name)
+static const char *tmp_path(const char *name)
 {
-	static char path[4][128];
-	static int n;
-	char *p = path[n++ % 4];
-
-	snprintf(p, sizeof(path[0]), "%s/%s", tmpdir, name);
-	return p;
-}
-
-static uint8_t *read_file(const char *path, size_t *len)
-{
-	struct stat st;
-	uint8_t *buf;
-	int fd = open(path, O_RDONLY);
-
-	if (fd < 0 || fstat(fd, &st)) {
-		if (fd >= 0)
-			close(fd);
-		return NULL;
-	}
-	buf = malloc((size_t)st.st_size + 1);
-	if (buf && read_full(fd, buf, (size_t)st.st_size)) {
-		free(buf);
-		buf = NULL;
-	}
-	close(fd);
-	*len = (size_t)st.st_size;
-	return buf;
+	return test_path(tmpdir, name);
 }
 
 static int write_file(const char *path, const void *buf, size_t len)
@@ -227,7 +201,7 @@ static void check_device(const char *dev, const struct test_blob *tb)
 	size_t len;
 	uint32_t i;
 
-	file = read_file(dev, &len);
+	file = test_read_file(dev, &len);
 	CHECK(file != NULL);
 	if (!file)
 		return;
@@ -596,7 +570,7 @@ static void test_writer_layout(void)
 	MAKE_BLOB_OPTS(tmp_path("w.blob"), "zstd", &unbatched, MIX_N, mix_lens,
 		       mix_kinds, &tb);
 	bi = &tb.info;
-	file = read_file(tmp_path("w.blob"), &len);
+	file = test_read_file(tmp_path("w.blob"), &len);
 	CHECK(file != NULL);
 	CHECK_EQ(bi->size, len);
 	CHECK_EQ(bi->nr_chunks, MIX_N);
@@ -1098,7 +1072,7 @@ static void test_verify_corrupt_chunk(void)
 		o = s % ARRAY_SIZE(opts);
 		MAKE_BLOB_OPTS(blob, specs[s / ARRAY_SIZE(opts)], opts[o],
 			       MIX_N, mix_lens, mix_kinds, &tb);
-		file = read_file(blob, &len);
+		file = test_read_file(blob, &len);
 		for (k = 0; k < MIX_N; k++) {
 			const struct blob_chunk *c = &tb.info.chunks[k];
 
@@ -1140,7 +1114,7 @@ static void test_verify_whole_blob_errors(void)
 	int fd;
 
 	MAKE_BLOB(blob, "zstd", MIX_N, mix_lens, mix_kinds, &tb);
-	file = read_file(blob, &len);
+	file = test_read_file(blob, &len);
 
 	/* Wrong digest in the index: every chunk fine, the file is not. */
 	info = tb.info;
@@ -1182,7 +1156,7 @@ static void test_chunk_decode(void)
 	size_t len;
 
 	MAKE_BLOB(tmp_path("cd.blob"), "lzma", 1, lens, kinds, &tb);
-	file = read_file(tmp_path("cd.blob"), &len);
+	file = test_read_file(tmp_path("cd.blob"), &len);
 	c = tb.info.chunks[0];
 	CHECK_EQ(c.codec, BLOB_CODEC_LZMA);
 	CHECK_EQ(blob_chunk_decode(&c, file + c.coff, out), 0);
@@ -1225,7 +1199,7 @@ static void test_footer_corrupt(void)
 	int i;
 
 	MAKE_BLOB(tmp_path("f.blob"), "zstd", MIX_N, mix_lens, mix_kinds, &tb);
-	file = read_file(tmp_path("f.blob"), &len);
+	file = test_read_file(tmp_path("f.blob"), &len);
 	CHECK_EQ(decode_mem(file, len), 0);
 	f = file + len - 64;
 	for (i = 0; i < 10; i++) {
@@ -1278,7 +1252,7 @@ static void test_table_corrupt(void)
 
 	MAKE_BLOB_OPTS(tmp_path("t.blob"), "lz4", &unbatched, MIX_N, mix_lens,
 		       mix_kinds, &tb);
-	file = read_file(tmp_path("t.blob"), &len);
+	file = test_read_file(tmp_path("t.blob"), &len);
 	t = file + tb.info.table_offset;
 	CHECK_EQ(decode_table_modified(file, len, t, MIX_N), 0);
 	/* chunk 1: text, lz4-compressed; chunk 3: random, stored raw */
@@ -1476,7 +1450,7 @@ static void test_batch_decode(void)
 		MAKE_BLOB_OPTS(path, specs[s], &o, ARRAY_SIZE(lens), lens,
 			       kinds, &tb);
 		ch = tb.info.chunks;
-		file = read_file(path, &len);
+		file = test_read_file(path, &len);
 		/* frames {0..3} {4} {5, 6} */
 		CHECK_EQ(ch[3].frame_off, 9097);
 		CHECK_EQ(ch[3].frame_usize, 12097);
@@ -1578,7 +1552,7 @@ static void test_frame_corrupt(void)
 		       &(struct writer_opts){ .jobs = 2, .small = 64 << 10,
 					      .max = 128 << 10 },
 		       ARRAY_SIZE(lens), lens, kinds, &tb);
-	file = read_file(tmp_path("fc.blob"), &len);
+	file = test_read_file(tmp_path("fc.blob"), &len);
 	t = file + tb.info.table_offset;
 	CHECK_EQ(decode_table_modified(file, len, t, 6), 0);
 	CHECK_EQ(tb.info.chunks[2].frame_off, 3000);
@@ -1676,7 +1650,7 @@ static void test_writer_determinism(void)
 			rng_state = seed; /* the same data */
 			MAKE_BLOB_OPTS(tmp_path("det.blob"), cases[k].spec, &o,
 				       cases[k].n, lens, kinds, &tb);
-			file = read_file(tmp_path("det.blob"), &len);
+			file = test_read_file(tmp_path("det.blob"), &len);
 			if (!j) {
 				first = file;
 				first_len = len;

@@ -306,14 +306,9 @@ out:
 	return ok;
 }
 
-static char *cache_path(const char *name)
+static const char *cache_path(const char *name)
 {
-	static char p[4][160];
-	static int k;
-	char *s = p[k++ % 4];
-
-	snprintf(s, sizeof(p[0]), "%s/%s", tmpdir, name);
-	return s;
+	return test_path(tmpdir, name);
 }
 
 /* DIR/blobs/sha256/<hex><suffix> of @tb. */

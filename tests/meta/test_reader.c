@@ -45,27 +45,6 @@ static const char *tree; /* the source tree being built or compared */
 /* Helpers                                                             */
 /* ------------------------------------------------------------------ */
 
-static uint8_t *slurp(const char *path, size_t *len)
-{
-	struct stat st;
-	uint8_t *buf;
-	int fd = open(path, O_RDONLY);
-
-	if (fd < 0 || fstat(fd, &st) < 0) {
-		fprintf(stderr, "  open %s: %m\n", path);
-		if (fd >= 0)
-			close(fd);
-		return NULL;
-	}
-	buf = malloc((size_t)st.st_size + 1);
-	if (buf && read_full(fd, buf, (size_t)st.st_size)) {
-		free(buf);
-		buf = NULL;
-	}
-	close(fd);
-	*len = (size_t)st.st_size;
-	return buf;
-}
 
 static void spath(char *out, const char *rel)
 {
@@ -425,7 +404,7 @@ static void compare_data(struct compare *c, const char *path,
 	size_t len, off;
 	ssize_t n;
 
-	want = slurp(path, &len);
+	want = test_read_file(path, &len);
 	CHECK(want != NULL);
 	if (!want)
 		return;
@@ -595,7 +574,7 @@ static void compare_image(const char *path, const char *root, const char *blob,
 
 	memset(c, 0, sizeof(*c));
 	c->img = open_image(path);
-	c->raw = slurp(path, &c->raw_len);
+	c->raw = test_read_file(path, &c->raw_len);
 	CHECK(c->raw != NULL);
 	if (!c->img || !c->raw) {
 		meta_image_close(c->img);
@@ -603,7 +582,7 @@ static void compare_image(const char *path, const char *root, const char *blob,
 		return;
 	}
 	if (blob) {
-		blob_data = slurp(blob, &blob_len);
+		blob_data = test_read_file(blob, &blob_len);
 		CHECK(blob_data != NULL);
 	}
 	c->blob = blob_data;
@@ -695,7 +674,7 @@ static void test_open_mem_and_errors(void)
 	size_t len;
 	char link[64];
 
-	buf = slurp(plain_img, &len);
+	buf = test_read_file(plain_img, &len);
 	CHECK(buf != NULL);
 	if (!buf)
 		return;
@@ -935,7 +914,7 @@ static void test_preamble_ext(void)
 	char path[PATH_MAX];
 	int fd;
 
-	buf = slurp(plain_img, &len);
+	buf = test_read_file(plain_img, &len);
 	CHECK(buf && len % 4096 == 0);
 	if (!buf)
 		return;
@@ -1016,7 +995,7 @@ struct damaged {
 static bool damaged_load(struct damaged *d, const char *path)
 {
 	memset(d, 0, sizeof(*d));
-	d->orig = slurp(path, &d->len);
+	d->orig = test_read_file(path, &d->len);
 	CHECK(d->orig != NULL);
 	if (!d->orig)
 		return false;
@@ -1588,8 +1567,8 @@ static void check_mounted(const char *mnt)
 
 	snprintf(p, sizeof(p), "%s/multi", mnt);
 	snprintf(q, sizeof(q), "%s/multi", src);
-	a = slurp(p, &al);
-	b = slurp(q, &bl);
+	a = test_read_file(p, &al);
+	b = test_read_file(q, &bl);
 	CHECK(a && b && al == bl && !memcmp(a, b, al));
 	free(a);
 	free(b);
@@ -1656,7 +1635,7 @@ static void test_kernel_mount_many_devices(void)
 
 	if (!can_mount())
 		return;
-	orig = slurp(chunked_img, &len);
+	orig = test_read_file(chunked_img, &len);
 	CHECK(orig != NULL);
 	if (!orig)
 		return;
@@ -1726,7 +1705,7 @@ static void test_kernel_mount_preamble(void)
 	CHECK_EQ(mkdir(mnt, 0755), 0);
 	CHECK_EQ(meta_kernel_mount(path, NULL, 0, mnt, 0), 0);
 	snprintf(p, sizeof(p), "%s/small", mnt);
-	a = slurp(p, &al);
+	a = test_read_file(p, &al);
 	CHECK(a && al == 12 && !memcmp(a, "hello world\n", 12));
 	free(a);
 	CHECK_EQ(umount2(mnt, 0), 0);
