@@ -62,7 +62,9 @@ import struct
 import threading
 import time
 import urllib.parse
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
+
+import httpserve
 
 MAX_BODY = 512 << 20
 MAX_DELAY = 60.0
@@ -506,17 +508,7 @@ def main():
     up_host, _, port = up.rpartition(":")
     up_port = int(port)
     logf = open(args.log, "a", buffering=1) if args.log else None
-    srv = ThreadingHTTPServer(("127.0.0.1", args.port), Handler)
-    srv.daemon_threads = True
-    if args.port_file:
-        tmp = args.port_file + ".tmp"
-        with open(tmp, "w") as f:
-            f.write("%d\n" % srv.server_address[1])
-        os.rename(tmp, args.port_file)
-    try:
-        srv.serve_forever()
-    except KeyboardInterrupt:
-        pass
+    httpserve.serve(Handler, args.port, args.port_file)
 
 
 st = State()

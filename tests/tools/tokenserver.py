@@ -33,14 +33,15 @@ import argparse
 import base64
 import hmac
 import json
-import os
 import secrets
 import subprocess
 import sys
 import threading
 import time
 import urllib.parse
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
+
+import httpserve
 
 LEEWAY = 60          # registry/auth/token: accepted skew on exp and nbf
 MAX_BODY = 64 << 10  # token requests are tiny
@@ -245,17 +246,7 @@ def main():
         sys.exit("tokenserver: --expires out of range")
     global iss
     iss = Issuer(args)
-    srv = ThreadingHTTPServer(("127.0.0.1", args.port), Handler)
-    srv.daemon_threads = True
-    if args.port_file:
-        tmp = args.port_file + ".tmp"
-        with open(tmp, "w") as f:
-            f.write("%d\n" % srv.server_address[1])
-        os.rename(tmp, args.port_file)
-    try:
-        srv.serve_forever()
-    except KeyboardInterrupt:
-        pass
+    httpserve.serve(Handler, args.port, args.port_file)
 
 
 iss = None
