@@ -33,7 +33,7 @@ BLOBS=$FCACHE/blobs/sha256
 # 18 MiB over at load average 9): the bound is two windows.
 WINDOW=$((16 << 20))
 
-usage() { du -sB1 "$BLOBS" 2>/dev/null | cut -f1; }
+blobs_du() { du -sB1 "$BLOBS" 2>/dev/null | cut -f1; }
 
 # sha256 and allocated bytes of each pinned blob's data file.
 pinned_sig() {
@@ -66,7 +66,7 @@ print(sum(int(l.split()[2]) for l in open(blobs)
 EOF
 }
 
-# Highest usage() seen, every 20 ms, into $SCRATCH/maxusage until
+# Highest blobs_du seen, every 20 ms, into $SCRATCH/maxusage until
 # $SCRATCH/sampler.stop exists (at most 15 minutes).
 sampler_start() {
 	rm -f "$SCRATCH/sampler.stop"
@@ -74,7 +74,7 @@ sampler_start() {
 	(
 		max=0 end=$((SECONDS + 900))
 		while [ ! -e "$SCRATCH/sampler.stop" ] && [ "$SECONDS" -lt "$end" ]; do
-			u=$(usage)
+			u=$(blobs_du)
 			if [ "${u:-0}" -gt "$max" ]; then
 				max=$u
 				echo "$max" >"$SCRATCH/maxusage"
@@ -114,7 +114,7 @@ check "ferry mount --mode local of it into the cache" \
 sig0=$(pinned_sig 2>&1)
 npinned=$(wc -l <<<"$sig0")
 expect_sh "the local mount pinned its blobs ($npinned)" '[ "$npinned" -ge 1 ]'
-base_usage=$(usage)
+base_usage=$(blobs_du)
 lazy_u=$(unpinned_bytes)
 LIMIT=$((base_usage + lazy_u / 4))
 echo "# pinned blobs take $base_usage bytes; the lazy image has $lazy_u uncompressed bytes outside them; limit $LIMIT"
@@ -153,7 +153,7 @@ max=$(sampler_stop)
 echo "# blob bytes fetched: fuse ${fetched[fuse1]} then ${fetched[fuse2]}, fanotify ${fetched[fanotify1]} then ${fetched[fanotify2]}; highest cache usage $max (limit $LIMIT, window $WINDOW)"
 expect_sh "the cache never exceeded the limit by more than two fetch windows ($max <= $LIMIT + 2 x $WINDOW)" \
 	'[ "$max" -gt 0 ] && [ "$max" -le $((LIMIT + 2 * WINDOW)) ]'
-now=$(usage)
+now=$(blobs_du)
 expect_sh "after reading, the cache is within the limit ($now <= $LIMIT)" '[ "$now" -le "$LIMIT" ]'
 expect_sh "pass 1 of the fuse mount fetched more than the limit leaves room for (${fetched[fuse1]} > $((LIMIT - base_usage)))" \
 	'[ "${fetched[fuse1]}" -gt $((LIMIT - base_usage)) ]'
