@@ -17,6 +17,7 @@
 #   daemon_pids [SOCK]      ferryd processes serving SOCK (default FSOCK)
 #   keeper_pids [SOCK]      their mounts' keepers (ferryd-keeper)
 #   keeper_pid MNT          the keeperPid ferry mount --list gives for MNT
+#   keeper_replaced MNT OLD MNT's keeper is alive and not OLD (NEW_KEEPER)
 #   mount_field MNT KEY     a field of MNT's entry in ferry mount --list --json
 #   mount_stats MNT         "READ FETCHED PRESENT TOTAL PREFETCHED" of a mount
 #   fetch_settle MNT        wait until fetch-ahead stops fetching for MNT
