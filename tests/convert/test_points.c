@@ -9,12 +9,18 @@
  * stream's sha256 is recorded; and the compressed bound of an offset
  * decodes up to it. Streams: two gzip members (a point may not cross
  * the member boundary unnoticed) and several zstd frames, read whole from
- * memory and through a source that returns odd-sized pieces.
+ * memory and through a source that returns odd-sized pieces. Read from a
+ * source, the compressed bytes are read and hashed on a thread of their
+ * own: a file and a source in pieces give the same points, a digest
+ * mismatch is an error at the end, and closing mid-stream stops both
+ * threads.
  */
 #include "../test.h"
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <unistd.h>
 #include <zlib.h>
 #include <zstd.h>
 
@@ -203,6 +209,147 @@ static void test_zstd(void)
 	free(comp);
 }
 
+/* The points of @comp read through @in (opened on it), taken. */
+static uint32_t points_of(struct input_stream *in, struct blob_stream_point **pts)
+{
+	struct input_points *p = NULL;
+	uint8_t *out = malloc(PLAIN + 1);
+	struct byte_source src;
+	uint64_t got = 0;
+	uint32_t nr = 0;
+	ssize_t n;
+
+	CHECK_EQ(points_new(200 << 10, 16u << 20, &p), 0);
+	CHECK_EQ(input_record_points(in, p), 0);
+	src = input_source(in);
+	while ((n = src.read(src.ctx, out + got, PLAIN + 1 - got)) > 0)
+		got += (uint64_t)n;
+	CHECK_EQ(n, 0);
+	CHECK_EQ(got, PLAIN);
+	CHECK(!memcmp(out, plain, PLAIN));
+	input_close(in);
+	points_take(p, pts, &nr);
+	points_free(p);
+	free(out);
+	return nr;
+}
+
+static void free_points(struct blob_stream_point *pts, uint32_t nr)
+{
+	while (nr--)
+		free((void *)pts[nr].window);
+	free(pts);
+}
+
+/*
+ * A layer file and the same bytes from a registry, in pieces, both read
+ * by the reader thread: the same points, windows included (the index
+ * must not depend on where the layer came from).
+ */
+static void check_file_and_pieces(const uint8_t *comp, size_t clen)
+{
+	char path[] = "/tmp/ferry-test-points.XXXXXX";
+	struct pieces pc = { comp, clen, 0 };
+	struct blob_stream_point *a = NULL, *b = NULL;
+	struct input_stream *in = NULL;
+	uint8_t digest[32];
+	uint32_t na, nb, k;
+	int fd = mkstemp(path);
+
+	CHECK(fd >= 0);
+	CHECK_EQ(write(fd, comp, clen), (ssize_t)clen);
+	close(fd);
+	sha256_buf(comp, clen, digest);
+	CHECK_EQ(input_open_verified(path, digest, "file", &in), 0);
+	na = points_of(in, &a);
+	CHECK_EQ(input_open_source((struct byte_source){ .read = pieces_read, .ctx = &pc },
+				   digest, "pieces", &in), 0);
+	nb = points_of(in, &b);
+	CHECK(na > 3);
+	CHECK_EQ(na, nb);
+	for (k = 0; k < na && k < nb; k++) {
+		CHECK_EQ(a[k].cbit, b[k].cbit);
+		CHECK_EQ(a[k].uoff, b[k].uoff);
+		CHECK_EQ(a[k].window_clen, b[k].window_clen);
+		CHECK(!memcmp(a[k].window, b[k].window, a[k].window_clen));
+	}
+	free_points(a, na);
+	free_points(b, nb);
+	unlink(path);
+}
+
+/*
+ * A layer whose bytes are not its digest's: an error, never its end.
+ * Padded with NUL bytes (gzip's tolerated trailer) to whole MiBs, so that
+ * all of it is decoded before the digest is known.
+ */
+static void check_digest_mismatch(const uint8_t *comp, size_t clen)
+{
+	size_t padded = ROUND_UP(clen, (size_t)1 << 20);
+	uint8_t *whole = calloc(1, padded);
+	struct pieces pc = { whole, padded, 0 };
+	struct input_stream *in = NULL;
+	struct input_points *p = NULL;
+	uint8_t *out = malloc(PLAIN + 1), digest[32];
+	struct byte_source src;
+	uint64_t got = 0;
+	ssize_t n;
+
+	memcpy(whole, comp, clen);
+	sha256_buf(whole, padded, digest);
+	digest[7] ^= 1;
+	CHECK_EQ(input_open_source((struct byte_source){ .read = pieces_read, .ctx = &pc },
+				   digest, "pieces", &in), 0);
+	CHECK_EQ(points_new(200 << 10, 16u << 20, &p), 0);
+	CHECK_EQ(input_record_points(in, p), 0);
+	src = input_source(in);
+	while ((n = src.read(src.ctx, out + got, PLAIN + 1 - got)) > 0)
+		got += (uint64_t)n;
+	CHECK_EQ(n, -EFSCORRUPTED);
+	input_close(in);
+	points_free(p);
+	free(whole);
+	free(out);
+}
+
+/* Closed after a little was read: the decoder and reader threads stop. */
+static void check_close_early(const uint8_t *comp, size_t clen)
+{
+	struct pieces pc = { comp, clen, 0 };
+	struct input_stream *in = NULL;
+	struct input_points *p = NULL;
+	uint8_t buf[4096];
+	struct byte_source src;
+
+	CHECK_EQ(input_open_source((struct byte_source){ .read = pieces_read, .ctx = &pc },
+				   NULL, "pieces", &in), 0);
+	CHECK_EQ(points_new(200 << 10, 16u << 20, &p), 0);
+	CHECK_EQ(input_record_points(in, p), 0);
+	src = input_source(in);
+	CHECK_EQ(src.read(src.ctx, buf, sizeof(buf)), (ssize_t)sizeof(buf));
+	CHECK(!memcmp(buf, plain, sizeof(buf)));
+	usleep(20000); /* the threads' rings fill up and wait */
+	input_close(in);
+	points_free(p);
+}
+
+static void test_reader_thread(void)
+{
+	size_t cap = PLAIN * 2, clen;
+	uint8_t *comp = malloc(cap);
+	size_t i;
+
+	clen = gzip(comp, cap);
+	for (i = 0; i < ARRAY_SIZE(inflaters); i++) {
+		setenv("FERRY_INFLATE", inflaters[i], 1);
+		check_file_and_pieces(comp, clen);
+		check_digest_mismatch(comp, clen);
+		check_close_early(comp, clen);
+		unsetenv("FERRY_INFLATE");
+	}
+	free(comp);
+}
+
 /* xz has nowhere to resume: refused, saying to convert. */
 static void test_xz_refused(void)
 {
@@ -223,6 +370,7 @@ int main(void)
 	make_plain();
 	RUN_TEST(test_gzip);
 	RUN_TEST(test_zstd);
+	RUN_TEST(test_reader_thread);
 	RUN_TEST(test_xz_refused);
 	free(plain);
 	TEST_MAIN_END();
