@@ -261,6 +261,8 @@ static int input_fill(struct input_stream *in)
 
 static void input_consume(struct input_stream *in, size_t n)
 {
+	if (in->pts)
+		points_input(in->pts, in->next, n);
 	in->next += n;
 	in->avail -= n;
 }
@@ -427,7 +429,7 @@ static int isal_step(struct input_stream *in, uint8_t *out, size_t len,
 	/* The header ISA-L keeps unread starts where its bits and bytes do. */
 	if (hunting && ir == ISAL_DECOMP_OK && s->block_state == ISAL_BLOCK_HDR)
 		points_found(in->pts, consumed(in) * 8 - (uint64_t)s->tmp_in_size * 8 -
-				      (uint64_t)s->read_in_length);
+				      (uint64_t)s->read_in_length, false);
 	switch (ir) {
 	case ISAL_DECOMP_OK:
 		/* FINISH: the trailer is checked and all output flushed. */
@@ -460,7 +462,8 @@ static int zlib_step(struct input_stream *in, uint8_t *out, size_t len,
 	*produced = out_len - in->z.avail_out;
 	if (hunting && zr == Z_OK && (in->z.data_type & 128) &&
 	    !(in->z.data_type & 64))
-		points_found(in->pts, consumed(in) * 8 - (uint64_t)(in->z.data_type & 7));
+		points_found(in->pts, consumed(in) * 8 - (uint64_t)(in->z.data_type & 7),
+			     false);
 	switch (zr) {
 	case Z_STREAM_END:
 		in->member_end = true;
@@ -511,7 +514,7 @@ static int zstd_step(struct input_stream *in, uint8_t *out, size_t len,
 		in->frame_end = zr == 0;
 		/* A frame ended: the next one can be decoded by itself. */
 		if (in->frame_end && in->pts)
-			points_found(in->pts, consumed(in) * 8);
+			points_found(in->pts, consumed(in) * 8, true);
 		return 0;
 	}
 	switch (ZSTD_getErrorCode(zr)) {

@@ -117,6 +117,42 @@ static ssize_t pieces_read(void *ctx, void *buf, size_t len)
 	return (ssize_t)n;
 }
 
+/*
+ * A zstd frame decodes alone: its points have no window (blob_streams_decode
+ * refuses one that has). A deflate point's window holds the stream's bytes
+ * before it, or zeros where nothing after it copies from: sparse windows,
+ * some of them at least (the stream repeats its words).
+ */
+static void check_windows(const struct blob_stream_point *pts, uint32_t nr,
+			  enum blob_stream_format fmt)
+{
+	static uint8_t w[BLOB_STREAM_WINDOW];
+	uint32_t k, sparse = 0;
+
+	for (k = 0; k < nr; k++) {
+		const struct blob_stream_point *pt = &pts[k];
+		const uint8_t *before = plain + pt->uoff - pt->window_len;
+		uint32_t i, zeroed = 0;
+
+		if (fmt == BLOB_STREAM_ZSTD) {
+			CHECK_EQ(pt->window_len, 0);
+			continue;
+		}
+		if (!pt->window_len)
+			continue;
+		CHECK_EQ(blob_decompress(pt->window_clen == pt->window_len ?
+					 BLOB_CODEC_NONE : BLOB_CODEC_ZSTD,
+					 pt->window, pt->window_clen, w, pt->window_len), 0);
+		for (i = 0; i < pt->window_len; i++) {
+			CHECK(w[i] == before[i] || !w[i]);
+			zeroed += w[i] != before[i];
+		}
+		sparse += zeroed > pt->window_len / 2;
+	}
+	if (fmt == BLOB_STREAM_GZIP)
+		CHECK(sparse > nr / 2);
+}
+
 /* Decode the whole stream with points recorded; check every point. */
 static void check_points(const uint8_t *comp, size_t clen, enum blob_stream_format fmt,
 			 uint64_t spacing, bool in_pieces)
@@ -127,7 +163,9 @@ static void check_points(const uint8_t *comp, size_t clen, enum blob_stream_form
 	struct blob_stream_point *pts = NULL;
 	struct blob_stream_reader *r = NULL;
 	struct blob_stream s = { .format = (uint8_t)fmt };
-	uint8_t *out = malloc(PLAIN + 1), digest[32], want[32], probe[8192];
+	uint8_t *out = malloc(PLAIN + 1), digest[32], want[32];
+	/* Past the window's reach: what a sparse window lacks would show. */
+	static uint8_t probe[BLOB_STREAM_WINDOW * 3];
 	struct byte_source src;
 	uint64_t got = 0, bound;
 	uint32_t nr = 0, k;
@@ -153,7 +191,8 @@ static void check_points(const uint8_t *comp, size_t clen, enum blob_stream_form
 	/* The bound of the half-way offset decodes at least that far. */
 	bound = points_bound(p, PLAIN / 2);
 	CHECK(bound > 0 && bound <= clen);
-	points_take(p, &pts, &nr);
+	CHECK_EQ(points_take(p, &pts, &nr), 0);
+	check_windows(pts, nr, fmt);
 	s.points = pts;
 	s.nr_points = nr;
 	s.usize = PLAIN;
@@ -228,7 +267,7 @@ static uint32_t points_of(struct input_stream *in, struct blob_stream_point **pt
 	CHECK_EQ(got, PLAIN);
 	CHECK(!memcmp(out, plain, PLAIN));
 	input_close(in);
-	points_take(p, pts, &nr);
+	CHECK_EQ(points_take(p, pts, &nr), 0);
 	points_free(p);
 	free(out);
 	return nr;
