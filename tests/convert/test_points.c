@@ -310,7 +310,8 @@ static void check_file_and_pieces(const uint8_t *comp, size_t clen)
 		CHECK_EQ(a[k].cbit, b[k].cbit);
 		CHECK_EQ(a[k].uoff, b[k].uoff);
 		CHECK_EQ(a[k].window_clen, b[k].window_clen);
-		CHECK(!memcmp(a[k].window, b[k].window, a[k].window_clen));
+		CHECK(!a[k].window_clen ||
+		      !memcmp(a[k].window, b[k].window, a[k].window_clen));
 	}
 	free_points(a, na);
 	free_points(b, nb);
