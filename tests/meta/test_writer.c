@@ -81,27 +81,6 @@ static int write_image(struct meta_tree *t, const struct meta_write_opts *o,
 	return ret;
 }
 
-static uint8_t *slurp(const char *path, size_t *len)
-{
-	struct stat st;
-	uint8_t *buf;
-	int fd = open(path, O_RDONLY);
-
-	if (fd < 0)
-		return NULL;
-	if (fstat(fd, &st) < 0 || !(buf = malloc((size_t)st.st_size + 1))) {
-		close(fd);
-		return NULL;
-	}
-	if (read_full(fd, buf, (size_t)st.st_size)) {
-		free(buf);
-		buf = NULL;
-	}
-	close(fd);
-	*len = (size_t)st.st_size;
-	return buf;
-}
-
 /* @out = @a || @b || @c, for flat (single-file) images. */
 static int concat(const char *out, const char *a, const char *b, const char *c)
 {
@@ -111,7 +90,7 @@ static int concat(const char *out, const char *a, const char *b, const char *c)
 
 	for (int i = 0; !ret && i < 3; i++) {
 		size_t len = 0;
-		uint8_t *buf = slurp(in[i], &len);
+		uint8_t *buf = test_read_file(in[i], &len);
 
 		ret = buf ? write_full(fd, buf, len) : -EIO;
 		free(buf);
@@ -230,7 +209,7 @@ static void fill_pattern(uint8_t *buf, size_t len, unsigned int seed)
 static bool file_equals(const char *path, const uint8_t *want, size_t len)
 {
 	size_t got_len = 0;
-	uint8_t *got = slurp(path, &got_len);
+	uint8_t *got = test_read_file(path, &got_len);
 	bool ok = got && got_len == len && !memcmp(got, want, len);
 
 	if (!ok)
@@ -478,7 +457,7 @@ static void test_write_empty_tree(void)
 	t->root->mtime_nsec = 5;
 	tpath(img, "empty.img");
 	CHECK_EQ(write_image(t, NULL, img, &st), 0);
-	b = slurp(img, &len);
+	b = test_read_file(img, &len);
 	if (!b) {
 		CHECK(!"image");
 		return;
@@ -695,7 +674,7 @@ static void test_write_all_types(void)
 	CHECK_EQ(dump_field(out, "Filesystem total file count:"), ARRAY_SIZE(ex) + 4);
 	CHECK_EQ(dump_field(out, "Filesystem symlink file count:"), 2);
 	free(out);
-	b = slurp(img, &len);
+	b = test_read_file(img, &len);
 	tpath(mnt, "types.mnt");
 	if (b && do_mount(img, NULL, 0, mnt) == 0) {
 		char p1[1024], p2[1024], p3[1024];
@@ -758,7 +737,7 @@ static void test_write_inline_sweep(void)
 	tpath(img, "sweep.img");
 	CHECK_EQ(write_image(t, NULL, img, NULL), 0);
 	CHECK_EQ(fsck(img, NULL, 0), 0);
-	b = slurp(img, &len);
+	b = test_read_file(img, &len);
 	tpath(mnt, "sweep.mnt");
 	if (b && do_mount(img, NULL, 0, mnt) == 0) {
 		for (int i = 0; i < N; i++) {
@@ -808,7 +787,7 @@ static void set_chunks(struct meta_inode *in, uint8_t bits, uint64_t size,
 static bool chunked_equals(const char *path, const struct meta_inode *in)
 {
 	size_t len = 0;
-	uint8_t *got = slurp(path, &len);
+	uint8_t *got = test_read_file(path, &len);
 	bool ok = got && len == in->size;
 
 	for (size_t i = 0; ok && i < len; i++)
@@ -859,7 +838,7 @@ static void test_write_chunked(void)
 	tpath(img, "chunk.img");
 	CHECK_EQ(write_image(t, &o, img, NULL), 0);
 	CHECK_EQ(fsck(img, devpaths, 2), 0);
-	b = slurp(img, &len);
+	b = test_read_file(img, &len);
 	if (b) {
 		const uint8_t *sb = b + EROFS_SUPER_OFFSET;
 		uint32_t blocks = get_le32(sb + EROFS_SB_BLOCKS);
@@ -934,7 +913,7 @@ static void many_devices(unsigned int n, bool with_fsck)
 	set_chunks(in, 0, (uint64_t)n * BLK, c, n);
 	tpath(img, "many%u.img", n);
 	CHECK_EQ(write_image(t, &o, img, NULL), 0);
-	b = slurp(img, &len);
+	b = test_read_file(img, &len);
 	if (!b) {
 		CHECK(!"image");
 		goto out;
@@ -1269,7 +1248,7 @@ static void test_write_xattrs(void)
 	CHECK_EQ(fsck(img, NULL, 0), 0);
 	tpath(mnt, "xattr.mnt");
 	if (do_mount(img, NULL, 0, mnt) == 0) {
-		uint8_t *b = slurp(img, &len);
+		uint8_t *b = test_read_file(img, &len);
 		int n = 0;
 
 		for (int i = 0; i < 8; i++) {
@@ -1349,9 +1328,9 @@ static void test_write_deterministic(void)
 	CHECK_EQ(write_image(t1, &o, a, NULL), 0);
 	CHECK_EQ(write_image(t1, &o, b, NULL), 0);
 	CHECK_EQ(write_image(t2, &o, c, NULL), 0);
-	ia = slurp(a, &la);
-	ib = slurp(b, &lb);
-	ic = slurp(c, &lc);
+	ia = test_read_file(a, &la);
+	ib = test_read_file(b, &lb);
+	ic = test_read_file(c, &lc);
 	CHECK(ia && ib && ic && la == lb && la == lc);
 	CHECK(ia && ib && !memcmp(ia, ib, la));
 	CHECK(ia && ic && !memcmp(ia, ic, la));
@@ -1359,7 +1338,7 @@ static void test_write_deterministic(void)
 	meta_inode_set_xattr(t1->root, "user.changed", "1", 1);
 	CHECK_EQ(write_image(t1, &o, b, NULL), 0);
 	free(ib);
-	ib = slurp(b, &lb);
+	ib = test_read_file(b, &lb);
 	CHECK(ia && ib && memcmp(ia + 1024 + EROFS_SB_UUID, ib + 1024 + EROFS_SB_UUID, 16));
 	free(ia);
 	free(ib);
@@ -1384,7 +1363,7 @@ static void test_write_ext_payload(void)
 	add_file(t, t->root, "f", "data", 4);
 	tpath(img, "ext.img");
 	CHECK_EQ(write_image(t, &o, img, &ws), 0);
-	b = slurp(img, &len);
+	b = test_read_file(img, &len);
 	if (b) {
 		uint64_t off = get_le64(b + FERRY_PRE_EXT_OFF);
 
@@ -1435,7 +1414,7 @@ static void test_write_sections(void)
 	add_file(t, t->root, "f", "data", 4);
 	tpath(img, "sections.img");
 	CHECK_EQ(write_image(t, &o, img, &ws), 0);
-	b = slurp(img, &len);
+	b = test_read_file(img, &len);
 	if (b) {
 		uint64_t off = get_le64(b + FERRY_PRE_EXT_OFF);
 
@@ -1468,7 +1447,7 @@ static void test_write_sections(void)
 	o.sections = NULL;
 	o.sections_len = 0;
 	CHECK_EQ(write_image(t, &o, img, &ws), 0);
-	b = slurp(img, &len);
+	b = test_read_file(img, &len);
 	CHECK(b && !get_le64(b + FERRY_PRE_SEC_LEN) && !get_le32(b + FERRY_PRE_SEC_CRC));
 	CHECK(b && meta_image_open_mem(b, len, &mi) == 0);
 	if (mi) {
@@ -1704,7 +1683,7 @@ static void test_write_invalid(void)
 		fflush(stderr);
 		dup2(saved, 2);
 		close(fd);
-		msg = (char *)slurp(log, &len);
+		msg = (char *)test_read_file(log, &len);
 		if (msg)
 			msg[len] = '\0';
 		if (ret != -EINVAL)
