@@ -173,8 +173,11 @@ check: deps
 
 # Not under the sanitizers (CI time; docs/TESTING.md): tests whose ferry
 # code paths the lazy-mount tests already cover and whose cost is peers
-# (containerd, the Go snapshotter) or a slow proxy (the WAN harness).
-ASAN_SKIP = e2e/containerd e2e/containerd_trust e2e/cri e2e/snapshotter e2e/wan_lazy
+# (containerd, the Go snapshotter) or a slow proxy (the WAN harness);
+# node_faults_containerd's ferryd kills are node_faults_*'s, which run
+# under ASan.
+ASAN_SKIP = e2e/containerd e2e/containerd_trust e2e/cri e2e/snapshotter e2e/wan_lazy \
+	e2e/node_faults_containerd
 
 check-asan: deps
 	$(MAKE) -j$(JOBS) BUILD=build-asan BIN=build-asan/bin SAN=1 all tests

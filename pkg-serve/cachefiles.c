@@ -132,10 +132,7 @@ struct cf_dev {
 	unsigned int nr_workers;
 	bool reader_started;
 	char state_dir[PATH_MAX];   /* where CF_STATE lives */
-	int keeper_sock;            /* to the keeper; -1: none */
-	_Atomic int keeper_pid;
-	pthread_t keeper;           /* starting it (keeper_thread) */
-	bool keeper_started;
+	struct keeper_guard keeper; /* the device's keeper, restarted when it dies */
 	int takeover_fd;            /* cf_takeover_device: the dead ferryd's device */
 	bool taking_over;           /* cf_takeover_device runs: keep the device */
 };
@@ -151,7 +148,7 @@ static int cf_init(struct serve_ctx *ctx, void **mode_ctx)
 	pthread_mutex_init(&d->lock, NULL);
 	pthread_cond_init(&d->cond, NULL);
 	pthread_cond_init(&d->idle, NULL);
-	d->fd = d->keeper_sock = d->takeover_fd = -1;
+	d->fd = d->takeover_fd = -1;
 	d->wake[0] = d->wake[1] = -1;
 	d->tail = &d->head;
 	*mode_ctx = d;
@@ -853,38 +850,27 @@ static void state_save(struct cf_dev *d)
 
 /*
  * The keeper holding a second descriptor of the device (failover); it
- * passes our options on to the successor it may start.
+ * passes our options on to the successor it may start. Its guard starts
+ * it beside the first mount, not before it: spawning it (an exec, if a
+ * small one) costs a cold cachefiles mount's time on a slow machine, and
+ * the mount does not need it; failover does, from the moment it said
+ * hello. Not at a lower priority: on a busy host that would leave the
+ * mounts without failover for as long as the keeper waits for a CPU. A
+ * keeper killed is replaced: without one, ferryd's death would leave the
+ * mounts failing reads.
  */
-static void keeper_start(struct cf_dev *d)
+static int keeper_start(void *arg, int *sock, int *pid)
 {
+	struct cf_dev *d = arg;
 	const char *const *succ = serve_successor_args(d->ctx);
 	const char *args[KEEPER_ARGS_MAX + 1] = { d->ctx->opts.socket_path };
 	unsigned int n = 1;
-	int pid = 0, ret;
 
 	while (succ[n - 1] && n < KEEPER_ARGS_MAX) {
 		args[n] = succ[n - 1];
 		n++;
 	}
-
-	ret = keeper_spawn(d->ctx, KEEPER_CACHEFILES, d->fd, args, &d->keeper_sock, &pid);
-	if (ret)
-		ferry_warn("cachefiles: no keeper for %s (%s): if ferryd dies, its mounts fail reads of missing data with EIO",
-			   CF_DEVICE, ferry_strerror(ret));
-	atomic_store(&d->keeper_pid, pid);
-}
-
-/*
- * The keeper starts beside the first mount, not before it: spawning it
- * (an exec, if a small one) costs a cold cachefiles mount's time on a slow
- * machine, and the mount does not need it; failover does, from the moment
- * it said hello. Not at a lower priority: on a busy host that would leave
- * the mounts without failover for as long as the keeper waits for a CPU.
- */
-static void *keeper_thread(void *arg)
-{
-	keeper_start(arg);
-	return NULL;
+	return keeper_spawn(d->ctx, KEEPER_CACHEFILES, d->fd, args, sock, pid);
 }
 
 static int reader_start(struct cf_dev *d)
@@ -953,19 +939,11 @@ static void dev_close(struct cf_dev *d)
 		close(d->wake[0]);
 		close(d->wake[1]);
 	}
-	if (d->keeper_started)
-		pthread_join(d->keeper, NULL);
-	d->keeper_started = false;
 	/* Closing on purpose: the keeper lets go too (the cache unbinds). */
-	if (d->keeper_sock >= 0) {
-		if (send(d->keeper_sock, "bye", 3, MSG_NOSIGNAL) < 0)
-			ferry_warn("cachefiles: telling the keeper: %s", strerror(errno));
-		close(d->keeper_sock);
-	}
+	keeper_guard_stop(&d->keeper);
 	if (d->fd >= 0)
 		close(d->fd);
-	d->fd = d->wake[0] = d->wake[1] = d->keeper_sock = -1;
-	atomic_store(&d->keeper_pid, 0);
+	d->fd = d->wake[0] = d->wake[1] = -1;
 	d->nr_workers = 0;
 	d->reader_started = false;
 	d->quit = false;
@@ -1060,9 +1038,10 @@ bound:
 	}
 	snprintf(d->dir, sizeof(d->dir), "%s", dir);
 	snprintf(d->cache_dir, sizeof(d->cache_dir), "%s", cache_dir);
-	d->keeper_started = !pthread_create(&d->keeper, NULL, keeper_thread, d);
-	if (!d->keeper_started)
-		keeper_start(d);
+	ret = keeper_guard_start_dev(&d->keeper, d->ctx, CF_DEVICE, keeper_start, d);
+	if (ret)
+		ferry_warn("cachefiles: no keeper for %s (%s): if ferryd dies, its mounts fail reads of missing data with EIO",
+			   CF_DEVICE, ferry_strerror(ret));
 	if (restoring)
 		ferry_info("cachefiles: took over %s from the ferryd that died", CF_DEVICE);
 	else
@@ -1363,7 +1342,7 @@ static void cf_stats(void *state, struct ctl_mount_stats *s)
 {
 	struct cf_mount *cm = state;
 
-	s->keeper_pid = atomic_load(&cm->d->keeper_pid);
+	s->keeper_pid = atomic_load(&cm->d->keeper.pid);
 }
 
 /* ------------------------------------------------------------------ */

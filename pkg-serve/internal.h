@@ -197,15 +197,22 @@ int keeper_spawn(struct serve_ctx *ctx, const char *how, int fd, const char *con
 int keeper_start_mount(const char *how, int fd, const struct fmount *m,
 		       const char *const *args, int *sock, int *pid);
 /*
- * A mount's keeper, kept: a thread starts it (spawning takes a while, the
- * mount need not wait) and another one whenever it dies; stop (any
+ * A keeper, kept: a thread starts another one whenever it dies; stop (any
  * thread, once or more) says "bye" and waits until it has let the
- * descriptor go.
+ * descriptor go. A mount's (keeper_guard_start: the first keeper is
+ * started before it returns, so that a kill -9 right after the mount
+ * finds the descriptor held), or the cachefiles device's
+ * (keeper_guard_start_dev: @spawn starts one; the first from the thread,
+ * as spawning takes a while and the mount need not wait).
  */
 struct keeper_guard {
 	const char *how;
 	int fd;
-	const struct fmount *m;
+	const struct fmount *m; /* NULL: the device's */
+	int (*spawn)(void *arg, int *sock, int *pid);
+	void *arg;
+	struct serve_ctx *ctx;
+	const char *name; /* in messages: the mount point, or the device */
 	int stop[2];
 	int sock; /* the first keeper's, for the guard's thread */
 	pthread_t thread;
@@ -214,6 +221,8 @@ struct keeper_guard {
 };
 int keeper_guard_start(struct keeper_guard *g, const char *how, int fd,
 		       const struct fmount *m);
+int keeper_guard_start_dev(struct keeper_guard *g, struct serve_ctx *ctx, const char *name,
+			   int (*spawn)(void *arg, int *sock, int *pid), void *arg);
 void keeper_guard_stop(struct keeper_guard *g);
 /* Tell a mount's keeper to let go, and wait until it has: *@sock closed. */
 int keeper_bye(int *sock);

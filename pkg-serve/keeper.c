@@ -4,8 +4,8 @@
  * ferryd-keeper, keeper_main.c): processes that hold a mount's
  * kernel descriptor so that it outlives ferryd, and hand it to a
  * successor ferryd. Here: starting one (keeper_spawn), giving it the
- * mount's request, keeping one alive for each FUSE mount (the guard),
- * telling it to let go.
+ * mount's request, keeping one alive for each FUSE mount and for the
+ * cachefiles device (the guard), telling it to let go.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -180,11 +180,19 @@ int keeper_bye(int *sock)
 	return ret;
 }
 
+/* One keeper for the guard: the mount's, or the device's. */
+static int guard_spawn(struct keeper_guard *g, int *sock, int *pid)
+{
+	if (g->m)
+		return keeper_start_mount(g->how, g->fd, g->m, NULL, sock, pid);
+	return g->spawn(g->arg, sock, pid);
+}
+
 /*
- * The guard's thread: a keeper for the mount, another whenever one dies,
- * until told to stop. A keeper speaks once after hello, KEEPER_ENDED,
- * when the connection it holds ended (the mount is going away): then
- * there is nothing left to keep. Readable without that means gone.
+ * The guard's thread: a keeper, another whenever one dies, until told to
+ * stop. A mount's keeper speaks once after hello, KEEPER_ENDED, when the
+ * connection it holds ended (the mount is going away): then there is
+ * nothing left to keep. Readable without that means gone.
  */
 static void *guard_main(void *arg)
 {
@@ -192,16 +200,18 @@ static void *guard_main(void *arg)
 	struct pollfd p[2] = { { .fd = g->stop[0], .events = POLLIN },
 			       { .fd = -1, .events = POLLIN } };
 	int sock = g->sock, pid = atomic_load(&g->pid), ret;
-	int retry_ms = sock < 0 ? 2 * KEEPER_RETRY_MS : KEEPER_RETRY_MS;
+	/* A mount's first keeper failed before the thread: already said. */
+	int retry_ms = sock < 0 && g->m ? 2 * KEEPER_RETRY_MS : KEEPER_RETRY_MS;
 	bool ended = false;
 
 	for (;;) {
 		if (sock < 0 && !ended) {
-			ret = keeper_start_mount(g->how, g->fd, g->m, NULL, &sock, &pid);
+			ret = guard_spawn(g, &sock, &pid);
 			/* Said at the first failure in a row; tried less often. */
 			if (ret && retry_ms == KEEPER_RETRY_MS)
-				ferry_warn("%s: no keeper (%s): if ferryd dies, the mount is not taken over; trying again",
-					   g->m->mountpoint, ferry_strerror(ret));
+				ferry_warn("%s: no keeper (%s): if ferryd dies, %s not taken over; trying again",
+					   g->name, ferry_strerror(ret),
+					   g->m ? "the mount is" : "its mounts are");
 			retry_ms = ret ? MIN(2 * retry_ms, KEEPER_RETRY_MAX_MS) : KEEPER_RETRY_MS;
 			atomic_store(&g->pid, ret ? 0 : pid);
 		}
@@ -219,21 +229,37 @@ static void *guard_main(void *arg)
 				!memcmp(msg, KEEPER_ENDED, (size_t)n);
 			if (ended) {
 				ferry_dbg("%s: the mount's connection ended; its keeper (pid %d) let go",
-					    g->m->mountpoint, pid);
+					  g->name, pid);
 			} else {
 				ferry_warn("%s: its keeper (pid %d) is gone; starting a new one",
-					   g->m->mountpoint, pid);
-				atomic_fetch_add(&g->m->ctx->keeper_restarts, 1);
+					   g->name, pid);
+				atomic_fetch_add(&g->ctx->keeper_restarts, 1);
 			}
 			close(sock);
 			sock = -1;
 		}
 	}
 	if (keeper_bye(&sock))
-		ferry_warn("%s: telling the keeper to let go: %s", g->m->mountpoint,
-			   strerror(errno));
+		ferry_warn("%s: telling the keeper to let go: %s", g->name, strerror(errno));
 	atomic_store(&g->pid, 0);
 	return NULL;
+}
+
+/* The guard's thread, from g->sock (-1: no keeper yet). */
+static int guard_thread_start(struct keeper_guard *g)
+{
+	int ret;
+
+	if (pipe2(g->stop, O_CLOEXEC))
+		return -errno;
+	ret = -pthread_create(&g->thread, NULL, guard_main, g);
+	if (ret) {
+		close(g->stop[0]);
+		close(g->stop[1]);
+		return ret;
+	}
+	g->started = true;
+	return 0;
 }
 
 int keeper_guard_start(struct keeper_guard *g, const char *how, int fd,
@@ -241,9 +267,8 @@ int keeper_guard_start(struct keeper_guard *g, const char *how, int fd,
 {
 	int pid = 0, ret;
 
-	*g = (struct keeper_guard){ .how = how, .fd = fd, .m = m, .sock = -1 };
-	if (pipe2(g->stop, O_CLOEXEC))
-		return -errno;
+	*g = (struct keeper_guard){ .how = how, .fd = fd, .m = m, .ctx = m->ctx,
+				    .name = m->mountpoint, .sock = -1 };
 	/*
 	 * The first keeper before the mount is answered: a kill -9 right
 	 * after `ferry mount` returns must find the descriptor held.
@@ -254,17 +279,19 @@ int keeper_guard_start(struct keeper_guard *g, const char *how, int fd,
 			   m->mountpoint, ferry_strerror(ret));
 	else
 		atomic_store(&g->pid, pid);
-	ret = -pthread_create(&g->thread, NULL, guard_main, g);
-	if (ret) {
-		if (g->sock >= 0 && keeper_bye(&g->sock))
-			ferry_warn("%s: telling the keeper to let go: %s", m->mountpoint,
-				   strerror(errno));
-		close(g->stop[0]);
-		close(g->stop[1]);
-		return ret;
-	}
-	g->started = true;
-	return 0;
+	ret = guard_thread_start(g);
+	if (ret && g->sock >= 0 && keeper_bye(&g->sock))
+		ferry_warn("%s: telling the keeper to let go: %s", m->mountpoint,
+			   strerror(errno));
+	return ret;
+}
+
+int keeper_guard_start_dev(struct keeper_guard *g, struct serve_ctx *ctx, const char *name,
+			   int (*spawn)(void *arg, int *sock, int *pid), void *arg)
+{
+	*g = (struct keeper_guard){ .spawn = spawn, .arg = arg, .ctx = ctx, .name = name,
+				    .sock = -1 };
+	return guard_thread_start(g);
 }
 
 void keeper_guard_stop(struct keeper_guard *g)

@@ -7,7 +7,8 @@
 # configuration (fetch.creds refused, auths), and the remote-layer protocol
 # against a fake ferryd (blob layers ask nothing, a bootstrap claiming
 # another chain is refused and nothing committed, fallback, a restart in a
-# new process with the registry down, Remove unmounts and releases).
+# new process with the registry down, Remove unmounts and releases; a
+# restart while ferryd is being replaced leaves the kernel's mount alone).
 . "$(dirname "$0")/../lib/common.sh"
 need_root
 need_cmds go

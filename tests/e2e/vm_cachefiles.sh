@@ -19,8 +19,10 @@
 #   one copy on disk (the kernel's cache files, not the chunk cache);
 #   ferry cache ls/gc/prune of CACHE/fscache, bound and not; kill -9 of
 #   ferryd: the keeper's successor (same --log-file) takes over; 10
-#   ferry daemon upgrades while 16 readers read a cold mount; ferryd
-#   and keeper killed: EIO, and ferry umount works; --prefetch-all fills
+#   ferry daemon upgrades while 16 readers read a cold mount; kill -9 of
+#   the keeper alone: ferryd starts another, whose successor takes over
+#   when ferryd is killed next; ferryd and keeper killed: EIO, and ferry
+#   umount works; --prefetch-all fills
 #   the kernel's cache files; cachefiles over a FUSE-filled chunk cache
 #   fetches nothing
 # And on the host: --mode cachefiles fails at once, naming the kernel

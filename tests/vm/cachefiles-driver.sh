@@ -262,6 +262,25 @@ if vm_check "mount deb:base again in its own domain (a cold kernel cache)" vm_cf
 	npid=$(vm_field $M pid)
 fi
 
+# --- kill -9 of the keeper alone, then of ferryd: a new keeper's successor -------
+# ferryd starts another keeper when its keeper dies (without one, ferryd's
+# death would leave the mounts failing reads); that one's successor then
+# takes the mount over.
+kpid=$(field $M keeperPid)
+new_keeper() { _k=$(field $M keeperPid) && [ -n "$_k" ] && [ "$_k" != "$1" ] && kill -0 "$_k"; }
+new_ferryd() { _p=$(field $M pid) && [ -n "$_p" ] && [ "$_p" != "$1" ] && [ "$(field $M mode)" = cachefiles ]; }
+t=$(date +%s)
+vm_check "kill -9 the cachefiles keeper (pid ${kpid:-?}) alone" kill9 "$kpid"
+vm_check "ferryd (pid ${npid:-?}) starts a new keeper within 10 s" vm_wait 10 new_keeper "$kpid"
+vm_check "then kill -9 ferryd (pid ${npid:-?})" kill9 "$npid"
+vm_check "the new keeper's successor serves the mount within 10 s" vm_wait 10 new_ferryd "$npid"
+echo 3 >/proc/sys/vm/drop_caches
+vm_check "cached files read right after it (page cache dropped)" sh -c \
+	'timeout 20 cat "$1" | cmp - "$2" && timeout 20 cat "$3" | cmp - "$4"' \
+	sh "$M/$DMG_FILE" "$P/dmg.ref" "$M/etc/os-release" "$P/os-release" || diagnose
+vm_diag "keeper, then ferryd: $(($(date +%s) - t)) s"
+npid=$(field $M pid)
+
 # --- no successor: ferryd and its keeper killed: errors in bounded time ----------
 kpid=$(vm_field $M keeperPid)
 # The kernel withdraws the cache: what is not in the page cache fails, EIO

@@ -32,6 +32,17 @@ const (
 // a container needs it, at most this often.
 var remountBackoff = 10 * time.Second
 
+// A ferryd killed is replaced by its mounts' keepers' successor, which
+// takes each mount over within seconds (docs/ARCHITECTURE.md, "Failover
+// and upgrade"); until then ferryd does not answer, or answers without
+// the mount, or lists it as still being mounted. A mount the kernel still
+// has is waited for this long before it is taken for dead and mounted
+// again: detaching it sooner cuts the running containers off their files
+// (the successor finds no mount to take over).
+var takeoverWait = 10 * time.Second
+
+const takeoverPoll = 200 * time.Millisecond
+
 // record is what a ferry snapshot was verified and committed as, kept in
 // its snapshot directory (ROOT/snapshots/ID/ferry.json, removed with it):
 // a restart mounts exactly this image again, by manifest digest, so that
@@ -279,11 +290,18 @@ func (f *ferryFS) restore(ctx context.Context, mountpoint, id string, labels map
 }
 
 // ensureLocked (st.mu held): the bootstrap snapshot is mounted, as it was
-// verified; mounted again by manifest digest if not.
+// verified; mounted again by manifest digest if nothing serves it. While
+// ferryd does not answer, the mount is left alone and the snapshot is
+// unavailable.
 func (f *ferryFS) ensureLocked(ctx context.Context, st *mountState, mountpoint, id string, rec *record) error {
 	dir := f.mountDir(id)
-	live, err := f.live(dir, rec)
-	if err == nil && live {
+	served, err := f.awaitServed(ctx, dir, rec)
+	if err != nil {
+		st.err = fmt.Errorf("ferry image %s (chain %s) is unavailable: %w", rec.Image, rec.Chain, err)
+		f.setFailure(id, st.err)
+		return st.err
+	}
+	if served {
 		st.err = linkMount(mountpoint, dir)
 		f.setFailure(id, st.err)
 		return st.err
@@ -456,13 +474,22 @@ func (f *ferryFS) mount(ctx context.Context, image, pin, dir string) (*mountRepl
 	return &rep, nil
 }
 
-// live: ferryd serves @rec's image at @dir (as asked first, or again by
-// digest: ferryd pins a mount to the manifest it opened), and it is
-// mounted.
-func (f *ferryFS) live(dir string, rec *record) (bool, error) {
+// What serves a bootstrap snapshot's mount (probe).
+type liveness int
+
+const (
+	mountGone    liveness = iota // nothing: mount it again
+	mountServed                  // ferryd, and it is mounted there
+	mountPending                 // the kernel has it; ferryd does not serve it yet
+)
+
+// probe: whether ferryd serves @rec's image at @dir (as asked first, or
+// again by digest: ferryd pins a mount to the manifest it opened) and it
+// is mounted there; an error when ferryd does not answer.
+func (f *ferryFS) probe(dir string, rec *record) (liveness, error) {
 	resp, err := f.call(map[string]interface{}{"op": "list"}, ferrydUmountTimeout)
 	if err != nil {
-		return false, err
+		return mountPending, err
 	}
 	var list struct {
 		Mounts []struct {
@@ -472,15 +499,51 @@ func (f *ferryFS) live(dir string, rec *record) (bool, error) {
 		} `json:"mounts"`
 	}
 	if err := json.Unmarshal(resp, &list); err != nil {
-		return false, fmt.Errorf("ferryd at %s: list answer: %w", f.c.FerrydSocket, err)
+		return mountPending, fmt.Errorf("ferryd at %s: list answer: %w", f.c.FerrydSocket, err)
+	}
+	mounted, err := mountinfo.Mounted(dir)
+	if err != nil {
+		return mountPending, err
 	}
 	for _, m := range list.Mounts {
-		if m.Mountpoint == dir && (m.Image == rec.Image || m.Image == rec.Asked) &&
-			m.State == "mounted" {
-			return mountinfo.Mounted(dir)
+		if m.Mountpoint != dir {
+			continue
+		}
+		switch {
+		case m.Image != rec.Image && m.Image != rec.Asked:
+			return mountGone, nil
+		case m.State != "mounted":
+			return mountPending, nil // being taken over, or unmounted
+		case mounted:
+			return mountServed, nil
+		}
+		return mountGone, nil // detached behind ferryd's back
+	}
+	if mounted {
+		return mountPending, nil // its keeper has not handed it over yet
+	}
+	return mountGone, nil
+}
+
+// awaitServed: whether ferryd serves the mount (probe), waiting at most
+// takeoverWait while it is pending or ferryd does not answer; an error
+// when ferryd never answered.
+func (f *ferryFS) awaitServed(ctx context.Context, dir string, rec *record) (bool, error) {
+	deadline := time.Now().Add(takeoverWait)
+	for {
+		l, err := f.probe(dir, rec)
+		if err == nil && l != mountPending {
+			return l == mountServed, nil
+		}
+		if !time.Now().Before(deadline) {
+			return false, err
+		}
+		select {
+		case <-ctx.Done():
+			return false, ctx.Err()
+		case <-time.After(takeoverPoll):
 		}
 	}
-	return false, nil
 }
 
 type ferrydError struct {

@@ -23,6 +23,7 @@ import (
 	"github.com/containerd/containerd/snapshots"
 	"github.com/containerd/containerd/snapshots/proxy"
 	"github.com/containerd/containerd/snapshots/testsuite"
+	"github.com/moby/sys/mountinfo"
 	"github.com/opencontainers/go-digest"
 	"github.com/opencontainers/image-spec/identity"
 	"google.golang.org/grpc"
@@ -305,10 +306,11 @@ func TestConfig(t *testing.T) {
 
 // fakeFerryd answers like ferryd and sends every request to reqs: a mount
 // names the digests @images gives for its image (and fails for others), a
-// umount finds nothing there, a list shows no mount.
+// umount finds nothing there, a list shows the mounts @listed (serve).
 type fakeFerryd struct {
 	mu     sync.Mutex
 	images map[string][2]string // image -> manifest, bootstrap digest
+	listed []interface{}
 	reqs   chan map[string]interface{}
 }
 
@@ -335,7 +337,9 @@ func startFakeFerryd(t *testing.T, path string) *fakeFerryd {
 			case "umount":
 				ans = map[string]interface{}{"ok": false, "error": "not ferryd's", "errno": 2}
 			case "list":
-				ans = map[string]interface{}{"ok": true, "pid": 1, "mounts": []interface{}{}}
+				f.mu.Lock()
+				ans = map[string]interface{}{"ok": true, "pid": 1, "mounts": append([]interface{}{}, f.listed...)}
+				f.mu.Unlock()
 			case "mount":
 				f.mu.Lock()
 				d, ok := f.images[req["image"].(string)]
@@ -364,6 +368,13 @@ func (f *fakeFerryd) set(image, manifest, bootstrap string) {
 	f.mu.Unlock()
 }
 
+// serve: list @image mounted at @mountpoint from now on.
+func (f *fakeFerryd) serve(mountpoint, image string) {
+	f.mu.Lock()
+	f.listed = append(f.listed, map[string]interface{}{"mountpoint": mountpoint, "image": image, "state": "mounted"})
+	f.mu.Unlock()
+}
+
 // next: the next request of @op (others skipped), or nil.
 func (f *fakeFerryd) next(op string) map[string]interface{} {
 	for {
@@ -384,6 +395,41 @@ func (f *fakeFerryd) drain() {
 	}
 }
 
+// remoteImage: a snapshotter daemon on a fake ferryd that mounts one ferry
+// image (a data blob and its bootstrap) by its manifest digest.
+type remoteImage struct {
+	ferryd     *fakeFerryd
+	c          config
+	sn         snapshots.Snapshotter
+	stop       func()
+	blob, boot digest.Digest
+	m          string // the manifest's digest
+	chain      []digest.Digest
+	image      string // as ferryd is asked to mount it
+}
+
+func newRemoteImage(t *testing.T) *remoteImage {
+	root := t.TempDir()
+	r := &remoteImage{ferryd: startFakeFerryd(t, filepath.Join(root, "ferryd.sock")),
+		c:    testConfig(root, filepath.Join(root, "ferryd.sock")),
+		blob: digest.FromString("blob"), boot: digest.FromString("bootstrap"),
+		m: digest.FromString("manifest").String()}
+	r.sn, r.stop = daemon(t, r.c)
+	r.chain = ferryChain([]digest.Digest{r.blob}, r.boot)
+	r.image = "docker://127.0.0.1:5001/deb@" + r.m
+	r.ferryd.set(r.image, r.m, r.boot.String())
+	return r
+}
+
+// prepare: Prepare of one of its layers (@kind labelBlob or
+// labelBootstrap, chain ID @target) with CRI's labels.
+func (r *remoteImage) prepare(ctx context.Context, key, parent string, target digest.Digest, kind string) error {
+	l := map[string]string{labelTarget: target.String(), kind: "true",
+		labelCRIRef: "127.0.0.1:5001/deb:two", labelCRIManifest: r.m, labelCRILayer: r.blob.String()}
+	_, err := r.sn.Prepare(ctx, key, parent, snapshots.WithLabels(l))
+	return err
+}
+
 // A ferry image's layers through the gRPC proxy, as containerd's unpacker
 // prepares them: the blob becomes an empty committed snapshot without a
 // word to ferryd, the bootstrap is mounted by manifest digest and
@@ -393,20 +439,11 @@ func (f *fakeFerryd) drain() {
 // and one that fails leaves the snapshotter serving.
 func TestRemoteLayers(t *testing.T) {
 	ctx := context.Background()
-	root := t.TempDir()
-	ferryd := startFakeFerryd(t, filepath.Join(root, "ferryd.sock"))
-	c := testConfig(root, filepath.Join(root, "ferryd.sock"))
-	sn, stop := daemon(t, c)
-	blob, boot := digest.FromString("blob"), digest.FromString("bootstrap")
-	m := digest.FromString("manifest").String()
-	chain := ferryChain([]digest.Digest{blob}, boot)
-	image := "docker://127.0.0.1:5001/deb@" + m
-	ferryd.set(image, m, boot.String())
+	r := newRemoteImage(t)
+	ferryd, c, sn, stop := r.ferryd, r.c, r.sn, r.stop
+	boot, m, chain, image := r.boot, r.m, r.chain, r.image
 	prepare := func(key, parent string, target digest.Digest, kind string) error {
-		l := map[string]string{labelTarget: target.String(), kind: "true",
-			labelCRIRef: "127.0.0.1:5001/deb:two", labelCRIManifest: m, labelCRILayer: blob.String()}
-		_, err := sn.Prepare(ctx, key, parent, snapshots.WithLabels(l))
-		return err
+		return r.prepare(ctx, key, parent, target, kind)
 	}
 	// The attacker's bootstrap over a verified blob, claiming a victim's
 	// diff_id: ferryd mounts it, its chain is not the one asked for.
@@ -539,5 +576,75 @@ func TestUnverifiedSnapshot(t *testing.T) {
 	_, err = sn.Prepare(ctx, "k8s.io/3/container", chain[0].String())
 	if err == nil || !strings.Contains(err.Error(), "without verification") {
 		t.Fatalf("a container on the unverified layer: Prepare gave %v", err)
+	}
+}
+
+// A snapshotter restarted while ferryd is being replaced (kill -9: the
+// mounts' keepers start a successor that takes each mount over) leaves
+// the kernel's mount alone. While ferryd does not answer, a container is
+// refused as unavailable; once a ferryd answers, the restart waits for it
+// to list the mount (its keeper hands it over) and a container runs on it,
+// with no mount or umount request. Before, the restart detached the mount
+// when ferryd did not answer, and the successor found nothing to take
+// over: the running containers lost their files (node_faults_containerd).
+func TestRestartDuringTakeover(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mounts a tmpfs: needs root")
+	}
+	ctx := context.Background()
+	ri := newRemoteImage(t)
+	c, chain := ri.c, ri.chain
+	if err := ri.prepare(ctx, "k8s.io/1/k", "", chain[0], labelBlob); !errdefs.IsAlreadyExists(err) {
+		t.Fatalf("blob layer: Prepare gave %v, want already exists", err)
+	}
+	if err := ri.prepare(ctx, "k8s.io/2/k", chain[0].String(), chain[1], labelBootstrap); !errdefs.IsAlreadyExists(err) {
+		t.Fatalf("bootstrap layer: Prepare gave %v, want already exists", err)
+	}
+	r := ri.ferryd.next("mount")
+	if r == nil {
+		t.Fatal("the bootstrap was not mounted")
+	}
+	dir := r["mountpoint"].(string)
+	ri.stop()
+	// The kernel's mount of the image, which a successor is to take over
+	// (a tmpfs stands in for it).
+	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size=64k"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Unmount(dir, syscall.MNT_DETACH) })
+	saved := takeoverWait
+	takeoverWait = time.Second
+	t.Cleanup(func() { takeoverWait = saved })
+
+	// ferryd was killed: nothing answers on its socket.
+	c.FerrydSocket = filepath.Join(filepath.Dir(c.Root), "successor.sock")
+	sn, closer, err := proxiedConfig(ctx, c, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closer()
+	_, err = sn.Prepare(ctx, "k8s.io/3/container", chain[1].String())
+	if !errdefs.IsUnavailable(err) || !strings.Contains(err.Error(), "is ferryd running?") {
+		t.Fatalf("a container while ferryd does not answer: %v, want unavailable saying why", err)
+	}
+	if ok, _ := mountinfo.Mounted(dir); !ok {
+		t.Fatal("the restarted snapshotter detached the mount while ferryd did not answer")
+	}
+	// The successor answers; the keeper hands the mount over 0.3 s later.
+	successor := startFakeFerryd(t, c.FerrydSocket)
+	go func() {
+		time.Sleep(300 * time.Millisecond)
+		successor.serve(dir, ri.image)
+	}()
+	if _, err := sn.Prepare(ctx, "k8s.io/4/container", chain[1].String()); err != nil {
+		t.Fatalf("a container once the successor serves the mount: %v", err)
+	}
+	if ok, _ := mountinfo.Mounted(dir); !ok {
+		t.Fatal("the mount the successor took over was detached")
+	}
+	for len(successor.reqs) > 0 {
+		if r := <-successor.reqs; r["op"] != "list" {
+			t.Fatalf("the successor was asked %v, not only for its list", r)
+		}
 	}
 }
