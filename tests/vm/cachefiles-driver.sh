@@ -266,9 +266,9 @@ fi
 # ferryd starts another keeper when its keeper dies (without one, ferryd's
 # death would leave the mounts failing reads); that one's successor then
 # takes the mount over.
-kpid=$(field $M keeperPid)
-new_keeper() { _k=$(field $M keeperPid) && [ -n "$_k" ] && [ "$_k" != "$1" ] && kill -0 "$_k"; }
-new_ferryd() { _p=$(field $M pid) && [ -n "$_p" ] && [ "$_p" != "$1" ] && [ "$(field $M mode)" = cachefiles ]; }
+kpid=$(vm_field $M keeperPid)
+new_keeper() { _k=$(vm_field $M keeperPid) && [ -n "$_k" ] && [ "$_k" != "$1" ] && kill -0 "$_k"; }
+new_ferryd() { _p=$(vm_field $M pid) && [ -n "$_p" ] && [ "$_p" != "$1" ] && [ "$(vm_field $M mode)" = cachefiles ]; }
 t=$(date +%s)
 vm_check "kill -9 the cachefiles keeper (pid ${kpid:-?}) alone" kill9 "$kpid"
 vm_check "ferryd (pid ${npid:-?}) starts a new keeper within 10 s" vm_wait 10 new_keeper "$kpid"
@@ -279,7 +279,7 @@ vm_check "cached files read right after it (page cache dropped)" sh -c \
 	'timeout 20 cat "$1" | cmp - "$2" && timeout 20 cat "$3" | cmp - "$4"' \
 	sh "$M/$DMG_FILE" "$P/dmg.ref" "$M/etc/os-release" "$P/os-release" || diagnose
 vm_diag "keeper, then ferryd: $(($(date +%s) - t)) s"
-npid=$(field $M pid)
+npid=$(vm_field $M pid)
 
 # --- no successor: ferryd and its keeper killed: errors in bounded time ----------
 kpid=$(vm_field $M keeperPid)
