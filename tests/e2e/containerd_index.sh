@@ -38,11 +38,7 @@ SNROOT=$CTD/snapshotter
 CTD_NAMESPACES=("$NS" "$NSR")
 mkdir -p "$CTD"
 
-eval "_ctd_prev_exit=$(trap -p EXIT | sed -e 's/^trap -- //' -e 's/ EXIT$//')"
-trap 'ctd_stop_all; '"$_ctd_prev_exit" EXIT
-
-check "build ferry-snapshotter (offline, GOPATH mode)" "$GO" build -o "$SNAP" || { e2e_done; exit 1; }
-check "build cripull" "$GO" --pkg tests/tools/cripull build -o "$CRIPULL" || { e2e_done; exit 1; }
+ctd_e2e_begin
 
 reg_start anon || { notok "docker-registry"; e2e_done; exit 1; }
 fp_start || { notok "faultproxy"; e2e_done; exit 1; }
@@ -52,8 +48,12 @@ done
 check "ferry index attaches an index to deb" "$FERRY" index -q "docker://$REG/deb:1"
 check "ferry index attaches an index to bad/deb" "$FERRY" index -q "docker://$REG/bad/deb:1"
 MANIFEST=$(skopeo inspect --raw --tls-verify=false "docker://$REG/deb:1" | sha256sum | cut -d' ' -f1)
-LAYERS=$(skopeo inspect --raw --tls-verify=false "docker://$REG/deb:1" |
-	python3 -c 'import json,sys; print(" ".join(l["digest"] for l in json.load(sys.stdin)["layers"]))')
+# The layers, "DIGEST SIZE" a line (fp_data_bytes counts their bytes).
+skopeo inspect --raw --tls-verify=false "docker://$REG/deb:1" |
+	python3 -c 'import json,sys; [print(l["digest"], l["size"]) for l in json.load(sys.stdin)["layers"]]' \
+	>"$SCRATCH/blobs.txt"
+LAYERS=$(cut -d' ' -f1 "$SCRATCH/blobs.txt")
+LAYER_BYTES=$(awk '{ n += $2 } END { print n }' "$SCRATCH/blobs.txt")
 expect "the image has two layers" [ "$(wc -w <<<"$LAYERS")" -eq 2 ]
 
 # bad/deb's index, its diff_ids swapped, pushed by digest and put in the
@@ -132,11 +132,13 @@ sn_log() { grep -c -- "$1" "$CTD/snapshotter.log"; }
 
 # Without an index: unpacked by containerd.
 fp_reset
+fp_mark
 check "CRI pull of plain/deb (no index)" cripull "$PROXY/plain/deb:1"
 expect "... containerd downloads both layers" both_full
 expect "... and nothing is mounted by ferryd" [ -z "$(ctd_ferry_mounts)" ]
 expect "... the snapshotter says why" [ "$(sn_log "plain/deb@sha256:$MANIFEST has no ferry index")" -ge 1 ]
 runs_right "ctr run of plain/deb: right hashes" "$NS" "$PROXY/plain/deb:1"
+echo "# plain/deb, pull and run: $(fp_data_bytes) bytes of layers fetched ($LAYER_BYTES in the image)"
 check "ctr image rm --sync (plain/deb)" ctr_ns "$NS" images rm --sync "$PROXY/plain/deb:1"
 
 # An index whose diff_ids are not the image's: refused, unpacked.
@@ -151,11 +153,13 @@ check "ctr image rm --sync (bad/deb)" ctr_ns "$NS" images rm --sync "$PROXY/bad/
 
 # With its index: lazy.
 fp_reset
+fp_mark
 check "CRI pull of deb (indexed)" cripull "$PROXY/deb:1"
 expect "... no full GET of a layer blob" no_full_get
 expect "... ferryd mounts the index" [ "$(ctd_ferry_mounts | wc -l)" -eq 1 ]
 runs_right "ctr run of deb: both layers' files have the right hashes" "$NS" "$PROXY/deb:1"
 expect "... read through ranged GETs of the layers" [ -n "$(layer_gets ranged)" ]
+echo "# deb (indexed), pull and run: $(fp_data_bytes) bytes of layers fetched ($LAYER_BYTES in the image)"
 expect "... and still no full GET" no_full_get
 fp_reset
 check "ctr-remote image rpull of deb" timeout -k 5 180 ctr-remote --address "$CTD/containerd.sock" \

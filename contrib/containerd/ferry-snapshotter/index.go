@@ -39,8 +39,8 @@ import (
 //     which holds every layer: every mount the snapshotter hands out
 //     stops its lower directories at the first indexed mount, and one
 //     whose lower directories reach an empty lower snapshot without one
-//     above it (an image without that index sharing its lower layers) is
-//     refused (guardLowers).
+//     above it (an image pulled after the indexed one sharing its lower
+//     layers, or its base image) is refused (guardLowers).
 const (
 	kindIndexLayer = "index-layer"
 	kindIndex      = "index"
@@ -136,11 +136,17 @@ func (f *ferryFS) kindOf(id string) string {
 // be neither: its parent is an indexed image's empty lower layer.
 func (f *ferryFS) admitIndexed(ctx context.Context, key, parent string, labels map[string]string) (*admission, error) {
 	onIndex := parent != "" && f.isIndexLayer(parent)
-	refuse := func(err error) (*admission, error) {
+	// @probed: the image was probed (the reason is worth an info line).
+	refuse := func(err error, probed bool) (*admission, error) {
 		if onIndex {
 			return nil, fmt.Errorf("%w; its parent %s is the empty lower layer of an indexed image, over which no layer can be unpacked: remove the images that use it (ctr -n NAMESPACE images rm) and pull this one again (docs/containerd.md)", err, parent)
 		}
-		f.log(ctx).WithError(err).Infof("ferry: layer %s unpacked by containerd", labels[labelTarget])
+		l := f.log(ctx).WithError(err)
+		if probed {
+			l.Infof("ferry: layer %s unpacked by containerd", labels[labelTarget])
+		} else {
+			l.Debugf("ferry: layer %s unpacked by containerd", labels[labelTarget])
+		}
 		return nil, nil
 	}
 	if len(f.c.Indexes) == 0 && !onIndex {
@@ -148,22 +154,22 @@ func (f *ferryFS) admitIndexed(ctx context.Context, key, parent string, labels m
 	}
 	a, err := admitPuller(f.c.Pullers, key, parent, labels)
 	if err != nil {
-		return refuse(err)
+		return refuse(err, false)
 	}
 	named, err := refdocker.ParseDockerRef(a.ref)
 	if err != nil {
-		return refuse(fmt.Errorf("image %s: %w", a.ref, err))
+		return refuse(fmt.Errorf("image %s: %w", a.ref, err), false)
 	}
 	if !repoTrusted(f.c.Indexes, named.Name()) {
-		return refuse(fmt.Errorf("repository %s is not among the configuration's \"indexes\", whose ferry indexes are trusted", named.Name()))
+		return refuse(fmt.Errorf("repository %s is not among the configuration's \"indexes\", whose ferry indexes are trusted", named.Name()), false)
 	}
 	p, err := f.probe(ctx, a.image, a.pin)
 	if err != nil {
-		return refuse(err)
+		return refuse(err, true)
 	}
 	i, err := indexPosition(p, a.layer, a.parent, a.target)
 	if err != nil {
-		return refuse(fmt.Errorf("%s: %w", a.image, err))
+		return refuse(fmt.Errorf("%s: %w", a.image, err), true)
 	}
 	a.kind = kindIndexLayer
 	if i == len(p.Layers)-1 {
@@ -291,6 +297,6 @@ scan:
 }
 
 func errIndexLayer(dir string) error {
-	return fmt.Errorf("snapshot %s is the empty lower layer of an indexed image, whose files only its ferry mount above it serves, and this snapshot has none: an image without that ferry index shares its lower layers; remove the indexed images that use it (ctr -n NAMESPACE images rm) and pull this one again (docs/containerd.md)",
+	return fmt.Errorf("snapshot %s is the empty lower layer of an indexed image, whose files only that image's ferry mount above it serves, and this snapshot has none: an image pulled after the indexed one shares its lower layers, or is its base; remove the indexed images that use it (ctr -n NAMESPACE images rm) and pull this one again, base images first (docs/containerd.md)",
 		snapshotID(dir))
 }
