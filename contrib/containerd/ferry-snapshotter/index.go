@@ -252,7 +252,7 @@ func guardLowers(ms []mount.Mount, kindOf func(dir string) string) ([]mount.Moun
 		switch m.Type {
 		case "bind":
 			if kindOf(m.Source) == kindIndexLayer {
-				return nil, errIndexLayer(m.Source)
+				return nil, errIndexLayer(snapshotID(m.Source))
 			}
 		case "overlay":
 			out, err := guardOverlay(m, kindOf)
@@ -281,7 +281,7 @@ scan:
 			lowers = lowers[:j+1]
 			break scan
 		case kindIndexLayer:
-			return m, errIndexLayer(dir)
+			return m, errIndexLayer(snapshotID(dir))
 		}
 	}
 	if at < 0 {
@@ -296,7 +296,9 @@ scan:
 	return mount.Mount{Type: m.Type, Source: m.Source, Options: opts}, nil
 }
 
-func errIndexLayer(dir string) error {
+// errIndexLayer: snapshot @id is an empty lower layer reached without its
+// indexed image's mount.
+func errIndexLayer(id string) error {
 	return fmt.Errorf("snapshot %s is the empty lower layer of an indexed image, whose files only that image's ferry mount above it serves, and this snapshot has none: an image pulled after the indexed one shares its lower layers, or is its base; remove the indexed images that use it (ctr -n NAMESPACE images rm) and pull this one again, base images first (docs/containerd.md)",
-		snapshotID(dir))
+		id)
 }

@@ -123,7 +123,8 @@ func TestGuardLowers(t *testing.T) {
 // unpacker prepares them: probed (by manifest digest), the lower layer an
 // empty committed snapshot, the top one ferryd's mount pinned to the
 // probed index; a container sees the mount alone; an image without the
-// index over the empty layer, and a view of it, are refused; an index
+// index over the empty layer, a view of it, and an indexed base image
+// whose top it is are refused; an index
 // whose diff_ids are not the image's, a repository not trusted and an
 // image without an index are unpacked as usual; a restart mounts the top
 // again by manifest and index digest.
@@ -187,6 +188,14 @@ func TestIndexedLayers(t *testing.T) {
 	if _, err := sn.View(ctx, "k8s.io/5/view", chain[0].String()); err == nil ||
 		!strings.Contains(err.Error(), "empty lower layer") {
 		t.Fatalf("a view of the empty lower layer: %v", err)
+	}
+	// An indexed base image: its only layer is that empty lower layer.
+	mb := digest.FromString("base manifest").String()
+	ferryd.setProbe("docker://127.0.0.1:5001/deb@"+mb, map[string]interface{}{"ok": true,
+		"imageDigest": mb, "bootstrapDigest": boot, "indexDigest": idx, "layers": l[:1], "diffIds": d[:1]})
+	if _, err := prepare("k8s.io/8/k8", "", chain[0], l[0], "127.0.0.1:5001/deb:base", mb); err == nil ||
+		!strings.Contains(err.Error(), "empty lower layer") {
+		t.Fatalf("an indexed base image whose top is an empty lower layer: %v", err)
 	}
 	// Unpacked as usual: diff_ids that are not the image's, an untrusted
 	// repository, no index.

@@ -282,6 +282,10 @@ func (t *trusted) Prepare(ctx context.Context, key, parent string, opts ...snaps
 		if err := t.fs.verified(a.target.String()); err != nil {
 			return nil, fmt.Errorf("ferry layer %s: %w", a.target, err)
 		}
+		// This image's top is another indexed image's empty lower layer.
+		if a.kind == kindIndex && t.fs.isIndexLayer(a.target.String()) {
+			return nil, fmt.Errorf("layer %s: %w", a.target, errIndexLayer(t.fs.snapshotOf(a.target.String())))
+		}
 		return nil, fmt.Errorf("target snapshot %q: %w", a.target, errdefs.ErrAlreadyExists)
 	}
 	m, err := t.Snapshotter.Prepare(withAdmission(ctx, a), key, parent, opts...)
