@@ -122,9 +122,15 @@ cripull() { # REF
 hashes() { # NS IMAGE
 	ctr_ns "$1" run --rm --snapshotter ferry "$2" c$RANDOM sh -c "cd / && sha256sum $FILES" 2>&1
 }
+# Under load ctr 1.6 can lose the tail of a short task's output (see
+# containerd.sh): a lost tail is run again once, a wrong hash is not.
 runs_right() { # NOTE NS IMAGE
 	local out
 	out=$(hashes "$2" "$3")
+	if [ "$out" != "$WANT" ] && [[ "$WANT" == "$out"* ]]; then
+		echo "    ctr run printed only: ${out:-nothing}; once more"
+		out=$(hashes "$2" "$3")
+	fi
 	expect "$1" [ "$out" = "$WANT" ]
 	[ "$out" = "$WANT" ] || { echo "$out" | tail -5; ctd_diagnose; } | sed 's/^/    /'
 }
