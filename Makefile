@@ -192,6 +192,7 @@ bench: deps all tests
 	BIN=$(BIN) bench/vm_cachefiles.sh
 	BIN=$(BIN) bench/containerd.sh
 	BIN=$(BIN) bench/peers.sh
+	BIN=$(BIN) bench/fetchread.sh $(BIN)
 
 demo: deps all
 	BIN=$(BIN) tests/demo.sh

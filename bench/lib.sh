@@ -80,6 +80,33 @@ bench_cleanup() {
 	rm -rf "$work"
 }
 
+# bench_builds DEFAULT_ROUNDS [OLD_BIN] NEW_BIN [ROUNDS]: $old (empty with
+# one build), $new and $rounds from a script's arguments; usage on others.
+bench_builds() {
+	local def=$1
+	shift
+	if [ $# -ge 2 ] && [ -d "$2" ]; then
+		old=$(cd "$1" && pwd) new=$(cd "$2" && pwd) rounds=${3:-$def}
+	elif [ $# -ge 1 ] && [ $# -le 2 ]; then
+		old='' new=$(cd "$1" && pwd) rounds=${2:-$def}
+	else
+		echo "usage: $0 [OLD_BIN] NEW_BIN [ROUNDS]" >&2
+		exit 2
+	fi
+}
+
+# bench_wanproxy NAME DELAY_MS MBIT: tests/tools/wanproxy.py in front of
+# $reg, its ports in $work/wp-NAME.{port,stats}, its pid added to
+# $wp_pids (the caller stops them); wstat NAME [--reset] KEY reads one of
+# its counters.
+bench_wanproxy() {
+	python3 "$top/tests/tools/wanproxy.py" --upstream "$reg" --port-file "$work/wp-$1.port" \
+		--stats-port-file "$work/wp-$1.stats" --delay-ms "$2" --rate-mbit "$3" &
+	wp_pids+=($!)
+	for _ in $(seq 50); do [ -s "$work/wp-$1.stats" ] && break; sleep 0.1; done
+}
+wstat() { python3 "$top/tests/tools/wanproxy.py" --query "$(cat "$work/wp-$1.stats")" "${@:2}"; }
+
 # bench_image SET: a docker-registry in $work ($reg, $reg_pid) holding
 # dataset SET as a one-layer gzip image (docker://$reg/src/SET:1, as a
 # registry would hold it) and its ferry conversion ($image).

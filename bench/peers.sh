@@ -169,12 +169,8 @@ stop_stargz
 # wanproxy per link: NAME → $work/wp-NAME.{port,stats}
 for link in $links; do
 	IFS=: read -r name delay rate <<<"$link"
-	python3 "$top/tests/tools/wanproxy.py" --upstream "$reg" --port-file "$work/wp-$name.port" \
-		--stats-port-file "$work/wp-$name.stats" --delay-ms "$delay" --rate-mbit "$rate" &
-	wp_pids+=($!)
-	for _ in $(seq 50); do [ -s "$work/wp-$name.stats" ] && break; sleep 0.1; done
+	bench_wanproxy "$name" "$delay" "$rate"
 done
-wstat() { python3 "$top/tests/tools/wanproxy.py" --query "$(cat "$work/wp-$1.stats")" "${@:2}"; }
 
 run() { # LINK VARIANT: one cold start, a line into $work/results
 	local link=$1 v=$2 host snap img t0 t1 fail=0

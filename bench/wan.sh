@@ -32,14 +32,7 @@
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 . "$top/bench/lib.sh"
-if [ $# -ge 2 ] && [ -d "$2" ]; then
-	old=$(cd "$1" && pwd) new=$(cd "$2" && pwd) rounds=${3:-3}
-elif [ $# -ge 1 ] && [ $# -le 2 ]; then
-	old='' new=$(cd "$1" && pwd) rounds=${2:-3}
-else
-	echo "usage: $0 [OLD_BIN] NEW_BIN [ROUNDS]" >&2
-	exit 2
-fi
+bench_builds 3 "$@"
 links=${FERRY_WAN_LINKS:-0:0 10:200 25:100}
 set_name=${FERRY_LAZY_SET:-big}
 ferry=$new/ferry

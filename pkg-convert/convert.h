@@ -161,12 +161,14 @@ int convert_run(const char *source, const char *dest,
  * stats->manifest_digest is the index's.
  */
 /*
- * The span: the index grows ~12 KiB per point (a zstd-compressed window),
- * and a cold read fetches the span's bytes before what it wants. At
- * 768 KiB the index of Debian minbase is 2.54% of its layer (1 MiB:
- * 2.06%, 640 KiB: 2.99%); docs/performance-log.md has the cold starts.
+ * The span: the index grows ~2 KiB per point (a sparse window, zstd-
+ * compressed), `ferry index` spends ~1.4 ms of CPU on each, and a cold
+ * read fetches up to the span's bytes before what it wants. At 512 KiB
+ * the index of Debian minbase is 1.0% of its layer at the CPU time of
+ * 768 KiB within noise (384 KiB: +8%); docs/performance-log.md has the
+ * cold starts' counts per span.
  */
-#define CONVERT_DEFAULT_SPAN (768u << 10)
+#define CONVERT_DEFAULT_SPAN (512u << 10)
 int convert_ferry_index(const char *image, const struct convert_opts *opts,
 			struct convert_stats *stats);
 

@@ -201,7 +201,9 @@ static int index_layer(struct converter *c, const struct oci_image *img,
 	} else {
 		l->stream.usize = points_decoded(x->pts);
 		points_diff_id(x->pts, l->stream.diff_id);
-		points_take(x->pts, &l->stream.points, &l->stream.nr_points);
+		ret = points_take(x->pts, &l->stream.points, &l->stream.nr_points);
+		if (ret)
+			return ret;
 	}
 	c->stats->points += l->stream.nr_points;
 	if (!x->nr_chunks) {

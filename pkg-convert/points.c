@@ -9,6 +9,17 @@
  * marks of how many compressed bytes decoding had consumed when its
  * output reached each offset, from which a frame's compressed range is
  * bounded.
+ *
+ * Sparse windows: of a deflate point's 32 KiB window, only the bytes that
+ * the next 32 KiB + 258 of output copy from matter (no back-reference
+ * reaches further), a tenth on Debian's layers; the others are stored as
+ * zeros, so the window compresses to about a ninth (performance-log.md,
+ * "Ferry indexes of ordinary images") and the index holds that many more
+ * points. A point is "probed" once that output is decoded: its compressed
+ * bytes are decoded again by pkg-blob's frame decoder (the one mounts use)
+ * from windows tagged with each byte's position, which shows the bytes
+ * copied from; then the sparse window must decode to exactly the stream's
+ * bytes, or the point keeps its whole window.
  */
 #include "tar.h"
 
@@ -22,6 +33,24 @@ struct points_mark {
 	uint64_t in;  /* compressed bytes consumed by then */
 };
 
+/* Decoded bytes after a point that back-references can reach its window from. */
+#define PROBE_OUT (BLOB_STREAM_WINDOW + 258u)
+/* Compressed bytes kept to decode them again; more: the whole window. */
+#define PROBE_IN_MAX (128u << 10)
+/* Compressed bytes kept behind the decoder: ISA-L reads a block header
+ * (up to 328 bytes) and 8 bytes more before it reports the boundary. */
+#define IN_RING 4096u
+
+struct points_probe {
+	bool active;
+	uint32_t k;              /* the point */
+	uint8_t *in;             /* its compressed bytes from cbit / 8 on */
+	size_t in_len;
+	bool in_full;            /* more than PROBE_IN_MAX: not probed */
+	uint8_t out[PROBE_OUT];  /* the stream's bytes after it */
+	size_t out_len;
+};
+
 struct input_points {
 	uint64_t spacing, out_spacing;
 	uint64_t next_in, next_out; /* hunt from here on */
@@ -29,6 +58,7 @@ struct input_points {
 	uint64_t out;        /* decoded bytes so far */
 	uint64_t member_out; /* of them in the current gzip member */
 	bool pending;        /* a boundary found in the current step */
+	bool pending_fresh;  /* ...where decoding needs no window (zstd) */
 	uint64_t pending_cbit;
 	struct blob_stream_point *points;
 	uint32_t nr;
@@ -40,15 +70,25 @@ struct input_points {
 	/* The last decoded bytes, circular from ring_head, once a hunt nears. */
 	uint8_t ring[BLOB_STREAM_WINDOW];
 	uint32_t ring_head;
+	/* The last compressed bytes consumed (in_pos of them), once a hunt
+	 * nears: those from in_kept on. */
+	uint8_t in_ring[IN_RING];
+	uint64_t in_pos, in_kept;
+	struct points_probe probe;
+	struct blob_stream_reader *reader; /* probes' decoder, made on first use */
+	uint8_t tagged[BLOB_STREAM_WINDOW];
+	uint8_t probed[PROBE_OUT], low[PROBE_OUT];
 };
 
 /*
- * The ring is kept only from this many bytes (compressed, or decoded)
+ * The rings are kept only from this many bytes (compressed, or decoded)
  * before a hunt on: more than a window's worth of output reaches it by
- * then, and far from one, copying every step's tail cost 5% of `ferry
- * index` (hunting steps are a few hundred bytes each).
+ * then (deflate's stored blocks, its worst, decode a byte per byte), and
+ * far from one, copying every step's tail cost 5% of `ferry index`
+ * (hunting steps are a few hundred bytes each). Spans as short as this
+ * copy all the output.
  */
-#define RING_LEAD (256u << 10)
+#define RING_LEAD (64u << 10)
 
 static void ring_put(struct input_points *p, const uint8_t *out, size_t n)
 {
@@ -102,6 +142,8 @@ void points_free(struct input_points *p)
 		free((void *)p->points[i].window);
 	free(p->points);
 	free(p->marks);
+	free(p->probe.in);
+	blob_stream_reader_free(p->reader);
 	sha256_hasher_free(p->diff);
 	free(p);
 }
@@ -111,48 +153,205 @@ bool points_hunting(const struct input_points *p)
 	return p->hunting;
 }
 
+/* Decode the probed point's bytes again from window @w into p->probed. */
+static int probe_decode(struct input_points *p, const uint8_t *w)
+{
+	const struct points_probe *pr = &p->probe;
+	struct blob_stream_point pt = p->points[pr->k];
+	struct blob_stream s = { .format = BLOB_STREAM_GZIP, .usize = UINT64_MAX,
+				 .points = &pt, .nr_points = 1 };
+	struct blob_chunk c = { .coff = pt.cbit / 8, .csize = (uint32_t)pr->in_len,
+				.frame_usize = (uint32_t)pr->out_len,
+				.codec = BLOB_CODEC_GZIP_STREAM };
+
+	/* window_clen == window_len: stored as it is (FORMAT.md 2.8). */
+	pt.window_clen = pt.window_len;
+	pt.window = w;
+	if (!p->reader && blob_stream_reader_new(&p->reader))
+		return -ENOMEM;
+	blob_stream_reader_reset(p->reader);
+	return blob_stream_frame_decode(p->reader, &s, &c, pr->in, c.coff, pr->in_len,
+					p->probed);
+}
+
+/*
+ * Zero in @w (the point's window) the bytes the probed output does not
+ * copy from; false when that cannot be shown (the window stays whole).
+ * Copies are the same whatever the window holds: decoded from windows
+ * holding each byte's position, low byte then high byte, an output byte
+ * copied from the window names its source. A literal names one too (its
+ * value twice: one of 128 places), which only keeps that byte.
+ */
+static bool probe_sparse(struct input_points *p, uint8_t *w, uint32_t wlen)
+{
+	const struct points_probe *pr = &p->probe;
+	uint8_t *used = p->tagged;
+	size_t i;
+
+	for (i = 0; i < wlen; i++)
+		p->tagged[i] = (uint8_t)i;
+	if (probe_decode(p, p->tagged))
+		return false;
+	memcpy(p->low, p->probed, pr->out_len);
+	for (i = 0; i < wlen; i++)
+		p->tagged[i] = (uint8_t)(i >> 8);
+	if (probe_decode(p, p->tagged))
+		return false;
+	memset(used, 0, wlen);
+	for (i = 0; i < pr->out_len; i++) {
+		size_t src = (size_t)p->probed[i] << 8 | p->low[i];
+
+		if (src < wlen)
+			used[src] = 1;
+	}
+	for (i = 0; i < wlen; i++)
+		if (!used[i])
+			w[i] = 0;
+	/* The proof: the sparse window decodes to the stream's very bytes. */
+	return !probe_decode(p, w) && !memcmp(p->probed, pr->out, pr->out_len);
+}
+
+/* Store point @k's window (p->window_clen == 0: raw), zstd-compressed. */
+static int window_store(struct blob_stream_point *pt)
+{
+	struct blob_compress zstd = { BLOB_CODEC_ZSTD, 0 };
+	uint8_t *w = (uint8_t *)pt->window, *z = malloc(pt->window_len);
+	enum blob_codec used;
+	size_t clen = 0;
+	int ret;
+
+	if (!z)
+		return -ENOMEM;
+	ret = blob_compress(&zstd, w, pt->window_len, z, pt->window_len, &clen, &used);
+	if (ret || used == BLOB_CODEC_NONE) {
+		free(z);
+		pt->window_clen = pt->window_len; /* stored as it is */
+		return ret;
+	}
+	free(w);
+	pt->window = z;
+	pt->window_clen = (uint32_t)clen;
+	return 0;
+}
+
+/*
+ * The probe ends: its point's window made sparse if @complete (all the
+ * output that can reach the window seen, or the stream ended) and the
+ * proof holds, then stored.
+ */
+static int probe_end(struct input_points *p, bool complete)
+{
+	struct points_probe *pr = &p->probe;
+	struct blob_stream_point *pt = &p->points[pr->k];
+	uint8_t *w = (uint8_t *)pt->window;
+
+	pr->active = false;
+	if (complete && !pr->in_full && pr->out_len) {
+		uint8_t whole[BLOB_STREAM_WINDOW];
+
+		memcpy(whole, w, pt->window_len);
+		if (!probe_sparse(p, w, pt->window_len))
+			memcpy(w, whole, pt->window_len);
+	}
+	return window_store(pt);
+}
+
+/* Keep compressed bytes for the probe; false past PROBE_IN_MAX. */
+static void probe_input(struct points_probe *pr, const uint8_t *buf, size_t n)
+{
+	if (pr->in_full)
+		return;
+	if (n > PROBE_IN_MAX - pr->in_len) {
+		pr->in_full = true;
+		return;
+	}
+	memcpy(pr->in + pr->in_len, buf, n);
+	pr->in_len += n;
+}
+
+/* Start probing point @k (at @cbit): its compressed bytes from the ring on. */
+static int probe_start(struct input_points *p, uint32_t k, uint64_t cbit)
+{
+	struct points_probe *pr = &p->probe;
+	uint64_t lag = p->in_pos - cbit / 8;
+	size_t start;
+
+	if (!pr->in && !(pr->in = malloc(PROBE_IN_MAX)))
+		return -ENOMEM;
+	pr->active = true;
+	pr->k = k;
+	pr->in_len = 0;
+	pr->out_len = 0;
+	pr->in_full = cbit / 8 > p->in_pos || cbit / 8 < p->in_kept || lag > IN_RING;
+	if (pr->in_full)
+		return 0;
+	start = (size_t)((p->in_pos - lag) % IN_RING);
+	if (start + lag > IN_RING) {
+		probe_input(pr, p->in_ring + start, IN_RING - start);
+		probe_input(pr, p->in_ring, (size_t)lag - (IN_RING - start));
+	} else {
+		probe_input(pr, p->in_ring + start, (size_t)lag);
+	}
+	return 0;
+}
+
+void points_input(struct input_points *p, const uint8_t *buf, size_t n)
+{
+	size_t at, first;
+
+	if (p->probe.active)
+		probe_input(&p->probe, buf, n);
+	if (!p->hunting && p->in_pos + n + RING_LEAD < p->next_in &&
+	    p->out + RING_LEAD < p->next_out) {
+		p->in_pos += n;
+		p->in_kept = p->in_pos;
+		return;
+	}
+	if (n > IN_RING) {
+		p->in_pos += n - IN_RING;
+		buf += n - IN_RING;
+		n = IN_RING;
+	}
+	at = (size_t)(p->in_pos % IN_RING);
+	first = MIN(n, IN_RING - at);
+	memcpy(p->in_ring + at, buf, first);
+	memcpy(p->in_ring, buf + first, n - first);
+	p->in_pos += n;
+}
+
 /* Take a point at @cbit, decoded offset p->out, with its window. */
 static int capture(struct input_points *p, uint64_t cbit, uint32_t flags)
 {
 	struct blob_stream_point *pt;
 	uint32_t wlen = flags & BLOB_POINT_HEADER ? 0 :
 			(uint32_t)MIN(p->member_out, (uint64_t)BLOB_STREAM_WINDOW);
-	struct blob_compress zstd = { BLOB_CODEC_ZSTD, 0 };
-	enum blob_codec used;
 	uint8_t *w = NULL;
-	size_t clen = 0;
 	int ret;
 
 	if (p->nr && p->points[p->nr - 1].uoff >= p->out)
 		return 0; /* a member header here already */
+	/* A member header: the stream before it ended. */
+	if (p->probe.active) {
+		ret = probe_end(p, flags & BLOB_POINT_HEADER);
+		if (ret)
+			return ret;
+	}
 	if (array_reserve(&p->points, &p->cap, p->nr + 1, sizeof(*p->points), 64))
 		return -ENOMEM;
 	if (wlen) {
-		uint8_t window[BLOB_STREAM_WINDOW];
-
-		ring_get(p, window, wlen);
 		w = malloc(wlen);
 		if (!w)
 			return -ENOMEM;
-		ret = blob_compress(&zstd, window, wlen, w, wlen, &clen, &used);
-		if (ret) {
-			free(w);
-			return ret;
-		}
-		if (used == BLOB_CODEC_NONE) {
-			memcpy(w, window, wlen);
-			clen = wlen;
-		}
+		ring_get(p, w, wlen);
 	}
 	pt = &p->points[p->nr++];
 	*pt = (struct blob_stream_point){ .cbit = cbit, .uoff = p->out,
-					  .window_len = wlen,
-					  .window_clen = (uint32_t)clen,
+					  .window_len = wlen, .window_clen = wlen,
 					  .flags = flags, .window = w };
 	p->hunting = false;
 	p->next_in = cbit / 8 + p->spacing;
 	p->next_out = p->out + p->out_spacing;
-	return 0;
+	return wlen ? probe_start(p, p->nr - 1, cbit) : 0;
 }
 
 int points_here(struct input_points *p, uint64_t cbit, uint32_t flags)
@@ -162,10 +361,11 @@ int points_here(struct input_points *p, uint64_t cbit, uint32_t flags)
 	return p->hunting ? capture(p, cbit, flags) : 0;
 }
 
-void points_found(struct input_points *p, uint64_t cbit)
+void points_found(struct input_points *p, uint64_t cbit, bool fresh)
 {
 	if (p->hunting) {
 		p->pending = true;
+		p->pending_fresh = fresh;
 		p->pending_cbit = cbit;
 	}
 }
@@ -175,6 +375,8 @@ int points_step(struct input_points *p, const uint8_t *out, size_t n, uint64_t p
 	int ret = 0;
 
 	if (n) {
+		struct points_probe *pr = &p->probe;
+
 		if (p->hunting || pos + RING_LEAD >= p->next_in ||
 		    p->out + RING_LEAD >= p->next_out)
 			ring_put(p, out, n);
@@ -184,9 +386,22 @@ int points_step(struct input_points *p, const uint8_t *out, size_t n, uint64_t p
 				  sizeof(*p->marks), 1024))
 			return -ENOMEM;
 		p->marks[p->nr_marks++] = (struct points_mark){ p->out, pos };
+		if (pr->active) {
+			size_t take = MIN(n, PROBE_OUT - pr->out_len);
+
+			memcpy(pr->out + pr->out_len, out, take);
+			pr->out_len += take;
+			if (pr->out_len == PROBE_OUT)
+				ret = probe_end(p, true);
+			if (ret)
+				return ret;
+		}
 	}
 	if (p->pending) {
 		p->pending = false;
+		/* A zstd frame decodes alone: no window (FORMAT.md 2.8). */
+		if (p->pending_fresh)
+			p->member_out = 0;
 		ret = capture(p, p->pending_cbit, 0);
 	}
 	if (!p->hunting && p->nr && (pos >= p->next_in || p->out >= p->next_out))
@@ -224,9 +439,16 @@ void points_diff_id(struct input_points *p, uint8_t out[SHA256_SIZE])
 	sha256_hasher_final(p->diff, out);
 }
 
-void points_take(struct input_points *p, struct blob_stream_point **points,
-		 uint32_t *nr)
+int points_take(struct input_points *p, struct blob_stream_point **points,
+		uint32_t *nr)
 {
+	/* The stream has ended: a probe has seen all it will. */
+	if (p->probe.active) {
+		int ret = probe_end(p, true);
+
+		if (ret)
+			return ret;
+	}
 	/* A point at the very end starts nothing. */
 	while (p->nr && p->points[p->nr - 1].uoff >= p->out) {
 		p->nr--;
@@ -236,4 +458,5 @@ void points_take(struct input_points *p, struct blob_stream_point **points,
 	*nr = p->nr;
 	p->points = NULL;
 	p->nr = p->cap = 0;
+	return 0;
 }

@@ -63,9 +63,12 @@ void points_free(struct input_points *p);
 bool points_hunting(const struct input_points *p);
 /* Decoding can resume at @cbit, before the current step's output... */
 int points_here(struct input_points *p, uint64_t cbit, uint32_t flags);
-/* ...or after it (taken once points_step has seen that output). */
-void points_found(struct input_points *p, uint64_t cbit);
+/* ...or after it (taken once points_step has seen that output); @fresh:
+ * decoding needs nothing before it (a zstd frame), not even a window. */
+void points_found(struct input_points *p, uint64_t cbit, bool fresh);
 int points_step(struct input_points *p, const uint8_t *out, size_t n, uint64_t pos);
+/* The compressed bytes the decoder consumes, every one, in order. */
+void points_input(struct input_points *p, const uint8_t *buf, size_t n);
 uint64_t points_bound(const struct input_points *p, uint64_t uoff);
 uint64_t points_decoded(const struct input_points *p);
 /*
@@ -76,8 +79,8 @@ uint64_t points_decoded(const struct input_points *p);
 void points_hash(struct input_points *p, const uint8_t *out, size_t n);
 void points_diff_id(struct input_points *p, uint8_t out[32]);
 struct blob_stream_point;
-void points_take(struct input_points *p, struct blob_stream_point **points,
-		 uint32_t *nr);
+int points_take(struct input_points *p, struct blob_stream_point **points,
+		uint32_t *nr);
 /*
  * Attach @p (owned by the caller, who frees it after input_close); a
  * compressed stream is then decoded on a thread of its own, ahead of its

@@ -84,7 +84,6 @@ struct ahead_job {
 	uint32_t index;
 	uint64_t uoff, len;
 	uint64_t elf; /* or nid + 1 of a file to inspect as a program (elf_predict) */
-	bool modules; /* predicted small files: inspect the programs among them */
 };
 
 /* Which file a piece of a blob belongs to (for misses that name no file). */
@@ -111,6 +110,8 @@ struct ahead_dir {
 	uint32_t parent, first, nr;
 	uint32_t kids, nr_kids; /* its subdirectories: kids[kids, kids + nr_kids) */
 	uint32_t depth;         /* path components: / is 0, /usr/lib 2 */
+	bool package;           /* a Python package: holds __init__.py */
+	bool tests;             /* named tests or test */
 	bool done;              /* predicted already */
 	bool kids_done;         /* its subdirectories predicted already */
 };
@@ -216,17 +217,25 @@ uint64_t ahead_budget(double rtt_s, double bw_Bps);
  */
 bool ahead_window_next(struct ahead_span *w, uint64_t size, uint64_t budget, uint64_t uoff,
 		       uint64_t len, struct ahead_range *out);
+/* Whether a miss in the file @st (NULL: unknown) starts a window. */
+bool ahead_window_after(const struct meta_stat *st);
 /*
  * The file @st's chunks as pieces of at most AHEAD_STEP contiguous bytes
  * of a blob: @locate_fn as locate (0, 1: a hole, or -errno, which ends
  * it and is returned), each piece to @piece, from the file's end when
  * @start_first (the threads take the newest piece first: its start comes
- * first), else from its start.
+ * first), else from its start; with @ends only its first and last chunks.
  */
-int ahead_file_pieces(const struct meta_stat *st, bool start_first,
+int ahead_file_pieces(const struct meta_stat *st, bool start_first, bool ends,
 		      int (*locate_fn)(void *ctx, uint64_t pos, uint32_t *index, uint64_t *uoff),
 		      void (*piece)(void *ctx, uint32_t index, uint64_t uoff, uint64_t len),
 		      void *ctx);
+
+/*
+ * Whether directory prediction may predict @d, a subdirectory of
+ * @parent, as a package beside the one read.
+ */
+bool ahead_dir_sibling(const struct ahead_dir *parent, const struct ahead_dir *d);
 
 /* fetch_ahead.c */
 /*

@@ -701,6 +701,19 @@ static void test_verify(void)
 	ss.streams[0].points[3].window_clen = l.points[2].window_clen;
 	CHECK_EQ(blob_verify_source(&src, "t", &idx.blobs[0], &rep), -EFSCORRUPTED);
 	ss.streams[0].points[3] = l.points[3];
+	/*
+	 * Zeros are allowed where nothing after the point copies from
+	 * (sparse windows); a window of zeros only is not that: the decode
+	 * from the point, 32 KiB + 258 far, shows it.
+	 */
+	{
+		static const uint8_t zeros[BLOB_STREAM_WINDOW];
+
+		ss.streams[0].points[3].window = zeros;
+		ss.streams[0].points[3].window_clen = ss.streams[0].points[3].window_len;
+		CHECK_EQ(blob_verify_source(&src, "t", &idx.blobs[0], &rep), -EFSCORRUPTED);
+		ss.streams[0].points[3] = l.points[3];
+	}
 	/* A flipped byte of the layer. */
 	l.comp[l.comp_len / 3] ^= 1;
 	CHECK(blob_verify_source(&src, "t", &idx.blobs[0], &rep) < 0);

@@ -9,12 +9,18 @@
  * stream's sha256 is recorded; and the compressed bound of an offset
  * decodes up to it. Streams: two gzip members (a point may not cross
  * the member boundary unnoticed) and several zstd frames, read whole from
- * memory and through a source that returns odd-sized pieces.
+ * memory and through a source that returns odd-sized pieces. Read from a
+ * source, the compressed bytes are read and hashed on a thread of their
+ * own: a file and a source in pieces give the same points, a digest
+ * mismatch is an error at the end, and closing mid-stream stops both
+ * threads.
  */
 #include "../test.h"
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <unistd.h>
 #include <zlib.h>
 #include <zstd.h>
 
@@ -111,6 +117,63 @@ static ssize_t pieces_read(void *ctx, void *buf, size_t len)
 	return (ssize_t)n;
 }
 
+/*
+ * A zstd frame decodes alone: its points have no window (blob_streams_decode
+ * refuses one that has). A deflate point's window holds the stream's bytes
+ * before it, or zeros where nothing after it copies from: sparse windows,
+ * some of them at least (the stream repeats its words).
+ */
+static void check_windows(const struct blob_stream_point *pts, uint32_t nr,
+			  enum blob_stream_format fmt)
+{
+	static uint8_t w[BLOB_STREAM_WINDOW];
+	uint32_t k, sparse = 0;
+
+	for (k = 0; k < nr; k++) {
+		const struct blob_stream_point *pt = &pts[k];
+		const uint8_t *before = plain + pt->uoff - pt->window_len;
+		uint32_t i, zeroed = 0;
+
+		if (fmt == BLOB_STREAM_ZSTD) {
+			CHECK_EQ(pt->window_len, 0);
+			continue;
+		}
+		if (!pt->window_len)
+			continue;
+		CHECK_EQ(blob_decompress(pt->window_clen == pt->window_len ?
+					 BLOB_CODEC_NONE : BLOB_CODEC_ZSTD,
+					 pt->window, pt->window_clen, w, pt->window_len), 0);
+		for (i = 0; i < pt->window_len; i++) {
+			CHECK(w[i] == before[i] || !w[i]);
+			zeroed += w[i] != before[i];
+		}
+		sparse += zeroed > pt->window_len / 2;
+	}
+	if (fmt == BLOB_STREAM_GZIP)
+		CHECK(sparse > nr / 2);
+}
+
+/* Decode all of @in (closed after) into @out with points recorded. */
+static struct input_points *decode_whole(struct input_stream *in, uint64_t spacing,
+					 uint8_t *out)
+{
+	struct input_points *p = NULL;
+	struct byte_source src;
+	uint64_t got = 0;
+	ssize_t n;
+
+	CHECK_EQ(points_new(spacing, 16u << 20, &p), 0);
+	CHECK_EQ(input_record_points(in, p), 0);
+	src = input_source(in);
+	while ((n = src.read(src.ctx, out + got, PLAIN + 1 - got)) > 0)
+		got += (uint64_t)n;
+	CHECK_EQ(n, 0);
+	CHECK_EQ(got, PLAIN);
+	CHECK(!memcmp(out, plain, PLAIN));
+	input_close(in);
+	return p;
+}
+
 /* Decode the whole stream with points recorded; check every point. */
 static void check_points(const uint8_t *comp, size_t clen, enum blob_stream_format fmt,
 			 uint64_t spacing, bool in_pieces)
@@ -121,25 +184,17 @@ static void check_points(const uint8_t *comp, size_t clen, enum blob_stream_form
 	struct blob_stream_point *pts = NULL;
 	struct blob_stream_reader *r = NULL;
 	struct blob_stream s = { .format = (uint8_t)fmt };
-	uint8_t *out = malloc(PLAIN + 1), digest[32], want[32], probe[8192];
-	struct byte_source src;
-	uint64_t got = 0, bound;
+	uint8_t *out = malloc(PLAIN + 1), digest[32], want[32];
+	/* Past the window's reach: what a sparse window lacks would show. */
+	static uint8_t probe[BLOB_STREAM_WINDOW * 3];
+	uint64_t bound;
 	uint32_t nr = 0, k;
-	ssize_t n;
 
 	CHECK_EQ(in_pieces ? input_open_source((struct byte_source){ .read = pieces_read,
 								     .ctx = &pc },
 					       NULL, "pieces", &in) :
 			     input_open_mem(comp, clen, &in), 0);
-	CHECK_EQ(points_new(spacing, 16u << 20, &p), 0);
-	CHECK_EQ(input_record_points(in, p), 0);
-	src = input_source(in);
-	while ((n = src.read(src.ctx, out + got, PLAIN + 1 - got)) > 0)
-		got += (uint64_t)n;
-	CHECK_EQ(n, 0);
-	CHECK_EQ(got, PLAIN);
-	CHECK(!memcmp(out, plain, PLAIN));
-	input_close(in);
+	p = decode_whole(in, spacing, out);
 	points_diff_id(p, digest);
 	sha256_buf(plain, PLAIN, want);
 	CHECK(!memcmp(digest, want, 32));
@@ -147,7 +202,8 @@ static void check_points(const uint8_t *comp, size_t clen, enum blob_stream_form
 	/* The bound of the half-way offset decodes at least that far. */
 	bound = points_bound(p, PLAIN / 2);
 	CHECK(bound > 0 && bound <= clen);
-	points_take(p, &pts, &nr);
+	CHECK_EQ(points_take(p, &pts, &nr), 0);
+	check_windows(pts, nr, fmt);
 	s.points = pts;
 	s.nr_points = nr;
 	s.usize = PLAIN;
@@ -176,6 +232,130 @@ static void check_points(const uint8_t *comp, size_t clen, enum blob_stream_form
 	free(out);
 }
 
+static void test_zstd(void)
+{
+	size_t cap = ZSTD_compressBound(PLAIN) + 4096, clen;
+	uint8_t *comp = malloc(cap);
+
+	clen = zstd(comp, cap);
+	check_points(comp, clen, BLOB_STREAM_ZSTD, 128 << 10, false);
+	check_points(comp, clen, BLOB_STREAM_ZSTD, 128 << 10, true);
+	free(comp);
+}
+
+/* The points of @comp read through @in (opened on it), taken. */
+static uint32_t points_of(struct input_stream *in, struct blob_stream_point **pts)
+{
+	uint8_t *out = malloc(PLAIN + 1);
+	struct input_points *p = decode_whole(in, 200 << 10, out);
+	uint32_t nr = 0;
+
+	CHECK_EQ(points_take(p, pts, &nr), 0);
+	points_free(p);
+	free(out);
+	return nr;
+}
+
+static void free_points(struct blob_stream_point *pts, uint32_t nr)
+{
+	while (nr--)
+		free((void *)pts[nr].window);
+	free(pts);
+}
+
+/*
+ * A layer file and the same bytes from a registry, in pieces, both read
+ * by the reader thread: the same points, windows included (the index
+ * must not depend on where the layer came from).
+ */
+static void check_file_and_pieces(const uint8_t *comp, size_t clen)
+{
+	char path[] = "/tmp/ferry-test-points.XXXXXX";
+	struct pieces pc = { comp, clen, 0 };
+	struct blob_stream_point *a = NULL, *b = NULL;
+	struct input_stream *in = NULL;
+	uint8_t digest[32];
+	uint32_t na, nb, k;
+	int fd = mkstemp(path);
+
+	CHECK(fd >= 0);
+	CHECK_EQ(write(fd, comp, clen), (ssize_t)clen);
+	close(fd);
+	sha256_buf(comp, clen, digest);
+	CHECK_EQ(input_open_verified(path, digest, "file", &in), 0);
+	na = points_of(in, &a);
+	CHECK_EQ(input_open_source((struct byte_source){ .read = pieces_read, .ctx = &pc },
+				   digest, "pieces", &in), 0);
+	nb = points_of(in, &b);
+	CHECK(na > 3);
+	CHECK_EQ(na, nb);
+	for (k = 0; k < na && k < nb; k++) {
+		CHECK_EQ(a[k].cbit, b[k].cbit);
+		CHECK_EQ(a[k].uoff, b[k].uoff);
+		CHECK_EQ(a[k].window_clen, b[k].window_clen);
+		CHECK(!a[k].window_clen ||
+		      !memcmp(a[k].window, b[k].window, a[k].window_clen));
+	}
+	free_points(a, na);
+	free_points(b, nb);
+	unlink(path);
+}
+
+/*
+ * A layer whose bytes are not its digest's: an error, never its end.
+ * Padded with NUL bytes (gzip's tolerated trailer) to whole MiBs, so that
+ * all of it is decoded before the digest is known.
+ */
+static void check_digest_mismatch(const uint8_t *comp, size_t clen)
+{
+	size_t padded = ROUND_UP(clen, (size_t)1 << 20);
+	uint8_t *whole = calloc(1, padded);
+	struct pieces pc = { whole, padded, 0 };
+	struct input_stream *in = NULL;
+	struct input_points *p = NULL;
+	uint8_t *out = malloc(PLAIN + 1), digest[32];
+	struct byte_source src;
+	uint64_t got = 0;
+	ssize_t n;
+
+	memcpy(whole, comp, clen);
+	sha256_buf(whole, padded, digest);
+	digest[7] ^= 1;
+	CHECK_EQ(input_open_source((struct byte_source){ .read = pieces_read, .ctx = &pc },
+				   digest, "pieces", &in), 0);
+	CHECK_EQ(points_new(200 << 10, 16u << 20, &p), 0);
+	CHECK_EQ(input_record_points(in, p), 0);
+	src = input_source(in);
+	while ((n = src.read(src.ctx, out + got, PLAIN + 1 - got)) > 0)
+		got += (uint64_t)n;
+	CHECK_EQ(n, -EFSCORRUPTED);
+	input_close(in);
+	points_free(p);
+	free(whole);
+	free(out);
+}
+
+/* Closed after a little was read: the decoder and reader threads stop. */
+static void check_close_early(const uint8_t *comp, size_t clen)
+{
+	struct pieces pc = { comp, clen, 0 };
+	struct input_stream *in = NULL;
+	struct input_points *p = NULL;
+	uint8_t buf[4096];
+	struct byte_source src;
+
+	CHECK_EQ(input_open_source((struct byte_source){ .read = pieces_read, .ctx = &pc },
+				   NULL, "pieces", &in), 0);
+	CHECK_EQ(points_new(200 << 10, 16u << 20, &p), 0);
+	CHECK_EQ(input_record_points(in, p), 0);
+	src = input_source(in);
+	CHECK_EQ(src.read(src.ctx, buf, sizeof(buf)), (ssize_t)sizeof(buf));
+	CHECK(!memcmp(buf, plain, sizeof(buf)));
+	usleep(20000); /* the threads' rings fill up and wait */
+	input_close(in);
+	points_free(p);
+}
+
 static void test_gzip(void)
 {
 	size_t cap = PLAIN * 2, clen;
@@ -187,19 +367,12 @@ static void test_gzip(void)
 		setenv("FERRY_INFLATE", inflaters[i], 1);
 		check_points(comp, clen, BLOB_STREAM_GZIP, 256 << 10, false);
 		check_points(comp, clen, BLOB_STREAM_GZIP, 300 << 10, true);
+		/* Read from a file or a source: the reader thread. */
+		check_file_and_pieces(comp, clen);
+		check_digest_mismatch(comp, clen);
+		check_close_early(comp, clen);
 		unsetenv("FERRY_INFLATE");
 	}
-	free(comp);
-}
-
-static void test_zstd(void)
-{
-	size_t cap = ZSTD_compressBound(PLAIN) + 4096, clen;
-	uint8_t *comp = malloc(cap);
-
-	clen = zstd(comp, cap);
-	check_points(comp, clen, BLOB_STREAM_ZSTD, 128 << 10, false);
-	check_points(comp, clen, BLOB_STREAM_ZSTD, 128 << 10, true);
 	free(comp);
 }
 

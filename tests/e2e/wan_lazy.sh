@@ -13,13 +13,17 @@
 #     than one request in flight (readahead fetches ahead of it), most of
 #     them readahead's (fetchesAhead), and reads the reference bytes
 #   - directory prediction (through a second proxy, 15 ms each way: it
-#     needs 25 ms round trips): after a miss in a small file of a
-#     directory, the first small file of a sibling directory that lies
-#     before it in the blob (where no window reaches) reads without a fetch
+#     needs 25 ms round trips): after a miss in a small file of a Python
+#     subpackage, the first small file of a sibling subpackage that lies
+#     before it in the blob (where no window reaches) reads without a
+#     fetch; a sibling named tests, one without __init__.py, and the
+#     siblings of a directory that is no package (usr/share/doc) are not
+#     predicted
 #   - ELF prediction: once a program's first bytes are read (as execve
 #     reads them), its interpreter, DT_NEEDED libraries (theirs too) and
-#     /etc/ld.so.cache read without a fetch; the same for a program of
-#     9 MiB, larger than readahead fetches whole
+#     /etc/ld.so.cache read their first and last 4 KiB without a fetch; the same for a program of
+#     9 MiB, larger than readahead fetches whole; a program that only
+#     came with its directory's other files is not inspected
 . "$(dirname "$0")/../lib/common.sh"
 . "$(dirname "$0")/../lib/oci.sh"
 . "$(dirname "$0")/../lib/registry.sh"
@@ -144,9 +148,64 @@ dir_predict() { # MODE
 	before=$(mount_field "$m" fetches)
 	check "$mode: /$b reads the reference bytes" cmp "$ref/$b" "$m/$b"
 	after=$(mount_field "$m" fetches)
-	expect_sh "$mode: /$b (a sibling directory's, before /$a in the blob) was there: no fetch ($before fetches before reading it, $after after)" \
-		'[ -n "$before" ] && [ "$before" = "$after" ]'
+	expect_sh "$mode: /$b (a sibling directory's, before /$a in the blob, in no Python package) was not predicted: fetched ($before fetches before reading it, $after after)" \
+		'[ -n "$before" ] && [ -n "$after" ] && [ "$after" -gt "$before" ]'
 	check "ferry umount ($mode, directory prediction)" fumount "$m"
+}
+
+# A Python package (py/pkg/__init__.py) with, in blob order: data/, small
+# files without __init__.py (a.bin..e.bin, 250 KB each: a..d fill a batch
+# frame), tests/, a subpackage of 250 KB modules (m3 ends the next frame),
+# and 36 subpackages x00..x35 of 300 KiB each; py/first, a file to read
+# first. The code before predicted the first 32 subdirectories with small
+# files, data and tests among them. Random bytes, so that frames hold what
+# their size says. docker://$REG/ferry/pypkg:1.
+py_image() {
+	local d=$SCRATCH/pypkg i f
+	rm -rf "$d"
+	mkdir -p "$d/py/pkg/data" "$d/py/pkg/tests" || return 1
+	head -c 1048576 /dev/urandom >"$d/py/first" || return 1
+	echo '"""pkg"""' >"$d/py/pkg/__init__.py"
+	for f in a b c d e; do head -c 250000 /dev/urandom >"$d/py/pkg/data/$f.bin" || return 1; done
+	echo "# tests" >"$d/py/pkg/tests/__init__.py"
+	for f in m1 m2 m3 m4; do head -c 250000 /dev/urandom >"$d/py/pkg/tests/$f.py" || return 1; done
+	for i in $(seq -w 0 35); do
+		mkdir -p "$d/py/pkg/x$i" || return 1
+		echo "# x$i" >"$d/py/pkg/x$i/__init__.py"
+		for f in m1 m2 m3 m4; do
+			head -c 76800 /dev/urandom >"$d/py/pkg/x$i/$f.py" || return 1
+		done
+	done
+	"$FERRY" convert -q "dir:$d" "docker://$REG/ferry/pypkg:1"
+}
+
+# After a miss in x29's module (the 30th subpackage, within the first 32
+# siblings either way), PATH reads with a fetch (WANT "fetch") or without
+# ("none").
+py_predict() { # MODE
+	local mode=$1 m=$SCRATCH/m-wanpy-$1 d=$SCRATCH/pypkg p want before after
+	lazy_use "wanpy-$mode"
+	check "mount --mode $mode through the WAN proxy (fresh cache, Python packages)" \
+		ferryd_mount "$mode" "docker://$WAN/ferry/pypkg:1" "$m" || return 1
+	check "$mode: a first read (/py/first)" cmp "$d/py/first" "$m/py/first"
+	fetch_settle "$m"
+	check "$mode: read /py/pkg/x29/m2.py (a miss in a subpackage)" \
+		cmp "$d/py/pkg/x29/m2.py" "$m/py/pkg/x29/m2.py"
+	fetch_settle "$m"
+	for p in none:x00/__init__.py fetch:tests/m3.py fetch:data/a.bin; do
+		want=${p%%:*} p=py/pkg/${p#*:}
+		before=$(mount_field "$m" fetches)
+		check "$mode: /$p reads the reference bytes" cmp "$d/$p" "$m/$p"
+		after=$(mount_field "$m" fetches)
+		if [ "$want" = none ]; then
+			expect_sh "$mode: /$p (a sibling subpackage's, before x29 in the blob) was there: no fetch ($before fetches before reading it, $after after)" \
+				'[ -n "$before" ] && [ "$before" = "$after" ]'
+		else
+			expect_sh "$mode: /$p (tests, or no package) was not predicted: fetched ($before fetches before reading it, $after after)" \
+				'[ -n "$before" ] && [ -n "$after" ] && [ "$after" -gt "$before" ]'
+		fi
+	done
+	check "ferry umount ($mode, Python packages)" fumount "$m"
 }
 
 # A program in usr/bin with two or more libraries, then its interpreter
@@ -177,6 +236,13 @@ elf_set() {
 	return 1
 }
 
+# A file's first and last 4 KiB against the reference: what the loader
+# reads of a library first (fetch-ahead queues one of more than two
+# chunks by its first and last chunks; the rest comes when read).
+ends_cmp() { # REF MNT
+	cmp -n 4096 "$1" "$2" && cmp <(tail -c 4096 "$1") <(tail -c 4096 "$2")
+}
+
 elf_predict() { # MODE
 	local mode=$1 m=$SCRATCH/m-wanelf-$1 prog deps d before after big
 	read -r prog deps <"$SCRATCH/elfset.txt"
@@ -192,7 +258,8 @@ elf_predict() { # MODE
 	fetch_settle "$m"
 	before=$(mount_field "$m" fetches)
 	for d in $deps; do
-		check "$mode: /$d reads the reference bytes" cmp "$ref/$d" "$m/$d"
+		check "$mode: /$d: its first and last 4 KiB are the reference bytes" \
+			ends_cmp "$ref/$d" "$m/$d"
 	done
 	after=$(mount_field "$m" fetches)
 	expect_sh "$mode: /$prog's interpreter and libraries were there: no fetch ($before fetches before reading them, $after after)" \
@@ -227,9 +294,7 @@ big_elf_image() {
 #  - elf_big: the first 64 bytes of a program too large to be fetched
 #    whole: fanotify misses name a blob range, and the map that names
 #    their file must cover the start of such a program too;
-#  - elf_modules: a text file whose directory (which directory prediction
-#    fetches) also holds a program: it is inspected with no miss of its
-#    own (Python's lib-dynload and libssl).
+#  - elf_modules: see elf_modules below.
 bigelf_check() { # MODE NAME WHAT READ_MAX COMMAND... PATH
 	local mode=$1 name=$2 what=$3 read_max=$4 m=$SCRATCH/m-$2-$1 d=$SCRATCH/bigelf
 	local f before after path recorded read
@@ -244,7 +309,8 @@ bigelf_check() { # MODE NAME WHAT READ_MAX COMMAND... PATH
 	fetch_settle "$m"
 	before=$(mount_field "$m" fetches)
 	for f in lib64/ld-linux-x86-64.so.2 $(cd "$d" && echo usr/lib/x86_64-linux-gnu/*); do
-		check "$mode: /$f reads the reference bytes" cmp "$d/$f" "$m/$f"
+		check "$mode: /$f: its first and last 4 KiB are the reference bytes" \
+			ends_cmp "$d/$f" "$m/$f"
 	done
 	after=$(mount_field "$m" fetches)
 	expect_sh "$mode: $what: the interpreter and libraries were there: no fetch ($before fetches before reading them, $after after)" \
@@ -285,7 +351,26 @@ print(json.load(sys.stdin)["loaderDeps"])')
 }
 
 elf_big() { bigelf_check "$1" wanbig "a program > 8 MiB" 1 cmp -n 64 /usr/bin/big; }
-elf_modules() { bigelf_check "$1" wanmod "a directory of modules" 1 cmp /usr/lib/mods/a.txt; }
+# A text file whose directory (which directory prediction may fetch) also
+# holds a program: the program is not inspected without a miss of its own
+# (inspecting them fetched the libraries of Python's lib-dynload modules
+# that `import numpy` never loads, libdb, libsqlite3, libssl...).
+elf_modules() { # MODE
+	local mode=$1 m=$SCRATCH/m-wanmod-$1 d=$SCRATCH/bigelf recorded read
+	lazy_use "wanmod-$mode"
+	check "mount --mode $mode through the WAN proxy (fresh cache, a directory of modules)" \
+		ferryd_mount "$mode" "docker://$WAN/ferry/bigelf:1" "$m" || return 1
+	check "$mode: a first read (/usr/share/first)" cmp "$d/usr/share/first" "$m/usr/share/first"
+	fetch_settle "$m"
+	check "$mode: /usr/lib/mods/a.txt reads the reference bytes" \
+		cmp "$d/usr/lib/mods/a.txt" "$m/usr/lib/mods/a.txt"
+	fetch_settle "$m"
+	recorded=$(mount_field "$m" programsRecorded)
+	read=$(mount_field "$m" programsRead)
+	expect_sh "$mode: a directory of modules: no program inspected (programsRecorded $recorded, programsRead $read)" \
+		'[ "$recorded" = 0 ] && [ "$read" = 0 ]'
+	check "ferry umount ($mode, a directory of modules)" fumount "$m"
+}
 
 wan_checks fuse
 wan_checks fanotify
@@ -321,6 +406,13 @@ elif dir_pair >"$SCRATCH/dirpair.txt" 2>"$LOG"; then
 	dir_predict fanotify
 else
 	notok "two sibling directories of small files in the reference tree"
+	diag "$LOG"
+fi
+if py_image >"$LOG" 2>&1; then
+	py_predict fuse
+	py_predict fanotify
+else
+	notok "a dir: image of a Python package with 37 subpackages in the registry"
 	diag "$LOG"
 fi
 e2e_done

@@ -1,8 +1,10 @@
 // SPDX-License-Identifier: MIT
 /*
  * Fetch-ahead's planner (pkg-image/ahead_plan.c): the window's budget, its
- * growth under a sequential reader and its restart under a random one, and
- * a file's chunks as pieces of contiguous blob bytes, from either end.
+ * growth under a sequential reader and its restart under a random one,
+ * which misses start one, a file's chunks as pieces of contiguous blob
+ * bytes, from either end, whole or its ends, and which directories are
+ * predicted as sibling packages.
  */
 #include <errno.h>
 
@@ -123,21 +125,21 @@ static void test_file_pieces(void)
 	struct file f = { .bad = -1 };
 
 	/* From the start: runs of contiguous chunks, holes skipped. */
-	CHECK_EQ(ahead_file_pieces(&st, false, fake_locate, fake_piece, &f), 0);
+	CHECK_EQ(ahead_file_pieces(&st, false, false, fake_locate, fake_piece, &f), 0);
 	CHECK_EQ(f.nr, 3);
 	CHECK(piece_is(&f, 0, 0, MIB, 128 * KIB));
 	CHECK(piece_is(&f, 1, 0, MIB + 192 * KIB, 64 * KIB));
 	CHECK(piece_is(&f, 2, 1, 0, 1000));
 	/* From the end: the same bytes, the file's start last queued. */
 	f = (struct file){ .bad = -1 };
-	CHECK_EQ(ahead_file_pieces(&st, true, fake_locate, fake_piece, &f), 0);
+	CHECK_EQ(ahead_file_pieces(&st, true, false, fake_locate, fake_piece, &f), 0);
 	CHECK_EQ(f.nr, 3);
 	CHECK(piece_is(&f, 0, 1, 0, 1000));
 	CHECK(piece_is(&f, 1, 0, MIB + 192 * KIB, 64 * KIB));
 	CHECK(piece_is(&f, 2, 0, MIB, 128 * KIB));
 	/* A corrupt chunk ends it: what came before is queued, the error returned. */
 	f = (struct file){ .bad = 3 };
-	CHECK_EQ(ahead_file_pieces(&st, false, fake_locate, fake_piece, &f), -EFSCORRUPTED);
+	CHECK_EQ(ahead_file_pieces(&st, false, false, fake_locate, fake_piece, &f), -EFSCORRUPTED);
 	CHECK_EQ(f.nr, 1);
 	CHECK(piece_is(&f, 0, 0, MIB, 128 * KIB));
 }
@@ -156,10 +158,60 @@ static void test_file_steps(void)
 				.nr_chunks = 20 };
 	struct file f = { .bad = -1 };
 
-	CHECK_EQ(ahead_file_pieces(&st, false, contiguous, fake_piece, &f), 0);
+	CHECK_EQ(ahead_file_pieces(&st, false, false, contiguous, fake_piece, &f), 0);
 	CHECK_EQ(f.nr, 2);
 	CHECK(piece_is(&f, 0, 0, 0, AHEAD_STEP));
 	CHECK(piece_is(&f, 1, 0, AHEAD_STEP, 20 * 64 * KIB - AHEAD_STEP));
+}
+
+/* Files fetch-ahead queues itself start no window; larger ones do. */
+static void test_window_after(void)
+{
+	struct meta_stat st = { .size = AHEAD_FILE_MAX, .chunk_size = MIB };
+
+	CHECK(!ahead_window_after(&st));
+	st.size = 4 * KIB;
+	CHECK(!ahead_window_after(&st));
+	st.size = AHEAD_FILE_MAX + 1;
+	CHECK(ahead_window_after(&st));
+	CHECK(ahead_window_after(NULL));
+}
+
+/* A library's ends: its first and last chunks, from either end. */
+static void test_file_ends(void)
+{
+	struct meta_stat st = { .size = 20 * 64 * KIB - 100, .chunk_size = 64 * KIB,
+				.nr_chunks = 20 };
+	struct file f = { .bad = -1 };
+
+	CHECK_EQ(ahead_file_pieces(&st, false, true, contiguous, fake_piece, &f), 0);
+	CHECK_EQ(f.nr, 2);
+	CHECK(piece_is(&f, 0, 0, 0, 64 * KIB));
+	CHECK(piece_is(&f, 1, 0, 19 * 64 * KIB, 64 * KIB - 100));
+	f = (struct file){ .bad = -1 };
+	CHECK_EQ(ahead_file_pieces(&st, true, true, contiguous, fake_piece, &f), 0);
+	CHECK_EQ(f.nr, 2);
+	CHECK(piece_is(&f, 0, 0, 19 * 64 * KIB, 64 * KIB - 100));
+	CHECK(piece_is(&f, 1, 0, 0, 64 * KIB));
+	/* Two chunks are both ends, one piece. */
+	st = (struct meta_stat){ .size = 128 * KIB, .chunk_size = 64 * KIB, .nr_chunks = 2 };
+	f = (struct file){ .bad = -1 };
+	CHECK_EQ(ahead_file_pieces(&st, false, true, contiguous, fake_piece, &f), 0);
+	CHECK_EQ(f.nr, 1);
+	CHECK(piece_is(&f, 0, 0, 0, 128 * KIB));
+}
+
+/* Siblings: the subpackages of a package, not its tests, nothing else. */
+static void test_dir_sibling(void)
+{
+	struct ahead_dir pkg = { .package = true }, dir = { 0 };
+	struct ahead_dir sub = { .package = true }, tests = { .package = true, .tests = true };
+
+	CHECK(ahead_dir_sibling(&pkg, &sub));     /* numpy/linalg beside numpy/core */
+	CHECK(!ahead_dir_sibling(&pkg, &tests));  /* numpy/core/tests */
+	CHECK(!ahead_dir_sibling(&pkg, &dir));    /* numpy/core/include */
+	CHECK(!ahead_dir_sibling(&dir, &sub));    /* /usr/lib/python3.11/email */
+	CHECK(!ahead_dir_sibling(&dir, &dir));    /* /usr/lib/x86_64-linux-gnu/gconv */
 }
 
 int main(void)
@@ -168,5 +220,8 @@ int main(void)
 	RUN_TEST(test_window);
 	RUN_TEST(test_file_pieces);
 	RUN_TEST(test_file_steps);
+	RUN_TEST(test_file_ends);
+	RUN_TEST(test_window_after);
+	RUN_TEST(test_dir_sibling);
 	TEST_MAIN_END();
 }
