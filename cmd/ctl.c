@@ -343,6 +343,7 @@ static const char *const op_names[] = {
 	[CTL_OP_MOUNT] = "mount",   [CTL_OP_UMOUNT] = "umount", [CTL_OP_LIST] = "list",
 	[CTL_OP_PING] = "ping",     [CTL_OP_SHUTDOWN] = "shutdown",
 	[CTL_OP_METRICS] = "metrics", [CTL_OP_UPGRADE] = "upgrade",
+	[CTL_OP_PROBE] = "probe",
 };
 
 void ctl_mount_req_init(struct ctl_mount_req *r)
@@ -371,6 +372,8 @@ struct json_object *ctl_mount_req_to_json(const struct ctl_mount_req *r)
 		ok &= json_add_str(o, "record", r->record);
 	if (r->image_digest)
 		ok &= json_add_str(o, "imageDigest", r->image_digest);
+	if (r->index_digest)
+		ok &= json_add_str(o, "indexDigest", r->index_digest);
 	if (r->sysfs)
 		ok &= json_add_str(o, "sysfs", r->sysfs);
 	ok &= json_add(o, "prefetchFiles", json_str_array(r->prefetch_files, r->nr_prefetch_files));
@@ -389,8 +392,20 @@ struct json_object *ctl_mount_req_to_json(const struct ctl_mount_req *r)
 	return json_done(o, ok);
 }
 
-int ctl_mount_req_parse(struct json_object *o, struct ctl_mount_req *r,
-			char *err, size_t errlen)
+/* An optional "sha256:<hex>" string field of a request. */
+static int req_digest(struct json_object *o, const char *key, const char **out,
+		      char *err, size_t errlen)
+{
+	int ret = json_read_str(o, key, DIGEST_STRING_SIZE - 1, false, out, err, errlen);
+
+	if (!ret && *out && digest_parse(*out, (uint8_t[32]){ 0 }))
+		ret = json_bad(err, errlen, "\"%s\" is not a sha256 digest", key);
+	return ret;
+}
+
+/* A mount request, or with @probe a probe's (no mount point). */
+static int mount_req_parse(struct json_object *o, struct ctl_mount_req *r, bool probe,
+			   char *err, size_t errlen)
 {
 	struct json_object *f = NULL;
 	int ret;
@@ -401,7 +416,7 @@ int ctl_mount_req_parse(struct json_object *o, struct ctl_mount_req *r,
 	ret = json_read_str(o, "image", 4096, true, &r->image, err, errlen);
 	if (!ret && !*r->image)
 		ret = json_bad(err, errlen, "\"image\" is required");
-	if (!ret)
+	if (!ret && !probe)
 		ret = json_read_abspath(o, "mountpoint", &r->mountpoint, err, errlen);
 	if (!ret)
 		ret = json_read_abspath(o, "cacheDir", &r->cache_dir, err, errlen);
@@ -410,10 +425,9 @@ int ctl_mount_req_parse(struct json_object *o, struct ctl_mount_req *r,
 	if (!ret && json_field(o, "record"))
 		ret = json_read_abspath(o, "record", &r->record, err, errlen);
 	if (!ret)
-		ret = json_read_str(o, "imageDigest", DIGEST_STRING_SIZE - 1, false,
-				    &r->image_digest, err, errlen);
-	if (!ret && r->image_digest && digest_parse(r->image_digest, (uint8_t[32]){ 0 }))
-		ret = json_bad(err, errlen, "\"imageDigest\" is not a sha256 digest");
+		ret = req_digest(o, "imageDigest", &r->image_digest, err, errlen);
+	if (!ret)
+		ret = req_digest(o, "indexDigest", &r->index_digest, err, errlen);
 	if (!ret)
 		ret = json_read_str(o, "domain", META_FSCACHE_ID_MAX, false, &r->domain, err,
 				    errlen);
@@ -443,6 +457,12 @@ int ctl_mount_req_parse(struct json_object *o, struct ctl_mount_req *r,
 	if (!ret)
 		ret = fetch_parse(f, &r->fetch, err, errlen);
 	return ret;
+}
+
+int ctl_mount_req_parse(struct json_object *o, struct ctl_mount_req *r,
+			char *err, size_t errlen)
+{
+	return mount_req_parse(o, r, false, err, errlen);
 }
 
 void ctl_mount_req_free(struct ctl_mount_req *r)
@@ -500,12 +520,14 @@ int ctl_request_parse(struct json_object *o, struct ctl_request *req,
 	ret = json_read_str(o, "op", 64, true, &op, err, errlen);
 	if (ret)
 		return json_bad(err, errlen, "request without \"op\"");
-	for (req->op = CTL_OP_MOUNT; req->op <= CTL_OP_UPGRADE; req->op++)
+	for (req->op = CTL_OP_MOUNT; req->op <= CTL_OP_PROBE; req->op++)
 		if (!strcmp(op, op_names[req->op]))
 			break;
 	switch (req->op) {
 	case CTL_OP_MOUNT:
-		ret = ctl_mount_req_parse(o, &req->mount, why, sizeof(why));
+	case CTL_OP_PROBE:
+		ret = mount_req_parse(o, &req->mount, req->op == CTL_OP_PROBE, why,
+				      sizeof(why));
 		break;
 	case CTL_OP_UMOUNT:
 		ret = ctl_umount_req_parse(o, &req->umount, why, sizeof(why));
@@ -527,7 +549,7 @@ int ctl_request_parse(struct json_object *o, struct ctl_request *req,
 
 void ctl_request_free(struct ctl_request *req)
 {
-	if (req->op == CTL_OP_MOUNT)
+	if (req->op == CTL_OP_MOUNT || req->op == CTL_OP_PROBE)
 		ctl_mount_req_free(&req->mount);
 	memset(req, 0, sizeof(*req));
 }
@@ -601,6 +623,42 @@ struct json_object *ctl_mount_reply_to_json(const struct ctl_mount_reply *r)
 		ok &= json_add_str(o, "imageDigest", r->image_digest);
 	if (r->bootstrap_digest[0])
 		ok &= json_add_str(o, "bootstrapDigest", r->bootstrap_digest);
+	return json_done(o, ok);
+}
+
+/* @n digests as a JSON array of "sha256:<hex>". */
+static struct json_object *digest_array(const uint8_t (*d)[32], uint32_t n)
+{
+	struct json_object *a = json_object_new_array();
+	char s[DIGEST_STRING_SIZE];
+	uint32_t i;
+
+	for (i = 0; a && i < n; i++) {
+		digest_format(d[i], s);
+		if (json_object_array_add(a, json_object_new_string(s))) {
+			json_object_put(a);
+			return NULL;
+		}
+	}
+	return a;
+}
+
+struct json_object *ctl_probe_reply_to_json(const struct ctl_probe_reply *r)
+{
+	struct json_object *o = ctl_reply_to_json(&(struct ctl_reply){ 0 });
+	bool ok = true;
+
+	if (!o)
+		return NULL;
+	if (r->image_digest[0])
+		ok &= json_add_str(o, "imageDigest", r->image_digest);
+	if (r->bootstrap_digest[0])
+		ok &= json_add_str(o, "bootstrapDigest", r->bootstrap_digest);
+	if (r->index_digest[0]) {
+		ok &= json_add_str(o, "indexDigest", r->index_digest);
+		ok &= json_add(o, "layers", digest_array(r->layers, r->nr_layers));
+		ok &= json_add(o, "diffIds", digest_array(r->diff_ids, r->nr_layers));
+	}
 	return json_done(o, ok);
 }
 

@@ -30,11 +30,21 @@
  *             "resolve":[S...],
  *             "retries":N,"stallTimeoutMs":N,
  *             "requestTimeoutMs":N}}                (ctl_fetch_opts[])
+ *    "imageDigest":D (serve this manifest only), "indexDigest":D (an
+ *                 ordinary image: through this ferry index, read by
+ *                 digest, the cache's copy first),
  *       answered once the mount is live
  *       → {"ok":true,"pid":N,"imageDigest":D,"bootstrapDigest":D}
  *         (ctl_mount_reply: the digests of what is mounted, each checked:
  *         the manifest's (the bootstrap's for dir:), the raw bootstrap's,
  *         absent for native EROFS layers)
+ *   {"op":"probe", and the fields of a mount but "mountpoint"}: open the
+ *       image as a mount would, its config too, and mount nothing
+ *       → {"ok":true,"imageDigest":D,"bootstrapDigest":D,
+ *          "indexDigest":D,"layers":[D...],"diffIds":[D...]}
+ *         (ctl_probe_reply; the last three for an indexed image only,
+ *         its diff_ids checked against its config's; an ordinary image
+ *         without an index: EMEDIUMTYPE)
  *   {"op":"umount","mountpoint":ABS,"lazy":BOOL,
  *    "release":BOOL (then forget the image's record in its cache, so
  *                    that gc may reclaim its blobs, unless another mount
@@ -156,7 +166,7 @@ void ctl_hosts_free(const struct fetch_host *const *hosts);
 
 enum ctl_op {
 	CTL_OP_MOUNT = 1, CTL_OP_UMOUNT, CTL_OP_LIST, CTL_OP_PING, CTL_OP_SHUTDOWN,
-	CTL_OP_METRICS, CTL_OP_UPGRADE,
+	CTL_OP_METRICS, CTL_OP_UPGRADE, CTL_OP_PROBE,
 };
 
 /*
@@ -175,6 +185,7 @@ struct ctl_mount_req {
 	const char *image_digest;  /* "sha256:<hex>": serve this image only (a
 				    * takeover pins the one it was served;
 				    * image_open's digest), or NULL */
+	const char *index_digest;  /* "sha256:<hex>": image_opts.index_digest */
 	bool takeover;             /* ferryd only, never sent: take over the
 				    * mount already there (failover) */
 	const char *sysfs;         /* a keeper's handover of native layers
@@ -214,7 +225,7 @@ struct json_object *ctl_op_req_to_json(enum ctl_op op);
 /* Any request, as ferryd receives it. */
 struct ctl_request {
 	enum ctl_op op;
-	struct ctl_mount_req mount;   /* CTL_OP_MOUNT */
+	struct ctl_mount_req mount;   /* CTL_OP_MOUNT, CTL_OP_PROBE */
 	struct ctl_umount_req umount; /* CTL_OP_UMOUNT: borrows from @o */
 };
 /*
@@ -252,6 +263,17 @@ struct ctl_mount_reply {
 struct json_object *ctl_mount_reply_to_json(const struct ctl_mount_reply *r);
 int ctl_mount_reply_parse(struct json_object *o, struct ctl_mount_reply *r,
 			  char *err, size_t errlen);
+
+/* What a probe found (strings "sha256:<hex>", "" when not known). */
+struct ctl_probe_reply {
+	char image_digest[DIGEST_STRING_SIZE];
+	char bootstrap_digest[DIGEST_STRING_SIZE];
+	char index_digest[DIGEST_STRING_SIZE]; /* an indexed image's */
+	uint32_t nr_layers;                    /* an indexed image's, else 0 */
+	const uint8_t (*layers)[32];           /* borrowed */
+	const uint8_t (*diff_ids)[32];         /* borrowed */
+};
+struct json_object *ctl_probe_reply_to_json(const struct ctl_probe_reply *r);
 
 struct ctl_ping_reply {
 	int pid;

@@ -173,7 +173,7 @@ static int locate_manifest(struct image *img, const struct image_ref *r,
 	/* An ordinary image is served through the ferry index attached to it. */
 	if (oci.nr_layers && !oci_is_ferry_bootstrap(oci.layers[oci.nr_layers - 1].media_type) &&
 	    !oci_is_layers_image(&oci))
-		ret = image_index_expect(img, &oci, e);
+		ret = image_index_expect(img, &oci, opts, e);
 	else
 		ret = image_expect_manifest(img, &oci, e);
 	if (!ret) {
@@ -612,6 +612,8 @@ void image_close(struct image *img)
 	image_prefetch_list_free(img->prefetch, img->nr_prefetch);
 	image_elf_entries_free(img->elf, img->nr_elf);
 	free(img->writer);
+	free(img->index_layers);
+	free(img->index_diff_ids);
 	free(img->sections);
 	if (img->remote)
 		registry_close(img->remote);

@@ -177,6 +177,14 @@ struct image {
 	uint8_t image_digest[BLOB_DIGEST_SIZE];
 	/* An ordinary image: its attached ferry index's manifest; else zero. */
 	uint8_t index_digest[BLOB_DIGEST_SIZE];
+	/*
+	 * An indexed image: its nr_layers layer digests and the diff_ids its
+	 * index records (checked against the config when image_open read it);
+	 * else NULL and 0.
+	 */
+	uint8_t (*index_layers)[32];
+	uint8_t (*index_diff_ids)[32];
+	uint32_t nr_index_layers;
 	uint8_t config_digest[BLOB_DIGEST_SIZE]; /* oci:, docker:; else zero */
 	struct meta_image *meta;
 	struct blob_index blobs; /* blob i is device_id i + 1 */
@@ -230,6 +238,13 @@ struct image_opts {
 	/* docker: leave the image's config unfetched (a mount never reads
 	 * it): one round trip less before a lazy mount is served. */
 	bool no_config;
+	/*
+	 * An ordinary image's ferry index must be this one (its manifest's
+	 * digest, img->index_digest), read by digest (from cache_dir first)
+	 * instead of looked for among the image's referrers. NULL: the last
+	 * one attached.
+	 */
+	const uint8_t *index_digest;
 	/* Accept an image of native EROFS layers that carry range tables
 	 * (img->erofs_layers; only a lazy kernel mount serves them). */
 	bool erofs_layers;

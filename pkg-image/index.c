@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <sys/file.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <zstd.h>
 
@@ -287,18 +288,33 @@ out:
 	return ret;
 }
 
+/* A registry's index manifests, kept in (and read from) a chunk cache. */
+struct remote_ctx {
+	struct registry *reg;
+	const char *cache_dir; /* or NULL */
+};
+
 static int remote_manifest_load(void *ctx, const struct oci_descriptor *d,
 				uint8_t **data, size_t *len)
 {
+	struct remote_ctx *rc = ctx;
 	struct fetch_buf b;
 	char ref[DIGEST_STRING_SIZE], type[128];
 	uint8_t got[32];
 	int ret;
 
+	if (rc->cache_dir &&
+	    !image_cached_read(rc->cache_dir, IMAGE_META_DIR, d->digest, OCI_JSON_MAX,
+			       data, len, NULL))
+		return 0;
 	digest_format(d->digest, ref);
-	ret = registry_get_manifest(ctx, ref, &b, type, sizeof(type), got);
+	/* By digest: pkg-fetch checks the bytes against it. */
+	ret = registry_get_manifest(rc->reg, ref, &b, type, sizeof(type), got);
 	if (ret)
 		return ret;
+	if (rc->cache_dir)
+		image_cached_keep(rc->cache_dir, IMAGE_META_DIR, d->digest, b.data, b.len,
+				  NULL);
 	*data = b.data;
 	*len = b.len;
 	return 0;
@@ -405,7 +421,7 @@ static int attach_remote(const struct image_index_out *d, const uint8_t *z,
 	if (ret)
 		goto out;
 	out = list_index(idx, mdigest, strlen(text), img->manifest_desc.digest,
-			 remote_manifest_load, reg);
+			 remote_manifest_load, &(struct remote_ctx){ reg, NULL });
 	ret = registry_put_manifest(reg, tag, FETCH_OCI_INDEX, out, strlen(out));
 out:
 	json_object_put(idx);
@@ -518,16 +534,42 @@ static int list_layout(const struct oci_image *oci, struct json_object **list)
 	return *list ? 0 : -ENOENT;
 }
 
-/* The index manifest @m must name exactly @oci's layers, in order. */
-static int check_index(const char *ref, const struct oci_image *oci,
+/* "sha256:a,sha256:b": exactly @n digests into @out; -EFSCORRUPTED if not. */
+static int parse_digest_list(const char *list, uint32_t n, uint8_t (*out)[32])
+{
+	char one[DIGEST_STRING_SIZE];
+	uint32_t i;
+
+	for (i = 0; list && i < n; i++) {
+		size_t len = strcspn(list, ",");
+
+		if (len >= sizeof(one))
+			return -EFSCORRUPTED;
+		memcpy(one, list, len);
+		one[len] = '\0';
+		if (digest_parse(one, out[i]))
+			return -EFSCORRUPTED;
+		list += len;
+		if (*list == ',' && i + 1 < n)
+			list++;
+	}
+	return list && i == n && !*list ? 0 : -EFSCORRUPTED;
+}
+
+/*
+ * The index manifest @m must name exactly @oci's layers, in order, and
+ * record one diff_id each (into img->index_*); the config's diff_ids, when
+ * @oci has its config, are those.
+ */
+static int check_index(struct image *img, const struct oci_image *oci,
 		       struct json_object *m, struct image_expect *e)
 {
-	struct json_object *layers, *l, *ann;
+	struct json_object *layers, *l, *ann = NULL;
 	struct oci_descriptor boot;
-	const char *s, *list = NULL;
-	char one[DIGEST_STRING_SIZE];
-	uint8_t d[32];
-	uint32_t i;
+	uint8_t (*config_ids)[32] = NULL;
+	const char *s, *ref = img->ref;
+	uint32_t i, n = oci->nr_layers;
+	int ret = -EFSCORRUPTED;
 
 	if (!json_object_object_get_ex(m, "layers", &layers) ||
 	    !json_object_is_type(layers, json_type_array) ||
@@ -542,45 +584,57 @@ static int check_index(const char *ref, const struct oci_image *oci,
 	}
 	memcpy(e->compressed, boot.digest, 32);
 	e->compressed_size = boot.size;
-	if (json_object_object_get_ex(m, "annotations", &ann))
-		list = json_get_string(ann, INDEX_LAYERS_ANNOTATION);
-	for (i = 0; list && i < oci->nr_layers; i++) {
-		size_t n = strcspn(list, ",");
-
-		if (n >= sizeof(one))
-			break;
-		memcpy(one, list, n);
-		one[n] = '\0';
-		if (digest_parse(one, d) || memcmp(d, oci->layers[i].digest, 32))
-			break;
-		list += n;
-		if (*list == ',' && i + 1 < oci->nr_layers)
-			list++;
-	}
-	if (!list || i < oci->nr_layers || *list) {
+	img->index_layers = calloc(n + 1, sizeof(*img->index_layers));
+	img->index_diff_ids = calloc(n + 1, sizeof(*img->index_diff_ids));
+	if (!img->index_layers || !img->index_diff_ids)
+		return -ENOMEM;
+	img->nr_index_layers = n;
+	json_object_object_get_ex(m, "annotations", &ann);
+	ret = parse_digest_list(json_get_string(ann, INDEX_LAYERS_ANNOTATION), n,
+				img->index_layers);
+	for (i = 0; !ret && i < n; i++)
+		if (memcmp(img->index_layers[i], oci->layers[i].digest, 32))
+			ret = -EFSCORRUPTED;
+	if (ret) {
 		ferry_err("%s: its ferry index was made for other layers (%s): index the image again",
 			  ref, INDEX_LAYERS_ANNOTATION);
-		return -EFSCORRUPTED;
+		return ret;
 	}
-	return 0;
+	ret = parse_digest_list(json_get_string(ann, INDEX_DIFF_IDS_ANNOTATION), n,
+				img->index_diff_ids);
+	if (ret) {
+		ferry_err("%s: its ferry index lacks one diff_id per layer (%s): index the image again",
+			  ref, INDEX_DIFF_IDS_ANNOTATION);
+		return ret;
+	}
+	if (!oci->config_data)
+		return 0;
+	config_ids = calloc(n + 1, sizeof(*config_ids));
+	if (!config_ids)
+		return -ENOMEM;
+	ret = oci_config_diff_ids(oci, config_ids);
+	if (!ret && memcmp(config_ids, img->index_diff_ids, (size_t)n * 32)) {
+		ferry_err("%s: its ferry index records diff_ids (%s) that are not its config's rootfs.diff_ids: the index was made for another image or altered; index the image again",
+			  ref, INDEX_DIFF_IDS_ANNOTATION);
+		ret = -EFSCORRUPTED;
+	}
+	free(config_ids);
+	return ret;
 }
 
-int image_index_from_list(struct image *img, const struct oci_image *oci,
-			  struct json_object *list, image_manifest_load_fn load,
-			  void *ctx, struct image_expect *e)
+/* Serve @oci through index manifest @m (digest @digest), checked. */
+static int use_index(struct image *img, const struct oci_image *oci,
+		     struct json_object *m, const uint8_t digest[32],
+		     struct image_expect *e)
 {
-	struct json_object *m = NULL, *ann;
-	uint8_t digest[32];
+	struct json_object *ann;
 	const char *s;
 	uint32_t i;
 	int ret;
 
-	ret = pick_index(list, oci->manifest_desc.digest, load, ctx, &m, digest);
+	ret = check_index(img, oci, m, e);
 	if (ret)
 		return ret;
-	ret = check_index(img->ref, oci, m, e);
-	if (ret)
-		goto out;
 	memcpy(img->image_digest, oci->manifest_desc.digest, 32);
 	memcpy(img->config_digest, oci->config.digest, 32);
 	memcpy(img->index_digest, digest, 32);
@@ -588,10 +642,8 @@ int image_index_from_list(struct image *img, const struct oci_image *oci,
 	e->index = true;
 	e->nr_layers = oci->nr_layers;
 	e->layers = calloc(oci->nr_layers + 1, sizeof(*e->layers));
-	if (!e->layers) {
-		ret = -ENOMEM;
-		goto out;
-	}
+	if (!e->layers)
+		return -ENOMEM;
 	for (i = 0; i < oci->nr_layers; i++)
 		e->layers[i] = oci->layers[i];
 	if (oci->layout) {
@@ -603,23 +655,80 @@ int image_index_from_list(struct image *img, const struct oci_image *oci,
 	    json_get_string(ann, "dev.ferry.chunk-size") : NULL;
 	img->chunk_size = s ? (uint32_t)strtoul(s, NULL, 10) : 0;
 	snprintf(img->compression, sizeof(img->compression), "%s", "layers");
-out:
+	return ret;
+}
+
+int image_index_from_list(struct image *img, const struct oci_image *oci,
+			  struct json_object *list, image_manifest_load_fn load,
+			  void *ctx, struct image_expect *e)
+{
+	struct json_object *m = NULL;
+	uint8_t digest[32];
+	int ret;
+
+	ret = pick_index(list, oci->manifest_desc.digest, load, ctx, &m, digest);
+	if (!ret)
+		ret = use_index(img, oci, m, digest, e);
 	json_object_put(m);
 	return ret;
 }
 
-int image_index_expect(struct image *img, const struct oci_image *oci,
-		       struct image_expect *e)
+/*
+ * The index whose manifest is @digest (image_opts.index_digest): it must
+ * name @oci as its subject.
+ */
+static int pinned_index(struct image *img, const struct oci_image *oci,
+			const uint8_t digest[32], image_manifest_load_fn load,
+			void *ctx, struct image_expect *e)
 {
+	struct oci_descriptor d = { .media_type = FETCH_OCI_MANIFEST };
+	struct json_object *m = NULL;
+	char dstr[DIGEST_STRING_SIZE], *path = NULL;
+	uint8_t *data = NULL, sub[32];
+	struct stat st;
+	size_t len;
+	int ret = 0;
+
+	memcpy(d.digest, digest, 32);
+	digest_format(digest, dstr);
+	/* A layout's reader checks the size a descriptor gives. */
+	if (oci->layout) {
+		ret = oci_blob_path(oci->layout, digest, &path);
+		if (!ret && stat(path, &st))
+			ret = -errno;
+		d.size = ret ? 0 : (uint64_t)st.st_size;
+		free(path);
+	}
+	if (!ret)
+		ret = load(ctx, &d, &data, &len);
+	if (!ret && (!(m = parse_json(data, len)) || index_subject(m, sub) ||
+		     memcmp(sub, oci->manifest_desc.digest, 32))) {
+		ferry_err("%s: ferry index %s is not one of this image", img->ref, dstr);
+		ret = -EFSCORRUPTED;
+	} else if (ret) {
+		ferry_err("%s: ferry index %s: %s", img->ref, dstr, ferry_strerror(ret));
+	}
+	if (!ret)
+		ret = use_index(img, oci, m, digest, e);
+	json_object_put(m);
+	free(data);
+	return ret;
+}
+
+int image_index_expect(struct image *img, const struct oci_image *oci,
+		       const struct image_opts *opts, struct image_expect *e)
+{
+	struct remote_ctx rc = { oci->remote, opts->cache_dir };
+	image_manifest_load_fn load = oci->remote ? remote_manifest_load : layout_load;
+	void *ctx = oci->remote ? (void *)&rc : (void *)oci->layout;
 	struct json_object *list = NULL;
 	int ret;
 
+	if (opts->index_digest)
+		return pinned_index(img, oci, opts->index_digest, load, ctx, e);
 	ret = oci->remote ? list_remote(oci, &list) : list_layout(oci, &list);
 	if (!ret)
-		ret = oci->remote ?
-		      image_index_from_list(img, oci, list, remote_manifest_load,
-					    oci->remote, e) :
-		      image_index_from_list(img, oci, list, layout_load, oci->layout, e);
+		ret = image_index_from_list(img, oci, list, load, ctx, e);
 	json_object_put(list);
 	if (ret == -ENOENT) {
 		ferry_err("%s: not a ferry image, and no ferry index is attached to it: `ferry index %s` attaches one, `ferry convert` converts it, and `--mode local` mounts a ferry image only",

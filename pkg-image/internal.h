@@ -194,7 +194,8 @@ int image_lock_dir(const char *path, bool wait, int *fd);
 /*
  * The ferry index of @oci listed in @list (an image index: a layout's
  * index.json, a referrers API answer or referrers tag), the manifests
- * read through @load: the last that names @oci, checked as below.
+ * read through @load: the last that names @oci, checked as below
+ * (img->index_* allocated: image_close frees them).
  * -ENOENT when none does.
  */
 typedef int (*image_manifest_load_fn)(void *ctx, const struct oci_descriptor *d,
@@ -203,12 +204,13 @@ int image_index_from_list(struct image *img, const struct oci_image *oci,
 			  struct json_object *list, image_manifest_load_fn load,
 			  void *ctx, struct image_expect *e);
 /*
- * An ordinary image @oci's attached ferry index (index.c): found, checked
- * to name exactly @oci (its subject) and its layers, its bootstrap
- * expected in @e (e->index). -EMEDIUMTYPE (logged) when none is attached.
+ * An ordinary image @oci's attached ferry index (index.c): found (or the
+ * one @opts pins), checked to name exactly @oci (its subject), its layers
+ * and, when @oci has its config, its diff_ids; its bootstrap expected in
+ * @e (e->index). -EMEDIUMTYPE (logged) when none is attached.
  */
 int image_index_expect(struct image *img, const struct oci_image *oci,
-		       struct image_expect *e);
+		       const struct image_opts *opts, struct image_expect *e);
 
 /* Create PATH/blobs/sha256 and oci-layout if missing. */
 int oci_layout_init(const char *layout);

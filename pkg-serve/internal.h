@@ -112,6 +112,7 @@ struct fmount {
 	char fstype[64];       /* its type there: the mode's, or overlay */
 	int64_t mounted_at;             /* unix seconds */
 	char image_digest[DIGEST_STRING_SIZE]; /* the image served: req.image_digest */
+	char index_digest[DIGEST_STRING_SIZE]; /* its ferry index: req.index_digest */
 
 	pthread_mutex_t lock;
 	pthread_cond_t cond;

@@ -469,7 +469,7 @@ static int mount_setup(struct fmount *m, const char *what, char *err,
 		.no_config = true,
 		.erofs_layers = true,
 	};
-	uint8_t pin[BLOB_DIGEST_SIZE];
+	uint8_t pin[BLOB_DIGEST_SIZE], index_pin[BLOB_DIGEST_SIZE];
 	struct ferry_log_capture cap;
 	char why[1024] = "";
 	struct mount_entry mi;
@@ -479,12 +479,18 @@ static int mount_setup(struct fmount *m, const char *what, char *err,
 	m->req.fetch.cancel = &m->fetch_cancel;
 	if (m->req.image_digest && !digest_parse(m->req.image_digest, pin))
 		opts.digest = pin;
+	if (m->req.index_digest && !digest_parse(m->req.index_digest, index_pin))
+		opts.index_digest = index_pin;
 	ret = image_open(m->req.image, &opts, &m->img);
-	/* Whoever takes this mount over serves this very image, even if a
-	 * tag moved meanwhile, and finds its metadata in the cache. */
+	/* Whoever takes this mount over serves this very image (and index),
+	 * even if a tag moved meanwhile, and finds its metadata in the cache. */
 	if (!ret) {
 		digest_format(m->img->image_digest, m->image_digest);
 		m->req.image_digest = m->image_digest;
+	}
+	if (!ret && m->img->nr_index_layers) {
+		digest_format(m->img->index_digest, m->index_digest);
+		m->req.index_digest = m->index_digest;
 	}
 	if (!ret && m->img->erofs_layers) {
 		ret = layers_supported(m, err, errlen);
@@ -590,6 +596,43 @@ static int wait_ready(struct fmount *m)
 		prefetch_start(m);
 	}
 	pthread_mutex_unlock(&m->lock);
+	return ret;
+}
+
+int serve_probe(const struct ctl_mount_req *req, char *err, size_t errlen,
+		int (*answer)(const struct ctl_probe_reply *rep, void *arg), void *arg)
+{
+	struct image_opts opts = { .fetch = &req->fetch, .cache_dir = req->cache_dir };
+	uint8_t pin[BLOB_DIGEST_SIZE], index_pin[BLOB_DIGEST_SIZE];
+	struct ctl_probe_reply rep = { 0 };
+	struct ferry_log_capture cap;
+	struct image *img = NULL;
+	char what[512];
+	int ret;
+
+	snprintf(what, sizeof(what), "probe %s", req->image);
+	if (req->image_digest && !digest_parse(req->image_digest, pin))
+		opts.digest = pin;
+	if (req->index_digest && !digest_parse(req->index_digest, index_pin))
+		opts.index_digest = index_pin;
+	ferry_log_capture_begin(&cap);
+	ret = image_open(req->image, &opts, &img);
+	if (ret) {
+		set_err(err, errlen, &cap, ret, what);
+		goto out;
+	}
+	digest_format(img->image_digest, rep.image_digest);
+	digest_format(img->bootstrap_digest, rep.bootstrap_digest);
+	if (img->nr_index_layers) {
+		digest_format(img->index_digest, rep.index_digest);
+		rep.nr_layers = img->nr_index_layers;
+		rep.layers = (const uint8_t (*)[32])img->index_layers;
+		rep.diff_ids = (const uint8_t (*)[32])img->index_diff_ids;
+	}
+	ret = answer(&rep, arg);
+out:
+	ferry_log_capture_end(&cap);
+	image_close(img);
 	return ret;
 }
 

@@ -97,6 +97,14 @@ void serve_takeover_device(struct serve_ctx *ctx, int fd);
 int serve_mount(struct serve_ctx *ctx, struct ctl_mount_req *req, struct ctl_mount_reply *rep,
 		char *err, size_t errlen);
 /*
+ * Open the image of @req as a mount would (its config too, so that an
+ * indexed image's diff_ids are checked against it), mount nothing, and
+ * hand what was found to @answer (its result returned; the reply borrows
+ * from the image, closed afterwards); else -errno and the reason in @err.
+ */
+int serve_probe(const struct ctl_mount_req *req, char *err, size_t errlen,
+		int (*answer)(const struct ctl_probe_reply *rep, void *arg), void *arg);
+/*
  * Unmount per @req; with req->release, forget the image's record in its
  * cache unless another mount serves it from there.
  */

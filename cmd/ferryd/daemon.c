@@ -103,6 +103,14 @@ static int upgrade_check(char *err, size_t errlen)
 	return ret;
 }
 
+static int probe_answer(const struct ctl_probe_reply *rep, void *arg)
+{
+	struct json_object **resp = arg;
+
+	*resp = ctl_probe_reply_to_json(rep);
+	return *resp ? 0 : -ENOMEM;
+}
+
 /*
  * @passed: a descriptor the client passed with @o (ours to close), or -1:
  * a keeper handing its mount over (keeper_handover), as a mount request.
@@ -141,6 +149,16 @@ static struct json_object *handle(struct json_object *o, int passed, bool *shutd
 		mrep = (struct ctl_mount_reply){ .pid = getpid() };
 		ret = serve_mount(serve, &req.mount, &mrep, err, sizeof(err));
 		resp = ret ? reply(ret, err) : ctl_mount_reply_to_json(&mrep);
+		break;
+	case CTL_OP_PROBE:
+		ret = serve_probe(&req.mount, err, sizeof(err), probe_answer, &resp);
+		/* No index is an answer, not a failure. */
+		if (ret == -EMEDIUMTYPE)
+			ferry_info("%s", err);
+		else if (ret)
+			ferry_err("%s", err);
+		if (ret)
+			resp = reply(ret, err);
 		break;
 	case CTL_OP_UMOUNT:
 		ret = serve_umount(serve, &req.umount, err, sizeof(err));

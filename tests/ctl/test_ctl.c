@@ -426,6 +426,10 @@ static void test_cli_creds_sources(void)
 	CHECK(str_eq(ro.fetch.creds, "dave:pw"));
 }
 
+/* A sha256 hex digest of 64 copies of the character C. */
+#define D64(c) c c c c c c c c c c c c c c c c c c c c c c c c c c c c c c c c \
+	c c c c c c c c c c c c c c c c c c c c c c c c c c c c c c c c
+
 static void test_mount_req_roundtrip(void)
 {
 	static const char *files[] = { "/usr/bin/perl", "/etc/os-release" };
@@ -447,6 +451,8 @@ static void test_mount_req_roundtrip(void)
 	r.cache_max_size = 3ull << 30;
 	r.cache_min_free = 0;
 	r.suid = true;
+	r.image_digest = "sha256:" D64("1");
+	r.index_digest = "sha256:" D64("2");
 	o = wire(ctl_mount_req_to_json(&r));
 	CHECK(o);
 	CHECK_EQ(ctl_request_parse(o, &req, err, sizeof(err)), 0);
@@ -464,6 +470,7 @@ static void test_mount_req_roundtrip(void)
 	CHECK_EQ(p->cache_max_size, 3ull << 30);
 	CHECK_EQ(p->cache_min_free, 0); /* 0 is sent: it turns the floor off */
 	CHECK(p->suid && !p->dev);
+	CHECK(str_eq(p->image_digest, r.image_digest) && str_eq(p->index_digest, r.index_digest));
 	ctl_request_free(&req);
 
 	/* The mode defaults to fuse; any short lowercase name passes. */
@@ -483,6 +490,51 @@ static void test_mount_req_roundtrip(void)
 	CHECK_EQ(ctl_request_parse(o, &req, err, sizeof(err)), 0);
 	CHECK(str_eq(req.mount.mode, "erofs-ondemand_2"));
 	ctl_request_free(&req);
+	json_object_put(o);
+}
+
+/*
+ * A probe is a mount request without a mount point; its answer names an
+ * indexed image's layers and the diff_ids its index records.
+ */
+static void test_probe(void)
+{
+	static const uint8_t layers[2][32] = { { 1 }, { 2 } }, ids[2][32] = { { 3 }, { 4 } };
+	struct ctl_probe_reply rep = { .nr_layers = 2, .layers = layers, .diff_ids = ids };
+	struct json_object *o, *a;
+	struct ctl_request req;
+	char err[256], d[DIGEST_STRING_SIZE];
+
+	o = text_json("{\"op\":\"probe\",\"image\":\"docker://r.example/a:1\",\"cacheDir\":\"/c\","
+		      "\"imageDigest\":\"sha256:" D64("1") "\"}");
+	CHECK_EQ(ctl_request_parse(o, &req, err, sizeof(err)), 0);
+	CHECK_EQ(req.op, CTL_OP_PROBE);
+	CHECK(str_eq(req.mount.image, "docker://r.example/a:1") && !req.mount.mountpoint &&
+	      str_eq(req.mount.image_digest, "sha256:" D64("1")) && !req.mount.index_digest);
+	ctl_request_free(&req);
+	json_object_put(o);
+	o = text_json("{\"op\":\"probe\",\"image\":\"docker://r.example/a:1\",\"cacheDir\":\"/c\","
+		      "\"indexDigest\":\"sha256:12\"}");
+	CHECK_EQ(ctl_request_parse(o, &req, err, sizeof(err)), -EINVAL);
+	CHECK(strstr(err, "indexDigest"));
+	ctl_request_free(&req);
+	json_object_put(o);
+
+	/* An ordinary answer (no index) names no layers. */
+	snprintf(rep.image_digest, sizeof(rep.image_digest), "sha256:%s", D64("a"));
+	o = wire(ctl_probe_reply_to_json(&rep));
+	CHECK(o && str_eq(json_get_string(o, "imageDigest"), rep.image_digest) &&
+	      !json_field(o, "layers") && !json_field(o, "indexDigest"));
+	json_object_put(o);
+	snprintf(rep.index_digest, sizeof(rep.index_digest), "sha256:%s", D64("b"));
+	o = wire(ctl_probe_reply_to_json(&rep));
+	CHECK(o && str_eq(json_get_string(o, "indexDigest"), rep.index_digest));
+	CHECK(json_object_object_get_ex(o, "diffIds", &a) && json_object_array_length(a) == 2);
+	digest_format(ids[1], d);
+	CHECK(str_eq(json_object_get_string(json_object_array_get_idx(a, 1)), d));
+	CHECK(json_object_object_get_ex(o, "layers", &a) && json_object_array_length(a) == 2);
+	digest_format(layers[0], d);
+	CHECK(str_eq(json_object_get_string(json_object_array_get_idx(a, 0)), d));
 	json_object_put(o);
 }
 
@@ -848,6 +900,7 @@ int main(void)
 	RUN_TEST(test_cli_options_reach_request);
 	RUN_TEST(test_cli_creds_sources);
 	RUN_TEST(test_mount_req_roundtrip);
+	RUN_TEST(test_probe);
 	RUN_TEST(test_other_requests_roundtrip);
 	RUN_TEST(test_replies_roundtrip);
 	RUN_TEST(test_stats_keeper_absent);

@@ -48,11 +48,7 @@ ctr_quiet() {
 	return "$rc"
 }
 
-eval "_ctd_prev_exit=$(trap -p EXIT | sed -e 's/^trap -- //' -e 's/ EXIT$//')"
-trap 'ctd_stop_all; '"$_ctd_prev_exit" EXIT
-
-check "build ferry-snapshotter (offline, GOPATH mode)" "$GO" build -o "$SNAP" || { e2e_done; exit 1; }
-check "build cripull" "$GO" --pkg tests/tools/cripull build -o "$CRIPULL" || { e2e_done; exit 1; }
+ctd_e2e_begin
 
 # The registry, a logging proxy in front of it that containerd and ferryd
 # pull through, and the images: the Debian fixture converted, and as is.

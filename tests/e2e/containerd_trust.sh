@@ -45,11 +45,7 @@ CTD_NAMESPACES=("$NS" "$NSR")
 EVIL=$SCRATCH/evil   # the attackers' OCI layout
 mkdir -p "$CTD"
 
-eval "_ctd_prev_exit=$(trap -p EXIT | sed -e 's/^trap -- //' -e 's/ EXIT$//')"
-trap 'ctd_stop_all; '"$_ctd_prev_exit" EXIT
-
-check "build ferry-snapshotter (offline, GOPATH mode)" "$GO" build -o "$SNAP" || { e2e_done; exit 1; }
-check "build cripull" "$GO" --pkg tests/tools/cripull build -o "$CRIPULL" || { e2e_done; exit 1; }
+ctd_e2e_begin
 
 # craft CMD LAYOUT ARGS: attacker images in the OCI layout LAYOUT.
 #   claims TAG VLAYOUT VTAG OUT   TAG with VTAG's diff_ids

@@ -9,7 +9,8 @@
 #     ferry check verifies every range of the layers; FUSE, fanotify and
 #     local mounts equal umoci's unpack; indexing again replaces the index;
 #   - refused with a reason: mounting an image without an index, indexing
-#     a layer of one zstd frame;
+#     a layer of one zstd frame, mounting through an index whose diff_ids
+#     are not the image config's (the same ones in another order);
 #   - a byte flipped in a layer blob after indexing: the files it touches
 #     fail with EIO, none reads wrong bytes, the others read right; ferry
 #     check and a local mount (which fails) name the layer;
@@ -87,6 +88,34 @@ check_fails "an image without an index: the mount says so" "no ferry index is at
 	mount_lazy fuse "oci:$L:base" "$SCRATCH/m-none"
 check_fails "a zstd layer of one frame: ferry index refuses it" "convert the image instead" \
 	"$FERRY" index -q "oci:$FIXZ:pkgs"
+# An index recording the image's diff_ids in another order (rewritten in
+# a copy of the layout; index.json replaced, not edited: it is hardlinked).
+S=$SCRATCH/swapped
+swap_diff_ids() {
+	cp -al "$L" "$S" && python3 - "$S" "$edit" <<'EOF'
+import hashlib, json, os, sys
+lay, subject = sys.argv[1:]
+def blob(d): return os.path.join(lay, "blobs", *d.split(":"))
+idx = json.load(open(os.path.join(lay, "index.json")))
+for e in idx["manifests"]:
+    if e.get("artifactType") != "application/vnd.ferry.index.v1":
+        continue
+    m = json.load(open(blob(e["digest"])))
+    if m["subject"]["digest"] != subject:
+        continue
+    ids = m["annotations"]["dev.ferry.index.diff-ids"].split(",")
+    m["annotations"]["dev.ferry.index.diff-ids"] = ",".join(reversed(ids))
+    raw = json.dumps(m).encode()
+    e["digest"], e["size"] = "sha256:" + hashlib.sha256(raw).hexdigest(), len(raw)
+    open(blob(e["digest"]), "wb").write(raw)
+tmp = os.path.join(lay, "index.json.tmp")
+json.dump(idx, open(tmp, "w"))
+os.replace(tmp, os.path.join(lay, "index.json"))
+EOF
+}
+check "an index with the diff_ids in another order" swap_diff_ids
+check_fails "... is refused by the mount, saying so" "not its config's rootfs.diff_ids" \
+	mount_lazy fuse "oci:$S:edit" "$SCRATCH/m-swapped"
 
 # --- a flipped byte in a layer ---------------------------------------------------
 D=$SCRATCH/damaged

@@ -146,6 +146,8 @@ static void fuzz_index_of(struct docs *docs, const struct oci_image *oci)
 	}
 	image_expect_free(&e);
 	free(img.dir);
+	free(img.index_layers);
+	free(img.index_diff_ids);
 	json_object_put(list);
 }
 

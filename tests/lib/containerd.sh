@@ -105,6 +105,19 @@ ctd_stop_all() {
 
 ctd_start_ferryd() { "$FERRYD" --socket "$FSOCK" --persistent; }
 
+# The start of a containerd e2e test ($GO, $SNAP and $CRIPULL set): every
+# daemon stopped at exit (before the EXIT trap set so far), then
+# ferry-snapshotter built into $SNAP and tests/tools/cripull into
+# $CRIPULL; the test ends when a build fails.
+ctd_e2e_begin() {
+	eval "_ctd_prev_exit=$(trap -p EXIT | sed -e 's/^trap -- //' -e 's/ EXIT$//')"
+	trap 'ctd_stop_all; '"$_ctd_prev_exit" EXIT
+	check "build ferry-snapshotter (offline, GOPATH mode)" "$GO" build -o "$SNAP" ||
+		{ e2e_done; exit 1; }
+	check "build cripull" "$GO" --pkg tests/tools/cripull build -o "$CRIPULL" ||
+		{ e2e_done; exit 1; }
+}
+
 # containerd's gRPC connection to a restarted snapshotter is back (it
 # redials with a backoff): at most 30 s. A snapshot is prepared and removed
 # because listing snapshots reads containerd's own database only and would

@@ -48,15 +48,19 @@ const takeoverPoll = 200 * time.Millisecond
 // a restart mounts exactly this image again, by manifest digest, so that
 // neither a tag moved since nor a registry down changes or stops it.
 type record struct {
-	Kind      string `json:"kind"`                // blob or bootstrap
+	Kind      string `json:"kind"`                // blob, bootstrap, index-layer or index
 	Chain     string `json:"chain"`               // the chain ID it is committed as
 	Layer     string `json:"layer"`               // its layer's digest
-	Image     string `json:"image,omitempty"`     // bootstrap: docker://REPO@MANIFEST mounted
-	Asked     string `json:"asked,omitempty"`     // bootstrap: the image as first asked of ferryd
-	Manifest  string `json:"manifest,omitempty"`  // bootstrap: the manifest's digest
-	Bootstrap string `json:"bootstrap,omitempty"` // bootstrap: the raw bootstrap's digest
+	Image     string `json:"image,omitempty"`     // bootstrap, index: docker://REPO@MANIFEST mounted
+	Asked     string `json:"asked,omitempty"`     // bootstrap, index: the image as first asked of ferryd
+	Manifest  string `json:"manifest,omitempty"`  // the manifest's digest (not for a blob)
+	Bootstrap string `json:"bootstrap,omitempty"` // bootstrap, index: the raw bootstrap's digest
+	Index     string `json:"index,omitempty"`     // index, index-layer: the ferry index's manifest
 	Ref       string `json:"ref,omitempty"`       // the puller's reference, for messages
 }
+
+// mounted: a snapshot that is ferryd's mount (else an empty directory).
+func (r *record) mounted() bool { return r.Kind == kindBootstrap || r.Kind == kindIndex }
 
 // mountState serialises (re)mounting one bootstrap snapshot and remembers
 // why the last attempt failed.
@@ -84,6 +88,7 @@ type ferryFS struct {
 	unverified map[string]bool   // committed ferry chain IDs without a record
 	states     map[string]*mountState
 	failed     map[string]error // snapshot ID -> why it is not available
+	probes     probeCache       // ferryd's answers about indexed images
 }
 
 func newFerryFS(c config, fetch json.RawMessage) (*ferryFS, error) {
@@ -126,7 +131,9 @@ func (f *ferryFS) readRecord(id string) (*record, error) {
 	}
 	var rec record
 	if err := json.Unmarshal(data, &rec); err != nil || rec.Chain == "" ||
-		(rec.Kind != kindBlob && rec.Kind != kindBootstrap) {
+		(rec.Kind != kindBlob && rec.Kind != kindBootstrap && rec.Kind != kindIndexLayer &&
+			rec.Kind != kindIndex) ||
+		(rec.Kind != kindBlob && rec.Manifest == "") {
 		return nil, fmt.Errorf("%s: not a ferry snapshot record", f.recordPath(id))
 	}
 	return &rec, nil
@@ -221,12 +228,16 @@ func (f *ferryFS) Mount(ctx context.Context, mountpoint string, labels map[strin
 	if a == nil {
 		return errors.New("not a ferry layer")
 	}
-	if a.kind == kindBlob {
+	switch a.kind {
+	case kindBlob:
 		a.err = f.writeRecord(id, &record{Kind: kindBlob, Chain: a.target.String(),
 			Layer: a.layer.String(), Ref: a.ref})
-		return a.err
+	case kindIndexLayer:
+		a.err = f.writeRecord(id, &record{Kind: kindIndexLayer, Chain: a.target.String(),
+			Layer: a.layer.String(), Manifest: a.pin, Index: a.index, Ref: a.ref})
+	default:
+		a.err = f.mountBootstrap(ctx, mountpoint, id, a)
 	}
-	a.err = f.mountBootstrap(ctx, mountpoint, id, a)
 	return a.err
 }
 
@@ -236,14 +247,17 @@ func (f *ferryFS) mountBootstrap(ctx context.Context, mountpoint, id string, a *
 		return err
 	}
 	f.log(ctx).Infof("ferry: mounting %s for chain %s at %s (mode %s)", a.image, a.target, dir, f.c.Mode)
-	rep, err := f.mount(ctx, a.image, a.pin, dir)
-	if err == nil {
+	rep, err := f.mount(ctx, a.image, a.pin, a.index, dir)
+	if err == nil && a.kind == kindIndex {
+		err = a.checkIndex(rep.ImageDigest, rep.BootstrapDigest)
+	} else if err == nil {
 		err = a.checkBootstrap(rep.ImageDigest, rep.BootstrapDigest)
 	}
 	if err == nil {
-		err = f.writeRecord(id, &record{Kind: kindBootstrap, Chain: a.target.String(),
+		err = f.writeRecord(id, &record{Kind: a.kind, Chain: a.target.String(),
 			Layer: a.layer.String(), Image: "docker://" + repoOf(a.ref) + "@" + rep.ImageDigest,
-			Asked: a.image, Manifest: rep.ImageDigest, Bootstrap: rep.BootstrapDigest, Ref: a.ref})
+			Asked: a.image, Manifest: rep.ImageDigest, Bootstrap: rep.BootstrapDigest,
+			Index: a.index, Ref: a.ref})
 	}
 	if err == nil {
 		err = linkMount(mountpoint, dir)
@@ -274,7 +288,7 @@ func (f *ferryFS) restore(ctx context.Context, mountpoint, id string, labels map
 		f.setFailure(id, err)
 		return
 	}
-	if rec == nil || rec.Kind != kindBootstrap {
+	if rec == nil || !rec.mounted() {
 		return
 	}
 	st := f.state(id)
@@ -323,7 +337,7 @@ func (f *ferryFS) remount(ctx context.Context, mountpoint, dir string, rec *reco
 		return err
 	}
 	f.log(ctx).Infof("ferry: mounting %s again at %s (mode %s)", rec.Image, dir, f.c.Mode)
-	rep, err := f.mount(ctx, rec.Image, rec.Manifest, dir)
+	rep, err := f.mount(ctx, rec.Image, rec.Manifest, rec.Index, dir)
 	if err == nil && rep.BootstrapDigest != rec.Bootstrap {
 		_ = f.umount(dir, false)
 		err = fmt.Errorf("ferryd mounted bootstrap %s, not %s", rep.BootstrapDigest, rec.Bootstrap)
@@ -348,7 +362,7 @@ func (f *ferryFS) Check(ctx context.Context, mountpoint string, labels map[strin
 	if err != nil {
 		return fmt.Errorf("ferry snapshot %s: %w", id, err)
 	}
-	if rec == nil || rec.Kind != kindBootstrap {
+	if rec == nil || !rec.mounted() {
 		return nil
 	}
 	st := f.state(id)
@@ -374,7 +388,7 @@ func (f *ferryFS) Unmount(ctx context.Context, mountpoint string) error {
 		// An empty directory, or a mount of an earlier snapshotter.
 		return f.umount(mountpoint, true)
 	}
-	if rec.Kind != kindBootstrap {
+	if !rec.mounted() {
 		return nil
 	}
 	dir := f.mountDir(id)
@@ -443,9 +457,10 @@ func (f *ferryFS) fetchFor(ctx context.Context, image string) (json.RawMessage, 
 	return json.Marshal(opts)
 }
 
-// mount asks ferryd to mount @image (by manifest digest @pin, if given)
-// at @dir; the answer names what it verified and mounted.
-func (f *ferryFS) mount(ctx context.Context, image, pin, dir string) (*mountReply, error) {
+// mount asks ferryd to mount @image (by manifest digest @pin, and through
+// ferry index @index, if given) at @dir; the answer names what it
+// verified and mounted.
+func (f *ferryFS) mount(ctx context.Context, image, pin, index, dir string) (*mountReply, error) {
 	fetch, err := f.fetchFor(ctx, image)
 	if err != nil {
 		return nil, err
@@ -459,6 +474,9 @@ func (f *ferryFS) mount(ctx context.Context, image, pin, dir string) (*mountRepl
 	}
 	if pin != "" {
 		req["imageDigest"] = pin
+	}
+	if index != "" {
+		req["indexDigest"] = index
 	}
 	if len(fetch) > 0 {
 		req["fetch"] = fetch

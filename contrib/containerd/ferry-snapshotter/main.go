@@ -53,6 +53,10 @@ type config struct {
 	// (cri.go), and containerd's socket, where it forwards.
 	CRIAddress        string `json:"criAddress"`
 	ContainerdAddress string `json:"containerdAddress"`
+	// Repositories (or prefixes: a registry, REGISTRY/PATH) whose ferry
+	// indexes are trusted: their ordinary images are mounted lazily when
+	// one is attached (index.go); none: every ordinary image is unpacked.
+	Indexes []string `json:"indexes,omitempty"`
 }
 
 // authEntry is one host's entry of a docker config file's "auths".

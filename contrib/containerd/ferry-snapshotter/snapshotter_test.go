@@ -306,16 +306,19 @@ func TestConfig(t *testing.T) {
 
 // fakeFerryd answers like ferryd and sends every request to reqs: a mount
 // names the digests @images gives for its image (and fails for others), a
+// probe answers what @probes has for its image (else: no ferry index), a
 // umount finds nothing there, a list shows the mounts @listed (serve).
 type fakeFerryd struct {
 	mu     sync.Mutex
 	images map[string][2]string // image -> manifest, bootstrap digest
+	probes map[string]map[string]interface{}
 	listed []interface{}
 	reqs   chan map[string]interface{}
 }
 
 func startFakeFerryd(t *testing.T, path string) *fakeFerryd {
-	f := &fakeFerryd{images: map[string][2]string{}, reqs: make(chan map[string]interface{}, 64)}
+	f := &fakeFerryd{images: map[string][2]string{}, probes: map[string]map[string]interface{}{},
+		reqs: make(chan map[string]interface{}, 64)}
 	l, err := net.Listen("unix", path)
 	if err != nil {
 		t.Fatal(err)
@@ -349,6 +352,15 @@ func startFakeFerryd(t *testing.T, path string) *fakeFerryd {
 				} else {
 					ans = map[string]interface{}{"ok": false, "error": "registry down", "errno": 111}
 				}
+			case "probe":
+				f.mu.Lock()
+				p, ok := f.probes[req["image"].(string)]
+				f.mu.Unlock()
+				if ok {
+					ans = p
+				} else {
+					ans = map[string]interface{}{"ok": false, "error": "no ferry index", "errno": int(syscall.EMEDIUMTYPE)}
+				}
 			}
 			out, _ := json.Marshal(ans)
 			conn.Write(append(out, '\n'))
@@ -372,6 +384,12 @@ func (f *fakeFerryd) set(image, manifest, bootstrap string) {
 func (f *fakeFerryd) serve(mountpoint, image string) {
 	f.mu.Lock()
 	f.listed = append(f.listed, map[string]interface{}{"mountpoint": mountpoint, "image": image, "state": "mounted"})
+	f.mu.Unlock()
+}
+
+func (f *fakeFerryd) setProbe(image string, answer map[string]interface{}) {
+	f.mu.Lock()
+	f.probes[image] = answer
 	f.mu.Unlock()
 }
 

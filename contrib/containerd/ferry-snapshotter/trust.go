@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"sort"
 	"strings"
 
@@ -117,10 +118,12 @@ type admission struct {
 	target digest.Digest // the chain ID containerd asked for
 	parent digest.Digest // the parent's chain ID, "" at the bottom
 	layer  digest.Digest // the layer's digest, per the puller
-	image  string        // bootstrap: what ferryd mounts, docker://REF
-	pin    string        // bootstrap: the manifest digest it must be, or ""
+	image  string        // bootstrap, index: what ferryd mounts, docker://REF
+	pin    string        // bootstrap, index: the manifest digest it must be, or ""
 	ref    string        // the puller's reference, for messages
-	err    error
+	// index, index-layer: the ferry index and its bootstrap, as probed
+	index, bootstrap string
+	err              error
 }
 
 type admissionKey struct{}
@@ -144,9 +147,10 @@ func ferryKind(labels map[string]string) string {
 	return ""
 }
 
-// admit checks a ferry layer's Prepare against the rules above, as far as
-// they need no mount: the puller, its labels, a data blob's chain.
-func admit(pullers map[string]string, key, parent string, labels map[string]string) (*admission, error) {
+// admitPuller checks a Prepare against the puller rules above: the
+// namespace's puller, its labels (and none of the other's), the parent's
+// chain; the admission names the image the puller named.
+func admitPuller(pullers map[string]string, key, parent string, labels map[string]string) (*admission, error) {
 	a := &admission{kind: ferryKind(labels)}
 	var err error
 	if a.target, err = digest.Parse(labels[labelTarget]); err != nil {
@@ -186,11 +190,6 @@ func admit(pullers map[string]string, key, parent string, labels map[string]stri
 		return nil, err
 	}
 	if a.kind == kindBlob {
-		want := chainNext(a.parent, ferryDiffID(blobDiffIDPrefix, a.layer))
-		if want != a.target {
-			return nil, fmt.Errorf("chain ID %s is not that of data blob %s over %s (%s): the image's config claims diff_ids that are not its layers' (docs/FORMAT.md 1a; an image converted before format 3: ferry convert it again)",
-				a.target, a.layer, orBottom(a.parent), want)
-		}
 		return a, nil
 	}
 	if puller == pullerCRI {
@@ -202,6 +201,21 @@ func admit(pullers map[string]string, key, parent string, labels map[string]stri
 		a.image = "docker://" + repoOf(a.ref) + "@" + a.pin
 	} else {
 		a.image = "docker://" + a.ref
+	}
+	return a, nil
+}
+
+// admit checks a ferry layer's Prepare against the rules above, as far as
+// they need no mount: the puller, its labels, a data blob's chain.
+func admit(pullers map[string]string, key, parent string, labels map[string]string) (*admission, error) {
+	a, err := admitPuller(pullers, key, parent, labels)
+	if err != nil || a.kind != kindBlob {
+		return a, err
+	}
+	want := chainNext(a.parent, ferryDiffID(blobDiffIDPrefix, a.layer))
+	if want != a.target {
+		return nil, fmt.Errorf("chain ID %s is not that of data blob %s over %s (%s): the image's config claims diff_ids that are not its layers' (docs/FORMAT.md 1a; an image converted before format 3: ferry convert it again)",
+			a.target, a.layer, orBottom(a.parent), want)
 	}
 	return a, nil
 }
@@ -245,19 +259,32 @@ func (t *trusted) Prepare(ctx context.Context, key, parent string, opts ...snaps
 			return nil, err
 		}
 	}
-	if base.Labels[labelTarget] == "" || ferryKind(base.Labels) == "" {
-		m, err := t.Snapshotter.Prepare(ctx, key, parent, opts...)
-		return m, t.explain(parent, err)
+	var a *admission
+	var err error
+	switch {
+	case base.Labels[labelTarget] == "":
+	case ferryKind(base.Labels) != "":
+		if a, err = admit(t.fs.c.Pullers, key, parent, base.Labels); err != nil {
+			return nil, fmt.Errorf("ferry layer %s: %w", base.Labels[labelTarget], err)
+		}
+	default:
+		if a, err = t.fs.admitIndexed(ctx, key, parent, base.Labels); err != nil {
+			return nil, fmt.Errorf("layer %s: %w", base.Labels[labelTarget], err)
+		}
 	}
-	a, err := admit(t.fs.c.Pullers, key, parent, base.Labels)
-	if err != nil {
-		return nil, fmt.Errorf("ferry layer %s: %w", base.Labels[labelTarget], err)
+	if a == nil {
+		m, err := t.Snapshotter.Prepare(ctx, key, parent, opts...)
+		return t.guard(m, t.explain(parent, err))
 	}
 	// Committed already (a pull in another namespace): it was verified.
 	if info, err := t.Snapshotter.Stat(ctx, a.target.String()); err == nil &&
 		info.Kind == snapshots.KindCommitted {
 		if err := t.fs.verified(a.target.String()); err != nil {
 			return nil, fmt.Errorf("ferry layer %s: %w", a.target, err)
+		}
+		// This image's top is another indexed image's empty lower layer.
+		if a.kind == kindIndex && t.fs.isIndexLayer(a.target.String()) {
+			return nil, fmt.Errorf("layer %s: %w", a.target, errIndexLayer(t.fs.snapshotOf(a.target.String())))
 		}
 		return nil, fmt.Errorf("target snapshot %q: %w", a.target, errdefs.ErrAlreadyExists)
 	}
@@ -277,7 +304,25 @@ func (t *trusted) Prepare(ctx context.Context, key, parent string, opts ...snaps
 
 func (t *trusted) View(ctx context.Context, key, parent string, opts ...snapshots.Opt) ([]mount.Mount, error) {
 	m, err := t.Snapshotter.View(ctx, key, parent, opts...)
-	return m, t.explain(parent, err)
+	return t.guard(m, t.explain(parent, err))
+}
+
+func (t *trusted) Mounts(ctx context.Context, key string) ([]mount.Mount, error) {
+	return t.guard(t.Snapshotter.Mounts(ctx, key))
+}
+
+// guard: guardLowers over the snapshots of this snapshotter's root.
+func (t *trusted) guard(m []mount.Mount, err error) ([]mount.Mount, error) {
+	if err != nil {
+		return m, err
+	}
+	dir := filepath.Join(t.fs.c.Root, "snapshots") + "/"
+	return guardLowers(m, func(path string) string {
+		if !strings.HasPrefix(path, dir) {
+			return ""
+		}
+		return t.fs.kindOf(snapshotID(path))
+	})
 }
 
 // explain adds to "layer unavailable" why a ferry image below @parent
