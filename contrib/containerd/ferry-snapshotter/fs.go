@@ -492,7 +492,7 @@ func (f *ferryFS) mount(ctx context.Context, image, pin, index, dir string) (*mo
 	return &rep, nil
 }
 
-// What serves a bootstrap snapshot's mount (probe).
+// What serves a bootstrap snapshot's mount (served).
 type liveness int
 
 const (
@@ -501,10 +501,10 @@ const (
 	mountPending                 // the kernel has it; ferryd does not serve it yet
 )
 
-// probe: whether ferryd serves @rec's image at @dir (as asked first, or
+// served: whether ferryd serves @rec's image at @dir (as asked first, or
 // again by digest: ferryd pins a mount to the manifest it opened) and it
 // is mounted there; an error when ferryd does not answer.
-func (f *ferryFS) probe(dir string, rec *record) (liveness, error) {
+func (f *ferryFS) served(dir string, rec *record) (liveness, error) {
 	resp, err := f.call(map[string]interface{}{"op": "list"}, ferrydUmountTimeout)
 	if err != nil {
 		return mountPending, err
@@ -543,13 +543,13 @@ func (f *ferryFS) probe(dir string, rec *record) (liveness, error) {
 	return mountGone, nil
 }
 
-// awaitServed: whether ferryd serves the mount (probe), waiting at most
+// awaitServed: whether ferryd serves the mount (served), waiting at most
 // takeoverWait while it is pending or ferryd does not answer; an error
 // when ferryd never answered.
 func (f *ferryFS) awaitServed(ctx context.Context, dir string, rec *record) (bool, error) {
 	deadline := time.Now().Add(takeoverWait)
 	for {
-		l, err := f.probe(dir, rec)
+		l, err := f.served(dir, rec)
 		if err == nil && l != mountPending {
 			return l == mountServed, nil
 		}
