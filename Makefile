@@ -175,9 +175,13 @@ check: deps
 # code paths the lazy-mount tests already cover and whose cost is peers
 # (containerd, the Go snapshotter) or a slow proxy (the WAN harness);
 # node_faults_containerd's ferryd kills are node_faults_*'s, which run
-# under ASan.
+# under ASan; containerd_index's probe opens an image as index_lazy's
+# mounts do; the cachefiles mode's code runs under ASan in vm_cachefiles,
+# the index and native-layer images' in index_lazy and erofs_layers_lazy
+# (each QEMU/TCG guest runs beside VM tests only, minutes of CI each).
 ASAN_SKIP = e2e/containerd e2e/containerd_trust e2e/cri e2e/snapshotter e2e/wan_lazy \
-	e2e/node_faults_containerd
+	e2e/node_faults_containerd e2e/containerd_index e2e/vm_cachefiles_index \
+	e2e/vm_cachefiles_layers
 
 check-asan: deps
 	$(MAKE) -j$(JOBS) BUILD=build-asan BIN=build-asan/bin SAN=1 all tests
