@@ -626,23 +626,6 @@ struct json_object *ctl_mount_reply_to_json(const struct ctl_mount_reply *r)
 	return json_done(o, ok);
 }
 
-/* @n digests as a JSON array of "sha256:<hex>". */
-static struct json_object *digest_array(const uint8_t (*d)[32], uint32_t n)
-{
-	struct json_object *a = json_object_new_array();
-	char s[DIGEST_STRING_SIZE];
-	uint32_t i;
-
-	for (i = 0; a && i < n; i++) {
-		digest_format(d[i], s);
-		if (json_object_array_add(a, json_object_new_string(s))) {
-			json_object_put(a);
-			return NULL;
-		}
-	}
-	return a;
-}
-
 struct json_object *ctl_probe_reply_to_json(const struct ctl_probe_reply *r)
 {
 	struct json_object *o = ctl_reply_to_json(&(struct ctl_reply){ 0 });
@@ -656,8 +639,8 @@ struct json_object *ctl_probe_reply_to_json(const struct ctl_probe_reply *r)
 		ok &= json_add_str(o, "bootstrapDigest", r->bootstrap_digest);
 	if (r->index_digest[0]) {
 		ok &= json_add_str(o, "indexDigest", r->index_digest);
-		ok &= json_add(o, "layers", digest_array(r->layers, r->nr_layers));
-		ok &= json_add(o, "diffIds", digest_array(r->diff_ids, r->nr_layers));
+		ok &= json_add(o, "layers", json_digest_array(r->layers, r->nr_layers));
+		ok &= json_add(o, "diffIds", json_digest_array(r->diff_ids, r->nr_layers));
 	}
 	return json_done(o, ok);
 }

@@ -213,12 +213,14 @@ int json_read_object(struct json_object *o, const char *key,
  * Building: json_add puts @v (NULL after a failed allocation) under @key
  * and is false when it could not (then @v is put); json_add_str adds
  * nothing for a NULL @s; json_str_array makes an array of @n strings (n
- * SIZE_MAX: up to the NULL ending @list) or NULL; json_done returns @o,
- * or puts it and returns NULL when !@ok.
+ * SIZE_MAX: up to the NULL ending @list) or NULL; json_digest_array one
+ * of @n sha256 digests as "sha256:<hex>" strings, or NULL; json_done
+ * returns @o, or puts it and returns NULL when !@ok.
  */
 bool json_add(struct json_object *o, const char *key, struct json_object *v);
 bool json_add_str(struct json_object *o, const char *key, const char *s);
 struct json_object *json_str_array(const char *const *list, size_t n);
+struct json_object *json_digest_array(const uint8_t (*d)[32], size_t n);
 struct json_object *json_done(struct json_object *o, bool ok);
 int write_full(int fd, const void *buf, size_t len);
 int pwrite_full(int fd, const void *buf, size_t len, uint64_t off);

@@ -293,6 +293,25 @@ struct json_object *json_str_array(const char *const *list, size_t n)
 	return a;
 }
 
+struct json_object *json_digest_array(const uint8_t (*d)[32], size_t n)
+{
+	struct json_object *a = json_object_new_array();
+	struct json_object *s;
+	char dig[DIGEST_STRING_SIZE];
+	size_t i;
+
+	for (i = 0; a && i < n; i++) {
+		digest_format(d[i], dig);
+		s = json_object_new_string(dig);
+		if (!s || json_object_array_add(a, s)) {
+			json_object_put(s);
+			json_object_put(a);
+			return NULL;
+		}
+	}
+	return a;
+}
+
 /* @o, or NULL (put) when one of its fields could not be added. */
 struct json_object *json_done(struct json_object *o, bool ok)
 {

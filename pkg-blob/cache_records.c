@@ -259,24 +259,6 @@ uint32_t cache_records_naming(const struct cache_records *rs,
 	return n;
 }
 
-/* @digests as an array of "sha256:…" strings, or NULL (no memory). */
-static struct json_object *digests_json(const uint8_t (*digests)[BLOB_DIGEST_SIZE],
-					uint32_t nr)
-{
-	struct json_object *list = json_object_new_array();
-	char dig[DIGEST_STRING_SIZE];
-	uint32_t i;
-
-	for (i = 0; list && i < nr; i++) {
-		digest_format(digests[i], dig);
-		if (json_object_array_add(list, json_object_new_string(dig))) {
-			json_object_put(list);
-			list = NULL;
-		}
-	}
-	return list;
-}
-
 /*
  * Write the record @sub/<hex of @name>.json: @ref, the blobs @digests,
  * the other files @keep and, for a pin, @mount_id (0: none).
@@ -300,9 +282,9 @@ static int record_write(const char *cache_dir, const char *sub,
 	root = json_object_new_object();
 	ok = root && json_add_str(root, "ref", ref ? ref : "") &&
 	     json_add_str(root, "digest", dig) &&
-	     json_add(root, "blobs", digests_json(digests, nr_digests));
+	     json_add(root, "blobs", json_digest_array(digests, nr_digests));
 	if (ok && nr_keep)
-		ok = json_add(root, "keep", digests_json(keep, nr_keep));
+		ok = json_add(root, "keep", json_digest_array(keep, nr_keep));
 	if (ok && mount_id)
 		ok = json_add(root, "mountId", json_object_new_int64((int64_t)mount_id));
 	ok = ok && json_add(root, "updated", json_object_new_int64((int64_t)time(NULL)));

@@ -211,7 +211,7 @@ static bool probe_sparse(struct input_points *p, uint8_t *w, uint32_t wlen)
 	return !probe_decode(p, w) && !memcmp(p->probed, pr->out, pr->out_len);
 }
 
-/* Store point @k's window (p->window_clen == 0: raw), zstd-compressed. */
+/* Store point @pt's window zstd-compressed, or as it is when that is no smaller. */
 static int window_store(struct blob_stream_point *pt)
 {
 	struct blob_compress zstd = { BLOB_CODEC_ZSTD, 0 };
@@ -256,7 +256,7 @@ static int probe_end(struct input_points *p, bool complete)
 	return window_store(pt);
 }
 
-/* Keep compressed bytes for the probe; false past PROBE_IN_MAX. */
+/* Keep compressed bytes for the probe; past PROBE_IN_MAX, mark it unprobeable. */
 static void probe_input(struct points_probe *pr, const uint8_t *buf, size_t n)
 {
 	if (pr->in_full)
