@@ -10,8 +10,11 @@
 #   bench/fetchread.sh [OLD_BIN] NEW_BIN [ROUNDS]      (default 3 rounds)
 #
 # The image is bench/lib.sh's "numpy" set (one gzip layer in a
-# docker-registry on 127.0.0.1), converted by NEW_BIN's ferry with its
-# defaults ($FERRY_FETCHREAD_CONVERT adds options). Touched bytes: NEW_BIN
+# docker-registry on 127.0.0.1), converted by each build's own ferry with
+# its defaults, so that a converter change is part of the A/B
+# ($FERRY_FETCHREAD_CONVERT adds options to NEW_BIN's conversion,
+# $FERRY_FETCHREAD_FERRYD to its cold starts' ferryd, e.g. "--readahead
+# 256"). Touched bytes: NEW_BIN
 # mounts it in FUSE mode with the kernel's readahead off (the mount's bdi
 # read_ahead_kb 0) and ferryd's directory readahead off, so that every
 # page the workload reads or faults in is one FUSE read: their sum
@@ -44,6 +47,8 @@ bench_image "$set_name"
 # shellcheck disable=SC2086 # options, split on purpose
 [ -z "${FERRY_FETCHREAD_CONVERT:-}" ] ||
 	"$ferry" convert -q $FERRY_FETCHREAD_CONVERT "docker://$reg/src/$set_name:1" "$image"
+[ -z "$old" ] ||
+	"$old/ferry" convert -q "docker://$reg/src/$set_name:1" "docker://$reg/ferry-old/$set_name:1"
 
 workload() { chroot "$1" /usr/bin/python3 -c "$py"; }
 mstat() { # BIN SOCK KEY: a statistic of the one mount
@@ -75,14 +80,21 @@ done
 
 cold() { # LINK BUILD BIN MODE: one cold start, a line into $work/results
 	local link=$1 b=$2 bin=$3 mode=$4 sock=$work/$2-$4.sock mnt=$work/mnt-$2-$4 t0 t1
+	local repo=ferry
+	[ "$b" = new ] || repo='ferry-old'
 	rm -rf "$work/cache-$b-$mode"
 	mkdir -p "$mnt"
-	"$bin/ferryd" --socket "$sock"
+	# shellcheck disable=SC2086 # options, split on purpose
+	if [ "$b" = new ]; then
+		"$bin/ferryd" --socket "$sock" ${FERRY_FETCHREAD_FERRYD:-}
+	else
+		"$bin/ferryd" --socket "$sock"
+	fi
 	"$top/bench/prepare.sh"
 	wstat "$link" --reset requests >/dev/null
 	t0=$(date +%s.%N)
 	"$bin/ferry" -q mount --mode "$mode" --socket "$sock" --cache-dir "$work/cache-$b-$mode" \
-		"docker://127.0.0.1:$(cat "$work/wp-$link.port")/ferry/$set_name:1" "$mnt"
+		"docker://127.0.0.1:$(cat "$work/wp-$link.port")/$repo/$set_name:1" "$mnt"
 	workload "$mnt"
 	t1=$(date +%s.%N)
 	echo "$link $b-$mode $(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }') $(wstat "$link" bytes_down) $(wstat "$link" requests) $(mstat "$bin" "$sock" fetches) $(mstat "$bin" "$sock" fetchesAhead)" >>"$work/results"

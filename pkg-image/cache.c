@@ -306,6 +306,24 @@ int locate(const struct image_cache *ic, const struct meta_stat *st, uint64_t po
 }
 
 /*
+ * The bytes from @pos (at blob @index's @uoff, @n of them in its chunk) up
+ * to @end that lie back to back in that blob: a read across a chunk
+ * boundary (a FUSE read of 512 KiB, kernel readahead of a file's next
+ * chunks) is one fetch of their frames, not one round trip after another.
+ */
+static uint64_t blob_run(struct image_cache *ic, const struct meta_stat *st, uint64_t pos,
+			 uint64_t end, uint32_t index, uint64_t uoff, uint64_t n)
+{
+	uint64_t at;
+	uint32_t i;
+
+	while (pos + n < end && !locate(ic, st, pos + n, &i, &at) && i == index &&
+	       at == uoff + n)
+		n += MIN(end - (pos + n), (uint64_t)st->chunk_size);
+	return n;
+}
+
+/*
  * Make the chunks behind [off, off + len) of a chunk-based file present
  * (clamped to its size), or with !@fetch only check that they are
  * (-EAGAIN if not), and describe where the bytes are, merging contiguous
@@ -315,7 +333,7 @@ static ssize_t map_chunked(struct image_cache *ic, const struct meta_stat *st,
 			   uint64_t off, size_t len, struct image_extent *ext,
 			   size_t max, bool fetch)
 {
-	uint64_t end = MIN(st->size, off + len), pos, uoff = 0;
+	uint64_t end = MIN(st->size, off + len), pos, uoff = 0, ensured = off;
 	uint32_t index = 0;
 	size_t nr = 0;
 	int ret;
@@ -329,9 +347,12 @@ static ssize_t map_chunked(struct image_cache *ic, const struct meta_stat *st,
 		if (ret < 0)
 			return ret;
 		if (!ret) {
-			if (fetch)
-				ret = demand_ensure(ic, st, index, uoff, n);
-			else if (!blob_cache_range_present(ic->blobs[index], uoff, n))
+			if (fetch && pos >= ensured) {
+				uint64_t run = blob_run(ic, st, pos, end, index, uoff, n);
+
+				ret = demand_ensure(ic, st, index, uoff, run);
+				ensured = pos + run;
+			} else if (!fetch && !blob_cache_range_present(ic->blobs[index], uoff, n))
 				ret = -EAGAIN;
 			if (ret)
 				return ret;

@@ -971,9 +971,12 @@ static void fuse_quiesce(void *state)
 }
 
 /*
- * Make the FUSE bdi's readahead match chunk-sized reads (the kernel offers
- * 128 KiB): fewer, larger FUSE requests. After INIT, whose answer would
- * lower it again.
+ * Make the FUSE bdi's readahead match the largest READ (the kernel offers
+ * 128 KiB): fewer, larger FUSE requests. Not more: a page fault in a
+ * mapped file reads the whole window around it (mmap read-around), and at
+ * 1 MiB a loader mapping liblapack read into its code, whose miss queued
+ * the rest of it (`import numpy`: 23.8 MB fetched against fanotify's
+ * 20.8). After INIT, whose answer would lower it again.
  */
 static void fuse_live(void *state)
 {

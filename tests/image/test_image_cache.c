@@ -160,6 +160,25 @@ out:
 	close_cache(&oc);
 }
 
+/* A read across chunks adjacent in the blob is one fetch, not one per chunk. */
+static void test_map_one_fetch(void)
+{
+	struct image_cache_stats s;
+	struct image_extent ext[8];
+	struct open_cache oc;
+
+	CHECK_EQ(open_cache(image_ref, &oc), 0);
+	if (!oc.ic)
+		goto out;
+	CHECK_EQ(image_cache_map(oc.ic, &oc.big, 2 * FIXTURE_CHUNK, FIXTURE_CHUNK + 1000, ext, 8), 1);
+	image_cache_map_end(oc.ic);
+	image_cache_get_stats(oc.ic, &s);
+	CHECK_EQ(s.fetches, 1);
+	CHECK_EQ(s.bytes_fetched, FIXTURE_CHUNK + 1000);
+out:
+	close_cache(&oc);
+}
+
 static void test_prefetch(void)
 {
 	struct image_cache_stats s;
@@ -568,6 +587,7 @@ int main(void)
 	}
 	RUN_TEST(test_read);
 	RUN_TEST(test_map_and_cached_reads);
+	RUN_TEST(test_map_one_fetch);
 	RUN_TEST(test_prefetch);
 	RUN_TEST(test_corrupt_chunk);
 	RUN_TEST(test_prefetch_sink);
