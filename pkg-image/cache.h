@@ -7,7 +7,7 @@
  *                    path (readers' ensure, map, read), statistics
  *   fetch_ahead.c    fetch-ahead: background fetches of the ranges readers
  *                    are predicted to want next (the window after a miss,
- *                    whole files, directory and ELF prediction), and its
+ *                    whole files, directory, ELF and Python prediction), and its
  *                    threads
  *   ahead_plan.c     fetch-ahead's planner: which ranges a read queues
  *                    (pure functions)
@@ -73,17 +73,24 @@
  */
 #define AHEAD_DIR_RTT_MIN 0.025
 /*
- * ELF prediction: the files inspected or queued as a program's
- * dependencies, at most this many per mount, and the DT_RUNPATH
- * directories searched before the standard ones.
+ * ELF and Python prediction: the files inspected or queued as a program's
+ * dependencies or a module's imports, at most this many per mount; the
+ * DT_RUNPATH directories searched before the standard ones.
  */
-#define ELF_SEEN_MAX 1024
+#define AHEAD_SEEN_MAX 1024
 #define ELF_RUNPATH_DIRS 8
+/*
+ * Python prediction: the imports read of one .pyc (pyc.c), and the
+ * modules queued for it, at most.
+ */
+#define PY_IMPORTS_MAX 128
+#define PY_QUEUE_MAX 64
 
 struct ahead_job {
 	uint32_t index;
 	uint64_t uoff, len;
 	uint64_t elf; /* or nid + 1 of a file to inspect as a program (elf_predict) */
+	uint64_t py;  /* or nid + 1 of a .pyc to fetch and read (py_predict) */
 };
 
 /* Which file a piece of a blob belongs to (for misses that name no file). */
@@ -97,6 +104,7 @@ struct ahead_owner {
 struct ahead_dfile {
 	uint64_t nid, uoff;
 	uint32_t dir, index, len;
+	bool pyc; /* a compiled module: NAME.TAG.pyc in a __pycache__ */
 };
 
 /* Where a small file is in dfiles, by inode. */
@@ -107,11 +115,13 @@ struct ahead_nidx {
 
 /* A directory: its small files dfiles[first, first + nr), its parent. */
 struct ahead_dir {
+	uint64_t nid;
 	uint32_t parent, first, nr;
 	uint32_t kids, nr_kids; /* its subdirectories: kids[kids, kids + nr_kids) */
 	uint32_t depth;         /* path components: / is 0, /usr/lib 2 */
 	bool package;           /* a Python package: holds __init__.py */
 	bool tests;             /* named tests or test */
+	bool pycache;           /* named __pycache__ */
 	bool done;              /* predicted already */
 	bool kids_done;         /* its subdirectories predicted already */
 };
@@ -144,7 +154,7 @@ struct image_cache {
 	atomic_uint_fast64_t hits, misses, fetch_errors, miss_ns_total;
 	atomic_uint_fast64_t miss_ms[IMAGE_LATENCY_BUCKETS];
 	atomic_uint_fast64_t fetches, fetches_ahead, bytes_ahead;
-	atomic_uint_fast64_t programs_recorded, programs_read;
+	atomic_uint_fast64_t programs_recorded, programs_read, modules_read;
 	uint64_t bwlimit; /* prefetch bytes per second, 0 = unlimited */
 	atomic_uint_fast64_t bw_start_ns, bw_bytes;
 
@@ -177,9 +187,9 @@ struct image_cache {
 	/* A running prefetch plan's ranges, sorted by place, under lock. */
 	struct plan_range *planned;
 	size_t nr_planned;
-	/* ELF prediction's files so far, under lock. */
-	uint64_t elf_seen[ELF_SEEN_MAX];
-	uint32_t nr_elf_seen;
+	/* ELF and Python prediction's files so far, under lock. */
+	uint64_t seen[AHEAD_SEEN_MAX];
+	uint32_t nr_seen;
 };
 
 /* Set in the fetch-ahead threads: their fetches are not on a reader's path. */
