@@ -7,8 +7,8 @@
  *                    path (readers' ensure, map, read), statistics
  *   fetch_ahead.c    fetch-ahead: background fetches of the ranges readers
  *                    are predicted to want next (the window after a miss,
- *                    whole files, directory, ELF and Python prediction), and its
- *                    threads
+ *                    whole files, directory, ELF and Python prediction),
+ *                    and its threads
  *   ahead_plan.c     fetch-ahead's planner: which ranges a read queues
  *                    (pure functions)
  *   prefetch_plan.c  prefetch: the image's list, --prefetch-files and

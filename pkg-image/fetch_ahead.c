@@ -912,7 +912,7 @@ static void py_resolve(struct py_modules *m, uint64_t base, const char *name, si
 	}
 }
 
-/* The standard library of the Python that wrote the tag ".cpython-3XY...": 0 and *@nid. */
+/* The standard library of the Python of the tag ".cpython-3XY...": 0 and *@nid. */
 static int py_stdlib(struct image_cache *ic, const char *tag, uint64_t *nid)
 {
 	static const char *const prefixes[] = { "/usr/lib", "/usr/local/lib" };

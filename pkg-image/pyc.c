@@ -27,7 +27,8 @@
 #define PYC_DEPTH_MAX 64   /* nested objects: a code object nests at 2 per level */
 #define PYC_CONSTS_MAX 4096 /* the body's constants and names kept */
 #define PYC_LEVEL_MAX 64
-#define PYC_REFS_MAX (1u << 16) /* back-references: numpy's largest .pyc (700 KB) has 3,723 */
+/* Back-references: numpy's largest .pyc (700 KB) has 3,723. */
+#define PYC_REFS_MAX (1u << 16)
 
 /* marshal's type codes, and the flag that adds the object to its refs */
 enum {
@@ -170,7 +171,8 @@ static int code(struct pyc_reader *r, unsigned int depth, struct pyc_obj *co,
 	 * varnames, freevars, cellvars, filename, name (3.8-3.10), or
 	 * localsplusnames, localspluskinds, filename, name, qualname (3.11+);
 	 * firstlineno; lnotab or linetable (and exceptiontable, 3.11+). */
-	unsigned int nr_ints = r->minor >= 11 ? 5 : 6, nr_mid = 5, nr_tail = r->minor >= 11 ? 2 : 1;
+	unsigned int nr_ints = r->minor >= 11 ? 5 : 6, nr_mid = 5;
+	unsigned int nr_tail = r->minor >= 11 ? 2 : 1;
 	struct pyc_obj o;
 	const uint8_t *p;
 	unsigned int i;

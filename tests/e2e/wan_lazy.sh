@@ -158,6 +158,23 @@ dir_predict() { # MODE
 	check "ferry umount ($mode, directory prediction)" umount_lazy "$m"
 }
 
+# Read PATH of the mount MNT against the tree REF: with WANT "none" it
+# must need no fetch (it was predicted: WHY), with "fetch" one at least
+# (it was not: WHY).
+read_fetches() { # MODE MNT REF PATH WANT WHY
+	local mode=$1 m=$2 d=$3 p=$4 want=$5 why=$6 before after
+	before=$(mount_field "$m" fetches)
+	check "$mode: /$p reads the reference bytes" cmp "$d/$p" "$m/$p"
+	after=$(mount_field "$m" fetches)
+	if [ "$want" = none ]; then
+		expect_sh "$mode: /$p ($why) was there: no fetch ($before fetches before reading it, $after after)" \
+			'[ -n "$before" ] && [ "$before" = "$after" ]'
+	else
+		expect_sh "$mode: /$p ($why) was not predicted: fetched ($before fetches before reading it, $after after)" \
+			'[ -n "$before" ] && [ -n "$after" ] && [ "$after" -gt "$before" ]'
+	fi
+}
+
 # A Python package (py/pkg/__init__.py) with, in blob order: data/, small
 # files without __init__.py (a.bin..e.bin, 250 KB each: a..d fill a batch
 # frame), tests/, a subpackage of 250 KB modules (m3 ends the next frame),
@@ -188,7 +205,7 @@ py_image() {
 # siblings either way), PATH reads with a fetch (WANT "fetch") or without
 # ("none").
 py_predict() { # MODE
-	local mode=$1 m=$SCRATCH/m-wanpy-$1 d=$SCRATCH/pypkg p want before after
+	local mode=$1 m=$SCRATCH/m-wanpy-$1 d=$SCRATCH/pypkg
 	lazy_use "wanpy-$mode"
 	check "mount --mode $mode through the WAN proxy (fresh cache, Python packages)" \
 		mount_lazy "$mode" "docker://$WAN/ferry/pypkg:1" "$m" || return 1
@@ -197,19 +214,10 @@ py_predict() { # MODE
 	check "$mode: read /py/pkg/x29/m2.py (a miss in a subpackage)" \
 		cmp "$d/py/pkg/x29/m2.py" "$m/py/pkg/x29/m2.py"
 	fetch_settle "$m"
-	for p in none:x00/__init__.py fetch:tests/m3.py fetch:data/a.bin; do
-		want=${p%%:*} p=py/pkg/${p#*:}
-		before=$(mount_field "$m" fetches)
-		check "$mode: /$p reads the reference bytes" cmp "$d/$p" "$m/$p"
-		after=$(mount_field "$m" fetches)
-		if [ "$want" = none ]; then
-			expect_sh "$mode: /$p (a sibling subpackage's, before x29 in the blob) was there: no fetch ($before fetches before reading it, $after after)" \
-				'[ -n "$before" ] && [ "$before" = "$after" ]'
-		else
-			expect_sh "$mode: /$p (tests, or no package) was not predicted: fetched ($before fetches before reading it, $after after)" \
-				'[ -n "$before" ] && [ -n "$after" ] && [ "$after" -gt "$before" ]'
-		fi
-	done
+	read_fetches "$mode" "$m" "$d" py/pkg/x00/__init__.py none \
+		"a sibling subpackage's, before x29 in the blob"
+	read_fetches "$mode" "$m" "$d" py/pkg/tests/m3.py fetch "tests, or no package"
+	read_fetches "$mode" "$m" "$d" py/pkg/data/a.bin fetch "tests, or no package"
 	check "ferry umount ($mode, Python packages)" umount_lazy "$m"
 }
 
@@ -249,7 +257,7 @@ pyc_image() {
 # After a miss in app/main's .pyc: zmod's and zdeep's (its __init__) read
 # without a fetch, zlazy's with one.
 pyc_predict() { # MODE
-	local mode=$1 m=$SCRATCH/m-wanpyc-$1 d=$SCRATCH/pyimp tag p want before after read
+	local mode=$1 m=$SCRATCH/m-wanpyc-$1 d=$SCRATCH/pyimp tag p read
 	tag=$(/usr/bin/python3 -c 'import sys; print(sys.implementation.cache_tag)')
 	lazy_use "wanpyc-$mode"
 	check "mount --mode $mode through the WAN proxy (fresh cache, Python modules)" \
@@ -259,19 +267,12 @@ pyc_predict() { # MODE
 	p=py/lib/site/app/__pycache__/main.$tag.pyc
 	check "$mode: read /$p (a miss in a module's .pyc)" cmp "$d/$p" "$m/$p"
 	fetch_settle "$m"
-	for p in none:__pycache__/zmod none:zdeep/__pycache__/__init__ fetch:__pycache__/zlazy; do
-		want=${p%%:*} p=py/lib/site/${p#*:}.$tag.pyc
-		before=$(mount_field "$m" fetches)
-		check "$mode: /$p reads the reference bytes" cmp "$d/$p" "$m/$p"
-		after=$(mount_field "$m" fetches)
-		if [ "$want" = none ]; then
-			expect_sh "$mode: /$p (imported by a module body read before) was there: no fetch ($before fetches before reading it, $after after)" \
-				'[ -n "$before" ] && [ "$before" = "$after" ]'
-		else
-			expect_sh "$mode: /$p (imported inside a function only) was not predicted: fetched ($before fetches before reading it, $after after)" \
-				'[ -n "$before" ] && [ -n "$after" ] && [ "$after" -gt "$before" ]'
-		fi
+	for p in __pycache__/zmod zdeep/__pycache__/__init__; do
+		read_fetches "$mode" "$m" "$d" "py/lib/site/$p.$tag.pyc" none \
+			"imported by a module body read before"
 	done
+	read_fetches "$mode" "$m" "$d" "py/lib/site/__pycache__/zlazy.$tag.pyc" fetch \
+		"imported inside a function only"
 	read=$(mount_field "$m" modulesRead)
 	expect_sh "$mode: the imports of app.main and zmod were read (modulesRead $read)" \
 		'[ "${read:-0}" -ge 2 ]'
