@@ -73,16 +73,19 @@
  */
 #define AHEAD_DIR_RTT_MIN 0.025
 /*
- * ELF and Python prediction: the files inspected or queued as a program's
- * dependencies or a module's imports, at most this many per mount; the
- * DT_RUNPATH directories searched before the standard ones.
+ * ELF prediction: the files inspected or queued as a program's
+ * dependencies, at most this many per mount, and the DT_RUNPATH
+ * directories searched before the standard ones.
  */
-#define AHEAD_SEEN_MAX 1024
+#define ELF_SEEN_MAX 1024
 #define ELF_RUNPATH_DIRS 8
 /*
- * Python prediction: the imports read of one .pyc (pyc.c), and the
- * modules queued for it, at most.
+ * Python prediction: the modules read or queued, at most this many per
+ * mount (a large application imports a few thousand; its own set, so
+ * that they cannot use up ELF prediction's), the imports read of one
+ * .pyc (pyc.c), and the modules queued for it.
  */
+#define PY_SEEN_MAX 4096
 #define PY_IMPORTS_MAX 128
 #define PY_QUEUE_MAX 64
 
@@ -188,8 +191,8 @@ struct image_cache {
 	struct plan_range *planned;
 	size_t nr_planned;
 	/* ELF and Python prediction's files so far, under lock. */
-	uint64_t seen[AHEAD_SEEN_MAX];
-	uint32_t nr_seen;
+	uint64_t elf_seen[ELF_SEEN_MAX], py_seen[PY_SEEN_MAX];
+	uint32_t nr_elf_seen, nr_py_seen;
 };
 
 /* Set in the fetch-ahead threads: their fetches are not on a reader's path. */

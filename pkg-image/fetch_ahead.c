@@ -559,21 +559,31 @@ static void ahead_dir(struct image_cache *ic, uint64_t nid)
  * in the image as the loader would (DT_RUNPATH or DT_RPATH directories
  * without $ORIGIN, then the standard and multiarch directories; ld.so's
  * cache is not read), and queues each whole (ahead_file) with, for a
- * library, its own inspection. Each file once per mount (seen_first).
+ * library, its own inspection. Each file once per mount (elf_first).
  */
 
-/* Under lock: true the first time @nid comes here (ELF or Python prediction). */
-static bool seen_first(struct image_cache *ic, uint64_t nid)
+/* Under lock: true the first time @nid comes to the set @seen of @max. */
+static bool seen_first(uint64_t *seen, uint32_t *nr, uint32_t max, uint64_t nid)
 {
 	uint32_t i;
 
-	for (i = 0; i < ic->nr_seen; i++)
-		if (ic->seen[i] == nid)
+	for (i = 0; i < *nr; i++)
+		if (seen[i] == nid)
 			return false;
-	if (ic->nr_seen == AHEAD_SEEN_MAX)
+	if (*nr == max)
 		return false;
-	ic->seen[ic->nr_seen++] = nid;
+	seen[(*nr)++] = nid;
 	return true;
+}
+
+static bool elf_first(struct image_cache *ic, uint64_t nid)
+{
+	return seen_first(ic->elf_seen, &ic->nr_elf_seen, ELF_SEEN_MAX, nid);
+}
+
+static bool py_first(struct image_cache *ic, uint64_t nid)
+{
+	return seen_first(ic->py_seen, &ic->nr_py_seen, PY_SEEN_MAX, nid);
 }
 
 /* Whether [@uoff, @uoff + @len) of blob @index holds @st's first byte. */
@@ -591,7 +601,7 @@ static bool miss_at_start(struct image_cache *ic, const struct meta_stat *st,
 static void elf_push(struct image_cache *ic, uint64_t nid)
 {
 	pthread_mutex_lock(&ic->lock);
-	if (seen_first(ic, nid))
+	if (elf_first(ic, nid))
 		ahead_push_job(ic, (struct ahead_job){ .elf = nid + 1 });
 	pthread_mutex_unlock(&ic->lock);
 }
@@ -657,7 +667,7 @@ static void elf_queue(struct image_cache *ic, const struct meta_stat *st,
 	bool first;
 
 	pthread_mutex_lock(&ic->lock);
-	first = seen_first(ic, st->nid);
+	first = elf_first(ic, st->nid);
 	if (first && inspect)
 		ahead_push_job(ic, (struct ahead_job){ .elf = st->nid + 1 });
 	pthread_mutex_unlock(&ic->lock);
@@ -805,7 +815,7 @@ static void elf_predict(struct image_cache *ic, uint64_t nid)
  * the .pyc's cache tag names). Each name's packages (their __init__) and
  * the module itself are queued, `from M import x` also M.x (x may be a
  * submodule); a module is NAME.py's __pycache__/NAME.TAG.pyc, the tag
- * that of the .pyc read. Each module once per mount (seen_first), and
+ * that of the .pyc read. Each module once per mount (py_first), and
  * only where directory prediction runs (AHEAD_DIR_RTT_MIN).
  */
 struct py_modules {
@@ -1039,7 +1049,7 @@ static void py_predict(struct image_cache *ic, uint64_t nid)
 			continue;
 		}
 		pthread_mutex_lock(&ic->lock);
-		if (seen_first(ic, m.nids[m.nr]))
+		if (py_first(ic, m.nids[m.nr]))
 			ahead_push_job(ic, (struct ahead_job){ .py = m.nids[m.nr] + 1 });
 		pthread_mutex_unlock(&ic->lock);
 	}
@@ -1053,7 +1063,7 @@ static void py_miss(struct image_cache *ic, uint64_t nid)
 	if (!atomic_load(&ic->owners_ready) || ic->rtt_s < AHEAD_DIR_RTT_MIN)
 		return;
 	f = dfile_find(ic, nid);
-	if (f && f->pyc && seen_first(ic, nid))
+	if (f && f->pyc && py_first(ic, nid))
 		ahead_push_job(ic, (struct ahead_job){ .py = nid + 1 });
 }
 
