@@ -249,6 +249,12 @@ int ahead_file_pieces(const struct meta_stat *st, bool start_first, bool ends,
  * @parent, as a package beside the one read.
  */
 bool ahead_dir_sibling(const struct ahead_dir *parent, const struct ahead_dir *d);
+/*
+ * Which job a full ring of @n jobs @q, the oldest at @head, drops: its
+ * distance from @head (the oldest that is not a .pyc's reading, else the
+ * oldest).
+ */
+unsigned int ahead_drop(const struct ahead_job *q, unsigned int n, unsigned int head);
 
 /* fetch_ahead.c */
 /*

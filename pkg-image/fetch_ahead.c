@@ -316,18 +316,31 @@ static void ahead_start(struct image_cache *ic)
 	}
 }
 
+static void py_forget(struct image_cache *ic, uint64_t nid);
+
 /*
  * Queue @j; under lock. The threads start with the first job: a mount
- * that never misses has none.
+ * that never misses has none. A full queue drops a job (ahead_drop); a
+ * module whose reading is dropped is forgotten, so that a miss in it
+ * reads it after all.
  */
 static void ahead_push_job(struct image_cache *ic, struct ahead_job j)
 {
+	const unsigned int q = AHEAD_QUEUE;
+	unsigned int k;
+
 	if (!ic->ahead_started) {
 		ic->ahead_started = true;
 		ahead_start(ic);
 	}
-	if (ic->ahead_nr == AHEAD_QUEUE) { /* drop the oldest: readers moved on */
-		ic->ahead_head = (ic->ahead_head + 1) % AHEAD_QUEUE;
+	if (ic->ahead_nr == q) {
+		k = ahead_drop(ic->ahead_q, q, ic->ahead_head);
+		if (ic->ahead_q[(ic->ahead_head + k) % q].py)
+			py_forget(ic, ic->ahead_q[(ic->ahead_head + k) % q].py - 1);
+		for (; k; k--) /* the older ones move up over it */
+			ic->ahead_q[(ic->ahead_head + k) % q] =
+				ic->ahead_q[(ic->ahead_head + k - 1) % q];
+		ic->ahead_head = (ic->ahead_head + 1) % q;
 		ic->ahead_nr--;
 	}
 	ic->ahead_q[(ic->ahead_head + ic->ahead_nr++) % AHEAD_QUEUE] = j;
@@ -584,6 +597,18 @@ static bool elf_first(struct image_cache *ic, uint64_t nid)
 static bool py_first(struct image_cache *ic, uint64_t nid)
 {
 	return seen_first(ic->py_seen, &ic->nr_py_seen, PY_SEEN_MAX, nid);
+}
+
+/* Under lock: @nid's reading was dropped; a miss may queue it again. */
+static void py_forget(struct image_cache *ic, uint64_t nid)
+{
+	uint32_t i;
+
+	for (i = 0; i < ic->nr_py_seen; i++)
+		if (ic->py_seen[i] == nid) {
+			ic->py_seen[i] = ic->py_seen[--ic->nr_py_seen];
+			return;
+		}
 }
 
 /* Whether [@uoff, @uoff + @len) of blob @index holds @st's first byte. */
