@@ -162,13 +162,14 @@ int convert_run(const char *source, const char *dest,
  */
 /*
  * The span: the index grows ~2 KiB per point (a sparse window, zstd-
- * compressed), `ferry index` spends ~1.4 ms of CPU on each, and a cold
- * read fetches up to the span's bytes before what it wants. At 512 KiB
- * the index of Debian minbase is 1.0% of its layer at the CPU time of
- * 768 KiB within noise (384 KiB: +8%); docs/performance-log.md has the
- * cold starts' counts per span.
+ * compressed), `ferry index` spends CPU on each, and a cold read fetches
+ * up to the span's bytes before what it wants. At 128 KiB issue 21's
+ * cold start of "big" through its index fetched 1.13x the converted
+ * image's bytes, 1.48x at 512 KiB (3 runs each on a quiet machine), for
+ * an index of 1.7% of the layer (0.6%) and ~20% more CPU in `ferry
+ * index`; docs/performance-log.md, "Fetch-ahead through an index".
  */
-#define CONVERT_DEFAULT_SPAN (512u << 10)
+#define CONVERT_DEFAULT_SPAN (128u << 10)
 int convert_ferry_index(const char *image, const struct convert_opts *opts,
 			struct convert_stats *stats);
 

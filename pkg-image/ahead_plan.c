@@ -60,12 +60,12 @@ bool ahead_window_after(const struct meta_stat *st)
 }
 
 /*
- * The chunks of a file in pieces of at most AHEAD_STEP contiguous blob
- * bytes, from its end (@start_first: the threads take the newest piece
- * first, so its start comes first) or from its start; with @ends its
- * first and last chunks only.
+ * The chunks of a file in pieces of at most @step contiguous blob bytes,
+ * from its end (@start_first: the threads take the newest piece first,
+ * so its start comes first) or from its start; with @ends its first and
+ * last chunks only.
  */
-int ahead_file_pieces(const struct meta_stat *st, bool start_first, bool ends,
+int ahead_file_pieces(const struct meta_stat *st, bool start_first, bool ends, uint64_t step,
 		      int (*locate_fn)(void *ctx, uint64_t pos, uint32_t *index, uint64_t *uoff),
 		      void (*piece)(void *ctx, uint32_t index, uint64_t uoff, uint64_t len),
 		      void *ctx)
@@ -87,7 +87,7 @@ int ahead_file_pieces(const struct meta_stat *st, bool start_first, bool ends,
 			ret = 0;
 			continue; /* a hole */
 		}
-		if (run_len && index == run_index && run_len + n <= AHEAD_STEP &&
+		if (run_len && index == run_index && run_len + n <= step &&
 		    (start_first ? uoff + n == run_off : run_off + run_len == uoff)) {
 			run_off = MIN(run_off, uoff);
 			run_len += n;

@@ -49,6 +49,17 @@
 #define AHEAD_FIRST (128u << 10) /* a new window's first segment, at least */
 /* Files up to this size are fetched whole after their first miss. */
 #define AHEAD_FILE_MAX (8u << 20)
+/*
+ * On a stream blob (a layer read through a ferry index) a job is one
+ * step, and a file queued whole one piece: a fetch decodes from the
+ * resume point before it, so the 1 MiB steps of a file that threads
+ * fetched at once each fetched again the layer bytes from their point
+ * to the step before (2.5 to 3.2 of the 24 MB the issue-21 workload
+ * fetched were fetched twice, 1.0 to 1.7 with one fetch that decodes on
+ * from frame to frame; performance-log.md, "Fetch-ahead through an
+ * index").
+ */
+#define AHEAD_STREAM_STEP AHEAD_FILE_MAX
 #define AHEAD_FILES 1024 /* remembered files (by inode, direct-mapped) */
 #define AHEAD_BDP_FACTOR 4
 /* Fetches this large or larger also measure the bandwidth. */
@@ -233,13 +244,13 @@ bool ahead_window_next(struct ahead_span *w, uint64_t size, uint64_t budget, uin
 /* Whether a miss in the file @st (NULL: unknown) starts a window. */
 bool ahead_window_after(const struct meta_stat *st);
 /*
- * The file @st's chunks as pieces of at most AHEAD_STEP contiguous bytes
+ * The file @st's chunks as pieces of at most @step contiguous bytes
  * of a blob: @locate_fn as locate (0, 1: a hole, or -errno, which ends
  * it and is returned), each piece to @piece, from the file's end when
  * @start_first (the threads take the newest piece first: its start comes
  * first), else from its start; with @ends only its first and last chunks.
  */
-int ahead_file_pieces(const struct meta_stat *st, bool start_first, bool ends,
+int ahead_file_pieces(const struct meta_stat *st, bool start_first, bool ends, uint64_t step,
 		      int (*locate_fn)(void *ctx, uint64_t pos, uint32_t *index, uint64_t *uoff),
 		      void (*piece)(void *ctx, uint32_t index, uint64_t uoff, uint64_t len),
 		      void *ctx);

@@ -258,6 +258,13 @@ static int owner_find(struct image_cache *ic, uint32_t index, uint64_t uoff,
 static void elf_predict(struct image_cache *ic, uint64_t nid);
 static void py_predict(struct image_cache *ic, uint64_t nid);
 
+/* The most bytes of blob @index one fetch-ahead ensure takes. */
+static uint64_t ahead_step(const struct image_cache *ic, uint32_t index)
+{
+	return ic->img->blobs.blobs[index].flags & BLOB_INFO_STREAM ? AHEAD_STREAM_STEP :
+								       AHEAD_STEP;
+}
+
 static void *ahead_main(void *arg)
 {
 	struct image_cache *ic = arg;
@@ -282,7 +289,7 @@ static void *ahead_main(void *arg)
 		if (j.py)
 			py_predict(ic, j.py - 1);
 		for (pos = j.uoff; pos < j.uoff + j.len; pos += step) {
-			step = MIN(j.uoff + j.len - pos, (uint64_t)AHEAD_STEP);
+			step = MIN(j.uoff + j.len - pos, ahead_step(ic, j.index));
 			if (atomic_load(&ic->ahead_quit))
 				break;
 			ret = ensure(ic, j.index, pos, step, false);
@@ -392,8 +399,9 @@ out:
 /*
  * The first miss in a regular file of at most AHEAD_FILE_MAX bytes queues
  * the whole file, in pieces of at most AHEAD_STEP contiguous blob bytes that
- * the threads share: a file is usually read whole once opened, and a
- * mapped library faults all over it. The threads take the newest piece
+ * the threads share (on a stream blob AHEAD_STREAM_STEP: one piece): a
+ * file is usually read whole once opened, and a mapped library faults
+ * all over it. The threads take the newest piece
  * first: with @start_first the pieces are queued from the file's end, so
  * that its start comes first (a predicted program's reader wants its
  * header next); else from its start, so that a reader's own miss is not
@@ -450,18 +458,21 @@ static void ahead_file(struct image_cache *ic, const struct meta_stat *st,
 	struct file_pieces f = { .ic = ic, .st = st };
 	uint64_t *slot = &ic->ahead_files[st->nid % AHEAD_FILES];
 	const struct elf_deps *rec;
-	uint64_t key = st->nid + 1;
+	uint64_t key = st->nid + 1, step = AHEAD_STEP, at;
+	uint32_t index;
 	bool ends;
 
 	if (!ic->ahead_on || st->size > AHEAD_FILE_MAX)
 		return;
+	if (!locate(ic, st, 0, &index, &at))
+		step = ahead_step(ic, index);
 	rec = elf_recorded(ic, st->nid);
 	ends = rec && !rec->interp && !middle &&
 	       DIV_ROUND_UP(st->size, st->chunk_size) > 2;
 	pthread_mutex_lock(&ic->lock);
 	if (*slot != key && (*slot != (key | AHEAD_ENDS_ONLY) || !ends)) {
 		*slot = key | (ends ? AHEAD_ENDS_ONLY : 0);
-		ahead_file_pieces(st, start_first, ends, file_locate, file_piece, &f);
+		ahead_file_pieces(st, start_first, ends, step, file_locate, file_piece, &f);
 	}
 	pthread_mutex_unlock(&ic->lock);
 }

@@ -32,7 +32,7 @@ static void index_help(void)
 	       "refused: convert such images (ferry convert).\n\n"
 	       "Options:\n"
 	       "  --span N           compressed bytes between resume points of gzip\n"
-	       "                     layers (default 512K; the next deflate block\n"
+	       "                     layers (default 128K; the next deflate block\n"
 	       "                     boundary; zstd layers resume at frames): the\n"
 	       "                     index grows ~2 KiB per point, a cold read\n"
 	       "                     fetches up to N more\n"

@@ -15,6 +15,11 @@
 #    too; RunPodSandbox, CreateContainer, StartContainer of a container
 #    hashing files of both layers of the image (as umoci unpacks them),
 #    then StopContainer, RemoveContainer, StopPodSandbox, RemovePodSandbox.
+#  - PullImage of the same image unconverted (gzip layers) with a ferry
+#    index attached, from the same private registry, its repository in
+#    the snapshotter's "indexes": ferryd mounts it through the index, a
+#    container reads files of both layers right, no whole layer is
+#    downloaded, and only the credentials given are sent.
 #  - PullImage of a multi-arch ferry index named on an origin that does
 #    not answer, through the mirror its hosts.toml names (pull, resolve,
 #    a header): containerd and ferryd both ask the mirror, with the
@@ -107,6 +112,16 @@ data_blobs() {
 }
 DATA_BLOBS=$(data_blobs "$SCRATCH/lay:pkgs")
 expect "the image has data blobs" [ -n "$DATA_BLOBS" ]
+# The same image unconverted, with a ferry index attached; its repository
+# is in the snapshotter's "indexes" (the allow-list of trusted indexes).
+REG_USER=$P_USER REG_PASS=$P_PASS check "push the gzip Debian image as is to P" \
+	reg_push_oci "$FIX:pkgs" "$P/private/plain:1"
+index_p() { printf '%s\n' "$P_PASS" | "$FERRY" index -q --username "$P_USER" --password-stdin "$@"; }
+check "ferry index attaches an index to it" index_p "docker://$P/private/plain:1"
+PLAIN_LAYERS=$(skopeo inspect --raw --tls-verify=false --creds "$P_USER:$P_PASS" "docker://$P/private/plain:1" |
+	python3 -c 'import json,sys; print(" ".join(l["digest"] for l in json.load(sys.stdin)["layers"]))')
+expect "... an image of two layers" [ "$(wc -w <<<"$PLAIN_LAYERS")" -eq 2 ]
+SN_JSON="$SN_JSON, \"indexes\": [\"$P_PROXY/private/plain\"]"
 reg_start anon || { notok "docker-registry"; e2e_done; exit 1; }
 A=$REG
 fp_start || { notok "faultproxy before A"; e2e_done; exit 1; }
@@ -229,6 +244,38 @@ out=$(criclient run "$IMG" -logs "$LOGS" -name app -- sh -c "cd / && sha256sum $
 expect "RunPodSandbox, CreateContainer, StartContainer: its files have the image's hashes" \
 	[ "$(grep -E '^[0-9a-f]{64} ' <<<"$out")" = "$WANT" ]
 [ "$(grep -E '^[0-9a-f]{64} ' <<<"$out")" = "$WANT" ] || echo "$out" | tail -5 | sed 's/^/    /'
+
+# --- an unconverted image with a ferry index ---------------------------------
+# As kubelet pulls it: the secret only in PullImage's AuthConfig, which the
+# snapshotter's probe of the index needs too.
+PIDX=$P_PROXY/private/plain:1
+PROXY=$P_PROXY fp_reset
+check "PullImage of the indexed gzip image, credentials only in its AuthConfig" \
+	criclient pull "$PIDX" -user "$P_USER:$P_PASS"
+expect "... ferryd mounts it through its index" \
+	grep -qF "mounting docker://$P_PROXY/private/plain@" "$CTD/snapshotter.log"
+out=$(criclient run "$PIDX" -logs "$LOGS" -name plain -- sh -c "cd / && sha256sum $FILES" 2>&1)
+expect "... a container of it has both layers' files, with the image's hashes" \
+	[ "$(grep -E '^[0-9a-f]{64} ' <<<"$out")" = "$WANT" ]
+[ "$(grep -E '^[0-9a-f]{64} ' <<<"$out")" = "$WANT" ] || echo "$out" | tail -5 | sed 's/^/    /'
+# layer_gets full|ranged: P's GETs of the plain image's layers since the reset.
+layer_gets() {
+	local d want=None
+	[ "$1" = ranged ] && want='bytes=[0-9]'
+	PROXY=$P_PROXY fp_log >"$SCRATCH/plain.log" || return 1
+	for d in $PLAIN_LAYERS; do
+		grep -E "^GET .*/blobs/$d range=$want" "$SCRATCH/plain.log"
+	done
+	return 0
+}
+full=$(layer_gets full)
+expect "... pull and run: no GET of a whole layer blob" [ -z "$full" ]
+echo "$full" | sed '/^$/d; s/^/    full GET: /'
+expect "... the files were read through ranged GETs of the layers" [ -n "$(layer_gets ranged)" ]
+proxy_log "$P_PROXY" | cut -f4 | sort -u >"$SCRATCH/plain-auth.log"
+# shellcheck disable=SC2016 # for eval
+expect "... every request with credentials carried the ones given" \
+	eval '! grep -qvxF -e None -e "$P_AUTH" "$SCRATCH/plain-auth.log"'
 
 # --- hosts.toml and a multi-arch index ---------------------------------------
 PROXY=$A_PROXY fp_reset

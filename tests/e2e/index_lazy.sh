@@ -18,7 +18,9 @@
 #     alone (no layer), listed under the referrers tag sha256-<hex> as
 #     docker-registry 2.8 has no referrers API; with the proxy acting as a
 #     registry that has the API, the index is found through it and no tag
-#     is written; both mount lazily and equal umoci's unpack.
+#     is written; both mount lazily and equal umoci's unpack; reading a
+#     4.5 MB file of five chunks takes at most 2 requests to its layer
+#     (fetch-ahead queues it whole as one fetch, not one per MiB).
 E2E_TIMEOUT=${E2E_TIMEOUT:-900}
 . "$(dirname "$0")/../lib/common.sh"
 . "$(dirname "$0")/../lib/oci.sh"
@@ -202,8 +204,32 @@ expect_sh "the same index from the registry's stream as from the layout's file (
 	'[ -n "$(boot_layout)" ] && [ "$(boot_registry src/idx)" = "$(boot_layout)" ]'
 lazy_use remote
 M=$SCRATCH/m-remote
+# GET requests since fp_mark for blob DIGEST (sha256:...).
+layer_gets() { # DIGEST
+	python3 - "$FP_LOG" "$FP_MARK" "$1" <<'EOF'
+import json, sys
+n = 0
+for i, line in enumerate(open(sys.argv[1])):
+    e = json.loads(line)
+    if i >= int(sys.argv[2]) and e["method"] == "GET" and e["path"].endswith("/blobs/" + sys.argv[3]):
+        n += 1
+print(n)
+EOF
+}
+big=usr/lib/x86_64-linux-gnu/perl/5.36.0/CORE/charclass_invlists.h
+base_layer=$(layer_digests "docker://$REG/src/idx:edit" | head -n 1)
 if check "mount --mode fuse docker://…:edit through the referrers tag" \
 	mount_lazy fuse "docker://$PROXY/src/idx:edit" "$M"; then
+	# A file of five 1 MiB chunks, not a program (no ELF prediction):
+	# fetch-ahead queues it whole as one job that decodes on from one
+	# resume point (AHEAD_STREAM_STEP); a job per MiB fetched each from
+	# the point before it (5 requests, layer bytes fetched twice).
+	fp_mark
+	check "read $big (4.5 MB) through the index" cmp "$M/$big" "$ref/$big"
+	sleep 1 # fetch-ahead's requests are logged as they end
+	gets=$(layer_gets "$base_layer")
+	expect_sh "the file took at most 2 requests to its layer (the reader's miss, one fetch-ahead): $gets" \
+		'[ "$gets" -ge 1 ] && [ "$gets" -le 2 ]'
 	check "treecmp umoci unpack == lazy mount of the registry image" \
 		timeout 300 python3 "$TREECMP" "$ref" "$M"
 	check "ferry umount (remote)" umount_lazy "$M"

@@ -125,26 +125,26 @@ static void test_file_pieces(void)
 	struct file f = { .bad = -1 };
 
 	/* From the start: runs of contiguous chunks, holes skipped. */
-	CHECK_EQ(ahead_file_pieces(&st, false, false, fake_locate, fake_piece, &f), 0);
+	CHECK_EQ(ahead_file_pieces(&st, false, false, AHEAD_STEP, fake_locate, fake_piece, &f), 0);
 	CHECK_EQ(f.nr, 3);
 	CHECK(piece_is(&f, 0, 0, MIB, 128 * KIB));
 	CHECK(piece_is(&f, 1, 0, MIB + 192 * KIB, 64 * KIB));
 	CHECK(piece_is(&f, 2, 1, 0, 1000));
 	/* From the end: the same bytes, the file's start last queued. */
 	f = (struct file){ .bad = -1 };
-	CHECK_EQ(ahead_file_pieces(&st, true, false, fake_locate, fake_piece, &f), 0);
+	CHECK_EQ(ahead_file_pieces(&st, true, false, AHEAD_STEP, fake_locate, fake_piece, &f), 0);
 	CHECK_EQ(f.nr, 3);
 	CHECK(piece_is(&f, 0, 1, 0, 1000));
 	CHECK(piece_is(&f, 1, 0, MIB + 192 * KIB, 64 * KIB));
 	CHECK(piece_is(&f, 2, 0, MIB, 128 * KIB));
 	/* A corrupt chunk ends it: what came before is queued, the error returned. */
 	f = (struct file){ .bad = 3 };
-	CHECK_EQ(ahead_file_pieces(&st, false, false, fake_locate, fake_piece, &f), -EFSCORRUPTED);
+	CHECK_EQ(ahead_file_pieces(&st, false, false, AHEAD_STEP, fake_locate, fake_piece, &f), -EFSCORRUPTED);
 	CHECK_EQ(f.nr, 1);
 	CHECK(piece_is(&f, 0, 0, MIB, 128 * KIB));
 }
 
-/* A file of 20 contiguous 64 KiB chunks: pieces of at most AHEAD_STEP. */
+/* A file of 20 contiguous 64 KiB chunks: pieces of at most the step. */
 static int contiguous(void *ctx, uint64_t pos, uint32_t *index, uint64_t *uoff)
 {
 	*index = 0;
@@ -158,10 +158,24 @@ static void test_file_steps(void)
 				.nr_chunks = 20 };
 	struct file f = { .bad = -1 };
 
-	CHECK_EQ(ahead_file_pieces(&st, false, false, contiguous, fake_piece, &f), 0);
+	CHECK_EQ(ahead_file_pieces(&st, false, false, AHEAD_STEP, contiguous, fake_piece, &f), 0);
 	CHECK_EQ(f.nr, 2);
 	CHECK(piece_is(&f, 0, 0, 0, AHEAD_STEP));
 	CHECK(piece_is(&f, 1, 0, AHEAD_STEP, 20 * 64 * KIB - AHEAD_STEP));
+	/* On a stream blob: one piece, each step would decode from its point. */
+	f = (struct file){ .bad = -1 };
+	CHECK_EQ(ahead_file_pieces(&st, false, false, AHEAD_STREAM_STEP, contiguous, fake_piece,
+				   &f), 0);
+	CHECK_EQ(f.nr, 1);
+	CHECK(piece_is(&f, 0, 0, 0, 20 * 64 * KIB));
+	/* A file of AHEAD_FILE_MAX bytes too. */
+	st = (struct meta_stat){ .size = AHEAD_FILE_MAX, .chunk_size = MIB,
+				 .nr_chunks = AHEAD_FILE_MAX / MIB };
+	f = (struct file){ .bad = -1 };
+	CHECK_EQ(ahead_file_pieces(&st, true, false, AHEAD_STREAM_STEP, contiguous, fake_piece,
+				   &f), 0);
+	CHECK_EQ(f.nr, 1);
+	CHECK(piece_is(&f, 0, 0, 0, AHEAD_FILE_MAX));
 }
 
 /* Files fetch-ahead queues itself start no window; larger ones do. */
@@ -184,19 +198,19 @@ static void test_file_ends(void)
 				.nr_chunks = 20 };
 	struct file f = { .bad = -1 };
 
-	CHECK_EQ(ahead_file_pieces(&st, false, true, contiguous, fake_piece, &f), 0);
+	CHECK_EQ(ahead_file_pieces(&st, false, true, AHEAD_STEP, contiguous, fake_piece, &f), 0);
 	CHECK_EQ(f.nr, 2);
 	CHECK(piece_is(&f, 0, 0, 0, 64 * KIB));
 	CHECK(piece_is(&f, 1, 0, 19 * 64 * KIB, 64 * KIB - 100));
 	f = (struct file){ .bad = -1 };
-	CHECK_EQ(ahead_file_pieces(&st, true, true, contiguous, fake_piece, &f), 0);
+	CHECK_EQ(ahead_file_pieces(&st, true, true, AHEAD_STEP, contiguous, fake_piece, &f), 0);
 	CHECK_EQ(f.nr, 2);
 	CHECK(piece_is(&f, 0, 0, 19 * 64 * KIB, 64 * KIB - 100));
 	CHECK(piece_is(&f, 1, 0, 0, 64 * KIB));
 	/* Two chunks are both ends, one piece. */
 	st = (struct meta_stat){ .size = 128 * KIB, .chunk_size = 64 * KIB, .nr_chunks = 2 };
 	f = (struct file){ .bad = -1 };
-	CHECK_EQ(ahead_file_pieces(&st, false, true, contiguous, fake_piece, &f), 0);
+	CHECK_EQ(ahead_file_pieces(&st, false, true, AHEAD_STEP, contiguous, fake_piece, &f), 0);
 	CHECK_EQ(f.nr, 1);
 	CHECK(piece_is(&f, 0, 0, 0, 128 * KIB));
 }
