@@ -25,7 +25,8 @@
 # `ferry mount` and the workload in a chroot. Per run: the proxy's bytes
 # to the client and requests, ferry's fetches and fetchesAhead (the
 # readers' own requests, the critical path, are fetches - fetchesAhead).
-# Medians per row; "x read" is registry bytes / touched bytes.
+# Medians per row, and every run's MB / requests / critical path; "x read"
+# is registry bytes / touched bytes.
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 . "$top/bench/lib.sh"
@@ -122,11 +123,12 @@ for line in open(sys.argv[1]):
     link, what, *v = line.split()
     rows[(link, what)].append([float(x) for x in v])
 touched = int(sys.argv[2])
-print("| link (delay ms : Mbit/s) | run | s | registry bytes | x read | requests | fetch-ahead requests | critical-path requests |")
-print("|---|---|---|---|---|---|---|---|")
+print("| link (delay ms : Mbit/s) | run | s | registry bytes | x read | requests | fetch-ahead requests | critical-path requests | per run: MB / requests / critical path |")
+print("|---|---|---|---|---|---|---|---|---|")
 for (link, what), r in rows.items():
     med = lambda i: statistics.median(x[i] for x in r)
-    print("| %s | %s | %.2f | %d | %.2f | %d | %d | %d |" % (
+    print("| %s | %s | %.2f | %d | %.2f | %d | %d | %d | %s |" % (
         link, what, med(0), med(1), med(1) / touched, med(2), med(4),
-        statistics.median(x[3] - x[4] for x in r)))
+        statistics.median(x[3] - x[4] for x in r),
+        ", ".join("%.1f/%d/%d" % (x[1] / 1e6, x[2], x[3] - x[4]) for x in r)))
 PY

@@ -773,6 +773,7 @@ struct json_object *ctl_mount_stats_to_json(const struct ctl_mount_stats *m)
 	ok &= add_u64(o, "bytesAhead", m->bytes_ahead);
 	ok &= add_u64(o, "programsRecorded", m->programs_recorded);
 	ok &= add_u64(o, "programsRead", m->programs_read);
+	ok &= add_u64(o, "modulesRead", m->modules_read);
 	/* Milliseconds as seconds, written with exactly three decimals. */
 	snprintf(secs, sizeof(secs), "%llu.%03llu", (unsigned long long)(m->prefetch_ms / 1000),
 		 (unsigned long long)(m->prefetch_ms % 1000));
@@ -814,6 +815,7 @@ static int parse_stats(struct json_object *o, struct ctl_mount_stats *m, char *e
 		C("registryRetries", retries), C("fetches", fetches),
 		C("fetchesAhead", fetches_ahead), C("bytesAhead", bytes_ahead),
 		C("programsRecorded", programs_recorded), C("programsRead", programs_read),
+		C("modulesRead", modules_read),
 #undef C
 	};
 	struct json_object *v;

@@ -64,7 +64,7 @@
  *         "fetchErrors","inFlight","missNanoseconds","missLatencyMs":[N x 12] (per
  *         bucket of IMAGE_LATENCY_BOUNDS_MS, the last one unbounded),
  *         "registryRequests","registryRetries","fetches","fetchesAhead",
- *         "bytesAhead","programsRecorded","programsRead"}],
+ *         "bytesAhead","programsRecorded","programsRead","modulesRead"}],
  *       and the ping fields}                      (ctl_list_reply)
  *   {"op":"ping"}  → {"ok":true,"pid":N,"version":S,"socket":S,
  *       "startedAt":UNIX,"rssBytes":N,"peakRssBytes":N,
@@ -305,6 +305,7 @@ struct ctl_mount_stats {
 	uint64_t prefetch_files, readahead_files, readahead_bytes;
 	uint64_t fetches, fetches_ahead, bytes_ahead;
 	uint64_t programs_recorded, programs_read; /* ELF prediction's sources */
+	uint64_t modules_read;            /* Python prediction's .pyc files read */
 	uint64_t prefetch_ms;             /* prefetch's duration when finished */
 	/* Demand reads (image_cache_stats): */
 	uint64_t hits, misses, fetch_errors, inflight, miss_ns_total;

@@ -118,3 +118,18 @@ bool ahead_dir_sibling(const struct ahead_dir *parent, const struct ahead_dir *d
 {
 	return parent->package && d->package && !d->tests;
 }
+
+/*
+ * A full queue drops its oldest job, for readers moved on past a window,
+ * but a module's reading only when it holds nothing else: an interpreter
+ * reaches every import of a module body, however late (a module's 25
+ * imports and theirs, depth first, dropped numpy's last subpackages).
+ */
+unsigned int ahead_drop(const struct ahead_job *q, unsigned int n, unsigned int head)
+{
+	unsigned int k;
+
+	for (k = 0; k < n && q[(head + k) % n].py; k++)
+		;
+	return k == n ? 0 : k;
+}

@@ -504,6 +504,7 @@ void image_cache_get_stats(struct image_cache *ic, struct image_cache_stats *s)
 	s->fetches_ahead = atomic_load(&ic->fetches_ahead);
 	s->programs_recorded = atomic_load(&ic->programs_recorded);
 	s->programs_read = atomic_load(&ic->programs_read);
+	s->modules_read = atomic_load(&ic->modules_read);
 	for (i = 0; i < ic->nr_blobs; i++) {
 		blob_cache_usage(ic->blobs[i], &chunks, &bytes);
 		s->chunks_present += chunks;

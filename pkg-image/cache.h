@@ -7,8 +7,8 @@
  *                    path (readers' ensure, map, read), statistics
  *   fetch_ahead.c    fetch-ahead: background fetches of the ranges readers
  *                    are predicted to want next (the window after a miss,
- *                    whole files, directory and ELF prediction), and its
- *                    threads
+ *                    whole files, directory, ELF and Python prediction),
+ *                    and its threads
  *   ahead_plan.c     fetch-ahead's planner: which ranges a read queues
  *                    (pure functions)
  *   prefetch_plan.c  prefetch: the image's list, --prefetch-files and
@@ -90,11 +90,21 @@
  */
 #define ELF_SEEN_MAX 1024
 #define ELF_RUNPATH_DIRS 8
+/*
+ * Python prediction: the modules read or queued, at most this many per
+ * mount (a large application imports a few thousand; its own set, so
+ * that they cannot use up ELF prediction's), the imports read of one
+ * .pyc (pyc.c), and the modules queued for it.
+ */
+#define PY_SEEN_MAX 4096
+#define PY_IMPORTS_MAX 128
+#define PY_QUEUE_MAX 64
 
 struct ahead_job {
 	uint32_t index;
 	uint64_t uoff, len;
 	uint64_t elf; /* or nid + 1 of a file to inspect as a program (elf_predict) */
+	uint64_t py;  /* or nid + 1 of a .pyc to fetch and read (py_predict) */
 };
 
 /* Which file a piece of a blob belongs to (for misses that name no file). */
@@ -108,6 +118,7 @@ struct ahead_owner {
 struct ahead_dfile {
 	uint64_t nid, uoff;
 	uint32_t dir, index, len;
+	bool pyc; /* a compiled module: NAME.TAG.pyc in a __pycache__ */
 };
 
 /* Where a small file is in dfiles, by inode. */
@@ -118,11 +129,13 @@ struct ahead_nidx {
 
 /* A directory: its small files dfiles[first, first + nr), its parent. */
 struct ahead_dir {
+	uint64_t nid;
 	uint32_t parent, first, nr;
 	uint32_t kids, nr_kids; /* its subdirectories: kids[kids, kids + nr_kids) */
 	uint32_t depth;         /* path components: / is 0, /usr/lib 2 */
 	bool package;           /* a Python package: holds __init__.py */
 	bool tests;             /* named tests or test */
+	bool pycache;           /* named __pycache__ */
 	bool done;              /* predicted already */
 	bool kids_done;         /* its subdirectories predicted already */
 };
@@ -155,7 +168,7 @@ struct image_cache {
 	atomic_uint_fast64_t hits, misses, fetch_errors, miss_ns_total;
 	atomic_uint_fast64_t miss_ms[IMAGE_LATENCY_BUCKETS];
 	atomic_uint_fast64_t fetches, fetches_ahead, bytes_ahead;
-	atomic_uint_fast64_t programs_recorded, programs_read;
+	atomic_uint_fast64_t programs_recorded, programs_read, modules_read;
 	uint64_t bwlimit; /* prefetch bytes per second, 0 = unlimited */
 	atomic_uint_fast64_t bw_start_ns, bw_bytes;
 
@@ -188,9 +201,9 @@ struct image_cache {
 	/* A running prefetch plan's ranges, sorted by place, under lock. */
 	struct plan_range *planned;
 	size_t nr_planned;
-	/* ELF prediction's files so far, under lock. */
-	uint64_t elf_seen[ELF_SEEN_MAX];
-	uint32_t nr_elf_seen;
+	/* ELF and Python prediction's files so far, under lock. */
+	uint64_t elf_seen[ELF_SEEN_MAX], py_seen[PY_SEEN_MAX];
+	uint32_t nr_elf_seen, nr_py_seen;
 };
 
 /* Set in the fetch-ahead threads: their fetches are not on a reader's path. */
@@ -247,6 +260,12 @@ int ahead_file_pieces(const struct meta_stat *st, bool start_first, bool ends, u
  * @parent, as a package beside the one read.
  */
 bool ahead_dir_sibling(const struct ahead_dir *parent, const struct ahead_dir *d);
+/*
+ * Which job a full ring of @n jobs @q, the oldest at @head, drops: its
+ * distance from @head (the oldest that is not a .pyc's reading, else the
+ * oldest).
+ */
+unsigned int ahead_drop(const struct ahead_job *q, unsigned int n, unsigned int head);
 
 /* fetch_ahead.c */
 /*

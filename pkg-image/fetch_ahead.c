@@ -10,9 +10,10 @@
  * a reader keeps reaching it, so a sequential reader stays ahead and a
  * random one wastes little (the planner: ahead_plan.c). A miss in a small
  * file also predicts the rest of its directory and the packages beside it
- * (ahead_dir), and a miss at a program's start its loader dependencies
- * (elf_predict). The background fetches go through blob_cache_ensure like
- * any other: verified, one per frame.
+ * (ahead_dir), a miss at a program's start its loader dependencies
+ * (elf_predict), and a miss in a compiled Python module the modules it
+ * imports (py_predict). The background fetches go through
+ * blob_cache_ensure like any other: verified, one per frame.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -47,11 +48,12 @@ static int dir_add(struct image_cache *ic, const char *path,
 		    array_reserve(&ic->walk_stack, &ic->walk_depth_cap, depth + 1,
 				  sizeof(*ic->walk_stack), 32))
 			return -ENOMEM;
-		ic->dirs[ic->nr_dirs] = (struct ahead_dir){
-			.parent = parent, .depth = (uint32_t)depth,
-		};
 		name = strrchr(path, '/') + 1;
-		ic->dirs[ic->nr_dirs].tests = !strcmp(name, "tests") || !strcmp(name, "test");
+		ic->dirs[ic->nr_dirs] = (struct ahead_dir){
+			.nid = st->nid, .parent = parent, .depth = (uint32_t)depth,
+			.tests = !strcmp(name, "tests") || !strcmp(name, "test"),
+			.pycache = !strcmp(name, "__pycache__"),
+		};
 		ic->walk_stack[depth] = (uint32_t)ic->nr_dirs++;
 		return 0;
 	}
@@ -66,9 +68,12 @@ static int dir_add(struct image_cache *ic, const char *path,
 	if (array_reserve(&ic->dfiles, &ic->dfiles_cap, ic->nr_dfiles + 1,
 			  sizeof(*ic->dfiles), 256))
 		return -ENOMEM;
+	name = strrchr(path, '/') + 1;
 	ic->dfiles[ic->nr_dfiles++] = (struct ahead_dfile){
 		.nid = st->nid, .dir = parent, .index = index, .uoff = uoff,
 		.len = (uint32_t)st->size,
+		.pyc = ic->dirs[parent].pycache && strlen(name) > 4 &&
+		       !strcmp(name + strlen(name) - 4, ".pyc"),
 	};
 	return 0;
 }
@@ -251,6 +256,7 @@ static int owner_find(struct image_cache *ic, uint32_t index, uint64_t uoff,
 }
 
 static void elf_predict(struct image_cache *ic, uint64_t nid);
+static void py_predict(struct image_cache *ic, uint64_t nid);
 
 /* The most bytes of blob @index one fetch-ahead ensure takes. */
 static uint64_t ahead_step(const struct image_cache *ic, uint32_t index)
@@ -280,6 +286,8 @@ static void *ahead_main(void *arg)
 		pthread_mutex_unlock(&ic->lock);
 		if (j.elf)
 			elf_predict(ic, j.elf - 1);
+		if (j.py)
+			py_predict(ic, j.py - 1);
 		for (pos = j.uoff; pos < j.uoff + j.len; pos += step) {
 			step = MIN(j.uoff + j.len - pos, ahead_step(ic, j.index));
 			if (atomic_load(&ic->ahead_quit))
@@ -315,18 +323,31 @@ static void ahead_start(struct image_cache *ic)
 	}
 }
 
+static void py_forget(struct image_cache *ic, uint64_t nid);
+
 /*
  * Queue @j; under lock. The threads start with the first job: a mount
- * that never misses has none.
+ * that never misses has none. A full queue drops a job (ahead_drop); a
+ * module whose reading is dropped is forgotten, so that a miss in it
+ * reads it after all.
  */
 static void ahead_push_job(struct image_cache *ic, struct ahead_job j)
 {
+	const unsigned int q = AHEAD_QUEUE;
+	unsigned int k;
+
 	if (!ic->ahead_started) {
 		ic->ahead_started = true;
 		ahead_start(ic);
 	}
-	if (ic->ahead_nr == AHEAD_QUEUE) { /* drop the oldest: readers moved on */
-		ic->ahead_head = (ic->ahead_head + 1) % AHEAD_QUEUE;
+	if (ic->ahead_nr == q) {
+		k = ahead_drop(ic->ahead_q, q, ic->ahead_head);
+		if (ic->ahead_q[(ic->ahead_head + k) % q].py)
+			py_forget(ic, ic->ahead_q[(ic->ahead_head + k) % q].py - 1);
+		for (; k; k--) /* the older ones move up over it */
+			ic->ahead_q[(ic->ahead_head + k) % q] =
+				ic->ahead_q[(ic->ahead_head + k - 1) % q];
+		ic->ahead_head = (ic->ahead_head + 1) % q;
 		ic->ahead_nr--;
 	}
 	ic->ahead_q[(ic->ahead_head + ic->ahead_nr++) % AHEAD_QUEUE] = j;
@@ -562,21 +583,43 @@ static void ahead_dir(struct image_cache *ic, uint64_t nid)
  * in the image as the loader would (DT_RUNPATH or DT_RPATH directories
  * without $ORIGIN, then the standard and multiarch directories; ld.so's
  * cache is not read), and queues each whole (ahead_file) with, for a
- * library, its own inspection. Each file once per mount (elf_seen).
+ * library, its own inspection. Each file once per mount (elf_first).
  */
 
-/* Under lock: true the first time @nid comes here. */
-static bool elf_first(struct image_cache *ic, uint64_t nid)
+/* Under lock: true the first time @nid comes to the set @seen of @max. */
+static bool seen_first(uint64_t *seen, uint32_t *nr, uint32_t max, uint64_t nid)
 {
 	uint32_t i;
 
-	for (i = 0; i < ic->nr_elf_seen; i++)
-		if (ic->elf_seen[i] == nid)
+	for (i = 0; i < *nr; i++)
+		if (seen[i] == nid)
 			return false;
-	if (ic->nr_elf_seen == ELF_SEEN_MAX)
+	if (*nr == max)
 		return false;
-	ic->elf_seen[ic->nr_elf_seen++] = nid;
+	seen[(*nr)++] = nid;
 	return true;
+}
+
+static bool elf_first(struct image_cache *ic, uint64_t nid)
+{
+	return seen_first(ic->elf_seen, &ic->nr_elf_seen, ELF_SEEN_MAX, nid);
+}
+
+static bool py_first(struct image_cache *ic, uint64_t nid)
+{
+	return seen_first(ic->py_seen, &ic->nr_py_seen, PY_SEEN_MAX, nid);
+}
+
+/* Under lock: @nid's reading was dropped; a miss may queue it again. */
+static void py_forget(struct image_cache *ic, uint64_t nid)
+{
+	uint32_t i;
+
+	for (i = 0; i < ic->nr_py_seen; i++)
+		if (ic->py_seen[i] == nid) {
+			ic->py_seen[i] = ic->py_seen[--ic->nr_py_seen];
+			return;
+		}
 }
 
 /* Whether [@uoff, @uoff + @len) of blob @index holds @st's first byte. */
@@ -609,15 +652,15 @@ static void elf_check(struct image_cache *ic, const struct meta_stat *st)
 		elf_push(ic, st->nid);
 }
 
-struct elf_src {
+struct ahead_src {
 	struct image_cache *ic;
 	const struct meta_stat *st;
 };
 
-/* elf.c's reads: the bytes are fetched as fetch-ahead, then read. */
-static int elf_src_read(void *ctx, uint64_t off, void *buf, size_t len)
+/* elf.c's reads, and py_predict's: the bytes are fetched as fetch-ahead, then read. */
+static int ahead_src_read(void *ctx, uint64_t off, void *buf, size_t len)
 {
-	const struct elf_src *s = ctx;
+	const struct ahead_src *s = ctx;
 	uint64_t pos, n, uoff;
 	uint32_t index;
 	ssize_t got;
@@ -708,7 +751,7 @@ static void elf_queue_loader(struct image_cache *ic, const char *interp)
  */
 static void elf_interp(void *ctx, const char *interp)
 {
-	const struct elf_src *s = ctx;
+	const struct ahead_src *s = ctx;
 
 	elf_queue_loader(s->ic, interp);
 }
@@ -773,7 +816,7 @@ static void elf_predict(struct image_cache *ic, uint64_t nid)
 {
 	const struct elf_deps *rec = elf_recorded(ic, nid);
 	struct meta_stat st;
-	struct elf_src src = { ic, &st };
+	struct ahead_src src = { ic, &st };
 	struct elf_deps d;
 
 	if (rec) {
@@ -786,10 +829,278 @@ static void elf_predict(struct image_cache *ic, uint64_t nid)
 	if (meta_getattr(ic->img->meta, nid, &st) || !S_ISREG(st.mode) || !st.nr_chunks)
 		return;
 	atomic_fetch_add(&ic->programs_read, 1);
-	if (elf_deps_read(elf_src_read, elf_interp, &src, st.size, &d))
+	if (elf_deps_read(ahead_src_read, elf_interp, &src, st.size, &d))
 		return;
 	elf_queue_libs(ic, &d);
 	elf_deps_free(&d);
+}
+
+/*
+ * Python prediction. Python reads a module's .pyc, runs its body, and the
+ * body's imports read the next modules, one after another, each a stall
+ * of its own (numpy's subpackages, the standard library's packages: issue
+ * 48's request timeline). So once a reader misses in a .pyc (a small file
+ * in a __pycache__), a fetch-ahead thread fetches it, reads the imports
+ * its body runs (pyc.c), finds each module as Python's path finder would
+ * in the image, and queues each one's .pyc with its own reading: the
+ * imports are fetched ahead of the interpreter, import after import.
+ * Relative imports are found from the module's package; absolute ones
+ * from the sys.path directory the module is in (the first one above its
+ * packages: site-packages, dist-packages, the standard library) and from
+ * the standard library (lib/python3.X in /usr or /usr/local, the version
+ * the .pyc's cache tag names). Each name's packages (their __init__) and
+ * the module itself are queued, `from M import x` also M.x (x may be a
+ * submodule); a module is NAME.py's __pycache__/NAME.TAG.pyc, the tag
+ * that of the .pyc read. Each module once per mount (py_first), and
+ * only where directory prediction runs (AHEAD_DIR_RTT_MIN).
+ */
+struct py_modules {
+	struct image_cache *ic;
+	const char *tag;               /* ".cpython-311.pyc" */
+	uint64_t nids[PY_QUEUE_MAX];   /* the modules found, in import order */
+	bool ext[PY_QUEUE_MAX];        /* an extension module, not a .pyc */
+	uint32_t nr;
+};
+
+static int py_lookup(struct image_cache *ic, uint64_t dir, const char *name, size_t len,
+		     mode_t type, uint64_t *nid)
+{
+	struct meta_stat st;
+	int ret = meta_lookup(ic->img->meta, dir, name, len, nid);
+
+	if (!ret)
+		ret = meta_getattr(ic->img->meta, *nid, &st);
+	return ret ? ret : (st.mode & S_IFMT) == type ? 0 : -ENOENT;
+}
+
+static void py_add(struct py_modules *m, uint64_t nid, bool ext)
+{
+	uint32_t i;
+
+	for (i = 0; i < m->nr; i++)
+		if (m->nids[i] == nid)
+			return;
+	if (m->nr < PY_QUEUE_MAX) {
+		m->ext[m->nr] = ext;
+		m->nids[m->nr++] = nid;
+	}
+}
+
+/* Module @mod of directory @dir: its __pycache__/@mod.TAG.pyc, if any. */
+static void py_found(struct py_modules *m, uint64_t dir, const char *mod, size_t len)
+{
+	char file[PYC_NAME_MAX + 64];
+	uint64_t cache, nid;
+	int n = snprintf(file, sizeof(file), "%.*s%s", (int)len, mod, m->tag);
+
+	if (n > 0 && (size_t)n < sizeof(file) &&
+	    !py_lookup(m->ic, dir, "__pycache__", 11, S_IFDIR, &cache) &&
+	    !py_lookup(m->ic, cache, file, (size_t)n, S_IFREG, &nid))
+		py_add(m, nid, false);
+}
+
+/*
+ * An extension module: MOD.SUFFIX.so or MOD.so (".cpython-311-x86_64-linux-gnu",
+ * ".abi3": the machine's suffixes are not in the image), the first one
+ * the directory lists.
+ */
+struct py_ext {
+	const char *mod;
+	size_t len;
+	uint64_t nid;
+};
+
+static int py_ext_fill(void *ctx, const char *name, size_t len, uint64_t nid,
+		       unsigned int file_type, uint64_t next_pos)
+{
+	struct py_ext *e = ctx;
+
+	if (len < e->len + 4 || memcmp(name, e->mod, e->len) || name[e->len] != '.' ||
+	    memcmp(name + len - 3, ".so", 3) || meta_ftype_mode(file_type) != S_IFREG)
+		return 0;
+	e->nid = nid;
+	return 1;
+}
+
+/*
+ * The dotted @name from directory @base: each package's __init__ (a
+ * directory with __init__.py; one without is a namespace package,
+ * passed through), then a module (NAME.py, or an extension module),
+ * which ends it.
+ */
+static void py_resolve(struct py_modules *m, uint64_t base, const char *name, size_t len)
+{
+	const char *c = name, *end = name + len, *dot;
+	char file[PYC_NAME_MAX + 4];
+	uint64_t cur = base, nid, init;
+	size_t n;
+
+	while (c < end) {
+		dot = memchr(c, '.', (size_t)(end - c));
+		n = (size_t)((dot ? dot : end) - c);
+		if (!py_lookup(m->ic, cur, c, n, S_IFDIR, &nid)) {
+			if (!py_lookup(m->ic, nid, "__init__.py", 11, S_IFREG, &init))
+				py_found(m, nid, "__init__", 8);
+			cur = nid;
+		} else {
+			struct py_ext e = { .mod = c, .len = n };
+
+			snprintf(file, sizeof(file), "%.*s.py", (int)n, c);
+			if (!py_lookup(m->ic, cur, file, n + 3, S_IFREG, &nid))
+				py_found(m, cur, c, n);
+			else if (meta_readdir(m->ic->img->meta, cur, 0, py_ext_fill, &e) == 1)
+				py_add(m, e.nid, true);
+			return;
+		}
+		if (!dot)
+			return;
+		c = dot + 1;
+	}
+}
+
+/* The standard library of the Python of the tag ".cpython-3XY...": 0 and *@nid. */
+static int py_stdlib(struct image_cache *ic, const char *tag, uint64_t *nid)
+{
+	static const char *const prefixes[] = { "/usr/lib", "/usr/local/lib" };
+	char path[64];
+	unsigned int minor;
+	size_t i;
+
+	if (sscanf(tag, ".cpython-3%u", &minor) != 1 || minor > 99)
+		return -ENOENT;
+	for (i = 0; i < ARRAY_SIZE(prefixes); i++) {
+		snprintf(path, sizeof(path), "%s/python3.%u", prefixes[i], minor);
+		if (!meta_resolve_follow(ic->img->meta, path, nid))
+			return 0;
+	}
+	return -ENOENT;
+}
+
+struct py_name {
+	uint64_t nid;
+	char name[PYC_NAME_MAX + 1];
+};
+
+static int py_name_fill(void *ctx, const char *name, size_t len, uint64_t nid,
+			unsigned int file_type, uint64_t next_pos)
+{
+	struct py_name *f = ctx;
+
+	if (nid != f->nid || len >= sizeof(f->name))
+		return 0;
+	memcpy(f->name, name, len);
+	f->name[len] = '\0';
+	return 1;
+}
+
+/* @f's imports, found from its directories, into @m. */
+static void py_imports_find(struct py_modules *m, const struct ahead_dfile *f,
+			    const struct pyc_import *im, int nr)
+{
+	struct image_cache *ic = m->ic;
+	uint32_t pkg = ic->dirs[f->dir].parent, top = pkg, d;
+	char full[2 * PYC_NAME_MAX + 2];
+	uint64_t stdlib, dynload;
+	bool have_stdlib, have_dynload;
+	int i, n;
+	unsigned int up;
+
+	/* The sys.path directory: the first above the module's packages. */
+	while (top && ic->dirs[top].package)
+		top = ic->dirs[top].parent;
+	have_stdlib = !py_stdlib(ic, m->tag, &stdlib);
+	/* The standard library's extension modules (_json, _ctypes...). */
+	have_dynload = have_stdlib &&
+		       !py_lookup(ic, stdlib, "lib-dynload", 11, S_IFDIR, &dynload);
+	have_stdlib = have_stdlib && stdlib != ic->dirs[top].nid;
+	for (i = 0; i < nr; i++) {
+		n = snprintf(full, sizeof(full), "%.*s%s%.*s", im[i].name_len, im[i].name,
+			     im[i].name_len && im[i].from ? "." : "",
+			     im[i].from ? im[i].from_len : 0, im[i].from ? im[i].from : "");
+		if (n <= 0 || (size_t)n >= sizeof(full))
+			continue;
+		if (!im[i].level) {
+			py_resolve(m, ic->dirs[top].nid, full, (size_t)n);
+			if (have_stdlib)
+				py_resolve(m, stdlib, full, (size_t)n);
+			if (have_dynload)
+				py_resolve(m, dynload, full, (size_t)n);
+			continue;
+		}
+		/* `from .` is the package itself, each further dot its parent. */
+		for (d = pkg, up = 1; up < im[i].level && d; up++)
+			d = ic->dirs[d].parent;
+		if (up == im[i].level && d)
+			py_resolve(m, ic->dirs[d].nid, full, (size_t)n);
+	}
+}
+
+/*
+ * A module to predict from: fetch the .pyc @nid (a small file in a
+ * __pycache__), read its imports, queue theirs (a .pyc too large to be
+ * read is fetched whole).
+ */
+static void py_predict(struct image_cache *ic, uint64_t nid)
+{
+	struct py_modules m = { .ic = ic };
+	struct pyc_import im[PY_IMPORTS_MAX];
+	struct py_name self = { .nid = nid };
+	const struct ahead_dfile *f;
+	struct meta_stat st;
+	struct ahead_src src = { ic, &st };
+	uint8_t *buf;
+	int nr;
+
+	if (meta_getattr(ic->img->meta, nid, &st) || !S_ISREG(st.mode) || !st.nr_chunks)
+		return;
+	f = dfile_find(ic, nid);
+	if (!f || !f->pyc) {
+		ahead_file(ic, &st, true, false);
+		return;
+	}
+	/* Its name, for the tag: NAME.TAG.pyc (module names have no dot). */
+	if (meta_readdir(ic->img->meta, ic->dirs[f->dir].nid, 0, py_name_fill, &self) != 1 ||
+	    !(m.tag = strchr(self.name, '.')))
+		return;
+	buf = malloc(st.size);
+	if (!buf)
+		return;
+	nr = 0;
+	if (!ahead_src_read(&src, 0, buf, st.size)) {
+		nr = pyc_imports(buf, st.size, im, PY_IMPORTS_MAX);
+		atomic_fetch_add(&ic->modules_read, 1);
+	}
+	if (nr > 0)
+		py_imports_find(&m, f, im, nr);
+	free(buf);
+	/*
+	 * The threads take the newest job first: the first import last. An
+	 * extension module is a library the loader maps: queued as ELF
+	 * prediction queues one, with its own dependencies.
+	 */
+	while (m.nr--) {
+		if (m.ext[m.nr]) {
+			if (!meta_getattr(ic->img->meta, m.nids[m.nr], &st) && st.nr_chunks)
+				elf_queue(ic, &st, true);
+			continue;
+		}
+		pthread_mutex_lock(&ic->lock);
+		if (py_first(ic, m.nids[m.nr]))
+			ahead_push_job(ic, (struct ahead_job){ .py = m.nids[m.nr] + 1 });
+		pthread_mutex_unlock(&ic->lock);
+	}
+}
+
+/* After a miss in the small file @nid: a .pyc's imports are predicted. Under lock. */
+static void py_miss(struct image_cache *ic, uint64_t nid)
+{
+	const struct ahead_dfile *f;
+
+	if (!atomic_load(&ic->owners_ready) || ic->rtt_s < AHEAD_DIR_RTT_MIN)
+		return;
+	f = dfile_find(ic, nid);
+	if (f && f->pyc && py_first(ic, nid))
+		ahead_push_job(ic, (struct ahead_job){ .py = nid + 1 });
 }
 
 int ahead_open(struct image_cache *ic)
@@ -854,6 +1165,7 @@ bool ahead_miss(struct image_cache *ic, const struct meta_stat **stp,
 		if (st && st->size <= AHEAD_DIR_FILE && ic->ahead_on) {
 			pthread_mutex_lock(&ic->lock);
 			ahead_dir(ic, st->nid);
+			py_miss(ic, st->nid);
 			pthread_mutex_unlock(&ic->lock);
 		}
 		if (st)

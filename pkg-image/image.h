@@ -901,6 +901,8 @@ struct image_cache_stats {
 	/* Programs whose libraries were predicted from the image's record of
 	 * them (FORMAT.md 2.6), and from their headers read in the mount. */
 	uint64_t programs_recorded, programs_read;
+	/* Compiled Python modules whose imports were read (Python prediction). */
+	uint64_t modules_read;
 	uint64_t chunks_present, chunks_total, bytes_present;
 	/* Demand reads: served from present chunks, or after fetching. */
 	uint64_t hits, misses, fetch_errors, inflight;

@@ -40,6 +40,24 @@ int elf_section_decode(const void *buf, size_t len,
 const struct image_elf_entry *image_elf_find(const struct image *img,
 					     const char *path);
 
+/* What a compiled Python module's body imports (pyc.c) */
+#define PYC_NAME_MAX 255
+struct pyc_import {
+	const char *name;   /* "a.b" of `import a.b`, "a" of `from .a import x`, "" of `from . import x` */
+	const char *from;   /* "x" of `from M import x` (maybe a submodule of M), or NULL */
+	uint8_t name_len, from_len;
+	uint8_t level;      /* 0 absolute, 1 `from .`, 2 `from ..`... */
+};
+/*
+ * The imports that the module body of the .pyc file in @buf (@len bytes,
+ * untrusted) runs, in its order, at most @max into @out: their count
+ * (names are identifiers joined by dots, at most PYC_NAME_MAX bytes,
+ * pointing into @buf, not NUL-terminated), 0 for a file this reader does
+ * not understand (CPython 3.8 to 3.12), or -ENOMEM.
+ */
+int pyc_imports(const uint8_t *buf, size_t len, struct pyc_import *out,
+		unsigned int max);
+
 /*
  * The section area (sections.c, FORMAT.md 2.7) into @img: the sections it
  * knows decoded, the others skipped; -EFSCORRUPTED for a malformed area,

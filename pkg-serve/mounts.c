@@ -967,6 +967,7 @@ int serve_list(struct serve_ctx *ctx, struct ctl_mount_stats **out, size_t *nr)
 		e->fetches_ahead = s.fetches_ahead;
 		e->programs_recorded = s.programs_recorded;
 		e->programs_read = s.programs_read;
+		e->modules_read = s.modules_read;
 		e->bytes_ahead = s.bytes_ahead;
 		snprintf(e->prefetch, sizeof(e->prefetch), "%s",
 			 prefetch_name(atomic_load(&m->pstate)));

@@ -134,7 +134,7 @@ static void mount_help(void)
 	       "                    \"bytesPresent\",\"bytesEvicted\",\"prefetch\",\"prefetchFiles\",\n"
 	       "                    \"prefetchSeconds\",\"readaheadFiles\",\"readaheadBytes\",\n"
 	       "                    \"fetches\",\"fetchesAhead\",\"bytesAhead\",\n"
-	       "                    \"programsRecorded\",\"programsRead\"}]};\n"
+	       "                    \"programsRecorded\",\"programsRead\",\"modulesRead\"}]};\n"
 	       "                    no ferryd running: no mounts\n"
 	       "  -h, --help        this help\n\n"
 	       "Unmount any mode with 'ferry umount MOUNTPOINT'.\n\n%s\n" EXIT_CODES_HELP,

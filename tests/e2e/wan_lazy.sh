@@ -19,6 +19,11 @@
 #     fetch; a sibling named tests, one without __init__.py, and the
 #     siblings of a directory that is no package (usr/share/doc) are not
 #     predicted
+#   - Python prediction (through the second proxy): after a miss in a
+#     module's .pyc, the .pyc of a module its body imports (in another
+#     directory, frames away) and the one that module's body imports in
+#     turn read without a fetch; a module imported only inside a
+#     function is not predicted
 #   - ELF prediction: once a program's first bytes are read (as execve
 #     reads them), its interpreter, DT_NEEDED libraries (theirs too) and
 #     /etc/ld.so.cache read their first and last 4 KiB without a fetch; the same for a program of
@@ -153,6 +158,23 @@ dir_predict() { # MODE
 	check "ferry umount ($mode, directory prediction)" umount_lazy "$m"
 }
 
+# Read PATH of the mount MNT against the tree REF: with WANT "none" it
+# must need no fetch (it was predicted: WHY), with "fetch" one at least
+# (it was not: WHY).
+read_fetches() { # MODE MNT REF PATH WANT WHY
+	local mode=$1 m=$2 d=$3 p=$4 want=$5 why=$6 before after
+	before=$(mount_field "$m" fetches)
+	check "$mode: /$p reads the reference bytes" cmp "$d/$p" "$m/$p"
+	after=$(mount_field "$m" fetches)
+	if [ "$want" = none ]; then
+		expect_sh "$mode: /$p ($why) was there: no fetch ($before fetches before reading it, $after after)" \
+			'[ -n "$before" ] && [ "$before" = "$after" ]'
+	else
+		expect_sh "$mode: /$p ($why) was not predicted: fetched ($before fetches before reading it, $after after)" \
+			'[ -n "$before" ] && [ -n "$after" ] && [ "$after" -gt "$before" ]'
+	fi
+}
+
 # A Python package (py/pkg/__init__.py) with, in blob order: data/, small
 # files without __init__.py (a.bin..e.bin, 250 KB each: a..d fill a batch
 # frame), tests/, a subpackage of 250 KB modules (m3 ends the next frame),
@@ -183,7 +205,7 @@ py_image() {
 # siblings either way), PATH reads with a fetch (WANT "fetch") or without
 # ("none").
 py_predict() { # MODE
-	local mode=$1 m=$SCRATCH/m-wanpy-$1 d=$SCRATCH/pypkg p want before after
+	local mode=$1 m=$SCRATCH/m-wanpy-$1 d=$SCRATCH/pypkg
 	lazy_use "wanpy-$mode"
 	check "mount --mode $mode through the WAN proxy (fresh cache, Python packages)" \
 		mount_lazy "$mode" "docker://$WAN/ferry/pypkg:1" "$m" || return 1
@@ -192,20 +214,69 @@ py_predict() { # MODE
 	check "$mode: read /py/pkg/x29/m2.py (a miss in a subpackage)" \
 		cmp "$d/py/pkg/x29/m2.py" "$m/py/pkg/x29/m2.py"
 	fetch_settle "$m"
-	for p in none:x00/__init__.py fetch:tests/m3.py fetch:data/a.bin; do
-		want=${p%%:*} p=py/pkg/${p#*:}
-		before=$(mount_field "$m" fetches)
-		check "$mode: /$p reads the reference bytes" cmp "$d/$p" "$m/$p"
-		after=$(mount_field "$m" fetches)
-		if [ "$want" = none ]; then
-			expect_sh "$mode: /$p (a sibling subpackage's, before x29 in the blob) was there: no fetch ($before fetches before reading it, $after after)" \
-				'[ -n "$before" ] && [ "$before" = "$after" ]'
-		else
-			expect_sh "$mode: /$p (tests, or no package) was not predicted: fetched ($before fetches before reading it, $after after)" \
-				'[ -n "$before" ] && [ -n "$after" ] && [ "$after" -gt "$before" ]'
-		fi
-	done
+	read_fetches "$mode" "$m" "$d" py/pkg/x00/__init__.py none \
+		"a sibling subpackage's, before x29 in the blob"
+	read_fetches "$mode" "$m" "$d" py/pkg/tests/m3.py fetch "tests, or no package"
+	read_fetches "$mode" "$m" "$d" py/pkg/data/a.bin fetch "tests, or no package"
 	check "ferry umount ($mode, Python packages)" umount_lazy "$m"
+}
+
+# Modules compiled by /usr/bin/python3 in a sys.path directory, py/lib/site:
+# a package app whose main module imports zmod in its body (which imports
+# the package zdeep in its own) and zlazy only inside a function. Their
+# .pyc files are each a frame apart (1.2 MB of random small files between
+# them), and directory prediction reaches none of them from app (site is
+# no package), nor zdeep's from zmod. py/first, a file to read first.
+# docker://$REG/ferry/pyimp:1.
+pyc_image() {
+	local d=$SCRATCH/pyimp s
+	s=$d/py/lib/site
+	rm -rf "$d"
+	mkdir -p "$s/app" "$s/_pad" "$s/b_pad" "$s/zdeep" || return 1
+	head -c 1048576 /dev/urandom >"$d/py/first" || return 1
+	printf '' >"$s/app/__init__.py"
+	# A docstring each: files of 256 bytes or less are stored in the
+	# bootstrap, never fetched.
+	doc() { printf '"""%s"""\n' "$(head -c 1500 /dev/urandom | base64 -w0)"; }
+	{ doc; printf 'import zmod\n\ndef later():\n    import zlazy\n    return zlazy\n'; } >"$s/app/main.py"
+	{ doc; printf 'import zdeep\nVALUE = zdeep.VALUE\n'; } >"$s/zmod.py"
+	{ doc; echo 'VALUE = 1'; } >"$s/zdeep/__init__.py"
+	{ doc; echo 'LAZY = 1'; } >"$s/zlazy.py"
+	/usr/bin/python3 -m compileall -q "$s" || return 1
+	# Small files join the open batch frame up to 1 MiB: 1.2 MB of them
+	# between two modules puts them in different frames.
+	for i in 0 1 2 3 4 5; do
+		head -c 200000 /dev/urandom >"$s/__pycache__/zf-pad$i" &&
+			head -c 200000 /dev/urandom >"$s/__pycache__/zm-pad$i" &&
+			head -c 200000 /dev/urandom >"$s/_pad/pad$i" &&
+			head -c 200000 /dev/urandom >"$s/b_pad/pad$i" || return 1
+	done
+	"$FERRY" convert -q "dir:$d" "docker://$REG/ferry/pyimp:1"
+}
+
+# After a miss in app/main's .pyc: zmod's and zdeep's (its __init__) read
+# without a fetch, zlazy's with one.
+pyc_predict() { # MODE
+	local mode=$1 m=$SCRATCH/m-wanpyc-$1 d=$SCRATCH/pyimp tag p read
+	tag=$(/usr/bin/python3 -c 'import sys; print(sys.implementation.cache_tag)')
+	lazy_use "wanpyc-$mode"
+	check "mount --mode $mode through the WAN proxy (fresh cache, Python modules)" \
+		mount_lazy "$mode" "docker://$WAN/ferry/pyimp:1" "$m" || return 1
+	check "$mode: a first read (/py/first)" cmp "$d/py/first" "$m/py/first"
+	fetch_settle "$m"
+	p=py/lib/site/app/__pycache__/main.$tag.pyc
+	check "$mode: read /$p (a miss in a module's .pyc)" cmp "$d/$p" "$m/$p"
+	fetch_settle "$m"
+	for p in __pycache__/zmod zdeep/__pycache__/__init__; do
+		read_fetches "$mode" "$m" "$d" "py/lib/site/$p.$tag.pyc" none \
+			"imported by a module body read before"
+	done
+	read_fetches "$mode" "$m" "$d" "py/lib/site/__pycache__/zlazy.$tag.pyc" fetch \
+		"imported inside a function only"
+	read=$(mount_field "$m" modulesRead)
+	expect_sh "$mode: the imports of app.main and zmod were read (modulesRead $read)" \
+		'[ "${read:-0}" -ge 2 ]'
+	check "ferry umount ($mode, Python modules)" umount_lazy "$m"
 }
 
 # A program in usr/bin with two or more libraries, then its interpreter
@@ -413,6 +484,13 @@ if py_image >"$LOG" 2>&1; then
 	py_predict fanotify
 else
 	notok "a dir: image of a Python package with 37 subpackages in the registry"
+	diag "$LOG"
+fi
+if pyc_image >"$LOG" 2>&1; then
+	pyc_predict fuse
+	pyc_predict fanotify
+else
+	notok "a dir: image of compiled Python modules in the registry"
 	diag "$LOG"
 fi
 e2e_done

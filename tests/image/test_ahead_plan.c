@@ -228,9 +228,31 @@ static void test_dir_sibling(void)
 	CHECK(!ahead_dir_sibling(&dir, &dir));    /* /usr/lib/x86_64-linux-gnu/gconv */
 }
 
+/* A full queue drops its oldest job that is not a module's reading. */
+static void test_drop(void)
+{
+	struct ahead_job q[8] = { 0 };
+	unsigned int i;
+
+	/* Windows only: the oldest, wherever the ring starts. */
+	CHECK_EQ(ahead_drop(q, 8, 0), 0);
+	CHECK_EQ(ahead_drop(q, 8, 5), 0);
+	/* The oldest two are .pyc readings: the third goes. */
+	q[5].py = q[6].py = 1;
+	CHECK_EQ(ahead_drop(q, 8, 5), 2);
+	/* Across the ring's end. */
+	q[7].py = q[0].py = 1;
+	CHECK_EQ(ahead_drop(q, 8, 5), 4);
+	/* Nothing but readings: the oldest after all. */
+	for (i = 0; i < 8; i++)
+		q[i].py = i + 1;
+	CHECK_EQ(ahead_drop(q, 8, 3), 0);
+}
+
 int main(void)
 {
 	RUN_TEST(test_budget);
+	RUN_TEST(test_drop);
 	RUN_TEST(test_window);
 	RUN_TEST(test_file_pieces);
 	RUN_TEST(test_file_steps);
