@@ -3,7 +3,7 @@
 # ferry index (issue 45): the size of the index attached to an ordinary
 # image against the image's compressed layers, per --span, and the time to
 # build it against `gzip -dc` of the same layer (interleaved rounds, same-run
-# ratios, wall and CPU time: `ferry index` runs on three threads, gzip on
+# ratios, wall and CPU time: `ferry index` runs on four threads, gzip on
 # one, so on a loaded machine the CPU ratio is the one to trust). Images: bench/lib.sh's "minbase" and "big", each one gzip layer
 # in an OCI layout (umoci compresses with gzip, as registries hold them).
 # Env: FERRY_BENCH_RUNS (default 5), FERRY_BENCH_SETS (default "minbase big").

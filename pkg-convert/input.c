@@ -114,7 +114,8 @@ struct input_stream {
  * stages, and the read's copy and the layer's sha256 were a fifth of it
  * (performance-log.md, "Ferry indexes of ordinary images"). The
  * buffers are cut as input_fill cuts them, so the same points are found.
- * The decoder owns in->bytes_read; the reader owns the hasher.
+ * The decoder owns in->bytes_read; the reader owns the hasher. A fourth
+ * thread, points.c's, probes and compresses the points' windows.
  */
 #define THREAD_BLOCKS 4
 #define THREAD_BLOCK (1u << 20)
@@ -123,8 +124,9 @@ struct input_stream {
 struct input_thread {
 	pthread_t tid, reader;
 	bool reading;             /* the reader thread runs */
-	pthread_mutex_t lock;     /* one lock and condition for both rings */
-	pthread_cond_t cond;
+	pthread_mutex_t lock;     /* one lock for both rings */
+	/* What each thread waits for: a wakeup goes to the one it concerns. */
+	pthread_cond_t to_reader, to_decoder, to_main;
 	uint8_t *blocks[THREAD_BLOCKS];
 	size_t len[THREAD_BLOCKS];
 	unsigned int head, count; /* the first full block, full blocks */
@@ -217,10 +219,10 @@ static int reader_take(struct input_stream *in)
 		t->buf_head = (t->buf_head + 1) % READ_BUFS;
 		t->buf_count--;
 		t->buf_taken = false;
-		pthread_cond_broadcast(&t->cond);
+		pthread_cond_signal(&t->to_reader);
 	}
 	while (!t->buf_count && !t->read_done && !t->stop)
-		pthread_cond_wait(&t->cond, &t->lock);
+		pthread_cond_wait(&t->to_decoder, &t->lock);
 	if (t->buf_count) {
 		in->next = t->bufs[t->buf_head];
 		in->avail = t->buf_len[t->buf_head];
@@ -662,7 +664,7 @@ static void *decode_thread(void *arg)
 	pthread_mutex_lock(&t->lock);
 	for (;;) {
 		while (t->count == THREAD_BLOCKS && !t->stop)
-			pthread_cond_wait(&t->cond, &t->lock);
+			pthread_cond_wait(&t->to_decoder, &t->lock);
 		if (t->stop)
 			break;
 		slot = (t->head + t->count) % THREAD_BLOCKS;
@@ -682,7 +684,7 @@ static void *decode_thread(void *arg)
 			t->err = (int)n;
 			t->done = true;
 		}
-		pthread_cond_broadcast(&t->cond);
+		pthread_cond_signal(&t->to_main);
 		if (t->done)
 			break;
 	}
@@ -690,6 +692,11 @@ static void *decode_thread(void *arg)
 	return NULL;
 }
 
+/*
+ * The block at the head is this side's until it moves on (the decoder
+ * fills only the others): copied out without the lock, which the
+ * decoder takes for every input buffer and block.
+ */
 static ssize_t thread_read(struct input_thread *t, uint8_t *out, size_t len)
 {
 	size_t done = 0, n;
@@ -697,18 +704,20 @@ static ssize_t thread_read(struct input_thread *t, uint8_t *out, size_t len)
 	pthread_mutex_lock(&t->lock);
 	while (done < len) {
 		while (!t->count && !t->done)
-			pthread_cond_wait(&t->cond, &t->lock);
+			pthread_cond_wait(&t->to_main, &t->lock);
 		if (!t->count)
 			break;
 		n = MIN(len - done, t->len[t->head] - t->pos);
+		pthread_mutex_unlock(&t->lock);
 		memcpy(out + done, t->blocks[t->head] + t->pos, n);
 		done += n;
 		t->pos += n;
+		pthread_mutex_lock(&t->lock);
 		if (t->pos == t->len[t->head]) {
 			t->pos = 0;
 			t->head = (t->head + 1) % THREAD_BLOCKS;
 			t->count--;
-			pthread_cond_broadcast(&t->cond);
+			pthread_cond_signal(&t->to_decoder);
 		}
 	}
 	pthread_mutex_unlock(&t->lock);
@@ -738,7 +747,7 @@ static void *read_thread(void *arg)
 	pthread_mutex_lock(&t->lock);
 	while (!t->stop && !t->read_done) {
 		if (t->buf_count == READ_BUFS) {
-			pthread_cond_wait(&t->cond, &t->lock);
+			pthread_cond_wait(&t->to_reader, &t->lock);
 			continue;
 		}
 		slot = (t->buf_head + t->buf_count) % READ_BUFS;
@@ -752,7 +761,7 @@ static void *read_thread(void *arg)
 			t->read_err = (int)n;
 			t->read_done = true;
 		}
-		pthread_cond_broadcast(&t->cond);
+		pthread_cond_signal(&t->to_decoder);
 	}
 	pthread_mutex_unlock(&t->lock);
 	return NULL;
@@ -766,23 +775,33 @@ static void thread_free(struct input_thread *t)
 		free(t->blocks[i]);
 	for (i = 0; i < READ_BUFS; i++)
 		free(t->bufs[i]);
+	pthread_mutex_destroy(&t->lock);
+	pthread_cond_destroy(&t->to_reader);
+	pthread_cond_destroy(&t->to_decoder);
+	pthread_cond_destroy(&t->to_main);
 	free(t);
+}
+
+/* Every thread that waits stops waiting, and stops. */
+static void thread_halt(struct input_thread *t)
+{
+	pthread_mutex_lock(&t->lock);
+	t->stop = true;
+	pthread_cond_broadcast(&t->to_reader);
+	pthread_cond_broadcast(&t->to_decoder);
+	pthread_cond_broadcast(&t->to_main);
+	pthread_mutex_unlock(&t->lock);
 }
 
 static void thread_stop(struct input_stream *in)
 {
 	struct input_thread *t = in->thread;
 
-	pthread_mutex_lock(&t->lock);
-	t->stop = true;
-	pthread_cond_broadcast(&t->cond);
-	pthread_mutex_unlock(&t->lock);
+	thread_halt(t);
 	/* The decoder first: it may be reading one of the reader's buffers. */
 	pthread_join(t->tid, NULL);
 	if (t->reading)
 		pthread_join(t->reader, NULL);
-	pthread_mutex_destroy(&t->lock);
-	pthread_cond_destroy(&t->cond);
 	thread_free(t);
 	in->thread = NULL;
 }
@@ -797,6 +816,10 @@ static int thread_start(struct input_stream *in)
 
 	if (!t)
 		return -ENOMEM;
+	pthread_mutex_init(&t->lock, NULL);
+	pthread_cond_init(&t->to_reader, NULL);
+	pthread_cond_init(&t->to_decoder, NULL);
+	pthread_cond_init(&t->to_main, NULL);
 	for (i = 0; i < THREAD_BLOCKS; i++)
 		if (!(t->blocks[i] = malloc(THREAD_BLOCK)))
 			ret = -ENOMEM;
@@ -807,8 +830,6 @@ static int thread_start(struct input_stream *in)
 		thread_free(t);
 		return ret;
 	}
-	pthread_mutex_init(&t->lock, NULL);
-	pthread_cond_init(&t->cond, NULL);
 	in->thread = t;
 	if (reader) {
 		ret = -pthread_create(&t->reader, NULL, read_thread, in);
@@ -820,14 +841,9 @@ static int thread_start(struct input_stream *in)
 			return 0;
 	}
 	if (t->reading) {
-		pthread_mutex_lock(&t->lock);
-		t->stop = true;
-		pthread_cond_broadcast(&t->cond);
-		pthread_mutex_unlock(&t->lock);
+		thread_halt(t);
 		pthread_join(t->reader, NULL);
 	}
-	pthread_mutex_destroy(&t->lock);
-	pthread_cond_destroy(&t->cond);
 	in->thread = NULL;
 	thread_free(t);
 	return ret;

@@ -20,9 +20,19 @@
  * from windows tagged with each byte's position, which shows the bytes
  * copied from; then the sparse window must decode to exactly the stream's
  * bytes, or the point keeps its whole window.
+ *
+ * The probes and the windows' compression run on a worker thread of
+ * their own: on the decoder's thread they were a fifth of its time, and
+ * that thread bounds the build (performance-log.md, "Where `ferry index`
+ * spends its time"). The decoder fills a probe (the point, its window,
+ * the compressed and decoded bytes after it) and hands it over; it puts
+ * the window back into its point when it needs the probe again, or in
+ * points_take. What the worker makes of a probe depends on the probe's
+ * bytes alone, not on when it runs: the same index either way.
  */
 #include "tar.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 
 #include "../pkg-base/base.h"
@@ -41,14 +51,40 @@ struct points_mark {
  * (up to 328 bytes) and 8 bytes more before it reports the boundary. */
 #define IN_RING 4096u
 
+/* Probes at a time: the one the decoder fills, the ones the worker has. */
+#define PROBES 4
+
 struct points_probe {
-	bool active;
 	uint32_t k;              /* the point */
+	struct blob_stream_point pt; /* its copy; the window is the probe's until put back */
 	uint8_t *in;             /* its compressed bytes from cbit / 8 on */
 	size_t in_len;
 	bool in_full;            /* more than PROBE_IN_MAX: not probed */
+	bool complete;           /* all the output that can reach the window seen */
 	uint8_t out[PROBE_OUT];  /* the stream's bytes after it */
 	size_t out_len;
+	int ret;                 /* the worker's */
+};
+
+/*
+ * Probes are numbered in the order the decoder hands them over: probe n
+ * is probes[n % PROBES]. The decoder fills probe `handed` (while
+ * `probing`) and puts back those before `done`; the worker finishes those
+ * from `done` to `handed`.
+ */
+struct points_worker {
+	pthread_t tid;
+	bool running;
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	uint32_t handed, done;
+	bool stop;
+	/* The worker's alone. */
+	struct blob_stream_reader *reader; /* made on first use */
+	/* Windows holding each byte's position: its low byte, its high byte. */
+	uint8_t tag_low[BLOB_STREAM_WINDOW], tag_high[BLOB_STREAM_WINDOW];
+	uint8_t used[BLOB_STREAM_WINDOW];
+	uint8_t probed[PROBE_OUT], low[PROBE_OUT];
 };
 
 struct input_points {
@@ -74,10 +110,10 @@ struct input_points {
 	 * nears: those from in_kept on. */
 	uint8_t in_ring[IN_RING];
 	uint64_t in_pos, in_kept;
-	struct points_probe probe;
-	struct blob_stream_reader *reader; /* probes' decoder, made on first use */
-	uint8_t tagged[BLOB_STREAM_WINDOW];
-	uint8_t probed[PROBE_OUT], low[PROBE_OUT];
+	struct points_probe probes[PROBES];
+	bool probing;        /* the decoder fills probes[w.handed % PROBES] */
+	uint32_t put_back;   /* probes whose windows are back in their points */
+	struct points_worker w;
 };
 
 /*
@@ -128,8 +164,23 @@ int points_new(uint64_t spacing, uint64_t out_spacing, struct input_points **out
 		free(p);
 		return -ENOMEM;
 	}
+	pthread_mutex_init(&p->w.lock, NULL);
+	pthread_cond_init(&p->w.cond, NULL);
 	*out = p;
 	return 0;
+}
+
+/* The worker, when it runs, stops once it has finished its probe. */
+static void worker_stop(struct points_worker *w)
+{
+	if (!w->running)
+		return;
+	pthread_mutex_lock(&w->lock);
+	w->stop = true;
+	pthread_cond_broadcast(&w->cond);
+	pthread_mutex_unlock(&w->lock);
+	pthread_join(w->tid, NULL);
+	w->running = false;
 }
 
 void points_free(struct input_points *p)
@@ -138,12 +189,19 @@ void points_free(struct input_points *p)
 
 	if (!p)
 		return;
+	worker_stop(&p->w);
 	for (i = 0; i < p->nr; i++)
 		free((void *)p->points[i].window);
+	/* Windows not put back (an error ended the build): the probes'. */
+	for (i = 0; i < PROBES; i++) {
+		free((void *)p->probes[i].pt.window);
+		free(p->probes[i].in);
+	}
 	free(p->points);
 	free(p->marks);
-	free(p->probe.in);
-	blob_stream_reader_free(p->reader);
+	blob_stream_reader_free(p->w.reader);
+	pthread_mutex_destroy(&p->w.lock);
+	pthread_cond_destroy(&p->w.cond);
 	sha256_hasher_free(p->diff);
 	free(p);
 }
@@ -153,11 +211,11 @@ bool points_hunting(const struct input_points *p)
 	return p->hunting;
 }
 
-/* Decode the probed point's bytes again from window @w into p->probed. */
-static int probe_decode(struct input_points *p, const uint8_t *w)
+/* Decode probe @pr's bytes again from window @win into w->probed. */
+static int probe_decode(struct points_worker *w, const struct points_probe *pr,
+			const uint8_t *win)
 {
-	const struct points_probe *pr = &p->probe;
-	struct blob_stream_point pt = p->points[pr->k];
+	struct blob_stream_point pt = pr->pt;
 	struct blob_stream s = { .format = BLOB_STREAM_GZIP, .usize = UINT64_MAX,
 				 .points = &pt, .nr_points = 1 };
 	struct blob_chunk c = { .coff = pt.cbit / 8, .csize = (uint32_t)pr->in_len,
@@ -166,12 +224,12 @@ static int probe_decode(struct input_points *p, const uint8_t *w)
 
 	/* window_clen == window_len: stored as it is (FORMAT.md 2.8). */
 	pt.window_clen = pt.window_len;
-	pt.window = w;
-	if (!p->reader && blob_stream_reader_new(&p->reader))
+	pt.window = win;
+	if (!w->reader && blob_stream_reader_new(&w->reader))
 		return -ENOMEM;
-	blob_stream_reader_reset(p->reader);
-	return blob_stream_frame_decode(p->reader, &s, &c, pr->in, c.coff, pr->in_len,
-					p->probed);
+	blob_stream_reader_reset(w->reader);
+	return blob_stream_frame_decode(w->reader, &s, &c, pr->in, c.coff, pr->in_len,
+					w->probed);
 }
 
 /*
@@ -182,33 +240,29 @@ static int probe_decode(struct input_points *p, const uint8_t *w)
  * copied from the window names its source. A literal names one too (its
  * value twice: one of 128 places), which only keeps that byte.
  */
-static bool probe_sparse(struct input_points *p, uint8_t *w, uint32_t wlen)
+static bool probe_sparse(struct points_worker *w, const struct points_probe *pr,
+			 uint8_t *win, uint32_t wlen)
 {
-	const struct points_probe *pr = &p->probe;
-	uint8_t *used = p->tagged;
+	uint8_t *used = w->used;
 	size_t i;
 
-	for (i = 0; i < wlen; i++)
-		p->tagged[i] = (uint8_t)i;
-	if (probe_decode(p, p->tagged))
+	if (probe_decode(w, pr, w->tag_low))
 		return false;
-	memcpy(p->low, p->probed, pr->out_len);
-	for (i = 0; i < wlen; i++)
-		p->tagged[i] = (uint8_t)(i >> 8);
-	if (probe_decode(p, p->tagged))
+	memcpy(w->low, w->probed, pr->out_len);
+	if (probe_decode(w, pr, w->tag_high))
 		return false;
 	memset(used, 0, wlen);
 	for (i = 0; i < pr->out_len; i++) {
-		size_t src = (size_t)p->probed[i] << 8 | p->low[i];
+		size_t src = (size_t)w->probed[i] << 8 | w->low[i];
 
 		if (src < wlen)
 			used[src] = 1;
 	}
 	for (i = 0; i < wlen; i++)
 		if (!used[i])
-			w[i] = 0;
+			win[i] = 0;
 	/* The proof: the sparse window decodes to the stream's very bytes. */
-	return !probe_decode(p, w) && !memcmp(p->probed, pr->out, pr->out_len);
+	return !probe_decode(w, pr, win) && !memcmp(w->probed, pr->out, pr->out_len);
 }
 
 /* Store point @pt's window zstd-compressed, or as it is when that is no smaller. */
@@ -235,25 +289,88 @@ static int window_store(struct blob_stream_point *pt)
 }
 
 /*
- * The probe ends: its point's window made sparse if @complete (all the
- * output that can reach the window seen, or the stream ended) and the
- * proof holds, then stored.
+ * The worker's part: the probe's window made sparse if it is complete
+ * (all the output that can reach the window seen, or the stream ended)
+ * and the proof holds, then stored.
  */
-static int probe_end(struct input_points *p, bool complete)
+static void probe_finish(struct points_worker *w, struct points_probe *pr)
 {
-	struct points_probe *pr = &p->probe;
-	struct blob_stream_point *pt = &p->points[pr->k];
-	uint8_t *w = (uint8_t *)pt->window;
+	struct blob_stream_point *pt = &pr->pt;
+	uint8_t *win = (uint8_t *)pt->window;
 
-	pr->active = false;
-	if (complete && !pr->in_full && pr->out_len) {
+	if (pr->complete && !pr->in_full && pr->out_len) {
 		uint8_t whole[BLOB_STREAM_WINDOW];
 
-		memcpy(whole, w, pt->window_len);
-		if (!probe_sparse(p, w, pt->window_len))
-			memcpy(w, whole, pt->window_len);
+		memcpy(whole, win, pt->window_len);
+		if (!probe_sparse(w, pr, win, pt->window_len))
+			memcpy(win, whole, pt->window_len);
 	}
-	return window_store(pt);
+	pr->ret = window_store(pt);
+}
+
+static void *worker_thread(void *arg)
+{
+	struct input_points *p = arg;
+	struct points_worker *w = &p->w;
+	size_t i;
+
+	for (i = 0; i < BLOB_STREAM_WINDOW; i++) {
+		w->tag_low[i] = (uint8_t)i;
+		w->tag_high[i] = (uint8_t)(i >> 8);
+	}
+	pthread_mutex_lock(&w->lock);
+	for (;;) {
+		while (w->done == w->handed && !w->stop)
+			pthread_cond_wait(&w->cond, &w->lock);
+		if (w->stop)
+			break;
+		pthread_mutex_unlock(&w->lock);
+		probe_finish(w, &p->probes[w->done % PROBES]);
+		pthread_mutex_lock(&w->lock);
+		w->done++;
+		pthread_cond_broadcast(&w->cond);
+	}
+	pthread_mutex_unlock(&w->lock);
+	return NULL;
+}
+
+/* The oldest probe handed over, once finished: its window back in its point. */
+static int probe_put_back(struct input_points *p)
+{
+	struct points_worker *w = &p->w;
+	struct points_probe *pr = &p->probes[p->put_back % PROBES];
+	struct blob_stream_point *pt = &p->points[pr->k];
+
+	pthread_mutex_lock(&w->lock);
+	while (w->done == p->put_back)
+		pthread_cond_wait(&w->cond, &w->lock);
+	pthread_mutex_unlock(&w->lock);
+	p->put_back++;
+	pt->window = pr->pt.window;
+	pt->window_clen = pr->pt.window_clen;
+	pr->pt.window = NULL;
+	return pr->ret;
+}
+
+/* The probe ends: handed to the worker (started on the first one). */
+static int probe_end(struct input_points *p, bool complete)
+{
+	struct points_worker *w = &p->w;
+
+	p->probing = false;
+	p->probes[w->handed % PROBES].complete = complete;
+	if (!w->running) {
+		int ret = -pthread_create(&w->tid, NULL, worker_thread, p);
+
+		if (ret)
+			return ret;
+		w->running = true;
+	}
+	pthread_mutex_lock(&w->lock);
+	w->handed++;
+	pthread_cond_broadcast(&w->cond);
+	pthread_mutex_unlock(&w->lock);
+	return 0;
 }
 
 /* Keep compressed bytes for the probe; past PROBE_IN_MAX, mark it unprobeable. */
@@ -269,17 +386,29 @@ static void probe_input(struct points_probe *pr, const uint8_t *buf, size_t n)
 	pr->in_len += n;
 }
 
-/* Start probing point @k (at @cbit): its compressed bytes from the ring on. */
+/*
+ * Start probing point @k (at @cbit), which gives its window to the probe:
+ * its compressed bytes from the ring on.
+ */
 static int probe_start(struct input_points *p, uint32_t k, uint64_t cbit)
 {
-	struct points_probe *pr = &p->probe;
+	struct points_probe *pr = &p->probes[p->w.handed % PROBES];
 	uint64_t lag = p->in_pos - cbit / 8;
 	size_t start;
+	int ret;
 
+	/* This probe was handed over PROBES probes ago: its window back first. */
+	if (p->w.handed - p->put_back == PROBES) {
+		ret = probe_put_back(p);
+		if (ret)
+			return ret;
+	}
 	if (!pr->in && !(pr->in = malloc(PROBE_IN_MAX)))
 		return -ENOMEM;
-	pr->active = true;
+	p->probing = true;
 	pr->k = k;
+	pr->pt = p->points[k];
+	p->points[k].window = NULL;
 	pr->in_len = 0;
 	pr->out_len = 0;
 	pr->in_full = cbit / 8 > p->in_pos || cbit / 8 < p->in_kept || lag > IN_RING;
@@ -299,8 +428,8 @@ void points_input(struct input_points *p, const uint8_t *buf, size_t n)
 {
 	size_t at, first;
 
-	if (p->probe.active)
-		probe_input(&p->probe, buf, n);
+	if (p->probing)
+		probe_input(&p->probes[p->w.handed % PROBES], buf, n);
 	if (!p->hunting && p->in_pos + n + RING_LEAD < p->next_in &&
 	    p->out + RING_LEAD < p->next_out) {
 		p->in_pos += n;
@@ -331,7 +460,7 @@ static int capture(struct input_points *p, uint64_t cbit, uint32_t flags)
 	if (p->nr && p->points[p->nr - 1].uoff >= p->out)
 		return 0; /* a member header here already */
 	/* A member header: the stream before it ended. */
-	if (p->probe.active) {
+	if (p->probing) {
 		ret = probe_end(p, flags & BLOB_POINT_HEADER);
 		if (ret)
 			return ret;
@@ -375,7 +504,7 @@ int points_step(struct input_points *p, const uint8_t *out, size_t n, uint64_t p
 	int ret = 0;
 
 	if (n) {
-		struct points_probe *pr = &p->probe;
+		struct points_probe *pr = &p->probes[p->w.handed % PROBES];
 
 		if (p->hunting || pos + RING_LEAD >= p->next_in ||
 		    p->out + RING_LEAD >= p->next_out)
@@ -386,7 +515,7 @@ int points_step(struct input_points *p, const uint8_t *out, size_t n, uint64_t p
 				  sizeof(*p->marks), 1024))
 			return -ENOMEM;
 		p->marks[p->nr_marks++] = (struct points_mark){ p->out, pos };
-		if (pr->active) {
+		if (p->probing) {
 			size_t take = MIN(n, PROBE_OUT - pr->out_len);
 
 			memcpy(pr->out + pr->out_len, out, take);
@@ -442,13 +571,16 @@ void points_diff_id(struct input_points *p, uint8_t out[SHA256_SIZE])
 int points_take(struct input_points *p, struct blob_stream_point **points,
 		uint32_t *nr)
 {
-	/* The stream has ended: a probe has seen all it will. */
-	if (p->probe.active) {
-		int ret = probe_end(p, true);
+	int ret = 0;
 
-		if (ret)
-			return ret;
-	}
+	/* The stream has ended: a probe has seen all it will. */
+	if (p->probing)
+		ret = probe_end(p, true);
+	while (!ret && p->put_back != p->w.handed)
+		ret = probe_put_back(p);
+	worker_stop(&p->w);
+	if (ret)
+		return ret;
 	/* A point at the very end starts nothing. */
 	while (p->nr && p->points[p->nr - 1].uoff >= p->out) {
 		p->nr--;
