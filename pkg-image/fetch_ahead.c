@@ -1062,7 +1062,7 @@ static void py_predict(struct image_cache *ic, uint64_t nid)
 	if (meta_readdir(ic->img->meta, ic->dirs[f->dir].nid, 0, py_name_fill, &self) != 1 ||
 	    !(m.tag = strchr(self.name, '.')))
 		return;
-	buf = malloc(st.size);
+	buf = malloc(st.size); /* a dfile's: at most AHEAD_DIR_FILE */
 	if (!buf)
 		return;
 	nr = 0;
