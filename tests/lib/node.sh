@@ -7,7 +7,8 @@
 #
 # Every cell asserts the same four things:
 #   - no wrong byte: every read gives the reference bytes or an error
-#     (EIO; ENOTCONN from a FUSE mount whose daemon and keeper are gone),
+#     (EIO; ENOTCONN from a FUSE mount whose daemon and keeper are gone,
+#     ECONNABORTED for a read in flight when they went),
 #     never other bytes or zeros;
 #   - no hang: every operation ends within its bound (NF_* below);
 #   - ferryd still answers ferry mount --list (where a ferryd is meant to
@@ -445,8 +446,9 @@ print("wrong at chunks %s" % bad if bad else "right")' "$d/chunks.bin" "$M/chunk
 # while 2 readers read the tree through a slow registry (blob requests
 # held 0.3 s: reads are in flight). The readers end within the bound with
 # the right bytes or an error (EIO; ENOTCONN once a FUSE mount has lost
-# both), never other bytes. Where a process lives on it replaces the other
-# (a new keeper, a successor) and ferryd answers; where none does, ferry
+# both, ECONNABORTED for the requests in flight then), never other bytes.
+# Where a process lives on it replaces the other (a new keeper, a
+# successor) and ferryd answers; where none does, ferry
 # umount removes the mount without a daemon. Then the registry is fast
 # again and a mount (the one left, or a new one) reads everything right.
 cell_kill() { # MODE ORDER
@@ -472,7 +474,7 @@ cell_kill() { # MODE ORDER
 	esac
 	readers_wait
 	fp_set none
-	[ "$mode" = fuse ] && errnos="5 107"
+	[ "$mode" = fuse ] && errnos="5 103 107"
 	if [ "$mode" = fanotify ] && [ "$order" = together ]; then
 		# The kernel's fail-open (docs/ARCHITECTURE.md, "fanotify"): with
 		# the group's last descriptor gone, holes read as zeros. Nothing
