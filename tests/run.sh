@@ -2,7 +2,9 @@
 # Runs every ferry test: unit test binaries, bounded fuzz runs, then the
 # end-to-end scripts (real kernel mounts, fsck.erofs). Each test prints
 # "ok - NAME" or "not ok - NAME"; this script counts them and ends with
-# "N passed, N failed". Env: BUILD (build dir), BIN (where ferry is),
+# "N passed, N failed". `tests/run.sh FILTER` runs the tests whose name
+# contains FILTER, or only e2e/NAME where FILTER is that test's exact
+# name. Env: BUILD (build dir), BIN (where ferry is),
 # FERRY_TESTS_SKIP (names of tests not to run, e.g. "e2e/wan_lazy"),
 # FERRY_TEST_JOBS (end-to-end tests run at once; default 2),
 # FERRY_UNIT_TIMEOUT (seconds a unit test or the fuzz runs may take; 600).
@@ -37,8 +39,16 @@ times=$work/times
 status=0
 declare -A job_name=() job_start=() # set -u: empty, not unset
 
+# One e2e test named exactly runs alone: e2e/vm_cachefiles is not also
+# e2e/vm_cachefiles_index and _layers.
+exact=
+case $only in e2e/?*) [ -f "$top/tests/${only}.sh" ] && exact=$only ;; esac
 selected() { # NAME: passes the filter and is not skipped
-	case $1 in *"$only"*) ;; *) return 1 ;; esac
+	if [ -n "$exact" ]; then
+		[ "$1" = "$exact" ] || return 1
+	else
+		case $1 in *"$only"*) ;; *) return 1 ;; esac
+	fi
 	case " ${FERRY_TESTS_SKIP:-} " in *" $1 "*)
 		echo "# $1 skipped (FERRY_TESTS_SKIP)"
 		return 1 ;;
