@@ -33,10 +33,10 @@ dataset big
 ref=$data/big.ref
 work=$(mktemp -d "$data/ab.XXXXXX")
 cleanup() {
-	for b in old new; do
-		mountpoint -q "$work/mnt-$b" && umount -l "$work/mnt-$b"
-		pkill -f "ferryd.*$work/$b.sock" 2>/dev/null || true
-	done
+	mountpoint -q "$work/mnt-old" && umount -l "$work/mnt-old"
+	mountpoint -q "$work/mnt-new" && umount -l "$work/mnt-new"
+	ferryd_stop "$work/old.sock" "$old/ferry" || true
+	ferryd_stop "$work/new.sock" "$new/ferry" || true
 	rm -rf "$work"
 }
 trap cleanup EXIT

@@ -52,13 +52,8 @@ m = json.load(sys.stdin)["mounts"][0]
 print("| %s | %s | %d | %d | %d | %d | %s | %d |" % (sys.argv[1], sys.argv[2],
       m["registryRequests"], m["fetches"], m["fetchesAhead"], m["bytesFetched"],
       m["bytesRead"] or "-", m["bytesPresent"]))' "$mode" "$what"
-			pid=$(pgrep -f "ferryd.*$sock" || true)
 			"$ferry" umount --socket "$sock" "$mnt"
-			[ -z "$pid" ] || kill "$pid" 2>/dev/null || true
-			for _ in $(seq 50); do
-				[ -n "$pid" ] && kill -0 "$pid" 2>/dev/null || break
-				sleep 0.1
-			done
+			ferryd_stop "$sock"
 		done
 	done
 done

@@ -42,10 +42,7 @@ stop_ferryd() {
 	for m in "$work"/mnt-*; do
 		mountpoint -q "$m" && "$ferry" umount "$m"
 	done
-	pkill -f "ferryd.*$sock" 2>/dev/null || true
-	for _ in $(seq 50); do pgrep -f "ferryd.*$sock" >/dev/null || return 0; sleep 0.1; done
-	echo "bench: ferryd did not exit" >&2
-	return 1
+	ferryd_stop "$sock"
 }
 # mount_stat FIELD [MNT [SOCKET]]: the statistic from ferryd, summed over
 # its mounts (or MNT's).
@@ -214,6 +211,6 @@ names=("ferry fanotify, blob incomplete" "kernel EROFS (--mode local)" "ferry fu
 bench_one "warm, blob incomplete: 500 random small files" "cd MNT && xargs -d '\n' -a $work/small.list cat >/dev/null"
 bench_one "warm, blob incomplete: the largest file (/$big)" "cat MNT/$big >/dev/null"
 
-hwm() { awk '/VmHWM/ { print $2 }' "/proc/$(pgrep -f "ferryd.*$1" | head -1)/status"; }
+hwm() { awk '/VmHWM/ { print $2 }' "/proc/$(ferryd_pid "$1")/status"; }
 echo "ferryd peak RSS after all of the above (VmHWM): $(hwm "$sock") KiB serving the FUSE mount, $(hwm "$fsock") KiB serving the two fanotify mounts"
 echo

@@ -71,13 +71,36 @@ bench_workdir() {
 	trap bench_cleanup EXIT
 }
 bench_cleanup() {
-	local m
+	local m s
 	for m in $(awk -v w="$work/" 'index($5, w) == 1 { print $5 }' /proc/self/mountinfo | sort -r); do
 		umount "$m" 2>/dev/null || umount -l "$m"
 	done
-	pkill -f "ferryd.*$work/" 2>/dev/null || true
+	for s in $(find "$work" -type s -name '*.sock' 2>/dev/null); do
+		ferryd_stop "$s" || true
+	done
 	[ -n "$reg_pid" ] && kill "$reg_pid" 2>/dev/null
 	rm -rf "$work"
+}
+
+# The pid of the ferryd answering SOCK (its `ferry mount --list`), or
+# nothing when none answers.
+ferryd_pid() { # SOCK [FERRY]
+	timeout -k 1 10 "${2:-$ferry}" mount --list --json --socket "$1" </dev/null 2>/dev/null |
+		python3 -c 'import json, sys; print(json.load(sys.stdin).get("pid", ""))' 2>/dev/null
+}
+# Stops the ferryd answering SOCK, by its pid, and waits for it to exit
+# (5 s); processes are never picked by name.
+ferryd_stop() { # SOCK [FERRY]
+	local pid
+	pid=$(ferryd_pid "$@")
+	[ -n "$pid" ] || return 0
+	kill "$pid" 2>/dev/null || return 0
+	for _ in $(seq 50); do
+		kill -0 "$pid" 2>/dev/null || return 0
+		sleep 0.1
+	done
+	echo "bench: ferryd (pid $pid, socket $1) did not exit" >&2
+	return 1
 }
 
 # bench_builds DEFAULT_ROUNDS [OLD_BIN] NEW_BIN [ROUNDS]: $old (empty with

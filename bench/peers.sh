@@ -52,7 +52,6 @@ ctrr() {
 	ctr-remote --address "$ctd/containerd.sock" -n "$ns" "$@" </dev/null >/dev/null \
 		2>>"$ctd/ctr-remote.log" || { tail -20 "$ctd/ctr-remote.log" >&2; return 1; }
 }
-ferryd_pid() { "$ferry" mount --list --json --socket "$1" | python3 -c 'import json,sys; print(json.load(sys.stdin)["pid"])'; }
 stop_ferry() {
 	ctd_stop "$sn_pid"
 	sn_pid=

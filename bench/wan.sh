@@ -90,8 +90,7 @@ cold() { # LINK BUILD BIN MODE [WORKLOAD [TAG]]: one cold start, a line into $wo
 	t1=$(now)
 	echo "$link $what $(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }') $(wstat requests) $(mstat "$bin" "$sock" bytesFetched) $(mstat "$bin" "$sock" bytesRead) $(mstat "$bin" "$sock" fetchesAhead) $(wstat max_inflight)" >>"$work/results"
 	"$bin/ferry" umount --socket "$sock" "$mnt"
-	pkill -f "ferryd.*$sock" 2>/dev/null || true
-	for _ in $(seq 50); do pgrep -f "ferryd.*$sock" >/dev/null || break; sleep 0.1; done
+	ferryd_stop "$sock" "$bin/ferry"
 }
 pull() { # LINK: the unpack, then issue 17's workload, then issue 21's
 	local t0 t1 t2 t3 tail
@@ -119,7 +118,7 @@ record_list() {
 		--cache-dir "$work/cache-record" "$image" "$mnt"
 	workload "$mnt" 17
 	"$ferry" umount --socket "$sock" "$mnt"
-	pkill -f "ferryd.*$sock" 2>/dev/null || true
+	ferryd_stop "$sock"
 	"$ferry" convert -q --prefetch-files "$work/prefetch.list" \
 		"docker://$reg/src/$set_name:1" "docker://$reg/ferry/$set_name:list"
 	echo "bench: recorded prefetch list: $(wc -l <"$work/prefetch.list") files" >&2
