@@ -306,7 +306,40 @@ static void human_size(uint64_t n, char *buf, size_t len)
 	snprintf(buf, len, "%.1f %s", v, units[u]);
 }
 
-/* @what with every "sha256:<64 hex>" cut to 12 hex digits, as docker shows them. */
+/* A UTF-8 continuation byte: not where a character starts. */
+static bool utf8_cont(char c)
+{
+	return ((unsigned char)c & 0xc0) == 0x80;
+}
+
+/*
+ * Columns of the UTF-8 character at @s: two from U+0800 up, where East
+ * Asian wide characters are (a narrow one there is cut early, never
+ * wraps the line); the C locale ferry runs in has no wcwidth for them.
+ */
+static size_t utf8_width(const char *s)
+{
+	return (unsigned char)*s >= 0xe0 ? 2 : 1;
+}
+
+/* The bytes of @s's first whole characters that fit in @cols columns. */
+static size_t utf8_prefix(const char *s, size_t cols)
+{
+	size_t i = 0;
+
+	while (s[i] && utf8_width(s + i) <= cols) {
+		cols -= utf8_width(s + i);
+		for (i++; utf8_cont(s[i]); i++)
+			;
+	}
+	return i;
+}
+
+/*
+ * @what with every "sha256:<64 hex>" cut to 12 hex digits, as docker shows
+ * them, and control characters as '?' (a name may come from an image).
+ * Cut short by @len, it ends before the character that did not fit.
+ */
 static void short_digests(const char *what, char *buf, size_t len)
 {
 	size_t o = 0;
@@ -316,9 +349,16 @@ static void short_digests(const char *what, char *buf, size_t len)
 			o += (size_t)snprintf(buf + o, len - o, "%.19s", what);
 			what += 7 + 64;
 		} else {
-			buf[o++] = *what++;
+			unsigned char c = (unsigned char)*what++;
+
+			buf[o++] = c < 0x20 || c == 0x7f ? '?' : (char)c;
 		}
 		o = MIN(o, len - 1);
+	}
+	if (utf8_cont(*what)) { /* cut inside a character: drop its first bytes */
+		while (o && utf8_cont(buf[o - 1]))
+			o--;
+		o -= o > 0; /* its lead byte */
 	}
 	buf[o] = '\0';
 }
@@ -326,7 +366,7 @@ static void short_digests(const char *what, char *buf, size_t len)
 /*
  * "LABEL  DONE / TOTAL  PCT%  RATE/s  ETA M:SS" in one line narrower than
  * the terminal (at most 80 columns: a wider one gains nothing), the label
- * cut first when it does not fit.
+ * cut first when it does not fit, between UTF-8 characters.
  */
 static void progress_draw(struct ferry_progress *p)
 {
@@ -370,9 +410,10 @@ static void progress_draw(struct ferry_progress *p)
 	if (n > width)
 		nums[n = width] = '\0';
 	room = width - n;
-	if (strlen(label) > room)
-		snprintf(label + (room > 3 ? room - 3 : 0), 4, "%s", room > 3 ? "..." : "");
-	fprintf(stderr, "\r\033[K%.*s%s", (int)room, label, nums);
+	if (label[utf8_prefix(label, room)]) /* wider than room */
+		snprintf(label + (room > 3 ? utf8_prefix(label, room - 3) : 0), 4, "%s",
+			 room > 3 ? "..." : "");
+	fprintf(stderr, "\r\033[K%s%s", label, nums);
 	p->drawn = true;
 }
 

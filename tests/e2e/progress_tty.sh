@@ -5,7 +5,8 @@
 # on an 80-column terminal: no line wider than 80 columns, the summary's
 # included; progress lines name each layer by a 12-digit digest, count in
 # human units with a percentage, and once measured show a rate and an
-# ETA. On 40 columns none is wider than 40. With --json the terminal gets
+# ETA. On 40 columns none is wider than 40, a UTF-8 label included, cut
+# between characters. With --json the terminal gets
 # the JSON alone; with stderr not a terminal, no progress at all.
 . "$(dirname "$0")/../lib/common.sh"
 . "$(dirname "$0")/../lib/oci.sh"
@@ -43,6 +44,25 @@ check "convert --json on a terminal" \
 	"${PTYRUN[@]}" 80 "$SCRATCH/json" "$FERRY" convert --json "oci:$FIX:base" "dir:$SCRATCH/outj"
 expect "with --json the terminal gets the JSON summary alone" \
 	python3 -c 'import json, sys; json.loads(open(sys.argv[1], "rb").read().decode())' "$SCRATCH/json"
+
+# A label of many-byte characters (an image under a directory named in
+# UTF-8, the label of mount --mode local's fetch) cut to fit: never half a
+# character, never wider than the terminal.
+# The path is relative, so that the label's head (what stays) is UTF-8;
+# then wide characters (two columns each).
+u=$(printf 'ä%.0s' $(seq 5))$(printf '漢%.0s' $(seq 20))
+mkdir -p "$SCRATCH/$u" "$SCRATCH/mnt-u"
+cp -r "$SCRATCH/out40/." "$SCRATCH/$u/"
+check "mount --mode local of a dir: image under a UTF-8 path, on a 40-column terminal" \
+	env -C "$SCRATCH" "${PTYRUN[@]}" 40 "$SCRATCH/ttyu" "$FERRY" mount --mode local \
+	--cache-dir "$SCRATCH/cache-u" "dir:$u" "$SCRATCH/mnt-u"
+"$FERRY" umount "$SCRATCH/mnt-u" >/dev/null 2>&1
+w=$(term_lines "$SCRATCH/ttyu" | grep -P '\tdir:' | cut -f2 | python3 -c '
+import sys, unicodedata
+print(max((sum(1 + (unicodedata.east_asian_width(c) in "WF") for c in l.rstrip("\n"))
+           for l in sys.stdin), default=""))')
+expect "its progress lines: drawn, no wider than 40 columns (widest ${w:-none})" [ "${w:-999}" -le 40 ]
+expect "... and no character cut in half" bash -c '! "$@" | grep -q $'"'"'\xef\xbf\xbd'"'"'' _ "${PTYRUN[@]}" --lines "$SCRATCH/ttyu"
 
 "$FERRY" convert "oci:$FIX:base" "dir:$SCRATCH/outp" 2>"$SCRATCH/err" </dev/null >/dev/null
 expect "stderr not a terminal: no progress line" \
