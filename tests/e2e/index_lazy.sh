@@ -217,7 +217,7 @@ print(n)
 EOF
 }
 big=usr/lib/x86_64-linux-gnu/perl/5.36.0/CORE/charclass_invlists.h
-base_layer=$(layer_digests "docker://$REG/src/idx:edit" | head -n 1)
+base_layer=$(sed -n 1p "$SCRATCH/layers.txt")
 if check "mount --mode fuse docker://…:edit through the referrers tag" \
 	mount_lazy fuse "docker://$PROXY/src/idx:edit" "$M"; then
 	# A file of five 1 MiB chunks, not a program (no ELF prediction):
