@@ -420,6 +420,18 @@ int blob_stream_frame_decode(struct blob_stream_reader *r,
 			     uint64_t run_coff, size_t run_len, void *out);
 
 /*
+ * Decode exactly @out_len bytes of a gzip stream from its point @pt (a
+ * deflate block boundary, not a member header) into @out, @in holding
+ * the stream's bytes from the point's first one (cbit / 8) on: what
+ * `ferry index` proves sparse windows with, thousands of times a layer.
+ * ISA-L's inflate when ferry is built with it (about twice zlib's speed),
+ * else blob_stream_frame_decode's. -EFSCORRUPTED when they do not decode
+ * to that many bytes.
+ */
+int blob_stream_point_decode(struct blob_stream_reader *r, const struct blob_stream_point *pt,
+			     const uint8_t *in, size_t in_len, void *out, size_t out_len);
+
+/*
  * Points a process learned while decoding a stream blob's frames: the
  * last block boundary (gzip; frame end for zstd) each run passed, with
  * its window (at most 64 per blob, the least recently used replaced).

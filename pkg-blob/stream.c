@@ -26,6 +26,9 @@
 #include "internal.h"
 #include "../pkg-base/base.h"
 
+#ifdef FERRY_HAVE_ISAL
+#include <isa-l/igzip_lib.h>
+#endif
 #include <limits.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -315,6 +318,9 @@ struct blob_stream_reader {
 	z_stream z;
 	bool z_ready;      /* inflateInit2 done */
 	bool z_gzip;       /* in a member with its header (else raw deflate) */
+#ifdef FERRY_HAVE_ISAL
+	struct inflate_state *isal; /* blob_stream_point_decode's, made on first use */
+#endif
 	ZSTD_DStream *zd;
 	/* Where the decoder stands: bytes of the current run it reads. */
 	bool active;
@@ -352,6 +358,9 @@ void blob_stream_reader_free(struct blob_stream_reader *r)
 		return;
 	if (r->z_ready)
 		inflateEnd(&r->z);
+#ifdef FERRY_HAVE_ISAL
+	free(r->isal);
+#endif
 	ZSTD_freeDStream(r->zd);
 	free(r);
 }
@@ -378,6 +387,18 @@ static void ring_put(struct blob_stream_reader *r, const uint8_t *p, size_t n)
 	first = MIN(n, RING - (size_t)(at % RING));
 	memcpy(r->ring + at % RING, p, first);
 	memcpy(r->ring, p + first, n - first);
+}
+
+/* Point @pt's window, decoded (into r->window) when it is stored compressed. */
+static int point_window(struct blob_stream_reader *r, const struct blob_stream_point *pt,
+			const uint8_t **w)
+{
+	*w = pt->window;
+	if (pt->window_clen == pt->window_len) /* stored as it is */
+		return 0;
+	*w = r->window;
+	return blob_decompress(BLOB_CODEC_ZSTD, pt->window, pt->window_clen, r->window,
+			       pt->window_len);
 }
 
 /* Set the decoder up at point @pt, whose first byte is @in. */
@@ -413,18 +434,16 @@ static int start_at(struct blob_stream_reader *r, const struct blob_stream *s,
 		r->in++;
 	}
 	if (pt->window_len) {
-		int ret = blob_decompress(pt->window_clen == pt->window_len ?
-					  BLOB_CODEC_NONE : BLOB_CODEC_ZSTD,
-					  pt->window, pt->window_clen, r->window,
-					  pt->window_len);
+		const uint8_t *w;
+		int ret = point_window(r, pt, &w);
 
 		if (ret)
 			return ret;
-		if (inflateSetDictionary(&r->z, r->window, pt->window_len) != Z_OK)
+		if (inflateSetDictionary(&r->z, w, pt->window_len) != Z_OK)
 			return -EFSCORRUPTED;
 		/* The ring starts with it: a point learned soon after needs it. */
 		r->pos -= pt->window_len;
-		ring_put(r, r->window, pt->window_len);
+		ring_put(r, w, pt->window_len);
 		r->pos += pt->window_len;
 	}
 	return 0;
@@ -562,6 +581,70 @@ int blob_stream_frame_decode(struct blob_stream_reader *r,
 fail:
 	r->active = false;
 	return ret == -EFSCORRUPTED ? frame_bad(s, c, "does not decode") : ret;
+}
+
+#ifdef FERRY_HAVE_ISAL
+/*
+ * ISA-L's raw inflate from the point: its window as the dictionary, and
+ * the bits of the point's first byte that belong to its block (zlib's
+ * inflatePrime) put in the decoder's bit buffer, read_in, as
+ * isal_inflate would have left them there.
+ */
+static int point_decode_isal(struct blob_stream_reader *r, const struct blob_stream_point *pt,
+			     const uint8_t *in, size_t in_len, void *out, size_t out_len)
+{
+	unsigned int bits = (unsigned int)(pt->cbit % 8);
+	struct inflate_state *st = r->isal;
+	const uint8_t *w;
+	int ret;
+
+	if (!st && !(st = r->isal = malloc(sizeof(*st))))
+		return -ENOMEM;
+	if (in_len > UINT32_MAX || out_len > UINT32_MAX)
+		return -EINVAL;
+	isal_inflate_init(st); /* raw deflate, 32 KiB of history */
+	if (pt->window_len) {
+		ret = point_window(r, pt, &w);
+		if (ret)
+			return ret;
+		if (isal_inflate_set_dict(st, (uint8_t *)w, pt->window_len) != COMP_OK)
+			return -EFSCORRUPTED;
+	}
+	if (bits) {
+		if (!in_len)
+			return -EFSCORRUPTED;
+		st->read_in = *in >> bits;
+		st->read_in_length = (int32_t)(8 - bits);
+		in++;
+		in_len--;
+	}
+	st->next_in = (uint8_t *)in;
+	st->avail_in = (uint32_t)in_len;
+	st->next_out = out;
+	st->avail_out = (uint32_t)out_len;
+	/* Short output: the input ended, or the deflate stream did. */
+	return isal_inflate(st) == ISAL_DECOMP_OK && !st->avail_out ? 0 : -EFSCORRUPTED;
+}
+#endif
+
+int blob_stream_point_decode(struct blob_stream_reader *r, const struct blob_stream_point *pt,
+			     const uint8_t *in, size_t in_len, void *out, size_t out_len)
+{
+#ifdef FERRY_HAVE_ISAL
+	return point_decode_isal(r, pt, in, in_len, out, out_len);
+#else
+	struct blob_stream_point p = *pt;
+	struct blob_stream s = { .format = BLOB_STREAM_GZIP, .usize = UINT64_MAX,
+				 .points = &p, .nr_points = 1 };
+	struct blob_chunk c = { .coff = pt->cbit / 8, .csize = (uint32_t)in_len,
+				.frame_usize = (uint32_t)out_len,
+				.codec = BLOB_CODEC_GZIP_STREAM };
+
+	if (in_len > UINT32_MAX || out_len > UINT32_MAX)
+		return -EINVAL;
+	blob_stream_reader_reset(r);
+	return blob_stream_frame_decode(r, &s, &c, in, c.coff, in_len, out);
+#endif
 }
 
 /* ------------------------------------------------------------------ */

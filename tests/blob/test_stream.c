@@ -8,7 +8,8 @@
  * stops, as an indexer would. Checks the table and section round trips
  * and their refusals, decoding every frame, filling a cache from the
  * layer, a flipped layer byte (EIO for the chunks it touches and no
- * wrong byte in the cache), and ferry check's pass.
+ * wrong byte in the cache), ferry check's pass, and the point decoder
+ * `ferry index` probes windows with.
  */
 #include "../test.h"
 #include "../../pkg-base/base.h"
@@ -468,6 +469,87 @@ static void test_frames_gzip(void)
 	layer_free(&l);
 }
 
+/* What `ferry index` decodes after a point to probe its window. */
+#define PROBE_LEN (BLOB_STREAM_WINDOW + 258u)
+
+/* blob_stream_frame_decode's (zlib's) bytes from point @pt, for comparison. */
+static int frame_decode_at(struct blob_stream_reader *r, struct blob_stream_point *pt,
+			   const uint8_t *in, size_t in_len, uint8_t *out, size_t out_len)
+{
+	struct blob_stream s = { .format = BLOB_STREAM_GZIP, .usize = UINT64_MAX,
+				 .points = pt, .nr_points = 1 };
+	struct blob_chunk c = { .coff = pt->cbit / 8, .csize = (uint32_t)in_len,
+				.frame_usize = (uint32_t)out_len,
+				.codec = BLOB_CODEC_GZIP_STREAM };
+
+	blob_stream_reader_reset(r);
+	return blob_stream_frame_decode(r, &s, &c, in, c.coff, in_len, out);
+}
+
+/*
+ * blob_stream_point_decode (ISA-L's inflate when built with it) from
+ * every point inside a member, with the point's window (zstd-stored, and
+ * raw) and with one of zeros: the stream's bytes, and zlib's bytes for
+ * the zeros; an error, not bytes, for a truncated stream, output past
+ * the member's last block, a missing window and an invalid block type.
+ */
+static void test_point_decode(void)
+{
+	static const uint8_t zeros[BLOB_STREAM_WINDOW];
+	static const uint8_t bad_block[8] = { 0x07 }; /* BFINAL, BTYPE 11 */
+	struct blob_stream_reader *r;
+	uint8_t *out = malloc(PROBE_LEN), *ref = malloc(PROBE_LEN);
+	uint32_t i, tried = 0, odd = 0;
+	struct layer l;
+
+	make_gzip(&l, 2 * MIB, 64 * KIB);
+	MUST(blob_stream_reader_new(&r));
+	for (i = 0; i < l.nr_points; i++) {
+		struct blob_stream_point pt = l.points[i];
+		uint64_t end = i + 1 < l.nr_points && (l.points[i + 1].flags & BLOB_POINT_HEADER) ?
+			       l.points[i + 1].uoff : l.plain_len;
+		size_t n = (size_t)MIN((uint64_t)PROBE_LEN, end - pt.uoff);
+		const uint8_t *in = l.comp + pt.cbit / 8;
+		size_t in_len = l.comp_len - pt.cbit / 8;
+
+		if (pt.flags & BLOB_POINT_HEADER)
+			continue;
+		tried++;
+		odd += pt.cbit % 8 != 0;
+		CHECK_EQ(blob_stream_point_decode(r, &pt, in, in_len, out, n), 0);
+		CHECK(!memcmp(out, l.plain + pt.uoff, n));
+		pt.window = l.plain + pt.uoff - pt.window_len;
+		pt.window_clen = pt.window_len;
+		memset(out, 0, n);
+		CHECK_EQ(blob_stream_point_decode(r, &pt, in, in_len, out, n), 0);
+		CHECK(!memcmp(out, l.plain + pt.uoff, n));
+		pt.window = zeros;
+		CHECK_EQ(blob_stream_point_decode(r, &pt, in, in_len, out, n), 0);
+		CHECK_EQ(frame_decode_at(r, &pt, in, in_len, ref, n), 0);
+		CHECK(!memcmp(out, ref, n));
+		/* Cut short: the stream's first 64 bytes give fewer bytes. */
+		CHECK_EQ(blob_stream_point_decode(r, &pt, in, 64, out, n), -EFSCORRUPTED);
+		/* More than the member holds: its last block ends first. */
+		if (end < l.plain_len && end - pt.uoff < PROBE_LEN)
+			CHECK_EQ(blob_stream_point_decode(r, &pt, in, in_len, out, n + 1),
+				 -EFSCORRUPTED);
+		/* Copies from a window it does not have. */
+		pt.window_len = pt.window_clen = 0;
+		CHECK_EQ(blob_stream_point_decode(r, &pt, in, in_len, out, n), -EFSCORRUPTED);
+	}
+	CHECK(tried > 8 && odd > 0);
+	{
+		struct blob_stream_point pt = { .cbit = 0 };
+
+		CHECK_EQ(blob_stream_point_decode(r, &pt, bad_block, sizeof(bad_block), out, 16),
+			 -EFSCORRUPTED);
+	}
+	blob_stream_reader_free(r);
+	free(out);
+	free(ref);
+	layer_free(&l);
+}
+
 static void test_frames_zstd(void)
 {
 	struct layer l;
@@ -825,6 +907,7 @@ int main(void)
 		return 1;
 	ferry_log_level = getenv("FERRY_TEST_VERBOSE") ? FERRY_LOG_DEBUG : -1;
 	RUN_TEST(test_frames_gzip);
+	RUN_TEST(test_point_decode);
 	RUN_TEST(test_frames_zstd);
 	RUN_TEST(test_frames_tar);
 	RUN_TEST(test_cache_fill);
