@@ -253,7 +253,7 @@ sn_log() { grep -c -- "$1" "$CTD/snapshotter.log"; } # PATTERN
 cell() { # MODE ORDER
 	local mode=$1 order=$2 c="kill -9 $2 under a container, $1" name=$1-$2
 	local img=$PROXY/ferry/$1-$2:1 out=$SCRATCH/out-$1-$2 id=run-$1-$2
-	local mnt dpid kpid t0 up mid restored again served=1
+	local mnt dpid kpid t0 up mid restored again served=1 restart_s again_s
 	mkdir -p "$out"
 	cp /bin/busybox "$SCRATCH/reader.sh" "$out/"
 	cp "$SCRATCH/img/$name.files" "$out/files"
@@ -299,6 +299,7 @@ cell() { # MODE ORDER
 		kill -KILL $(daemon_pids) $(keeper_pids) "$SN_PID" && wait "$SN_PID" 2>/dev/null
 		sleep 1
 		check "$c: a ferryd serves its socket again" ferryd_again
+		restart_s=$(date +%s)
 		SN_WAIT=0 sn_restart "$c" "$mode"
 		;;
 	esac
@@ -330,6 +331,15 @@ cell() { # MODE ORDER
 	all)
 		expect "$c: the restarted snapshotter mounts the image again" \
 			poll 30 eval '[ "$(sn_log "mounting docker://$PROXY/ferry/$name@.* again")" -gt "$again" ]'
+		# A FUSE mount whose connection ended with its keeper is mounted
+		# again at once; fanotify's kernel mount lives on, waited for
+		# (takeoverWait, 10 s) in case a successor takes it over.
+		again_s=$(date -d "$(grep "mounting docker://$PROXY/ferry/$name@.* again" "$CTD/snapshotter.log" |
+			tail -n 1 | sed -n 's/^time="\([^"]*\)".*/\1/p')" +%s 2>/dev/null)
+		if [ "$mode" = fuse ]; then
+			expect_sh "$c: ... within 5 s of its restart, its FUSE connection ended ($((${again_s:-0} - restart_s)) s)" \
+				'[ -n "$again_s" ] && [ $((again_s - restart_s)) -lt 5 ]'
+		fi
 		;;
 	esac
 	# The container's mount, kept where a ferryd serves it.

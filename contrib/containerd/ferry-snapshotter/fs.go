@@ -38,10 +38,14 @@ var remountBackoff = 10 * time.Second
 // the mount, or lists it as still being mounted. A mount the kernel still
 // has is waited for this long before it is taken for dead and mounted
 // again: detaching it sooner cuts the running containers off their files
-// (the successor finds no mount to take over).
+// (the successor finds no mount to take over). A FUSE mount whose
+// connection the kernel ended is dead at once (fuseAborted).
 var takeoverWait = 10 * time.Second
 
 const takeoverPoll = 200 * time.Millisecond
+
+// How long fuseAborted waits for statfs: an ended connection answers at once.
+const fuseProbeWait = 100 * time.Millisecond
 
 // record is what a ferry snapshot was verified and committed as, kept in
 // its snapshot directory (ROOT/snapshots/ID/ferry.json, removed with it):
@@ -537,10 +541,30 @@ func (f *ferryFS) served(dir string, rec *record) (liveness, error) {
 		}
 		return mountGone, nil // detached behind ferryd's back
 	}
-	if mounted {
+	if mounted && !fuseAborted(dir) {
 		return mountPending, nil // its keeper has not handed it over yet
 	}
 	return mountGone, nil
+}
+
+// fuseAborted: @dir is a FUSE mount whose connection the kernel ended,
+// which it does once every /dev/fuse descriptor is closed: ferryd and the
+// mount's keeper are both gone, and no successor can take the mount over.
+// statfs then fails with ENOTCONN at once; on a live connection that no
+// ferryd serves yet it waits for one, so it is not waited for (its
+// goroutine ends when a successor answers, or the keeper gives up).
+func fuseAborted(dir string) bool {
+	done := make(chan error, 1)
+	go func() {
+		var st syscall.Statfs_t
+		done <- syscall.Statfs(dir, &st)
+	}()
+	select {
+	case err := <-done:
+		return errors.Is(err, syscall.ENOTCONN)
+	case <-time.After(fuseProbeWait):
+		return false
+	}
 }
 
 // awaitServed: whether ferryd serves the mount (served), waiting at most

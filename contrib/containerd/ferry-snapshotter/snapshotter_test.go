@@ -597,6 +597,41 @@ func TestUnverifiedSnapshot(t *testing.T) {
 	}
 }
 
+// fuseAborted tells a FUSE mount whose connection the kernel ended (every
+// /dev/fuse descriptor closed: ferryd and its keeper gone) from one a
+// descriptor still holds (a keeper waiting for a successor: statfs waits
+// for an answer) and from a directory that is no FUSE mount.
+func TestFuseAborted(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mounts FUSE: needs root")
+	}
+	dir := t.TempDir()
+	fd, err := syscall.Open("/dev/fuse", syscall.O_RDWR|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		t.Skipf("/dev/fuse: %v", err)
+	}
+	opts := fmt.Sprintf("fd=%d,rootmode=40000,user_id=0,group_id=0", fd)
+	if err := syscall.Mount("ferry-test", dir, "fuse", syscall.MS_RDONLY, opts); err != nil {
+		syscall.Close(fd)
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Unmount(dir, syscall.MNT_DETACH) })
+	t0 := time.Now()
+	if fuseAborted(dir) {
+		t.Fatal("a connection a descriptor still holds was taken for ended")
+	}
+	if d := time.Since(t0); d > time.Second {
+		t.Fatalf("fuseAborted waited %v for a connection nobody answers", d)
+	}
+	syscall.Close(fd)
+	if !fuseAborted(dir) {
+		t.Fatal("a connection with no descriptor left was not taken for ended")
+	}
+	if fuseAborted(t.TempDir()) {
+		t.Fatal("a plain directory was taken for an ended FUSE mount")
+	}
+}
+
 // A snapshotter restarted while ferryd is being replaced (kill -9: the
 // mounts' keepers start a successor that takes each mount over) leaves
 // the kernel's mount alone. While ferryd does not answer, a container is
