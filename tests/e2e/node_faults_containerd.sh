@@ -176,10 +176,13 @@ for line in open(out + "/log"):
 missing = sorted(set(ref) - seen)
 ok = not wrong and not slow and not missing and (kill is None or flight)
 what = "every file right" if want == "whole" else "right bytes or an error"
-print("%s - %s: %s, every read < 30 s (%d files, %d errors%s)" %
+problems = wrong + ["slow: " + s for s in slow] + ["never read: " + m for m in missing]
+# The first problem in the check's own line: CI's summary shows only it.
+print("%s - %s: %s, every read < 30 s (%d files, %d errors%s)%s" %
       ("ok" if ok else "not ok", desc, what, len(seen), len(errs),
-       "" if kill is None else ", in flight at the kill: " + (" ".join(flight) or "none")))
-for x in wrong[:6] + ["slow: " + s for s in slow[:4]] + ["never read: " + m for m in missing[:4]]:
+       "" if kill is None else ", in flight at the kill: " + (" ".join(flight) or "none"),
+       "; " + problems[0] if problems else ""))
+for x in problems[:10]:
     print("    " + x)
 if errs and ok:
     print("    errors: " + ", ".join(errs[:6]))
