@@ -158,6 +158,10 @@ passed=$(grep -c '^ok ' "$log")
 failed=$(grep -c '^not ok ' "$log")
 echo
 echo "# slowest: $(sort -rn "$times" | head -8 | awk '{printf "%s %ss, ", $2, $1}')"
-grep '^not ok ' "$log" | sed 's/^/FAILED: /'
+# Each failure with the first lines of what it printed under it (its
+# condition, diagnostics): the end of the output is what CI shows.
+awk '/^not ok / { print "FAILED: " $0; n = 4; next }
+	n > 0 && /^[ \t]/ { print; n--; next }
+	{ n = 0 }' "$log"
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ] && [ "$status" -eq 0 ] && [ "$passed" -gt 0 ]
