@@ -557,15 +557,6 @@ int blob_cache_ensure(struct blob_cache_blob *b, uint64_t uoff, uint64_t len,
 		      const struct blob_source *src, uint64_t *fetched);
 
 /*
- * blob_cache_ensure for a reader waiting on the range: a stream blob's
- * fetch also decodes on into the frames that follow, up to 1 MiB of slots
- * from the first frame it decodes, as long as they join its run and no
- * other fill has them (the next reads of a file then find them present).
- */
-int blob_cache_ensure_read(struct blob_cache_blob *b, uint64_t uoff, uint64_t len,
-			   const struct blob_source *src, uint64_t *fetched);
-
-/*
  * Hand the bytes of every frame overlapping [@uoff, @uoff + @len) (of a
  * stream blob, every frame of their resume points) to @emit, in order, as they lie in the uncompressed address space: @off
  * and @len multiples of BLOB_SLOT_ALIGN (the frame's slots, the last

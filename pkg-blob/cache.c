@@ -614,7 +614,6 @@ struct fill {
 	uint64_t *fetched;
 	uint32_t i0, i1;      /* requested chunks, inclusive */
 	uint32_t w0, w1;      /* filled: i0 .. i1, or more (see ensure) */
-	uint32_t fb_asked;    /* frames after it are filled only on the way */
 	uint32_t c0;          /* chunk whose mark is marks[0] */
 	uint8_t *marks;       /* map bytes of the group being filled */
 	size_t marks_cap;
@@ -991,8 +990,7 @@ static int fill_group(struct blob_cache_blob *b, struct fill *f, uint32_t fa,
 		uint64_t coff0, end;
 
 		last = fr;
-		/* A frame after the asked ones never costs a request of its own. */
-		if (fr > f->fb_asked || !frame_needed(b, f, fr))
+		if (!frame_needed(b, f, fr))
 			continue;
 		c = &chunks[b->frames[fr].first];
 		coff0 = c->coff;
@@ -1115,38 +1113,8 @@ static void stream_point_frames(const struct blob_cache_blob *b, uint32_t *fa,
 		(*fb)++;
 }
 
-/*
- * A reader's miss on a stream blob decodes on into the frames after the
- * asked ones, up to READ_ONWARD bytes of slots from the first frame it
- * decodes: what a converted image's 1 MiB frame brings along. A 128K
- * span's frames hold a few hundred KiB, so without it a reader going
- * through a file waits on a request per frame (issue 45).
- */
-#define READ_ONWARD ((uint64_t)1 << 20)
-
-/* *@fb moved on over the frames a reader's miss decodes along (see above). */
-static void stream_onward_frames(const struct blob_cache_blob *b,
-				 const struct fill *f, uint32_t fa, uint32_t *fb)
-{
-	const struct blob_chunk *chunks = b->info->chunks;
-	uint64_t limit;
-
-	while (fa < *fb && !frame_needed(b, f, fa))
-		fa++;
-	limit = chunks[b->frames[fa].first].uoff + READ_ONWARD;
-	while (*fb + 1 < b->nr_frames) {
-		const struct cache_frame *q = &b->frames[*fb + 1];
-		const struct blob_chunk *last = &chunks[q->first + q->count - 1];
-
-		if (last->uoff + last->usize > limit)
-			break;
-		(*fb)++;
-	}
-}
-
-static int cache_ensure(struct blob_cache_blob *b, uint64_t uoff, uint64_t len,
-			const struct blob_source *src, uint64_t *fetched,
-			bool onward)
+int blob_cache_ensure(struct blob_cache_blob *b, uint64_t uoff, uint64_t len,
+		      const struct blob_source *src, uint64_t *fetched)
 {
 	const struct blob_info *info = b->info;
 	struct fill f = { .src = src, .fetched = fetched };
@@ -1183,11 +1151,6 @@ static int cache_ensure(struct blob_cache_blob *b, uint64_t uoff, uint64_t len,
 	stream_point_frames(b, &fa, &fb, false);
 	f.w0 = MIN(f.i0, b->frames[fa].first);
 	f.w1 = MAX(f.i1, b->frames[fb].first + b->frames[fb].count - 1);
-	f.fb_asked = fb;
-	if (onward && (info->flags & BLOB_INFO_STREAM)) {
-		stream_onward_frames(b, &f, fa, &fb);
-		f.w1 = b->frames[fb].first + b->frames[fb].count - 1;
-	}
 	claimed = malloc((size_t)(fb - fa + 1) * sizeof(*claimed));
 	if (!claimed)
 		return -ENOMEM;
@@ -1203,10 +1166,6 @@ static int cache_ensure(struct blob_cache_blob *b, uint64_t uoff, uint64_t len,
 			uint64_t coff = info->chunks[b->frames[fr].first].coff;
 
 			if (!frame_needed(b, &f, fr))
-				continue;
-			/* Frames decoded along only when free: never waited for. */
-			if (fr > f.fb_asked &&
-			    (b->inflight[fr] || (b->learned && coff == busy_point)))
 				continue;
 			/*
 			 * A stream blob's frames after one of the same resume
@@ -1243,23 +1202,11 @@ static int cache_ensure(struct blob_cache_blob *b, uint64_t uoff, uint64_t len,
 	}
 	pthread_mutex_unlock(&b->lock);
 	/* Used now, not when asked: a fetch may have taken seconds. */
-	touch_frames(b, fa, f.fb_asked);
+	touch_frames(b, fa, fb);
 	free(claimed);
 	free(f.marks);
 	blob_stream_reader_free(f.reader);
 	return ret;
-}
-
-int blob_cache_ensure(struct blob_cache_blob *b, uint64_t uoff, uint64_t len,
-		      const struct blob_source *src, uint64_t *fetched)
-{
-	return cache_ensure(b, uoff, len, src, fetched, false);
-}
-
-int blob_cache_ensure_read(struct blob_cache_blob *b, uint64_t uoff, uint64_t len,
-			   const struct blob_source *src, uint64_t *fetched)
-{
-	return cache_ensure(b, uoff, len, src, fetched, true);
 }
 
 /* A 4 KiB-aligned buffer of at least @len bytes (contents not kept). */

@@ -760,95 +760,6 @@ static void test_learned_points(void)
 	layer_free(&l);
 }
 
-/*
- * A reader's miss decodes on into the frames after the one it asked for,
- * up to 1 MiB of slots from the first frame it decodes, in the same
- * request (issue 45: a converted image's 1 MiB frame brings as much
- * along); blob_cache_ensure, fetch-ahead's, stops at the asked frame.
- */
-static void test_read_onward(void)
-{
-	struct layer l;
-	struct blob_index idx;
-	struct blob_streams ss;
-	struct blob_cache_blob *b;
-	struct blob_source src;
-	struct mem_src m;
-	const struct blob_chunk *c, *asked = NULL, *start = NULL;
-	uint64_t limit;
-	uint32_t i, e, a, next, beyond = UINT32_MAX;
-	char dir[128];
-	void *ext;
-	size_t ext_len;
-	uint8_t *data;
-
-	make_gzip(&l, 6 * MIB, 128 * KIB);
-	make_table(&l);
-	MUST(round_trip(&l, &idx, &ss, &ext, &ext_len));
-	/* The first frame starting 1 MiB into the layer, and its point's first. */
-	for (i = 0; i < idx.blobs[0].nr_chunks && !asked; i++) {
-		c = &idx.blobs[0].chunks[i];
-		if (!c->frame_off && c->uoff >= MIB)
-			asked = c;
-	}
-	MUST(!asked);
-	a = (uint32_t)(asked - idx.blobs[0].chunks);
-	for (start = asked; start > idx.blobs[0].chunks &&
-	     start[-1].coff == asked->coff; start--)
-		;
-	for (next = a + 1; next < idx.blobs[0].nr_chunks &&
-	     idx.blobs[0].chunks[next].frame_off; next++)
-		;
-	limit = start->uoff + MIB;
-	for (i = next; i < idx.blobs[0].nr_chunks && beyond == UINT32_MAX; i++)
-		if (idx.blobs[0].chunks[i].uoff >= limit)
-			beyond = i;
-	MUST(next >= idx.blobs[0].nr_chunks || beyond == UINT32_MAX ||
-	     idx.blobs[0].chunks[next].uoff + idx.blobs[0].chunks[next].usize > limit);
-	m = (struct mem_src){ .p = l.comp, .len = l.comp_len };
-	src = (struct blob_source){ mem_read, &m, &ss.streams[0] };
-
-	/* Fetch-ahead's ensure: the frame after stays missing. */
-	snprintf(dir, sizeof(dir), "%s/ahead", tmpdir);
-	MUST(blob_cache_open(dir, &idx.blobs[0], &b));
-	CHECK_EQ(blob_cache_ensure(b, asked->uoff, asked->usize, &src, NULL), 0);
-	CHECK(!blob_cache_chunk_present(b, next));
-	blob_cache_close(b);
-
-	/* A reader's: one request brings the next frames up to the limit. */
-	m.reads = 0;
-	snprintf(dir, sizeof(dir), "%s/onward", tmpdir);
-	MUST(blob_cache_open(dir, &idx.blobs[0], &b));
-	CHECK_EQ(blob_cache_ensure_read(b, asked->uoff, asked->usize, &src, NULL), 0);
-	CHECK_EQ(m.reads, 1);
-	/* Whole frames only: one whose slots end past the limit stays out. */
-	for (i = a; i < idx.blobs[0].nr_chunks; i = e) {
-		for (e = i + 1; e < idx.blobs[0].nr_chunks &&
-		     idx.blobs[0].chunks[e].frame_off; e++)
-			;
-		c = &idx.blobs[0].chunks[e - 1];
-		if (c->uoff + c->usize > limit)
-			break;
-		for (; i < e; i++)
-			CHECK(blob_cache_chunk_present(b, i));
-	}
-	CHECK(i > next); /* at least the next frame came along */
-	CHECK(!blob_cache_chunk_present(b, beyond));
-	c = &idx.blobs[0].chunks[next];
-	data = malloc(c->usize);
-	MUST(pread_full(blob_cache_data_fd(b), data, c->usize, c->uoff));
-	CHECK(!memcmp(data, chunk_plain(&l, c), c->usize));
-	free(data);
-	/* The onward frames were a bonus: the next read is a hit. */
-	CHECK_EQ(blob_cache_ensure_read(b, c->uoff, c->usize, &src, NULL), 0);
-	CHECK_EQ(m.reads, 1);
-	blob_cache_close(b);
-	blob_streams_free(&ss);
-	blob_index_free(&idx);
-	free(ext);
-	layer_free(&l);
-}
-
 static void test_verify(void)
 {
 	struct layer l;
@@ -1002,7 +913,6 @@ int main(void)
 	RUN_TEST(test_cache_fill);
 	RUN_TEST(test_neighbour_fails);
 	RUN_TEST(test_learned_points);
-	RUN_TEST(test_read_onward);
 	RUN_TEST(test_verify);
 	RUN_TEST(test_table_refused);
 	RUN_TEST(test_points_refused);
