@@ -557,16 +557,6 @@ int blob_cache_ensure(struct blob_cache_blob *b, uint64_t uoff, uint64_t len,
 		      const struct blob_source *src, uint64_t *fetched);
 
 /*
- * blob_cache_ensure for a reader waiting on the range: a stream blob's
- * fetch also fills the other frames of the 1 MiB-aligned window of slots
- * around it, before and after (what a converted 1 MiB frame brings
- * along), as long as they join its run and no other fill has them: the
- * neighbouring files a reader opens next are then present.
- */
-int blob_cache_ensure_read(struct blob_cache_blob *b, uint64_t uoff, uint64_t len,
-			   const struct blob_source *src, uint64_t *fetched);
-
-/*
  * Hand the bytes of every frame overlapping [@uoff, @uoff + @len) (of a
  * stream blob, every frame of their resume points) to @emit, in order, as they lie in the uncompressed address space: @off
  * and @len multiples of BLOB_SLOT_ALIGN (the frame's slots, the last

@@ -192,8 +192,8 @@ int ensure(struct image_cache *ic, uint32_t index, uint64_t uoff, uint64_t len,
 	   bool demand)
 {
 	uint64_t fetched = 0, start = demand ? ferry_now_ns() : 0;
-	int ret = (demand ? blob_cache_ensure_read : blob_cache_ensure)(
-		ic->blobs[index], uoff, len, &ic->srcs[index], &fetched);
+	int ret = blob_cache_ensure(ic->blobs[index], uoff, len, &ic->srcs[index],
+				    &fetched);
 
 	atomic_fetch_add(&ic->bytes_fetched, fetched);
 	if (demand)

@@ -760,96 +760,6 @@ static void test_learned_points(void)
 	layer_free(&l);
 }
 
-/*
- * A reader's miss fills the frames of the 1 MiB-aligned window of slots
- * around the chunk it asked for, before and after it, in one request
- * (issue 45: what a converted image's 1 MiB frame brings along);
- * blob_cache_ensure, fetch-ahead's, fills only the asked frame's point.
- */
-static void test_read_window(void)
-{
-	struct layer l;
-	struct blob_index idx;
-	struct blob_streams ss;
-	struct blob_cache_blob *b;
-	struct blob_source src;
-	struct mem_src m;
-	const struct blob_chunk *ch, *c, *asked = NULL;
-	const uint64_t lo = MIB, hi = 2 * MIB;
-	uint32_t i, e, a, nr, before = UINT32_MAX, after = UINT32_MAX;
-	uint32_t inside = 0;
-	char dir[128];
-	void *ext;
-	size_t ext_len;
-	uint8_t *data;
-
-	make_gzip(&l, 6 * MIB, 128 * KIB);
-	make_table(&l);
-	MUST(round_trip(&l, &idx, &ss, &ext, &ext_len));
-	ch = idx.blobs[0].chunks;
-	nr = idx.blobs[0].nr_chunks;
-	/* A frame in the middle of the window [1 MiB, 2 MiB) of slots. */
-	for (i = 0; i < nr && !asked; i++)
-		if (!ch[i].frame_off && ch[i].uoff >= lo + MIB / 2)
-			asked = &ch[i];
-	MUST(!asked);
-	a = (uint32_t)(asked - ch);
-	/* A chunk of the window before the asked one's point, one after its frame. */
-	for (i = 0; i < nr; i++) {
-		if (ch[i].uoff >= lo && ch[i].uoff + ch[i].usize <= hi &&
-		    ch[i].coff < asked->coff && before == UINT32_MAX)
-			before = i;
-		if (i > a && !ch[i].frame_off && ch[i].uoff < hi && after == UINT32_MAX)
-			after = i;
-	}
-	MUST(before == UINT32_MAX || after == UINT32_MAX);
-	m = (struct mem_src){ .p = l.comp, .len = l.comp_len };
-	src = (struct blob_source){ mem_read, &m, &ss.streams[0] };
-
-	/* Fetch-ahead's ensure: the window's other frames stay missing. */
-	snprintf(dir, sizeof(dir), "%s/ahead", tmpdir);
-	MUST(blob_cache_open(dir, &idx.blobs[0], &b));
-	CHECK_EQ(blob_cache_ensure(b, asked->uoff, asked->usize, &src, NULL), 0);
-	CHECK(!blob_cache_chunk_present(b, before));
-	CHECK(!blob_cache_chunk_present(b, after));
-	blob_cache_close(b);
-
-	/* A reader's: one request brings every whole frame of the window. */
-	m.reads = 0;
-	snprintf(dir, sizeof(dir), "%s/window", tmpdir);
-	MUST(blob_cache_open(dir, &idx.blobs[0], &b));
-	CHECK_EQ(blob_cache_ensure_read(b, asked->uoff, asked->usize, &src, NULL), 0);
-	CHECK_EQ(m.reads, 1);
-	for (i = 0; i < nr; i = e) {
-		for (e = i + 1; e < nr && ch[e].frame_off; e++)
-			;
-		if (ch[i].uoff < lo || ch[e - 1].uoff + ch[e - 1].usize > hi)
-			continue;
-		for (; i < e; i++, inside++)
-			CHECK(blob_cache_chunk_present(b, i));
-	}
-	CHECK(inside > 2);
-	/* Past the window (frames of the window's last point aside). */
-	for (i = a; i < nr && (ch[i].uoff < hi + 256 * KIB || ch[i].frame_off); i++)
-		;
-	MUST(i == nr);
-	CHECK(!blob_cache_chunk_present(b, i));
-	c = &ch[before];
-	data = malloc(c->usize);
-	MUST(pread_full(blob_cache_data_fd(b), data, c->usize, c->uoff));
-	CHECK(!memcmp(data, chunk_plain(&l, c), c->usize));
-	free(data);
-	/* The window's frames were a bonus: reads of them are hits. */
-	CHECK_EQ(blob_cache_ensure_read(b, c->uoff, c->usize, &src, NULL), 0);
-	CHECK_EQ(blob_cache_ensure_read(b, ch[after].uoff, ch[after].usize, &src, NULL), 0);
-	CHECK_EQ(m.reads, 1);
-	blob_cache_close(b);
-	blob_streams_free(&ss);
-	blob_index_free(&idx);
-	free(ext);
-	layer_free(&l);
-}
-
 static void test_verify(void)
 {
 	struct layer l;
@@ -1003,7 +913,6 @@ int main(void)
 	RUN_TEST(test_cache_fill);
 	RUN_TEST(test_neighbour_fails);
 	RUN_TEST(test_learned_points);
-	RUN_TEST(test_read_window);
 	RUN_TEST(test_verify);
 	RUN_TEST(test_table_refused);
 	RUN_TEST(test_points_refused);
