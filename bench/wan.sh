@@ -28,7 +28,9 @@
 # fetchesAhead). "new-fanotify-native": the same image converted by NEW_BIN
 # to native EROFS layers (--format erofs-layers), fanotify mode, issue 21's
 # workload. "new-MODE-index": the source image itself, unconverted, through
-# the ferry index NEW_BIN attached to it (issue 45), issue 21's workload.
+# the ferry index NEW_BIN attached to it (issue 45), issue 21's workload;
+# "old-MODE-index" the same through OLD_BIN (an A/B of the index's cold
+# start in one run).
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 . "$top/bench/lib.sh"
@@ -145,6 +147,7 @@ for link in $links; do
 			cold "$link" new "$new" "$mode" 17
 			cold "$link" new "$new" "$mode" 17 list
 			cold "$link" new "$new" "$mode" 21 index
+			[ -z "$old" ] || cold "$link" old "$old" "$mode" 21 index
 		done
 		cold "$link" new "$new" fanotify 21 native
 		pull "$link"
@@ -180,19 +183,22 @@ def table(runs, pull_what):
             print("| %s | %s | %.2f | %.3f | %d | %d | %d | %d | %s | %s | %d |" % (
                 link, what, t, t / pull, req, ahead, req - ahead, fetched,
                 "%d" % read if read else "-", ratio, infl))
-table(("old-fuse", "new-fuse", "new-fuse-index", "old-fanotify", "new-fanotify",
-       "new-fanotify-index", "new-fanotify-native", "pull"), "pull")
+table(("old-fuse", "new-fuse", "old-fuse-index", "new-fuse-index", "old-fanotify",
+       "new-fanotify", "old-fanotify-index", "new-fanotify-index",
+       "new-fanotify-native", "pull"), "pull")
 print()
 print("Issue 45: the source image through its ferry index (-index) against its conversion")
 print()
-print("| link | mode | index / converted (workload time) | index / full pull |")
-print("|---|---|---|---|")
+print("| link | build | mode | index / converted (workload time) | index / full pull |")
+print("|---|---|---|---|---|")
 for link in links:
-    for mode in ("fuse", "fanotify"):
-        if (link, "new-%s-index" % mode) in rows:
-            t = med(link, "new-%s-index" % mode, 0)
-            print("| %s | %s | %.2f | %.3f |" % (link, mode, t / med(link, "new-" + mode, 0),
-                                              t / med(link, "pull", 0)))
+    for b in ("old", "new"):
+        for mode in ("fuse", "fanotify"):
+            if (link, "%s-%s-index" % (b, mode)) in rows:
+                t = med(link, "%s-%s-index" % (b, mode), 0)
+                print("| %s | %s | %s | %.2f | %.3f |" % (
+                    link, b, mode, t / med(link, "%s-%s" % (b, mode), 0),
+                    t / med(link, "pull", 0)))
 print()
 print("Issue 17: startup workload + python3 -c 'import json, email, http.client', without and with the recorded list")
 print()
