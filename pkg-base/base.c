@@ -410,9 +410,11 @@ static void progress_draw(struct ferry_progress *p)
 	if (n > width)
 		nums[n = width] = '\0';
 	room = width - n;
-	if (label[utf8_prefix(label, room)]) /* wider than room */
-		snprintf(label + (room > 3 ? utf8_prefix(label, room - 3) : 0), 4, "%s",
-			 room > 3 ? "..." : "");
+	if (label[utf8_prefix(label, room)]) { /* wider than room */
+		size_t cut = room > 3 ? utf8_prefix(label, room - 3) : 0;
+
+		snprintf(label + cut, sizeof(label) - cut, "%s", room > 3 ? "..." : "");
+	}
 	fprintf(stderr, "\r\033[K%s%s", label, nums);
 	p->drawn = true;
 }
