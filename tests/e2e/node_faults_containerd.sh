@@ -340,8 +340,8 @@ cell() { # MODE ORDER
 		again_s=$(date -d "$(grep "mounting docker://$PROXY/ferry/$name@.* again" "$CTD/snapshotter.log" |
 			tail -n 1 | sed -n 's/^time="\([^"]*\)".*/\1/p')" +%s 2>/dev/null)
 		if [ "$mode" = fuse ]; then
-			expect_sh "$c: ... within 5 s of its restart, its FUSE connection ended ($((${again_s:-0} - restart_s)) s)" \
-				'[ -n "$again_s" ] && [ $((again_s - restart_s)) -lt 5 ]'
+			expect_sh "$c: ... within 8 s of its restart, its FUSE connection ended ($((${again_s:-0} - restart_s)) s)" \
+				'[ -n "$again_s" ] && [ $((again_s - restart_s)) -lt 8 ]'
 		fi
 		;;
 	esac
