@@ -547,21 +547,36 @@ func (f *ferryFS) served(dir string, rec *record) (liveness, error) {
 	return mountGone, nil
 }
 
+// A statfs of a mount directory, and its result once done is closed.
+type statfsProbe struct {
+	done chan struct{}
+	err  error
+}
+
+// The statfs probes still waiting, by directory: a poll joins the one in
+// flight instead of sending the connection another request.
+var statfsProbes sync.Map
+
 // fuseAborted: @dir is a FUSE mount whose connection the kernel ended,
 // which it does once every /dev/fuse descriptor is closed: ferryd and the
 // mount's keeper are both gone, and no successor can take the mount over.
 // statfs then fails with ENOTCONN at once; on a live connection that no
-// ferryd serves yet it waits for one, so it is not waited for (its
-// goroutine ends when a successor answers, or the keeper gives up).
+// ferryd serves yet it waits for one, so it is not waited for (it ends
+// when a successor answers, or the keeper gives up).
 func fuseAborted(dir string) bool {
-	done := make(chan error, 1)
-	go func() {
-		var st syscall.Statfs_t
-		done <- syscall.Statfs(dir, &st)
-	}()
+	v, running := statfsProbes.LoadOrStore(dir, &statfsProbe{done: make(chan struct{})})
+	p := v.(*statfsProbe)
+	if !running {
+		go func() {
+			var st syscall.Statfs_t
+			p.err = syscall.Statfs(dir, &st)
+			statfsProbes.Delete(dir)
+			close(p.done)
+		}()
+	}
 	select {
-	case err := <-done:
-		return errors.Is(err, syscall.ENOTCONN)
+	case <-p.done:
+		return errors.Is(p.err, syscall.ENOTCONN)
 	case <-time.After(fuseProbeWait):
 		return false
 	}
